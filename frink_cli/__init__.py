@@ -1,0 +1,10 @@
+"""frink: a local LLM runner. `frink_cli.load(path)` is the Python entry point."""
+
+try:
+    from .api import Model, load
+except ImportError:  # TEMP
+    pass
+from .errors import FrinkError
+
+__all__ = ["FrinkError", "Model", "load"]
+__version__ = "0.1.0"

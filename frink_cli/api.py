@@ -1,0 +1,128 @@
+"""The Python API: load a model file, then tokenize, score and generate.
+
+`load()` is the one path from a file to a runnable model, used by the CLI, the tests and
+anyone embedding frink: open the checkpoint, read its config, load and fuse weights, build
+the tokenizer, pick the backend.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from .backends import select_backend
+from .chat import prompt_ids
+from .decoder import Decoder
+from .errors import FrinkError
+from .formats import Checkpoint, open_checkpoint
+from .generate import GenerationStats, generate_tokens
+from .model import ModelConfig, config_from_checkpoint, load_weights
+from .sampling import Sampler, SamplingParams
+from .tokenizer import Tokenizer, load_tokenizer
+
+DEFAULT_CTX = 4096
+
+
+class Model:
+    def __init__(self, checkpoint: Checkpoint, config: ModelConfig, decoder: Decoder, tokenizer: Tokenizer | None, backend_name: str) -> None:
+        self.checkpoint = checkpoint
+        self.config = config
+        self.decoder = decoder
+        self.tokenizer = tokenizer
+        self.backend_name = backend_name
+
+    @property
+    def n_vocab(self) -> int:
+        return self.config.n_vocab
+
+    def _tok(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise FrinkError(f"{self.checkpoint.path}: the model has no tokenizer (tokenizer model 'none')")
+        return self.tokenizer
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return self._tok().encode(text, add_special=add_special)
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self._tok().decode(list(ids))
+
+    def _check_ids(self, ids: np.ndarray) -> None:
+        if ids.ndim != 1 or len(ids) == 0:
+            raise FrinkError("token ids must be a non-empty 1-D sequence")
+        if ids.min() < 0 or ids.max() >= self.n_vocab:
+            raise FrinkError(f"token id out of range [0, {self.n_vocab})")
+
+    def logits(self, ids, step: bool = False, n_ctx: int | None = None) -> np.ndarray:
+        """Logits [len(ids), n_vocab] from a fresh context; step=True feeds the ids one at a
+        time through the decode path instead of one batched prefill."""
+        ids = np.asarray(ids, dtype=np.int64)
+        self._check_ids(ids)
+        cache = self.decoder.new_cache(n_ctx or max(len(ids), 1))
+        if not step:
+            return self.decoder.step(ids, cache, all_logits=True)
+        return np.concatenate([self.decoder.step(ids[i : i + 1], cache) for i in range(len(ids))])
+
+    def prompt_ids(self, prompt: str, *, raw: bool = False, system: str | None = None) -> list[int]:
+        return prompt_ids(self._tok(), prompt, system=system, raw=raw)
+
+    def generate_ids(
+        self,
+        ids: list[int],
+        *,
+        max_tokens: int = 128,
+        n_ctx: int | None = None,
+        stats: GenerationStats | None = None,
+        **sampling,
+    ) -> Iterator[int]:
+        sampler = Sampler(SamplingParams(**sampling), self.n_vocab)
+        eog = self.tokenizer.eog_ids if self.tokenizer else frozenset()
+        return generate_tokens(
+            self.decoder,
+            ids,
+            sampler,
+            max_tokens=max_tokens,
+            n_ctx=n_ctx or min(self.config.n_ctx_train, DEFAULT_CTX),
+            eog_ids=eog,
+            stats=stats,
+        )
+
+    def generate(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int = 128,
+        raw: bool = False,
+        system: str | None = None,
+        n_ctx: int | None = None,
+        stats: GenerationStats | None = None,
+        **sampling,
+    ) -> Iterator[str]:
+        """Yield the generated text piece by piece (whole UTF-8 characters only)."""
+        tok = self._tok()
+        ids = self.prompt_ids(prompt, raw=raw, system=system)
+        stream = tok.stream()
+        for token in self.generate_ids(ids, max_tokens=max_tokens, n_ctx=n_ctx, stats=stats, **sampling):
+            piece = stream.push(token)
+            if piece:
+                yield piece
+        tail = stream.flush()
+        if tail:
+            yield tail
+
+
+def load(
+    path: str | Path,
+    backend: str = "numpy",
+    progress: Callable[[int, int], None] | None = None,
+) -> Model:
+    ckpt = open_checkpoint(path)
+    cfg = config_from_checkpoint(ckpt)
+    tokenizer = load_tokenizer(ckpt)
+    weights = load_weights(ckpt, cfg, progress)
+    model = Model(ckpt, cfg, Decoder(cfg, weights), tokenizer, "numpy")
+    chosen = select_backend(backend, model)
+    model.decoder.backend = chosen
+    model.backend_name = chosen.name if chosen else "numpy"
+    return model

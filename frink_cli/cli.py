@@ -1,0 +1,305 @@
+"""The `frink` command. Thin: parse flags, call the library, print.
+
+Stdout carries the answer alone (generated text, or one JSON object with --json);
+progress, logs and stats go to stderr. A bad input (FrinkError, or a flag click rejects)
+ends with one line on stderr and a non-zero exit; -v adds the traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Optional
+
+import click
+import numpy as np
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .backends import BACKEND_NAMES
+from .errors import FrinkError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    help="frink: run GGUF and Hugging Face models locally.",
+)
+err = Console(stderr=True, highlight=False)
+_verbose = False
+
+
+def _peak_memory_mib() -> float:
+    # ru_maxrss is KiB on Linux, bytes on macOS.
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
+
+
+def _load(model_arg: Optional[str], backend: str, quiet: bool = False):
+    from .api import load
+    from .pull import resolve_model_arg
+
+    path = resolve_model_arg(model_arg)
+    if quiet:
+        return load(path, backend=backend)
+    with Progress(
+        TextColumn("[dim]loading {task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(Path(path).name, total=None)
+
+        def report(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        return load(path, backend=backend, progress=report)
+
+
+def _read_prompt(prompt: Optional[str], file: Optional[Path]) -> str:
+    if prompt is not None and file is not None:
+        raise FrinkError("give the prompt with -p or -f, not both")
+    if file is not None:
+        try:
+            return file.read_text(encoding="utf-8")
+        except OSError as e:
+            raise FrinkError(f"cannot read prompt file {file}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise FrinkError(f"prompt file {file} is not UTF-8 text") from None
+    if prompt == "-":
+        return sys.stdin.read()
+    if prompt is None:
+        raise FrinkError("no prompt: pass -p TEXT, -p - (stdin) or -f FILE")
+    return prompt
+
+
+def _check_range(name: str, value: float, lo: float | None = None, hi: float | None = None) -> None:
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = f">= {lo}" if hi is None else f"between {lo} and {hi}"
+        raise FrinkError(f"invalid value for {name}: {value} (must be {bounds})")
+
+
+@app.command()
+def run(
+    model: Optional[str] = typer.Argument(None, help="GGUF file, HF directory, or a model name from `frink models` (default: smollm2-135m)"),
+    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="prompt text; '-' reads stdin"),
+    file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the prompt from a file"),
+    max_tokens: int = typer.Option(256, "-n", "--max-tokens", help="tokens to generate at most"),
+    ctx_size: int = typer.Option(0, "-c", "--ctx-size", help="context size (0: the model's, capped at 4096)"),
+    temp: float = typer.Option(0.8, "--temp", help="temperature; 0 is greedy"),
+    top_k: int = typer.Option(40, "--top-k"),
+    top_p: float = typer.Option(0.95, "--top-p"),
+    min_p: float = typer.Option(0.05, "--min-p"),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty"),
+    repeat_last_n: int = typer.Option(64, "--repeat-last-n"),
+    seed: int = typer.Option(-1, "-s", "--seed", help="RNG seed (-1: random)"),
+    system: Optional[str] = typer.Option(None, "--system", help="system message for the chat template"),
+    raw: bool = typer.Option(False, "--raw", help="no chat template: the prompt goes in as-is"),
+    backend: str = typer.Option("auto", "--backend", help="auto|numpy|metal|cuda"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
+    verbose: bool = typer.Option(False, "-v", "--verbose"),
+) -> None:
+    """Generate text from a prompt."""
+    global _verbose
+    _verbose = verbose
+    from .generate import GenerationStats
+
+    _check_range("-n/--max-tokens", max_tokens, 0)
+    _check_range("-c/--ctx-size", ctx_size, 0)
+    _check_range("--temp", temp, 0)
+    _check_range("--top-k", top_k, 0)
+    _check_range("--top-p", top_p, 0, 1)
+    _check_range("--min-p", min_p, 0, 1)
+    _check_range("--repeat-penalty", repeat_penalty, 0)
+    _check_range("--repeat-last-n", repeat_last_n, -1)
+    if backend not in BACKEND_NAMES:
+        raise FrinkError(f"invalid value for --backend: {backend!r} (choose from {', '.join(BACKEND_NAMES)})")
+    text_in = _read_prompt(prompt, file)
+
+    m = _load(model, backend, quiet=as_json and not verbose)
+    n_ctx = ctx_size or min(m.config.n_ctx_train, 4096)
+    ids = m.prompt_ids(text_in, raw=raw, system=system)
+    stats = GenerationStats()
+    sampling = dict(
+        temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+        repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+        seed=None if seed < 0 else seed,
+    )
+    stream = m.tokenizer.stream()
+    pieces: list[str] = []
+    out = sys.stdout
+    for token in m.generate_ids(ids, max_tokens=max_tokens, n_ctx=n_ctx, stats=stats, **sampling):
+        piece = stream.push(token)
+        if piece:
+            pieces.append(piece)
+            if not as_json:
+                out.write(piece)
+                out.flush()
+    tail = stream.flush()
+    if tail:
+        pieces.append(tail)
+        if not as_json:
+            out.write(tail)
+    text = "".join(pieces)
+    peak = _peak_memory_mib()
+    if as_json:
+        out.write(json.dumps({
+            "text": text,
+            "model": str(m.checkpoint.path),
+            "backend": m.backend_name,
+            "prompt_tokens": stats.prompt_tokens,
+            "prompt_ids": list(map(int, ids)),
+            "token_ids": list(map(int, stats.token_ids)),
+            "stop_reason": stats.stop_reason,
+            "timings": {
+                "prompt_seconds": stats.prompt_seconds,
+                "prompt_tokens_per_second": stats.prompt_tps,
+                "generate_seconds": stats.generate_seconds,
+                "generated_tokens": stats.generated_tokens,
+                "generate_tokens_per_second": stats.generate_tps,
+            },
+            "peak_memory_mib": peak,
+        }, ensure_ascii=False) + "\n")
+    else:
+        out.write("\n")
+        out.flush()
+        err.print(
+            f"[dim]prompt: {stats.prompt_tokens} tokens, {stats.prompt_tps:.1f} tok/s | "
+            f"generated: {stats.generated_tokens} tokens, {stats.generate_tps:.1f} tok/s | "
+            f"peak memory: {peak:.0f} MiB | backend: {m.backend_name}[/dim]"
+        )
+
+
+@app.command()
+def info(
+    model: Optional[str] = typer.Argument(None, help="GGUF file, HF directory or model name"),
+    as_json: bool = typer.Option(False, "--json"),
+    verbose: bool = typer.Option(False, "-v", "--verbose"),
+) -> None:
+    """Describe a model: architecture, sizes, tensor types, layers, tokenizer."""
+    global _verbose
+    _verbose = verbose
+    from .formats import open_checkpoint
+    from .model import config_from_checkpoint
+    from .pull import resolve_model_arg
+    from .tokenizer import load_tokenizer
+
+    path = resolve_model_arg(model)
+    ckpt = open_checkpoint(path)
+    cfg = config_from_checkpoint(ckpt)
+    tok = load_tokenizer(ckpt)
+    names = ckpt.tensors.names()
+    types = Counter(ckpt.tensors.info(n).dtype for n in names)
+    n_params = sum(int(np.prod(ckpt.tensors.info(n).shape)) for n in names)
+    size = sum(f.stat().st_size for f in Path(path).glob("*.safetensors")) if Path(path).is_dir() else Path(path).stat().st_size
+    layers = []
+    for i in range(cfg.n_layer):
+        s = cfg.layer_shape(i)
+        layers.append({"layer": i, "mixer": s.mixer, "ffn": s.ffn, "window": s.window, "rope_base": s.rope_base})
+    data = {
+        "path": str(path),
+        "format": ckpt.format,
+        "architecture": cfg.arch,
+        "name": ckpt.metadata.get("general.name"),
+        "file_bytes": size,
+        "parameters": n_params,
+        "tensor_types": dict(types),
+        "n_layer": cfg.n_layer,
+        "n_embd": cfg.n_embd,
+        "n_head": cfg.n_head,
+        "n_head_kv": cfg.n_head_kv,
+        "head_dim": cfg.head_dim_k,
+        "n_ff": cfg.n_ff,
+        "n_vocab": cfg.n_vocab,
+        "context_length": cfg.n_ctx_train,
+        "rope": {"type": cfg.rope_type, "base": cfg.rope_base, "dim": cfg.rope_dim},
+        "sliding_window": cfg.sliding_window,
+        "layer_pattern": cfg.layer_pattern(),
+        "tied_embeddings": cfg.tied_embeddings,
+        "tokenizer": None if tok is None else {
+            "model": ckpt.metadata.get("tokenizer.ggml.model", "tokenizer.json"),
+            "n_vocab": tok.n_vocab, "bos_id": tok.bos_id, "eos_id": tok.eos_id,
+            "add_bos": tok.add_bos,
+        },
+        "chat_template": tok is not None and tok.chat_template is not None,
+        "layers": layers,
+        "notes": ckpt.notes,
+    }
+    if as_json:
+        sys.stdout.write(json.dumps(data) + "\n")
+        return
+    p = sys.stdout.write
+    p(f"model:          {data['name'] or Path(path).name} ({ckpt.format}, {size / 1e6:.1f} MB)\n")
+    p(f"architecture:   {cfg.arch}, {n_params / 1e6:.1f}M parameters\n")
+    p(f"tensor types:   {', '.join(f'{k} x{v}' for k, v in sorted(types.items()))}\n")
+    p(f"layers:         {cfg.n_layer} ({cfg.layer_pattern()})\n")
+    p(f"embedding:      {cfg.n_embd}, ffn {cfg.n_ff} ({cfg.ffn_act}), vocab {cfg.n_vocab}\n")
+    p(f"attention:      {cfg.n_head} heads, {cfg.n_head_kv} KV heads, head dim {cfg.head_dim_k}"
+      + (f", sliding window {cfg.sliding_window}" if cfg.sliding_window else "") + "\n")
+    p(f"rope:           {cfg.rope_type}, base {cfg.rope_base:g}, {cfg.rope_dim} dims\n")
+    p(f"context:        {cfg.n_ctx_train}\n")
+    if tok is None:
+        p("tokenizer:      none\n")
+    else:
+        t = data["tokenizer"]
+        p(f"tokenizer:      {t['model']}, {tok.n_vocab} tokens, bos {tok.bos_id}, eos {tok.eos_id}\n")
+    p(f"chat template:  {'yes' if data['chat_template'] else 'no'}\n")
+    for i in range(cfg.n_layer):
+        s = cfg.layer_shape(i)
+        win = f" window {s.window}" if s.window else ""
+        p(f"  blk.{i:<3} {s.mixer} ({cfg.n_head}q/{cfg.n_head_kv}kv x {cfg.head_dim_k}, rope {s.rope_base:g}{win}) + {s.ffn} ffn {cfg.n_ff}\n")
+    for note in ckpt.notes:
+        p(f"note: {note}\n")
+
+
+@app.command()
+def pull(name: Optional[str] = typer.Argument(None, help="model name (default: smollm2-135m)")) -> None:
+    """Fetch a known model into the model store and print its path."""
+    from .pull import DEFAULT_MODEL, ensure_model
+
+    sys.stdout.write(f"{ensure_model(name or DEFAULT_MODEL)}\n")
+
+
+@app.command()
+def models() -> None:
+    """List the models frink knows how to fetch."""
+    from .pull import list_models
+
+    for name, desc, path in list_models():
+        sys.stdout.write(f"{name:<16} {desc}  [{path if path else 'not fetched'}]\n")
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except click.exceptions.Abort:
+        err.print("frink: interrupted")
+        sys.exit(130)
+    except click.ClickException as e:
+        err.print(f"frink: error: {e.format_message()}", markup=False)
+        sys.exit(e.exit_code or 2)
+    except FrinkError as e:
+        if _verbose:
+            traceback.print_exc()
+        err.print(f"frink: error: {e}", markup=False)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        err.print("frink: interrupted")
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    except MemoryError:
+        err.print("frink: error: out of memory")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

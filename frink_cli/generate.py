@@ -1,0 +1,80 @@
+"""The token loop: prefill the prompt, then sample and decode one token at a time.
+
+Timings and counts land in a GenerationStats the caller owns, so the CLI's stats line and
+--json read the same numbers. Stops at an end-of-generation token (not yielded), at
+max_tokens, or when the context is full.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .decoder import Decoder
+from .errors import FrinkError
+from .sampling import Sampler
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    prompt_seconds: float = 0.0
+    generated_tokens: int = 0
+    generate_seconds: float = 0.0
+    stop_reason: str = ""
+    token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0
+
+    @property
+    def generate_tps(self) -> float:
+        return self.generated_tokens / self.generate_seconds if self.generate_seconds else 0.0
+
+
+def generate_tokens(
+    decoder: Decoder,
+    prompt_ids: Sequence[int],
+    sampler: Sampler,
+    *,
+    max_tokens: int,
+    n_ctx: int,
+    eog_ids: frozenset[int] = frozenset(),
+    stats: GenerationStats | None = None,
+) -> Iterator[int]:
+    stats = stats if stats is not None else GenerationStats()
+    n_prompt = len(prompt_ids)
+    if n_prompt == 0:
+        raise FrinkError("empty prompt: nothing to condition on (the model adds no BOS)")
+    if n_prompt >= n_ctx:
+        raise FrinkError(
+            f"prompt is {n_prompt} tokens, too long for a context of {n_ctx} (raise -c/--ctx-size)"
+        )
+    cache = decoder.new_cache(n_ctx)
+    history = list(prompt_ids)
+    t0 = time.perf_counter()
+    logits = decoder.step(np.asarray(prompt_ids), cache)[-1]
+    stats.prompt_tokens = n_prompt
+    stats.prompt_seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    try:
+        for _ in range(max_tokens):
+            token = sampler.sample(logits, history)
+            if token in eog_ids:
+                stats.stop_reason = "eog"
+                return
+            history.append(token)
+            stats.token_ids.append(token)
+            stats.generated_tokens += 1
+            yield token
+            if cache.n_past >= n_ctx:
+                stats.stop_reason = "context"
+                return
+            logits = decoder.step(np.asarray([token]), cache)[-1]
+        stats.stop_reason = "length"
+    finally:
+        stats.generate_seconds = time.perf_counter() - t0

@@ -1,0 +1,58 @@
+"""HostBody: the whole decoder stack in NumPy, layer by layer.
+
+A layer is pre-norm attention and a pre-norm FFN, each optionally followed by its own
+post-norm (gemma3), each added back to the residual stream. `layer()` serves every kind of
+step; the decoder loop decides which layers run here and which on a backend.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..model.config import ModelConfig
+from ..model.weights import ModelWeights
+from .attention import attention
+from .ffn import dense_ffn
+from .norms import rms_norm
+from .rope import Rope
+
+
+class HostBody:
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights) -> None:
+        self.cfg = cfg
+        self.w = weights
+        ropes: dict[tuple[float, float], Rope] = {}
+        self.ropes = []
+        for layer in range(cfg.n_layer):
+            s = cfg.layer_shape(layer)
+            key = (s.rope_base, s.rope_scale)
+            if key not in ropes:
+                ropes[key] = Rope(cfg.rope_dim, s.rope_base, s.rope_scale, cfg.rope_type, weights.rope_freqs)
+            self.ropes.append(ropes[key])
+
+    def embed(self, ids: np.ndarray) -> np.ndarray:
+        x = self.w.token_embd[ids]  # fancy indexing copies: the residual stream is ours
+        if self.cfg.embd_scale is not None:
+            x *= np.float32(self.cfg.embd_scale)
+        return x
+
+    def layer(self, layer: int, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray:
+        cfg, w = self.cfg, self.w.layers[layer]
+        h = rms_norm(x, w.attn_norm, cfg.norm_eps)
+        a = attention(h, w, cfg, cfg.layer_shape(layer), self.ropes[layer], positions, cache.slot(layer))
+        if w.post_attn_norm is not None:
+            a = rms_norm(a, w.post_attn_norm, cfg.norm_eps)
+        x = x + a
+        h = rms_norm(x, w.ffn_norm, cfg.norm_eps)
+        f = dense_ffn(h, w.w_gate_up, w.w_down, cfg.ffn_act)
+        if w.post_ffn_norm is not None:
+            f = rms_norm(f, w.post_ffn_norm, cfg.norm_eps)
+        return x + f
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        h = rms_norm(x, self.w.output_norm, self.cfg.norm_eps)
+        out = h @ self.w.output.T
+        cap = self.cfg.final_logit_softcap
+        if cap:
+            out = np.float32(cap) * np.tanh(out / np.float32(cap))
+        return out
