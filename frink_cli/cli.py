@@ -31,8 +31,25 @@ app = typer.Typer(
     rich_markup_mode=None,
     help="frink: run GGUF and Hugging Face models locally.",
 )
-err = Console(stderr=True, highlight=False)
+# soft_wrap: an error or stats line stays one line at any terminal width (rich would
+# otherwise wrap at 80 columns when stderr is a pipe, splitting "frink: error: ...").
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 _verbose = False
+
+# Typer >= 0.22 vendors click as typer._click, whose exceptions are not click's own; catch
+# both so a bad flag is one line under either.
+_USAGE_ERRORS: tuple[type[Exception], ...] = (click.exceptions.ClickException,)
+_ABORTS: tuple[type[BaseException], ...] = (click.exceptions.Abort, typer.Abort)
+_HELP_ERRORS: tuple[type[Exception], ...] = tuple(
+    c for c in (getattr(click.exceptions, "NoArgsIsHelpError", None),) if c is not None
+)
+try:
+    from typer._click import exceptions as _typer_click
+
+    _USAGE_ERRORS += (_typer_click.ClickException,)
+    _HELP_ERRORS += (_typer_click.NoArgsIsHelpError,)
+except (ImportError, AttributeError):
+    pass
 
 
 def _peak_memory_mib() -> float:
@@ -46,7 +63,8 @@ def _load(model_arg: Optional[str], backend: str, quiet: bool = False):
     from .pull import resolve_model_arg
 
     path = resolve_model_arg(model_arg)
-    if quiet:
+    # No bar when stderr is a pipe or file: there it is only noise (rich leaves a blank line).
+    if quiet or not err.is_terminal:
         return load(path, backend=backend)
     with Progress(
         TextColumn("[dim]loading {task.description}"),
@@ -280,10 +298,15 @@ def models() -> None:
 def main() -> None:
     try:
         app(standalone_mode=False)
-    except click.exceptions.Abort:
+    except _ABORTS:
         err.print("frink: interrupted")
         sys.exit(130)
-    except click.ClickException as e:
+    except _HELP_ERRORS as e:  # bare `frink`: the help text, not an error line
+        e.show()
+        sys.exit(e.exit_code)
+    except _USAGE_ERRORS as e:
+        if _verbose:
+            traceback.print_exc()
         err.print(f"frink: error: {e.format_message()}", markup=False)
         sys.exit(e.exit_code or 2)
     except FrinkError as e:

@@ -58,8 +58,13 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         from .safetensors import read_hf_dir
 
         return read_hf_dir(p)
-    with open(p, "rb") as f:
-        magic = f.read(4)
+    try:
+        with open(p, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise FrinkError(f"cannot read {p}: {e.strerror or e}") from None
+    if not magic:
+        raise FrinkError(f"{p}: empty file, not a model")
     if magic == b"GGUF":
         from .gguf import read_gguf
 

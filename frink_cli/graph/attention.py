@@ -13,6 +13,7 @@ import numpy as np
 
 from ..model.config import LayerShape, ModelConfig
 from ..model.weights import LayerWeights
+from .linear import linear
 from .norms import rms_norm
 from .rope import Rope
 
@@ -39,9 +40,7 @@ def attention(
     """x: normed hidden rows [T, n_embd] -> attention output [T, n_embd] (after o_proj)."""
     T = x.shape[0]
     H, Hkv, hk, hv = cfg.n_head, cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
-    qkv = x @ w.wqkv.T
-    if w.bqkv is not None:
-        qkv += w.bqkv
+    qkv = linear(x, w.qkv)
     q = qkv[:, : H * hk].reshape(T, H, hk)
     k = qkv[:, H * hk : (H + Hkv) * hk].reshape(T, Hkv, hk)
     v = qkv[:, (H + Hkv) * hk :].reshape(T, Hkv, hv)
@@ -66,7 +65,4 @@ def attention(
     scores /= scores.sum(axis=-1, keepdims=True)
     out = scores.reshape(Hkv, g * T, S) @ V  # [Hkv, g*T, hv]
     out = out.reshape(H, T, hv).transpose(1, 0, 2).reshape(T, H * hv)
-    y = out @ w.wo.T
-    if w.bo is not None:
-        y += w.bo
-    return y
+    return linear(out, w.wo)

@@ -13,6 +13,7 @@ from ..model.config import ModelConfig
 from ..model.weights import ModelWeights
 from .attention import attention
 from .ffn import dense_ffn
+from .linear import linear
 from .norms import rms_norm
 from .rope import Rope
 
@@ -44,14 +45,14 @@ class HostBody:
             a = rms_norm(a, w.post_attn_norm, cfg.norm_eps)
         x = x + a
         h = rms_norm(x, w.ffn_norm, cfg.norm_eps)
-        f = dense_ffn(h, w.w_gate_up, w.w_down, cfg.ffn_act)
+        f = dense_ffn(h, w.gate_up, w.down, cfg.ffn_act)
         if w.post_ffn_norm is not None:
             f = rms_norm(f, w.post_ffn_norm, cfg.norm_eps)
         return x + f
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         h = rms_norm(x, self.w.output_norm, self.cfg.norm_eps)
-        out = h @ self.w.output.T
+        out = linear(h, self.w.output)
         cap = self.cfg.final_logit_softcap
         if cap:
             out = np.float32(cap) * np.tanh(out / np.float32(cap))

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..model.weights import Linear
+from .linear import linear
+
 _SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
 
 
@@ -18,7 +21,7 @@ def silu(x: np.ndarray) -> np.ndarray:
 ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
 
 
-def dense_ffn(x: np.ndarray, w_gate_up: np.ndarray, w_down: np.ndarray, act: str) -> np.ndarray:
-    h = x @ w_gate_up.T
-    n_ff = w_gate_up.shape[0] // 2
-    return (ACTIVATIONS[act](h[:, :n_ff]) * h[:, n_ff:]) @ w_down.T
+def dense_ffn(x: np.ndarray, gate_up: Linear, down: Linear, act: str) -> np.ndarray:
+    h = linear(x, gate_up)
+    n_ff = gate_up.w.shape[0] // 2
+    return linear(ACTIVATIONS[act](h[:, :n_ff]) * h[:, n_ff:], down)

@@ -116,6 +116,15 @@ def _per_layer_int(value: Any, n_layer: int, key: str) -> int:
 
 
 def config_from_checkpoint(ckpt: Checkpoint) -> ModelConfig:
+    try:
+        return _config_from_checkpoint(ckpt)
+    except (ValueError, TypeError) as e:
+        # Metadata of the wrong type (a string where a count belongs, an array where a
+        # scalar does) is a corrupt file, not a bug: name the file and the complaint.
+        raise FrinkError(f"{ckpt.path}: bad model metadata ({e})") from e
+
+
+def _config_from_checkpoint(ckpt: Checkpoint) -> ModelConfig:
     md = ckpt.metadata
     arch = ckpt.arch
     table = architecture_table()
@@ -139,6 +148,16 @@ def config_from_checkpoint(ckpt: Checkpoint) -> ModelConfig:
     n_ff = _per_layer_int(_get(md, key("feed_forward_length"), required=True), n_layer, "feed_forward_length")
 
     names = set(ckpt.tensors.names())
+    # Every layer holds at least one tensor, so a block count above the tensor count is a
+    # corrupt header; checking here keeps per-layer lists (swa_layers, info) from
+    # allocating billions of entries.
+    if not 0 < n_layer <= len(names):
+        raise FrinkError(f"{ckpt.path}: block_count {n_layer} does not fit the file's {len(names)} tensors")
+    sizes = {"embedding_length": n_embd, "attention.key_length": head_dim_k,
+             "attention.value_length": head_dim_v, "feed_forward_length": n_ff}
+    for what, value in sizes.items():
+        if value <= 0:
+            raise FrinkError(f"{ckpt.path}: bad model metadata ({arch}.{what} = {value})")
     if "token_embd.weight" not in names:
         raise FrinkError(f"{ckpt.path}: no token_embd.weight tensor")
     n_vocab = ckpt.tensors.info("token_embd.weight").shape[0]

@@ -18,20 +18,26 @@ from ..errors import FrinkError
 from ..formats import Checkpoint
 from .config import ModelConfig
 
+@dataclass
+class Linear:
+    """A weight matrix [out, in] (the rows of several source tensors when fused) and its
+    bias (zero-filled where only some of the fused tensors have one)."""
+
+    w: np.ndarray
+    b: np.ndarray | None
+
 
 @dataclass
 class LayerWeights:
     attn_norm: np.ndarray  # [n_embd]
-    wqkv: np.ndarray  # [n_head*hd_k + 2*n_head_kv*hd_k(v), n_embd]
-    bqkv: np.ndarray | None  # [same rows] or None
+    qkv: Linear  # [n_head*hd_k + n_head_kv*(hd_k + hd_v), n_embd]
     q_norm: np.ndarray | None  # [hd_k]
     k_norm: np.ndarray | None  # [hd_k]
-    wo: np.ndarray  # [n_embd, n_head*hd_v]
-    bo: np.ndarray | None
+    wo: Linear  # [n_embd, n_head*hd_v]
     post_attn_norm: np.ndarray | None  # [n_embd]
     ffn_norm: np.ndarray  # [n_embd]
-    w_gate_up: np.ndarray  # [2*n_ff, n_embd]: gate rows, then up rows
-    w_down: np.ndarray  # [n_embd, n_ff]
+    gate_up: Linear  # [2*n_ff, n_embd]: gate rows, then up rows
+    down: Linear  # [n_embd, n_ff]
     post_ffn_norm: np.ndarray | None  # [n_embd]
 
 
@@ -39,7 +45,7 @@ class LayerWeights:
 class ModelWeights:
     token_embd: np.ndarray  # [n_vocab, n_embd]
     output_norm: np.ndarray  # [n_embd]
-    output: np.ndarray  # [n_vocab, n_embd]; the same array as token_embd when tied
+    output: Linear  # [n_vocab, n_embd]; shares token_embd's array when tied
     rope_freqs: np.ndarray | None  # [rope_dim / 2] frequency divisors, or None
     layers: list[LayerWeights]
 
@@ -61,12 +67,27 @@ def load_weights(
             )
         return ckpt.tensors.load(name)
 
+    def fused(parts: list[tuple[str, int]], in_dim: int, bias: bool = True) -> Linear:
+        """Rows of several tensors stacked into one matrix; biases zero-filled if partial."""
+        ws, bs = [], []
+        for name, rows in parts:
+            ws.append(get(name + ".weight", (rows, in_dim)))
+            bs.append(get(name + ".bias", (rows,), required=False) if bias else None)
+        w = ws[0] if len(ws) == 1 else np.concatenate(ws)
+        b = None
+        if any(x is not None for x in bs):
+            b = np.concatenate([x if x is not None else np.zeros(n, np.float32) for x, (_, n) in zip(bs, parts)])
+        return Linear(w, b)
+
     d, hk, hv = cfg.n_embd, cfg.head_dim_k, cfg.head_dim_v
     nq, nk, nv = cfg.n_head * hk, cfg.n_head_kv * hk, cfg.n_head_kv * hv
     total = cfg.n_layer + 2
 
     token_embd = get("token_embd.weight", (cfg.n_vocab, d))
-    output = token_embd if cfg.tied_embeddings else get("output.weight", (cfg.n_vocab, d))
+    if cfg.tied_embeddings:
+        output = Linear(token_embd, None)
+    else:
+        output = fused([("output", cfg.n_vocab)], d, bias=False)
     rope_freqs = get("rope_freqs.weight", (cfg.rope_dim // 2,), required=False)
     if progress:
         progress(1, total)
@@ -75,34 +96,20 @@ def load_weights(
     for i in range(cfg.n_layer):
         p = f"blk.{i}."
         if p + "attn_qkv.weight" in names:
-            wqkv = get(p + "attn_qkv.weight", (nq + nk + nv, d))
-            bqkv = get(p + "attn_qkv.bias", (nq + nk + nv,), required=False)
+            qkv = fused([(p + "attn_qkv", nq + nk + nv)], d)
         else:
-            wqkv = np.concatenate(
-                [get(p + "attn_q.weight", (nq, d)), get(p + "attn_k.weight", (nk, d)), get(p + "attn_v.weight", (nv, d))]
-            )
-            biases = [get(p + f"attn_{x}.bias", (n,), required=False) for x, n in (("q", nq), ("k", nk), ("v", nv))]
-            if all(b is None for b in biases):
-                bqkv = None
-            else:
-                bqkv = np.concatenate(
-                    [b if b is not None else np.zeros(n, np.float32) for b, n in zip(biases, (nq, nk, nv))]
-                )
+            qkv = fused([(p + "attn_q", nq), (p + "attn_k", nk), (p + "attn_v", nv)], d)
         layers.append(
             LayerWeights(
                 attn_norm=get(p + "attn_norm.weight", (d,)),
-                wqkv=wqkv,
-                bqkv=bqkv,
+                qkv=qkv,
                 q_norm=get(p + "attn_q_norm.weight", (hk,), required=cfg.qk_norm),
                 k_norm=get(p + "attn_k_norm.weight", (hk,), required=cfg.qk_norm),
-                wo=get(p + "attn_output.weight", (d, cfg.n_head * hv)),
-                bo=get(p + "attn_output.bias", (d,), required=False),
+                wo=fused([(p + "attn_output", d)], cfg.n_head * hv),
                 post_attn_norm=get(p + "post_attention_norm.weight", (d,), required=cfg.post_attn_norm),
                 ffn_norm=get(p + "ffn_norm.weight", (d,)),
-                w_gate_up=np.concatenate(
-                    [get(p + "ffn_gate.weight", (cfg.n_ff, d)), get(p + "ffn_up.weight", (cfg.n_ff, d))]
-                ),
-                w_down=get(p + "ffn_down.weight", (d, cfg.n_ff)),
+                gate_up=fused([(p + "ffn_gate", cfg.n_ff), (p + "ffn_up", cfg.n_ff)], d, bias=False),
+                down=fused([(p + "ffn_down", d)], cfg.n_ff, bias=False),
                 post_ffn_norm=get(p + "post_ffw_norm.weight", (d,), required=cfg.post_ffn_norm),
             )
         )

@@ -1,0 +1,54 @@
+# Entry points for people and CI: `make run`, `make test`.
+#
+# Everything lives in .venv at the repo root. Installs are tracked by stamp files inside
+# the venv, redone only when pyproject.toml changes, so re-running a target is quick.
+
+PYTHON      ?= python3
+VENV        := .venv
+PY          := $(VENV)/bin/python
+PROMPT      ?= Write a haiku about the sea.
+PYTEST_ARGS ?=
+
+# Through the environment rather than pasted into the command line, so a prompt with
+# quotes or $ in it reaches frink intact.
+export PROMPT
+
+# llama-cpp-python (the test reference) builds from source: use every core. pip caches
+# the built wheel, so this cost is paid once per machine.
+export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
+
+.PHONY: help run test lint clean
+
+help:
+	@echo "make run    generate $(PROMPT) with the default model (fetched on first use)"
+	@echo "make test   install the test extra and run pytest (PYTEST_ARGS=... passes through)"
+	@echo "make lint   ruff over the package and tests"
+	@echo "make clean  remove .venv and caches"
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.stamp-run: pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e .
+	@touch $@
+
+$(VENV)/.stamp-test: pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e ".[test]"
+	@touch $@
+
+$(VENV)/.stamp-ruff: | $(PY)
+	$(PY) -m pip install -q ruff
+	@touch $@
+
+run: $(VENV)/.stamp-run
+	$(VENV)/bin/frink run --prompt "$$PROMPT" -n 64
+
+test: $(VENV)/.stamp-test
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: $(VENV)/.stamp-ruff
+	$(PY) -m ruff check frink_cli tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache tests/.cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

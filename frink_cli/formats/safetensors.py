@@ -1,0 +1,603 @@
+"""A Hugging Face safetensors directory -> the same canonical Checkpoint a GGUF gives.
+
+frink holds every model in GGUF's names and layouts, so that nothing downstream knows
+where weights came from. This reader therefore does at open/load time what llama.cpp's
+converter (convert_hf_to_gguf.py) does at conversion time: it renames tensors, writes
+the GGUF metadata keys from config.json, and applies the same per-tensor transforms
+(Q/K row permutation for llama, +1 on Gemma norms, ...). Which names, keys and
+transforms apply to which architecture is data, in configs/hf_architectures.json; this
+module holds the few functions the data names.
+
+The safetensors header is parsed here rather than through the `safetensors` package:
+numpy has no bfloat16, and parsing ourselves lets every offset be checked against the
+file's length so a truncated download is a FrinkError naming the file, not a crash.
+Tensors are read lazily, one at a time, in load().
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import FrinkError
+from . import Checkpoint, TensorInfo
+
+_CONFIG_PATH = Path(__file__).resolve().parents[2] / "configs" / "hf_architectures.json"
+
+# The safetensors spec caps the JSON header at 100 MB; a larger length means a corrupt file.
+_MAX_HEADER = 100 * 1024 * 1024
+
+# Stored dtype -> (numpy dtype of the raw little-endian words, bytes per element).
+_DTYPES: dict[str, tuple[str, int]] = {"F32": ("<f4", 4), "F16": ("<f2", 2), "BF16": ("<u2", 2)}
+
+
+@lru_cache(maxsize=1)
+def _tables() -> dict[str, Any]:
+    try:
+        return json.loads(_CONFIG_PATH.read_text(encoding="utf-8"))
+    except OSError as e:  # a packaging bug, not user input, but say what is missing
+        raise FrinkError(f"architecture table missing: {_CONFIG_PATH} ({e.strerror})") from e
+
+
+# ---------------------------------------------------------------------------------------
+# safetensors files
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """Where one tensor's bytes are and how they are typed, straight from a file header."""
+
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+    start: int  # absolute byte offset in the file
+    nbytes: int
+
+
+def _read_header(path: Path) -> dict[str, _Stored]:
+    """Parse one .safetensors header; every entry is checked against the file's length."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise FrinkError(f"{path}: truncated safetensors file ({size} bytes, no header)")
+            (n,) = struct.unpack("<Q", head)
+            if n > _MAX_HEADER or 8 + n > size:
+                raise FrinkError(
+                    f"{path}: truncated or corrupt safetensors file "
+                    f"(header of {n} bytes, file of {size} bytes)"
+                )
+            raw = f.read(n)
+    except OSError as e:
+        raise FrinkError(f"{path}: cannot read safetensors file ({e.strerror})") from e
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FrinkError(f"{path}: corrupt safetensors header ({e})") from e
+    if not isinstance(header, dict):
+        raise FrinkError(f"{path}: corrupt safetensors header (not a JSON object)")
+
+    data_start = 8 + n
+    data_len = size - data_start
+    out: dict[str, _Stored] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = str(entry["dtype"])
+            shape = tuple(int(d) for d in entry["shape"])
+            begin, end = (int(x) for x in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise FrinkError(f"{path}: corrupt safetensors entry for tensor {name!r}") from e
+        if any(d < 0 for d in shape) or not 0 <= begin <= end:
+            raise FrinkError(f"{path}: corrupt safetensors entry for tensor {name!r}")
+        if end > data_len:
+            raise FrinkError(
+                f"{path}: truncated safetensors file: tensor {name!r} ends at byte "
+                f"{data_start + end}, file has {size}"
+            )
+        if dtype in _DTYPES and end - begin != math.prod(shape) * _DTYPES[dtype][1]:
+            raise FrinkError(
+                f"{path}: corrupt safetensors entry for tensor {name!r}: {end - begin} bytes "
+                f"for shape {list(shape)} of {dtype}"
+            )
+        out[name] = _Stored(path, dtype, shape, data_start + begin, end - begin)
+    return out
+
+
+def _index_dir(hf_dir: Path) -> dict[str, _Stored]:
+    """All tensors of the directory, single-file or sharded."""
+    single = hf_dir / "model.safetensors"
+    index = hf_dir / "model.safetensors.index.json"
+    if single.is_file():
+        return _read_header(single)
+    if not index.is_file():
+        raise FrinkError(
+            f"{hf_dir}: no model.safetensors nor model.safetensors.index.json in the directory"
+        )
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        if not isinstance(weight_map, dict):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise FrinkError(f"{index}: unreadable shard index (needs a weight_map object)") from e
+
+    headers: dict[str, dict[str, _Stored]] = {}
+    out: dict[str, _Stored] = {}
+    for name, shard in weight_map.items():
+        if shard not in headers:
+            shard_path = hf_dir / str(shard)
+            if not shard_path.is_file():
+                raise FrinkError(f"{shard_path}: shard listed in {index.name} is missing")
+            headers[shard] = _read_header(shard_path)
+        stored = headers[shard].get(name)
+        if stored is None:
+            raise FrinkError(f"{hf_dir / shard}: tensor {name!r} listed in {index.name} is absent")
+        out[name] = stored
+    return out
+
+
+def _read_f32(stored: _Stored) -> np.ndarray:
+    """One stored tensor as float32 (bf16 widened by shifting it into a float32's top half)."""
+    np_dtype, _ = _DTYPES[stored.dtype]
+    try:
+        with open(stored.file, "rb") as f:
+            f.seek(stored.start)
+            raw = f.read(stored.nbytes)
+    except OSError as e:
+        raise FrinkError(f"{stored.file}: cannot read ({e.strerror})") from e
+    if len(raw) != stored.nbytes:
+        raise FrinkError(
+            f"{stored.file}: truncated safetensors file (changed since it was opened?)"
+        )
+    words = np.frombuffer(raw, dtype=np_dtype).reshape(stored.shape)
+    if stored.dtype == "BF16":
+        return (words.astype(np.uint32) << 16).view(np.float32)
+    return words.astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------
+# config.json -> normalized hyperparameters
+
+
+def _load_config(hf_dir: Path) -> dict[str, Any]:
+    path = hf_dir / "config.json"
+    if not path.is_file():
+        raise FrinkError(f"{hf_dir}: not a model directory (no config.json)")
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise FrinkError(f"{path}: unreadable config.json ({e})") from e
+    if not isinstance(cfg, dict):
+        raise FrinkError(f"{path}: config.json is not a JSON object")
+    return cfg
+
+
+def _hparams(cfg: dict[str, Any], mt: dict[str, Any], tables: dict[str, Any]) -> dict[str, Any]:
+    """config.json with transformers' defaults filled in, text_config lifted, rope unified.
+
+    The converter reads config.json through transformers' AutoConfig, which supplies
+    defaults for absent keys; the per-model_type defaults in the table stand in for it.
+    """
+    hp: dict[str, Any] = {}
+    text_key = mt.get("text_config")
+    if text_key:
+        # As the converter does: the text sub-config's keys override the top level's.
+        hp.update(tables["model_types"][mt["text_defaults_from"]]["defaults"])
+        hp.update(mt.get("defaults", {}))
+        text = cfg.get(text_key) or {}
+        hp.update({k: v for k, v in cfg.items() if k != text_key})
+        hp.update(text)
+    else:
+        hp.update(mt.get("defaults", {}))
+        hp.update(cfg)
+
+    for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads"):
+        if not isinstance(hp.get(key), int):
+            raise FrinkError(f"config.json: missing or non-integer {key!r}")
+    if hp.get("num_key_value_heads") is None:
+        hp["num_key_value_heads"] = hp["num_attention_heads"]
+    if hp.get("head_dim") is None:
+        hp["head_dim"] = hp["hidden_size"] // hp["num_attention_heads"]
+
+    # RoPE: transformers >= 5 writes `rope_parameters` (per layer type for Gemma 3);
+    # older configs carry `rope_theta` + `rope_scaling` (+ `rope_local_base_freq`).
+    rp = hp.get("rope_parameters") or hp.get("rope_scaling") or {}
+    if not isinstance(rp, dict):
+        raise FrinkError("config.json: rope_parameters / rope_scaling is not an object")
+    if "full_attention" in rp or "sliding_attention" in rp:
+        full = dict(rp.get("full_attention") or {})
+        swa = dict(rp.get("sliding_attention") or {})
+    else:
+        full = dict(rp)
+        swa = {}
+        if hp.get("rope_local_base_freq") is not None:
+            swa["rope_theta"] = hp["rope_local_base_freq"]
+    if full.get("rope_theta") is None:
+        full["rope_theta"] = hp.get("rope_theta")
+    if "rope_type" not in full and "type" in full:
+        full["rope_type"] = full["type"]
+    hp["rope_theta"] = full.get("rope_theta")
+    hp["rope_theta_swa"] = swa.get("rope_theta") if swa else hp.get("rope_local_base_freq")
+    hp["_rope_full"] = full
+    return hp
+
+
+# ---------------------------------------------------------------------------------------
+# tensor name mapping and transforms
+
+
+def _layout(tables: dict[str, Any], name: str) -> dict[str, Any]:
+    """A layout with its `"tensors": "<other layout>"` reference resolved."""
+    lay = dict(tables["layouts"][name])
+    if isinstance(lay["tensors"], str):
+        lay["tensors"] = tables["layouts"][lay["tensors"]]["tensors"]
+    lay["tensors"] = list(lay["tensors"]) + list(lay.get("tensors_extra", []))
+    return lay
+
+
+def _compile(pattern: str) -> re.Pattern[str]:
+    return re.compile(re.escape(pattern).replace(re.escape("{bid}"), r"(?P<bid>\d+)") + "$")
+
+
+class _NameMap:
+    """HF tensor name -> GGUF name, and GGUF name -> the transforms it gets."""
+
+    def __init__(self, layout: dict[str, Any]):
+        self._pairs = [(_compile(hf), gg) for hf, gg in layout["tensors"]]
+        self._transforms = [
+            (_compile(gg), list(names))
+            for gg, names in layout.get("transforms", {}).items()
+            if not gg.startswith("_")
+        ]
+
+    def gguf_name(self, hf_name: str) -> str | None:
+        for suffix in (".weight", ".bias"):
+            if not hf_name.endswith(suffix):
+                continue
+            base = hf_name[: -len(suffix)]
+            for rx, gg in self._pairs:
+                m = rx.match(base)
+                if m:
+                    bid = m.groupdict().get("bid")
+                    return (gg.replace("{bid}", bid) if bid is not None else gg) + suffix
+        return None
+
+    def transforms(self, gguf_name: str) -> list[str]:
+        for rx, names in self._transforms:
+            if rx.match(gguf_name):
+                return names
+        return []
+
+
+def _permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """HF's rotate-half Q/K rows -> llama.cpp's adjacent-pair order, per head.
+
+    Same reordering as the converter's LlamaModel.permute: within each head the rows
+    [first half | second half] become interleaved (0, h, 1, h+1, ...).
+    """
+    rows = w.shape[0]
+    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How to produce one canonical tensor: its source, shape and transforms."""
+
+    source: _Stored | None  # None: generated (see `generate`)
+    shape: tuple[int, ...]
+    dtype: str
+    transforms: tuple[str, ...]
+    generate: Callable[[], np.ndarray] | None = None
+
+
+class SafetensorsSource:
+    """TensorSource over a safetensors directory; transforms are applied in load()."""
+
+    def __init__(self, plans: dict[str, _Plan], hp: dict[str, Any]):
+        self._plans = plans
+        self._n_head = int(hp["num_attention_heads"])
+        self._n_head_kv = int(hp["num_key_value_heads"])
+
+    def names(self) -> list[str]:
+        return list(self._plans)
+
+    def info(self, name: str) -> TensorInfo:
+        p = self._plan(name)
+        return TensorInfo(name, p.shape, p.dtype)
+
+    def load(self, name: str) -> np.ndarray:
+        p = self._plan(name)
+        if p.generate is not None:
+            return p.generate()
+        assert p.source is not None
+        w = _read_f32(p.source)
+        for t in p.transforms:
+            w = self._apply(t, w, p)
+        return np.ascontiguousarray(w, dtype=np.float32)
+
+    def _plan(self, name: str) -> _Plan:
+        try:
+            return self._plans[name]
+        except KeyError:
+            raise FrinkError(f"no tensor named {name!r} in this checkpoint") from None
+
+    def _apply(self, transform: str, w: np.ndarray, p: _Plan) -> np.ndarray:
+        if transform == "permute_q":
+            return _permute_rows(w, self._n_head)
+        if transform == "permute_k":
+            return _permute_rows(w, self._n_head_kv)
+        if transform == "add_one":
+            # In float32, as transformers' Gemma3RMSNorm computes (1 + w.float()).
+            return w + np.float32(1.0)
+        if transform == "truncate_vocab":
+            return w[: p.shape[0]]
+        raise AssertionError(f"unknown transform {transform!r} in hf_architectures.json")
+
+
+def _n_vocab_real(hf_dir: Path, rows: int) -> int:
+    """Rows of token_embd the converter keeps for Gemma 3 (it drops out-of-vocab rows).
+
+    With tokenizer.model the converter's SentencePiece vocab is padded to vocab_size, so
+    nothing is dropped; with only tokenizer.json it keeps len(vocab) + len(added_tokens).
+    """
+    if (hf_dir / "tokenizer.model").is_file():
+        return rows
+    tok = hf_dir / "tokenizer.json"
+    if not tok.is_file():
+        return rows
+    try:
+        data = json.loads(tok.read_text(encoding="utf-8"))
+        n = len(data["model"]["vocab"]) + len(data.get("added_tokens") or [])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise FrinkError(f"{tok}: unreadable tokenizer.json ({e})") from e
+    return min(rows, n)
+
+
+def _llama3_rope_factors(hp: dict[str, Any]) -> np.ndarray | None:
+    """The rope_freqs tensor the converter generates for rope_type "llama3"."""
+    rp = hp["_rope_full"]
+    if rp.get("rope_type") != "llama3":
+        return None
+    base = float(rp.get("rope_theta") or 10000.0)
+    dim = int(hp["head_dim"])
+    factor = float(rp.get("factor", 8.0))
+    low = float(rp.get("low_freq_factor", 1.0))
+    high = float(rp.get("high_freq_factor", 4.0))
+    old_ctx = float(rp.get("original_max_position_embeddings", 8192))
+    freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
+    wavelen = 2 * math.pi / freqs.astype(np.float64)
+    low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+    out = np.empty(len(freqs), dtype=np.float64)
+    for i, wl in enumerate(wavelen):
+        if wl < high_wavelen:
+            out[i] = 1.0
+        elif wl > low_wavelen:
+            out[i] = factor
+        else:
+            smooth = (old_ctx / wl - low) / (high - low)
+            out[i] = 1.0 / ((1 - smooth) / factor + smooth)
+    return out.astype(np.float32)
+
+
+_GENERATORS: dict[str, Callable[[dict[str, Any]], np.ndarray | None]] = {
+    "llama3_rope_freqs": _llama3_rope_factors,
+}
+
+
+# ---------------------------------------------------------------------------------------
+# metadata
+
+
+def _f32(x: Any) -> float:
+    # GGUF stores these as float32; round here so both formats give the same numbers.
+    return float(np.float32(x))
+
+
+def _put(meta: dict[str, Any], arch: str, entry: dict[str, Any], hp: dict[str, Any]) -> None:
+    value = hp.get(entry["from"])
+    if value is None:
+        if entry.get("optional"):
+            return
+        raise FrinkError(f"config.json: missing {entry['from']!r}")
+    key = entry["key"].replace("{arch}", arch)
+    meta[key] = int(value) if entry["type"] == "u32" else _f32(value)
+
+
+def _layer_is_swa(hp: dict[str, Any]) -> list[bool]:
+    """Per layer: sliding-window attention? From layer_types, else the period pattern."""
+    n = int(hp["num_hidden_layers"])
+    types = hp.get("layer_types")
+    if isinstance(types, list) and len(types) == n:
+        return [t == "sliding_attention" for t in types]
+    if hp.get("sliding_window") is None:
+        return [False] * n
+    period = hp.get("sliding_window_pattern") or hp.get("_sliding_window_pattern") or 6
+    return [(i + 1) % int(period) != 0 for i in range(n)]
+
+
+def _rule_rope_scaling(
+    meta: dict[str, Any], arch: str, hp: dict[str, Any], notes: list[str]
+) -> None:
+    rp = hp["_rope_full"]
+    generated = hp["_generated"]
+    rope_type = rp.get("rope_type")
+    if rope_type in (None, "default"):
+        return
+    factor = rp.get("factor")
+    if rope_type == "linear":
+        if factor is not None:
+            meta[f"{arch}.rope.scaling.type"] = "linear"
+            meta[f"{arch}.rope.scaling.factor"] = _f32(factor)
+    elif rope_type == "yarn":
+        if factor is not None:
+            meta[f"{arch}.rope.scaling.type"] = "yarn"
+            meta[f"{arch}.rope.scaling.factor"] = _f32(factor)
+            orig = rp.get("original_max_position_embeddings")
+            if orig is None:
+                raise FrinkError(
+                    "config.json: yarn rope scaling without original_max_position_embeddings"
+                )
+            meta[f"{arch}.rope.scaling.original_context_length"] = int(orig)
+            for src, key in (
+                ("extrapolation_factor", "yarn_ext_factor"),
+                ("attention_factor", "yarn_attn_factor"),
+                ("attn_factor", "yarn_attn_factor"),
+                ("beta_fast", "yarn_beta_fast"),
+                ("beta_slow", "yarn_beta_slow"),
+            ):
+                if rp.get(src) is not None and f"{arch}.rope.scaling.{key}" not in meta:
+                    meta[f"{arch}.rope.scaling.{key}"] = _f32(rp[src])
+    elif rope_type == "llama3" and "llama3_rope_freqs" in generated:
+        pass  # expressed as the generated rope_freqs.weight tensor
+    else:
+        raise FrinkError(f"config.json: unsupported rope scaling type {rope_type!r} for {arch}")
+
+
+def _rule_gemma3_attention(
+    meta: dict[str, Any], arch: str, hp: dict[str, Any], notes: list[str]
+) -> None:
+    # llama.cpp hard-codes Gemma 3's layer pattern (every 6th layer global) and its
+    # attention scale (1/sqrt(head_dim)); HF configs state both. These keys carry the HF
+    # values in llama.cpp's own key names (llama.cpp reads sliding_window_pattern as a
+    # per-layer bool array when present, and attention.scale is its query-scale key).
+    swa = _layer_is_swa(hp)
+    meta[f"{arch}.attention.sliding_window_pattern"] = swa
+    if any(swa):
+        if hp.get("sliding_window") is None:
+            raise FrinkError("config.json: sliding layers but no sliding_window")
+        meta[f"{arch}.attention.sliding_window"] = int(hp["sliding_window"])
+    if hp.get("query_pre_attn_scalar") is not None:
+        meta[f"{arch}.attention.scale"] = _f32(float(hp["query_pre_attn_scalar"]) ** -0.5)
+
+
+def _rule_sliding_window_note(
+    meta: dict[str, Any], arch: str, hp: dict[str, Any], notes: list[str]
+) -> None:
+    # llama.cpp's llama/qwen2/qwen3 graphs have no sliding window; neither does frink's
+    # canonical form for them. Say so when the HF config asks for one.
+    sw = hp.get("sliding_window")
+    types = hp.get("layer_types") or []
+    uses = "sliding_attention" in types if types else sw is not None
+    if hp.get("use_sliding_window") is False:
+        uses = False
+    if uses and sw is not None and sw < int(hp.get("max_position_embeddings") or 0):
+        notes.append(
+            f"config sliding_window={sw} is not applied ({arch} attends to the full context, "
+            f"as llama.cpp does)"
+        )
+
+
+_RULES: dict[str, Callable[[dict[str, Any], str, dict[str, Any], list[str]], None]] = {
+    "rope_scaling": _rule_rope_scaling,
+    "gemma3_attention": _rule_gemma3_attention,
+    "sliding_window_note": _rule_sliding_window_note,
+}
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def read_hf_dir(path: Path) -> Checkpoint:
+    """Open a Hugging Face model directory as a canonical (GGUF-convention) Checkpoint."""
+    hf_dir = Path(path)
+    cfg = _load_config(hf_dir)
+    tables = _tables()
+    model_type = cfg.get("model_type")
+    mt = tables["model_types"].get(model_type) if isinstance(model_type, str) else None
+    if mt is None:
+        known = ", ".join(sorted(tables["model_types"]))
+        raise FrinkError(
+            f"{hf_dir / 'config.json'}: unsupported architecture model_type={model_type!r} "
+            f"(supported: {known})"
+        )
+    arch: str = mt["arch"]
+    layout = _layout(tables, mt["layout"])
+    hp = _hparams(cfg, mt, tables)
+    notes: list[str] = []
+
+    stored = _index_dir(hf_dir)
+    names = _NameMap(layout)
+    strip = list(mt.get("strip_substrings", []))
+    ignore = tuple(mt.get("ignore_prefixes", []))
+    plans: dict[str, _Plan] = {}
+    n_ignored = 0
+    for hf_name, st in stored.items():
+        if ignore and hf_name.startswith(ignore):
+            n_ignored += 1
+            continue
+        name = hf_name
+        for s in strip:
+            name = name.replace(s, "")
+        # Buffers some exporters save; the converter skips them too.
+        if name.endswith((".rotary_emb.inv_freq", ".attention.masked_bias", ".attention.bias")):
+            continue
+        gg = names.gguf_name(name)
+        if gg is None:
+            raise FrinkError(f"{st.file}: tensor {hf_name!r} has no GGUF name for {arch}")
+        if gg in plans:
+            raise FrinkError(f"{st.file}: tensor {hf_name!r} duplicates {gg!r}")
+        if st.dtype not in _DTYPES:
+            raise FrinkError(
+                f"{st.file}: tensor {hf_name!r} has dtype {st.dtype}; only F32, F16 and BF16 are read"
+            )
+        plans[gg] = _Plan(st, st.shape, st.dtype, tuple(names.transforms(gg)))
+    if n_ignored:
+        notes.append(f"{mt.get('ignored_note', 'ignored')} ({n_ignored} tensors)")
+
+    if "token_embd.weight" not in plans:
+        raise FrinkError(f"{hf_dir}: no token embedding (model.embed_tokens.weight) found")
+    emb = plans["token_embd.weight"]
+    if "truncate_vocab" in emb.transforms:
+        rows = _n_vocab_real(hf_dir, emb.shape[0])
+        plans["token_embd.weight"] = _Plan(
+            emb.source, (rows, *emb.shape[1:]), emb.dtype, emb.transforms
+        )
+    hp["n_vocab"] = plans["token_embd.weight"].shape[0]
+
+    # GGUF says "tied" by having no output.weight; transformers ties on the config flag.
+    if hp.get("tie_word_embeddings") and "output.weight" in plans:
+        del plans["output.weight"]
+        notes.append(
+            "tie_word_embeddings: lm_head.weight in the files ignored, output = token_embd"
+        )
+    elif not hp.get("tie_word_embeddings") and "output.weight" not in plans:
+        notes.append("no lm_head.weight although tie_word_embeddings is false: output = token_embd")
+
+    # Tensors the converter synthesizes from the config (e.g. llama3 rope factors).
+    hp["_generated"] = {v for k, v in layout.get("generated", {}).items() if not k.startswith("_")}
+    extra: dict[str, _Plan] = {}
+    for gg, maker in layout.get("generated", {}).items():
+        if gg.startswith("_"):
+            continue
+        data = _GENERATORS[maker](hp)
+        if data is not None:
+            extra[gg] = _Plan(None, data.shape, "F32", (), lambda d=data: d.copy())
+    plans = {**extra, **plans}
+
+    meta: dict[str, Any] = {"general.architecture": arch}
+    meta_entries = list(tables["metadata_sets"][layout["metadata"]])
+    meta_entries += layout.get("metadata_extra", [])
+    for entry in meta_entries:
+        _put(meta, arch, entry, hp)
+    for rule in layout.get("rules", []):
+        _RULES[rule](meta, arch, hp, notes)
+
+    return Checkpoint(
+        path=hf_dir,
+        format="safetensors",
+        metadata=meta,
+        tensors=SafetensorsSource(plans, hp),
+        hf_dir=hf_dir,
+        notes=notes,
+    )

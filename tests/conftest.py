@@ -1,0 +1,163 @@
+"""Shared fixtures: the real models, fetched once per machine, and the tiny random models.
+
+Real models come through frink's own store (frink_cli.pull.ensure_model) and its
+default location (~/.cache/frink/models, or $FRINK_HOME/models when the environment
+sets it), so CI and developers download each model once per machine, not once per
+run or per test. Tests that point FRINK_HOME elsewhere (to test the store itself) do
+not affect where these fixtures look: the store is pinned to the environment pytest
+started with.
+
+Tiny models are made by scripts/make_tiny_models.py (transformers -> llama.cpp's converter,
+with reference logits from both) into tests/.cache/tiny, or $FRINK_TEST_CACHE/tiny, once
+per machine: the script skips models whose outputs are already there for its version.
+A test that takes a `tiny_name` argument is run once per tiny model; `tiny_model(name)`
+gives its HF dir, GGUF path and reference arrays.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+
+_FRINK_HOME_AT_START = os.environ.get("FRINK_HOME")
+_REPO = Path(__file__).resolve().parent.parent
+_MAKE_TINY = _REPO / "scripts" / "make_tiny_models.py"
+# What making the tiny fixtures needs beyond frink's own dependencies (the `test` extra).
+_TINY_DEPS = ("torch", "transformers", "llama_cpp")
+
+
+def _pinned_env() -> dict[str, str]:
+    """os.environ with FRINK_HOME as pytest found it (a test may have moved it)."""
+    env = dict(os.environ)
+    env.pop("FRINK_HOME", None)
+    if _FRINK_HOME_AT_START is not None:
+        env["FRINK_HOME"] = _FRINK_HOME_AT_START
+    return env
+
+
+def real_model(name: str) -> Path:
+    """The path of catalogue model `name` in the session's store, fetched on first use."""
+    from frink_cli.pull import ensure_model
+
+    with pytest.MonkeyPatch.context() as mp:
+        if _FRINK_HOME_AT_START is None:
+            mp.delenv("FRINK_HOME", raising=False)
+        else:
+            mp.setenv("FRINK_HOME", _FRINK_HOME_AT_START)
+        return ensure_model(name)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 GGUF (llama arch, gpt2 BPE)."""
+    return real_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """Gemma 3 270M Q4_K_M GGUF (gemma3 arch, SPM vocab)."""
+    return real_model("gemma3-270m")
+
+
+# --- tiny random models -------------------------------------------------------------------
+
+
+def _load_make_tiny() -> ModuleType:
+    # scripts/ is not a package; load the maker by path. Importing it is cheap (numpy only):
+    # torch, transformers and llama_cpp are imported inside its functions.
+    spec = importlib.util.spec_from_file_location("make_tiny_models", _MAKE_TINY)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("make_tiny_models", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+_make_tiny = _load_make_tiny()
+TINY_MODEL_NAMES: tuple[str, ...] = tuple(_make_tiny.MODEL_NAMES)
+
+
+def fixture_cache_root() -> Path:
+    """Root of test caches: $FRINK_TEST_CACHE, else tests/.cache (git-ignored)."""
+    root = Path(os.environ.get("FRINK_TEST_CACHE") or _REPO / "tests" / ".cache")
+    root.mkdir(parents=True, exist_ok=True)
+    # Self-ignoring, so the cache never shows up in git status wherever it lives.
+    ignore = root / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("*\n")
+    return root
+
+
+class TinyModel(NamedTuple):
+    name: str
+    hf_dir: Path
+    gguf: Path | None  # None when llama.cpp's converter cannot make a text GGUF of it
+    ref: dict[str, np.ndarray]  # tokens, logits_hf, [logits_llamacpp, max_abs_diff_...]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "tiny_name" in metafunc.fixturenames:
+        metafunc.parametrize("tiny_name", TINY_MODEL_NAMES, ids=list(TINY_MODEL_NAMES))
+
+
+@pytest.fixture(scope="session")
+def tiny_models() -> Path:
+    """Directory holding every tiny model's fixtures, made on first use (about a minute)."""
+    missing = [m for m in _TINY_DEPS if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"tiny models need the test extra (missing: {', '.join(missing)})")
+    out = fixture_cache_root() / "tiny"
+    # A child process keeps torch/transformers out of the test process and serialises with
+    # any concurrent pytest through the script's own idempotence.
+    proc = subprocess.run(
+        [sys.executable, str(_MAKE_TINY), str(out)],
+        env=_pinned_env(),
+        capture_output=True,
+        text=True,
+        check=False,  # reported below with the script's output
+    )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"scripts/make_tiny_models.py failed (exit {proc.returncode}):\n"
+            + proc.stdout[-3000:]
+            + proc.stderr[-6000:],
+            pytrace=False,
+        )
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_models: Path) -> Callable[[str], TinyModel]:
+    """tiny_model(name) -> TinyModel(name, hf_dir, gguf, ref), loaded once per name."""
+    loaded: dict[str, TinyModel] = {}
+
+    def get(name: str) -> TinyModel:
+        if name not in loaded:
+            d = tiny_models / name
+            with np.load(d / "ref.npz") as npz:
+                ref = {k: npz[k] for k in npz.files}
+            gguf = d / "model.gguf"
+            loaded[name] = TinyModel(name, d / "hf", gguf if gguf.is_file() else None, ref)
+        return loaded[name]
+
+    return get
+
+
+_REAL_FIXTURES = {"smollm2_path", "gemma3_path"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A test that uses a real model is a `real` test whether or not its author marked it,
+    # so `-m "not real"` reliably skips every download.
+    for item in items:
+        if _REAL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.real)
