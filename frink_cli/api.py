@@ -64,8 +64,10 @@ class Model:
             return self.decoder.step(ids, cache, all_logits=True)
         return np.concatenate([self.decoder.step(ids[i : i + 1], cache) for i in range(len(ids))])
 
-    def prompt_ids(self, prompt: str, *, raw: bool = False, system: str | None = None) -> list[int]:
-        return prompt_ids(self._tok(), prompt, system=system, raw=raw)
+    def prompt_ids(
+        self, prompt: str, *, raw: bool = False, system: str | None = None, notes: list[str] | None = None
+    ) -> list[int]:
+        return prompt_ids(self._tok(), prompt, system=system, raw=raw, notes=notes)
 
     def generate_ids(
         self,
@@ -119,10 +121,10 @@ def load(
 ) -> Model:
     ckpt = open_checkpoint(path)
     cfg = config_from_checkpoint(ckpt)
+    # Before the (slow) weight load, so an unavailable backend is refused at once.
+    chosen = select_backend(backend, cfg)
     tokenizer = load_tokenizer(ckpt)
     weights = load_weights(ckpt, cfg, progress)
-    model = Model(ckpt, cfg, Decoder(cfg, weights), tokenizer, "numpy")
-    chosen = select_backend(backend, model)
-    model.decoder.backend = chosen
+    model = Model(ckpt, cfg, Decoder(cfg, weights, chosen), tokenizer, "numpy")
     model.backend_name = chosen.name if chosen else "numpy"
     return model

@@ -16,6 +16,7 @@ import json
 import logging
 from datetime import datetime
 from functools import lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .errors import FrinkError
@@ -25,14 +26,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("frink")
 
-# ChatML, which llama.cpp falls back to when a model has no template. frink uses it only
-# when the vocabulary really has ChatML's markers (see prompt_ids).
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+_TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "configs" / "chat_templates"
+
+
+@lru_cache(maxsize=1)
+def _fallbacks() -> list[dict]:
+    table = json.loads((_TEMPLATES_DIR / "fallbacks.json").read_text())["fallbacks"]
+    return [{**f, "template": (_TEMPLATES_DIR / f["file"]).read_text()} for f in table]
+
+
+def fallback_template(tok: "Tokenizer") -> tuple[str, str] | None:
+    """(name, template) of the first fallback whose markers the vocabulary has, or None."""
+    for f in _fallbacks():
+        if all(tok.token_id(m) is not None for m in f["markers"]):
+            return f["name"], f["template"]
+    return None
 
 
 @lru_cache(maxsize=16)
@@ -143,18 +151,20 @@ def prompt_ids(tok: Tokenizer, prompt: str, *, system: str | None = None, raw: b
     text) and BOS added per the model's policy unless the rendered text already starts
     with it (as llama.cpp's chat path does).
 
-    With no chat template llama.cpp falls back to ChatML. frink does that only when the
-    vocabulary has <|im_start|> and <|im_end|>; otherwise ChatML's markers would be
-    tokenized as plain text the model never saw in training, so the prompt goes in raw and
-    a note says so (appended to `notes` when given, else logged on the "frink" logger).
+    With no chat template llama.cpp falls back to ChatML. frink uses a fallback format
+    (configs/chat_templates/fallbacks.json: ChatML, Gemma's turns) only when the vocabulary
+    has its marker tokens; otherwise they would be tokenized as plain text the model never
+    saw in training, so the prompt goes in raw and a note says so (appended to `notes`
+    when given, else logged on the "frink" logger).
     """
     if raw:
         return tok.encode(prompt)
     template = tok.chat_template
     if not template:
-        if tok.token_id("<|im_start|>") is not None and tok.token_id("<|im_end|>") is not None:
-            template = CHATML_TEMPLATE
-            note = "model has no chat template; using ChatML (its vocabulary has ChatML's markers)"
+        found = fallback_template(tok)
+        if found:
+            note = f"model has no chat template; using the {found[0]} format its vocabulary has"
+            template = found[1]
         else:
             note = "model has no chat template; the prompt is used as raw text"
             template = None

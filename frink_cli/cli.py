@@ -93,10 +93,26 @@ def _read_prompt(prompt: Optional[str], file: Optional[Path]) -> str:
         except UnicodeDecodeError:
             raise FrinkError(f"prompt file {file} is not UTF-8 text") from None
     if prompt == "-":
-        return sys.stdin.read()
+        try:
+            # Bytes, decoded strictly: the text stream's surrogateescape (C/POSIX locales)
+            # would hand the tokenizer lone surrogates, which it cannot encode.
+            text = sys.stdin.buffer.read().decode("utf-8")
+            # The same newline translation text-mode reads (and so -f) apply.
+            return text.replace("\r\n", "\n").replace("\r", "\n")
+        except UnicodeDecodeError:
+            raise FrinkError("the prompt on stdin is not UTF-8 text") from None
     if prompt is None:
         raise FrinkError("no prompt: pass -p TEXT, -p - (stdin) or -f FILE")
-    return prompt
+    return _check_utf8(prompt, "-p/--prompt")
+
+
+def _check_utf8(text: str, flag: str) -> str:
+    """Non-UTF-8 bytes in argv arrive as lone surrogates; refuse them by name."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise FrinkError(f"invalid value for {flag}: not UTF-8 text") from None
+    return text
 
 
 def _check_range(name: str, value: float, lo: float | None = None, hi: float | None = None) -> None:
@@ -141,10 +157,15 @@ def run(
     if backend not in BACKEND_NAMES:
         raise FrinkError(f"invalid value for --backend: {backend!r} (choose from {', '.join(BACKEND_NAMES)})")
     text_in = _read_prompt(prompt, file)
+    if system is not None:
+        _check_utf8(system, "--system")
 
     m = _load(model, backend, quiet=as_json and not verbose)
     n_ctx = ctx_size or min(m.config.n_ctx_train, 4096)
-    ids = m.prompt_ids(text_in, raw=raw, system=system)
+    notes: list[str] = []
+    ids = m.prompt_ids(text_in, raw=raw, system=system, notes=notes)
+    for note in notes:
+        err.print(f"[dim]note: {note}[/dim]")
     stats = GenerationStats()
     sampling = dict(
         temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,

@@ -167,6 +167,12 @@ def resolve_model_arg(arg: str | None) -> Path:
     path = Path(arg).expanduser()
     if arg in CATALOGUE and not path.exists():
         return ensure_model(arg)
+    if not path.exists() and "/" not in arg and not path.suffix:
+        # Neither a file nor a known name: most likely a mistyped model name.
+        raise FrinkError(
+            f"model not found: {arg} is not a file, directory or known model "
+            f"(known: {', '.join(sorted(CATALOGUE))}; see `frink models`)"
+        )
     return path
 
 

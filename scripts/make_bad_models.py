@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import struct
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter
@@ -128,10 +128,14 @@ class Layout:
         self.tensor_info_start = int(first_tensor.field.offset)
         self.tensor_info: dict[str, int] = {}  # name -> offset of its n_dims field
         for t in reader.tensors:
-            self.tensor_info[t.name] = int(t.field.offset) + sum(p.nbytes for p in t.field.parts[:2])
+            self.tensor_info[t.name] = int(t.field.offset) + sum(
+                p.nbytes for p in t.field.parts[:2]
+            )
 
 
-def _copy_patched(src: Path, dst: Path, patches: list[tuple[int, bytes]] = (), size: int | None = None) -> Path:
+def _copy_patched(
+    src: Path, dst: Path, patches: list[tuple[int, bytes]] = (), size: int | None = None
+) -> Path:
     data = bytearray(src.read_bytes())
     for offset, raw in patches:
         data[offset : offset + len(raw)] = raw
@@ -152,7 +156,9 @@ def make_all(out: Path) -> dict[str, Path]:
 
     tensors_wrong_q = tiny_llama_tensors()
     tensors_wrong_q[q] = tensors_wrong_q[q][:-8]  # 24 rows where 4 heads x 8 need 32
-    tensors_no_down = {k: v for k, v in tiny_llama_tensors().items() if k != "blk.0.ffn_down.weight"}
+    tensors_no_down = {
+        k: v for k, v in tiny_llama_tensors().items() if k != "blk.0.ffn_down.weight"
+    }
 
     makers: dict[str, Callable[[], Path]] = {
         "valid": lambda: valid,
@@ -172,10 +178,16 @@ def make_all(out: Path) -> dict[str, Path]:
         "truncated_data": lambda: patched(
             "truncated_data.gguf", size=(lay.data_offset + lay.size) // 2
         ),
-        "huge_tensor_count": lambda: patched("huge_tensor_count.gguf", [(8, struct.pack("<Q", HUGE))]),
+        "huge_tensor_count": lambda: patched(
+            "huge_tensor_count.gguf", [(8, struct.pack("<Q", HUGE))]
+        ),
         "huge_kv_count": lambda: patched("huge_kv_count.gguf", [(16, struct.pack("<Q", HUGE))]),
-        "huge_string": lambda: patched("huge_string.gguf", [(lay.first_kv, struct.pack("<Q", HUGE))]),
-        "huge_array": lambda: patched("huge_array.gguf", [(lay.array_count, struct.pack("<Q", HUGE))]),
+        "huge_string": lambda: patched(
+            "huge_string.gguf", [(lay.first_kv, struct.pack("<Q", HUGE))]
+        ),
+        "huge_array": lambda: patched(
+            "huge_array.gguf", [(lay.array_count, struct.pack("<Q", HUGE))]
+        ),
         # attn_q claims 2**40 x 2**40 elements: its data would lie far past the end.
         "huge_dims": lambda: patched(
             "huge_dims.gguf", [(q_dims + 4, struct.pack("<QQ", 2**40, 2**40))]
@@ -189,7 +201,9 @@ def make_all(out: Path) -> dict[str, Path]:
             valid, out / "no_architecture.gguf", b"general.architecture", b"general.architecturX"
         ),
         "unknown_arch": lambda: write_gguf(out / "unknown_arch.gguf", arch="foo"),
-        "missing_key": lambda: write_gguf(out / "missing_key.gguf", drop_keys=("llama.block_count",)),
+        "missing_key": lambda: write_gguf(
+            out / "missing_key.gguf", drop_keys=("llama.block_count",)
+        ),
         "bad_key_type": lambda: write_gguf(
             out / "bad_key_type.gguf", override_keys={"llama.block_count": "three"}
         ),

@@ -64,8 +64,9 @@ class Result:
         )
 
 
-def frink(*args: str | Path, stdin: str | None = None, cwd: Path | None = None) -> Result:
-    """Run `frink ARGS...`; stdin is empty (not a terminal) unless given."""
+def frink(*args: str | Path, stdin: str | bytes = b"", cwd: Path | None = None) -> Result:
+    """Run `frink ARGS...`; stdin is empty (not a terminal) unless given. A str argument
+    with lone surrogates reaches the child as the raw bytes they escape (os.fsencode)."""
     argv = tuple(str(a) for a in args)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(
@@ -78,7 +79,7 @@ def frink(*args: str | Path, stdin: str | None = None, cwd: Path | None = None) 
         )
         assert proc.stdin is not None
         try:
-            proc.stdin.write((stdin or "").encode("utf-8"))
+            proc.stdin.write(stdin.encode("utf-8") if isinstance(stdin, str) else stdin)
             proc.stdin.close()
         except BrokenPipeError:  # the child exited before reading: fine, it had its say
             pass

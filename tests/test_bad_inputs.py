@@ -16,15 +16,18 @@ of its own, and the fragments each case asserts tell the two apart.
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-from frink_subprocess import assert_error, frink
+from frink_subprocess import Result, assert_error, frink
 
 _MAKE_BAD = Path(__file__).resolve().parent.parent / "scripts" / "make_bad_models.py"
-# A peak far above an idle `frink` (~100 MiB) but far below any allocation a corrupt
+# A peak far above an idle `frink` (~60 MiB) but far below any allocation a corrupt
 # count (2**60 tensors, 2**40 x 2**40 elements) would ask for.
 MAX_RSS_MIB = 1024
 
@@ -43,7 +46,7 @@ def bad(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return _load_maker().make_all(tmp_path_factory.mktemp("bad_models"))
 
 
-# --- files ------------------------------------------------------------------------------
+# --- the cases ----------------------------------------------------------------------------
 
 # case -> fragments the error line must contain. Every case is tried with `frink run`.
 FILE_CASES: dict[str, tuple[str, ...]] = {
@@ -74,65 +77,18 @@ FILE_CASES: dict[str, tuple[str, ...]] = {
 }
 # `frink info` reads the header and config but loads no weights, so only header- and
 # config-level faults concern it; a sample of those, to keep the file fast.
-INFO_CASES = ("empty", "text", "truncated_data", "huge_tensor_count", "unknown_arch", "bad_key_type")
+INFO_CASES = (
+    "empty",
+    "text",
+    "truncated_data",
+    "huge_tensor_count",
+    "unknown_arch",
+    "bad_key_type",
+)
 # Cases whose header claims sizes no file could back: the error must come without the
 # allocation.
 HUGE_CASES = ("huge_tensor_count", "huge_kv_count", "huge_string", "huge_array", "huge_dims")
 
-
-@pytest.mark.parametrize("case", list(FILE_CASES))
-def test_bad_file_run(bad: dict[str, Path], case: str) -> None:
-    result = frink("run", bad[case], "-p", "hello")
-    assert_error(result, *FILE_CASES[case])
-    if case in HUGE_CASES:
-        assert result.peak_rss_mib < MAX_RSS_MIB, result.describe()
-
-
-@pytest.mark.parametrize("case", INFO_CASES)
-def test_bad_file_info(bad: dict[str, Path], case: str) -> None:
-    assert_error(frink("info", bad[case]), *FILE_CASES[case])
-
-
-def test_valid_fixture_fails_only_at_the_tokenizer(bad: dict[str, Path]) -> None:
-    # The control for every case above: unbroken, the file loads and stops at the tokenizer.
-    assert_error(frink("run", bad["valid"], "-p", "hello"), "no tokenizer")
-    info = frink("info", bad["valid"])
-    assert info.returncode == 0, info.describe()
-    assert "tokenizer:      none" in info.stdout
-
-
-def test_missing_file(tmp_path: Path) -> None:
-    assert_error(frink("run", tmp_path / "nope.gguf", "-p", "hello"), "not found", "nope.gguf")
-    assert_error(frink("info", tmp_path / "nope.gguf"), "not found", "nope.gguf")
-
-
-def test_directory_without_config(tmp_path: Path) -> None:
-    (tmp_path / "README.md").write_text("not a model\n")
-    assert_error(frink("run", tmp_path, "-p", "hello"), "config.json")
-
-
-def test_hf_directory_without_weights(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(
-        '{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 2,'
-        ' "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,'
-        ' "num_key_value_heads": 2, "vocab_size": 512}'
-    )
-    assert_error(frink("run", tmp_path, "-p", "hello"), "model.safetensors")
-
-
-def test_hf_directory_with_broken_config(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text("{not json")
-    assert_error(frink("run", tmp_path, "-p", "hello"), "config.json")
-
-
-def test_verbose_adds_the_traceback(bad: dict[str, Path]) -> None:
-    result = frink("run", bad["truncated_data"], "-p", "hello", "-v")
-    assert result.returncode == 1 and result.stdout == "", result.describe()
-    assert "Traceback" in result.stderr, result.describe()
-    assert result.lines()[-1].startswith("frink: error:"), result.describe()
-
-
-# --- flags and prompts --------------------------------------------------------------------
 
 # Each flag case runs against the valid tiny model: a flag frink let through would end at
 # its missing tokenizer instead, which the fragments rule out.
@@ -149,45 +105,153 @@ FLAG_CASES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "unknown_flag": (("--bogus", "-p", "x"), ("--bogus",)),
     "prompt_flag_without_value": (("-p",), ("-p",)),
     "no_prompt": ((), ("no prompt",)),
+    # Bytes that are not UTF-8 arrive in argv as lone surrogates ("\udce9" is byte 0xE9).
+    "prompt_not_utf8": (("-p", "caf\udce9"), ("-p/--prompt", "UTF-8")),
+    "system_not_utf8": (("-p", "x", "--system", "caf\udce9"), ("--system", "UTF-8")),
+    # Backends are chosen at load, before the tokenizer is needed; none is built yet.
+    "backend_metal": (("--backend", "metal", "-p", "x"), ("metal", "not available")),
+    "backend_cuda": (("--backend", "cuda", "-p", "x"), ("cuda", "not available")),
 }
 
 
+@pytest.fixture(scope="module")
+def runs(bad: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result]:
+    """Every invocation of this file's tests but the real-model one, run up front and
+    concurrently: each is a ~0.5 s interpreter start that waits on nothing, and run one at
+    a time they would be most of the suite's CLI time."""
+    d = tmp_path_factory.mktemp("inputs")
+    (d / "plain_dir").mkdir()
+    (d / "plain_dir" / "README.md").write_text("not a model\n")
+    (d / "hf_no_weights").mkdir()
+    (d / "hf_no_weights" / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "num_hidden_layers": 2,
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "vocab_size": 512,
+            }
+        )
+    )
+    (d / "hf_bad_config").mkdir()
+    (d / "hf_bad_config" / "config.json").write_text("{not json")
+    (d / "prompt.txt").write_text("hello")
+    (d / "latin1.txt").write_bytes("café".encode("latin-1"))
+    valid = bad["valid"]
+
+    jobs: dict[str, tuple[str | Path, ...]] = {}
+    jobs |= {f"run:{c}": ("run", bad[c], "-p", "hello") for c in FILE_CASES}
+    jobs |= {f"info:{c}": ("info", bad[c]) for c in INFO_CASES}
+    jobs |= {f"flag:{c}": ("run", valid, *args) for c, (args, _) in FLAG_CASES.items()}
+    jobs |= {
+        "valid:run": ("run", valid, "-p", "hello"),
+        "valid:info": ("info", valid),
+        "verbose": ("run", bad["truncated_data"], "-p", "hello", "-v"),
+        "missing:run": ("run", d / "nope.gguf", "-p", "hello"),
+        "missing:info": ("info", d / "nope.gguf"),
+        "plain_dir": ("run", d / "plain_dir", "-p", "hello"),
+        "hf_no_weights": ("run", d / "hf_no_weights", "-p", "hello"),
+        "hf_bad_config": ("run", d / "hf_bad_config", "-p", "hello"),
+        "unknown_command": ("bogus",),
+        "pull_unknown_model": ("pull", "no-such-model"),
+        "prompt_and_file": ("run", valid, "-p", "hi", "-f", d / "prompt.txt"),
+        "prompt_file_missing": ("run", valid, "-f", d / "absent.txt"),
+        "prompt_file_dir": ("run", valid, "-f", d / "plain_dir"),
+        "prompt_file_latin1": ("run", valid, "-f", d / "latin1.txt"),
+    }
+    stdin = {"stdin_latin1": "café".encode("latin-1")}
+    jobs |= {key: ("run", valid, "-p", "-") for key in stdin}
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+        futures = {
+            key: pool.submit(frink, *args, stdin=stdin.get(key, b"")) for key, args in jobs.items()
+        }
+        return {key: f.result() for key, f in futures.items()}
+
+
+@pytest.mark.parametrize("case", list(FILE_CASES))
+def test_bad_file_run(runs: dict[str, Result], case: str) -> None:
+    result = runs[f"run:{case}"]
+    assert_error(result, *FILE_CASES[case])
+    if case in HUGE_CASES:
+        assert result.peak_rss_mib < MAX_RSS_MIB, (
+            f"peak {result.peak_rss_mib:.0f} MiB\n" + result.describe()
+        )
+
+
+@pytest.mark.parametrize("case", INFO_CASES)
+def test_bad_file_info(runs: dict[str, Result], case: str) -> None:
+    assert_error(runs[f"info:{case}"], *FILE_CASES[case])
+
+
+def test_valid_fixture_fails_only_at_the_tokenizer(runs: dict[str, Result]) -> None:
+    # The control for every case above: unbroken, the file loads and stops at the tokenizer.
+    assert_error(runs["valid:run"], "no tokenizer")
+    info = runs["valid:info"]
+    assert info.returncode == 0, info.describe()
+    assert "tokenizer:      none" in info.stdout
+
+
+def test_missing_file(runs: dict[str, Result]) -> None:
+    assert_error(runs["missing:run"], "not found", "nope.gguf")
+    assert_error(runs["missing:info"], "not found", "nope.gguf")
+
+
+def test_directory_without_config(runs: dict[str, Result]) -> None:
+    assert_error(runs["plain_dir"], "config.json")
+
+
+def test_hf_directory_without_weights(runs: dict[str, Result]) -> None:
+    assert_error(runs["hf_no_weights"], "model.safetensors")
+
+
+def test_hf_directory_with_broken_config(runs: dict[str, Result]) -> None:
+    assert_error(runs["hf_bad_config"], "config.json")
+
+
+def test_verbose_adds_the_traceback(runs: dict[str, Result]) -> None:
+    result = runs["verbose"]
+    assert result.returncode == 1 and result.stdout == "", result.describe()
+    assert "Traceback" in result.stderr, result.describe()
+    assert result.lines()[-1].startswith("frink: error:"), result.describe()
+
+
 @pytest.mark.parametrize("case", list(FLAG_CASES))
-def test_bad_flag(bad: dict[str, Path], case: str) -> None:
-    args, fragments = FLAG_CASES[case]
-    line = assert_error(frink("run", bad["valid"], *args), *fragments)
+def test_bad_flag(runs: dict[str, Result], case: str) -> None:
+    line = assert_error(runs[f"flag:{case}"], *FLAG_CASES[case][1])
     assert "tokenizer" not in line
 
 
-def test_unknown_command() -> None:
-    assert_error(frink("bogus"), "bogus")
+def test_unknown_command(runs: dict[str, Result]) -> None:
+    assert_error(runs["unknown_command"], "bogus")
 
 
-@pytest.mark.parametrize("backend", ["metal", "cuda"])
-def test_unavailable_backend_refuses(bad: dict[str, Path], backend: str) -> None:
-    # Backends are chosen at load, before the tokenizer is needed.
-    line = assert_error(frink("run", bad["valid"], "--backend", backend, "-p", "x"), backend)
-    assert "not available" in line
+def test_pull_unknown_model(runs: dict[str, Result]) -> None:
+    # Refused from the catalogue, before pip or the network is involved.
+    assert_error(runs["pull_unknown_model"], "no-such-model", "smollm2-135m")
 
 
-def test_prompt_and_file_both_given(bad: dict[str, Path], tmp_path: Path) -> None:
-    prompt = tmp_path / "prompt.txt"
-    prompt.write_text("hello")
-    assert_error(frink("run", bad["valid"], "-p", "hi", "-f", prompt), "-p", "-f")
+def test_prompt_and_file_both_given(runs: dict[str, Result]) -> None:
+    assert_error(runs["prompt_and_file"], "-p", "-f")
 
 
-def test_prompt_file_missing(bad: dict[str, Path], tmp_path: Path) -> None:
-    assert_error(frink("run", bad["valid"], "-f", tmp_path / "absent.txt"), "prompt file", "absent.txt")
+def test_prompt_file_missing(runs: dict[str, Result]) -> None:
+    assert_error(runs["prompt_file_missing"], "prompt file", "absent.txt")
 
 
-def test_prompt_file_is_a_directory(bad: dict[str, Path], tmp_path: Path) -> None:
-    assert_error(frink("run", bad["valid"], "-f", tmp_path), "prompt file")
+def test_prompt_file_is_a_directory(runs: dict[str, Result]) -> None:
+    assert_error(runs["prompt_file_dir"], "prompt file", "plain_dir")
 
 
-def test_prompt_file_not_utf8(bad: dict[str, Path], tmp_path: Path) -> None:
-    prompt = tmp_path / "latin1.txt"
-    prompt.write_bytes("café".encode("latin-1"))
-    assert_error(frink("run", bad["valid"], "-f", prompt), "UTF-8", "latin1.txt")
+def test_prompt_file_not_utf8(runs: dict[str, Result]) -> None:
+    assert_error(runs["prompt_file_latin1"], "UTF-8", "latin1.txt")
+
+
+def test_stdin_not_utf8(runs: dict[str, Result]) -> None:
+    assert_error(runs["stdin_latin1"], "stdin", "UTF-8")
 
 
 # --- on the real model --------------------------------------------------------------------

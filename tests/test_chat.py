@@ -130,15 +130,15 @@ def test_smollm2_prompt_ids_match_llama_cpp(smollm2: tuple[Tokenizer, Any]) -> N
                                                                       special=True)
 
 
-def _llama_chatml(messages: list[dict]) -> str:
-    """llama.cpp's own ChatML rendering (llama_chat_apply_template with "chatml")."""
+def _llama_chatml(messages: list[dict], fmt: bytes = b"chatml") -> str:
+    """llama.cpp's own rendering of a built-in format (llama_chat_apply_template)."""
     import llama_cpp
 
     keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
     arr = (llama_cpp.llama_chat_message * len(keep))(
         *[llama_cpp.llama_chat_message(role=r, content=c) for r, c in keep])
     buf = ctypes.create_string_buffer(4096)
-    n = llama_cpp.llama_chat_apply_template(b"chatml", arr, len(keep), True, buf, len(buf))
+    n = llama_cpp.llama_chat_apply_template(fmt, arr, len(keep), True, buf, len(buf))
     assert 0 < n <= len(buf)
     return buf.raw[:n].decode()
 
@@ -156,17 +156,35 @@ def test_no_template_with_chatml_vocab_uses_chatml(smollm2: tuple[Tokenizer, Any
     text = _llama_chatml([{"role": "system", "content": "Be kind."},
                           {"role": "user", "content": "Hi"}])
     assert got == ll.tokenize(text.encode(), add_bos=True, special=True)
-    assert notes and "ChatML" in notes[0]
+    assert notes and "chatml" in notes[0]
 
 
 @pytest.mark.real
-def test_no_template_without_chatml_vocab_is_raw(gemma3_path: Path) -> None:
+def test_no_template_with_gemma_vocab_uses_gemma_turns(gemma3_path: Path) -> None:
     # Gemma 3's GGUF carries no chat template and no <|im_start|>: ChatML would be plain
-    # text to it, so the prompt goes in raw (BOS per the file) and a note says so.
+    # text to it, but its vocabulary has <start_of_turn>, so Gemma's own turn format is
+    # used, rendered exactly as llama.cpp's built-in "gemma" format (system folded in).
     tok = load_tokenizer(open_checkpoint(gemma3_path))
     assert tok is not None and tok.chat_template is None
     ll = _llama(gemma3_path)
     notes: list[str] = []
-    assert prompt_ids(tok, "Hello there", notes=notes) == ll.tokenize(b"Hello there", add_bos=True,
-                                                                     special=True)
+    got = prompt_ids(tok, "Hello there", system="Be brief.", notes=notes)
+    text = _llama_chatml([{"role": "system", "content": "Be brief."},
+                          {"role": "user", "content": "Hello there"}], b"gemma")
+    assert got == ll.tokenize(text.encode(), add_bos=True, special=True)
+    assert notes and "gemma" in notes[0]
+
+
+@pytest.mark.real
+def test_no_template_and_no_known_markers_is_raw(gemma3_path: Path) -> None:
+    tok = load_tokenizer(open_checkpoint(gemma3_path))
+    ll = _llama(gemma3_path)
+    real_token_id = tok.token_id
+    tok.token_id = lambda text: None  # a vocabulary with none of the fallbacks' markers
+    try:
+        notes: list[str] = []
+        got = prompt_ids(tok, "Hello there", notes=notes)
+    finally:
+        tok.token_id = real_token_id
+    assert got == ll.tokenize(b"Hello there", add_bos=True, special=True)
     assert notes and "raw" in notes[0]

@@ -40,7 +40,7 @@ class Backend(Protocol):
     def run(self, run: Run, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray: ...
 
 
-def select_backend(name: str, model) -> Backend | None:
+def select_backend(name: str, cfg) -> Backend | None:
     """None means the host body runs everything."""
     if name not in BACKEND_NAMES:
         raise FrinkError(f"unknown backend {name!r} (choose from {', '.join(BACKEND_NAMES)})")

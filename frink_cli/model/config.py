@@ -130,7 +130,7 @@ def _config_from_checkpoint(ckpt: Checkpoint) -> ModelConfig:
     table = architecture_table()
     if arch not in table:
         raise FrinkError(
-            f"unknown architecture {arch!r} (frink supports: {', '.join(supported_architectures())})"
+            f"{ckpt.path}: unknown architecture {arch!r} (frink supports: {', '.join(supported_architectures())})"
         )
     a = table[arch]
 
