@@ -16,17 +16,17 @@ import json
 import logging
 from datetime import datetime
 from functools import lru_cache
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .errors import FrinkError
+from .resources import config_file
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
 
 log = logging.getLogger("frink")
 
-_TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "configs" / "chat_templates"
+_TEMPLATES_DIR = config_file("chat_templates")
 
 
 @lru_cache(maxsize=1)

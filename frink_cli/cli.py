@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import resource
+import signal
 import sys
 import traceback
 from collections import Counter
@@ -317,6 +318,9 @@ def models() -> None:
 
 
 def main() -> None:
+    if hasattr(signal, "SIGPIPE"):
+        # `frink run ... | head`: end quietly when the reader goes away, as cat does.
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         app(standalone_mode=False)
     except _ABORTS:

@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import FrinkError
+from ..resources import config_file
 from . import Checkpoint, TensorInfo
 
-_CONFIG_PATH = Path(__file__).resolve().parents[2] / "configs" / "hf_architectures.json"
+_CONFIG_PATH = config_file("hf_architectures.json")
 
 # The safetensors spec caps the JSON header at 100 MB; a larger length means a corrupt file.
 _MAX_HEADER = 100 * 1024 * 1024

@@ -13,18 +13,17 @@ import json
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
+from ..resources import config_file
 
-CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 
 @lru_cache(maxsize=1)
 def architecture_table() -> dict[str, dict[str, Any]]:
-    raw = json.loads((CONFIGS_DIR / "architectures.json").read_text())
+    raw = json.loads(config_file("architectures.json").read_text())
     defaults = raw["_defaults"]
     return {k: {**defaults, **v} for k, v in raw.items() if not k.startswith("_")}
 
