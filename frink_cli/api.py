@@ -122,7 +122,7 @@ def load(
     ckpt = open_checkpoint(path)
     cfg = config_from_checkpoint(ckpt)
     # Before the (slow) weight load, so an unavailable backend is refused at once.
-    chosen = select_backend(backend, cfg)
+    chosen = select_backend(backend, cfg, ckpt)
     tokenizer = load_tokenizer(ckpt)
     weights = load_weights(ckpt, cfg, progress)
     model = Model(ckpt, cfg, Decoder(cfg, weights, chosen), tokenizer, "numpy")

@@ -222,11 +222,13 @@ def run(
 def info(
     model: Optional[str] = typer.Argument(None, help="GGUF file, HF directory or model name"),
     as_json: bool = typer.Option(False, "--json"),
+    backend: str = typer.Option("numpy", "--backend", help="say which layers this backend takes (numpy|cuda)"),
     verbose: bool = typer.Option(False, "-v", "--verbose"),
 ) -> None:
     """Describe a model: architecture, sizes, tensor types, layers, tokenizer."""
     global _verbose
     _verbose = verbose
+    from .backends import layer_support
     from .formats import open_checkpoint
     from .model import config_from_checkpoint
     from .pull import resolve_model_arg
@@ -235,6 +237,11 @@ def info(
     path = resolve_model_arg(model)
     ckpt = open_checkpoint(path)
     cfg = config_from_checkpoint(ckpt)
+    if backend not in BACKEND_NAMES:
+        raise FrinkError(f"invalid value for --backend: {backend!r} (choose from {', '.join(BACKEND_NAMES)})")
+    # From the backend's own eligibility predicate: no device, no weights needed.
+    support = layer_support(backend, cfg)
+    backend_label = "numpy" if backend == "auto" else backend
     tok = load_tokenizer(ckpt)
     names = ckpt.tensors.names()
     types = Counter(ckpt.tensors.info(n).dtype for n in names)
@@ -243,7 +250,8 @@ def info(
     layers = []
     for i in range(cfg.n_layer):
         s = cfg.layer_shape(i)
-        layers.append({"layer": i, "mixer": s.mixer, "ffn": s.ffn, "window": s.window, "rope_base": s.rope_base})
+        layers.append({"layer": i, "mixer": s.mixer, "ffn": s.ffn, "window": s.window, "rope_base": s.rope_base,
+                       "backend": backend_label if support[i] is None else "host", "refusal": support[i]})
     data = {
         "path": str(path),
         "format": ckpt.format,
@@ -263,6 +271,17 @@ def info(
         "rope": {"type": cfg.rope_type, "base": cfg.rope_base, "dim": cfg.rope_dim},
         "sliding_window": cfg.sliding_window,
         "layer_pattern": cfg.layer_pattern(),
+        "gdn": None if not any(cfg.recurrent_layers) else {
+            "layers": sum(cfg.recurrent_layers), "key_heads": cfg.ssm_n_k_heads,
+            "value_heads": cfg.ssm_n_v_heads, "head_dim_k": cfg.ssm_head_dim_k,
+            "head_dim_v": cfg.ssm_head_dim_v, "conv_kernel": cfg.ssm_conv_kernel,
+            "value_head_order": cfg.ssm_v_head_order,
+        },
+        "recurrent_state_bytes": cfg.recurrent_state_bytes() if any(cfg.recurrent_layers) else 0,
+        "moe": None if not any(cfg.moe_layers) else {
+            "layers": sum(cfg.moe_layers), "experts": cfg.n_expert, "experts_used": cfg.n_expert_used,
+            "expert_ff": cfg.n_ff_exp, "shared_ff": cfg.n_ff_shexp, "norm_topk": cfg.moe_norm_topk,
+        },
         "tied_embeddings": cfg.tied_embeddings,
         "tokenizer": None if tok is None else {
             "model": ckpt.metadata.get("tokenizer.ggml.model", "tokenizer.json"),
@@ -271,6 +290,7 @@ def info(
         },
         "chat_template": tok is not None and tok.chat_template is not None,
         "layers": layers,
+        "backend": {"name": backend_label, "layers_taken": sum(r is None for r in support)},
         "notes": ckpt.notes,
     }
     if as_json:
@@ -285,6 +305,15 @@ def info(
     p(f"attention:      {cfg.n_head} heads, {cfg.n_head_kv} KV heads, head dim {cfg.head_dim_k}"
       + (f", sliding window {cfg.sliding_window}" if cfg.sliding_window else "") + "\n")
     p(f"rope:           {cfg.rope_type}, base {cfg.rope_base:g}, {cfg.rope_dim} dims\n")
+    if data["gdn"]:
+        g = data["gdn"]
+        p(f"gated deltanet: {g['layers']} layers, {g['key_heads']} key / {g['value_heads']} value heads"
+          f" x {g['head_dim_k']}/{g['head_dim_v']}, conv {g['conv_kernel']}, value heads {g['value_head_order']}\n")
+        p(f"recurrent:      {data['recurrent_state_bytes'] / 1024:.1f} KiB state per sequence (f32 conv + delta)\n")
+    if data["moe"]:
+        e = data["moe"]
+        p(f"experts:        {e['experts']}, top {e['experts_used']}, expert ffn {e['expert_ff']}"
+          + (f", shared expert ffn {e['shared_ff']}" if e["shared_ff"] else "") + "\n")
     p(f"context:        {cfg.n_ctx_train}\n")
     if tok is None:
         p("tokenizer:      none\n")
@@ -292,12 +321,62 @@ def info(
         t = data["tokenizer"]
         p(f"tokenizer:      {t['model']}, {tok.n_vocab} tokens, bos {tok.bos_id}, eos {tok.eos_id}\n")
     p(f"chat template:  {'yes' if data['chat_template'] else 'no'}\n")
+    if backend_label != "numpy":
+        p(f"backend:        {backend_label} takes {data['backend']['layers_taken']} of {cfg.n_layer} layers"
+          " (prefill batches; the host body runs the rest)\n")
     for i in range(cfg.n_layer):
         s = cfg.layer_shape(i)
         win = f" window {s.window}" if s.window else ""
-        p(f"  blk.{i:<3} {s.mixer} ({cfg.n_head}q/{cfg.n_head_kv}kv x {cfg.head_dim_k}, rope {s.rope_base:g}{win}) + {s.ffn} ffn {cfg.n_ff}\n")
+        where = ""
+        if backend_label != "numpy":
+            where = f"  [{backend_label}]" if support[i] is None else f"  [host ({support[i]})]"
+        if s.mixer == "gdn":
+            mixer = f"gdn ({cfg.ssm_n_k_heads}k/{cfg.ssm_n_v_heads}v x {cfg.ssm_head_dim_k})"
+        else:
+            mixer = f"{s.mixer} ({cfg.n_head}q/{cfg.n_head_kv}kv x {cfg.head_dim_k}, rope {s.rope_base:g}{win})"
+        ffn = f"moe ffn {cfg.n_expert}x{cfg.n_ff_exp}" if s.ffn == "moe" else f"{s.ffn} ffn {cfg.n_ff}"
+        p(f"  blk.{i:<3} {mixer} + {ffn}{where}\n")
     for note in ckpt.notes:
         p(f"note: {note}\n")
+
+
+@app.command()
+def bench(
+    model: Optional[str] = typer.Argument(None, help="GGUF file, HF directory or model name"),
+    n_prompt: int = typer.Option(512, "-p", "--n-prompt", help="prompt test size (0: none)"),
+    n_gen: int = typer.Option(128, "-n", "--n-gen", help="generation test size (0: none)"),
+    repetitions: int = typer.Option(3, "-r", "--repetitions", help="timed repetitions per test"),
+    threads: int = typer.Option(0, "-t", "--threads", help="threads for llama.cpp (0: all cores)"),
+    backend: str = typer.Option("auto", "--backend", help="auto|numpy|metal|cuda"),
+    compare: Optional[str] = typer.Option(None, "--compare", help="also run llama.cpp on the same GGUF"),
+    submissions: bool = typer.Option(False, "--submissions", help="add device submissions and refusals"),
+    as_json: bool = typer.Option(False, "--json", help="a JSON list of rows"),
+    as_csv: bool = typer.Option(False, "--csv", help="CSV rows"),
+    as_md: bool = typer.Option(False, "--md", help="a markdown table (the default)"),
+    verbose: bool = typer.Option(False, "-v", "--verbose"),
+) -> None:
+    """Measure prompt and generation speed, llama-bench style."""
+    global _verbose
+    _verbose = verbose
+    from . import bench as B
+
+    if as_json + as_csv + as_md > 1:
+        raise FrinkError("choose one output format: --json, --csv or --md")
+    _check_range("-t/--threads", threads, 0)
+    if backend not in BACKEND_NAMES:
+        raise FrinkError(f"invalid value for --backend: {backend!r} (choose from {', '.join(BACKEND_NAMES)})")
+    m = _load(model, backend)
+    rows = B.run_bench(
+        m, n_prompt=n_prompt, n_gen=n_gen, repetitions=repetitions, n_threads=threads or None,
+        compare=compare, submissions=submissions,
+        progress=lambda msg: err.print(f"[dim]{msg}[/dim]", markup=True),
+    )
+    if as_json:
+        sys.stdout.write(B.format_json(rows, submissions))
+    elif as_csv:
+        sys.stdout.write(B.format_csv(rows, submissions))
+    else:
+        sys.stdout.write(B.format_md(rows))
 
 
 @app.command()

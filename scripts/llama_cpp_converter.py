@@ -117,8 +117,13 @@ def convert(
     outtype: str = "f32",
     model_name: str | None = None,
     converter_dir: Path | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> Path:
-    """Convert a (tokenizer-less) HF model directory to GGUF with llama.cpp's converter."""
+    """Convert a (tokenizer-less) HF model directory to GGUF with llama.cpp's converter.
+
+    extra_args go to convert_hf_to_gguf.py as they are (e.g. "--no-mtp" for Qwen3.5 /
+    Qwen3-Next configs without a multi-token-prediction block, which it otherwise asserts on).
+    """
     src = ensure_converter(converter_dir)
     out = Path(out_gguf)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -138,6 +143,7 @@ def convert(
             "--outtype",
             outtype,
             *(["--model-name", model_name] if model_name else []),
+            *extra_args,
         ],
         env=env,
         capture_output=True,

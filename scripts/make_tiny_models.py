@@ -22,11 +22,13 @@ Usage: python scripts/make_tiny_models.py OUT_DIR [--only name ...]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,7 @@ TOKEN_SEED = 1234
 # 5x the parity tolerance (2e-3): no position's argmax may hinge on summation noise.
 MIN_TOP2_GAP = 1e-2
 N_CTX = 64
+GREEDY_PROMPT = 16
 WEIGHT_STD = 0.1
 NORM_STD = 0.2
 
@@ -62,6 +65,17 @@ class TinySpec:
     # HF dir and the transformers reference are kept (all current specs do convert).
     expect_gguf: bool = True
     notes: str = ""
+    # Tokens in the reference sequence (hybrid models run longer ones: past one 64-token
+    # chunk of the delta-rule prefill, through several attention layers).
+    seq_len: int = SEQ_LEN
+    # Extra flags for llama.cpp's converter (e.g. --no-mtp).
+    convert_args: tuple[str, ...] = ()
+    # 1-D parameters (not norms) drawn as center + std * noise, by substring of the name:
+    # e.g. A_log, so the delta-rule state decays slowly enough to carry across many tokens.
+    vector_overrides: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # If > 0: also record llama.cpp's greedy continuation of the first GREEDY_PROMPT fixture
+    # tokens, this many tokens long, and the logits of each of its decode steps.
+    greedy: int = 0
 
 
 _COMMON: dict[str, Any] = {
@@ -103,6 +117,28 @@ _GEMMA3_TEXT: dict[str, Any] = dict(
 # noise reaches the logits: at ~0.5 (stored as w - 1 = -0.5) transformers and llama.cpp agree
 # to ~1e-3 instead of ~2-3e-3, leaving the 2e-3 parity bar meaningful against both.
 _GEMMA3_NORMS: dict[str, float] = {"post_feedforward_layernorm": -0.5}
+
+# Qwen3.5 / Qwen3-Next hybrids: gated-delta-net (linear attention) layers with a gated
+# full-attention layer every few. More value heads than key heads (4 vs 2), so a wrong
+# value-head -> key-head mapping (tiled in qwen35 GGUFs, grouped elsewhere) moves the logits.
+# Their RMSNorms scale by (1 + w) (weights drawn around 0), except the delta net's gated norm
+# (plain w, around 1). A_log around -1.5 keeps the state decay slow (~0.8 per token), so
+# state from many tokens back, and from the previous prefill chunk, reaches the logits.
+_HYBRID_TEXT: dict[str, Any] = dict(
+    _COMMON,
+    head_dim=32,
+    rms_norm_eps=1e-6,
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    rope_parameters={"rope_type": "default", "rope_theta": 100000.0, "partial_rotary_factor": 0.25},
+)
+_HYBRID_NORMS: dict[str, float] = {"linear_attn.norm": 1.0}
+_HYBRID_VECTORS: dict[str, tuple[float, float]] = {"A_log": (-1.5, 0.3), "dt_bias": (0.0, 0.5)}
+# Past one 64-token chunk of the delta-rule prefill (transformers' and frink's chunk size).
+_HYBRID_SEQ_LEN = 80
 
 SPECS: dict[str, TinySpec] = {
     s.name: s
@@ -215,14 +251,102 @@ SPECS: dict[str, TinySpec] = {
             norm_center_overrides=_GEMMA3_NORMS,
             notes="HF model_type gemma3: text model inside text_config, tiny vision tower",
         ),
+        TinySpec(
+            "qwen35",
+            "Qwen3_5ForCausalLM",
+            "Qwen3_5TextConfig",
+            dict(_HYBRID_TEXT, num_hidden_layers=8, tie_word_embeddings=True),
+            seed=8,
+            norm_center=0.0,
+            norm_center_overrides=_HYBRID_NORMS,
+            seq_len=_HYBRID_SEQ_LEN,
+            convert_args=("--no-mtp",),
+            vector_overrides=_HYBRID_VECTORS,
+            greedy=24,
+            notes="GDN x3 ATTN x1 (x2), tied embeddings, 4 value heads on 2 key heads",
+        ),
+        TinySpec(
+            "qwen35_vl",
+            "Qwen3_5ForConditionalGeneration",
+            "Qwen3_5Config",
+            {
+                "text_config": dict(
+                    _HYBRID_TEXT,
+                    num_hidden_layers=4,
+                    tie_word_embeddings=False,
+                    rope_parameters=dict(
+                        _HYBRID_TEXT["rope_parameters"], mrope_section=[2, 1, 1], mrope_interleaved=True
+                    ),
+                ),
+                "vision_config": {
+                    "depth": 1,
+                    "hidden_size": 32,
+                    "intermediate_size": 64,
+                    "num_heads": 2,
+                    "out_hidden_size": 64,
+                    "patch_size": 8,
+                    "num_position_embeddings": 16,
+                },
+                # Out of the text vocab, so no fixture token is a vision placeholder.
+                "image_token_id": 600,
+                "video_token_id": 601,
+                "vision_start_token_id": 602,
+                "vision_end_token_id": 603,
+                "tie_word_embeddings": False,
+            },
+            seed=9,
+            norm_center=0.0,
+            norm_center_overrides=_HYBRID_NORMS,
+            seq_len=_HYBRID_SEQ_LEN,
+            convert_args=("--no-mtp",),
+            vector_overrides=_HYBRID_VECTORS,
+            greedy=24,
+            notes="HF model_type qwen3_5: text model inside text_config, tiny vision tower, mrope sections",
+        ),
+        TinySpec(
+            "qwen3next",
+            "Qwen3NextForCausalLM",
+            "Qwen3NextConfig",
+            dict(
+                _HYBRID_TEXT,
+                num_hidden_layers=6,
+                # Every third layer attends (not the default fourth): the GGUF's
+                # recurrent_layers array, not full_attention_interval, must decide.
+                layer_types=["linear_attention", "linear_attention", "full_attention"] * 2,
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=48,
+                norm_topk_prob=True,
+                decoder_sparse_step=1,
+                mlp_only_layers=[],
+                tie_word_embeddings=False,
+            ),
+            seed=10,
+            norm_center=0.0,
+            norm_center_overrides=_HYBRID_NORMS,
+            seq_len=_HYBRID_SEQ_LEN,
+            convert_args=("--no-mtp",),
+            vector_overrides=_HYBRID_VECTORS,
+            greedy=24,
+            notes="GDN x2 ATTN x1 (x2), sparse MoE (4 experts, top 2) + gated shared expert",
+        ),
     ]
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(SPECS)
 
+# Spec fields added after version 2; left out of a fingerprint while at their defaults, so
+# adding them did not invalidate every existing fixture.
+_LATER_FIELDS = {"seq_len": SEQ_LEN, "convert_args": [], "vector_overrides": {}, "greedy": 0}
+
 
 def _spec_fingerprint(spec: TinySpec) -> dict[str, Any]:
-    return {"script_version": SCRIPT_VERSION, "spec": json.loads(json.dumps(asdict(spec)))}
+    d = json.loads(json.dumps(asdict(spec)))
+    for key, default in _LATER_FIELDS.items():
+        if d.get(key) == default:
+            d.pop(key, None)
+    return {"script_version": SCRIPT_VERSION, "spec": d}
 
 
 def fixture_tokens(seed: int = TOKEN_SEED, length: int = SEQ_LEN, vocab: int = 512) -> np.ndarray:
@@ -239,8 +363,11 @@ def _randomize(model: Any, spec: TinySpec) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():  # tied tensors are listed once
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            override = next((cs for key, cs in spec.vector_overrides.items() if key in name), None)
             if p.ndim >= 2:
                 p.copy_(noise * WEIGHT_STD)
+            elif override is not None:
+                p.copy_(override[0] + noise * override[1])
             elif "norm" in name:
                 center = next(
                     (c for key, c in spec.norm_center_overrides.items() if key in name),
@@ -302,7 +429,7 @@ def _pick_tokens(spec: TinySpec, model: Any) -> tuple[int, np.ndarray, np.ndarra
     # where the reference's top two are further apart than the tolerance. Walk the token seed
     # (deterministically) until every position has a clear winner.
     for seed in range(TOKEN_SEED, TOKEN_SEED + 200):
-        tokens = fixture_tokens(seed=seed, vocab=_vocab_size(spec))
+        tokens = fixture_tokens(seed=seed, length=spec.seq_len, vocab=_vocab_size(spec))
         logits = _hf_logits(model, tokens)
         if min_top2_gap(logits) >= MIN_TOP2_GAP:
             return seed, tokens, logits
@@ -312,8 +439,10 @@ def _pick_tokens(spec: TinySpec, model: Any) -> tuple[int, np.ndarray, np.ndarra
 _LOG_CALLBACK: Any = None
 
 
-def llama_cpp_logits(gguf_path: Path, tokens: np.ndarray, n_threads: int = 2) -> np.ndarray:
-    """All-position logits from llama.cpp for one batch, f32 KV cache, no flash attention.
+@contextlib.contextmanager
+def _llama_context(gguf_path: Path, n_ctx: int, n_threads: int = 2) -> Iterator[tuple[Any, Any, int]]:
+    """(llama_cpp module, context, n_vocab) for one sequence: f32 KV cache, no flash
+    attention, one ubatch of up to n_ctx tokens (llama.cpp's batched paths, like frink's).
 
     The low-level API is used because the high-level Llama class expects a vocabulary and
     these models have tokenizer model "none".
@@ -333,12 +462,11 @@ def llama_cpp_logits(gguf_path: Path, tokens: np.ndarray, n_threads: int = 2) ->
     if not model:
         raise RuntimeError(f"llama.cpp could not load {gguf_path}")
     ctx = None
-    batch = None
     try:
         cparams = L.llama_context_default_params()
-        cparams.n_ctx = N_CTX
-        cparams.n_batch = N_CTX
-        cparams.n_ubatch = N_CTX
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = n_ctx
+        cparams.n_ubatch = n_ctx
         cparams.n_seq_max = 1
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
@@ -352,29 +480,56 @@ def llama_cpp_logits(gguf_path: Path, tokens: np.ndarray, n_threads: int = 2) ->
         n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
         if n_vocab <= 0:
             raise RuntimeError(f"{gguf_path}: llama.cpp sees no vocab (vocab_size key missing?)")
-        n = len(tokens)
-        batch = L.llama_batch_init(n, 0, 1)
-        for i, tok in enumerate(tokens.tolist()):
+        yield L, ctx, n_vocab
+    finally:
+        if ctx:
+            L.llama_free(ctx)
+        L.llama_model_free(model)
+
+
+def _llama_decode(L: Any, ctx: Any, n_vocab: int, tokens: list[int], start: int) -> np.ndarray:
+    """Feed tokens at positions start.. as one batch; their logits [len(tokens), n_vocab]."""
+    n = len(tokens)
+    batch = L.llama_batch_init(n, 0, 1)
+    try:
+        for i, tok in enumerate(tokens):
             batch.token[i] = tok
-            batch.pos[i] = i
+            batch.pos[i] = start + i
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = 0
             batch.logits[i] = 1
         batch.n_tokens = n
         rc = L.llama_decode(ctx, batch)
         if rc != 0:
-            raise RuntimeError(f"llama_decode returned {rc} for {gguf_path}")
+            raise RuntimeError(f"llama_decode returned {rc}")
         out = np.empty((n, n_vocab), dtype=np.float32)
         for i in range(n):
-            ptr = L.llama_get_logits_ith(ctx, i)
-            out[i] = np.ctypeslib.as_array(ptr, shape=(n_vocab,))
+            out[i] = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, i), shape=(n_vocab,))
         return out
     finally:
-        if batch is not None:
-            L.llama_batch_free(batch)
-        if ctx:
-            L.llama_free(ctx)
-        L.llama_model_free(model)
+        L.llama_batch_free(batch)
+
+
+def llama_cpp_logits(gguf_path: Path, tokens: np.ndarray, n_threads: int = 2) -> np.ndarray:
+    """All-position logits from llama.cpp for one batch."""
+    with _llama_context(gguf_path, max(N_CTX, len(tokens)), n_threads) as (L, ctx, n_vocab):
+        return _llama_decode(L, ctx, n_vocab, [int(t) for t in tokens], 0)
+
+
+def llama_cpp_greedy(
+    gguf_path: Path, prompt: np.ndarray, n_new: int, n_threads: int = 2
+) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's greedy continuation of `prompt`: the prompt as one batch, then one decode
+    step per token (its single-row paths, e.g. the recurrent step of a delta net). Returns
+    (the n_new chosen tokens, the logits each was chosen from [n_new, n_vocab])."""
+    with _llama_context(gguf_path, max(N_CTX, len(prompt) + n_new), n_threads) as (L, ctx, n_vocab):
+        last = _llama_decode(L, ctx, n_vocab, [int(t) for t in prompt], 0)[-1]
+        chosen, logits = [], []
+        for i in range(n_new):
+            logits.append(last)
+            chosen.append(int(np.argmax(last)))
+            last = _llama_decode(L, ctx, n_vocab, [chosen[-1]], len(prompt) + i)[0]
+        return np.asarray(chosen, dtype=np.int32), np.stack(logits)
 
 
 def is_up_to_date(model_dir: Path, spec: TinySpec) -> bool:
@@ -408,7 +563,9 @@ def make_one(spec: TinySpec, out_dir: Path, force: bool = False) -> dict[str, An
 
     convert_error = None
     try:
-        llama_cpp_converter.convert(hf_dir, gguf_path, outtype="f32", model_name=spec.name)
+        llama_cpp_converter.convert(
+            hf_dir, gguf_path, outtype="f32", model_name=spec.name, extra_args=spec.convert_args
+        )
     except RuntimeError as exc:
         convert_error = str(exc).splitlines()[0] + " ... " + str(exc).strip().splitlines()[-1]
         gguf_path.unlink(missing_ok=True)
@@ -422,6 +579,11 @@ def make_one(spec: TinySpec, out_dir: Path, force: bool = False) -> dict[str, An
         argmax_agree = bool(np.array_equal(logits_cpp.argmax(-1), logits_hf.argmax(-1)))
         ref["logits_llamacpp"] = logits_cpp
         ref["max_abs_diff_hf_llamacpp"] = np.float32(max_diff)
+        if spec.greedy:
+            chosen, step_logits = llama_cpp_greedy(gguf_path, tokens[:GREEDY_PROMPT], spec.greedy)
+            ref["greedy_prompt"] = tokens[:GREEDY_PROMPT]
+            ref["greedy_llamacpp"] = chosen
+            ref["greedy_logits_llamacpp"] = step_logits
     ref["min_top2_gap"] = np.float32(min_top2_gap(logits_hf))
     np.savez(model_dir / "ref.npz", **ref)
 

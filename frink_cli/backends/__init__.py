@@ -31,19 +31,67 @@ class Run:
     stop: int  # exclusive
 
 
+class LaunchFailed(Exception):
+    """A run the backend admitted failed on the device. Raised before any cache row was
+    written; the decoder loop reports it (once per distinct message) and has the host body
+    run the same layers."""
+
+
 class Backend(Protocol):
     name: str
     ledger: Ledger
 
-    def plan(self, kind: str, layer: int, n_rows: int, cache) -> Run | Refusal: ...
+    def bind(self, weights) -> None:
+        """Called once by the decoder with the loaded weights (upload what the device needs)."""
+        ...
+
+    def plan(
+        self, kind: str, layer: int, n_rows: int, cache, positions: np.ndarray | None = None
+    ) -> Run | Refusal: ...
 
     def run(self, run: Run, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray: ...
 
 
-def select_backend(name: str, cfg) -> Backend | None:
-    """None means the host body runs everything."""
+def select_backend(name: str, cfg, checkpoint=None) -> Backend | None:
+    """None means the host body runs everything. "auto" is cuda when CuPy sees a GPU and the
+    stack takes at least one layer of the model; else metal when MLX runs on a Metal GPU
+    and takes a layer (MLX's CPU device on Linux is a correctness path, slower than NumPy,
+    so auto never picks it); else the host body."""
     if name not in BACKEND_NAMES:
         raise FrinkError(f"unknown backend {name!r} (choose from {', '.join(BACKEND_NAMES)})")
-    if name in ("auto", "numpy"):
+    if name == "numpy":
         return None
-    raise FrinkError(f"backend {name!r} is not available in this version of frink (use --backend numpy)")
+    if name == "auto":
+        from .cupy import cuda_available, layer_refusals, make_cuda_backend
+
+        if any(r is None for r in layer_refusals(cfg)) and cuda_available():
+            return make_cuda_backend(cfg)
+        from .mlx import metal_gpu_available
+
+        if metal_gpu_available() and any(r is None for r in layer_support("metal", cfg)):
+            from .mlx import make_metal_backend
+
+            return make_metal_backend(cfg, checkpoint)
+        return None
+    if name == "cuda":
+        from .cupy import make_cuda_backend
+
+        return make_cuda_backend(cfg)
+    from .mlx import make_metal_backend
+
+    return make_metal_backend(cfg, checkpoint)
+
+
+def layer_support(name: str, cfg) -> list[str | None]:
+    """Per layer, None if backend `name` takes it (for prefill batches), else every reason
+    it does not, from the backend's own predicate; needs no device. The host body takes
+    every layer."""
+    if name == "cuda":
+        from .cupy.eligibility import layer_reasons
+
+        return [", ".join(r) or None for r in (layer_reasons(cfg, i) for i in range(cfg.n_layer))]
+    if name == "metal":
+        from .mlx.eligibility import layer_refusals as metal_refusals
+
+        return [", ".join(r) or None for r in (metal_refusals(cfg, i) for i in range(cfg.n_layer))]
+    return [None] * cfg.n_layer

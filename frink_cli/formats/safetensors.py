@@ -256,6 +256,10 @@ class _NameMap:
 
     def __init__(self, layout: dict[str, Any]):
         self._pairs = [(_compile(hf), gg) for hf, gg in layout["tensors"]]
+        # Parameters with no .weight/.bias suffix (e.g. A_log), mapped by their whole name.
+        self._whole = [
+            (_compile(hf), gg) for hf, gg in layout.get("tensors_whole", {}).items() if not hf.startswith("_")
+        ]
         self._transforms = [
             (_compile(gg), list(names))
             for gg, names in layout.get("transforms", {}).items()
@@ -263,6 +267,11 @@ class _NameMap:
         ]
 
     def gguf_name(self, hf_name: str) -> str | None:
+        for rx, gg in self._whole:
+            m = rx.match(hf_name)
+            if m:
+                bid = m.groupdict().get("bid")
+                return gg.replace("{bid}", bid) if bid is not None else gg
         for suffix in (".weight", ".bias"):
             if not hf_name.endswith(suffix):
                 continue
@@ -309,6 +318,11 @@ class SafetensorsSource:
         self._plans = plans
         self._n_head = int(hp["num_attention_heads"])
         self._n_head_kv = int(hp["num_key_value_heads"])
+        # Gated delta net head layout, for the value-head reorder (0 where absent).
+        self._n_k = int(hp.get("linear_num_key_heads") or 0)
+        self._n_v = int(hp.get("linear_num_value_heads") or 0)
+        self._hd_k = int(hp.get("linear_key_head_dim") or 0)
+        self._hd_v = int(hp.get("linear_value_head_dim") or 0)
 
     def names(self) -> list[str]:
         return list(self._plans)
@@ -327,6 +341,9 @@ class SafetensorsSource:
             w = self._apply(t, w, p)
         return np.ascontiguousarray(w, dtype=np.float32)
 
+    def _v_tiled(self, w: np.ndarray, axis: int, head_dim: int) -> np.ndarray:
+        return _v_heads_tiled(w, axis, self._n_k, self._n_v, head_dim)
+
     def _plan(self, name: str) -> _Plan:
         try:
             return self._plans[name]
@@ -343,7 +360,33 @@ class SafetensorsSource:
             return w + np.float32(1.0)
         if transform == "truncate_vocab":
             return w[: p.shape[0]]
+        if transform == "neg_exp":
+            return -np.exp(w)
+        if transform == "squeeze":
+            return w.reshape(p.shape)
+        if transform == "v_tiled_scalars":  # one entry (or row) per value head
+            return self._v_tiled(w, 0, 1)
+        if transform == "v_tiled_rows":  # hd_v rows per value head
+            return self._v_tiled(w, 0, self._hd_v)
+        if transform == "v_tiled_cols":  # hd_v columns per value head (out_proj)
+            return self._v_tiled(w, 1, self._hd_v)
+        if transform == "v_tiled_qkv_rows":  # rows [q | k | v]: only the v part has value heads
+            qk = 2 * self._n_k * self._hd_k
+            return np.concatenate([w[:qk], self._v_tiled(w[qk:], 0, self._hd_v)])
         raise AssertionError(f"unknown transform {transform!r} in hf_architectures.json")
+
+
+def _v_heads_tiled(w: np.ndarray, axis: int, n_k: int, n_v: int, head_dim: int) -> np.ndarray:
+    """Value heads from grouped order (the r = n_v / n_k heads of key head 0, then of key
+    head 1, ...) to tiled order (value head j of every key head, then j + 1, ...), along
+    `axis` -- the converter's _LinearAttentionVReorderBase._reorder_v_heads. After it, value
+    head h reads key head h % n_k."""
+    if n_k == n_v:
+        return w
+    w = np.moveaxis(w, axis, 0)
+    rest = w.shape[1:]
+    w = w.reshape(n_k, n_v // n_k, head_dim, *rest).swapaxes(0, 1).reshape(n_v * head_dim, *rest)
+    return np.moveaxis(w, 0, axis)
 
 
 def _n_vocab_real(hf_dir: Path, rows: int) -> int:
@@ -412,7 +455,10 @@ def _put(meta: dict[str, Any], arch: str, entry: dict[str, Any], hp: dict[str, A
             return
         raise FrinkError(f"config.json: missing {entry['from']!r}")
     key = entry["key"].replace("{arch}", arch)
-    meta[key] = int(value) if entry["type"] == "u32" else _f32(value)
+    if entry["type"] == "bool":
+        meta[key] = bool(value)
+    else:
+        meta[key] = int(value) if entry["type"] == "u32" else _f32(value)
 
 
 def _layer_is_swa(hp: dict[str, Any]) -> list[bool]:
@@ -499,10 +545,133 @@ def _rule_sliding_window_note(
         )
 
 
+def _rule_gdn_hybrid(meta: dict[str, Any], arch: str, hp: dict[str, Any], notes: list[str]) -> None:
+    # Qwen3.5 / Qwen3-Next, as the converter's Qwen3NextModel.set_gguf_parameters writes them.
+    n = int(hp["num_hidden_layers"])
+    interval = int(hp.get("full_attention_interval") or 4)
+    types = hp.get("layer_types")
+    if isinstance(types, list):
+        if len(types) != n:
+            raise FrinkError(f"config.json: layer_types has {len(types)} entries for {n} layers")
+        recurrent = [t == "linear_attention" for t in types]
+    else:  # transformers' default: every interval-th layer attends
+        recurrent = [(i + 1) % interval != 0 for i in range(n)]
+    meta[f"{arch}.attention.recurrent_layers"] = recurrent
+    meta[f"{arch}.full_attention_interval"] = interval
+    meta[f"{arch}.ssm.inner_size"] = int(hp["linear_value_head_dim"]) * int(hp["linear_num_value_heads"])
+    # Partial rope: transformers' default factor for these models is 0.25.
+    factor = hp["_rope_full"].get("partial_rotary_factor", hp.get("partial_rotary_factor", 0.25))
+    meta[f"{arch}.rope.dimension_count"] = int(int(hp["head_dim"]) * float(factor))
+
+
+def _rule_imrope_sections(meta: dict[str, Any], arch: str, hp: dict[str, Any], notes: list[str]) -> None:
+    # The converter always writes Qwen3.5's interleaved-mrope sections, defaulting to
+    # transformers' [11, 11, 10]; padded to four entries as llama.cpp reads them.
+    sections = [int(x) for x in hp["_rope_full"].get("mrope_section") or [11, 11, 10]]
+    meta[f"{arch}.rope.dimension_sections"] = (sections + [0] * 4)[:4]
+
+
 _RULES: dict[str, Callable[[dict[str, Any], str, dict[str, Any], list[str]], None]] = {
     "rope_scaling": _rule_rope_scaling,
     "gemma3_attention": _rule_gemma3_attention,
     "sliding_window_note": _rule_sliding_window_note,
+    "gdn_hybrid": _rule_gdn_hybrid,
+    "imrope_sections": _rule_imrope_sections,
+}
+
+
+def _check_dtype(hf_name: str, st: _Stored) -> None:
+    if st.dtype not in _DTYPES:
+        raise FrinkError(
+            f"{st.file}: tensor {hf_name!r} has dtype {st.dtype}; only F32, F16 and BF16 are read"
+        )
+
+
+def _composite_qwen3next_qkvz(
+    kept: dict[str, tuple[str, _Stored]], hp: dict[str, Any], plans: dict[str, _Plan]
+) -> None:
+    """in_proj_qkvz -> attn_qkv + attn_gate, as the converter's Qwen3NextModel splits it.
+
+    HF stores the rows per key head: [q (hd_k), k (hd_k), v (r*hd_v), z (r*hd_v)] for each of
+    the n_k key heads (r = n_v / n_k). GGUF holds all q rows, all k, all v (value heads
+    grouped), then z separately.
+    """
+    rx = re.compile(r"model\.layers\.(\d+)\.linear_attn\.in_proj_qkvz\.weight$")
+    n_k, n_v = int(hp["linear_num_key_heads"]), int(hp["linear_num_value_heads"])
+    hk, hv = int(hp["linear_key_head_dim"]), int(hp["linear_value_head_dim"])
+    r = n_v // n_k
+    group = 2 * hk + 2 * r * hv
+    for name in [n for n in kept if rx.match(n)]:
+        hf_name, st = kept.pop(name)
+        _check_dtype(hf_name, st)
+        bid = rx.match(name).group(1)  # type: ignore[union-attr]
+        if len(st.shape) != 2 or st.shape[0] != n_k * group:
+            raise FrinkError(f"{st.file}: tensor {hf_name!r} has shape {list(st.shape)}, expected [{n_k * group}, n_embd]")
+        d = st.shape[1]
+
+        def split(st: _Stored = st, d: int = d) -> tuple[np.ndarray, np.ndarray]:
+            w = _read_f32(st).reshape(n_k, group, d)
+            q, k = w[:, :hk], w[:, hk : 2 * hk]
+            v, z = w[:, 2 * hk : 2 * hk + r * hv], w[:, 2 * hk + r * hv :]
+            qkv = np.concatenate([q.reshape(-1, d), k.reshape(-1, d), v.reshape(-1, d)])
+            return np.ascontiguousarray(qkv), np.ascontiguousarray(z.reshape(-1, d))
+
+        plans[f"blk.{bid}.attn_qkv.weight"] = _Plan(
+            None, (2 * n_k * hk + n_v * hv, d), st.dtype, (), lambda f=split: f()[0]
+        )
+        plans[f"blk.{bid}.attn_gate.weight"] = _Plan(None, (n_v * hv, d), st.dtype, (), lambda f=split: f()[1])
+
+
+def _composite_stacked_experts(
+    kept: dict[str, tuple[str, _Stored]], hp: dict[str, Any], plans: dict[str, _Plan]
+) -> None:
+    """Per-expert matrices -> one [n_expert, ...] tensor per kind, as the converter stacks
+    them (Qwen2MoeModel.modify_tensors); also transformers' fused in-memory form
+    (experts.gate_up_proj [E, 2*ff, d], experts.down_proj [E, d, ff])."""
+    per_expert = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
+    groups: dict[tuple[str, str], dict[int, tuple[str, _Stored]]] = {}
+    for name in [n for n in kept if per_expert.match(n)]:
+        m = per_expert.match(name)
+        assert m is not None
+        groups.setdefault((m.group(1), m.group(3)), {})[int(m.group(2))] = kept.pop(name)
+    for (bid, kind), experts in groups.items():
+        n = len(experts)
+        if sorted(experts) != list(range(n)):
+            raise FrinkError(f"layer {bid}: {kind}_proj experts are not numbered 0..{n - 1}")
+        sources = [experts[e] for e in range(n)]
+        for hf_name, st in sources:
+            _check_dtype(hf_name, st)
+            if st.shape != sources[0][1].shape:
+                raise FrinkError(f"{st.file}: tensor {hf_name!r} has shape {list(st.shape)}, unlike expert 0")
+        stored = [st for _, st in sources]
+        plans[f"blk.{bid}.ffn_{kind}_exps.weight"] = _Plan(
+            None, (n, *stored[0].shape), stored[0].dtype, (),
+            lambda s=stored: np.stack([_read_f32(x) for x in s]),
+        )
+
+    fused = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up|down)_proj(\.weight)?$")
+    for name in [n for n in kept if fused.match(n)]:
+        m = fused.match(name)
+        assert m is not None
+        hf_name, st = kept.pop(name)
+        _check_dtype(hf_name, st)
+        bid = m.group(1)
+        if m.group(2) == "down":
+            plans[f"blk.{bid}.ffn_down_exps.weight"] = _Plan(st, st.shape, st.dtype, ())
+            continue
+        if len(st.shape) != 3 or st.shape[1] % 2:
+            raise FrinkError(f"{st.file}: tensor {hf_name!r} has shape {list(st.shape)}, expected [E, 2*ff, d]")
+        e, ff2, d = st.shape
+        for i, kind in enumerate(("gate", "up")):
+            plans[f"blk.{bid}.ffn_{kind}_exps.weight"] = _Plan(
+                None, (e, ff2 // 2, d), st.dtype, (),
+                lambda st=st, i=i: np.ascontiguousarray(np.split(_read_f32(st), 2, axis=1)[i]),
+            )
+
+
+_COMPOSITES: dict[str, Callable[[dict[str, tuple[str, _Stored]], dict[str, Any], dict[str, _Plan]], None]] = {
+    "qwen3next_qkvz": _composite_qwen3next_qkvz,
+    "stacked_experts": _composite_stacked_experts,
 }
 
 
@@ -533,6 +702,7 @@ def read_hf_dir(path: Path) -> Checkpoint:
     ignore = tuple(mt.get("ignore_prefixes", []))
     plans: dict[str, _Plan] = {}
     n_ignored = 0
+    kept: dict[str, tuple[str, _Stored]] = {}  # stripped name -> (name in the files, where)
     for hf_name, st in stored.items():
         if ignore and hf_name.startswith(ignore):
             n_ignored += 1
@@ -543,6 +713,11 @@ def read_hf_dir(path: Path) -> Checkpoint:
         # Buffers some exporters save; the converter skips them too.
         if name.endswith((".rotary_emb.inv_freq", ".attention.masked_bias", ".attention.bias")):
             continue
+        kept[name] = (hf_name, st)
+    # Tensors that become several GGUF tensors, or several that become one.
+    for composite in layout.get("composites", []):
+        _COMPOSITES[composite](kept, hp, plans)
+    for name, (hf_name, st) in kept.items():
         gg = names.gguf_name(name)
         if gg is None:
             raise FrinkError(f"{st.file}: tensor {hf_name!r} has no GGUF name for {arch}")
@@ -552,7 +727,9 @@ def read_hf_dir(path: Path) -> Checkpoint:
             raise FrinkError(
                 f"{st.file}: tensor {hf_name!r} has dtype {st.dtype}; only F32, F16 and BF16 are read"
             )
-        plans[gg] = _Plan(st, st.shape, st.dtype, tuple(names.transforms(gg)))
+        transforms = tuple(names.transforms(gg))
+        shape = tuple(d for d in st.shape if d != 1) if "squeeze" in transforms else st.shape
+        plans[gg] = _Plan(st, shape, st.dtype, transforms)
     if n_ignored:
         notes.append(f"{mt.get('ignored_note', 'ignored')} ({n_ignored} tensors)")
 

@@ -1,7 +1,8 @@
 """HostBody: the whole decoder stack in NumPy, layer by layer.
 
-A layer is pre-norm attention and a pre-norm FFN, each optionally followed by its own
-post-norm (gemma3), each added back to the residual stream. `layer()` serves every kind of
+A layer is a pre-norm mixer and a pre-norm FFN, each optionally followed by its own
+post-norm (gemma3), each added back to the residual stream. The mixer is attention or a
+gated delta net, the FFN dense or a sparse MoE, as cfg.layer_shape(l) says. `layer()` serves every kind of
 step; the decoder loop decides which layers run here and which on a backend.
 """
 
@@ -13,7 +14,9 @@ from ..model.config import ModelConfig
 from ..model.weights import ModelWeights
 from .attention import attention
 from .ffn import dense_ffn
+from .gdn import gdn
 from .linear import linear
+from .moe import moe_ffn
 from .norms import rms_norm
 from .rope import Rope
 
@@ -24,8 +27,10 @@ class HostBody:
         self.w = weights
         ropes: dict[tuple[float, float], Rope] = {}
         self.ropes = []
+        # Fixed per model; asked once here, not once per layer per token.
+        self.shapes = [cfg.layer_shape(layer) for layer in range(cfg.n_layer)]
         for layer in range(cfg.n_layer):
-            s = cfg.layer_shape(layer)
+            s = self.shapes[layer]
             key = (s.rope_base, s.rope_scale)
             if key not in ropes:
                 ropes[key] = Rope(cfg.rope_dim, s.rope_base, s.rope_scale, cfg.rope_type, weights.rope_freqs)
@@ -39,21 +44,32 @@ class HostBody:
 
     def layer(self, layer: int, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray:
         cfg, w = self.cfg, self.w.layers[layer]
+        shape = self.shapes[layer]
         h = rms_norm(x, w.attn_norm, cfg.norm_eps)
-        a = attention(h, w, cfg, cfg.layer_shape(layer), self.ropes[layer], positions, cache.slot(layer))
+        if shape.mixer == "gdn":
+            a = gdn(h, w.gdn, cfg, cache.slot(layer))
+        else:
+            a = attention(h, w, cfg, shape, self.ropes[layer], positions, cache.slot(layer))
         if w.post_attn_norm is not None:
-            a = rms_norm(a, w.post_attn_norm, cfg.norm_eps)
+            rms_norm(a, w.post_attn_norm, cfg.norm_eps, out=a)
+        # A new residual array: the caller's x is left as it was; from here on it is ours.
         x = x + a
         h = rms_norm(x, w.ffn_norm, cfg.norm_eps)
-        f = dense_ffn(h, w.gate_up, w.down, cfg.ffn_act)
+        if shape.ffn == "moe":
+            f = moe_ffn(h, w.moe, cfg)
+        else:
+            f = dense_ffn(h, w.gate_up, w.down, cfg.ffn_act)
         if w.post_ffn_norm is not None:
-            f = rms_norm(f, w.post_ffn_norm, cfg.norm_eps)
-        return x + f
+            rms_norm(f, w.post_ffn_norm, cfg.norm_eps, out=f)
+        x += f
+        return x
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         h = rms_norm(x, self.w.output_norm, self.cfg.norm_eps)
         out = linear(h, self.w.output)
         cap = self.cfg.final_logit_softcap
         if cap:
-            out = np.float32(cap) * np.tanh(out / np.float32(cap))
+            out /= np.float32(cap)
+            np.tanh(out, out=out)
+            out *= np.float32(cap)
         return out

@@ -5,8 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """Normalize over the last axis (rows of hidden states, or heads' rows for QK norm)."""
-    ms = np.einsum("...i,...i->...", x, x) / np.float32(x.shape[-1])
-    scale = 1.0 / np.sqrt(ms + np.float32(eps), dtype=np.float32)
-    return (x * scale[..., None]) * weight
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | None = None) -> np.ndarray:
+    """Normalize over the last axis (rows of hidden states, or heads' rows for QK norm);
+    into `out` when given (it may be x itself), else into a new array."""
+    # In place on the small [rows] vector: a decode row pays per NumPy call, not per byte.
+    ms = np.asarray(np.einsum("...i,...i->...", x, x))  # a 0-d array, not a scalar, for 1-D x
+    ms *= np.float32(1.0 / x.shape[-1])
+    ms += np.float32(eps)
+    np.sqrt(ms, out=ms)
+    np.reciprocal(ms, out=ms)
+    out = np.multiply(x, ms[..., None], out=out)
+    out *= weight
+    return out

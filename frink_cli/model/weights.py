@@ -28,17 +28,46 @@ class Linear:
 
 
 @dataclass
+class GdnWeights:
+    """A gated delta net layer (qwen35/qwen3next linear attention)."""
+
+    # [conv_dim + value_dim + 2*n_v, n_embd]: the conv input (q, k: n_k heads each, v: n_v
+    # heads), then z (the output gate), then beta and alpha (one row per value head).
+    in_proj: Linear
+    conv: np.ndarray  # [conv_dim, kernel] depthwise causal conv taps, oldest first
+    a: np.ndarray  # [n_v] -exp(A_log): the log-decay rate, as the converter stores it
+    dt_bias: np.ndarray  # [n_v]
+    norm: np.ndarray  # [hd_v] gated RMSNorm weight
+    out: Linear  # [n_embd, value_dim]
+
+
+@dataclass
+class MoeWeights:
+    """A sparse MoE FFN with an optional sigmoid-gated shared expert."""
+
+    # [n_expert (+ 1 + 2*n_ff_shexp), n_embd]: router rows, then (with a shared expert) its
+    # gate row and its gate/up rows -- everything that reads the FFN input, in one matmul.
+    inp: Linear
+    gate_up_exps: np.ndarray  # [n_expert, 2*n_ff_exp, n_embd]: gate rows, then up rows
+    down_exps: np.ndarray  # [n_expert, n_embd, n_ff_exp]
+    down_shexp: Linear | None  # [n_embd, n_ff_shexp]
+
+
+@dataclass
 class LayerWeights:
     attn_norm: np.ndarray  # [n_embd]
-    qkv: Linear  # [n_head*hd_k + n_head_kv*(hd_k + hd_v), n_embd]
+    # [n_head*hd_k (x2 with an output gate) + n_head_kv*(hd_k + hd_v), n_embd]; None for GDN
+    qkv: Linear | None
     q_norm: np.ndarray | None  # [hd_k]
     k_norm: np.ndarray | None  # [hd_k]
-    wo: Linear  # [n_embd, n_head*hd_v]
+    wo: Linear | None  # [n_embd, n_head*hd_v]; None for GDN
     post_attn_norm: np.ndarray | None  # [n_embd]
     ffn_norm: np.ndarray  # [n_embd]
-    gate_up: Linear  # [2*n_ff, n_embd]: gate rows, then up rows
-    down: Linear  # [n_embd, n_ff]
+    gate_up: Linear | None  # [2*n_ff, n_embd]: gate rows, then up rows; None for MoE
+    down: Linear | None  # [n_embd, n_ff]; None for MoE
     post_ffn_norm: np.ndarray | None  # [n_embd]
+    gdn: GdnWeights | None = None
+    moe: MoeWeights | None = None
 
 
 @dataclass
@@ -92,25 +121,48 @@ def load_weights(
     if progress:
         progress(1, total)
 
+    if cfg.attn_output_gate:
+        nq *= 2  # each head's query rows are followed by its gate rows
+    # Hybrids store the pre-FFN norm under post_attention_norm: it is not a post norm there.
+    post_norm_name = None if cfg.ffn_norm_tensor == "post_attention_norm" else "post_attention_norm"
+
     layers = []
     for i in range(cfg.n_layer):
         p = f"blk.{i}."
-        if p + "attn_qkv.weight" in names:
-            qkv = fused([(p + "attn_qkv", nq + nk + nv)], d)
+        shape = cfg.layer_shape(i)
+        qkv = wo = q_norm = k_norm = gdn = None
+        if shape.mixer == "gdn":
+            gdn = _load_gdn(p, cfg, get, names)
         else:
-            qkv = fused([(p + "attn_q", nq), (p + "attn_k", nk), (p + "attn_v", nv)], d)
+            if p + "attn_qkv.weight" in names:
+                qkv = fused([(p + "attn_qkv", nq + nk + nv)], d)
+            else:
+                qkv = fused([(p + "attn_q", nq), (p + "attn_k", nk), (p + "attn_v", nv)], d)
+            q_norm = get(p + "attn_q_norm.weight", (hk,), required=cfg.qk_norm)
+            k_norm = get(p + "attn_k_norm.weight", (hk,), required=cfg.qk_norm)
+            wo = fused([(p + "attn_output", d)], cfg.n_head * hv)
+        gate_up = down = moe = None
+        if shape.ffn == "moe":
+            moe = _load_moe(p, cfg, get, ckpt)
+        else:
+            gate_up = fused([(p + "ffn_gate", cfg.n_ff), (p + "ffn_up", cfg.n_ff)], d, bias=False)
+            down = fused([(p + "ffn_down", d)], cfg.n_ff, bias=False)
         layers.append(
             LayerWeights(
                 attn_norm=get(p + "attn_norm.weight", (d,)),
                 qkv=qkv,
-                q_norm=get(p + "attn_q_norm.weight", (hk,), required=cfg.qk_norm),
-                k_norm=get(p + "attn_k_norm.weight", (hk,), required=cfg.qk_norm),
-                wo=fused([(p + "attn_output", d)], cfg.n_head * hv),
-                post_attn_norm=get(p + "post_attention_norm.weight", (d,), required=cfg.post_attn_norm),
-                ffn_norm=get(p + "ffn_norm.weight", (d,)),
-                gate_up=fused([(p + "ffn_gate", cfg.n_ff), (p + "ffn_up", cfg.n_ff)], d, bias=False),
-                down=fused([(p + "ffn_down", d)], cfg.n_ff, bias=False),
+                q_norm=q_norm,
+                k_norm=k_norm,
+                wo=wo,
+                post_attn_norm=get(p + f"{post_norm_name}.weight", (d,), required=cfg.post_attn_norm)
+                if post_norm_name
+                else None,
+                ffn_norm=get(p + f"{cfg.ffn_norm_tensor}.weight", (d,)),
+                gate_up=gate_up,
+                down=down,
                 post_ffn_norm=get(p + "post_ffw_norm.weight", (d,), required=cfg.post_ffn_norm),
+                gdn=gdn,
+                moe=moe,
             )
         )
         if progress:
@@ -119,3 +171,58 @@ def load_weights(
     if progress:
         progress(total, total)
     return ModelWeights(token_embd, output_norm, output, rope_freqs, layers)
+
+
+def _load_gdn(p: str, cfg: ModelConfig, get: Callable, names: set[str]) -> GdnWeights:
+    d, n_k, n_v = cfg.n_embd, cfg.ssm_n_k_heads, cfg.ssm_n_v_heads
+    conv_dim, value_dim = cfg.ssm_conv_dim, n_v * cfg.ssm_head_dim_v
+    if p + "ssm_ba.weight" in names:
+        # qwen3next keeps beta and alpha in one matrix, grouped by key head: for each of the
+        # n_k groups, its r = n_v / n_k beta rows then its r alpha rows. Unzip into all betas
+        # then all alphas, value head g*r + j (grouped order, as the rest of qwen3next).
+        ba = get(p + "ssm_ba.weight", (2 * n_v, d)).reshape(n_k, 2, n_v // n_k, d)
+        beta, alpha = ba[:, 0].reshape(n_v, d), ba[:, 1].reshape(n_v, d)
+    else:
+        beta = get(p + "ssm_beta.weight", (n_v, d))
+        alpha = get(p + "ssm_alpha.weight", (n_v, d))
+    in_proj = np.concatenate(
+        [get(p + "attn_qkv.weight", (conv_dim, d)), get(p + "attn_gate.weight", (value_dim, d)), beta, alpha]
+    )
+    return GdnWeights(
+        in_proj=Linear(in_proj, None),
+        conv=get(p + "ssm_conv1d.weight", (conv_dim, cfg.ssm_conv_kernel)),
+        a=get(p + "ssm_a", (n_v,)),
+        dt_bias=get(p + "ssm_dt.bias", (n_v,)),
+        norm=get(p + "ssm_norm.weight", (cfg.ssm_head_dim_v,)),
+        out=Linear(get(p + "ssm_out.weight", (d, value_dim)), None),
+    )
+
+
+def _load_moe(p: str, cfg: ModelConfig, get: Callable, ckpt: Checkpoint) -> MoeWeights:
+    d, n_e, ff = cfg.n_embd, cfg.n_expert, cfg.n_ff_exp
+    names = set(ckpt.tensors.names())
+    if p + "ffn_gate_up_exps.weight" in names:
+        gate_up = get(p + "ffn_gate_up_exps.weight", (n_e, 2 * ff, d))
+    else:
+        gate_up = np.concatenate(
+            [get(p + "ffn_gate_exps.weight", (n_e, ff, d)), get(p + "ffn_up_exps.weight", (n_e, ff, d))], axis=1
+        )
+    inp = [get(p + "ffn_gate_inp.weight", (n_e, d))]
+    down_shexp = None
+    if cfg.n_ff_shexp:
+        sh = cfg.n_ff_shexp
+        # llama.cpp accepts the shared expert's gate as [n_embd] or [1, n_embd].
+        gate_name = p + "ffn_gate_inp_shexp.weight"
+        shape = (d,) if gate_name in names and len(ckpt.tensors.info(gate_name).shape) == 1 else (1, d)
+        inp += [
+            get(gate_name, shape).reshape(1, d),
+            get(p + "ffn_gate_shexp.weight", (sh, d)),
+            get(p + "ffn_up_shexp.weight", (sh, d)),
+        ]
+        down_shexp = Linear(get(p + "ffn_down_shexp.weight", (d, sh)), None)
+    return MoeWeights(
+        inp=Linear(np.concatenate(inp), None),
+        gate_up_exps=gate_up,
+        down_exps=get(p + "ffn_down_exps.weight", (n_e, d, ff)),
+        down_shexp=down_shexp,
+    )

@@ -1,0 +1,168 @@
+"""What the dense prefill stack takes: ONE predicate per kind of work, all in this file.
+
+Why one place: a refusal decided anywhere else is a feature some path forgets. The decoder
+asks before any cache or device memory is touched; `frink info --backend cuda` asks the
+same layer predicate without a GPU. Every refusal has a name (counted in the ledger by it).
+
+- `layer_reasons(cfg, layer)` / `layer_refusal(...)` (its first reason, the one the ledger
+  counts): what layer l IS (from ModelConfig and layer_shape alone).
+  The stack carries pre-norm GQA attention (QKV biases, QK norm, both rope layouts, partial
+  rope, rope frequency factors, linear rope scaling, any q scale), post-attention and
+  post-FFN norms at the model's one norm eps, and a dense SwiGLU FFN. Everything else is
+  refused by name. The check is exhaustive by construction: every ModelConfig and
+  LayerShape field is either listed in CARRIED / OUTSIDE_THE_LAYERS below or refused when
+  it holds anything but a neutral value (None, False, 0, empty), so a decoration added to
+  the config later is refused ("<field> not carried") until someone classifies it here.
+- `step_refusal(...)`: what THIS step is: a prefill batch of at least MIN_BATCH rows, at
+  positions that continue the cache, over a cache that holds one row per position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ...model.config import ModelConfig
+
+# Below this the host body's GEMVs beat an upload, a sync and a download; decode rows
+# (batch 1) always stay on the host.
+MIN_BATCH = 4
+# Shared-memory bounds of kernels/attention.cu (FRINK_MAX_HEAD_DIM; 2 dims per thread of 128).
+MAX_HEAD_DIM = 256
+
+# The stack's refusal reasons, as counted in the ledger. Fixed strings (no numbers) so the
+# counts of many steps add up under one name.
+BATCH = "batch < 4"
+NOT_PREFILL = "not a prefill batch"
+POSITIONS = "positions != cache start"
+EVICTED = "cache rows != positions (evicted window)"
+CACHE_TYPE = "cache layout not carried"
+NOT_RESIDENT = "weights not resident"
+MOE = "MoE ffn (experts not resident)"
+ACTIVATION = "activation not SwiGLU"
+WINDOW = "sliding window"
+SOFTCAP = "attn logit softcap"
+OUTPUT_GATE = "attn output gate"
+KV_WIDTHS = "K/V head widths differ"
+HEAD_DIM = "head dim > 256"
+ROPE_DIMS = "rope dims (odd or > head dim)"
+ROPE_TYPE = "rope layout unknown"
+
+# ModelConfig fields the stack reads and carries (checked below where only some values are).
+CARRIED = frozenset({
+    "n_embd", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_ff", "norm_eps",
+    "rope_type", "rope_dim", "rope_base", "rope_scale", "rope_base_swa", "attn_scale",
+    "qk_norm", "post_attn_norm", "post_ffn_norm", "ffn_act", "sliding_window", "swa_layers",
+    "attn_logit_softcap", "has_rope_freqs",
+})
+# Fields that concern only what happens before the first layer or after the last (embedding,
+# logits: both stay on the host) or that only describe the model.
+OUTSIDE_THE_LAYERS = frozenset({
+    "arch", "n_layer", "n_vocab", "n_ctx_train", "embd_scale", "final_logit_softcap",
+    "tied_embeddings",
+})
+# Fields read only by layers of another kind, which layer_shape names (mixer "gdn",
+# ffn "moe") and which are refused by that name before these could matter.
+OTHER_LAYER_KINDS = frozenset({
+    "recurrent_layers", "ssm_conv_kernel", "ssm_n_k_heads", "ssm_n_v_heads", "ssm_head_dim_k",
+    "ssm_head_dim_v", "ssm_v_head_order", "moe_layers", "n_expert", "n_expert_used", "n_ff_exp",
+    "n_ff_shexp", "moe_norm_topk",
+})
+# Fields that only say where load_weights finds a tensor: the stack gets the loaded weights.
+LOAD_TIME = frozenset({"ffn_norm_tensor"})
+# Fields refused by their own named check above (kept out of the generic rule's words).
+REFUSED_BY_NAME = frozenset({"attn_output_gate"})
+# LayerShape fields the stack reads (mixer, ffn and window are checked below).
+CARRIED_SHAPE = frozenset({"mixer", "ffn", "window", "rope_base", "rope_scale"})
+
+
+def _neutral(value: Any) -> bool:
+    """A value that switches nothing on: None, False, 0, "", or a sequence of such."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return not value
+    if isinstance(value, (tuple, list, frozenset, set)):
+        return all(_neutral(v) for v in value)
+    return False
+
+
+def _unknown_fields(obj: Any, known: frozenset[str]) -> list[str]:
+    return [
+        f"{f.name} not carried"
+        for f in dataclasses.fields(obj)
+        if f.name not in known and not _neutral(getattr(obj, f.name))
+    ]
+
+
+def layer_reasons(cfg: ModelConfig, layer: int) -> list[str]:
+    """Every reason the stack refuses layer `layer` of this model; [] if it carries it."""
+    shape = cfg.layer_shape(layer)
+    checks = [
+        (shape.mixer != "attention", f"mixer {shape.mixer}"),
+        (shape.ffn == "moe", MOE),
+        (shape.ffn not in ("dense", "moe"), f"ffn {shape.ffn}"),
+        (cfg.ffn_act != "silu", ACTIVATION),
+        (shape.window is not None, WINDOW),
+        (bool(cfg.attn_logit_softcap), SOFTCAP),
+        (bool(getattr(cfg, "attn_output_gate", False)), OUTPUT_GATE),
+        (cfg.head_dim_k != cfg.head_dim_v, KV_WIDTHS),
+        (max(cfg.head_dim_k, cfg.head_dim_v) > MAX_HEAD_DIM, HEAD_DIM),
+        (cfg.rope_dim % 2 == 1 or cfg.rope_dim > cfg.head_dim_k, ROPE_DIMS),
+        (cfg.rope_type not in ("norm", "neox"), ROPE_TYPE),
+    ]
+    reasons = [reason for refused, reason in checks if refused]
+    known = CARRIED | OUTSIDE_THE_LAYERS | OTHER_LAYER_KINDS | LOAD_TIME | REFUSED_BY_NAME
+    return reasons + _unknown_fields(cfg, known) + _unknown_fields(shape, CARRIED_SHAPE)
+
+
+def layer_refusal(cfg: ModelConfig, layer: int) -> str | None:
+    """None if the stack carries layer `layer`, else the first reason (the one counted)."""
+    reasons = layer_reasons(cfg, layer)
+    return reasons[0] if reasons else None
+
+
+def layer_refusals(cfg: ModelConfig) -> list[str | None]:
+    return [layer_refusal(cfg, layer) for layer in range(cfg.n_layer)]
+
+
+def step_refusal(
+    cfg: ModelConfig,
+    kind: str,
+    n_rows: int,
+    cache: Any,
+    positions: np.ndarray | None,
+    layers: Sequence[int],
+) -> str | None:
+    """None if this step (its batch, positions and cache) can run `layers` on the stack."""
+    if kind != "prefill":
+        return NOT_PREFILL if kind != "decode" else BATCH
+    if n_rows < MIN_BATCH:
+        return BATCH
+    n_past = getattr(cache, "n_past", None)
+    k_bufs, v_bufs = getattr(cache, "k", None), getattr(cache, "v", None)
+    if not isinstance(n_past, int) or not isinstance(k_bufs, list) or not isinstance(v_bufs, list):
+        return CACHE_TYPE
+    if positions is not None:
+        positions = np.asarray(positions)
+        if len(positions) != n_rows or int(positions[0]) != n_past or (
+            n_rows > 1 and not np.all(np.diff(positions) == 1)
+        ):
+            return POSITIONS
+    # The stack reads the prefix as the host cache's [n_head_kv, rows, head_dim] buffers and
+    # writes row i at position i: a buffer holding fewer rows than positions has dropped
+    # some (a window that evicts), and its row indices are no longer positions.
+    for layer in layers:
+        if layer >= len(k_bufs) or layer >= len(v_bufs):
+            return CACHE_TYPE
+        kb, vb = k_bufs[layer], v_bufs[layer]
+        if not isinstance(kb, np.ndarray) or not isinstance(vb, np.ndarray):
+            return CACHE_TYPE
+        if kb.ndim != 3 or kb.shape[0] != cfg.n_head_kv or kb.shape[2] != cfg.head_dim_k:
+            return CACHE_TYPE
+        if vb.ndim != 3 or vb.shape[0] != cfg.n_head_kv or vb.shape[2] != cfg.head_dim_v:
+            return CACHE_TYPE
+        if kb.shape[1] < n_past + n_rows or vb.shape[1] < n_past + n_rows:
+            return EVICTED
+    return None

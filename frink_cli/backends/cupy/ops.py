@@ -1,0 +1,233 @@
+"""The ops between the GEMMs, twice: NumPy references and launches of kernels/*.cu.
+
+The stack (stack.py) is written once against an `ops` table and its array module `xp`.
+`ReferenceOps` is NumPy: each method is the reference its kernel is tested against, and
+with it the whole stack runs on CI machines with no GPU (the test suite also checks each
+reference against the host body's own block). `KernelOps` launches the CUDA kernels
+through a `launch(kernel, grid, block, args)` function: CuPy's RawModule on a GPU, or the
+CPU emulator in the test suite, so the launch arithmetic (grids, strides, offsets) is
+itself tested without a GPU.
+
+Buffers are row-major and contiguous. Q, K and V stay where the fused QKV GEMM put them,
+[T, row_stride] with heads side by side at a column offset, and are normed, rotated and
+attended in place: no transposes between the GEMMs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ...resources import KERNELS_DIR
+
+F32 = np.float32
+
+
+class _GemmOps:
+    """y = x @ W.T through the array module (cuBLAS under CuPy), for W [out, in] in f32,
+    or f16 (x rounded to f16, accumulated in f32 by cuBLAS, the result back in f32)."""
+
+    xp: Any
+
+    def matmul(self, x: Any, w: Any) -> Any:
+        xp = self.xp
+        # Contiguous results: the kernels that follow index rows by a fixed stride.
+        if w.dtype == F32:
+            return xp.ascontiguousarray(xp.matmul(x, w.T))
+        return xp.ascontiguousarray(xp.matmul(x.astype(w.dtype), w.T), dtype=F32)
+
+    def to_device(self, a: np.ndarray, dtype: Any = F32) -> Any:
+        return self.xp.asarray(np.ascontiguousarray(a), dtype=dtype)
+
+    def to_host(self, a: Any) -> np.ndarray:
+        return np.asarray(a)
+
+
+def _heads(buf: np.ndarray, offset: int, heads: int, head_dim: int) -> np.ndarray:
+    """The [T, heads, head_dim] view of the heads at column `offset` of every row."""
+    view = buf[:, offset : offset + heads * head_dim].reshape(buf.shape[0], heads, head_dim)
+    # Writes through the view must land in buf: reshape may not have copied.
+    if not np.shares_memory(view, buf):
+        raise RuntimeError("QKV heads view is a copy")
+    return view
+
+
+class ReferenceOps(_GemmOps):
+    """The NumPy reference of every kernel (same arguments, same in-place behaviour)."""
+
+    xp = np
+
+    def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+        """rms_norm_f32 over rows of x [n, d] -> a new array."""
+        ms = np.einsum("...i,...i->...", x, x) / F32(x.shape[-1])
+        scale = 1.0 / np.sqrt(ms + F32(eps), dtype=F32)
+        return (x * scale[..., None]) * w
+
+    def rms_norm_heads(self, buf: np.ndarray, offset: int, heads: int, head_dim: int, w: np.ndarray, eps: float) -> None:
+        """rms_norm_f32 in place on `heads` heads at column `offset` of every row (QK norm)."""
+        view = _heads(buf, offset, heads, head_dim)
+        view[...] = self.rms_norm(view, w, eps)
+
+    def rope(
+        self, buf: np.ndarray, offset: int, heads: int, head_dim: int, cos: np.ndarray,
+        sin: np.ndarray, rope_dim: int, neox: bool,
+    ) -> None:
+        """rope_f32 in place; cos/sin [T, rope_dim/2] for each row's position."""
+        x = _heads(buf, offset, heads, head_dim)
+        c, s = cos[:, None, :], sin[:, None, :]
+        d = rope_dim
+        ia, ib = (slice(0, d // 2), slice(d // 2, d)) if neox else (slice(0, d, 2), slice(1, d, 2))
+        a, b = x[..., ia].copy(), x[..., ib].copy()
+        x[..., ia] = a * c - b * s
+        x[..., ib] = b * c + a * s
+
+    def attention(
+        self, qkv: np.ndarray, q_off: int, k_off: int, v_off: int, k_prefix: np.ndarray,
+        v_prefix: np.ndarray, n_head: int, n_head_kv: int, head_dim: int, head_dim_v: int,
+        scale: float,
+    ) -> np.ndarray:
+        """causal_gqa_attention_f32: new rows [T] at positions P.. over prefix + themselves.
+        k_prefix/v_prefix [n_head_kv, P, hd]; returns [T, n_head * head_dim_v]."""
+        T = qkv.shape[0]
+        P = k_prefix.shape[1]
+        H, Hkv, g = n_head, n_head_kv, n_head // n_head_kv
+        q = qkv[:, q_off : q_off + H * head_dim].reshape(T, H, head_dim)
+        k = qkv[:, k_off : k_off + Hkv * head_dim].reshape(T, Hkv, head_dim)
+        v = qkv[:, v_off : v_off + Hkv * head_dim_v].reshape(T, Hkv, head_dim_v)
+        K = np.concatenate([k_prefix, k.transpose(1, 0, 2)], axis=1)  # [Hkv, S, hd]
+        V = np.concatenate([v_prefix, v.transpose(1, 0, 2)], axis=1)
+        S = P + T
+        qg = (q * F32(scale)).transpose(1, 0, 2).reshape(Hkv, g * T, head_dim)
+        scores = (qg @ K.transpose(0, 2, 1)).reshape(Hkv, g, T, S)
+        visible = np.arange(S)[None, :] <= (P + np.arange(T))[:, None]
+        scores += np.where(visible, F32(0.0), F32(-np.inf))
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        out = scores.reshape(Hkv, g * T, S) @ V
+        return np.ascontiguousarray(out.reshape(H, T, head_dim_v).transpose(1, 0, 2).reshape(T, H * head_dim_v))
+
+    def swiglu(self, gu: np.ndarray, n_ff: int) -> np.ndarray:
+        """swiglu_f32: silu(gate) * up over [T, 2*n_ff] (gate columns first)."""
+        g = gu[:, :n_ff]
+        return g / (1.0 + np.exp(-g)) * gu[:, n_ff:]
+
+    def add(self, x: np.ndarray, a: np.ndarray) -> None:
+        """add_f32: x += a."""
+        x += a
+
+    def add_bias(self, y: np.ndarray, b: np.ndarray) -> None:
+        """add_bias_f32: y[r] += b."""
+        y += b
+
+
+# --- the kernels ---------------------------------------------------------------------------
+
+KERNEL_FILES = ("rms_norm.cu", "rope.cu", "elementwise.cu", "attention.cu")
+# Threads per block: a power of two (the block reductions halve it), at most 256.
+ROW_THREADS = 256
+ATTN_THREADS = 128
+ELEMENTWISE_THREADS = 256
+# Grid-stride loops need no more blocks than this to fill any current GPU.
+MAX_BLOCKS = 65535
+
+
+def kernel_source(name: str) -> str:
+    """A kernel file as one self-contained source: NVRTC (CuPy's RawModule) gets no include
+    path, so common.cuh is pasted where it is included."""
+    text = (KERNELS_DIR / name).read_text()
+    common = (KERNELS_DIR / "common.cuh").read_text().replace("#pragma once", "")
+    return text.replace('#include "common.cuh"', common)
+
+
+Launch = Callable[[str, int, int, tuple], None]
+
+
+def _i32(v: int) -> np.int32:
+    return np.int32(v)
+
+
+def _i64(v: int) -> np.int64:
+    return np.int64(v)
+
+
+def _blocks(n: int, threads: int) -> int:
+    return max(1, min(MAX_BLOCKS, -(-n // threads)))
+
+
+class KernelOps(_GemmOps):
+    """The kernels of kernels/*.cu, launched through `launch(name, grid, block, args)`.
+    Integer arguments are passed as the exact C types the kernels declare (int32 for int,
+    int64 for long long, float32 for float): a launcher copies their bytes as they are."""
+
+    def __init__(self, xp: Any, launch: Launch) -> None:
+        self.xp = xp
+        self.launch = launch
+
+    def _check(self, *arrays: Any) -> None:
+        for a in arrays:
+            if a.dtype != F32 or not a.flags.c_contiguous:
+                raise ValueError(f"kernel operand must be contiguous float32, got {a.dtype} {a.shape}")
+
+    def rms_norm(self, x: Any, w: Any, eps: float) -> Any:
+        self._check(x, w)
+        n, d = x.shape
+        y = self.xp.empty_like(x)
+        self.launch("rms_norm_f32", n, ROW_THREADS, (x, y, w, _i32(n), _i32(d), _i32(1), _i64(d), _i64(d), F32(eps)))
+        return y
+
+    def rms_norm_heads(self, buf: Any, offset: int, heads: int, head_dim: int, w: Any, eps: float) -> None:
+        self._check(buf, w)
+        T, stride = buf.shape
+        # A view at the offset: CuPy and the emulator both pass a view's own start address.
+        view = buf.reshape(-1)[offset:]
+        n = T * heads
+        self.launch(
+            "rms_norm_f32", n, ROW_THREADS,
+            (view, view, w, _i32(n), _i32(head_dim), _i32(heads), _i64(stride), _i64(stride), F32(eps)),
+        )
+
+    def rope(self, buf: Any, offset: int, heads: int, head_dim: int, cos: Any, sin: Any, rope_dim: int, neox: bool) -> None:
+        self._check(buf, cos, sin)
+        T, stride = buf.shape
+        n = T * heads * (rope_dim // 2)
+        self.launch(
+            "rope_f32", -(-n // ELEMENTWISE_THREADS), ELEMENTWISE_THREADS,
+            (buf, cos, sin, _i32(T), _i32(heads), _i32(head_dim), _i64(stride), _i32(offset),
+             _i32(rope_dim), _i32(1 if neox else 0)),
+        )
+
+    def attention(
+        self, qkv: Any, q_off: int, k_off: int, v_off: int, k_prefix: Any, v_prefix: Any,
+        n_head: int, n_head_kv: int, head_dim: int, head_dim_v: int, scale: float,
+    ) -> Any:
+        self._check(qkv, k_prefix, v_prefix)
+        T, stride = qkv.shape
+        P = k_prefix.shape[1]
+        out = self.xp.empty((T, n_head * head_dim_v), F32)
+        self.launch(
+            "causal_gqa_attention_f32", T * n_head, ATTN_THREADS,
+            (qkv, _i64(stride), _i32(q_off), _i32(k_off), _i32(v_off), k_prefix, v_prefix,
+             _i32(P), out, _i64(n_head * head_dim_v), _i32(T), _i32(n_head), _i32(n_head_kv),
+             _i32(head_dim), _i32(head_dim_v), F32(scale)),
+        )
+        return out
+
+    def swiglu(self, gu: Any, n_ff: int) -> Any:
+        self._check(gu)
+        T = gu.shape[0]
+        h = self.xp.empty((T, n_ff), F32)
+        self.launch("swiglu_f32", _blocks(T * n_ff, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, (gu, h, _i64(T), _i32(n_ff)))
+        return h
+
+    def add(self, x: Any, a: Any) -> None:
+        self._check(x, a)
+        n = x.size
+        self.launch("add_f32", _blocks(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, (x, a, _i64(n)))
+
+    def add_bias(self, y: Any, b: Any) -> None:
+        self._check(y, b)
+        T, n = y.shape
+        self.launch("add_bias_f32", _blocks(T * n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, (y, b, _i64(T), _i32(n)))

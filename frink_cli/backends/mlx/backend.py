@@ -1,0 +1,215 @@
+"""MlxBackend: runs of layers (and the lm head) as compiled MLX graphs, one eval each.
+
+Weights are uploaded once at bind() and stay resident: Q4_0/Q4_1/Q8_0 tensors as MLX
+affine-quantized integers taken from the file's own blocks (quant.py), F16/BF16 as they
+are, everything else as the host body's f32. A run's K/V are attended on the device from
+a per-sequence mirror of the host cache; the host cache stays authoritative: every new K/V
+row comes back with the run's output in the same transfer and is written to it, and a
+mirror layer whose length differs from the host's is re-uploaded before use.
+
+A submission is one mx.eval. Each run makes exactly one; its results are then read with
+np.asarray, which copies already-evaluated memory and does not synchronize again.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import mlx.core as mx
+import numpy as np
+
+from ...model.config import ModelConfig
+from .. import LaunchFailed, Refusal, Run
+from ..ledger import Ledger
+from . import graph
+from .eligibility import layer_refusals
+from .quant import GROUP, QUANTIZED_TYPES, affine_from_blocks, pack
+
+_MIN_CAPACITY = 256
+
+
+class _Mirror:
+    """One sequence's device K/V: per layer [1, Hkv, capacity, hd] and its valid length."""
+
+    def __init__(self, n_layer: int) -> None:
+        self.capacity = 0
+        self.k: list[mx.array | None] = [None] * n_layer
+        self.v: list[mx.array | None] = [None] * n_layer
+        self.length = [-1] * n_layer
+
+
+class MlxBackend:
+    name = "metal"
+    runs_head = True
+
+    def __init__(self, cfg: ModelConfig, checkpoint=None) -> None:
+        self.cfg = cfg
+        self.checkpoint = checkpoint
+        self.ledger = Ledger()
+        self.refusals = [layer_refusals(cfg, i) for i in range(cfg.n_layer)]
+        self.tensor_choice: dict[str, str] = {}
+        self._mirrors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._compiled: dict[tuple, object] = {}
+
+    # --- upload -------------------------------------------------------------------------
+
+    def _linear(self, names: list[str], dense: np.ndarray, bias: np.ndarray | None) -> graph.DeviceLinear:
+        """Device copy of a (fused) host Linear; quantized when every source tensor maps."""
+        b = mx.array(bias) if bias is not None else None
+        src = self.checkpoint.tensors if self.checkpoint is not None else None
+        dtypes = [src.info(n).dtype for n in names] if src is not None else ["F32"]
+        for n, d in zip(names, dtypes):
+            self.tensor_choice.setdefault(d, "")
+        if src is not None and hasattr(src, "raw") and len(set(dtypes)) == 1 and dtypes[0] in QUANTIZED_TYPES:
+            qs, scales, biases = [], [], []
+            for n in names:
+                qtype, shape, raw = src.raw(n)
+                q, s, bb, bits = affine_from_blocks(raw, dtypes[0], shape[0], shape[1])
+                qs.append(pack(q, bits))
+                scales.append(s)
+                biases.append(bb)
+            self.tensor_choice[dtypes[0]] = f"quantized {bits}-bit, group {GROUP}"
+            return graph.DeviceLinear(
+                mx.array(np.concatenate(qs)), mx.array(np.concatenate(scales)),
+                mx.array(np.concatenate(biases)), bits, b,
+            )
+        kind = dtypes[0] if len(set(dtypes)) == 1 else "mixed"
+        if kind == "F16":
+            w, choice = mx.array(dense.astype(np.float16)), "f16"
+        elif kind == "BF16":
+            w, choice = mx.array(dense).astype(mx.bfloat16), "bf16"
+        else:
+            w, choice = mx.array(dense), "f32 (dequantized)" if kind != "F32" else "f32"
+        for d in set(dtypes):
+            self.tensor_choice[d] = self.tensor_choice.get(d) or choice
+        return graph.DeviceLinear(w, bias=b)
+
+    def bind(self, weights) -> None:
+        cfg = self.cfg
+        names = set(self.checkpoint.tensors.names()) if self.checkpoint is not None else set()
+
+        def opt(a):
+            return mx.array(a) if a is not None else None
+
+        self.layers: list[graph.DeviceLayer | None] = []
+        for i, lw in enumerate(weights.layers):
+            if self.refusals[i]:
+                self.layers.append(None)
+                continue
+            p = f"blk.{i}."
+            qkv_names = [p + "attn_qkv.weight"] if p + "attn_qkv.weight" in names else [p + f"attn_{x}.weight" for x in "qkv"]
+            s = cfg.layer_shape(i)
+            self.layers.append(graph.DeviceLayer(
+                attn_norm=mx.array(lw.attn_norm),
+                qkv=self._linear(qkv_names, lw.qkv.w, lw.qkv.b),
+                q_norm=opt(lw.q_norm), k_norm=opt(lw.k_norm),
+                wo=self._linear([p + "attn_output.weight"], lw.wo.w, lw.wo.b),
+                post_attn_norm=opt(lw.post_attn_norm),
+                ffn_norm=mx.array(lw.ffn_norm),
+                gate_up=self._linear([p + "ffn_gate.weight", p + "ffn_up.weight"], lw.gate_up.w, None),
+                down=self._linear([p + "ffn_down.weight"], lw.down.w, None),
+                post_ffn_norm=opt(lw.post_ffn_norm),
+                rope_base=s.rope_base, rope_scale=s.rope_scale, window=s.window,
+            ))
+        out_name = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
+        self.output = self._linear([out_name], weights.output.w, None)
+        self.output_norm = mx.array(weights.output_norm)
+        self.rope_freqs = None
+        if weights.rope_freqs is not None:
+            i = np.arange(0, cfg.rope_dim, 2, dtype=np.float64) / cfg.rope_dim
+            self.rope_freqs = mx.array((cfg.rope_base**i * weights.rope_freqs).astype(np.float32))
+
+    # --- planning -----------------------------------------------------------------------
+
+    def plan(self, kind: str, layer: int, n_rows: int, cache, positions=None) -> Run | Refusal:
+        if self.refusals[layer]:
+            return Refusal(self.refusals[layer][0])
+        stop = layer
+        while stop < self.cfg.n_layer and not self.refusals[stop]:
+            stop += 1
+        return Run(layer, stop)
+
+    # --- running ------------------------------------------------------------------------
+
+    def _mirror(self, cache, rows_needed: int) -> _Mirror:
+        m = self._mirrors.get(cache)
+        if m is None:
+            m = self._mirrors[cache] = _Mirror(self.cfg.n_layer)
+        if rows_needed > m.capacity:
+            cap = max(_MIN_CAPACITY, m.capacity)
+            while cap < rows_needed:
+                cap *= 2
+            m.capacity = min(cap, max(cache.n_ctx, rows_needed))
+            m.length = [-1] * self.cfg.n_layer  # re-upload from the host on next use
+        return m
+
+    def _sync_layer(self, m: _Mirror, cache, layer: int) -> None:
+        n = cache.n_past
+        if m.length[layer] == n:
+            return
+        cfg = self.cfg
+        k = np.zeros((1, cfg.n_head_kv, m.capacity, cfg.head_dim_k), np.float32)
+        v = np.zeros((1, cfg.n_head_kv, m.capacity, cfg.head_dim_v), np.float32)
+        k[0, :, :n] = cache.k[layer][:, :n]
+        v[0, :, :n] = cache.v[layer][:, :n]
+        m.k[layer], m.v[layer] = mx.array(k), mx.array(v)
+        m.length[layer] = n
+
+    def _function(self, run: Run, T: int, capacity: int, head: str | None):
+        key = (run.start, run.stop, T, capacity, head)
+        fn = self._compiled.get(key)
+        if fn is None:
+            cfg, layers = self.cfg, self.layers
+            n = run.stop - run.start
+
+            def forward(x, positions, start, *kv):
+                new_kv, rows = [], []
+                for j, i in enumerate(range(run.start, run.stop)):
+                    x, kc, vc, kr, vr = graph.layer(cfg, layers[i], x, positions, start, kv[2 * j], kv[2 * j + 1], self.rope_freqs)
+                    new_kv += [kc, vc]
+                    rows += [kr.reshape(-1), vr.reshape(-1)]
+                main = x
+                if head is not None:
+                    main = graph.head(cfg, self.output_norm, self.output, x if head == "all" else x[-1:])
+                return (mx.concatenate([main.reshape(-1)] + rows), *new_kv)
+
+            fn = self._compiled[key] = mx.compile(forward)
+            assert n > 0
+        return fn
+
+    def _launch(self, run: Run, x: np.ndarray, positions: np.ndarray, cache, head: str | None) -> np.ndarray:
+        cfg = self.cfg
+        T = x.shape[0]
+        try:
+            m = self._mirror(cache, cache.n_past + T)
+            for i in range(run.start, run.stop):
+                self._sync_layer(m, cache, i)
+            fn = self._function(run, T, m.capacity, head)
+            kv = []
+            for i in range(run.start, run.stop):
+                kv += [m.k[i], m.v[i]]
+            outs = fn(mx.array(x), mx.array(positions.astype(np.int32)), mx.array(np.int32(cache.n_past)), *kv)
+            mx.eval(outs)
+            self.ledger.submit("dense-run" if head is None else "dense-run+lm-head")
+            flat = np.asarray(outs[0])
+        except Exception as e:  # noqa: BLE001 - any device failure: the host body takes over
+            raise LaunchFailed(f"mlx: {type(e).__name__}: {e}") from e
+        # Success: only now do host cache and mirrors change.
+        rows_out = (T if head != "last" else 1) * (cfg.n_vocab if head else cfg.n_embd)
+        main, rest = flat[:rows_out], flat[rows_out:]
+        nk, nv = cfg.n_head_kv * T * cfg.head_dim_k, cfg.n_head_kv * T * cfg.head_dim_v
+        for j, i in enumerate(range(run.start, run.stop)):
+            k = rest[: nk].reshape(cfg.n_head_kv, T, cfg.head_dim_k).transpose(1, 0, 2)
+            v = rest[nk : nk + nv].reshape(cfg.n_head_kv, T, cfg.head_dim_v).transpose(1, 0, 2)
+            rest = rest[nk + nv :]
+            cache.slot(i).append(k, v)
+            m.k[i], m.v[i] = outs[1 + 2 * j], outs[2 + 2 * j]
+            m.length[i] = cache.n_past + T
+        return main.reshape(-1, cfg.n_vocab if head else cfg.n_embd)
+
+    def run(self, run: Run, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray:
+        return self._launch(run, x, positions, cache, None)
+
+    def run_head(self, run: Run, x: np.ndarray, positions: np.ndarray, cache, all_rows: bool) -> np.ndarray:
+        """A run ending at the last layer, with the lm head in the same submission."""
+        return self._launch(run, x, positions, cache, "all" if all_rows else "last")

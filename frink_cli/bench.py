@@ -1,0 +1,395 @@
+"""`frink bench`: tokens per second, measured the way llama-bench measures them.
+
+People pick a runner by its numbers, and our goals are ratios against llama.cpp taken side
+by side, so the method copies llama-bench's: synthetic token ids (tokenization and sampling
+excluded), one warm-up, r repetitions; a prompt test (pp N) feeds N tokens to an empty
+context as one batch, a generation test (tg N) feeds N tokens one at a time to an empty
+context; both include the logits of the last row and nothing else. With a llama.cpp
+comparison the two runners alternate repetition by repetition on the same GGUF and the same
+ids, so a noisy shared machine slows both alike and the ratio stays meaningful.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import resource
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from .errors import FrinkError
+
+COMPARE_TARGETS = ("llama.cpp",)
+
+
+@dataclass(frozen=True)
+class BenchTest:
+    name: str  # "pp512" | "tg128"
+    n_prompt: int
+    n_gen: int
+
+
+def bench_tests(n_prompt: int, n_gen: int) -> list[BenchTest]:
+    """llama-bench's default pair: a prompt test and a generation test (0 skips one)."""
+    tests = []
+    if n_prompt > 0:
+        tests.append(BenchTest(f"pp{n_prompt}", n_prompt, 0))
+    if n_gen > 0:
+        tests.append(BenchTest(f"tg{n_gen}", 0, n_gen))
+    if not tests:
+        raise FrinkError("nothing to measure: -p/--n-prompt and -n/--n-gen are both 0")
+    return tests
+
+
+@dataclass
+class Sample:
+    seconds: float
+    submissions: Counter[str] = field(default_factory=Counter)
+    refusals: Counter[str] = field(default_factory=Counter)
+
+
+class Runner(Protocol):
+    name: str  # what the table's backend column shows
+    runner: str  # "frink" | "llama.cpp"
+
+    def run(self, test: BenchTest, ids: np.ndarray) -> Sample: ...
+
+    def close(self) -> None: ...
+
+
+class FrinkRunner:
+    """frink's decoder loop, with the active backend's ledger read around each sample."""
+
+    runner = "frink"
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.name = model.backend_name
+        self.decoder = model.decoder
+
+    def run(self, test: BenchTest, ids: np.ndarray) -> Sample:
+        dec = self.decoder
+        n = test.n_prompt + test.n_gen
+        # The context exists before the clock starts, as llama.cpp's does.
+        cache = dec.new_cache(n)
+        cache.reserve(n)
+        ledger = getattr(dec.backend, "ledger", None)
+        if ledger is not None:
+            ledger.reset()
+        t0 = time.perf_counter()
+        if test.n_prompt:
+            dec.step(ids[: test.n_prompt], cache)
+        else:
+            for i in range(test.n_gen):
+                dec.step(ids[i : i + 1], cache)
+        seconds = time.perf_counter() - t0
+        if ledger is None:
+            return Sample(seconds)
+        return Sample(seconds, Counter(ledger.submissions), Counter(ledger.refusals))
+
+    def close(self) -> None:
+        pass
+
+
+class LlamaCppRunner:
+    """llama.cpp through llama-cpp-python's C API, as llama-bench drives it: batches from
+    llama_batch_get_one (logits of the last token only), the KV memory cleared per sample."""
+
+    runner = "llama.cpp"
+    name = "llama.cpp"
+
+    def __init__(self, path: Path, n_ctx: int, n_threads: int) -> None:
+        try:
+            import llama_cpp
+        except ImportError:
+            raise FrinkError(
+                "--compare llama.cpp needs llama-cpp-python (pip install llama-cpp-python)"
+            ) from None
+        if path.is_dir() or path.suffix.lower() != ".gguf":
+            raise FrinkError(f"--compare llama.cpp needs a GGUF file, not {path}")
+        self._L = llama_cpp
+        self.n_batch = 512
+        try:
+            self.llm = llama_cpp.Llama(
+                model_path=str(path),
+                n_ctx=max(n_ctx, 64),
+                n_batch=self.n_batch,
+                n_ubatch=self.n_batch,
+                # Its default is half the cores for generation; llama-bench uses them all.
+                n_threads=n_threads,
+                n_threads_batch=n_threads,
+                verbose=False,
+            )
+        except (ValueError, RuntimeError) as e:
+            raise FrinkError(f"llama.cpp cannot load {path}: {e}") from None
+        self.ctx = self.llm.ctx
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.name = f"llama.cpp ({n_threads} threads)"
+
+    def _decode(self, tokens: np.ndarray) -> None:
+        L = self._L
+        arr = (L.llama_token * len(tokens))(*(int(t) for t in tokens))
+        rc = L.llama_decode(self.ctx, L.llama_batch_get_one(arr, len(tokens)))
+        if rc != 0:
+            raise FrinkError(f"llama.cpp decode failed (code {rc})")
+
+    def run(self, test: BenchTest, ids: np.ndarray) -> Sample:
+        L = self._L
+        L.llama_memory_clear(self.memory, True)
+        L.llama_synchronize(self.ctx)
+        t0 = time.perf_counter()
+        if test.n_prompt:
+            for i in range(0, test.n_prompt, self.n_batch):
+                self._decode(ids[i : min(i + self.n_batch, test.n_prompt)])
+        else:
+            for i in range(test.n_gen):
+                self._decode(ids[i : i + 1])
+        L.llama_synchronize(self.ctx)
+        return Sample(time.perf_counter() - t0)
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+@dataclass
+class ModelFacts:
+    desc: str  # "llama 135M Q4_1"
+    filename: str
+    size_bytes: int
+    n_params: int
+
+
+def model_facts(model: Any) -> ModelFacts:
+    ckpt = model.checkpoint
+    path = Path(ckpt.path)
+    names = ckpt.tensors.names()
+    infos = [ckpt.tensors.info(n) for n in names]
+    n_params = sum(int(np.prod(i.shape)) for i in infos)
+    # The stored type holding most of the weights names the quantization, as llama-bench's
+    # model column does ("Q4_1"); norms and other vectors stay F32 in every file.
+    by_type: Counter[str] = Counter()
+    for i in infos:
+        if len(i.shape) >= 2:
+            by_type[i.dtype] += int(np.prod(i.shape))
+    qtype = by_type.most_common(1)[0][0] if by_type else "F32"
+    if path.is_dir():
+        size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    else:
+        size = path.stat().st_size
+    return ModelFacts(f"{model.config.arch} {_human_params(n_params)} {qtype}", path.name, size, n_params)
+
+
+def _human_params(n: int) -> str:
+    if n >= 1e9:
+        return f"{n / 1e9:.1f}B"
+    return f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
+
+
+def peak_memory_mib() -> float:
+    # ru_maxrss is KiB on Linux, bytes on macOS.
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
+
+
+@dataclass
+class BenchRow:
+    model: str
+    model_filename: str
+    model_size: int
+    model_n_params: int
+    runner: str
+    backend: str
+    n_threads: int
+    test: str
+    n_prompt: int
+    n_gen: int
+    avg_ns: float
+    stddev_ns: float
+    avg_ts: float
+    stddev_ts: float
+    samples_ns: list[float]
+    samples_ts: list[float]
+    peak_memory_mib: float | None = None
+    ratio_vs_llama_cpp: float | None = None
+    # Filled with --submissions (frink rows only; llama.cpp has no ledger).
+    submissions_per_token: float | None = None
+    submissions: float | None = None
+    submissions_by_kind: dict[str, float] | None = None
+    refusals: dict[str, float] | None = None
+
+    def to_dict(self, with_submissions: bool, with_compare: bool) -> dict[str, Any]:
+        d = asdict(self)
+        if not with_compare:
+            d.pop("ratio_vs_llama_cpp")
+        if not with_submissions:
+            for k in ("submissions_per_token", "submissions", "submissions_by_kind", "refusals"):
+                d.pop(k)
+        elif self.n_gen:
+            d.pop("submissions")
+        else:
+            d.pop("submissions_per_token")
+        return d
+
+
+def _stats(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, 0.0
+    # Sample standard deviation, as llama-bench reports it.
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def _row(facts: ModelFacts, runner: Runner, n_threads: int, test: BenchTest, samples: list[Sample],
+         submissions: bool) -> BenchRow:
+    n_tokens = test.n_prompt + test.n_gen
+    ns = [s.seconds * 1e9 for s in samples]
+    ts = [n_tokens / s.seconds for s in samples]
+    avg_ns, sd_ns = _stats(ns)
+    avg_ts, sd_ts = _stats(ts)
+    row = BenchRow(
+        facts.desc, facts.filename, facts.size_bytes, facts.n_params, runner.runner, runner.name,
+        n_threads, test.name, test.n_prompt, test.n_gen, avg_ns, sd_ns, avg_ts, sd_ts, ns, ts,
+    )
+    if submissions and runner.runner == "frink":
+        reps = len(samples)
+        kinds: Counter[str] = Counter()
+        refusals: Counter[str] = Counter()
+        for s in samples:
+            kinds.update(s.submissions)
+            refusals.update(s.refusals)
+        total = sum(kinds.values()) / reps
+        if test.n_gen:
+            row.submissions_per_token = total / test.n_gen
+        else:
+            row.submissions = total
+        row.submissions_by_kind = {k: v / reps for k, v in sorted(kinds.items())}
+        row.refusals = {k: v / reps for k, v in sorted(refusals.items())}
+    return row
+
+
+def run_bench(
+    model: Any,
+    *,
+    n_prompt: int = 512,
+    n_gen: int = 128,
+    repetitions: int = 3,
+    n_threads: int | None = None,
+    compare: str | None = None,
+    submissions: bool = False,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> list[BenchRow]:
+    """Measure `model` (a frink_cli.api.Model); rows in test order, frink's before llama.cpp's."""
+    if repetitions < 1:
+        raise FrinkError(f"invalid value for -r/--repetitions: {repetitions} (must be >= 1)")
+    if n_prompt < 0 or n_gen < 0:
+        raise FrinkError("invalid test size: -p/--n-prompt and -n/--n-gen must be >= 0")
+    if compare is not None and compare not in COMPARE_TARGETS:
+        raise FrinkError(f"invalid value for --compare: {compare!r} (choose from {', '.join(COMPARE_TARGETS)})")
+    tests = bench_tests(n_prompt, n_gen)
+    n_ctx = max(t.n_prompt + t.n_gen for t in tests)
+    if n_ctx > model.config.n_ctx_train:
+        raise FrinkError(f"test of {n_ctx} tokens exceeds the model's context of {model.config.n_ctx_train}")
+    n_threads = n_threads or os.cpu_count() or 1
+    say = progress or (lambda _msg: None)
+    facts = model_facts(model)
+    # Synthetic ids, as llama-bench uses: the speed of a step does not depend on which
+    # tokens it sees, and no tokenizer time enters the numbers.
+    ids = np.random.default_rng(seed).integers(0, model.config.n_vocab, n_ctx, dtype=np.int64)
+
+    runners: list[Runner] = [FrinkRunner(model)]
+    rows: list[BenchRow] = []
+    try:
+        # frink warms up before llama.cpp is loaded, so the peak memory it reports is its own.
+        for t in tests:
+            say(f"{t.name}: warm-up (frink)")
+            runners[0].run(t if t.n_prompt else BenchTest(t.name, 0, 1), ids)
+        frink_peak = peak_memory_mib()
+        if compare:
+            say("loading llama.cpp")
+            runners.append(LlamaCppRunner(Path(model.checkpoint.path), n_ctx, n_threads))
+            for t in tests:
+                say(f"{t.name}: warm-up (llama.cpp)")
+                runners[1].run(t if t.n_prompt else BenchTest(t.name, 0, 1), ids)
+        for t in tests:
+            samples: list[list[Sample]] = [[] for _ in runners]
+            for rep in range(repetitions):
+                # Alternating rep by rep keeps both runners under the same machine load.
+                for r, runner in enumerate(runners):
+                    s = runner.run(t, ids)
+                    samples[r].append(s)
+                    say(f"{t.name} rep {rep + 1}/{repetitions}: {runner.runner} "
+                        f"{(t.n_prompt + t.n_gen) / s.seconds:.1f} t/s")
+            test_rows = [_row(facts, runner, n_threads, t, samples[r], submissions)
+                         for r, runner in enumerate(runners)]
+            test_rows[0].peak_memory_mib = frink_peak
+            if compare:
+                test_rows[0].ratio_vs_llama_cpp = test_rows[0].avg_ts / test_rows[1].avg_ts
+            rows.extend(test_rows)
+    finally:
+        for runner in runners:
+            runner.close()
+    return rows
+
+
+# --- output --------------------------------------------------------------------------------
+
+
+def _size(n_bytes: int) -> str:
+    return f"{n_bytes / 2**30:.2f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.2f} MiB"
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
+
+
+def format_md(rows: list[BenchRow]) -> str:
+    """llama-bench's markdown table (plus the ratio to llama.cpp when compared)."""
+    compare = any(r.runner == "llama.cpp" for r in rows)
+    head = ["model", "size", "params", "backend", "test", "t/s"]
+    align = [":", "-:", "-:", ":", "-:", "-:"]
+    if compare:
+        head.append("vs llama.cpp")
+        align.append("-:")
+    lines = ["| " + " | ".join(head) + " |",
+             "| " + " | ".join(("-" * 5 + a) if a.startswith("-") else (a + "-" * 5) for a in align) + " |"]
+    for r in rows:
+        cells = [r.model, _size(r.model_size), _params(r.model_n_params), r.backend, r.test,
+                 f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}"]
+        if compare:
+            cells.append(f"{r.ratio_vs_llama_cpp:.2f}x" if r.ratio_vs_llama_cpp is not None else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    peaks = [r.peak_memory_mib for r in rows if r.peak_memory_mib is not None]
+    if peaks:
+        lines.append("")
+        lines.append(f"peak memory (frink): {max(peaks):.0f} MiB")
+    return "\n".join(lines) + "\n"
+
+
+def format_json(rows: list[BenchRow], submissions: bool) -> str:
+    compare = any(r.runner == "llama.cpp" for r in rows)
+    return json.dumps([r.to_dict(submissions, compare) for r in rows], indent=2) + "\n"
+
+
+def format_csv(rows: list[BenchRow], submissions: bool) -> str:
+    compare = any(r.runner == "llama.cpp" for r in rows)
+    dicts = [r.to_dict(submissions, compare) for r in rows]
+    fields: list[str] = []
+    for d in dicts:
+        fields.extend(k for k in d if k not in fields)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+    w.writeheader()
+    for d in dicts:
+        # Lists and dicts as JSON inside one cell, as llama-bench writes its samples.
+        w.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in d.items()})
+    return buf.getvalue()

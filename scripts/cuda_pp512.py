@@ -1,0 +1,109 @@
+"""pp512 on the GPU: the cuda backend's dense prefill stack against the host body.
+
+Why this exists: the cuda backend is only worth its refusals if it is faster where it
+runs. This times one 512-token prefill (the decoder's hidden states, embedding through the
+last layer; the LM head is the same host GEMM either way and is left out) on random
+weights of real model shapes, on the host body (NumPy, every CPU core) and on the stack
+(f32 and f16 GEMM operands), and prints tok/s, the speedup, the ledger's submissions per
+prefill and how far the stack's hidden states are from the host body's. Needs CuPy and a
+GPU; downloads nothing (weights are random, one layer's arrays shared by every layer).
+
+Usage: python scripts/cuda_pp512.py [--shapes smollm2-135m,llama-3.2-1b] [--n 512] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+_REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(_REPO))
+sys.path.insert(0, str(_REPO / "tests"))
+
+from synthetic_models import SHAPES, shape_config, synthetic_weights
+
+from frink_cli.backends.cupy import make_cuda_backend
+from frink_cli.decoder import Decoder
+
+# Vocab kept small: embedding and logits are outside the timed stack.
+TIMING_VOCAB = 4096
+
+
+def _time(fn, reps: int) -> float:
+    """Best of reps, in seconds (best: the machine's noise only ever adds)."""
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def run_shape(name: str, n: int, host_reps: int, dev_reps: int, dtypes: list[str], xp: str = "cupy") -> list[dict]:
+    cfg = shape_config(name, n_vocab=TIMING_VOCAB)
+    w = synthetic_weights(cfg, seed=0, share_layers=True)
+    ids = np.random.default_rng(0).integers(0, cfg.n_vocab, n)
+    rows = []
+
+    host = Decoder(cfg, w)
+    ref = host.hidden(ids, host.new_cache(n))  # also warms BLAS
+    host_s = _time(lambda: host.hidden(ids, host.new_cache(n)), host_reps)
+    rows.append({"shape": name, "backend": "numpy", "dtype": "float32", "tok_s": n / host_s, "seconds": host_s})
+    print(f"{name}: host body {n / host_s:,.0f} tok/s ({host_s * 1e3:.0f} ms)", flush=True)
+
+    scale = float(np.abs(ref).max())
+    for dtype in dtypes:
+        backend = make_cuda_backend(cfg, array_module=xp, weight_dtype=dtype)
+        dev = Decoder(cfg, w, backend)
+        out = dev.hidden(ids, dev.new_cache(n))  # compiles the kernels, fills the memory pool
+        backend.ledger.reset()
+        s = _time(lambda dev=dev: dev.hidden(ids, dev.new_cache(n)), dev_reps)
+        subs = sum(backend.ledger.submissions.values()) / dev_reps
+        d = float(np.abs(out.astype(np.float64) - ref).max())
+        rows.append({
+            "shape": name, "backend": "cuda", "dtype": dtype, "tok_s": n / s, "seconds": s,
+            "speedup": host_s / s, "submissions_per_prefill": subs,
+            "refusals": dict(backend.ledger.refusals), "failures": dict(backend.ledger.failures),
+            "max_abs_diff": d, "hidden_scale": scale,
+        })
+        print(f"{name}: cuda ({xp}) {dtype} {n / s:,.0f} tok/s ({s * 1e3:.1f} ms), x{host_s / s:.1f} the host body, "
+              f"{subs:g} submission(s)/prefill, max|d| hidden {d:.3g} (scale {scale:.3g})"
+              + (f", FAILURES {dict(backend.ledger.failures)}" if backend.ledger.failures else ""), flush=True)
+        # Free this backend's device weights before the next one uploads its own.
+        del dev, backend
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="smollm2-135m,llama-3.2-1b,llama-3.2-3b",
+                    help=f"comma-separated, from {', '.join(SHAPES)}")
+    ap.add_argument("--n", type=int, default=512, help="prompt tokens")
+    ap.add_argument("--host-reps", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--dtypes", default="float32,float16")
+    ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--array-module", default="cupy", help="numpy: a dry run of this script on the CPU")
+    args = ap.parse_args()
+    rows = []
+    for name in args.shapes.split(","):
+        rows += run_shape(name.strip(), args.n, args.host_reps, args.reps, args.dtypes.split(","), args.array_module)
+    print("\n| shape | backend | operands | pp tok/s | vs host | submissions/prefill | max abs diff (hidden) |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print(f"| {r['shape']} | {r['backend']} | {r['dtype']} | {r['tok_s']:,.0f} | "
+              f"{r.get('speedup', 1.0):.1f}x | {r.get('submissions_per_prefill', '-')} | "
+              f"{r.get('max_abs_diff', 0.0):.3g} |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    if any(r.get("failures") for r in rows):
+        sys.exit("the stack failed after admission (see FAILURES above)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The cuda backend's GPU checks in one command, for a machine with an NVIDIA GPU and CuPy
+# (e.g. `pip install -e '.[cuda13]'`, or the GPU machine's preinstalled cupy-cuda13x).
+# Installs and downloads nothing. Runs, in order (about 2-3 minutes on an H200):
+#   1. a preflight: CuPy imports, sees a GPU, and compiles kernels/*.cu with NVRTC;
+#   2. the gpu-marked tests: every kernel against its NumPy reference, and the whole
+#      dense prefill stack against the host body (logits within 1e-2 of their scale,
+#      identical argmax) on llama / qwen2 / qwen3-shaped random models;
+#   3. pp512 of the stack against the host body on random weights of real shapes
+#      (scripts/cuda_pp512.py; extra arguments go to it, e.g. --shapes smollm2-135m).
+# Results: stdout, plus $OUT/gpu_check.json when OUT is set (where the device tool
+# collects files). Exit status non-zero if any step fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+
+echo "== preflight"
+timeout 60 "$PY" - <<'PYEOF'
+import cupy, numpy as np
+from frink_cli.backends.cupy import cupy_kernel_ops
+n = cupy.cuda.runtime.getDeviceCount()
+props = cupy.cuda.runtime.getDeviceProperties(0)
+print(f"cupy {cupy.__version__}, numpy {np.__version__}, {n} GPU(s): {props['name'].decode()}, "
+      f"CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}")
+ops = cupy_kernel_ops()
+x = cupy.ones((4, 64), cupy.float32)
+y = ops.rms_norm(x, cupy.ones(64, cupy.float32), 1e-5)
+assert float(abs(y - 1).max()) < 1e-5, "rms_norm kernel gave a wrong answer"
+print("kernels compile and run")
+PYEOF
+
+echo "== gpu tests"
+timeout 100 "$PY" -m pytest -q -m gpu tests/test_cuda_gpu.py -p no:cacheprovider -rs -s
+
+echo "== pp512: dense prefill stack vs host body"
+json_out=()
+if [ -n "${OUT:-}" ]; then json_out=(--json "$OUT/gpu_check.json"); fi
+timeout 130 "$PY" scripts/cuda_pp512.py "${json_out[@]}" "$@"

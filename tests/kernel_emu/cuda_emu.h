@@ -1,0 +1,56 @@
+// Just enough of CUDA C++ to run frink's kernels on the CPU, for machines with no GPU.
+//
+// Why: the kernels' indexing, strides, reductions and online softmax are where a GPU
+// backend goes wrong, and CI has no GPU. Here each CUDA thread is a std::thread, one
+// block runs at a time with its threads truly concurrent, __syncthreads() is a barrier of
+// the block, and __shared__ arrays are function statics (shared by the block's threads,
+// reused by the next block, as on a GPU). A thread that skips a barrier its block-mates
+// reach hangs here as it would misbehave there. Warp shuffles are deliberately absent:
+// the kernels use none.
+#pragma once
+
+#include <barrier>
+#include <cmath>
+#include <math.h>
+#include <thread>
+#include <vector>
+
+struct dim3 {
+    unsigned x = 1, y = 1, z = 1;
+};
+
+inline thread_local dim3 threadIdx;
+inline thread_local dim3 blockIdx;
+inline dim3 blockDim;
+inline dim3 gridDim;
+inline std::barrier<>* emu_block_barrier = nullptr;
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__
+#define __shared__ static
+
+inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+
+template <typename... P, typename... A>
+void emu_launch(void (*kernel)(P...), unsigned grid, unsigned block, A... args) {
+    gridDim = dim3{grid, 1, 1};
+    blockDim = dim3{block, 1, 1};
+    for (unsigned b = 0; b < grid; ++b) {
+        std::barrier<> bar(block);
+        emu_block_barrier = &bar;
+        std::vector<std::thread> threads;
+        threads.reserve(block);
+        for (unsigned i = 0; i < block; ++i) {
+            threads.emplace_back([=] {
+                blockIdx = dim3{b, 1, 1};
+                threadIdx = dim3{i, 1, 1};
+                kernel(args...);
+            });
+        }
+        for (auto& t : threads) t.join();
+    }
+}

@@ -1,0 +1,34 @@
+// The kernels of kernels/*.cu compiled for the CPU emulator, one C entry point each
+// (emu_<kernel>(grid, block, kernel args...)) for ctypes. Built by tests/kernel_emu/emu.py.
+#include "cuda_emu.h"
+
+#include "attention.cu"
+#include "elementwise.cu"
+#include "rms_norm.cu"
+#include "rope.cu"
+
+#define EMU_ENTRY(name, params, args)                                        \
+    extern "C" void emu_##name(unsigned grid, unsigned block, EMU_UNPACK params) { \
+        emu_launch(name, grid, block, EMU_UNPACK args);                      \
+    }
+#define EMU_UNPACK(...) __VA_ARGS__
+
+EMU_ENTRY(rms_norm_f32,
+          (const float* x, float* y, const float* w, int n_rows, int dim, int group,
+           long long x_stride, long long y_stride, float eps),
+          (x, y, w, n_rows, dim, group, x_stride, y_stride, eps))
+EMU_ENTRY(rope_f32,
+          (float* x, const float* c, const float* s, int n_rows, int heads, int head_dim,
+           long long row_stride, int offset, int rope_dim, int neox),
+          (x, c, s, n_rows, heads, head_dim, row_stride, offset, rope_dim, neox))
+EMU_ENTRY(add_bias_f32, (float* y, const float* b, long long n_rows, int n_cols),
+          (y, b, n_rows, n_cols))
+EMU_ENTRY(add_f32, (float* x, const float* a, long long n), (x, a, n))
+EMU_ENTRY(swiglu_f32, (const float* gu, float* h, long long n_rows, int n_ff),
+          (gu, h, n_rows, n_ff))
+EMU_ENTRY(causal_gqa_attention_f32,
+          (const float* qkv, long long row_stride, int q_off, int k_off, int v_off,
+           const float* kp, const float* vp, int n_prefix, float* out, long long out_stride,
+           int n_rows, int n_head, int n_head_kv, int head_dim, int head_dim_v, float scale),
+          (qkv, row_stride, q_off, k_off, v_off, kp, vp, n_prefix, out, out_stride, n_rows,
+           n_head, n_head_kv, head_dim, head_dim_v, scale))

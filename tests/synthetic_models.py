@@ -1,0 +1,104 @@
+"""Random models built in memory: a ModelConfig and ModelWeights, no file, no converter.
+
+Why: the GPU checks run on a machine that can download nothing and has no llama.cpp, so
+they cannot make the tiny fixtures; and the refusal tests need configs with one feature
+switched on at a time. Shapes and decorations follow llama (adjacent-pair rope), qwen2
+(QKV biases, neox rope) and qwen3 (QK norm, neox rope, head_dim != n_embd / n_head).
+Correctness against third parties is the tiny fixtures' job; these models are only ever
+compared with the host body running the same weights.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from frink_cli.model.config import ModelConfig
+from frink_cli.model.weights import LayerWeights, Linear, ModelWeights
+
+KINDS = ("llama", "qwen2", "qwen3")
+
+# Real shapes for the pp512 timing (weights random, shared between layers: speed only).
+SHAPES: dict[str, dict[str, Any]] = {
+    "smollm2-135m": {"kind": "llama", "n_layer": 30, "n_embd": 576, "n_head": 9, "n_head_kv": 3, "head_dim": 64, "n_ff": 1536, "n_vocab": 49152, "rope_base": 100000.0},
+    "llama-3.2-1b": {"kind": "llama", "n_layer": 16, "n_embd": 2048, "n_head": 32, "n_head_kv": 8, "head_dim": 64, "n_ff": 8192, "n_vocab": 128256, "rope_base": 500000.0},
+    "llama-3.2-3b": {"kind": "llama", "n_layer": 28, "n_embd": 3072, "n_head": 24, "n_head_kv": 8, "head_dim": 128, "n_ff": 8192, "n_vocab": 128256, "rope_base": 500000.0},
+    "qwen3-0.6b": {"kind": "qwen3", "n_layer": 28, "n_embd": 1024, "n_head": 16, "n_head_kv": 8, "head_dim": 128, "n_ff": 3072, "n_vocab": 151936, "rope_base": 1000000.0},
+}
+
+
+def synthetic_config(
+    kind: str = "llama",
+    n_layer: int = 3,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    head_dim: int = 16,
+    n_ff: int = 96,
+    n_vocab: int = 128,
+    rope_base: float = 10000.0,
+    **overrides: Any,
+) -> ModelConfig:
+    if kind not in KINDS:
+        raise ValueError(f"kind {kind!r}: one of {KINDS}")
+    fields: dict[str, Any] = dict(  # noqa: C408 - keyword form, as ModelConfig(...) reads
+        arch=kind, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+        head_dim_k=head_dim, head_dim_v=head_dim, n_ff=n_ff, n_vocab=n_vocab, n_ctx_train=4096,
+        norm_eps=1e-6 if kind != "llama" else 1e-5,
+        rope_type="norm" if kind == "llama" else "neox", rope_dim=head_dim,
+        rope_base=rope_base, rope_scale=1.0, rope_base_swa=rope_base,
+        attn_scale=1.0 / math.sqrt(head_dim), sliding_window=None, swa_layers=(False,) * n_layer,
+        ffn_act="silu", qk_norm=kind == "qwen3", post_attn_norm=False, post_ffn_norm=False,
+        embd_scale=None, final_logit_softcap=None, attn_logit_softcap=None,
+        tied_embeddings=False, has_rope_freqs=False,
+    )
+    fields.update(overrides)
+    return ModelConfig(**fields)
+
+
+def synthetic_weights(
+    cfg: ModelConfig, seed: int = 0, qkv_bias: bool | None = None, share_layers: bool = False
+) -> ModelWeights:
+    """Weights drawn like the tiny fixtures' (std 0.1 matrices, norms around 1) so every
+    decoration moves the logits. share_layers: one layer's arrays for every layer (fast to
+    make at real sizes; for timing)."""
+    rng = np.random.default_rng(seed)
+    if qkv_bias is None:
+        qkv_bias = cfg.arch == "qwen2"
+    d, hk, hv = cfg.n_embd, cfg.head_dim_k, cfg.head_dim_v
+    n_qkv = cfg.n_head * hk + cfg.n_head_kv * (hk + hv)
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        # Scaled so activations stay O(1) at any width.
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(0.1 * math.sqrt(64 / cols))).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.2 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
+
+    def layer() -> LayerWeights:
+        return LayerWeights(
+            attn_norm=norm(d),
+            qkv=Linear(mat(n_qkv, d), (0.1 * rng.standard_normal(n_qkv, dtype=np.float32)) if qkv_bias else None),
+            q_norm=norm(hk) if cfg.qk_norm else None,
+            k_norm=norm(hk) if cfg.qk_norm else None,
+            wo=Linear(mat(d, cfg.n_head * hv), None),
+            post_attn_norm=norm(d) if cfg.post_attn_norm else None,
+            ffn_norm=norm(d),
+            gate_up=Linear(mat(2 * cfg.n_ff, d), None),
+            down=Linear(mat(d, cfg.n_ff), None),
+            post_ffn_norm=norm(d) if cfg.post_ffn_norm else None,
+        )
+
+    if share_layers:
+        one = layer()
+        layers = [one] * cfg.n_layer
+    else:
+        layers = [layer() for _ in range(cfg.n_layer)]
+    token_embd = rng.standard_normal((cfg.n_vocab, d), dtype=np.float32)
+    return ModelWeights(token_embd, norm(d), Linear(mat(cfg.n_vocab, d), None), None, layers)
+
+
+def shape_config(name: str, **overrides: Any) -> ModelConfig:
+    return synthetic_config(**{**SHAPES[name], **overrides})

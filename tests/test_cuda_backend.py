@@ -1,0 +1,539 @@
+"""The cuda backend without a GPU: its orchestration with NumPy standing in for CuPy, its
+kernels on the CPU emulator, every refusal, and what happens when a launch fails.
+
+Why each part:
+- The dense prefill stack (stack.py) is the same code on CI and on a GPU; only the ops
+  table and the array module differ. With the NumPy references it must give the host
+  body's logits (1e-4) over a prefill, a second prefill over a cached prefix and decode
+  steps, on tiny llama, qwen2 and qwen3 models (the host body itself is held to
+  llama.cpp and transformers by test_parity_tiny.py).
+- With the kernels themselves (kernels/*.cu compiled against tests/kernel_emu for the CPU)
+  each kernel must match its NumPy reference and the whole stack the host body, so grids,
+  strides and offsets are tested without a GPU.
+- Every refusal of eligibility.py is provoked by a config or cache that has the feature.
+- A launch that fails after admission leaves the caches untouched, is reported once, and
+  the host body gives the same answer.
+The GPU halves of these checks are tests/test_cuda_gpu.py (marked gpu).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cuda_emulator import EmulatedLauncher, build, compiler
+from frink_subprocess import frink
+from synthetic_models import synthetic_config, synthetic_weights
+
+import frink_cli
+from frink_cli.backends import LaunchFailed, Refusal, Run, layer_support, select_backend
+from frink_cli.backends.cupy import CudaBackend, eligibility, make_cuda_backend
+from frink_cli.backends.cupy.ops import KERNEL_FILES, KernelOps, ReferenceOps, kernel_source
+from frink_cli.cache import KvCache
+from frink_cli.decoder import Decoder
+from frink_cli.errors import FrinkError
+from frink_cli.graph.attention import attention
+from frink_cli.graph.ffn import silu
+from frink_cli.graph.norms import rms_norm
+from frink_cli.graph.rope import Rope
+from frink_cli.model.config import LayerShape, ModelConfig
+
+SELF_TOL = 1e-4
+DENSE_TINY = ("llama", "qwen2", "qwen3")
+N_DECODE = 4
+
+
+# --- fixtures ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def emulated_launcher(tmp_path_factory: pytest.TempPathFactory) -> EmulatedLauncher:
+    if compiler() is None:
+        pytest.skip("no g++ to build the CPU kernel emulator")
+    try:
+        lib = build(tmp_path_factory.mktemp("kernel_emu"))
+    except subprocess.CalledProcessError as e:
+        pytest.fail(f"building the emulated kernels failed:\n{e.stderr[-4000:]}", pytrace=False)
+    return EmulatedLauncher(lib)
+
+
+def _backend_models(path: Path, ops_factory: Callable[[], object] | None = None) -> tuple[frink_cli.Model, frink_cli.Model]:
+    """(host-only model, cuda-backend model) over the same file; the backend's ops from
+    ops_factory (default: the NumPy references)."""
+    host = frink_cli.load(path, backend="numpy")
+    dev = frink_cli.load(path, backend="numpy")
+    backend = make_cuda_backend(dev.config, array_module="numpy")
+    if ops_factory is not None:
+        backend.ops = ops_factory()
+    dev.decoder = Decoder(dev.config, dev.decoder.host.w, backend)
+    dev.backend_name = backend.name
+    return host, dev
+
+
+def _prefill_prefix_decode(model: frink_cli.Model, tokens: list[int], split: int) -> np.ndarray:
+    """Logits of: a prefill of tokens[:split], a second prefill of the next chunk over that
+    cached prefix, then N_DECODE single-token steps — every row of every step."""
+    dec = model.decoder
+    cache = dec.new_cache(len(tokens) + 8)
+    second = len(tokens) - N_DECODE
+    out = [dec.step(np.asarray(tokens[:split]), cache, all_logits=True)]
+    out.append(dec.step(np.asarray(tokens[split:second]), cache, all_logits=True))
+    for t in tokens[second:]:
+        out.append(dec.step(np.asarray([t]), cache))
+    return np.concatenate(out)
+
+
+def _assert_close(got: np.ndarray, want: np.ndarray, tol: float, what: str) -> None:
+    assert got.shape == want.shape, what
+    d = float(np.max(np.abs(got.astype(np.float64) - want)))
+    assert d <= tol, f"{what}: max |d| = {d:.3g} > {tol:g}"
+
+
+# --- the stack with NumPy standing in for CuPy -------------------------------------------------
+
+
+@pytest.mark.parametrize("name", DENSE_TINY)
+def test_numpy_stack_equals_host_body(name: str, tiny_model: Callable) -> None:
+    tm = tiny_model(name)
+    host, dev = _backend_models(tm.gguf)
+    assert eligibility.layer_refusals(dev.config) == [None] * dev.config.n_layer, (
+        f"{name}: the stack refuses layers of a plain dense model; a ModelConfig field it does "
+        f"not know is refused by name (classify it in backends/cupy/eligibility.py): "
+        f"{eligibility.layer_refusals(dev.config)}"
+    )
+    tokens = [int(t) for t in tm.ref["tokens"]]
+    want = _prefill_prefix_decode(host, tokens, split=17)
+    got = _prefill_prefix_decode(dev, tokens, split=17)
+    _assert_close(got, want, SELF_TOL, f"{name}: numpy stack vs host body")
+    ledger = dev.decoder.backend.ledger
+    n = dev.config.n_layer
+    # Two prefills, one submission each (the whole run of layers); decode rows refused.
+    assert ledger.submissions == {"prefill-stack": 2}
+    assert ledger.refusals == {eligibility.BATCH: N_DECODE * n}
+    assert not ledger.failures
+
+
+def test_api_load_with_backend_cuda_standing_in(tiny_model: Callable, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`load(path, backend="cuda")`, the path the CLI takes, with FRINK_CUDA_ARRAY_MODULE."""
+    monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
+    tm = tiny_model("qwen3")
+    m = frink_cli.load(tm.gguf, backend="cuda")
+    assert m.backend_name == "cuda"
+    tokens = [int(t) for t in tm.ref["tokens"]]
+    _assert_close(m.logits(tokens), tm.ref["logits_hf"], 2e-3, "cuda (numpy) vs transformers")
+    assert m.decoder.backend.ledger.submissions == {"prefill-stack": 1}
+
+
+def test_weights_f16_standing_in(tiny_model: Callable) -> None:
+    """The f16 GEMM path (FRINK_CUDA_DTYPE=float16) changes only rounding."""
+    tm = tiny_model("llama")
+    host = frink_cli.load(tm.gguf)
+    dev = frink_cli.load(tm.gguf)
+    backend = make_cuda_backend(dev.config, array_module="numpy", weight_dtype="float16")
+    dev.decoder = Decoder(dev.config, dev.decoder.host.w, backend)
+    tokens = [int(t) for t in tm.ref["tokens"]]
+    want, got = host.logits(tokens), dev.logits(tokens)
+    scale = float(np.abs(want).max())
+    _assert_close(got, want, 1e-2 * scale, "f16 weights vs host body")
+    assert backend.ledger.submissions == {"prefill-stack": 1}
+
+
+# --- kernels on the CPU emulator --------------------------------------------------------------
+
+
+def _rand(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape, dtype=np.float32)
+
+
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_emulated_kernels_match_references(emulated_launcher: EmulatedLauncher, neox: bool, qk_norm: bool) -> None:
+    rng = np.random.default_rng(7 + 2 * neox + qk_norm)
+    ref, emu = ReferenceOps(), KernelOps(np, emulated_launcher)
+    T, H, Hkv, hd, rope_dim = 6, 4, 2, 32, 24  # partial rope; 3 query heads... per KV head: 2
+    stride = (H + 2 * Hkv) * hd
+    qkv = _rand(rng, T, stride)
+
+    x = _rand(rng, T, 80)
+    w = _rand(rng, 80)
+    _assert_close(emu.rms_norm(x, w, 1e-5), ref.rms_norm(x, w, 1e-5), 1e-5, "rms_norm")
+
+    hw = _rand(rng, hd)
+    a, b = qkv.copy(), qkv.copy()
+    ref.rms_norm_heads(a, H * hd, Hkv, hd, hw, 1e-6)
+    emu.rms_norm_heads(b, H * hd, Hkv, hd, hw, 1e-6)
+    _assert_close(b, a, 1e-5, "rms_norm on K heads in place")
+
+    ang = rng.uniform(0, 50, (T, rope_dim // 2))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    a, b = qkv.copy(), qkv.copy()
+    ref.rope(a, 0, H, hd, cos, sin, rope_dim, neox)
+    emu.rope(b, 0, H, hd, cos, sin, rope_dim, neox)
+    _assert_close(b, a, 1e-5, "rope on Q heads in place")
+    np.testing.assert_array_equal(b[:, H * hd :], qkv[:, H * hd :])  # K, V untouched
+
+    # Prefix long enough for several 128-key chunks of the online softmax.
+    for P in (0, 300) if qk_norm else (0, 5):
+        kp, vp = _rand(rng, Hkv, P, hd), _rand(rng, Hkv, P, hd)
+        args = (qkv, 0, H * hd, (H + Hkv) * hd, kp, vp, H, Hkv, hd, hd, 0.17)
+        _assert_close(emu.attention(*args), ref.attention(*args), 1e-5, f"attention, prefix {P}")
+
+    # Head dims past one thread each (128 threads): the kernel's second accumulator.
+    wide = _rand(rng, 3, (2 + 2) * 192)
+    kp, vp = _rand(rng, 1, 130, 192), _rand(rng, 1, 130, 192)
+    args = (wide, 0, 2 * 192, 3 * 192, kp, vp, 2, 1, 192, 192, 0.07)
+    _assert_close(emu.attention(*args), ref.attention(*args), 1e-5, "attention, head dim 192")
+
+    gu = _rand(rng, T, 2 * 40)
+    _assert_close(emu.swiglu(gu, 40), ref.swiglu(gu, 40), 1e-5, "swiglu")
+    y, b_ = _rand(rng, T, 33), _rand(rng, 33)
+    a, b = y.copy(), y.copy()
+    ref.add_bias(a, b_)
+    emu.add_bias(b, b_)
+    _assert_close(b, a, 0, "add_bias")
+    a, b = y.copy(), y.copy()
+    ref.add(a, y)
+    emu.add(b, y)
+    _assert_close(b, a, 0, "add")
+
+
+@pytest.mark.parametrize("name", DENSE_TINY)
+def test_emulated_kernel_stack_equals_host_body(name: str, tiny_model: Callable, emulated_launcher: EmulatedLauncher) -> None:
+    tm = tiny_model(name)
+    host, dev = _backend_models(tm.gguf, lambda: KernelOps(np, emulated_launcher))
+    tokens = [int(t) for t in tm.ref["tokens"]][:24]
+    want = _prefill_prefix_decode(host, tokens, split=9)
+    got = _prefill_prefix_decode(dev, tokens, split=9)
+    _assert_close(got, want, SELF_TOL, f"{name}: emulated kernels vs host body")
+    assert dev.decoder.backend.ledger.submissions == {"prefill-stack": 2}
+    assert not dev.decoder.backend.ledger.failures
+
+
+# --- the references are the host body's math --------------------------------------------------
+
+
+def test_references_are_the_host_body_blocks() -> None:
+    """Each NumPy reference against the host body's own block on the same numbers."""
+    rng = np.random.default_rng(3)
+    ref = ReferenceOps()
+    x, w = _rand(rng, 7, 64), _rand(rng, 64)
+    np.testing.assert_allclose(ref.rms_norm(x, w, 1e-5), rms_norm(x, w, 1e-5), rtol=0, atol=1e-6)
+    g = _rand(rng, 7, 2 * 48)
+    np.testing.assert_allclose(ref.swiglu(g, 48), silu(g[:, :48]) * g[:, 48:], rtol=0, atol=1e-6)
+    for layout in ("norm", "neox"):
+        T, H, hd = 5, 3, 16
+        rope = Rope(12, 10000.0, 1.0, layout)
+        pos = np.arange(40, 40 + T)
+        q = _rand(rng, T, H * hd)
+        a = q.copy()
+        cos, sin = rope._tables(pos)
+        ref.rope(a, 0, H, hd, cos, sin, 12, layout == "neox")
+        np.testing.assert_allclose(a.reshape(T, H, hd), rope.apply(q.reshape(T, H, hd), pos), rtol=0, atol=1e-6)
+
+
+def test_reference_attention_is_the_host_attention_block() -> None:
+    """The attention reference over (prefix + new rows) equals graph/attention.py fed the
+    same Q/K/V through a cache slot."""
+    cfg = synthetic_config("qwen2", n_layer=1)
+    w = synthetic_weights(cfg, seed=11).layers[0]
+    rng = np.random.default_rng(5)
+    P, T = 6, 5
+    cache = KvCache(cfg, 32)
+    cache.slot(0).append(_rand(rng, P, 2, 16), _rand(rng, P, 2, 16))
+    cache.commit(P)
+    x = _rand(rng, T, cfg.n_embd)
+    pos = np.arange(P, P + T)
+    # Identity rope (position scale 0: every angle 0) so the reference sees what the block saw.
+    rope = Rope(cfg.rope_dim, 10000.0, 0.0, cfg.rope_type)
+    kp, vp = cache.k[0][:, :P].copy(), cache.v[0][:, :P].copy()
+    want = attention(x, w, cfg, cfg.layer_shape(0), rope, pos, cache.slot(0))
+    qkv = x @ w.qkv.w.T + w.qkv.b
+    H, Hkv, hd = cfg.n_head, cfg.n_head_kv, cfg.head_dim_k
+    att = ReferenceOps().attention(qkv, 0, H * hd, (H + Hkv) * hd, kp, vp, H, Hkv, hd, hd, cfg.attn_scale)
+    np.testing.assert_allclose(att @ w.wo.w.T, want, rtol=0, atol=1e-5)
+
+
+# --- kernels build with CUDA's own compiler -----------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
+@pytest.mark.parametrize("name", KERNEL_FILES)
+def test_kernel_sources_compile_with_nvcc(name: str, tmp_path: Path) -> None:
+    """The exact source RawModule hands NVRTC (common.cuh pasted in) compiles for Hopper."""
+    src = tmp_path / name
+    src.write_text(kernel_source(name))
+    proc = subprocess.run(
+        ["nvcc", "--ptx", "-arch=sm_90", "--std=c++14", str(src), "-o", str(tmp_path / "out.ptx")],
+        capture_output=True, text=True, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "warning" not in proc.stderr.lower(), proc.stderr[-3000:]
+
+
+# --- refusals ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _ShapedConfig(ModelConfig):
+    """A config whose layers are another kind (gdn mixer, MoE ffn), without that kind's weights."""
+
+    forced_mixer: str = "attention"
+    forced_ffn: str = "dense"
+
+    def layer_shape(self, layer: int) -> LayerShape:
+        s = super().layer_shape(layer)
+        return dataclasses.replace(s, mixer=self.forced_mixer, ffn=self.forced_ffn)
+
+
+@dataclasses.dataclass(frozen=True)
+class _PostNormEpsConfig(ModelConfig):
+    """A config with a decoration this version of ModelConfig does not have: a post-norm
+    eps of its own. The stack carries post norms at norm_eps only, so it must refuse."""
+
+    post_norm_eps: float | None = None
+
+
+def _base() -> ModelConfig:
+    return synthetic_config("llama", n_layer=2)
+
+
+def _config_cases() -> dict[str, tuple[ModelConfig, str]]:
+    base = _base()
+    fields = dataclasses.asdict(base)
+    cases = {
+        "activation": (dataclasses.replace(base, ffn_act="gelu_tanh"), eligibility.ACTIVATION),
+        "sliding_window": (dataclasses.replace(base, sliding_window=8, swa_layers=(True, True)), eligibility.WINDOW),
+        "attn_softcap": (dataclasses.replace(base, attn_logit_softcap=50.0), eligibility.SOFTCAP),
+        "kv_widths": (dataclasses.replace(base, head_dim_v=32), eligibility.KV_WIDTHS),
+        "head_dim": (dataclasses.replace(base, head_dim_k=512, head_dim_v=512, rope_dim=512), eligibility.HEAD_DIM),
+        "rope_dims": (dataclasses.replace(base, rope_dim=15), eligibility.ROPE_DIMS),
+        "rope_type": (dataclasses.replace(base, rope_type="mrope"), eligibility.ROPE_TYPE),
+        "gdn": (_ShapedConfig(**fields, forced_mixer="gdn"), "mixer gdn"),
+        "moe": (_ShapedConfig(**fields, forced_ffn="moe"), eligibility.MOE),
+        "other_ffn": (_ShapedConfig(**fields, forced_ffn="none"), "ffn none"),
+        "post_norm_eps": (_PostNormEpsConfig(**fields, post_norm_eps=1e-6), "post_norm_eps not carried"),
+    }
+    if "attn_output_gate" in fields:
+        cases["output_gate"] = (dataclasses.replace(base, attn_output_gate=True), eligibility.OUTPUT_GATE)
+    return cases
+
+
+@pytest.mark.parametrize("case", sorted(_config_cases()))
+def test_layer_refusals_are_named(case: str) -> None:
+    cfg, reason = _config_cases()[case]
+    assert eligibility.layer_refusals(cfg) == [reason] * cfg.n_layer
+    assert eligibility.layer_refusals(_base()) == [None, None]
+
+
+def test_post_norms_at_the_norm_eps_are_carried() -> None:
+    assert eligibility.layer_refusals(dataclasses.replace(_base(), post_attn_norm=True, post_ffn_norm=True)) == [None, None]
+
+
+def test_every_config_field_is_classified() -> None:
+    """The exhaustiveness rule itself: a field outside the lists is refused unless neutral."""
+    known = (eligibility.CARRIED | eligibility.OUTSIDE_THE_LAYERS | eligibility.OTHER_LAYER_KINDS
+             | eligibility.LOAD_TIME | eligibility.REFUSED_BY_NAME)
+    unknown = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in known]
+    cfg = _base()
+    for name in unknown:  # tolerated only while neutral
+        assert eligibility._neutral(getattr(cfg, name)), name
+
+
+def test_gemma3_is_refused_by_name(tiny_model: Callable) -> None:
+    for name in ("gemma3_text", "gemma3"):
+        cfg = frink_cli.load(tiny_model(name).gguf).config
+        assert eligibility.layer_refusals(cfg) == [eligibility.ACTIVATION] * cfg.n_layer
+        # Every reason, as `frink info --backend cuda` shows them: local layers add the window.
+        assert [eligibility.layer_reasons(cfg, i) for i in range(cfg.n_layer)] == [
+            [eligibility.ACTIVATION, eligibility.WINDOW] if w else [eligibility.ACTIVATION]
+            for w in cfg.swa_layers
+        ]
+
+
+def _bound_backend(cfg: ModelConfig | None = None) -> tuple[CudaBackend, KvCache]:
+    cfg = cfg or _base()
+    backend = make_cuda_backend(cfg, array_module="numpy")
+    backend.bind(synthetic_weights(cfg))
+    cache = KvCache(cfg, 64)
+    return backend, cache
+
+
+def test_step_refusals() -> None:
+    backend, cache = _bound_backend()
+    cache.check_room(8)
+    pos = np.arange(8)
+    assert backend.plan("prefill", 0, 8, cache, positions=pos) == Run(0, 2)
+    assert backend.plan("prefill", 1, 8, cache, positions=pos) == Run(1, 2)
+    assert backend.plan("prefill", 0, 3, cache, positions=pos[:3]) == Refusal(eligibility.BATCH)
+    assert backend.plan("decode", 0, 1, cache, positions=pos[:1]) == Refusal(eligibility.BATCH)
+    assert backend.plan("verify", 0, 8, cache, positions=pos) == Refusal(eligibility.NOT_PREFILL)
+    assert backend.plan("prefill", 0, 8, cache, positions=pos + 3) == Refusal(eligibility.POSITIONS)
+    assert backend.plan("prefill", 0, 8, cache, positions=pos[::-1].copy()) == Refusal(eligibility.POSITIONS)
+
+    class Evicting:  # a ring of 4 rows holding positions up to 20: rows are not positions
+        n_past = 20
+        k = [np.zeros((2, 4, 16), np.float32)] * 2
+        v = [np.zeros((2, 4, 16), np.float32)] * 2
+
+    assert backend.plan("prefill", 0, 8, Evicting(), positions=np.arange(20, 28)) == Refusal(eligibility.EVICTED)
+
+    class Paged:
+        n_past = 0
+
+    assert backend.plan("prefill", 0, 8, Paged(), positions=pos) == Refusal(eligibility.CACHE_TYPE)
+
+    unbound = make_cuda_backend(_base(), array_module="numpy")
+    assert unbound.plan("prefill", 0, 8, cache, positions=pos) == Refusal(eligibility.NOT_RESIDENT)
+
+
+def test_run_stops_at_a_refused_layer() -> None:
+    """A run is the longest stretch of eligible layers; a refused layer splits it."""
+    cfg = synthetic_config("llama", n_layer=5, sliding_window=8, swa_layers=(False, False, True, False, False))
+    backend, cache = _bound_backend(cfg)
+    cache.check_room(6)
+    pos = np.arange(6)
+    assert backend.plan("prefill", 0, 6, cache, positions=pos) == Run(0, 2)
+    assert backend.plan("prefill", 2, 6, cache, positions=pos) == Refusal(eligibility.WINDOW)
+    assert backend.plan("prefill", 3, 6, cache, positions=pos) == Run(3, 5)
+    # Through the decoder: two runs, one refusal, host-equal hidden states.
+    w = synthetic_weights(cfg, seed=4)
+    ids = np.arange(6) % cfg.n_vocab
+    want = Decoder(cfg, w).hidden(ids, KvCache(cfg, 16))
+    dec = Decoder(cfg, w, make_cuda_backend(cfg, array_module="numpy"))
+    got = dec.hidden(ids, KvCache(cfg, 16))
+    _assert_close(got, want, 1e-5, "split runs vs host")
+    assert dec.backend.ledger.submissions == {"prefill-stack": 2}
+    assert dec.backend.ledger.refusals == {eligibility.WINDOW: 1}
+
+
+# --- a launch that fails after admission ----------------------------------------------------------
+
+
+class _FailingOps(ReferenceOps):
+    """The references, except attention fails on its second call (the run's second layer)."""
+
+    def __init__(self, message: str = "simulated launch failure") -> None:
+        self.calls = 0
+        self.message = message
+
+    def attention(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        if self.calls % 2 == 0:
+            raise RuntimeError(self.message)
+        return super().attention(*args, **kwargs)
+
+
+def test_failure_after_admission_leaves_caches_untouched(caplog: pytest.LogCaptureFixture) -> None:
+    cfg = synthetic_config("qwen3", n_layer=3)
+    w = synthetic_weights(cfg, seed=9)
+    backend = CudaBackend(cfg, _FailingOps())
+    backend.bind(w)
+    cache = KvCache(cfg, 32)
+    cache.check_room(8)
+    before_k = [k.copy() for k in cache.k]
+    before_v = [v.copy() for v in cache.v]
+    x = synthetic_weights(cfg, seed=1).token_embd[:8].copy()
+    x_before = x.copy()
+    plan = backend.plan("prefill", 0, 8, cache, positions=np.arange(8))
+    assert plan == Run(0, 3)
+    with pytest.raises(LaunchFailed, match="simulated launch failure"):
+        backend.run(plan, x, np.arange(8), cache)
+    for a, b in zip(cache.k + cache.v, before_k + before_v):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(x, x_before)
+    assert cache.n_past == 0
+    assert not backend.ledger.submissions
+
+    # Through the decoder: the host body runs the layers, the answer is the host's, the
+    # failure is counted at every step but logged once.
+    ids = np.arange(8) % cfg.n_vocab
+    host = Decoder(cfg, w)
+    want_cache = KvCache(cfg, 32)
+    want = [host.step(ids, want_cache, all_logits=True), host.step(ids, want_cache, all_logits=True)]
+    dec = Decoder(cfg, w, CudaBackend(cfg, _FailingOps()))
+    got_cache = KvCache(cfg, 32)
+    with caplog.at_level(logging.WARNING, logger="frink"):
+        got = [dec.step(ids, got_cache, all_logits=True), dec.step(ids, got_cache, all_logits=True)]
+    for g, h in zip(got, want):
+        _assert_close(g, h, 0, "host fallback after a failed launch")
+    for a, b in zip(got_cache.k + got_cache.v, want_cache.k + want_cache.v):
+        np.testing.assert_array_equal(a[:, :16], b[:, :16])
+    ledger = dec.backend.ledger
+    assert len(ledger.failures) == 1 and sum(ledger.failures.values()) == 2
+    assert "simulated launch failure" in next(iter(ledger.failures))
+    assert not ledger.submissions
+    warnings = [r for r in caplog.records if "simulated launch failure" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_failed_weight_upload_leaves_layers_on_the_host() -> None:
+    class NoMemory(ReferenceOps):
+        def to_device(self, a, dtype=np.float32):  # type: ignore[no-untyped-def]
+            raise MemoryError("out of device memory")
+
+    cfg = _base()
+    backend = CudaBackend(cfg, NoMemory())
+    backend.bind(synthetic_weights(cfg))
+    cache = KvCache(cfg, 16)
+    assert backend.plan("prefill", 0, 8, cache) == Refusal(eligibility.NOT_RESIDENT)
+    assert list(backend.ledger.failures) == ["weight upload: MemoryError: out of device memory"]
+
+
+# --- choosing the backend, info, the CLI --------------------------------------------------------
+
+
+def _cupy_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("cupy") is not None
+
+
+@pytest.mark.skipif(_cupy_importable(), reason="CuPy is installed here")
+def test_cuda_without_cupy_is_a_clear_error() -> None:
+    with pytest.raises(FrinkError, match=r"backend 'cuda' is not available: CuPy is not installed \(pip install"):
+        select_backend("cuda", _base())
+    assert select_backend("auto", _base()) is None  # auto stays on the host body
+    with pytest.raises(FrinkError, match="FRINK_CUDA_ARRAY_MODULE"):
+        make_cuda_backend(_base(), array_module="torch")
+
+
+def test_layer_support_needs_no_device() -> None:
+    assert layer_support("cuda", dataclasses.replace(_base(), ffn_act="gelu_tanh")) == [eligibility.ACTIVATION] * 2
+    assert layer_support("numpy", _base()) == [None, None]
+
+
+def test_info_says_which_layers_cuda_takes(tiny_model: Callable) -> None:
+    import json
+
+    r = frink("info", tiny_model("qwen3").gguf, "--backend", "cuda", "--json")
+    assert r.returncode == 0, r.describe()
+    data = json.loads(r.stdout)
+    assert data["backend"]["name"] == "cuda"
+    assert [row["backend"] for row in data["layers"]] == ["cuda"] * 3
+
+    r = frink("info", tiny_model("gemma3_text").gguf, "--backend", "cuda")
+    assert r.returncode == 0, r.describe()
+    assert "cuda takes 0 of 7 layers" in r.stdout
+    assert f"host ({eligibility.ACTIVATION}, {eligibility.WINDOW})" in r.stdout
+
+
+def test_run_with_backend_cuda_standing_in(smollm2_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`frink run --backend cuda` end to end (NumPy standing in for CuPy): the same greedy
+    tokens as the host body, and the backend named in the JSON."""
+    import json
+
+    args = ("run", smollm2_path, "-p", "The capital of France is", "--raw", "--temp", "0", "-n", "6", "--json")
+    host = frink(*args, "--backend", "numpy")
+    assert host.returncode == 0, host.describe()
+    monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
+    r = frink(*args, "--backend", "cuda")
+    assert r.returncode == 0, r.describe()
+    dev = json.loads(r.stdout)
+    assert dev["backend"] == "cuda"
+    assert dev["token_ids"] == json.loads(host.stdout)["token_ids"]

@@ -1,0 +1,137 @@
+"""The cuda backend on a real GPU: each kernel against its NumPy reference, and the whole
+dense prefill stack against the host body. Marked `gpu`; skipped without CuPy and a GPU.
+
+Why these and not the tiny fixtures: the GPU machine can download nothing and has no
+llama.cpp to make fixtures, so models are random and built in memory
+(tests/synthetic_models.py). The host body they are compared with is itself held to
+llama.cpp and transformers by test_parity_tiny.py, and the same stack code is held to the
+host body on CI with NumPy standing in (test_cuda_backend.py). Run all of it, plus a pp512
+timing, with scripts/gpu_check.sh.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from synthetic_models import synthetic_config, synthetic_weights
+
+from frink_cli.backends.cupy import CudaBackend, cuda_available, cupy_kernel_ops, eligibility
+from frink_cli.backends.cupy.ops import ReferenceOps
+from frink_cli.decoder import Decoder
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not cuda_available(), reason="needs CuPy and an NVIDIA GPU"),
+]
+
+N_DECODE = 4
+
+
+@pytest.fixture(scope="module")
+def gpu_ops():
+    return cupy_kernel_ops()
+
+
+def _close(got, want: np.ndarray, what: str, rel: float = 1e-4) -> None:
+    got = np.asarray(got)
+    scale = max(1.0, float(np.abs(want).max()))
+    d = float(np.abs(got.astype(np.float64) - want).max())
+    assert d <= rel * scale, f"{what}: max |d| = {d:.3g} > {rel:g} x {scale:.3g}"
+
+
+SHAPES = {
+    # (T, H, Hkv, head_dim, rope_dim, prefixes)
+    "small": (6, 4, 2, 32, 24, (0, 300)),
+    "smollm2": (512, 9, 3, 64, 64, (0, 100)),
+    "qwen3": (70, 16, 8, 128, 128, (0, 1000)),
+    "wide_heads": (5, 2, 1, 256, 256, (0, 129)),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("neox", [False, True])
+def test_kernels_match_references(gpu_ops, shape: str, neox: bool) -> None:
+    cp = gpu_ops.xp
+    T, H, Hkv, hd, rope_dim, prefixes = SHAPES[shape]
+    rng = np.random.default_rng(len(shape) + neox)
+    ref = ReferenceOps()
+
+    def r(*s: int) -> np.ndarray:
+        return rng.standard_normal(s, dtype=np.float32)
+
+    def dev(a: np.ndarray):
+        return cp.asarray(a)
+
+    stride = (H + 2 * Hkv) * hd
+    qkv = r(T, stride)
+    x, w = r(T, 576), r(576)
+    _close(cp.asnumpy(gpu_ops.rms_norm(dev(x), dev(w), 1e-5)), ref.rms_norm(x, w, 1e-5), "rms_norm")
+
+    hw = r(hd)
+    a, b = qkv.copy(), dev(qkv)
+    ref.rms_norm_heads(a, 0, H, hd, hw, 1e-6)
+    gpu_ops.rms_norm_heads(b, 0, H, hd, dev(hw), 1e-6)
+    _close(cp.asnumpy(b), a, "rms_norm on Q heads in place")
+
+    ang = rng.uniform(0, 500, (T, rope_dim // 2))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    a, b = qkv.copy(), dev(qkv)
+    ref.rope(a, H * hd, Hkv, hd, cos, sin, rope_dim, neox)
+    gpu_ops.rope(b, H * hd, Hkv, hd, dev(cos), dev(sin), rope_dim, neox)
+    _close(cp.asnumpy(b), a, "rope on K heads in place")
+
+    for P in prefixes:
+        kp, vp = r(Hkv, P, hd), r(Hkv, P, hd)
+        scale = 1.0 / np.sqrt(hd)
+        want = ref.attention(qkv, 0, H * hd, (H + Hkv) * hd, kp, vp, H, Hkv, hd, hd, scale)
+        got = gpu_ops.attention(dev(qkv), 0, H * hd, (H + Hkv) * hd, dev(kp), dev(vp), H, Hkv, hd, hd, scale)
+        _close(cp.asnumpy(got), want, f"attention, prefix {P}")
+
+    gu = r(T, 2 * 1536)
+    _close(cp.asnumpy(gpu_ops.swiglu(dev(gu), 1536)), ref.swiglu(gu, 1536), "swiglu")
+    y, bias = r(T, stride), r(stride)
+    a, b = y + bias, dev(y)
+    gpu_ops.add_bias(b, dev(bias))
+    _close(cp.asnumpy(b), a, "add_bias")
+    a, b = y + y, dev(y)
+    gpu_ops.add(b, dev(y))
+    _close(cp.asnumpy(b), a, "add")
+
+
+MODELS = {
+    "llama": {"kind": "llama", "n_layer": 4, "n_embd": 256, "n_head": 8, "n_head_kv": 2, "head_dim": 32, "n_ff": 512, "n_vocab": 1000},
+    "qwen2": {"kind": "qwen2", "n_layer": 3, "n_embd": 256, "n_head": 8, "n_head_kv": 4, "head_dim": 32, "n_ff": 512, "n_vocab": 1000},
+    "qwen3": {"kind": "qwen3", "n_layer": 3, "n_embd": 256, "n_head": 8, "n_head_kv": 2, "head_dim": 64, "n_ff": 512, "n_vocab": 1000},
+    "smollm2_partial_rope": {"kind": "llama", "n_layer": 2, "n_embd": 576, "n_head": 9, "n_head_kv": 3, "head_dim": 64, "n_ff": 1536, "n_vocab": 1000, "rope_dim": 32},
+}
+
+
+def _logits(dec: Decoder, tokens: np.ndarray, split: int) -> np.ndarray:
+    cache = dec.new_cache(len(tokens) + 8)
+    second = len(tokens) - N_DECODE
+    out = [dec.step(tokens[:split], cache, all_logits=True), dec.step(tokens[split:second], cache, all_logits=True)]
+    out += [dec.step(tokens[i : i + 1], cache) for i in range(second, len(tokens))]
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_stack_matches_host_body(gpu_ops, model: str, dtype: str) -> None:
+    """Prefill, a second prefill over the cached prefix, decode steps: logits within 1e-2
+    of their scale and (f32 operands) the same argmax at every row."""
+    cfg = synthetic_config(**MODELS[model])
+    w = synthetic_weights(cfg, seed=21)
+    tokens = np.random.default_rng(2).integers(0, cfg.n_vocab, 160)
+    want = _logits(Decoder(cfg, w), tokens, split=100)
+    backend = CudaBackend(cfg, gpu_ops, dtype)
+    got = _logits(Decoder(cfg, w, backend), tokens, split=100)
+    scale = float(np.abs(want).max())
+    d = float(np.abs(got.astype(np.float64) - want).max())
+    print(f"{model} {dtype}: max|d| = {d:.3g}, scale {scale:.3g}")
+    assert not backend.ledger.failures, dict(backend.ledger.failures)
+    assert backend.ledger.submissions == {"prefill-stack": 2}
+    assert backend.ledger.refusals == {eligibility.BATCH: N_DECODE * cfg.n_layer}
+    assert d <= 1e-2 * scale, f"{model} {dtype}: max |d| = {d:.3g} > 1e-2 x {scale:.3g}"
+    if dtype == "float32":
+        bad = np.nonzero(got.argmax(-1) != want.argmax(-1))[0]
+        assert bad.size == 0, f"{model}: argmax differs at rows {bad.tolist()}"

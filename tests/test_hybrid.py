@@ -1,0 +1,335 @@
+"""Hybrid recurrent models (Qwen3.5 `qwen35`, Qwen3-Next `qwen3next`) beyond plain parity.
+
+Why: test_parity_tiny.py already holds frink's logits against transformers and llama.cpp
+on the tiny hybrids (every position, batched and step by step, GGUF and HF dir). What it
+cannot see on its own:
+  - the decode path after a batched prefill, where recurrent state is handed from the
+    chunked prefill to the one-token step: checked against llama.cpp's own greedy decode;
+  - the gated delta net's state itself (conv tail and delta-rule matrix), checked against a
+    per-token loop written here straight from the formulas, in float64;
+  - the chunked prefill form against the per-token form, at chunk boundaries;
+  - that the fixtures can tell a wrong value-head -> key-head mapping (4 value heads on 2
+    key heads), and that the HF reader's tensor transforms (value-head reorder, -exp(A_log),
+    +1 norms, qkvz split, expert stacking) give exactly the converter's tensors;
+  - that a cache holding recurrent state refuses truncation, and that a failed step
+    leaves that state untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from frink_subprocess import frink
+
+import frink_cli
+from frink_cli.cache import KvCache
+from frink_cli.decoder import Decoder
+from frink_cli.errors import FrinkError
+from frink_cli.formats import open_checkpoint
+from frink_cli.graph import gdn as gdn_mod
+from frink_cli.model import config_from_checkpoint
+
+HYBRIDS = ("qwen35", "qwen35_vl", "qwen3next")
+REF_TOL = 2e-3
+
+
+def _load(tiny_model: Callable, name: str, source: str = "gguf") -> frink_cli.api.Model:
+    tm = tiny_model(name)
+    path = tm.gguf if source == "gguf" else tm.hf_dir
+    if path is None:
+        pytest.skip(f"{name}: no GGUF")
+    return frink_cli.load(path)
+
+
+# --- decode after prefill, against llama.cpp --------------------------------------------------
+
+
+@pytest.mark.parametrize("name", HYBRIDS)
+def test_decode_after_prefill_matches_llamacpp_greedy(name: str, tiny_model: Callable) -> None:
+    """Prompt as one batch, then one token at a time: each step's logits against
+    llama.cpp's decode steps, and frink's greedy tokens equal llama.cpp's."""
+    ref = tiny_model(name).ref
+    prompt = [int(t) for t in ref["greedy_prompt"]]
+    want_tokens = ref["greedy_llamacpp"].tolist()
+    want = ref["greedy_logits_llamacpp"]
+    m = _load(tiny_model, name)
+    dec = m.decoder
+    cache = dec.new_cache(len(prompt) + len(want_tokens))
+    got = [dec.step(np.asarray(prompt), cache)[-1]]
+    for t in want_tokens[:-1]:
+        got.append(dec.step(np.asarray([t]), cache)[-1])
+    diff = float(np.max(np.abs(np.stack(got) - want)))
+    assert diff <= REF_TOL, f"{name}: decode logits differ from llama.cpp by {diff:.3g}"
+    generated = list(m.generate_ids(prompt, max_tokens=len(want_tokens), temperature=0.0))
+    assert generated == want_tokens
+
+
+# --- the gated delta net against its formulas --------------------------------------------------
+
+
+def _formula_gdn(x: np.ndarray, w, cfg) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One token at a time, straight from the definitions, in float64. Returns the block's
+    outputs [T, n_embd], the final conv tail [K-1, conv_dim] and delta state [n_v, dk, dv]."""
+    f = np.float64
+    n_k, n_v, dk, dv = cfg.ssm_n_k_heads, cfg.ssm_n_v_heads, cfg.ssm_head_dim_k, cfg.ssm_head_dim_v
+    K, C, eps = cfg.ssm_conv_kernel, cfg.ssm_conv_dim, cfg.norm_eps
+    w_in, taps, w_out = w.in_proj.w.astype(f), w.conv.astype(f), w.out.w.astype(f)
+    # Which key head value head h reads, by the architecture's convention.
+    if cfg.ssm_v_head_order == "tiled":
+        key_head = [h % n_k for h in range(n_v)]
+    else:
+        key_head = [h // (n_v // n_k) for h in range(n_v)]
+
+    def sigmoid(u):
+        return 1.0 / (1.0 + np.exp(-u))
+
+    history = np.zeros((K - 1, C))  # the conv's previous inputs, oldest first
+    S = np.zeros((n_v, dk, dv))
+    outs = []
+    for t in range(x.shape[0]):
+        p = w_in @ x[t].astype(f)
+        mixed, z = p[:C], p[C : C + n_v * dv].reshape(n_v, dv)
+        b, a = p[C + n_v * dv : C + n_v * dv + n_v], p[C + n_v * dv + n_v :]
+        window = np.vstack([history, mixed])  # K rows: t-K+1 .. t
+        conv = np.array([taps[c] @ window[:, c] for c in range(C)])
+        history = window[1:]
+        h = conv * sigmoid(conv)
+        q = h[: n_k * dk].reshape(n_k, dk)
+        k = h[n_k * dk : 2 * n_k * dk].reshape(n_k, dk)
+        v = h[2 * n_k * dk :].reshape(n_v, dv)
+        q = q / np.sqrt((q * q).sum(-1, keepdims=True) + eps) / np.sqrt(dk)
+        k = k / np.sqrt((k * k).sum(-1, keepdims=True) + eps)
+        beta = sigmoid(b)
+        g = w.a.astype(f) * np.log1p(np.exp(a + w.dt_bias.astype(f)))
+        o = np.zeros((n_v, dv))
+        for hd in range(n_v):
+            kh, qh = k[key_head[hd]], q[key_head[hd]]
+            S[hd] = np.exp(g[hd]) * S[hd]
+            S[hd] = S[hd] + np.outer(kh, beta[hd] * (v[hd] - S[hd].T @ kh))
+            o[hd] = S[hd].T @ qh
+        o = o / np.sqrt((o * o).mean(-1, keepdims=True) + eps) * w.norm.astype(f) * (z * sigmoid(z))
+        outs.append(w_out @ o.reshape(-1))
+    return np.stack(outs), history, S
+
+
+@pytest.mark.parametrize("name", ["qwen35", "qwen3next"])
+def test_gdn_block_and_state_match_per_token_formulas(name: str, tiny_model: Callable) -> None:
+    """A prefill past one chunk, a second prefill, then decode rows, through the cache's
+    real slot: outputs, conv tail and delta state all as the per-token formulas say."""
+    m = _load(tiny_model, name)
+    cfg, weights = m.config, m.decoder.host.w
+    layer = next(i for i in range(cfg.n_layer) if cfg.is_recurrent(i))
+    w = weights.layers[layer].gdn
+    rng = np.random.default_rng(0)
+    splits = [gdn_mod.CHUNK + 7, 9, 1, 1]
+    x = rng.standard_normal((sum(splits), cfg.n_embd)).astype(np.float32)
+
+    cache = KvCache(cfg, len(x))
+    got = []
+    start = 0
+    for n in splits:
+        got.append(gdn_mod.gdn(x[start : start + n], w, cfg, cache.slot(layer)))
+        cache.commit(n)
+        start += n
+    want, want_tail, want_state = _formula_gdn(x, w, cfg)
+    tail, state = cache.slot(layer).recurrent_state()
+
+    scale = np.abs(want).max()
+    assert np.abs(np.concatenate(got) - want).max() <= 1e-4 * scale
+    assert np.abs(tail - want_tail).max() <= 1e-5 * np.abs(want_tail).max()
+    assert np.abs(state - want_state).max() <= 1e-4 * np.abs(want_state).max()
+    assert np.abs(want_state).max() > 0.1  # the state is not trivially small
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 16, 64])
+def test_chunked_delta_rule_equals_per_token_steps(chunk: int) -> None:
+    rng = np.random.default_rng(chunk)
+    T, H, dk, dv = 37, 3, 8, 6
+
+    def unit(shape):
+        u = rng.standard_normal(shape).astype(np.float32)
+        return u / np.linalg.norm(u, axis=-1, keepdims=True)
+
+    q, k = unit((T, H, dk)), unit((T, H, dk))
+    v = rng.standard_normal((T, H, dv)).astype(np.float32)
+    # Decays from ~1 (long memory) to e^-8 (forgets at once), one per head.
+    g = -np.array([0.01, 0.5, 8.0], np.float32) * rng.uniform(0.5, 1.5, (T, H)).astype(np.float32)
+    beta = rng.uniform(0.05, 0.95, (T, H)).astype(np.float32)
+    s0 = rng.standard_normal((H, dk, dv)).astype(np.float32)
+    o1, s1 = gdn_mod.delta_rule_steps(q, k, v, g, beta, s0)
+    o2, s2 = gdn_mod.delta_rule_chunked(q, k, v, g, beta, s0.copy(), chunk=chunk)
+    assert np.abs(o1 - o2).max() <= 1e-5 * np.abs(o1).max()
+    assert np.abs(s1 - s2).max() <= 1e-5 * np.abs(s1).max()
+    assert s2.dtype == np.float32 and o2.dtype == np.float32
+
+
+# --- value heads and the HF reader's transforms ---------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["qwen35", "qwen3next"])
+def test_wrong_value_head_order_breaks_parity(name: str, tiny_model: Callable) -> None:
+    """The fixtures have 4 value heads on 2 key heads, so the two conventions differ: with
+    the other order the logits move far from llama.cpp's (and with the right one they match,
+    as test_parity_tiny shows)."""
+    tm = tiny_model(name)
+    m = _load(tiny_model, name)
+    other = "grouped" if m.config.ssm_v_head_order == "tiled" else "tiled"
+    wrong = Decoder(dataclasses.replace(m.config, ssm_v_head_order=other), m.decoder.host.w)
+    tokens = tm.ref["tokens"]
+    logits = wrong.step(np.asarray(tokens), wrong.new_cache(len(tokens)), all_logits=True)
+    assert np.abs(logits - tm.ref["logits_llamacpp"]).max() > 50 * REF_TOL
+
+
+def test_value_head_order_follows_the_architecture(tiny_model: Callable) -> None:
+    assert _load(tiny_model, "qwen35").config.ssm_v_head_order == "tiled"
+    assert _load(tiny_model, "qwen3next").config.ssm_v_head_order == "grouped"
+    assert gdn_mod.key_head_of_value_head(_load(tiny_model, "qwen35").config).tolist() == [0, 1, 0, 1]
+    assert gdn_mod.key_head_of_value_head(_load(tiny_model, "qwen3next").config).tolist() == [0, 0, 1, 1]
+
+
+@pytest.mark.parametrize("name", HYBRIDS)
+def test_hf_dir_tensors_equal_the_converters(name: str, tiny_model: Callable) -> None:
+    """Every canonical tensor read from the HF directory is the one llama.cpp's converter
+    wrote into the GGUF: same names, shapes and values."""
+    tm = tiny_model(name)
+    if tm.gguf is None:
+        pytest.skip(f"{name}: no GGUF")
+    hf, gg = open_checkpoint(tm.hf_dir), open_checkpoint(tm.gguf)
+    assert sorted(hf.tensors.names()) == sorted(gg.tensors.names())
+    for n in gg.tensors.names():
+        a, b = hf.tensors.load(n), gg.tensors.load(n)
+        assert a.shape == b.shape, n
+        assert np.array_equal(a, b) or np.abs(a - b).max() <= 1e-6 * max(1.0, np.abs(b).max()), n
+
+
+@pytest.mark.parametrize("name", HYBRIDS)
+def test_hf_dir_metadata_matches_the_converters(name: str, tiny_model: Callable) -> None:
+    tm = tiny_model(name)
+    hf, gg = open_checkpoint(tm.hf_dir).metadata, open_checkpoint(tm.gguf).metadata
+    arch = gg["general.architecture"]
+    assert hf["general.architecture"] == arch
+    for key, value in gg.items():
+        if not key.startswith(f"{arch}.") or key.endswith(".full_attention_interval"):
+            continue  # the converter writes the default interval even when layer_types differ
+        have = hf.get(key)
+        assert have is not None, f"{key} missing from the HF dir's metadata"
+        if isinstance(value, float):
+            assert have == pytest.approx(value), key
+        else:
+            assert list(np.atleast_1d(have)) == list(np.atleast_1d(value)), key
+
+
+def test_hf_norm_topk_prob_false_is_carried(tiny_model: Callable, tmp_path: Path) -> None:
+    """transformers renormalizes the top-k router weights only with norm_topk_prob."""
+    src = tiny_model("qwen3next").hf_dir
+    dst = tmp_path / "hf"
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["norm_topk_prob"] = False
+    (dst / "config.json").write_text(json.dumps(cfg))
+    assert config_from_checkpoint(open_checkpoint(src)).moe_norm_topk is True
+    assert config_from_checkpoint(open_checkpoint(dst)).moe_norm_topk is False
+
+
+def test_hf_qwen3_5_ignores_the_vision_tower_with_a_note(tiny_model: Callable) -> None:
+    ckpt = open_checkpoint(tiny_model("qwen35_vl").hf_dir)
+    assert any("vision" in n for n in ckpt.notes), ckpt.notes
+    assert not any("visual" in n for n in ckpt.tensors.names())
+
+
+def test_imrope_sections_that_need_a_fourth_position_are_refused(tiny_model: Callable) -> None:
+    ckpt = open_checkpoint(tiny_model("qwen35").gguf)
+    # 3 sectors, repeating: pair 2 falls in sector 2, which has no (width) section.
+    ckpt.metadata["qwen35.rope.dimension_sections"] = [1, 1, 0, 1]
+    with pytest.raises(FrinkError, match="dimension_sections"):
+        config_from_checkpoint(ckpt)
+
+
+# --- the cache ------------------------------------------------------------------------------------
+
+
+def test_truncating_a_recurrent_cache_is_refused(tiny_model: Callable) -> None:
+    m = _load(tiny_model, "qwen35")
+    tokens = tiny_model("qwen35").ref["tokens"][:12]
+    cache = m.decoder.new_cache(32)
+    first = m.decoder.step(np.asarray(tokens), cache)
+    assert cache.has_recurrent_state
+    with pytest.raises(FrinkError, match="cannot be rolled back"):
+        cache.truncate(len(tokens) - 1)
+    assert cache.n_past == len(tokens)  # refused before anything changed
+    cache.truncate(len(tokens))  # to where it is: nothing to roll back
+    cache.truncate(0)  # back to the start: the state is zero again, as in a new context
+    assert all(not s.any() for s in cache.delta_state if s is not None)
+    np.testing.assert_array_equal(m.decoder.step(np.asarray(tokens), cache), first)
+
+
+def test_dense_cache_still_truncates(tiny_model: Callable) -> None:
+    m = _load(tiny_model, "llama")
+    cache = m.decoder.new_cache(16)
+    m.decoder.step(np.arange(6), cache)
+    assert not cache.has_recurrent_state
+    cache.truncate(3)
+    assert cache.n_past == 3
+
+
+def test_a_failed_step_leaves_the_recurrent_state_untouched(
+    tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New state is staged and only committed with the step: a step that dies after some
+    GDN layers ran must not leave them advanced."""
+    m = _load(tiny_model, "qwen35")
+    tokens = [int(t) for t in tiny_model("qwen35").ref["tokens"][:10]]
+    clean = m.decoder.new_cache(32)
+    m.decoder.step(np.asarray(tokens[:8]), clean)
+    want = m.decoder.step(np.asarray(tokens[8:]), clean)
+
+    cache = m.decoder.new_cache(32)
+    m.decoder.step(np.asarray(tokens[:8]), cache)
+    before = [s.copy() for s in cache.delta_state if s is not None]
+    host = m.decoder.host
+    real_layer = host.layer
+
+    def failing(layer, *args, **kwargs):
+        if layer == m.config.n_layer - 1:
+            raise RuntimeError("simulated failure in the last layer")
+        return real_layer(layer, *args, **kwargs)
+
+    monkeypatch.setattr(host, "layer", failing)
+    with pytest.raises(RuntimeError):
+        m.decoder.step(np.asarray(tokens[8:]), cache)
+    monkeypatch.setattr(host, "layer", real_layer)
+    after = [s for s in cache.delta_state if s is not None]
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+    assert cache.n_past == 8
+    np.testing.assert_array_equal(m.decoder.step(np.asarray(tokens[8:]), cache), want)
+
+
+# --- what a user sees ----------------------------------------------------------------------------
+
+
+def test_layer_pattern_and_recurrent_state_size(tiny_model: Callable) -> None:
+    q35, q3n = _load(tiny_model, "qwen35").config, _load(tiny_model, "qwen3next").config
+    assert q35.layer_pattern() == "GDN x3 ATTN x1 (x2)"
+    assert q3n.layer_pattern() == "GDN x2 ATTN x1 (x2)"  # from the GGUF's recurrent_layers
+    assert [q3n.layer_shape(i).ffn for i in range(q3n.n_layer)] == ["moe"] * 6
+    # Per GDN layer: (kernel - 1) x (2*2*16 + 4*16) conv tail + 4 x 16 x 16 delta state, f32.
+    assert q35.recurrent_state_bytes() == 6 * 4 * (3 * 128 + 4 * 16 * 16)
+    assert q3n.recurrent_state_bytes() == 4 * 4 * (3 * 128 + 4 * 16 * 16)
+
+
+def test_info_shows_the_pattern_and_state_size(tiny_model: Callable) -> None:
+    result = frink("info", tiny_model("qwen3next").gguf)
+    assert result.returncode == 0, result.describe()
+    assert "GDN x2 ATTN x1 (x2)" in result.stdout
+    assert "22.0 KiB state per sequence" in result.stdout
+    assert "experts:        4, top 2" in result.stdout
+    data = json.loads(frink("info", tiny_model("qwen35").hf_dir, "--json").stdout)
+    assert data["layer_pattern"] == "GDN x3 ATTN x1 (x2)"
+    assert data["recurrent_state_bytes"] == 6 * 4 * (3 * 128 + 4 * 16 * 16)
+    assert [entry["mixer"] for entry in data["layers"]][:4] == ["gdn", "gdn", "gdn", "attention"]
