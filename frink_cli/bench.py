@@ -55,6 +55,7 @@ class Sample:
     seconds: float
     submissions: Counter[str] = field(default_factory=Counter)
     refusals: Counter[str] = field(default_factory=Counter)
+    failures: Counter[str] = field(default_factory=Counter)
 
 
 class Runner(Protocol):
@@ -94,7 +95,8 @@ class FrinkRunner:
         seconds = time.perf_counter() - t0
         if ledger is None:
             return Sample(seconds)
-        return Sample(seconds, Counter(ledger.submissions), Counter(ledger.refusals))
+        return Sample(seconds, Counter(ledger.submissions), Counter(ledger.refusals),
+                      Counter(getattr(ledger, "failures", {})))
 
     def close(self) -> None:
         pass
@@ -107,15 +109,21 @@ class LlamaCppRunner:
     runner = "llama.cpp"
     name = "llama.cpp"
 
-    def __init__(self, path: Path, n_ctx: int, n_threads: int) -> None:
+    @staticmethod
+    def check(path: Path) -> Any:
+        """The llama_cpp module, or a FrinkError saying why this comparison cannot run."""
+        if path.is_dir() or path.suffix.lower() != ".gguf":
+            raise FrinkError(f"--compare llama.cpp needs a GGUF file, not {path}")
         try:
             import llama_cpp
         except ImportError:
             raise FrinkError(
                 "--compare llama.cpp needs llama-cpp-python (pip install llama-cpp-python)"
             ) from None
-        if path.is_dir() or path.suffix.lower() != ".gguf":
-            raise FrinkError(f"--compare llama.cpp needs a GGUF file, not {path}")
+        return llama_cpp
+
+    def __init__(self, path: Path, n_ctx: int, n_threads: int) -> None:
+        llama_cpp = self.check(path)
         self._L = llama_cpp
         self.n_batch = 512
         try:
@@ -220,18 +228,20 @@ class BenchRow:
     samples_ts: list[float]
     peak_memory_mib: float | None = None
     ratio_vs_llama_cpp: float | None = None
-    # Filled with --submissions (frink rows only; llama.cpp has no ledger).
+    # Filled with --submissions (frink rows only; llama.cpp has no ledger). Decode rows
+    # count per token, prefill rows per prefill, both averaged over the repetitions.
     submissions_per_token: float | None = None
     submissions: float | None = None
     submissions_by_kind: dict[str, float] | None = None
     refusals: dict[str, float] | None = None
+    failures: dict[str, float] | None = None
 
     def to_dict(self, with_submissions: bool, with_compare: bool) -> dict[str, Any]:
         d = asdict(self)
         if not with_compare:
             d.pop("ratio_vs_llama_cpp")
         if not with_submissions:
-            for k in ("submissions_per_token", "submissions", "submissions_by_kind", "refusals"):
+            for k in ("submissions_per_token", "submissions", "submissions_by_kind", "refusals", "failures"):
                 d.pop(k)
         elif self.n_gen:
             d.pop("submissions")
@@ -260,19 +270,22 @@ def _row(facts: ModelFacts, runner: Runner, n_threads: int, test: BenchTest, sam
         n_threads, test.name, test.n_prompt, test.n_gen, avg_ns, sd_ns, avg_ts, sd_ts, ns, ts,
     )
     if submissions and runner.runner == "frink":
-        reps = len(samples)
+        per = len(samples) * (test.n_gen or 1)
         kinds: Counter[str] = Counter()
         refusals: Counter[str] = Counter()
+        failures: Counter[str] = Counter()
         for s in samples:
             kinds.update(s.submissions)
             refusals.update(s.refusals)
-        total = sum(kinds.values()) / reps
+            failures.update(s.failures)
+        total = sum(kinds.values()) / per
         if test.n_gen:
-            row.submissions_per_token = total / test.n_gen
+            row.submissions_per_token = total
         else:
             row.submissions = total
-        row.submissions_by_kind = {k: v / reps for k, v in sorted(kinds.items())}
-        row.refusals = {k: v / reps for k, v in sorted(refusals.items())}
+        row.submissions_by_kind = {k: v / per for k, v in sorted(kinds.items())}
+        row.refusals = {k: v / per for k, v in sorted(refusals.items())}
+        row.failures = {k: v / per for k, v in sorted(failures.items())}
     return row
 
 
@@ -300,6 +313,8 @@ def run_bench(
     if n_ctx > model.config.n_ctx_train:
         raise FrinkError(f"test of {n_ctx} tokens exceeds the model's context of {model.config.n_ctx_train}")
     n_threads = n_threads or os.cpu_count() or 1
+    if compare:
+        LlamaCppRunner.check(Path(model.checkpoint.path))  # before minutes of frink samples
     say = progress or (lambda _msg: None)
     facts = model_facts(model)
     # Synthetic ids, as llama-bench uses: the speed of a step does not depend on which

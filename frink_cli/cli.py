@@ -218,11 +218,20 @@ def run(
         )
 
 
+def _tensor_formats(backend: str, types: Counter) -> dict[str, str]:
+    """Per tensor type, how `backend` holds it on the device (none: the host's f32)."""
+    if backend == "metal":
+        from .backends.mlx.quant import device_format
+
+        return {t: device_format(t) for t in sorted(types)}
+    return {}
+
+
 @app.command()
 def info(
     model: Optional[str] = typer.Argument(None, help="GGUF file, HF directory or model name"),
     as_json: bool = typer.Option(False, "--json"),
-    backend: str = typer.Option("numpy", "--backend", help="say which layers this backend takes (numpy|cuda)"),
+    backend: str = typer.Option("numpy", "--backend", help="say which layers this backend takes and how it holds each tensor type (numpy|metal|cuda)"),
     verbose: bool = typer.Option(False, "-v", "--verbose"),
 ) -> None:
     """Describe a model: architecture, sizes, tensor types, layers, tokenizer."""
@@ -290,7 +299,8 @@ def info(
         },
         "chat_template": tok is not None and tok.chat_template is not None,
         "layers": layers,
-        "backend": {"name": backend_label, "layers_taken": sum(r is None for r in support)},
+        "backend": {"name": backend_label, "layers_taken": sum(r is None for r in support),
+                    "tensor_formats": _tensor_formats(backend_label, types)},
         "notes": ckpt.notes,
     }
     if as_json:
@@ -324,6 +334,8 @@ def info(
     if backend_label != "numpy":
         p(f"backend:        {backend_label} takes {data['backend']['layers_taken']} of {cfg.n_layer} layers"
           " (prefill batches; the host body runs the rest)\n")
+        for dtype, how in data["backend"]["tensor_formats"].items():
+            p(f"  {dtype:<6} -> {how}\n")
     for i in range(cfg.n_layer):
         s = cfg.layer_shape(i)
         win = f" window {s.window}" if s.window else ""
@@ -377,6 +389,53 @@ def bench(
         sys.stdout.write(B.format_csv(rows, submissions))
     else:
         sys.stdout.write(B.format_md(rows))
+
+
+@app.command()
+def parity(
+    model: Optional[str] = typer.Argument(None, help="GGUF file, HF directory or model name"),
+    backend: str = typer.Option("metal", "--backend", help="the backend to check: metal|cuda"),
+    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="prompt text (BOS per the file)"),
+    n_tokens: int = typer.Option(0, "--tokens", help="N seeded synthetic token ids instead of a prompt"),
+    steps: int = typer.Option(32, "--steps", help="greedy decode steps compared after the prefill"),
+    as_json: bool = typer.Option(False, "--json"),
+    verbose: bool = typer.Option(False, "-v", "--verbose"),
+) -> None:
+    """Check that an accelerated backend computes the same model as the host body."""
+    global _verbose
+    _verbose = verbose
+    from .parity import check_parity
+
+    if backend not in ("metal", "cuda"):
+        raise FrinkError(f"invalid value for --backend: {backend!r} (parity checks metal or cuda)")
+    _check_range("--steps", steps, 0)
+    _check_range("--tokens", n_tokens, 0)
+    if prompt is not None and n_tokens:
+        raise FrinkError("give --prompt or --tokens, not both")
+    m = _load(model, backend, quiet=as_json)
+    if n_tokens or prompt is None:
+        rng = np.random.default_rng(0)
+        ids = rng.integers(0, m.config.n_vocab, size=n_tokens or 16).tolist()
+    else:
+        ids = m.tokenize(prompt)
+    r = check_parity(m, ids, steps)
+    if as_json:
+        sys.stdout.write(json.dumps(r.as_dict()) + "\n")
+    else:
+        p = sys.stdout.write
+        p(f"backend {r.backend}: {r.n_prompt} prompt tokens, {r.steps} decode steps, "
+          f"{'quantized' if r.quantized else 'unquantized'} weights (KL bar {r.kl_bar:g})\n")
+        for i, (d, on) in enumerate(zip(r.layer_max_abs, r.layer_on_backend)):
+            p(f"  layer {i:<3} {'device' if on else 'host  '}  max|d| {d:.3g}\n")
+        p(f"prefill logits max|d| {r.prefill_logits_max_abs:.3g}\n")
+        p(f"decode: max KL {max(r.step_kl):.3g}, top-1 agreement "
+          f"{sum(r.step_top1_agree)}/{len(r.step_top1_agree)}\n")
+        p(f"submissions: prefill {r.submissions_prefill}, per decode token "
+          f"{r.submissions_per_decode_token:.2f}; by kind {r.submissions_by_kind}; "
+          f"refusals {r.refusals}\n")
+        p(f"verdict: {r.verdict}\n")
+    if r.verdict == "WRONG":
+        raise typer.Exit(1)
 
 
 @app.command()

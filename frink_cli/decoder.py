@@ -12,6 +12,7 @@ import numpy as np
 from .backends import Backend, LaunchFailed, Refusal
 from .cache import KvCache
 from .graph.body import HostBody
+from .graph.linear import blas_threads
 from .model.config import ModelConfig
 from .model.weights import ModelWeights
 
@@ -21,6 +22,8 @@ class Decoder:
         self.cfg = cfg
         self.host = HostBody(cfg, weights)
         self.backend = backend
+        # BLAS threads for a one-row step (see graph/linear.py); None leaves BLAS alone.
+        self.decode_blas_threads: int | None = 1
         if backend is not None:
             backend.bind(weights)
 
@@ -29,7 +32,11 @@ class Decoder:
 
     def hidden(self, ids: np.ndarray, cache: KvCache) -> np.ndarray:
         """Run new tokens `ids` at the cache's next positions; the last layer's output."""
-        return self._forward(ids, cache, None)[0]
+        with blas_threads.limit(self._blas_limit(ids)):
+            return self._forward(ids, cache, None)[0]
+
+    def _blas_limit(self, ids) -> int | None:
+        return self.decode_blas_threads if len(ids) == 1 else None
 
     def _forward(self, ids: np.ndarray, cache: KvCache, head: str | None) -> tuple[np.ndarray, bool]:
         """(output, is_logits). With head "last"/"all", a backend whose run reaches the last
@@ -72,7 +79,8 @@ class Decoder:
 
     def step(self, ids: np.ndarray, cache: KvCache, all_logits: bool = False) -> np.ndarray:
         """Feed ids; logits for every row (all_logits) or for the last row only, [rows, V]."""
-        x, is_logits = self._forward(ids, cache, "all" if all_logits else "last")
-        if is_logits:
-            return x
-        return self.logits(x if all_logits else x[-1:])
+        with blas_threads.limit(self._blas_limit(ids)):
+            x, is_logits = self._forward(ids, cache, "all" if all_logits else "last")
+            if is_logits:
+                return x
+            return self.logits(x if all_logits else x[-1:])

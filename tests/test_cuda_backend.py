@@ -537,3 +537,57 @@ def test_run_with_backend_cuda_standing_in(smollm2_path: Path, monkeypatch: pyte
     dev = json.loads(r.stdout)
     assert dev["backend"] == "cuda"
     assert dev["token_ids"] == json.loads(host.stdout)["token_ids"]
+
+
+# --- the CuPy wiring, with a stand-in CuPy whose kernels run on the emulator -----------------
+
+
+def _fake_cupy(launcher: EmulatedLauncher, sources: list[str]) -> object:
+    """Just the CuPy surface the backend touches: arrays are NumPy's, RawModule compiles
+    nothing (it records the source it was given) and launches on the CPU emulator."""
+    import importlib.machinery
+    import types
+
+    cupy = types.ModuleType("cupy")
+    cupy.__spec__ = importlib.machinery.ModuleSpec("cupy", None)
+    for name in ("asarray", "empty", "empty_like", "matmul", "ascontiguousarray", "float32", "float16"):
+        setattr(cupy, name, getattr(np, name))
+    cupy.asnumpy = lambda a: np.array(a)  # a copy, like a device-to-host download
+
+    class RawModule:
+        def __init__(self, code: str) -> None:
+            sources.append(code)
+
+        def get_function(self, name: str) -> Callable:
+            def call(grid: tuple, block: tuple, args: tuple) -> None:
+                launcher(name, grid[0], block[0], args)
+
+            return call
+
+    cupy.RawModule = RawModule
+    runtime = types.SimpleNamespace(getDeviceCount=lambda: 1)
+    cupy.cuda = types.SimpleNamespace(runtime=runtime)
+    return cupy
+
+
+def test_cupy_wiring_with_a_stand_in(
+    tiny_model: Callable, emulated_launcher: EmulatedLauncher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """make_cuda_backend's CuPy path end to end (RawModule per kernel file, kernel lookup by
+    name, CuPy's launch convention, asnumpy downloads), with NumPy arrays and the emulator
+    under it: everything but NVRTC and the device."""
+    import sys
+
+    sources: list[str] = []
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(emulated_launcher, sources))
+    tm = tiny_model("qwen2")
+    host = frink_cli.load(tm.gguf)
+    m = frink_cli.load(tm.gguf, backend="auto")  # auto: CuPy (the stand-in) sees a GPU
+    assert m.backend_name == "cuda"
+    tokens = [int(t) for t in tm.ref["tokens"]][:20]
+    _assert_close(m.logits(tokens), host.logits(tokens), SELF_TOL, "stand-in CuPy vs host body")
+    assert len(sources) == len(KERNEL_FILES)
+    assert all('#include "common.cuh"' not in s for s in sources)
+    launched = set(emulated_launcher.launches)
+    assert {"rms_norm_f32", "rope_f32", "causal_gqa_attention_f32", "swiglu_f32", "add_f32", "add_bias_f32"} <= launched
+    assert m.decoder.backend.ledger.submissions == {"prefill-stack": 1}

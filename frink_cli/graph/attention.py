@@ -21,17 +21,15 @@ from .norms import rms_norm
 from .rope import Rope
 
 
+# Prefill queries are taken in blocks of this many rows, each against only the keys it can
+# see: a causal batch then computes ~5/8 of the full [T, S] score matrix at T = 512, and
+# a block's scores stay in cache through the softmax passes.
+QUERY_BLOCK = 128
+
+
 def attention_mask(positions: np.ndarray, n_kv: int, window: int | None, start: int = 0) -> np.ndarray:
     """Additive mask [T, n_kv - start]: key j (from `start`) visible to the query at position
     p if j <= p and, with a window, p - j < window."""
-    p0, T = int(positions[0]), len(positions)
-    if int(positions[-1]) - p0 == T - 1:
-        # Every layer of a step asks for the same mask: build it once per step.
-        return _run_mask(p0, T, n_kv, window, start)
-    return _mask(positions, n_kv, window, start)
-
-
-def _mask(positions: np.ndarray, n_kv: int, window: int | None, start: int) -> np.ndarray:
     kv_pos = np.arange(start, n_kv)
     visible = kv_pos[None, :] <= positions[:, None]
     if window is not None:
@@ -39,9 +37,10 @@ def _mask(positions: np.ndarray, n_kv: int, window: int | None, start: int) -> n
     return np.where(visible, np.float32(0.0), np.float32(-np.inf))
 
 
-@lru_cache(maxsize=2)
-def _run_mask(p0: int, T: int, n_kv: int, window: int | None, start: int) -> np.ndarray:
-    m = _mask(np.arange(p0, p0 + T), n_kv, window, start)
+@lru_cache(maxsize=4)
+def _causal_tail(n: int) -> np.ndarray:
+    """[n, n] additive mask hiding j > i: a block of consecutive queries against its own keys."""
+    m = np.triu(np.full((n, n), -np.inf, np.float32), k=1)
     m.flags.writeable = False
     return m
 
@@ -79,29 +78,48 @@ def attention(
         rope.rotate_(k, positions)
 
     K, V = kv.append(k, v)  # [Hkv, S, hk], [Hkv, S, hv]
-    S = K.shape[1]
-    # Keys older than the first query's window are invisible to every query: skip them.
-    start = max(0, int(positions.min()) - shape.window + 1) if shape.window is not None else 0
-    if start:
-        K, V = K[:, start:], V[:, start:]
-    g = H // Hkv
     q *= np.float32(cfg.attn_scale)
-    # [Hkv, g*T, hk]: query heads grouped under the KV head they read.
-    qg = q.transpose(1, 0, 2).reshape(Hkv, g * T, hk)
-    scores = (qg @ K.transpose(0, 2, 1)).reshape(Hkv, g, T, S - start)
-    if cfg.attn_logit_softcap:
-        c = np.float32(cfg.attn_logit_softcap)
-        scores /= c
-        np.tanh(scores, out=scores)
-        scores *= c
-    # A decode row at the newest position sees every key left after the window cut.
-    if T > 1 or int(positions[-1]) != S - 1:
-        scores += attention_mask(positions, S, shape.window, start)
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
-    out = scores.reshape(Hkv, g * T, S - start) @ V  # [Hkv, g*T, hv]
-    out = out.reshape(H, T, hv).transpose(1, 0, 2).reshape(T, H * hv)
+    out = _attend(q, K, V, positions, shape.window, cfg.attn_logit_softcap)
     if gate is not None:
         out *= 1.0 / (1.0 + np.exp(-gate))
     return linear(out, w.wo)
+
+
+def _attend(
+    q: np.ndarray, K: np.ndarray, V: np.ndarray, positions: np.ndarray, window: int | None,
+    softcap: float | None,
+) -> np.ndarray:
+    """softmax(q K^T + mask) V for scaled queries q [T, H, hk] at `positions` over keys
+    K [Hkv, S, hk] and values V [Hkv, S, hv]; returns [T, H * hv]."""
+    T, H, hk = q.shape
+    Hkv, hv = K.shape[0], V.shape[2]
+    g = H // Hkv
+    # [Hkv, g, T, hk]: query heads grouped under the KV head they read (a view for T = 1).
+    qg = q.transpose(1, 0, 2).reshape(Hkv, g, T, hk)
+    out = np.empty((Hkv, g, T, hv), np.float32)
+    run = int(positions[-1]) - int(positions[0]) == T - 1  # consecutive positions, the usual case
+    for r0 in range(0, T, QUERY_BLOCK):
+        r1 = min(T, r0 + QUERY_BLOCK)
+        pos = positions[r0:r1]
+        first, last = (int(pos[0]), int(pos[-1])) if run else (int(pos.min()), int(pos.max()))
+        # Keys [lo, hi): none after the block's last query, none before its first query's window.
+        hi = last + 1
+        lo = max(0, first - window + 1) if window is not None else 0
+        scores = np.matmul(qg[:, :, r0:r1], K[:, None, lo:hi].transpose(0, 1, 3, 2))  # [Hkv, g, Tb, n]
+        if softcap:
+            c = np.float32(softcap)
+            scores /= c
+            np.tanh(scores, out=scores)
+            scores *= c
+        n_rows = r1 - r0
+        if n_rows == 1 and first == last:
+            pass  # one query, and every key in [lo, hi) is visible to it
+        elif run and window is None:
+            scores[..., hi - lo - n_rows :] += _causal_tail(n_rows)
+        else:
+            scores += attention_mask(pos, hi, window, lo)
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        np.matmul(scores, V[:, None, lo:hi], out=out[:, :, r0:r1])
+    return out.transpose(2, 0, 1, 3).reshape(T, H * hv)

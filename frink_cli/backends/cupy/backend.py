@@ -84,12 +84,18 @@ class CudaBackend:
     def run(self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any) -> np.ndarray:
         layers = range(run.start, run.stop)
         n_past = cache.n_past
+        tables: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
+        for i in layers:
+            shape = self.cfg.layer_shape(i)
+            key = (shape.rope_base, shape.rope_scale)
+            if key not in tables:
+                tables[key] = self._rope_tables(i, positions)
         try:
             out = dense_prefill_stack(
                 self.ops,
                 self.cfg,
                 [self.layers[i] for i in layers],
-                [self._rope_tables(i, positions) for i in layers],
+                [tables[(s.rope_base, s.rope_scale)] for s in map(self.cfg.layer_shape, layers)],
                 x,
                 [(cache.k[i][:, :n_past], cache.v[i][:, :n_past]) for i in layers],
             )

@@ -107,8 +107,16 @@ def dense_prefill_stack(
     h_out[...] = ops.to_device(x)
     resid = h_out  # the residual stream, updated in place by the add kernel
 
+    # Layers that share a rope base share their tables: each distinct table goes up once.
+    tables: dict[int, Any] = {}
+
+    def table(a: np.ndarray) -> Any:
+        if id(a) not in tables:
+            tables[id(a)] = ops.to_device(a)
+        return tables[id(a)]
+
     for i, w in enumerate(layers):
-        cos, sin = (ops.to_device(t) for t in rope_tables[i])
+        cos, sin = (table(t) for t in rope_tables[i])
         kp, vp = (ops.to_device(p) for p in prefixes[i])
 
         h = ops.rms_norm(resid, w.attn_norm, eps)

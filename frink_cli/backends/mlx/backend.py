@@ -23,7 +23,7 @@ from .. import LaunchFailed, Refusal, Run
 from ..ledger import Ledger
 from . import graph
 from .eligibility import layer_refusals
-from .quant import GROUP, QUANTIZED_TYPES, affine_from_blocks, pack
+from .quant import QUANTIZED_TYPES, affine_from_blocks, device_format, pack
 
 _MIN_CAPACITY = 256
 
@@ -58,8 +58,6 @@ class MlxBackend:
         b = mx.array(bias) if bias is not None else None
         src = self.checkpoint.tensors if self.checkpoint is not None else None
         dtypes = [src.info(n).dtype for n in names] if src is not None else ["F32"]
-        for n, d in zip(names, dtypes):
-            self.tensor_choice.setdefault(d, "")
         if src is not None and hasattr(src, "raw") and len(set(dtypes)) == 1 and dtypes[0] in QUANTIZED_TYPES:
             qs, scales, biases = [], [], []
             for n in names:
@@ -68,20 +66,21 @@ class MlxBackend:
                 qs.append(pack(q, bits))
                 scales.append(s)
                 biases.append(bb)
-            self.tensor_choice[dtypes[0]] = f"quantized {bits}-bit, group {GROUP}"
+            self.tensor_choice[dtypes[0]] = device_format(dtypes[0])
             return graph.DeviceLinear(
                 mx.array(np.concatenate(qs)), mx.array(np.concatenate(scales)),
                 mx.array(np.concatenate(biases)), bits, b,
             )
         kind = dtypes[0] if len(set(dtypes)) == 1 else "mixed"
         if kind == "F16":
-            w, choice = mx.array(dense.astype(np.float16)), "f16"
+            w = mx.array(dense.astype(np.float16))
         elif kind == "BF16":
-            w, choice = mx.array(dense).astype(mx.bfloat16), "bf16"
+            w = mx.array(dense).astype(mx.bfloat16)
         else:
-            w, choice = mx.array(dense), "f32 (dequantized)" if kind != "F32" else "f32"
+            w = mx.array(dense)
         for d in set(dtypes):
-            self.tensor_choice[d] = self.tensor_choice.get(d) or choice
+            # A type that maps onto MLX's format but sits in a mixed fused matrix goes dense.
+            self.tensor_choice.setdefault(d, device_format(d) if d not in QUANTIZED_TYPES or kind == d else "f32 (dequantized at load; fused with other types)")
         return graph.DeviceLinear(w, bias=b)
 
     def bind(self, weights) -> None:

@@ -15,6 +15,13 @@ import numpy as np
 QUANTIZED_TYPES = ("Q4_0", "Q4_1", "Q8_0")
 GROUP = 32
 
+def device_format(dtype: str) -> str:
+    """How the metal backend holds a tensor of GGUF/safetensors type `dtype`."""
+    if dtype in QUANTIZED_TYPES:
+        return f"quantized {8 if dtype == 'Q8_0' else 4}-bit, group {GROUP} (the file's own blocks)"
+    return {"F32": "f32", "F16": "f16", "BF16": "bf16"}.get(dtype, "f32 (dequantized at load)")
+
+
 _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 
 

@@ -1,0 +1,134 @@
+"""`frink parity`: does an accelerated backend compute the same model as the host body?
+
+The same tokens go through the host body and through the backend: a prefill, then a
+greedy decode of `steps` tokens (the host's choice feeds both, so they stay aligned; a
+correct first token proves nothing about the decode path). Reported: per-layer max |d|
+of the prefill hidden state (each side chaining its own hidden, so drift shows where it
+starts), per-step KL(host || backend) of the next-token distribution, top-1 agreement,
+and the backend's ledger (submissions per decode token, refusals by reason).
+
+Verdicts: MATCH when every step's KL is under the bar (1e-5 for unquantized weights,
+1e-3 for quantized) and top-1 agrees; DRIFT when top-1 agrees but KL exceeds it; WRONG
+when top-1 differs where the host's own logits are not a near-tie.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .backends import LaunchFailed, Refusal, Run
+from .decoder import Decoder
+
+UNQUANTIZED = {"F32", "F16", "BF16"}
+KL_BAR = {False: 1e-5, True: 1e-3}
+NEAR_TIE = 1e-2  # host logit gap under which a top-1 flip is not a wrong answer
+
+
+@dataclass
+class ParityReport:
+    backend: str
+    quantized: bool
+    kl_bar: float
+    n_prompt: int
+    steps: int
+    layer_max_abs: list[float] = field(default_factory=list)
+    layer_on_backend: list[bool] = field(default_factory=list)
+    prefill_logits_max_abs: float = 0.0
+    step_kl: list[float] = field(default_factory=list)
+    step_top1_agree: list[bool] = field(default_factory=list)
+    step_near_tie: list[bool] = field(default_factory=list)
+    submissions_per_decode_token: float = 0.0
+    submissions_prefill: int = 0
+    submissions_by_kind: dict[str, int] = field(default_factory=dict)
+    refusals: dict[str, int] = field(default_factory=dict)
+    verdict: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    z = x.astype(np.float64) - x.max()
+    e = np.exp(z)
+    return e / e.sum()
+
+
+def kl_divergence(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
+    p, q = _softmax(p_logits), _softmax(q_logits)
+    mask = p > 0
+    return float(np.sum(p[mask] * (np.log(p[mask]) - np.log(np.maximum(q[mask], 1e-300)))))
+
+
+def _layerwise(dec: Decoder, ids: np.ndarray, single_layer_runs: bool) -> list[tuple[np.ndarray, bool]]:
+    """Prefill `ids` on a fresh cache, returning (hidden after layer l, ran on backend)."""
+    cache = dec.new_cache(len(ids) + 1)
+    cache.check_room(len(ids))
+    positions = np.arange(len(ids))
+    x = dec.host.embed(ids)
+    out = []
+    for layer in range(dec.cfg.n_layer):
+        plan = dec.backend.plan("prefill", layer, len(ids), cache, positions=positions) if (dec.backend and single_layer_runs) else None
+        on_backend = plan is not None and not isinstance(plan, Refusal)
+        if on_backend:
+            try:
+                x = dec.backend.run(Run(layer, layer + 1), x, positions, cache)
+            except LaunchFailed:
+                on_backend = False
+        if not on_backend:
+            x = dec.host.layer(layer, x, positions, cache)
+        out.append((x.copy(), on_backend))
+    return out
+
+
+def check_parity(model, ids: list[int], steps: int) -> ParityReport:
+    """`model` is a loaded frink Model whose decoder has a backend."""
+    dec = model.decoder
+    backend = dec.backend
+    if backend is None:
+        raise ValueError("parity needs a model loaded with an accelerated backend")
+    host = Decoder(dec.cfg, dec.host.w)  # the same weights, no backend
+    tensors = model.checkpoint.tensors
+    quantized = any(tensors.info(n).dtype not in UNQUANTIZED for n in tensors.names())
+    report = ParityReport(backend=backend.name, quantized=quantized, kl_bar=KL_BAR[quantized],
+                          n_prompt=len(ids), steps=steps)
+    ids_arr = np.asarray(ids, dtype=np.int64)
+
+    for (xh, _), (xb, on_dev) in zip(_layerwise(host, ids_arr, False), _layerwise(dec, ids_arr, True)):
+        report.layer_max_abs.append(float(np.abs(xh - xb).max()))
+        report.layer_on_backend.append(on_dev)
+
+    n_ctx = len(ids) + steps + 1
+    hc, bc = host.new_cache(n_ctx), dec.new_cache(n_ctx)
+    backend.ledger.reset()
+    lh = host.step(ids_arr, hc, all_logits=True)
+    lb = dec.step(ids_arr, bc, all_logits=True)
+    report.submissions_prefill = backend.ledger.total()
+    report.prefill_logits_max_abs = float(np.abs(lh - lb).max())
+    last_h, last_b = lh[-1], lb[-1]
+    decode_submissions = 0
+    for step in range(steps + 1):
+        report.step_kl.append(kl_divergence(last_h, last_b))
+        top_h, top_b = int(last_h.argmax()), int(last_b.argmax())
+        report.step_top1_agree.append(top_h == top_b)
+        report.step_near_tie.append(bool(last_h[top_h] - last_h[top_b] < NEAR_TIE))
+        if step == steps:
+            break
+        token = np.array([top_h])
+        last_h = host.step(token, hc)[-1]
+        before = backend.ledger.total()
+        last_b = dec.step(token, bc)[-1]
+        decode_submissions += backend.ledger.total() - before
+    report.submissions_per_decode_token = decode_submissions / steps if steps else 0.0
+    report.submissions_by_kind = dict(backend.ledger.submissions)
+    report.refusals = dict(backend.ledger.refusals)
+
+    agree = all(report.step_top1_agree)
+    if agree and max(report.step_kl) < report.kl_bar:
+        report.verdict = "MATCH"
+    elif all(a or tie for a, tie in zip(report.step_top1_agree, report.step_near_tie)):
+        report.verdict = "DRIFT"
+    else:
+        report.verdict = "WRONG"
+    return report

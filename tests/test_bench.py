@@ -1,0 +1,175 @@
+"""`frink bench`: the row schema, the table, the ledger columns and the llama.cpp comparison.
+
+On a tiny random model, so the suite stays fast; speed itself is never asserted (it is what
+the benchmark measures, on whatever machine runs it).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+import frink_cli
+from frink_cli import bench as B
+from frink_cli.backends import Refusal, Run
+from frink_cli.backends.ledger import Ledger
+from frink_subprocess import assert_error, frink
+
+ROW_KEYS = {"test", "n_prompt", "n_gen", "backend", "avg_ts", "stddev_ts", "samples_ts"}
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tiny_model: Callable[[str], Any]) -> Path:
+    gguf = tiny_model("llama").gguf
+    assert gguf is not None
+    return gguf
+
+
+def _check_row(row: dict[str, Any], test: str, n_prompt: int, n_gen: int, reps: int) -> None:
+    assert ROW_KEYS <= set(row), row
+    assert (row["test"], row["n_prompt"], row["n_gen"]) == (test, n_prompt, n_gen)
+    assert len(row["samples_ts"]) == reps and len(row["samples_ns"]) == reps
+    assert all(isinstance(v, float) and v > 0 for v in row["samples_ts"])
+    assert row["avg_ts"] == pytest.approx(sum(row["samples_ts"]) / reps)
+    assert row["stddev_ts"] >= 0
+    # ns and t/s describe the same samples.
+    n = n_prompt + n_gen
+    for ns, ts in zip(row["samples_ns"], row["samples_ts"]):
+        assert ts == pytest.approx(n / (ns * 1e-9))
+
+
+def test_json_rows_have_the_documented_schema(tiny_gguf: Path) -> None:
+    r = frink("bench", tiny_gguf, "-p", "8", "-n", "4", "-r", "2", "--json")
+    assert r.returncode == 0, r.describe()
+    rows = json.loads(r.stdout)  # stdout is the JSON alone; progress went to stderr
+    assert [row["test"] for row in rows] == ["pp8", "tg4"]
+    _check_row(rows[0], "pp8", 8, 0, 2)
+    _check_row(rows[1], "tg4", 0, 4, 2)
+    for row in rows:
+        assert row["backend"] == "numpy" and row["runner"] == "frink"
+        assert row["model_n_params"] > 0 and row["model_size"] == tiny_gguf.stat().st_size
+        assert row["peak_memory_mib"] > 0
+        # Ledger columns only when asked for.
+        assert "submissions" not in row and "submissions_per_token" not in row
+    assert "tg4 rep 2/2" in r.stderr
+
+
+def test_markdown_table_is_the_default(tiny_gguf: Path) -> None:
+    r = frink("bench", tiny_gguf, "-p", "4", "-n", "2", "-r", "1")
+    assert r.returncode == 0, r.describe()
+    lines = r.stdout.splitlines()
+    assert lines[0] == "| model | size | params | backend | test | t/s |"
+    assert set(lines[1]) <= set("|:- ")
+    body = [line for line in lines[2:] if line.startswith("|")]
+    assert [line.split("|")[5].strip() for line in body] == ["pp4", "tg2"]
+    for line in body:
+        mean, sd = line.split("|")[6].split("±")
+        assert float(mean) > 0 and float(sd) >= 0
+    assert any(line.startswith("peak memory") for line in lines)
+
+
+def test_csv_and_md_flags(tiny_gguf: Path) -> None:
+    r = frink("bench", tiny_gguf, "-p", "4", "-n", "0", "-r", "2", "--csv")
+    assert r.returncode == 0, r.describe()
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert len(rows) == 1 and rows[0]["test"] == "pp4"
+    assert len(json.loads(rows[0]["samples_ts"])) == 2
+    r = frink("bench", tiny_gguf, "-p", "0", "-n", "2", "-r", "1", "--md")
+    assert r.returncode == 0, r.describe()
+    assert "| tg2 |" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (("--json", "--csv"), ("--json", "--csv")),
+        (("-r", "0"), ("--repetitions",)),
+        (("-p", "0", "-n", "0"), ("nothing to measure",)),
+        (("--compare", "vllm"), ("--compare", "vllm")),
+    ],
+)
+def test_bad_bench_flags_are_one_line_errors(tiny_gguf: Path, args: tuple[str, ...], fragments: tuple[str, ...]) -> None:
+    assert_error(frink("bench", tiny_gguf, *args), *fragments)
+
+
+class _CountingBackend:
+    """Takes every layer but the first in one run and counts one submission per run, as a
+    device backend would; the host body does the arithmetic."""
+
+    name = "counting"
+
+    def __init__(self, model: Any) -> None:
+        self.ledger = Ledger()
+        self.host = model.decoder.host
+        self.n_layer = model.config.n_layer
+
+    def bind(self, weights: Any) -> None:
+        pass
+
+    def plan(self, kind: str, layer: int, n_rows: int, cache: Any, positions: Any = None) -> Run | Refusal:
+        return Refusal("first layer stays home") if layer == 0 else Run(layer, self.n_layer)
+
+    def run(self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any) -> np.ndarray:
+        for layer in range(run.start, run.stop):
+            x = self.host.layer(layer, x, positions, cache)
+        self.ledger.submit("dense-run")
+        return x
+
+
+def test_submissions_rows_read_the_backend_ledger(tiny_gguf: Path) -> None:
+    model = frink_cli.load(tiny_gguf)
+    backend = _CountingBackend(model)
+    model.decoder.backend = backend
+    model.backend_name = backend.name
+    rows = B.run_bench(model, n_prompt=6, n_gen=3, repetitions=2, submissions=True)
+    data = json.loads(B.format_json(rows, submissions=True))
+    pp, tg = data
+    assert pp["backend"] == tg["backend"] == "counting"
+    # One run per step: one submission per prefill, one per decoded token.
+    assert pp["submissions"] == 1.0 and "submissions_per_token" not in pp
+    assert tg["submissions_per_token"] == 1.0 and "submissions" not in tg
+    assert pp["submissions_by_kind"] == {"dense-run": 1.0}
+    assert tg["submissions_by_kind"] == {"dense-run": 1.0}
+    assert pp["refusals"] == tg["refusals"] == {"first layer stays home": 1.0}
+    assert pp["failures"] == {}
+
+
+def test_submissions_on_the_host_body_are_zero(tiny_gguf: Path) -> None:
+    r = frink("bench", tiny_gguf, "-p", "4", "-n", "2", "-r", "1", "--json", "--submissions")
+    assert r.returncode == 0, r.describe()
+    pp, tg = json.loads(r.stdout)
+    assert pp["submissions"] == 0 and tg["submissions_per_token"] == 0
+    assert pp["submissions_by_kind"] == {} and tg["refusals"] == {}
+
+
+def test_compare_llama_cpp_alternates_on_the_same_file(tiny_gguf: Path) -> None:
+    pytest.importorskip("llama_cpp")
+    r = frink("bench", tiny_gguf, "-p", "8", "-n", "4", "-r", "2", "--compare", "llama.cpp", "--json")
+    assert r.returncode == 0, r.describe()
+    rows = json.loads(r.stdout)
+    assert [(row["runner"], row["test"]) for row in rows] == [
+        ("frink", "pp8"), ("llama.cpp", "pp8"), ("frink", "tg4"), ("llama.cpp", "tg4")]
+    for frink_row, cpp_row in (rows[0:2], rows[2:4]):
+        _check_row(cpp_row, frink_row["test"], frink_row["n_prompt"], frink_row["n_gen"], 2)
+        assert frink_row["ratio_vs_llama_cpp"] == pytest.approx(frink_row["avg_ts"] / cpp_row["avg_ts"])
+        assert cpp_row["ratio_vs_llama_cpp"] is None
+    # Alternating: each rep of frink is followed by one of llama.cpp.
+    progress = [line for line in r.stderr.splitlines() if " rep " in line]
+    assert [line.split(": ")[1].split()[0] for line in progress[:4]] == ["frink", "llama.cpp"] * 2
+
+    r = frink("bench", tiny_gguf, "-p", "4", "-n", "0", "-r", "1", "--compare", "llama.cpp")
+    assert r.returncode == 0, r.describe()
+    header = r.stdout.splitlines()[0]
+    assert header == "| model | size | params | backend | test | t/s | vs llama.cpp |"
+
+
+def test_compare_llama_cpp_needs_a_gguf(tiny_model: Callable[[str], Any]) -> None:
+    pytest.importorskip("llama_cpp")
+    tiny = tiny_model("llama")
+    assert_error(frink("bench", tiny.hf_dir, "-p", "4", "-n", "0", "--compare", "llama.cpp"), "GGUF")

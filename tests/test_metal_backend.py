@@ -1,0 +1,147 @@
+"""The metal (MLX) backend against the host body, on MLX's CPU device.
+
+The host body is itself held to transformers and llama.cpp (test_parity_tiny.py); here
+the backend must compute the same model as the host body: logits within 1e-3 and the same
+argmax over a prefill and 32 greedy decode steps, one device submission per token when
+every layer is eligible, every refusal named and the result still right.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+mx = pytest.importorskip("mlx.core")
+
+import frink_cli  # noqa: E402
+from frink_cli.backends import Refusal  # noqa: E402
+from frink_cli.backends.mlx import eligibility  # noqa: E402
+from frink_cli.backends.mlx.quant import affine_from_blocks, pack  # noqa: E402
+
+DENSE = ["llama", "llama_tied", "mistral", "qwen2", "qwen3", "gemma3_text"]
+STEPS = 32
+
+
+@pytest.mark.parametrize("name", DENSE)
+def test_backend_matches_host_over_prefill_and_decode(tiny_model, name):
+    tm = tiny_model(name)
+    host = frink_cli.load(tm.gguf)
+    dev = frink_cli.load(tm.gguf, backend="metal")
+    ids = [int(t) for t in tm.ref["tokens"][:12]]
+    hc, dc = host.decoder.new_cache(64), dev.decoder.new_cache(64)
+    lh = host.decoder.step(np.asarray(ids), hc, all_logits=True)
+    ld = dev.decoder.step(np.asarray(ids), dc, all_logits=True)
+    assert np.abs(lh - ld).max() <= 1e-3
+    assert (lh.argmax(-1) == ld.argmax(-1)).all()
+    token = int(lh[-1].argmax())
+    for _ in range(STEPS):
+        a = host.decoder.step(np.asarray([token]), hc)[-1]
+        b = dev.decoder.step(np.asarray([token]), dc)[-1]
+        assert np.abs(a - b).max() <= 1e-3
+        assert a.argmax() == b.argmax()
+        token = int(a.argmax())
+    # The device mirror stayed in step with the authoritative host cache.
+    assert dc.n_past == hc.n_past == len(ids) + STEPS
+
+
+@pytest.mark.parametrize("name", DENSE)
+def test_one_submission_per_token(tiny_model, name):
+    # Pinned: a stray mx.eval or host conversion anywhere in a token shows up here.
+    dev = frink_cli.load(tiny_model(name).gguf, backend="metal")
+    ledger = dev.decoder.backend.ledger
+    cache = dev.decoder.new_cache(64)
+    dev.decoder.step(np.arange(1, 9), cache)
+    assert ledger.total() == 1, dict(ledger.submissions)
+    for t in range(10):
+        ledger.reset()
+        dev.decoder.step(np.asarray([t + 3]), cache)
+        assert dict(ledger.submissions) == {"dense-run+lm-head": 1}
+    assert not ledger.refusals
+
+
+def test_step_api_equals_batched_on_backend(tiny_model):
+    dev = frink_cli.load(tiny_model("qwen3").gguf, backend="metal")
+    ids = tiny_model("qwen3").ref["tokens"][:10]
+    assert np.abs(dev.logits(ids) - dev.logits(ids, step=True)).max() <= 1e-4
+
+
+def test_refused_layers_alternate_with_device_runs(tiny_model, monkeypatch):
+    tm = tiny_model("gemma3_text")
+    real = eligibility.layer_refusals
+
+    def refuse_odd(cfg, layer):
+        return real(cfg, layer) + (["forced for test"] if layer % 2 else [])
+
+    monkeypatch.setattr(eligibility, "layer_refusals", refuse_odd)
+    monkeypatch.setattr("frink_cli.backends.mlx.backend.layer_refusals", refuse_odd)
+    host = frink_cli.load(tm.gguf)
+    dev = frink_cli.load(tm.gguf, backend="metal")
+    ids = tm.ref["tokens"][:20]
+    assert np.abs(host.logits(ids, step=True) - dev.logits(ids, step=True)).max() <= 1e-3
+    ledger = dev.decoder.backend.ledger
+    n_layer = dev.config.n_layer
+    assert ledger.refusals["forced for test"] == 20 * (n_layer // 2)
+    assert ledger.total() == 20 * ((n_layer + 1) // 2)  # one run per device layer per token
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (dict(attn_logit_softcap=30.0), "attention logit softcap"),
+        (dict(head_dim_v=8), "V width differs from K width"),
+        (dict(ffn_act="relu"), "activation relu"),
+    ],
+)
+def test_every_refusal_is_named(tiny_model, change, reason):
+    cfg = replace(frink_cli.load(tiny_model("llama").gguf).config, **change)
+    for layer in range(cfg.n_layer):
+        assert reason in eligibility.layer_refusals(cfg, layer)
+
+
+def test_refused_model_runs_on_host_and_stays_correct(tiny_model, monkeypatch):
+    # A feature the graph does not carry: every layer refused, the answer unchanged.
+    tm = tiny_model("llama")
+    monkeypatch.setattr(
+        "frink_cli.backends.mlx.backend.layer_refusals", lambda cfg, layer: ["attention logit softcap"]
+    )
+    dev = frink_cli.load(tm.gguf, backend="metal")
+    plan = dev.decoder.backend.plan("decode", 0, 1, dev.decoder.new_cache(8))
+    assert plan == Refusal("attention logit softcap")
+    got = dev.logits(tm.ref["tokens"])
+    assert np.abs(got - tm.ref["logits_llamacpp"]).max() <= 2e-3
+    assert dev.decoder.backend.ledger.total() == 0
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_gguf_blocks_map_exactly_onto_mlx_affine(qtype):
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 128)).astype(np.float32)
+    t = GGMLQuantizationType[qtype]
+    raw = quantize(w, t)
+    want = dequantize(raw, t).reshape(8, 128)
+    q, scales, biases, bits = affine_from_blocks(raw.reshape(-1).view(np.uint8), qtype, 8, 128)
+    got = mx.dequantize(mx.array(pack(q, bits)), mx.array(scales), mx.array(biases), group_size=32, bits=bits)
+    assert np.array_equal(np.asarray(got), want)
+
+
+@pytest.mark.real
+def test_parity_command_on_real_quantized_model(smollm2_path):
+    frink = Path(sys.executable).parent / "frink"
+    proc = subprocess.run(
+        [str(frink), "parity", str(smollm2_path), "--backend", "metal", "-p", "The capital of France is",
+         "--steps", "16", "--json"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["verdict"] == "MATCH", r
+    assert r["quantized"] and r["submissions_per_decode_token"] == 1.0
