@@ -20,13 +20,15 @@ import resource
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from .errors import FrinkError
+from .graph.linear import blas_threads
 
 COMPARE_TARGETS = ("llama.cpp",)
 
@@ -64,6 +66,8 @@ class Runner(Protocol):
 
     def run(self, test: BenchTest, ids: np.ndarray) -> Sample: ...
 
+    def threads(self, test: BenchTest) -> int: ...
+
     def close(self) -> None: ...
 
 
@@ -72,12 +76,25 @@ class FrinkRunner:
 
     runner = "frink"
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, n_threads: int) -> None:
         self.model = model
         self.name = model.backend_name
         self.decoder = model.decoder
+        self.n_threads = n_threads
+
+    def threads(self, test: BenchTest) -> int:
+        """BLAS threads the test ran with: -t caps them; decode rows use the decoder's own
+        (lower) setting, see frink_cli/graph/linear.py."""
+        with blas_threads.limit(self.n_threads):
+            n = blas_threads.current() or 1
+        decode = self.decoder.decode_blas_threads
+        return min(n, decode) if test.n_gen and decode else n
 
     def run(self, test: BenchTest, ids: np.ndarray) -> Sample:
+        with blas_threads.limit(self.n_threads):
+            return self._run(test, ids)
+
+    def _run(self, test: BenchTest, ids: np.ndarray) -> Sample:
         dec = self.decoder
         n = test.n_prompt + test.n_gen
         # The context exists before the clock starts, as llama.cpp's does.
@@ -141,7 +158,11 @@ class LlamaCppRunner:
             raise FrinkError(f"llama.cpp cannot load {path}: {e}") from None
         self.ctx = self.llm.ctx
         self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.n_threads = n_threads
         self.name = f"llama.cpp ({n_threads} threads)"
+
+    def threads(self, test: BenchTest) -> int:
+        return self.n_threads
 
     def _decode(self, tokens: np.ndarray) -> None:
         L = self._L
@@ -258,7 +279,7 @@ def _stats(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
-def _row(facts: ModelFacts, runner: Runner, n_threads: int, test: BenchTest, samples: list[Sample],
+def _row(facts: ModelFacts, runner: Runner, test: BenchTest, samples: list[Sample],
          submissions: bool) -> BenchRow:
     n_tokens = test.n_prompt + test.n_gen
     ns = [s.seconds * 1e9 for s in samples]
@@ -267,7 +288,7 @@ def _row(facts: ModelFacts, runner: Runner, n_threads: int, test: BenchTest, sam
     avg_ts, sd_ts = _stats(ts)
     row = BenchRow(
         facts.desc, facts.filename, facts.size_bytes, facts.n_params, runner.runner, runner.name,
-        n_threads, test.name, test.n_prompt, test.n_gen, avg_ns, sd_ns, avg_ts, sd_ts, ns, ts,
+        runner.threads(test), test.name, test.n_prompt, test.n_gen, avg_ns, sd_ns, avg_ts, sd_ts, ns, ts,
     )
     if submissions and runner.runner == "frink":
         per = len(samples) * (test.n_gen or 1)
@@ -321,7 +342,7 @@ def run_bench(
     # tokens it sees, and no tokenizer time enters the numbers.
     ids = np.random.default_rng(seed).integers(0, model.config.n_vocab, n_ctx, dtype=np.int64)
 
-    runners: list[Runner] = [FrinkRunner(model)]
+    runners: list[Runner] = [FrinkRunner(model, n_threads)]
     rows: list[BenchRow] = []
     try:
         # frink warms up before llama.cpp is loaded, so the peak memory it reports is its own.
@@ -344,7 +365,7 @@ def run_bench(
                     samples[r].append(s)
                     say(f"{t.name} rep {rep + 1}/{repetitions}: {runner.runner} "
                         f"{(t.n_prompt + t.n_gen) / s.seconds:.1f} t/s")
-            test_rows = [_row(facts, runner, n_threads, t, samples[r], submissions)
+            test_rows = [_row(facts, runner, t, samples[r], submissions)
                          for r, runner in enumerate(runners)]
             test_rows[0].peak_memory_mib = frink_peak
             if compare:

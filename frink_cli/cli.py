@@ -354,13 +354,13 @@ def info(
 
 @app.command()
 def bench(
-    model: Optional[str] = typer.Argument(None, help="GGUF file, HF directory or model name"),
+    model: str | None = typer.Argument(None, help="GGUF file, HF directory or model name"),
     n_prompt: int = typer.Option(512, "-p", "--n-prompt", help="prompt test size (0: none)"),
     n_gen: int = typer.Option(128, "-n", "--n-gen", help="generation test size (0: none)"),
     repetitions: int = typer.Option(3, "-r", "--repetitions", help="timed repetitions per test"),
-    threads: int = typer.Option(0, "-t", "--threads", help="threads for llama.cpp (0: all cores)"),
+    threads: int = typer.Option(0, "-t", "--threads", help="threads for llama.cpp and frink's BLAS (0: all cores)"),
     backend: str = typer.Option("auto", "--backend", help="auto|numpy|metal|cuda"),
-    compare: Optional[str] = typer.Option(None, "--compare", help="also run llama.cpp on the same GGUF"),
+    compare: str | None = typer.Option(None, "--compare", help="also run llama.cpp on the same GGUF"),
     submissions: bool = typer.Option(False, "--submissions", help="add device submissions and refusals"),
     as_json: bool = typer.Option(False, "--json", help="a JSON list of rows"),
     as_csv: bool = typer.Option(False, "--csv", help="CSV rows"),

@@ -9,17 +9,18 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
+from frink_subprocess import assert_error, frink
 
 import frink_cli
 from frink_cli import bench as B
 from frink_cli.backends import Refusal, Run
 from frink_cli.backends.ledger import Ledger
-from frink_subprocess import assert_error, frink
 
 ROW_KEYS = {"test", "n_prompt", "n_gen", "backend", "avg_ts", "stddev_ts", "samples_ts"}
 

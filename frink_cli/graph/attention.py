@@ -20,7 +20,6 @@ from .linear import linear
 from .norms import rms_norm
 from .rope import Rope
 
-
 # Prefill queries are taken in blocks of this many rows, each against only the keys it can
 # see: a causal batch then computes ~5/8 of the full [T, S] score matrix at T = 512, and
 # a block's scores stay in cache through the softmax passes.

@@ -13,8 +13,9 @@ program embedding frink keeps its own.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -43,6 +44,11 @@ class BlasThreads:
             else:
                 self._libs = [c for c in ThreadpoolController().lib_controllers if c.user_api == "blas"]
         return self._libs
+
+    def current(self) -> int | None:
+        """BLAS's thread count now (None when no BLAS library can be asked)."""
+        counts = [c.get_num_threads() for c in self._controllers()]
+        return max((n for n in counts if n is not None), default=None)
 
     @contextmanager
     def limit(self, n: int | None) -> Iterator[None]:
