@@ -25,10 +25,12 @@ from frink_cli.backends.mlx import eligibility  # noqa: E402
 from frink_cli.backends.mlx.quant import affine_from_blocks, pack  # noqa: E402
 
 DENSE = ["llama", "llama_tied", "mistral", "qwen2", "qwen3", "gemma3_text"]
+HYBRID = ["qwen35", "qwen35_vl", "qwen3next"]  # GDN + gated attention (+ MoE for qwen3next)
+MODELS = DENSE + HYBRID
 STEPS = 32
 
 
-@pytest.mark.parametrize("name", DENSE)
+@pytest.mark.parametrize("name", MODELS)
 def test_backend_matches_host_over_prefill_and_decode(tiny_model, name):
     tm = tiny_model(name)
     host = frink_cli.load(tm.gguf)
@@ -46,11 +48,17 @@ def test_backend_matches_host_over_prefill_and_decode(tiny_model, name):
         assert np.abs(a - b).max() <= 1e-3
         assert a.argmax() == b.argmax()
         token = int(a.argmax())
-    # The device mirror stayed in step with the authoritative host cache.
+    # The device mirrors stayed in step with the authoritative host cache.
     assert dc.n_past == hc.n_past == len(ids) + STEPS
+    for layer in range(host.config.n_layer):
+        if host.config.is_recurrent(layer):
+            assert np.abs(dc.delta_state[layer] - hc.delta_state[layer]).max() <= 1e-4
+            assert np.abs(dc.conv_state[layer] - hc.conv_state[layer]).max() <= 1e-4
+        else:
+            assert np.abs(dc.k[layer][:, : dc.n_past] - hc.k[layer][:, : hc.n_past]).max() <= 1e-4
 
 
-@pytest.mark.parametrize("name", DENSE)
+@pytest.mark.parametrize("name", MODELS)
 def test_one_submission_per_token(tiny_model, name):
     # Pinned: a stray mx.eval or host conversion anywhere in a token shows up here.
     dev = frink_cli.load(tiny_model(name).gguf, backend="metal")
@@ -61,7 +69,8 @@ def test_one_submission_per_token(tiny_model, name):
     for t in range(10):
         ledger.reset()
         dev.decoder.step(np.asarray([t + 3]), cache)
-        assert dict(ledger.submissions) == {"dense-run+lm-head": 1}
+        kind = "gdn-run+lm-head" if name in HYBRID else "dense-run+lm-head"
+        assert dict(ledger.submissions) == {kind: 1}
     assert not ledger.refusals
 
 
@@ -71,8 +80,11 @@ def test_step_api_equals_batched_on_backend(tiny_model):
     assert np.abs(dev.logits(ids) - dev.logits(ids, step=True)).max() <= 1e-4
 
 
-def test_refused_layers_alternate_with_device_runs(tiny_model, monkeypatch):
-    tm = tiny_model("gemma3_text")
+@pytest.mark.parametrize("name", ["gemma3_text", "qwen35"])
+def test_refused_layers_alternate_with_device_runs(tiny_model, monkeypatch, name):
+    # Host and device layers alternate within each token; for qwen35 the host then runs
+    # GDN layers between device runs, so the recurrent state crosses over both ways.
+    tm = tiny_model(name)
     real = eligibility.layer_refusals
 
     def refuse_odd(cfg, layer):
@@ -84,10 +96,12 @@ def test_refused_layers_alternate_with_device_runs(tiny_model, monkeypatch):
     dev = frink_cli.load(tm.gguf, backend="metal")
     ids = tm.ref["tokens"][:20]
     assert np.abs(host.logits(ids, step=True) - dev.logits(ids, step=True)).max() <= 1e-3
+    assert np.abs(host.logits(ids) - dev.logits(ids)).max() <= 1e-3
     ledger = dev.decoder.backend.ledger
     n_layer = dev.config.n_layer
-    assert ledger.refusals["forced for test"] == 20 * (n_layer // 2)
-    assert ledger.total() == 20 * ((n_layer + 1) // 2)  # one run per device layer per token
+    # step=True: 20 tokens; then one batched prefill
+    assert ledger.refusals["forced for test"] == 21 * (n_layer // 2)
+    assert ledger.total() == 21 * ((n_layer + 1) // 2)  # one run per device layer per step
 
 
 @pytest.mark.parametrize(

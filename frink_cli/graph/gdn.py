@@ -35,9 +35,7 @@ CHUNK = 64  # tokens solved together in a prefill; transformers' chunk size too
 
 def key_head_of_value_head(cfg: ModelConfig) -> np.ndarray:
     """[n_v] index of the key head each value head reads."""
-    n_k, n_v = cfg.ssm_n_k_heads, cfg.ssm_n_v_heads
-    h = np.arange(n_v)
-    return h % n_k if cfg.ssm_v_head_order == "tiled" else h // (n_v // n_k)
+    return np.asarray(cfg.gdn_key_heads(), dtype=np.intp)
 
 
 def causal_conv(x: np.ndarray, tail: np.ndarray, taps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -104,6 +104,13 @@ class ModelConfig:
         """Channels of the conv (and its state): q, k (n_k heads each) and v (n_v heads)."""
         return 2 * self.ssm_n_k_heads * self.ssm_head_dim_k + self.ssm_n_v_heads * self.ssm_head_dim_v
 
+    def gdn_key_heads(self) -> list[int]:
+        """Per value head, the key head it reads (the host body and every backend ask here)."""
+        n_k, n_v = self.ssm_n_k_heads, self.ssm_n_v_heads
+        if self.ssm_v_head_order == "tiled":
+            return [h % n_k for h in range(n_v)]
+        return [h // (n_v // n_k) for h in range(n_v)]
+
     def recurrent_state_bytes(self) -> int:
         """f32 bytes of recurrent state one sequence holds: conv tail + delta state per GDN layer."""
         per_layer = (self.ssm_conv_kernel - 1) * self.ssm_conv_dim + (

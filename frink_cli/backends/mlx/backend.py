@@ -36,6 +36,8 @@ class _Mirror:
         self.k: list[mx.array | None] = [None] * n_layer
         self.v: list[mx.array | None] = [None] * n_layer
         self.length = [-1] * n_layer
+        # Recurrent layers: the host state arrays the device state was made from / made.
+        self.host_state: list[tuple | None] = [None] * n_layer
 
 
 class MlxBackend:
@@ -57,7 +59,9 @@ class MlxBackend:
         """Device copy of a (fused) host Linear; quantized when every source tensor maps."""
         b = mx.array(bias) if bias is not None else None
         src = self.checkpoint.tensors if self.checkpoint is not None else None
-        dtypes = [src.info(n).dtype for n in names] if src is not None else ["F32"]
+        if src is None or not names or not set(names) <= set(src.names()):
+            return graph.DeviceLinear(mx.array(dense), bias=b)  # no single source tensor to map
+        dtypes = [src.info(n).dtype for n in names]
         if src is not None and hasattr(src, "raw") and len(set(dtypes)) == 1 and dtypes[0] in QUANTIZED_TYPES:
             qs, scales, biases = [], [], []
             for n in names:
@@ -96,20 +100,36 @@ class MlxBackend:
                 self.layers.append(None)
                 continue
             p = f"blk.{i}."
-            qkv_names = [p + "attn_qkv.weight"] if p + "attn_qkv.weight" in names else [p + f"attn_{x}.weight" for x in "qkv"]
             s = cfg.layer_shape(i)
-            self.layers.append(graph.DeviceLayer(
-                attn_norm=mx.array(lw.attn_norm),
-                qkv=self._linear(qkv_names, lw.qkv.w, lw.qkv.b),
-                q_norm=opt(lw.q_norm), k_norm=opt(lw.k_norm),
-                wo=self._linear([p + "attn_output.weight"], lw.wo.w, lw.wo.b),
-                post_attn_norm=opt(lw.post_attn_norm),
-                ffn_norm=mx.array(lw.ffn_norm),
-                gate_up=self._linear([p + "ffn_gate.weight", p + "ffn_up.weight"], lw.gate_up.w, None),
-                down=self._linear([p + "ffn_down.weight"], lw.down.w, None),
-                post_ffn_norm=opt(lw.post_ffn_norm),
+            layer = graph.DeviceLayer(
+                mixer=s.mixer, ffn=s.ffn,
+                attn_norm=mx.array(lw.attn_norm), qkv=None, q_norm=opt(lw.q_norm), k_norm=opt(lw.k_norm),
+                wo=None, post_attn_norm=opt(lw.post_attn_norm), ffn_norm=mx.array(lw.ffn_norm),
+                gate_up=None, down=None, post_ffn_norm=opt(lw.post_ffn_norm),
                 rope_base=s.rope_base, rope_scale=s.rope_scale, window=s.window,
-            ))
+            )
+            if s.mixer == "gdn":
+                g = lw.gdn
+                layer.gdn = graph.DeviceGdn(
+                    in_proj=self._linear([], g.in_proj.w, g.in_proj.b), conv=mx.array(g.conv),
+                    a=mx.array(g.a), dt_bias=mx.array(g.dt_bias), norm=mx.array(g.norm),
+                    out=self._linear([], g.out.w, g.out.b), heads=mx.array(cfg.gdn_key_heads()),
+                )
+            else:
+                qkv_names = [p + "attn_qkv.weight"] if p + "attn_qkv.weight" in names else [p + f"attn_{x}.weight" for x in "qkv"]
+                layer.qkv = self._linear(qkv_names, lw.qkv.w, lw.qkv.b)
+                layer.wo = self._linear([p + "attn_output.weight"], lw.wo.w, lw.wo.b)
+            if s.ffn == "moe":
+                e = lw.moe
+                layer.moe = graph.DeviceMoe(
+                    inp=self._linear([], e.inp.w, e.inp.b), gate_up_exps=mx.array(e.gate_up_exps),
+                    down_exps=mx.array(e.down_exps),
+                    down_shexp=self._linear([], e.down_shexp.w, e.down_shexp.b) if e.down_shexp is not None else None,
+                )
+            else:
+                layer.gate_up = self._linear([p + "ffn_gate.weight", p + "ffn_up.weight"], lw.gate_up.w, None)
+                layer.down = self._linear([p + "ffn_down.weight"], lw.down.w, None)
+            self.layers.append(layer)
         out_name = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
         self.output = self._linear([out_name], weights.output.w, None)
         self.output_norm = mx.array(weights.output_norm)
@@ -143,6 +163,13 @@ class MlxBackend:
         return m
 
     def _sync_layer(self, m: _Mirror, cache, layer: int) -> None:
+        if self.cfg.is_recurrent(layer):
+            conv, delta = cache.conv_state[layer], cache.delta_state[layer]
+            ref = m.host_state[layer]
+            if ref is None or ref[0] is not conv or ref[1] is not delta:
+                m.k[layer], m.v[layer] = mx.array(conv), mx.array(delta)
+                m.host_state[layer] = (conv, delta)
+            return
         n = cache.n_past
         if m.length[layer] == n:
             return
@@ -189,7 +216,7 @@ class MlxBackend:
                 kv += [m.k[i], m.v[i]]
             outs = fn(mx.array(x), mx.array(positions.astype(np.int32)), mx.array(np.int32(cache.n_past)), *kv)
             mx.eval(outs)
-            self.ledger.submit("dense-run" if head is None else "dense-run+lm-head")
+            self.ledger.submit(self._kind(run, head))
             flat = np.asarray(outs[0])
         except Exception as e:  # noqa: BLE001 - any device failure: the host body takes over
             raise LaunchFailed(f"mlx: {type(e).__name__}: {e}") from e
@@ -198,13 +225,28 @@ class MlxBackend:
         main, rest = flat[:rows_out], flat[rows_out:]
         nk, nv = cfg.n_head_kv * T * cfg.head_dim_k, cfg.n_head_kv * T * cfg.head_dim_v
         for j, i in enumerate(range(run.start, run.stop)):
-            k = rest[: nk].reshape(cfg.n_head_kv, T, cfg.head_dim_k).transpose(1, 0, 2)
+            new_a, new_b = outs[1 + 2 * j], outs[2 + 2 * j]
+            if cfg.is_recurrent(i):
+                na, nb = new_a.size, new_b.size
+                conv = rest[:na].reshape(new_a.shape).copy()
+                delta = rest[na : na + nb].reshape(new_b.shape).copy()
+                rest = rest[na + nb :]
+                cache.slot(i).set_recurrent_state(conv, delta)  # becomes current at commit
+                m.k[i], m.v[i], m.host_state[i] = new_a, new_b, (conv, delta)
+                continue
+            k = rest[:nk].reshape(cfg.n_head_kv, T, cfg.head_dim_k).transpose(1, 0, 2)
             v = rest[nk : nk + nv].reshape(cfg.n_head_kv, T, cfg.head_dim_v).transpose(1, 0, 2)
             rest = rest[nk + nv :]
             cache.slot(i).append(k, v)
-            m.k[i], m.v[i] = outs[1 + 2 * j], outs[2 + 2 * j]
+            m.k[i], m.v[i] = new_a, new_b
             m.length[i] = cache.n_past + T
         return main.reshape(-1, cfg.n_vocab if head else cfg.n_embd)
+
+    def _kind(self, run: Run, head: str | None) -> str:
+        """Ledger tag: a run holding GDN layers is a gdn-run (its attention layers are the
+        heads and tails folded into it), else a dense-run; "+lm-head" when the head rode along."""
+        gdn = any(self.cfg.is_recurrent(i) for i in range(run.start, run.stop))
+        return ("gdn-run" if gdn else "dense-run") + ("" if head is None else "+lm-head")
 
     def run(self, run: Run, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray:
         return self._launch(run, x, positions, cache, None)

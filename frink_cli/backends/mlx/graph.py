@@ -35,9 +35,30 @@ class DeviceLinear:
 
 
 @dataclass
+class DeviceGdn:
+    in_proj: DeviceLinear  # [conv_dim + value_dim + 2 n_v, d]: conv input, z, beta, alpha
+    conv: mx.array  # [conv_dim, kernel], oldest tap first
+    a: mx.array  # [n_v] -exp(A_log)
+    dt_bias: mx.array  # [n_v]
+    norm: mx.array  # [hd_v]
+    out: DeviceLinear
+    heads: mx.array  # [n_v] the key head each value head reads
+
+
+@dataclass
+class DeviceMoe:
+    inp: DeviceLinear  # router rows, then (with a shared expert) its gate row and gate/up rows
+    gate_up_exps: mx.array  # [E, 2 ff, d]
+    down_exps: mx.array  # [E, d, ff]
+    down_shexp: DeviceLinear | None
+
+
+@dataclass
 class DeviceLayer:
+    mixer: str  # "attention" | "gdn"
+    ffn: str  # "dense" | "moe"
     attn_norm: mx.array
-    qkv: DeviceLinear
+    qkv: DeviceLinear | None
     q_norm: mx.array | None
     k_norm: mx.array | None
     wo: DeviceLinear
@@ -49,6 +70,8 @@ class DeviceLayer:
     rope_base: float
     rope_scale: float
     window: int | None
+    gdn: DeviceGdn | None = None
+    moe: DeviceMoe | None = None
 
 
 def _act(name: str, x: mx.array) -> mx.array:
@@ -67,25 +90,23 @@ def attention_mask(positions: mx.array, capacity: int, window: int | None) -> mx
     return mx.where(visible, mx.array(0.0, mx.float32), mx.array(-mx.inf, mx.float32))
 
 
-def layer(
-    cfg: ModelConfig,
-    w: DeviceLayer,
-    x: mx.array,
-    positions: mx.array,
-    start: mx.array,
-    k_cache: mx.array,
-    v_cache: mx.array,
-    rope_freqs: mx.array | None,
-):
-    """x [T, d] -> (x', new K mirror, new V mirror, k rows [Hkv, T, hk], v rows)."""
-    T = x.shape[0]
+def _glu(act: str, h: mx.array) -> mx.array:
+    n = h.shape[-1] // 2
+    return _act(act, h[..., :n]) * h[..., n:]
+
+
+def _attention(cfg, w: DeviceLayer, h, positions, start, k_cache, v_cache, rope_freqs):
+    T = h.shape[0]
     H, Hkv, hk, hv = cfg.n_head, cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
     eps = cfg.norm_eps
-    h = mx.fast.rms_norm(x, w.attn_norm, eps)
     qkv = w.qkv(h)
-    q = qkv[:, : H * hk].reshape(T, H, hk)
-    k = qkv[:, H * hk : (H + Hkv) * hk].reshape(T, Hkv, hk)
-    v = qkv[:, (H + Hkv) * hk :].reshape(T, Hkv, hv)
+    nq = 2 * H * hk if cfg.attn_output_gate else H * hk
+    q = qkv[:, :nq].reshape(T, H, nq // H)
+    gate = None
+    if cfg.attn_output_gate:
+        q, gate = q[..., :hk], q[..., hk:].reshape(T, H * hk)
+    k = qkv[:, nq : nq + Hkv * hk].reshape(T, Hkv, hk)
+    v = qkv[:, nq + Hkv * hk :].reshape(T, Hkv, hv)
     if w.q_norm is not None:
         q = mx.fast.rms_norm(q, w.q_norm, eps)
         k = mx.fast.rms_norm(k, w.k_norm, eps)
@@ -93,28 +114,96 @@ def layer(
     k = k.transpose(1, 0, 2)[None]
     v = v.transpose(1, 0, 2)[None]
     traditional = cfg.rope_type == "norm"
-    if rope_freqs is not None:
-        q = mx.fast.rope(q, cfg.rope_dim, traditional=traditional, base=None, scale=w.rope_scale, offset=start, freqs=rope_freqs)
-        k = mx.fast.rope(k, cfg.rope_dim, traditional=traditional, base=None, scale=w.rope_scale, offset=start, freqs=rope_freqs)
-    else:
-        q = mx.fast.rope(q, cfg.rope_dim, traditional=traditional, base=w.rope_base, scale=w.rope_scale, offset=start)
-        k = mx.fast.rope(k, cfg.rope_dim, traditional=traditional, base=w.rope_base, scale=w.rope_scale, offset=start)
+    base = None if rope_freqs is not None else w.rope_base
+    q = mx.fast.rope(q, cfg.rope_dim, traditional=traditional, base=base, scale=w.rope_scale, offset=start, freqs=rope_freqs)
+    k = mx.fast.rope(k, cfg.rope_dim, traditional=traditional, base=base, scale=w.rope_scale, offset=start, freqs=rope_freqs)
     k_cache = mx.slice_update(k_cache, k, start.reshape(1), axes=(2,))
     v_cache = mx.slice_update(v_cache, v, start.reshape(1), axes=(2,))
     mask = attention_mask(positions, k_cache.shape[2], w.window)
     o = mx.fast.scaled_dot_product_attention(q, k_cache, v_cache, scale=cfg.attn_scale, mask=mask)
     o = o[0].transpose(1, 0, 2).reshape(T, H * hv)
-    a = w.wo(o)
+    if gate is not None:
+        o = o * mx.sigmoid(gate)
+    return w.wo(o), k_cache, v_cache, k[0], v[0]
+
+
+def _gdn(cfg, g: DeviceGdn, h, conv_tail, state):
+    """The gated delta net, the per-token (step) form for every row; returns (out, tail, state)."""
+    T = h.shape[0]
+    n_k, n_v, hk, hv = cfg.ssm_n_k_heads, cfg.ssm_n_v_heads, cfg.ssm_head_dim_k, cfg.ssm_head_dim_v
+    key_dim, conv_dim, value_dim = n_k * hk, cfg.ssm_conv_dim, n_v * hv
+    proj = g.in_proj(h)
+    mixed = proj[:, :conv_dim]
+    z = proj[:, conv_dim : conv_dim + value_dim].reshape(T, n_v, hv)
+    b = proj[:, conv_dim + value_dim : conv_dim + value_dim + n_v]
+    a = proj[:, conv_dim + value_dim + n_v :]
+    K = g.conv.shape[1]
+    xin = mx.concatenate([conv_tail, mixed])
+    c = xin[:T] * g.conv[:, 0]
+    for j in range(1, K):
+        c = c + xin[j : j + T] * g.conv[:, j]
+    new_tail = xin[T:]
+    c = c * mx.sigmoid(c)
+
+    def l2(x):
+        return x * mx.rsqrt((x * x).sum(axis=-1, keepdims=True) + cfg.norm_eps)
+
+    q = l2(c[:, :key_dim].reshape(T, n_k, hk)) * (1.0 / hk**0.5)
+    k = l2(c[:, key_dim : 2 * key_dim].reshape(T, n_k, hk))
+    q, k = q[:, g.heads], k[:, g.heads]
+    v = c[:, 2 * key_dim :].reshape(T, n_v, hv)
+    beta = mx.sigmoid(b)
+    decay = mx.exp(g.a * mx.logaddexp(mx.zeros_like(a), a + g.dt_bias))  # exp(g), g <= 0
+    outs = []
+    s = state
+    for t in range(T):
+        s = s * decay[t][:, None, None]
+        kt = k[t][:, None, :]  # [n_v, 1, dk]
+        delta = (v[t] - (kt @ s)[:, 0]) * beta[t][:, None]
+        s = s + kt.transpose(0, 2, 1) * delta[:, None, :]
+        outs.append((q[t][:, None, :] @ s)[:, 0])
+    o = mx.stack(outs)  # [T, n_v, hv]
+    o = mx.fast.rms_norm(o, g.norm, cfg.norm_eps) * (z * mx.sigmoid(z))
+    return g.out(o.reshape(T, value_dim)), new_tail, s
+
+
+def _moe(cfg, m: DeviceMoe, h):
+    E, k = cfg.n_expert, cfg.n_expert_used
+    r = m.inp(h)
+    p = mx.softmax(r[:, :E], axis=-1)
+    ids = mx.argsort(-p, axis=-1)[:, :k]  # [T, k]
+    wts = mx.take_along_axis(p, ids, axis=-1)
+    if cfg.moe_norm_topk:
+        wts = wts / wts.sum(axis=-1, keepdims=True)
+    x = h[:, None, :, None]  # [T, 1, d, 1]
+    gu = (m.gate_up_exps[ids] @ x)[..., 0]  # [T, k, 2 ff]
+    y = (m.down_exps[ids] @ _glu(cfg.ffn_act, gu)[..., None])[..., 0]  # [T, k, d]
+    out = (y * wts[..., None]).sum(axis=1)
+    if m.down_shexp is not None:
+        gate = r[:, E : E + 1]
+        out = out + m.down_shexp(_glu(cfg.ffn_act, r[:, E + 1 :])) * mx.sigmoid(gate)
+    return out
+
+
+def layer(cfg: ModelConfig, w: DeviceLayer, x: mx.array, positions: mx.array, start: mx.array, state_a: mx.array, state_b: mx.array, rope_freqs: mx.array | None):
+    """x [T, d] -> (x', new state_a, new state_b, rows_a, rows_b). The state pair is the
+    layer's K/V mirror for attention (rows: the new K/V rows [Hkv, T, hd]) and its conv
+    tail and delta state for a gated delta net (rows: the new tail and state themselves)."""
+    eps = cfg.norm_eps
+    h = mx.fast.rms_norm(x, w.attn_norm, eps)
+    if w.mixer == "gdn":
+        a, state_a, state_b = _gdn(cfg, w.gdn, h, state_a, state_b)
+        rows_a, rows_b = state_a, state_b
+    else:
+        a, state_a, state_b, rows_a, rows_b = _attention(cfg, w, h, positions, start, state_a, state_b, rope_freqs)
     if w.post_attn_norm is not None:
         a = mx.fast.rms_norm(a, w.post_attn_norm, eps)
     x = x + a
     h = mx.fast.rms_norm(x, w.ffn_norm, eps)
-    gu = w.gate_up(h)
-    n_ff = gu.shape[1] // 2
-    f = w.down(_act(cfg.ffn_act, gu[:, :n_ff]) * gu[:, n_ff:])
+    f = _moe(cfg, w.moe, h) if w.ffn == "moe" else w.down(_glu(cfg.ffn_act, w.gate_up(h)))
     if w.post_ffn_norm is not None:
         f = mx.fast.rms_norm(f, w.post_ffn_norm, eps)
-    return x + f, k_cache, v_cache, k[0], v[0]
+    return x + f, state_a, state_b, rows_a, rows_b
 
 
 def head(cfg: ModelConfig, output_norm: mx.array, output: DeviceLinear, x: mx.array) -> mx.array:
