@@ -203,18 +203,33 @@ def model_facts(model: Any) -> ModelFacts:
     names = ckpt.tensors.names()
     infos = [ckpt.tensors.info(n) for n in names]
     n_params = sum(int(np.prod(i.shape)) for i in infos)
-    # The stored type holding most of the weights names the quantization, as llama-bench's
-    # model column does ("Q4_1"); norms and other vectors stay F32 in every file.
-    by_type: Counter[str] = Counter()
-    for i in infos:
-        if len(i.shape) >= 2:
-            by_type[i.dtype] += int(np.prod(i.shape))
-    qtype = by_type.most_common(1)[0][0] if by_type else "F32"
+    qtype = _file_type(ckpt.metadata.get("general.file_type"))
+    if qtype is None:
+        # No file type recorded (safetensors, or a GGUF without the key): the stored type
+        # holding most of the matrices' weights.
+        by_type: Counter[str] = Counter()
+        for i in infos:
+            if len(i.shape) >= 2:
+                by_type[i.dtype] += int(np.prod(i.shape))
+        qtype = by_type.most_common(1)[0][0] if by_type else "F32"
     if path.is_dir():
         size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
     else:
         size = path.stat().st_size
     return ModelFacts(f"{model.config.arch} {_human_params(n_params)} {qtype}", path.name, size, n_params)
+
+
+def _file_type(value: Any) -> str | None:
+    """GGUF's general.file_type as llama-bench names it ("Q4_K_M"): a quantization mix
+    names itself, where the type of its largest tensor would not (Gemma 3's Q4_K_M file
+    keeps its 262k-row embedding in Q8_0)."""
+    try:
+        from gguf import LlamaFileType
+
+        name = LlamaFileType(int(value)).name
+    except (ImportError, TypeError, ValueError):
+        return None
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
 
 
 def _human_params(n: int) -> str:

@@ -31,14 +31,18 @@ class KvSlot:
     def append(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Write k [T, Hkv, hd_k], v [T, Hkv, hd_v] at the cache's next positions; return
         every row so far as views K [Hkv, S, hd_k], V [Hkv, S, hd_v]."""
+        end = self.write(self._cache.n_past, k, v)
         c = self._cache
-        start = c.n_past
+        return c.k[self._layer][:, :end], c.v[self._layer][:, :end]
+
+    def write(self, start: int, k: np.ndarray, v: np.ndarray) -> int:
+        """Write k [T, Hkv, hd_k], v [T, Hkv, hd_v] at positions start..; return the end."""
+        c = self._cache
         end = start + k.shape[0]
         c.reserve(end)
-        kb, vb = c.k[self._layer], c.v[self._layer]
-        kb[:, start:end] = k.transpose(1, 0, 2)
-        vb[:, start:end] = v.transpose(1, 0, 2)
-        return kb[:, :end], vb[:, :end]
+        c.k[self._layer][:, start:end] = k.transpose(1, 0, 2)
+        c.v[self._layer][:, start:end] = v.transpose(1, 0, 2)
+        return end
 
     def recurrent_state(self) -> tuple[np.ndarray, np.ndarray]:
         """The committed (conv tail [kernel-1, conv_dim], delta state [n_v, hd_k, hd_v]); read-only."""

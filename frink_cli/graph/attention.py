@@ -16,7 +16,7 @@ import numpy as np
 
 from ..model.config import LayerShape, ModelConfig
 from ..model.weights import LayerWeights
-from .linear import linear
+from .linear import blas_threads, linear
 from .norms import rms_norm
 from .rope import Rope
 
@@ -93,32 +93,39 @@ def _attend(
     T, H, hk = q.shape
     Hkv, hv = K.shape[0], V.shape[2]
     g = H // Hkv
-    # [Hkv, g, T, hk]: query heads grouped under the KV head they read (a view for T = 1).
-    qg = q.transpose(1, 0, 2).reshape(Hkv, g, T, hk)
-    out = np.empty((Hkv, g, T, hv), np.float32)
+    # [Hkv, T, g, hk]: query heads grouped under the KV head they read, rows in (token,
+    # head) order, so a block of tokens is one contiguous [Tb * g, hk] matrix per KV head
+    # and each block costs 2 * Hkv GEMMs. (A view for a decode row; one copy for a batch.)
+    qg = np.ascontiguousarray(q.reshape(T, Hkv, g, hk).transpose(1, 0, 2, 3))
+    out = np.empty((Hkv, T, g, hv), np.float32)
     run = T == 1 or bool((np.diff(positions) == 1).all())  # consecutive positions, the usual case
-    for r0 in range(0, T, QUERY_BLOCK):
-        r1 = min(T, r0 + QUERY_BLOCK)
-        pos = positions[r0:r1]
-        first, last = (int(pos[0]), int(pos[-1])) if run else (int(pos.min()), int(pos.max()))
-        # Keys [lo, hi): none after the block's last query, none before its first query's window.
-        hi = last + 1
-        lo = max(0, first - window + 1) if window is not None else 0
-        scores = np.matmul(qg[:, :, r0:r1], K[:, None, lo:hi].transpose(0, 1, 3, 2))  # [Hkv, g, Tb, n]
-        if softcap:
-            c = np.float32(softcap)
-            scores /= c
-            np.tanh(scores, out=scores)
-            scores *= c
-        n_rows = r1 - r0
-        if n_rows == 1:
-            pass  # one query: every key in [lo, hi) is visible to it
-        elif run and window is None:
-            scores[..., hi - lo - n_rows :] += _causal_tail(n_rows)
-        else:
-            scores += attention_mask(pos, hi, window, lo)
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
-        np.matmul(scores, V[:, None, lo:hi], out=out[:, :, r0:r1])
-    return out.transpose(2, 0, 1, 3).reshape(T, H * hv)
+    # These GEMMs are small ([Tb * g, hk] x [hk, n]); split over BLAS threads they only pay
+    # hand-offs, which stall whenever another process holds a core (graph/linear.py).
+    with blas_threads.limit(1):
+        for r0 in range(0, T, QUERY_BLOCK):
+            r1 = min(T, r0 + QUERY_BLOCK)
+            n_rows = r1 - r0
+            pos = positions[r0:r1]
+            first, last = (int(pos[0]), int(pos[-1])) if run else (int(pos.min()), int(pos.max()))
+            # Keys [lo, hi): none after the block's last query, none before its first
+            # query's window.
+            hi = last + 1
+            lo = max(0, first - window + 1) if window is not None else 0
+            qb = qg[:, r0:r1].reshape(Hkv, n_rows * g, hk)
+            scores = np.matmul(qb, K[:, lo:hi].transpose(0, 2, 1))  # [Hkv, Tb * g, n]
+            if softcap:
+                c = np.float32(softcap)
+                scores /= c
+                np.tanh(scores, out=scores)
+                scores *= c
+            if n_rows > 1:  # (one query sees every key in [lo, hi))
+                s4 = scores.reshape(Hkv, n_rows, g, hi - lo)
+                if run and window is None:
+                    s4[..., hi - lo - n_rows :] += _causal_tail(n_rows)[:, None, :]
+                else:
+                    s4 += attention_mask(pos, hi, window, lo)[:, None, :]
+            scores -= scores.max(axis=-1, keepdims=True)
+            np.exp(scores, out=scores)
+            scores /= scores.sum(axis=-1, keepdims=True)
+            np.matmul(scores, V[:, lo:hi], out=out[:, r0:r1].reshape(Hkv, n_rows * g, hv))
+    return out.transpose(1, 0, 2, 3).reshape(T, H * hv)

@@ -26,6 +26,10 @@ from .eligibility import layer_refusals
 from .quant import QUANTIZED_TYPES, affine_from_blocks, device_format, pack
 
 _MIN_CAPACITY = 256
+# Rows per prefill submission. A GDN layer's recurrence is unrolled row by row in the
+# traced graph, so runs holding one take smaller chunks.
+PREFILL_CHUNK = 512
+GDN_CHUNK = 64
 
 
 class _Mirror:
@@ -164,7 +168,8 @@ class MlxBackend:
 
     def _sync_layer(self, m: _Mirror, cache, layer: int) -> None:
         if self.cfg.is_recurrent(layer):
-            conv, delta = cache.conv_state[layer], cache.delta_state[layer]
+            # This step's staged state if an earlier run of it already moved the layer on.
+            conv, delta = cache.pending_state.get(layer, (cache.conv_state[layer], cache.delta_state[layer]))
             ref = m.host_state[layer]
             if ref is None or ref[0] is not conv or ref[1] is not delta:
                 m.k[layer], m.v[layer] = mx.array(conv), mx.array(delta)
@@ -204,43 +209,62 @@ class MlxBackend:
         return fn
 
     def _launch(self, run: Run, x: np.ndarray, positions: np.ndarray, cache, head: str | None) -> np.ndarray:
+        """Run layers [run.start, run.stop) over the rows x, in chunks of at most
+        PREFILL_CHUNK rows: one traced graph serves every full chunk, and a GDN chunk's
+        unrolled recurrence stays small. One submission per chunk; the host cache and the
+        mirrors change only after every chunk has succeeded."""
         cfg = self.cfg
         T = x.shape[0]
+        chunk = GDN_CHUNK if any(cfg.is_recurrent(i) for i in range(run.start, run.stop)) else PREFILL_CHUNK
+        outputs, staged = [], []
         try:
             m = self._mirror(cache, cache.n_past + T)
+            state = {}  # this launch's device state per layer, carried chunk to chunk
             for i in range(run.start, run.stop):
                 self._sync_layer(m, cache, i)
-            fn = self._function(run, T, m.capacity, head)
-            kv = []
-            for i in range(run.start, run.stop):
-                kv += [m.k[i], m.v[i]]
-            outs = fn(mx.array(x), mx.array(positions.astype(np.int32)), mx.array(np.int32(cache.n_past)), *kv)
-            mx.eval(outs)
-            self.ledger.submit(self._kind(run, head))
-            flat = np.asarray(outs[0])
+                state[i] = (m.k[i], m.v[i])
+            for o in range(0, T, chunk):
+                c = min(chunk, T - o)
+                last = o + c == T
+                h = head if head == "all" or (head == "last" and last) else None
+                fn = self._function(run, c, m.capacity, h)
+                kv = [a for i in range(run.start, run.stop) for a in state[i]]
+                outs = fn(mx.array(x[o : o + c]), mx.array(positions[o : o + c].astype(np.int32)),
+                          mx.array(np.int32(cache.n_past + o)), *kv)
+                mx.eval(outs)
+                self.ledger.submit(self._kind(run, h))
+                flat = np.asarray(outs[0])
+                for j, i in enumerate(range(run.start, run.stop)):
+                    state[i] = (outs[1 + 2 * j], outs[2 + 2 * j])
+                staged.append((o, c, h, flat))
         except Exception as e:  # noqa: BLE001 - any device failure: the host body takes over
             raise LaunchFailed(f"mlx: {type(e).__name__}: {e}") from e
-        # Success: only now do host cache and mirrors change.
-        rows_out = (T if head != "last" else 1) * (cfg.n_vocab if head else cfg.n_embd)
-        main, rest = flat[:rows_out], flat[rows_out:]
-        nk, nv = cfg.n_head_kv * T * cfg.head_dim_k, cfg.n_head_kv * T * cfg.head_dim_v
-        for j, i in enumerate(range(run.start, run.stop)):
-            new_a, new_b = outs[1 + 2 * j], outs[2 + 2 * j]
-            if cfg.is_recurrent(i):
-                na, nb = new_a.size, new_b.size
-                conv = rest[:na].reshape(new_a.shape).copy()
-                delta = rest[na : na + nb].reshape(new_b.shape).copy()
-                rest = rest[na + nb :]
-                cache.slot(i).set_recurrent_state(conv, delta)  # becomes current at commit
-                m.k[i], m.v[i], m.host_state[i] = new_a, new_b, (conv, delta)
-                continue
-            k = rest[:nk].reshape(cfg.n_head_kv, T, cfg.head_dim_k).transpose(1, 0, 2)
-            v = rest[nk : nk + nv].reshape(cfg.n_head_kv, T, cfg.head_dim_v).transpose(1, 0, 2)
-            rest = rest[nk + nv :]
-            cache.slot(i).append(k, v)
-            m.k[i], m.v[i] = new_a, new_b
-            m.length[i] = cache.n_past + T
-        return main.reshape(-1, cfg.n_vocab if head else cfg.n_embd)
+        # Every chunk succeeded: only now do the host cache and the mirrors change.
+        for o, c, h, flat in staged:
+            width = cfg.n_vocab if h else cfg.n_embd
+            pos = (1 if h == "last" else c) * width
+            if h is not None or head is None:
+                outputs.append(flat[:pos].reshape(-1, width))
+            nk, nv = cfg.n_head_kv * c * cfg.head_dim_k, cfg.n_head_kv * c * cfg.head_dim_v
+            for i in range(run.start, run.stop):
+                if cfg.is_recurrent(i):
+                    (da, db), (na, nb) = state[i], (state[i][0].size, state[i][1].size)
+                    if o + c == T:  # the state after the last chunk is the layer's new state
+                        conv = flat[pos : pos + na].reshape(da.shape).copy()
+                        delta = flat[pos + na : pos + na + nb].reshape(db.shape).copy()
+                        cache.slot(i).set_recurrent_state(conv, delta)  # current at commit
+                        m.k[i], m.v[i], m.host_state[i] = da, db, (conv, delta)
+                    pos += na + nb
+                    continue
+                k = flat[pos : pos + nk].reshape(cfg.n_head_kv, c, cfg.head_dim_k).transpose(1, 0, 2)
+                v = flat[pos + nk : pos + nk + nv].reshape(cfg.n_head_kv, c, cfg.head_dim_v).transpose(1, 0, 2)
+                pos += nk + nv
+                cache.slot(i).write(cache.n_past + o, k, v)
+        for i in range(run.start, run.stop):
+            if not cfg.is_recurrent(i):
+                m.k[i], m.v[i] = state[i]
+                m.length[i] = cache.n_past + T
+        return np.concatenate(outputs) if len(outputs) > 1 else outputs[0]
 
     def _kind(self, run: Run, head: str | None) -> str:
         """Ledger tag: a run holding GDN layers is a gdn-run (its attention layers are the
