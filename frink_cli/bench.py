@@ -83,12 +83,11 @@ class FrinkRunner:
         self.n_threads = n_threads
 
     def threads(self, test: BenchTest) -> int:
-        """BLAS threads the test ran with: -t caps them; decode rows use the decoder's own
-        (lower) setting, see frink_cli/graph/linear.py."""
+        """BLAS threads the test ran with (-t caps them)."""
         with blas_threads.limit(self.n_threads):
             n = blas_threads.current() or 1
-        decode = self.decoder.decode_blas_threads
-        return min(n, decode) if test.n_gen and decode else n
+        # Decode rows: where the decoder's timed choice (graph/linear.py) settled.
+        return min(n, self.decoder.decode_threads.current) if test.n_gen else n
 
     def run(self, test: BenchTest, ids: np.ndarray) -> Sample:
         with blas_threads.limit(self.n_threads):

@@ -7,12 +7,14 @@ the last layer, so a step that fails leaves the cache as it was.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .backends import Backend, LaunchFailed, Refusal
 from .cache import KvCache
 from .graph.body import HostBody
-from .graph.linear import blas_threads
+from .graph.linear import ThreadChoice, blas_threads
 from .model.config import ModelConfig
 from .model.weights import ModelWeights
 
@@ -22,8 +24,11 @@ class Decoder:
         self.cfg = cfg
         self.host = HostBody(cfg, weights)
         self.backend = backend
-        # BLAS threads for a one-row step (see graph/linear.py); None leaves BLAS alone.
-        self.decode_blas_threads: int | None = 1
+        # BLAS threads for one-row steps, chosen by timing them (graph/linear.py); and for
+        # prefill layers, per (kind of layer, batch size): a repeated prompt size (bench,
+        # a server's fixed chunks) keeps what its earlier steps learned.
+        self.decode_threads = ThreadChoice()
+        self.prefill_threads: dict[tuple, ThreadChoice] = {}
         if backend is not None:
             backend.bind(weights)
 
@@ -32,11 +37,8 @@ class Decoder:
 
     def hidden(self, ids: np.ndarray, cache: KvCache) -> np.ndarray:
         """Run new tokens `ids` at the cache's next positions; the last layer's output."""
-        with blas_threads.limit(self._blas_limit(ids)):
+        with blas_threads.limit(self.decode_threads.choose() if len(ids) == 1 else None):
             return self._forward(ids, cache, None)[0]
-
-    def _blas_limit(self, ids) -> int | None:
-        return self.decode_blas_threads if len(ids) == 1 else None
 
     def _forward(self, ids: np.ndarray, cache: KvCache, head: str | None) -> tuple[np.ndarray, bool]:
         """(output, is_logits). With head "last"/"all", a backend whose run reaches the last
@@ -49,13 +51,18 @@ class Decoder:
         positions = np.arange(cache.n_past, cache.n_past + T)
         x = self.host.embed(ids)
         kind = "decode" if T == 1 else "prefill"
+        choices = None
+        if T > 1:
+            if len(self.prefill_threads) > 64:  # many prompt sizes: keep the table small
+                self.prefill_threads.clear()
+            choices = self.prefill_threads
         layer = 0
         while layer < self.cfg.n_layer:
             plan = self.backend.plan(kind, layer, T, cache, positions=positions) if self.backend else None
             if plan is None or isinstance(plan, Refusal):
                 if plan is not None:
                     self.backend.ledger.refuse(plan.reason)
-                x = self.host.layer(layer, x, positions, cache)
+                x = self._host_layer(layer, x, positions, cache, choices)
                 layer += 1
             else:
                 try:
@@ -69,18 +76,44 @@ class Decoder:
                     # the same layers from the same x.
                     self.backend.ledger.fail(str(e))
                     for failed in range(plan.start, plan.stop):
-                        x = self.host.layer(failed, x, positions, cache)
+                        x = self._host_layer(failed, x, positions, cache, choices)
                 layer = plan.stop
         cache.commit(T)
         return x, False
+
+    def _host_layer(
+        self, layer: int, x: np.ndarray, positions: np.ndarray, cache: KvCache,
+        choices: dict[tuple, ThreadChoice] | None,
+    ) -> np.ndarray:
+        if choices is None:
+            return self.host.layer(layer, x, positions, cache)
+        s = self.host.shapes[layer]
+        key = (s.mixer, s.ffn, len(x))  # (a window changes little of a layer's cost)
+        choice = choices.get(key) or choices.setdefault(key, ThreadChoice.for_prefill())
+        n = choice.choose()
+        t0 = time.perf_counter()
+        with blas_threads.limit(n):
+            x = self.host.layer(layer, x, positions, cache)
+        choice.record(n, time.perf_counter() - t0)
+        return x
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         return self.host.logits(hidden)
 
     def step(self, ids: np.ndarray, cache: KvCache, all_logits: bool = False) -> np.ndarray:
         """Feed ids; logits for every row (all_logits) or for the last row only, [rows, V]."""
-        with blas_threads.limit(self._blas_limit(ids)):
-            x, is_logits = self._forward(ids, cache, "all" if all_logits else "last")
-            if is_logits:
-                return x
-            return self.logits(x if all_logits else x[-1:])
+        if len(ids) != 1:
+            return self._step(ids, cache, all_logits)
+        # A whole decode step (layers and LM head) is what the thread choice is timed on.
+        n = self.decode_threads.choose()
+        t0 = time.perf_counter()
+        with blas_threads.limit(n):
+            out = self._step(ids, cache, all_logits)
+        self.decode_threads.record(n, time.perf_counter() - t0)
+        return out
+
+    def _step(self, ids: np.ndarray, cache: KvCache, all_logits: bool) -> np.ndarray:
+        x, is_logits = self._forward(ids, cache, "all" if all_logits else "last")
+        if is_logits:
+            return x
+        return self.logits(x if all_logits else x[-1:])

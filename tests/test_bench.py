@@ -149,6 +149,17 @@ def test_submissions_on_the_host_body_are_zero(tiny_gguf: Path) -> None:
     assert pp["submissions_by_kind"] == {} and tg["refusals"] == {}
 
 
+def test_submissions_rows_from_a_real_backend(tiny_gguf: Path) -> None:
+    pytest.importorskip("mlx.core")
+    r = frink("bench", tiny_gguf, "--backend", "metal", "-p", "8", "-n", "4", "-r", "1", "--json", "--submissions")
+    assert r.returncode == 0, r.describe()
+    pp, tg = json.loads(r.stdout)
+    assert pp["backend"] == tg["backend"] == "metal"
+    assert pp["submissions"] >= 1 and tg["submissions_per_token"] >= 1
+    assert sum(tg["submissions_by_kind"].values()) == pytest.approx(tg["submissions_per_token"])
+    assert isinstance(tg["refusals"], dict)
+
+
 def test_compare_llama_cpp_alternates_on_the_same_file(tiny_gguf: Path) -> None:
     pytest.importorskip("llama_cpp")
     r = frink("bench", tiny_gguf, "-p", "8", "-n", "4", "-r", "2", "--compare", "llama.cpp", "--json")
@@ -174,3 +185,97 @@ def test_compare_llama_cpp_needs_a_gguf(tiny_model: Callable[[str], Any]) -> Non
     pytest.importorskip("llama_cpp")
     tiny = tiny_model("llama")
     assert_error(frink("bench", tiny.hf_dir, "-p", "4", "-n", "0", "--compare", "llama.cpp"), "GGUF")
+
+
+# --- the decode thread choice the benchmark numbers depend on (graph/linear.py) -------------
+
+
+def _drive(policy: Any, seconds: dict[int, float], steps: int) -> list[int]:
+    """Run the policy over synthetic step times; the thread count of each step."""
+    chosen = []
+    for _ in range(steps):
+        n = policy.choose()
+        policy.record(n, seconds[n])
+        chosen.append(n)
+    return chosen
+
+
+@pytest.fixture()
+def two_blas_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    from frink_cli.graph import linear
+
+    monkeypatch.setattr(linear.blas_threads, "current", lambda: 2)
+
+
+def test_decode_threads_settle_on_the_faster_setting(two_blas_threads: None) -> None:
+    from frink_cli.graph.linear import ThreadChoice
+
+    # Idle machine: two threads are faster, and stay chosen.
+    chosen = _drive(ThreadChoice(), {1: 0.030, 2: 0.024}, 200)
+    assert chosen[0] == 1 and chosen[-50:].count(2) >= 48
+    # Busy machine: two threads collapse; tries become rare (the interval doubles).
+    p = ThreadChoice()
+    chosen = _drive(p, {1: 0.035, 2: 0.300}, 2000)
+    assert chosen.count(2) <= 10 and p.current == 1
+
+
+def test_decode_threads_leave_a_wide_setting_that_turns_slow(two_blas_threads: None) -> None:
+    from frink_cli.graph.linear import ThreadChoice
+
+    p = ThreadChoice()
+    _drive(p, {1: 0.030, 2: 0.024}, 50)
+    assert p.current == 2
+    # Load arrives: within a few steps the policy is back on one thread.
+    chosen = _drive(p, {1: 0.035, 2: 0.300}, 10)
+    assert chosen.index(1) <= 3 and p.current == 1
+
+
+def test_decode_threads_fixed_and_single_blas(monkeypatch: pytest.MonkeyPatch) -> None:
+    from frink_cli.graph import linear
+
+    assert _drive(linear.ThreadChoice(fixed=2), {1: 0.01, 2: 1.0}, 20) == [2] * 20
+    monkeypatch.setattr(linear.blas_threads, "current", lambda: 1)
+    assert _drive(linear.ThreadChoice(), {1: 1.0, 2: 0.01}, 20) == [1] * 20
+
+
+def test_prefill_layers_start_wide_and_follow_the_faster(two_blas_threads: None) -> None:
+    from frink_cli.graph.linear import ThreadChoice
+
+    idle = _drive(ThreadChoice.for_prefill(), {1: 0.012, 2: 0.007}, 30)
+    assert idle[0] == 2 and idle[1] == 1 and idle[2:].count(2) >= 24
+    busy = _drive(ThreadChoice.for_prefill(), {1: 0.012, 2: 0.020}, 30)
+    assert busy[:2] == [2, 1] and busy[2:].count(1) >= 24
+
+
+# --- the fast paths the numbers come from, against llama.cpp --------------------------------
+# The tiny fixtures' 40 tokens fit in one query block; these 150 take the blocked prefill
+# (several blocks, a partial last one, gemma3's 6-token window cutting keys per block) and a
+# prefill that continues a cached prefix, each checked against llama.cpp on the same GGUF.
+
+LONG = 150
+REF_TOL = 2e-3  # as tests/test_parity_tiny.py: f32 summation-order room, no more
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3_text", "qwen2"])
+def test_blocked_prefill_matches_llama_cpp(tiny_model: Callable[[str], Any], name: str) -> None:
+    pytest.importorskip("llama_cpp")
+    import make_tiny_models  # loaded by conftest
+
+    from frink_cli.graph import attention
+
+    tm = tiny_model(name)
+    if tm.gguf is None:
+        pytest.skip(f"{name}: no GGUF")
+    assert LONG > 2 * attention.QUERY_BLOCK
+    model = frink_cli.load(tm.gguf)
+    tokens = make_tiny_models.fixture_tokens(seed=7, length=LONG, vocab=model.n_vocab)
+    want = make_tiny_models.llama_cpp_logits(tm.gguf, tokens)
+
+    whole = model.logits(tokens)
+    assert np.abs(whole - want).max() <= REF_TOL
+
+    dec = model.decoder
+    cache = dec.new_cache(LONG)
+    dec.step(tokens[:100], cache)
+    rest = dec.step(tokens[100:], cache, all_logits=True)
+    assert np.abs(rest - want[100:]).max() <= REF_TOL

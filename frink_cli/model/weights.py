@@ -1,25 +1,29 @@
 """Weights dequantized once at load into the layouts the host body multiplies with.
 
-Every matrix is [out, in] as GGUF stores it, but held column-major (Fortran order), so
-W.T, which `x @ W.T` reads, is a row-major [in, out] matrix. Measured on the 2-core x86
-machine, OpenBLAS's GEMV over that layout (sgemv_n) runs about twice as fast as over the
-row-major [out, in] one (sgemv_t), and prefill GEMMs are no slower; decode is bound by
-those GEMVs. The matrices one step reads together are fused at load: Q/K/V into one,
-gate/up into one, so a decode token makes one GEMV where it would make three. Each tensor
-is dequantized, checked against the shape the config implies, and released before the
-next, so load never holds two full copies. No per-token work may come back to this module.
+Every matrix is [out, in] as GGUF stores it, held in the memory order its decode GEMV
+reads fastest (`gemv_order`): a decode token is bound by those GEMVs. Measured on the
+2-core x86 machine (OpenBLAS 0.3.31), a matrix with at least as many outputs as inputs
+(Q/K/V, gate/up, the LM head) multiplies about twice as fast held column-major (W.T is
+then a row-major [in, out] matrix: sgemv_n), and one with more inputs than outputs (the
+FFN's down projection) faster row-major (sgemv_t: one long dot product per output);
+prefill GEMMs run alike on either. The matrices one step reads together are fused at
+load: Q/K/V into one, gate/up into one, so a decode token makes one GEMV where it would
+make three. Each tensor is dequantized, checked against the shape the config implies, and
+released before the next, so load never holds two full copies. No per-token work may
+come back to this module.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from .config import ModelConfig
+
 
 @dataclass
 class Linear:
@@ -30,9 +34,18 @@ class Linear:
     b: np.ndarray | None
 
     def __post_init__(self) -> None:
-        # Column-major storage (see the module note); a no-op for matrices built that way.
-        if self.w.ndim == 2 and not self.w.flags.f_contiguous:
-            self.w = np.asfortranarray(self.w)
+        # The GEMV-friendly order (see the module note); a no-op for matrices built that way.
+        if self.w.ndim == 2:
+            if gemv_order(*self.w.shape) == "F":
+                if not self.w.flags.f_contiguous:
+                    self.w = np.asfortranarray(self.w)
+            elif not self.w.flags.c_contiguous:
+                self.w = np.ascontiguousarray(self.w)
+
+
+def gemv_order(rows: int, cols: int) -> str:
+    """Memory order of an [out=rows, in=cols] weight for `x @ W.T` (see the module note)."""
+    return "F" if rows >= cols else "C"
 
 
 @dataclass
@@ -106,8 +119,9 @@ def load_weights(
 
     def fused(parts: list[tuple[str, int]], in_dim: int, bias: bool = True) -> Linear:
         """Rows of several tensors stacked into one matrix; biases zero-filled if partial."""
-        # Filled part by part into the column-major matrix: one copy of each part, no more.
-        w = np.empty((sum(rows for _, rows in parts), in_dim), np.float32, order="F")
+        # Filled part by part in its GEMV order: one copy of each part, no more.
+        n_rows = sum(rows for _, rows in parts)
+        w = np.empty((n_rows, in_dim), np.float32, order=gemv_order(n_rows, in_dim))
         bs, r0 = [], 0
         for name, rows in parts:
             w[r0 : r0 + rows] = get(name + ".weight", (rows, in_dim))
