@@ -36,7 +36,7 @@ import re
 from collections.abc import Iterable, Sequence
 from heapq import heappop, heappush
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import FrinkError
 
@@ -336,22 +336,18 @@ class Tokenizer:
         return token_id in self.eog_ids
 
 
-class _Core:
+class _Core(Protocol):
     """What a vocabulary source provides: the text between BOS/EOS, and pieces."""
 
     n_vocab: int
 
-    def encode_text(self, text: str, parse_special: bool) -> list[int]:
-        raise NotImplementedError
+    def encode_text(self, text: str, parse_special: bool) -> list[int]: ...
 
-    def piece(self, token_id: int) -> bytes:
-        raise NotImplementedError
+    def piece(self, token_id: int) -> bytes: ...
 
-    def token_text(self, token_id: int) -> str:
-        raise NotImplementedError
+    def token_text(self, token_id: int) -> str: ...
 
-    def token_id(self, text: str) -> int | None:
-        raise NotImplementedError
+    def token_id(self, text: str) -> int | None: ...
 
 
 # ---------------------------------------------------------------------------------------
