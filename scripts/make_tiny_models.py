@@ -44,6 +44,8 @@ SEQ_LEN = 40  # several times gemma3's sliding window of 6
 TOKEN_SEED = 1234
 # 5x the parity tolerance (2e-3): no position's argmax may hinge on summation noise.
 MIN_TOP2_GAP = 1e-2
+# Router logits of these models are O(1) and the references agree on them to ~1e-6.
+MIN_ROUTER_GAP = 1e-4
 N_CTX = 64
 GREEDY_PROMPT = 16
 WEIGHT_STD = 0.1
@@ -76,6 +78,11 @@ class TinySpec:
     # If > 0: also record llama.cpp's greedy continuation of the first GREEDY_PROMPT fixture
     # tokens, this many tokens long, and the logits of each of its decode steps.
     greedy: int = 0
+    # MoE models: the smallest margin allowed between the k-th and (k+1)-th router logit, at
+    # every layer and position of the fixture tokens and of the greedy continuation (0: no
+    # check). A near-tie there lets summation noise pick another expert, which moves the
+    # logits by O(0.1) and would fail parity for no fault of the implementation.
+    min_router_gap: float = 0.0
 
 
 _COMMON: dict[str, Any] = {
@@ -139,6 +146,25 @@ _HYBRID_NORMS: dict[str, float] = {"linear_attn.norm": 1.0}
 _HYBRID_VECTORS: dict[str, tuple[float, float]] = {"A_log": (-1.5, 0.3), "dt_bias": (0.0, 0.5)}
 # Past one 64-token chunk of the delta-rule prefill (transformers' and frink's chunk size).
 _HYBRID_SEQ_LEN = 80
+# Qwen3.5 MoE: the hybrid with a routed FFN on every layer and a gated shared expert. Its
+# config has no intermediate_size (no dense FFN anywhere).
+_QWEN35_MOE_TEXT: dict[str, Any] = dict(
+    {k: v for k, v in _HYBRID_TEXT.items() if k != "intermediate_size"},
+    num_experts=8,
+    num_experts_per_tok=3,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=48,
+    tie_word_embeddings=False,
+)
+_QWEN35_VISION: dict[str, Any] = {
+    "depth": 1,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 2,
+    "out_hidden_size": 64,
+    "patch_size": 8,
+    "num_position_embeddings": 16,
+}
 
 SPECS: dict[str, TinySpec] = {
     s.name: s
@@ -278,15 +304,7 @@ SPECS: dict[str, TinySpec] = {
                         _HYBRID_TEXT["rope_parameters"], mrope_section=[2, 1, 1], mrope_interleaved=True
                     ),
                 ),
-                "vision_config": {
-                    "depth": 1,
-                    "hidden_size": 32,
-                    "intermediate_size": 64,
-                    "num_heads": 2,
-                    "out_hidden_size": 64,
-                    "patch_size": 8,
-                    "num_position_embeddings": 16,
-                },
+                "vision_config": dict(_QWEN35_VISION),
                 # Out of the text vocab, so no fixture token is a vision placeholder.
                 "image_token_id": 600,
                 "video_token_id": 601,
@@ -331,6 +349,74 @@ SPECS: dict[str, TinySpec] = {
             greedy=24,
             notes="GDN x2 ATTN x1 (x2), sparse MoE (4 experts, top 2) + gated shared expert",
         ),
+        TinySpec(
+            "qwen3moe",
+            "Qwen3MoeForCausalLM",
+            "Qwen3MoeConfig",
+            dict(
+                _COMMON,
+                num_hidden_layers=3,
+                head_dim=32,
+                rope_theta=1000000.0,
+                rms_norm_eps=1e-6,
+                use_sliding_window=False,
+                num_experts=8,
+                num_experts_per_tok=3,
+                moe_intermediate_size=32,
+                # llama.cpp's qwen3moe always renormalizes the top k; transformers only
+                # with this flag (released Qwen3 MoE configs set it).
+                norm_topk_prob=True,
+                tie_word_embeddings=False,
+            ),
+            seed=31,
+            greedy=24,
+            min_router_gap=MIN_ROUTER_GAP,
+            notes="qwen3 attention + sparse MoE on every layer (8 experts, top 3), no shared expert",
+        ),
+        TinySpec(
+            "qwen35moe",
+            "Qwen3_5MoeForCausalLM",
+            "Qwen3_5MoeTextConfig",
+            dict(_QWEN35_MOE_TEXT, num_hidden_layers=8),
+            seed=32,
+            norm_center=0.0,
+            norm_center_overrides=_HYBRID_NORMS,
+            seq_len=_HYBRID_SEQ_LEN,
+            convert_args=("--no-mtp",),
+            vector_overrides=_HYBRID_VECTORS,
+            greedy=24,
+            min_router_gap=MIN_ROUTER_GAP,
+            notes="GDN x3 ATTN x1 (x2), sparse MoE (8 experts, top 3) + gated shared expert, no intermediate_size",
+        ),
+        TinySpec(
+            "qwen35moe_vl",
+            "Qwen3_5MoeForConditionalGeneration",
+            "Qwen3_5MoeConfig",
+            {
+                "text_config": dict(
+                    _QWEN35_MOE_TEXT,
+                    num_hidden_layers=4,
+                    rope_parameters=dict(
+                        _HYBRID_TEXT["rope_parameters"], mrope_section=[2, 1, 1], mrope_interleaved=True
+                    ),
+                ),
+                "vision_config": dict(_QWEN35_VISION),
+                # Out of the text vocab, so no fixture token is a vision placeholder.
+                "image_token_id": 600,
+                "video_token_id": 601,
+                "vision_start_token_id": 602,
+                "vision_end_token_id": 603,
+                "tie_word_embeddings": False,
+            },
+            seed=33,
+            norm_center=0.0,
+            norm_center_overrides=_HYBRID_NORMS,
+            seq_len=_HYBRID_SEQ_LEN,
+            convert_args=("--no-mtp",),
+            vector_overrides=_HYBRID_VECTORS,
+            min_router_gap=MIN_ROUTER_GAP,
+            notes="HF model_type qwen3_5_moe: text model inside text_config, tiny vision tower",
+        ),
     ]
 }
 
@@ -338,7 +424,9 @@ MODEL_NAMES: tuple[str, ...] = tuple(SPECS)
 
 # Spec fields added after version 2; left out of a fingerprint while at their defaults, so
 # adding them did not invalidate every existing fixture.
-_LATER_FIELDS = {"seq_len": SEQ_LEN, "convert_args": [], "vector_overrides": {}, "greedy": 0}
+_LATER_FIELDS = {
+    "seq_len": SEQ_LEN, "convert_args": [], "vector_overrides": {}, "greedy": 0, "min_router_gap": 0.0,
+}
 
 
 def _spec_fingerprint(spec: TinySpec) -> dict[str, Any]:
@@ -424,15 +512,55 @@ def min_top2_gap(logits: np.ndarray) -> float:
     return float(np.min(top2[:, 1] - top2[:, 0]))
 
 
+def _min_router_gap(model: Any, spec: TinySpec, tokens: np.ndarray) -> float:
+    """Smallest margin between the k-th and (k+1)-th router logit, over layers and positions."""
+    import torch
+
+    k = int(_text_config(spec)["num_experts_per_tok"])
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.from_numpy(tokens.astype(np.int64))[None, :],
+            use_cache=False,
+            output_router_logits=True,
+        )
+    gaps = []
+    for r in out.router_logits:  # one [T, n_expert] per layer
+        top = np.sort(r.to(torch.float32).numpy().reshape(-1, r.shape[-1]), axis=-1)[:, ::-1]
+        gaps.append(float(np.min(top[:, k - 1] - top[:, k])))
+    return min(gaps)
+
+
+def _hf_greedy_path(model: Any, prompt: np.ndarray, n_new: int) -> tuple[np.ndarray, float]:
+    """transformers' greedy continuation: (the prompt and the chosen tokens less the last,
+    which no step reads -- the tokens every decode step's router sees; the smallest top-2
+    margin among the n_new choices)."""
+    tokens, gap = prompt, np.inf
+    for i in range(n_new):
+        last = _hf_logits(model, tokens)[-1:]
+        gap = min(gap, min_top2_gap(last))
+        if i < n_new - 1:
+            tokens = np.append(tokens, np.int32(last.argmax()))
+    return tokens, float(gap)
+
+
 def _pick_tokens(spec: TinySpec, model: Any) -> tuple[int, np.ndarray, np.ndarray]:
     # Tests demand the same argmax as the references at every position, which is only fair
     # where the reference's top two are further apart than the tolerance. Walk the token seed
-    # (deterministically) until every position has a clear winner.
+    # (deterministically) until every position has a clear winner (and, for MoE specs, every
+    # routing decision a clear margin).
     for seed in range(TOKEN_SEED, TOKEN_SEED + 200):
         tokens = fixture_tokens(seed=seed, length=spec.seq_len, vocab=_vocab_size(spec))
         logits = _hf_logits(model, tokens)
-        if min_top2_gap(logits) >= MIN_TOP2_GAP:
-            return seed, tokens, logits
+        if min_top2_gap(logits) < MIN_TOP2_GAP:
+            continue
+        if spec.min_router_gap:
+            if _min_router_gap(model, spec, tokens) < spec.min_router_gap:
+                continue
+            if spec.greedy:
+                path, gap = _hf_greedy_path(model, tokens[:GREEDY_PROMPT], spec.greedy)
+                if gap < MIN_TOP2_GAP or _min_router_gap(model, spec, path) < spec.min_router_gap:
+                    continue
+        return seed, tokens, logits
     raise RuntimeError(f"{spec.name}: no token sequence with a top-2 margin >= {MIN_TOP2_GAP}")
 
 
@@ -602,9 +730,12 @@ def make_one(spec: TinySpec, out_dir: Path, force: bool = False) -> dict[str, An
     return stamp
 
 
+def _text_config(spec: TinySpec) -> dict[str, Any]:
+    return spec.config.get("text_config", spec.config)
+
+
 def _vocab_size(spec: TinySpec) -> int:
-    cfg = spec.config.get("text_config", spec.config)
-    return int(cfg["vocab_size"])
+    return int(_text_config(spec)["vocab_size"])
 
 
 def make_all(out_dir: Path, only: list[str] | None = None, force: bool = False) -> dict[str, Any]:

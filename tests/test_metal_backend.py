@@ -24,8 +24,8 @@ from frink_cli.backends import Refusal  # noqa: E402
 from frink_cli.backends.mlx import eligibility  # noqa: E402
 from frink_cli.backends.mlx.quant import affine_from_blocks, pack  # noqa: E402
 
-DENSE = ["llama", "llama_tied", "mistral", "qwen2", "qwen3", "gemma3_text"]
-HYBRID = ["qwen35", "qwen35_vl", "qwen3next"]  # GDN + gated attention (+ MoE for qwen3next)
+DENSE = ["llama", "llama_tied", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3moe"]
+HYBRID = ["qwen35", "qwen35_vl", "qwen3next", "qwen35moe"]  # GDN + gated attention (+ MoE for qwen3next)
 MODELS = DENSE + HYBRID
 STEPS = 32
 

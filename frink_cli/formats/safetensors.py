@@ -203,9 +203,18 @@ def _hparams(cfg: dict[str, Any], mt: dict[str, Any], tables: dict[str, Any]) ->
         hp.update(mt.get("defaults", {}))
         hp.update(cfg)
 
-    for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads"):
+    # transformers' attribute_map: a config may spell a key by another name.
+    for alias, name in mt.get("aliases", {}).items():
+        if alias in hp:
+            hp[name] = hp.pop(alias)
+
+    for key in ("num_hidden_layers", "hidden_size", "num_attention_heads"):
         if not isinstance(hp.get(key), int):
             raise FrinkError(f"config.json: missing or non-integer {key!r}")
+    # Models whose every FFN is routed have no dense width; where a metadata entry needs
+    # it, its absence is reported there.
+    if "intermediate_size" in hp and not isinstance(hp["intermediate_size"], int):
+        raise FrinkError("config.json: non-integer 'intermediate_size'")
     if hp.get("num_key_value_heads") is None:
         hp["num_key_value_heads"] = hp["num_attention_heads"]
     if hp.get("head_dim") is None:
@@ -239,11 +248,21 @@ def _hparams(cfg: dict[str, Any], mt: dict[str, Any], tables: dict[str, Any]) ->
 
 
 def _layout(tables: dict[str, Any], name: str) -> dict[str, Any]:
-    """A layout with its `"tensors": "<other layout>"` reference resolved."""
-    lay = dict(tables["layouts"][name])
-    if isinstance(lay["tensors"], str):
-        lay["tensors"] = tables["layouts"][lay["tensors"]]["tensors"]
-    lay["tensors"] = list(lay["tensors"]) + list(lay.get("tensors_extra", []))
+    """A layout with its `"tensors": "<other layout>"` reference and its `extends` resolved:
+    an extending layout is its base plus its own entries (lists appended, tables merged), so
+    a variant (qwen35moe of qwen35) states only what it adds."""
+    raw = dict(tables["layouts"][name])
+    lay = _layout(tables, raw.pop("extends")) if "extends" in raw else {}
+    if isinstance(raw.get("tensors"), str):
+        raw["tensors"] = tables["layouts"][raw["tensors"]]["tensors"]
+    for key, value in raw.items():
+        if isinstance(value, list) and isinstance(lay.get(key), list):
+            lay[key] = lay[key] + [v for v in value if v not in lay[key]]
+        elif isinstance(value, dict) and isinstance(lay.get(key), dict):
+            lay[key] = {**lay[key], **value}
+        else:
+            lay[key] = value
+    lay["tensors"] = list(lay.get("tensors", [])) + list(lay.pop("tensors_extra", []))
     return lay
 
 
@@ -571,12 +590,29 @@ def _rule_imrope_sections(meta: dict[str, Any], arch: str, hp: dict[str, Any], n
     meta[f"{arch}.rope.dimension_sections"] = (sections + [0] * 4)[:4]
 
 
+def _rule_moe_every_layer(meta: dict[str, Any], arch: str, hp: dict[str, Any], notes: list[str]) -> None:
+    # transformers' Qwen3MoeDecoderLayer makes layer i dense when i is in mlp_only_layers or
+    # (i + 1) is not a multiple of decoder_sparse_step. llama.cpp's qwen3moe requires a
+    # router on every layer (and the converter has no name for a dense FFN there).
+    n = int(hp["num_hidden_layers"])
+    only = hp.get("mlp_only_layers") or []
+    step = int(hp.get("decoder_sparse_step") or 1)
+    dense = [i for i in range(n) if i in only or (i + 1) % step != 0]
+    if dense:
+        what = f"mlp_only_layers {list(only)}" if only else f"decoder_sparse_step {step}"
+        raise FrinkError(
+            f"config.json: {what} makes layers {dense} dense; {arch} with dense FFN layers "
+            "is not supported (llama.cpp's qwen3moe has a router on every layer)"
+        )
+
+
 _RULES: dict[str, Callable[[dict[str, Any], str, dict[str, Any], list[str]], None]] = {
     "rope_scaling": _rule_rope_scaling,
     "gemma3_attention": _rule_gemma3_attention,
     "sliding_window_note": _rule_sliding_window_note,
     "gdn_hybrid": _rule_gdn_hybrid,
     "imrope_sections": _rule_imrope_sections,
+    "moe_every_layer": _rule_moe_every_layer,
 }
 
 
@@ -764,9 +800,11 @@ def read_hf_dir(path: Path) -> Checkpoint:
     plans = {**extra, **plans}
 
     meta: dict[str, Any] = {"general.architecture": arch}
-    meta_entries = list(tables["metadata_sets"][layout["metadata"]])
-    meta_entries += layout.get("metadata_extra", [])
-    for entry in meta_entries:
+    # Keyed by GGUF key: a layout's own entry replaces the shared set's (e.g. an optional
+    # feed_forward_length where every FFN is routed).
+    meta_entries = {e["key"]: e for e in tables["metadata_sets"][layout["metadata"]]}
+    meta_entries.update({e["key"]: e for e in layout.get("metadata_extra", [])})
+    for entry in meta_entries.values():
         _put(meta, arch, entry, hp)
     for rule in layout.get("rules", []):
         _RULES[rule](meta, arch, hp, notes)

@@ -1,9 +1,11 @@
-"""The sparse mixture-of-experts FFN (qwen3next), with its sigmoid-gated shared expert.
+"""The sparse mixture-of-experts FFN (qwen3moe, qwen3next, qwen35moe), with an optional
+sigmoid-gated shared expert (qwen3next and qwen35moe have one, qwen3moe none).
 
 Softmax router over all experts, the top n_expert_used per row, their probabilities
 optionally renormalized to sum to one (norm_topk_prob), each chosen expert a gated FFN.
 The shared expert runs on every row and is scaled by sigmoid(its gate). Same arithmetic as
-llama.cpp's build_moe_ffn with softmax gating and transformers' Qwen3NextSparseMoeBlock.
+llama.cpp's build_moe_ffn with softmax gating and transformers' Qwen3NextSparseMoeBlock
+(Qwen3MoeSparseMoeBlock, Qwen3_5MoeSparseMoeBlock).
 
 Rows are grouped by expert, so a prefill batch makes one matmul per expert it uses rather
 than one per (row, expert); a decode row simply visits its top-k experts.

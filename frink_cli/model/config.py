@@ -25,7 +25,14 @@ from ..resources import config_file
 def architecture_table() -> dict[str, dict[str, Any]]:
     raw = json.loads(config_file("architectures.json").read_text())
     defaults = raw["_defaults"]
-    return {k: {**defaults, **v} for k, v in raw.items() if not k.startswith("_")}
+
+    def entry(name: str) -> dict[str, Any]:
+        # "extends": a variant (qwen3moe of qwen3) is its base's decorations plus its own.
+        own = {k: v for k, v in raw[name].items() if k != "extends"}
+        base = entry(raw[name]["extends"]) if "extends" in raw[name] else defaults
+        return {**base, **own}
+
+    return {k: entry(k) for k in raw if not k.startswith("_")}
 
 
 def supported_architectures() -> list[str]:
@@ -88,7 +95,7 @@ class ModelConfig:
     # Which key head value head h reads when n_v > n_k: "tiled" h % n_k (qwen35 GGUFs: the
     # converter reorders value heads for ggml's broadcast) or "grouped" h // (n_v / n_k).
     ssm_v_head_order: str = "grouped"
-    # Sparse MoE FFN (qwen3next): per layer whether the FFN is routed; () = none.
+    # Sparse MoE FFN (qwen3moe, qwen3next, qwen35moe): per layer whether the FFN is routed; () = none.
     moe_layers: tuple[bool, ...] = ()
     n_expert: int = 0
     n_expert_used: int = 0
@@ -202,7 +209,9 @@ def _config_from_checkpoint(ckpt: Checkpoint) -> ModelConfig:
         raise FrinkError(f"bad head counts: {n_head} query heads, {n_head_kv} KV heads")
     head_dim_k = int(_get(md, key("attention.key_length"), n_embd // n_head))
     head_dim_v = int(_get(md, key("attention.value_length"), head_dim_k))
-    n_ff = _per_layer_int(_get(md, key("feed_forward_length"), required=True), n_layer, "feed_forward_length")
+    # A model whose every FFN is routed (qwen35moe) may have no dense FFN width at all;
+    # 0 here, and required below only if some layer is dense.
+    n_ff = _per_layer_int(_get(md, key("feed_forward_length"), 0), n_layer, "feed_forward_length")
 
     names = set(ckpt.tensors.names())
     # Every layer holds at least one tensor, so a block count above the tensor count is a
@@ -210,8 +219,9 @@ def _config_from_checkpoint(ckpt: Checkpoint) -> ModelConfig:
     # allocating billions of entries.
     if not 0 < n_layer <= len(names):
         raise FrinkError(f"{ckpt.path}: block_count {n_layer} does not fit the file's {len(names)} tensors")
+    # feed_forward_length may be 0 (or absent) where every FFN is routed: checked below.
     sizes = {"embedding_length": n_embd, "attention.key_length": head_dim_k,
-             "attention.value_length": head_dim_v, "feed_forward_length": n_ff}
+             "attention.value_length": head_dim_v, "feed_forward_length": n_ff or 1}
     for what, value in sizes.items():
         if value <= 0:
             raise FrinkError(f"{ckpt.path}: bad model metadata ({arch}.{what} = {value})")
@@ -259,7 +269,12 @@ def _config_from_checkpoint(ckpt: Checkpoint) -> ModelConfig:
     if a["rope_sections"] == "imrope":
         _check_imrope_sections(_get(md, key("rope.dimension_sections")), rope_dim, ckpt)
     hybrid_fields = _hybrid_fields(ckpt, a, n_layer, n_ff, names) if hybrid else {}
-    moe_fields = _moe_fields(ckpt, n_layer, n_ff, names) if _get(md, key("expert_count"), 0) else {}
+    moe_fields = _moe_fields(ckpt, a, n_layer, n_ff, names) if _get(md, key("expert_count"), 0) else {}
+    if a["moe_every_layer"] and not moe_fields:
+        raise FrinkError(f"{ckpt.path}: model metadata is missing {arch}.expert_count")
+    routed = moe_fields.get("moe_layers", ())
+    if n_ff <= 0 and not (routed and all(routed)):
+        raise FrinkError(f"{ckpt.path}: model metadata is missing {arch}.feed_forward_length (or it is 0)")
 
     return ModelConfig(
         arch=arch,
@@ -356,7 +371,7 @@ def _hybrid_fields(ckpt: Checkpoint, a: dict[str, Any], n_layer: int, n_ff: int,
     }
 
 
-def _moe_fields(ckpt: Checkpoint, n_layer: int, n_ff: int, names: set[str]) -> dict[str, Any]:
+def _moe_fields(ckpt: Checkpoint, a: dict[str, Any], n_layer: int, n_ff: int, names: set[str]) -> dict[str, Any]:
     """Sparse MoE sizes; a layer is routed when it has a router (ffn_gate_inp)."""
     md, arch = ckpt.metadata, ckpt.arch
 
@@ -367,11 +382,22 @@ def _moe_fields(ckpt: Checkpoint, n_layer: int, n_ff: int, names: set[str]) -> d
     n_used = int(_get(md, key("expert_used_count"), required=True))
     if not 0 < n_used <= n_expert:
         raise FrinkError(f"{ckpt.path}: bad expert counts ({n_used} used of {n_expert})")
+    # llama.cpp's fallbacks when the widths are not stated.
     n_ff_exp = int(_get(md, key("expert_feed_forward_length"), 0)) or n_ff // n_used
     has_shared = any(f"blk.{i}.ffn_up_shexp.weight" in names for i in range(n_layer))
     n_ff_shexp = (int(_get(md, key("expert_shared_feed_forward_length"), 0)) or n_ff) if has_shared else 0
+    for what, value in (("expert_feed_forward_length", n_ff_exp), ("expert_shared_feed_forward_length", n_ff_shexp)):
+        if value <= 0 and (what == "expert_feed_forward_length" or has_shared):
+            raise FrinkError(f"{ckpt.path}: model metadata is missing {arch}.{what}")
+    routed = tuple(f"blk.{i}.ffn_gate_inp.weight" in names for i in range(n_layer))
+    if a["moe_every_layer"] and not all(routed):
+        dense = routed.index(False)
+        raise FrinkError(
+            f"{ckpt.path}: layer {dense} has no router (blk.{dense}.ffn_gate_inp.weight): {arch} with "
+            "dense FFN layers (HF mlp_only_layers / decoder_sparse_step) is not supported, as in llama.cpp"
+        )
     return {
-        "moe_layers": tuple(f"blk.{i}.ffn_gate_inp.weight" in names for i in range(n_layer)),
+        "moe_layers": routed,
         "n_expert": n_expert,
         "n_expert_used": n_used,
         "n_ff_exp": n_ff_exp,
