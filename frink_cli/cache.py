@@ -42,6 +42,7 @@ class KvSlot:
         c.reserve(end)
         c.k[self._layer][:, start:end] = k.transpose(1, 0, 2)
         c.v[self._layer][:, start:end] = v.transpose(1, 0, 2)
+        c.versions[self._layer] += 1
         return end
 
     def recurrent_state(self) -> tuple[np.ndarray, np.ndarray]:
@@ -65,6 +66,11 @@ class KvCache:
         self.conv_state: list[np.ndarray | None] = [None] * cfg.n_layer
         self.delta_state: list[np.ndarray | None] = [None] * cfg.n_layer
         self.pending_state: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # Per layer, a count of writes to its rows. A device mirror remembers the count
+        # its own rows were written under; any other write (the host body running the
+        # layer after a refusal or a failed launch) changes it, and the mirror re-syncs.
+        # Lengths alone cannot tell: truncate, then rewrite, gives the same length.
+        self.versions = [0] * cfg.n_layer
         self._reset_recurrent()
         self._alloc(min(n_ctx, 256))
 

@@ -311,7 +311,9 @@ def info(
     p(f"architecture:   {cfg.arch}, {n_params / 1e6:.1f}M parameters\n")
     p(f"tensor types:   {', '.join(f'{k} x{v}' for k, v in sorted(types.items()))}\n")
     p(f"layers:         {cfg.n_layer} ({cfg.layer_pattern()})\n")
-    p(f"embedding:      {cfg.n_embd}, ffn {cfg.n_ff} ({cfg.ffn_act}), vocab {cfg.n_vocab}\n")
+    # Where every FFN is routed the dense width is unused (or absent): say so instead.
+    ffn_width = "routed" if cfg.moe_layers and all(cfg.moe_layers) else cfg.n_ff
+    p(f"embedding:      {cfg.n_embd}, ffn {ffn_width} ({cfg.ffn_act}), vocab {cfg.n_vocab}\n")
     p(f"attention:      {cfg.n_head} heads, {cfg.n_head_kv} KV heads, head dim {cfg.head_dim_k}"
       + (f", sliding window {cfg.sliding_window}" if cfg.sliding_window else "") + "\n")
     p(f"rope:           {cfg.rope_type}, base {cfg.rope_base:g}, {cfg.rope_dim} dims\n")
@@ -333,7 +335,7 @@ def info(
     p(f"chat template:  {'yes' if data['chat_template'] else 'no'}\n")
     if backend_label != "numpy":
         p(f"backend:        {backend_label} takes {data['backend']['layers_taken']} of {cfg.n_layer} layers"
-          " (prefill batches; the host body runs the rest)\n")
+          " (prefill and decode; the host body runs the rest)\n")
         for dtype, how in data["backend"]["tensor_formats"].items():
             p(f"  {dtype:<6} -> {how}\n")
     for i in range(cfg.n_layer):

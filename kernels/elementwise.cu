@@ -1,4 +1,4 @@
-// The small ops between the GEMMs: bias rows, residual adds and the SwiGLU gate. Each is
+// The small ops between the GEMMs: bias rows, residual adds and the gated activation. Each is
 // one grid-stride loop, so any grid covers any size.
 
 // y[r, c] += b[c] for a [n_rows, n_cols] buffer (QKV / output biases).
@@ -18,9 +18,14 @@ extern "C" __global__ void add_f32(float* x, const float* a, long long n) {
     }
 }
 
-// h[t, i] = silu(gu[t, i]) * gu[t, n_ff + i]: gate rows first, then up rows, as the
-// fused gate_up matrix holds them. silu(g) = g / (1 + exp(-g)), the host body's formula.
-extern "C" __global__ void swiglu_f32(const float* gu, float* h, long long n_rows, int n_ff) {
+// h[t, i] = act(gu[t, i]) * gu[t, n_ff + i]: gate columns first, then up columns, as the
+// fused gate_up matrix holds them. act 0 is SiLU, g / (1 + exp(-g)); act 1 is GELU's tanh
+// form, 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) -- the host body's formulas
+// (graph/ffn.py), so llama / qwen (SwiGLU) and gemma (GeGLU) share one kernel.
+#define FRINK_ACT_SILU 0
+#define FRINK_ACT_GELU_TANH 1
+
+extern "C" __global__ void glu_f32(const float* gu, float* h, long long n_rows, int n_ff, int act) {
     const long long n = n_rows * n_ff;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
@@ -28,6 +33,13 @@ extern "C" __global__ void swiglu_f32(const float* gu, float* h, long long n_row
         const int j = (int)(i % n_ff);
         const float g = gu[t * 2 * n_ff + j];
         const float u = gu[t * 2 * n_ff + n_ff + j];
-        h[i] = g / (1.0f + expf(-g)) * u;
+        float a;
+        if (act == FRINK_ACT_GELU_TANH) {
+            const float c = 0.7978845608028654f;  // sqrt(2 / pi)
+            a = 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g)));
+        } else {
+            a = g / (1.0f + expf(-g));
+        }
+        h[i] = a * u;
     }
 }

@@ -1,14 +1,15 @@
-"""pp512 on the GPU: the cuda backend's dense prefill stack against the host body.
+"""pp512 and tg on the GPU: the cuda backend's dense stack against the host body.
 
 Why this exists: the cuda backend is only worth its refusals if it is faster where it
 runs. This times one 512-token prefill (the decoder's hidden states, embedding through the
-last layer; the LM head is the same host GEMM either way and is left out) on random
-weights of real model shapes, on the host body (NumPy, every CPU core) and on the stack
-(f32 and f16 GEMM operands), and prints tok/s, the speedup, the ledger's submissions per
-prefill and how far the stack's hidden states are from the host body's. Needs CuPy and a
-GPU; downloads nothing (weights are random, one layer's arrays shared by every layer).
+last layer; the LM head is left out) and then --tg decode tokens after it (each a whole
+step: layers and the lm head, at a 4096-token vocabulary) on random weights of real model
+shapes, on the host body (NumPy, every CPU core) and on the stack (f32 and f16 GEMM
+operands), and prints tok/s, the speedups, the ledger's submissions per prefill and per
+decode token, and how far the stack's hidden states are from the host body's. Needs CuPy
+and a GPU; downloads nothing (weights are random, one layer's arrays shared by every layer).
 
-Usage: python scripts/cuda_pp512.py [--shapes smollm2-135m,llama-3.2-1b] [--n 512] [--json FILE]
+Usage: python scripts/cuda_pp512.py [--shapes smollm2-135m,llama-3.2-1b] [--n 512] [--tg 32] [--json FILE]
 """
 
 from __future__ import annotations
@@ -44,7 +45,19 @@ def _time(fn, reps: int) -> float:
     return best
 
 
-def run_shape(name: str, n: int, host_reps: int, dev_reps: int, dtypes: list[str], xp: str = "cupy") -> list[dict]:
+def _decode(dec: Decoder, ids: np.ndarray, n_tg: int) -> float:
+    """Seconds for n_tg decode tokens after a prefill of ids (the prefill is not timed)."""
+    cache = dec.new_cache(len(ids) + n_tg)
+    dec.hidden(ids, cache)
+    t0 = time.perf_counter()
+    for t in range(n_tg):
+        dec.step(np.asarray([t % 97]), cache)
+    return time.perf_counter() - t0
+
+
+def run_shape(
+    name: str, n: int, host_reps: int, dev_reps: int, dtypes: list[str], xp: str = "cupy", n_tg: int = 0
+) -> list[dict]:
     cfg = shape_config(name, n_vocab=TIMING_VOCAB)
     w = synthetic_weights(cfg, seed=0, share_layers=True)
     ids = np.random.default_rng(0).integers(0, cfg.n_vocab, n)
@@ -53,8 +66,11 @@ def run_shape(name: str, n: int, host_reps: int, dev_reps: int, dtypes: list[str
     host = Decoder(cfg, w)
     ref = host.hidden(ids, host.new_cache(n))  # also warms BLAS
     host_s = _time(lambda: host.hidden(ids, host.new_cache(n)), host_reps)
-    rows.append({"shape": name, "backend": "numpy", "dtype": "float32", "tok_s": n / host_s, "seconds": host_s})
-    print(f"{name}: host body {n / host_s:,.0f} tok/s ({host_s * 1e3:.0f} ms)", flush=True)
+    host_tg = _decode(host, ids, n_tg) if n_tg else None
+    rows.append({"shape": name, "backend": "numpy", "dtype": "float32", "tok_s": n / host_s, "seconds": host_s,
+                 "tg_tok_s": n_tg / host_tg if n_tg else None})
+    print(f"{name}: host body pp{n} {n / host_s:,.0f} tok/s ({host_s * 1e3:.0f} ms)"
+          + (f", tg{n_tg} {n_tg / host_tg:,.1f} tok/s" if n_tg else ""), flush=True)
 
     scale = float(np.abs(ref).max())
     for dtype in dtypes:
@@ -65,14 +81,22 @@ def run_shape(name: str, n: int, host_reps: int, dev_reps: int, dtypes: list[str
         s = _time(lambda dev=dev: dev.hidden(ids, dev.new_cache(n)), dev_reps)
         subs = sum(backend.ledger.submissions.values()) / dev_reps
         d = float(np.abs(out.astype(np.float64) - ref).max())
+        tg = tg_subs = None
+        if n_tg:
+            backend.ledger.reset()
+            tg = _decode(dev, ids, n_tg)
+            tg_subs = (sum(backend.ledger.submissions.values()) - 1) / n_tg  # less the prefill
         rows.append({
             "shape": name, "backend": "cuda", "dtype": dtype, "tok_s": n / s, "seconds": s,
             "speedup": host_s / s, "submissions_per_prefill": subs,
+            "tg_tok_s": n_tg / tg if n_tg else None, "tg_speedup": host_tg / tg if n_tg else None,
+            "submissions_per_decode_token": tg_subs,
             "refusals": dict(backend.ledger.refusals), "failures": dict(backend.ledger.failures),
             "max_abs_diff": d, "hidden_scale": scale,
         })
-        print(f"{name}: cuda ({xp}) {dtype} {n / s:,.0f} tok/s ({s * 1e3:.1f} ms), x{host_s / s:.1f} the host body, "
+        print(f"{name}: cuda ({xp}) {dtype} pp{n} {n / s:,.0f} tok/s ({s * 1e3:.1f} ms), x{host_s / s:.1f} the host body, "
               f"{subs:g} submission(s)/prefill, max|d| hidden {d:.3g} (scale {scale:.3g})"
+              + (f"; tg{n_tg} {n_tg / tg:,.1f} tok/s, x{host_tg / tg:.1f}, {tg_subs:g} submission(s)/token" if n_tg else "")
               + (f", FAILURES {dict(backend.ledger.failures)}" if backend.ledger.failures else ""), flush=True)
         # Free this backend's device weights before the next one uploads its own.
         del dev, backend
@@ -87,17 +111,21 @@ def main() -> None:
     ap.add_argument("--host-reps", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--dtypes", default="float32,float16")
+    ap.add_argument("--tg", type=int, default=32, help="decode tokens timed after the prefill (0: none)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--array-module", default="cupy", help="numpy: a dry run of this script on the CPU")
     args = ap.parse_args()
     rows = []
     for name in args.shapes.split(","):
-        rows += run_shape(name.strip(), args.n, args.host_reps, args.reps, args.dtypes.split(","), args.array_module)
-    print("\n| shape | backend | operands | pp tok/s | vs host | submissions/prefill | max abs diff (hidden) |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+        rows += run_shape(name.strip(), args.n, args.host_reps, args.reps, args.dtypes.split(","), args.array_module, args.tg)
+    print("\n| shape | backend | operands | pp tok/s | vs host | submissions/prefill | tg tok/s | vs host "
+          "| submissions/token | max abs diff (hidden) |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
+        tg = f"{r['tg_tok_s']:,.1f}" if r.get("tg_tok_s") else "-"
         print(f"| {r['shape']} | {r['backend']} | {r['dtype']} | {r['tok_s']:,.0f} | "
-              f"{r.get('speedup', 1.0):.1f}x | {r.get('submissions_per_prefill', '-')} | "
+              f"{r.get('speedup', 1.0):.1f}x | {r.get('submissions_per_prefill', '-')} | {tg} | "
+              f"{r.get('tg_speedup') or 1.0:.1f}x | {r.get('submissions_per_decode_token', '-')} | "
               f"{r.get('max_abs_diff', 0.0):.3g} |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

@@ -1,5 +1,6 @@
 """The cuda backend on a real GPU: each kernel against its NumPy reference, and the whole
-dense prefill stack against the host body. Marked `gpu`; skipped without CuPy and a GPU.
+dense stack (prefill, a prefill over a cached prefix, decode tokens with the lm head on the
+device) against the host body. Marked `gpu`; skipped without CuPy and a GPU.
 
 Why these and not the tiny fixtures: the GPU machine can download nothing and has no
 llama.cpp to make fixtures, so models are random and built in memory
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 from synthetic_models import synthetic_config, synthetic_weights
 
-from frink_cli.backends.cupy import CudaBackend, cuda_available, cupy_kernel_ops, eligibility
+from frink_cli.backends.cupy import CudaBackend, cuda_available, cupy_kernel_ops
 from frink_cli.backends.cupy.ops import ReferenceOps
 from frink_cli.decoder import Decoder
 
@@ -81,14 +82,22 @@ def test_kernels_match_references(gpu_ops, shape: str, neox: bool) -> None:
     _close(cp.asnumpy(b), a, "rope on K heads in place")
 
     for P in prefixes:
-        kp, vp = r(Hkv, P, hd), r(Hkv, P, hd)
+        # The device KV cache as the stack leaves it: prefix rows, the batch's own rows,
+        # then rows that must never be read (NaN).
+        kc = np.full((Hkv, P + T + 5, hd), np.nan, np.float32)
+        vc = kc.copy()
+        kc[:, :P], vc[:, :P] = r(Hkv, P, hd), r(Hkv, P, hd)
+        kc[:, P : P + T] = qkv[:, H * hd : (H + Hkv) * hd].reshape(T, Hkv, hd).transpose(1, 0, 2)
+        vc[:, P : P + T] = qkv[:, (H + Hkv) * hd :].reshape(T, Hkv, hd).transpose(1, 0, 2)
         scale = 1.0 / np.sqrt(hd)
-        want = ref.attention(qkv, 0, H * hd, (H + Hkv) * hd, kp, vp, H, Hkv, hd, hd, scale)
-        got = gpu_ops.attention(dev(qkv), 0, H * hd, (H + Hkv) * hd, dev(kp), dev(vp), H, Hkv, hd, hd, scale)
-        _close(cp.asnumpy(got), want, f"attention, prefix {P}")
+        for window in (None, 7, 300):
+            want = ref.attention(qkv, 0, kc, vc, P, H, Hkv, hd, hd, scale, window)
+            got = gpu_ops.attention(dev(qkv), 0, dev(kc), dev(vc), P, H, Hkv, hd, hd, scale, window)
+            _close(cp.asnumpy(got), want, f"attention, prefix {P}, window {window}")
 
     gu = r(T, 2 * 1536)
-    _close(cp.asnumpy(gpu_ops.swiglu(dev(gu), 1536)), ref.swiglu(gu, 1536), "swiglu")
+    for act in ("silu", "gelu_tanh"):
+        _close(cp.asnumpy(gpu_ops.glu(dev(gu), 1536, act)), ref.glu(gu, 1536, act), f"glu {act}")
     y, bias = r(T, stride), r(stride)
     a, b = y + bias, dev(y)
     gpu_ops.add_bias(b, dev(bias))
@@ -103,6 +112,12 @@ MODELS = {
     "qwen2": {"kind": "qwen2", "n_layer": 3, "n_embd": 256, "n_head": 8, "n_head_kv": 4, "head_dim": 32, "n_ff": 512, "n_vocab": 1000},
     "qwen3": {"kind": "qwen3", "n_layer": 3, "n_embd": 256, "n_head": 8, "n_head_kv": 2, "head_dim": 64, "n_ff": 512, "n_vocab": 1000},
     "smollm2_partial_rope": {"kind": "llama", "n_layer": 2, "n_embd": 576, "n_head": 9, "n_head_kv": 3, "head_dim": 64, "n_ff": 1536, "n_vocab": 1000, "rope_dim": 32},
+    # Gemma 3's decorations: GeGLU, QK norm, post norms, local layers (window 32, their own
+    # rope base) around a global one, a scaled embedding.
+    "gemma3": {"kind": "qwen3", "n_layer": 3, "n_embd": 256, "n_head": 4, "n_head_kv": 1, "head_dim": 64, "n_ff": 512,
+               "n_vocab": 1000, "ffn_act": "gelu_tanh", "post_attn_norm": True, "post_ffn_norm": True,
+               "sliding_window": 32, "swa_layers": (True, False, True), "rope_base_swa": 10000.0,
+               "rope_base": 1000000.0, "embd_scale": 16.0},
 }
 
 
@@ -117,8 +132,9 @@ def _logits(dec: Decoder, tokens: np.ndarray, split: int) -> np.ndarray:
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_stack_matches_host_body(gpu_ops, model: str, dtype: str) -> None:
-    """Prefill, a second prefill over the cached prefix, decode steps: logits within 1e-2
-    of their scale and (f32 operands) the same argmax at every row."""
+    """Prefill, a second prefill over the cached prefix, decode steps (one submission each,
+    the lm head on the device): logits within 1e-2 of their scale and (f32 operands) the
+    same argmax at every row."""
     cfg = synthetic_config(**MODELS[model])
     w = synthetic_weights(cfg, seed=21)
     tokens = np.random.default_rng(2).integers(0, cfg.n_vocab, 160)
@@ -129,8 +145,8 @@ def test_stack_matches_host_body(gpu_ops, model: str, dtype: str) -> None:
     d = float(np.abs(got.astype(np.float64) - want).max())
     print(f"{model} {dtype}: max|d| = {d:.3g}, scale {scale:.3g}")
     assert not backend.ledger.failures, dict(backend.ledger.failures)
-    assert backend.ledger.submissions == {"prefill-stack": 2}
-    assert backend.ledger.refusals == {eligibility.BATCH: N_DECODE * cfg.n_layer}
+    assert backend.ledger.submissions == {"prefill-stack+lm-head": 2, "decode-stack+lm-head": N_DECODE}
+    assert not backend.ledger.refusals, dict(backend.ledger.refusals)
     assert d <= 1e-2 * scale, f"{model} {dtype}: max |d| = {d:.3g} > 1e-2 x {scale:.3g}"
     if dtype == "float32":
         bad = np.nonzero(got.argmax(-1) != want.argmax(-1))[0]

@@ -83,7 +83,7 @@ def select_backend(name: str, cfg, checkpoint=None) -> Backend | None:
 
 
 def layer_support(name: str, cfg) -> list[str | None]:
-    """Per layer, None if backend `name` takes it (for prefill batches), else every reason
+    """Per layer, None if backend `name` takes it (prefill and decode steps), else every reason
     it does not, from the backend's own predicate; needs no device. The host body takes
     every layer."""
     if name == "cuda":

@@ -24,11 +24,11 @@ EMU_ENTRY(rope_f32,
 EMU_ENTRY(add_bias_f32, (float* y, const float* b, long long n_rows, int n_cols),
           (y, b, n_rows, n_cols))
 EMU_ENTRY(add_f32, (float* x, const float* a, long long n), (x, a, n))
-EMU_ENTRY(swiglu_f32, (const float* gu, float* h, long long n_rows, int n_ff),
-          (gu, h, n_rows, n_ff))
+EMU_ENTRY(glu_f32, (const float* gu, float* h, long long n_rows, int n_ff, int act),
+          (gu, h, n_rows, n_ff, act))
 EMU_ENTRY(causal_gqa_attention_f32,
-          (const float* qkv, long long row_stride, int q_off, int k_off, int v_off,
-           const float* kp, const float* vp, int n_prefix, float* out, long long out_stride,
-           int n_rows, int n_head, int n_head_kv, int head_dim, int head_dim_v, float scale),
-          (qkv, row_stride, q_off, k_off, v_off, kp, vp, n_prefix, out, out_stride, n_rows,
-           n_head, n_head_kv, head_dim, head_dim_v, scale))
+          (const float* q, long long q_stride, int q_off, const float* kc, const float* vc,
+           long long cache_rows, int n_prefix, float* out, long long out_stride, int n_rows,
+           int n_head, int n_head_kv, int head_dim, int head_dim_v, float scale, int window),
+          (q, q_stride, q_off, kc, vc, cache_rows, n_prefix, out, out_stride, n_rows, n_head,
+           n_head_kv, head_dim, head_dim_v, scale, window))

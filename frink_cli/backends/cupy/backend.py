@@ -1,15 +1,24 @@
-"""CudaBackend: the decoder loop's view of the dense prefill stack.
+"""CudaBackend: the decoder loop's view of the dense stack.
 
 plan() answers from eligibility.py alone, before any cache or device memory is touched:
 the longest run of consecutive eligible layers from `layer`, or a named refusal. run()
-takes the run in one stack call, then pushes each layer's K/V rows into the host cache
-(the authoritative one) through its slots. Anything that goes wrong inside the stack is a
-launch failure: it is raised as LaunchFailed before a single cache row is written, and the
-decoder loop has the host body run the same layers.
+takes the run in one stack call over the layers' device KV caches, then pushes each
+layer's K/V rows into the host cache (the authoritative one) through its slots. A run
+that reaches the last layer can bring the logits back instead of the hidden rows
+(run_head), so a decode token whose every layer is carried is one submission. Anything
+that goes wrong inside the stack is a launch failure: it is raised as LaunchFailed before
+a single host cache row is written, and the decoder loop has the host body run the same
+layers.
+
+The device KV cache is a per-sequence mirror of the host cache, kept resident so decode
+rows and later prompt chunks do not upload the prefix again. It re-syncs a layer from the
+host when its length or the host layer's write count (KvCache.versions) says the host
+rows changed behind it.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -19,9 +28,23 @@ from ...model.weights import ModelWeights
 from .. import LaunchFailed, Refusal, Run
 from ..ledger import Ledger
 from . import eligibility
-from .stack import DeviceLayer, dense_prefill_stack, upload_layer
+from .stack import DeviceHead, DeviceLayer, dense_stack, upload_head, upload_layer
 
 F32 = np.float32
+# The smallest device KV cache a sequence gets; it doubles (up to the context) as it fills.
+MIN_CACHE_ROWS = 256
+
+
+class _Mirror:
+    """One sequence's device KV cache: per carried layer K [Hkv, rows, hd_k] and
+    V [Hkv, rows, hd_v], how many rows are valid, and the host write count they match."""
+
+    def __init__(self, n_layer: int) -> None:
+        self.rows = 0
+        self.k: list[Any] = [None] * n_layer
+        self.v: list[Any] = [None] * n_layer
+        self.length = [0] * n_layer
+        self.version = [-1] * n_layer
 
 
 class CudaBackend:
@@ -34,20 +57,35 @@ class CudaBackend:
         self.ledger = ledger if ledger is not None else Ledger()
         self.layer_refusals = eligibility.layer_refusals(cfg)
         self.layers: dict[int, DeviceLayer] = {}
+        self.head: DeviceHead | None = None
         self._inv_freq: dict[tuple[float, float], np.ndarray] = {}
+        self._mirrors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    @property
+    def runs_head(self) -> bool:
+        """The decoder asks for the logits from the run's own submission only when the
+        head is resident (not, say, when the last layer is refused)."""
+        return self.head is not None
 
     # -- load ----------------------------------------------------------------------------
 
     def bind(self, weights: ModelWeights) -> None:
-        """Upload the weights of every layer the stack may take, once, at load. A failed
-        upload (out of device memory, say) is reported and leaves those layers on the host."""
+        """Upload the weights of every layer the stack may take, and the lm head, once, at
+        load. A failed upload (out of device memory, say) is reported and leaves those
+        layers on the host."""
         self.layers.clear()
+        self.head = None
         try:
             for layer, refusal in enumerate(self.layer_refusals):
                 if refusal is None:
                     self.layers[layer] = upload_layer(self.ops, weights.layers[layer], self.weight_dtype)
+            if self.layers and self.cfg.n_layer - 1 in self.layers:
+                self.head = upload_head(
+                    self.ops, weights.output_norm, weights.output, self.cfg.final_logit_softcap, self.weight_dtype
+                )
         except Exception as e:  # noqa: BLE001 - any device error means "not resident"
             self.layers.clear()
+            self.head = None
             self.ledger.fail(f"weight upload: {type(e).__name__}: {e}")
         self._rope_freqs = None if weights.rope_freqs is None else weights.rope_freqs.astype(np.float64)
 
@@ -65,6 +103,44 @@ class CudaBackend:
         refusal = eligibility.step_refusal(self.cfg, kind, n_rows, cache, positions, range(layer, stop))
         return Refusal(refusal) if refusal is not None else Run(layer, stop)
 
+    # -- the device KV cache ---------------------------------------------------------------
+
+    def _mirror(self, cache: Any, rows_needed: int, layers: range) -> _Mirror:
+        """The sequence's device KV cache with room for rows_needed rows, every layer of
+        `layers` holding exactly the host cache's committed rows."""
+        ops, xp, cfg = self.ops, self.ops.xp, self.cfg
+        m = self._mirrors.get(cache)
+        if m is None:
+            m = self._mirrors[cache] = _Mirror(cfg.n_layer)
+        if rows_needed > m.rows:
+            rows = max(MIN_CACHE_ROWS, m.rows)
+            while rows < rows_needed:
+                rows *= 2
+            rows = min(rows, max(cache.n_ctx, rows_needed))
+            for i in range(cfg.n_layer):  # grow on the device, keeping the valid rows
+                if m.k[i] is not None:
+                    k = xp.empty((cfg.n_head_kv, rows, cfg.head_dim_k), F32)
+                    v = xp.empty((cfg.n_head_kv, rows, cfg.head_dim_v), F32)
+                    k[:, : m.length[i]] = m.k[i][:, : m.length[i]]
+                    v[:, : m.length[i]] = m.v[i][:, : m.length[i]]
+                    m.k[i], m.v[i] = k, v
+            m.rows = rows
+        n = cache.n_past
+        for i in layers:
+            if m.k[i] is None:
+                m.k[i] = xp.empty((cfg.n_head_kv, m.rows, cfg.head_dim_k), F32)
+                m.v[i] = xp.empty((cfg.n_head_kv, m.rows, cfg.head_dim_v), F32)
+            if m.version[i] == cache.versions[i] and m.length[i] >= n:
+                # The host rows are the ones this mirror wrote; a truncated cache only
+                # shortens them.
+                m.length[i] = n
+                continue
+            if n:
+                m.k[i][:, :n] = ops.to_device(cache.k[i][:, :n])
+                m.v[i][:, :n] = ops.to_device(cache.v[i][:, :n])
+            m.length[i], m.version[i] = n, cache.versions[i]
+        return m
+
     # -- the run -----------------------------------------------------------------------------
 
     def _rope_tables(self, layer: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -81,28 +157,43 @@ class CudaBackend:
         ang = np.asarray(positions, dtype=np.float64)[:, None] * self._inv_freq[key][None, :]
         return np.cos(ang).astype(F32), np.sin(ang).astype(F32)
 
-    def run(self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any) -> np.ndarray:
+    def _launch(self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any, head: str | None) -> np.ndarray:
         layers = range(run.start, run.stop)
         n_past = cache.n_past
+        T = x.shape[0]
+        shapes = [self.cfg.layer_shape(i) for i in layers]
         tables: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
-        for i in layers:
-            shape = self.cfg.layer_shape(i)
+        for i, shape in zip(layers, shapes):
             key = (shape.rope_base, shape.rope_scale)
             if key not in tables:
                 tables[key] = self._rope_tables(i, positions)
         try:
-            out = dense_prefill_stack(
+            m = self._mirror(cache, n_past + T, layers)
+            out = dense_stack(
                 self.ops,
                 self.cfg,
                 [self.layers[i] for i in layers],
-                [tables[(s.rope_base, s.rope_scale)] for s in map(self.cfg.layer_shape, layers)],
+                [s.window for s in shapes],
+                [tables[(s.rope_base, s.rope_scale)] for s in shapes],
                 x,
-                [(cache.k[i][:, :n_past], cache.v[i][:, :n_past]) for i in layers],
+                [(m.k[i], m.v[i]) for i in layers],
+                n_past,
+                head=None if head is None else self.head,
+                all_logits=head == "all",
             )
         except Exception as e:  # every device error falls back to the host
-            raise LaunchFailed(f"dense prefill stack: {type(e).__name__}: {e}") from e
-        self.ledger.submit("prefill-stack")
-        # Only now, with every layer back, does the host cache change.
+            raise LaunchFailed(f"cuda stack: {type(e).__name__}: {e}") from e
+        kind = "prefill-stack" if T > 1 else "decode-stack"
+        self.ledger.submit(kind if head is None else kind + "+lm-head")
+        # Only now, with every layer back, do the host cache and the mirror's lengths move.
         for i, k, v in zip(layers, out.k_rows, out.v_rows):
-            cache.slot(i).append(k, v)
-        return out.hidden
+            cache.slot(i).write(n_past, k, v)
+            m.length[i], m.version[i] = n_past + T, cache.versions[i]
+        return out.main
+
+    def run(self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any) -> np.ndarray:
+        return self._launch(run, x, positions, cache, None)
+
+    def run_head(self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any, all_rows: bool) -> np.ndarray:
+        """A run ending at the last layer, with the lm head in the same submission."""
+        return self._launch(run, x, positions, cache, "all" if all_rows else "last")

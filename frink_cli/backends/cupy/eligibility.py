@@ -1,4 +1,4 @@
-"""What the dense prefill stack takes: ONE predicate per kind of work, all in this file.
+"""What the dense stack takes: ONE predicate per kind of work, all in this file.
 
 Why one place: a refusal decided anywhere else is a feature some path forgets. The decoder
 asks before any cache or device memory is touched; `frink info --backend cuda` asks the
@@ -7,14 +7,15 @@ same layer predicate without a GPU. Every refusal has a name (counted in the led
 - `layer_reasons(cfg, layer)` / `layer_refusal(...)` (its first reason, the one the ledger
   counts): what layer l IS (from ModelConfig and layer_shape alone).
   The stack carries pre-norm GQA attention (QKV biases, QK norm, both rope layouts, partial
-  rope, rope frequency factors, linear rope scaling, any q scale), post-attention and
-  post-FFN norms at the model's one norm eps, and a dense SwiGLU FFN. Everything else is
-  refused by name. The check is exhaustive by construction: every ModelConfig and
+  rope, rope frequency factors, linear rope scaling, any q scale, sliding windows with
+  their own rope base), post-attention and post-FFN norms at the model's one norm eps, and
+  a dense gated FFN (SwiGLU or GeGLU, tanh form). Everything else is refused by name. The check is exhaustive by construction: every ModelConfig and
   LayerShape field is either listed in CARRIED / OUTSIDE_THE_LAYERS below or refused when
   it holds anything but a neutral value (None, False, 0, empty), so a decoration added to
   the config later is refused ("<field> not carried") until someone classifies it here.
-- `step_refusal(...)`: what THIS step is: a prefill batch of at least MIN_BATCH rows, at
-  positions that continue the cache, over a cache that holds one row per position.
+- `step_refusal(...)`: what THIS step is: a decode row, or a prefill batch of at least
+  MIN_BATCH rows, at positions that continue the cache, over a cache that holds one row
+  per position.
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ from typing import Any
 import numpy as np
 
 from ...model.config import ModelConfig
+from .ops import GLU_ACTS
 
-# Below this the host body's GEMVs beat an upload, a sync and a download; decode rows
-# (batch 1) always stay on the host.
+# Prefill batches below this stay on the host body: a 2-3 row batch is a chat turn's tail,
+# where the host's GEMVs cost no more than an upload, a sync and a download. Decode rows
+# (batch 1) run on the device: their K/V history is already there (the device KV cache),
+# and with the lm head in the same submission a decode token is one round trip.
 MIN_BATCH = 4
 # Shared-memory bounds of kernels/attention.cu (FRINK_MAX_HEAD_DIM; 2 dims per thread of 128).
 MAX_HEAD_DIM = 256
@@ -36,14 +40,13 @@ MAX_HEAD_DIM = 256
 # The stack's refusal reasons, as counted in the ledger. Fixed strings (no numbers) so the
 # counts of many steps add up under one name.
 BATCH = "batch < 4"
-NOT_PREFILL = "not a prefill batch"
+STEP_KIND = "step kind not carried"
 POSITIONS = "positions != cache start"
 EVICTED = "cache rows != positions (evicted window)"
 CACHE_TYPE = "cache layout not carried"
 NOT_RESIDENT = "weights not resident"
 MOE = "MoE ffn (experts not resident)"
-ACTIVATION = "activation not SwiGLU"
-WINDOW = "sliding window"
+ACTIVATION = "activation not SwiGLU/GeGLU"
 SOFTCAP = "attn logit softcap"
 OUTPUT_GATE = "attn output gate"
 KV_WIDTHS = "K/V head widths differ"
@@ -103,8 +106,7 @@ def layer_reasons(cfg: ModelConfig, layer: int) -> list[str]:
         (shape.mixer != "attention", f"mixer {shape.mixer}"),
         (shape.ffn == "moe", MOE),
         (shape.ffn not in ("dense", "moe"), f"ffn {shape.ffn}"),
-        (cfg.ffn_act != "silu", ACTIVATION),
-        (shape.window is not None, WINDOW),
+        (cfg.ffn_act not in GLU_ACTS, ACTIVATION),
         (bool(cfg.attn_logit_softcap), SOFTCAP),
         (bool(getattr(cfg, "attn_output_gate", False)), OUTPUT_GATE),
         (cfg.head_dim_k != cfg.head_dim_v, KV_WIDTHS),
@@ -136,9 +138,9 @@ def step_refusal(
     layers: Sequence[int],
 ) -> str | None:
     """None if this step (its batch, positions and cache) can run `layers` on the stack."""
-    if kind != "prefill":
-        return NOT_PREFILL if kind != "decode" else BATCH
-    if n_rows < MIN_BATCH:
+    if kind not in ("prefill", "decode"):
+        return STEP_KIND
+    if kind == "prefill" and n_rows < MIN_BATCH:
         return BATCH
     n_past = getattr(cache, "n_past", None)
     k_bufs, v_bufs = getattr(cache, "k", None), getattr(cache, "v", None)

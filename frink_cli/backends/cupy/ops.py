@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ...graph.ffn import ACTIVATIONS
 from ...resources import KERNELS_DIR
 
 F32 = np.float32
@@ -84,24 +85,25 @@ class ReferenceOps(_GemmOps):
         x[..., ib] = b * c + a * s
 
     def attention(
-        self, qkv: np.ndarray, q_off: int, k_off: int, v_off: int, k_prefix: np.ndarray,
-        v_prefix: np.ndarray, n_head: int, n_head_kv: int, head_dim: int, head_dim_v: int,
-        scale: float,
+        self, qkv: np.ndarray, q_off: int, k_cache: np.ndarray, v_cache: np.ndarray,
+        n_prefix: int, n_head: int, n_head_kv: int, head_dim: int, head_dim_v: int,
+        scale: float, window: int | None,
     ) -> np.ndarray:
-        """causal_gqa_attention_f32: new rows [T] at positions P.. over prefix + themselves.
-        k_prefix/v_prefix [n_head_kv, P, hd]; returns [T, n_head * head_dim_v]."""
+        """causal_gqa_attention_f32: new rows t = 0..T-1 at positions n_prefix + t over
+        the cache rows 0..n_prefix + t (the new rows' K/V already written there), or the
+        last `window` of them. k_cache/v_cache [n_head_kv, rows, hd]; returns
+        [T, n_head * head_dim_v]."""
         T = qkv.shape[0]
-        P = k_prefix.shape[1]
+        S = n_prefix + T
         H, Hkv, g = n_head, n_head_kv, n_head // n_head_kv
         q = qkv[:, q_off : q_off + H * head_dim].reshape(T, H, head_dim)
-        k = qkv[:, k_off : k_off + Hkv * head_dim].reshape(T, Hkv, head_dim)
-        v = qkv[:, v_off : v_off + Hkv * head_dim_v].reshape(T, Hkv, head_dim_v)
-        K = np.concatenate([k_prefix, k.transpose(1, 0, 2)], axis=1)  # [Hkv, S, hd]
-        V = np.concatenate([v_prefix, v.transpose(1, 0, 2)], axis=1)
-        S = P + T
+        K, V = k_cache[:, :S], v_cache[:, :S]  # [Hkv, S, hd]
         qg = (q * F32(scale)).transpose(1, 0, 2).reshape(Hkv, g * T, head_dim)
         scores = (qg @ K.transpose(0, 2, 1)).reshape(Hkv, g, T, S)
-        visible = np.arange(S)[None, :] <= (P + np.arange(T))[:, None]
+        pos = n_prefix + np.arange(T)
+        visible = np.arange(S)[None, :] <= pos[:, None]
+        if window is not None:
+            visible &= pos[:, None] - np.arange(S)[None, :] < window
         scores += np.where(visible, F32(0.0), F32(-np.inf))
         scores -= scores.max(axis=-1, keepdims=True)
         np.exp(scores, out=scores)
@@ -109,10 +111,10 @@ class ReferenceOps(_GemmOps):
         out = scores.reshape(Hkv, g * T, S) @ V
         return np.ascontiguousarray(out.reshape(H, T, head_dim_v).transpose(1, 0, 2).reshape(T, H * head_dim_v))
 
-    def swiglu(self, gu: np.ndarray, n_ff: int) -> np.ndarray:
-        """swiglu_f32: silu(gate) * up over [T, 2*n_ff] (gate columns first)."""
-        g = gu[:, :n_ff]
-        return g / (1.0 + np.exp(-g)) * gu[:, n_ff:]
+    def glu(self, gu: np.ndarray, n_ff: int, act: str) -> np.ndarray:
+        """glu_f32: act(gate) * up over [T, 2*n_ff] (gate columns first); act is "silu" or
+        "gelu_tanh", the host body's own functions."""
+        return ACTIVATIONS[act](gu[:, :n_ff]) * gu[:, n_ff:]
 
     def add(self, x: np.ndarray, a: np.ndarray) -> None:
         """add_f32: x += a."""
@@ -132,6 +134,8 @@ ATTN_THREADS = 128
 ELEMENTWISE_THREADS = 256
 # Grid-stride loops need no more blocks than this to fill any current GPU.
 MAX_BLOCKS = 65535
+# glu_f32's `act` codes (FRINK_ACT_* in elementwise.cu), by the config's activation name.
+GLU_ACTS = {"silu": 0, "gelu_tanh": 1}
 
 
 def kernel_source(name: str) -> str:
@@ -200,26 +204,30 @@ class KernelOps(_GemmOps):
         )
 
     def attention(
-        self, qkv: Any, q_off: int, k_off: int, v_off: int, k_prefix: Any, v_prefix: Any,
-        n_head: int, n_head_kv: int, head_dim: int, head_dim_v: int, scale: float,
+        self, qkv: Any, q_off: int, k_cache: Any, v_cache: Any, n_prefix: int, n_head: int,
+        n_head_kv: int, head_dim: int, head_dim_v: int, scale: float, window: int | None,
     ) -> Any:
-        self._check(qkv, k_prefix, v_prefix)
+        self._check(qkv, k_cache, v_cache)
         T, stride = qkv.shape
-        P = k_prefix.shape[1]
+        if k_cache.shape[1] != v_cache.shape[1] or n_prefix + T > k_cache.shape[1]:
+            raise ValueError(f"KV cache of {k_cache.shape[1]} rows cannot hold {n_prefix + T}")
         out = self.xp.empty((T, n_head * head_dim_v), F32)
         self.launch(
             "causal_gqa_attention_f32", T * n_head, ATTN_THREADS,
-            (qkv, _i64(stride), _i32(q_off), _i32(k_off), _i32(v_off), k_prefix, v_prefix,
-             _i32(P), out, _i64(n_head * head_dim_v), _i32(T), _i32(n_head), _i32(n_head_kv),
-             _i32(head_dim), _i32(head_dim_v), F32(scale)),
+            (qkv, _i64(stride), _i32(q_off), k_cache, v_cache, _i64(k_cache.shape[1]),
+             _i32(n_prefix), out, _i64(n_head * head_dim_v), _i32(T), _i32(n_head),
+             _i32(n_head_kv), _i32(head_dim), _i32(head_dim_v), F32(scale), _i32(window or 0)),
         )
         return out
 
-    def swiglu(self, gu: Any, n_ff: int) -> Any:
+    def glu(self, gu: Any, n_ff: int, act: str) -> Any:
         self._check(gu)
         T = gu.shape[0]
         h = self.xp.empty((T, n_ff), F32)
-        self.launch("swiglu_f32", _blocks(T * n_ff, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, (gu, h, _i64(T), _i32(n_ff)))
+        self.launch(
+            "glu_f32", _blocks(T * n_ff, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS,
+            (gu, h, _i64(T), _i32(n_ff), _i32(GLU_ACTS[act])),
+        )
         return h
 
     def add(self, x: Any, a: Any) -> None:

@@ -1,11 +1,14 @@
-"""dense_prefill_stack: a run of dense layers over a prompt batch, in one device round trip.
+"""dense_stack: a run of dense layers over new rows (a prompt batch or one decode row),
+in one device round trip.
 
-Why one call: on a GPU the cost of prefill is the traffic and the syncs, not the math. The
-hidden batch goes up once; every layer's norms, rope, attention, SwiGLU and residual adds
-run as kernels between cuBLAS GEMMs on resident weights; every layer's new K/V rows and
-the final hidden batch come back in ONE download (one submission in the ledger). Nothing
-is written to the host cache here: the backend pushes the K/V rows only after the whole
-run has come back, so a run that fails part way leaves every cache as it was.
+Why one call: on a GPU the cost is the traffic and the syncs, not the math. The hidden
+rows go up once; every layer's norms, rope, attention, gated activation and residual adds
+run as kernels between cuBLAS GEMMs on resident weights, attention reading the layer's
+device KV cache (the backend's mirror of the host cache); every layer's new K/V rows and
+the final hidden rows -- or, when the run ends the model, the logits -- come back in ONE
+download (one submission in the ledger). Nothing is written to the host cache here: the
+backend pushes the K/V rows only after the whole run has come back, so a run that fails
+part way leaves every host cache as it was.
 
 Written once against `ops` (ops.py) and its array module: NumPy on CI, CuPy on a GPU. The
 order of operations is the host body's (graph/body.py), block for block.
@@ -71,41 +74,67 @@ def _linear(ops: Any, x: Any, lin: DeviceLinear) -> Any:
 
 
 @dataclass
+class DeviceHead:
+    """The lm head, resident: final norm, output matrix (token_embd's when tied), softcap."""
+
+    norm: Any
+    output: DeviceLinear
+    softcap: float | None
+
+
+def upload_head(ops: Any, output_norm: np.ndarray, output: Linear, softcap: float | None, dtype: Any) -> DeviceHead:
+    b = None if output.b is None else ops.to_device(output.b)
+    return DeviceHead(ops.to_device(output_norm), DeviceLinear(ops.to_device(output.w, dtype), b), softcap or None)
+
+
+@dataclass
 class StackOutput:
-    hidden: np.ndarray  # [T, n_embd]
+    main: np.ndarray  # [T, n_embd] hidden rows, or [rows, n_vocab] logits when a head rode along
     k_rows: list[np.ndarray]  # per layer of the run: [T, n_head_kv, head_dim_k]
     v_rows: list[np.ndarray]  # per layer of the run: [T, n_head_kv, head_dim_v]
 
 
-def dense_prefill_stack(
+def dense_stack(
     ops: Any,
     cfg: ModelConfig,
     layers: Sequence[DeviceLayer],
+    windows: Sequence[int | None],
     rope_tables: Sequence[tuple[np.ndarray, np.ndarray]],
     x: np.ndarray,
-    prefixes: Sequence[tuple[np.ndarray, np.ndarray]],
+    kv: Sequence[tuple[Any, Any]],
+    n_prefix: int,
+    head: DeviceHead | None = None,
+    all_logits: bool = False,
 ) -> StackOutput:
-    """Run `layers` over the hidden batch x [T, n_embd] (host).
+    """Run `layers` over the hidden rows x [T, n_embd] (host) at positions n_prefix.. .
 
+    windows[i]: layer i's sliding window in positions, or None.
     rope_tables[i]: (cos, sin) [T, rope_dim/2] for layer i at the batch's positions.
-    prefixes[i]: the cache's rows before the batch for layer i, K [n_head_kv, P, hd_k] and
-    V [n_head_kv, P, hd_v] (host arrays; P may be 0).
+    kv[i]: layer i's device KV cache (K [n_head_kv, rows, hd_k], V [n_head_kv, rows, hd_v])
+    holding positions 0..n_prefix-1; this run writes its rows n_prefix.. there and reads
+    attention from it. The caller advances its idea of the cache's length only after the
+    run has come back, so rows written by a run that failed are simply written again.
+    head: when given, the logits of the last row (or all rows) come back instead of the
+    hidden rows, from the same submission.
     """
     xp = ops.xp
     T, d = x.shape
+    P = n_prefix
     H, Hkv, hk, hv = cfg.n_head, cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
     q_off, k_off, v_off = 0, H * hk, (H + Hkv) * hk
     kv_width = Hkv * (hk + hv)
     neox = cfg.rope_type == "neox"
     eps = cfg.norm_eps
     n_ff = cfg.n_ff
+    main_width = 0 if head is None else (T if all_logits else 1) * cfg.n_vocab
+    main_size = T * d if head is None else main_width
 
     # One device buffer for everything that comes back, so it comes back in one copy:
-    # the hidden batch, then each layer's [T, K row | V row].
-    out = xp.empty(T * d + len(layers) * T * kv_width, F32)
-    h_out = out[: T * d].reshape(T, d)
-    h_out[...] = ops.to_device(x)
-    resid = h_out  # the residual stream, updated in place by the add kernel
+    # the hidden rows (or logits), then each layer's [T, K row | V row].
+    out = xp.empty(main_size + len(layers) * T * kv_width, F32)
+    # The residual stream, updated in place by the add kernel: a copy of its own, so the
+    # caller's x stays as it was even where the "device" is the host (NumPy standing in).
+    resid = ops.to_device(x).copy()
 
     # Layers that share a rope base share their tables: each distinct table goes up once.
     tables: dict[int, Any] = {}
@@ -117,7 +146,7 @@ def dense_prefill_stack(
 
     for i, w in enumerate(layers):
         cos, sin = (table(t) for t in rope_tables[i])
-        kp, vp = (ops.to_device(p) for p in prefixes[i])
+        kc, vc = kv[i]
 
         h = ops.rms_norm(resid, w.attn_norm, eps)
         qkv = _linear(ops, h, w.qkv)  # [T, (H + 2 Hkv) hd]
@@ -126,27 +155,38 @@ def dense_prefill_stack(
             ops.rms_norm_heads(qkv, k_off, Hkv, hk, w.k_norm, eps)
         ops.rope(qkv, q_off, H, hk, cos, sin, cfg.rope_dim, neox)
         ops.rope(qkv, k_off, Hkv, hk, cos, sin, cfg.rope_dim, neox)
-        att = ops.attention(qkv, q_off, k_off, v_off, kp, vp, H, Hkv, hk, hv, cfg.attn_scale)
+        kc[:, P : P + T] = qkv[:, k_off:v_off].reshape(T, Hkv, hk).transpose(1, 0, 2)
+        vc[:, P : P + T] = qkv[:, v_off:].reshape(T, Hkv, hv).transpose(1, 0, 2)
+        att = ops.attention(qkv, q_off, kc, vc, P, H, Hkv, hk, hv, cfg.attn_scale, windows[i])
         a = _linear(ops, att, w.wo)
         if w.post_attn_norm is not None:
             a = ops.rms_norm(a, w.post_attn_norm, eps)
         ops.add(resid, a)
 
         h = ops.rms_norm(resid, w.ffn_norm, eps)
-        f = _linear(ops, ops.swiglu(_linear(ops, h, w.gate_up), n_ff), w.down)
+        f = _linear(ops, ops.glu(_linear(ops, h, w.gate_up), n_ff, cfg.ffn_act), w.down)
         if w.post_ffn_norm is not None:
             f = ops.rms_norm(f, w.post_ffn_norm, eps)
         ops.add(resid, f)
 
-        base = T * d + i * T * kv_width
+        base = main_size + i * T * kv_width
         out[base : base + T * kv_width].reshape(T, kv_width)[...] = qkv[:, k_off:]
 
+    if head is None:
+        out[:main_size].reshape(T, d)[...] = resid
+    else:
+        rows = resid if all_logits else resid[T - 1 :]
+        logits = _linear(ops, ops.rms_norm(xp.ascontiguousarray(rows), head.norm, eps), head.output)
+        if head.softcap:
+            logits = xp.tanh(logits / F32(head.softcap)) * F32(head.softcap)
+        out[:main_size].reshape(logits.shape)[...] = logits
+
     host = ops.to_host(out)  # the one sync of the run
-    hidden = host[: T * d].reshape(T, d)
+    main = host[:main_size].reshape(T if head is None or all_logits else 1, -1)
     k_rows, v_rows = [], []
     for i in range(len(layers)):
-        base = T * d + i * T * kv_width
-        kv = host[base : base + T * kv_width].reshape(T, kv_width)
-        k_rows.append(kv[:, : Hkv * hk].reshape(T, Hkv, hk))
-        v_rows.append(kv[:, Hkv * hk :].reshape(T, Hkv, hv))
-    return StackOutput(hidden, k_rows, v_rows)
+        base = main_size + i * T * kv_width
+        kv_rows = host[base : base + T * kv_width].reshape(T, kv_width)
+        k_rows.append(kv_rows[:, : Hkv * hk].reshape(T, Hkv, hk))
+        v_rows.append(kv_rows[:, Hkv * hk :].reshape(T, Hkv, hv))
+    return StackOutput(main, k_rows, v_rows)

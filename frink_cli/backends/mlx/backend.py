@@ -40,6 +40,8 @@ class _Mirror:
         self.k: list[mx.array | None] = [None] * n_layer
         self.v: list[mx.array | None] = [None] * n_layer
         self.length = [-1] * n_layer
+        # The host cache's write count (KvCache.versions) each layer's rows match.
+        self.version = [-1] * n_layer
         # Recurrent layers: the host state arrays the device state was made from / made.
         self.host_state: list[tuple | None] = [None] * n_layer
 
@@ -176,7 +178,7 @@ class MlxBackend:
                 m.host_state[layer] = (conv, delta)
             return
         n = cache.n_past
-        if m.length[layer] == n:
+        if m.length[layer] == n and m.version[layer] == cache.versions[layer]:
             return
         cfg = self.cfg
         k = np.zeros((1, cfg.n_head_kv, m.capacity, cfg.head_dim_k), np.float32)
@@ -184,7 +186,7 @@ class MlxBackend:
         k[0, :, :n] = cache.k[layer][:, :n]
         v[0, :, :n] = cache.v[layer][:, :n]
         m.k[layer], m.v[layer] = mx.array(k), mx.array(v)
-        m.length[layer] = n
+        m.length[layer], m.version[layer] = n, cache.versions[layer]
 
     def _function(self, run: Run, T: int, capacity: int, head: str | None):
         key = (run.start, run.stop, T, capacity, head)
@@ -263,7 +265,7 @@ class MlxBackend:
         for i in range(run.start, run.stop):
             if not cfg.is_recurrent(i):
                 m.k[i], m.v[i] = state[i]
-                m.length[i] = cache.n_past + T
+                m.length[i], m.version[i] = cache.n_past + T, cache.versions[i]
         return np.concatenate(outputs) if len(outputs) > 1 else outputs[0]
 
     def _kind(self, run: Run, head: str | None) -> str:
