@@ -123,14 +123,21 @@ def test_numpy_stack_equals_host_body(name: str, tiny_model: Callable) -> None:
     assert not ledger.failures
 
 
-def test_api_load_with_backend_cuda_standing_in(tiny_model: Callable, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`load(path, backend="cuda")`, the path the CLI takes, with FRINK_CUDA_ARRAY_MODULE."""
+@pytest.mark.parametrize("name", DENSE_TINY)
+def test_api_load_with_backend_cuda_standing_in(name: str, tiny_model: Callable, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`load(path, backend="cuda")`, the path the CLI takes, with FRINK_CUDA_ARRAY_MODULE:
+    the stack's logits against transformers' and llama.cpp's own (2e-3, as
+    test_parity_tiny.py holds the host body) and the same argmax everywhere."""
     monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
-    tm = tiny_model("qwen3")
+    tm = tiny_model(name)
     m = frink_cli.load(tm.gguf, backend="cuda")
     assert m.backend_name == "cuda"
     tokens = [int(t) for t in tm.ref["tokens"]]
-    _assert_close(m.logits(tokens), tm.ref["logits_hf"], 2e-3, "cuda (numpy) vs transformers")
+    got = m.logits(tokens)
+    for key in ("logits_hf", "logits_llamacpp"):
+        if key in tm.ref:
+            _assert_close(got, tm.ref[key], 2e-3, f"{name}: cuda (numpy) vs {key}")
+            np.testing.assert_array_equal(got.argmax(-1), tm.ref[key].argmax(-1))
     assert m.decoder.backend.ledger.submissions == {"prefill-stack+lm-head": 1}
 
 
