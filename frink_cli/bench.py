@@ -402,13 +402,29 @@ def _params(n: int) -> str:
     return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
 
 
-def format_md(rows: list[BenchRow]) -> str:
-    """llama-bench's markdown table (plus the ratio to llama.cpp when compared)."""
+def _ledger_cell(r: BenchRow) -> str:
+    """Device submissions per decode token (tg rows) or per prompt (pp rows), then any
+    refusals and failures per run, as `frink bench --submissions` reports them."""
+    if r.submissions_by_kind is None:
+        return ""
+    n = r.submissions_per_token if r.submissions_per_token is not None else r.submissions
+    cell = f"{n:g}/{'token' if r.submissions_per_token is not None else 'prompt'}" if n is not None else ""
+    extra = [f"refused {k} x{v:g}" for k, v in (r.refusals or {}).items()]
+    extra += [f"FAILED x{v:g}" for v in (r.failures or {}).values()]
+    return "; ".join([cell, *extra]) if extra else cell
+
+
+def format_md(rows: list[BenchRow], submissions: bool = False) -> str:
+    """llama-bench's markdown table (plus the ratio to llama.cpp when compared, and the
+    ledger's submissions with --submissions)."""
     compare = any(r.runner == "llama.cpp" for r in rows)
     head = ["model", "size", "params", "backend", "test", "t/s"]
     align = [":", "-:", "-:", ":", "-:", "-:"]
     if compare:
         head.append("vs llama.cpp")
+        align.append("-:")
+    if submissions:
+        head.append("submissions")
         align.append("-:")
     lines = ["| " + " | ".join(head) + " |",
              "| " + " | ".join(("-" * 5 + a) if a.startswith("-") else (a + "-" * 5) for a in align) + " |"]
@@ -417,6 +433,8 @@ def format_md(rows: list[BenchRow]) -> str:
                  f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}"]
         if compare:
             cells.append(f"{r.ratio_vs_llama_cpp:.2f}x" if r.ratio_vs_llama_cpp is not None else "")
+        if submissions:
+            cells.append(_ledger_cell(r))
         lines.append("| " + " | ".join(cells) + " |")
     peaks = [r.peak_memory_mib for r in rows if r.peak_memory_mib is not None]
     if peaks:

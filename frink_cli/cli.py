@@ -390,7 +390,7 @@ def bench(
     elif as_csv:
         sys.stdout.write(B.format_csv(rows, submissions))
     else:
-        sys.stdout.write(B.format_md(rows))
+        sys.stdout.write(B.format_md(rows, submissions))
 
 
 @app.command()

@@ -139,6 +139,12 @@ def test_submissions_rows_read_the_backend_ledger(tiny_gguf: Path) -> None:
     assert tg["submissions_by_kind"] == {"dense-run": 1.0}
     assert pp["refusals"] == tg["refusals"] == {"first layer stays home": 1.0}
     assert pp["failures"] == {}
+    # The markdown table (bench's default output) carries the same ledger figures.
+    md = B.format_md(rows, submissions=True).splitlines()
+    assert md[0].endswith("| submissions |")
+    assert md[2].endswith("| 1/prompt; refused first layer stays home x1 |")
+    assert md[3].endswith("| 1/token; refused first layer stays home x1 |")
+    assert "submissions" not in B.format_md(rows)
 
 
 def test_submissions_on_the_host_body_are_zero(tiny_gguf: Path) -> None:
