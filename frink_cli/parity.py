@@ -112,7 +112,9 @@ def check_parity(model, ids: list[int], steps: int) -> ParityReport:
         report.step_kl.append(kl_divergence(last_h, last_b))
         top_h, top_b = int(last_h.argmax()), int(last_b.argmax())
         report.step_top1_agree.append(top_h == top_b)
-        report.step_near_tie.append(bool(last_h[top_h] - last_h[top_b] < NEAR_TIE))
+        # A disagreement the host itself nearly made (its two candidates within NEAR_TIE);
+        # False where the two agree, so the list marks only the forgivable flips.
+        report.step_near_tie.append(top_h != top_b and bool(last_h[top_h] - last_h[top_b] < NEAR_TIE))
         if step == steps:
             break
         token = np.array([top_h])

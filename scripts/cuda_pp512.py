@@ -9,7 +9,7 @@ operands), and prints tok/s, the speedups, the ledger's submissions per prefill 
 decode token, and how far the stack's hidden states are from the host body's. Needs CuPy
 and a GPU; downloads nothing (weights are random, one layer's arrays shared by every layer).
 
-Usage: python scripts/cuda_pp512.py [--shapes smollm2-135m,llama-3.2-1b] [--n 512] [--tg 32] [--json FILE]
+Usage: python scripts/cuda_pp512.py [--shapes smollm2-135m,llama-3.2-1b] [--n 512] [--tg 16] [--json FILE]
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def main() -> None:
     ap.add_argument("--host-reps", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--dtypes", default="float32,float16")
-    ap.add_argument("--tg", type=int, default=32, help="decode tokens timed after the prefill (0: none)")
+    ap.add_argument("--tg", type=int, default=16, help="decode tokens timed after the prefill (0: none)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--array-module", default="cupy", help="numpy: a dry run of this script on the CPU")
     args = ap.parse_args()

@@ -7,7 +7,7 @@
 #      dense stack against the host body (a prefill, a prefill over the cached prefix and
 #      decode tokens with the lm head on the device: logits within 1e-2 of their scale,
 #      identical argmax) on llama / qwen2 / qwen3 / gemma3-shaped random models;
-#   3. pp512 and tg32 of the stack against the host body on random weights of real shapes
+#   3. pp512 and tg16 of the stack against the host body on random weights of real shapes
 #      (scripts/cuda_pp512.py; extra arguments go to it, e.g. --shapes smollm2-135m).
 # Results: stdout, plus $OUT/gpu_check.json when OUT is set (where the device tool
 # collects files). Exit status non-zero if any step fails.
@@ -35,7 +35,7 @@ PYEOF
 echo "== gpu tests"
 timeout 100 "$PY" -m pytest -q -m gpu tests/test_cuda_gpu.py -p no:cacheprovider -rs -s
 
-echo "== pp512 + tg32: dense stack vs host body"
+echo "== pp512 + tg16: dense stack vs host body"
 json_out=()
 if [ -n "${OUT:-}" ]; then json_out=(--json "$OUT/gpu_check.json"); fi
-timeout 130 "$PY" scripts/cuda_pp512.py "${json_out[@]}" "$@"
+timeout 150 "$PY" scripts/cuda_pp512.py "${json_out[@]}" "$@"

@@ -2,7 +2,8 @@
 
 Weights are uploaded once at bind() and stay resident: Q4_0/Q4_1/Q8_0 tensors as MLX
 affine-quantized integers taken from the file's own blocks (quant.py), F16/BF16 as they
-are, everything else as the host body's f32. A run's K/V are attended on the device from
+are, everything else as the host body's f32. MoE expert stacks follow the same rule and
+are multiplied in place (graph.DeviceExperts), never gathered per token. A run's K/V are attended on the device from
 a per-sequence mirror of the host cache; the host cache stays authoritative: every new K/V
 row comes back with the run's output in the same transfer and is written to it, and a
 mirror layer whose length differs from the host's is re-uploaded before use.
@@ -23,7 +24,7 @@ from .. import LaunchFailed, Refusal, Run
 from ..ledger import Ledger
 from . import graph
 from .eligibility import layer_refusals
-from .quant import QUANTIZED_TYPES, affine_from_blocks, device_format, pack
+from .quant import QUANTIZED_TYPES, affine_stack, device_format
 
 _MIN_CAPACITY = 256
 # Rows per prefill submission. A GDN layer's recurrence is unrolled row by row in the
@@ -55,47 +56,122 @@ class MlxBackend:
         self.checkpoint = checkpoint
         self.ledger = Ledger()
         self.refusals = [layer_refusals(cfg, i) for i in range(cfg.n_layer)]
-        self.tensor_choice: dict[str, str] = {}
+        self.tensor_choice: dict[str, str] = {}  # per source type: how the device holds it
+        self.tensor_held: dict[str, str] = {}  # per source tensor the device holds: how
+        self._names: set[str] | None = None
         self._mirrors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._compiled: dict[tuple, object] = {}
 
     # --- upload -------------------------------------------------------------------------
 
+    def _source_names(self) -> set[str]:
+        if self._names is None:
+            self._names = set(self.checkpoint.tensors.names()) if self.checkpoint is not None else set()
+        return self._names
+
+    def _quantized(self, names: list[str]):
+        """(packed, scales, biases, bits, dtype) of the tensors `names` stacked along their
+        output rows (axis -2; a 1-D tensor is one row), kept in the file's own blocks; None
+        unless they all exist with one type MLX's affine format holds exactly (quant.py)."""
+        src = self.checkpoint.tensors if self.checkpoint is not None else None
+        if src is None or not names or not hasattr(src, "raw") or not set(names) <= self._source_names():
+            return None
+        dtypes = {src.info(n).dtype for n in names}
+        if len(dtypes) != 1 or not dtypes <= set(QUANTIZED_TYPES):
+            return None
+        dtype = dtypes.pop()
+        parts = [affine_stack(src.raw(n)[2], dtype, tuple(src.info(n).shape)) for n in names]
+        if len({p[0].ndim for p in parts}) != 1:
+            return None
+        packed, scales, biases = (np.concatenate([p[j] for p in parts], axis=-2) for j in range(3))
+        for n in names:
+            self.tensor_held[n] = device_format(dtype)
+        self.tensor_choice[dtype] = device_format(dtype)
+        return packed, scales, biases, parts[0][3], dtype
+
+    def _dense_kind(self, names: list[str]) -> str | None:
+        """The one source type of `names` ("mixed" when they differ), recorded as held dense;
+        None when they are not all source tensors."""
+        if self.checkpoint is None or not names or not set(names) <= self._source_names():
+            return None
+        dtypes = [self.checkpoint.tensors.info(n).dtype for n in names]
+        kind = dtypes[0] if len(set(dtypes)) == 1 else "mixed"
+        for n, d in zip(names, dtypes):
+            # A type that maps onto MLX's format but sits in a mixed fused matrix goes dense.
+            how = device_format(d) if d not in QUANTIZED_TYPES or kind == d else "f32 (dequantized at load; fused with other types)"
+            self.tensor_choice.setdefault(d, how)
+            self.tensor_held[n] = how
+        return kind
+
     def _linear(self, names: list[str], dense: np.ndarray, bias: np.ndarray | None) -> graph.DeviceLinear:
         """Device copy of a (fused) host Linear; quantized when every source tensor maps."""
         b = mx.array(bias) if bias is not None else None
-        src = self.checkpoint.tensors if self.checkpoint is not None else None
-        if src is None or not names or not set(names) <= set(src.names()):
-            return graph.DeviceLinear(mx.array(dense), bias=b)  # no single source tensor to map
-        dtypes = [src.info(n).dtype for n in names]
-        if src is not None and hasattr(src, "raw") and len(set(dtypes)) == 1 and dtypes[0] in QUANTIZED_TYPES:
-            qs, scales, biases = [], [], []
-            for n in names:
-                qtype, shape, raw = src.raw(n)
-                q, s, bb, bits = affine_from_blocks(raw, dtypes[0], shape[0], shape[1])
-                qs.append(pack(q, bits))
-                scales.append(s)
-                biases.append(bb)
-            self.tensor_choice[dtypes[0]] = device_format(dtypes[0])
-            return graph.DeviceLinear(
-                mx.array(np.concatenate(qs)), mx.array(np.concatenate(scales)),
-                mx.array(np.concatenate(biases)), bits, b,
-            )
-        kind = dtypes[0] if len(set(dtypes)) == 1 else "mixed"
+        q = self._quantized(names)
+        if q is not None:
+            packed, scales, biases, bits, _ = q
+            return graph.DeviceLinear(mx.array(packed), mx.array(scales), mx.array(biases), bits, b)
+        kind = self._dense_kind(names)  # None: no single source tensor to map
         if kind == "F16":
             w = mx.array(dense.astype(np.float16))
         elif kind == "BF16":
             w = mx.array(dense).astype(mx.bfloat16)
         else:
             w = mx.array(dense)
-        for d in set(dtypes):
-            # A type that maps onto MLX's format but sits in a mixed fused matrix goes dense.
-            self.tensor_choice.setdefault(d, device_format(d) if d not in QUANTIZED_TYPES or kind == d else "f32 (dequantized at load; fused with other types)")
         return graph.DeviceLinear(w, bias=b)
+
+    def _experts(self, names: list[str], dense: np.ndarray) -> graph.DeviceExperts:
+        """A resident expert stack [E, out, in] from the tensors `names` (several: stacked
+        along out, as the host fused them): the file's blocks when they map, else dense in
+        the file's float type, else the host's f32."""
+        q = self._quantized(names)
+        if q is not None:
+            packed, scales, biases, bits, _ = q
+            return graph.DeviceExperts(mx.array(packed), mx.array(scales), mx.array(biases), bits)
+        kind = self._dense_kind(names)
+        w = np.ascontiguousarray(dense)
+        if kind in ("F16", "BF16") and mx.default_device() != mx.gpu:
+            # MLX's CPU gather_mm multiplies f32 only (0.32: "Currently only supports
+            # float32"); the CPU device is the Linux correctness path, so hold f32 there.
+            for n in names:
+                self.tensor_held[n] = "f32 (MLX's CPU gather_mm is f32 only)"
+            return graph.DeviceExperts(mx.array(w))
+        if kind == "F16":
+            return graph.DeviceExperts(mx.array(w.astype(np.float16)))
+        if kind == "BF16":
+            return graph.DeviceExperts(mx.array(w).astype(mx.bfloat16))
+        return graph.DeviceExperts(mx.array(w))
+
+    def _moe(self, p: str, e) -> graph.DeviceMoe:
+        cfg = self.cfg
+        E, ff = cfg.n_expert, cfg.n_ff_exp
+        names = self._source_names()
+        if p + "ffn_gate_up_exps.weight" in names:
+            gate_up = [self._experts([p + "ffn_gate_up_exps.weight"], e.gate_up_exps)]
+        else:
+            gn, un = p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"
+            src = self.checkpoint.tensors if self.checkpoint is not None else None
+            if src is not None and {gn, un} <= names and src.info(gn).dtype != src.info(un).dtype:
+                # Different types (a mixed-quant file): two stacks, each held by its own rule.
+                gate_up = [self._experts([gn], e.gate_up_exps[:, :ff]), self._experts([un], e.gate_up_exps[:, ff:])]
+            else:
+                gate_up = [self._experts([gn, un], e.gate_up_exps)]
+        down = self._experts([p + "ffn_down_exps.weight"], e.down_exps)
+        # The host fused router rows, the shared gate row and the shared gate/up rows into
+        # one Linear; split its rows (and bias, if any) back at the same places.
+        n_router = E + (1 if e.down_shexp is not None else 0)
+        bias = e.inp.b
+        router_names = [p + "ffn_gate_inp.weight"] + ([p + "ffn_gate_inp_shexp.weight"] if e.down_shexp is not None else [])
+        router = self._linear(router_names, e.inp.w[:n_router], None if bias is None else bias[:n_router])
+        gate_up_shexp = down_shexp = None
+        if e.down_shexp is not None:
+            gate_up_shexp = self._linear([p + "ffn_gate_shexp.weight", p + "ffn_up_shexp.weight"], e.inp.w[n_router:],
+                                         None if bias is None else bias[n_router:])
+            down_shexp = self._linear([p + "ffn_down_shexp.weight"], e.down_shexp.w, e.down_shexp.b)
+        return graph.DeviceMoe(router, gate_up, down, gate_up_shexp, down_shexp)
 
     def bind(self, weights) -> None:
         cfg = self.cfg
-        names = set(self.checkpoint.tensors.names()) if self.checkpoint is not None else set()
+        names = self._source_names()
 
         def opt(a):
             return mx.array(a) if a is not None else None
@@ -126,12 +202,7 @@ class MlxBackend:
                 layer.qkv = self._linear(qkv_names, lw.qkv.w, lw.qkv.b)
                 layer.wo = self._linear([p + "attn_output.weight"], lw.wo.w, lw.wo.b)
             if s.ffn == "moe":
-                e = lw.moe
-                layer.moe = graph.DeviceMoe(
-                    inp=self._linear([], e.inp.w, e.inp.b), gate_up_exps=mx.array(e.gate_up_exps),
-                    down_exps=mx.array(e.down_exps),
-                    down_shexp=self._linear([], e.down_shexp.w, e.down_shexp.b) if e.down_shexp is not None else None,
-                )
+                layer.moe = self._moe(p, lw.moe)
             else:
                 layer.gate_up = self._linear([p + "ffn_gate.weight", p + "ffn_up.weight"], lw.gate_up.w, None)
                 layer.down = self._linear([p + "ffn_down.weight"], lw.down.w, None)

@@ -46,11 +46,48 @@ class DeviceGdn:
 
 
 @dataclass
+class DeviceExperts:
+    """A resident stack of expert matrices [E, out, in]: dense (w), or MLX-affine quantized
+    (w packed [E, out, in*bits/32], scales and biases [E, out, in/32]).
+
+    Called with rows x [..., 1, in] and the expert each row goes to, ids [...], it returns
+    [..., 1, out] through gather_mm / gather_qmm, which read the chosen experts' weights
+    where they lie: nothing of the stack is copied per token. A dense f16/bf16 stack takes
+    its rows in its own type, since a mixed-type gather_mm would first promote the whole
+    stack to f32 on every call."""
+
+    w: mx.array
+    scales: mx.array | None = None
+    biases: mx.array | None = None
+    bits: int = 0
+
+    def __call__(self, x: mx.array, ids: mx.array, sorted_ids: bool) -> mx.array:
+        if self.scales is not None:
+            return mx.gather_qmm(x, self.w, self.scales, self.biases, rhs_indices=ids, transpose=True,
+                                 group_size=32, bits=self.bits, sorted_indices=sorted_ids)
+        wt = self.w.swapaxes(-1, -2)  # a transposed view, as matmul's w.T
+        if self.w.dtype != mx.float32:
+            y = mx.gather_mm(x.astype(self.w.dtype), wt, rhs_indices=ids, sorted_indices=sorted_ids)
+            return y.astype(mx.float32)
+        return mx.gather_mm(x, wt, rhs_indices=ids, sorted_indices=sorted_ids)
+
+
+@dataclass
 class DeviceMoe:
-    inp: DeviceLinear  # router rows, then (with a shared expert) its gate row and gate/up rows
-    gate_up_exps: mx.array  # [E, 2 ff, d]
-    down_exps: mx.array  # [E, d, ff]
-    down_shexp: DeviceLinear | None
+    # Router rows, then (with a shared expert) its gate row. The shared expert's gate/up
+    # rows, fused with these on the host, are their own linear here, so a quantized shared
+    # expert stays quantized beside an f32 router (llama.cpp files keep routers in f32).
+    router: DeviceLinear
+    gate_up_exps: list[DeviceExperts]  # [E, 2 ff, d] as one stack, or gate then up stacks
+    down_exps: DeviceExperts  # [E, d, ff]
+    gate_up_shexp: DeviceLinear | None  # [2 ff_sh, d]
+    down_shexp: DeviceLinear | None  # [d, ff_sh]
+
+
+# Routed rows (tokens x top-k) from which a prefill sorts them by expert before the gathered
+# matmuls, so each expert's weights are read once for all its rows (mlx-lm's threshold). A
+# decode token's k rows go unsorted.
+SORT_MIN_ROWS = 64
 
 
 @dataclass
@@ -168,20 +205,34 @@ def _gdn(cfg, g: DeviceGdn, h, conv_tail, state):
 
 
 def _moe(cfg, m: DeviceMoe, h):
+    """The host body's moe_ffn (graph/moe.py): softmax router, top k, optional renormalisation,
+    each chosen expert's gated FFN weighted by its probability, plus the sigmoid-gated shared
+    expert. Each (row, chosen expert) pair is one gathered matvec on the resident stacks."""
     E, k = cfg.n_expert, cfg.n_expert_used
-    r = m.inp(h)
+    T, d = h.shape
+    r = m.router(h)
     p = mx.softmax(r[:, :E], axis=-1)
     ids = mx.argsort(-p, axis=-1)[:, :k]  # [T, k]
     wts = mx.take_along_axis(p, ids, axis=-1)
     if cfg.moe_norm_topk:
         wts = wts / wts.sum(axis=-1, keepdims=True)
-    x = h[:, None, :, None]  # [T, 1, d, 1]
-    gu = (m.gate_up_exps[ids] @ x)[..., 0]  # [T, k, 2 ff]
-    y = (m.down_exps[ids] @ _glu(cfg.ffn_act, gu)[..., None])[..., 0]  # [T, k, d]
+    sort = T * k >= SORT_MIN_ROWS
+    if sort:
+        flat = ids.reshape(-1)
+        order = mx.argsort(flat)
+        x, idx = h[order // k][:, None, :], flat[order]  # [T k, 1, d] grouped by expert
+    else:
+        x, idx = h[:, None, None, :], ids  # [T, 1, 1, d] against [T, k]: broadcast over k
+    parts = [g(x, idx, sort) for g in m.gate_up_exps]
+    gu = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
+    y = m.down_exps(_glu(cfg.ffn_act, gu), idx, sort)
+    if sort:
+        y = y[mx.argsort(order)]  # back to (row, rank) order
+    y = y.reshape(T, k, d)
     out = (y * wts[..., None]).sum(axis=1)
     if m.down_shexp is not None:
         gate = r[:, E : E + 1]
-        out = out + m.down_shexp(_glu(cfg.ffn_act, r[:, E + 1 :])) * mx.sigmoid(gate)
+        out = out + m.down_shexp(_glu(cfg.ffn_act, m.gate_up_shexp(h))) * mx.sigmoid(gate)
     return out
 
 
