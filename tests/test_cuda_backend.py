@@ -623,7 +623,42 @@ def test_failed_weight_upload_leaves_layers_on_the_host() -> None:
     backend.bind(synthetic_weights(cfg))
     cache = KvCache(cfg, 16)
     assert backend.plan("prefill", 0, 8, cache) == Refusal(eligibility.NOT_RESIDENT)
-    assert list(backend.ledger.failures) == ["weight upload: MemoryError: out of device memory"]
+    assert list(backend.ledger.failures) == [
+        "weight upload: MemoryError: out of device memory (0 of 2 layers resident, the rest run on the host)"
+    ]
+
+
+def test_layers_that_fit_stay_resident() -> None:
+    """The device fills up after two layers' weights: those two run on the device, the rest
+    and the logits on the host, and the answer is the host body's."""
+
+    class SmallDevice(ReferenceOps):
+        def __init__(self, budget: int) -> None:
+            self.left = budget
+
+        def to_device(self, a, dtype=np.float32):  # type: ignore[no-untyped-def]
+            a = np.asarray(a)
+            if a.ndim == 2:  # weight matrices count against the budget
+                if a.size > self.left:
+                    raise MemoryError("out of device memory")
+                self.left -= a.size
+            return super().to_device(a, dtype)
+
+    cfg = synthetic_config("qwen2", n_layer=4)
+    w = synthetic_weights(cfg, seed=6)
+    per_layer = sum(x.w.size for x in (w.layers[0].qkv, w.layers[0].wo, w.layers[0].gate_up, w.layers[0].down))
+    backend = CudaBackend(cfg, SmallDevice(2 * per_layer + per_layer // 2))
+    dec, host = Decoder(cfg, w, backend), Decoder(cfg, w)
+    assert sorted(backend.layers) == [0, 1] and backend.head is None and not backend.runs_head
+    assert list(backend.ledger.failures) == [
+        "weight upload: MemoryError: out of device memory (2 of 4 layers resident, the rest run on the host)"
+    ]
+    ids = np.arange(10) % cfg.n_vocab
+    hc, dc = KvCache(cfg, 32), KvCache(cfg, 32)
+    _assert_close(dec.step(ids, dc, all_logits=True), host.step(ids, hc, all_logits=True), 1e-5, "prefill")
+    _assert_close(dec.step(np.asarray([4]), dc), host.step(np.asarray([4]), hc), 1e-5, "decode")
+    assert backend.ledger.submissions == {"prefill-stack": 1, "decode-stack": 1}
+    assert backend.ledger.refusals == {eligibility.NOT_RESIDENT: 4}
 
 
 # --- choosing the backend, info, the CLI --------------------------------------------------------

@@ -71,23 +71,29 @@ class CudaBackend:
 
     def bind(self, weights: ModelWeights) -> None:
         """Upload the weights of every layer the stack may take, and the lm head, once, at
-        load. A failed upload (out of device memory, say) is reported and leaves those
-        layers on the host."""
+        load, in layer order. When the device runs out of memory part way, the layers
+        already up stay resident and the rest run on the host body (as llama.cpp offloads
+        the layers that fit); the failure is reported once, naming what stayed home."""
         self.layers.clear()
         self.head = None
-        try:
-            for layer, refusal in enumerate(self.layer_refusals):
-                if refusal is None:
-                    self.layers[layer] = upload_layer(self.ops, weights.layers[layer], self.weight_dtype)
-            if self.layers and self.cfg.n_layer - 1 in self.layers:
+        self._rope_freqs = None if weights.rope_freqs is None else weights.rope_freqs.astype(np.float64)
+        wanted = [i for i, refusal in enumerate(self.layer_refusals) if refusal is None]
+        for n_up, layer in enumerate(wanted):
+            try:
+                self.layers[layer] = upload_layer(self.ops, weights.layers[layer], self.weight_dtype)
+            except Exception as e:  # noqa: BLE001 - any device error means "not resident"
+                self.ledger.fail(
+                    f"weight upload: {type(e).__name__}: {e} ({n_up} of {len(wanted)} layers resident, "
+                    "the rest run on the host)"
+                )
+                return
+        if self.cfg.n_layer - 1 in self.layers:
+            try:
                 self.head = upload_head(
                     self.ops, weights.output_norm, weights.output, self.cfg.final_logit_softcap, self.weight_dtype
                 )
-        except Exception as e:  # noqa: BLE001 - any device error means "not resident"
-            self.layers.clear()
-            self.head = None
-            self.ledger.fail(f"weight upload: {type(e).__name__}: {e}")
-        self._rope_freqs = None if weights.rope_freqs is None else weights.rope_freqs.astype(np.float64)
+            except Exception as e:  # noqa: BLE001 - the host computes the logits instead
+                self.ledger.fail(f"lm head upload: {type(e).__name__}: {e} (logits on the host)")
 
     # -- the predicate's answer ------------------------------------------------------------
 
