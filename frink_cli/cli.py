@@ -224,6 +224,10 @@ def _tensor_formats(backend: str, types: Counter) -> dict[str, str]:
         from .backends.mlx.quant import device_format
 
         return {t: device_format(t) for t in sorted(types)}
+    if backend == "cuda":
+        from .backends.cupy import tensor_format
+
+        return {t: tensor_format(t) for t in sorted(types)}
     return {}
 
 

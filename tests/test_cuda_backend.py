@@ -679,6 +679,15 @@ def test_cuda_without_cupy_is_a_clear_error() -> None:
         make_cuda_backend(_base(), array_module="torch")
 
 
+def test_tensor_formats_name_the_gemm_operands() -> None:
+    from frink_cli.backends.cupy import tensor_format
+
+    assert tensor_format("Q4_K", "float32") == "f32 (dequantized at load)"
+    assert tensor_format("F16", "float16") == "f16 as stored"
+    assert tensor_format("BF16", "float16") == "f16 (converted at load)"
+    assert tensor_format("F32", "float16") == "f32 vectors; matrices to f16 at load"
+
+
 def test_layer_support_needs_no_device() -> None:
     assert layer_support("cuda", dataclasses.replace(_base(), ffn_act="relu")) == [eligibility.ACTIVATION] * 2
     assert layer_support("numpy", _base()) == [None, None]
@@ -692,6 +701,7 @@ def test_info_says_which_layers_cuda_takes(tiny_model: Callable) -> None:
     data = json.loads(r.stdout)
     assert data["backend"]["name"] == "cuda"
     assert [row["backend"] for row in data["layers"]] == ["cuda"] * 3
+    assert data["backend"]["tensor_formats"] == {"F32": "f32 as stored"}
 
     r = frink("info", tiny_model("qwen35").gguf, "--backend", "cuda")
     assert r.returncode == 0, r.describe()

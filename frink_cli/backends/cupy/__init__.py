@@ -29,6 +29,7 @@ __all__ = [
     "layer_refusal",
     "layer_refusals",
     "make_cuda_backend",
+    "tensor_format",
 ]
 
 ARRAY_MODULE_ENV = "FRINK_CUDA_ARRAY_MODULE"
@@ -103,6 +104,25 @@ def cupy_kernel_ops() -> KernelOps:
     return _CupyOps(cupy, _CupyLauncher(cupy))
 
 
+def weight_dtype_setting(weight_dtype: str | None = None) -> str:
+    """The GEMM operand type: the argument, else FRINK_CUDA_DTYPE, else float32."""
+    weight_dtype = weight_dtype or os.environ.get(DTYPE_ENV) or "float32"
+    if weight_dtype not in ("float32", "float16"):
+        raise FrinkError(f"{DTYPE_ENV}={weight_dtype!r}: choose float32 or float16")
+    return weight_dtype
+
+
+def tensor_format(gguf_type: str, weight_dtype: str | None = None) -> str:
+    """How the backend holds a tensor of this file type on the device (`frink info`):
+    matrices as GEMM operands of the chosen type (f32 accumulation), vectors in f32."""
+    dtype = {"float32": "f32", "float16": "f16"}[weight_dtype_setting(weight_dtype)]
+    if gguf_type == "F32":
+        return "f32 as stored" if dtype == "f32" else f"f32 vectors; matrices to {dtype} at load"
+    if gguf_type.lower() == dtype:
+        return f"{dtype} as stored"
+    return f"{dtype} ({'dequantized' if gguf_type.startswith(('Q', 'I', 'T')) else 'converted'} at load)"
+
+
 def make_cuda_backend(cfg: ModelConfig, array_module: str | None = None, weight_dtype: str | None = None) -> CudaBackend:
     """The cuda backend for a model; FrinkError (one line) when it cannot run here.
 
@@ -111,9 +131,7 @@ def make_cuda_backend(cfg: ModelConfig, array_module: str | None = None, weight_
     weight_dtype: "float32" (default) or "float16" GEMM operands; default from FRINK_CUDA_DTYPE.
     """
     array_module = array_module or os.environ.get(ARRAY_MODULE_ENV) or "cupy"
-    weight_dtype = weight_dtype or os.environ.get(DTYPE_ENV) or "float32"
-    if weight_dtype not in ("float32", "float16"):
-        raise FrinkError(f"{DTYPE_ENV}={weight_dtype!r}: choose float32 or float16")
+    weight_dtype = weight_dtype_setting(weight_dtype)
     if array_module == "numpy":
         return CudaBackend(cfg, ReferenceOps(), weight_dtype)
     if array_module != "cupy":
