@@ -207,6 +207,7 @@ def run(
                 "generate_tokens_per_second": stats.generate_tps,
             },
             "peak_memory_mib": peak,
+            "device": _ledger_summary(m),
         }, ensure_ascii=False) + "\n")
     else:
         out.write("\n")
@@ -216,6 +217,16 @@ def run(
             f"generated: {stats.generated_tokens} tokens, {stats.generate_tps:.1f} tok/s | "
             f"peak memory: {peak:.0f} MiB | backend: {m.backend_name}[/dim]"
         )
+        ledger = _ledger_summary(m)
+        if ledger is not None and _verbose:
+            err.print(
+                f"[dim]device: {ledger['submissions']} submissions ("
+                + ", ".join(f"{k} {v}" for k, v in ledger["by_kind"].items()) + ")"
+                + "".join(f" | refused x{v}: {k}" for k, v in ledger["refusals"].items())
+                + "".join(f" | FAILED x{v}: {k}" for k, v in ledger["failures"].items())
+                + "[/dim]",
+                markup=True, highlight=False,
+            )
 
 
 def _tensor_formats(backend: str, types: Counter) -> dict[str, str]:
@@ -229,6 +240,20 @@ def _tensor_formats(backend: str, types: Counter) -> dict[str, str]:
 
         return {t: tensor_format(t) for t in sorted(types)}
     return {}
+
+
+def _ledger_summary(m: "frink_cli.api.Model") -> dict | None:  # noqa: F821 - imported lazily
+    """The backend ledger of this run (None on the host body): device submissions by
+    kind, refusals by reason, failures by message."""
+    ledger = getattr(m.decoder.backend, "ledger", None)
+    if ledger is None:
+        return None
+    return {
+        "submissions": ledger.total(),
+        "by_kind": dict(sorted(ledger.submissions.items())),
+        "refusals": dict(sorted(ledger.refusals.items())),
+        "failures": dict(ledger.failures),
+    }
 
 
 @app.command()

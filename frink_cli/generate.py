@@ -62,7 +62,7 @@ def generate_tokens(
     stats.prompt_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
     try:
-        for _ in range(max_tokens):
+        for i in range(max_tokens):
             token = sampler.sample(logits, history)
             if token in eog_ids:
                 stats.stop_reason = "eog"
@@ -71,6 +71,8 @@ def generate_tokens(
             stats.token_ids.append(token)
             stats.generated_tokens += 1
             yield token
+            if i == max_tokens - 1:
+                break  # the last token's own logits would never be read: no step for it
             if cache.n_past >= n_ctx:
                 stats.stop_reason = "context"
                 return

@@ -724,6 +724,11 @@ def test_run_with_backend_cuda_standing_in(smollm2_path: Path, monkeypatch: pyte
     dev = json.loads(r.stdout)
     assert dev["backend"] == "cuda"
     assert dev["token_ids"] == json.loads(host.stdout)["token_ids"]
+    # The ledger of the run: one prefill submission, then one per decode token (the last
+    # sampled token is never fed back).
+    assert dev["device"]["by_kind"] == {"prefill-stack+lm-head": 1, "decode-stack+lm-head": 5}
+    assert dev["device"]["refusals"] == {} and dev["device"]["failures"] == {}
+    assert json.loads(host.stdout)["device"] is None
 
 
 @pytest.mark.real
