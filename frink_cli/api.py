@@ -124,7 +124,13 @@ def load(
     # Before the (slow) weight load, so an unavailable backend is refused at once.
     chosen = select_backend(backend, cfg, ckpt)
     tokenizer = load_tokenizer(ckpt)
-    weights = load_weights(ckpt, cfg, progress)
-    model = Model(ckpt, cfg, Decoder(cfg, weights, chosen), tokenizer, "numpy")
+    # With a backend, layers load as its bind() uploads them and the decoder then keeps
+    # host copies only of those the backend does not hold (model/weights.py).
+    weights = load_weights(ckpt, cfg, progress, lazy=chosen is not None)
+    decoder = Decoder(cfg, weights, chosen)
+    if chosen is not None and progress:
+        weights.layers.on_load = None  # later (fallback) reloads are not load progress
+        progress(cfg.n_layer + 2, cfg.n_layer + 2)
+    model = Model(ckpt, cfg, decoder, tokenizer, "numpy")
     model.backend_name = chosen.name if chosen else "numpy"
     return model

@@ -16,7 +16,7 @@ from .cache import KvCache
 from .graph.body import HostBody
 from .graph.linear import ThreadChoice, blas_threads
 from .model.config import ModelConfig
-from .model.weights import ModelWeights
+from .model.weights import LayerStore, ModelWeights
 
 
 class Decoder:
@@ -31,6 +31,21 @@ class Decoder:
         self.prefill_threads: dict[tuple, ThreadChoice] = {}
         if backend is not None:
             backend.bind(weights)
+            if isinstance(weights.layers, LayerStore):
+                self._settle_layers(weights.layers, backend)
+
+    @staticmethod
+    def _settle_layers(layers: LayerStore, backend: Backend) -> None:
+        """Host copies for exactly the layers the host body will run: those the backend
+        holds whole are released (a launch failing after admission reloads them from the
+        checkpoint, once), every other one is loaded now, not on its first token."""
+        resident = getattr(backend, "resident_layers", None)
+        held = resident() if resident is not None else set()
+        for i in range(len(layers)):
+            if i in held:
+                layers.release(i)
+            else:
+                layers[i]
 
     def new_cache(self, n_ctx: int) -> KvCache:
         return KvCache(self.cfg, n_ctx)

@@ -181,3 +181,104 @@ def test_prefill_in_chunks_one_submission_each(tiny_model, monkeypatch, name):
     for t in (5, 9, 11):
         a, b = host.decoder.step(np.asarray([t]), hc), dev.decoder.step(np.asarray([t]), dc)
         assert np.abs(a - b).max() <= 1e-3
+
+
+# --- every GGUF type that is MLX-affine with group 32, K-quants included ------------------
+
+AFFINE_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K"]
+
+
+def _random_blocks(rng, qtype: str, n_weights: int) -> np.ndarray:
+    """Valid raw blocks of `qtype` with every bit random (qs, qh, packed 6-bit scales)
+    except the f16 d/dmin/m fields, which are random finite halves, subnormals and both
+    signs included: the whole input space gguf-py's dequantize accepts."""
+    from frink_cli.backends.mlx.quant import _BLOCK_BYTES, GROUP, QK_K
+
+    n = n_weights // (QK_K if qtype.endswith("_K") else GROUP)
+    b = rng.integers(0, 256, (n, _BLOCK_BYTES[qtype]), dtype=np.uint8)
+    for off in (0, 2) if qtype in ("Q4_1", "Q5_1", "Q4_K", "Q5_K") else (0,):
+        h = rng.integers(0, 1 << 16, n, dtype=np.uint16)
+        h = np.where((h & 0x7C00) == 0x7C00, h & 0xBFFF, h).astype(np.uint16)  # no inf/nan
+        b[:, off:off + 2] = h.view(np.uint8).reshape(n, 2)
+    return b.reshape(-1)
+
+
+@pytest.mark.parametrize("shape", [(16, 512), (3, 8, 768)], ids=["2d", "expert-stack"])
+@pytest.mark.parametrize("qtype", AFFINE_TYPES)
+def test_random_blocks_of_every_affine_type_dequantize_bit_exactly(qtype, shape):
+    # MLX's dequantize of the repacked blocks against gguf-py's: the same f32 bits. The one
+    # allowed difference is the sign of a zero (gguf-py's d * (q - 8) with d < 0 and q = 8
+    # is -0, MLX's scale * q + bias is +0), which no product or sum can tell apart.
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from frink_cli.backends.mlx.quant import affine_stack
+
+    raw = _random_blocks(np.random.default_rng(AFFINE_TYPES.index(qtype)), qtype, int(np.prod(shape)))
+    want = dequantize(raw, GGMLQuantizationType[qtype]).astype(np.float32).reshape(shape)
+    packed, scales, biases, bits = affine_stack(raw, qtype, shape)
+    assert bits == {"Q8_0": 8, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5}.get(qtype, 4)
+    assert packed.shape == (*shape[:-1], shape[-1] * bits // 32) and scales.shape == (*shape[:-1], shape[-1] // 32)
+    got = np.asarray(mx.dequantize(mx.array(packed), mx.array(scales), mx.array(biases), group_size=32, bits=bits))
+    differ = got.view(np.uint32) != want.view(np.uint32)
+    assert (got[differ] == 0).all() and (want[differ] == 0).all(), (qtype, int(differ.sum()))
+
+
+def test_5_bit_packing_is_mlx_own():
+    # pack's 5-bit words straddle uint32 boundaries: they must be the words mx.quantize writes.
+    w = mx.array(np.random.default_rng(0).standard_normal((4, 256)).astype(np.float32))
+    packed, scales, biases = mx.quantize(w, group_size=32, bits=5)
+    dq = np.asarray(mx.dequantize(packed, scales, biases, group_size=32, bits=5))
+    q = np.rint((dq - np.repeat(np.asarray(biases), 32, 1)) / np.repeat(np.asarray(scales), 32, 1))
+    assert np.array_equal(pack(q.astype(np.uint8), 5), np.asarray(packed))
+
+
+@pytest.mark.real
+def test_gemma_q4_k_m_held_quantized_and_matches_host(gemma3_path):
+    # The common Q4_K_M file: its Q4_K and Q5_0 tensors stay in the file's blocks on the
+    # device (Q6_K, 16-weight sub-blocks, is dequantized), and the model still matches the
+    # host body over a prefill and greedy decode.
+    from frink_cli.parity import check_parity
+
+    m = frink_cli.load(gemma3_path, backend="metal")
+    held = m.decoder.backend.tensor_held
+    src = m.checkpoint.tensors
+    for n, how in held.items():
+        dtype = src.info(n).dtype
+        if dtype == "Q4_K":
+            assert how.startswith("quantized 4-bit"), (n, how)
+        elif dtype == "Q6_K":
+            assert how.startswith("f32"), (n, how)
+    assert any(src.info(n).dtype == "Q5_0" and h.startswith("quantized 5-bit") for n, h in held.items())
+    r = check_parity(m, m.tokenize("The capital of France is"), 3)
+    assert r.verdict == "MATCH", r.as_dict()
+    assert r.submissions_per_decode_token == 1.0 and max(r.step_kl) <= r.kl_bar
+
+
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q4_K", "Q5_K"])
+def test_repacked_expert_stack_multiplies_in_place(qtype):
+    # A 3-D stack of the new types straight into gather_qmm (the MoE graph's call) and
+    # quantized_matmul: the dequantized experts' product. Scales are kept small so the
+    # product's rounding, not the weights' range, sets the tolerance.
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from frink_cli.backends.mlx.quant import affine_stack
+
+    E, out, cols = 4, 16, 512
+    raw = _random_blocks(np.random.default_rng(1), qtype, E * out * cols).reshape(-1, 1)
+    blocks = raw.reshape(E * out * cols // (256 if qtype.endswith("_K") else 32), -1)
+    for off in (0, 2) if qtype.endswith("_K") else (0,):  # |d|, |dmin| in [2^-9, 2^-8)
+        blocks[:, off + 1] = (blocks[:, off + 1] & 0x83) | 0x18
+    raw = blocks.reshape(-1)
+    w = dequantize(raw, GGMLQuantizationType[qtype]).astype(np.float32).reshape(E, out, cols)
+    packed, scales, biases, bits = (mx.array(a) if isinstance(a, np.ndarray) else a
+                                    for a in affine_stack(raw, qtype, (E, out, cols)))
+    x = np.random.default_rng(2).standard_normal((3, 1, cols)).astype(np.float32)
+    idx = np.array([2, 0, 3])
+    got = mx.gather_qmm(mx.array(x), packed, scales, biases, rhs_indices=mx.array(idx),
+                        transpose=True, group_size=32, bits=bits)
+    want = np.einsum("bk,bok->bo", x[:, 0], w[idx])
+    assert np.abs(np.asarray(got).reshape(3, out) - want).max() <= 1e-4 * max(1.0, np.abs(want).max())
+    one = mx.quantized_matmul(mx.array(x[0]), packed[2], scales[2], biases[2], transpose=True, group_size=32, bits=bits)
+    assert np.abs(np.asarray(one)[0] - want[0]).max() <= 1e-4 * max(1.0, np.abs(want).max())

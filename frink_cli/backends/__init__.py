@@ -42,7 +42,15 @@ class Backend(Protocol):
     ledger: Ledger
 
     def bind(self, weights) -> None:
-        """Called once by the decoder with the loaded weights (upload what the device needs)."""
+        """Called once by the decoder with the loaded weights (upload what the device needs).
+        Read a layer to upload through model.weights.borrow_layer(weights.layers, i): a
+        layer store then loads it for the upload alone instead of keeping it on the host."""
+        ...
+
+    def resident_layers(self) -> set[int]:
+        """After bind(): the layers the device holds whole. The decoder drops the host
+        copies of these (the host body reloads one from the checkpoint if a launch fails
+        after admission) and loads every other layer at once."""
         ...
 
     def plan(

@@ -11,11 +11,18 @@ load: Q/K/V into one, gate/up into one, so a decode token makes one GEMV where i
 make three. Each tensor is dequantized, checked against the shape the config implies, and
 released before the next, so load never holds two full copies. No per-token work may
 come back to this module.
+
+The layers sit in a LayerStore, loaded from the checkpoint on first access. With an
+accelerated backend the host need not hold a layer the device holds whole (a Mac's 8B Q4
+model would otherwise need 32 GB of host f32 copies beside the device's own): the backend
+borrows each layer it uploads (loaded, used, freed: one host layer at a time), the decoder
+then releases what the backend reports resident and loads the rest at once, so every layer
+the host body runs is still dequantized at load.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,18 +98,88 @@ class LayerWeights:
     moe: MoeWeights | None = None
 
 
+class LayerStore(Sequence[LayerWeights]):
+    """The model's layers, each loaded from the checkpoint on first access and kept.
+
+    `release(i)` drops layer i's host arrays; the next access loads them again (a
+    one-time cost, paid only when the host body must run a layer a backend holds: a
+    launch failing after admission). `borrow(i)` hands out a layer without keeping it.
+    """
+
+    def __init__(self, n_layer: int, load: Callable[[int], LayerWeights]) -> None:
+        self._load = load
+        self._layers: list[LayerWeights | None] = [None] * n_layer
+        # Called with each layer index the first time it is loaded (load progress); None
+        # once the model is loaded.
+        self.on_load: Callable[[int], None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._layers)
+
+    def _index(self, i: int) -> int:
+        n = len(self._layers)
+        if not -n <= i < n:
+            raise IndexError(f"layer {i} out of range [0, {n})")
+        return i % n
+
+    def _fresh(self, i: int) -> LayerWeights:
+        lw = self._load(i)
+        if self.on_load is not None:
+            self.on_load(i)
+        return lw
+
+    def __getitem__(self, i: int) -> LayerWeights:  # type: ignore[override]
+        i = self._index(i)
+        lw = self._layers[i]
+        if lw is None:
+            lw = self._layers[i] = self._fresh(i)
+        return lw
+
+    def __iter__(self) -> Iterator[LayerWeights]:
+        return (self[i] for i in range(len(self._layers)))
+
+    def borrow(self, i: int) -> LayerWeights:
+        """Layer i, the kept copy if loaded, else a fresh load the store does not keep:
+        freed when the caller drops it. A backend's bind() reads the layers it uploads
+        this way, so load never holds more than one of them on the host at once."""
+        i = self._index(i)
+        lw = self._layers[i]
+        return lw if lw is not None else self._fresh(i)
+
+    def release(self, i: int) -> None:
+        """Drop layer i's host arrays (freed unless someone else holds them)."""
+        self._layers[self._index(i)] = None
+
+    def loaded(self) -> set[int]:
+        """Indices of the layers held on the host now."""
+        return {i for i, lw in enumerate(self._layers) if lw is not None}
+
+
+def borrow_layer(layers: Sequence[LayerWeights], i: int) -> LayerWeights:
+    """Layer i for a one-off read (a backend's upload): borrowed from a LayerStore, so it
+    is not kept on the host; plain lists (synthetic test weights) are indexed."""
+    return layers.borrow(i) if isinstance(layers, LayerStore) else layers[i]
+
+
 @dataclass
 class ModelWeights:
     token_embd: np.ndarray  # [n_vocab, n_embd]
     output_norm: np.ndarray  # [n_embd]
     output: Linear  # [n_vocab, n_embd]; shares token_embd's array when tied
     rope_freqs: np.ndarray | None  # [rope_dim / 2] frequency divisors, or None
-    layers: list[LayerWeights]
+    layers: Sequence[LayerWeights]  # a LayerStore from load_weights; a list also serves
 
 
 def load_weights(
-    ckpt: Checkpoint, cfg: ModelConfig, progress: Callable[[int, int], None] | None = None
+    ckpt: Checkpoint,
+    cfg: ModelConfig,
+    progress: Callable[[int, int], None] | None = None,
+    lazy: bool = False,
 ) -> ModelWeights:
+    """Load and fuse the weights. lazy=False loads every layer now (progress: after the
+    embeddings, each layer, and the end); lazy=True loads only the embeddings, head and
+    norms, leaving each layer to its first access (progress is then reported per layer
+    as they load, until the caller clears `layers.on_load`)."""
     names = set(ckpt.tensors.names())
 
     def get(name: str, shape: tuple[int, ...], required: bool = True) -> np.ndarray | None:
@@ -153,8 +230,7 @@ def load_weights(
     # Hybrids store the pre-FFN norm under post_attention_norm: it is not a post norm there.
     post_norm_name = None if cfg.ffn_norm_tensor == "post_attention_norm" else "post_attention_norm"
 
-    layers = []
-    for i in range(cfg.n_layer):
+    def load_layer(i: int) -> LayerWeights:
         p = f"blk.{i}."
         shape = cfg.layer_shape(i)
         qkv = wo = q_norm = k_norm = gdn = None
@@ -174,26 +250,38 @@ def load_weights(
         else:
             gate_up = fused([(p + "ffn_gate", cfg.n_ff), (p + "ffn_up", cfg.n_ff)], d, bias=False)
             down = fused([(p + "ffn_down", d)], cfg.n_ff, bias=False)
-        layers.append(
-            LayerWeights(
-                attn_norm=get(p + "attn_norm.weight", (d,)),
-                qkv=qkv,
-                q_norm=q_norm,
-                k_norm=k_norm,
-                wo=wo,
-                post_attn_norm=get(p + f"{post_norm_name}.weight", (d,), required=cfg.post_attn_norm)
-                if post_norm_name
-                else None,
-                ffn_norm=get(p + f"{cfg.ffn_norm_tensor}.weight", (d,)),
-                gate_up=gate_up,
-                down=down,
-                post_ffn_norm=get(p + "post_ffw_norm.weight", (d,), required=cfg.post_ffn_norm),
-                gdn=gdn,
-                moe=moe,
-            )
+        return LayerWeights(
+            attn_norm=get(p + "attn_norm.weight", (d,)),
+            qkv=qkv,
+            q_norm=q_norm,
+            k_norm=k_norm,
+            wo=wo,
+            post_attn_norm=get(p + f"{post_norm_name}.weight", (d,), required=cfg.post_attn_norm)
+            if post_norm_name
+            else None,
+            ffn_norm=get(p + f"{cfg.ffn_norm_tensor}.weight", (d,)),
+            gate_up=gate_up,
+            down=down,
+            post_ffn_norm=get(p + "post_ffw_norm.weight", (d,), required=cfg.post_ffn_norm),
+            gdn=gdn,
+            moe=moe,
         )
-        if progress:
-            progress(i + 2, total)
+
+    layers = LayerStore(cfg.n_layer, load_layer)
+    if progress:
+        seen: set[int] = set()
+
+        def report(i: int) -> None:
+            seen.add(i)
+            progress(len(seen) + 1, total)
+
+        layers.on_load = report
+    if lazy:
+        output_norm = get("output_norm.weight", (d,))
+        return ModelWeights(token_embd, output_norm, output, rope_freqs, layers)
+    for i in range(cfg.n_layer):
+        layers[i]
+    layers.on_load = None
     output_norm = get("output_norm.weight", (d,))
     if progress:
         progress(total, total)

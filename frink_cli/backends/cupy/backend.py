@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ...model.config import ModelConfig
-from ...model.weights import ModelWeights
+from ...model.weights import ModelWeights, borrow_layer
 from .. import LaunchFailed, Refusal, Run
 from ..ledger import Ledger
 from . import eligibility
@@ -80,7 +80,9 @@ class CudaBackend:
         wanted = [i for i, refusal in enumerate(self.layer_refusals) if refusal is None]
         for n_up, layer in enumerate(wanted):
             try:
-                self.layers[layer] = upload_layer(self.ops, weights.layers[layer], self.weight_dtype)
+                # Borrowed: not kept on the host once up. The NumPy stand-in's to_device
+                # may alias the host arrays; the store's release then frees nothing.
+                self.layers[layer] = upload_layer(self.ops, borrow_layer(weights.layers, layer), self.weight_dtype)
             except Exception as e:  # noqa: BLE001 - any device error means "not resident"
                 self.ledger.fail(
                     f"weight upload: {type(e).__name__}: {e} ({n_up} of {len(wanted)} layers resident, "
@@ -94,6 +96,11 @@ class CudaBackend:
                 )
             except Exception as e:  # noqa: BLE001 - the host computes the logits instead
                 self.ledger.fail(f"lm head upload: {type(e).__name__}: {e} (logits on the host)")
+
+    def resident_layers(self) -> set[int]:
+        """The layers bind() uploaded whole (all but those refused or left out by an upload
+        that ran out of device memory)."""
+        return set(self.layers)
 
     # -- the predicate's answer ------------------------------------------------------------
 

@@ -176,11 +176,15 @@ class MlxBackend:
         def opt(a):
             return mx.array(a) if a is not None else None
 
+        from ...model.weights import borrow_layer
+
         self.layers: list[graph.DeviceLayer | None] = []
-        for i, lw in enumerate(weights.layers):
+        for i in range(cfg.n_layer):
             if self.refusals[i]:
                 self.layers.append(None)
                 continue
+            # Borrowed: the host copy lives only while this layer uploads (mx.array copies).
+            lw = borrow_layer(weights.layers, i)
             p = f"blk.{i}."
             s = cfg.layer_shape(i)
             layer = graph.DeviceLayer(
@@ -214,6 +218,11 @@ class MlxBackend:
         if weights.rope_freqs is not None:
             i = np.arange(0, cfg.rope_dim, 2, dtype=np.float64) / cfg.rope_dim
             self.rope_freqs = mx.array((cfg.rope_base**i * weights.rope_freqs).astype(np.float32))
+
+    def resident_layers(self) -> set[int]:
+        """The layers bind() uploaded: each is held whole on the device (the host body
+        needs its host copy only if a launch fails)."""
+        return {i for i, layer in enumerate(getattr(self, "layers", [])) if layer is not None}
 
     # --- planning -----------------------------------------------------------------------
 
