@@ -238,6 +238,19 @@ def _human_params(n: int) -> str:
 
 
 def peak_memory_mib() -> float:
+    """This process's peak resident memory in MiB (run, bench and info all report this).
+
+    On Linux, VmHWM from /proc/self/status: the high-water mark of this address space
+    alone. getrusage's ru_maxrss is not that: Linux carries the RSS a process had before
+    execve into it, so a frink started by a big parent (a test runner holding models, a
+    notebook) would report the parent's size as its own."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     # ru_maxrss is KiB on Linux, bytes on macOS.
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024

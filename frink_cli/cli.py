@@ -8,13 +8,12 @@ ends with one line on stderr and a non-zero exit; -v adds the traceback.
 from __future__ import annotations
 
 import json
-import resource
 import signal
 import sys
 import traceback
 from collections import Counter
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import click
 import numpy as np
@@ -24,6 +23,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .backends import BACKEND_NAMES
 from .errors import FrinkError
+
+if TYPE_CHECKING:  # the api (numpy, the model code) is imported lazily, per command
+    from .api import Model
 
 app = typer.Typer(
     add_completion=False,
@@ -54,9 +56,9 @@ except (ImportError, AttributeError):
 
 
 def _peak_memory_mib() -> float:
-    # ru_maxrss is KiB on Linux, bytes on macOS.
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
+    from .bench import peak_memory_mib  # one definition (bench.py says why it is not ru_maxrss)
+
+    return peak_memory_mib()
 
 
 def _load(model_arg: Optional[str], backend: str, quiet: bool = False):
@@ -242,7 +244,7 @@ def _tensor_formats(backend: str, types: Counter) -> dict[str, str]:
     return {}
 
 
-def _ledger_summary(m: "frink_cli.api.Model") -> dict | None:  # noqa: F821 - imported lazily
+def _ledger_summary(m: Model) -> dict | None:
     """The backend ledger of this run (None on the host body): device submissions by
     kind, refusals by reason, failures by message."""
     ledger = getattr(m.decoder.backend, "ledger", None)

@@ -239,3 +239,45 @@ def test_info_reports_how_expert_stacks_are_held(quantized_copy):
     assert r.exit_code == 0, r.output
     formats = json.loads(r.stdout)["backend"]["tensor_formats"]
     assert "expert stacks" in formats["Q4_0"] and "gather_qmm" in formats["Q4_0"]
+
+
+# A Q4_K_M file's fusions mix types (Q4_K q/k beside a Q6_K v, Gemma 3's Q5_0 q/k beside a
+# Q8_0 v): each run of one type must stay in the file's blocks as its own part of the fused
+# linear, not send the whole projection to f32. qwen2 adds the q/k/v bias, applied after the parts.
+MIXED_FUSIONS = {"attn_q.weight": "Q4_0", "attn_k.weight": "Q4_0", "attn_v.weight": "Q8_0",
+                 "ffn_gate.weight": "Q4_0", "ffn_up.weight": "Q8_0"}
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_mixed_type_fusions_stay_quantized(tiny_model, tmp_path, name):
+    path = tmp_path / f"{name}-mixed.gguf"
+    requantize(tiny_model(name).gguf, path, MIXED_FUSIONS)
+    host = frink_cli.load(path)
+    dev = frink_cli.load(path, backend="metal")
+    backend = dev.decoder.backend
+    for i, layer in enumerate(backend.layers):
+        for key, qtype in MIXED_FUSIONS.items():
+            how = backend.tensor_held[f"blk.{i}.{key}"]
+            assert how.startswith(f"quantized {8 if qtype == 'Q8_0' else 4}-bit"), (i, key, how)
+        # q and k (one type) share a part; v, gate and up are their own.
+        for lin, n_parts in ((layer.qkv, 2), (layer.gate_up, 2)):
+            assert len(lin.parts) == n_parts
+            assert all(part.w.dtype == mx.uint32 and part.scales is not None for part in lin.parts)
+        assert (layer.qkv.bias is not None) == (name == "qwen2")
+
+    ids = tiny_model(name).ref["tokens"][:16]
+    hc, dc = host.decoder.new_cache(64), dev.decoder.new_cache(64)
+    worst = np.abs(host.decoder.step(np.asarray(ids), hc, all_logits=True)
+                   - dev.decoder.step(np.asarray(ids), dc, all_logits=True)).max()
+    ledger = backend.ledger
+    token = int(ids[-1])
+    for _ in range(4):
+        ledger.reset()
+        a = host.decoder.step(np.asarray([token]), hc)[-1]
+        b = dev.decoder.step(np.asarray([token]), dc)[-1]
+        assert ledger.total() == 1, dict(ledger.submissions)
+        worst = max(worst, np.abs(a - b).max())
+        token = int(a.argmax())
+    print(f"{name}: max |d| = {worst:.3g}")
+    assert worst <= 1e-4, worst
+    assert not ledger.refusals and not ledger.failures

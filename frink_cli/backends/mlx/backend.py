@@ -14,6 +14,7 @@ np.asarray, which copies already-evaluated memory and does not synchronize again
 
 from __future__ import annotations
 
+import itertools
 import weakref
 
 import mlx.core as mx
@@ -104,8 +105,22 @@ class MlxBackend:
         return kind
 
     def _linear(self, names: list[str], dense: np.ndarray, bias: np.ndarray | None) -> graph.DeviceLinear:
-        """Device copy of a (fused) host Linear; quantized when every source tensor maps."""
+        """Device copy of a (fused) host Linear; quantized when every source tensor maps.
+        Sources of different types (a Q4_K_M file's Q4_K q/k beside a Q6_K v) become parts,
+        each held by its own rule from its rows of the host's fused matrix (neighbours of one
+        type share a part: q/k Q4_K is one matmul beside v's)."""
         b = mx.array(bias) if bias is not None else None
+        src = self.checkpoint.tensors if self.checkpoint is not None else None
+        if len(names) > 1 and src is not None and set(names) <= self._source_names() \
+                and len({src.info(n).dtype for n in names}) > 1:
+            parts, o = [], 0
+            for _, group in itertools.groupby(names, key=lambda n: src.info(n).dtype):
+                group = list(group)
+                rows = sum(int(np.prod(src.info(n).shape[:-1])) for n in group)  # 1-D: one row
+                parts.append(self._linear(group, dense[o:o + rows], None))
+                o += rows
+            assert o == dense.shape[0], (names, o, dense.shape)
+            return graph.DeviceLinear(None, bias=b, parts=tuple(parts))
         q = self._quantized(names)
         if q is not None:
             packed, scales, biases, bits, _ = q

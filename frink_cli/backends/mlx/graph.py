@@ -18,16 +18,22 @@ from ...model.config import ModelConfig
 
 @dataclass
 class DeviceLinear:
-    """[out, in] weight: dense (w) or MLX-affine quantized (w packed, scales, biases)."""
+    """[out, in] weight: dense (w) or MLX-affine quantized (w packed, scales, biases), or
+    (parts) a fused linear whose source tensors differ in type: each part holds a run of
+    source tensors of one type by that type's rule, and their outputs concatenate along the last axis in the host's
+    fused row order, so a Q4_K q/k beside a Q6_K v keeps q/k quantized."""
 
-    w: mx.array
+    w: mx.array | None
     scales: mx.array | None = None
     biases: mx.array | None = None
     bits: int = 0
     bias: mx.array | None = None  # the layer's additive bias, not the quantization bias
+    parts: tuple[DeviceLinear, ...] = ()
 
     def __call__(self, x: mx.array) -> mx.array:
-        if self.scales is not None:
+        if self.parts:
+            y = mx.concatenate([p(x) for p in self.parts], axis=-1)
+        elif self.scales is not None:
             y = mx.quantized_matmul(x, self.w, self.scales, self.biases, transpose=True, group_size=32, bits=self.bits)
         else:
             y = x @ self.w.T
