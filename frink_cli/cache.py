@@ -82,9 +82,9 @@ class KvCache:
         cfg = self.cfg
         for layer in range(cfg.n_layer):
             if cfg.is_recurrent(layer):
-                self.conv_state[layer] = np.zeros((cfg.ssm_conv_kernel - 1, cfg.ssm_conv_dim), np.float32)
+                self.conv_state[layer] = np.zeros((cfg.gdn.conv_kernel - 1, cfg.gdn.conv_dim), np.float32)
                 self.delta_state[layer] = np.zeros(
-                    (cfg.ssm_n_v_heads, cfg.ssm_head_dim_k, cfg.ssm_head_dim_v), np.float32
+                    (cfg.gdn.n_v_heads, cfg.gdn.head_dim_k, cfg.gdn.head_dim_v), np.float32
                 )
         self.pending_state.clear()
 

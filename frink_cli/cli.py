@@ -311,16 +311,16 @@ def info(
         "rope": {"type": cfg.rope_type, "base": cfg.rope_base, "dim": cfg.rope_dim},
         "sliding_window": cfg.sliding_window,
         "layer_pattern": cfg.layer_pattern(),
-        "gdn": None if not any(cfg.recurrent_layers) else {
-            "layers": sum(cfg.recurrent_layers), "key_heads": cfg.ssm_n_k_heads,
-            "value_heads": cfg.ssm_n_v_heads, "head_dim_k": cfg.ssm_head_dim_k,
-            "head_dim_v": cfg.ssm_head_dim_v, "conv_kernel": cfg.ssm_conv_kernel,
-            "value_head_order": cfg.ssm_v_head_order,
+        "gdn": None if cfg.gdn is None else {
+            "layers": sum(cfg.gdn.layers), "key_heads": cfg.gdn.n_k_heads,
+            "value_heads": cfg.gdn.n_v_heads, "head_dim_k": cfg.gdn.head_dim_k,
+            "head_dim_v": cfg.gdn.head_dim_v, "conv_kernel": cfg.gdn.conv_kernel,
+            "value_head_order": cfg.gdn.v_head_order,
         },
-        "recurrent_state_bytes": cfg.recurrent_state_bytes() if any(cfg.recurrent_layers) else 0,
-        "moe": None if not any(cfg.moe_layers) else {
-            "layers": sum(cfg.moe_layers), "experts": cfg.n_expert, "experts_used": cfg.n_expert_used,
-            "expert_ff": cfg.n_ff_exp, "shared_ff": cfg.n_ff_shexp, "norm_topk": cfg.moe_norm_topk,
+        "recurrent_state_bytes": cfg.recurrent_state_bytes(),
+        "moe": None if cfg.moe is None else {
+            "layers": sum(cfg.moe.layers), "experts": cfg.moe.n_expert, "experts_used": cfg.moe.n_expert_used,
+            "expert_ff": cfg.moe.n_ff_exp, "shared_ff": cfg.moe.n_ff_shexp, "norm_topk": cfg.moe.norm_topk,
         },
         "tied_embeddings": cfg.tied_embeddings,
         "tokenizer": None if tok is None else {
@@ -343,7 +343,7 @@ def info(
     p(f"tensor types:   {', '.join(f'{k} x{v}' for k, v in sorted(types.items()))}\n")
     p(f"layers:         {cfg.n_layer} ({cfg.layer_pattern()})\n")
     # Where every FFN is routed the dense width is unused (or absent): say so instead.
-    ffn_width = "routed" if cfg.moe_layers and all(cfg.moe_layers) else cfg.n_ff
+    ffn_width = "routed" if cfg.moe is not None and all(cfg.moe.layers) else cfg.n_ff
     p(f"embedding:      {cfg.n_embd}, ffn {ffn_width} ({cfg.ffn_act}), vocab {cfg.n_vocab}\n")
     p(f"attention:      {cfg.n_head} heads, {cfg.n_head_kv} KV heads, head dim {cfg.head_dim_k}"
       + (f", sliding window {cfg.sliding_window}" if cfg.sliding_window else "") + "\n")
@@ -376,10 +376,10 @@ def info(
         if backend_label != "numpy":
             where = f"  [{backend_label}]" if support[i] is None else f"  [host ({support[i]})]"
         if s.mixer == "gdn":
-            mixer = f"gdn ({cfg.ssm_n_k_heads}k/{cfg.ssm_n_v_heads}v x {cfg.ssm_head_dim_k})"
+            mixer = f"gdn ({cfg.gdn.n_k_heads}k/{cfg.gdn.n_v_heads}v x {cfg.gdn.head_dim_k})"
         else:
             mixer = f"{s.mixer} ({cfg.n_head}q/{cfg.n_head_kv}kv x {cfg.head_dim_k}, rope {s.rope_base:g}{win})"
-        ffn = f"moe ffn {cfg.n_expert}x{cfg.n_ff_exp}" if s.ffn == "moe" else f"{s.ffn} ffn {cfg.n_ff}"
+        ffn = f"moe ffn {cfg.moe.n_expert}x{cfg.moe.n_ff_exp}" if s.ffn == "moe" else f"{s.ffn} ffn {cfg.n_ff}"
         p(f"  blk.{i:<3} {mixer} + {ffn}{where}\n")
     for note in ckpt.notes:
         p(f"note: {note}\n")

@@ -135,7 +135,7 @@ def test_quantized_moe_matches_host(quantized_copy, tiny_model, gather_calls, na
     dev = frink_cli.load(path, backend="metal")
     backend = dev.decoder.backend
     cfg = dev.config
-    n_moe = sum(cfg.moe_layers)
+    n_moe = sum(cfg.moe.layers)
 
     # Resident in the file's own blocks: uint32 words, 32 weights a group, per expert.
     types = _types(kind)
@@ -147,13 +147,13 @@ def test_quantized_moe_matches_host(quantized_copy, tiny_model, gather_calls, na
     stacks = _expert_arrays(backend)
     assert len(stacks) == n_moe * (3 if kind == "mixed" else 2)
     for s in stacks:
-        assert s.w.dtype == mx.uint32 and s.w.ndim == 3 and s.w.shape[0] == cfg.n_expert
+        assert s.w.dtype == mx.uint32 and s.w.ndim == 3 and s.w.shape[0] == cfg.moe.n_expert
         cols = s.w.shape[2] * 32 // s.bits
         assert s.scales.shape == s.biases.shape == (*s.w.shape[:2], cols // 32)
-    f32_bytes = n_moe * cfg.n_expert * 3 * cfg.n_ff_exp * cfg.n_embd * 4
+    f32_bytes = n_moe * cfg.moe.n_expert * 3 * cfg.moe.n_ff_exp * cfg.n_embd * 4
     held = sum(s.w.nbytes + s.scales.nbytes + s.biases.nbytes for s in stacks)
     assert held < 0.45 * f32_bytes  # 8-bit: 0.31 of f32 (scales and biases are f32)
-    if cfg.n_ff_shexp:
+    if cfg.moe.n_ff_shexp:
         assert backend.layers[-1].moe.gate_up_shexp.scales is not None
 
     ids = tiny_model(name).ref["tokens"][:24]  # 24 rows x top k >= 64: sorted by expert

@@ -119,8 +119,8 @@ def test_qwen35moe_has_no_dense_ffn_width(tiny_model: Callable) -> None:
     gg = open_checkpoint(_path(tiny_model, "qwen35moe", "gguf"))
     assert "qwen35moe.feed_forward_length" not in gg.metadata
     cfg = config_from_checkpoint(gg)
-    assert cfg.n_ff == 0 and all(cfg.moe_layers)
-    assert (cfg.n_expert, cfg.n_expert_used, cfg.n_ff_exp, cfg.n_ff_shexp) == (8, 3, 32, 48)
+    assert cfg.n_ff == 0 and all(cfg.moe.layers)
+    assert (cfg.moe.n_expert, cfg.moe.n_expert_used, cfg.moe.n_ff_exp, cfg.moe.n_ff_shexp) == (8, 3, 32, 48)
 
 
 def test_fused_expert_tensors_read_like_per_expert_ones(tiny_model: Callable, tmp_path: Path) -> None:
@@ -161,20 +161,20 @@ def test_qwen3moe_num_experts_spellings(tiny_model: Callable, tmp_path: Path) ->
     renamed = _hf_copy(tiny_model, "qwen3moe", tmp_path, num_local_experts=None, num_experts=saved["num_local_experts"])
     a = config_from_checkpoint(open_checkpoint(tiny_model("qwen3moe").hf_dir))
     b = config_from_checkpoint(open_checkpoint(renamed))
-    assert a == b and a.n_expert == 8
+    assert a == b and a.moe.n_expert == 8
 
 
 def test_qwen3moe_norm_topk_prob(tiny_model: Callable, tmp_path: Path) -> None:
     """transformers' Qwen3 MoE renormalizes the top-k router weights only with norm_topk_prob,
     which defaults to false; a GGUF has no such key and llama.cpp always renormalizes."""
-    assert config_from_checkpoint(open_checkpoint(tiny_model("qwen3moe").hf_dir)).moe_norm_topk is True
-    assert config_from_checkpoint(open_checkpoint(tiny_model("qwen3moe").gguf)).moe_norm_topk is True
+    assert config_from_checkpoint(open_checkpoint(tiny_model("qwen3moe").hf_dir)).moe.norm_topk is True
+    assert config_from_checkpoint(open_checkpoint(tiny_model("qwen3moe").gguf)).moe.norm_topk is True
     off = _hf_copy(tiny_model, "qwen3moe", tmp_path / "off", norm_topk_prob=False)
     unset = _hf_copy(tiny_model, "qwen3moe", tmp_path / "unset", norm_topk_prob=None)
-    assert config_from_checkpoint(open_checkpoint(off)).moe_norm_topk is False
-    assert config_from_checkpoint(open_checkpoint(unset)).moe_norm_topk is False
+    assert config_from_checkpoint(open_checkpoint(off)).moe.norm_topk is False
+    assert config_from_checkpoint(open_checkpoint(unset)).moe.norm_topk is False
     # Qwen3.5 MoE's router always renormalizes.
-    assert config_from_checkpoint(open_checkpoint(tiny_model("qwen35moe").hf_dir)).moe_norm_topk is True
+    assert config_from_checkpoint(open_checkpoint(tiny_model("qwen35moe").hf_dir)).moe.norm_topk is True
 
 
 # --- refusals ------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ CHUNK = 64  # tokens solved together in a prefill; transformers' chunk size too
 
 def key_head_of_value_head(cfg: ModelConfig) -> np.ndarray:
     """[n_v] index of the key head each value head reads."""
-    return np.asarray(cfg.gdn_key_heads(), dtype=np.intp)
+    return np.asarray(cfg.gdn.key_heads(), dtype=np.intp)
 
 
 def causal_conv(x: np.ndarray, tail: np.ndarray, taps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -119,8 +119,8 @@ def gdn(x: np.ndarray, w: GdnWeights, cfg: ModelConfig, slot) -> np.ndarray:
     """x: normed rows [T, n_embd] -> block output [T, n_embd]. `slot` holds the layer's
     recurrent state (recurrent_state() / set_recurrent_state(conv, delta))."""
     T = x.shape[0]
-    n_k, n_v, hk, hv = cfg.ssm_n_k_heads, cfg.ssm_n_v_heads, cfg.ssm_head_dim_k, cfg.ssm_head_dim_v
-    key_dim, conv_dim, value_dim = n_k * hk, cfg.ssm_conv_dim, n_v * hv
+    n_k, n_v, hk, hv = cfg.gdn.n_k_heads, cfg.gdn.n_v_heads, cfg.gdn.head_dim_k, cfg.gdn.head_dim_v
+    key_dim, conv_dim, value_dim = n_k * hk, cfg.gdn.conv_dim, n_v * hv
 
     proj = linear(x, w.in_proj)
     mixed = proj[:, :conv_dim]

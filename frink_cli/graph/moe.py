@@ -35,9 +35,9 @@ def route(logits: np.ndarray, k: int, renormalize: bool) -> tuple[np.ndarray, np
 
 def moe_ffn(x: np.ndarray, w: MoeWeights, cfg: ModelConfig) -> np.ndarray:
     """x: normed rows [T, n_embd] -> FFN output [T, n_embd]."""
-    n_e = cfg.n_expert
+    n_e = cfg.moe.n_expert
     h = linear(x, w.inp)
-    ids, weights = route(h[:, :n_e], cfg.n_expert_used, cfg.moe_norm_topk)
+    ids, weights = route(h[:, :n_e], cfg.moe.n_expert_used, cfg.moe.norm_topk)
 
     out = np.zeros_like(x)
     for e in np.unique(ids):

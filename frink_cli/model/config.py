@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import Any
 
@@ -50,8 +50,71 @@ class LayerShape:
     rope_scale: float  # position multiplier (1 / linear scaling factor)
 
 
+# Fields every model has (sizes and always-present choices), not features.
+_CORE_FIELDS = frozenset({
+    "arch", "n_layer", "n_embd", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_ff",
+    "n_vocab", "n_ctx_train", "norm_eps", "rope_type", "rope_dim", "rope_base", "rope_scale",
+    "rope_base_swa", "attn_scale", "ffn_act", "tied_embeddings", "swa_layers",
+})
+
+
+@dataclass(frozen=True)
+class GdnConfig:
+    """Gated delta net layers (qwen35, qwen3next): linear attention with recurrent state."""
+
+    layers: tuple[bool, ...]  # per layer: GDN instead of attention
+    conv_kernel: int  # width of the causal depthwise conv over q/k/v
+    n_k_heads: int  # ssm.group_count
+    n_v_heads: int  # ssm.time_step_rank
+    head_dim_k: int  # ssm.state_size
+    head_dim_v: int  # ssm.inner_size / n_v_heads
+    # Which key head value head h reads when n_v > n_k: "tiled" h % n_k (qwen35 GGUFs: the
+    # converter reorders value heads for ggml's broadcast) or "grouped" h // (n_v / n_k).
+    v_head_order: str = "grouped"
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the conv (and its state): q, k (n_k heads each) and v (n_v heads)."""
+        return 2 * self.n_k_heads * self.head_dim_k + self.n_v_heads * self.head_dim_v
+
+    def key_heads(self) -> list[int]:
+        """Per value head, the key head it reads (the host body and every backend ask here)."""
+        n_k, n_v = self.n_k_heads, self.n_v_heads
+        if self.v_head_order == "tiled":
+            return [h % n_k for h in range(n_v)]
+        return [h // (n_v // n_k) for h in range(n_v)]
+
+    def state_bytes(self) -> int:
+        """f32 bytes of recurrent state one sequence holds: conv tail + delta state per layer."""
+        per_layer = (self.conv_kernel - 1) * self.conv_dim + (
+            self.n_v_heads * self.head_dim_k * self.head_dim_v
+        )
+        return 4 * per_layer * sum(self.layers)
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """A sparse mixture-of-experts FFN on the layers that have a router."""
+
+    layers: tuple[bool, ...]  # per layer: the FFN is routed
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int
+    n_ff_shexp: int = 0  # shared expert width (always on); 0 = none
+    norm_topk: bool = True  # renormalize the top-k router probabilities to sum to 1
+    # The shared expert's output is scaled by sigmoid(its gate row) (qwen3next, qwen35moe);
+    # False: added as it is (granitemoe's shared expert has no gate).
+    shared_gate: bool = True
+
+
 @dataclass(frozen=True)
 class ModelConfig:
+    """The core every model has, the decorations as explicit optional fields, and the
+    optional sub-configs (gdn, moe: None when the model has none).
+
+    `features()` names what is present beyond the plain pre-norm llama layer, so a backend
+    decides what it carries by name and refuses the rest by name."""
+
     arch: str
     n_layer: int
     n_embd: int
@@ -85,51 +148,41 @@ class ModelConfig:
     # The query projection also yields a per-head gate: out *= sigmoid(gate) before o_proj.
     # Its rows interleave per head, [q_h (head_dim), gate_h (head_dim)], as HF and GGUF store them.
     attn_output_gate: bool = False
-    # Hybrid recurrent models (qwen35, qwen3next): gated delta net (GDN) layers.
-    recurrent_layers: tuple[bool, ...] = ()  # per layer: GDN instead of attention; () = none
-    ssm_conv_kernel: int = 0  # width of the causal depthwise conv over q/k/v
-    ssm_n_k_heads: int = 0  # ssm.group_count
-    ssm_n_v_heads: int = 0  # ssm.time_step_rank
-    ssm_head_dim_k: int = 0  # ssm.state_size
-    ssm_head_dim_v: int = 0  # ssm.inner_size / n_v_heads
-    # Which key head value head h reads when n_v > n_k: "tiled" h % n_k (qwen35 GGUFs: the
-    # converter reorders value heads for ggml's broadcast) or "grouped" h // (n_v / n_k).
-    ssm_v_head_order: str = "grouped"
-    # Sparse MoE FFN (qwen3moe, qwen3next, qwen35moe): per layer whether the FFN is routed; () = none.
-    moe_layers: tuple[bool, ...] = ()
-    n_expert: int = 0
-    n_expert_used: int = 0
-    n_ff_exp: int = 0
-    n_ff_shexp: int = 0  # shared expert width (always on, sigmoid-gated); 0 = none
-    moe_norm_topk: bool = True  # renormalize the top-k router probabilities to sum to 1
+    # Each branch's output (attention, FFN) is multiplied by this before the residual add
+    # (granite's residual_multiplier).
+    residual_scale: float | None = None
+    # The logits are divided by this (granite's logits_scaling).
+    logit_scale: float | None = None
+    gdn: GdnConfig | None = None
+    moe: MoeConfig | None = None
 
     def is_recurrent(self, layer: int) -> bool:
-        return bool(self.recurrent_layers) and self.recurrent_layers[layer]
+        return self.gdn is not None and self.gdn.layers[layer]
 
-    @property
-    def ssm_conv_dim(self) -> int:
-        """Channels of the conv (and its state): q, k (n_k heads each) and v (n_v heads)."""
-        return 2 * self.ssm_n_k_heads * self.ssm_head_dim_k + self.ssm_n_v_heads * self.ssm_head_dim_v
-
-    def gdn_key_heads(self) -> list[int]:
-        """Per value head, the key head it reads (the host body and every backend ask here)."""
-        n_k, n_v = self.ssm_n_k_heads, self.ssm_n_v_heads
-        if self.ssm_v_head_order == "tiled":
-            return [h % n_k for h in range(n_v)]
-        return [h // (n_v // n_k) for h in range(n_v)]
+    def is_moe(self, layer: int) -> bool:
+        return self.moe is not None and self.moe.layers[layer]
 
     def recurrent_state_bytes(self) -> int:
-        """f32 bytes of recurrent state one sequence holds: conv tail + delta state per GDN layer."""
-        per_layer = (self.ssm_conv_kernel - 1) * self.ssm_conv_dim + (
-            self.ssm_n_v_heads * self.ssm_head_dim_k * self.ssm_head_dim_v
-        )
-        return 4 * per_layer * sum(self.recurrent_layers)
+        return self.gdn.state_bytes() if self.gdn is not None else 0
+
+    def features(self) -> set[str]:
+        """Every decoration and sub-config this model uses, by field name (the rope layout,
+        activation and other always-present choices are not features: backends check their
+        values). A backend carries a model when it carries each of these."""
+        core = _CORE_FIELDS
+        out = set()
+        for f in fields(self):
+            if f.name not in core and getattr(self, f.name):
+                out.add(f.name)
+        if self.ffn_norm_tensor == "ffn_norm":
+            out.discard("ffn_norm_tensor")
+        return out
 
     def layer_shape(self, layer: int) -> LayerShape:
         swa = self.swa_layers[layer]
         return LayerShape(
             mixer="gdn" if self.is_recurrent(layer) else "attention",
-            ffn="moe" if self.moe_layers and self.moe_layers[layer] else "dense",
+            ffn="moe" if self.is_moe(layer) else "dense",
             window=self.sliding_window if swa else None,
             rope_base=self.rope_base_swa if swa else self.rope_base,
             rope_scale=1.0 if swa else self.rope_scale,
@@ -268,11 +321,11 @@ def _config_from_checkpoint(ckpt: Checkpoint) -> ModelConfig:
     rope_dim = int(_get(md, key("rope.dimension_count"), head_dim_k))
     if a["rope_sections"] == "imrope":
         _check_imrope_sections(_get(md, key("rope.dimension_sections")), rope_dim, ckpt)
-    hybrid_fields = _hybrid_fields(ckpt, a, n_layer, n_ff, names) if hybrid else {}
-    moe_fields = _moe_fields(ckpt, a, n_layer, n_ff, names) if _get(md, key("expert_count"), 0) else {}
-    if a["moe_every_layer"] and not moe_fields:
+    gdn = _gdn_config(ckpt, a, n_layer) if hybrid else None
+    moe = _moe_config(ckpt, a, n_layer, n_ff, names) if _get(md, key("expert_count"), 0) else None
+    if a["moe_every_layer"] and moe is None:
         raise FrinkError(f"{ckpt.path}: model metadata is missing {arch}.expert_count")
-    routed = moe_fields.get("moe_layers", ())
+    routed = moe.layers if moe is not None else ()
     if n_ff <= 0 and not (routed and all(routed)):
         raise FrinkError(f"{ckpt.path}: model metadata is missing {arch}.feed_forward_length (or it is 0)")
 
@@ -307,8 +360,8 @@ def _config_from_checkpoint(ckpt: Checkpoint) -> ModelConfig:
         has_rope_freqs="rope_freqs.weight" in names,
         ffn_norm_tensor=a["ffn_norm_tensor"],
         attn_output_gate=bool(a["attn_output_gate"]),
-        **hybrid_fields,
-        **moe_fields,
+        gdn=gdn,
+        moe=moe,
     )
 
 
@@ -332,7 +385,7 @@ def _check_imrope_sections(sections: Any, rope_dim: int, ckpt: Checkpoint) -> No
             )
 
 
-def _hybrid_fields(ckpt: Checkpoint, a: dict[str, Any], n_layer: int, n_ff: int, names: set[str]) -> dict[str, Any]:
+def _gdn_config(ckpt: Checkpoint, a: dict[str, Any], n_layer: int) -> GdnConfig:
     """The gated delta net's shapes and which layers are recurrent, as llama.cpp reads them."""
     md, arch = ckpt.metadata, ckpt.arch
 
@@ -360,18 +413,13 @@ def _hybrid_fields(ckpt: Checkpoint, a: dict[str, Any], n_layer: int, n_ff: int,
             f"{ckpt.path}: bad gated delta net sizes (conv {conv}, state {hk}, {n_k} key heads, "
             f"{n_v} value heads, inner {inner})"
         )
-    return {
-        "recurrent_layers": tuple(recurrent),
-        "ssm_conv_kernel": conv,
-        "ssm_n_k_heads": n_k,
-        "ssm_n_v_heads": n_v,
-        "ssm_head_dim_k": hk,
-        "ssm_head_dim_v": inner // n_v,
-        "ssm_v_head_order": a["gdn_v_head_order"],
-    }
+    return GdnConfig(
+        layers=tuple(recurrent), conv_kernel=conv, n_k_heads=n_k, n_v_heads=n_v,
+        head_dim_k=hk, head_dim_v=inner // n_v, v_head_order=a["gdn_v_head_order"],
+    )
 
 
-def _moe_fields(ckpt: Checkpoint, a: dict[str, Any], n_layer: int, n_ff: int, names: set[str]) -> dict[str, Any]:
+def _moe_config(ckpt: Checkpoint, a: dict[str, Any], n_layer: int, n_ff: int, names: set[str]) -> MoeConfig:
     """Sparse MoE sizes; a layer is routed when it has a router (ffn_gate_inp)."""
     md, arch = ckpt.metadata, ckpt.arch
 
@@ -396,12 +444,9 @@ def _moe_fields(ckpt: Checkpoint, a: dict[str, Any], n_layer: int, n_ff: int, na
             f"{ckpt.path}: layer {dense} has no router (blk.{dense}.ffn_gate_inp.weight): {arch} with "
             "dense FFN layers (HF mlp_only_layers / decoder_sparse_step) is not supported, as in llama.cpp"
         )
-    return {
-        "moe_layers": routed,
-        "n_expert": n_expert,
-        "n_expert_used": n_used,
-        "n_ff_exp": n_ff_exp,
-        "n_ff_shexp": n_ff_shexp,
+    return MoeConfig(
+        layers=routed, n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff_exp,
+        n_ff_shexp=n_ff_shexp,
         # llama.cpp's qwen3next always renormalizes; an HF config may say otherwise.
-        "moe_norm_topk": bool(_get(md, key("expert_weights_norm"), True)),
-    }
+        norm_topk=bool(_get(md, key("expert_weights_norm"), True)),
+    )

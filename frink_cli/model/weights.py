@@ -289,8 +289,8 @@ def load_weights(
 
 
 def _load_gdn(p: str, cfg: ModelConfig, get: Callable, names: set[str]) -> GdnWeights:
-    d, n_k, n_v = cfg.n_embd, cfg.ssm_n_k_heads, cfg.ssm_n_v_heads
-    conv_dim, value_dim = cfg.ssm_conv_dim, n_v * cfg.ssm_head_dim_v
+    d, n_k, n_v = cfg.n_embd, cfg.gdn.n_k_heads, cfg.gdn.n_v_heads
+    conv_dim, value_dim = cfg.gdn.conv_dim, n_v * cfg.gdn.head_dim_v
     if p + "ssm_ba.weight" in names:
         # qwen3next keeps beta and alpha in one matrix, grouped by key head: for each of the
         # n_k groups, its r = n_v / n_k beta rows then its r alpha rows. Unzip into all betas
@@ -305,16 +305,16 @@ def _load_gdn(p: str, cfg: ModelConfig, get: Callable, names: set[str]) -> GdnWe
     )
     return GdnWeights(
         in_proj=Linear(in_proj, None),
-        conv=get(p + "ssm_conv1d.weight", (conv_dim, cfg.ssm_conv_kernel)),
+        conv=get(p + "ssm_conv1d.weight", (conv_dim, cfg.gdn.conv_kernel)),
         a=get(p + "ssm_a", (n_v,)),
         dt_bias=get(p + "ssm_dt.bias", (n_v,)),
-        norm=get(p + "ssm_norm.weight", (cfg.ssm_head_dim_v,)),
+        norm=get(p + "ssm_norm.weight", (cfg.gdn.head_dim_v,)),
         out=Linear(get(p + "ssm_out.weight", (d, value_dim)), None),
     )
 
 
 def _load_moe(p: str, cfg: ModelConfig, get: Callable, ckpt: Checkpoint) -> MoeWeights:
-    d, n_e, ff = cfg.n_embd, cfg.n_expert, cfg.n_ff_exp
+    d, n_e, ff = cfg.n_embd, cfg.moe.n_expert, cfg.moe.n_ff_exp
     names = set(ckpt.tensors.names())
     if p + "ffn_gate_up_exps.weight" in names:
         gate_up = get(p + "ffn_gate_up_exps.weight", (n_e, 2 * ff, d))
@@ -324,8 +324,8 @@ def _load_moe(p: str, cfg: ModelConfig, get: Callable, ckpt: Checkpoint) -> MoeW
         )
     inp = [get(p + "ffn_gate_inp.weight", (n_e, d))]
     down_shexp = None
-    if cfg.n_ff_shexp:
-        sh = cfg.n_ff_shexp
+    if cfg.moe.n_ff_shexp:
+        sh = cfg.moe.n_ff_shexp
         # llama.cpp accepts the shared expert's gate as [n_embd] or [1, n_embd].
         gate_name = p + "ffn_gate_inp_shexp.weight"
         shape = (d,) if gate_name in names and len(ckpt.tensors.info(gate_name).shape) == 1 else (1, d)

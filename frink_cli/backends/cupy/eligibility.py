@@ -69,11 +69,7 @@ OUTSIDE_THE_LAYERS = frozenset({
 })
 # Fields read only by layers of another kind, which layer_shape names (mixer "gdn",
 # ffn "moe") and which are refused by that name before these could matter.
-OTHER_LAYER_KINDS = frozenset({
-    "recurrent_layers", "ssm_conv_kernel", "ssm_n_k_heads", "ssm_n_v_heads", "ssm_head_dim_k",
-    "ssm_head_dim_v", "ssm_v_head_order", "moe_layers", "n_expert", "n_expert_used", "n_ff_exp",
-    "n_ff_shexp", "moe_norm_topk",
-})
+OTHER_LAYER_KINDS = frozenset({"gdn", "moe"})
 # Fields that only say where load_weights finds a tensor: the stack gets the loaded weights.
 LOAD_TIME = frozenset({"ffn_norm_tensor"})
 # Fields refused by their own named check above (kept out of the generic rule's words).

@@ -158,7 +158,7 @@ class MlxBackend:
 
     def _moe(self, p: str, e) -> graph.DeviceMoe:
         cfg = self.cfg
-        E, ff = cfg.n_expert, cfg.n_ff_exp
+        E, ff = cfg.moe.n_expert, cfg.moe.n_ff_exp
         names = self._source_names()
         if p + "ffn_gate_up_exps.weight" in names:
             gate_up = [self._experts([p + "ffn_gate_up_exps.weight"], e.gate_up_exps)]
@@ -214,7 +214,7 @@ class MlxBackend:
                 layer.gdn = graph.DeviceGdn(
                     in_proj=self._linear([], g.in_proj.w, g.in_proj.b), conv=mx.array(g.conv),
                     a=mx.array(g.a), dt_bias=mx.array(g.dt_bias), norm=mx.array(g.norm),
-                    out=self._linear([], g.out.w, g.out.b), heads=mx.array(cfg.gdn_key_heads()),
+                    out=self._linear([], g.out.w, g.out.b), heads=mx.array(cfg.gdn.key_heads()),
                 )
             else:
                 qkv_names = [p + "attn_qkv.weight"] if p + "attn_qkv.weight" in names else [p + f"attn_{x}.weight" for x in "qkv"]

@@ -23,10 +23,7 @@ _CARRIED_FIELDS = {
     "n_vocab", "n_ctx_train", "norm_eps", "rope_type", "rope_dim", "rope_base", "rope_scale",
     "rope_base_swa", "attn_scale", "sliding_window", "swa_layers", "ffn_act", "qk_norm",
     "post_attn_norm", "post_ffn_norm", "embd_scale", "final_logit_softcap", "tied_embeddings",
-    "has_rope_freqs", "ffn_norm_tensor", "attn_output_gate", "recurrent_layers",
-    "ssm_conv_kernel", "ssm_n_k_heads", "ssm_n_v_heads", "ssm_head_dim_k", "ssm_head_dim_v",
-    "ssm_v_head_order", "moe_layers", "n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp",
-    "moe_norm_topk",
+    "has_rope_freqs", "ffn_norm_tensor", "attn_output_gate", "gdn", "moe",
     "attn_logit_softcap",  # refused below when set
 }
 

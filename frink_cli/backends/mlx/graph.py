@@ -173,8 +173,8 @@ def _attention(cfg, w: DeviceLayer, h, positions, start, k_cache, v_cache, rope_
 def _gdn(cfg, g: DeviceGdn, h, conv_tail, state):
     """The gated delta net, the per-token (step) form for every row; returns (out, tail, state)."""
     T = h.shape[0]
-    n_k, n_v, hk, hv = cfg.ssm_n_k_heads, cfg.ssm_n_v_heads, cfg.ssm_head_dim_k, cfg.ssm_head_dim_v
-    key_dim, conv_dim, value_dim = n_k * hk, cfg.ssm_conv_dim, n_v * hv
+    n_k, n_v, hk, hv = cfg.gdn.n_k_heads, cfg.gdn.n_v_heads, cfg.gdn.head_dim_k, cfg.gdn.head_dim_v
+    key_dim, conv_dim, value_dim = n_k * hk, cfg.gdn.conv_dim, n_v * hv
     proj = g.in_proj(h)
     mixed = proj[:, :conv_dim]
     z = proj[:, conv_dim : conv_dim + value_dim].reshape(T, n_v, hv)
@@ -214,13 +214,13 @@ def _moe(cfg, m: DeviceMoe, h):
     """The host body's moe_ffn (graph/moe.py): softmax router, top k, optional renormalisation,
     each chosen expert's gated FFN weighted by its probability, plus the sigmoid-gated shared
     expert. Each (row, chosen expert) pair is one gathered matvec on the resident stacks."""
-    E, k = cfg.n_expert, cfg.n_expert_used
+    E, k = cfg.moe.n_expert, cfg.moe.n_expert_used
     T, d = h.shape
     r = m.router(h)
     p = mx.softmax(r[:, :E], axis=-1)
     ids = mx.argsort(-p, axis=-1)[:, :k]  # [T, k]
     wts = mx.take_along_axis(p, ids, axis=-1)
-    if cfg.moe_norm_topk:
+    if cfg.moe.norm_topk:
         wts = wts / wts.sum(axis=-1, keepdims=True)
     sort = T * k >= SORT_MIN_ROWS
     if sort:
