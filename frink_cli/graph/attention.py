@@ -1,11 +1,9 @@
-"""The attention block, written once for prefill batches and decode rows alike.
+"""The host body's attention core: softmax(q K^T + mask) V over the rows a KV cache holds.
 
-Where K/V are written and read is the `kv` parameter (anything with `append(k, v)` that
-returns every row so far); the block itself does not know whether it serves a batched
-prefill or a single decode row. Decorations come from the config: QKV bias, per-head QK
-RMSNorm, rope layout and base per layer (partial: only the first rope_dim dims of a head),
-sliding window, q scale, logit softcap, a per-head sigmoid output gate (qwen35/qwen3next);
-GQA maps query head h to KV head h // (n_head / n_head_kv), as llama.cpp does.
+The block around it (QKV split, QK norms, rope, output gate, o_proj) is composed once in
+graph/layer.py; this module is what HostOps.attention runs: blocked causal prefill and a
+mask-free decode row. GQA maps query head h to KV head h // (n_head / n_head_kv), as
+llama.cpp does.
 """
 
 from __future__ import annotations
@@ -16,8 +14,7 @@ import numpy as np
 
 from ..model.config import LayerShape, ModelConfig
 from ..model.weights import LayerWeights
-from .linear import blas_threads, linear
-from .norms import rms_norm
+from .linear import blas_threads
 from .rope import Rope
 
 # Prefill queries are taken in blocks of this many rows, each against only the keys it can
@@ -53,38 +50,15 @@ def attention(
     positions: np.ndarray,
     kv,
 ) -> np.ndarray:
-    """x: normed hidden rows [T, n_embd] -> attention output [T, n_embd] (after o_proj)."""
-    T = x.shape[0]
-    H, Hkv, hk, hv = cfg.n_head, cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
-    # A fresh array: q and k are normed and rotated in place inside it, no copies.
-    qkv = linear(x, w.qkv)
-    nq = 2 * H * hk if cfg.attn_output_gate else H * hk
-    q = qkv[:, :nq].reshape(T, H, nq // H)
-    gate = None
-    if cfg.attn_output_gate:
-        # Per head: hk query dims, then hk gate dims (how HF's q_proj and the GGUF lay them out).
-        q, gate = q[..., :hk], q[..., hk:].reshape(T, H * hk)
-    k = qkv[:, nq : nq + Hkv * hk].reshape(T, Hkv, hk)
-    v = qkv[:, nq + Hkv * hk :].reshape(T, Hkv, hv)
-    if w.q_norm is not None:
-        rms_norm(q, w.q_norm, cfg.norm_eps, out=q)
-        rms_norm(k, w.k_norm, cfg.norm_eps, out=k)
-    if gate is None:
-        # q and k heads sit side by side in each row: one rotation covers both.
-        rope.rotate_(qkv[:, : nq + Hkv * hk].reshape(T, H + Hkv, hk), positions)
-    else:
-        rope.rotate_(q, positions)
-        rope.rotate_(k, positions)
+    """x: normed hidden rows [T, n_embd] -> attention output [T, n_embd] (after o_proj): the
+    composed block (graph/layer.py) on the host ops."""
+    from .host_ops import HOST_OPS
+    from .layer import attention_block
 
-    K, V = kv.append(k, v)  # [Hkv, S, hk], [Hkv, S, hv]
-    q *= np.float32(cfg.attn_scale)
-    out = _attend(q, K, V, positions, shape.window, cfg.attn_logit_softcap)
-    if gate is not None:
-        out *= 1.0 / (1.0 + np.exp(-gate))
-    return linear(out, w.wo)
+    return attention_block(HOST_OPS, cfg, shape, w, x, positions, kv, rope)
 
 
-def _attend(
+def attend(
     q: np.ndarray, K: np.ndarray, V: np.ndarray, positions: np.ndarray, window: int | None,
     softcap: float | None,
 ) -> np.ndarray:

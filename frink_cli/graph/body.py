@@ -1,9 +1,8 @@
 """HostBody: the whole decoder stack in NumPy, layer by layer.
 
-A layer is a pre-norm mixer and a pre-norm FFN, each optionally followed by its own
-post-norm (gemma3), each added back to the residual stream. The mixer is attention or a
-gated delta net, the FFN dense or a sparse MoE, as cfg.layer_shape(l) says. `layer()` serves every kind of
-step; the decoder loop decides which layers run here and which on a backend.
+The layer itself is composed once in graph/layer.py; here it runs over the host ops
+(graph/host_ops.py). `layer()` serves every kind of step; the decoder loop decides which
+layers run here and which on a backend.
 """
 
 from __future__ import annotations
@@ -15,12 +14,9 @@ import numpy as np
 
 from ..model.config import ModelConfig
 from ..model.weights import ModelWeights
-from .attention import attention
-from .ffn import dense_ffn
-from .gdn import gdn
-from .linear import linear
-from .moe import moe_ffn
-from .norms import rms_norm
+from .host_ops import HOST_OPS
+from .layer import layer as compose_layer
+from .layer import lm_head, scale_embeddings
 from .rope import Rope
 
 _malloc_tuned = False
@@ -52,6 +48,9 @@ def keep_freed_memory() -> None:
 
 
 class HostBody:
+    """The layers, embedding and head on the host: the composition of graph/layer.py over
+    HostOps, with the per-layer rope tables built once."""
+
     def __init__(self, cfg: ModelConfig, weights: ModelWeights) -> None:
         self.cfg = cfg
         self.w = weights
@@ -69,38 +68,13 @@ class HostBody:
 
     def embed(self, ids: np.ndarray) -> np.ndarray:
         x = self.w.token_embd[ids]  # fancy indexing copies: the residual stream is ours
-        if self.cfg.embd_scale is not None:
-            x *= np.float32(self.cfg.embd_scale)
-        return x
+        return scale_embeddings(HOST_OPS, self.cfg, x)
 
     def layer(self, layer: int, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray:
-        cfg, w = self.cfg, self.w.layers[layer]
-        shape = self.shapes[layer]
-        h = rms_norm(x, w.attn_norm, cfg.norm_eps)
-        if shape.mixer == "gdn":
-            a = gdn(h, w.gdn, cfg, cache.slot(layer))
-        else:
-            a = attention(h, w, cfg, shape, self.ropes[layer], positions, cache.slot(layer))
-        if w.post_attn_norm is not None:
-            rms_norm(a, w.post_attn_norm, cfg.norm_eps, out=a)
-        # A new residual array: the caller's x is left as it was; from here on it is ours.
-        x = x + a
-        h = rms_norm(x, w.ffn_norm, cfg.norm_eps)
-        if shape.ffn == "moe":
-            f = moe_ffn(h, w.moe, cfg)
-        else:
-            f = dense_ffn(h, w.gate_up, w.down, cfg.ffn_act)
-        if w.post_ffn_norm is not None:
-            rms_norm(f, w.post_ffn_norm, cfg.norm_eps, out=f)
-        x += f
-        return x
+        return compose_layer(
+            HOST_OPS, self.cfg, self.shapes[layer], self.w.layers[layer], x, positions,
+            cache.slot(layer), self.ropes[layer],
+        )
 
     def logits(self, x: np.ndarray) -> np.ndarray:
-        h = rms_norm(x, self.w.output_norm, self.cfg.norm_eps)
-        out = linear(h, self.w.output)
-        cap = self.cfg.final_logit_softcap
-        if cap:
-            out /= np.float32(cap)
-            np.tanh(out, out=out)
-            out *= np.float32(cap)
-        return out
+        return lm_head(HOST_OPS, self.cfg, self.w.output_norm, self.w.output, x)

@@ -1,11 +1,10 @@
-"""The dense gated FFN: down(act(gate(x)) * up(x)), gate/up fused into one matrix."""
+"""The gated activations of the dense FFN and the experts: act(gate) * up over rows
+[..., gate | up] (the fused gate/up projection's output), in NumPy."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..model.weights import Linear
-from .linear import linear
 
 _SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
 
@@ -59,7 +58,3 @@ def glu_(h: np.ndarray, act: str) -> np.ndarray:
     _ACTIVATIONS_INPLACE[act](gate)
     gate *= h[..., n_ff:]
     return gate
-
-
-def dense_ffn(x: np.ndarray, gate_up: Linear, down: Linear, act: str) -> np.ndarray:
-    return linear(glu_(linear(x, gate_up), act), down)

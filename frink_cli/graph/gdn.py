@@ -26,9 +26,6 @@ import numpy as np
 
 from ..model.config import ModelConfig
 from ..model.weights import GdnWeights
-from .ffn import silu
-from .linear import linear
-from .norms import rms_norm
 
 CHUNK = 64  # tokens solved together in a prefill; transformers' chunk size too
 
@@ -116,33 +113,9 @@ def delta_rule_chunked(
 
 
 def gdn(x: np.ndarray, w: GdnWeights, cfg: ModelConfig, slot) -> np.ndarray:
-    """x: normed rows [T, n_embd] -> block output [T, n_embd]. `slot` holds the layer's
-    recurrent state (recurrent_state() / set_recurrent_state(conv, delta))."""
-    T = x.shape[0]
-    n_k, n_v, hk, hv = cfg.gdn.n_k_heads, cfg.gdn.n_v_heads, cfg.gdn.head_dim_k, cfg.gdn.head_dim_v
-    key_dim, conv_dim, value_dim = n_k * hk, cfg.gdn.conv_dim, n_v * hv
+    """x: normed rows [T, n_embd] -> block output [T, n_embd]: the composed block
+    (graph/layer.py) on the host ops. `slot` holds the layer's recurrent state."""
+    from .host_ops import HOST_OPS
+    from .layer import gdn_block
 
-    proj = linear(x, w.in_proj)
-    mixed = proj[:, :conv_dim]
-    z = proj[:, conv_dim : conv_dim + value_dim].reshape(T, n_v, hv)
-    b = proj[:, conv_dim + value_dim : conv_dim + value_dim + n_v]
-    a = proj[:, conv_dim + value_dim + n_v :]
-
-    tail, state = slot.recurrent_state()
-    h, new_tail = causal_conv(mixed, tail, w.conv)
-    h = silu(h)
-    heads = key_head_of_value_head(cfg)
-    q = l2_normalize(h[:, :key_dim].reshape(T, n_k, hk), cfg.norm_eps) * np.float32(1.0 / np.sqrt(hk))
-    k = l2_normalize(h[:, key_dim : 2 * key_dim].reshape(T, n_k, hk), cfg.norm_eps)
-    q, k = q[:, heads], k[:, heads]
-    v = h[:, 2 * key_dim :].reshape(T, n_v, hv)
-
-    beta = 1.0 / (1.0 + np.exp(-b))
-    g = w.a * np.logaddexp(np.float32(0.0), a + w.dt_bias)  # -exp(A_log) * softplus(.)
-
-    rule = delta_rule_steps if T == 1 else delta_rule_chunked
-    o, new_state = rule(q, k, v, g, beta, state)
-    slot.set_recurrent_state(new_tail, new_state)
-
-    o = rms_norm(o, w.norm, cfg.norm_eps) * silu(z)
-    return linear(o.reshape(T, value_dim), w.out)
+    return gdn_block(HOST_OPS, cfg, w, x, slot)

@@ -71,10 +71,11 @@ class GdnWeights:
 
 @dataclass
 class MoeWeights:
-    """A sparse MoE FFN with an optional sigmoid-gated shared expert."""
+    """A sparse MoE FFN with an optional shared expert (sigmoid-gated or not)."""
 
     # [n_expert (+ 1 + 2*n_ff_shexp), n_embd]: router rows, then (with a shared expert) its
-    # gate row and its gate/up rows -- everything that reads the FFN input, in one matmul.
+    # gate row (when gated) and its gate/up rows -- everything that reads the FFN input, in
+    # one matmul.
     inp: Linear
     gate_up_exps: np.ndarray  # [n_expert, 2*n_ff_exp, n_embd]: gate rows, then up rows
     down_exps: np.ndarray  # [n_expert, n_embd, n_ff_exp]
@@ -326,11 +327,12 @@ def _load_moe(p: str, cfg: ModelConfig, get: Callable, ckpt: Checkpoint) -> MoeW
     down_shexp = None
     if cfg.moe.n_ff_shexp:
         sh = cfg.moe.n_ff_shexp
-        # llama.cpp accepts the shared expert's gate as [n_embd] or [1, n_embd].
-        gate_name = p + "ffn_gate_inp_shexp.weight"
-        shape = (d,) if gate_name in names and len(ckpt.tensors.info(gate_name).shape) == 1 else (1, d)
+        if cfg.moe.shared_gate:
+            # llama.cpp accepts the shared expert's gate as [n_embd] or [1, n_embd].
+            gate_name = p + "ffn_gate_inp_shexp.weight"
+            shape = (d,) if gate_name in names and len(ckpt.tensors.info(gate_name).shape) == 1 else (1, d)
+            inp.append(get(gate_name, shape).reshape(1, d))
         inp += [
-            get(gate_name, shape).reshape(1, d),
             get(p + "ffn_gate_shexp.weight", (sh, d)),
             get(p + "ffn_up_shexp.weight", (sh, d)),
         ]

@@ -18,16 +18,17 @@ rows changed behind it.
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import numpy as np
 
 from ...model.config import ModelConfig
 from ...model.weights import ModelWeights, borrow_layer
-from .. import LaunchFailed, Refusal, Run
+from .. import Run
+from ..base import DeviceBackend
 from ..ledger import Ledger
 from . import eligibility
+from .ops import CudaOps, CudaStep
 from .stack import DeviceHead, DeviceLayer, dense_stack, upload_head, upload_layer
 
 F32 = np.float32
@@ -47,74 +48,58 @@ class _Mirror:
         self.version = [-1] * n_layer
 
 
-class CudaBackend:
+def _device_errors() -> tuple[type[BaseException], ...]:
+    """CuPy's own failures (CUDA driver/runtime errors subclass RuntimeError, its
+    OutOfMemoryError MemoryError; NVRTC's CompileException neither), never a Python bug."""
+    errors: tuple[type[BaseException], ...] = (RuntimeError, MemoryError)
+    try:
+        from cupy.cuda.compiler import CompileException
+    except ImportError:
+        return errors
+    return (*errors, CompileException)
+
+
+class CudaBackend(DeviceBackend):
     name = "cuda"
 
     def __init__(self, cfg: ModelConfig, ops: Any, weight_dtype: Any = F32, ledger: Ledger | None = None) -> None:
-        self.cfg = cfg
-        self.ops = ops
+        self.ops = ops  # the kernel table (ops.py): ReferenceOps or KernelOps
+        self.cuda_ops = CudaOps(ops)
         self.weight_dtype = np.dtype(weight_dtype)
-        self.ledger = ledger if ledger is not None else Ledger()
-        self.layer_refusals = eligibility.layer_refusals(cfg)
-        self.layers: dict[int, DeviceLayer] = {}
-        self.head: DeviceHead | None = None
+        self.device_errors = _device_errors()
+        super().__init__(cfg, ledger)
         self._inv_freq: dict[tuple[float, float], np.ndarray] = {}
-        self._mirrors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     @property
-    def runs_head(self) -> bool:
-        """The decoder asks for the logits from the run's own submission only when the
-        head is resident (not, say, when the last layer is refused)."""
-        return self.head is not None
+    def layer_refusals(self) -> list[str | None]:
+        """Per layer, the refusal the ledger counts, or None (plan() reads this list)."""
+        return self.refusal
+
+    @property
+    def layers(self) -> dict[int, DeviceLayer]:
+        return self.resident
 
     # -- load ----------------------------------------------------------------------------
 
-    def bind(self, weights: ModelWeights) -> None:
-        """Upload the weights of every layer the stack may take, and the lm head, once, at
-        load, in layer order. When the device runs out of memory part way, the layers
-        already up stay resident and the rest run on the host body (as llama.cpp offloads
-        the layers that fit); the failure is reported once, naming what stayed home."""
-        self.layers.clear()
-        self.head = None
+    def layer_reasons(self, layer: int) -> list[str]:
+        return eligibility.layer_reasons(self.cfg, layer)
+
+    def prepare(self, weights: ModelWeights) -> None:
         self._rope_freqs = None if weights.rope_freqs is None else weights.rope_freqs.astype(np.float64)
-        wanted = [i for i, refusal in enumerate(self.layer_refusals) if refusal is None]
-        for n_up, layer in enumerate(wanted):
-            try:
-                # Borrowed: not kept on the host once up. The NumPy stand-in's to_device
-                # may alias the host arrays; the store's release then frees nothing.
-                self.layers[layer] = upload_layer(self.ops, borrow_layer(weights.layers, layer), self.weight_dtype)
-            except Exception as e:  # noqa: BLE001 - any device error means "not resident"
-                self.ledger.fail(
-                    f"weight upload: {type(e).__name__}: {e} ({n_up} of {len(wanted)} layers resident, "
-                    "the rest run on the host)"
-                )
-                return
-        if self.cfg.n_layer - 1 in self.layers:
-            try:
-                self.head = upload_head(
-                    self.ops, weights.output_norm, weights.output, self.cfg.final_logit_softcap, self.weight_dtype
-                )
-            except Exception as e:  # noqa: BLE001 - the host computes the logits instead
-                self.ledger.fail(f"lm head upload: {type(e).__name__}: {e} (logits on the host)")
 
-    def resident_layers(self) -> set[int]:
-        """The layers bind() uploaded whole (all but those refused or left out by an upload
-        that ran out of device memory)."""
-        return set(self.layers)
+    def upload_layer(self, layer: int, lw: Any) -> DeviceLayer:
+        # The NumPy stand-in's to_device may alias the host arrays; the store's release
+        # then frees nothing.
+        return upload_layer(self.ops, lw, self.weight_dtype)
 
-    # -- the predicate's answer ------------------------------------------------------------
+    def upload_head(self, weights: ModelWeights) -> DeviceHead:
+        return upload_head(self.ops, weights.output_norm, weights.output, self.weight_dtype)
 
-    def plan(self, kind: str, layer: int, n_rows: int, cache: Any, positions: np.ndarray | None = None) -> Run | Refusal:
-        refusal = self.layer_refusals[layer]
-        if refusal is None and layer not in self.layers:
-            refusal = eligibility.NOT_RESIDENT
-        if refusal is not None:
-            return Refusal(refusal)
-        stop = layer + 1
-        while stop < self.cfg.n_layer and self.layer_refusals[stop] is None and stop in self.layers:
-            stop += 1
-        refusal = eligibility.step_refusal(self.cfg, kind, n_rows, cache, positions, range(layer, stop))
-        return Refusal(refusal) if refusal is not None else Run(layer, stop)
+    def new_mirror(self) -> _Mirror:
+        return _Mirror(self.cfg.n_layer)
+
+    def step_refusal(self, kind: str, n_rows: int, cache: Any, positions: np.ndarray | None, layers: range) -> str | None:
+        return eligibility.step_refusal(self.cfg, kind, n_rows, cache, positions, layers)
 
     # -- the device KV cache ---------------------------------------------------------------
 
@@ -122,9 +107,7 @@ class CudaBackend:
         """The sequence's device KV cache with room for rows_needed rows, every layer of
         `layers` holding exactly the host cache's committed rows."""
         ops, xp, cfg = self.ops, self.ops.xp, self.cfg
-        m = self._mirrors.get(cache)
-        if m is None:
-            m = self._mirrors[cache] = _Mirror(cfg.n_layer)
+        m = self.mirror(cache)
         if rows_needed > m.rows:
             rows = max(MIN_CACHE_ROWS, m.rows)
             while rows < rows_needed:
@@ -170,32 +153,31 @@ class CudaBackend:
         ang = np.asarray(positions, dtype=np.float64)[:, None] * self._inv_freq[key][None, :]
         return np.cos(ang).astype(F32), np.sin(ang).astype(F32)
 
-    def _launch(self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any, head: str | None) -> np.ndarray:
+    def launch(self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any, head: str | None) -> np.ndarray:
         layers = range(run.start, run.stop)
         n_past = cache.n_past
         T = x.shape[0]
         shapes = [self.cfg.layer_shape(i) for i in layers]
-        tables: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
-        for i, shape in zip(layers, shapes):
-            key = (shape.rope_base, shape.rope_scale)
+        keys = [(s.rope_base, s.rope_scale) for s in shapes]
+        neox = self.cfg.rope_type == "neox"
+        tables: dict[Any, tuple[Any, Any, int, bool]] = {}
+        for i, key in zip(layers, keys):
             if key not in tables:
-                tables[key] = self._rope_tables(i, positions)
-        try:
-            m = self._mirror(cache, n_past + T, layers)
-            out = dense_stack(
-                self.ops,
-                self.cfg,
-                [self.layers[i] for i in layers],
-                [s.window for s in shapes],
-                [tables[(s.rope_base, s.rope_scale)] for s in shapes],
-                x,
-                [(m.k[i], m.v[i]) for i in layers],
-                n_past,
-                head=None if head is None else self.head,
-                all_logits=head == "all",
-            )
-        except Exception as e:  # every device error falls back to the host
-            raise LaunchFailed(f"cuda stack: {type(e).__name__}: {e}") from e
+                cos, sin = self._rope_tables(i, positions)
+                tables[key] = (self.ops.to_device(cos), self.ops.to_device(sin), self.cfg.rope_dim, neox)
+        m = self._mirror(cache, n_past + T, layers)
+        out = dense_stack(
+            self.cuda_ops,
+            self.cfg,
+            [self.resident[i] for i in layers],
+            shapes,
+            keys,
+            CudaStep(n_past, tables),
+            x,
+            [(m.k[i], m.v[i]) for i in layers],
+            head=None if head is None else self.head,
+            all_logits=head == "all",
+        )
         kind = "prefill-stack" if T > 1 else "decode-stack"
         self.ledger.submit(kind if head is None else kind + "+lm-head")
         # Only now, with every layer back, do the host cache and the mirror's lengths move.
@@ -203,10 +185,3 @@ class CudaBackend:
             cache.slot(i).write(n_past, k, v)
             m.length[i], m.version[i] = n_past + T, cache.versions[i]
         return out.main
-
-    def run(self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any) -> np.ndarray:
-        return self._launch(run, x, positions, cache, None)
-
-    def run_head(self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any, all_rows: bool) -> np.ndarray:
-        """A run ending at the last layer, with the lm head in the same submission."""
-        return self._launch(run, x, positions, cache, "all" if all_rows else "last")

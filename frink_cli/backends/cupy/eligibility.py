@@ -44,7 +44,7 @@ STEP_KIND = "step kind not carried"
 POSITIONS = "positions != cache start"
 EVICTED = "cache rows != positions (evicted window)"
 CACHE_TYPE = "cache layout not carried"
-NOT_RESIDENT = "weights not resident"
+from ..base import NOT_RESIDENT  # noqa: E402,F401 - one name for every backend
 MOE = "MoE ffn (experts not resident)"
 ACTIVATION = "activation not SwiGLU/GeGLU"
 SOFTCAP = "attn logit softcap"

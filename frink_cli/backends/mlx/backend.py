@@ -15,15 +15,17 @@ np.asarray, which copies already-evaluated memory and does not synchronize again
 from __future__ import annotations
 
 import itertools
-import weakref
 
 import mlx.core as mx
 import numpy as np
 
 from ...model.config import ModelConfig
-from .. import LaunchFailed, Refusal, Run
-from ..ledger import Ledger
+from .. import Run
+from ..base import DeviceBackend
+from ...graph.layer import layer as compose_layer
+from ...graph.layer import lm_head
 from . import graph
+from .graph import MLX_OPS
 from .eligibility import layer_refusals
 from .quant import QUANTIZED_TYPES, affine_stack, device_format
 
@@ -48,20 +50,28 @@ class _Mirror:
         self.host_state: list[tuple | None] = [None] * n_layer
 
 
-class MlxBackend:
+class MlxBackend(DeviceBackend):
     name = "metal"
-    runs_head = True
 
     def __init__(self, cfg: ModelConfig, checkpoint=None) -> None:
-        self.cfg = cfg
         self.checkpoint = checkpoint
-        self.ledger = Ledger()
-        self.refusals = [layer_refusals(cfg, i) for i in range(cfg.n_layer)]
+        super().__init__(cfg)
         self.tensor_choice: dict[str, str] = {}  # per source type: how the device holds it
         self.tensor_held: dict[str, str] = {}  # per source tensor the device holds: how
         self._names: set[str] | None = None
-        self._mirrors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._compiled: dict[tuple, object] = {}
+
+    def layer_reasons(self, layer: int) -> list[str]:
+        return layer_refusals(self.cfg, layer)
+
+    @property
+    def refusals(self) -> list[list[str]]:
+        return self.reasons
+
+    @property
+    def layers(self) -> list[graph.DeviceLayer | None]:
+        """Per layer, its resident weights, or None where the host body runs it."""
+        return [self.resident.get(i) for i in range(self.cfg.n_layer)]
 
     # --- upload -------------------------------------------------------------------------
 
@@ -173,9 +183,10 @@ class MlxBackend:
         down = self._experts([p + "ffn_down_exps.weight"], e.down_exps)
         # The host fused router rows, the shared gate row and the shared gate/up rows into
         # one Linear; split its rows (and bias, if any) back at the same places.
-        n_router = E + (1 if e.down_shexp is not None else 0)
+        gated = e.down_shexp is not None and cfg.moe.shared_gate
+        n_router = E + (1 if gated else 0)
         bias = e.inp.b
-        router_names = [p + "ffn_gate_inp.weight"] + ([p + "ffn_gate_inp_shexp.weight"] if e.down_shexp is not None else [])
+        router_names = [p + "ffn_gate_inp.weight"] + ([p + "ffn_gate_inp_shexp.weight"] if gated else [])
         router = self._linear(router_names, e.inp.w[:n_router], None if bias is None else bias[:n_router])
         gate_up_shexp = down_shexp = None
         if e.down_shexp is not None:
@@ -184,77 +195,62 @@ class MlxBackend:
             down_shexp = self._linear([p + "ffn_down_shexp.weight"], e.down_shexp.w, e.down_shexp.b)
         return graph.DeviceMoe(router, gate_up, down, gate_up_shexp, down_shexp)
 
-    def bind(self, weights) -> None:
+    def prepare(self, weights) -> None:
+        cfg = self.cfg
+        freqs = None
+        if weights.rope_freqs is not None:
+            i = np.arange(0, cfg.rope_dim, 2, dtype=np.float64) / cfg.rope_dim
+            freqs = mx.array((cfg.rope_base**i * weights.rope_freqs).astype(np.float32))
+        self.shapes = [cfg.layer_shape(i) for i in range(cfg.n_layer)]
+        self.ropes = [
+            graph.DeviceRope(cfg.rope_dim, cfg.rope_type == "norm", None if freqs is not None else s.rope_base,
+                             s.rope_scale, freqs)
+            for s in self.shapes
+        ]
+
+    def upload_layer(self, i: int, lw) -> graph.DeviceLayer:
         cfg = self.cfg
         names = self._source_names()
 
         def opt(a):
             return mx.array(a) if a is not None else None
 
-        from ...model.weights import borrow_layer
-
-        self.layers: list[graph.DeviceLayer | None] = []
-        for i in range(cfg.n_layer):
-            if self.refusals[i]:
-                self.layers.append(None)
-                continue
-            # Borrowed: the host copy lives only while this layer uploads (mx.array copies).
-            lw = borrow_layer(weights.layers, i)
-            p = f"blk.{i}."
-            s = cfg.layer_shape(i)
-            layer = graph.DeviceLayer(
-                mixer=s.mixer, ffn=s.ffn,
-                attn_norm=mx.array(lw.attn_norm), qkv=None, q_norm=opt(lw.q_norm), k_norm=opt(lw.k_norm),
-                wo=None, post_attn_norm=opt(lw.post_attn_norm), ffn_norm=mx.array(lw.ffn_norm),
-                gate_up=None, down=None, post_ffn_norm=opt(lw.post_ffn_norm),
-                rope_base=s.rope_base, rope_scale=s.rope_scale, window=s.window,
+        p = f"blk.{i}."
+        s = self.shapes[i]
+        layer = graph.DeviceLayer(
+            attn_norm=mx.array(lw.attn_norm), qkv=None, q_norm=opt(lw.q_norm), k_norm=opt(lw.k_norm),
+            wo=None, post_attn_norm=opt(lw.post_attn_norm), ffn_norm=mx.array(lw.ffn_norm),
+            gate_up=None, down=None, post_ffn_norm=opt(lw.post_ffn_norm),
+        )
+        if s.mixer == "gdn":
+            g = lw.gdn
+            layer.gdn = graph.DeviceGdn(
+                in_proj=self._linear([], g.in_proj.w, g.in_proj.b), conv=mx.array(g.conv),
+                a=mx.array(g.a), dt_bias=mx.array(g.dt_bias), norm=mx.array(g.norm),
+                out=self._linear([], g.out.w, g.out.b),
             )
-            if s.mixer == "gdn":
-                g = lw.gdn
-                layer.gdn = graph.DeviceGdn(
-                    in_proj=self._linear([], g.in_proj.w, g.in_proj.b), conv=mx.array(g.conv),
-                    a=mx.array(g.a), dt_bias=mx.array(g.dt_bias), norm=mx.array(g.norm),
-                    out=self._linear([], g.out.w, g.out.b), heads=mx.array(cfg.gdn.key_heads()),
-                )
-            else:
-                qkv_names = [p + "attn_qkv.weight"] if p + "attn_qkv.weight" in names else [p + f"attn_{x}.weight" for x in "qkv"]
-                layer.qkv = self._linear(qkv_names, lw.qkv.w, lw.qkv.b)
-                layer.wo = self._linear([p + "attn_output.weight"], lw.wo.w, lw.wo.b)
-            if s.ffn == "moe":
-                layer.moe = self._moe(p, lw.moe)
-            else:
-                layer.gate_up = self._linear([p + "ffn_gate.weight", p + "ffn_up.weight"], lw.gate_up.w, None)
-                layer.down = self._linear([p + "ffn_down.weight"], lw.down.w, None)
-            self.layers.append(layer)
-        out_name = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
-        self.output = self._linear([out_name], weights.output.w, None)
-        self.output_norm = mx.array(weights.output_norm)
-        self.rope_freqs = None
-        if weights.rope_freqs is not None:
-            i = np.arange(0, cfg.rope_dim, 2, dtype=np.float64) / cfg.rope_dim
-            self.rope_freqs = mx.array((cfg.rope_base**i * weights.rope_freqs).astype(np.float32))
+        else:
+            qkv_names = [p + "attn_qkv.weight"] if p + "attn_qkv.weight" in names else [p + f"attn_{x}.weight" for x in "qkv"]
+            layer.qkv = self._linear(qkv_names, lw.qkv.w, lw.qkv.b)
+            layer.wo = self._linear([p + "attn_output.weight"], lw.wo.w, lw.wo.b)
+        if s.ffn == "moe":
+            layer.moe = self._moe(p, lw.moe)
+        else:
+            layer.gate_up = self._linear([p + "ffn_gate.weight", p + "ffn_up.weight"], lw.gate_up.w, None)
+            layer.down = self._linear([p + "ffn_down.weight"], lw.down.w, None)
+        return layer
 
-    def resident_layers(self) -> set[int]:
-        """The layers bind() uploaded: each is held whole on the device (the host body
-        needs its host copy only if a launch fails)."""
-        return {i for i, layer in enumerate(getattr(self, "layers", [])) if layer is not None}
+    def upload_head(self, weights) -> tuple[mx.array, graph.DeviceLinear]:
+        out_name = "token_embd.weight" if self.cfg.tied_embeddings else "output.weight"
+        return mx.array(weights.output_norm), self._linear([out_name], weights.output.w, None)
 
-    # --- planning -----------------------------------------------------------------------
-
-    def plan(self, kind: str, layer: int, n_rows: int, cache, positions=None) -> Run | Refusal:
-        if self.refusals[layer]:
-            return Refusal(self.refusals[layer][0])
-        stop = layer
-        while stop < self.cfg.n_layer and not self.refusals[stop]:
-            stop += 1
-        return Run(layer, stop)
+    def new_mirror(self) -> _Mirror:
+        return _Mirror(self.cfg.n_layer)
 
     # --- running ------------------------------------------------------------------------
 
     def _mirror(self, cache, rows_needed: int) -> _Mirror:
-        m = self._mirrors.get(cache)
-        if m is None:
-            m = self._mirrors[cache] = _Mirror(self.cfg.n_layer)
+        m = self.mirror(cache)
         if rows_needed > m.capacity:
             cap = max(_MIN_CAPACITY, m.capacity)
             while cap < rows_needed:
@@ -287,25 +283,30 @@ class MlxBackend:
         key = (run.start, run.stop, T, capacity, head)
         fn = self._compiled.get(key)
         if fn is None:
-            cfg, layers = self.cfg, self.layers
+            cfg, layers = self.cfg, self.resident
             n = run.stop - run.start
 
             def forward(x, positions, start, *kv):
+                pos = graph.StepContext(positions, start)
                 new_kv, rows = [], []
                 for j, i in enumerate(range(run.start, run.stop)):
-                    x, kc, vc, kr, vr = graph.layer(cfg, layers[i], x, positions, start, kv[2 * j], kv[2 * j + 1], self.rope_freqs)
-                    new_kv += [kc, vc]
+                    st = graph.LayerState(kv[2 * j], kv[2 * j + 1])
+                    x = compose_layer(MLX_OPS, cfg, self.shapes[i], layers[i], x, pos, st, self.ropes[i])
+                    new_kv += [st.a, st.b]
+                    # Attention: the new K/V rows; a gated delta net: its new tail and state.
+                    kr, vr = st.rows if st.rows is not None else (st.a, st.b)
                     rows += [kr.reshape(-1), vr.reshape(-1)]
                 main = x
                 if head is not None:
-                    main = graph.head(cfg, self.output_norm, self.output, x if head == "all" else x[-1:])
+                    norm, output = self.head
+                    main = lm_head(MLX_OPS, cfg, norm, output, x if head == "all" else x[-1:])
                 return (mx.concatenate([main.reshape(-1)] + rows), *new_kv)
 
             fn = self._compiled[key] = mx.compile(forward)
             assert n > 0
         return fn
 
-    def _launch(self, run: Run, x: np.ndarray, positions: np.ndarray, cache, head: str | None) -> np.ndarray:
+    def launch(self, run: Run, x: np.ndarray, positions: np.ndarray, cache, head: str | None) -> np.ndarray:
         """Run layers [run.start, run.stop) over the rows x, in chunks of at most
         PREFILL_CHUNK rows: one traced graph serves every full chunk, and a GDN chunk's
         unrolled recurrence stays small. One submission per chunk; the host cache and the
@@ -314,28 +315,25 @@ class MlxBackend:
         T = x.shape[0]
         chunk = GDN_CHUNK if any(cfg.is_recurrent(i) for i in range(run.start, run.stop)) else PREFILL_CHUNK
         outputs, staged = [], []
-        try:
-            m = self._mirror(cache, cache.n_past + T)
-            state = {}  # this launch's device state per layer, carried chunk to chunk
-            for i in range(run.start, run.stop):
-                self._sync_layer(m, cache, i)
-                state[i] = (m.k[i], m.v[i])
-            for o in range(0, T, chunk):
-                c = min(chunk, T - o)
-                last = o + c == T
-                h = head if head == "all" or (head == "last" and last) else None
-                fn = self._function(run, c, m.capacity, h)
-                kv = [a for i in range(run.start, run.stop) for a in state[i]]
-                outs = fn(mx.array(x[o : o + c]), mx.array(positions[o : o + c].astype(np.int32)),
-                          mx.array(np.int32(cache.n_past + o)), *kv)
-                mx.eval(outs)
-                self.ledger.submit(self._kind(run, h))
-                flat = np.asarray(outs[0])
-                for j, i in enumerate(range(run.start, run.stop)):
-                    state[i] = (outs[1 + 2 * j], outs[2 + 2 * j])
-                staged.append((o, c, h, flat))
-        except Exception as e:  # noqa: BLE001 - any device failure: the host body takes over
-            raise LaunchFailed(f"mlx: {type(e).__name__}: {e}") from e
+        m = self._mirror(cache, cache.n_past + T)
+        state = {}  # this launch's device state per layer, carried chunk to chunk
+        for i in range(run.start, run.stop):
+            self._sync_layer(m, cache, i)
+            state[i] = (m.k[i], m.v[i])
+        for o in range(0, T, chunk):
+            c = min(chunk, T - o)
+            last = o + c == T
+            h = head if head == "all" or (head == "last" and last) else None
+            fn = self._function(run, c, m.capacity, h)
+            kv = [a for i in range(run.start, run.stop) for a in state[i]]
+            outs = fn(mx.array(x[o : o + c]), mx.array(positions[o : o + c].astype(np.int32)),
+                      mx.array(np.int32(cache.n_past + o)), *kv)
+            mx.eval(outs)
+            self.ledger.submit(self._kind(run, h))
+            flat = np.asarray(outs[0])
+            for j, i in enumerate(range(run.start, run.stop)):
+                state[i] = (outs[1 + 2 * j], outs[2 + 2 * j])
+            staged.append((o, c, h, flat))
         # Every chunk succeeded: only now do the host cache and the mirrors change.
         for o, c, h, flat in staged:
             width = cfg.n_vocab if h else cfg.n_embd
@@ -368,10 +366,3 @@ class MlxBackend:
         heads and tails folded into it), else a dense-run; "+lm-head" when the head rode along."""
         gdn = any(self.cfg.is_recurrent(i) for i in range(run.start, run.stop))
         return ("gdn-run" if gdn else "dense-run") + ("" if head is None else "+lm-head")
-
-    def run(self, run: Run, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray:
-        return self._launch(run, x, positions, cache, None)
-
-    def run_head(self, run: Run, x: np.ndarray, positions: np.ndarray, cache, all_rows: bool) -> np.ndarray:
-        """A run ending at the last layer, with the lm head in the same submission."""
-        return self._launch(run, x, positions, cache, "all" if all_rows else "last")

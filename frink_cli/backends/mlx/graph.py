@@ -1,7 +1,8 @@
-"""The dense decoder layer as an MLX graph, mirroring the host body's semantics.
+"""The MLX side of the layer graph: resident weight types and the ops (MlxOps).
 
-These functions only build lazy MLX expressions; the backend traces a whole run of
-layers (and the lm head) through them with mx.compile and evaluates it once. K/V live in
+The layer itself is composed once in graph/layer.py; MlxOps only builds lazy MLX
+expressions for its primitives, and the backend traces a whole run of layers (and the lm
+head) through the composition with mx.compile and evaluates it once. K/V live in
 fixed-capacity mirrors, written with slice_update at a position held in an array, and the
 attention mask is computed in the graph from the positions, so one traced graph serves
 every decode step up to the mirror's capacity without retracing.
@@ -9,11 +10,11 @@ every decode step up to the mirror's capacity without retracing.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ...model.config import ModelConfig
 
 
 @dataclass
@@ -48,7 +49,6 @@ class DeviceGdn:
     dt_bias: mx.array  # [n_v]
     norm: mx.array  # [hd_v]
     out: DeviceLinear
-    heads: mx.array  # [n_v] the key head each value head reads
 
 
 @dataclass
@@ -80,14 +80,21 @@ class DeviceExperts:
 
 @dataclass
 class DeviceMoe:
-    # Router rows, then (with a shared expert) its gate row. The shared expert's gate/up
-    # rows, fused with these on the host, are their own linear here, so a quantized shared
-    # expert stays quantized beside an f32 router (llama.cpp files keep routers in f32).
+    # Router rows, then (with a gated shared expert) its gate row. The shared expert's
+    # gate/up rows, fused with these on the host, are their own linear here, so a quantized
+    # shared expert stays quantized beside an f32 router (llama.cpp files keep routers in
+    # f32); `inp` concatenates the two, the host's fused row order, for the composition.
     router: DeviceLinear
     gate_up_exps: list[DeviceExperts]  # [E, 2 ff, d] as one stack, or gate then up stacks
     down_exps: DeviceExperts  # [E, d, ff]
     gate_up_shexp: DeviceLinear | None  # [2 ff_sh, d]
     down_shexp: DeviceLinear | None  # [d, ff_sh]
+
+    @property
+    def inp(self) -> DeviceLinear:
+        if self.gate_up_shexp is None:
+            return self.router
+        return DeviceLinear(None, parts=(self.router, self.gate_up_shexp))
 
 
 # Routed rows (tokens x top-k) from which a prefill sorts them by expert before the gathered
@@ -98,30 +105,56 @@ SORT_MIN_ROWS = 64
 
 @dataclass
 class DeviceLayer:
-    mixer: str  # "attention" | "gdn"
-    ffn: str  # "dense" | "moe"
+    """A layer's resident weights under model.weights.LayerWeights' field names, which the
+    composition (graph/layer.py) reads."""
+
     attn_norm: mx.array
     qkv: DeviceLinear | None
     q_norm: mx.array | None
     k_norm: mx.array | None
-    wo: DeviceLinear
+    wo: DeviceLinear | None
     post_attn_norm: mx.array | None
     ffn_norm: mx.array
-    gate_up: DeviceLinear
-    down: DeviceLinear
+    gate_up: DeviceLinear | None
+    down: DeviceLinear | None
     post_ffn_norm: mx.array | None
-    rope_base: float
-    rope_scale: float
-    window: int | None
     gdn: DeviceGdn | None = None
     moe: DeviceMoe | None = None
 
 
-def _act(name: str, x: mx.array) -> mx.array:
-    if name == "silu":
-        return x * mx.sigmoid(x)
-    # gelu with the tanh approximation, as the host body computes it
-    return 0.5 * x * (1.0 + mx.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+@dataclass(frozen=True)
+class DeviceRope:
+    """A layer's rope as mx.fast.rope takes it (freqs: llama 3.x per-dimension periods)."""
+
+    dims: int
+    traditional: bool
+    base: float | None
+    scale: float
+    freqs: mx.array | None
+
+
+class StepContext:
+    """The traced step's positions [T] and first position (a 0-d array), so one traced
+    graph serves every step of its shape."""
+
+    def __init__(self, positions: mx.array, start: mx.array) -> None:
+        self.positions, self.start = positions, start
+
+
+class LayerState:
+    """One layer's device state inside a traced run: its K/V mirror [1, Hkv, capacity, hd]
+    (a, b) for attention, or its conv tail and delta state (a, b) for a gated delta net;
+    the ops replace them with the updated arrays and record the new K/V rows."""
+
+    def __init__(self, a: mx.array, b: mx.array) -> None:
+        self.a, self.b = a, b
+        self.rows: tuple[mx.array, mx.array] | None = None
+
+    def recurrent_state(self) -> tuple[mx.array, mx.array]:
+        return self.a, self.b
+
+    def set_recurrent_state(self, tail: mx.array, state: mx.array) -> None:
+        self.a, self.b = tail, state
 
 
 def attention_mask(positions: mx.array, capacity: int, window: int | None) -> mx.array:
@@ -133,139 +166,132 @@ def attention_mask(positions: mx.array, capacity: int, window: int | None) -> mx
     return mx.where(visible, mx.array(0.0, mx.float32), mx.array(-mx.inf, mx.float32))
 
 
-def _glu(act: str, h: mx.array) -> mx.array:
-    n = h.shape[-1] // 2
-    return _act(act, h[..., :n]) * h[..., n:]
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
-def _attention(cfg, w: DeviceLayer, h, positions, start, k_cache, v_cache, rope_freqs):
-    T = h.shape[0]
-    H, Hkv, hk, hv = cfg.n_head, cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
-    eps = cfg.norm_eps
-    qkv = w.qkv(h)
-    nq = 2 * H * hk if cfg.attn_output_gate else H * hk
-    q = qkv[:, :nq].reshape(T, H, nq // H)
-    gate = None
-    if cfg.attn_output_gate:
-        q, gate = q[..., :hk], q[..., hk:].reshape(T, H * hk)
-    k = qkv[:, nq : nq + Hkv * hk].reshape(T, Hkv, hk)
-    v = qkv[:, nq + Hkv * hk :].reshape(T, Hkv, hv)
-    if w.q_norm is not None:
-        q = mx.fast.rms_norm(q, w.q_norm, eps)
-        k = mx.fast.rms_norm(k, w.k_norm, eps)
-    q = q.transpose(1, 0, 2)[None]  # [1, H, T, hk]
-    k = k.transpose(1, 0, 2)[None]
-    v = v.transpose(1, 0, 2)[None]
-    traditional = cfg.rope_type == "norm"
-    base = None if rope_freqs is not None else w.rope_base
-    q = mx.fast.rope(q, cfg.rope_dim, traditional=traditional, base=base, scale=w.rope_scale, offset=start, freqs=rope_freqs)
-    k = mx.fast.rope(k, cfg.rope_dim, traditional=traditional, base=base, scale=w.rope_scale, offset=start, freqs=rope_freqs)
-    k_cache = mx.slice_update(k_cache, k, start.reshape(1), axes=(2,))
-    v_cache = mx.slice_update(v_cache, v, start.reshape(1), axes=(2,))
-    mask = attention_mask(positions, k_cache.shape[2], w.window)
-    o = mx.fast.scaled_dot_product_attention(q, k_cache, v_cache, scale=cfg.attn_scale, mask=mask)
-    o = o[0].transpose(1, 0, 2).reshape(T, H * hv)
-    if gate is not None:
-        o = o * mx.sigmoid(gate)
-    return w.wo(o), k_cache, v_cache, k[0], v[0]
+def _heads_first(x: mx.array) -> mx.array:
+    """[T, H, d] -> [1, H, T, d], the layout of mx.fast.rope and SDPA."""
+    return x.transpose(1, 0, 2)[None]
 
 
-def _gdn(cfg, g: DeviceGdn, h, conv_tail, state):
-    """The gated delta net, the per-token (step) form for every row; returns (out, tail, state)."""
-    T = h.shape[0]
-    n_k, n_v, hk, hv = cfg.gdn.n_k_heads, cfg.gdn.n_v_heads, cfg.gdn.head_dim_k, cfg.gdn.head_dim_v
-    key_dim, conv_dim, value_dim = n_k * hk, cfg.gdn.conv_dim, n_v * hv
-    proj = g.in_proj(h)
-    mixed = proj[:, :conv_dim]
-    z = proj[:, conv_dim : conv_dim + value_dim].reshape(T, n_v, hv)
-    b = proj[:, conv_dim + value_dim : conv_dim + value_dim + n_v]
-    a = proj[:, conv_dim + value_dim + n_v :]
-    K = g.conv.shape[1]
-    xin = mx.concatenate([conv_tail, mixed])
-    c = xin[:T] * g.conv[:, 0]
-    for j in range(1, K):
-        c = c + xin[j : j + T] * g.conv[:, j]
-    new_tail = xin[T:]
-    c = c * mx.sigmoid(c)
+class MlxOps:
+    """The Ops interface (graph/ops.py) as lazy MLX expressions, traced by mx.compile."""
 
-    def l2(x):
-        return x * mx.rsqrt((x * x).sum(axis=-1, keepdims=True) + cfg.norm_eps)
+    def linear(self, x: mx.array, w: DeviceLinear) -> mx.array:
+        return w(x)
 
-    q = l2(c[:, :key_dim].reshape(T, n_k, hk)) * (1.0 / hk**0.5)
-    k = l2(c[:, key_dim : 2 * key_dim].reshape(T, n_k, hk))
-    q, k = q[:, g.heads], k[:, g.heads]
-    v = c[:, 2 * key_dim :].reshape(T, n_v, hv)
-    beta = mx.sigmoid(b)
-    decay = mx.exp(g.a * mx.logaddexp(mx.zeros_like(a), a + g.dt_bias))  # exp(g), g <= 0
-    outs = []
-    s = state
-    for t in range(T):
-        s = s * decay[t][:, None, None]
-        kt = k[t][:, None, :]  # [n_v, 1, dk]
-        delta = (v[t] - (kt @ s)[:, 0]) * beta[t][:, None]
-        s = s + kt.transpose(0, 2, 1) * delta[:, None, :]
-        outs.append((q[t][:, None, :] @ s)[:, 0])
-    o = mx.stack(outs)  # [T, n_v, hv]
-    o = mx.fast.rms_norm(o, g.norm, cfg.norm_eps) * (z * mx.sigmoid(z))
-    return g.out(o.reshape(T, value_dim)), new_tail, s
+    def rms_norm(self, x: mx.array, w: mx.array, eps: float) -> mx.array:
+        return mx.fast.rms_norm(x, w, eps)
+
+    rms_norm_ = rms_norm
+
+    def add_(self, x: mx.array, y: mx.array) -> mx.array:
+        return x + y
+
+    def scale_(self, x: mx.array, s: float) -> mx.array:
+        return x * s
+
+    def softcap_(self, x: mx.array, cap: float) -> mx.array:
+        return cap * mx.tanh(x / cap)
+
+    def act(self, x: mx.array, act: str) -> mx.array:
+        if act == "silu":
+            return x * mx.sigmoid(x)
+        if act == "gelu_tanh":
+            return 0.5 * x * (1.0 + mx.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
+        raise ValueError(f"activation {act} not carried")  # eligibility refuses it first
+
+    def glu(self, h: mx.array, act: str) -> mx.array:
+        n = h.shape[-1] // 2
+        return self.act(h[..., :n], act) * h[..., n:]
+
+    def sigmoid(self, x: mx.array) -> mx.array:
+        return mx.sigmoid(x)
+
+    def sigmoid_mul_(self, x: mx.array, gate: mx.array) -> mx.array:
+        return x * mx.sigmoid(gate)
+
+    def index(self, values: tuple[int, ...]) -> mx.array:
+        return mx.array(values)  # a constant of the traced graph
+
+    def rope_(self, x: mx.array, pos: StepContext, rope: DeviceRope) -> mx.array:
+        r = mx.fast.rope(_heads_first(x), rope.dims, traditional=rope.traditional, base=rope.base,
+                         scale=rope.scale, offset=pos.start, freqs=rope.freqs)
+        return r[0].transpose(1, 0, 2)
+
+    def attention(self, q, k, v, kv: LayerState, pos: StepContext, window, scale, softcap):  # type: ignore[no-untyped-def]
+        if softcap:
+            raise ValueError("attention logit softcap not carried")  # eligibility refuses it first
+        T, H, _ = q.shape
+        k4, v4 = _heads_first(k), _heads_first(v)
+        at = pos.start.reshape(1)
+        kv.a = mx.slice_update(kv.a, k4, at, axes=(2,))
+        kv.b = mx.slice_update(kv.b, v4, at, axes=(2,))
+        kv.rows = (k4[0], v4[0])
+        mask = attention_mask(pos.positions, kv.a.shape[2], window)
+        o = mx.fast.scaled_dot_product_attention(_heads_first(q), kv.a, kv.b, scale=scale, mask=mask)
+        return o[0].transpose(1, 0, 2).reshape(T, -1)
+
+    def causal_conv(self, x: mx.array, tail: mx.array, taps: mx.array) -> tuple[mx.array, mx.array]:
+        T, K = x.shape[0], taps.shape[1]
+        xin = mx.concatenate([tail, x])
+        c = xin[:T] * taps[:, 0]
+        for j in range(1, K):
+            c = c + xin[j : j + T] * taps[:, j]
+        return c, xin[T:]
+
+    def l2_norm(self, x: mx.array, eps: float) -> mx.array:
+        return x * mx.rsqrt((x * x).sum(axis=-1, keepdims=True) + eps)
+
+    def softplus(self, x: mx.array) -> mx.array:
+        return mx.logaddexp(mx.zeros_like(x), x)
+
+    def delta_rule(self, q, k, v, g, beta, state):  # type: ignore[no-untyped-def]
+        """The per-token recurrence for every row, unrolled in the traced graph."""
+        decay = mx.exp(g)
+        outs = []
+        s = state
+        for t in range(q.shape[0]):
+            s = s * decay[t][:, None, None]
+            kt = k[t][:, None, :]  # [H, 1, dk]
+            delta = (v[t] - (kt @ s)[:, 0]) * beta[t][:, None]
+            s = s + kt.transpose(0, 2, 1) * delta[:, None, :]
+            outs.append((q[t][:, None, :] @ s)[:, 0])
+        return mx.stack(outs), s
+
+    def route(self, logits: mx.array, k: int, renormalize: bool) -> tuple[mx.array, mx.array]:
+        p = mx.softmax(logits, axis=-1)
+        ids = mx.argsort(-p, axis=-1)[:, :k]  # [T, k]
+        wts = mx.take_along_axis(p, ids, axis=-1)
+        if renormalize:
+            wts = wts / wts.sum(axis=-1, keepdims=True)
+        return ids, wts
+
+    def experts(self, x: mx.array, ids: mx.array, wts: mx.array, m: DeviceMoe, act: str) -> mx.array:
+        """Each (row, chosen expert) pair is one gathered matvec on the resident stacks; a
+        prefill's pairs are sorted by expert first so each expert's weights are read once."""
+        T, d = x.shape
+        k = ids.shape[1]
+        sort = T * k >= SORT_MIN_ROWS
+        if sort:
+            flat = ids.reshape(-1)
+            order = mx.argsort(flat)
+            rows, idx = x[order // k][:, None, :], flat[order]  # [T k, 1, d] grouped by expert
+        else:
+            rows, idx = x[:, None, None, :], ids  # [T, 1, 1, d] against [T, k]: broadcast over k
+        parts = [g(rows, idx, sort) for g in m.gate_up_exps]
+        gu = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
+        y = m.down_exps(self.glu(gu, act), idx, sort)
+        if sort:
+            y = y[mx.argsort(order)]  # back to (row, rank) order
+        return (y.reshape(T, k, d) * wts[..., None]).sum(axis=1)
 
 
-def _moe(cfg, m: DeviceMoe, h):
-    """The host body's moe_ffn (graph/moe.py): softmax router, top k, optional renormalisation,
-    each chosen expert's gated FFN weighted by its probability, plus the sigmoid-gated shared
-    expert. Each (row, chosen expert) pair is one gathered matvec on the resident stacks."""
-    E, k = cfg.moe.n_expert, cfg.moe.n_expert_used
-    T, d = h.shape
-    r = m.router(h)
-    p = mx.softmax(r[:, :E], axis=-1)
-    ids = mx.argsort(-p, axis=-1)[:, :k]  # [T, k]
-    wts = mx.take_along_axis(p, ids, axis=-1)
-    if cfg.moe.norm_topk:
-        wts = wts / wts.sum(axis=-1, keepdims=True)
-    sort = T * k >= SORT_MIN_ROWS
-    if sort:
-        flat = ids.reshape(-1)
-        order = mx.argsort(flat)
-        x, idx = h[order // k][:, None, :], flat[order]  # [T k, 1, d] grouped by expert
-    else:
-        x, idx = h[:, None, None, :], ids  # [T, 1, 1, d] against [T, k]: broadcast over k
-    parts = [g(x, idx, sort) for g in m.gate_up_exps]
-    gu = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
-    y = m.down_exps(_glu(cfg.ffn_act, gu), idx, sort)
-    if sort:
-        y = y[mx.argsort(order)]  # back to (row, rank) order
-    y = y.reshape(T, k, d)
-    out = (y * wts[..., None]).sum(axis=1)
-    if m.down_shexp is not None:
-        gate = r[:, E : E + 1]
-        out = out + m.down_shexp(_glu(cfg.ffn_act, m.gate_up_shexp(h))) * mx.sigmoid(gate)
-    return out
+MLX_OPS = MlxOps()
 
 
-def layer(cfg: ModelConfig, w: DeviceLayer, x: mx.array, positions: mx.array, start: mx.array, state_a: mx.array, state_b: mx.array, rope_freqs: mx.array | None):
-    """x [T, d] -> (x', new state_a, new state_b, rows_a, rows_b). The state pair is the
-    layer's K/V mirror for attention (rows: the new K/V rows [Hkv, T, hd]) and its conv
-    tail and delta state for a gated delta net (rows: the new tail and state themselves)."""
-    eps = cfg.norm_eps
-    h = mx.fast.rms_norm(x, w.attn_norm, eps)
-    if w.mixer == "gdn":
-        a, state_a, state_b = _gdn(cfg, w.gdn, h, state_a, state_b)
-        rows_a, rows_b = state_a, state_b
-    else:
-        a, state_a, state_b, rows_a, rows_b = _attention(cfg, w, h, positions, start, state_a, state_b, rope_freqs)
-    if w.post_attn_norm is not None:
-        a = mx.fast.rms_norm(a, w.post_attn_norm, eps)
-    x = x + a
-    h = mx.fast.rms_norm(x, w.ffn_norm, eps)
-    f = _moe(cfg, w.moe, h) if w.ffn == "moe" else w.down(_glu(cfg.ffn_act, w.gate_up(h)))
-    if w.post_ffn_norm is not None:
-        f = mx.fast.rms_norm(f, w.post_ffn_norm, eps)
-    return x + f, state_a, state_b, rows_a, rows_b
+def _moe(cfg, m: DeviceMoe, h: mx.array) -> mx.array:
+    """The composed MoE block (graph/layer.py) on MLX ops, for a look at its primitives."""
+    from ...graph.layer import moe_block
 
-
-def head(cfg: ModelConfig, output_norm: mx.array, output: DeviceLinear, x: mx.array) -> mx.array:
-    logits = output(mx.fast.rms_norm(x, output_norm, cfg.norm_eps))
-    if cfg.final_logit_softcap:
-        c = cfg.final_logit_softcap
-        logits = c * mx.tanh(logits / c)
-    return logits
+    return moe_block(MLX_OPS, cfg, m, h)

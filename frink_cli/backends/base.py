@@ -1,0 +1,148 @@
+"""DeviceBackend: what every accelerated backend shares, so each keeps only its own part.
+
+Shared here: the per-layer refusal table (asked once, from the backend's eligibility
+predicate), uploading the layers it takes at bind (borrowing each from the layer store so
+the host never holds two), what is resident, the run planning (the longest run of
+resident layers from l, then the backend's step predicate), the per-sequence device
+mirrors, and the launch guard that turns a DEVICE error into LaunchFailed for the decoder
+loop. Only the backend's own `device_errors` are caught: an ordinary Python bug in a
+backend (a TypeError, a KeyError...) propagates and fails the test that hit it, instead
+of hiding behind a silent host fallback.
+
+A subclass implements: `layer_reasons(layer)` (eligibility), `upload_layer(layer, lw)`,
+`upload_head(weights)`, `new_mirror()`, `launch(run, x, positions, cache, head)`, and
+optionally `step_refusal(...)`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import numpy as np
+
+from ..model.config import ModelConfig
+from ..model.weights import ModelWeights, borrow_layer
+from . import LaunchFailed, Refusal, Run
+from .ledger import Ledger
+
+NOT_RESIDENT = "weights not resident"
+
+
+class DeviceBackend:
+    name = "device"
+    # Exceptions that mean "the device failed", never "frink has a bug".
+    device_errors: tuple[type[BaseException], ...] = (RuntimeError, MemoryError)
+
+    def __init__(self, cfg: ModelConfig, ledger: Ledger | None = None) -> None:
+        self.cfg = cfg
+        self.ledger = ledger if ledger is not None else Ledger()
+        self.reasons: list[list[str]] = [self.layer_reasons(i) for i in range(cfg.n_layer)]
+        # Per layer, the reason the ledger counts (the first), or None: what plan() reads.
+        self.refusal: list[str | None] = [r[0] if r else None for r in self.reasons]
+        self.resident: dict[int, Any] = {}
+        self.head: Any = None
+        self._mirrors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    # --- what the subclass says -------------------------------------------------------------
+
+    def layer_reasons(self, layer: int) -> list[str]:
+        """Every reason this backend cannot run layer `layer` exactly as the host body
+        would; [] when it takes it for every kind of step."""
+        raise NotImplementedError
+
+    def upload_layer(self, layer: int, lw: Any) -> Any:
+        raise NotImplementedError
+
+    def upload_head(self, weights: ModelWeights) -> Any:
+        """The resident lm head (final norm + output), or None to leave it on the host."""
+        return None
+
+    def new_mirror(self) -> Any:
+        raise NotImplementedError
+
+    def step_refusal(
+        self, kind: str, n_rows: int, cache: Any, positions: np.ndarray | None, layers: range
+    ) -> str | None:
+        """A refusal of THIS step (its batch, positions, cache), or None."""
+        return None
+
+    def launch(self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any, head: str | None) -> np.ndarray:
+        raise NotImplementedError
+
+    # --- shared ---------------------------------------------------------------------------
+
+    @property
+    def runs_head(self) -> bool:
+        """The decoder asks for the logits from a run's own submission only when the head
+        is resident (not, say, when the last layer is refused)."""
+        return self.head is not None
+
+    def bind(self, weights: ModelWeights) -> None:
+        """Upload every layer this backend takes, and the lm head, once, in layer order. When
+        the device runs out part way, the layers already up stay resident and the rest run
+        on the host body (as llama.cpp offloads what fits); the failure is reported once."""
+        self.resident.clear()
+        self.head = None
+        self.prepare(weights)
+        wanted = [i for i, refusal in enumerate(self.refusal) if refusal is None]
+        for n_up, i in enumerate(wanted):
+            try:
+                # Borrowed: the host copy lives only while this layer uploads.
+                self.resident[i] = self.upload_layer(i, borrow_layer(weights.layers, i))
+            except self.device_errors as e:
+                self.ledger.fail(
+                    f"weight upload: {type(e).__name__}: {e} ({n_up} of {len(wanted)} "
+                    "layers resident, the rest run on the host)"
+                )
+                return
+        if self.cfg.n_layer - 1 in self.resident:
+            try:
+                self.head = self.upload_head(weights)
+            except self.device_errors as e:
+                self.ledger.fail(f"lm head upload: {type(e).__name__}: {e} (logits on the host)")
+
+    def prepare(self, weights: ModelWeights) -> None:
+        """Model-wide device state made before the layers upload (rope tables...)."""
+
+    def resident_layers(self) -> set[int]:
+        """After bind(): the layers the device holds whole. The decoder drops their host
+        copies and loads every other layer at once."""
+        return set(self.resident)
+
+    def plan(
+        self, kind: str, layer: int, n_rows: int, cache: Any, positions: np.ndarray | None = None
+    ) -> Run | Refusal:
+        """The longest run of resident layers from `layer`, or a named refusal, decided
+        before any cache or device state is touched."""
+        if self.refusal[layer] is not None:
+            return Refusal(self.refusal[layer])
+        if layer not in self.resident:
+            return Refusal(NOT_RESIDENT)
+        stop = layer + 1
+        while stop < self.cfg.n_layer and self.refusal[stop] is None and stop in self.resident:
+            stop += 1
+        refusal = self.step_refusal(kind, n_rows, cache, positions, range(layer, stop))
+        return Refusal(refusal) if refusal is not None else Run(layer, stop)
+
+    def mirror(self, cache: Any) -> Any:
+        """The sequence's device mirror, made on first use, gone with the cache."""
+        m = self._mirrors.get(cache)
+        if m is None:
+            m = self._mirrors[cache] = self.new_mirror()
+        return m
+
+    def run(self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any) -> np.ndarray:
+        return self._guarded(run, x, positions, cache, None)
+
+    def run_head(self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any, all_rows: bool) -> np.ndarray:
+        """A run ending at the last layer, with the lm head in the same submission."""
+        return self._guarded(run, x, positions, cache, "all" if all_rows else "last")
+
+    def _guarded(self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any, head: str | None) -> np.ndarray:
+        # launch() writes no host cache row until every device result is back, so a device
+        # error here leaves the caches as they were.
+        try:
+            return self.launch(run, x, positions, cache, head)
+        except self.device_errors as e:
+            raise LaunchFailed(f"{self.name}: {type(e).__name__}: {e}") from e

@@ -1,0 +1,119 @@
+"""The host body's ops: the Ops interface (graph/ops.py) in NumPy, the reference.
+
+Each op keeps the in-place fast paths the host body was tuned with (a prefill's [T, 2*n_ff]
+rows are megabytes; a decode row pays per NumPy call): `*_` ops overwrite their first
+argument, which the composition never reads again.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from ..model.weights import Linear, MoeWeights
+from .attention import attend
+from .ffn import ACTIVATIONS, glu, glu_
+from .gdn import causal_conv, delta_rule_chunked, delta_rule_steps, l2_normalize
+from .linear import linear
+from .moe import route
+from .norms import rms_norm
+from .rope import Rope
+
+F32 = np.float32
+
+
+class HostOps:
+    """Ops over np.ndarray. `pos` is the step's positions array, `rope` a graph.rope.Rope,
+    `kv` a cache slot (cache.KvSlot or anything with its append / recurrent_state API)."""
+
+    def linear(self, x: np.ndarray, w: Linear) -> np.ndarray:
+        return linear(x, w)
+
+    def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+        return rms_norm(x, w, eps)
+
+    def rms_norm_(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+        return rms_norm(x, w, eps, out=x)
+
+    def add_(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        x += y
+        return x
+
+    def scale_(self, x: np.ndarray, s: float) -> np.ndarray:
+        x *= F32(s)
+        return x
+
+    def softcap_(self, x: np.ndarray, cap: float) -> np.ndarray:
+        c = F32(cap)
+        x /= c
+        np.tanh(x, out=x)
+        x *= c
+        return x
+
+    def glu(self, h: np.ndarray, act: str) -> np.ndarray:
+        return glu_(h, act)
+
+    def act(self, x: np.ndarray, act: str) -> np.ndarray:
+        return ACTIVATIONS[act](x)
+
+    def sigmoid(self, x: np.ndarray) -> np.ndarray:
+        return 1.0 / (1.0 + np.exp(-x))
+
+    def sigmoid_mul_(self, x: np.ndarray, gate: np.ndarray) -> np.ndarray:
+        x *= 1.0 / (1.0 + np.exp(-gate))
+        return x
+
+    def index(self, values: tuple[int, ...]) -> np.ndarray:
+        return _index(values)
+
+    def rope_(self, x: np.ndarray, pos: np.ndarray, rope: Rope) -> np.ndarray:
+        rope.rotate_(x, pos)
+        return x
+
+    def attention(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kv: Any, pos: np.ndarray,
+        window: int | None, scale: float, softcap: float | None,
+    ) -> np.ndarray:
+        K, V = kv.append(k, v)  # every row so far: [Hkv, S, hk], [Hkv, S, hv]
+        q *= F32(scale)  # q is a view into this step's own QKV rows
+        return attend(q, K, V, pos, window, softcap)
+
+    def causal_conv(self, x: np.ndarray, tail: np.ndarray, taps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return causal_conv(x, tail, taps)
+
+    def l2_norm(self, x: np.ndarray, eps: float) -> np.ndarray:
+        return l2_normalize(x, eps)
+
+    def softplus(self, x: np.ndarray) -> np.ndarray:
+        return np.logaddexp(F32(0.0), x)
+
+    def delta_rule(self, q, k, v, g, beta, state):  # type: ignore[no-untyped-def]
+        rule = delta_rule_steps if q.shape[0] == 1 else delta_rule_chunked
+        return rule(q, k, v, g, beta, state)
+
+    def route(self, logits: np.ndarray, k: int, renormalize: bool) -> tuple[np.ndarray, np.ndarray]:
+        return route(logits, k, renormalize)
+
+    def experts(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, moe: MoeWeights, act: str) -> np.ndarray:
+        # Rows grouped by expert: a prefill batch makes one matmul per expert it uses rather
+        # than one per (row, expert); a decode row simply visits its top-k experts.
+        out = np.zeros_like(x)
+        for e in np.unique(ids):
+            rows, slot = np.nonzero(ids == e)
+            y = glu(x[rows] @ moe.gate_up_exps[e].T, act) @ moe.down_exps[e].T
+            # A row picks an expert at most once, so rows are distinct and += is safe.
+            out[rows] += y * weights[rows, slot][:, None]
+        return out
+
+
+HOST_OPS = HostOps()
+
+
+
+@lru_cache(maxsize=16)
+def _index(values: tuple[int, ...]) -> np.ndarray:
+    a = np.asarray(values, dtype=np.intp)
+    a.flags.writeable = False
+    return a

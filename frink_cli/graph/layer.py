@@ -1,0 +1,171 @@
+"""The decoder layer, composed ONCE over the Ops interface (graph/ops.py).
+
+Why one composition: the host body, the MLX graph and the CuPy stack all run this code
+with their own ops, so a decoration written here is carried everywhere at once, and a
+backend that cannot run it refuses it by name (its eligibility) rather than drop it.
+
+A layer is llama.cpp's pre-norm block with the decorations each architecture switches on
+(ModelConfig fields; `shape` = cfg.layer_shape(l)):
+
+    h = norm(x);  a = mixer(h)                      attention (GQA) or gated delta net
+    a = post_attn_norm(a) * residual_scale;  x = x + a
+    h = norm(x);  f = ffn(h)                        dense gated FFN or sparse MoE
+    f = post_ffn_norm(f) * residual_scale;   x = x + f
+
+The layer's weights object has the fields of model.weights.LayerWeights, each held the
+way the backend's ops read it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..model.config import LayerShape, ModelConfig
+from .ops import Array, Ops
+
+
+def scale_embeddings(ops: Ops, cfg: ModelConfig, x: Array) -> Array:
+    """The looked-up embedding rows x [T, n_embd] (ours to overwrite) -> the residual stream."""
+    if cfg.embd_scale is not None:
+        x = ops.scale_(x, cfg.embd_scale)
+    return x
+
+
+def layer(
+    ops: Ops, cfg: ModelConfig, shape: LayerShape, w: Any, x: Array, pos: Any, kv: Any, rope: Any
+) -> Array:
+    """x [T, n_embd] (left as it was) -> the layer's output rows, a new array."""
+    eps = cfg.norm_eps
+    h = ops.rms_norm(x, w.attn_norm, eps)
+    if shape.mixer == "gdn":
+        a = gdn_block(ops, cfg, w.gdn, h, kv)
+    else:
+        a = attention_block(ops, cfg, shape, w, h, pos, kv, rope)
+    # a is ours: adding x into it leaves the caller's x as it was.
+    x = ops.add_(_branch_out(ops, cfg, a, w.post_attn_norm), x)
+    h = ops.rms_norm(x, w.ffn_norm, eps)
+    f = moe_block(ops, cfg, w.moe, h) if shape.ffn == "moe" else ffn_block(ops, cfg, w, h)
+    return ops.add_(x, _branch_out(ops, cfg, f, w.post_ffn_norm))
+
+
+def _branch_out(ops: Ops, cfg: ModelConfig, y: Array, post_norm: Array | None) -> Array:
+    """A branch's output as it joins the residual stream: post-norm, then the multiplier."""
+    if post_norm is not None:
+        y = ops.rms_norm_(y, post_norm, cfg.norm_eps)
+    if cfg.residual_scale is not None:
+        y = ops.scale_(y, cfg.residual_scale)
+    return y
+
+
+def attention_block(
+    ops: Ops, cfg: ModelConfig, shape: LayerShape, w: Any, h: Array, pos: Any, kv: Any, rope: Any
+) -> Array:
+    """Normed rows h [T, n_embd] -> attention output [T, n_embd] (after o_proj).
+
+    The fused QKV rows are [q | k | v]; with an output gate each query head's rows are
+    followed by its gate rows (how HF's q_proj and the GGUF lay them out)."""
+    T = h.shape[0]
+    H, Hkv, hk, hv = cfg.n_head, cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
+    eps = cfg.norm_eps
+    qkv = ops.linear(h, w.qkv)
+    gated = cfg.attn_output_gate
+    nq = (2 if gated else 1) * H * hk
+    nk = Hkv * hk
+    v = qkv[:, nq + nk :].reshape(T, Hkv, hv)
+    gate = None
+    if not gated and w.q_norm is None:
+        # q and k heads side by side in each row: one rotation covers both.
+        qk = ops.rope_(qkv[:, : nq + nk].reshape(T, H + Hkv, hk), pos, rope)
+        q, k = qk[:, :H], qk[:, H:]
+    else:
+        q = qkv[:, :nq].reshape(T, H, nq // H)
+        if gated:
+            q, gate = q[..., :hk], q[..., hk:].reshape(T, H * hk)
+        k = qkv[:, nq : nq + nk].reshape(T, Hkv, hk)
+        if w.q_norm is not None:
+            q = ops.rms_norm_(q, w.q_norm, eps)
+            k = ops.rms_norm_(k, w.k_norm, eps)
+        q = ops.rope_(q, pos, rope)
+        k = ops.rope_(k, pos, rope)
+    out = ops.attention(q, k, v, kv, pos, shape.window, cfg.attn_scale, cfg.attn_logit_softcap)
+    if gate is not None:
+        out = ops.sigmoid_mul_(out, gate)
+    return ops.linear(out, w.wo)
+
+
+def ffn_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array) -> Array:
+    """The dense gated FFN: down(act(gate(h)) * up(h)), gate/up fused into one matrix."""
+    return ops.linear(ops.glu(ops.linear(h, w.gate_up), cfg.ffn_act), w.down)
+
+
+def moe_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array) -> Array:
+    """The sparse MoE FFN: softmax router, top k (renormalized when norm_topk), each chosen
+    expert's gated FFN weighted by its probability; plus the shared expert, scaled by
+    sigmoid(its gate row) when shared_gate. Same arithmetic as llama.cpp's build_moe_ffn
+    with softmax gating.
+
+    w.inp fuses everything that reads h: the router rows, then (with a gated shared
+    expert) its gate row, then the shared expert's gate/up rows."""
+    m = cfg.moe
+    E = m.n_expert
+    r = ops.linear(h, w.inp)
+    ids, weights = ops.route(r[:, :E], m.n_expert_used, m.norm_topk)
+    out = ops.experts(h, ids, weights, w, cfg.ffn_act)
+    if w.down_shexp is not None:
+        first = E + 1 if m.shared_gate else E
+        shared = ops.linear(ops.glu(r[:, first:], cfg.ffn_act), w.down_shexp)
+        if m.shared_gate:
+            shared = ops.sigmoid_mul_(shared, r[:, E : E + 1])
+        out = ops.add_(out, shared)
+    return out
+
+
+def gdn_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array, slot: Any) -> Array:
+    """The gated delta net (qwen35, qwen3next linear attention), per token t and value head:
+
+        q, k, v = split(silu(conv(W_qkv h)));  q, k L2-normalized, q scaled by 1/sqrt(hd_k)
+        beta = sigmoid(W_b h);  g = -exp(A_log) * softplus(W_a h + dt_bias)   (log decay)
+        S = exp(g) S;  S += k (beta (v - S^T k))^T;  o = S^T q
+        out = W_out (rmsnorm(o) * silu(W_z h))
+
+    as transformers' Qwen3_5GatedDeltaNet and llama.cpp's delta-net-base.cpp compute it.
+    The slot holds the conv tail and delta state; the new ones are staged on it.
+    w.in_proj rows: the conv input (q, k: n_k heads each, v: n_v heads), z, beta, alpha."""
+    g_cfg = cfg.gdn
+    T = h.shape[0]
+    n_k, n_v, hk, hv = g_cfg.n_k_heads, g_cfg.n_v_heads, g_cfg.head_dim_k, g_cfg.head_dim_v
+    key_dim, conv_dim, value_dim = n_k * hk, g_cfg.conv_dim, n_v * hv
+    eps = cfg.norm_eps
+
+    proj = ops.linear(h, w.in_proj)
+    z = proj[:, conv_dim : conv_dim + value_dim].reshape(T, n_v, hv)
+    b = proj[:, conv_dim + value_dim : conv_dim + value_dim + n_v]
+    a = proj[:, conv_dim + value_dim + n_v :]
+
+    tail, state = slot.recurrent_state()
+    c, new_tail = ops.causal_conv(proj[:, :conv_dim], tail, w.conv)
+    c = ops.act(c, "silu")
+    q = ops.scale_(ops.l2_norm(c[:, :key_dim].reshape(T, n_k, hk), eps), 1.0 / math.sqrt(hk))
+    k = ops.l2_norm(c[:, key_dim : 2 * key_dim].reshape(T, n_k, hk), eps)
+    if n_v != n_k:
+        heads = ops.index(tuple(g_cfg.key_heads()))  # the key head each value head reads
+        q, k = q[:, heads], k[:, heads]
+    v = c[:, 2 * key_dim :].reshape(T, n_v, hv)
+    beta = ops.sigmoid(b)
+    g = w.a * ops.softplus(a + w.dt_bias)
+    o, new_state = ops.delta_rule(q, k, v, g, beta, state)
+    slot.set_recurrent_state(new_tail, new_state)
+    o = ops.rms_norm_(o, w.norm, eps) * ops.act(z, "silu")
+    return ops.linear(o.reshape(T, value_dim), w.out)
+
+
+def lm_head(ops: Ops, cfg: ModelConfig, output_norm: Array, output: Any, x: Array) -> Array:
+    """Final norm, output projection, then the logit decorations: divided by logit_scale
+    (granite), softcapped (gemma)."""
+    logits = ops.linear(ops.rms_norm(x, output_norm, cfg.norm_eps), output)
+    if cfg.logit_scale is not None:
+        logits = ops.scale_(logits, 1.0 / cfg.logit_scale)
+    if cfg.final_logit_softcap:
+        logits = ops.softcap_(logits, cfg.final_logit_softcap)
+    return logits

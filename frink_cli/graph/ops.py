@@ -1,0 +1,120 @@
+"""The Ops interface: the primitives a layer is composed of, implemented once per backend.
+
+Why: the layer (graph/layer.py) is written ONCE over these ops; the NumPy host body
+(graph/host_ops.py), MLX (backends/mlx/ops.py, traced by mx.compile so a run of layers is
+still one submission) and CuPy (backends/cupy/ops.py: kernels/*.cu and cuBLAS) each
+implement them. A decoration (a post-norm, a multiplier, a softcap, a gate) lives in the
+composition, never in a backend; a backend implements primitives, and only brings a new
+one when an architecture needs a new primitive.
+
+Conventions every implementation keeps:
+- Arrays are the backend's own (np.ndarray, mx.array, cupy.ndarray). Plain slicing,
+  reshape, indexing with an index array, `*` and `+` between arrays are used by the
+  composition directly: the three array types agree on them.
+- A method whose name ends in `_` may overwrite its first argument and return it (NumPy's
+  in-place fast paths), or return a new array (MLX). Callers always use the returned value
+  and never read the argument again, so both are correct.
+- `linear` takes a weight as the backend holds it (host f32 `Linear`, MLX quantized
+  `DeviceLinear`, CuPy device matrix): residency is the backend's business.
+- `pos` is the backend's opaque step context (the host: the positions array; MLX: traced
+  positions and start); `rope` is the backend's per-layer rope object; `kv` is the layer's
+  cache view (attention: where K/V rows go and are read; GDN: `recurrent_state()` and
+  `set_recurrent_state(tail, state)`, staged until the step commits).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+Array = Any
+
+
+class Ops(Protocol):
+    # --- linear algebra and elementwise ----------------------------------------------------
+    def linear(self, x: Array, w: Any) -> Array:
+        """x [T, in] @ W.T (+ bias) -> [T, out], a new array."""
+        ...
+
+    def rms_norm(self, x: Array, w: Array, eps: float) -> Array:
+        """RMSNorm over the last axis into a new array (x is left as it was)."""
+        ...
+
+    def rms_norm_(self, x: Array, w: Array, eps: float) -> Array:
+        """RMSNorm over the last axis; may overwrite x (a [T, heads, hd] view works too)."""
+        ...
+
+    def add_(self, x: Array, y: Array) -> Array:
+        """x + y; may overwrite x."""
+        ...
+
+    def scale_(self, x: Array, s: float) -> Array:
+        """x * s; may overwrite x."""
+        ...
+
+    def softcap_(self, x: Array, cap: float) -> Array:
+        """cap * tanh(x / cap); may overwrite x."""
+        ...
+
+    def glu(self, h: Array, act: str) -> Array:
+        """act(gate) * up over rows [..., gate | up]; may overwrite h."""
+        ...
+
+    def act(self, x: Array, act: str) -> Array:
+        """act(x) into a new array ("silu" | "gelu_tanh")."""
+        ...
+
+    def sigmoid(self, x: Array) -> Array:
+        ...
+
+    def sigmoid_mul_(self, x: Array, gate: Array) -> Array:
+        """x * sigmoid(gate); may overwrite x."""
+        ...
+
+    def index(self, values: tuple[int, ...]) -> Array:
+        """A constant index array (cached: asked once per layer per step)."""
+        ...
+
+    # --- attention -------------------------------------------------------------------------
+    def rope_(self, x: Array, pos: Any, rope: Any) -> Array:
+        """Rotate x [T, heads, head_dim] at the step's positions; may overwrite x."""
+        ...
+
+    def attention(
+        self, q: Array, k: Array, v: Array, kv: Any, pos: Any, window: int | None,
+        scale: float, softcap: float | None,
+    ) -> Array:
+        """Write the new rows k [T, Hkv, hk], v [T, Hkv, hv] to the cache view kv, then
+        softmax(scale q K^T (softcapped) + causal/window mask) V over every visible row for
+        q [T, H, hk] (GQA: query head h reads KV head h // (H / Hkv)) -> [T, H * hv]."""
+        ...
+
+    # --- gated delta net -------------------------------------------------------------------
+    def causal_conv(self, x: Array, tail: Array, taps: Array) -> tuple[Array, Array]:
+        """Depthwise causal conv of x [T, C] after `tail` [K-1, C], taps [C, K] oldest first
+        -> (out [T, C], the new tail: the last K-1 inputs)."""
+        ...
+
+    def l2_norm(self, x: Array, eps: float) -> Array:
+        """x / sqrt(sum(x^2) + eps) over the last axis."""
+        ...
+
+    def softplus(self, x: Array) -> Array:
+        ...
+
+    def delta_rule(
+        self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array
+    ) -> tuple[Array, Array]:
+        """The gated delta rule over T tokens: q, k [T, H, dk]; v [T, H, dv]; log decay g and
+        beta [T, H]; state [H, dk, dv] (not modified) -> (o [T, H, dv], the new state)."""
+        ...
+
+    # --- mixture of experts ----------------------------------------------------------------
+    def route(self, logits: Array, k: int, renormalize: bool) -> tuple[Array, Array]:
+        """Softmax router over [T, n_expert] logits -> (expert ids [T, k], weights [T, k]),
+        highest probability first; weights renormalized to sum to 1 when asked."""
+        ...
+
+    def experts(self, x: Array, ids: Array, weights: Array, moe: Any, act: str) -> Array:
+        """sum_j weights[:, j] * down_e(act(gate_e(x)) * up_e(x)) for e = ids[:, j], over the
+        backend's resident expert stacks in `moe` -> [T, n_embd]."""
+        ...
