@@ -60,6 +60,8 @@ CARRIED = frozenset({
     "rope_type", "rope_dim", "rope_base", "rope_scale", "rope_base_swa", "attn_scale",
     "qk_norm", "post_attn_norm", "post_ffn_norm", "ffn_act", "sliding_window", "swa_layers",
     "attn_logit_softcap", "has_rope_freqs",
+    # The composition's multipliers (graph/layer.py): scale ops between the kernels.
+    "residual_scale", "logit_scale",
 })
 # Fields that concern only what happens before the first layer or after the last (embedding,
 # logits: both stay on the host) or that only describe the model.

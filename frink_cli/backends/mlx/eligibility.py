@@ -2,13 +2,11 @@
 
 `layer_refusals(cfg, layer)` lists every reason the device graph cannot run layer l
 exactly as the host body would; an empty list means it takes the layer for prefill and
-decode alike. Every ModelConfig field is either listed here as carried or refused when
-set, so a decoration added to the config later is refused until the graph carries it.
+decode alike. Every feature a model uses (ModelConfig.features()) is either carried here
+or refused by name.
 """
 
 from __future__ import annotations
-
-from dataclasses import fields
 
 from ...model.config import ModelConfig
 
@@ -16,16 +14,14 @@ CARRIED_ACTIVATIONS = ("silu", "gelu_tanh")
 CARRIED_MIXERS = ("attention", "gdn")
 CARRIED_FFNS = ("dense", "moe")
 
-# Fields the graph reads and honours in every value (checked by the rules below where a
-# value is refused).
-_CARRIED_FIELDS = {
-    "arch", "n_layer", "n_embd", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_ff",
-    "n_vocab", "n_ctx_train", "norm_eps", "rope_type", "rope_dim", "rope_base", "rope_scale",
-    "rope_base_swa", "attn_scale", "sliding_window", "swa_layers", "ffn_act", "qk_norm",
-    "post_attn_norm", "post_ffn_norm", "embd_scale", "final_logit_softcap", "tied_embeddings",
-    "has_rope_freqs", "ffn_norm_tensor", "attn_output_gate", "gdn", "moe",
-    "attn_logit_softcap",  # refused below when set
-}
+# The features (ModelConfig.features(): decorations and sub-configs) the MLX ops and the
+# composition carry in every value. Anything else a model uses is refused by its name,
+# so a decoration added to the config later is refused until someone carries it here.
+CARRIED_FEATURES = frozenset({
+    "qk_norm", "post_attn_norm", "post_ffn_norm", "embd_scale", "final_logit_softcap",
+    "has_rope_freqs", "ffn_norm_tensor", "attn_output_gate", "sliding_window", "gdn", "moe",
+    "residual_scale", "logit_scale",
+})
 
 
 def layer_refusals(cfg: ModelConfig, layer: int) -> list[str]:
@@ -37,12 +33,11 @@ def layer_refusals(cfg: ModelConfig, layer: int) -> list[str]:
         reasons.append(f"ffn {shape.ffn} not carried")
     if cfg.ffn_act not in CARRIED_ACTIVATIONS:
         reasons.append(f"activation {cfg.ffn_act}")
-    if shape.mixer == "attention":
-        if cfg.attn_logit_softcap:
-            reasons.append("attention logit softcap")
-        if cfg.head_dim_k != cfg.head_dim_v:
-            reasons.append("V width differs from K width")
-    for f in fields(cfg):
-        if f.name not in _CARRIED_FIELDS and getattr(cfg, f.name):
-            reasons.append(f"{f.name} not carried")
+    if shape.mixer == "attention" and cfg.head_dim_k != cfg.head_dim_v:
+        reasons.append("V width differs from K width")
+    features = cfg.features()
+    if "attn_logit_softcap" in features:
+        reasons.append("attention logit softcap")
+        features.discard("attn_logit_softcap")
+    reasons += [f"{name} not carried" for name in sorted(features - CARRIED_FEATURES)]
     return reasons
