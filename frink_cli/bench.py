@@ -29,6 +29,7 @@ import numpy as np
 
 from .errors import FrinkError
 from .graph.linear import blas_threads
+from .report import checkpoint_facts
 
 COMPARE_TARGETS = ("llama.cpp",)
 
@@ -197,25 +198,20 @@ class ModelFacts:
 
 
 def model_facts(model: Any) -> ModelFacts:
+    """The model columns, from the same facts `frink info` reports (report.py)."""
     ckpt = model.checkpoint
-    path = Path(ckpt.path)
-    names = ckpt.tensors.names()
-    infos = [ckpt.tensors.info(n) for n in names]
-    n_params = sum(int(np.prod(i.shape)) for i in infos)
+    facts = checkpoint_facts(ckpt)
     qtype = _file_type(ckpt.metadata.get("general.file_type"))
     if qtype is None:
         # No file type recorded (safetensors, or a GGUF without the key): the stored type
         # holding most of the matrices' weights.
         by_type: Counter[str] = Counter()
-        for i in infos:
+        for i in (ckpt.tensors.info(n) for n in ckpt.tensors.names()):
             if len(i.shape) >= 2:
                 by_type[i.dtype] += int(np.prod(i.shape))
         qtype = by_type.most_common(1)[0][0] if by_type else "F32"
-    if path.is_dir():
-        size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-    else:
-        size = path.stat().st_size
-    return ModelFacts(f"{model.config.arch} {_human_params(n_params)} {qtype}", path.name, size, n_params)
+    desc = f"{model.config.arch} {_human_params(facts.n_params)} {qtype}"
+    return ModelFacts(desc, Path(ckpt.path).name, facts.file_bytes, facts.n_params)
 
 
 def _file_type(value: Any) -> str | None:
