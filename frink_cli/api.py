@@ -107,9 +107,13 @@ class Model:
         go in as they are, for a caller that made them with prompt_ids (to show its notes
         or keep the ids). Sampling keywords are SamplingParams' fields."""
         tok = self._tok()
-        ids = self.prompt_ids(prompt, raw=raw, system=system) if isinstance(prompt, str) else list(prompt)
+        if isinstance(prompt, str):
+            ids = self.prompt_ids(prompt, raw=raw, system=system)
+        else:
+            ids = list(prompt)
         stream = tok.stream()
-        for token in self.generate_ids(ids, max_tokens=max_tokens, n_ctx=n_ctx, stats=stats, **sampling):
+        tokens = self.generate_ids(ids, max_tokens=max_tokens, n_ctx=n_ctx, stats=stats, **sampling)
+        for token in tokens:
             piece = stream.push(token)
             if piece:
                 yield piece

@@ -12,7 +12,7 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any
 
 import click
 import numpy as np
@@ -23,8 +23,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from .backends import BACKEND_NAMES, check_backend_name
 from .errors import FrinkError
 
-if TYPE_CHECKING:  # the api (numpy, the model code) is imported lazily, per command
-    from .api import Model
+# The api (numpy, the model code) is imported lazily, per command: `frink --help` stays quick.
 
 app = typer.Typer(
     add_completion=False,
@@ -60,7 +59,7 @@ def _peak_memory_mib() -> float:
     return peak_memory_mib()
 
 
-def _load(model_arg: Optional[str], backend: str, quiet: bool = False):
+def _load(model_arg: str | None, backend: str, quiet: bool = False):
     from .api import load
     from .pull import resolve_model_arg
 
@@ -97,7 +96,7 @@ def _backend_option(default: str, help: str, choices: tuple[str, ...] = BACKEND_
     return typer.Option(default, "--backend", help=help, callback=check)
 
 
-def _read_prompt(prompt: Optional[str], file: Optional[Path]) -> str:
+def _read_prompt(prompt: str | None, file: Path | None) -> str:
     if prompt is not None and file is not None:
         raise FrinkError("give the prompt with -p or -f, not both")
     if file is not None:
@@ -138,11 +137,16 @@ def _check_range(name: str, value: float, lo: float | None = None, hi: float | N
 
 @app.command()
 def run(
-    model: Optional[str] = typer.Argument(None, help="GGUF file, HF directory, or a model name from `frink models` (default: smollm2-135m)"),
-    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="prompt text; '-' reads stdin"),
-    file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the prompt from a file"),
+    model: str | None = typer.Argument(
+        None,
+        help="GGUF file, HF directory, or a model name from `frink models` (default: smollm2-135m)",
+    ),
+    prompt: str | None = typer.Option(None, "-p", "--prompt", help="prompt text; '-' reads stdin"),
+    file: Path | None = typer.Option(None, "-f", "--file", help="read the prompt from a file"),
     max_tokens: int = typer.Option(256, "-n", "--max-tokens", help="tokens to generate at most"),
-    ctx_size: int = typer.Option(0, "-c", "--ctx-size", help="context size (0: the model's, capped at 4096)"),
+    ctx_size: int = typer.Option(
+        0, "-c", "--ctx-size", help="context size (0: the model's, capped at 4096)"
+    ),
     temp: float = typer.Option(0.8, "--temp", help="temperature; 0 is greedy"),
     top_k: int = typer.Option(40, "--top-k"),
     top_p: float = typer.Option(0.95, "--top-p"),
@@ -150,10 +154,14 @@ def run(
     repeat_penalty: float = typer.Option(1.0, "--repeat-penalty"),
     repeat_last_n: int = typer.Option(64, "--repeat-last-n"),
     seed: int = typer.Option(-1, "-s", "--seed", help="RNG seed (-1: random)"),
-    system: Optional[str] = typer.Option(None, "--system", help="system message for the chat template"),
+    system: str | None = typer.Option(
+        None, "--system", help="system message for the chat template"
+    ),
     raw: bool = typer.Option(False, "--raw", help="no chat template: the prompt goes in as-is"),
     backend: str = _backend_option("auto", "auto|numpy|metal|cuda"),
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
+    as_json: bool = typer.Option(
+        False, "--json", help="print one JSON object instead of streaming text"
+    ),
     verbose: bool = typer.Option(False, "-v", "--verbose"),
 ) -> None:
     """Generate text from a prompt."""
@@ -184,9 +192,16 @@ def run(
     pieces: list[str] = []
     out = sys.stdout
     for piece in m.generate(
-        ids, max_tokens=max_tokens, n_ctx=ctx_size or None, stats=stats,
-        temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-        repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+        ids,
+        max_tokens=max_tokens,
+        n_ctx=ctx_size or None,
+        stats=stats,
+        temperature=temp,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repeat_penalty=repeat_penalty,
+        repeat_last_n=repeat_last_n,
         seed=None if seed < 0 else seed,
     ):
         pieces.append(piece)
@@ -196,24 +211,30 @@ def run(
     peak = _peak_memory_mib()
     ledger = ledger_summary(m.decoder.backend)
     if as_json:
-        out.write(json.dumps({
-            "text": "".join(pieces),
-            "model": str(m.checkpoint.path),
-            "backend": m.backend_name,
-            "prompt_tokens": stats.prompt_tokens,
-            "prompt_ids": list(map(int, ids)),
-            "token_ids": list(map(int, stats.token_ids)),
-            "stop_reason": stats.stop_reason,
-            "timings": {
-                "prompt_seconds": stats.prompt_seconds,
-                "prompt_tokens_per_second": stats.prompt_tps,
-                "generate_seconds": stats.generate_seconds,
-                "generated_tokens": stats.generated_tokens,
-                "generate_tokens_per_second": stats.generate_tps,
-            },
-            "peak_memory_mib": peak,
-            "device": ledger,
-        }, ensure_ascii=False) + "\n")
+        out.write(
+            json.dumps(
+                {
+                    "text": "".join(pieces),
+                    "model": str(m.checkpoint.path),
+                    "backend": m.backend_name,
+                    "prompt_tokens": stats.prompt_tokens,
+                    "prompt_ids": list(map(int, ids)),
+                    "token_ids": list(map(int, stats.token_ids)),
+                    "stop_reason": stats.stop_reason,
+                    "timings": {
+                        "prompt_seconds": stats.prompt_seconds,
+                        "prompt_tokens_per_second": stats.prompt_tps,
+                        "generate_seconds": stats.generate_seconds,
+                        "generated_tokens": stats.generated_tokens,
+                        "generate_tokens_per_second": stats.generate_tps,
+                    },
+                    "peak_memory_mib": peak,
+                    "device": ledger,
+                },
+                ensure_ascii=False,
+            )
+            + "\n"
+        )
         return
     out.write("\n")
     out.flush()
@@ -225,20 +246,23 @@ def run(
     if ledger is not None and _verbose:
         err.print(
             f"[dim]device: {ledger['submissions']} submissions ("
-            + ", ".join(f"{k} {v}" for k, v in ledger["by_kind"].items()) + ")"
+            + ", ".join(f"{k} {v}" for k, v in ledger["by_kind"].items())
+            + ")"
             + "".join(f" | refused x{v}: {k}" for k, v in ledger["refusals"].items())
             + "".join(f" | FAILED x{v}: {k}" for k, v in ledger["failures"].items())
             + "[/dim]",
-            markup=True, highlight=False,
+            markup=True,
+            highlight=False,
         )
 
 
 @app.command()
 def info(
-    model: Optional[str] = typer.Argument(None, help="GGUF file, HF directory or model name"),
+    model: str | None = typer.Argument(None, help="GGUF file, HF directory or model name"),
     as_json: bool = typer.Option(False, "--json"),
     backend: str = _backend_option(
-        "numpy", "say which layers this backend takes and how it holds each tensor type (numpy|metal|cuda)"
+        "numpy",
+        "say which layers this backend takes and how it holds each tensor type (numpy|metal|cuda)",
     ),
     verbose: bool = typer.Option(False, "-v", "--verbose"),
 ) -> None:
@@ -257,53 +281,71 @@ def info(
 
 
 def _print_info(d: dict[str, Any]) -> None:
-    """`frink info`'s text: the report of report.describe, one fact a line."""
+    """`frink info`'s text: report.describe's data, one fact a line."""
     p = sys.stdout.write
-    n_layer, be = d["n_layer"], d["backend"]["name"]
-    types = d["tensor_types"]
-    p(f"model:          {d['name'] or Path(d['path']).name} ({d['format']}, {d['file_bytes'] / 1e6:.1f} MB)\n")
-    p(f"architecture:   {d['architecture']}, {d['parameters'] / 1e6:.1f}M parameters\n")
-    p(f"tensor types:   {', '.join(f'{k} x{v}' for k, v in sorted(types.items()))}\n")
-    p(f"layers:         {n_layer} ({d['layer_pattern']})\n")
+
+    def line(label: str, text: str) -> None:
+        p(f"{label + ':':<16}{text}\n")
+
+    n_layer, be, moe, g = d["n_layer"], d["backend"]["name"], d["moe"], d["gdn"]
+    size = f"{d['file_bytes'] / 1e6:.1f} MB"
+    line("model", f"{d['name'] or Path(d['path']).name} ({d['format']}, {size})")
+    line("architecture", f"{d['architecture']}, {d['parameters'] / 1e6:.1f}M parameters")
+    line("tensor types", ", ".join(f"{k} x{v}" for k, v in sorted(d["tensor_types"].items())))
+    line("layers", f"{n_layer} ({d['layer_pattern']})")
     # Where every FFN is routed the dense width is unused (or absent): say so instead.
-    moe = d["moe"]
     ffn_width = "routed" if moe and moe["layers"] == n_layer else d["n_ff"]
-    p(f"embedding:      {d['n_embd']}, ffn {ffn_width} ({d['ffn_act']}), vocab {d['n_vocab']}\n")
+    line("embedding", f"{d['n_embd']}, ffn {ffn_width} ({d['ffn_act']}), vocab {d['n_vocab']}")
     window = f", sliding window {d['sliding_window']}" if d["sliding_window"] else ""
-    p(f"attention:      {d['n_head']} heads, {d['n_head_kv']} KV heads, head dim {d['head_dim']}{window}\n")
+    heads = f"{d['n_head']} heads, {d['n_head_kv']} KV heads, head dim {d['head_dim']}"
+    line("attention", heads + window)
     rope = d["rope"]
-    p(f"rope:           {rope['type']}, base {rope['base']:g}, {rope['dim']} dims\n")
-    g = d["gdn"]
+    line("rope", f"{rope['type']}, base {rope['base']:g}, {rope['dim']} dims")
     if g:
-        p(f"gated deltanet: {g['layers']} layers, {g['key_heads']} key / {g['value_heads']} value heads"
-          f" x {g['head_dim_k']}/{g['head_dim_v']}, conv {g['conv_kernel']}, value heads {g['value_head_order']}\n")
-        p(f"recurrent:      {d['recurrent_state_bytes'] / 1024:.1f} KiB state per sequence (f32 conv + delta)\n")
+        line(
+            "gated deltanet",
+            f"{g['layers']} layers, {g['key_heads']} key / {g['value_heads']} value heads"
+            f" x {g['head_dim_k']}/{g['head_dim_v']}, conv {g['conv_kernel']},"
+            f" value heads {g['value_head_order']}",
+        )
+        state_kib = d["recurrent_state_bytes"] / 1024
+        line("recurrent", f"{state_kib:.1f} KiB state per sequence (f32 conv + delta)")
     if moe:
         shared = f", shared expert ffn {moe['shared_ff']}" if moe["shared_ff"] else ""
-        p(f"experts:        {moe['experts']}, top {moe['experts_used']}, expert ffn {moe['expert_ff']}{shared}\n")
-    p(f"context:        {d['context_length']}\n")
+        line(
+            "experts",
+            f"{moe['experts']}, top {moe['experts_used']}, expert ffn {moe['expert_ff']}{shared}",
+        )
+    line("context", str(d["context_length"]))
     t = d["tokenizer"]
     if t is None:
-        p("tokenizer:      none\n")
+        line("tokenizer", "none")
     else:
-        p(f"tokenizer:      {t['model']}, {t['n_vocab']} tokens, bos {t['bos_id']}, eos {t['eos_id']}\n")
-    p(f"chat template:  {'yes' if d['chat_template'] else 'no'}\n")
+        line(
+            "tokenizer",
+            f"{t['model']}, {t['n_vocab']} tokens, bos {t['bos_id']}, eos {t['eos_id']}",
+        )
+    line("chat template", "yes" if d["chat_template"] else "no")
     if be != "numpy":
-        p(f"backend:        {be} takes {d['backend']['layers_taken']} of {n_layer} layers"
-          " (prefill and decode; the host body runs the rest)\n")
+        taken = d["backend"]["layers_taken"]
+        rest = "(prefill and decode; the host body runs the rest)"
+        line("backend", f"{be} takes {taken} of {n_layer} layers {rest}")
         for dtype, how in d["backend"]["tensor_formats"].items():
             p(f"  {dtype:<6} -> {how}\n")
     for s in d["layers"]:
-        win = f" window {s['window']}" if s["window"] else ""
         where = ""
         if be != "numpy":
             where = f"  [{be}]" if s["refusal"] is None else f"  [host ({s['refusal']})]"
         if s["mixer"] == "gdn":
             mixer = f"gdn ({g['key_heads']}k/{g['value_heads']}v x {g['head_dim_k']})"
         else:
-            mixer = (f"{s['mixer']} ({d['n_head']}q/{d['n_head_kv']}kv x {d['head_dim']}, "
-                     f"rope {s['rope_base']:g}{win})")
-        ffn = f"moe ffn {moe['experts']}x{moe['expert_ff']}" if s["ffn"] == "moe" else f"{s['ffn']} ffn {d['n_ff']}"
+            win = f" window {s['window']}" if s["window"] else ""
+            shape = f"{d['n_head']}q/{d['n_head_kv']}kv x {d['head_dim']}"
+            mixer = f"{s['mixer']} ({shape}, rope {s['rope_base']:g}{win})"
+        if s["ffn"] == "moe":
+            ffn = f"moe ffn {moe['experts']}x{moe['expert_ff']}"
+        else:
+            ffn = f"{s['ffn']} ffn {d['n_ff']}"
         p(f"  blk.{s['layer']:<3} {mixer} + {ffn}{where}\n")
     for note in d["notes"]:
         p(f"note: {note}\n")
@@ -315,10 +357,16 @@ def bench(
     n_prompt: int = typer.Option(512, "-p", "--n-prompt", help="prompt test size (0: none)"),
     n_gen: int = typer.Option(128, "-n", "--n-gen", help="generation test size (0: none)"),
     repetitions: int = typer.Option(3, "-r", "--repetitions", help="timed repetitions per test"),
-    threads: int = typer.Option(0, "-t", "--threads", help="threads for llama.cpp and frink's BLAS (0: all cores)"),
+    threads: int = typer.Option(
+        0, "-t", "--threads", help="threads for llama.cpp and frink's BLAS (0: all cores)"
+    ),
     backend: str = _backend_option("auto", "auto|numpy|metal|cuda"),
-    compare: str | None = typer.Option(None, "--compare", help="also run llama.cpp on the same GGUF"),
-    submissions: bool = typer.Option(False, "--submissions", help="add device submissions and refusals"),
+    compare: str | None = typer.Option(
+        None, "--compare", help="also run llama.cpp on the same GGUF"
+    ),
+    submissions: bool = typer.Option(
+        False, "--submissions", help="add device submissions and refusals"
+    ),
     as_json: bool = typer.Option(False, "--json", help="a JSON list of rows"),
     as_csv: bool = typer.Option(False, "--csv", help="CSV rows"),
     as_md: bool = typer.Option(False, "--md", help="a markdown table (the default)"),
@@ -334,8 +382,13 @@ def bench(
     _check_range("-t/--threads", threads, 0)
     m = _load(model, backend)
     rows = B.run_bench(
-        m, n_prompt=n_prompt, n_gen=n_gen, repetitions=repetitions, n_threads=threads or None,
-        compare=compare, submissions=submissions,
+        m,
+        n_prompt=n_prompt,
+        n_gen=n_gen,
+        repetitions=repetitions,
+        n_threads=threads or None,
+        compare=compare,
+        submissions=submissions,
         progress=lambda msg: err.print(f"[dim]{msg}[/dim]", markup=True),
     )
     if as_json:
@@ -348,10 +401,14 @@ def bench(
 
 @app.command()
 def parity(
-    model: Optional[str] = typer.Argument(None, help="GGUF file, HF directory or model name"),
+    model: str | None = typer.Argument(None, help="GGUF file, HF directory or model name"),
     backend: str = _backend_option("metal", "the backend to check: metal|cuda", ("metal", "cuda")),
-    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="prompt text (BOS per the file)"),
-    n_tokens: int = typer.Option(0, "--tokens", help="N seeded synthetic token ids instead of a prompt"),
+    prompt: str | None = typer.Option(
+        None, "-p", "--prompt", help="prompt text (BOS per the file)"
+    ),
+    n_tokens: int = typer.Option(
+        0, "--tokens", help="N seeded synthetic token ids instead of a prompt"
+    ),
     steps: int = typer.Option(32, "--steps", help="greedy decode steps compared after the prefill"),
     as_json: bool = typer.Option(False, "--json"),
     verbose: bool = typer.Option(False, "-v", "--verbose"),
@@ -376,16 +433,22 @@ def parity(
         sys.stdout.write(json.dumps(r.as_dict()) + "\n")
     else:
         p = sys.stdout.write
-        p(f"backend {r.backend}: {r.n_prompt} prompt tokens, {r.steps} decode steps, "
-          f"{'quantized' if r.quantized else 'unquantized'} weights (KL bar {r.kl_bar:g})\n")
+        p(
+            f"backend {r.backend}: {r.n_prompt} prompt tokens, {r.steps} decode steps, "
+            f"{'quantized' if r.quantized else 'unquantized'} weights (KL bar {r.kl_bar:g})\n"
+        )
         for i, (d, on) in enumerate(zip(r.layer_max_abs, r.layer_on_backend)):
             p(f"  layer {i:<3} {'device' if on else 'host  '}  max|d| {d:.3g}\n")
         p(f"prefill logits max|d| {r.prefill_logits_max_abs:.3g}\n")
-        p(f"decode: max KL {max(r.step_kl):.3g}, top-1 agreement "
-          f"{sum(r.step_top1_agree)}/{len(r.step_top1_agree)}\n")
-        p(f"submissions: prefill {r.submissions_prefill}, per decode token "
-          f"{r.submissions_per_decode_token:.2f}; by kind {r.submissions_by_kind}; "
-          f"refusals {r.refusals}\n")
+        p(
+            f"decode: max KL {max(r.step_kl):.3g}, top-1 agreement "
+            f"{sum(r.step_top1_agree)}/{len(r.step_top1_agree)}\n"
+        )
+        p(
+            f"submissions: prefill {r.submissions_prefill}, per decode token "
+            f"{r.submissions_per_decode_token:.2f}; by kind {r.submissions_by_kind}; "
+            f"refusals {r.refusals}\n"
+        )
         for message, n in r.failures.items():
             p(f"FAILED x{n}: {message}\n")
         p(f"verdict: {r.verdict} ({r.why})\n")
@@ -394,7 +457,9 @@ def parity(
 
 
 @app.command()
-def pull(name: Optional[str] = typer.Argument(None, help="model name (default: smollm2-135m)")) -> None:
+def pull(
+    name: str | None = typer.Argument(None, help="model name (default: smollm2-135m)"),
+) -> None:
     """Fetch a known model into the model store and print its path."""
     from .pull import DEFAULT_MODEL, ensure_model
 

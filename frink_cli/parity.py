@@ -82,13 +82,18 @@ def _layerwise(
     cache.check_room(len(ids))
     positions = np.arange(len(ids))
     x = dec.host.embed(ids)
+    backend = dec.backend if single_layer_runs else None
     out = []
     for layer in range(dec.cfg.n_layer):
-        plan = dec.backend.plan("prefill", layer, len(ids), cache, positions=positions) if (dec.backend and single_layer_runs) else None
+        plan = (
+            backend.plan("prefill", layer, len(ids), cache, positions=positions)
+            if backend
+            else None
+        )
         on_backend = plan is not None and not isinstance(plan, Refusal)
-        if on_backend:
+        if on_backend and backend is not None:
             try:
-                x = dec.backend.run(Run(layer, layer + 1), x, positions, cache)
+                x = backend.run(Run(layer, layer + 1), x, positions, cache)
             except LaunchFailed as e:
                 failures[str(e)] += 1
                 on_backend = False
@@ -107,8 +112,13 @@ def check_parity(model, ids: list[int], steps: int) -> ParityReport:
     host = Decoder(dec.cfg, dec.host.w)  # the same weights, no backend
     tensors = model.checkpoint.tensors
     quantized = any(tensors.info(n).dtype not in UNQUANTIZED for n in tensors.names())
-    report = ParityReport(backend=backend.name, quantized=quantized, kl_bar=KL_BAR[quantized],
-                          n_prompt=len(ids), steps=steps)
+    report = ParityReport(
+        backend=backend.name,
+        quantized=quantized,
+        kl_bar=KL_BAR[quantized],
+        n_prompt=len(ids),
+        steps=steps,
+    )
     ids_arr = np.asarray(ids, dtype=np.int64)
 
     failures: Counter[str] = Counter()
@@ -132,7 +142,9 @@ def check_parity(model, ids: list[int], steps: int) -> ParityReport:
         report.step_top1_agree.append(top_h == top_b)
         # A disagreement the host itself nearly made (its two candidates within NEAR_TIE);
         # False where the two agree, so the list marks only the forgivable flips.
-        report.step_near_tie.append(top_h != top_b and bool(last_h[top_h] - last_h[top_b] < NEAR_TIE))
+        report.step_near_tie.append(
+            top_h != top_b and bool(last_h[top_h] - last_h[top_b] < NEAR_TIE)
+        )
         if step == steps:
             break
         token = np.array([top_h])
@@ -156,13 +168,16 @@ def verdict(r: ParityReport) -> tuple[str, str]:
         flips = sum(not (a or tie) for a, tie in zip(r.step_top1_agree, r.step_near_tie))
         return "WRONG", f"top-1 differs at {flips} of {len(r.step_top1_agree)} steps"
     if r.failures:
-        return "FAILED", f"{sum(r.failures.values())} device launches failed: " + "; ".join(r.failures)
+        return "FAILED", f"{sum(r.failures.values())} device launches failed: " + "; ".join(
+            r.failures
+        )
     n_device = sum(r.layer_on_backend)
     submissions = sum(r.submissions_by_kind.values())
     if n_device == 0 or submissions == 0:
         refused = ", ".join(r.refusals) or "no refusal recorded"
-        return "NOT RUN", (f"the device ran {n_device} layers in {submissions} submissions "
-                           f"(refused: {refused})")
+        return "NOT RUN", (
+            f"the device ran {n_device} layers in {submissions} submissions (refused: {refused})"
+        )
     bar = f"max KL {max(r.step_kl):.3g} vs bar {r.kl_bar:g}"
     if all(r.step_top1_agree) and max(r.step_kl) < r.kl_bar:
         return "MATCH", f"{bar}; the device ran {n_device} of {len(r.layer_on_backend)} layers"

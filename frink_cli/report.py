@@ -73,11 +73,17 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
     layers = []
     for i in range(cfg.n_layer):
         s = cfg.layer_shape(i)
-        layers.append({
-            "layer": i, "mixer": s.mixer, "ffn": s.ffn, "window": s.window,
-            "rope_base": s.rope_base,
-            "backend": backend_label if support[i] is None else "host", "refusal": support[i],
-        })
+        layers.append(
+            {
+                "layer": i,
+                "mixer": s.mixer,
+                "ffn": s.ffn,
+                "window": s.window,
+                "rope_base": s.rope_base,
+                "backend": backend_label if support[i] is None else "host",
+                "refusal": support[i],
+            }
+        )
     return {
         "path": str(path),
         "format": ckpt.format,
@@ -98,28 +104,43 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
         "rope": {"type": cfg.rope_type, "base": cfg.rope_base, "dim": cfg.rope_dim},
         "sliding_window": cfg.sliding_window,
         "layer_pattern": cfg.layer_pattern(),
-        "gdn": None if not any(cfg.recurrent_layers) else {
-            "layers": sum(cfg.recurrent_layers), "key_heads": cfg.ssm_n_k_heads,
-            "value_heads": cfg.ssm_n_v_heads, "head_dim_k": cfg.ssm_head_dim_k,
-            "head_dim_v": cfg.ssm_head_dim_v, "conv_kernel": cfg.ssm_conv_kernel,
+        "gdn": None
+        if not any(cfg.recurrent_layers)
+        else {
+            "layers": sum(cfg.recurrent_layers),
+            "key_heads": cfg.ssm_n_k_heads,
+            "value_heads": cfg.ssm_n_v_heads,
+            "head_dim_k": cfg.ssm_head_dim_k,
+            "head_dim_v": cfg.ssm_head_dim_v,
+            "conv_kernel": cfg.ssm_conv_kernel,
             "value_head_order": cfg.ssm_v_head_order,
         },
         "recurrent_state_bytes": cfg.recurrent_state_bytes() if any(cfg.recurrent_layers) else 0,
-        "moe": None if not any(cfg.moe_layers) else {
-            "layers": sum(cfg.moe_layers), "experts": cfg.n_expert,
-            "experts_used": cfg.n_expert_used, "expert_ff": cfg.n_ff_exp,
-            "shared_ff": cfg.n_ff_shexp, "norm_topk": cfg.moe_norm_topk,
+        "moe": None
+        if not any(cfg.moe_layers)
+        else {
+            "layers": sum(cfg.moe_layers),
+            "experts": cfg.n_expert,
+            "experts_used": cfg.n_expert_used,
+            "expert_ff": cfg.n_ff_exp,
+            "shared_ff": cfg.n_ff_shexp,
+            "norm_topk": cfg.moe_norm_topk,
         },
         "tied_embeddings": cfg.tied_embeddings,
-        "tokenizer": None if tok is None else {
+        "tokenizer": None
+        if tok is None
+        else {
             "model": ckpt.metadata.get("tokenizer.ggml.model", "tokenizer.json"),
-            "n_vocab": tok.n_vocab, "bos_id": tok.bos_id, "eos_id": tok.eos_id,
+            "n_vocab": tok.n_vocab,
+            "bos_id": tok.bos_id,
+            "eos_id": tok.eos_id,
             "add_bos": tok.add_bos,
         },
         "chat_template": tok is not None and tok.chat_template is not None,
         "layers": layers,
         "backend": {
-            "name": backend_label, "layers_taken": sum(r is None for r in support),
+            "name": backend_label,
+            "layers_taken": sum(r is None for r in support),
             "tensor_formats": tensor_formats(backend_label, facts.tensor_types),
         },
         "notes": ckpt.notes,

@@ -747,6 +747,8 @@ def test_parity_command_on_gemma3_standing_in(gemma3_path: Path, monkeypatch: py
     report = json.loads(r.stdout)
     assert report["verdict"] == "MATCH", report
     assert report["submissions_per_decode_token"] == 1.0
+    assert sum(report["submissions_by_kind"].values()) > 0 and all(report["layer_on_backend"]), report
+    assert report["failures"] == {}, report
 
 
 # --- the CuPy wiring, with a stand-in CuPy whose kernels run on the emulator -----------------

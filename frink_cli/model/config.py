@@ -163,7 +163,7 @@ def _get(md: dict[str, Any], key: str, default: Any = None, *, required: bool = 
     return default
 
 
-def _per_layer_int(value: Any, n_layer: int, key: str, skip_zero: bool = False) -> int:
+def _per_layer_int(value: Any, key: str, skip_zero: bool = False) -> int:
     """GGUF allows per-layer arrays for head counts; frink's dense graph needs one value.
 
     skip_zero: hybrid models may write 0 for their recurrent layers, which have no heads.
@@ -203,15 +203,15 @@ def _config_from_checkpoint(ckpt: Checkpoint) -> ModelConfig:
     n_layer = int(_get(md, key("block_count"), required=True)) - int(_get(md, key("nextn_predict_layers"), 0))
     n_embd = int(_get(md, key("embedding_length"), required=True))
     hybrid = bool(a["gdn"])
-    n_head = _per_layer_int(_get(md, key("attention.head_count"), required=True), n_layer, "head_count", hybrid)
-    n_head_kv = _per_layer_int(_get(md, key("attention.head_count_kv"), n_head), n_layer, "head_count_kv", hybrid)
+    n_head = _per_layer_int(_get(md, key("attention.head_count"), required=True), "head_count", hybrid)
+    n_head_kv = _per_layer_int(_get(md, key("attention.head_count_kv"), n_head), "head_count_kv", hybrid)
     if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
         raise FrinkError(f"bad head counts: {n_head} query heads, {n_head_kv} KV heads")
     head_dim_k = int(_get(md, key("attention.key_length"), n_embd // n_head))
     head_dim_v = int(_get(md, key("attention.value_length"), head_dim_k))
     # A model whose every FFN is routed (qwen35moe) may have no dense FFN width at all;
     # 0 here, and required below only if some layer is dense.
-    n_ff = _per_layer_int(_get(md, key("feed_forward_length"), 0), n_layer, "feed_forward_length")
+    n_ff = _per_layer_int(_get(md, key("feed_forward_length"), 0), "feed_forward_length")
 
     names = set(ckpt.tensors.names())
     # Every layer holds at least one tensor, so a block count above the tensor count is a
@@ -268,7 +268,7 @@ def _config_from_checkpoint(ckpt: Checkpoint) -> ModelConfig:
     rope_dim = int(_get(md, key("rope.dimension_count"), head_dim_k))
     if a["rope_sections"] == "imrope":
         _check_imrope_sections(_get(md, key("rope.dimension_sections")), rope_dim, ckpt)
-    hybrid_fields = _hybrid_fields(ckpt, a, n_layer, n_ff, names) if hybrid else {}
+    hybrid_fields = _hybrid_fields(ckpt, a, n_layer) if hybrid else {}
     moe_fields = _moe_fields(ckpt, a, n_layer, n_ff, names) if _get(md, key("expert_count"), 0) else {}
     if a["moe_every_layer"] and not moe_fields:
         raise FrinkError(f"{ckpt.path}: model metadata is missing {arch}.expert_count")
@@ -332,7 +332,7 @@ def _check_imrope_sections(sections: Any, rope_dim: int, ckpt: Checkpoint) -> No
             )
 
 
-def _hybrid_fields(ckpt: Checkpoint, a: dict[str, Any], n_layer: int, n_ff: int, names: set[str]) -> dict[str, Any]:
+def _hybrid_fields(ckpt: Checkpoint, a: dict[str, Any], n_layer: int) -> dict[str, Any]:
     """The gated delta net's shapes and which layers are recurrent, as llama.cpp reads them."""
     md, arch = ckpt.metadata, ckpt.arch
 
