@@ -17,12 +17,13 @@ export PROMPT
 # the built wheel, so this cost is paid once per machine.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: help run test lint clean
+.PHONY: help run test test-fast lint clean
 
 help:
 	@echo "make run    generate $(PROMPT) with the default model (fetched on first use)"
 	@echo "make test   install the test extra and run pytest (PYTEST_ARGS=... passes through)"
-	@echo "make lint   ruff over the package and tests"
+	@echo "make test-fast  the same without the real-model tests (-m 'not real')"
+	@echo "make lint   ruff check, ruff format --check (package, tests, scripts), mypy (package)"
 	@echo "make clean  remove .venv and caches"
 
 $(PY):
@@ -36,8 +37,10 @@ $(VENV)/.stamp-test: pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e ".[test]"
 	@touch $@
 
-$(VENV)/.stamp-ruff: | $(PY)
-	$(PY) -m pip install -q ruff
+# The lint tools are pinned in the `lint` extra; installing the package with them gives
+# mypy frink's own dependencies (numpy's types) to check against.
+$(VENV)/.stamp-lint: pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e ".[lint]"
 	@touch $@
 
 run: $(VENV)/.stamp-run
@@ -46,8 +49,18 @@ run: $(VENV)/.stamp-run
 test: $(VENV)/.stamp-test
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-lint: $(VENV)/.stamp-ruff
-	$(PY) -m ruff check frink_cli tests
+# The real models are fetched once per machine and are most of the suite's time.
+test-fast: $(VENV)/.stamp-test
+	$(PY) -m pytest -q -m "not real" $(PYTEST_ARGS)
+
+# Every tool runs even when one fails, so one run reports all three; the status is theirs.
+LINT_PATHS := frink_cli tests scripts
+lint: $(VENV)/.stamp-lint
+	@status=0; \
+	$(PY) -m ruff check $(LINT_PATHS) || status=1; \
+	$(PY) -m ruff format --check $(LINT_PATHS) || status=1; \
+	$(PY) -m mypy || status=1; \
+	exit $$status
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache tests/.cache

@@ -1,9 +1,6 @@
 """frink: a local LLM runner. `frink_cli.load(path)` is the Python entry point."""
 
-try:
-    from .api import Model, load
-except ImportError:  # TEMP
-    pass
+from .api import Model, load
 from .errors import FrinkError
 
 __all__ = ["FrinkError", "Model", "load"]

@@ -7,8 +7,8 @@ the tokenizer, pick the backend.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -92,7 +92,7 @@ class Model:
 
     def generate(
         self,
-        prompt: str,
+        prompt: str | Sequence[int],
         *,
         max_tokens: int = 128,
         raw: bool = False,
@@ -101,11 +101,19 @@ class Model:
         stats: GenerationStats | None = None,
         **sampling,
     ) -> Iterator[str]:
-        """Yield the generated text piece by piece (whole UTF-8 characters only)."""
+        """Yield the generated text piece by piece (whole UTF-8 characters only).
+
+        A string prompt goes through prompt_ids (the chat template unless raw); token ids
+        go in as they are, for a caller that made them with prompt_ids (to show its notes
+        or keep the ids). Sampling keywords are SamplingParams' fields."""
         tok = self._tok()
-        ids = self.prompt_ids(prompt, raw=raw, system=system)
+        if isinstance(prompt, str):
+            ids = self.prompt_ids(prompt, raw=raw, system=system)
+        else:
+            ids = list(prompt)
         stream = tok.stream()
-        for token in self.generate_ids(ids, max_tokens=max_tokens, n_ctx=n_ctx, stats=stats, **sampling):
+        tokens = self.generate_ids(ids, max_tokens=max_tokens, n_ctx=n_ctx, stats=stats, **sampling)
+        for token in tokens:
             piece = stream.push(token)
             if piece:
                 yield piece

@@ -29,6 +29,7 @@ import numpy as np
 
 from .errors import FrinkError
 from .graph.linear import blas_threads
+from .report import checkpoint_facts
 
 COMPARE_TARGETS = ("llama.cpp",)
 
@@ -111,8 +112,12 @@ class FrinkRunner:
         seconds = time.perf_counter() - t0
         if ledger is None:
             return Sample(seconds)
-        return Sample(seconds, Counter(ledger.submissions), Counter(ledger.refusals),
-                      Counter(getattr(ledger, "failures", {})))
+        return Sample(
+            seconds,
+            Counter(ledger.submissions),
+            Counter(ledger.refusals),
+            Counter(getattr(ledger, "failures", {})),
+        )
 
     def close(self) -> None:
         pass
@@ -197,25 +202,20 @@ class ModelFacts:
 
 
 def model_facts(model: Any) -> ModelFacts:
+    """The model columns, from the same facts `frink info` reports (report.py)."""
     ckpt = model.checkpoint
-    path = Path(ckpt.path)
-    names = ckpt.tensors.names()
-    infos = [ckpt.tensors.info(n) for n in names]
-    n_params = sum(int(np.prod(i.shape)) for i in infos)
+    facts = checkpoint_facts(ckpt)
     qtype = _file_type(ckpt.metadata.get("general.file_type"))
     if qtype is None:
         # No file type recorded (safetensors, or a GGUF without the key): the stored type
         # holding most of the matrices' weights.
         by_type: Counter[str] = Counter()
-        for i in infos:
+        for i in (ckpt.tensors.info(n) for n in ckpt.tensors.names()):
             if len(i.shape) >= 2:
                 by_type[i.dtype] += int(np.prod(i.shape))
         qtype = by_type.most_common(1)[0][0] if by_type else "F32"
-    if path.is_dir():
-        size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-    else:
-        size = path.stat().st_size
-    return ModelFacts(f"{model.config.arch} {_human_params(n_params)} {qtype}", path.name, size, n_params)
+    desc = f"{model.config.arch} {_human_params(facts.n_params)} {qtype}"
+    return ModelFacts(desc, Path(ckpt.path).name, facts.file_bytes, facts.n_params)
 
 
 def _file_type(value: Any) -> str | None:
@@ -289,7 +289,13 @@ class BenchRow:
         if not with_compare:
             d.pop("ratio_vs_llama_cpp")
         if not with_submissions:
-            for k in ("submissions_per_token", "submissions", "submissions_by_kind", "refusals", "failures"):
+            for k in (
+                "submissions_per_token",
+                "submissions",
+                "submissions_by_kind",
+                "refusals",
+                "failures",
+            ):
                 d.pop(k)
         elif self.n_gen:
             d.pop("submissions")
@@ -306,16 +312,31 @@ def _stats(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
-def _row(facts: ModelFacts, runner: Runner, test: BenchTest, samples: list[Sample],
-         submissions: bool) -> BenchRow:
+def _row(
+    facts: ModelFacts, runner: Runner, test: BenchTest, samples: list[Sample], submissions: bool
+) -> BenchRow:
     n_tokens = test.n_prompt + test.n_gen
     ns = [s.seconds * 1e9 for s in samples]
     ts = [n_tokens / s.seconds for s in samples]
     avg_ns, sd_ns = _stats(ns)
     avg_ts, sd_ts = _stats(ts)
     row = BenchRow(
-        facts.desc, facts.filename, facts.size_bytes, facts.n_params, runner.runner, runner.name,
-        runner.threads(test), test.name, test.n_prompt, test.n_gen, avg_ns, sd_ns, avg_ts, sd_ts, ns, ts,
+        facts.desc,
+        facts.filename,
+        facts.size_bytes,
+        facts.n_params,
+        runner.runner,
+        runner.name,
+        runner.threads(test),
+        test.name,
+        test.n_prompt,
+        test.n_gen,
+        avg_ns,
+        sd_ns,
+        avg_ts,
+        sd_ts,
+        ns,
+        ts,
     )
     if submissions and runner.runner == "frink":
         per = len(samples) * (test.n_gen or 1)
@@ -355,11 +376,15 @@ def run_bench(
     if n_prompt < 0 or n_gen < 0:
         raise FrinkError("invalid test size: -p/--n-prompt and -n/--n-gen must be >= 0")
     if compare is not None and compare not in COMPARE_TARGETS:
-        raise FrinkError(f"invalid value for --compare: {compare!r} (choose from {', '.join(COMPARE_TARGETS)})")
+        raise FrinkError(
+            f"invalid value for --compare: {compare!r} (choose from {', '.join(COMPARE_TARGETS)})"
+        )
     tests = bench_tests(n_prompt, n_gen)
     n_ctx = max(t.n_prompt + t.n_gen for t in tests)
     if n_ctx > model.config.n_ctx_train:
-        raise FrinkError(f"test of {n_ctx} tokens exceeds the model's context of {model.config.n_ctx_train}")
+        raise FrinkError(
+            f"test of {n_ctx} tokens exceeds the model's context of {model.config.n_ctx_train}"
+        )
     n_threads = n_threads or os.cpu_count() or 1
     if compare:
         LlamaCppRunner.check(Path(model.checkpoint.path))  # before minutes of frink samples
@@ -390,10 +415,13 @@ def run_bench(
                 for r, runner in enumerate(runners):
                     s = runner.run(t, ids)
                     samples[r].append(s)
-                    say(f"{t.name} rep {rep + 1}/{repetitions}: {runner.runner} "
-                        f"{(t.n_prompt + t.n_gen) / s.seconds:.1f} t/s")
-            test_rows = [_row(facts, runner, t, samples[r], submissions)
-                         for r, runner in enumerate(runners)]
+                    say(
+                        f"{t.name} rep {rep + 1}/{repetitions}: {runner.runner} "
+                        f"{(t.n_prompt + t.n_gen) / s.seconds:.1f} t/s"
+                    )
+            test_rows = [
+                _row(facts, runner, t, samples[r], submissions) for r, runner in enumerate(runners)
+            ]
             test_rows[0].peak_memory_mib = frink_peak
             if compare:
                 test_rows[0].ratio_vs_llama_cpp = test_rows[0].avg_ts / test_rows[1].avg_ts
@@ -421,7 +449,11 @@ def _ledger_cell(r: BenchRow) -> str:
     if r.submissions_by_kind is None:
         return ""
     n = r.submissions_per_token if r.submissions_per_token is not None else r.submissions
-    cell = f"{n:g}/{'token' if r.submissions_per_token is not None else 'prompt'}" if n is not None else ""
+    cell = (
+        f"{n:g}/{'token' if r.submissions_per_token is not None else 'prompt'}"
+        if n is not None
+        else ""
+    )
     extra = [f"refused {k} x{v:g}" for k, v in (r.refusals or {}).items()]
     extra += [f"FAILED x{v:g}" for v in (r.failures or {}).values()]
     return "; ".join([cell, *extra]) if extra else cell
@@ -439,11 +471,21 @@ def format_md(rows: list[BenchRow], submissions: bool = False) -> str:
     if submissions:
         head.append("submissions")
         align.append("-:")
-    lines = ["| " + " | ".join(head) + " |",
-             "| " + " | ".join(("-" * 5 + a) if a.startswith("-") else (a + "-" * 5) for a in align) + " |"]
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "| "
+        + " | ".join(("-" * 5 + a) if a.startswith("-") else (a + "-" * 5) for a in align)
+        + " |",
+    ]
     for r in rows:
-        cells = [r.model, _size(r.model_size), _params(r.model_n_params), r.backend, r.test,
-                 f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}"]
+        cells = [
+            r.model,
+            _size(r.model_size),
+            _params(r.model_n_params),
+            r.backend,
+            r.test,
+            f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}",
+        ]
         if compare:
             cells.append(f"{r.ratio_vs_llama_cpp:.2f}x" if r.ratio_vs_llama_cpp is not None else "")
         if submissions:

@@ -11,9 +11,8 @@ import json
 import signal
 import sys
 import traceback
-from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Any
 
 import click
 import numpy as np
@@ -21,11 +20,10 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .backends import BACKEND_NAMES
+from .backends import BACKEND_NAMES, check_backend_name
 from .errors import FrinkError
 
-if TYPE_CHECKING:  # the api (numpy, the model code) is imported lazily, per command
-    from .api import Model
+# The api (numpy, the model code) is imported lazily, per command: `frink --help` stays quick.
 
 app = typer.Typer(
     add_completion=False,
@@ -61,7 +59,7 @@ def _peak_memory_mib() -> float:
     return peak_memory_mib()
 
 
-def _load(model_arg: Optional[str], backend: str, quiet: bool = False):
+def _load(model_arg: str | None, backend: str, quiet: bool = False):
     from .api import load
     from .pull import resolve_model_arg
 
@@ -85,7 +83,20 @@ def _load(model_arg: Optional[str], backend: str, quiet: bool = False):
         return load(path, backend=backend, progress=report)
 
 
-def _read_prompt(prompt: Optional[str], file: Optional[Path]) -> str:
+def _backend_option(default: str, help: str, choices: tuple[str, ...] = BACKEND_NAMES) -> Any:
+    """--backend for every command: checked as it is parsed, by the library's one check, so
+    a bad name is refused before anything loads."""
+
+    def check(value: str) -> str:
+        try:
+            return check_backend_name(value, choices)
+        except FrinkError as e:
+            raise typer.BadParameter(str(e)) from None
+
+    return typer.Option(default, "--backend", help=help, callback=check)
+
+
+def _read_prompt(prompt: str | None, file: Path | None) -> str:
     if prompt is not None and file is not None:
         raise FrinkError("give the prompt with -p or -f, not both")
     if file is not None:
@@ -126,11 +137,16 @@ def _check_range(name: str, value: float, lo: float | None = None, hi: float | N
 
 @app.command()
 def run(
-    model: Optional[str] = typer.Argument(None, help="GGUF file, HF directory, or a model name from `frink models` (default: smollm2-135m)"),
-    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="prompt text; '-' reads stdin"),
-    file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the prompt from a file"),
+    model: str | None = typer.Argument(
+        None,
+        help="GGUF file, HF directory, or a model name from `frink models` (default: smollm2-135m)",
+    ),
+    prompt: str | None = typer.Option(None, "-p", "--prompt", help="prompt text; '-' reads stdin"),
+    file: Path | None = typer.Option(None, "-f", "--file", help="read the prompt from a file"),
     max_tokens: int = typer.Option(256, "-n", "--max-tokens", help="tokens to generate at most"),
-    ctx_size: int = typer.Option(0, "-c", "--ctx-size", help="context size (0: the model's, capped at 4096)"),
+    ctx_size: int = typer.Option(
+        0, "-c", "--ctx-size", help="context size (0: the model's, capped at 4096)"
+    ),
     temp: float = typer.Option(0.8, "--temp", help="temperature; 0 is greedy"),
     top_k: int = typer.Option(40, "--top-k"),
     top_p: float = typer.Option(0.95, "--top-p"),
@@ -138,16 +154,21 @@ def run(
     repeat_penalty: float = typer.Option(1.0, "--repeat-penalty"),
     repeat_last_n: int = typer.Option(64, "--repeat-last-n"),
     seed: int = typer.Option(-1, "-s", "--seed", help="RNG seed (-1: random)"),
-    system: Optional[str] = typer.Option(None, "--system", help="system message for the chat template"),
+    system: str | None = typer.Option(
+        None, "--system", help="system message for the chat template"
+    ),
     raw: bool = typer.Option(False, "--raw", help="no chat template: the prompt goes in as-is"),
-    backend: str = typer.Option("auto", "--backend", help="auto|numpy|metal|cuda"),
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
+    backend: str = _backend_option("auto", "auto|numpy|metal|cuda"),
+    as_json: bool = typer.Option(
+        False, "--json", help="print one JSON object instead of streaming text"
+    ),
     verbose: bool = typer.Option(False, "-v", "--verbose"),
 ) -> None:
     """Generate text from a prompt."""
     global _verbose
     _verbose = verbose
     from .generate import GenerationStats
+    from .report import ledger_summary
 
     _check_range("-n/--max-tokens", max_tokens, 0)
     _check_range("-c/--ctx-size", ctx_size, 0)
@@ -157,231 +178,176 @@ def run(
     _check_range("--min-p", min_p, 0, 1)
     _check_range("--repeat-penalty", repeat_penalty, 0)
     _check_range("--repeat-last-n", repeat_last_n, -1)
-    if backend not in BACKEND_NAMES:
-        raise FrinkError(f"invalid value for --backend: {backend!r} (choose from {', '.join(BACKEND_NAMES)})")
     text_in = _read_prompt(prompt, file)
     if system is not None:
         _check_utf8(system, "--system")
 
     m = _load(model, backend, quiet=as_json and not verbose)
-    n_ctx = ctx_size or min(m.config.n_ctx_train, 4096)
     notes: list[str] = []
+    # The ids first (not a string into generate) so the template's notes show before the text.
     ids = m.prompt_ids(text_in, raw=raw, system=system, notes=notes)
     for note in notes:
         err.print(f"[dim]note: {note}[/dim]")
     stats = GenerationStats()
-    sampling = dict(
-        temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-        repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-        seed=None if seed < 0 else seed,
-    )
-    stream = m.tokenizer.stream()
     pieces: list[str] = []
     out = sys.stdout
-    for token in m.generate_ids(ids, max_tokens=max_tokens, n_ctx=n_ctx, stats=stats, **sampling):
-        piece = stream.push(token)
-        if piece:
-            pieces.append(piece)
-            if not as_json:
-                out.write(piece)
-                out.flush()
-    tail = stream.flush()
-    if tail:
-        pieces.append(tail)
+    for piece in m.generate(
+        ids,
+        max_tokens=max_tokens,
+        n_ctx=ctx_size or None,
+        stats=stats,
+        temperature=temp,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repeat_penalty=repeat_penalty,
+        repeat_last_n=repeat_last_n,
+        seed=None if seed < 0 else seed,
+    ):
+        pieces.append(piece)
         if not as_json:
-            out.write(tail)
-    text = "".join(pieces)
+            out.write(piece)
+            out.flush()
     peak = _peak_memory_mib()
+    ledger = ledger_summary(m.decoder.backend)
     if as_json:
-        out.write(json.dumps({
-            "text": text,
-            "model": str(m.checkpoint.path),
-            "backend": m.backend_name,
-            "prompt_tokens": stats.prompt_tokens,
-            "prompt_ids": list(map(int, ids)),
-            "token_ids": list(map(int, stats.token_ids)),
-            "stop_reason": stats.stop_reason,
-            "timings": {
-                "prompt_seconds": stats.prompt_seconds,
-                "prompt_tokens_per_second": stats.prompt_tps,
-                "generate_seconds": stats.generate_seconds,
-                "generated_tokens": stats.generated_tokens,
-                "generate_tokens_per_second": stats.generate_tps,
-            },
-            "peak_memory_mib": peak,
-            "device": _ledger_summary(m),
-        }, ensure_ascii=False) + "\n")
-    else:
-        out.write("\n")
-        out.flush()
-        err.print(
-            f"[dim]prompt: {stats.prompt_tokens} tokens, {stats.prompt_tps:.1f} tok/s | "
-            f"generated: {stats.generated_tokens} tokens, {stats.generate_tps:.1f} tok/s | "
-            f"peak memory: {peak:.0f} MiB | backend: {m.backend_name}[/dim]"
-        )
-        ledger = _ledger_summary(m)
-        if ledger is not None and _verbose:
-            err.print(
-                f"[dim]device: {ledger['submissions']} submissions ("
-                + ", ".join(f"{k} {v}" for k, v in ledger["by_kind"].items()) + ")"
-                + "".join(f" | refused x{v}: {k}" for k, v in ledger["refusals"].items())
-                + "".join(f" | FAILED x{v}: {k}" for k, v in ledger["failures"].items())
-                + "[/dim]",
-                markup=True, highlight=False,
+        out.write(
+            json.dumps(
+                {
+                    "text": "".join(pieces),
+                    "model": str(m.checkpoint.path),
+                    "backend": m.backend_name,
+                    "prompt_tokens": stats.prompt_tokens,
+                    "prompt_ids": list(map(int, ids)),
+                    "token_ids": list(map(int, stats.token_ids)),
+                    "stop_reason": stats.stop_reason,
+                    "timings": {
+                        "prompt_seconds": stats.prompt_seconds,
+                        "prompt_tokens_per_second": stats.prompt_tps,
+                        "generate_seconds": stats.generate_seconds,
+                        "generated_tokens": stats.generated_tokens,
+                        "generate_tokens_per_second": stats.generate_tps,
+                    },
+                    "peak_memory_mib": peak,
+                    "device": ledger,
+                },
+                ensure_ascii=False,
             )
-
-
-def _tensor_formats(backend: str, types: Counter) -> dict[str, str]:
-    """Per tensor type, how `backend` holds it on the device (none: the host's f32)."""
-    if backend == "metal":
-        from .backends.mlx.quant import device_format
-
-        return {t: device_format(t) for t in sorted(types)}
-    if backend == "cuda":
-        from .backends.cupy import tensor_format
-
-        return {t: tensor_format(t) for t in sorted(types)}
-    return {}
-
-
-def _ledger_summary(m: Model) -> dict | None:
-    """The backend ledger of this run (None on the host body): device submissions by
-    kind, refusals by reason, failures by message."""
-    ledger = getattr(m.decoder.backend, "ledger", None)
-    if ledger is None:
-        return None
-    return {
-        "submissions": ledger.total(),
-        "by_kind": dict(sorted(ledger.submissions.items())),
-        "refusals": dict(sorted(ledger.refusals.items())),
-        "failures": dict(ledger.failures),
-    }
+            + "\n"
+        )
+        return
+    out.write("\n")
+    out.flush()
+    err.print(
+        f"[dim]prompt: {stats.prompt_tokens} tokens, {stats.prompt_tps:.1f} tok/s | "
+        f"generated: {stats.generated_tokens} tokens, {stats.generate_tps:.1f} tok/s | "
+        f"peak memory: {peak:.0f} MiB | backend: {m.backend_name}[/dim]"
+    )
+    if ledger is not None and _verbose:
+        err.print(
+            f"[dim]device: {ledger['submissions']} submissions ("
+            + ", ".join(f"{k} {v}" for k, v in ledger["by_kind"].items())
+            + ")"
+            + "".join(f" | refused x{v}: {k}" for k, v in ledger["refusals"].items())
+            + "".join(f" | FAILED x{v}: {k}" for k, v in ledger["failures"].items())
+            + "[/dim]",
+            markup=True,
+            highlight=False,
+        )
 
 
 @app.command()
 def info(
-    model: Optional[str] = typer.Argument(None, help="GGUF file, HF directory or model name"),
+    model: str | None = typer.Argument(None, help="GGUF file, HF directory or model name"),
     as_json: bool = typer.Option(False, "--json"),
-    backend: str = typer.Option("numpy", "--backend", help="say which layers this backend takes and how it holds each tensor type (numpy|metal|cuda)"),
+    backend: str = _backend_option(
+        "numpy",
+        "say which layers this backend takes and how it holds each tensor type (numpy|metal|cuda)",
+    ),
     verbose: bool = typer.Option(False, "-v", "--verbose"),
 ) -> None:
     """Describe a model: architecture, sizes, tensor types, layers, tokenizer."""
     global _verbose
     _verbose = verbose
-    from .backends import layer_support
-    from .formats import open_checkpoint
-    from .model import config_from_checkpoint
     from .pull import resolve_model_arg
-    from .tokenizer import load_tokenizer
+    from .report import describe
 
     path = resolve_model_arg(model)
-    ckpt = open_checkpoint(path)
-    cfg = config_from_checkpoint(ckpt)
-    if backend not in BACKEND_NAMES:
-        raise FrinkError(f"invalid value for --backend: {backend!r} (choose from {', '.join(BACKEND_NAMES)})")
-    # From the backend's own eligibility predicate: no device, no weights needed.
-    support = layer_support(backend, cfg)
-    backend_label = "numpy" if backend == "auto" else backend
-    tok = load_tokenizer(ckpt)
-    names = ckpt.tensors.names()
-    types = Counter(ckpt.tensors.info(n).dtype for n in names)
-    n_params = sum(int(np.prod(ckpt.tensors.info(n).shape)) for n in names)
-    size = sum(f.stat().st_size for f in Path(path).glob("*.safetensors")) if Path(path).is_dir() else Path(path).stat().st_size
-    layers = []
-    for i in range(cfg.n_layer):
-        s = cfg.layer_shape(i)
-        layers.append({"layer": i, "mixer": s.mixer, "ffn": s.ffn, "window": s.window, "rope_base": s.rope_base,
-                       "backend": backend_label if support[i] is None else "host", "refusal": support[i]})
-    data = {
-        "path": str(path),
-        "format": ckpt.format,
-        "architecture": cfg.arch,
-        "name": ckpt.metadata.get("general.name"),
-        "file_bytes": size,
-        "parameters": n_params,
-        "tensor_types": dict(types),
-        "n_layer": cfg.n_layer,
-        "n_embd": cfg.n_embd,
-        "n_head": cfg.n_head,
-        "n_head_kv": cfg.n_head_kv,
-        "head_dim": cfg.head_dim_k,
-        "n_ff": cfg.n_ff,
-        "n_vocab": cfg.n_vocab,
-        "context_length": cfg.n_ctx_train,
-        "rope": {"type": cfg.rope_type, "base": cfg.rope_base, "dim": cfg.rope_dim},
-        "sliding_window": cfg.sliding_window,
-        "layer_pattern": cfg.layer_pattern(),
-        "gdn": None if cfg.gdn is None else {
-            "layers": sum(cfg.gdn.layers), "key_heads": cfg.gdn.n_k_heads,
-            "value_heads": cfg.gdn.n_v_heads, "head_dim_k": cfg.gdn.head_dim_k,
-            "head_dim_v": cfg.gdn.head_dim_v, "conv_kernel": cfg.gdn.conv_kernel,
-            "value_head_order": cfg.gdn.v_head_order,
-        },
-        "recurrent_state_bytes": cfg.recurrent_state_bytes(),
-        "moe": None if cfg.moe is None else {
-            "layers": sum(cfg.moe.layers), "experts": cfg.moe.n_expert, "experts_used": cfg.moe.n_expert_used,
-            "expert_ff": cfg.moe.n_ff_exp, "shared_ff": cfg.moe.n_ff_shexp, "norm_topk": cfg.moe.norm_topk,
-        },
-        "tied_embeddings": cfg.tied_embeddings,
-        "tokenizer": None if tok is None else {
-            "model": ckpt.metadata.get("tokenizer.ggml.model", "tokenizer.json"),
-            "n_vocab": tok.n_vocab, "bos_id": tok.bos_id, "eos_id": tok.eos_id,
-            "add_bos": tok.add_bos,
-        },
-        "chat_template": tok is not None and tok.chat_template is not None,
-        "layers": layers,
-        "backend": {"name": backend_label, "layers_taken": sum(r is None for r in support),
-                    "tensor_formats": _tensor_formats(backend_label, types)},
-        "notes": ckpt.notes,
-    }
+    data = describe(path, backend)
     if as_json:
         sys.stdout.write(json.dumps(data) + "\n")
         return
+    _print_info(data)
+
+
+def _print_info(d: dict[str, Any]) -> None:
+    """`frink info`'s text: report.describe's data, one fact a line."""
     p = sys.stdout.write
-    p(f"model:          {data['name'] or Path(path).name} ({ckpt.format}, {size / 1e6:.1f} MB)\n")
-    p(f"architecture:   {cfg.arch}, {n_params / 1e6:.1f}M parameters\n")
-    p(f"tensor types:   {', '.join(f'{k} x{v}' for k, v in sorted(types.items()))}\n")
-    p(f"layers:         {cfg.n_layer} ({cfg.layer_pattern()})\n")
+
+    def line(label: str, text: str) -> None:
+        p(f"{label + ':':<16}{text}\n")
+
+    n_layer, be, moe, g = d["n_layer"], d["backend"]["name"], d["moe"], d["gdn"]
+    size = f"{d['file_bytes'] / 1e6:.1f} MB"
+    line("model", f"{d['name'] or Path(d['path']).name} ({d['format']}, {size})")
+    line("architecture", f"{d['architecture']}, {d['parameters'] / 1e6:.1f}M parameters")
+    line("tensor types", ", ".join(f"{k} x{v}" for k, v in sorted(d["tensor_types"].items())))
+    line("layers", f"{n_layer} ({d['layer_pattern']})")
     # Where every FFN is routed the dense width is unused (or absent): say so instead.
-    ffn_width = "routed" if cfg.moe is not None and all(cfg.moe.layers) else cfg.n_ff
-    p(f"embedding:      {cfg.n_embd}, ffn {ffn_width} ({cfg.ffn_act}), vocab {cfg.n_vocab}\n")
-    p(f"attention:      {cfg.n_head} heads, {cfg.n_head_kv} KV heads, head dim {cfg.head_dim_k}"
-      + (f", sliding window {cfg.sliding_window}" if cfg.sliding_window else "") + "\n")
-    p(f"rope:           {cfg.rope_type}, base {cfg.rope_base:g}, {cfg.rope_dim} dims\n")
-    if data["gdn"]:
-        g = data["gdn"]
-        p(f"gated deltanet: {g['layers']} layers, {g['key_heads']} key / {g['value_heads']} value heads"
-          f" x {g['head_dim_k']}/{g['head_dim_v']}, conv {g['conv_kernel']}, value heads {g['value_head_order']}\n")
-        p(f"recurrent:      {data['recurrent_state_bytes'] / 1024:.1f} KiB state per sequence (f32 conv + delta)\n")
-    if data["moe"]:
-        e = data["moe"]
-        p(f"experts:        {e['experts']}, top {e['experts_used']}, expert ffn {e['expert_ff']}"
-          + (f", shared expert ffn {e['shared_ff']}" if e["shared_ff"] else "") + "\n")
-    p(f"context:        {cfg.n_ctx_train}\n")
-    if tok is None:
-        p("tokenizer:      none\n")
+    ffn_width = "routed" if moe and moe["layers"] == n_layer else d["n_ff"]
+    line("embedding", f"{d['n_embd']}, ffn {ffn_width} ({d['ffn_act']}), vocab {d['n_vocab']}")
+    window = f", sliding window {d['sliding_window']}" if d["sliding_window"] else ""
+    heads = f"{d['n_head']} heads, {d['n_head_kv']} KV heads, head dim {d['head_dim']}"
+    line("attention", heads + window)
+    rope = d["rope"]
+    line("rope", f"{rope['type']}, base {rope['base']:g}, {rope['dim']} dims")
+    if g:
+        line(
+            "gated deltanet",
+            f"{g['layers']} layers, {g['key_heads']} key / {g['value_heads']} value heads"
+            f" x {g['head_dim_k']}/{g['head_dim_v']}, conv {g['conv_kernel']},"
+            f" value heads {g['value_head_order']}",
+        )
+        state_kib = d["recurrent_state_bytes"] / 1024
+        line("recurrent", f"{state_kib:.1f} KiB state per sequence (f32 conv + delta)")
+    if moe:
+        shared = f", shared expert ffn {moe['shared_ff']}" if moe["shared_ff"] else ""
+        line(
+            "experts",
+            f"{moe['experts']}, top {moe['experts_used']}, expert ffn {moe['expert_ff']}{shared}",
+        )
+    line("context", str(d["context_length"]))
+    t = d["tokenizer"]
+    if t is None:
+        line("tokenizer", "none")
     else:
-        t = data["tokenizer"]
-        p(f"tokenizer:      {t['model']}, {tok.n_vocab} tokens, bos {tok.bos_id}, eos {tok.eos_id}\n")
-    p(f"chat template:  {'yes' if data['chat_template'] else 'no'}\n")
-    if backend_label != "numpy":
-        p(f"backend:        {backend_label} takes {data['backend']['layers_taken']} of {cfg.n_layer} layers"
-          " (prefill and decode; the host body runs the rest)\n")
-        for dtype, how in data["backend"]["tensor_formats"].items():
+        line(
+            "tokenizer",
+            f"{t['model']}, {t['n_vocab']} tokens, bos {t['bos_id']}, eos {t['eos_id']}",
+        )
+    line("chat template", "yes" if d["chat_template"] else "no")
+    if be != "numpy":
+        taken = d["backend"]["layers_taken"]
+        rest = "(prefill and decode; the host body runs the rest)"
+        line("backend", f"{be} takes {taken} of {n_layer} layers {rest}")
+        for dtype, how in d["backend"]["tensor_formats"].items():
             p(f"  {dtype:<6} -> {how}\n")
-    for i in range(cfg.n_layer):
-        s = cfg.layer_shape(i)
-        win = f" window {s.window}" if s.window else ""
+    for s in d["layers"]:
         where = ""
-        if backend_label != "numpy":
-            where = f"  [{backend_label}]" if support[i] is None else f"  [host ({support[i]})]"
-        if s.mixer == "gdn":
-            mixer = f"gdn ({cfg.gdn.n_k_heads}k/{cfg.gdn.n_v_heads}v x {cfg.gdn.head_dim_k})"
+        if be != "numpy":
+            where = f"  [{be}]" if s["refusal"] is None else f"  [host ({s['refusal']})]"
+        if s["mixer"] == "gdn":
+            mixer = f"gdn ({g['key_heads']}k/{g['value_heads']}v x {g['head_dim_k']})"
         else:
-            mixer = f"{s.mixer} ({cfg.n_head}q/{cfg.n_head_kv}kv x {cfg.head_dim_k}, rope {s.rope_base:g}{win})"
-        ffn = f"moe ffn {cfg.moe.n_expert}x{cfg.moe.n_ff_exp}" if s.ffn == "moe" else f"{s.ffn} ffn {cfg.n_ff}"
-        p(f"  blk.{i:<3} {mixer} + {ffn}{where}\n")
-    for note in ckpt.notes:
+            win = f" window {s['window']}" if s["window"] else ""
+            shape = f"{d['n_head']}q/{d['n_head_kv']}kv x {d['head_dim']}"
+            mixer = f"{s['mixer']} ({shape}, rope {s['rope_base']:g}{win})"
+        if s["ffn"] == "moe":
+            ffn = f"moe ffn {moe['experts']}x{moe['expert_ff']}"
+        else:
+            ffn = f"{s['ffn']} ffn {d['n_ff']}"
+        p(f"  blk.{s['layer']:<3} {mixer} + {ffn}{where}\n")
+    for note in d["notes"]:
         p(f"note: {note}\n")
 
 
@@ -391,10 +357,16 @@ def bench(
     n_prompt: int = typer.Option(512, "-p", "--n-prompt", help="prompt test size (0: none)"),
     n_gen: int = typer.Option(128, "-n", "--n-gen", help="generation test size (0: none)"),
     repetitions: int = typer.Option(3, "-r", "--repetitions", help="timed repetitions per test"),
-    threads: int = typer.Option(0, "-t", "--threads", help="threads for llama.cpp and frink's BLAS (0: all cores)"),
-    backend: str = typer.Option("auto", "--backend", help="auto|numpy|metal|cuda"),
-    compare: str | None = typer.Option(None, "--compare", help="also run llama.cpp on the same GGUF"),
-    submissions: bool = typer.Option(False, "--submissions", help="add device submissions and refusals"),
+    threads: int = typer.Option(
+        0, "-t", "--threads", help="threads for llama.cpp and frink's BLAS (0: all cores)"
+    ),
+    backend: str = _backend_option("auto", "auto|numpy|metal|cuda"),
+    compare: str | None = typer.Option(
+        None, "--compare", help="also run llama.cpp on the same GGUF"
+    ),
+    submissions: bool = typer.Option(
+        False, "--submissions", help="add device submissions and refusals"
+    ),
     as_json: bool = typer.Option(False, "--json", help="a JSON list of rows"),
     as_csv: bool = typer.Option(False, "--csv", help="CSV rows"),
     as_md: bool = typer.Option(False, "--md", help="a markdown table (the default)"),
@@ -408,12 +380,15 @@ def bench(
     if as_json + as_csv + as_md > 1:
         raise FrinkError("choose one output format: --json, --csv or --md")
     _check_range("-t/--threads", threads, 0)
-    if backend not in BACKEND_NAMES:
-        raise FrinkError(f"invalid value for --backend: {backend!r} (choose from {', '.join(BACKEND_NAMES)})")
     m = _load(model, backend)
     rows = B.run_bench(
-        m, n_prompt=n_prompt, n_gen=n_gen, repetitions=repetitions, n_threads=threads or None,
-        compare=compare, submissions=submissions,
+        m,
+        n_prompt=n_prompt,
+        n_gen=n_gen,
+        repetitions=repetitions,
+        n_threads=threads or None,
+        compare=compare,
+        submissions=submissions,
         progress=lambda msg: err.print(f"[dim]{msg}[/dim]", markup=True),
     )
     if as_json:
@@ -426,10 +401,14 @@ def bench(
 
 @app.command()
 def parity(
-    model: Optional[str] = typer.Argument(None, help="GGUF file, HF directory or model name"),
-    backend: str = typer.Option("metal", "--backend", help="the backend to check: metal|cuda"),
-    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="prompt text (BOS per the file)"),
-    n_tokens: int = typer.Option(0, "--tokens", help="N seeded synthetic token ids instead of a prompt"),
+    model: str | None = typer.Argument(None, help="GGUF file, HF directory or model name"),
+    backend: str = _backend_option("metal", "the backend to check: metal|cuda", ("metal", "cuda")),
+    prompt: str | None = typer.Option(
+        None, "-p", "--prompt", help="prompt text (BOS per the file)"
+    ),
+    n_tokens: int = typer.Option(
+        0, "--tokens", help="N seeded synthetic token ids instead of a prompt"
+    ),
     steps: int = typer.Option(32, "--steps", help="greedy decode steps compared after the prefill"),
     as_json: bool = typer.Option(False, "--json"),
     verbose: bool = typer.Option(False, "-v", "--verbose"),
@@ -439,8 +418,6 @@ def parity(
     _verbose = verbose
     from .parity import check_parity
 
-    if backend not in ("metal", "cuda"):
-        raise FrinkError(f"invalid value for --backend: {backend!r} (parity checks metal or cuda)")
     _check_range("--steps", steps, 0)
     _check_range("--tokens", n_tokens, 0)
     if prompt is not None and n_tokens:
@@ -456,23 +433,33 @@ def parity(
         sys.stdout.write(json.dumps(r.as_dict()) + "\n")
     else:
         p = sys.stdout.write
-        p(f"backend {r.backend}: {r.n_prompt} prompt tokens, {r.steps} decode steps, "
-          f"{'quantized' if r.quantized else 'unquantized'} weights (KL bar {r.kl_bar:g})\n")
+        p(
+            f"backend {r.backend}: {r.n_prompt} prompt tokens, {r.steps} decode steps, "
+            f"{'quantized' if r.quantized else 'unquantized'} weights (KL bar {r.kl_bar:g})\n"
+        )
         for i, (d, on) in enumerate(zip(r.layer_max_abs, r.layer_on_backend)):
             p(f"  layer {i:<3} {'device' if on else 'host  '}  max|d| {d:.3g}\n")
         p(f"prefill logits max|d| {r.prefill_logits_max_abs:.3g}\n")
-        p(f"decode: max KL {max(r.step_kl):.3g}, top-1 agreement "
-          f"{sum(r.step_top1_agree)}/{len(r.step_top1_agree)}\n")
-        p(f"submissions: prefill {r.submissions_prefill}, per decode token "
-          f"{r.submissions_per_decode_token:.2f}; by kind {r.submissions_by_kind}; "
-          f"refusals {r.refusals}\n")
-        p(f"verdict: {r.verdict}\n")
-    if r.verdict == "WRONG":
+        p(
+            f"decode: max KL {max(r.step_kl):.3g}, top-1 agreement "
+            f"{sum(r.step_top1_agree)}/{len(r.step_top1_agree)}\n"
+        )
+        p(
+            f"submissions: prefill {r.submissions_prefill}, per decode token "
+            f"{r.submissions_per_decode_token:.2f}; by kind {r.submissions_by_kind}; "
+            f"refusals {r.refusals}\n"
+        )
+        for message, n in r.failures.items():
+            p(f"FAILED x{n}: {message}\n")
+        p(f"verdict: {r.verdict} ({r.why})\n")
+    if not r.ok:  # WRONG, FAILED or NOT RUN: a check that did not pass
         raise typer.Exit(1)
 
 
 @app.command()
-def pull(name: Optional[str] = typer.Argument(None, help="model name (default: smollm2-135m)")) -> None:
+def pull(
+    name: str | None = typer.Argument(None, help="model name (default: smollm2-135m)"),
+) -> None:
     """Fetch a known model into the model store and print its path."""
     from .pull import DEFAULT_MODEL, ensure_model
 

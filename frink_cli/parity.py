@@ -9,11 +9,15 @@ and the backend's ledger (submissions per decode token, refusals by reason).
 
 Verdicts: MATCH when every step's KL is under the bar (1e-5 for unquantized weights,
 1e-3 for quantized) and top-1 agrees; DRIFT when top-1 agrees but KL exceeds it; WRONG
-when top-1 differs where the host's own logits are not a near-tie.
+when top-1 differs where the host's own logits are not a near-tie. Agreement proves
+something only if the device computed: FAILED when any launch failed (the host body ran
+those layers, so it was compared with itself there), NOT RUN when no layer ran on the
+device or it made no submission. Only MATCH and DRIFT are a passing check (`ok`).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -24,6 +28,7 @@ from .decoder import Decoder
 UNQUANTIZED = {"F32", "F16", "BF16"}
 KL_BAR = {False: 1e-5, True: 1e-3}
 NEAR_TIE = 1e-2  # host logit gap under which a top-1 flip is not a wrong answer
+PASSING = ("MATCH", "DRIFT")
 
 
 @dataclass
@@ -43,10 +48,17 @@ class ParityReport:
     submissions_prefill: int = 0
     submissions_by_kind: dict[str, int] = field(default_factory=dict)
     refusals: dict[str, int] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)  # launches failed, by message
     verdict: str = ""
+    why: str = ""  # what the verdict rests on, one line
+
+    @property
+    def ok(self) -> bool:
+        """The check passed: the device ran, nothing failed, and the answers agree."""
+        return self.verdict in PASSING
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "ok": self.ok}
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -61,20 +73,29 @@ def kl_divergence(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
     return float(np.sum(p[mask] * (np.log(p[mask]) - np.log(np.maximum(q[mask], 1e-300)))))
 
 
-def _layerwise(dec: Decoder, ids: np.ndarray, single_layer_runs: bool) -> list[tuple[np.ndarray, bool]]:
-    """Prefill `ids` on a fresh cache, returning (hidden after layer l, ran on backend)."""
+def _layerwise(
+    dec: Decoder, ids: np.ndarray, single_layer_runs: bool, failures: Counter[str]
+) -> list[tuple[np.ndarray, bool]]:
+    """Prefill `ids` on a fresh cache, returning (hidden after layer l, ran on backend);
+    a launch that fails is counted in `failures` and its layer run on the host."""
     cache = dec.new_cache(len(ids) + 1)
     cache.check_room(len(ids))
     positions = np.arange(len(ids))
     x = dec.host.embed(ids)
+    backend = dec.backend if single_layer_runs else None
     out = []
     for layer in range(dec.cfg.n_layer):
-        plan = dec.backend.plan("prefill", layer, len(ids), cache, positions=positions) if (dec.backend and single_layer_runs) else None
+        plan = (
+            backend.plan("prefill", layer, len(ids), cache, positions=positions)
+            if backend
+            else None
+        )
         on_backend = plan is not None and not isinstance(plan, Refusal)
-        if on_backend:
+        if on_backend and backend is not None:
             try:
-                x = dec.backend.run(Run(layer, layer + 1), x, positions, cache)
-            except LaunchFailed:
+                x = backend.run(Run(layer, layer + 1), x, positions, cache)
+            except LaunchFailed as e:
+                failures[str(e)] += 1
                 on_backend = False
         if not on_backend:
             x = dec.host.layer(layer, x, positions, cache)
@@ -91,11 +112,18 @@ def check_parity(model, ids: list[int], steps: int) -> ParityReport:
     host = Decoder(dec.cfg, dec.host.w)  # the same weights, no backend
     tensors = model.checkpoint.tensors
     quantized = any(tensors.info(n).dtype not in UNQUANTIZED for n in tensors.names())
-    report = ParityReport(backend=backend.name, quantized=quantized, kl_bar=KL_BAR[quantized],
-                          n_prompt=len(ids), steps=steps)
+    report = ParityReport(
+        backend=backend.name,
+        quantized=quantized,
+        kl_bar=KL_BAR[quantized],
+        n_prompt=len(ids),
+        steps=steps,
+    )
     ids_arr = np.asarray(ids, dtype=np.int64)
 
-    for (xh, _), (xb, on_dev) in zip(_layerwise(host, ids_arr, False), _layerwise(dec, ids_arr, True)):
+    failures: Counter[str] = Counter()
+    host_layers = _layerwise(host, ids_arr, False, failures)
+    for (xh, _), (xb, on_dev) in zip(host_layers, _layerwise(dec, ids_arr, True, failures)):
         report.layer_max_abs.append(float(np.abs(xh - xb).max()))
         report.layer_on_backend.append(on_dev)
 
@@ -114,7 +142,9 @@ def check_parity(model, ids: list[int], steps: int) -> ParityReport:
         report.step_top1_agree.append(top_h == top_b)
         # A disagreement the host itself nearly made (its two candidates within NEAR_TIE);
         # False where the two agree, so the list marks only the forgivable flips.
-        report.step_near_tie.append(top_h != top_b and bool(last_h[top_h] - last_h[top_b] < NEAR_TIE))
+        report.step_near_tie.append(
+            top_h != top_b and bool(last_h[top_h] - last_h[top_b] < NEAR_TIE)
+        )
         if step == steps:
             break
         token = np.array([top_h])
@@ -125,12 +155,30 @@ def check_parity(model, ids: list[int], steps: int) -> ParityReport:
     report.submissions_per_decode_token = decode_submissions / steps if steps else 0.0
     report.submissions_by_kind = dict(backend.ledger.submissions)
     report.refusals = dict(backend.ledger.refusals)
-
-    agree = all(report.step_top1_agree)
-    if agree and max(report.step_kl) < report.kl_bar:
-        report.verdict = "MATCH"
-    elif all(a or tie for a, tie in zip(report.step_top1_agree, report.step_near_tie)):
-        report.verdict = "DRIFT"
-    else:
-        report.verdict = "WRONG"
+    failures.update(backend.ledger.failures)
+    report.failures = dict(failures)
+    report.verdict, report.why = verdict(report)
     return report
+
+
+def verdict(r: ParityReport) -> tuple[str, str]:
+    """(verdict, why) of a filled report. A wrong answer is named first; then whether the
+    device took part at all, since agreement means nothing where it did not."""
+    if not all(a or tie for a, tie in zip(r.step_top1_agree, r.step_near_tie)):
+        flips = sum(not (a or tie) for a, tie in zip(r.step_top1_agree, r.step_near_tie))
+        return "WRONG", f"top-1 differs at {flips} of {len(r.step_top1_agree)} steps"
+    if r.failures:
+        return "FAILED", f"{sum(r.failures.values())} device launches failed: " + "; ".join(
+            r.failures
+        )
+    n_device = sum(r.layer_on_backend)
+    submissions = sum(r.submissions_by_kind.values())
+    if n_device == 0 or submissions == 0:
+        refused = ", ".join(r.refusals) or "no refusal recorded"
+        return "NOT RUN", (
+            f"the device ran {n_device} layers in {submissions} submissions (refused: {refused})"
+        )
+    bar = f"max KL {max(r.step_kl):.3g} vs bar {r.kl_bar:g}"
+    if all(r.step_top1_agree) and max(r.step_kl) < r.kl_bar:
+        return "MATCH", f"{bar}; the device ran {n_device} of {len(r.layer_on_backend)} layers"
+    return "DRIFT", bar

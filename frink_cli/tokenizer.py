@@ -332,9 +332,6 @@ class Tokenizer:
         """The id of the vocabulary entry spelled exactly `text`, if there is one."""
         return self._core.token_id(text)
 
-    def is_eog(self, token_id: int) -> bool:
-        return token_id in self.eog_ids
-
 
 class _Core(Protocol):
     """What a vocabulary source provides: the text between BOS/EOS, and pieces."""
@@ -525,8 +522,8 @@ class _GgufCore(_Core):
         return self.to_id.get(text)
 
 
-def _build_bpe(tokens: list[str], to_id: dict[str, int], merges_raw: list[str],
-               regexes: list[str], ignore_merges: bool, notes: list[str]) -> Any:
+def _build_bpe(to_id: dict[str, int], merges_raw: list[str], regexes: list[str],
+               ignore_merges: bool, notes: list[str]) -> Any:
     """A `tokenizers` BPE over the GGUF vocab: Split(regex, isolated)* + ByteLevel bytes."""
     from tokenizers import Regex, models, pre_tokenizers
     from tokenizers import Tokenizer as HfTokenizer
@@ -651,8 +648,7 @@ def _load_gguf(ckpt: Checkpoint) -> Tokenizer | None:
         merges = md.get("tokenizer.ggml.merges")
         if merges is None:
             raise FrinkError(f"{where}: GGUF BPE vocabulary has no tokenizer.ggml.merges")
-        bpe = _build_bpe(tokens, to_id, list(merges), _PRE_REGEXES[pre_family], ignore_merges,
-                         ckpt.notes)
+        bpe = _build_bpe(to_id, list(merges), _PRE_REGEXES[pre_family], ignore_merges, ckpt.notes)
     core = _GgufCore(tokens, to_id, attrs, scores, kind, add_space_prefix, ids["unk"], bpe)
     template = md.get("tokenizer.chat_template")
     return Tokenizer(core, bos_id=ids["bos"], eos_id=ids["eos"], eog_ids=eog, add_bos=add_bos,

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-_REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(_REPO))
-sys.path.insert(0, str(_REPO / "tests"))
+# Runnable without an install: frink_cli from this checkout (synthetic_models sits beside
+# this file, so it is on the path already).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from synthetic_models import SHAPES, shape_config, synthetic_weights
 

@@ -22,11 +22,11 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import NamedTuple
 
 import numpy as np
 import pytest
+from script_loader import load_script
 
 _FRINK_HOME_AT_START = os.environ.get("FRINK_HOME")
 _REPO = Path(__file__).resolve().parent.parent
@@ -71,18 +71,9 @@ def gemma3_path() -> Path:
 # --- tiny random models -------------------------------------------------------------------
 
 
-def _load_make_tiny() -> ModuleType:
-    # scripts/ is not a package; load the maker by path. Importing it is cheap (numpy only):
-    # torch, transformers and llama_cpp are imported inside its functions.
-    spec = importlib.util.spec_from_file_location("make_tiny_models", _MAKE_TINY)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("make_tiny_models", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-_make_tiny = _load_make_tiny()
+# Importing the maker is cheap (numpy only): torch, transformers and llama_cpp are imported
+# inside its functions.
+_make_tiny = load_script("make_tiny_models")
 TINY_MODEL_NAMES: tuple[str, ...] = tuple(_make_tiny.MODEL_NAMES)
 
 

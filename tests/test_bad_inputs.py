@@ -15,35 +15,23 @@ of its own, and the fragments each case asserts tell the two apart.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from frink_subprocess import Result, assert_error, frink
+from script_loader import load_script
 
-_MAKE_BAD = Path(__file__).resolve().parent.parent / "scripts" / "make_bad_models.py"
 # A peak far above an idle `frink` (~60 MiB) but far below any allocation a corrupt
 # count (2**60 tensors, 2**40 x 2**40 elements) would ask for.
 MAX_RSS_MIB = 1024
 
 
-def _load_maker() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("make_bad_models", _MAKE_BAD)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("make_bad_models", module)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def bad(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return _load_maker().make_all(tmp_path_factory.mktemp("bad_models"))
+    return load_script("make_bad_models").make_all(tmp_path_factory.mktemp("bad_models"))
 
 
 # --- the cases ----------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from frink_subprocess import assert_error, frink
+from script_loader import load_script
 
 import frink_cli
 from frink_cli import bench as B
@@ -265,7 +266,7 @@ REF_TOL = 2e-3  # as tests/test_parity_tiny.py: f32 summation-order room, no mor
 @pytest.mark.parametrize("name", ["llama", "gemma3_text", "qwen2"])
 def test_blocked_prefill_matches_llama_cpp(tiny_model: Callable[[str], Any], name: str) -> None:
     pytest.importorskip("llama_cpp")
-    import make_tiny_models  # loaded by conftest
+    make_tiny_models = load_script("make_tiny_models")
 
     from frink_cli.graph import attention
 

@@ -12,6 +12,7 @@ test's job, not this file's; bad inputs are tests/test_bad_inputs.py's.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -134,10 +135,30 @@ def test_models_lists_the_fetched_default(smollm2_path: Path) -> None:
     assert str(smollm2_path) in line
 
 
+# Per command, words its own help has and no other command's help has (checked below, so
+# a word shared by two helps cannot pass for either): a command wired to another's
+# function, or a help that lost its options, fails. Short words: help text wraps at 80.
+HELP_WORDS: dict[str, tuple[str, ...]] = {
+    "run": ("Generate text", "--max-tokens", "--temp", "--raw", "--system"),
+    "info": ("Describe a model",),
+    "bench": ("llama-bench style", "--n-prompt", "--repetitions", "--compare", "--submissions"),
+    "parity": ("host body", "--steps", "--tokens"),
+    "pull": ("model store",),
+    "models": ("knows how to fetch",),
+}
+
+
 def test_help() -> None:
-    out = ok(frink("--help")).stdout
-    for command in ("run", "info", "models", "pull"):
-        assert command in out
+    listing = ok(frink("--help")).stdout
+    for command, words in HELP_WORDS.items():
+        # Listed as a command (its name first on a line), not merely a word of the app's help.
+        assert re.search(rf"^\s+{command}\s", listing, re.MULTILINE), listing
+        out = ok(frink(command, "--help")).stdout
+        for word in words:
+            assert word in out, f"{command} --help lacks {word!r}\n{out}"
+        for other, other_words in HELP_WORDS.items():
+            if other != command:
+                assert not any(w in out for w in other_words), (command, other, out)
 
 
 # --- tiny models: no tokenizer ---------------------------------------------------------------

@@ -29,11 +29,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import pytest
 import nvrtc
+import pytest
 from cuda_emulator import EmulatedLauncher, build, compiler
 from frink_subprocess import frink
-from synthetic_models import synthetic_config, synthetic_weights
+from script_loader import load_script
 
 import frink_cli
 from frink_cli.backends import LaunchFailed, Refusal, Run, layer_support, select_backend
@@ -47,6 +47,9 @@ from frink_cli.graph.ffn import glu, silu
 from frink_cli.graph.norms import rms_norm
 from frink_cli.graph.rope import Rope
 from frink_cli.model.config import LayerShape, ModelConfig
+
+_synthetic = load_script("synthetic_models")
+synthetic_config, synthetic_weights = _synthetic.synthetic_config, _synthetic.synthetic_weights
 
 SELF_TOL = 1e-4
 DENSE_TINY = ("llama", "qwen2", "qwen3", "gemma3_text")
@@ -744,6 +747,8 @@ def test_parity_command_on_gemma3_standing_in(gemma3_path: Path, monkeypatch: py
     report = json.loads(r.stdout)
     assert report["verdict"] == "MATCH", report
     assert report["submissions_per_decode_token"] == 1.0
+    assert sum(report["submissions_by_kind"].values()) > 0 and all(report["layer_on_backend"]), report
+    assert report["failures"] == {}, report
 
 
 # --- the CuPy wiring, with a stand-in CuPy whose kernels run on the emulator -----------------

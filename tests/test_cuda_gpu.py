@@ -4,7 +4,7 @@ device) against the host body. Marked `gpu`; skipped without CuPy and a GPU.
 
 Why these and not the tiny fixtures: the GPU machine can download nothing and has no
 llama.cpp to make fixtures, so models are random and built in memory
-(tests/synthetic_models.py). The host body they are compared with is itself held to
+(scripts/synthetic_models.py). The host body they are compared with is itself held to
 llama.cpp and transformers by test_parity_tiny.py, and the same stack code is held to the
 host body on CI with NumPy standing in (test_cuda_backend.py). Run all of it, plus a pp512
 timing, with scripts/gpu_check.sh.
@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from synthetic_models import synthetic_config, synthetic_weights
+from script_loader import load_script
 
 from frink_cli.backends.cupy import CudaBackend, cuda_available, cupy_kernel_ops
 from frink_cli.backends.cupy.ops import ReferenceOps
 from frink_cli.decoder import Decoder
+
+_synthetic = load_script("synthetic_models")
+synthetic_config, synthetic_weights = _synthetic.synthetic_config, _synthetic.synthetic_weights
 
 pytestmark = [
     pytest.mark.gpu,

@@ -159,6 +159,52 @@ def test_parity_command_on_real_quantized_model(smollm2_path):
     r = json.loads(proc.stdout)
     assert r["verdict"] == "MATCH", r
     assert r["quantized"] and r["submissions_per_decode_token"] == 1.0
+    # A MATCH is worth something only if the device computed it.
+    assert sum(r["submissions_by_kind"].values()) > 0 and any(r["layer_on_backend"]), r
+    assert r["failures"] == {}, r
+
+
+def _refuse_every_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("frink_cli.backends.mlx.backend.layer_refusals", lambda cfg, layer: ["forced for test"])
+
+
+def _fail_every_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from frink_cli.backends import LaunchFailed
+    from frink_cli.backends.mlx.backend import MlxBackend
+
+    def fail(*args, **kwargs):
+        raise LaunchFailed("mlx: forced for test")
+
+    monkeypatch.setattr(MlxBackend, "run", fail)
+    monkeypatch.setattr(MlxBackend, "run_head", fail)
+
+
+@pytest.mark.parametrize(
+    "sabotage, verdict",
+    [(None, "MATCH"), (_refuse_every_layer, "NOT RUN"), (_fail_every_launch, "FAILED")],
+    ids=["device-runs", "every-layer-refused", "every-launch-fails"],
+)
+def test_parity_command_passes_only_when_the_device_ran(tiny_model, monkeypatch, sabotage, verdict):
+    # The host body answers for every refused or failed layer, so the logits agree either
+    # way: only the ledger tells a real MATCH from a comparison of the host with itself.
+    from typer.testing import CliRunner
+
+    from frink_cli.cli import app
+
+    if sabotage is not None:
+        sabotage(monkeypatch)
+    result = CliRunner().invoke(app, ["parity", str(tiny_model("llama").gguf), "--backend", "metal",
+                                      "--steps", "4", "--json"])
+    r = json.loads(result.stdout)
+    assert r["verdict"] == verdict, r
+    assert max(r["step_kl"]) < r["kl_bar"] and all(r["step_top1_agree"]), r
+    if sabotage is None:
+        assert result.exit_code == 0 and r["ok"], r
+        assert all(r["layer_on_backend"]) and sum(r["submissions_by_kind"].values()) > 0, r
+        assert r["failures"] == {}, r
+    else:
+        assert result.exit_code == 1 and not r["ok"], r
+        assert verdict != "FAILED" or r["failures"], r
 
 
 @pytest.mark.parametrize("name", ["gemma3_text", "qwen35", "qwen3next"])
@@ -253,6 +299,8 @@ def test_gemma_q4_k_m_held_quantized_and_matches_host(gemma3_path):
     r = check_parity(m, m.tokenize("The capital of France is"), 3)
     assert r.verdict == "MATCH", r.as_dict()
     assert r.submissions_per_decode_token == 1.0 and max(r.step_kl) <= r.kl_bar
+    assert sum(r.submissions_by_kind.values()) > 0 and any(r.layer_on_backend), r.as_dict()
+    assert not r.failures, r.as_dict()
 
 
 @pytest.mark.parametrize("qtype", ["Q5_0", "Q4_K", "Q5_K"])

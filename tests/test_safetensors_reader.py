@@ -11,7 +11,6 @@ transformers' own reading of the same config.json.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import struct
@@ -22,13 +21,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from script_loader import load_script
 
 from frink_cli.errors import FrinkError
 from frink_cli.formats import Checkpoint, open_checkpoint
 from frink_cli.formats.safetensors import read_hf_dir
-
-_REPO = Path(__file__).resolve().parent.parent
-
 
 # --- helpers ------------------------------------------------------------------------------
 
@@ -36,13 +33,7 @@ _REPO = Path(__file__).resolve().parent.parent
 def _converter() -> ModuleType:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    spec = importlib.util.spec_from_file_location(
-        "llama_cpp_converter", _REPO / "scripts" / "llama_cpp_converter.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("llama_cpp_converter")
 
 
 def _descriptive(key: str) -> bool:

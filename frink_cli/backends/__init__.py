@@ -60,13 +60,20 @@ class Backend(Protocol):
     def run(self, run: Run, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray: ...
 
 
+def check_backend_name(name: str, allowed: tuple[str, ...] = BACKEND_NAMES) -> str:
+    """`name` if it is one of `allowed`, else a FrinkError naming the choices. The one check
+    of a backend name: the CLI's --backend options and the library's entry points call it."""
+    if name not in allowed:
+        raise FrinkError(f"unknown backend {name!r} (choose from {', '.join(allowed)})")
+    return name
+
+
 def select_backend(name: str, cfg, checkpoint=None) -> Backend | None:
     """None means the host body runs everything. "auto" is cuda when CuPy sees a GPU and the
     stack takes at least one layer of the model; else metal when MLX runs on a Metal GPU
     and takes a layer (MLX's CPU device on Linux is a correctness path, slower than NumPy,
     so auto never picks it); else the host body."""
-    if name not in BACKEND_NAMES:
-        raise FrinkError(f"unknown backend {name!r} (choose from {', '.join(BACKEND_NAMES)})")
+    check_backend_name(name)
     if name == "numpy":
         return None
     if name == "auto":

@@ -1,0 +1,163 @@
+"""What a model file is, as data: the facts `frink info` prints and `frink bench` labels its
+rows with.
+
+Why a module of its own: the report is library work (open the checkpoint, read its config
+and tokenizer, ask a backend's eligibility predicate) that the CLI only prints, and bench
+needs the same sizes and counts; computed here once, the two cannot disagree. Nothing here
+loads weights or touches a device.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .formats import Checkpoint, open_checkpoint
+
+
+@dataclass(frozen=True)
+class CheckpointFacts:
+    file_bytes: int  # the GGUF file, or the *.safetensors files of an HF directory
+    n_params: int
+    tensor_types: dict[str, int]  # stored type -> how many tensors hold it
+
+
+def checkpoint_facts(ckpt: Checkpoint) -> CheckpointFacts:
+    names = ckpt.tensors.names()
+    infos = [ckpt.tensors.info(n) for n in names]
+    path = Path(ckpt.path)
+    if path.is_dir():
+        size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    else:
+        size = path.stat().st_size
+    return CheckpointFacts(
+        file_bytes=size,
+        n_params=sum(int(np.prod(i.shape)) for i in infos),
+        tensor_types=dict(Counter(i.dtype for i in infos)),
+    )
+
+
+def tensor_formats(backend: str, types: Any) -> dict[str, str]:
+    """Per tensor type, how `backend` holds it on the device (none: the host's f32)."""
+    if backend == "metal":
+        from .backends.mlx.quant import device_format
+
+        return {t: device_format(t) for t in sorted(types)}
+    if backend == "cuda":
+        from .backends.cupy import tensor_format
+
+        return {t: tensor_format(t) for t in sorted(types)}
+    return {}
+
+
+def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
+    """The report of `frink info --json`: architecture, sizes, tensor types, per-layer
+    shapes, tokenizer, and which layers `backend` would take (from its own eligibility
+    predicate: no device, no weights needed). `backend` is a name from BACKEND_NAMES;
+    "auto" reports the host body."""
+    from .backends import check_backend_name, layer_support
+    from .model import config_from_checkpoint
+    from .tokenizer import load_tokenizer
+
+    check_backend_name(backend)
+    ckpt = open_checkpoint(path)
+    cfg = config_from_checkpoint(ckpt)
+    support = layer_support(backend, cfg)
+    backend_label = "numpy" if backend == "auto" else backend
+    tok = load_tokenizer(ckpt)
+    facts = checkpoint_facts(ckpt)
+    layers = []
+    for i in range(cfg.n_layer):
+        s = cfg.layer_shape(i)
+        layers.append(
+            {
+                "layer": i,
+                "mixer": s.mixer,
+                "ffn": s.ffn,
+                "window": s.window,
+                "rope_base": s.rope_base,
+                "backend": backend_label if support[i] is None else "host",
+                "refusal": support[i],
+            }
+        )
+    return {
+        "path": str(path),
+        "format": ckpt.format,
+        "architecture": cfg.arch,
+        "name": ckpt.metadata.get("general.name"),
+        "file_bytes": facts.file_bytes,
+        "parameters": facts.n_params,
+        "tensor_types": facts.tensor_types,
+        "n_layer": cfg.n_layer,
+        "n_embd": cfg.n_embd,
+        "n_head": cfg.n_head,
+        "n_head_kv": cfg.n_head_kv,
+        "head_dim": cfg.head_dim_k,
+        "n_ff": cfg.n_ff,
+        "ffn_act": cfg.ffn_act,
+        "n_vocab": cfg.n_vocab,
+        "context_length": cfg.n_ctx_train,
+        "rope": {"type": cfg.rope_type, "base": cfg.rope_base, "dim": cfg.rope_dim},
+        "sliding_window": cfg.sliding_window,
+        "layer_pattern": cfg.layer_pattern(),
+        "gdn": None
+        if cfg.gdn is None
+        else {
+            "layers": sum(cfg.gdn.layers),
+            "key_heads": cfg.gdn.n_k_heads,
+            "value_heads": cfg.gdn.n_v_heads,
+            "head_dim_k": cfg.gdn.head_dim_k,
+            "head_dim_v": cfg.gdn.head_dim_v,
+            "conv_kernel": cfg.gdn.conv_kernel,
+            "value_head_order": cfg.gdn.v_head_order,
+        },
+        "recurrent_state_bytes": cfg.recurrent_state_bytes(),
+        "moe": None
+        if cfg.moe is None
+        else {
+            "layers": sum(cfg.moe.layers),
+            "experts": cfg.moe.n_expert,
+            "experts_used": cfg.moe.n_expert_used,
+            "expert_ff": cfg.moe.n_ff_exp,
+            "shared_ff": cfg.moe.n_ff_shexp,
+            "norm_topk": cfg.moe.norm_topk,
+            "shared_gate": cfg.moe.shared_gate,
+        },
+        "decorations": sorted(cfg.features()),
+        "tied_embeddings": cfg.tied_embeddings,
+        "tokenizer": None
+        if tok is None
+        else {
+            "model": ckpt.metadata.get("tokenizer.ggml.model", "tokenizer.json"),
+            "n_vocab": tok.n_vocab,
+            "bos_id": tok.bos_id,
+            "eos_id": tok.eos_id,
+            "add_bos": tok.add_bos,
+        },
+        "chat_template": tok is not None and tok.chat_template is not None,
+        "layers": layers,
+        "backend": {
+            "name": backend_label,
+            "layers_taken": sum(r is None for r in support),
+            "tensor_formats": tensor_formats(backend_label, facts.tensor_types),
+        },
+        "notes": ckpt.notes,
+    }
+
+
+def ledger_summary(backend: Any) -> dict[str, Any] | None:
+    """A backend's ledger as data (None on the host body, which has none): device
+    submissions by kind, refusals by reason, failures by message."""
+    ledger = getattr(backend, "ledger", None)
+    if ledger is None:
+        return None
+    return {
+        "submissions": ledger.total(),
+        "by_kind": dict(sorted(ledger.submissions.items())),
+        "refusals": dict(sorted(ledger.refusals.items())),
+        "failures": dict(ledger.failures),
+    }
