@@ -236,7 +236,8 @@ class Arch:
         rope_dim = int(get(md, key("rope.dimension_count"), head_dim_k))
         self.check_metadata(ckpt, rope_dim)
         gdn = self._gdn_config(ckpt, n_layer) if hybrid else None
-        moe = self._moe_config(ckpt, n_layer, n_ff, names) if get(md, key("expert_count"), 0) else None
+        has_moe = bool(get(md, key("expert_count"), 0))
+        moe = self._moe_config(ckpt, n_layer, n_ff, names) if has_moe else None
         if self.moe_every_layer and moe is None:
             raise FrinkError(f"{ckpt.path}: model metadata is missing {arch}.expert_count")
         routed = moe.layers if moe is not None else ()
@@ -245,6 +246,7 @@ class Arch:
                 f"{ckpt.path}: model metadata is missing {arch}.feed_forward_length (or it is 0)"
             )
         rope_base = float(get(md, key("rope.freq_base"), 10000.0))
+        rope_base_swa = float(get(md, key("rope.freq_base_swa"), self.rope_base_swa or rope_base))
 
         return ModelConfig(
             arch=arch,
@@ -262,7 +264,7 @@ class Arch:
             rope_dim=rope_dim,
             rope_base=rope_base,
             rope_scale=rope_scale,
-            rope_base_swa=float(get(md, key("rope.freq_base_swa"), self.rope_base_swa or rope_base)),
+            rope_base_swa=rope_base_swa,
             attn_scale=attn_scale,
             sliding_window=sliding_window,
             swa_layers=tuple(swa_layers),
@@ -453,6 +455,15 @@ def hf_sliding_window_note(arch: str, hp: dict[str, Any], notes: list[str]) -> N
             f"config sliding_window={sw} is not applied ({arch} attends to the full context, "
             f"as llama.cpp does)"
         )
+
+
+def hf_type(vocab_size: int, context: int, **defaults: Any) -> HfModelType:
+    """A text model_type whose transformers config defaults are the llama-style ones
+    (rms_norm_eps 1e-6, rope_theta 10000, untied embeddings) plus `defaults`."""
+    return HfModelType(defaults={
+        "vocab_size": vocab_size, "max_position_embeddings": context, "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0, "tie_word_embeddings": False, **defaults,
+    })
 
 
 def multimodal(text: HfModelType, ignore: tuple[str, ...], what: str) -> HfModelType:

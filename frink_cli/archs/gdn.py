@@ -8,17 +8,17 @@ Not an architecture itself: qwen35.py and qwen3next.py subclass it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from ..errors import FrinkError
 from ..formats.safetensors import HfModelType, Transform
-from .base import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, Arch, MetadataWriter
+from .base import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, Arch, MetadataWriter, hf_type
 from .transforms import ADD_ONE, NEG_EXP, SQUEEZE
 
 # Shared by every GDN hybrid's defaults (transformers' Qwen3NextConfig / Qwen3_5TextConfig).
 HF_GDN_DEFAULTS = {
-    "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-    "tie_word_embeddings": False, "head_dim": 256, "num_attention_heads": 16,
+    "head_dim": 256, "num_attention_heads": 16,
     "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
     "linear_num_key_heads": 16, "linear_num_value_heads": 32, "full_attention_interval": 4,
 }
@@ -28,8 +28,8 @@ HF_MTP_IGNORED = ("mtp.", "model.mtp.")
 def hf_text_type(defaults: dict[str, Any]) -> HfModelType:
     """A text-only checkpoint's model_type: the multi-token-prediction head is not read
     (frink, like llama.cpp's main pass, runs the trunk only)."""
-    return HfModelType(
-        defaults={**HF_GDN_DEFAULTS, **defaults},
+    return replace(
+        hf_type(defaults.pop("vocab_size"), 32768, **HF_GDN_DEFAULTS, **defaults),
         ignore=HF_MTP_IGNORED,
         ignored_note="multi-token-prediction (MTP) head weights ignored",
     )
@@ -74,13 +74,17 @@ class GdnHybrid(Arch):
         types = hp.get("layer_types")
         if isinstance(types, list):
             if len(types) != n:
-                raise FrinkError(f"config.json: layer_types has {len(types)} entries for {n} layers")
+                raise FrinkError(
+                    f"config.json: layer_types has {len(types)} entries for {n} layers"
+                )
             recurrent = [t == "linear_attention" for t in types]
         else:  # transformers' default: every interval-th layer attends
             recurrent = [(i + 1) % interval != 0 for i in range(n)]
         w.set("attention.recurrent_layers", recurrent)
         w.set("full_attention_interval", interval)
-        w.set("ssm.inner_size", int(hp["linear_value_head_dim"]) * int(hp["linear_num_value_heads"]))
+        inner = int(hp["linear_value_head_dim"]) * int(hp["linear_num_value_heads"])
+        w.set("ssm.inner_size", inner)
         # Partial rope: transformers' default factor for these models is 0.25.
-        factor = hp["_rope_full"].get("partial_rotary_factor", hp.get("partial_rotary_factor", 0.25))
+        default = hp.get("partial_rotary_factor", 0.25)
+        factor = hp["_rope_full"].get("partial_rotary_factor", default)
         w.set("rope.dimension_count", int(int(hp["head_dim"]) * float(factor)))

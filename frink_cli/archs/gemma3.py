@@ -14,7 +14,6 @@ import math
 from pathlib import Path
 from typing import Any, ClassVar
 
-
 from ..errors import FrinkError
 from ..formats.safetensors import HfModelType, Transform
 from .base import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, Arch, MetadataWriter, f32, multimodal

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..formats.safetensors import HfModelType, Transform
-from .base import Arch, MetadataWriter, hf_sliding_window_note
+from .base import Arch, MetadataWriter, hf_sliding_window_note, hf_type
 
 
 def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -58,14 +58,8 @@ def llama3_rope_factors(rp: dict[str, Any], head_dim: int) -> np.ndarray | None:
 class Llama(Arch):
     name = "llama"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "llama": HfModelType(defaults={
-            "vocab_size": 32000, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
-            "rope_theta": 10000.0, "tie_word_embeddings": False,
-        }),
-        "mistral": HfModelType(defaults={
-            "vocab_size": 32000, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
-            "rope_theta": 10000.0, "tie_word_embeddings": False, "sliding_window": 4096,
-        }),
+        "llama": hf_type(32000, 2048),
+        "mistral": hf_type(32000, 131072, sliding_window=4096),
     }
     hf_llama3_rope_freqs = True
 

@@ -15,7 +15,9 @@ from ..errors import FrinkError
 from ..formats.safetensors import Kept, Plan, check_dtype, read_stored
 from .base import MetadataWriter
 
-HF_ROUTER: tuple[tuple[str, str], ...] = (("model.layers.{bid}.mlp.gate", "blk.{bid}.ffn_gate_inp"),)
+HF_ROUTER: tuple[tuple[str, str], ...] = (
+    ("model.layers.{bid}.mlp.gate", "blk.{bid}.ffn_gate_inp"),
+)
 # The always-on shared expert and its sigmoid gate (qwen3next, qwen35moe).
 HF_SHARED_EXPERT: tuple[tuple[str, str], ...] = (
     ("model.layers.{bid}.mlp.shared_expert_gate", "blk.{bid}.ffn_gate_inp_shexp"),

@@ -7,19 +7,16 @@ are: tensors map by name alone.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from ..formats.safetensors import HfModelType
-from .base import Arch, MetadataWriter, hf_sliding_window_note
+from .base import Arch, MetadataWriter, hf_sliding_window_note, hf_type
 
 
 class Qwen2(Arch):
     name = "qwen2"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "qwen2": HfModelType(defaults={
-            "vocab_size": 151936, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
-            "rope_theta": 10000.0, "tie_word_embeddings": False,
-        }),
+        "qwen2": hf_type(151936, 32768),
     }
     rope_type = "neox"
 

@@ -9,17 +9,14 @@ from __future__ import annotations
 from typing import ClassVar
 
 from ..formats.safetensors import HfModelType
-from .base import HF_QK_NORM_TENSORS
+from .base import HF_QK_NORM_TENSORS, hf_type
 from .qwen2 import Qwen2
 
 
 class Qwen3(Qwen2):
     name = "qwen3"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "qwen3": HfModelType(defaults={
-            "vocab_size": 151936, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
-            "rope_theta": 10000.0, "tie_word_embeddings": False, "head_dim": 128,
-        }),
+        "qwen3": hf_type(151936, 32768, head_dim=128),
     }
     qk_norm = True
     hf_tensors = Qwen2.hf_tensors + HF_QK_NORM_TENSORS

@@ -11,11 +11,12 @@ and llama.cpp always renormalizes (as a GGUF without the key does here).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from ..errors import FrinkError
 from ..formats.safetensors import HfModelType
-from .base import Composite, MetadataWriter
+from .base import Composite, MetadataWriter, hf_type
 from .moe import HF_ROUTER, hf_moe_metadata, stacked_experts
 from .qwen3 import Qwen3
 
@@ -25,13 +26,12 @@ class Qwen3Moe(Qwen3):
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
         # transformers writes num_experts as num_local_experts (its attribute_map);
         # released configs say num_experts.
-        "qwen3_moe": HfModelType(
-            defaults={
-                "vocab_size": 151936, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
-                "rope_theta": 10000.0, "tie_word_embeddings": False, "intermediate_size": 6144,
-                "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
-                "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
-            },
+        "qwen3_moe": replace(
+            hf_type(
+                151936, 32768, intermediate_size=6144, num_experts=128, num_experts_per_tok=8,
+                moe_intermediate_size=768, norm_topk_prob=False, decoder_sparse_step=1,
+                mlp_only_layers=[],
+            ),
             aliases={"num_local_experts": "num_experts"},
         ),
     }
