@@ -5,8 +5,9 @@ where weights came from. This reader therefore does at open/load time what llama
 converter (convert_hf_to_gguf.py) does at conversion time: it renames tensors, writes
 the GGUF metadata keys from config.json, and applies the same per-tensor transforms
 (Q/K row permutation for llama, +1 on Gemma norms, ...). Which names, keys and
-transforms apply to which architecture is data, in configs/hf_architectures.json; this
-module holds the few functions the data names.
+transforms apply to which architecture is each architecture's own module (frink_cli/archs/);
+this module is the generic machinery: headers, shards, dtypes, config.json with its
+defaults, and applying an architecture's name map, transforms and composites.
 
 The safetensors header is parsed here rather than through the `safetensors` package:
 numpy has no bfloat16, and parsing ourselves lets every offset be checked against the
@@ -20,33 +21,24 @@ import json
 import math
 import re
 import struct
-from collections.abc import Callable
-from dataclasses import dataclass
-from functools import lru_cache
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import FrinkError
-from ..resources import config_file
 from . import Checkpoint, TensorInfo
 
-_CONFIG_PATH = config_file("hf_architectures.json")
+if TYPE_CHECKING:  # only for hints: archs imports this module, not the other way round
+    from ..archs.base import Arch
 
 # The safetensors spec caps the JSON header at 100 MB; a larger length means a corrupt file.
 _MAX_HEADER = 100 * 1024 * 1024
 
 # Stored dtype -> (numpy dtype of the raw little-endian words, bytes per element).
 _DTYPES: dict[str, tuple[str, int]] = {"F32": ("<f4", 4), "F16": ("<f2", 2), "BF16": ("<u2", 2)}
-
-
-@lru_cache(maxsize=1)
-def _tables() -> dict[str, Any]:
-    try:
-        return json.loads(_CONFIG_PATH.read_text(encoding="utf-8"))
-    except OSError as e:  # a packaging bug, not user input, but say what is missing
-        raise FrinkError(f"architecture table missing: {_CONFIG_PATH} ({e.strerror})") from e
 
 
 # ---------------------------------------------------------------------------------------
@@ -184,27 +176,43 @@ def _load_config(hf_dir: Path) -> dict[str, Any]:
     return cfg
 
 
-def _hparams(cfg: dict[str, Any], mt: dict[str, Any], tables: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class HfModelType:
+    """How to read the config.json of one HF `model_type` (an architecture module holds one
+    per model_type it serves).
+
+    defaults: transformers' config defaults for keys a config.json may leave out (the
+    converter reads configs through AutoConfig, which fills them in). text_config: the
+    sub-config holding the language model of a multimodal checkpoint. strip: substrings
+    removed from tensor names (`language_model.`); ignore: name prefixes not read (vision
+    tower, MTP head), reported once as `ignored_note`. aliases: transformers' attribute_map.
+    """
+
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    text_config: str | None = None
+    strip: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    ignored_note: str = "ignored"
+    aliases: Mapping[str, str] = field(default_factory=dict)
+
+
+def _hparams(cfg: dict[str, Any], mt: HfModelType) -> dict[str, Any]:
     """config.json with transformers' defaults filled in, text_config lifted, rope unified.
 
     The converter reads config.json through transformers' AutoConfig, which supplies
-    defaults for absent keys; the per-model_type defaults in the table stand in for it.
+    defaults for absent keys; the model_type's defaults stand in for it.
     """
-    hp: dict[str, Any] = {}
-    text_key = mt.get("text_config")
-    if text_key:
+    hp: dict[str, Any] = dict(mt.defaults)
+    if mt.text_config:
         # As the converter does: the text sub-config's keys override the top level's.
-        hp.update(tables["model_types"][mt["text_defaults_from"]]["defaults"])
-        hp.update(mt.get("defaults", {}))
-        text = cfg.get(text_key) or {}
-        hp.update({k: v for k, v in cfg.items() if k != text_key})
+        text = cfg.get(mt.text_config) or {}
+        hp.update({k: v for k, v in cfg.items() if k != mt.text_config})
         hp.update(text)
     else:
-        hp.update(mt.get("defaults", {}))
         hp.update(cfg)
 
     # transformers' attribute_map: a config may spell a key by another name.
-    for alias, name in mt.get("aliases", {}).items():
+    for alias, name in mt.aliases.items():
         if alias in hp:
             hp[name] = hp.pop(alias)
 
@@ -244,53 +252,68 @@ def _hparams(cfg: dict[str, Any], mt: dict[str, Any], tables: dict[str, Any]) ->
 
 
 # ---------------------------------------------------------------------------------------
-# tensor name mapping and transforms
+# applying an architecture's map: names, transforms, composites
 
 
-def _layout(tables: dict[str, Any], name: str) -> dict[str, Any]:
-    """A layout with its `"tensors": "<other layout>"` reference and its `extends` resolved:
-    an extending layout is its base plus its own entries (lists appended, tables merged), so
-    a variant (qwen35moe of qwen35) states only what it adds."""
-    raw = dict(tables["layouts"][name])
-    lay = _layout(tables, raw.pop("extends")) if "extends" in raw else {}
-    if isinstance(raw.get("tensors"), str):
-        raw["tensors"] = tables["layouts"][raw["tensors"]]["tensors"]
-    for key, value in raw.items():
-        if isinstance(value, list) and isinstance(lay.get(key), list):
-            lay[key] = lay[key] + [v for v in value if v not in lay[key]]
-        elif isinstance(value, dict) and isinstance(lay.get(key), dict):
-            lay[key] = {**lay[key], **value}
-        else:
-            lay[key] = value
-    lay["tensors"] = list(lay.get("tensors", [])) + list(lay.pop("tensors_extra", []))
-    return lay
+# What arch modules build plans from (archs/*.py): a stored tensor and its float32 reader.
+StoredTensor = _Stored
+read_stored = _read_f32
+# A composite's input: stripped HF name -> (name in the files, where it is stored).
+Kept = dict[str, tuple[str, _Stored]]
+
+
+@dataclass(frozen=True)
+class Transform:
+    """One step the converter applies to a tensor: `apply(w, hp, shape)` gives the new
+    array, `shape(shape, hp)` the shape it will have (known before anything is read).
+    hp: the normalized config.json (see _hparams); shape: the tensor's final shape."""
+
+    apply: Callable[[np.ndarray, dict[str, Any], tuple[int, ...]], np.ndarray]
+    shape: Callable[[tuple[int, ...], dict[str, Any]], tuple[int, ...]] = lambda s, hp: s
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How to produce one canonical tensor: its source, shape and transforms."""
+
+    source: _Stored | None  # None: generated (see `generate`)
+    shape: tuple[int, ...]
+    dtype: str
+    transforms: tuple[Transform, ...] = ()
+    generate: Callable[[], np.ndarray] | None = None
+
+
+def check_dtype(hf_name: str, st: _Stored) -> None:
+    if st.dtype not in _DTYPES:
+        raise FrinkError(
+            f"{st.file}: tensor {hf_name!r} has dtype {st.dtype}; only F32, F16 and BF16 are read"
+        )
 
 
 def _compile(pattern: str) -> re.Pattern[str]:
     return re.compile(re.escape(pattern).replace(re.escape("{bid}"), r"(?P<bid>\d+)") + "$")
 
 
-class _NameMap:
-    """HF tensor name -> GGUF name, and GGUF name -> the transforms it gets."""
+def _fill(pattern: str, m: re.Match[str]) -> str:
+    bid = m.groupdict().get("bid")
+    return pattern.replace("{bid}", bid) if bid is not None else pattern
 
-    def __init__(self, layout: dict[str, Any]):
-        self._pairs = [(_compile(hf), gg) for hf, gg in layout["tensors"]]
+
+class _NameMap:
+    """HF tensor name -> GGUF name, and GGUF name -> the transforms it gets, from an
+    architecture's patterns (`{bid}` = layer index)."""
+
+    def __init__(self, arch: Arch):
+        self._pairs = [(_compile(hf), gg) for hf, gg in arch.hf_tensors]
         # Parameters with no .weight/.bias suffix (e.g. A_log), mapped by their whole name.
-        self._whole = [
-            (_compile(hf), gg) for hf, gg in layout.get("tensors_whole", {}).items() if not hf.startswith("_")
-        ]
-        self._transforms = [
-            (_compile(gg), list(names))
-            for gg, names in layout.get("transforms", {}).items()
-            if not gg.startswith("_")
-        ]
+        self._whole = [(_compile(hf), gg) for hf, gg in arch.hf_tensors_whole]
+        self._transforms = [(_compile(gg), tuple(ts)) for gg, ts in arch.hf_transforms().items()]
 
     def gguf_name(self, hf_name: str) -> str | None:
         for rx, gg in self._whole:
             m = rx.match(hf_name)
             if m:
-                bid = m.groupdict().get("bid")
-                return gg.replace("{bid}", bid) if bid is not None else gg
+                return _fill(gg, m)
         for suffix in (".weight", ".bias"):
             if not hf_name.endswith(suffix):
                 continue
@@ -298,50 +321,22 @@ class _NameMap:
             for rx, gg in self._pairs:
                 m = rx.match(base)
                 if m:
-                    bid = m.groupdict().get("bid")
-                    return (gg.replace("{bid}", bid) if bid is not None else gg) + suffix
+                    return _fill(gg, m) + suffix
         return None
 
-    def transforms(self, gguf_name: str) -> list[str]:
-        for rx, names in self._transforms:
+    def transforms(self, gguf_name: str) -> tuple[Transform, ...]:
+        for rx, ts in self._transforms:
             if rx.match(gguf_name):
-                return names
-        return []
-
-
-def _permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
-    """HF's rotate-half Q/K rows -> llama.cpp's adjacent-pair order, per head.
-
-    Same reordering as the converter's LlamaModel.permute: within each head the rows
-    [first half | second half] become interleaved (0, h, 1, h+1, ...).
-    """
-    rows = w.shape[0]
-    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """How to produce one canonical tensor: its source, shape and transforms."""
-
-    source: _Stored | None  # None: generated (see `generate`)
-    shape: tuple[int, ...]
-    dtype: str
-    transforms: tuple[str, ...]
-    generate: Callable[[], np.ndarray] | None = None
+                return ts
+        return ()
 
 
 class SafetensorsSource:
     """TensorSource over a safetensors directory; transforms are applied in load()."""
 
-    def __init__(self, plans: dict[str, _Plan], hp: dict[str, Any]):
+    def __init__(self, plans: dict[str, Plan], hp: dict[str, Any]):
         self._plans = plans
-        self._n_head = int(hp["num_attention_heads"])
-        self._n_head_kv = int(hp["num_key_value_heads"])
-        # Gated delta net head layout, for the value-head reorder (0 where absent).
-        self._n_k = int(hp.get("linear_num_key_heads") or 0)
-        self._n_v = int(hp.get("linear_num_value_heads") or 0)
-        self._hd_k = int(hp.get("linear_key_head_dim") or 0)
-        self._hd_v = int(hp.get("linear_value_head_dim") or 0)
+        self._hp = hp
 
     def names(self) -> list[str]:
         return list(self._plans)
@@ -357,358 +352,14 @@ class SafetensorsSource:
         assert p.source is not None
         w = _read_f32(p.source)
         for t in p.transforms:
-            w = self._apply(t, w, p)
+            w = t.apply(w, self._hp, p.shape)
         return np.ascontiguousarray(w, dtype=np.float32)
 
-    def _v_tiled(self, w: np.ndarray, axis: int, head_dim: int) -> np.ndarray:
-        return _v_heads_tiled(w, axis, self._n_k, self._n_v, head_dim)
-
-    def _plan(self, name: str) -> _Plan:
+    def _plan(self, name: str) -> Plan:
         try:
             return self._plans[name]
         except KeyError:
             raise FrinkError(f"no tensor named {name!r} in this checkpoint") from None
-
-    def _apply(self, transform: str, w: np.ndarray, p: _Plan) -> np.ndarray:
-        if transform == "permute_q":
-            return _permute_rows(w, self._n_head)
-        if transform == "permute_k":
-            return _permute_rows(w, self._n_head_kv)
-        if transform == "add_one":
-            # In float32, as transformers' Gemma3RMSNorm computes (1 + w.float()).
-            return w + np.float32(1.0)
-        if transform == "truncate_vocab":
-            return w[: p.shape[0]]
-        if transform == "neg_exp":
-            return -np.exp(w)
-        if transform == "squeeze":
-            return w.reshape(p.shape)
-        if transform == "v_tiled_scalars":  # one entry (or row) per value head
-            return self._v_tiled(w, 0, 1)
-        if transform == "v_tiled_rows":  # hd_v rows per value head
-            return self._v_tiled(w, 0, self._hd_v)
-        if transform == "v_tiled_cols":  # hd_v columns per value head (out_proj)
-            return self._v_tiled(w, 1, self._hd_v)
-        if transform == "v_tiled_qkv_rows":  # rows [q | k | v]: only the v part has value heads
-            qk = 2 * self._n_k * self._hd_k
-            return np.concatenate([w[:qk], self._v_tiled(w[qk:], 0, self._hd_v)])
-        raise AssertionError(f"unknown transform {transform!r} in hf_architectures.json")
-
-
-def _v_heads_tiled(w: np.ndarray, axis: int, n_k: int, n_v: int, head_dim: int) -> np.ndarray:
-    """Value heads from grouped order (the r = n_v / n_k heads of key head 0, then of key
-    head 1, ...) to tiled order (value head j of every key head, then j + 1, ...), along
-    `axis` -- the converter's _LinearAttentionVReorderBase._reorder_v_heads. After it, value
-    head h reads key head h % n_k."""
-    if n_k == n_v:
-        return w
-    w = np.moveaxis(w, axis, 0)
-    rest = w.shape[1:]
-    w = w.reshape(n_k, n_v // n_k, head_dim, *rest).swapaxes(0, 1).reshape(n_v * head_dim, *rest)
-    return np.moveaxis(w, 0, axis)
-
-
-def _n_vocab_real(hf_dir: Path, rows: int) -> int:
-    """Rows of token_embd the converter keeps for Gemma 3 (it drops out-of-vocab rows).
-
-    With tokenizer.model the converter's SentencePiece vocab is padded to vocab_size, so
-    nothing is dropped; with only tokenizer.json it keeps len(vocab) + len(added_tokens).
-    """
-    if (hf_dir / "tokenizer.model").is_file():
-        return rows
-    tok = hf_dir / "tokenizer.json"
-    if not tok.is_file():
-        return rows
-    try:
-        data = json.loads(tok.read_text(encoding="utf-8"))
-        n = len(data["model"]["vocab"]) + len(data.get("added_tokens") or [])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise FrinkError(f"{tok}: unreadable tokenizer.json ({e})") from e
-    return min(rows, n)
-
-
-def _llama3_rope_factors(hp: dict[str, Any]) -> np.ndarray | None:
-    """The rope_freqs tensor the converter generates for rope_type "llama3"."""
-    rp = hp["_rope_full"]
-    if rp.get("rope_type") != "llama3":
-        return None
-    base = float(rp.get("rope_theta") or 10000.0)
-    dim = int(hp["head_dim"])
-    factor = float(rp.get("factor", 8.0))
-    low = float(rp.get("low_freq_factor", 1.0))
-    high = float(rp.get("high_freq_factor", 4.0))
-    old_ctx = float(rp.get("original_max_position_embeddings", 8192))
-    freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
-    wavelen = 2 * math.pi / freqs.astype(np.float64)
-    low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
-    out = np.empty(len(freqs), dtype=np.float64)
-    for i, wl in enumerate(wavelen):
-        if wl < high_wavelen:
-            out[i] = 1.0
-        elif wl > low_wavelen:
-            out[i] = factor
-        else:
-            smooth = (old_ctx / wl - low) / (high - low)
-            out[i] = 1.0 / ((1 - smooth) / factor + smooth)
-    return out.astype(np.float32)
-
-
-_GENERATORS: dict[str, Callable[[dict[str, Any]], np.ndarray | None]] = {
-    "llama3_rope_freqs": _llama3_rope_factors,
-}
-
-
-# ---------------------------------------------------------------------------------------
-# metadata
-
-
-def _f32(x: Any) -> float:
-    # GGUF stores these as float32; round here so both formats give the same numbers.
-    return float(np.float32(x))
-
-
-def _put(meta: dict[str, Any], arch: str, entry: dict[str, Any], hp: dict[str, Any]) -> None:
-    value = hp.get(entry["from"])
-    if value is None:
-        if entry.get("optional"):
-            return
-        raise FrinkError(f"config.json: missing {entry['from']!r}")
-    key = entry["key"].replace("{arch}", arch)
-    if entry["type"] == "bool":
-        meta[key] = bool(value)
-    else:
-        meta[key] = int(value) if entry["type"] == "u32" else _f32(value)
-
-
-def _layer_is_swa(hp: dict[str, Any]) -> list[bool]:
-    """Per layer: sliding-window attention? From layer_types, else the period pattern."""
-    n = int(hp["num_hidden_layers"])
-    types = hp.get("layer_types")
-    if isinstance(types, list) and len(types) == n:
-        return [t == "sliding_attention" for t in types]
-    if hp.get("sliding_window") is None:
-        return [False] * n
-    period = hp.get("sliding_window_pattern") or hp.get("_sliding_window_pattern") or 6
-    return [(i + 1) % int(period) != 0 for i in range(n)]
-
-
-def _rule_rope_scaling(
-    meta: dict[str, Any], arch: str, hp: dict[str, Any], notes: list[str]
-) -> None:
-    rp = hp["_rope_full"]
-    generated = hp["_generated"]
-    rope_type = rp.get("rope_type")
-    if rope_type in (None, "default"):
-        return
-    factor = rp.get("factor")
-    if rope_type == "linear":
-        if factor is not None:
-            meta[f"{arch}.rope.scaling.type"] = "linear"
-            meta[f"{arch}.rope.scaling.factor"] = _f32(factor)
-    elif rope_type == "yarn":
-        if factor is not None:
-            meta[f"{arch}.rope.scaling.type"] = "yarn"
-            meta[f"{arch}.rope.scaling.factor"] = _f32(factor)
-            orig = rp.get("original_max_position_embeddings")
-            if orig is None:
-                raise FrinkError(
-                    "config.json: yarn rope scaling without original_max_position_embeddings"
-                )
-            meta[f"{arch}.rope.scaling.original_context_length"] = int(orig)
-            for src, key in (
-                ("extrapolation_factor", "yarn_ext_factor"),
-                ("attention_factor", "yarn_attn_factor"),
-                ("attn_factor", "yarn_attn_factor"),
-                ("beta_fast", "yarn_beta_fast"),
-                ("beta_slow", "yarn_beta_slow"),
-            ):
-                if rp.get(src) is not None and f"{arch}.rope.scaling.{key}" not in meta:
-                    meta[f"{arch}.rope.scaling.{key}"] = _f32(rp[src])
-    elif rope_type == "llama3" and "llama3_rope_freqs" in generated:
-        pass  # expressed as the generated rope_freqs.weight tensor
-    else:
-        raise FrinkError(f"config.json: unsupported rope scaling type {rope_type!r} for {arch}")
-
-
-def _rule_gemma3_attention(
-    meta: dict[str, Any], arch: str, hp: dict[str, Any], notes: list[str]
-) -> None:
-    # llama.cpp hard-codes Gemma 3's layer pattern (every 6th layer global) and its
-    # attention scale (1/sqrt(head_dim)); HF configs state both. These keys carry the HF
-    # values in llama.cpp's own key names (llama.cpp reads sliding_window_pattern as a
-    # per-layer bool array when present, and attention.scale is its query-scale key).
-    swa = _layer_is_swa(hp)
-    meta[f"{arch}.attention.sliding_window_pattern"] = swa
-    if any(swa):
-        if hp.get("sliding_window") is None:
-            raise FrinkError("config.json: sliding layers but no sliding_window")
-        meta[f"{arch}.attention.sliding_window"] = int(hp["sliding_window"])
-    if hp.get("query_pre_attn_scalar") is not None:
-        meta[f"{arch}.attention.scale"] = _f32(float(hp["query_pre_attn_scalar"]) ** -0.5)
-
-
-def _rule_sliding_window_note(
-    meta: dict[str, Any], arch: str, hp: dict[str, Any], notes: list[str]
-) -> None:
-    # llama.cpp's llama/qwen2/qwen3 graphs have no sliding window; neither does frink's
-    # canonical form for them. Say so when the HF config asks for one.
-    sw = hp.get("sliding_window")
-    types = hp.get("layer_types") or []
-    uses = "sliding_attention" in types if types else sw is not None
-    if hp.get("use_sliding_window") is False:
-        uses = False
-    if uses and sw is not None and sw < int(hp.get("max_position_embeddings") or 0):
-        notes.append(
-            f"config sliding_window={sw} is not applied ({arch} attends to the full context, "
-            f"as llama.cpp does)"
-        )
-
-
-def _rule_gdn_hybrid(meta: dict[str, Any], arch: str, hp: dict[str, Any], notes: list[str]) -> None:
-    # Qwen3.5 / Qwen3-Next, as the converter's Qwen3NextModel.set_gguf_parameters writes them.
-    n = int(hp["num_hidden_layers"])
-    interval = int(hp.get("full_attention_interval") or 4)
-    types = hp.get("layer_types")
-    if isinstance(types, list):
-        if len(types) != n:
-            raise FrinkError(f"config.json: layer_types has {len(types)} entries for {n} layers")
-        recurrent = [t == "linear_attention" for t in types]
-    else:  # transformers' default: every interval-th layer attends
-        recurrent = [(i + 1) % interval != 0 for i in range(n)]
-    meta[f"{arch}.attention.recurrent_layers"] = recurrent
-    meta[f"{arch}.full_attention_interval"] = interval
-    meta[f"{arch}.ssm.inner_size"] = int(hp["linear_value_head_dim"]) * int(hp["linear_num_value_heads"])
-    # Partial rope: transformers' default factor for these models is 0.25.
-    factor = hp["_rope_full"].get("partial_rotary_factor", hp.get("partial_rotary_factor", 0.25))
-    meta[f"{arch}.rope.dimension_count"] = int(int(hp["head_dim"]) * float(factor))
-
-
-def _rule_imrope_sections(meta: dict[str, Any], arch: str, hp: dict[str, Any], notes: list[str]) -> None:
-    # The converter always writes Qwen3.5's interleaved-mrope sections, defaulting to
-    # transformers' [11, 11, 10]; padded to four entries as llama.cpp reads them.
-    sections = [int(x) for x in hp["_rope_full"].get("mrope_section") or [11, 11, 10]]
-    meta[f"{arch}.rope.dimension_sections"] = (sections + [0] * 4)[:4]
-
-
-def _rule_moe_every_layer(meta: dict[str, Any], arch: str, hp: dict[str, Any], notes: list[str]) -> None:
-    # transformers' Qwen3MoeDecoderLayer makes layer i dense when i is in mlp_only_layers or
-    # (i + 1) is not a multiple of decoder_sparse_step. llama.cpp's qwen3moe requires a
-    # router on every layer (and the converter has no name for a dense FFN there).
-    n = int(hp["num_hidden_layers"])
-    only = hp.get("mlp_only_layers") or []
-    step = int(hp.get("decoder_sparse_step") or 1)
-    dense = [i for i in range(n) if i in only or (i + 1) % step != 0]
-    if dense:
-        what = f"mlp_only_layers {list(only)}" if only else f"decoder_sparse_step {step}"
-        raise FrinkError(
-            f"config.json: {what} makes layers {dense} dense; {arch} with dense FFN layers "
-            "is not supported (llama.cpp's qwen3moe has a router on every layer)"
-        )
-
-
-_RULES: dict[str, Callable[[dict[str, Any], str, dict[str, Any], list[str]], None]] = {
-    "rope_scaling": _rule_rope_scaling,
-    "gemma3_attention": _rule_gemma3_attention,
-    "sliding_window_note": _rule_sliding_window_note,
-    "gdn_hybrid": _rule_gdn_hybrid,
-    "imrope_sections": _rule_imrope_sections,
-    "moe_every_layer": _rule_moe_every_layer,
-}
-
-
-def _check_dtype(hf_name: str, st: _Stored) -> None:
-    if st.dtype not in _DTYPES:
-        raise FrinkError(
-            f"{st.file}: tensor {hf_name!r} has dtype {st.dtype}; only F32, F16 and BF16 are read"
-        )
-
-
-def _composite_qwen3next_qkvz(
-    kept: dict[str, tuple[str, _Stored]], hp: dict[str, Any], plans: dict[str, _Plan]
-) -> None:
-    """in_proj_qkvz -> attn_qkv + attn_gate, as the converter's Qwen3NextModel splits it.
-
-    HF stores the rows per key head: [q (hd_k), k (hd_k), v (r*hd_v), z (r*hd_v)] for each of
-    the n_k key heads (r = n_v / n_k). GGUF holds all q rows, all k, all v (value heads
-    grouped), then z separately.
-    """
-    rx = re.compile(r"model\.layers\.(\d+)\.linear_attn\.in_proj_qkvz\.weight$")
-    n_k, n_v = int(hp["linear_num_key_heads"]), int(hp["linear_num_value_heads"])
-    hk, hv = int(hp["linear_key_head_dim"]), int(hp["linear_value_head_dim"])
-    r = n_v // n_k
-    group = 2 * hk + 2 * r * hv
-    for name in [n for n in kept if rx.match(n)]:
-        hf_name, st = kept.pop(name)
-        _check_dtype(hf_name, st)
-        bid = rx.match(name).group(1)  # type: ignore[union-attr]
-        if len(st.shape) != 2 or st.shape[0] != n_k * group:
-            raise FrinkError(f"{st.file}: tensor {hf_name!r} has shape {list(st.shape)}, expected [{n_k * group}, n_embd]")
-        d = st.shape[1]
-
-        def split(st: _Stored = st, d: int = d) -> tuple[np.ndarray, np.ndarray]:
-            w = _read_f32(st).reshape(n_k, group, d)
-            q, k = w[:, :hk], w[:, hk : 2 * hk]
-            v, z = w[:, 2 * hk : 2 * hk + r * hv], w[:, 2 * hk + r * hv :]
-            qkv = np.concatenate([q.reshape(-1, d), k.reshape(-1, d), v.reshape(-1, d)])
-            return np.ascontiguousarray(qkv), np.ascontiguousarray(z.reshape(-1, d))
-
-        plans[f"blk.{bid}.attn_qkv.weight"] = _Plan(
-            None, (2 * n_k * hk + n_v * hv, d), st.dtype, (), lambda f=split: f()[0]
-        )
-        plans[f"blk.{bid}.attn_gate.weight"] = _Plan(None, (n_v * hv, d), st.dtype, (), lambda f=split: f()[1])
-
-
-def _composite_stacked_experts(
-    kept: dict[str, tuple[str, _Stored]], hp: dict[str, Any], plans: dict[str, _Plan]
-) -> None:
-    """Per-expert matrices -> one [n_expert, ...] tensor per kind, as the converter stacks
-    them (Qwen2MoeModel.modify_tensors); also transformers' fused in-memory form
-    (experts.gate_up_proj [E, 2*ff, d], experts.down_proj [E, d, ff])."""
-    per_expert = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
-    groups: dict[tuple[str, str], dict[int, tuple[str, _Stored]]] = {}
-    for name in [n for n in kept if per_expert.match(n)]:
-        m = per_expert.match(name)
-        assert m is not None
-        groups.setdefault((m.group(1), m.group(3)), {})[int(m.group(2))] = kept.pop(name)
-    for (bid, kind), experts in groups.items():
-        n = len(experts)
-        if sorted(experts) != list(range(n)):
-            raise FrinkError(f"layer {bid}: {kind}_proj experts are not numbered 0..{n - 1}")
-        sources = [experts[e] for e in range(n)]
-        for hf_name, st in sources:
-            _check_dtype(hf_name, st)
-            if st.shape != sources[0][1].shape:
-                raise FrinkError(f"{st.file}: tensor {hf_name!r} has shape {list(st.shape)}, unlike expert 0")
-        stored = [st for _, st in sources]
-        plans[f"blk.{bid}.ffn_{kind}_exps.weight"] = _Plan(
-            None, (n, *stored[0].shape), stored[0].dtype, (),
-            lambda s=stored: np.stack([_read_f32(x) for x in s]),
-        )
-
-    fused = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up|down)_proj(\.weight)?$")
-    for name in [n for n in kept if fused.match(n)]:
-        m = fused.match(name)
-        assert m is not None
-        hf_name, st = kept.pop(name)
-        _check_dtype(hf_name, st)
-        bid = m.group(1)
-        if m.group(2) == "down":
-            plans[f"blk.{bid}.ffn_down_exps.weight"] = _Plan(st, st.shape, st.dtype, ())
-            continue
-        if len(st.shape) != 3 or st.shape[1] % 2:
-            raise FrinkError(f"{st.file}: tensor {hf_name!r} has shape {list(st.shape)}, expected [E, 2*ff, d]")
-        e, ff2, d = st.shape
-        for i, kind in enumerate(("gate", "up")):
-            plans[f"blk.{bid}.ffn_{kind}_exps.weight"] = _Plan(
-                None, (e, ff2 // 2, d), st.dtype, (),
-                lambda st=st, i=i: np.ascontiguousarray(np.split(_read_f32(st), 2, axis=1)[i]),
-            )
-
-
-_COMPOSITES: dict[str, Callable[[dict[str, tuple[str, _Stored]], dict[str, Any], dict[str, _Plan]], None]] = {
-    "qwen3next_qkvz": _composite_qwen3next_qkvz,
-    "stacked_experts": _composite_stacked_experts,
-}
 
 
 # ---------------------------------------------------------------------------------------
@@ -716,67 +367,62 @@ _COMPOSITES: dict[str, Callable[[dict[str, tuple[str, _Stored]], dict[str, Any],
 
 def read_hf_dir(path: Path) -> Checkpoint:
     """Open a Hugging Face model directory as a canonical (GGUF-convention) Checkpoint."""
+    # Imported here, not at the top: archs imports this module (its Plan, Transform and
+    # HfModelType types), so a top-level import would be a cycle. The direction is
+    # archs -> formats; the reader only looks the architecture up when it runs.
+    from ..archs import arch_for_model_type, supported_model_types
+
     hf_dir = Path(path)
     cfg = _load_config(hf_dir)
-    tables = _tables()
     model_type = cfg.get("model_type")
-    mt = tables["model_types"].get(model_type) if isinstance(model_type, str) else None
-    if mt is None:
-        known = ", ".join(sorted(tables["model_types"]))
+    arch = arch_for_model_type(model_type) if isinstance(model_type, str) else None
+    if arch is None:
         raise FrinkError(
             f"{hf_dir / 'config.json'}: unsupported architecture model_type={model_type!r} "
-            f"(supported: {known})"
+            f"(supported: {', '.join(supported_model_types())})"
         )
-    arch: str = mt["arch"]
-    layout = _layout(tables, mt["layout"])
-    hp = _hparams(cfg, mt, tables)
+    assert isinstance(model_type, str)
+    mt = arch.hf_model_types[model_type]
+    hp = _hparams(cfg, mt)
+    hp["_hf_dir"] = hf_dir  # for transforms that read beside the weights (vocab size)
     notes: list[str] = []
 
     stored = _index_dir(hf_dir)
-    names = _NameMap(layout)
-    strip = list(mt.get("strip_substrings", []))
-    ignore = tuple(mt.get("ignore_prefixes", []))
-    plans: dict[str, _Plan] = {}
+    names = _NameMap(arch)
+    plans: dict[str, Plan] = {}
     n_ignored = 0
-    kept: dict[str, tuple[str, _Stored]] = {}  # stripped name -> (name in the files, where)
+    kept: Kept = {}
     for hf_name, st in stored.items():
-        if ignore and hf_name.startswith(ignore):
+        if mt.ignore and hf_name.startswith(mt.ignore):
             n_ignored += 1
             continue
         name = hf_name
-        for s in strip:
+        for s in mt.strip:
             name = name.replace(s, "")
         # Buffers some exporters save; the converter skips them too.
         if name.endswith((".rotary_emb.inv_freq", ".attention.masked_bias", ".attention.bias")):
             continue
         kept[name] = (hf_name, st)
     # Tensors that become several GGUF tensors, or several that become one.
-    for composite in layout.get("composites", []):
-        _COMPOSITES[composite](kept, hp, plans)
+    for composite in arch.hf_composites:
+        plans.update(composite(kept, hp))
     for name, (hf_name, st) in kept.items():
         gg = names.gguf_name(name)
         if gg is None:
-            raise FrinkError(f"{st.file}: tensor {hf_name!r} has no GGUF name for {arch}")
+            raise FrinkError(f"{st.file}: tensor {hf_name!r} has no GGUF name for {arch.name}")
         if gg in plans:
             raise FrinkError(f"{st.file}: tensor {hf_name!r} duplicates {gg!r}")
-        if st.dtype not in _DTYPES:
-            raise FrinkError(
-                f"{st.file}: tensor {hf_name!r} has dtype {st.dtype}; only F32, F16 and BF16 are read"
-            )
-        transforms = tuple(names.transforms(gg))
-        shape = tuple(d for d in st.shape if d != 1) if "squeeze" in transforms else st.shape
-        plans[gg] = _Plan(st, shape, st.dtype, transforms)
+        check_dtype(hf_name, st)
+        transforms = names.transforms(gg)
+        shape = st.shape
+        for t in transforms:
+            shape = t.shape(shape, hp)
+        plans[gg] = Plan(st, shape, st.dtype, transforms)
     if n_ignored:
-        notes.append(f"{mt.get('ignored_note', 'ignored')} ({n_ignored} tensors)")
+        notes.append(f"{mt.ignored_note} ({n_ignored} tensors)")
 
     if "token_embd.weight" not in plans:
         raise FrinkError(f"{hf_dir}: no token embedding (model.embed_tokens.weight) found")
-    emb = plans["token_embd.weight"]
-    if "truncate_vocab" in emb.transforms:
-        rows = _n_vocab_real(hf_dir, emb.shape[0])
-        plans["token_embd.weight"] = _Plan(
-            emb.source, (rows, *emb.shape[1:]), emb.dtype, emb.transforms
-        )
     hp["n_vocab"] = plans["token_embd.weight"].shape[0]
 
     # GGUF says "tied" by having no output.weight; transformers ties on the config flag.
@@ -789,26 +435,13 @@ def read_hf_dir(path: Path) -> Checkpoint:
         notes.append("no lm_head.weight although tie_word_embeddings is false: output = token_embd")
 
     # Tensors the converter synthesizes from the config (e.g. llama3 rope factors).
-    hp["_generated"] = {v for k, v in layout.get("generated", {}).items() if not k.startswith("_")}
-    extra: dict[str, _Plan] = {}
-    for gg, maker in layout.get("generated", {}).items():
-        if gg.startswith("_"):
-            continue
-        data = _GENERATORS[maker](hp)
-        if data is not None:
-            extra[gg] = _Plan(None, data.shape, "F32", (), lambda d=data: d.copy())
+    extra = {
+        gg: Plan(None, data.shape, "F32", (), lambda d=data: d.copy())
+        for gg, data in arch.hf_generated(hp).items()
+    }
     plans = {**extra, **plans}
 
-    meta: dict[str, Any] = {"general.architecture": arch}
-    # Keyed by GGUF key: a layout's own entry replaces the shared set's (e.g. an optional
-    # feed_forward_length where every FFN is routed).
-    meta_entries = {e["key"]: e for e in tables["metadata_sets"][layout["metadata"]]}
-    meta_entries.update({e["key"]: e for e in layout.get("metadata_extra", [])})
-    for entry in meta_entries.values():
-        _put(meta, arch, entry, hp)
-    for rule in layout.get("rules", []):
-        _RULES[rule](meta, arch, hp, notes)
-
+    meta: dict[str, Any] = {"general.architecture": arch.name, **arch.hf_gguf_metadata(hp, notes)}
     return Checkpoint(
         path=hf_dir,
         format="safetensors",

@@ -3,40 +3,16 @@
 The decoder is one loop over layers; what differs between architectures is data. Each
 decoration llama.cpp's graph builders apply (QK norm, post norms, GeGLU, embedding scale,
 sliding windows with their own rope base, logit softcap...) is an explicit field here,
-filled from the GGUF keys and the per-architecture table in configs/architectures.json.
+filled from the GGUF keys by the architecture's module in frink_cli/archs/.
 `layer_shape(l)` says what layer l is, so the host body and every backend ask one place.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass, fields
-from functools import lru_cache
-from typing import Any
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..resources import config_file
-
-
-
-@lru_cache(maxsize=1)
-def architecture_table() -> dict[str, dict[str, Any]]:
-    raw = json.loads(config_file("architectures.json").read_text())
-    defaults = raw["_defaults"]
-
-    def entry(name: str) -> dict[str, Any]:
-        # "extends": a variant (qwen3moe of qwen3) is its base's decorations plus its own.
-        own = {k: v for k, v in raw[name].items() if k != "extends"}
-        base = entry(raw[name]["extends"]) if "extends" in raw[name] else defaults
-        return {**base, **own}
-
-    return {k: entry(k) for k in raw if not k.startswith("_")}
-
-
-def supported_architectures() -> list[str]:
-    return sorted(architecture_table())
 
 
 @dataclass(frozen=True)
@@ -208,245 +184,21 @@ class ModelConfig:
         return " ".join(f"{n} x{c}" for n, c in runs)
 
 
-def _get(md: dict[str, Any], key: str, default: Any = None, *, required: bool = False) -> Any:
-    if key in md:
-        return md[key]
-    if required:
-        raise FrinkError(f"model metadata is missing {key}")
-    return default
-
-
-def _per_layer_int(value: Any, n_layer: int, key: str, skip_zero: bool = False) -> int:
-    """GGUF allows per-layer arrays for head counts; frink's dense graph needs one value.
-
-    skip_zero: hybrid models may write 0 for their recurrent layers, which have no heads.
-    """
-    if isinstance(value, (list, tuple)) or hasattr(value, "tolist"):
-        vals = {int(v) for v in list(value) if not (skip_zero and int(v) == 0)}
-        if len(vals) != 1:
-            raise FrinkError(f"{key} varies per layer ({sorted(vals)}), which frink does not support")
-        return vals.pop()
-    return int(value)
-
-
 def config_from_checkpoint(ckpt: Checkpoint) -> ModelConfig:
+    """The checkpoint's ModelConfig, read by its architecture's module (frink_cli/archs)."""
+    # Imported here: archs builds ModelConfig from this module, so a top-level import
+    # would be a cycle (archs -> model.config is the direction).
+    from ..archs import arch_for, supported_architectures
+
+    arch = arch_for(ckpt.arch)
+    if arch is None:
+        raise FrinkError(
+            f"{ckpt.path}: unknown architecture {ckpt.arch!r} "
+            f"(frink supports: {', '.join(supported_architectures())})"
+        )
     try:
-        return _config_from_checkpoint(ckpt)
+        return arch.config(ckpt)
     except (ValueError, TypeError) as e:
         # Metadata of the wrong type (a string where a count belongs, an array where a
         # scalar does) is a corrupt file, not a bug: name the file and the complaint.
         raise FrinkError(f"{ckpt.path}: bad model metadata ({e})") from e
-
-
-def _config_from_checkpoint(ckpt: Checkpoint) -> ModelConfig:
-    md = ckpt.metadata
-    arch = ckpt.arch
-    table = architecture_table()
-    if arch not in table:
-        raise FrinkError(
-            f"{ckpt.path}: unknown architecture {arch!r} (frink supports: {', '.join(supported_architectures())})"
-        )
-    a = table[arch]
-
-    def key(name: str) -> str:
-        return f"{arch}.{name}"
-
-    # block_count includes any multi-token-prediction (NextN) blocks stored after the trunk;
-    # like llama.cpp's main pass, frink runs the trunk only.
-    n_layer = int(_get(md, key("block_count"), required=True)) - int(_get(md, key("nextn_predict_layers"), 0))
-    n_embd = int(_get(md, key("embedding_length"), required=True))
-    hybrid = bool(a["gdn"])
-    n_head = _per_layer_int(_get(md, key("attention.head_count"), required=True), n_layer, "head_count", hybrid)
-    n_head_kv = _per_layer_int(_get(md, key("attention.head_count_kv"), n_head), n_layer, "head_count_kv", hybrid)
-    if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
-        raise FrinkError(f"bad head counts: {n_head} query heads, {n_head_kv} KV heads")
-    head_dim_k = int(_get(md, key("attention.key_length"), n_embd // n_head))
-    head_dim_v = int(_get(md, key("attention.value_length"), head_dim_k))
-    # A model whose every FFN is routed (qwen35moe) may have no dense FFN width at all;
-    # 0 here, and required below only if some layer is dense.
-    n_ff = _per_layer_int(_get(md, key("feed_forward_length"), 0), n_layer, "feed_forward_length")
-
-    names = set(ckpt.tensors.names())
-    # Every layer holds at least one tensor, so a block count above the tensor count is a
-    # corrupt header; checking here keeps per-layer lists (swa_layers, info) from
-    # allocating billions of entries.
-    if not 0 < n_layer <= len(names):
-        raise FrinkError(f"{ckpt.path}: block_count {n_layer} does not fit the file's {len(names)} tensors")
-    # feed_forward_length may be 0 (or absent) where every FFN is routed: checked below.
-    sizes = {"embedding_length": n_embd, "attention.key_length": head_dim_k,
-             "attention.value_length": head_dim_v, "feed_forward_length": n_ff or 1}
-    for what, value in sizes.items():
-        if value <= 0:
-            raise FrinkError(f"{ckpt.path}: bad model metadata ({arch}.{what} = {value})")
-    if "token_embd.weight" not in names:
-        raise FrinkError(f"{ckpt.path}: no token_embd.weight tensor")
-    n_vocab = ckpt.tensors.info("token_embd.weight").shape[0]
-
-    # Linear rope scaling only; other schemes change the frequencies in ways not carried yet.
-    scaling_type = str(_get(md, key("rope.scaling.type"), "none"))
-    factor = float(_get(md, key("rope.scaling.factor"), 0.0) or 0.0)
-    if scaling_type not in ("none", "linear") and factor not in (0.0, 1.0):
-        raise FrinkError(f"rope scaling type {scaling_type!r} is not supported")
-    rope_scale = 1.0 / factor if factor > 0 else 1.0
-
-    sliding_window = _get(md, key("attention.sliding_window"))
-    sliding_window = int(sliding_window) if sliding_window else None
-    swa_layers = [False] * n_layer
-    if sliding_window:
-        pattern = _get(md, key("attention.sliding_window_pattern"), a["swa_pattern"])
-        if isinstance(pattern, (list, tuple)) or hasattr(pattern, "tolist"):
-            swa_layers = [bool(x) for x in list(pattern)][:n_layer]
-            if len(swa_layers) != n_layer:
-                raise FrinkError(f"sliding_window_pattern has {len(pattern)} entries for {n_layer} layers")
-        else:
-            # llama.cpp's rule: in each group of n layers, all but the last use the window.
-            n = int(pattern or 0)
-            swa_layers = [n == 0 or (i % n < n - 1) for i in range(n_layer)]
-
-    if a["attn_scale_rule"] == "gemma3" and n_layer == 62:
-        # Gemma 3 27B scales by n_embd / n_head (its query_pre_attn_scalar), as llama.cpp does.
-        default_scale = 1.0 / math.sqrt(n_embd / n_head)
-    else:
-        default_scale = 1.0 / math.sqrt(head_dim_k)
-    attn_scale = float(_get(md, key("attention.scale"), default_scale))
-
-    embd_scale = math.sqrt(n_embd) if a["embd_scale"] == "sqrt_n_embd" else None
-
-    def positive_or_none(v: Any) -> float | None:
-        return float(v) if v else None
-
-    if a["attn_output_gate"] and head_dim_k != head_dim_v:
-        # The gate has one value per query dim and multiplies the attention output per dim.
-        raise FrinkError(f"{ckpt.path}: gated attention needs key_length == value_length ({head_dim_k} != {head_dim_v})")
-    rope_dim = int(_get(md, key("rope.dimension_count"), head_dim_k))
-    if a["rope_sections"] == "imrope":
-        _check_imrope_sections(_get(md, key("rope.dimension_sections")), rope_dim, ckpt)
-    gdn = _gdn_config(ckpt, a, n_layer) if hybrid else None
-    moe = _moe_config(ckpt, a, n_layer, n_ff, names) if _get(md, key("expert_count"), 0) else None
-    if a["moe_every_layer"] and moe is None:
-        raise FrinkError(f"{ckpt.path}: model metadata is missing {arch}.expert_count")
-    routed = moe.layers if moe is not None else ()
-    if n_ff <= 0 and not (routed and all(routed)):
-        raise FrinkError(f"{ckpt.path}: model metadata is missing {arch}.feed_forward_length (or it is 0)")
-
-    return ModelConfig(
-        arch=arch,
-        n_layer=n_layer,
-        n_embd=n_embd,
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        head_dim_k=head_dim_k,
-        head_dim_v=head_dim_v,
-        n_ff=n_ff,
-        n_vocab=n_vocab,
-        n_ctx_train=int(_get(md, key("context_length"), 4096)),
-        norm_eps=float(_get(md, key("attention.layer_norm_rms_epsilon"), 1e-5)),
-        rope_type=a["rope_type"],
-        rope_dim=rope_dim,
-        rope_base=float(_get(md, key("rope.freq_base"), 10000.0)),
-        rope_scale=rope_scale,
-        rope_base_swa=float(_get(md, key("rope.freq_base_swa"), a["rope_base_swa"] or _get(md, key("rope.freq_base"), 10000.0))),
-        attn_scale=attn_scale,
-        sliding_window=sliding_window,
-        swa_layers=tuple(swa_layers),
-        ffn_act=a["ffn_act"],
-        qk_norm=bool(a["qk_norm"]),
-        post_attn_norm=bool(a["post_attn_norm"]),
-        post_ffn_norm=bool(a["post_ffn_norm"]),
-        embd_scale=embd_scale,
-        final_logit_softcap=positive_or_none(_get(md, key("final_logit_softcapping"))),
-        attn_logit_softcap=positive_or_none(_get(md, key("attn_logit_softcapping"))),
-        tied_embeddings="output.weight" not in names,
-        has_rope_freqs="rope_freqs.weight" in names,
-        ffn_norm_tensor=a["ffn_norm_tensor"],
-        attn_output_gate=bool(a["attn_output_gate"]),
-        gdn=gdn,
-        moe=moe,
-    )
-
-
-def _check_imrope_sections(sections: Any, rope_dim: int, ckpt: Checkpoint) -> None:
-    """qwen35's rope is llama.cpp's interleaved multi-section (IMROPE) rope. For text the
-    temporal, height and width positions are all the token's position, so it is NeoX rope on
-    rope_dim dims -- unless a rotated pair falls in the fourth section, which llama.cpp gives
-    position 0 for text. No released model does; refuse such a file rather than guess."""
-    if sections is None:
-        raise FrinkError(f"{ckpt.path}: model metadata is missing {ckpt.arch}.rope.dimension_sections")
-    sec = [int(x) for x in list(sections)][:4] + [0] * 4
-    total = sum(sec[:4])
-    if total <= 0:
-        raise FrinkError(f"{ckpt.path}: bad rope.dimension_sections {list(sections)}")
-    for i in range(rope_dim // 2):
-        sector = i % total
-        if not sector < 3 * sec[sector % 3]:
-            raise FrinkError(
-                f"{ckpt.path}: rope.dimension_sections {list(sections)} give rope pair {i} the "
-                "fourth (extra) position, which frink does not support"
-            )
-
-
-def _gdn_config(ckpt: Checkpoint, a: dict[str, Any], n_layer: int) -> GdnConfig:
-    """The gated delta net's shapes and which layers are recurrent, as llama.cpp reads them."""
-    md, arch = ckpt.metadata, ckpt.arch
-
-    def key(name: str) -> str:
-        return f"{arch}.{name}"
-
-    rec = _get(md, key("attention.recurrent_layers"))
-    if rec is not None:
-        recurrent = [bool(x) for x in list(rec)][:n_layer]
-        if len(recurrent) != n_layer:
-            raise FrinkError(f"{ckpt.path}: attention.recurrent_layers has {len(list(rec))} entries for {n_layer} layers")
-    else:
-        # llama.cpp's rule: every interval-th layer attends, the rest are recurrent.
-        interval = int(_get(md, key("full_attention_interval"), 4))
-        if interval <= 0:
-            raise FrinkError(f"{ckpt.path}: bad full_attention_interval {interval}")
-        recurrent = [(i + 1) % interval != 0 for i in range(n_layer)]
-    conv = int(_get(md, key("ssm.conv_kernel"), required=True))
-    hk = int(_get(md, key("ssm.state_size"), required=True))
-    n_k = int(_get(md, key("ssm.group_count"), required=True))
-    n_v = int(_get(md, key("ssm.time_step_rank"), required=True))
-    inner = int(_get(md, key("ssm.inner_size"), required=True))
-    if min(conv, hk, n_k, n_v, inner) <= 0 or n_v % n_k or inner % n_v:
-        raise FrinkError(
-            f"{ckpt.path}: bad gated delta net sizes (conv {conv}, state {hk}, {n_k} key heads, "
-            f"{n_v} value heads, inner {inner})"
-        )
-    return GdnConfig(
-        layers=tuple(recurrent), conv_kernel=conv, n_k_heads=n_k, n_v_heads=n_v,
-        head_dim_k=hk, head_dim_v=inner // n_v, v_head_order=a["gdn_v_head_order"],
-    )
-
-
-def _moe_config(ckpt: Checkpoint, a: dict[str, Any], n_layer: int, n_ff: int, names: set[str]) -> MoeConfig:
-    """Sparse MoE sizes; a layer is routed when it has a router (ffn_gate_inp)."""
-    md, arch = ckpt.metadata, ckpt.arch
-
-    def key(name: str) -> str:
-        return f"{arch}.{name}"
-
-    n_expert = int(_get(md, key("expert_count"), required=True))
-    n_used = int(_get(md, key("expert_used_count"), required=True))
-    if not 0 < n_used <= n_expert:
-        raise FrinkError(f"{ckpt.path}: bad expert counts ({n_used} used of {n_expert})")
-    # llama.cpp's fallbacks when the widths are not stated.
-    n_ff_exp = int(_get(md, key("expert_feed_forward_length"), 0)) or n_ff // n_used
-    has_shared = any(f"blk.{i}.ffn_up_shexp.weight" in names for i in range(n_layer))
-    n_ff_shexp = (int(_get(md, key("expert_shared_feed_forward_length"), 0)) or n_ff) if has_shared else 0
-    for what, value in (("expert_feed_forward_length", n_ff_exp), ("expert_shared_feed_forward_length", n_ff_shexp)):
-        if value <= 0 and (what == "expert_feed_forward_length" or has_shared):
-            raise FrinkError(f"{ckpt.path}: model metadata is missing {arch}.{what}")
-    routed = tuple(f"blk.{i}.ffn_gate_inp.weight" in names for i in range(n_layer))
-    if a["moe_every_layer"] and not all(routed):
-        dense = routed.index(False)
-        raise FrinkError(
-            f"{ckpt.path}: layer {dense} has no router (blk.{dense}.ffn_gate_inp.weight): {arch} with "
-            "dense FFN layers (HF mlp_only_layers / decoder_sparse_step) is not supported, as in llama.cpp"
-        )
-    return MoeConfig(
-        layers=routed, n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff_exp,
-        n_ff_shexp=n_ff_shexp,
-        # llama.cpp's qwen3next always renormalizes; an HF config may say otherwise.
-        norm_topk=bool(_get(md, key("expert_weights_norm"), True)),
-    )

@@ -1,0 +1,479 @@
+"""What every architecture shares: reading llama-style GGUF metadata into a ModelConfig,
+and the llama-style half of the HF safetensors -> GGUF conversion.
+
+An architecture module subclasses `Arch` and states only what differs: its decorations
+(class attributes), its special cases (method overrides: `attn_scale_default`,
+`check_metadata`, `embd_scale`), its HF model_types, tensor names, transforms and metadata.
+The GGUF keys read here are the ones llama.cpp's llama_model_loader reads for every
+architecture (`{arch}.block_count`, `{arch}.attention.head_count`, ...); the HF side
+writes what convert_hf_to_gguf.py's TextModel.set_gguf_parameters writes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import FrinkError
+from ..formats import Checkpoint
+from ..formats.safetensors import HfModelType, Kept, Plan, Transform
+from ..model.config import GdnConfig, ModelConfig, MoeConfig
+
+# A composite turns several stored tensors into one GGUF tensor, or one into several: it
+# pops what it takes from `kept` and returns the plans it makes.
+Composite = Callable[[Kept, dict[str, Any]], dict[str, Plan]]
+
+# HF module name -> GGUF name, without .weight/.bias ({bid} = layer index). Every
+# architecture here names these the same way.
+HF_CORE_TENSORS: tuple[tuple[str, str], ...] = (
+    ("model.embed_tokens", "token_embd"),
+    ("model.norm", "output_norm"),
+    ("lm_head", "output"),
+    ("model.layers.{bid}.input_layernorm", "blk.{bid}.attn_norm"),
+    ("model.layers.{bid}.self_attn.q_proj", "blk.{bid}.attn_q"),
+    ("model.layers.{bid}.self_attn.k_proj", "blk.{bid}.attn_k"),
+    ("model.layers.{bid}.self_attn.v_proj", "blk.{bid}.attn_v"),
+    ("model.layers.{bid}.self_attn.o_proj", "blk.{bid}.attn_output"),
+    ("model.layers.{bid}.mlp.gate_proj", "blk.{bid}.ffn_gate"),
+    ("model.layers.{bid}.mlp.up_proj", "blk.{bid}.ffn_up"),
+    ("model.layers.{bid}.mlp.down_proj", "blk.{bid}.ffn_down"),
+)
+HF_QK_NORM_TENSORS: tuple[tuple[str, str], ...] = (
+    ("model.layers.{bid}.self_attn.q_norm", "blk.{bid}.attn_q_norm"),
+    ("model.layers.{bid}.self_attn.k_norm", "blk.{bid}.attn_k_norm"),
+)
+
+
+def f32(x: Any) -> float:
+    """GGUF stores these as float32; round here so both formats give the same numbers."""
+    return float(np.float32(x))
+
+
+class MetadataWriter:
+    """GGUF metadata from normalized HF hyperparameters: `{arch}.` is prefixed to keys."""
+
+    def __init__(self, arch: str, hp: dict[str, Any]):
+        self.arch, self.hp = arch, hp
+        self.meta: dict[str, Any] = {}
+
+    def _value(self, src: str, optional: bool) -> Any:
+        value = self.hp.get(src)
+        if value is None and not optional:
+            raise FrinkError(f"config.json: missing {src!r}")
+        return value
+
+    def u32(self, key: str, src: str, optional: bool = False) -> None:
+        value = self._value(src, optional)
+        if value is not None:
+            self.set(key, int(value))
+
+    def f32(self, key: str, src: str, optional: bool = False) -> None:
+        value = self._value(src, optional)
+        if value is not None:
+            self.set(key, f32(value))
+
+    def flag(self, key: str, src: str) -> None:
+        self.set(key, bool(self._value(src, False)))
+
+    def set(self, key: str, value: Any) -> None:
+        self.meta[self.key(key)] = value
+
+    def key(self, key: str) -> str:
+        return f"{self.arch}.{key}"
+
+
+def get(md: dict[str, Any], key: str, default: Any = None, *, required: bool = False) -> Any:
+    if key in md:
+        return md[key]
+    if required:
+        raise FrinkError(f"model metadata is missing {key}")
+    return default
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) or hasattr(value, "tolist")
+
+
+def _per_layer_int(value: Any, key: str, skip_zero: bool = False) -> int:
+    """GGUF allows per-layer arrays for head counts; frink's dense graph needs one value.
+
+    skip_zero: hybrid models may write 0 for their recurrent layers, which have no heads.
+    """
+    if _is_array(value):
+        vals = {int(v) for v in list(value) if not (skip_zero and int(v) == 0)}
+        if len(vals) != 1:
+            raise FrinkError(
+                f"{key} varies per layer ({sorted(vals)}), which frink does not support"
+            )
+        return vals.pop()
+    return int(value)
+
+
+class Arch:
+    """One architecture: its GGUF reading and its HF conversion. Subclass and override."""
+
+    # --- identity -------------------------------------------------------------------
+    name: ClassVar[str]  # GGUF general.architecture
+    # HF config.json model_type -> how to read that config (several may share one arch).
+    hf_model_types: ClassVar[dict[str, HfModelType]] = {}
+
+    # --- decorations and defaults (ModelConfig fields) --------------------------------
+    rope_type: ClassVar[str] = "norm"  # "norm" (adjacent pairs) | "neox" (halves)
+    ffn_act: ClassVar[str] = "silu"
+    qk_norm: ClassVar[bool] = False
+    post_attn_norm: ClassVar[bool] = False
+    post_ffn_norm: ClassVar[bool] = False
+    attn_output_gate: ClassVar[bool] = False
+    # GGUF sliding_window_pattern when the file leaves it out (llama.cpp hard-codes it).
+    swa_pattern: ClassVar[int | None] = None
+    # rope base of the sliding-window layers when the file leaves it out.
+    rope_base_swa: ClassVar[float | None] = None
+    # Gated delta net layers: None (none), else the value-head order ("tiled" | "grouped").
+    gdn_v_head_order: ClassVar[str | None] = None
+    # llama.cpp requires a router on every layer (expert_count must be present).
+    moe_every_layer: ClassVar[bool] = False
+
+    # --- weight loading: where each layer's norms are stored ---------------------------
+    # The pre-FFN norm's GGUF name (qwen35/qwen3next store it as post_attention_norm).
+    ffn_norm_tensor: ClassVar[str] = "ffn_norm"
+
+    # --- HF -> GGUF -----------------------------------------------------------------
+    hf_tensors: ClassVar[tuple[tuple[str, str], ...]] = HF_CORE_TENSORS + (
+        ("model.layers.{bid}.post_attention_layernorm", "blk.{bid}.ffn_norm"),
+    )
+    # Parameters with no .weight/.bias suffix (A_log), mapped by their whole name.
+    hf_tensors_whole: ClassVar[tuple[tuple[str, str], ...]] = ()
+    hf_composites: ClassVar[tuple[Composite, ...]] = ()
+
+    # =================================================================================
+    # GGUF metadata -> ModelConfig
+
+    def key(self, name: str) -> str:
+        return f"{self.name}.{name}"
+
+    def attn_scale_default(self, n_layer: int, n_embd: int, n_head: int, head_dim_k: int) -> float:
+        """The query scale when the file states no attention.scale."""
+        return 1.0 / math.sqrt(head_dim_k)
+
+    def embd_scale(self, n_embd: int) -> float | None:
+        """The factor the token embeddings are multiplied by (None: not scaled)."""
+        return None
+
+    def check_metadata(self, ckpt: Checkpoint, rope_dim: int) -> None:
+        """Refuse metadata this architecture's graph cannot honour (hook; default none)."""
+
+    def config(self, ckpt: Checkpoint) -> ModelConfig:
+        """ModelConfig from the checkpoint's canonical metadata and tensor names."""
+        md, arch, key = ckpt.metadata, self.name, self.key
+        # block_count includes any multi-token-prediction (NextN) blocks stored after the
+        # trunk; like llama.cpp's main pass, frink runs the trunk only.
+        n_layer = int(get(md, key("block_count"), required=True)) - int(
+            get(md, key("nextn_predict_layers"), 0)
+        )
+        n_embd = int(get(md, key("embedding_length"), required=True))
+        hybrid = self.gdn_v_head_order is not None
+        n_head = _per_layer_int(
+            get(md, key("attention.head_count"), required=True), "head_count", hybrid
+        )
+        n_head_kv = _per_layer_int(
+            get(md, key("attention.head_count_kv"), n_head), "head_count_kv", hybrid
+        )
+        if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
+            raise FrinkError(f"bad head counts: {n_head} query heads, {n_head_kv} KV heads")
+        head_dim_k = int(get(md, key("attention.key_length"), n_embd // n_head))
+        head_dim_v = int(get(md, key("attention.value_length"), head_dim_k))
+        # A model whose every FFN is routed (qwen35moe) may have no dense FFN width at all;
+        # 0 here, and required below only if some layer is dense.
+        n_ff = _per_layer_int(get(md, key("feed_forward_length"), 0), "feed_forward_length")
+
+        names = set(ckpt.tensors.names())
+        # Every layer holds at least one tensor, so a block count above the tensor count is
+        # a corrupt header; checking here keeps per-layer lists (swa_layers, info) from
+        # allocating billions of entries.
+        if not 0 < n_layer <= len(names):
+            raise FrinkError(
+                f"{ckpt.path}: block_count {n_layer} does not fit the file's {len(names)} tensors"
+            )
+        # feed_forward_length may be 0 (or absent) where every FFN is routed: checked below.
+        sizes = {"embedding_length": n_embd, "attention.key_length": head_dim_k,
+                 "attention.value_length": head_dim_v, "feed_forward_length": n_ff or 1}
+        for what, value in sizes.items():
+            if value <= 0:
+                raise FrinkError(f"{ckpt.path}: bad model metadata ({arch}.{what} = {value})")
+        if "token_embd.weight" not in names:
+            raise FrinkError(f"{ckpt.path}: no token_embd.weight tensor")
+        n_vocab = ckpt.tensors.info("token_embd.weight").shape[0]
+
+        # Linear rope scaling only; other schemes change the frequencies in ways not
+        # carried yet.
+        scaling_type = str(get(md, key("rope.scaling.type"), "none"))
+        factor = float(get(md, key("rope.scaling.factor"), 0.0) or 0.0)
+        if scaling_type not in ("none", "linear") and factor not in (0.0, 1.0):
+            raise FrinkError(f"rope scaling type {scaling_type!r} is not supported")
+        rope_scale = 1.0 / factor if factor > 0 else 1.0
+
+        sliding_window = get(md, key("attention.sliding_window"))
+        sliding_window = int(sliding_window) if sliding_window else None
+        swa_layers = self._swa_layers(md, n_layer) if sliding_window else [False] * n_layer
+
+        attn_scale = float(get(
+            md, key("attention.scale"),
+            self.attn_scale_default(n_layer, n_embd, n_head, head_dim_k),
+        ))
+
+        def positive_or_none(v: Any) -> float | None:
+            return float(v) if v else None
+
+        if self.attn_output_gate and head_dim_k != head_dim_v:
+            # The gate has one value per query dim and multiplies the attention output per dim.
+            raise FrinkError(
+                f"{ckpt.path}: gated attention needs key_length == value_length "
+                f"({head_dim_k} != {head_dim_v})"
+            )
+        rope_dim = int(get(md, key("rope.dimension_count"), head_dim_k))
+        self.check_metadata(ckpt, rope_dim)
+        gdn = self._gdn_config(ckpt, n_layer) if hybrid else None
+        has_moe = bool(get(md, key("expert_count"), 0))
+        moe = self._moe_config(ckpt, n_layer, n_ff, names) if has_moe else None
+        if self.moe_every_layer and moe is None:
+            raise FrinkError(f"{ckpt.path}: model metadata is missing {arch}.expert_count")
+        routed = moe.layers if moe is not None else ()
+        if n_ff <= 0 and not (routed and all(routed)):
+            raise FrinkError(
+                f"{ckpt.path}: model metadata is missing {arch}.feed_forward_length (or it is 0)"
+            )
+        rope_base = float(get(md, key("rope.freq_base"), 10000.0))
+        rope_base_swa = float(get(md, key("rope.freq_base_swa"), self.rope_base_swa or rope_base))
+
+        return ModelConfig(
+            arch=arch,
+            n_layer=n_layer,
+            n_embd=n_embd,
+            n_head=n_head,
+            n_head_kv=n_head_kv,
+            head_dim_k=head_dim_k,
+            head_dim_v=head_dim_v,
+            n_ff=n_ff,
+            n_vocab=n_vocab,
+            n_ctx_train=int(get(md, key("context_length"), 4096)),
+            norm_eps=float(get(md, key("attention.layer_norm_rms_epsilon"), 1e-5)),
+            rope_type=self.rope_type,
+            rope_dim=rope_dim,
+            rope_base=rope_base,
+            rope_scale=rope_scale,
+            rope_base_swa=rope_base_swa,
+            attn_scale=attn_scale,
+            sliding_window=sliding_window,
+            swa_layers=tuple(swa_layers),
+            ffn_act=self.ffn_act,
+            qk_norm=self.qk_norm,
+            post_attn_norm=self.post_attn_norm,
+            post_ffn_norm=self.post_ffn_norm,
+            embd_scale=self.embd_scale(n_embd),
+            final_logit_softcap=positive_or_none(get(md, key("final_logit_softcapping"))),
+            attn_logit_softcap=positive_or_none(get(md, key("attn_logit_softcapping"))),
+            tied_embeddings="output.weight" not in names,
+            has_rope_freqs="rope_freqs.weight" in names,
+            ffn_norm_tensor=self.ffn_norm_tensor,
+            attn_output_gate=self.attn_output_gate,
+            gdn=gdn,
+            moe=moe,
+        )
+
+    def _swa_layers(self, md: dict[str, Any], n_layer: int) -> list[bool]:
+        """Per layer: does it use the sliding window? An explicit per-layer array, else
+        llama.cpp's rule: in each group of n layers, all but the last use the window."""
+        pattern = get(md, self.key("attention.sliding_window_pattern"), self.swa_pattern)
+        if _is_array(pattern):
+            swa_layers = [bool(x) for x in list(pattern)][:n_layer]
+            if len(swa_layers) != n_layer:
+                raise FrinkError(
+                    f"sliding_window_pattern has {len(pattern)} entries for {n_layer} layers"
+                )
+            return swa_layers
+        n = int(pattern or 0)
+        return [n == 0 or (i % n < n - 1) for i in range(n_layer)]
+
+    def _gdn_config(self, ckpt: Checkpoint, n_layer: int) -> GdnConfig:
+        """The gated delta net's shapes and which layers are recurrent, as llama.cpp reads
+        them."""
+        md, key = ckpt.metadata, self.key
+        rec = get(md, key("attention.recurrent_layers"))
+        if rec is not None:
+            recurrent = [bool(x) for x in list(rec)][:n_layer]
+            if len(recurrent) != n_layer:
+                raise FrinkError(
+                    f"{ckpt.path}: attention.recurrent_layers has {len(list(rec))} entries "
+                    f"for {n_layer} layers"
+                )
+        else:
+            # llama.cpp's rule: every interval-th layer attends, the rest are recurrent.
+            interval = int(get(md, key("full_attention_interval"), 4))
+            if interval <= 0:
+                raise FrinkError(f"{ckpt.path}: bad full_attention_interval {interval}")
+            recurrent = [(i + 1) % interval != 0 for i in range(n_layer)]
+        conv = int(get(md, key("ssm.conv_kernel"), required=True))
+        hk = int(get(md, key("ssm.state_size"), required=True))
+        n_k = int(get(md, key("ssm.group_count"), required=True))
+        n_v = int(get(md, key("ssm.time_step_rank"), required=True))
+        inner = int(get(md, key("ssm.inner_size"), required=True))
+        if min(conv, hk, n_k, n_v, inner) <= 0 or n_v % n_k or inner % n_v:
+            raise FrinkError(
+                f"{ckpt.path}: bad gated delta net sizes (conv {conv}, state {hk}, {n_k} key "
+                f"heads, {n_v} value heads, inner {inner})"
+            )
+        assert self.gdn_v_head_order is not None
+        return GdnConfig(
+            layers=tuple(recurrent), conv_kernel=conv, n_k_heads=n_k, n_v_heads=n_v,
+            head_dim_k=hk, head_dim_v=inner // n_v, v_head_order=self.gdn_v_head_order,
+        )
+
+    def _moe_config(
+        self, ckpt: Checkpoint, n_layer: int, n_ff: int, names: set[str]
+    ) -> MoeConfig:
+        """Sparse MoE sizes; a layer is routed when it has a router (ffn_gate_inp)."""
+        md, arch, key = ckpt.metadata, self.name, self.key
+        n_expert = int(get(md, key("expert_count"), required=True))
+        n_used = int(get(md, key("expert_used_count"), required=True))
+        if not 0 < n_used <= n_expert:
+            raise FrinkError(f"{ckpt.path}: bad expert counts ({n_used} used of {n_expert})")
+        # llama.cpp's fallbacks when the widths are not stated.
+        n_ff_exp = int(get(md, key("expert_feed_forward_length"), 0)) or n_ff // n_used
+        has_shared = any(f"blk.{i}.ffn_up_shexp.weight" in names for i in range(n_layer))
+        n_ff_shexp = (
+            (int(get(md, key("expert_shared_feed_forward_length"), 0)) or n_ff)
+            if has_shared else 0
+        )
+        for what, value in (("expert_feed_forward_length", n_ff_exp),
+                            ("expert_shared_feed_forward_length", n_ff_shexp)):
+            if value <= 0 and (what == "expert_feed_forward_length" or has_shared):
+                raise FrinkError(f"{ckpt.path}: model metadata is missing {arch}.{what}")
+        routed = tuple(f"blk.{i}.ffn_gate_inp.weight" in names for i in range(n_layer))
+        if self.moe_every_layer and not all(routed):
+            dense = routed.index(False)
+            raise FrinkError(
+                f"{ckpt.path}: layer {dense} has no router (blk.{dense}.ffn_gate_inp.weight): "
+                f"{arch} with dense FFN layers (HF mlp_only_layers / decoder_sparse_step) is "
+                "not supported, as in llama.cpp"
+            )
+        return MoeConfig(
+            layers=routed, n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff_exp,
+            n_ff_shexp=n_ff_shexp,
+            # llama.cpp's qwen3next always renormalizes; an HF config may say otherwise.
+            norm_topk=bool(get(md, key("expert_weights_norm"), True)),
+        )
+
+    # =================================================================================
+    # HF safetensors -> GGUF (what the converter does at conversion time)
+
+    def hf_transforms(self) -> dict[str, tuple[Transform, ...]]:
+        """GGUF name pattern -> the transforms that tensor gets, in order."""
+        return {}
+
+    def hf_generated(self, hp: dict[str, Any]) -> dict[str, np.ndarray]:
+        """Tensors the converter synthesizes from the config (none by default)."""
+        return {}
+
+    def hf_gguf_metadata(self, hp: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+        """GGUF metadata from the normalized config (what the safetensors reader calls)."""
+        w = MetadataWriter(self.name, hp)
+        self.hf_metadata(w, notes)
+        return w.meta
+
+    def hf_metadata(self, w: MetadataWriter, notes: list[str]) -> None:
+        """Write the GGUF metadata keys (w.hp: the normalized config). Extend with super();
+        append to `notes` what the user should know (a config setting not applied)."""
+        w.u32("block_count", "num_hidden_layers")
+        w.u32("context_length", "max_position_embeddings")
+        w.u32("embedding_length", "hidden_size")
+        w.u32("feed_forward_length", "intermediate_size", optional=not self.hf_needs_ffn_width)
+        w.u32("attention.head_count", "num_attention_heads")
+        w.u32("attention.head_count_kv", "num_key_value_heads")
+        w.u32("attention.key_length", "head_dim")
+        w.u32("attention.value_length", "head_dim")
+        w.f32("attention.layer_norm_rms_epsilon", "rms_norm_eps")
+        w.f32("rope.freq_base", "rope_theta")
+        w.u32("vocab_size", "n_vocab")
+        self.hf_rope_scaling(w)
+
+    # A dense FFN width is required in config.json (False where every FFN may be routed).
+    hf_needs_ffn_width: ClassVar[bool] = True
+    # rope_type "llama3" is expressed as a generated rope_freqs tensor (llama only).
+    hf_llama3_rope_freqs: ClassVar[bool] = False
+
+    def hf_rope_scaling(self, w: MetadataWriter) -> None:
+        """The rope scaling keys the converter writes from rope_scaling / rope_parameters."""
+        rp = w.hp["_rope_full"]
+        rope_type = rp.get("rope_type")
+        if rope_type in (None, "default"):
+            return
+        factor = rp.get("factor")
+        if rope_type == "linear":
+            if factor is not None:
+                w.set("rope.scaling.type", "linear")
+                w.set("rope.scaling.factor", f32(factor))
+        elif rope_type == "yarn":
+            if factor is not None:
+                w.set("rope.scaling.type", "yarn")
+                w.set("rope.scaling.factor", f32(factor))
+                orig = rp.get("original_max_position_embeddings")
+                if orig is None:
+                    raise FrinkError(
+                        "config.json: yarn rope scaling without original_max_position_embeddings"
+                    )
+                w.set("rope.scaling.original_context_length", int(orig))
+                for src, key in (
+                    ("extrapolation_factor", "yarn_ext_factor"),
+                    ("attention_factor", "yarn_attn_factor"),
+                    ("attn_factor", "yarn_attn_factor"),
+                    ("beta_fast", "yarn_beta_fast"),
+                    ("beta_slow", "yarn_beta_slow"),
+                ):
+                    if rp.get(src) is not None and w.key(f"rope.scaling.{key}") not in w.meta:
+                        w.set(f"rope.scaling.{key}", f32(rp[src]))
+        elif rope_type == "llama3" and self.hf_llama3_rope_freqs:
+            pass  # expressed as the generated rope_freqs.weight tensor
+        else:
+            raise FrinkError(
+                f"config.json: unsupported rope scaling type {rope_type!r} for {self.name}"
+            )
+
+
+def hf_sliding_window_note(arch: str, hp: dict[str, Any], notes: list[str]) -> None:
+    """llama.cpp's llama/qwen2/qwen3 graphs have no sliding window; neither does frink's
+    canonical form for them. Say so when the HF config asks for one."""
+    sw = hp.get("sliding_window")
+    types = hp.get("layer_types") or []
+    uses = "sliding_attention" in types if types else sw is not None
+    if hp.get("use_sliding_window") is False:
+        uses = False
+    if uses and sw is not None and sw < int(hp.get("max_position_embeddings") or 0):
+        notes.append(
+            f"config sliding_window={sw} is not applied ({arch} attends to the full context, "
+            f"as llama.cpp does)"
+        )
+
+
+def hf_type(vocab_size: int, context: int, **defaults: Any) -> HfModelType:
+    """A text model_type whose transformers config defaults are the llama-style ones
+    (rms_norm_eps 1e-6, rope_theta 10000, untied embeddings) plus `defaults`."""
+    return HfModelType(defaults={
+        "vocab_size": vocab_size, "max_position_embeddings": context, "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0, "tie_word_embeddings": False, **defaults,
+    })
+
+
+def multimodal(text: HfModelType, ignore: tuple[str, ...], what: str) -> HfModelType:
+    """A multimodal checkpoint's model_type: the language model's config under text_config
+    and its weights under `language_model.`; the towers in `ignore` are not read."""
+    return HfModelType(
+        defaults=dict(text.defaults),
+        text_config="text_config",
+        strip=("language_model.",),
+        ignore=ignore,
+        ignored_note=f"{what} ignored (text only)",
+        aliases=text.aliases,
+    )

@@ -1,0 +1,90 @@
+"""What the gated-delta-net hybrids (qwen35, qwen35moe, qwen3next) share: a gated
+full-attention layer every few layers, linear-attention (GDN) layers between, the pre-FFN
+norm stored as post_attention_norm, and the HF side the converter's Qwen3NextModel writes
+(A_log -> -exp(A_log), squeezed conv kernel, +1 on the (1 + w) RMSNorms, the ssm.* keys).
+
+Not an architecture itself: qwen35.py and qwen3next.py subclass it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, ClassVar
+
+from ..errors import FrinkError
+from ..formats.safetensors import HfModelType, Transform
+from .base import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, Arch, MetadataWriter, hf_type
+from .transforms import ADD_ONE, NEG_EXP, SQUEEZE
+
+# Shared by every GDN hybrid's defaults (transformers' Qwen3NextConfig / Qwen3_5TextConfig).
+HF_GDN_DEFAULTS = {
+    "head_dim": 256, "num_attention_heads": 16,
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "full_attention_interval": 4,
+}
+HF_MTP_IGNORED = ("mtp.", "model.mtp.")
+
+
+def hf_text_type(defaults: dict[str, Any]) -> HfModelType:
+    """A text-only checkpoint's model_type: the multi-token-prediction head is not read
+    (frink, like llama.cpp's main pass, runs the trunk only)."""
+    return replace(
+        hf_type(defaults.pop("vocab_size"), 32768, **HF_GDN_DEFAULTS, **defaults),
+        ignore=HF_MTP_IGNORED,
+        ignored_note="multi-token-prediction (MTP) head weights ignored",
+    )
+
+
+class GdnHybrid(Arch):
+    rope_type = "neox"
+    qk_norm = True
+    attn_output_gate = True
+    ffn_norm_tensor = "post_attention_norm"
+    gdn_v_head_order: ClassVar[str | None] = "grouped"
+    hf_tensors = HF_CORE_TENSORS + HF_QK_NORM_TENSORS + (
+        ("model.layers.{bid}.post_attention_layernorm", "blk.{bid}.post_attention_norm"),
+        ("model.layers.{bid}.linear_attn.conv1d", "blk.{bid}.ssm_conv1d"),
+        ("model.layers.{bid}.linear_attn.norm", "blk.{bid}.ssm_norm"),
+        ("model.layers.{bid}.linear_attn.out_proj", "blk.{bid}.ssm_out"),
+    )
+    hf_tensors_whole = (
+        ("model.layers.{bid}.linear_attn.A_log", "blk.{bid}.ssm_a"),
+        ("model.layers.{bid}.linear_attn.dt_bias", "blk.{bid}.ssm_dt.bias"),
+    )
+
+    def hf_transforms(self) -> dict[str, tuple[Transform, ...]]:
+        # Norms +1 except the delta net's gated norm (ssm_norm), which scales by w.
+        norms = ("output_norm", "blk.{bid}.attn_norm", "blk.{bid}.post_attention_norm",
+                 "blk.{bid}.attn_q_norm", "blk.{bid}.attn_k_norm")
+        return {f"{n}.weight": (ADD_ONE,) for n in norms} | {
+            "blk.{bid}.ssm_a": (NEG_EXP,),
+            "blk.{bid}.ssm_conv1d.weight": (SQUEEZE,),
+        }
+
+    def hf_metadata(self, w: MetadataWriter, notes: list[str]) -> None:
+        # As the converter's Qwen3NextModel.set_gguf_parameters writes them.
+        super().hf_metadata(w, notes)
+        hp = w.hp
+        w.u32("ssm.conv_kernel", "linear_conv_kernel_dim")
+        w.u32("ssm.state_size", "linear_key_head_dim")
+        w.u32("ssm.group_count", "linear_num_key_heads")
+        w.u32("ssm.time_step_rank", "linear_num_value_heads")
+        n = int(hp["num_hidden_layers"])
+        interval = int(hp.get("full_attention_interval") or 4)
+        types = hp.get("layer_types")
+        if isinstance(types, list):
+            if len(types) != n:
+                raise FrinkError(
+                    f"config.json: layer_types has {len(types)} entries for {n} layers"
+                )
+            recurrent = [t == "linear_attention" for t in types]
+        else:  # transformers' default: every interval-th layer attends
+            recurrent = [(i + 1) % interval != 0 for i in range(n)]
+        w.set("attention.recurrent_layers", recurrent)
+        w.set("full_attention_interval", interval)
+        inner = int(hp["linear_value_head_dim"]) * int(hp["linear_num_value_heads"])
+        w.set("ssm.inner_size", inner)
+        # Partial rope: transformers' default factor for these models is 0.25.
+        default = hp.get("partial_rotary_factor", 0.25)
+        factor = hp["_rope_full"].get("partial_rotary_factor", default)
+        w.set("rope.dimension_count", int(int(hp["head_dim"]) * float(factor)))
