@@ -4,7 +4,7 @@ shared expert) against transformers and llama.cpp, on every backend.
 Why: Granite is the llama layer plus four multipliers and (granitemoe) a sparse MoE with an
 optional ungated shared expert -- the proof that a new architecture is one module over the
 one layer graph (issue 10). The fixtures (scripts/make_tiny_models.py) draw every multiplier
-far from neutral (embedding x12, residual x0.22 on both branches, kq scale 0.7 instead of
+far from neutral (embedding x0.35, residual x0.22 on both branches, kq scale 0.7 instead of
 1/sqrt(16) = 0.25, logits / 8), and the decoration tests below prove each one moves the
 logits by far more than the 2e-3 parity bar, so no parity test here can pass with one
 decoration dropped, on any path (GGUF metadata, HF config, the graph itself).
@@ -65,7 +65,12 @@ DECORATIONS = {
     # llama.cpp requires logit_scale, so its neutral form is 1.0, not absence.
     "logits": ("logits_scaling", 1.0, "logit_scale", 1.0, "logit_scale", None),
 }
-FIXTURE_VALUES = {"embd_scale": 12.0, "residual_scale": 0.22, "attn_scale": 0.7, "logit_scale": 8.0}
+# Per fixture: (embd_scale, residual_scale, attn_scale, logit_scale) as made.
+FIXTURE_VALUES = {
+    "granite": (0.35, 0.22, 0.7, 8.0),
+    "granitemoe": (12.0, 0.22, 1.5, 8.0),
+    "granitemoeshared": (0.35, 0.22, 0.7, 8.0),
+}
 
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -179,10 +184,11 @@ def test_the_converter_wrote_granite(name: str, tiny_model: Callable) -> None:
     names = set(open_checkpoint(_path(tiny_model, name, "gguf")).tensors.names())
     arch = "granite" if name == "granite" else "granitemoe"
     assert md["general.architecture"] == arch
-    assert md[f"{arch}.embedding_scale"] == pytest.approx(12.0)
-    assert md[f"{arch}.residual_scale"] == pytest.approx(0.22)
-    assert md[f"{arch}.attention.scale"] == pytest.approx(0.7)
-    assert md[f"{arch}.logit_scale"] == pytest.approx(8.0)
+    embd, resid, kq, logit = FIXTURE_VALUES[name]
+    assert md[f"{arch}.embedding_scale"] == pytest.approx(embd)
+    assert md[f"{arch}.residual_scale"] == pytest.approx(resid)
+    assert md[f"{arch}.attention.scale"] == pytest.approx(kq)
+    assert md[f"{arch}.logit_scale"] == pytest.approx(logit)
     moe = {"ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}
     shexp = {"ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"}
     dense = {"ffn_gate", "ffn_up", "ffn_down"}
@@ -232,7 +238,7 @@ def test_config_reads_the_decorations(name: str, tiny_model: Callable) -> None:
     gg = config_from_checkpoint(open_checkpoint(_path(tiny_model, name, "gguf")))
     hf = config_from_checkpoint(open_checkpoint(_path(tiny_model, name, "hf")))
     assert hf == gg
-    for field, value in FIXTURE_VALUES.items():
+    for field, value in zip(("embd_scale", "residual_scale", "attn_scale", "logit_scale"), FIXTURE_VALUES[name]):
         assert getattr(gg, field) == pytest.approx(value), field
     assert gg.rope_type == "norm"
     if name == "granite":
