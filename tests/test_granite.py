@@ -60,8 +60,14 @@ DECORATIONS = {
     #        key absent, llama.cpp's default), ModelConfig field, neutral field value)
     "embedding": ("embedding_multiplier", 1.0, "embedding_scale", None, "embd_scale", None),
     "residual": ("residual_multiplier", 1.0, "residual_scale", None, "residual_scale", None),
-    "attention": ("attention_multiplier", 1 / math.sqrt(HEAD_DIM), "attention.scale", None,
-                  "attn_scale", 1 / math.sqrt(HEAD_DIM)),
+    "attention": (
+        "attention_multiplier",
+        1 / math.sqrt(HEAD_DIM),
+        "attention.scale",
+        None,
+        "attn_scale",
+        1 / math.sqrt(HEAD_DIM),
+    ),
     # llama.cpp requires logit_scale, so its neutral form is 1.0, not absence.
     "logits": ("logits_scaling", 1.0, "logit_scale", 1.0, "logit_scale", None),
 }
@@ -128,7 +134,9 @@ def _hf_copy(src: Path, dst: Path, **changes: object) -> Path:
     return dst
 
 
-def _gguf_copy(src: Path, dst: Path, changes: dict[str, object], drop: tuple[str, ...] = ()) -> Path:
+def _gguf_copy(
+    src: Path, dst: Path, changes: dict[str, object], drop: tuple[str, ...] = ()
+) -> Path:
     """A copy of a GGUF with metadata keys changed (value None: the key removed), written by
     gguf-py; tensors as they were, less those whose names contain a string of `drop`."""
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
@@ -195,9 +203,15 @@ def test_the_converter_wrote_granite(name: str, tiny_model: Callable) -> None:
     shexp = {"ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"}
     dense = {"ffn_gate", "ffn_up", "ffn_down"}
     for i in range(3):
-        have = {n.removeprefix(f"blk.{i}.").removesuffix(".weight") for n in names if n.startswith(f"blk.{i}.")}
+        have = {
+            n.removeprefix(f"blk.{i}.").removesuffix(".weight")
+            for n in names
+            if n.startswith(f"blk.{i}.")
+        }
         want = {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm"}
-        want |= dense if name == "granite" else moe | (shexp if name == "granitemoeshared" else set())
+        want |= (
+            dense if name == "granite" else moe | (shexp if name == "granitemoeshared" else set())
+        )
         assert have == want, (i, sorted(have ^ want))
     assert ("output.weight" in names) == (name == "granitemoe")  # granite, granitemoeshared: tied
     if name != "granite":
@@ -218,15 +232,24 @@ def test_the_converter_wrote_granite(name: str, tiny_model: Callable) -> None:
 def test_numpy_matches_references(name: str, source: str, step: bool, tiny_model: Callable) -> None:
     m = frink_cli.load(_path(tiny_model, name, source))
     got = m.logits(_tokens(tiny_model, name), step=step)
-    _against_references(got, tiny_model(name).ref, f"{name} numpy({source}, {'step' if step else 'batch'})")
+    _against_references(
+        got, tiny_model(name).ref, f"{name} numpy({source}, {'step' if step else 'batch'})"
+    )
 
 
 @pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("name", GRANITE)
-def test_numpy_decode_after_prefill_matches_llamacpp(name: str, source: str, tiny_model: Callable) -> None:
+def test_numpy_decode_after_prefill_matches_llamacpp(
+    name: str, source: str, tiny_model: Callable
+) -> None:
     ref = tiny_model(name).ref
     m = frink_cli.load(_path(tiny_model, name, source))
-    _compare(_decode_after_prefill(m, ref), ref["greedy_logits_llamacpp"], REF_TOL, f"{name} decode steps")
+    _compare(
+        _decode_after_prefill(m, ref),
+        ref["greedy_logits_llamacpp"],
+        REF_TOL,
+        f"{name} decode steps",
+    )
     prompt = [int(t) for t in ref["greedy_prompt"]]
     want = ref["greedy_llamacpp"].tolist()
     assert list(m.generate_ids(prompt, max_tokens=len(want), temperature=0.0)) == want
@@ -240,7 +263,9 @@ def test_config_reads_the_decorations(name: str, tiny_model: Callable) -> None:
     gg = config_from_checkpoint(open_checkpoint(_path(tiny_model, name, "gguf")))
     hf = config_from_checkpoint(open_checkpoint(_path(tiny_model, name, "hf")))
     assert hf == gg
-    for field, value in zip(("embd_scale", "residual_scale", "attn_scale", "logit_scale"), FIXTURE_VALUES[name]):
+    for field, value in zip(
+        ("embd_scale", "residual_scale", "attn_scale", "logit_scale"), FIXTURE_VALUES[name]
+    ):
         assert getattr(gg, field) == pytest.approx(value), field
     assert gg.rope_type == "norm"
     if name == "granite":
@@ -299,12 +324,16 @@ def test_each_decoration_moves_the_graph(name: str, decoration: str, tiny_model:
     tokens = np.asarray(_tokens(tiny_model, name))
     got = off.step(tokens, off.new_cache(len(tokens)), all_logits=True)
     for key in REFERENCES:
-        assert _max_diff(got, tiny_model(name).ref[key]) > FAR, f"{field}={neutral} still matches {key}"
+        assert _max_diff(got, tiny_model(name).ref[key]) > FAR, (
+            f"{field}={neutral} still matches {key}"
+        )
 
 
 @pytest.mark.parametrize("decoration", list(DECORATIONS))
 @pytest.mark.parametrize("name", GRANITE)
-def test_each_gguf_key_is_read(name: str, decoration: str, tiny_model: Callable, tmp_path: Path) -> None:
+def test_each_gguf_key_is_read(
+    name: str, decoration: str, tiny_model: Callable, tmp_path: Path
+) -> None:
     """The GGUF with one multiplier key switched off (as llama.cpp reads its absence) gives
     logits far from the references: the reader takes every key from the file."""
     _, _, suffix, neutral = DECORATIONS[decoration][:4]
@@ -318,14 +347,18 @@ def test_each_gguf_key_is_read(name: str, decoration: str, tiny_model: Callable,
 
 @pytest.mark.parametrize("decoration", list(DECORATIONS))
 @pytest.mark.parametrize("name", GRANITE)
-def test_each_hf_config_key_is_read(name: str, decoration: str, tiny_model: Callable, tmp_path: Path) -> None:
+def test_each_hf_config_key_is_read(
+    name: str, decoration: str, tiny_model: Callable, tmp_path: Path
+) -> None:
     """The HF dir with one multiplier set to its neutral value in config.json gives logits
     far from the references: the HF reader takes every multiplier from the config."""
     key, neutral = DECORATIONS[decoration][:2]
     copy = _hf_copy(_path(tiny_model, name, "hf"), tmp_path / name, **{key: neutral})
     got = frink_cli.load(copy).logits(_tokens(tiny_model, name))
     for ref_key in REFERENCES:
-        assert _max_diff(got, tiny_model(name).ref[ref_key]) > FAR, f"{key}={neutral} still matches {ref_key}"
+        assert _max_diff(got, tiny_model(name).ref[ref_key]) > FAR, (
+            f"{key}={neutral} still matches {ref_key}"
+        )
 
 
 def test_shared_expert_matters(tiny_model: Callable, tmp_path: Path) -> None:
@@ -333,7 +366,10 @@ def test_shared_expert_matters(tiny_model: Callable, tmp_path: Path) -> None:
     reader that ignored ffn_*_shexp would run) gives logits far from the references."""
     src = _path(tiny_model, "granitemoeshared", "gguf")
     copy = _gguf_copy(
-        src, tmp_path / "no_shexp.gguf", {"granitemoe.expert_shared_feed_forward_length": None}, drop=("_shexp",)
+        src,
+        tmp_path / "no_shexp.gguf",
+        {"granitemoe.expert_shared_feed_forward_length": None},
+        drop=("_shexp",),
     )
     m = frink_cli.load(copy)
     assert m.config.moe is not None and m.config.moe.n_ff_shexp == 0
@@ -360,7 +396,9 @@ def test_metal_matches_references(name: str, source: str, step: bool, tiny_model
     m = frink_cli.load(_path(tiny_model, name, source), backend="metal")
     assert m.backend_name == "metal"
     got = m.logits(_tokens(tiny_model, name), step=step)
-    _against_references(got, tiny_model(name).ref, f"{name} metal({source}, {'step' if step else 'batch'})")
+    _against_references(
+        got, tiny_model(name).ref, f"{name} metal({source}, {'step' if step else 'batch'})"
+    )
     _assert_device_ran(m, f"{name} metal")
 
 
@@ -369,7 +407,12 @@ def test_metal_decode_after_prefill_matches_llamacpp(name: str, tiny_model: Call
     pytest.importorskip("mlx.core")
     ref = tiny_model(name).ref
     m = frink_cli.load(_path(tiny_model, name, "gguf"), backend="metal")
-    _compare(_decode_after_prefill(m, ref), ref["greedy_logits_llamacpp"], REF_TOL, f"{name} metal decode steps")
+    _compare(
+        _decode_after_prefill(m, ref),
+        ref["greedy_logits_llamacpp"],
+        REF_TOL,
+        f"{name} metal decode steps",
+    )
     _assert_device_ran(m, f"{name} metal")
 
 
@@ -391,7 +434,9 @@ def test_metal_one_submission_per_token(name: str, tiny_model: Callable) -> None
 # --- cuda: NumPy standing in for CuPy, and the kernels on the CPU emulator -----------------------
 
 
-def _cuda_models(path: Path, ops_factory: Callable[[], object] | None = None) -> tuple[frink_cli.Model, frink_cli.Model]:
+def _cuda_models(
+    path: Path, ops_factory: Callable[[], object] | None = None
+) -> tuple[frink_cli.Model, frink_cli.Model]:
     """(host-only model, cuda-backend model with NumPy arrays) over the same file; the
     backend's ops from ops_factory (default: the NumPy references)."""
     from frink_cli.backends.cupy import make_cuda_backend
@@ -406,7 +451,9 @@ def _cuda_models(path: Path, ops_factory: Callable[[], object] | None = None) ->
     return host, dev
 
 
-def _prefill_prefix_decode(model: frink_cli.Model, tokens: list[int], split: int, n_decode: int = 4) -> np.ndarray:
+def _prefill_prefix_decode(
+    model: frink_cli.Model, tokens: list[int], split: int, n_decode: int = 4
+) -> np.ndarray:
     """Logits of a prefill of tokens[:split], a second prefill over that cached prefix, then
     n_decode single-token steps -- every row of every step."""
     dec = model.decoder
@@ -446,17 +493,24 @@ def test_cuda_standing_in_matches_references(
     m = frink_cli.load(_path(tiny_model, name, "gguf"), backend="cuda")
     assert m.backend_name == "cuda"
     got = m.logits(_tokens(tiny_model, name), step=step)
-    _against_references(got, tiny_model(name).ref, f"{name} cuda-numpy({'step' if step else 'batch'})")
+    _against_references(
+        got, tiny_model(name).ref, f"{name} cuda-numpy({'step' if step else 'batch'})"
+    )
     ledger = m.decoder.backend.ledger
     assert not ledger.failures, dict(ledger.failures)
     if name in MOE:
         assert set(ledger.refusals) == {eligibility.MOE}, dict(ledger.refusals)
     else:
-        assert ledger.total() > 0 and not ledger.refusals, (dict(ledger.submissions), dict(ledger.refusals))
+        assert ledger.total() > 0 and not ledger.refusals, (
+            dict(ledger.submissions),
+            dict(ledger.refusals),
+        )
 
 
 @pytest.mark.parametrize("name", MOE)
-def test_cuda_refuses_granitemoe_layers_by_the_moe_name_alone(name: str, tiny_model: Callable) -> None:
+def test_cuda_refuses_granitemoe_layers_by_the_moe_name_alone(
+    name: str, tiny_model: Callable
+) -> None:
     """Every granitemoe layer is refused for its routed FFN and for nothing else: the granite
     decorations of its attention and residuals are carried (as granite's own layers show)."""
     from frink_cli.backends.cupy import eligibility
@@ -484,24 +538,32 @@ def test_cuda_numpy_stack_equals_host_body(tiny_model: Callable) -> None:
     assert not ledger.refusals and not ledger.failures
 
 
-def test_cuda_emulated_kernel_stack_equals_host_body(tiny_model: Callable, emulated_launcher) -> None:
+def test_cuda_emulated_kernel_stack_equals_host_body(
+    tiny_model: Callable, emulated_launcher
+) -> None:
     """granite with kernels/*.cu run on the CPU emulator: the host body's logits."""
     from frink_cli.backends.cupy.ops import KernelOps
 
-    host, dev = _cuda_models(_path(tiny_model, "granite", "gguf"), lambda: KernelOps(np, emulated_launcher))
+    host, dev = _cuda_models(
+        _path(tiny_model, "granite", "gguf"), lambda: KernelOps(np, emulated_launcher)
+    )
     tokens = _tokens(tiny_model, "granite")[:24]
     want = _prefill_prefix_decode(host, tokens, split=9)
     got = _prefill_prefix_decode(dev, tokens, split=9)
     assert _max_diff(got, want) <= SELF_TOL
     # Its rows are positions 0..23 of the fixture tokens, so the references judge them too.
-    _against_references(got, {k: tiny_model("granite").ref[k][:24] for k in REFERENCES}, "granite emulated")
+    _against_references(
+        got, {k: tiny_model("granite").ref[k][:24] for k in REFERENCES}, "granite emulated"
+    )
     ledger = dev.decoder.backend.ledger
     assert ledger.submissions == {"prefill-stack+lm-head": 2, "decode-stack+lm-head": 4}
     assert not ledger.refusals and not ledger.failures
 
 
 @pytest.mark.parametrize("name", MOE)
-def test_cuda_emulated_granitemoe_falls_back_and_matches(name: str, tiny_model: Callable, emulated_launcher) -> None:
+def test_cuda_emulated_granitemoe_falls_back_and_matches(
+    name: str, tiny_model: Callable, emulated_launcher
+) -> None:
     """granitemoe with the emulated kernels: every layer refused (MoE), the host body runs
     them, and prefill + decode still give both references' logits."""
     from frink_cli.backends.cupy import eligibility

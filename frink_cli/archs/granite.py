@@ -42,10 +42,12 @@ from .base import Composite, MetadataWriter, get, hf_type
 from .llama import Llama
 
 # transformers' Granite config defaults: every multiplier neutral.
-_MULTIPLIERS = dict(
-    embedding_multiplier=1.0, residual_multiplier=1.0, attention_multiplier=1.0,
-    logits_scaling=1.0,
-)
+_MULTIPLIERS = {
+    "embedding_multiplier": 1.0,
+    "residual_multiplier": 1.0,
+    "attention_multiplier": 1.0,
+    "logits_scaling": 1.0,
+}
 
 
 class Granite(Llama):
@@ -59,7 +61,9 @@ class Granite(Llama):
         cfg = super().config(ckpt)
         logit_scale = get(md, self.key("logit_scale"), required=True)
         if not logit_scale or not np.isfinite(float(logit_scale)):
-            raise FrinkError(f"{ckpt.path}: bad model metadata ({self.key('logit_scale')} = {logit_scale})")
+            raise FrinkError(
+                f"{ckpt.path}: bad model metadata ({self.key('logit_scale')} = {logit_scale})"
+            )
 
         def scale(key: str) -> float | None:
             # llama.cpp: absent or 0 means no scaling (and 1 scales by nothing).
@@ -78,7 +82,9 @@ class Granite(Llama):
         # The converter pops head_dim for granite: llama.cpp's granite has hidden / heads.
         natural = int(hp["hidden_size"]) // int(hp["num_attention_heads"])
         if int(hp.get("head_dim") or natural) != natural:
-            notes.append(f"config head_dim={hp['head_dim']} ignored for granite (uses {natural}, as llama.cpp)")
+            notes.append(
+                f"config head_dim={hp['head_dim']} ignored for granite (uses {natural}, as llama.cpp)"
+            )
         hp["head_dim"] = natural
         super().hf_metadata(w, notes)
         del w.meta[w.key("attention.key_length")], w.meta[w.key("attention.value_length")]
@@ -101,7 +107,9 @@ def split_fused_glu(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
     routed experts, the dense ffn_gate / ffn_up)."""
     plans: dict[str, Plan] = {}
     has_experts = bool(hp.get("num_local_experts"))
-    fused = re.compile(r"model\.layers\.(\d+)\.(block_sparse_moe|shared_mlp)\.input_linear\.weight$")
+    fused = re.compile(
+        r"model\.layers\.(\d+)\.(block_sparse_moe|shared_mlp)\.input_linear\.weight$"
+    )
     for name in [n for n in kept if fused.match(n)]:
         m = fused.match(name)
         assert m is not None
@@ -117,7 +125,10 @@ def split_fused_glu(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
         suffix = "_exps" if routed else ("_shexp" if has_experts else "")
         for i, kind in enumerate(("gate", "up")):
             plans[f"blk.{bid}.ffn_{kind}{suffix}.weight"] = Plan(
-                None, (*st.shape[:-2], ff, st.shape[-1]), st.dtype, (),
+                None,
+                (*st.shape[:-2], ff, st.shape[-1]),
+                st.dtype,
+                (),
                 lambda st=st, i=i: np.ascontiguousarray(np.split(read_stored(st), 2, axis=-2)[i]),
             )
     if not has_experts:
@@ -134,9 +145,15 @@ def split_fused_glu(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
 class GraniteMoe(Granite):
     name = "granitemoe"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "granitemoe": hf_type(32000, 2048, num_local_experts=8, num_experts_per_tok=2, **_MULTIPLIERS),
+        "granitemoe": hf_type(
+            32000, 2048, num_local_experts=8, num_experts_per_tok=2, **_MULTIPLIERS
+        ),
         "granitemoeshared": hf_type(
-            32000, 2048, num_local_experts=8, num_experts_per_tok=2, shared_intermediate_size=0,
+            32000,
+            2048,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            shared_intermediate_size=0,
             **_MULTIPLIERS,
         ),
     }
