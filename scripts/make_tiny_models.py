@@ -166,6 +166,38 @@ _QWEN35_VISION: dict[str, Any] = {
     "num_position_embeddings": 16,
 }
 
+# IBM Granite 3.x (granite, granitemoe): the llama layer with four multipliers, each far
+# from neutral so a dropped one moves the logits by O(1) (tests/test_granite.py checks it):
+#   embedding_multiplier  scales the token embeddings;
+#   residual_multiplier   scales both branch outputs before their residual adds;
+#   attention_multiplier  IS the q.k scale (replaces 1/sqrt(head_dim) = 0.25 here);
+#   logits_scaling        divides the logits. The final norm is drawn around that same
+#                         value, so the logits keep llama's spread and the fixture its
+#                         clear argmaxes; dropping the division multiplies them by 8.
+# Released Granite ties its embeddings with an embedding multiplier of 12. With random
+# weights that makes every position's argmax its own input token (the scaled embedding
+# swamps the branches and the tied head reads it back), so the tied fixtures scale the
+# embeddings by 0.35 instead -- still a multiply a tied head must not see -- and the untied
+# one (granitemoe) keeps 12.
+# head_dim is hidden / heads (16): the converter ignores a head_dim key for granite.
+_GRANITE: dict[str, Any] = dict(
+    _COMMON,
+    rope_theta=30000.0,
+    rms_norm_eps=1e-6,
+    embedding_multiplier=0.35,
+    residual_multiplier=0.22,
+    attention_multiplier=0.7,
+    logits_scaling=8.0,
+    tie_word_embeddings=True,
+)
+_GRANITE_NORMS: dict[str, float] = {"model.norm.": 8.0}
+# GraniteMoE: every FFN a sparse MoE whose experts are stored fused (input_linear
+# [E, 2*ff, d] = gate rows then up rows; output_linear [E, d, ff]); intermediate_size is
+# the expert width (the converter writes it as feed_forward_length, no expert width key).
+_GRANITE_MOE: dict[str, Any] = dict(
+    _GRANITE, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2,
+)
+
 SPECS: dict[str, TinySpec] = {
     s.name: s
     for s in [
@@ -416,6 +448,45 @@ SPECS: dict[str, TinySpec] = {
             vector_overrides=_HYBRID_VECTORS,
             min_router_gap=MIN_ROUTER_GAP,
             notes="HF model_type qwen3_5_moe: text model inside text_config, tiny vision tower",
+        ),
+        TinySpec(
+            "granite",
+            "GraniteForCausalLM",
+            "GraniteConfig",
+            dict(_GRANITE, num_hidden_layers=3),
+            seed=40,
+            norm_center_overrides=_GRANITE_NORMS,
+            greedy=24,
+            notes="llama layer + embedding, residual (both branches), attention (kq) multipliers, logits / 8; tied",
+        ),
+        TinySpec(
+            "granitemoe",
+            "GraniteMoeForCausalLM",
+            "GraniteMoeConfig",
+            dict(
+                _GRANITE_MOE, num_hidden_layers=3, embedding_multiplier=12.0,
+                attention_multiplier=1.5, tie_word_embeddings=False,
+            ),
+            seed=41,
+            norm_center_overrides=_GRANITE_NORMS,
+            greedy=24,
+            min_router_gap=MIN_ROUTER_GAP,
+            notes="granite multipliers (embedding x12, kq 1.5) + sparse MoE on every layer (8 experts, top 2,"
+            " fused input_linear); untied",
+        ),
+        TinySpec(
+            "granitemoeshared",
+            "GraniteMoeSharedForCausalLM",
+            "GraniteMoeSharedConfig",
+            dict(
+                _GRANITE_MOE, num_hidden_layers=3, num_experts_per_tok=3,
+                shared_intermediate_size=48,
+            ),
+            seed=42,
+            norm_center_overrides=_GRANITE_NORMS,
+            greedy=24,
+            min_router_gap=MIN_ROUTER_GAP,
+            notes="granitemoe (8 experts, top 3) + an ungated shared expert (GGUF arch granitemoe); tied",
         ),
     ]
 }

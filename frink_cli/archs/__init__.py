@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from .base import Arch
 from .gemma3 import Gemma3
+from .granite import Granite, GraniteMoe
 from .llama import Llama
 from .qwen2 import Qwen2
 from .qwen3 import Qwen3
@@ -44,6 +45,7 @@ from .qwen35moe import Qwen35Moe
 # The registry: every supported architecture, one instance each.
 _ARCHS: tuple[Arch, ...] = (
     Llama(), Qwen2(), Qwen3(), Qwen3Moe(), Gemma3(), Qwen35(), Qwen35Moe(), Qwen3Next(),
+    Granite(), GraniteMoe(),
 )
 _BY_NAME: dict[str, Arch] = {a.name: a for a in _ARCHS}
 _BY_MODEL_TYPE: dict[str, Arch] = {mt: a for a in _ARCHS for mt in a.hf_model_types}

@@ -1,0 +1,577 @@
+"""IBM Granite 3.x (`granite`, `granitemoe`; GraniteMoeShared is GGUF `granitemoe` with a
+shared expert) against transformers and llama.cpp, on every backend.
+
+Why: Granite is the llama layer plus four multipliers and (granitemoe) a sparse MoE with an
+optional ungated shared expert -- the proof that a new architecture is one module over the
+one layer graph (issue 10). The fixtures (scripts/make_tiny_models.py) draw every multiplier
+far from neutral (embedding x0.35, residual x0.22 on both branches, kq scale 0.7 instead of
+1/sqrt(16) = 0.25, logits / 8), and the decoration tests below prove each one moves the
+logits by far more than the 2e-3 parity bar, so no parity test here can pass with one
+decoration dropped, on any path (GGUF metadata, HF config, the graph itself).
+
+What is checked, per fixture:
+  - frink from the GGUF and from the HF dir, batched and one row at a time, against
+    transformers' and llama.cpp's logits (2e-3, identical argmax), and the decode after a
+    batched prefill against llama.cpp's own decode steps (its greedy continuation);
+  - the HF reader gives exactly the converter's tensors (the fused MoE input_linear split
+    into gate and up stacks, Q/K rows permuted for llama's rope) and metadata;
+  - the same on `metal` (MLX's CPU device on Linux), where the device must have run
+    (submissions, no failures, no refusals);
+  - on `cuda` with NumPy standing in for CuPy and with the kernels on the CPU emulator
+    (tests/test_cuda_backend.py's two stand-ins): granite runs whole on the stack; the
+    granitemoe layers are refused by the MoE name alone (the granite decorations of those
+    layers are carried) and the answer still matches both references.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import frink_cli
+from frink_cli.decoder import Decoder
+from frink_cli.formats import open_checkpoint
+from frink_cli.model import config_from_checkpoint
+
+GRANITE = ("granite", "granitemoe", "granitemoeshared")
+MOE = ("granitemoe", "granitemoeshared")
+SOURCES = ("gguf", "hf")
+REFERENCES = ("logits_hf", "logits_llamacpp")
+# Against an external reference (as test_parity_tiny.py).
+REF_TOL = 2e-3
+# frink against itself (a backend against the host body).
+SELF_TOL = 1e-4
+# A decoration that matters moves the logits by at least this much (50x the parity bar).
+FAR = 0.1
+
+# The fixture's multipliers (scripts/make_tiny_models.py, _GRANITE), as each source spells
+# them, with the value that switches each off. head_dim is 64 / 4 = 16.
+HEAD_DIM = 16
+DECORATIONS = {
+    # name: (HF config key, neutral HF value, GGUF key suffix, neutral GGUF value (None:
+    #        key absent, llama.cpp's default), ModelConfig field, neutral field value)
+    "embedding": ("embedding_multiplier", 1.0, "embedding_scale", None, "embd_scale", None),
+    "residual": ("residual_multiplier", 1.0, "residual_scale", None, "residual_scale", None),
+    "attention": (
+        "attention_multiplier",
+        1 / math.sqrt(HEAD_DIM),
+        "attention.scale",
+        None,
+        "attn_scale",
+        1 / math.sqrt(HEAD_DIM),
+    ),
+    # llama.cpp requires logit_scale, so its neutral form is 1.0, not absence.
+    "logits": ("logits_scaling", 1.0, "logit_scale", 1.0, "logit_scale", None),
+}
+# Per fixture: (embd_scale, residual_scale, attn_scale, logit_scale) as made.
+FIXTURE_VALUES = {
+    "granite": (0.35, 0.22, 0.7, 8.0),
+    "granitemoe": (12.0, 0.22, 1.5, 8.0),
+    "granitemoeshared": (0.35, 0.22, 0.7, 8.0),
+}
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def _path(tiny_model: Callable, name: str, source: str) -> Path:
+    tm = tiny_model(name)
+    path = tm.gguf if source == "gguf" else tm.hf_dir
+    if path is None:
+        pytest.skip(f"{name}: llama.cpp's converter made no GGUF of it")
+    return path
+
+
+def _compare(actual: np.ndarray, expected: np.ndarray, tol: float, what: str) -> None:
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    assert np.all(np.isfinite(actual)), f"{what}: non-finite logits"
+    diff = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
+    pos, tok = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    assert diff[pos, tok] <= tol, (
+        f"{what}: max |d| = {diff[pos, tok]:.3g} > {tol:g} at position {pos}, token {tok} "
+        f"(got {actual[pos, tok]:.6f}, want {expected[pos, tok]:.6f})"
+    )
+    bad = np.nonzero(actual.argmax(-1) != expected.argmax(-1))[0]
+    assert bad.size == 0, f"{what}: argmax differs at positions {bad.tolist()}"
+
+
+def _against_references(got: np.ndarray, ref: dict[str, np.ndarray], what: str) -> None:
+    for key in REFERENCES:
+        _compare(got, ref[key], REF_TOL, f"{what} vs {key.removeprefix('logits_')}")
+
+
+def _tokens(tiny_model: Callable, name: str) -> list[int]:
+    return [int(t) for t in tiny_model(name).ref["tokens"]]
+
+
+def _decode_after_prefill(model: frink_cli.Model, ref: dict[str, np.ndarray]) -> np.ndarray:
+    """llama.cpp's greedy run replayed: the prompt as one batch, then its chosen tokens one
+    at a time; the logits each of its choices was made from."""
+    prompt = [int(t) for t in ref["greedy_prompt"]]
+    chosen = ref["greedy_llamacpp"].tolist()
+    dec = model.decoder
+    cache = dec.new_cache(len(prompt) + len(chosen))
+    got = [dec.step(np.asarray(prompt), cache)[-1]]
+    for t in chosen[:-1]:
+        got.append(dec.step(np.asarray([t]), cache)[-1])
+    return np.stack(got)
+
+
+def _hf_copy(src: Path, dst: Path, **changes: object) -> Path:
+    """A copy of an HF dir with config.json keys changed."""
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update(changes)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def _gguf_copy(
+    src: Path, dst: Path, changes: dict[str, object], drop: tuple[str, ...] = ()
+) -> Path:
+    """A copy of a GGUF with metadata keys changed (value None: the key removed), written by
+    gguf-py; tensors as they were, less those whose names contain a string of `drop`."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    reader = GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    writer = GGUFWriter(str(dst), arch)
+    for field in reader.fields.values():
+        if field.name == "general.architecture" or field.name.startswith("GGUF."):
+            continue
+        vtype = field.types[0]
+        value = field.contents()
+        if field.name in changes:
+            value = changes[field.name]
+            if value is None:
+                continue
+        sub = field.types[-1] if vtype == GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, value, vtype, sub_type=sub)
+    for key, value in changes.items():
+        if value is not None and key not in reader.fields:
+            writer.add_float32(key, float(value))  # type: ignore[arg-type]
+    for t in reader.tensors:
+        if any(d in t.name for d in drop):
+            continue
+        writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+
+
+# --- the fixtures themselves ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", GRANITE)
+def test_references_agree(name: str, tiny_model: Callable) -> None:
+    """transformers and llama.cpp compute the same Granite (else neither can judge frink)."""
+    ref = tiny_model(name).ref
+    assert "logits_llamacpp" in ref, f"{name}: llama.cpp's converter made no GGUF"
+    _compare(ref["logits_llamacpp"], ref["logits_hf"], REF_TOL, "llama.cpp vs transformers")
+    assert ref["greedy_logits_llamacpp"].shape[0] == ref["greedy_llamacpp"].shape[0] > 0
+
+
+@pytest.mark.parametrize("name", GRANITE)
+def test_the_converter_wrote_granite(name: str, tiny_model: Callable) -> None:
+    """What llama.cpp's converter makes of each HF class: arch, multipliers, tensor names
+    (the fused input_linear split into gate and up stacks; GraniteMoeShared is granitemoe
+    with ffn_*_shexp tensors and a shared width, and no shared-expert gate)."""
+    md = open_checkpoint(_path(tiny_model, name, "gguf")).metadata
+    names = set(open_checkpoint(_path(tiny_model, name, "gguf")).tensors.names())
+    arch = "granite" if name == "granite" else "granitemoe"
+    assert md["general.architecture"] == arch
+    embd, resid, kq, logit = FIXTURE_VALUES[name]
+    assert md[f"{arch}.embedding_scale"] == pytest.approx(embd)
+    assert md[f"{arch}.residual_scale"] == pytest.approx(resid)
+    assert md[f"{arch}.attention.scale"] == pytest.approx(kq)
+    assert md[f"{arch}.logit_scale"] == pytest.approx(logit)
+    moe = {"ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}
+    shexp = {"ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"}
+    dense = {"ffn_gate", "ffn_up", "ffn_down"}
+    for i in range(3):
+        have = {
+            n.removeprefix(f"blk.{i}.").removesuffix(".weight")
+            for n in names
+            if n.startswith(f"blk.{i}.")
+        }
+        want = {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm"}
+        want |= (
+            dense if name == "granite" else moe | (shexp if name == "granitemoeshared" else set())
+        )
+        assert have == want, (i, sorted(have ^ want))
+    assert ("output.weight" in names) == (name == "granitemoe")  # granite, granitemoeshared: tied
+    if name != "granite":
+        assert md["granitemoe.expert_count"] == 8
+        assert md["granitemoe.feed_forward_length"] == 32  # the expert width; no expert key
+        assert "granitemoe.expert_feed_forward_length" not in md
+        assert md["granitemoe.expert_used_count"] == (3 if name == "granitemoeshared" else 2)
+    if name == "granitemoeshared":
+        assert md["granitemoe.expert_shared_feed_forward_length"] == 48
+
+
+# --- the host body (numpy) ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("name", GRANITE)
+def test_numpy_matches_references(name: str, source: str, step: bool, tiny_model: Callable) -> None:
+    m = frink_cli.load(_path(tiny_model, name, source))
+    got = m.logits(_tokens(tiny_model, name), step=step)
+    _against_references(
+        got, tiny_model(name).ref, f"{name} numpy({source}, {'step' if step else 'batch'})"
+    )
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("name", GRANITE)
+def test_numpy_decode_after_prefill_matches_llamacpp(
+    name: str, source: str, tiny_model: Callable
+) -> None:
+    ref = tiny_model(name).ref
+    m = frink_cli.load(_path(tiny_model, name, source))
+    _compare(
+        _decode_after_prefill(m, ref),
+        ref["greedy_logits_llamacpp"],
+        REF_TOL,
+        f"{name} decode steps",
+    )
+    prompt = [int(t) for t in ref["greedy_prompt"]]
+    want = ref["greedy_llamacpp"].tolist()
+    assert list(m.generate_ids(prompt, max_tokens=len(want), temperature=0.0)) == want
+
+
+@pytest.mark.parametrize("name", GRANITE)
+def test_config_reads_the_decorations(name: str, tiny_model: Callable) -> None:
+    """Both sources give the same ModelConfig, with every multiplier and the MoE as
+    llama.cpp reads them: expert width = feed_forward_length (granitemoe writes no expert
+    width), top-k renormalized (softmax over the top-k logits), shared expert ungated."""
+    gg = config_from_checkpoint(open_checkpoint(_path(tiny_model, name, "gguf")))
+    hf = config_from_checkpoint(open_checkpoint(_path(tiny_model, name, "hf")))
+    assert hf == gg
+    for field, value in zip(
+        ("embd_scale", "residual_scale", "attn_scale", "logit_scale"), FIXTURE_VALUES[name]
+    ):
+        assert getattr(gg, field) == pytest.approx(value), field
+    assert gg.rope_type == "norm"
+    if name == "granite":
+        assert gg.moe is None
+        return
+    assert gg.moe is not None and all(gg.moe.layers)
+    assert (gg.moe.n_expert, gg.moe.n_ff_exp) == (8, 32)
+    assert gg.moe.n_expert_used == (3 if name == "granitemoeshared" else 2)
+    assert gg.moe.norm_topk is True
+    assert gg.moe.n_ff_shexp == (48 if name == "granitemoeshared" else 0)
+    if name == "granitemoeshared":
+        assert gg.moe.shared_gate is False
+
+
+@pytest.mark.parametrize("name", GRANITE)
+def test_hf_dir_tensors_equal_the_converters(name: str, tiny_model: Callable) -> None:
+    """Every canonical tensor read from the HF dir is the converter's: same names, shapes,
+    values (Q/K permuted, input_linear split into gate/up, stacks per kind)."""
+    hf = open_checkpoint(_path(tiny_model, name, "hf"))
+    gg = open_checkpoint(_path(tiny_model, name, "gguf"))
+    assert sorted(hf.tensors.names()) == sorted(gg.tensors.names())
+    for n in gg.tensors.names():
+        a, b = hf.tensors.load(n), gg.tensors.load(n)
+        assert a.shape == b.shape, n
+        assert np.array_equal(a, b) or np.abs(a - b).max() <= 1e-6 * max(1.0, np.abs(b).max()), n
+
+
+@pytest.mark.parametrize("name", GRANITE)
+def test_hf_dir_metadata_matches_the_converters(name: str, tiny_model: Callable) -> None:
+    hf = open_checkpoint(_path(tiny_model, name, "hf")).metadata
+    gg = open_checkpoint(_path(tiny_model, name, "gguf")).metadata
+    arch = gg["general.architecture"]
+    assert hf["general.architecture"] == arch
+    for key, value in gg.items():
+        if not key.startswith(f"{arch}."):
+            continue
+        have = hf.get(key)
+        assert have is not None, f"{key} missing from the HF dir's metadata"
+        if isinstance(value, float):
+            assert have == pytest.approx(value), key
+        else:
+            assert list(np.atleast_1d(have)) == list(np.atleast_1d(value)), key
+
+
+# --- every decoration matters ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("decoration", list(DECORATIONS))
+@pytest.mark.parametrize("name", GRANITE)
+def test_each_decoration_moves_the_graph(name: str, decoration: str, tiny_model: Callable) -> None:
+    """The graph honours each ModelConfig decoration: switched off, the logits land far from
+    both references (so parity cannot pass with it dropped)."""
+    field, neutral = DECORATIONS[decoration][4:]
+    m = frink_cli.load(_path(tiny_model, name, "gguf"))
+    off = Decoder(dataclasses.replace(m.config, **{field: neutral}), m.decoder.host.w)
+    tokens = np.asarray(_tokens(tiny_model, name))
+    got = off.step(tokens, off.new_cache(len(tokens)), all_logits=True)
+    for key in REFERENCES:
+        assert _max_diff(got, tiny_model(name).ref[key]) > FAR, (
+            f"{field}={neutral} still matches {key}"
+        )
+
+
+@pytest.mark.parametrize("decoration", list(DECORATIONS))
+@pytest.mark.parametrize("name", GRANITE)
+def test_each_gguf_key_is_read(
+    name: str, decoration: str, tiny_model: Callable, tmp_path: Path
+) -> None:
+    """The GGUF with one multiplier key switched off (as llama.cpp reads its absence) gives
+    logits far from the references: the reader takes every key from the file."""
+    _, _, suffix, neutral = DECORATIONS[decoration][:4]
+    src = _path(tiny_model, name, "gguf")
+    arch = open_checkpoint(src).metadata["general.architecture"]
+    copy = _gguf_copy(src, tmp_path / "off.gguf", {f"{arch}.{suffix}": neutral})
+    got = frink_cli.load(copy).logits(_tokens(tiny_model, name))
+    for key in REFERENCES:
+        assert _max_diff(got, tiny_model(name).ref[key]) > FAR, f"{suffix} off still matches {key}"
+
+
+@pytest.mark.parametrize("decoration", list(DECORATIONS))
+@pytest.mark.parametrize("name", GRANITE)
+def test_each_hf_config_key_is_read(
+    name: str, decoration: str, tiny_model: Callable, tmp_path: Path
+) -> None:
+    """The HF dir with one multiplier set to its neutral value in config.json gives logits
+    far from the references: the HF reader takes every multiplier from the config."""
+    key, neutral = DECORATIONS[decoration][:2]
+    copy = _hf_copy(_path(tiny_model, name, "hf"), tmp_path / name, **{key: neutral})
+    got = frink_cli.load(copy).logits(_tokens(tiny_model, name))
+    for ref_key in REFERENCES:
+        assert _max_diff(got, tiny_model(name).ref[ref_key]) > FAR, (
+            f"{key}={neutral} still matches {ref_key}"
+        )
+
+
+def test_shared_expert_matters(tiny_model: Callable, tmp_path: Path) -> None:
+    """granitemoeshared's shared expert is on the path: the same file without it (what a
+    reader that ignored ffn_*_shexp would run) gives logits far from the references."""
+    src = _path(tiny_model, "granitemoeshared", "gguf")
+    copy = _gguf_copy(
+        src,
+        tmp_path / "no_shexp.gguf",
+        {"granitemoe.expert_shared_feed_forward_length": None},
+        drop=("_shexp",),
+    )
+    m = frink_cli.load(copy)
+    assert m.config.moe is not None and m.config.moe.n_ff_shexp == 0
+    got = m.logits(_tokens(tiny_model, "granitemoeshared"))
+    for key in REFERENCES:
+        assert _max_diff(got, tiny_model("granitemoeshared").ref[key]) > FAR, key
+
+
+# --- metal (MLX; its CPU device on Linux) ---------------------------------------------------------
+
+
+def _assert_device_ran(model: frink_cli.Model, what: str) -> None:
+    ledger = model.decoder.backend.ledger
+    assert ledger.total() > 0, f"{what}: the device ran nothing ({dict(ledger.refusals)})"
+    assert not ledger.failures, f"{what}: launches failed: {dict(ledger.failures)}"
+    assert not ledger.refusals, f"{what}: layers refused: {dict(ledger.refusals)}"
+
+
+@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("name", GRANITE)
+def test_metal_matches_references(name: str, source: str, step: bool, tiny_model: Callable) -> None:
+    pytest.importorskip("mlx.core")
+    m = frink_cli.load(_path(tiny_model, name, source), backend="metal")
+    assert m.backend_name == "metal"
+    got = m.logits(_tokens(tiny_model, name), step=step)
+    _against_references(
+        got, tiny_model(name).ref, f"{name} metal({source}, {'step' if step else 'batch'})"
+    )
+    _assert_device_ran(m, f"{name} metal")
+
+
+@pytest.mark.parametrize("name", GRANITE)
+def test_metal_decode_after_prefill_matches_llamacpp(name: str, tiny_model: Callable) -> None:
+    pytest.importorskip("mlx.core")
+    ref = tiny_model(name).ref
+    m = frink_cli.load(_path(tiny_model, name, "gguf"), backend="metal")
+    _compare(
+        _decode_after_prefill(m, ref),
+        ref["greedy_logits_llamacpp"],
+        REF_TOL,
+        f"{name} metal decode steps",
+    )
+    _assert_device_ran(m, f"{name} metal")
+
+
+@pytest.mark.parametrize("name", GRANITE)
+def test_metal_one_submission_per_token(name: str, tiny_model: Callable) -> None:
+    pytest.importorskip("mlx.core")
+    m = frink_cli.load(_path(tiny_model, name, "gguf"), backend="metal")
+    ledger = m.decoder.backend.ledger
+    cache = m.decoder.new_cache(32)
+    m.decoder.step(np.arange(1, 9), cache)
+    assert ledger.total() == 1, dict(ledger.submissions)
+    for t in range(6):
+        ledger.reset()
+        m.decoder.step(np.asarray([t + 3]), cache)
+        assert ledger.total() == 1, dict(ledger.submissions)
+    assert not ledger.refusals and not ledger.failures
+
+
+# --- cuda: NumPy standing in for CuPy, and the kernels on the CPU emulator -----------------------
+
+
+def _cuda_models(
+    path: Path, ops_factory: Callable[[], object] | None = None
+) -> tuple[frink_cli.Model, frink_cli.Model]:
+    """(host-only model, cuda-backend model with NumPy arrays) over the same file; the
+    backend's ops from ops_factory (default: the NumPy references)."""
+    from frink_cli.backends.cupy import make_cuda_backend
+
+    host = frink_cli.load(path)
+    dev = frink_cli.load(path)
+    backend = make_cuda_backend(dev.config, array_module="numpy")
+    if ops_factory is not None:
+        backend.ops = ops_factory()
+    dev.decoder = Decoder(dev.config, dev.decoder.host.w, backend)
+    dev.backend_name = backend.name
+    return host, dev
+
+
+def _prefill_prefix_decode(
+    model: frink_cli.Model, tokens: list[int], split: int, n_decode: int = 4
+) -> np.ndarray:
+    """Logits of a prefill of tokens[:split], a second prefill over that cached prefix, then
+    n_decode single-token steps -- every row of every step."""
+    dec = model.decoder
+    cache = dec.new_cache(len(tokens) + 8)
+    second = len(tokens) - n_decode
+    out = [dec.step(np.asarray(tokens[:split]), cache, all_logits=True)]
+    out.append(dec.step(np.asarray(tokens[split:second]), cache, all_logits=True))
+    for t in tokens[second:]:
+        out.append(dec.step(np.asarray([t]), cache))
+    return np.concatenate(out)
+
+
+@pytest.fixture(scope="module")
+def emulated_launcher(tmp_path_factory: pytest.TempPathFactory):
+    from cuda_emulator import EmulatedLauncher, build, compiler
+
+    if compiler() is None:
+        pytest.skip("no g++ to build the CPU kernel emulator")
+    try:
+        lib = build(tmp_path_factory.mktemp("kernel_emu"))
+    except subprocess.CalledProcessError as e:
+        pytest.fail(f"building the emulated kernels failed:\n{e.stderr[-4000:]}", pytrace=False)
+    return EmulatedLauncher(lib)
+
+
+@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
+@pytest.mark.parametrize("name", GRANITE)
+def test_cuda_standing_in_matches_references(
+    name: str, step: bool, tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`load(path, backend="cuda")` with NumPy for CuPy: both references, batch and step.
+    granite runs on the stack whole; every granitemoe layer is refused by the MoE name (the
+    host body runs it) and the answer is still both references'."""
+    from frink_cli.backends.cupy import eligibility
+
+    monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
+    m = frink_cli.load(_path(tiny_model, name, "gguf"), backend="cuda")
+    assert m.backend_name == "cuda"
+    got = m.logits(_tokens(tiny_model, name), step=step)
+    _against_references(
+        got, tiny_model(name).ref, f"{name} cuda-numpy({'step' if step else 'batch'})"
+    )
+    ledger = m.decoder.backend.ledger
+    assert not ledger.failures, dict(ledger.failures)
+    if name in MOE:
+        assert set(ledger.refusals) == {eligibility.MOE}, dict(ledger.refusals)
+    else:
+        assert ledger.total() > 0 and not ledger.refusals, (
+            dict(ledger.submissions),
+            dict(ledger.refusals),
+        )
+
+
+@pytest.mark.parametrize("name", MOE)
+def test_cuda_refuses_granitemoe_layers_by_the_moe_name_alone(
+    name: str, tiny_model: Callable
+) -> None:
+    """Every granitemoe layer is refused for its routed FFN and for nothing else: the granite
+    decorations of its attention and residuals are carried (as granite's own layers show)."""
+    from frink_cli.backends.cupy import eligibility
+
+    cfg = config_from_checkpoint(open_checkpoint(_path(tiny_model, name, "gguf")))
+    assert eligibility.layer_refusals(cfg) == [eligibility.MOE] * cfg.n_layer
+    for layer in range(cfg.n_layer):
+        assert eligibility.layer_reasons(cfg, layer) == [eligibility.MOE], layer
+    # The same layers with a dense FFN (granite's) are taken whole.
+    dense = config_from_checkpoint(open_checkpoint(_path(tiny_model, "granite", "gguf")))
+    assert eligibility.layer_refusals(dense) == [None] * dense.n_layer
+
+
+def test_cuda_numpy_stack_equals_host_body(tiny_model: Callable) -> None:
+    """granite on the dense stack (NumPy references for the kernels): the host body's logits
+    over a prefill, a second prefill over the cached prefix and decode steps, each one
+    submission with the lm head in it."""
+    host, dev = _cuda_models(_path(tiny_model, "granite", "gguf"))
+    tokens = _tokens(tiny_model, "granite")
+    want = _prefill_prefix_decode(host, tokens, split=17)
+    got = _prefill_prefix_decode(dev, tokens, split=17)
+    assert _max_diff(got, want) <= SELF_TOL
+    ledger = dev.decoder.backend.ledger
+    assert ledger.submissions == {"prefill-stack+lm-head": 2, "decode-stack+lm-head": 4}
+    assert not ledger.refusals and not ledger.failures
+
+
+def test_cuda_emulated_kernel_stack_equals_host_body(
+    tiny_model: Callable, emulated_launcher
+) -> None:
+    """granite with kernels/*.cu run on the CPU emulator: the host body's logits."""
+    from frink_cli.backends.cupy.ops import KernelOps
+
+    host, dev = _cuda_models(
+        _path(tiny_model, "granite", "gguf"), lambda: KernelOps(np, emulated_launcher)
+    )
+    tokens = _tokens(tiny_model, "granite")[:24]
+    want = _prefill_prefix_decode(host, tokens, split=9)
+    got = _prefill_prefix_decode(dev, tokens, split=9)
+    assert _max_diff(got, want) <= SELF_TOL
+    # Its rows are positions 0..23 of the fixture tokens, so the references judge them too.
+    _against_references(
+        got, {k: tiny_model("granite").ref[k][:24] for k in REFERENCES}, "granite emulated"
+    )
+    ledger = dev.decoder.backend.ledger
+    assert ledger.submissions == {"prefill-stack+lm-head": 2, "decode-stack+lm-head": 4}
+    assert not ledger.refusals and not ledger.failures
+
+
+@pytest.mark.parametrize("name", MOE)
+def test_cuda_emulated_granitemoe_falls_back_and_matches(
+    name: str, tiny_model: Callable, emulated_launcher
+) -> None:
+    """granitemoe with the emulated kernels: every layer refused (MoE), the host body runs
+    them, and prefill + decode still give both references' logits."""
+    from frink_cli.backends.cupy import eligibility
+    from frink_cli.backends.cupy.ops import KernelOps
+
+    _, dev = _cuda_models(_path(tiny_model, name, "gguf"), lambda: KernelOps(np, emulated_launcher))
+    tokens = _tokens(tiny_model, name)
+    got = dev.logits(tokens)
+    _against_references(got, tiny_model(name).ref, f"{name} emulated")
+    ledger = dev.decoder.backend.ledger
+    assert set(ledger.refusals) == {eligibility.MOE} and not ledger.failures
