@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..resources import config_file
+from .validate import validate_config
 
 
 
@@ -178,11 +179,13 @@ def _per_layer_int(value: Any, n_layer: int, key: str, skip_zero: bool = False) 
 
 def config_from_checkpoint(ckpt: Checkpoint) -> ModelConfig:
     try:
-        return _config_from_checkpoint(ckpt)
-    except (ValueError, TypeError) as e:
+        cfg = _config_from_checkpoint(ckpt)
+    except (ValueError, TypeError, ArithmeticError) as e:
         # Metadata of the wrong type (a string where a count belongs, an array where a
         # scalar does) is a corrupt file, not a bug: name the file and the complaint.
         raise FrinkError(f"{ckpt.path}: bad model metadata ({e})") from e
+    validate_config(cfg, str(ckpt.path), ckpt.metadata)
+    return cfg
 
 
 def _config_from_checkpoint(ckpt: Checkpoint) -> ModelConfig:
