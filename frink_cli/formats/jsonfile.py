@@ -78,7 +78,13 @@ def parse_json(raw: bytes, where: str) -> Any:
 
 
 def read_json(path: Path, what: str = "JSON file") -> Any:
-    """A JSON file from a model directory: a regular file, at most MAX_FILE_BYTES."""
+    """A JSON file from a model directory, parsed with parse_json's limits."""
+    return parse_json(read_model_file(path, what), str(path))
+
+
+def read_model_file(path: Path, what: str = "file") -> bytes:
+    """The bytes of a small file that comes with a model (a regular file, at most
+    MAX_FILE_BYTES), or a FrinkError that names it."""
     try:
         with open_regular(path) as f:
             raw = f.read(MAX_FILE_BYTES + 1)
@@ -86,7 +92,7 @@ def read_json(path: Path, what: str = "JSON file") -> Any:
         raise FrinkError(f"{path}: cannot read {what} ({e.strerror or e})") from None
     if len(raw) > MAX_FILE_BYTES:
         raise FrinkError(f"{path}: {what} is larger than {MAX_FILE_BYTES} bytes")
-    return parse_json(raw, str(path))
+    return raw
 
 
 def open_regular(path: Path):  # noqa: ANN201 - a binary file object
