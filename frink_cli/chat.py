@@ -150,9 +150,9 @@ def _compile(template: str) -> Any:
                         raise _TooBig
             return _check_size(super().call_binop(context, operator, left, right))
 
-        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+        def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
             _check_ints(args, kwargs)
-            return _check_size(super().call(__context, __obj, *args, **kwargs))
+            return _check_size(super().call(context, obj, *args, **kwargs))
 
         def concat(self, parts: tuple) -> str:
             pieces = [p if isinstance(p, str) else str(p) for p in parts]

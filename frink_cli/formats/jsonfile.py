@@ -15,8 +15,9 @@ import json
 import os
 import re
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -48,7 +49,7 @@ def _depth(raw: bytes) -> int:
     return deepest
 
 
-def _no_duplicates(where: str):  # noqa: ANN202 - a json object_pairs_hook
+def _no_duplicates(where: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
     def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         out = dict(pairs)
         if len(out) != len(pairs):
@@ -95,7 +96,7 @@ def read_model_file(path: Path, what: str = "file") -> bytes:
     return raw
 
 
-def open_regular(path: Path):  # noqa: ANN201 - a binary file object
+def open_regular(path: Path) -> BinaryIO:
     """Open `path` for reading only if it is a regular file.
 
     A FIFO or device given as a model file would block on open or never end; O_NONBLOCK
