@@ -1,5 +1,7 @@
 """frink: a local LLM runner. `frink_cli.load(path)` is the Python entry point."""
 
+from . import interrupt  # noqa: F401 - first: Ctrl-C during the imports below (see there)
+
 try:
     from .api import Model, load
 except ImportError:  # TEMP

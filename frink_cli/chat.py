@@ -49,6 +49,7 @@ _cap: contextvars.ContextVar[int] = contextvars.ContextVar("chat_template_cap",
                                                            default=DEFAULT_MAX_CHARS)
 # A %-format width or precision: "%999999999s" would build a huge string in one step.
 _FORMAT_NUMBER = re.compile(r"%[^a-zA-Z%]*")
+_DIGITS = re.compile(r"\d+")
 
 
 class _TooBig(Exception):
@@ -73,6 +74,16 @@ def _check_ints(args: tuple, kwargs: dict) -> None:
     cap = _cap.get()
     for a in (*args, *kwargs.values()):
         if isinstance(a, int) and not isinstance(a, bool) and abs(a) > cap:
+            raise _TooBig
+
+
+def _check_format(fmt: str, star: bool) -> None:
+    # A width or precision in a format string ("%999999999s", "{:>999999999}") builds a
+    # string that large in one C call: refuse any number in the format beyond the cap.
+    cap = _cap.get()
+    for spec in _FORMAT_NUMBER.findall(fmt) if star else [fmt]:
+        if (star and "*" in spec) or any(len(n) > 18 or int(n) > cap
+                                         for n in _DIGITS.findall(spec)):
             raise _TooBig
 
 
@@ -145,13 +156,15 @@ def _compile(template: str) -> Any:
                     isinstance(left, int) and abs(left) > 1):
                 raise _TooBig  # an integer of millions of digits, computed in C
             elif operator == "%" and isinstance(left, str):
-                for spec in _FORMAT_NUMBER.findall(left):
-                    if "*" in spec or any(int(n) > cap for n in re.findall(r"\d+", spec)):
-                        raise _TooBig
+                _check_format(left, star=True)
             return _check_size(super().call_binop(context, operator, left, right))
 
         def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
             _check_ints(args, kwargs)
+            receiver = getattr(obj, "__self__", None)
+            if isinstance(receiver, str) and getattr(obj, "__name__", "") in (
+                    "format", "format_map"):
+                _check_format(receiver, star=False)
             return _check_size(super().call(context, obj, *args, **kwargs))
 
         def concat(self, parts: tuple) -> str:

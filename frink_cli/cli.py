@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .backends import BACKEND_NAMES
+from . import interrupt
 from .errors import FrinkError, printable
 
 if TYPE_CHECKING:  # the api (numpy, the model code) is imported lazily, per command
@@ -553,6 +554,8 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         try:
+            if interrupt.pending():
+                raise KeyboardInterrupt
             app(standalone_mode=False)
         finally:
             if sys.stdout is not None:

@@ -88,7 +88,9 @@ def read_model_file(path: Path, what: str = "file") -> bytes:
     MAX_FILE_BYTES), or a FrinkError that names it."""
     try:
         with open_regular(path) as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
+            # By the file's size: read(n) allocates n bytes up front, whatever the file holds.
+            size = os.fstat(f.fileno()).st_size
+            raw = f.read(min(size, MAX_FILE_BYTES) + 1)
     except OSError as e:
         raise FrinkError(f"{path}: cannot read {what} ({e.strerror or e})") from None
     if len(raw) > MAX_FILE_BYTES:
