@@ -161,11 +161,15 @@ def _compile(template: str) -> Any:
 
         def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
             _check_ints(args, kwargs)
-            receiver = getattr(obj, "__self__", None)
-            if isinstance(receiver, str) and getattr(obj, "__name__", "") in (
+            return _check_size(super().call(context, obj, *args, **kwargs))
+
+        def wrap_str_format(self, value: Any) -> Any:
+            # Where the sandbox hands out str.format (at attribute access, not at the call).
+            receiver = getattr(value, "__self__", None)
+            if isinstance(receiver, str) and getattr(value, "__name__", "") in (
                     "format", "format_map"):
                 _check_format(receiver, star=False)
-            return _check_size(super().call(context, obj, *args, **kwargs))
+            return super().wrap_str_format(value)
 
         def concat(self, parts: tuple) -> str:
             pieces = [p if isinstance(p, str) else str(p) for p in parts]
@@ -267,7 +271,7 @@ def render_chat(template: str, messages: list[dict], *, bos_token: str | None,
         ) from None
     except (_TooBig, MemoryError, OverflowError):
         raise FrinkError(
-            f"chat template output exceeds {cap} characters"
+            f"chat template output (or a value it builds) exceeds {cap} characters"
             + (", more than the context can hold" if max_chars is not None else "")
         ) from None
     except SecurityError as e:
