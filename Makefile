@@ -17,12 +17,13 @@ export PROMPT
 # the built wheel, so this cost is paid once per machine.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: help run test lint clean
+.PHONY: help run test lint fuzz clean
 
 help:
 	@echo "make run    generate $(PROMPT) with the default model (fetched on first use)"
 	@echo "make test   install the test extra and run pytest (PYTEST_ARGS=... passes through)"
 	@echo "make lint   ruff over the package and tests"
+	@echo "make fuzz   the hostile-input soak: 20,000+ seeded cases (FUZZ_CASES, FUZZ_SEED)"
 	@echo "make clean  remove .venv and caches"
 
 $(PY):
@@ -45,6 +46,12 @@ run: $(VENV)/.stamp-run
 
 test: $(VENV)/.stamp-test
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Not part of `make test`: tests/test_fuzz.py runs a CI-sized share of the same cases.
+FUZZ_CASES ?= 20000
+FUZZ_SEED  ?= 1
+fuzz: $(VENV)/.stamp-run
+	$(PY) scripts/fuzz_inputs.py --cases $(FUZZ_CASES) --seed $(FUZZ_SEED)
 
 lint: $(VENV)/.stamp-ruff
 	$(PY) -m ruff check frink_cli tests
