@@ -25,8 +25,8 @@ import struct
 import sys
 import tempfile
 import time
-import tracemalloc
 import traceback
+import tracemalloc
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -402,12 +402,12 @@ HOSTILE_TEMPLATES = [
     "{{ 'a'.center(1000000000) }}",
     "{{ 'a'|center(1000000000) }}",
     "{{ 'a'|indent(1000000000) }}",
-    "{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}"
-    "{% endfor %}{{ ns.s|length }}",
-    "{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}"
-    "{% endfor %}",
-    "{% set ns = namespace(l=[1]) %}{% for i in range(60) %}{% set ns.l = ns.l + ns.l %}"
-    "{% endfor %}",
+    ("{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}"
+     "{% endfor %}{{ ns.s|length }}"),
+    ("{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}"
+     "{% endfor %}"),
+    ("{% set ns = namespace(l=[1]) %}{% for i in range(60) %}{% set ns.l = ns.l + ns.l %}"
+     "{% endfor %}"),
     "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
     "{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}",
     "{{ ''.__class__.__mro__[1].__subclasses__() }}",
@@ -467,7 +467,7 @@ def classify(case: Case) -> tuple[str, str]:
         outcome, detail = "correct run", ""
     except FrinkError as e:
         outcome, detail = "clean refusal", str(e)[:200]
-    except BaseException as e:  # noqa: BLE001 - anything else breaks the promise
+    except BaseException as e:
         if isinstance(e, KeyboardInterrupt):
             raise
         outcome, detail = "traceback", "".join(traceback.format_exception(e))[-1500:]

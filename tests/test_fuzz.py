@@ -72,14 +72,16 @@ _LAUNCHER = (
 def _run(args: list[str], *, stdin: object = subprocess.DEVNULL, stdout: object = None,
          close_fds: tuple[int, ...] = (), sigint_after: float | None = None,
          env: dict | None = None, measure: bool = False, timeout: float = 120) -> dict:
-    hwm = tempfile.NamedTemporaryFile(delete=False)
-    hwm.close()
-    e = {**child_env(), **(env or {}), "FUZZ_HWM": hwm.name}
+    fd, hwm_path = tempfile.mkstemp()
+    os.close(fd)
+    e = {**child_env(), **(env or {}), "FUZZ_HWM": hwm_path}
     cmd = [sys.executable, "-c", _LAUNCHER, *args] if measure else [*frink_command(), *args]
+    if close_fds:  # the shell closes them, then execs frink
+        closing = " ".join(f"{n}>&-" if n else "<&-" for n in close_fds)
+        cmd = ["sh", "-c", f'exec "$@" {closing}', "sh", *cmd]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        pre = (lambda: [os.close(fd) for fd in close_fds]) if close_fds else None
         proc = subprocess.Popen(cmd, stdin=stdin, stdout=out if stdout is None else stdout,
-                                stderr=err, env=e, preexec_fn=pre)
+                                stderr=err, env=e)
         if sigint_after is not None:
             threading.Timer(sigint_after, lambda: proc.poll() is None
                             and proc.send_signal(signal.SIGINT)).start()
@@ -96,8 +98,8 @@ def _run(args: list[str], *, stdin: object = subprocess.DEVNULL, stdout: object 
         res = {"rc": proc.returncode, "stdout": out.read().decode("utf-8", "replace"),
                "stderr": err.read().decode("utf-8", "replace"), "hung": hung,
                "seconds": time.perf_counter() - t0}
-    raw = Path(hwm.name).read_text().strip()
-    os.unlink(hwm.name)
+    raw = Path(hwm_path).read_text().strip()
+    os.unlink(hwm_path)
     res["peak_mib"] = int(raw) / 1024 if raw else None
     return res
 
