@@ -23,8 +23,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .backends import BACKEND_NAMES
 from . import interrupt
+from .backends import BACKEND_NAMES
 from .errors import FrinkError, printable
 
 if TYPE_CHECKING:  # the api (numpy, the model code) is imported lazily, per command
