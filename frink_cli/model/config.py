@@ -184,7 +184,7 @@ def config_from_checkpoint(ckpt: Checkpoint) -> ModelConfig:
         # Metadata of the wrong type (a string where a count belongs, an array where a
         # scalar does) is a corrupt file, not a bug: name the file and the complaint.
         raise FrinkError(f"{ckpt.path}: bad model metadata ({e})") from e
-    validate_config(cfg, str(ckpt.path), ckpt.metadata)
+    validate_config(cfg, str(ckpt.path), ckpt)
     return cfg
 
 

@@ -27,8 +27,9 @@ if TYPE_CHECKING:
 _MAX_CTX = 1 << 26
 
 
-def validate_config(cfg: ModelConfig, where: str, metadata: dict[str, Any] | None = None) -> None:
-    """Refuse a config whose numbers cannot describe a working model."""
+def validate_config(cfg: ModelConfig, where: str, ckpt: Checkpoint | None = None) -> None:
+    """Refuse a config whose numbers cannot describe a working model (with the checkpoint:
+    nor the file's own tensors and vocabulary)."""
 
     def bad(what: str, value: Any, expected: str) -> FrinkError:
         return FrinkError(f"{where}: bad model metadata ({what} = {value!r}; expected {expected})")
@@ -58,8 +59,26 @@ def validate_config(cfg: ModelConfig, where: str, metadata: dict[str, Any] | Non
             raise bad(what, value, "a finite number > 0")
     if cfg.sliding_window is not None and not 0 < cfg.sliding_window <= _MAX_CTX:
         raise bad("sliding window", cfg.sliding_window, f"between 1 and {_MAX_CTX}")
-    if metadata is not None:
-        _check_vocabulary(cfg, metadata, where)
+    if ckpt is not None:
+        _check_sizes(cfg, ckpt, where)
+        _check_vocabulary(cfg, ckpt.metadata, where)
+
+
+def _check_sizes(cfg: ModelConfig, ckpt: Checkpoint, where: str) -> None:
+    """Every weight matrix the config implies is at least one tensor of the file, so none
+    can hold more elements than the file's largest tensor. Checked before the weights are
+    loaded, which allocate (fused) buffers from these sizes before they see a tensor."""
+    names = ckpt.tensors.names()
+    largest = max((math.prod(ckpt.tensors.info(n).shape) for n in names), default=0)
+    q_rows = cfg.n_head * cfg.head_dim_k * (2 if cfg.attn_output_gate else 1)
+    for what, rows in (("feed_forward_length", cfg.n_ff), ("query width", q_rows),
+                       ("key/value width", cfg.n_head_kv * max(cfg.head_dim_k, cfg.head_dim_v)),
+                       ("expert feed_forward_length", cfg.n_ff_exp)):
+        if rows * cfg.n_embd > largest:
+            raise FrinkError(
+                f"{where}: bad model metadata ({what} {rows} x embedding {cfg.n_embd} is larger "
+                f"than any tensor in the file)"
+            )
 
 
 def _check_vocabulary(cfg: ModelConfig, md: dict[str, Any], where: str) -> None:
