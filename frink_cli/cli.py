@@ -556,7 +556,13 @@ def main() -> None:
         try:
             if interrupt.pending():
                 raise KeyboardInterrupt
-            app(standalone_mode=False)
+            # Typer turns Ctrl-C (and typer.Exit(n)) into a returned exit code when not
+            # standalone: 130 is its KeyboardInterrupt, anything else non-zero an Exit.
+            code = app(standalone_mode=False)
+            if code == 130:
+                raise KeyboardInterrupt
+            if isinstance(code, int) and not isinstance(code, bool) and code:
+                _quiet_exit(code)
         finally:
             if sys.stdout is not None:
                 sys.stdout.flush()  # a full disk shows here, inside the handlers below
