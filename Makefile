@@ -17,13 +17,14 @@ export PROMPT
 # the built wheel, so this cost is paid once per machine.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: help run test test-fast lint clean
+.PHONY: help run test test-fast lint fuzz clean
 
 help:
 	@echo "make run    generate $(PROMPT) with the default model (fetched on first use)"
 	@echo "make test   install the test extra and run pytest (PYTEST_ARGS=... passes through)"
 	@echo "make test-fast  the same without the real-model tests (-m 'not real')"
 	@echo "make lint   ruff check, ruff format --check (package, tests, scripts), mypy (package)"
+	@echo "make fuzz   the hostile-input soak: 20,000+ seeded cases (FUZZ_CASES, FUZZ_SEED)"
 	@echo "make clean  remove .venv and caches"
 
 $(PY):
@@ -52,6 +53,12 @@ test: $(VENV)/.stamp-test
 # The real models are fetched once per machine and are most of the suite's time.
 test-fast: $(VENV)/.stamp-test
 	$(PY) -m pytest -q -m "not real" $(PYTEST_ARGS)
+
+# Not part of `make test`: tests/test_fuzz.py runs a CI-sized share of the same cases.
+FUZZ_CASES ?= 20000
+FUZZ_SEED  ?= 1
+fuzz: $(VENV)/.stamp-run
+	$(PY) scripts/fuzz_inputs.py --cases $(FUZZ_CASES) --seed $(FUZZ_SEED)
 
 # Every tool runs even when one fails, so one run reports all three; the status is theirs.
 LINT_PATHS := frink_cli tests scripts

@@ -1,5 +1,6 @@
 """frink: a local LLM runner. `frink_cli.load(path)` is the Python entry point."""
 
+from . import interrupt  # noqa: F401, I001 - first: Ctrl-C during the imports below (see there)
 from .api import Model, load
 from .errors import FrinkError
 

@@ -19,6 +19,7 @@ from .errors import FrinkError
 from .formats import Checkpoint, open_checkpoint
 from .generate import GenerationStats, generate_tokens
 from .model import ModelConfig, config_from_checkpoint, load_weights
+from .model.validate import check_tensors as scan_tensors
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer, load_tokenizer
 
@@ -65,9 +66,11 @@ class Model:
         return np.concatenate([self.decoder.step(ids[i : i + 1], cache) for i in range(len(ids))])
 
     def prompt_ids(
-        self, prompt: str, *, raw: bool = False, system: str | None = None, notes: list[str] | None = None
+        self, prompt: str, *, raw: bool = False, system: str | None = None, notes: list[str] | None = None,
+        n_ctx: int | None = None,
     ) -> list[int]:
-        return prompt_ids(self._tok(), prompt, system=system, raw=raw, notes=notes)
+        """Ids of `prompt`; with n_ctx, text that cannot fit is refused before tokenizing."""
+        return prompt_ids(self._tok(), prompt, system=system, raw=raw, notes=notes, n_ctx=n_ctx)
 
     def generate_ids(
         self,
@@ -108,7 +111,9 @@ class Model:
         or keep the ids). Sampling keywords are SamplingParams' fields."""
         tok = self._tok()
         if isinstance(prompt, str):
-            ids = self.prompt_ids(prompt, raw=raw, system=system)
+            ids = self.prompt_ids(
+                prompt, raw=raw, system=system, n_ctx=n_ctx or min(self.config.n_ctx_train, DEFAULT_CTX)
+            )
         else:
             ids = list(prompt)
         stream = tok.stream()
@@ -126,9 +131,13 @@ def load(
     path: str | Path,
     backend: str = "numpy",
     progress: Callable[[int, int], None] | None = None,
+    check_tensors: bool = False,
 ) -> Model:
+    """check_tensors: scan every weight for NaN/Inf first (llama.cpp's --check-tensors)."""
     ckpt = open_checkpoint(path)
     cfg = config_from_checkpoint(ckpt)
+    if check_tensors:
+        scan_tensors(ckpt)
     # Before the (slow) weight load, so an unavailable backend is refused at once.
     chosen = select_backend(backend, cfg, ckpt)
     tokenizer = load_tokenizer(ckpt)

@@ -7,7 +7,9 @@ ends with one line on stderr and a non-zero exit; -v adds the traceback.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import signal
 import sys
 import traceback
@@ -20,8 +22,9 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from . import interrupt
 from .backends import BACKEND_NAMES, check_backend_name
-from .errors import FrinkError
+from .errors import FrinkError, printable
 
 # The api (numpy, the model code) is imported lazily, per command: `frink --help` stays quick.
 
@@ -59,14 +62,14 @@ def _peak_memory_mib() -> float:
     return peak_memory_mib()
 
 
-def _load(model_arg: str | None, backend: str, quiet: bool = False):
+def _load(model_arg: str | None, backend: str, quiet: bool = False, check_tensors: bool = False):
     from .api import load
     from .pull import resolve_model_arg
 
     path = resolve_model_arg(model_arg)
     # No bar when stderr is a pipe or file: there it is only noise (rich leaves a blank line).
     if quiet or not err.is_terminal:
-        return load(path, backend=backend)
+        return load(path, backend=backend, check_tensors=check_tensors)
     with Progress(
         TextColumn("[dim]loading {task.description}"),
         BarColumn(),
@@ -80,7 +83,7 @@ def _load(model_arg: str | None, backend: str, quiet: bool = False):
         def report(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
 
-        return load(path, backend=backend, progress=report)
+        return load(path, backend=backend, progress=report, check_tensors=check_tensors)
 
 
 def _backend_option(default: str, help: str, choices: tuple[str, ...] = BACKEND_NAMES) -> Any:
@@ -96,28 +99,51 @@ def _backend_option(default: str, help: str, choices: tuple[str, ...] = BACKEND_
     return typer.Option(default, "--backend", help=help, callback=check)
 
 
-def _read_prompt(prompt: str | None, file: Path | None) -> str:
+# Bytes of prompt read per token of context at most: no vocabulary has tokens near this
+# long, so a longer input cannot fit, and reading stops there (`-f /dev/zero` ends).
+_PROMPT_BYTES_PER_TOKEN = 1024
+
+
+def _read_prompt(prompt: str | None, file: Path | None, n_ctx: int = 0) -> str:
+    """The prompt text; from a file or stdin, read only as far as a context of n_ctx tokens
+    (0: the default 4096) could hold."""
     if prompt is not None and file is not None:
         raise FrinkError("give the prompt with -p or -f, not both")
+    limit = (n_ctx or 4096) * _PROMPT_BYTES_PER_TOKEN
     if file is not None:
         try:
-            return file.read_text(encoding="utf-8")
+            from .formats.jsonfile import open_regular
+
+            with open_regular(file) if file.is_file() else open(file, "rb") as f:
+                raw = f.read(limit + 1)
         except OSError as e:
             raise FrinkError(f"cannot read prompt file {file}: {e.strerror}") from None
-        except UnicodeDecodeError:
-            raise FrinkError(f"prompt file {file} is not UTF-8 text") from None
-    if prompt == "-":
+        source = f"prompt file {file}"
+    elif prompt == "-":
+        if sys.stdin is None:
+            raise FrinkError("cannot read the prompt from stdin: stdin is closed")
         try:
-            # Bytes, decoded strictly: the text stream's surrogateescape (C/POSIX locales)
-            # would hand the tokenizer lone surrogates, which it cannot encode.
-            text = sys.stdin.buffer.read().decode("utf-8")
-            # The same newline translation text-mode reads (and so -f) apply.
-            return text.replace("\r\n", "\n").replace("\r", "\n")
-        except UnicodeDecodeError:
-            raise FrinkError("the prompt on stdin is not UTF-8 text") from None
-    if prompt is None:
+            raw = sys.stdin.buffer.read(limit + 1)
+        except (OSError, ValueError) as e:
+            raise FrinkError(f"cannot read the prompt from stdin: {getattr(e, 'strerror', e)}") from None
+        source = "the prompt on stdin"
+    elif prompt is None:
         raise FrinkError("no prompt: pass -p TEXT, -p - (stdin) or -f FILE")
-    return _check_utf8(prompt, "-p/--prompt")
+    else:
+        return _check_utf8(prompt, "-p/--prompt")
+    if len(raw) > limit:
+        raise FrinkError(
+            f"{source} is more than {limit} bytes, more than a context of {n_ctx or 4096} "
+            "tokens can hold"
+        )
+    try:
+        # Bytes, decoded strictly: the text stream's surrogateescape (C/POSIX locales)
+        # would hand the tokenizer lone surrogates, which it cannot encode.
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise FrinkError(f"{source} is not UTF-8 text") from None
+    # The newline translation text-mode reads apply.
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _check_utf8(text: str, flag: str) -> str:
@@ -162,6 +188,9 @@ def run(
     as_json: bool = typer.Option(
         False, "--json", help="print one JSON object instead of streaming text"
     ),
+    check_tensors: bool = typer.Option(
+        False, "--check-tensors", help="scan every weight for NaN/Inf at load"
+    ),
     verbose: bool = typer.Option(False, "-v", "--verbose"),
 ) -> None:
     """Generate text from a prompt."""
@@ -178,16 +207,17 @@ def run(
     _check_range("--min-p", min_p, 0, 1)
     _check_range("--repeat-penalty", repeat_penalty, 0)
     _check_range("--repeat-last-n", repeat_last_n, -1)
-    text_in = _read_prompt(prompt, file)
+    text_in = _read_prompt(prompt, file, ctx_size)
     if system is not None:
         _check_utf8(system, "--system")
 
-    m = _load(model, backend, quiet=as_json and not verbose)
+    m = _load(model, backend, quiet=as_json and not verbose, check_tensors=check_tensors)
+    n_ctx = ctx_size or min(m.config.n_ctx_train, 4096)
     notes: list[str] = []
     # The ids first (not a string into generate) so the template's notes show before the text.
-    ids = m.prompt_ids(text_in, raw=raw, system=system, notes=notes)
+    ids = m.prompt_ids(text_in, raw=raw, system=system, notes=notes, n_ctx=n_ctx)
     for note in notes:
-        err.print(f"[dim]note: {note}[/dim]")
+        err.print(f"note: {printable(note)}", style="dim", markup=False)
     stats = GenerationStats()
     pieces: list[str] = []
     out = sys.stdout
@@ -289,7 +319,7 @@ def _print_info(d: dict[str, Any]) -> None:
 
     n_layer, be, moe, g = d["n_layer"], d["backend"]["name"], d["moe"], d["gdn"]
     size = f"{d['file_bytes'] / 1e6:.1f} MB"
-    line("model", f"{d['name'] or Path(d['path']).name} ({d['format']}, {size})")
+    line("model", f"{printable(str(d['name'] or Path(d['path']).name))} ({d['format']}, {size})")
     line("architecture", f"{d['architecture']}, {d['parameters'] / 1e6:.1f}M parameters")
     line("tensor types", ", ".join(f"{k} x{v}" for k, v in sorted(d["tensor_types"].items())))
     line("layers", f"{n_layer} ({d['layer_pattern']})")
@@ -348,7 +378,7 @@ def _print_info(d: dict[str, Any]) -> None:
             ffn = f"{s['ffn']} ffn {d['n_ff']}"
         p(f"  blk.{s['layer']:<3} {mixer} + {ffn}{where}\n")
     for note in d["notes"]:
-        p(f"note: {note}\n")
+        p(f"note: {printable(note)}\n")
 
 
 @app.command()
@@ -475,36 +505,79 @@ def models() -> None:
         sys.stdout.write(f"{name:<16} {desc}  [{path if path else 'not fetched'}]\n")
 
 
+def _fail(message: str, code: int = 1) -> None:
+    """The one error line (file-supplied text escaped), then exit; never a second failure
+    if stderr itself is gone."""
+    try:
+        err.print(f"frink: {printable(message)}", markup=False)
+    except (OSError, ValueError, AttributeError):
+        pass
+    _quiet_exit(code)
+
+
+def _quiet_exit(code: int) -> None:
+    # The interpreter flushes stdout once more at exit; on a closed pipe or a full disk that
+    # flush fails again and prints a second, traceback-like line. Point it at /dev/null.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    sys.exit(code)
+
+
+def _check_streams() -> None:
+    """stdout closed (`>&-`) leaves sys.stdout None: say so instead of a traceback later."""
+    if sys.stdout is None or sys.stderr is None:
+        if sys.stderr is not None:
+            sys.stderr.write("frink: error: stdout is closed\n")
+        os._exit(1)
+
+
 def main() -> None:
+    _check_streams()
     if hasattr(signal, "SIGPIPE"):
         # `frink run ... | head`: end quietly when the reader goes away, as cat does.
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # Ctrl-C is KeyboardInterrupt even where the parent started frink with SIGINT ignored
+    # (a shell's background job), which would otherwise run on and exit 0.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        app(standalone_mode=False)
-    except _ABORTS:
-        err.print("frink: interrupted")
-        sys.exit(130)
+        try:
+            if interrupt.pending():
+                raise KeyboardInterrupt
+            # Typer turns Ctrl-C (and typer.Exit(n)) into a returned exit code when not
+            # standalone: 130 is its KeyboardInterrupt, anything else non-zero an Exit.
+            code = app(standalone_mode=False)
+            if code == 130:
+                raise KeyboardInterrupt
+            if isinstance(code, int) and not isinstance(code, bool) and code:
+                _quiet_exit(code)
+        finally:
+            if sys.stdout is not None:
+                sys.stdout.flush()  # a full disk shows here, inside the handlers below
+    except (*_ABORTS, KeyboardInterrupt):
+        _fail("interrupted", 130)
     except _HELP_ERRORS as e:  # bare `frink`: the help text, not an error line
         e.show()
         sys.exit(e.exit_code)
     except _USAGE_ERRORS as e:
         if _verbose:
             traceback.print_exc()
-        err.print(f"frink: error: {e.format_message()}", markup=False)
-        sys.exit(e.exit_code or 2)
+        _fail(f"error: {e.format_message()}", e.exit_code or 2)
     except FrinkError as e:
         if _verbose:
             traceback.print_exc()
-        err.print(f"frink: error: {e}", markup=False)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        err.print("frink: interrupted")
-        sys.exit(130)
+        _fail(f"error: {e}")
     except BrokenPipeError:
-        sys.exit(0)
+        _quiet_exit(0)
     except MemoryError:
-        err.print("frink: error: out of memory")
-        sys.exit(1)
+        _fail("error: out of memory")
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EIO, errno.EBADF, errno.EDQUOT, errno.EFBIG):
+            # stdout on a full disk or a closed descriptor: the answer cannot be written.
+            _fail(f"error: cannot write output ({e.strerror})")
+        raise
 
 
 if __name__ == "__main__":

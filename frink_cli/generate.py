@@ -36,6 +36,18 @@ class GenerationStats:
         return self.generated_tokens / self.generate_seconds if self.generate_seconds else 0.0
 
 
+def _finite(logits: np.ndarray) -> np.ndarray:
+    """The NaN guard: sampling from non-finite logits yields garbage (greedy picks token 0
+    or nothing), so stop and say what usually causes it."""
+    if not np.isfinite(logits).all():
+        raise FrinkError(
+            "the model produced non-finite logits (NaN or Inf): its weights or its metadata "
+            "(rope base, norm epsilon, scales) are likely corrupt; --check-tensors scans the "
+            "weights"
+        )
+    return logits
+
+
 def generate_tokens(
     decoder: Decoder,
     prompt_ids: Sequence[int],
@@ -54,10 +66,16 @@ def generate_tokens(
         raise FrinkError(
             f"prompt is {n_prompt} tokens, too long for a context of {n_ctx} (raise -c/--ctx-size)"
         )
+    n_vocab = decoder.cfg.n_vocab
+    if min(prompt_ids) < 0 or max(prompt_ids) >= n_vocab:
+        # A tokenizer larger than the embedding (a broken or mismatched model directory).
+        bad = next(i for i in prompt_ids if not 0 <= i < n_vocab)
+        raise FrinkError(f"prompt token id {bad} is outside the model's {n_vocab} embedding rows "
+                         "(the tokenizer does not match the weights)")
     cache = decoder.new_cache(n_ctx)
     history = list(prompt_ids)
     t0 = time.perf_counter()
-    logits = decoder.step(np.asarray(prompt_ids), cache)[-1]
+    logits = _finite(decoder.step(np.asarray(prompt_ids), cache)[-1])
     stats.prompt_tokens = n_prompt
     stats.prompt_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -76,7 +94,7 @@ def generate_tokens(
             if cache.n_past >= n_ctx:
                 stats.stop_reason = "context"
                 return
-            logits = decoder.step(np.asarray([token]), cache)[-1]
+            logits = _finite(decoder.step(np.asarray([token]), cache)[-1])
         stats.stop_reason = "length"
     finally:
         stats.generate_seconds = time.perf_counter() - t0

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import FrinkError
+from .formats.jsonfile import read_json, read_model_file
 
 if TYPE_CHECKING:
     from .formats import Checkpoint
@@ -289,6 +290,7 @@ class Tokenizer:
         self.bos_text: str | None = core.token_text(bos_id) if bos_id is not None else None
         self.eos_text: str | None = core.token_text(eos_id) if eos_id is not None else None
         self.source = source  # "gguf" | "hf", for notes and error messages
+        self._max_token_chars: int | None = None
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids for `text`, as llama_tokenize(text, add_special, parse_special).
@@ -321,6 +323,14 @@ class Tokenizer:
             out = out[1:]
         return out.decode("utf-8", errors="replace")
 
+    @property
+    def max_token_chars(self) -> int:
+        """The longest token's text in characters: n tokens spell at most n times this, so a
+        text longer than that is refused untokenized (chat.prompt_ids)."""
+        if self._max_token_chars is None:
+            self._max_token_chars = self._core.max_token_chars()
+        return self._max_token_chars
+
     def stream(self) -> StreamDecoder:
         return StreamDecoder(self)
 
@@ -345,6 +355,8 @@ class _Core(Protocol):
     def token_text(self, token_id: int) -> str: ...
 
     def token_id(self, text: str) -> int | None: ...
+
+    def max_token_chars(self) -> int: ...
 
 
 # ---------------------------------------------------------------------------------------
@@ -517,6 +529,9 @@ class _GgufCore(_Core):
 
     def token_text(self, token_id: int) -> str:
         return self.tokens[token_id]
+
+    def max_token_chars(self) -> int:
+        return max(map(len, self.tokens), default=1)
 
     def token_id(self, text: str) -> int | None:
         return self.to_id.get(text)
@@ -793,6 +808,9 @@ class _HfCore(_Core):
     def token_text(self, token_id: int) -> str:
         return self.tk.id_to_token(token_id) or ""
 
+    def max_token_chars(self) -> int:
+        return max(map(len, self.tk.get_vocab(with_added_tokens=True)), default=1)
+
     def token_id(self, text: str) -> int | None:
         return self.tk.token_to_id(text)
 
@@ -817,13 +835,9 @@ def _mentions(tree: Any, type_name: str) -> bool:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
+    if not path.exists():
         return {}
-    except (OSError, ValueError) as e:
-        raise FrinkError(f"{path}: cannot read JSON ({e})") from None
+    data = read_json(path)
     return data if isinstance(data, dict) else {}
 
 
@@ -835,8 +849,12 @@ def _token_content(v: Any) -> str | None:
 
 def _chat_template_from_dir(d: Path, config: dict) -> str | None:
     jinja = d / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
+    if jinja.exists():
+        raw = read_model_file(jinja, "chat template")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise FrinkError(f"{jinja}: not UTF-8 text (byte {e.start})") from None
     tmpl: Any = _read_json(d / "chat_template.json").get("chat_template")
     if tmpl is None:
         tmpl = config.get("chat_template")

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType, Kept, Plan, Transform
+from ..formats.safetensors import HfModelType, Kept, Plan, Transform, is_finite_number, is_uint
 from ..model.config import GdnConfig, ModelConfig, MoeConfig
 
 # A composite turns several stored tensors into one GGUF tensor, or one into several: it
@@ -59,24 +59,30 @@ class MetadataWriter:
         self.arch, self.hp = arch, hp
         self.meta: dict[str, Any] = {}
 
-    def _value(self, src: str, optional: bool) -> Any:
+    def _value(self, src: str, optional: bool, ok: Callable[[Any], bool], expected: str) -> Any:
+        """The config value, checked by type, not coerced: "3" or true where a count
+        belongs is a broken config."""
         value = self.hp.get(src)
-        if value is None and not optional:
-            raise FrinkError(f"config.json: missing {src!r}")
+        if value is None:
+            if not optional:
+                raise FrinkError(f"config.json: missing {src!r}")
+            return None
+        if not ok(value):
+            raise FrinkError(f"config.json: {src!r} must be {expected}, got {value!r}"[:300])
         return value
 
     def u32(self, key: str, src: str, optional: bool = False) -> None:
-        value = self._value(src, optional)
+        value = self._value(src, optional, is_uint, "a non-negative integer")
         if value is not None:
-            self.set(key, int(value))
+            self.set(key, value)
 
     def f32(self, key: str, src: str, optional: bool = False) -> None:
-        value = self._value(src, optional)
+        value = self._value(src, optional, is_finite_number, "a finite number")
         if value is not None:
             self.set(key, f32(value))
 
     def flag(self, key: str, src: str) -> None:
-        self.set(key, bool(self._value(src, False)))
+        self.set(key, self._value(src, False, lambda v: isinstance(v, bool), "true or false"))
 
     def set(self, key: str, value: Any) -> None:
         self.meta[self.key(key)] = value

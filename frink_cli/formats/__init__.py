@@ -57,9 +57,16 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     if p.is_dir():
         from .safetensors import read_hf_dir
 
-        return read_hf_dir(p)
+        try:
+            return read_hf_dir(p)
+        except (ValueError, TypeError, ArithmeticError) as e:
+            # A config value of a type or size no field check above anticipated: still the
+            # file's fault, so name it rather than show a traceback.
+            raise FrinkError(f"{p / 'config.json'}: bad value ({e})"[:300]) from e
+    from .jsonfile import open_regular
+
     try:
-        with open(p, "rb") as f:
+        with open_regular(p) as f:
             magic = f.read(4)
     except OSError as e:
         raise FrinkError(f"cannot read {p}: {e.strerror or e}") from None

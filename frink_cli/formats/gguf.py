@@ -11,7 +11,9 @@ offset is checked against the file length before it is used.
 
 from __future__ import annotations
 
+import itertools
 import mmap
+import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from gguf.quants import dequantize
 
 from ..errors import FrinkError
 from . import Checkpoint, TensorInfo
+from .jsonfile import open_regular
 
 _SCALARS: dict[GGUFValueType, str] = {
     GGUFValueType.UINT8: "<u1",
@@ -41,6 +44,56 @@ _STRUCT = {t: "<" + {"u1": "B", "i1": "b", "u2": "H", "i2": "h", "u4": "I", "i4"
                       "f4": "f", "u8": "Q", "i8": "q", "f8": "d"}[d[1:]] for t, d in _SCALARS.items()}
 _MAX_DIMS = 4
 _DEFAULT_ALIGNMENT = 32
+# llama.cpp reads no nested arrays at all; gguf-py writes them. One level of nesting is
+# accepted, more is a crafted file (and recursion without end).
+_MAX_ARRAY_DEPTH = 2
+
+_INTS = frozenset({GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16,
+                   GGUFValueType.INT16, GGUFValueType.UINT32, GGUFValueType.INT32,
+                   GGUFValueType.UINT64, GGUFValueType.INT64})
+_FLOATS = frozenset({GGUFValueType.FLOAT32, GGUFValueType.FLOAT64})
+# The type each key frink reads must have, as llama.cpp's get_key insists (it takes no
+# bool for a count and no number for a string). Keys are given without the "{arch}."
+# prefix where they carry one. Kinds: uint, num, str, bool, and "arr:" + an element kind;
+# "a|b" accepts either.
+_KEY_KINDS: dict[str, str] = {
+    **{k: "uint" for k in (
+        "block_count", "context_length", "embedding_length", "attention.key_length",
+        "attention.value_length", "rope.dimension_count", "attention.sliding_window",
+        "expert_count", "expert_used_count", "expert_feed_forward_length",
+        "expert_shared_feed_forward_length", "nextn_predict_layers", "full_attention_interval",
+        "ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank",
+        "ssm.inner_size", "general.alignment", "tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+        "tokenizer.ggml.eom_token_id", "tokenizer.ggml.unknown_token_id",
+        "tokenizer.ggml.padding_token_id", "tokenizer.ggml.fim_pre_token_id",
+        "tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.fim_mid_token_id",
+        "tokenizer.ggml.fim_pad_token_id", "tokenizer.ggml.fim_rep_token_id",
+        "tokenizer.ggml.fim_sep_token_id", "tokenizer.ggml.prefix_token_id",
+        "tokenizer.ggml.suffix_token_id", "tokenizer.ggml.middle_token_id")},
+    **{k: "uint|arr:uint" for k in (
+        "feed_forward_length", "attention.head_count", "attention.head_count_kv")},
+    **{k: "num" for k in (
+        "attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon", "rope.freq_base",
+        "rope.freq_base_swa", "rope.scaling.factor", "attention.scale",
+        "final_logit_softcapping", "attn_logit_softcapping")},
+    **{k: "str" for k in (
+        "general.architecture", "general.name", "tokenizer.ggml.model", "tokenizer.ggml.pre",
+        "tokenizer.chat_template", "rope.scaling.type")},
+    **{k: "bool" for k in (
+        "tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
+        "tokenizer.ggml.add_space_prefix", "expert_weights_norm")},
+    "tokenizer.ggml.tokens": "arr:str",
+    "tokenizer.ggml.merges": "arr:str",
+    "tokenizer.ggml.scores": "arr:num",
+    "tokenizer.ggml.token_type": "arr:uint",
+    "rope.dimension_sections": "arr:uint",
+    "attention.sliding_window_pattern": "uint|arr:uint|arr:bool",
+    "attention.recurrent_layers": "arr:uint|arr:bool",
+}
+_KIND_NAMES = {"uint": "a non-negative integer", "num": "a number", "str": "a string",
+               "bool": "a bool", "arr:str": "an array of strings", "arr:num": "an array of numbers",
+               "arr:uint": "an array of non-negative integers", "arr:bool": "an array of bools"}
 
 
 class _Cursor:
@@ -73,9 +126,12 @@ class _Cursor:
         self.pos += n
         try:
             return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            # llama.cpp keeps such strings as bytes; surrogateescape round-trips them.
-            return raw.decode("utf-8", errors="surrogateescape")
+        except UnicodeDecodeError as e:
+            # GGUF strings are UTF-8 by the spec; text that is not would reach the tokenizer,
+            # the template engine and the terminal as something else.
+            raise FrinkError(
+                f"{self.path}: {what} is not valid UTF-8 (byte {e.start} of {n})"
+            ) from None
 
     def value_type(self, what: str) -> GGUFValueType:
         raw = self.scalar("<I", what)
@@ -84,18 +140,27 @@ class _Cursor:
         except ValueError:
             raise FrinkError(f"{self.path}: corrupt GGUF file ({what} has unknown type {raw})") from None
 
-    def value(self, vtype: GGUFValueType, what: str) -> Any:
+    def value(self, vtype: GGUFValueType, what: str, depth: int = 0) -> Any:
+        """The value, and for arrays the element type (None for scalars)."""
         if vtype == GGUFValueType.STRING:
             return self.string(what)
         if vtype == GGUFValueType.ARRAY:
+            if depth >= _MAX_ARRAY_DEPTH:
+                raise FrinkError(
+                    f"{self.path}: corrupt GGUF file ({what} nests arrays more than "
+                    f"{_MAX_ARRAY_DEPTH} deep)"
+                )
             etype = self.value_type(what)
             count = self.scalar("<Q", what)
+            self.elem_type = etype
             if etype == GGUFValueType.STRING:
                 self.need(count * 8, what)  # each string has at least its length
-                return [self.string(what) for _ in range(count)]
+                return [self.string(f"{what}[{i}]") for i in range(count)]
             if etype == GGUFValueType.ARRAY:
                 self.need(count * 12, what)
-                return [self.value(GGUFValueType.ARRAY, what) for _ in range(count)]
+                out = [self.value(GGUFValueType.ARRAY, what, depth + 1) for _ in range(count)]
+                self.elem_type = etype
+                return out
             dtype = np.dtype(_SCALARS[etype])
             self.need(count * dtype.itemsize, what)
             arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos).copy()
@@ -116,10 +181,23 @@ class _Cursor:
 class GgufTensors:
     """Tensor source over the memory map: nothing is read until load() asks."""
 
-    def __init__(self, path: Path, buf: mmap.mmap, entries: dict[str, tuple]) -> None:
+    def __init__(self, path: Path, buf: mmap.mmap, entries: dict[str, tuple], fd: int) -> None:
         self._path = path
         self._buf = buf
+        self._fd = fd
         self._entries = entries  # name -> (qtype, numpy shape, absolute offset, n_bytes)
+
+    def __del__(self) -> None:
+        try:
+            os.close(self._fd)
+        except (OSError, AttributeError, TypeError):
+            pass
+
+    def _still_there(self, end: int) -> None:
+        # A read of the map past a shrunken file's end is SIGBUS, which no Python code can
+        # catch; checking the size first turns the common case into an error.
+        if os.fstat(self._fd).st_size < end:
+            raise FrinkError(f"{self._path}: the file shrank while frink was reading it")
 
     def names(self) -> list[str]:
         return list(self._entries)
@@ -131,11 +209,20 @@ class GgufTensors:
     def raw(self, name: str) -> tuple[GGMLQuantizationType, tuple[int, ...], np.ndarray]:
         """The stored bytes (uint8 view of the map), for backends that keep quantized weights."""
         qtype, shape, offset, n_bytes = self._entry(name)
+        self._still_there(offset + n_bytes)
         return qtype, shape, np.frombuffer(self._buf, dtype=np.uint8, count=n_bytes, offset=offset)
 
     def load(self, name: str) -> np.ndarray:
-        qtype, shape, _, _ = self._entry(name)
-        _, _, data = self.raw(name)
+        qtype, shape, offset, n_bytes = self._entry(name)
+        # pread, not the map: a file truncated under the run gives a short read here.
+        data = np.empty(n_bytes, dtype=np.uint8)
+        view, done = memoryview(data), 0
+        while done < n_bytes:  # one call reads at most ~2 GiB on Linux
+            got = os.preadv(self._fd, [view[done:]], offset + done)
+            if got <= 0:
+                raise FrinkError(f"{self._path}: the file shrank while frink was reading it "
+                                 f"(tensor {name})")
+            done += got
         block, type_size = GGML_QUANT_SIZES[qtype]
         rows = data.reshape(-1, shape[-1] // block * type_size)
         try:
@@ -153,12 +240,46 @@ class GgufTensors:
             raise FrinkError(f"{self._path}: no tensor named {name}") from None
 
 
+def _check_kind(path: Path, md: dict[str, Any], key: str, vtype: GGUFValueType,
+                etype: GGUFValueType | None, arch: str | None) -> None:
+    """Refuse a value whose type is not the one its key requires (_KEY_KINDS)."""
+    short = key[len(arch) + 1:] if arch and key.startswith(arch + ".") else key
+    spec = _KEY_KINDS.get(short) if short != key or "." in key else None
+    if spec is None:
+        return
+    value = md[key]
+    for kind in spec.split("|"):
+        t, whole = (etype, False) if kind.startswith("arr:") else (vtype, True)
+        if kind.startswith("arr:") and vtype != GGUFValueType.ARRAY:
+            continue
+        base = kind.removeprefix("arr:")
+        if base == "str" and t == GGUFValueType.STRING:
+            return
+        if base == "bool" and t == GGUFValueType.BOOL:
+            return
+        if base == "num" and t in _INTS | _FLOATS:
+            return
+        if base == "uint" and t in _INTS:
+            values = [value] if whole else value
+            if len(values) == 0 or min(values) >= 0:
+                return
+    shown = repr(value)[:60] if vtype != GGUFValueType.ARRAY else (
+        f"array of {etype.name if etype is not None else '?'}")
+    raise FrinkError(
+        f"{path}: metadata {key!r} has type {vtype.name} ({shown}); expected "
+        + " or ".join(_KIND_NAMES[k] for k in spec.split("|"))
+    )
+
+
 def read_gguf(path: Path) -> Checkpoint:
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         try:
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except ValueError:  # an empty file cannot be mapped
             raise FrinkError(f"{path}: empty file, not a GGUF model") from None
+        # Kept for os.pread in load(): reads that end in an error, not SIGBUS, if the file
+        # shrinks under the run.
+        fd = os.dup(f.fileno())
     cur = _Cursor(buf, path)
     magic = bytes(buf[:4])
     if magic != b"GGUF":
@@ -172,16 +293,29 @@ def read_gguf(path: Path) -> Checkpoint:
     cur.need(n_kv * 12 + n_tensors * 24, "the header's metadata and tensor table")
 
     metadata: dict[str, Any] = {}
+    types: dict[str, tuple[GGUFValueType, GGUFValueType | None]] = {}
     for _ in range(n_kv):
         key = cur.string("a metadata key")
+        if key in metadata:
+            # llama.cpp refuses this too: which of the two values would be meant?
+            raise FrinkError(f"{path}: corrupt GGUF file (metadata key {key!r} appears twice)")
         vtype = cur.value_type(f"metadata {key!r}")
+        cur.elem_type = None
         metadata[key] = cur.value(vtype, f"metadata {key!r}")
+        types[key] = (vtype, cur.elem_type)
     if "general.architecture" not in metadata:
         raise FrinkError(f"{path}: GGUF file has no general.architecture")
+    arch = metadata["general.architecture"]
+    for key, (vtype, etype) in types.items():
+        _check_kind(path, metadata, key, vtype, etype, arch if isinstance(arch, str) else None)
 
     infos = []
+    seen: set[str] = set()
     for _ in range(n_tensors):
         name = cur.string("a tensor name")
+        if name in seen:
+            raise FrinkError(f"{path}: corrupt GGUF file (tensor {name} appears twice)")
+        seen.add(name)
         n_dims = cur.scalar("<I", f"tensor {name}")
         if not 1 <= n_dims <= _MAX_DIMS:
             raise FrinkError(f"{path}: corrupt GGUF file (tensor {name} has {n_dims} dimensions)")
@@ -196,13 +330,18 @@ def read_gguf(path: Path) -> Checkpoint:
             raise FrinkError(f"{path}: tensor {name} has unknown tensor type {raw_type}") from None
         infos.append((name, ne, qtype, offset))
 
-    alignment = int(metadata.get("general.alignment", _DEFAULT_ALIGNMENT))
+    alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)  # a uint: checked above
     if alignment <= 0 or alignment & (alignment - 1):
         raise FrinkError(f"{path}: corrupt GGUF file (alignment {alignment})")
     data_start = -(-cur.pos // alignment) * alignment
 
     entries: dict[str, tuple] = {}
     for name, ne, qtype, offset in infos:
+        if offset % alignment:
+            raise FrinkError(
+                f"{path}: corrupt GGUF file (tensor {name} data at offset {offset}, not a "
+                f"multiple of the alignment {alignment})"
+            )
         block, type_size = GGML_QUANT_SIZES[qtype]
         if any(n <= 0 for n in ne) or ne[0] % block:
             raise FrinkError(
@@ -216,4 +355,13 @@ def read_gguf(path: Path) -> Checkpoint:
                 f"file has {cur.size}"
             )
         entries[name] = (qtype, tuple(reversed(ne)), start, n_bytes)
-    return Checkpoint(path=path, format="gguf", metadata=metadata, tensors=GgufTensors(path, buf, entries))
+    # Two tensors sharing bytes is a crafted or corrupt table (llama.cpp lays them out
+    # one after another); one of them would read the other's weights.
+    spans = sorted((e[2], e[2] + e[3], n) for n, e in entries.items())
+    for (_, end, first), (start, _, second) in itertools.pairwise(spans):
+        if start < end:
+            raise FrinkError(
+                f"{path}: corrupt GGUF file (tensors {first} and {second} share bytes)"
+            )
+    return Checkpoint(path=path, format="gguf", metadata=metadata,
+                      tensors=GgufTensors(path, buf, entries, fd))

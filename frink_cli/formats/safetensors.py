@@ -30,6 +30,7 @@ import numpy as np
 
 from ..errors import FrinkError
 from . import Checkpoint, TensorInfo
+from .jsonfile import open_regular, parse_json, read_json
 
 if TYPE_CHECKING:  # only for hints: archs imports this module, not the other way round
     from ..archs.base import Arch
@@ -39,6 +40,10 @@ _MAX_HEADER = 100 * 1024 * 1024
 
 # Stored dtype -> (numpy dtype of the raw little-endian words, bytes per element).
 _DTYPES: dict[str, tuple[str, int]] = {"F32": ("<f4", 4), "F16": ("<f2", 2), "BF16": ("<u2", 2)}
+# Other dtypes the safetensors format defines: a header may hold them (their tensors are
+# refused when used), and their sizes are needed to check its byte ranges.
+_OTHER_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2,
+                      "U16": 2, "I32": 4, "U32": 4, "F64": 8, "I64": 8, "U64": 8}
 
 
 # ---------------------------------------------------------------------------------------
@@ -57,10 +62,12 @@ class _Stored:
 
 
 def _read_header(path: Path) -> dict[str, _Stored]:
-    """Parse one .safetensors header; every entry is checked against the file's length."""
+    """Parse one .safetensors header, as strictly as the safetensors library does: the
+    entries must tile the data area exactly (no gaps, no overlaps, nothing left over),
+    each with a whole-number shape whose size matches its byte range."""
     try:
         size = path.stat().st_size
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             head = f.read(8)
             if len(head) < 8:
                 raise FrinkError(f"{path}: truncated safetensors file ({size} bytes, no header)")
@@ -73,12 +80,14 @@ def _read_header(path: Path) -> dict[str, _Stored]:
             raw = f.read(n)
     except OSError as e:
         raise FrinkError(f"{path}: cannot read safetensors file ({e.strerror})") from e
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise FrinkError(f"{path}: corrupt safetensors header ({e})") from e
+    if not raw.startswith(b"{"):
+        raise FrinkError(f"{path}: corrupt safetensors header (does not start with '{{')")
+    header = parse_json(raw, f"{path} (safetensors header)")
     if not isinstance(header, dict):
         raise FrinkError(f"{path}: corrupt safetensors header (not a JSON object)")
+    meta = header.get("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise FrinkError(f"{path}: corrupt safetensors header (__metadata__ must map to strings)")
 
     data_start = 8 + n
     data_len = size - data_start
@@ -86,26 +95,84 @@ def _read_header(path: Path) -> dict[str, _Stored]:
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        try:
-            dtype = str(entry["dtype"])
-            shape = tuple(int(d) for d in entry["shape"])
-            begin, end = (int(x) for x in entry["data_offsets"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise FrinkError(f"{path}: corrupt safetensors entry for tensor {name!r}") from e
-        if any(d < 0 for d in shape) or not 0 <= begin <= end:
-            raise FrinkError(f"{path}: corrupt safetensors entry for tensor {name!r}")
-        if end > data_len:
-            raise FrinkError(
-                f"{path}: truncated safetensors file: tensor {name!r} ends at byte "
-                f"{data_start + end}, file has {size}"
-            )
-        if dtype in _DTYPES and end - begin != math.prod(shape) * _DTYPES[dtype][1]:
-            raise FrinkError(
-                f"{path}: corrupt safetensors entry for tensor {name!r}: {end - begin} bytes "
-                f"for shape {list(shape)} of {dtype}"
-            )
-        out[name] = _Stored(path, dtype, shape, data_start + begin, end - begin)
+        out[name] = _header_entry(path, name, entry, data_start, data_len)
+    # The library's rule: sorted by offset, each tensor starts where the previous ended and
+    # the last ends at the end of the file; anything else is a corrupt or shifted header.
+    end = 0
+    for st in sorted(out.values(), key=lambda s: (s.start, s.nbytes)):
+        if st.start - data_start != end:
+            what = "overlaps the tensor before it" if st.start - data_start < end else (
+                "leaves a gap before it")
+            raise FrinkError(f"{path}: corrupt safetensors header (tensor data {what}, "
+                             f"at byte {st.start})")
+        end += st.nbytes
+    if end != data_len:
+        raise FrinkError(
+            f"{path}: corrupt safetensors header (its tensors cover {end} bytes of data, "
+            f"the file holds {data_len})"
+        )
+    _library_check(path)
     return out
+
+
+def _header_entry(path: Path, name: str, entry: Any, data_start: int, data_len: int) -> _Stored:
+    def bad(why: str) -> FrinkError:
+        return FrinkError(f"{path}: corrupt safetensors entry for tensor {name!r} ({why})")
+
+    if not isinstance(entry, dict):
+        raise bad("not an object")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(dtype, str):
+        raise bad("dtype must be a string")
+    if not isinstance(shape, list) or not all(is_uint(d) for d in shape):
+        raise bad(f"shape must be a list of non-negative integers, got {shape!r}"[:200])
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(is_uint, offsets))):
+        raise bad("data_offsets must be two non-negative integers")
+    begin, end = offsets
+    if begin > end:
+        raise bad(f"data_offsets {begin} > {end}")
+    if end > data_len:
+        raise FrinkError(
+            f"{path}: truncated safetensors file: tensor {name!r} ends at byte "
+            f"{data_start + end}, file has {data_start + data_len}"
+        )
+    width = _DTYPES[dtype][1] if dtype in _DTYPES else _OTHER_DTYPE_BYTES.get(dtype)
+    if width is None:
+        raise bad(f"unknown dtype {dtype!r}")
+    if end - begin != math.prod(shape) * width:
+        raise FrinkError(
+            f"{path}: corrupt safetensors entry for tensor {name!r}: {end - begin} bytes "
+            f"for shape {list(shape)} of {dtype}"
+        )
+    return _Stored(path, dtype, tuple(shape), data_start + begin, end - begin)
+
+
+def is_uint(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def is_finite_number(x: Any) -> bool:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:  # an integer beyond float range
+        return False
+
+
+def _library_check(path: Path) -> None:
+    """The safetensors library's own header validation, as a second opinion on ours."""
+    try:
+        from safetensors import SafetensorError, safe_open
+    except ImportError:  # a dependency, but the checks above stand on their own
+        return
+    try:
+        with safe_open(str(path), framework="numpy"):
+            pass
+    except SafetensorError as e:
+        raise FrinkError(f"{path}: the safetensors library rejects the header ({e})") from None
+    except Exception:  # noqa: BLE001 - e.g. a dtype numpy cannot hold; ours read it
+        return
 
 
 def _index_dir(hf_dir: Path) -> dict[str, _Stored]:
@@ -118,19 +185,17 @@ def _index_dir(hf_dir: Path) -> dict[str, _Stored]:
         raise FrinkError(
             f"{hf_dir}: no model.safetensors nor model.safetensors.index.json in the directory"
         )
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        if not isinstance(weight_map, dict):
-            raise TypeError
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise FrinkError(f"{index}: unreadable shard index (needs a weight_map object)") from e
+    data = read_json(index, "shard index")
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise FrinkError(f"{index}: unreadable shard index (needs a weight_map object of file names)")
 
     headers: dict[str, dict[str, _Stored]] = {}
     out: dict[str, _Stored] = {}
     for name, shard in weight_map.items():
         if shard not in headers:
-            shard_path = hf_dir / str(shard)
-            if not shard_path.is_file():
+            shard_path = hf_dir / shard
+            if Path(shard).name != shard or not shard_path.is_file():
                 raise FrinkError(f"{shard_path}: shard listed in {index.name} is missing")
             headers[shard] = _read_header(shard_path)
         stored = headers[shard].get(name)
@@ -167,10 +232,7 @@ def _load_config(hf_dir: Path) -> dict[str, Any]:
     path = hf_dir / "config.json"
     if not path.is_file():
         raise FrinkError(f"{hf_dir}: not a model directory (no config.json)")
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise FrinkError(f"{path}: unreadable config.json ({e})") from e
+    cfg = read_json(path, "config.json")
     if not isinstance(cfg, dict):
         raise FrinkError(f"{path}: config.json is not a JSON object")
     return cfg
@@ -217,12 +279,15 @@ def _hparams(cfg: dict[str, Any], mt: HfModelType) -> dict[str, Any]:
             hp[name] = hp.pop(alias)
 
     for key in ("num_hidden_layers", "hidden_size", "num_attention_heads"):
-        if not isinstance(hp.get(key), int):
-            raise FrinkError(f"config.json: missing or non-integer {key!r}")
+        if not is_uint(hp.get(key)) or hp[key] == 0:
+            raise FrinkError(f"config.json: missing or non-integer {key!r} (got {hp.get(key)!r})")
     # Models whose every FFN is routed have no dense width; where a metadata entry needs
     # it, its absence is reported there.
-    if "intermediate_size" in hp and not isinstance(hp["intermediate_size"], int):
+    if "intermediate_size" in hp and not is_uint(hp["intermediate_size"]):
         raise FrinkError("config.json: non-integer 'intermediate_size'")
+    for key in ("num_key_value_heads", "head_dim"):
+        if hp.get(key) is not None and (not is_uint(hp[key]) or hp[key] == 0):
+            raise FrinkError(f"config.json: {key!r} must be a positive integer, got {hp[key]!r}")
     if hp.get("num_key_value_heads") is None:
         hp["num_key_value_heads"] = hp["num_attention_heads"]
     if hp.get("head_dim") is None:
@@ -388,6 +453,13 @@ def read_hf_dir(path: Path) -> Checkpoint:
     notes: list[str] = []
 
     stored = _index_dir(hf_dir)
+    # Every layer holds tensors: a layer count beyond the tensor count is a broken config,
+    # refused before anything loops over (or allocates per) layer.
+    if hp["num_hidden_layers"] > len(stored):
+        raise FrinkError(
+            f"{hf_dir / 'config.json'}: num_hidden_layers {hp['num_hidden_layers']} does not fit "
+            f"the directory's {len(stored)} tensors"
+        )
     names = _NameMap(arch)
     plans: dict[str, Plan] = {}
     n_ignored = 0

@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
+from .validate import validate_config
 
 
 @dataclass(frozen=True)
@@ -197,8 +198,10 @@ def config_from_checkpoint(ckpt: Checkpoint) -> ModelConfig:
             f"(frink supports: {', '.join(supported_architectures())})"
         )
     try:
-        return arch.config(ckpt)
-    except (ValueError, TypeError) as e:
+        cfg = arch.config(ckpt)
+    except (ValueError, TypeError, ArithmeticError) as e:
         # Metadata of the wrong type (a string where a count belongs, an array where a
         # scalar does) is a corrupt file, not a bug: name the file and the complaint.
         raise FrinkError(f"{ckpt.path}: bad model metadata ({e})") from e
+    validate_config(cfg, str(ckpt.path), ckpt)
+    return cfg
