@@ -148,13 +148,14 @@ class AttentionKv:
 
 
 class WindowKv(AttentionKv):
-    """A sliding-window layer's rows: once committed, at most the last `window` positions.
+    """A sliding-window layer's rows: once committed, at most the last `window` positions
+    (one more than the next query sees, so a cache can still step back one token).
 
     A step still writes all its rows (a prefill batch longer than the window attends over
-    window - 1 committed rows plus its own T), so in flight the buffer may hold
-    window - 1 + T rows. It drops only rows that no query at or after the committed
-    position can see, so a failed step leaves the committed rows intact; commit() then
-    trims to the window and shrinks a buffer a long batch grew."""
+    the committed rows plus its own T), so in flight the buffer may hold window + T rows.
+    It drops only rows that no query at or after the committed position can see, so a
+    failed step leaves the committed rows intact; commit() then trims to the window and
+    shrinks a buffer a long batch grew."""
 
     def __init__(self, n_head_kv: int, head_dim_k: int, head_dim_v: int, n_ctx: int, window: int) -> None:
         self.window = window
@@ -179,8 +180,10 @@ class WindowKv(AttentionKv):
         return min(self.n_ctx, self.window + WINDOW_SLACK)
 
     def _keep_from(self, start: int) -> int:
-        # Queries at or after the committed position see positions from n_past - window + 1.
-        return max(self.first, min(start, self.n_past) - self.window + 1)
+        # Queries at or after the committed position see positions from n_past - window + 1;
+        # the one before is kept too, as commit keeps it, so a step that fails leaves the
+        # held rows exactly as they were.
+        return max(self.first, min(start, self.n_past) - self.window)
 
     def _capacity(self, need: int) -> int:
         return max(need, self._initial_rows())
