@@ -27,6 +27,7 @@ import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import nvrtc
@@ -432,10 +433,11 @@ def test_step_refusals() -> None:
     assert backend.plan("prefill", 0, 8, cache, positions=pos + 3) == Refusal(eligibility.POSITIONS)
     assert backend.plan("prefill", 0, 8, cache, positions=pos[::-1].copy()) == Refusal(eligibility.POSITIONS)
 
-    class Evicting:  # a ring of 4 rows holding positions up to 20: rows are not positions
+    class Evicting:  # slots holding positions 16..19 only: a full layer's earlier rows are gone
         n_past = 20
-        k = [np.zeros((2, 4, 16), np.float32)] * 2
-        v = [np.zeros((2, 4, 16), np.float32)] * 2
+
+        def slot(self, layer: int) -> SimpleNamespace:
+            return SimpleNamespace(first=16)
 
     assert backend.plan("prefill", 0, 8, Evicting(), positions=np.arange(20, 28)) == Refusal(eligibility.EVICTED)
 

@@ -59,16 +59,17 @@ def attention(
 
 
 def attend(
-    q: np.ndarray, K: np.ndarray, V: np.ndarray, positions: np.ndarray, window: int | None,
-    softcap: float | None,
+    q: np.ndarray, K: np.ndarray, V: np.ndarray, first: int, positions: np.ndarray,
+    window: int | None, softcap: float | None,
 ) -> np.ndarray:
     """softmax(q K^T + mask) V for scaled queries q [T, H, hk] at `positions` over keys
-    K [Hkv, S, hk] and values V [Hkv, S, hv]; returns [T, H * hv]."""
+    K [Hkv, S, hk] and values V [Hkv, S, hv], key row j at position first + j (a window
+    cache holds no rows before its window); returns [T, H * hv]."""
     T, H, hk = q.shape
     Hkv, hv = K.shape[0], V.shape[2]
     g = H // Hkv
     if T == 1:
-        return _attend_row(q, K, V, int(positions[0]), window, softcap)
+        return _attend_row(q, K, V, first, int(positions[0]), window, softcap)
     # [Hkv, T, g, hk]: query heads grouped under the KV head they read, rows in (token,
     # head) order, so a block of tokens is one contiguous [Tb * g, hk] matrix per KV head
     # and each block costs 2 * Hkv GEMMs.
@@ -80,13 +81,14 @@ def attend(
         r1 = min(T, r0 + QUERY_BLOCK)
         n_rows = r1 - r0
         pos = positions[r0:r1]
-        first, last = (int(pos[0]), int(pos[-1])) if run else (int(pos.min()), int(pos.max()))
-        # Keys [lo, hi): none after the block's last query, none before its first query's
-        # window.
+        q0, last = (int(pos[0]), int(pos[-1])) if run else (int(pos.min()), int(pos.max()))
+        # Keys at positions [lo, hi): none after the block's last query, none before its
+        # first query's window (which the cache still holds).
         hi = last + 1
-        lo = max(0, first - window + 1) if window is not None else 0
+        lo = max(0, q0 - window + 1) if window is not None else 0
+        assert lo >= first, "the cache no longer holds keys this query sees"
         qb = qg[:, r0:r1].reshape(Hkv, n_rows * g, hk)
-        scores = np.matmul(qb, K[:, lo:hi].transpose(0, 2, 1))  # [Hkv, Tb * g, n]
+        scores = np.matmul(qb, K[:, lo - first : hi - first].transpose(0, 2, 1))  # [Hkv, Tb * g, n]
         if softcap:
             c = np.float32(softcap)
             scores /= c
@@ -103,7 +105,7 @@ def attend(
         # Normalized after the PV product: hv columns to divide instead of n.
         total = scores.sum(axis=-1, keepdims=True)
         ob = out[:, r0:r1].reshape(Hkv, n_rows * g, hv)
-        np.matmul(scores, V[:, lo:hi], out=ob)
+        np.matmul(scores, V[:, lo - first : hi - first], out=ob)
         ob /= total
 
     # The blocks' GEMMs are small ([Tb * g, hk] x [hk, n]); split over BLAS threads they
@@ -117,7 +119,8 @@ def attend(
 
 
 def _attend_row(
-    q: np.ndarray, K: np.ndarray, V: np.ndarray, pos: int, window: int | None, softcap: float | None,
+    q: np.ndarray, K: np.ndarray, V: np.ndarray, first: int, pos: int, window: int | None,
+    softcap: float | None,
 ) -> np.ndarray:
     """_attend for one query row at position `pos`: the same arithmetic with no block loop
     and no mask (every key in [lo, pos] is visible), since a decode token pays per NumPy
@@ -125,7 +128,8 @@ def _attend_row(
     _, H, hk = q.shape
     Hkv, hv = K.shape[0], V.shape[2]
     lo = max(0, pos - window + 1) if window is not None else 0
-    Kr, Vr = K[:, lo : pos + 1], V[:, lo : pos + 1]
+    assert lo >= first, "the cache no longer holds keys this query sees"
+    Kr, Vr = K[:, lo - first : pos + 1 - first], V[:, lo - first : pos + 1 - first]
     scores = np.matmul(q.reshape(Hkv, H // Hkv, hk), Kr.transpose(0, 2, 1))  # [Hkv, g, n]
     if softcap:
         c = np.float32(softcap)

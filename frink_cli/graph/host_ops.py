@@ -26,7 +26,7 @@ F32 = np.float32
 
 class HostOps:
     """Ops over np.ndarray. `pos` is the step's positions array, `rope` a graph.rope.Rope,
-    `kv` a cache slot (cache.KvSlot or anything with its append / recurrent_state API)."""
+    `kv` a layer's cache slot (the cache.KvSlot / cache.RecurrentSlot protocol)."""
 
     def linear(self, x: np.ndarray, w: Linear) -> np.ndarray:
         return linear(x, w)
@@ -76,9 +76,10 @@ class HostOps:
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kv: Any, pos: np.ndarray,
         window: int | None, scale: float, softcap: float | None,
     ) -> np.ndarray:
-        K, V = kv.append(k, v)  # every row so far: [Hkv, S, hk], [Hkv, S, hv]
+        # The rows this step's queries see: [Hkv, S, hk], [Hkv, S, hv], row j at first + j.
+        first, K, V = kv.append(k, v)
         q *= F32(scale)  # q is a view into this step's own QKV rows
-        return attend(q, K, V, pos, window, softcap)
+        return attend(q, K, V, first, pos, window, softcap)
 
     def causal_conv(self, x: np.ndarray, tail: np.ndarray, taps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return causal_conv(x, tail, taps)

@@ -12,8 +12,8 @@ layers.
 
 The device KV cache is a per-sequence mirror of the host cache, kept resident so decode
 rows and later prompt chunks do not upload the prefix again. It re-syncs a layer from the
-host when its length or the host layer's write count (KvCache.versions) says the host
-rows changed behind it.
+host, through the layer's cache slot, when its length or the slot's write count (version)
+says the host rows changed behind it.
 """
 
 from __future__ import annotations
@@ -123,18 +123,27 @@ class CudaBackend(DeviceBackend):
             m.rows = rows
         n = cache.n_past
         for i in layers:
+            slot = cache.slot(i)
             if m.k[i] is None:
                 m.k[i] = xp.empty((cfg.n_head_kv, m.rows, cfg.head_dim_k), F32)
                 m.v[i] = xp.empty((cfg.n_head_kv, m.rows, cfg.head_dim_v), F32)
-            if m.version[i] == cache.versions[i] and m.length[i] >= n:
+            if m.version[i] == slot.version and m.length[i] >= n:
                 # The host rows are the ones this mirror wrote; a truncated cache only
                 # shortens them.
                 m.length[i] = n
                 continue
-            if n:
-                m.k[i][:, :n] = ops.to_device(cache.k[i][:, :n])
-                m.v[i][:, :n] = ops.to_device(cache.v[i][:, :n])
-            m.length[i], m.version[i] = n, cache.versions[i]
+            # The mirror is indexed by position. A window layer's host slot no longer holds
+            # the rows before its window; here they stay stale, hidden by the window mask.
+            # They are zeroed rather than left uninitialized: the kernel never reads them,
+            # but the NumPy reference scores every row before masking, and NaN would leak.
+            first, k, v = slot.held()
+            if first:
+                m.k[i][:, :first] = 0
+                m.v[i][:, :first] = 0
+            if n > first:
+                m.k[i][:, first:n] = ops.to_device(k)
+                m.v[i][:, first:n] = ops.to_device(v)
+            m.length[i], m.version[i] = n, slot.version
         return m
 
     # -- the run -----------------------------------------------------------------------------
@@ -182,6 +191,7 @@ class CudaBackend(DeviceBackend):
         self.ledger.submit(kind if head is None else kind + "+lm-head")
         # Only now, with every layer back, do the host cache and the mirror's lengths move.
         for i, k, v in zip(layers, out.k_rows, out.v_rows):
-            cache.slot(i).write(n_past, k, v)
-            m.length[i], m.version[i] = n_past + T, cache.versions[i]
+            slot = cache.slot(i)
+            slot.write(n_past, k, v)
+            m.length[i], m.version[i] = n_past + T, slot.version
         return out.main

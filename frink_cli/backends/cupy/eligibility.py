@@ -14,8 +14,8 @@ same layer predicate without a GPU. Every refusal has a name (counted in the led
   it holds anything but a neutral value (None, False, 0, empty), so a decoration added to
   the config later is refused ("<field> not carried") until someone classifies it here.
 - `step_refusal(...)`: what THIS step is: a decode row, or a prefill batch of at least
-  MIN_BATCH rows, at positions that continue the cache, over a cache that holds one row
-  per position.
+  MIN_BATCH rows, at positions that continue the cache, over cache slots that still hold
+  every row the step sees.
 """
 
 from __future__ import annotations
@@ -141,8 +141,7 @@ def step_refusal(
     if kind == "prefill" and n_rows < MIN_BATCH:
         return BATCH
     n_past = getattr(cache, "n_past", None)
-    k_bufs, v_bufs = getattr(cache, "k", None), getattr(cache, "v", None)
-    if not isinstance(n_past, int) or not isinstance(k_bufs, list) or not isinstance(v_bufs, list):
+    if not isinstance(n_past, int) or not callable(getattr(cache, "slot", None)):
         return CACHE_TYPE
     if positions is not None:
         positions = np.asarray(positions)
@@ -150,19 +149,14 @@ def step_refusal(
             n_rows > 1 and not np.all(np.diff(positions) == 1)
         ):
             return POSITIONS
-    # The stack reads the prefix as the host cache's [n_head_kv, rows, head_dim] buffers and
-    # writes row i at position i: a buffer holding fewer rows than positions has dropped
-    # some (a window that evicts), and its row indices are no longer positions.
+    # The stack attends over a device mirror indexed by position, synced from each layer's
+    # held rows (cache.KvSlot): a layer must still hold every row the step's first query
+    # sees. A window cache holds its window, enough; a slot that dropped more cannot serve.
     for layer in layers:
-        if layer >= len(k_bufs) or layer >= len(v_bufs):
+        first = getattr(cache.slot(layer), "first", None)
+        if not isinstance(first, int):
             return CACHE_TYPE
-        kb, vb = k_bufs[layer], v_bufs[layer]
-        if not isinstance(kb, np.ndarray) or not isinstance(vb, np.ndarray):
-            return CACHE_TYPE
-        if kb.ndim != 3 or kb.shape[0] != cfg.n_head_kv or kb.shape[2] != cfg.head_dim_k:
-            return CACHE_TYPE
-        if vb.ndim != 3 or vb.shape[0] != cfg.n_head_kv or vb.shape[2] != cfg.head_dim_v:
-            return CACHE_TYPE
-        if kb.shape[1] < n_past + n_rows or vb.shape[1] < n_past + n_rows:
+        window = cfg.layer_shape(layer).window
+        if first > (max(0, n_past - window + 1) if window is not None else 0):
             return EVICTED
     return None

@@ -44,7 +44,7 @@ class _Mirror:
         self.k: list[mx.array | None] = [None] * n_layer
         self.v: list[mx.array | None] = [None] * n_layer
         self.length = [-1] * n_layer
-        # The host cache's write count (KvCache.versions) each layer's rows match.
+        # The write count (its cache slot's version) each layer's rows match.
         self.version = [-1] * n_layer
         # Recurrent layers: the host state arrays the device state was made from / made.
         self.host_state: list[tuple | None] = [None] * n_layer
@@ -260,24 +260,28 @@ class MlxBackend(DeviceBackend):
         return m
 
     def _sync_layer(self, m: _Mirror, cache, layer: int) -> None:
+        slot = cache.slot(layer)
         if self.cfg.is_recurrent(layer):
             # This step's staged state if an earlier run of it already moved the layer on.
-            conv, delta = cache.pending_state.get(layer, (cache.conv_state[layer], cache.delta_state[layer]))
+            conv, delta = slot.recurrent_state()
             ref = m.host_state[layer]
             if ref is None or ref[0] is not conv or ref[1] is not delta:
                 m.k[layer], m.v[layer] = mx.array(conv), mx.array(delta)
                 m.host_state[layer] = (conv, delta)
             return
         n = cache.n_past
-        if m.length[layer] == n and m.version[layer] == cache.versions[layer]:
+        if m.length[layer] == n and m.version[layer] == slot.version:
             return
         cfg = self.cfg
         k = np.zeros((1, cfg.n_head_kv, m.capacity, cfg.head_dim_k), np.float32)
         v = np.zeros((1, cfg.n_head_kv, m.capacity, cfg.head_dim_v), np.float32)
-        k[0, :, :n] = cache.k[layer][:, :n]
-        v[0, :, :n] = cache.v[layer][:, :n]
+        # The mirror is indexed by position. A window layer's slot no longer holds the rows
+        # before its window: they stay zero here, hidden by the window mask.
+        first, hk, hv = slot.held()
+        k[0, :, first:n] = hk
+        v[0, :, first:n] = hv
         m.k[layer], m.v[layer] = mx.array(k), mx.array(v)
-        m.length[layer], m.version[layer] = n, cache.versions[layer]
+        m.length[layer], m.version[layer] = n, slot.version
 
     def _function(self, run: Run, T: int, capacity: int, head: str | None):
         key = (run.start, run.stop, T, capacity, head)
@@ -358,7 +362,7 @@ class MlxBackend(DeviceBackend):
         for i in range(run.start, run.stop):
             if not cfg.is_recurrent(i):
                 m.k[i], m.v[i] = state[i]
-                m.length[i], m.version[i] = cache.n_past + T, cache.versions[i]
+                m.length[i], m.version[i] = cache.n_past + T, cache.slot(i).version
         return np.concatenate(outputs) if len(outputs) > 1 else outputs[0]
 
     def _kind(self, run: Run, head: str | None) -> str:

@@ -1,0 +1,12 @@
+"""Per-layer caches behind one protocol (protocol.py): full-attention K/V, a sliding-window
+K/V that keeps only its window, and gated-delta-net recurrent state; KvCache holds one slot
+per layer and the sequence's length."""
+
+from .attention import AttentionKv, WindowKv
+from .kv_cache import KvCache
+from .protocol import KvSlot, LayerSlot, RecurrentSlot
+from .recurrent import RecurrentState
+
+__all__ = [
+    "AttentionKv", "KvCache", "KvSlot", "LayerSlot", "RecurrentSlot", "RecurrentState", "WindowKv",
+]

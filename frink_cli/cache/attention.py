@@ -1,0 +1,189 @@
+"""An attention layer's K/V rows: AttentionKv (every row, full attention) and WindowKv (a
+sliding-window layer's last `window` rows).
+
+Rows are stored per KV head, [n_head_kv, capacity, head_dim], so attention reads the held
+rows as one view with no copy. Buffer row r holds position `base + r`; the held rows are
+positions [first, end): [first, n_past) committed, [n_past, end) staged by the step in
+flight. A step writes its rows after the committed ones; they become committed at commit(),
+and rollback() (the next step's check_room) forgets them, so a step that fails leaves the
+committed rows as they were.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import FrinkError
+
+F32 = np.float32
+# Rows a full-attention buffer starts with; it doubles (up to the context) as it fills, so
+# appending a decode row never reallocates in the common case.
+MIN_ROWS = 256
+# Spare rows a window buffer keeps past its `window`: the rows that slid out are dropped
+# by one copy every WINDOW_SLACK decode tokens rather than one per token.
+WINDOW_SLACK = 128
+
+
+class AttentionKv:
+    """A full-attention layer's rows: every position from 0, grown geometrically up to the
+    context."""
+
+    def __init__(self, n_head_kv: int, head_dim_k: int, head_dim_v: int, n_ctx: int) -> None:
+        self.n_ctx = n_ctx
+        self.n_past = 0  # positions before this are committed
+        self.base = 0  # the position buffer row 0 holds
+        self.first = 0  # the first position held
+        self.end = 0  # one past the last position written (committed or staged)
+        # A count of writes. A device mirror remembers the count its own rows were written
+        # under; any other write (the host body running the layer after a refusal or a
+        # failed launch) changes it, and the mirror re-syncs. Lengths alone cannot tell:
+        # truncate, then rewrite, gives the same length.
+        self.version = 0
+        self._k = np.zeros((n_head_kv, 0, head_dim_k), F32)
+        self._v = np.zeros((n_head_kv, 0, head_dim_v), F32)
+        self._move(0, 0, self._initial_rows())
+
+    # --- the protocol ------------------------------------------------------------------------
+
+    def append(self, k: np.ndarray, v: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+        """Write k [T, Hkv, hd_k], v [T, Hkv, hd_v] at the next positions (the host ops);
+        return (first, K [Hkv, S, hd_k], V [Hkv, S, hd_v]): every row this step's queries
+        may see, row j at position first + j."""
+        end = self.write(self.n_past, k, v)
+        a, b = self.first - self.base, end - self.base
+        return self.first, self._k[:, a:b], self._v[:, a:b]
+
+    def write(self, start: int, k: np.ndarray, v: np.ndarray) -> int:
+        """Write rows at positions start.. (a backend pushing its rows back); return the end.
+        Rows after them are forgotten: a write continues the rows held, with no gap."""
+        if not self.first <= start <= self.end:
+            raise FrinkError(
+                f"cannot write K/V rows at position {start}: this layer holds positions "
+                f"{self.first}..{self.end - 1}"
+            )
+        stop = start + k.shape[0]
+        self._room(start, stop)
+        a, b = start - self.base, stop - self.base
+        self._k[:, a:b] = k.transpose(1, 0, 2)
+        self._v[:, a:b] = v.transpose(1, 0, 2)
+        self.end = stop
+        self.version += 1
+        return stop
+
+    def held(self) -> tuple[int, np.ndarray, np.ndarray]:
+        """(first, K, V) of the committed rows, row j at position first + j; read-only."""
+        a, b = self.first - self.base, self.n_past - self.base
+        return self.first, self._k[:, a:b], self._v[:, a:b]
+
+    def reserve(self, end: int) -> None:
+        """Make room for positions up to `end` now, so the step's writes never reallocate."""
+        self._room(self.n_past, end)
+
+    def commit(self, n_past: int) -> None:
+        self.n_past = self.end = n_past
+
+    def rollback(self) -> None:
+        self.end = self.n_past
+
+    def truncation_refusal(self, n_past: int) -> str | None:
+        return None
+
+    def truncate(self, n_past: int) -> None:
+        self.n_past = self.end = n_past
+        if n_past == 0:
+            self.base = self.first = 0
+
+    def by_position(self) -> tuple[np.ndarray, np.ndarray]:
+        """K, V indexed by position (row i holds position i), for tests and debugging: the
+        buffers themselves when they start at position 0, else a copy in which positions
+        no longer held read as zero."""
+        if self.base == 0:
+            return self._k, self._v
+        out = []
+        for buf in (self._k, self._v):
+            dense = np.zeros((buf.shape[0], self.end, buf.shape[2]), F32)
+            dense[:, self.first : self.end] = buf[:, self.first - self.base : self.end - self.base]
+            out.append(dense)
+        return out[0], out[1]
+
+    # --- the buffer ----------------------------------------------------------------------------
+
+    def _initial_rows(self) -> int:
+        return min(self.n_ctx, MIN_ROWS)
+
+    def _keep_from(self, start: int) -> int:
+        """The first position a write at `start` must keep: full attention keeps them all."""
+        return self.first
+
+    def _capacity(self, need: int) -> int:
+        """Buffer rows for `need` held rows."""
+        if self.base + need > self.n_ctx:
+            raise FrinkError(
+                f"context full: {self.base + need} tokens do not fit in a context of {self.n_ctx}"
+            )
+        return min(self.n_ctx, max(need, 2 * self._k.shape[1]))
+
+    def _room(self, start: int, stop: int) -> None:
+        """Room for positions up to `stop`, keeping the held rows before `start` (dropping
+        only the ones _keep_from allows) and forgetting any after it."""
+        if stop - self.base <= self._k.shape[1]:
+            return
+        lo = self._keep_from(start)
+        rows = self._k.shape[1]
+        self._move(lo, start, rows if stop - lo <= rows else self._capacity(stop - lo))
+
+    def _move(self, lo: int, hi: int, rows: int) -> None:
+        """Keep positions [lo, hi) as rows 0.. of a buffer of `rows` rows (this one, shifted,
+        when its size is already right)."""
+        a, b = lo - self.base, hi - self.base
+        for name in ("_k", "_v"):
+            buf = getattr(self, name)
+            if rows == buf.shape[1]:
+                buf[:, : b - a] = buf[:, a:b]  # NumPy copies overlapping ranges safely
+            else:
+                new = np.zeros((buf.shape[0], rows, buf.shape[2]), F32)
+                new[:, : b - a] = buf[:, a:b]
+                setattr(self, name, new)
+        self.base, self.first, self.end = lo, max(self.first, lo), min(self.end, hi)
+
+
+class WindowKv(AttentionKv):
+    """A sliding-window layer's rows: once committed, at most the last `window` positions
+    (one more than the next query sees, so a cache can still step back one token).
+
+    A step still writes all its rows (a prefill batch longer than the window attends over
+    the committed rows plus its own T), so in flight the buffer may hold window + T rows.
+    It drops only rows that no query at or after the committed position can see, so a
+    failed step leaves the committed rows intact; commit() then trims to the window and
+    shrinks a buffer a long batch grew."""
+
+    def __init__(self, n_head_kv: int, head_dim_k: int, head_dim_v: int, n_ctx: int, window: int) -> None:
+        self.window = window
+        super().__init__(n_head_kv, head_dim_k, head_dim_v, n_ctx)
+
+    def commit(self, n_past: int) -> None:
+        super().commit(n_past)
+        self.first = max(self.first, n_past - self.window)
+        if self._k.shape[1] > self._initial_rows():
+            self._move(self.first, n_past, self._initial_rows())
+
+    def truncation_refusal(self, n_past: int) -> str | None:
+        # The query at n_past sees positions from n_past - window + 1: they must still be here.
+        if n_past == 0 or self.first <= max(0, n_past - self.window + 1):
+            return None
+        return (
+            f"its sliding window of {self.window} holds positions {self.first}.. only, and the "
+            "rows before them are gone"
+        )
+
+    def _initial_rows(self) -> int:
+        return min(self.n_ctx, self.window + WINDOW_SLACK)
+
+    def _keep_from(self, start: int) -> int:
+        # Queries at or after the committed position see positions from n_past - window + 1;
+        # the one before is kept too, as commit keeps it, so a step that fails leaves the
+        # held rows exactly as they were.
+        return max(self.first, min(start, self.n_past) - self.window)
+
+    def _capacity(self, need: int) -> int:
+        return max(need, self._initial_rows())

@@ -1,0 +1,111 @@
+"""KvCache: one sequence's cache, a slot per layer (its kind chosen from the layer's shape)
+plus the sequence's length.
+
+The host cache is authoritative (device mirrors re-sync from it, through the slots). A step
+is admitted by check_room before any layer writes, staged by the layers, and made current
+by commit; a step that fails is rolled back by the next check_room.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import FrinkError
+from ..model.config import ModelConfig
+from .attention import AttentionKv, WindowKv
+from .protocol import LayerSlot
+from .recurrent import RecurrentState
+
+
+def layer_slot(cfg: ModelConfig, layer: int, n_ctx: int, windowed: bool = True) -> LayerSlot:
+    """The cache slot layer `layer` needs."""
+    if cfg.is_recurrent(layer):
+        assert cfg.gdn is not None
+        return RecurrentState(cfg.gdn)
+    window = cfg.layer_shape(layer).window
+    if windowed and window is not None and window < n_ctx:
+        return WindowKv(cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v, n_ctx, window)
+    return AttentionKv(cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v, n_ctx)
+
+
+class KvCache:
+    """`windowed=False` keeps every row of sliding-window layers too (a reference for tests)."""
+
+    def __init__(self, cfg: ModelConfig, n_ctx: int, windowed: bool = True) -> None:
+        self.cfg = cfg
+        self.n_ctx = n_ctx
+        self.n_past = 0
+        self.slots: list = [layer_slot(cfg, layer, n_ctx, windowed) for layer in range(cfg.n_layer)]
+
+    @property
+    def has_recurrent_state(self) -> bool:
+        return any(isinstance(s, RecurrentState) for s in self.slots)
+
+    def slot(self, layer: int):  # type: ignore[no-untyped-def]  # a KvSlot or RecurrentSlot
+        return self.slots[layer]
+
+    def reserve(self, n_rows: int) -> None:
+        """Room for positions up to n_rows in every layer."""
+        if n_rows > self.n_ctx:
+            raise FrinkError(f"context full: {n_rows} tokens do not fit in a context of {self.n_ctx}")
+        for s in self.slots:
+            s.reserve(n_rows)
+
+    def check_room(self, n_new: int) -> None:
+        """Refuse a batch before any layer writes, so a failed step leaves the cache intact."""
+        # Rows and state staged by a step that failed before its commit are stale: drop them.
+        for s in self.slots:
+            s.rollback()
+        if self.n_past + n_new > self.n_ctx:
+            raise FrinkError(
+                f"prompt too long: {self.n_past + n_new} tokens do not fit in a context of "
+                f"{self.n_ctx} (raise -c/--ctx-size)"
+            )
+        self.reserve(self.n_past + n_new)
+
+    def commit(self, n_new: int) -> None:
+        self.n_past += n_new
+        for s in self.slots:
+            s.commit(self.n_past)
+
+    def truncate(self, n_past: int) -> None:
+        if not 0 <= n_past <= self.n_past:
+            raise FrinkError(f"cannot truncate a cache of {self.n_past} rows to {n_past}")
+        # Every slot is asked before any moves, so a refusal changes nothing.
+        for layer, s in enumerate(self.slots):
+            reason = s.truncation_refusal(n_past)
+            if reason is not None:
+                raise FrinkError(
+                    f"cannot truncate to {n_past} of {self.n_past} tokens: layer {layer} of this "
+                    f"{self.cfg.arch} model: {reason}; start a new context"
+                )
+        for s in self.slots:
+            s.truncate(n_past)
+        self.n_past = n_past
+
+    # --- position-indexed views, for tests and debugging (backends use the slots) ------------
+
+    @property
+    def k(self) -> list[np.ndarray]:
+        """Per layer, K [Hkv, rows, hd_k] with row i at position i (none for recurrent layers)."""
+        return [self._by_position(s)[0] for s in self.slots]
+
+    @property
+    def v(self) -> list[np.ndarray]:
+        return [self._by_position(s)[1] for s in self.slots]
+
+    @property
+    def conv_state(self) -> list[np.ndarray | None]:
+        """Per layer, the committed conv tail (None for attention layers)."""
+        return [s.conv if isinstance(s, RecurrentState) else None for s in self.slots]
+
+    @property
+    def delta_state(self) -> list[np.ndarray | None]:
+        return [s.delta if isinstance(s, RecurrentState) else None for s in self.slots]
+
+    def _by_position(self, s: LayerSlot) -> tuple[np.ndarray, np.ndarray]:
+        if isinstance(s, AttentionKv):
+            return s.by_position()
+        cfg = self.cfg
+        return (np.zeros((cfg.n_head_kv, 0, cfg.head_dim_k), np.float32),
+                np.zeros((cfg.n_head_kv, 0, cfg.head_dim_v), np.float32))
