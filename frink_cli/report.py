@@ -125,7 +125,6 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
             "expert_ff": cfg.moe.n_ff_exp,
             "shared_ff": cfg.moe.n_ff_shexp,
             "norm_topk": cfg.moe.norm_topk,
-            "shared_gate": cfg.moe.shared_gate,
         },
         "decorations": sorted(cfg.features()),
         "tied_embeddings": cfg.tied_embeddings,
