@@ -27,7 +27,14 @@ DEFAULT_CTX = 4096
 
 
 class Model:
-    def __init__(self, checkpoint: Checkpoint, config: ModelConfig, decoder: Decoder, tokenizer: Tokenizer | None, backend_name: str) -> None:
+    def __init__(
+        self,
+        checkpoint: Checkpoint,
+        config: ModelConfig,
+        decoder: Decoder,
+        tokenizer: Tokenizer | None,
+        backend_name: str,
+    ) -> None:
         self.checkpoint = checkpoint
         self.config = config
         self.decoder = decoder
@@ -40,7 +47,9 @@ class Model:
 
     def _tok(self) -> Tokenizer:
         if self.tokenizer is None:
-            raise FrinkError(f"{self.checkpoint.path}: the model has no tokenizer (tokenizer model 'none')")
+            raise FrinkError(
+                f"{self.checkpoint.path}: the model has no tokenizer (tokenizer model 'none')"
+            )
         return self.tokenizer
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
@@ -66,7 +75,12 @@ class Model:
         return np.concatenate([self.decoder.step(ids[i : i + 1], cache) for i in range(len(ids))])
 
     def prompt_ids(
-        self, prompt: str, *, raw: bool = False, system: str | None = None, notes: list[str] | None = None,
+        self,
+        prompt: str,
+        *,
+        raw: bool = False,
+        system: str | None = None,
+        notes: list[str] | None = None,
         n_ctx: int | None = None,
     ) -> list[int]:
         """Ids of `prompt`; with n_ctx, text that cannot fit is refused before tokenizing."""
@@ -112,7 +126,10 @@ class Model:
         tok = self._tok()
         if isinstance(prompt, str):
             ids = self.prompt_ids(
-                prompt, raw=raw, system=system, n_ctx=n_ctx or min(self.config.n_ctx_train, DEFAULT_CTX)
+                prompt,
+                raw=raw,
+                system=system,
+                n_ctx=n_ctx or min(self.config.n_ctx_train, DEFAULT_CTX),
             )
         else:
             ids = list(prompt)

@@ -45,8 +45,9 @@ TEMPLATE_SECONDS = 5.0
 # The cap on any value a template builds when the caller gives no context to size it by.
 DEFAULT_MAX_CHARS = 1 << 22
 # The cap of the render in progress (a template is compiled once and rendered with many).
-_cap: contextvars.ContextVar[int] = contextvars.ContextVar("chat_template_cap",
-                                                           default=DEFAULT_MAX_CHARS)
+_cap: contextvars.ContextVar[int] = contextvars.ContextVar(
+    "chat_template_cap", default=DEFAULT_MAX_CHARS
+)
 # A %-format width or precision: "%999999999s" would build a huge string in one step.
 _FORMAT_NUMBER = re.compile(r"%[^a-zA-Z%]*")
 _DIGITS = re.compile(r"\d+")
@@ -82,8 +83,9 @@ def _check_format(fmt: str, star: bool) -> None:
     # string that large in one C call: refuse any number in the format beyond the cap.
     cap = _cap.get()
     for spec in _FORMAT_NUMBER.findall(fmt) if star else [fmt]:
-        if (star and "*" in spec) or any(len(n) > 18 or int(n) > cap
-                                         for n in _DIGITS.findall(spec)):
+        if (star and "*" in spec) or any(
+            len(n) > 18 or int(n) > cap for n in _DIGITS.findall(spec)
+        ):
             raise _TooBig
 
 
@@ -104,7 +106,7 @@ def _fallbacks() -> list[dict]:
     return [{**f, "template": (_TEMPLATES_DIR / f["file"]).read_text()} for f in table]
 
 
-def fallback_template(tok: "Tokenizer") -> tuple[str, str] | None:
+def fallback_template(tok: Tokenizer) -> tuple[str, str] | None:
     """(name, template) of the first fallback whose markers the vocabulary has, or None."""
     for f in _fallbacks():
         if all(tok.token_id(m) is not None for m in f["markers"]):
@@ -139,7 +141,8 @@ def _compile(template: str) -> Any:
         # and only fails when used further; a template probing for internals is refused now.
         def unsafe_undefined(self, obj: Any, attribute: Any) -> Any:
             raise SecurityError(
-                f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+                f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe"
+            )
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
             cap = _cap.get()
@@ -152,8 +155,12 @@ def _compile(template: str) -> Any:
             elif operator == "+" and isinstance(left, sized) and isinstance(right, sized):
                 if len(left) + len(right) > cap:
                     raise _TooBig
-            elif operator == "**" and isinstance(right, int) and abs(right) > 1024 and (
-                    isinstance(left, int) and abs(left) > 1):
+            elif (
+                operator == "**"
+                and isinstance(right, int)
+                and abs(right) > 1024
+                and (isinstance(left, int) and abs(left) > 1)
+            ):
                 raise _TooBig  # an integer of millions of digits, computed in C
             elif operator == "%" and isinstance(left, str):
                 _check_format(left, star=True)
@@ -167,7 +174,9 @@ def _compile(template: str) -> Any:
             # Where the sandbox hands out str.format (at attribute access, not at the call).
             receiver = getattr(value, "__self__", None)
             if isinstance(receiver, str) and getattr(value, "__name__", "") in (
-                    "format", "format_map"):
+                "format",
+                "format_map",
+            ):
                 _check_format(receiver, star=False)
             return super().wrap_str_format(value)
 
@@ -211,17 +220,24 @@ def _compile(template: str) -> Any:
     def raise_exception(message: str) -> None:
         raise TemplateError(message)
 
-    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
+    def tojson(
+        x: Any,
+        ensure_ascii: bool = False,
+        indent: Any = None,
+        separators: Any = None,
+        sort_keys: bool = False,
+    ) -> str:
         # Jinja's own tojson HTML-escapes; templates expect plain JSON, as transformers gives
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
 
     def strftime_now(fmt: str) -> str:
         return datetime.now().strftime(fmt)
 
-    env = _Env(trim_blocks=True, lstrip_blocks=True,
-               extensions=[_Generation, jinja2.ext.loopcontrols])
+    env = _Env(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = tojson
     env.filters = {k: _bounded(f) for k, f in env.filters.items()}
     env.globals["raise_exception"] = raise_exception
@@ -236,9 +252,15 @@ def _one_line(e: BaseException) -> str:
     return msg if len(msg) <= 300 else msg[:297] + "..."
 
 
-def render_chat(template: str, messages: list[dict], *, bos_token: str | None,
-                eos_token: str | None, add_generation_prompt: bool = True,
-                max_chars: int | None = None) -> str:
+def render_chat(
+    template: str,
+    messages: list[dict],
+    *,
+    bos_token: str | None,
+    eos_token: str | None,
+    add_generation_prompt: bool = True,
+    max_chars: int | None = None,
+) -> str:
     """The prompt text `template` makes of `messages`, rendered the way transformers does.
 
     max_chars caps the output and every value the template builds (DEFAULT_MAX_CHARS when
@@ -250,21 +272,25 @@ def render_chat(template: str, messages: list[dict], *, bos_token: str | None,
         compiled = _compile(template)
     except TemplateSyntaxError as e:
         raise FrinkError(
-            f"chat template does not parse (line {e.lineno}): {_one_line(e)}") from None
+            f"chat template does not parse (line {e.lineno}): {_one_line(e)}"
+        ) from None
     except Exception as e:  # noqa: BLE001 - the template is untrusted input
         raise FrinkError(f"chat template does not parse: {_one_line(e)}") from None
     cap = DEFAULT_MAX_CHARS if max_chars is None else max_chars
     token = _cap.set(cap)
     try:
         with _deadline(TEMPLATE_SECONDS):
-            return _collect(compiled.generate(
-                messages=[dict(m) for m in messages],
-                tools=None,
-                documents=None,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=bos_token or "",
-                eos_token=eos_token or "",
-            ), cap)
+            return _collect(
+                compiled.generate(
+                    messages=[dict(m) for m in messages],
+                    tools=None,
+                    documents=None,
+                    add_generation_prompt=add_generation_prompt,
+                    bos_token=bos_token or "",
+                    eos_token=eos_token or "",
+                ),
+                cap,
+            )
     except _TemplateTimeout:
         raise FrinkError(
             f"chat template took longer than {TEMPLATE_SECONDS:g} s to render (stopped)"
@@ -333,8 +359,15 @@ def _deadline(seconds: float) -> Iterator[None]:
             set_async_exc(tid, None)  # not yet delivered: withdraw it
 
 
-def prompt_ids(tok: Tokenizer, prompt: str, *, system: str | None = None, raw: bool = False,
-               notes: list[str] | None = None, n_ctx: int | None = None) -> list[int]:
+def prompt_ids(
+    tok: Tokenizer,
+    prompt: str,
+    *,
+    system: str | None = None,
+    raw: bool = False,
+    notes: list[str] | None = None,
+    n_ctx: int | None = None,
+) -> list[int]:
     """The ids a prompt becomes: raw text, or one user turn through the chat template.
 
     Chat prompts are tokenized with special tokens parsed (the template writes them as
@@ -378,7 +411,13 @@ def prompt_ids(tok: Tokenizer, prompt: str, *, system: str | None = None, raw: b
     if system is not None:
         messages.append({"role": "system", "content": system})
     messages.append({"role": "user", "content": prompt})
-    text = render_chat(template, messages, bos_token=tok.bos_text, eos_token=tok.eos_text,
-                       add_generation_prompt=True, max_chars=limit)
+    text = render_chat(
+        template,
+        messages,
+        bos_token=tok.bos_text,
+        eos_token=tok.eos_text,
+        add_generation_prompt=True,
+        max_chars=limit,
+    )
     # Tokenizer.encode leaves BOS out when the text starts with the BOS token itself.
     return tok.encode(text, add_special=True, parse_special=True)

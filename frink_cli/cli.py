@@ -125,7 +125,9 @@ def _read_prompt(prompt: str | None, file: Path | None, n_ctx: int = 0) -> str:
         try:
             raw = sys.stdin.buffer.read(limit + 1)
         except (OSError, ValueError) as e:
-            raise FrinkError(f"cannot read the prompt from stdin: {getattr(e, 'strerror', e)}") from None
+            raise FrinkError(
+                f"cannot read the prompt from stdin: {getattr(e, 'strerror', e)}"
+            ) from None
         source = "the prompt on stdin"
     elif prompt is None:
         raise FrinkError("no prompt: pass -p TEXT, -p - (stdin) or -f FILE")

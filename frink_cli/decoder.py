@@ -20,7 +20,9 @@ from .model.weights import LayerStore, ModelWeights
 
 
 class Decoder:
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights, backend: Backend | None = None) -> None:
+    def __init__(
+        self, cfg: ModelConfig, weights: ModelWeights, backend: Backend | None = None
+    ) -> None:
         self.cfg = cfg
         self.host = HostBody(cfg, weights)
         self.backend = backend
@@ -55,7 +57,9 @@ class Decoder:
         with blas_threads.limit(self.decode_threads.choose() if len(ids) == 1 else None):
             return self._forward(ids, cache, None)[0]
 
-    def _forward(self, ids: np.ndarray, cache: KvCache, head: str | None) -> tuple[np.ndarray, bool]:
+    def _forward(
+        self, ids: np.ndarray, cache: KvCache, head: str | None
+    ) -> tuple[np.ndarray, bool]:
         """(output, is_logits). With head "last"/"all", a backend whose run reaches the last
         layer and that `runs_head` returns the logits from the same submission."""
         ids = np.asarray(ids, dtype=np.int64)
@@ -73,7 +77,11 @@ class Decoder:
             choices = self.prefill_threads
         layer = 0
         while layer < self.cfg.n_layer:
-            plan = self.backend.plan(kind, layer, T, cache, positions=positions) if self.backend else None
+            plan = (
+                self.backend.plan(kind, layer, T, cache, positions=positions)
+                if self.backend
+                else None
+            )
             if plan is None or isinstance(plan, Refusal):
                 if plan is not None:
                     self.backend.ledger.refuse(plan.reason)
@@ -81,7 +89,11 @@ class Decoder:
                 layer += 1
             else:
                 try:
-                    if head and plan.stop == self.cfg.n_layer and getattr(self.backend, "runs_head", False):
+                    if (
+                        head
+                        and plan.stop == self.cfg.n_layer
+                        and getattr(self.backend, "runs_head", False)
+                    ):
                         logits = self.backend.run_head(plan, x, positions, cache, head == "all")
                         cache.commit(T)
                         return logits, True
@@ -97,7 +109,11 @@ class Decoder:
         return x, False
 
     def _host_layer(
-        self, layer: int, x: np.ndarray, positions: np.ndarray, cache: KvCache,
+        self,
+        layer: int,
+        x: np.ndarray,
+        positions: np.ndarray,
+        cache: KvCache,
         choices: dict[tuple, ThreadChoice] | None,
     ) -> np.ndarray:
         if choices is None:

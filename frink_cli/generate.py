@@ -70,8 +70,10 @@ def generate_tokens(
     if min(prompt_ids) < 0 or max(prompt_ids) >= n_vocab:
         # A tokenizer larger than the embedding (a broken or mismatched model directory).
         bad = next(i for i in prompt_ids if not 0 <= i < n_vocab)
-        raise FrinkError(f"prompt token id {bad} is outside the model's {n_vocab} embedding rows "
-                         "(the tokenizer does not match the weights)")
+        raise FrinkError(
+            f"prompt token id {bad} is outside the model's {n_vocab} embedding rows "
+            "(the tokenizer does not match the weights)"
+        )
     cache = decoder.new_cache(n_ctx)
     history = list(prompt_ids)
     t0 = time.perf_counter()

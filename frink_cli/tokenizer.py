@@ -55,52 +55,127 @@ _A_LSTRIP = 1 << 7
 _A_RSTRIP = 1 << 8
 
 # llama_token_type (tokenizer.ggml.token_type) -> attribute; anything else is UNDEFINED (0).
-_TYPE_TO_ATTR = {1: _A_NORMAL, 2: _A_UNKNOWN, 3: _A_CONTROL, 4: _A_USER_DEFINED, 5: _A_UNUSED,
-                 6: _A_BYTE}
+_TYPE_TO_ATTR = {
+    1: _A_NORMAL,
+    2: _A_UNKNOWN,
+    3: _A_CONTROL,
+    4: _A_USER_DEFINED,
+    5: _A_UNUSED,
+    6: _A_BYTE,
+}
 
 # Tokens llama.cpp treats as end-of-generation by their text (llama-vocab.cpp, "maintain a
 # list of tokens that cause end-of-generation"). Text-based because converters do not
 # record which tokens end a turn.
-_EOG_TEXTS = frozenset({
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-    "<｜end▁of▁sentence｜>", "[e~[",
-})
+_EOG_TEXTS = frozenset(
+    {
+        "<|eot_id|>",
+        "<|im_end|>",
+        "<|end|>",
+        "<|return|>",
+        "<|call|>",
+        "<|flush|>",
+        "<|calls|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "</s>",
+        "<|eom_id|>",
+        "<EOT>",
+        "_<EOT>",
+        "[EOT]",
+        "[EOS]",
+        "<|end_of_text|>",
+        "<end_of_utterance>",
+        "<eos>",
+        "<turn|>",
+        "<|tool_response>",
+        "<｜end▁of▁sentence｜>",
+        "[e~[",
+    }
+)
 # FIM tokens found by text when the file does not name them; llama.cpp makes them control
 # tokens, and the pad/repo/file-separator ones end generation.
 _FIM_TEXTS = {
-    "pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
-            "<|code_prefix|>", "<|prefix|>"),
-    "suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
-            "<|code_suffix|>", "<|suffix|>"),
-    "mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
-            "<|code_middle|>", "<|middle|>"),
+    "pre": (
+        "<|fim_prefix|>",
+        "<fim-prefix>",
+        "<fim_prefix>",
+        "<｜fim▁begin｜>",
+        "<PRE>",
+        "▁<PRE>",
+        "<|code_prefix|>",
+        "<|prefix|>",
+    ),
+    "suf": (
+        "<|fim_suffix|>",
+        "<fim-suffix>",
+        "<fim_suffix>",
+        "<｜fim▁hole｜>",
+        "<SUF>",
+        "▁<SUF>",
+        "<|code_suffix|>",
+        "<|suffix|>",
+    ),
+    "mid": (
+        "<|fim_middle|>",
+        "<fim-middle>",
+        "<fim_middle>",
+        "<｜fim▁end｜>",
+        "<MID>",
+        "▁<MID>",
+        "<|code_middle|>",
+        "<|middle|>",
+    ),
     "pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
     "rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
     "sep": ("<|file_sep|>",),
 }
 _EOG_FIM = ("pad", "rep", "sep")
-_EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-              "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>",
-              "<end_of_utterance>")
+_EOT_TEXTS = (
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "<｜end▁of▁sentence｜>",
+    "<end_of_utterance>",
+)
 
 # --- pre-tokenizer regexes, by tokenizer.ggml.pre (llm_tokenizer_bpe's constructor) --------
 _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_LLAMA3 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN35 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
-           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_GPT4O = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CONTRACTIONS +
-          r"?|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _CONTRACTIONS +
-          r"?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN35 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_GPT4O = (
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+    + _CONTRACTIONS
+    + r"?|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+    + _CONTRACTIONS
+    + r"?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _BLOOM = r" ?[^(\s|.,!?…。，、।۔،)]+"
-_DEEPSEEK3 = [r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
-              (r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
-               r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")]
+_DEEPSEEK3 = [
+    r"\p{N}{1,3}",
+    r"[一-龥぀-ゟ゠-ヿ]+",
+    (
+        r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+        r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    ),
+]
 
 _DEEPSEEK_LLM_LETTERS = (  # written as escapes: NFC would fold several of these
     "A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-"
@@ -123,9 +198,11 @@ _PRE_REGEXES: dict[str, list[str]] = {
     "llama3": [_LLAMA3],
     "dbrx": [_LLAMA3],
     "chatglm4": [_LLAMA3],
-    "jais2": [_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-              r"|\s*[\r\n]+|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)"
-              r"|\s{16}(?!\S)|\s{8}(?!\S)|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1}"],
+    "jais2": [
+        _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+        r"|\s*[\r\n]+|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)"
+        r"|\s{16}(?!\S)|\s{8}(?!\S)|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1}"
+    ],
     "deepseek-llm": [
         r"[\r\n]",
         r"\s?[" + _DEEPSEEK_LLM_LETTERS + "]+",
@@ -136,9 +213,15 @@ _PRE_REGEXES: dict[str, list[str]] = {
         r"\p{N}+",
     ],
     "deepseek3": _DEEPSEEK3,
-    "spark2_5": [r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
-                 (r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
-                  r"| ?[\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+"), r"\p{N}"],
+    "spark2_5": [
+        r"\p{N}{1,3}",
+        r"[一-龥぀-ゟ゠-ヿ]+",
+        (
+            r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+            r"| ?[\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+"
+        ),
+        r"\p{N}",
+    ],
     "deepseek-coder": [r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"],
     "falcon": [r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, r"[0-9][0-9][0-9]"],
     "starcoder": [r"\p{N}", _GPT2],
@@ -147,24 +230,49 @@ _PRE_REGEXES: dict[str, list[str]] = {
     "qwen35": [_QWEN35],
     "bloom": [_BLOOM],
     "viking": [_BLOOM, r"\p{N}"],
-    "tekken": [(r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?"
-                r"((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")],
-    "chameleon": [r"<sentinel:[0-9]+>", r"(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", r"([\t\n]|    |  )",
-                  r"\p{N}", r"[\p{P}!-/:-@\[-`{-~]", _GPT2],
+    "tekken": [
+        (
+            r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?"
+            r"((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*"
+            r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+        )
+    ],
+    "chameleon": [
+        r"<sentinel:[0-9]+>",
+        r"(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z",
+        r"([\t\n]|    |  )",
+        r"\p{N}",
+        r"[\p{P}!-/:-@\[-`{-~]",
+        _GPT2,
+    ],
     "gpt4o": [_GPT4O],
-    "bailingmoe": [(r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-                    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+")],
-    "seed-coder": [_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+"
-                   r"|\s*[\r\n]+|\s+(?!\S)|\s+"],
-    "ufakzeka": [(r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-                  r"|\s+(?!\S)|\s+")],
+    "bailingmoe": [
+        (
+            r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+            r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"
+        )
+    ],
+    "seed-coder": [
+        _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+"
+        r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+    ],
+    "ufakzeka": [
+        (
+            r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+            r"|\s+(?!\S)|\s+"
+        )
+    ],
     "grok-2": [_QWEN2],
     "laguna": [r"[^\n]+|[\n]+", _QWEN2],
-    "exaone-moe": [_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}"
-                   r"| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+"],
-    "minicpm5": [r"\p{N}{1,3}", _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
+    "exaone-moe": [
+        _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}"
+        r"| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+"
+    ],
+    "minicpm5": [
+        r"\p{N}{1,3}",
+        _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+"
+        r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ],
 }
 
 # tokenizer.ggml.pre name -> (regex family, flags it sets in llama.cpp's loader).
@@ -179,21 +287,69 @@ def _pre(family: str, names: Iterable[str], **flags: bool) -> None:
 
 _pre("default", ["default"])
 _pre("minicpm5", ["minicpm5"], ignore_merges=True)
-_pre("llama3", ["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
-                "lfm2", "jina-v5-nano"], ignore_merges=True, add_bos=True)
+_pre(
+    "llama3",
+    [
+        "llama3",
+        "llama-v3",
+        "llama-bpe",
+        "falcon3",
+        "falcon-h1",
+        "pixtral",
+        "midm-2.0",
+        "lfm2",
+        "jina-v5-nano",
+    ],
+    ignore_merges=True,
+    add_bos=True,
+)
 _pre("deepseek-llm", ["deepseek-llm"])
 _pre("deepseek-coder", ["deepseek-coder"])
 _pre("deepseek3", ["deepseek-v3", "hunyuan-dense", "hy_v4", "joyai-llm"])
 _pre("spark2_5", ["spark2_5"])
 _pre("falcon", ["falcon"])
-_pre("gpt2", ["mpt", "gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de",
-              "a.x-4.0", "mellum", "modern-bert", "jina-v1-en", "jina-v2-code", "roberta-bpe",
-              "olmo", "jais", "exaone4", "trillion", "granite-docling"])
-_pre("starcoder", ["starcoder", "refact", "command-r", "smollm", "codeshell", "exaone",
-                   "minerva-7b", "mellum2"])
+_pre(
+    "gpt2",
+    [
+        "mpt",
+        "gpt-2",
+        "phi-2",
+        "jina-es",
+        "jina-de",
+        "gigachat",
+        "jina-v2-es",
+        "jina-v2-de",
+        "a.x-4.0",
+        "mellum",
+        "modern-bert",
+        "jina-v1-en",
+        "jina-v2-code",
+        "roberta-bpe",
+        "olmo",
+        "jais",
+        "exaone4",
+        "trillion",
+        "granite-docling",
+    ],
+)
+_pre(
+    "starcoder",
+    ["starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2"],
+)
 _pre("jais2", ["jais-2"])
-_pre("qwen2", ["qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "stablelm2", "megrez", "hunyuan",
-               "solar-open"])
+_pre(
+    "qwen2",
+    [
+        "qwen2",
+        "deepseek-r1-qwen",
+        "kormo",
+        "f2llmv2",
+        "stablelm2",
+        "megrez",
+        "hunyuan",
+        "solar-open",
+    ],
+)
 _pre("qwen35", ["qwen35"])
 _pre("llama3", ["dbrx", "smaug-bpe"])
 _pre("bloom", ["poro-chat", "bloom", "gpt3-finnish"])
@@ -212,15 +368,28 @@ _pre("exaone-moe", ["exaone-moe"])
 # Pre-tokenizers llama.cpp implements with hand-written splitters (kimi-k2, afmoe, tiny_aya,
 # superbpe) or that encode spaces SentencePiece-style inside BPE (gemma4, sarvam-moe,
 # whitespace): frink refuses them rather than tokenizing differently.
-_PRE_UNSUPPORTED = {"kimi-k2", "afmoe", "tiny_aya", "cohere2moe", "superbpe", "gemma4",
-                    "granite-embed-multi-311m", "granite-embed-multi-97m", "sarvam-moe",
-                    "whitespace", "jina-v2-zh"}
+_PRE_UNSUPPORTED = {
+    "kimi-k2",
+    "afmoe",
+    "tiny_aya",
+    "cohere2moe",
+    "superbpe",
+    "gemma4",
+    "granite-embed-multi-311m",
+    "granite-embed-multi-97m",
+    "sarvam-moe",
+    "whitespace",
+    "jina-v2-zh",
+}
 
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table (what byte-level BPE vocabularies store)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -249,8 +418,9 @@ def _byte_level_decode(text: str) -> bytes:
         if b is not None:
             out.append(b)
         else:  # llama.cpp writes this marker for a character outside the byte table
-            out += ("[UNK_BYTE_0x" + c.encode("utf-8", "surrogateescape").hex() + text + "]"
-                    ).encode("utf-8", "surrogateescape")
+            out += (
+                "[UNK_BYTE_0x" + c.encode("utf-8", "surrogateescape").hex() + text + "]"
+            ).encode("utf-8", "surrogateescape")
     return bytes(out)
 
 
@@ -276,9 +446,18 @@ class StreamDecoder:
 class Tokenizer:
     """One model's vocabulary: encode, decode, BOS/EOS policy and end-of-generation ids."""
 
-    def __init__(self, core: _Core, *, bos_id: int | None, eos_id: int | None,
-                 eog_ids: Iterable[int], add_bos: bool, add_eos: bool,
-                 chat_template: str | None, source: str) -> None:
+    def __init__(
+        self,
+        core: _Core,
+        *,
+        bos_id: int | None,
+        eos_id: int | None,
+        eog_ids: Iterable[int],
+        add_bos: bool,
+        add_eos: bool,
+        chat_template: str | None,
+        source: str,
+    ) -> None:
         self._core = core
         self.n_vocab: int = core.n_vocab
         self.bos_id = bos_id
@@ -312,7 +491,8 @@ class Tokenizer:
         """The raw bytes one token contributes to text (b"" for control tokens)."""
         if not 0 <= token_id < self.n_vocab:
             raise FrinkError(
-                f"token id {token_id} is outside the vocabulary (0..{self.n_vocab - 1})")
+                f"token id {token_id} is outside the vocabulary (0..{self.n_vocab - 1})"
+            )
         return self._core.piece(token_id)
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -369,9 +549,17 @@ def _as_list(value: Any) -> list:
 
 
 class _GgufCore(_Core):
-    def __init__(self, tokens: list[str], to_id: dict[str, int], attrs: list[int],
-                 scores: list[float] | None, kind: str, add_space_prefix: bool,
-                 unk_id: int | None, bpe: Any | None) -> None:
+    def __init__(
+        self,
+        tokens: list[str],
+        to_id: dict[str, int],
+        attrs: list[int],
+        scores: list[float] | None,
+        kind: str,
+        add_space_prefix: bool,
+        unk_id: int | None,
+        bpe: Any | None,
+    ) -> None:
         self.tokens = tokens
         self.attrs = attrs
         self.scores = scores
@@ -460,7 +648,7 @@ class _GgufCore(_Core):
             if left < 0 or right < 0:
                 return
             s = start[left]
-            tid = to_id.get(text[s: s + size[left] + size[right]])
+            tid = to_id.get(text[s : s + size[left] + size[right]])
             if tid is None:
                 return
             # max-heap on score, ties to the leftmost pair (llm_bigram_spm::comparator)
@@ -481,7 +669,7 @@ class _GgufCore(_Core):
             try_add(left, nxt[left])
         i = 0
         while i != -1:
-            piece = text[start[i]: start[i] + size[i]]
+            piece = text[start[i] : start[i] + size[i]]
             tid = to_id.get(piece)
             if tid is not None:
                 out.append(tid)
@@ -496,8 +684,9 @@ class _GgufCore(_Core):
                         # llama.cpp aborts here (the vocab has no byte tokens); unk is the
                         # only sensible id left.
                         if self.unk_id is None:
-                            raise FrinkError(f"vocabulary has no byte token for 0x{b:02X} "
-                                             "and no unknown token")
+                            raise FrinkError(
+                                f"vocabulary has no byte token for 0x{b:02X} and no unknown token"
+                            )
                         bid = self.unk_id
                     out.append(bid)
             i = nxt[i]
@@ -537,8 +726,13 @@ class _GgufCore(_Core):
         return self.to_id.get(text)
 
 
-def _build_bpe(to_id: dict[str, int], merges_raw: list[str], regexes: list[str],
-               ignore_merges: bool, notes: list[str]) -> Any:
+def _build_bpe(
+    to_id: dict[str, int],
+    merges_raw: list[str],
+    regexes: list[str],
+    ignore_merges: bool,
+    notes: list[str],
+) -> Any:
     """A `tokenizers` BPE over the GGUF vocab: Split(regex, isolated)* + ByteLevel bytes."""
     from tokenizers import Regex, models, pre_tokenizers
     from tokenizers import Tokenizer as HfTokenizer
@@ -551,7 +745,7 @@ def _build_bpe(to_id: dict[str, int], merges_raw: list[str], regexes: list[str],
         if pos < 0:
             dropped += 1
             continue
-        a, b = m[:pos], m[pos + 1:]
+        a, b = m[:pos], m[pos + 1 :]
         # `tokenizers` requires both halves and the result to be tokens; llama.cpp would still
         # merge and then spell the unknown result byte by byte.
         if a in to_id and b in to_id and a + b in to_id:
@@ -559,13 +753,16 @@ def _build_bpe(to_id: dict[str, int], merges_raw: list[str], regexes: list[str],
         else:
             dropped += 1
     if dropped:
-        notes.append(f"tokenizer: {dropped} BPE merges name tokens missing from the vocabulary "
-                     "and were dropped")
+        notes.append(
+            f"tokenizer: {dropped} BPE merges name tokens missing from the vocabulary "
+            "and were dropped"
+        )
     model = models.BPE(vocab=dict(to_id), merges=merges, ignore_merges=ignore_merges)
     tk = HfTokenizer(model)
     splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
     tk.pre_tokenizer = pre_tokenizers.Sequence(
-        splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
     return tk
 
 
@@ -576,8 +773,10 @@ def _load_gguf(ckpt: Checkpoint) -> Tokenizer | None:
         return None
     where = str(ckpt.path)
     if model not in ("gpt2", "llama"):
-        raise FrinkError(f"{where}: tokenizer model '{model}' is not supported (frink reads "
-                         "'gpt2' byte-level BPE and 'llama' SentencePiece vocabularies)")
+        raise FrinkError(
+            f"{where}: tokenizer model '{model}' is not supported (frink reads "
+            "'gpt2' byte-level BPE and 'llama' SentencePiece vocabularies)"
+        )
     if "tokenizer.ggml.tokens" not in md:
         raise FrinkError(f"{where}: GGUF has no tokenizer.ggml.tokens")
     tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(md["tokenizer.ggml.tokens"])]
@@ -598,8 +797,10 @@ def _load_gguf(ckpt: Checkpoint) -> Tokenizer | None:
     if kind == "bpe":
         pre = md.get("tokenizer.ggml.pre") or ""
         if not pre:
-            ckpt.notes.append("tokenizer: GGUF has no tokenizer.ggml.pre; using llama.cpp's "
-                              "'default' pre-tokenizer (generation quality may suffer)")
+            ckpt.notes.append(
+                "tokenizer: GGUF has no tokenizer.ggml.pre; using llama.cpp's "
+                "'default' pre-tokenizer (generation quality may suffer)"
+            )
             pre_family, flags = "default", {}
         elif pre in _PRE_UNSUPPORTED:
             raise FrinkError(f"{where}: pre-tokenizer '{pre}' is not supported by frink")
@@ -617,13 +818,22 @@ def _load_gguf(ckpt: Checkpoint) -> Tokenizer | None:
     for k, v in ids.items():  # a default out of range is disabled
         if v is not None and v >= n:
             ids[k] = None
-    for k, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("eot", "eot_token_id"),
-                   ("eom", "eom_token_id"), ("unk", "unknown_token_id"),
-                   ("pre", "fim_pre_token_id"), ("suf", "fim_suf_token_id"),
-                   ("mid", "fim_mid_token_id"), ("pad", "fim_pad_token_id"),
-                   ("rep", "fim_rep_token_id"), ("sep", "fim_sep_token_id"),
-                   ("pre", "prefix_token_id"), ("suf", "suffix_token_id"),
-                   ("mid", "middle_token_id")):
+    for k, key in (
+        ("bos", "bos_token_id"),
+        ("eos", "eos_token_id"),
+        ("eot", "eot_token_id"),
+        ("eom", "eom_token_id"),
+        ("unk", "unknown_token_id"),
+        ("pre", "fim_pre_token_id"),
+        ("suf", "fim_suf_token_id"),
+        ("mid", "fim_mid_token_id"),
+        ("pad", "fim_pad_token_id"),
+        ("rep", "fim_rep_token_id"),
+        ("sep", "fim_sep_token_id"),
+        ("pre", "prefix_token_id"),
+        ("suf", "suffix_token_id"),
+        ("mid", "middle_token_id"),
+    ):
         v = md.get("tokenizer.ggml." + key)
         if v is not None and 0 <= int(v) < n:
             ids[k] = int(v)
@@ -666,18 +876,27 @@ def _load_gguf(ckpt: Checkpoint) -> Tokenizer | None:
         bpe = _build_bpe(to_id, list(merges), _PRE_REGEXES[pre_family], ignore_merges, ckpt.notes)
     core = _GgufCore(tokens, to_id, attrs, scores, kind, add_space_prefix, ids["unk"], bpe)
     template = md.get("tokenizer.chat_template")
-    return Tokenizer(core, bos_id=ids["bos"], eos_id=ids["eos"], eog_ids=eog, add_bos=add_bos,
-                     add_eos=add_eos, chat_template=str(template) if template else None,
-                     source="gguf")
+    return Tokenizer(
+        core,
+        bos_id=ids["bos"],
+        eos_id=ids["eos"],
+        eog_ids=eog,
+        add_bos=add_bos,
+        add_eos=add_eos,
+        chat_template=str(template) if template else None,
+        source="gguf",
+    )
 
 
-def _eog_by_text(tokens: list[str], to_id: dict[str, int], attrs: list[int],
-                 ids: dict[str, int | None]) -> set[int]:
+def _eog_by_text(
+    tokens: list[str], to_id: dict[str, int], attrs: list[int], ids: dict[str, int | None]
+) -> set[int]:
     """End-of-generation ids as llama-vocab.cpp derives them; updates `attrs` the same way.
 
     llama.cpp walks an unordered_map, so when several texts qualify for one FIM role the one
     it picks is unspecified; the lowest id is picked here.
     """
+
     def force_control(i: int) -> None:
         attrs[i] |= _A_CONTROL
 
@@ -760,8 +979,16 @@ class _HfCore(_Core):
                 continue
             a = added.get(i)
             if a is not None:
-                new.append(AddedToken(a.content, single_word=a.single_word, lstrip=a.lstrip,
-                                      rstrip=a.rstrip, normalized=a.normalized, special=True))
+                new.append(
+                    AddedToken(
+                        a.content,
+                        single_word=a.single_word,
+                        lstrip=a.lstrip,
+                        rstrip=a.rstrip,
+                        normalized=a.normalized,
+                        special=True,
+                    )
+                )
             else:
                 new.append(AddedToken(self.token_text(i), normalized=False, special=True))
         if new:
@@ -904,7 +1131,7 @@ def _load_hf(d: Path) -> Tokenizer | None:
     plain = tk.encode("a", add_special_tokens=False).ids
     full = tk.encode("a", add_special_tokens=True).ids
     k = _find_sub(full, plain)
-    prefix, suffix = (full[:k], full[k + len(plain):]) if k >= 0 else ([], [])
+    prefix, suffix = (full[:k], full[k + len(plain) :]) if k >= 0 else ([], [])
     add_bos = config.get("add_bos_token")
     if not isinstance(add_bos, bool):
         add_bos = bos_id is not None and prefix[-1:] == [bos_id]
@@ -931,14 +1158,21 @@ def _load_hf(d: Path) -> Tokenizer | None:
     _drop_non_eog(eog, texts, None)
     control -= set(texts.values()) - eog  # the ones just ruled ordinary stay as they were
     core.make_control(control)
-    return Tokenizer(core, bos_id=bos_id, eos_id=eos_id, eog_ids=eog, add_bos=add_bos,
-                     add_eos=add_eos, chat_template=_chat_template_from_dir(d, config),
-                     source="hf")
+    return Tokenizer(
+        core,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        eog_ids=eog,
+        add_bos=add_bos,
+        add_eos=add_eos,
+        chat_template=_chat_template_from_dir(d, config),
+        source="hf",
+    )
 
 
 def _find_sub(seq: list[int], sub: list[int]) -> int:
     for k in range(len(seq) - len(sub) + 1):
-        if seq[k: k + len(sub)] == sub:
+        if seq[k : k + len(sub)] == sub:
             return k
     return -1
 
@@ -952,4 +1186,3 @@ def load_tokenizer(ckpt: Checkpoint) -> Tokenizer | None:
     if ckpt.hf_dir is not None:
         return _load_hf(Path(ckpt.hf_dir))
     return _load_gguf(ckpt)
-

@@ -56,7 +56,13 @@ def _decode(dec: Decoder, ids: np.ndarray, n_tg: int) -> float:
 
 
 def run_shape(
-    name: str, n: int, host_reps: int, dev_reps: int, dtypes: list[str], xp: str = "cupy", n_tg: int = 0
+    name: str,
+    n: int,
+    host_reps: int,
+    dev_reps: int,
+    dtypes: list[str],
+    xp: str = "cupy",
+    n_tg: int = 0,
 ) -> list[dict]:
     cfg = shape_config(name, n_vocab=TIMING_VOCAB)
     w = synthetic_weights(cfg, seed=0, share_layers=True)
@@ -67,10 +73,21 @@ def run_shape(
     ref = host.hidden(ids, host.new_cache(n))  # also warms BLAS
     host_s = _time(lambda: host.hidden(ids, host.new_cache(n)), host_reps)
     host_tg = _decode(host, ids, n_tg) if n_tg else None
-    rows.append({"shape": name, "backend": "numpy", "dtype": "float32", "tok_s": n / host_s, "seconds": host_s,
-                 "tg_tok_s": n_tg / host_tg if n_tg else None})
-    print(f"{name}: host body pp{n} {n / host_s:,.0f} tok/s ({host_s * 1e3:.0f} ms)"
-          + (f", tg{n_tg} {n_tg / host_tg:,.1f} tok/s" if n_tg else ""), flush=True)
+    rows.append(
+        {
+            "shape": name,
+            "backend": "numpy",
+            "dtype": "float32",
+            "tok_s": n / host_s,
+            "seconds": host_s,
+            "tg_tok_s": n_tg / host_tg if n_tg else None,
+        }
+    )
+    print(
+        f"{name}: host body pp{n} {n / host_s:,.0f} tok/s ({host_s * 1e3:.0f} ms)"
+        + (f", tg{n_tg} {n_tg / host_tg:,.1f} tok/s" if n_tg else ""),
+        flush=True,
+    )
 
     scale = float(np.abs(ref).max())
     for dtype in dtypes:
@@ -86,18 +103,35 @@ def run_shape(
             backend.ledger.reset()
             tg = _decode(dev, ids, n_tg)
             tg_subs = (sum(backend.ledger.submissions.values()) - 1) / n_tg  # less the prefill
-        rows.append({
-            "shape": name, "backend": "cuda", "dtype": dtype, "tok_s": n / s, "seconds": s,
-            "speedup": host_s / s, "submissions_per_prefill": subs,
-            "tg_tok_s": n_tg / tg if n_tg else None, "tg_speedup": host_tg / tg if n_tg else None,
-            "submissions_per_decode_token": tg_subs,
-            "refusals": dict(backend.ledger.refusals), "failures": dict(backend.ledger.failures),
-            "max_abs_diff": d, "hidden_scale": scale,
-        })
-        print(f"{name}: cuda ({xp}) {dtype} pp{n} {n / s:,.0f} tok/s ({s * 1e3:.1f} ms), x{host_s / s:.1f} the host body, "
-              f"{subs:g} submission(s)/prefill, max|d| hidden {d:.3g} (scale {scale:.3g})"
-              + (f"; tg{n_tg} {n_tg / tg:,.1f} tok/s, x{host_tg / tg:.1f}, {tg_subs:g} submission(s)/token" if n_tg else "")
-              + (f", FAILURES {dict(backend.ledger.failures)}" if backend.ledger.failures else ""), flush=True)
+        rows.append(
+            {
+                "shape": name,
+                "backend": "cuda",
+                "dtype": dtype,
+                "tok_s": n / s,
+                "seconds": s,
+                "speedup": host_s / s,
+                "submissions_per_prefill": subs,
+                "tg_tok_s": n_tg / tg if n_tg else None,
+                "tg_speedup": host_tg / tg if n_tg else None,
+                "submissions_per_decode_token": tg_subs,
+                "refusals": dict(backend.ledger.refusals),
+                "failures": dict(backend.ledger.failures),
+                "max_abs_diff": d,
+                "hidden_scale": scale,
+            }
+        )
+        print(
+            f"{name}: cuda ({xp}) {dtype} pp{n} {n / s:,.0f} tok/s ({s * 1e3:.1f} ms), x{host_s / s:.1f} the host body, "
+            f"{subs:g} submission(s)/prefill, max|d| hidden {d:.3g} (scale {scale:.3g})"
+            + (
+                f"; tg{n_tg} {n_tg / tg:,.1f} tok/s, x{host_tg / tg:.1f}, {tg_subs:g} submission(s)/token"
+                if n_tg
+                else ""
+            )
+            + (f", FAILURES {dict(backend.ledger.failures)}" if backend.ledger.failures else ""),
+            flush=True,
+        )
         # Free this backend's device weights before the next one uploads its own.
         del dev, backend
     return rows
@@ -105,28 +139,47 @@ def run_shape(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default="smollm2-135m,llama-3.2-1b,llama-3.2-3b",
-                    help=f"comma-separated, from {', '.join(SHAPES)}")
+    ap.add_argument(
+        "--shapes",
+        default="smollm2-135m,llama-3.2-1b,llama-3.2-3b",
+        help=f"comma-separated, from {', '.join(SHAPES)}",
+    )
     ap.add_argument("--n", type=int, default=512, help="prompt tokens")
     ap.add_argument("--host-reps", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--dtypes", default="float32,float16")
-    ap.add_argument("--tg", type=int, default=16, help="decode tokens timed after the prefill (0: none)")
+    ap.add_argument(
+        "--tg", type=int, default=16, help="decode tokens timed after the prefill (0: none)"
+    )
     ap.add_argument("--json", type=Path, help="also write the rows here")
-    ap.add_argument("--array-module", default="cupy", help="numpy: a dry run of this script on the CPU")
+    ap.add_argument(
+        "--array-module", default="cupy", help="numpy: a dry run of this script on the CPU"
+    )
     args = ap.parse_args()
     rows = []
     for name in args.shapes.split(","):
-        rows += run_shape(name.strip(), args.n, args.host_reps, args.reps, args.dtypes.split(","), args.array_module, args.tg)
-    print("\n| shape | backend | operands | pp tok/s | vs host | submissions/prefill | tg tok/s | vs host "
-          "| submissions/token | max abs diff (hidden) |")
+        rows += run_shape(
+            name.strip(),
+            args.n,
+            args.host_reps,
+            args.reps,
+            args.dtypes.split(","),
+            args.array_module,
+            args.tg,
+        )
+    print(
+        "\n| shape | backend | operands | pp tok/s | vs host | submissions/prefill | tg tok/s | vs host "
+        "| submissions/token | max abs diff (hidden) |"
+    )
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         tg = f"{r['tg_tok_s']:,.1f}" if r.get("tg_tok_s") else "-"
-        print(f"| {r['shape']} | {r['backend']} | {r['dtype']} | {r['tok_s']:,.0f} | "
-              f"{r.get('speedup', 1.0):.1f}x | {r.get('submissions_per_prefill', '-')} | {tg} | "
-              f"{r.get('tg_speedup') or 1.0:.1f}x | {r.get('submissions_per_decode_token', '-')} | "
-              f"{r.get('max_abs_diff', 0.0):.3g} |")
+        print(
+            f"| {r['shape']} | {r['backend']} | {r['dtype']} | {r['tok_s']:,.0f} | "
+            f"{r.get('speedup', 1.0):.1f}x | {r.get('submissions_per_prefill', '-')} | {tg} | "
+            f"{r.get('tg_speedup') or 1.0:.1f}x | {r.get('submissions_per_decode_token', '-')} | "
+            f"{r.get('max_abs_diff', 0.0):.3g} |"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     if any(r.get("failures") for r in rows):

@@ -36,8 +36,19 @@ import numpy as np
 
 # GGUF value types (the spec's numbering).
 U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
-_PACK = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i", F32: "<f",
-         BOOL: "<?", U64: "<Q", I64: "<q", F64: "<d"}
+_PACK = {
+    U8: "<B",
+    I8: "<b",
+    U16: "<H",
+    I16: "<h",
+    U32: "<I",
+    I32: "<i",
+    F32: "<f",
+    BOOL: "<?",
+    U64: "<Q",
+    I64: "<q",
+    F64: "<d",
+}
 
 N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_CTX = 16, 2, 1, 32, 64
 HEAD_DIM = N_EMBD // N_HEAD
@@ -124,8 +135,12 @@ class Gguf:
             data[o : o + len(r)] = r
             b += [start + o, start + o + len(r)]
         out += data
-        self.regions = {"header": (0, 24), "metadata": (24, kv_end),
-                        "tensor_info": (kv_end, ti_end), "data": (start, len(out))}
+        self.regions = {
+            "header": (0, 24),
+            "metadata": (24, kv_end),
+            "tensor_info": (kv_end, ti_end),
+            "data": (start, len(out)),
+        }
         return bytes(out)
 
 
@@ -180,21 +195,30 @@ def base() -> Gguf:
     return Gguf(base_kvs(), base_tensors())
 
 
-def _with(g: Gguf, key: str, vtype: int | None = None, value: object = None,
-          drop: bool = False) -> Gguf:
+def _with(
+    g: Gguf, key: str, vtype: int | None = None, value: object = None, drop: bool = False
+) -> Gguf:
     kvs = [kv for kv in g.kvs if kv[0] != key]
     if not drop:
         kvs.append((key, vtype, value))  # type: ignore[arg-type]
     return Gguf(kvs, g.tensors, g.alignment, g.version)
 
 
-def _tensor(g: Gguf, name: str, arr: np.ndarray | None = None, rename: str | bytes | None = None,
-            offset: int | None = None) -> Gguf:
+def _tensor(
+    g: Gguf,
+    name: str,
+    arr: np.ndarray | None = None,
+    rename: str | bytes | None = None,
+    offset: int | None = None,
+) -> Gguf:
     ts = []
     for n, a, t, o in g.tensors:
         if n == name:
-            n, a, o = (rename if rename is not None else n), (a if arr is None else arr), (
-                offset if offset is not None else o)
+            n, a, o = (
+                (rename if rename is not None else n),
+                (a if arr is None else arr),
+                (offset if offset is not None else o),
+            )
         ts.append((n, a, t, o))
     return Gguf(g.kvs, ts, g.alignment, g.version)
 
@@ -213,8 +237,9 @@ def crafted_ggufs() -> dict[str, bytes]:
         "u32_template": _with(g, "tokenizer.chat_template", U32, 5),
         "str_heads": _with(g, "llama.attention.head_count", STR, "2"),
         "nested_500": _with(g, "frink.nested", ARR, nested),
-        "bad_utf8_token": _with(g, "tokenizer.ggml.tokens", ARR,
-                                (STR, TOKENS[:-1] + [b"\xff\xfe"])),
+        "bad_utf8_token": _with(
+            g, "tokenizer.ggml.tokens", ARR, (STR, TOKENS[:-1] + [b"\xff\xfe"])
+        ),
         "bad_utf8_template": _with(g, "tokenizer.chat_template", STR, b"{{ '\xc3' }}"),
         "bad_utf8_key": Gguf(g.kvs + [(b"frink.\xff", U32, 1)], g.tensors),
         "align_array": _with(g, "general.alignment", ARR, (U32, [32])),
@@ -242,17 +267,25 @@ def crafted_ggufs() -> dict[str, bytes]:
         "tokens_u32": _with(g, "tokenizer.ggml.tokens", ARR, (U32, list(range(N_VOCAB)))),
         "bos_out_of_range": _with(g, "tokenizer.ggml.bos_token_id", U32, 10**6),
         "nan_weight": _tensor(g, "blk.0.attn_q.weight", arr=nan_w),
-        "escape_tensor_name": _tensor(g, "blk.0.ffn_up.weight",
-                                      rename="blk.0.ffn_up.weight\x1b[2J\nall good"),
+        "escape_tensor_name": _tensor(
+            g, "blk.0.ffn_up.weight", rename="blk.0.ffn_up.weight\x1b[2J\nall good"
+        ),
         "unknown_tensor": _tensor(g, "blk.0.ffn_up.weight", rename="blk.0.ffn_zzz.weight"),
         "version_1": Gguf(g.kvs, g.tensors, version=1),
         "no_arch": _with(g, "general.architecture", drop=True),
         "arch_u32": _with(g, "general.architecture", U32, 7),
-        "hostile_template": _with(g, "tokenizer.chat_template", STR,
-                                  "{% for i in range(100000) %}{% for j in range(100000) %}"
-                                  "{% endfor %}{% endfor %}"),
-        "template_bomb": _with(g, "tokenizer.chat_template", STR,
-                               "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}"),
+        "hostile_template": _with(
+            g,
+            "tokenizer.chat_template",
+            STR,
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        ),
+        "template_bomb": _with(
+            g,
+            "tokenizer.chat_template",
+            STR,
+            "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}",
+        ),
     }
     return {k: v.encode() for k, v in cases.items()}
 
@@ -267,10 +300,18 @@ def empty_tokens_gguf(n: int = 2_000_000) -> bytes:
 
 
 LLAMA_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1,
-    "hidden_size": N_EMBD, "intermediate_size": N_FF, "num_attention_heads": N_HEAD,
-    "num_key_value_heads": N_HEAD_KV, "vocab_size": N_VOCAB, "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0, "max_position_embeddings": N_CTX, "tie_word_embeddings": False,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "num_hidden_layers": 1,
+    "hidden_size": N_EMBD,
+    "intermediate_size": N_FF,
+    "num_attention_heads": N_HEAD,
+    "num_key_value_heads": N_HEAD_KV,
+    "vocab_size": N_VOCAB,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": N_CTX,
+    "tie_word_embeddings": False,
 }
 
 
@@ -282,7 +323,8 @@ def hf_tensors(seed: int = 0) -> dict[str, np.ndarray]:
 
     p = "model.layers.0."
     return {
-        "model.embed_tokens.weight": w(N_VOCAB, N_EMBD), "model.norm.weight": np.ones(N_EMBD, np.float32),
+        "model.embed_tokens.weight": w(N_VOCAB, N_EMBD),
+        "model.norm.weight": np.ones(N_EMBD, np.float32),
         "lm_head.weight": w(N_VOCAB, N_EMBD),
         p + "input_layernorm.weight": np.ones(N_EMBD, np.float32),
         p + "post_attention_layernorm.weight": np.ones(N_EMBD, np.float32),
@@ -290,17 +332,23 @@ def hf_tensors(seed: int = 0) -> dict[str, np.ndarray]:
         p + "self_attn.k_proj.weight": w(HEAD_DIM * N_HEAD_KV, N_EMBD),
         p + "self_attn.v_proj.weight": w(HEAD_DIM * N_HEAD_KV, N_EMBD),
         p + "self_attn.o_proj.weight": w(N_EMBD, N_EMBD),
-        p + "mlp.gate_proj.weight": w(N_FF, N_EMBD), p + "mlp.up_proj.weight": w(N_FF, N_EMBD),
+        p + "mlp.gate_proj.weight": w(N_FF, N_EMBD),
+        p + "mlp.up_proj.weight": w(N_FF, N_EMBD),
         p + "mlp.down_proj.weight": w(N_EMBD, N_FF),
     }
 
 
-def safetensors_bytes(tensors: dict[str, np.ndarray], header_text: str | None = None,
-                      pad: bool = True) -> bytes:
+def safetensors_bytes(
+    tensors: dict[str, np.ndarray], header_text: str | None = None, pad: bool = True
+) -> bytes:
     entries, blobs, off = {}, [], 0
     for name, a in tensors.items():
         raw = a.tobytes()
-        entries[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
+        entries[name] = {
+            "dtype": "F32",
+            "shape": list(a.shape),
+            "data_offsets": [off, off + len(raw)],
+        }
         blobs.append(raw)
         off += len(raw)
     text = header_text if header_text is not None else json.dumps(entries)
@@ -334,28 +382,47 @@ def crafted_hf() -> dict[str, dict[str, bytes]]:
         "valid": {"model.safetensors": good},
         "header_one_short": {"model.safetensors": struct.pack("<Q", n - 1) + good[8:]},
         "header_one_long": {"model.safetensors": struct.pack("<Q", n + 1) + good[8:]},
-        "overlap": {"model.safetensors": header(
-            lambda e: e[first].update(data_offsets=[0, e[first]["data_offsets"][1]])
-            or e["model.norm.weight"].update(data_offsets=[0, 4 * N_EMBD]))},
-        "gap": {"model.safetensors": header(
-            lambda e: e["model.norm.weight"].update(
-                data_offsets=[x + 4 for x in e["model.norm.weight"]["data_offsets"]]))},
+        "overlap": {
+            "model.safetensors": header(
+                lambda e: (
+                    e[first].update(data_offsets=[0, e[first]["data_offsets"][1]])
+                    or e["model.norm.weight"].update(data_offsets=[0, 4 * N_EMBD])
+                )
+            )
+        },
+        "gap": {
+            "model.safetensors": header(
+                lambda e: e["model.norm.weight"].update(
+                    data_offsets=[x + 4 for x in e["model.norm.weight"]["data_offsets"]]
+                )
+            )
+        },
         "dup_key": {"model.safetensors": safetensors_bytes(t, dup_text)},
-        "float_shape": {"model.safetensors": header(
-            lambda e: e[first].update(shape=[float(x) for x in e[first]["shape"]]))},
-        "bool_shape": {"model.safetensors": header(
-            lambda e: e["model.norm.weight"].update(shape=[True] * N_EMBD and [True]))},
+        "float_shape": {
+            "model.safetensors": header(
+                lambda e: e[first].update(shape=[float(x) for x in e[first]["shape"]])
+            )
+        },
+        "bool_shape": {
+            "model.safetensors": header(
+                lambda e: e["model.norm.weight"].update(shape=[True] * N_EMBD and [True])
+            )
+        },
         "str_shape": {"model.safetensors": header(lambda e: e[first].update(shape=["16", 16]))},
         "neg_shape": {"model.safetensors": header(lambda e: e[first].update(shape=[-1, 16]))},
         "bad_dtype": {"model.safetensors": header(lambda e: e[first].update(dtype="F33"))},
         "dtype_int": {"model.safetensors": header(lambda e: e[first].update(dtype=5))},
-        "offsets_reversed": {"model.safetensors": header(
-            lambda e: e[first].update(data_offsets=e[first]["data_offsets"][::-1]))},
+        "offsets_reversed": {
+            "model.safetensors": header(
+                lambda e: e[first].update(data_offsets=e[first]["data_offsets"][::-1])
+            )
+        },
         "metadata_int": {"model.safetensors": header(lambda e: e.update(__metadata__={"a": 1}))},
         "deep_header": {"model.safetensors": safetensors_bytes(t, '{"x": ' + deep + "}")},
         "not_object": {"model.safetensors": safetensors_bytes(t, "[1, 2]")},
-        "bad_utf8_header": {"model.safetensors": struct.pack("<Q", 8) + b'{"\xff":1}' [:8]
-                            + good[8 + n:]},
+        "bad_utf8_header": {
+            "model.safetensors": struct.pack("<Q", 8) + b'{"\xff":1}'[:8] + good[8 + n :]
+        },
         "huge_header_len": {"model.safetensors": struct.pack("<Q", 2**62) + good[8:]},
         "deep_config": {"config.json": ('{"a": ' + deep + "}").encode()},
         "dup_config": {"config.json": cfg[:-1] + b', "num_hidden_layers": 2}'},
@@ -373,12 +440,20 @@ def crafted_hf() -> dict[str, dict[str, bytes]]:
         "rope_scaling_list": {"config.json": cfg_with(rope_scaling=[1, 2])},
         "config_not_object": {"config.json": b"[]"},
         "config_bad_utf8": {"config.json": b'{"model_type": "\xff"}'},
-        "deep_index": {"model.safetensors": None, "model.safetensors.index.json":  # type: ignore[dict-item]
-                       ('{"weight_map": ' + deep + "}").encode()},
-        "index_escape": {"model.safetensors": None, "model.safetensors.index.json":  # type: ignore[dict-item]
-                         json.dumps({"weight_map": {first: "../../etc/passwd"}}).encode()},
-        "deep_tokenizer": {"tokenizer_config.json": ("{\"a\": " + deep + "}").encode(),
-                           "tokenizer.json": b"{}"},
+        "deep_index": {
+            "model.safetensors": None,
+            "model.safetensors.index.json":  # type: ignore[dict-item]
+            ('{"weight_map": ' + deep + "}").encode(),
+        },
+        "index_escape": {
+            "model.safetensors": None,
+            "model.safetensors.index.json":  # type: ignore[dict-item]
+            json.dumps({"weight_map": {first: "../../etc/passwd"}}).encode(),
+        },
+        "deep_tokenizer": {
+            "tokenizer_config.json": ('{"a": ' + deep + "}").encode(),
+            "tokenizer.json": b"{}",
+        },
         "template_bad_utf8": {"chat_template.jinja": b"{{ '\xff' }}", "tokenizer.json": b"{}"},
     }
     out = {}
@@ -402,12 +477,18 @@ HOSTILE_TEMPLATES = [
     "{{ 'a'.center(1000000000) }}",
     "{{ 'a'|center(1000000000) }}",
     "{{ 'a'|indent(1000000000) }}",
-    ("{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}"
-     "{% endfor %}{{ ns.s|length }}"),
-    ("{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}"
-     "{% endfor %}"),
-    ("{% set ns = namespace(l=[1]) %}{% for i in range(60) %}{% set ns.l = ns.l + ns.l %}"
-     "{% endfor %}"),
+    (
+        "{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}"
+        "{% endfor %}{{ ns.s|length }}"
+    ),
+    (
+        "{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}"
+        "{% endfor %}"
+    ),
+    (
+        "{% set ns = namespace(l=[1]) %}{% for i in range(60) %}{% set ns.l = ns.l + ns.l %}"
+        "{% endfor %}"
+    ),
     "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
     "{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}",
     "{{ ''.__class__.__mro__[1].__subclasses__() }}",
@@ -426,13 +507,23 @@ HOSTILE_TEMPLATES = [
     "{{ 'x' ~ 'y' }}{{ messages|length }}",
 ]
 _TEMPLATE_PARTS = [
-    "{{ 'x' * N }}", "{% for i in range(N) %}A{% endfor %}", "{{ m }}",
-    "{% for m in messages %}{{ m['content'] }}{% endfor %}", "{{ bos_token }}",
-    "{{ 'ab' ~ 'cd' }}", "{% if add_generation_prompt %}G{% endif %}",
-    "{{ messages[0].content|upper }}", "{{ N ** N }}", "{{ '%Ns' % 'a' }}",
-    "{{ 'q'.center(N) }}", "{{ 'q'|indent(N) }}", "{{ raise_exception('x') }}",
+    "{{ 'x' * N }}",
+    "{% for i in range(N) %}A{% endfor %}",
+    "{{ m }}",
+    "{% for m in messages %}{{ m['content'] }}{% endfor %}",
+    "{{ bos_token }}",
+    "{{ 'ab' ~ 'cd' }}",
+    "{% if add_generation_prompt %}G{% endif %}",
+    "{{ messages[0].content|upper }}",
+    "{{ N ** N }}",
+    "{{ '%Ns' % 'a' }}",
+    "{{ 'q'.center(N) }}",
+    "{{ 'q'|indent(N) }}",
+    "{{ raise_exception('x') }}",
     "{% set ns = namespace(v='ab') %}{% for i in range(N) %}{% set ns.v = ns.v ~ ns.v %}{% endfor %}",
-    "{{ (messages|tojson)[N] }}", "{{ messages.pop() }}", "{{ ''.join(['a'] * N) }}",
+    "{{ (messages|tojson)[N] }}",
+    "{{ messages.pop() }}",
+    "{{ ''.join(['a'] * N) }}",
 ]
 
 
@@ -518,8 +609,13 @@ def _template_case(name: str, template: str) -> Case:
     from frink_cli.chat import render_chat
 
     def run() -> None:
-        render_chat(template, [{"role": "user", "content": "hi"}], bos_token="<s>",
-                    eos_token="</s>", max_chars=N_CTX * 16)
+        render_chat(
+            template,
+            [{"role": "user", "content": "hi"}],
+            bos_token="<s>",
+            eos_token="</s>",
+            max_chars=N_CTX * 16,
+        )
 
     return Case("template", name, run, len(template))
 
@@ -550,24 +646,57 @@ def cases(n_random: int, seed: int, work: Path) -> Iterator[Case]:
             data = bytearray(good)
             for _ in range(rng.choice([1, 1, 2, 4])):
                 pos = rng.randrange(lo, hi)
-                data[pos] = rng.randrange(256) if rng.random() < 0.5 else data[pos] ^ (
-                    1 << rng.randrange(8))
+                data[pos] = (
+                    rng.randrange(256)
+                    if rng.random() < 0.5
+                    else data[pos] ^ (1 << rng.randrange(8))
+                )
             yield _gguf_case("flip", f"#{i}", bytes(data), work)
         elif r < 0.7:  # flips in the safetensors header
             data = bytearray(hf_good)
             for _ in range(rng.choice([1, 2])):
                 pos = rng.randrange(0, 8 + hn)
                 data[pos] = rng.randrange(256)
-            yield _hf_case(f"st flip #{i}", {"config.json": json.dumps(LLAMA_CONFIG).encode(),
-                                             "model.safetensors": bytes(data)}, work)
+            yield _hf_case(
+                f"st flip #{i}",
+                {
+                    "config.json": json.dumps(LLAMA_CONFIG).encode(),
+                    "model.safetensors": bytes(data),
+                },
+                work,
+            )
         elif r < 0.8:  # a config field set to something else
             cfg = dict(LLAMA_CONFIG)
             key = rng.choice(sorted(cfg))
-            cfg[key] = rng.choice([0, -1, 1, 2, 10**9, 10**30, 0.5, float("nan"), float("inf"),
-                                   "1", "", None, True, [], {}, [1, 2], "llama", -0.0, 1e-30])
+            cfg[key] = rng.choice(
+                [
+                    0,
+                    -1,
+                    1,
+                    2,
+                    10**9,
+                    10**30,
+                    0.5,
+                    float("nan"),
+                    float("inf"),
+                    "1",
+                    "",
+                    None,
+                    True,
+                    [],
+                    {},
+                    [1, 2],
+                    "llama",
+                    -0.0,
+                    1e-30,
+                ]
+            )
             text = json.dumps(cfg)
-            yield _hf_case(f"config {key}={cfg[key]!r} #{i}",
-                           {"config.json": text.encode(), "model.safetensors": hf_good}, work)
+            yield _hf_case(
+                f"config {key}={cfg[key]!r} #{i}",
+                {"config.json": text.encode(), "model.safetensors": hf_good},
+                work,
+            )
         else:
             yield _template_case(f"random #{i}", random_template(rng))
 
@@ -606,8 +735,10 @@ def main() -> None:
     t0 = time.perf_counter()
     counts, bad = run_cases(max(0, args.cases - n_fixed), args.seed, progress=True)
     total = sum(counts.values())
-    print(f"{total} cases in {time.perf_counter() - t0:.0f} s (seed {args.seed}): "
-          + ", ".join(f"{k} {counts.get(k, 0)}" for k in ("clean refusal", "correct run", *BAD)))
+    print(
+        f"{total} cases in {time.perf_counter() - t0:.0f} s (seed {args.seed}): "
+        + ", ".join(f"{k} {counts.get(k, 0)}" for k in ("clean refusal", "correct run", *BAD))
+    )
     for name, outcome, detail in bad[:20]:
         print(f"--- {outcome}: {name}\n{detail}")
     sys.exit(1 if bad else 0)

@@ -195,7 +195,10 @@ _GRANITE_NORMS: dict[str, float] = {"model.norm.": 8.0}
 # [E, 2*ff, d] = gate rows then up rows; output_linear [E, d, ff]); intermediate_size is
 # the expert width (the converter writes it as feed_forward_length, no expert width key).
 _GRANITE_MOE: dict[str, Any] = dict(
-    _GRANITE, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2,
+    _GRANITE,
+    intermediate_size=32,
+    num_local_experts=8,
+    num_experts_per_tok=2,
 )
 
 SPECS: dict[str, TinySpec] = {
@@ -333,7 +336,9 @@ SPECS: dict[str, TinySpec] = {
                     num_hidden_layers=4,
                     tie_word_embeddings=False,
                     rope_parameters=dict(
-                        _HYBRID_TEXT["rope_parameters"], mrope_section=[2, 1, 1], mrope_interleaved=True
+                        _HYBRID_TEXT["rope_parameters"],
+                        mrope_section=[2, 1, 1],
+                        mrope_interleaved=True,
                     ),
                 ),
                 "vision_config": dict(_QWEN35_VISION),
@@ -429,7 +434,9 @@ SPECS: dict[str, TinySpec] = {
                     _QWEN35_MOE_TEXT,
                     num_hidden_layers=4,
                     rope_parameters=dict(
-                        _HYBRID_TEXT["rope_parameters"], mrope_section=[2, 1, 1], mrope_interleaved=True
+                        _HYBRID_TEXT["rope_parameters"],
+                        mrope_section=[2, 1, 1],
+                        mrope_interleaved=True,
                     ),
                 ),
                 "vision_config": dict(_QWEN35_VISION),
@@ -464,8 +471,11 @@ SPECS: dict[str, TinySpec] = {
             "GraniteMoeForCausalLM",
             "GraniteMoeConfig",
             dict(
-                _GRANITE_MOE, num_hidden_layers=3, embedding_multiplier=12.0,
-                attention_multiplier=1.5, tie_word_embeddings=False,
+                _GRANITE_MOE,
+                num_hidden_layers=3,
+                embedding_multiplier=12.0,
+                attention_multiplier=1.5,
+                tie_word_embeddings=False,
             ),
             seed=41,
             norm_center_overrides=_GRANITE_NORMS,
@@ -479,7 +489,9 @@ SPECS: dict[str, TinySpec] = {
             "GraniteMoeSharedForCausalLM",
             "GraniteMoeSharedConfig",
             dict(
-                _GRANITE_MOE, num_hidden_layers=3, num_experts_per_tok=3,
+                _GRANITE_MOE,
+                num_hidden_layers=3,
+                num_experts_per_tok=3,
                 shared_intermediate_size=48,
             ),
             seed=42,
@@ -496,7 +508,11 @@ MODEL_NAMES: tuple[str, ...] = tuple(SPECS)
 # Spec fields added after version 2; left out of a fingerprint while at their defaults, so
 # adding them did not invalidate every existing fixture.
 _LATER_FIELDS = {
-    "seq_len": SEQ_LEN, "convert_args": [], "vector_overrides": {}, "greedy": 0, "min_router_gap": 0.0,
+    "seq_len": SEQ_LEN,
+    "convert_args": [],
+    "vector_overrides": {},
+    "greedy": 0,
+    "min_router_gap": 0.0,
 }
 
 
@@ -639,7 +655,9 @@ _LOG_CALLBACK: Any = None
 
 
 @contextlib.contextmanager
-def _llama_context(gguf_path: Path, n_ctx: int, n_threads: int = 2) -> Iterator[tuple[Any, Any, int]]:
+def _llama_context(
+    gguf_path: Path, n_ctx: int, n_threads: int = 2
+) -> Iterator[tuple[Any, Any, int]]:
     """(llama_cpp module, context, n_vocab) for one sequence: f32 KV cache, no flash
     attention, one ubatch of up to n_ctx tokens (llama.cpp's batched paths, like frink's).
 

@@ -22,10 +22,50 @@ KINDS = ("llama", "qwen2", "qwen3")
 
 # Real shapes for the pp512 timing (weights random, shared between layers: speed only).
 SHAPES: dict[str, dict[str, Any]] = {
-    "smollm2-135m": {"kind": "llama", "n_layer": 30, "n_embd": 576, "n_head": 9, "n_head_kv": 3, "head_dim": 64, "n_ff": 1536, "n_vocab": 49152, "rope_base": 100000.0},
-    "llama-3.2-1b": {"kind": "llama", "n_layer": 16, "n_embd": 2048, "n_head": 32, "n_head_kv": 8, "head_dim": 64, "n_ff": 8192, "n_vocab": 128256, "rope_base": 500000.0},
-    "llama-3.2-3b": {"kind": "llama", "n_layer": 28, "n_embd": 3072, "n_head": 24, "n_head_kv": 8, "head_dim": 128, "n_ff": 8192, "n_vocab": 128256, "rope_base": 500000.0},
-    "qwen3-0.6b": {"kind": "qwen3", "n_layer": 28, "n_embd": 1024, "n_head": 16, "n_head_kv": 8, "head_dim": 128, "n_ff": 3072, "n_vocab": 151936, "rope_base": 1000000.0},
+    "smollm2-135m": {
+        "kind": "llama",
+        "n_layer": 30,
+        "n_embd": 576,
+        "n_head": 9,
+        "n_head_kv": 3,
+        "head_dim": 64,
+        "n_ff": 1536,
+        "n_vocab": 49152,
+        "rope_base": 100000.0,
+    },
+    "llama-3.2-1b": {
+        "kind": "llama",
+        "n_layer": 16,
+        "n_embd": 2048,
+        "n_head": 32,
+        "n_head_kv": 8,
+        "head_dim": 64,
+        "n_ff": 8192,
+        "n_vocab": 128256,
+        "rope_base": 500000.0,
+    },
+    "llama-3.2-3b": {
+        "kind": "llama",
+        "n_layer": 28,
+        "n_embd": 3072,
+        "n_head": 24,
+        "n_head_kv": 8,
+        "head_dim": 128,
+        "n_ff": 8192,
+        "n_vocab": 128256,
+        "rope_base": 500000.0,
+    },
+    "qwen3-0.6b": {
+        "kind": "qwen3",
+        "n_layer": 28,
+        "n_embd": 1024,
+        "n_head": 16,
+        "n_head_kv": 8,
+        "head_dim": 128,
+        "n_ff": 3072,
+        "n_vocab": 151936,
+        "rope_base": 1000000.0,
+    },
 }
 
 
@@ -44,15 +84,34 @@ def synthetic_config(
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r}: one of {KINDS}")
     fields: dict[str, Any] = dict(  # noqa: C408 - keyword form, as ModelConfig(...) reads
-        arch=kind, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
-        head_dim_k=head_dim, head_dim_v=head_dim, n_ff=n_ff, n_vocab=n_vocab, n_ctx_train=4096,
+        arch=kind,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim_k=head_dim,
+        head_dim_v=head_dim,
+        n_ff=n_ff,
+        n_vocab=n_vocab,
+        n_ctx_train=4096,
         norm_eps=1e-6 if kind != "llama" else 1e-5,
-        rope_type="norm" if kind == "llama" else "neox", rope_dim=head_dim,
-        rope_base=rope_base, rope_scale=1.0, rope_base_swa=rope_base,
-        attn_scale=1.0 / math.sqrt(head_dim), sliding_window=None, swa_layers=(False,) * n_layer,
-        ffn_act="silu", qk_norm=kind == "qwen3", post_attn_norm=False, post_ffn_norm=False,
-        embd_scale=None, final_logit_softcap=None, attn_logit_softcap=None,
-        tied_embeddings=False, has_rope_freqs=False,
+        rope_type="norm" if kind == "llama" else "neox",
+        rope_dim=head_dim,
+        rope_base=rope_base,
+        rope_scale=1.0,
+        rope_base_swa=rope_base,
+        attn_scale=1.0 / math.sqrt(head_dim),
+        sliding_window=None,
+        swa_layers=(False,) * n_layer,
+        ffn_act="silu",
+        qk_norm=kind == "qwen3",
+        post_attn_norm=False,
+        post_ffn_norm=False,
+        embd_scale=None,
+        final_logit_softcap=None,
+        attn_logit_softcap=None,
+        tied_embeddings=False,
+        has_rope_freqs=False,
     )
     fields.update(overrides)
     return ModelConfig(**fields)
@@ -72,7 +131,10 @@ def synthetic_weights(
 
     def mat(rows: int, cols: int) -> np.ndarray:
         # Scaled so activations stay O(1) at any width.
-        return (rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(0.1 * math.sqrt(64 / cols))).astype(np.float32)
+        return (
+            rng.standard_normal((rows, cols), dtype=np.float32)
+            * np.float32(0.1 * math.sqrt(64 / cols))
+        ).astype(np.float32)
 
     def norm(n: int) -> np.ndarray:
         return (1.0 + 0.2 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
@@ -80,7 +142,10 @@ def synthetic_weights(
     def layer() -> LayerWeights:
         return LayerWeights(
             attn_norm=norm(d),
-            qkv=Linear(mat(n_qkv, d), (0.1 * rng.standard_normal(n_qkv, dtype=np.float32)) if qkv_bias else None),
+            qkv=Linear(
+                mat(n_qkv, d),
+                (0.1 * rng.standard_normal(n_qkv, dtype=np.float32)) if qkv_bias else None,
+            ),
             q_norm=norm(hk) if cfg.qk_norm else None,
             k_norm=norm(hk) if cfg.qk_norm else None,
             wo=Linear(mat(d, cfg.n_head * hv), None),

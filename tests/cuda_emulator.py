@@ -19,7 +19,11 @@ import numpy as np
 
 _HERE = Path(__file__).resolve().parent
 _REPO = _HERE.parent
-SOURCES = [_HERE / "kernel_emu" / "kernels_emu.cpp", _HERE / "kernel_emu" / "cuda_emu.h", *sorted((_REPO / "kernels").glob("*.cu*"))]
+SOURCES = [
+    _HERE / "kernel_emu" / "kernels_emu.cpp",
+    _HERE / "kernel_emu" / "cuda_emu.h",
+    *sorted((_REPO / "kernels").glob("*.cu*")),
+]
 
 
 def compiler() -> str | None:
@@ -33,10 +37,24 @@ def build(out_dir: Path) -> Path:
         raise FileNotFoundError("g++")
     lib = out_dir / "kernels_emu.so"
     subprocess.run(
-        [cxx, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC",
-         "-I", str(_HERE / "kernel_emu"), "-I", str(_REPO / "kernels"),
-         str(_HERE / "kernel_emu" / "kernels_emu.cpp"), "-o", str(lib)],
-        check=True, capture_output=True, text=True,
+        [
+            cxx,
+            "-std=c++20",
+            "-O1",
+            "-pthread",
+            "-shared",
+            "-fPIC",
+            "-I",
+            str(_HERE / "kernel_emu"),
+            "-I",
+            str(_REPO / "kernels"),
+            str(_HERE / "kernel_emu" / "kernels_emu.cpp"),
+            "-o",
+            str(lib),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return lib
 

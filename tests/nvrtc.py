@@ -20,7 +20,9 @@ def library() -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     for root in spec.submodule_search_locations:
-        hits = sorted(Path(root).glob("cu*/lib/libnvrtc.so*")) + sorted(Path(root).glob("cuda_nvrtc/lib/libnvrtc.so*"))
+        hits = sorted(Path(root).glob("cu*/lib/libnvrtc.so*")) + sorted(
+            Path(root).glob("cuda_nvrtc/lib/libnvrtc.so*")
+        )
         hits = [h for h in hits if "builtins" not in h.name]
         if hits:
             return hits[0]

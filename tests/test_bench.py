@@ -96,7 +96,9 @@ def test_csv_and_md_flags(tiny_gguf: Path) -> None:
         (("--compare", "vllm"), ("--compare", "vllm")),
     ],
 )
-def test_bad_bench_flags_are_one_line_errors(tiny_gguf: Path, args: tuple[str, ...], fragments: tuple[str, ...]) -> None:
+def test_bad_bench_flags_are_one_line_errors(
+    tiny_gguf: Path, args: tuple[str, ...], fragments: tuple[str, ...]
+) -> None:
     assert_error(frink("bench", tiny_gguf, *args), *fragments)
 
 
@@ -114,7 +116,9 @@ class _CountingBackend:
     def bind(self, weights: Any) -> None:
         pass
 
-    def plan(self, kind: str, layer: int, n_rows: int, cache: Any, positions: Any = None) -> Run | Refusal:
+    def plan(
+        self, kind: str, layer: int, n_rows: int, cache: Any, positions: Any = None
+    ) -> Run | Refusal:
         return Refusal("first layer stays home") if layer == 0 else Run(layer, self.n_layer)
 
     def run(self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any) -> np.ndarray:
@@ -158,7 +162,20 @@ def test_submissions_on_the_host_body_are_zero(tiny_gguf: Path) -> None:
 
 def test_submissions_rows_from_a_real_backend(tiny_gguf: Path) -> None:
     pytest.importorskip("mlx.core")
-    r = frink("bench", tiny_gguf, "--backend", "metal", "-p", "8", "-n", "4", "-r", "1", "--json", "--submissions")
+    r = frink(
+        "bench",
+        tiny_gguf,
+        "--backend",
+        "metal",
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "--json",
+        "--submissions",
+    )
     assert r.returncode == 0, r.describe()
     pp, tg = json.loads(r.stdout)
     assert pp["backend"] == tg["backend"] == "metal"
@@ -169,14 +186,22 @@ def test_submissions_rows_from_a_real_backend(tiny_gguf: Path) -> None:
 
 def test_compare_llama_cpp_alternates_on_the_same_file(tiny_gguf: Path) -> None:
     pytest.importorskip("llama_cpp")
-    r = frink("bench", tiny_gguf, "-p", "8", "-n", "4", "-r", "2", "--compare", "llama.cpp", "--json")
+    r = frink(
+        "bench", tiny_gguf, "-p", "8", "-n", "4", "-r", "2", "--compare", "llama.cpp", "--json"
+    )
     assert r.returncode == 0, r.describe()
     rows = json.loads(r.stdout)
     assert [(row["runner"], row["test"]) for row in rows] == [
-        ("frink", "pp8"), ("llama.cpp", "pp8"), ("frink", "tg4"), ("llama.cpp", "tg4")]
+        ("frink", "pp8"),
+        ("llama.cpp", "pp8"),
+        ("frink", "tg4"),
+        ("llama.cpp", "tg4"),
+    ]
     for frink_row, cpp_row in (rows[0:2], rows[2:4]):
         _check_row(cpp_row, frink_row["test"], frink_row["n_prompt"], frink_row["n_gen"], 2)
-        assert frink_row["ratio_vs_llama_cpp"] == pytest.approx(frink_row["avg_ts"] / cpp_row["avg_ts"])
+        assert frink_row["ratio_vs_llama_cpp"] == pytest.approx(
+            frink_row["avg_ts"] / cpp_row["avg_ts"]
+        )
         assert cpp_row["ratio_vs_llama_cpp"] is None
     # Alternating: each rep of frink is followed by one of llama.cpp.
     progress = [line for line in r.stderr.splitlines() if " rep " in line]
@@ -191,7 +216,9 @@ def test_compare_llama_cpp_alternates_on_the_same_file(tiny_gguf: Path) -> None:
 def test_compare_llama_cpp_needs_a_gguf(tiny_model: Callable[[str], Any]) -> None:
     pytest.importorskip("llama_cpp")
     tiny = tiny_model("llama")
-    assert_error(frink("bench", tiny.hf_dir, "-p", "4", "-n", "0", "--compare", "llama.cpp"), "GGUF")
+    assert_error(
+        frink("bench", tiny.hf_dir, "-p", "4", "-n", "0", "--compare", "llama.cpp"), "GGUF"
+    )
 
 
 # --- the decode thread choice the benchmark numbers depend on (graph/linear.py) -------------

@@ -19,9 +19,13 @@ from frink_cli.errors import FrinkError
 MODEL = "gemma3_text"  # 5 local layers (window 6), 1 global, 1 local
 
 
-def _rows(rng: np.random.Generator, T: int, hkv: int = 2, hd: int = 4) -> tuple[np.ndarray, np.ndarray]:
-    return (rng.standard_normal((T, hkv, hd)).astype(np.float32),
-            rng.standard_normal((T, hkv, hd)).astype(np.float32))
+def _rows(
+    rng: np.random.Generator, T: int, hkv: int = 2, hd: int = 4
+) -> tuple[np.ndarray, np.ndarray]:
+    return (
+        rng.standard_normal((T, hkv, hd)).astype(np.float32),
+        rng.standard_normal((T, hkv, hd)).astype(np.float32),
+    )
 
 
 def _window_slots(cache: KvCache) -> list[WindowKv]:

@@ -15,22 +15,31 @@ from frink_cli.formats import open_checkpoint
 from frink_cli.tokenizer import Tokenizer, load_tokenizer
 
 
-def hf_render(template: str, messages: list[dict], bos: str | None, eos: str | None,
-              add_generation_prompt: bool = True) -> str:
+def hf_render(
+    template: str,
+    messages: list[dict],
+    bos: str | None,
+    eos: str | None,
+    add_generation_prompt: bool = True,
+) -> str:
     """transformers' apply_chat_template on a tokenizer that carries `template`."""
     transformers = pytest.importorskip("transformers")
     from tokenizers import Tokenizer as RawTokenizer
     from tokenizers import models
 
-    t = transformers.PreTrainedTokenizerFast(tokenizer_object=RawTokenizer(models.BPE()),
-                                             bos_token=bos, eos_token=eos)
+    t = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=RawTokenizer(models.BPE()), bos_token=bos, eos_token=eos
+    )
     t.chat_template = template
-    return t.apply_chat_template(messages, tokenize=False,
-                                 add_generation_prompt=add_generation_prompt)
+    return t.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
 
 
-SYSTEM_USER = [{"role": "system", "content": "You are terse."},
-               {"role": "user", "content": "What is 2+2? Ünïcödé 你好"}]
+SYSTEM_USER = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "What is 2+2? Ünïcödé 你好"},
+]
 
 # Uses what HF templates use: tojson (non-ASCII kept, indent), namespace, loop controls,
 # raise_exception (not reached), strftime_now, {% generation %}, trim/lstrip of blocks.
@@ -51,12 +60,19 @@ FEATURE_TEMPLATE = """{{ bos_token }}
 
 
 def test_feature_template_matches_transformers() -> None:
-    msgs = [{"role": "user", "content": "héllo \"q\" <b>"}, {"role": "skip", "content": "x"},
-            {"role": "assistant", "content": "ok"}]
+    msgs = [
+        {"role": "user", "content": 'héllo "q" <b>'},
+        {"role": "skip", "content": "x"},
+        {"role": "assistant", "content": "ok"},
+    ]
     for agp in (True, False):
         want = hf_render(FEATURE_TEMPLATE, msgs, "<s>", "</s>", agp)
-        assert render_chat(FEATURE_TEMPLATE, msgs, bos_token="<s>", eos_token="</s>",
-                           add_generation_prompt=agp) == want
+        assert (
+            render_chat(
+                FEATURE_TEMPLATE, msgs, bos_token="<s>", eos_token="</s>", add_generation_prompt=agp
+            )
+            == want
+        )
 
 
 def test_template_errors_are_one_line_frink_errors() -> None:
@@ -70,21 +86,25 @@ def test_template_errors_are_one_line_frink_errors() -> None:
         render_chat("{{ messages[0].content + 1 }}", SYSTEM_USER, bos_token=None, eos_token=None)
 
 
-@pytest.mark.parametrize("body", [
-    "{{ ''.__class__ }}",
-    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
-    "{{ cycler.__init__.__globals__.os.popen('touch MARKER').read() }}",
-    "{{ joiner.__init__.__globals__['os'].system('touch MARKER') }}",
-    "{{ lipsum.__globals__['os'].popen('touch MARKER').read() }}",
-    "{{ self._TemplateReference__context.cycler.__init__.__globals__.os.system('touch MARKER') }}",
-    "{{ (messages | first).__class__.__base__.__subclasses__() }}",
-    "{{ raise_exception.__globals__ }}",
-    "{% set x = messages.append({'role': 'user'}) %}{{ messages | length }}",
-    "{% set ns = namespace(__class__=1) %}{{ ns }}",
-    "{{ namespace.__init__.__globals__ }}",
-])
-def test_malicious_templates_are_refused(body: str, tmp_path: Path,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "body",
+    [
+        "{{ ''.__class__ }}",
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "{{ cycler.__init__.__globals__.os.popen('touch MARKER').read() }}",
+        "{{ joiner.__init__.__globals__['os'].system('touch MARKER') }}",
+        "{{ lipsum.__globals__['os'].popen('touch MARKER').read() }}",
+        "{{ self._TemplateReference__context.cycler.__init__.__globals__.os.system('touch MARKER') }}",
+        "{{ (messages | first).__class__.__base__.__subclasses__() }}",
+        "{{ raise_exception.__globals__ }}",
+        "{% set x = messages.append({'role': 'user'}) %}{{ messages | length }}",
+        "{% set ns = namespace(__class__=1) %}{{ ns }}",
+        "{{ namespace.__init__.__globals__ }}",
+    ],
+)
+def test_malicious_templates_are_refused(
+    body: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FrinkError):
         render_chat(body, SYSTEM_USER, bos_token=None, eos_token=None)
@@ -110,12 +130,18 @@ def smollm2(smollm2_path: Path) -> tuple[Tokenizer, Any]:
 @pytest.mark.real
 @pytest.mark.parametrize("messages", [SYSTEM_USER, SYSTEM_USER[1:]], ids=["system+user", "user"])
 @pytest.mark.parametrize("agp", [True, False])
-def test_smollm2_template_matches_transformers(smollm2: tuple[Tokenizer, Any],
-                                               messages: list[dict], agp: bool) -> None:
+def test_smollm2_template_matches_transformers(
+    smollm2: tuple[Tokenizer, Any], messages: list[dict], agp: bool
+) -> None:
     tok, _ = smollm2
     want = hf_render(tok.chat_template, messages, tok.bos_text, tok.eos_text, agp)  # type: ignore[arg-type]
-    got = render_chat(tok.chat_template, messages, bos_token=tok.bos_text,  # type: ignore[arg-type]
-                      eos_token=tok.eos_text, add_generation_prompt=agp)
+    got = render_chat(
+        tok.chat_template,
+        messages,
+        bos_token=tok.bos_text,  # type: ignore[arg-type]
+        eos_token=tok.eos_text,
+        add_generation_prompt=agp,
+    )
     assert got == want
 
 
@@ -126,8 +152,9 @@ def test_smollm2_prompt_ids_match_llama_cpp(smollm2: tuple[Tokenizer, Any]) -> N
     want = ll.tokenize(text.encode(), add_bos=True, special=True)
     got = prompt_ids(tok, SYSTEM_USER[1]["content"], system=SYSTEM_USER[0]["content"])
     assert got == want
-    assert prompt_ids(tok, "hi <|im_end|>", raw=True) == ll.tokenize(b"hi <|im_end|>", add_bos=True,
-                                                                      special=True)
+    assert prompt_ids(tok, "hi <|im_end|>", raw=True) == ll.tokenize(
+        b"hi <|im_end|>", add_bos=True, special=True
+    )
 
 
 def _llama_chatml(messages: list[dict], fmt: bytes = b"chatml") -> str:
@@ -136,7 +163,8 @@ def _llama_chatml(messages: list[dict], fmt: bytes = b"chatml") -> str:
 
     keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
     arr = (llama_cpp.llama_chat_message * len(keep))(
-        *[llama_cpp.llama_chat_message(role=r, content=c) for r, c in keep])
+        *[llama_cpp.llama_chat_message(role=r, content=c) for r, c in keep]
+    )
     buf = ctypes.create_string_buffer(4096)
     n = llama_cpp.llama_chat_apply_template(fmt, arr, len(keep), True, buf, len(buf))
     assert 0 < n <= len(buf)
@@ -153,8 +181,9 @@ def test_no_template_with_chatml_vocab_uses_chatml(smollm2: tuple[Tokenizer, Any
         got = prompt_ids(tok, "Hi", system="Be kind.", notes=notes)
     finally:
         tok.chat_template = saved
-    text = _llama_chatml([{"role": "system", "content": "Be kind."},
-                          {"role": "user", "content": "Hi"}])
+    text = _llama_chatml(
+        [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"}]
+    )
     assert got == ll.tokenize(text.encode(), add_bos=True, special=True)
     assert notes and "chatml" in notes[0]
 
@@ -169,8 +198,10 @@ def test_no_template_with_gemma_vocab_uses_gemma_turns(gemma3_path: Path) -> Non
     ll = _llama(gemma3_path)
     notes: list[str] = []
     got = prompt_ids(tok, "Hello there", system="Be brief.", notes=notes)
-    text = _llama_chatml([{"role": "system", "content": "Be brief."},
-                          {"role": "user", "content": "Hello there"}], b"gemma")
+    text = _llama_chatml(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}],
+        b"gemma",
+    )
     assert got == ll.tokenize(text.encode(), add_bos=True, special=True)
     assert notes and "gemma" in notes[0]
 

@@ -71,7 +71,9 @@ def emulated_launcher(tmp_path_factory: pytest.TempPathFactory) -> EmulatedLaunc
     return EmulatedLauncher(lib)
 
 
-def _backend_models(path: Path, ops_factory: Callable[[], object] | None = None) -> tuple[frink_cli.Model, frink_cli.Model]:
+def _backend_models(
+    path: Path, ops_factory: Callable[[], object] | None = None
+) -> tuple[frink_cli.Model, frink_cli.Model]:
     """(host-only model, cuda-backend model) over the same file; the backend's ops from
     ops_factory (default: the NumPy references)."""
     host = frink_cli.load(path, backend="numpy")
@@ -128,7 +130,9 @@ def test_numpy_stack_equals_host_body(name: str, tiny_model: Callable) -> None:
 
 
 @pytest.mark.parametrize("name", DENSE_TINY)
-def test_api_load_with_backend_cuda_standing_in(name: str, tiny_model: Callable, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_api_load_with_backend_cuda_standing_in(
+    name: str, tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`load(path, backend="cuda")`, the path the CLI takes, with FRINK_CUDA_ARRAY_MODULE:
     the stack's logits against transformers' and llama.cpp's own (2e-3, as
     test_parity_tiny.py holds the host body) and the same argmax everywhere."""
@@ -183,7 +187,9 @@ def _kv_cache(
 
 @pytest.mark.parametrize("neox", [False, True])
 @pytest.mark.parametrize("qk_norm", [False, True])
-def test_emulated_kernels_match_references(emulated_launcher: EmulatedLauncher, neox: bool, qk_norm: bool) -> None:
+def test_emulated_kernels_match_references(
+    emulated_launcher: EmulatedLauncher, neox: bool, qk_norm: bool
+) -> None:
     rng = np.random.default_rng(7 + 2 * neox + qk_norm)
     ref, emu = ReferenceOps(), KernelOps(np, emulated_launcher)
     T, H, Hkv, hd, rope_dim = 6, 4, 2, 32, 24  # partial rope; 3 query heads... per KV head: 2
@@ -214,7 +220,12 @@ def test_emulated_kernels_match_references(emulated_launcher: EmulatedLauncher, 
         for window in (None, 3, 140):
             kc, vc = _kv_cache(rng, qkv, P, H, Hkv, hd, hd)
             args = (qkv, 0, kc, vc, P, H, Hkv, hd, hd, 0.17, window)
-            _assert_close(emu.attention(*args), ref.attention(*args), 1e-5, f"attention, prefix {P}, window {window}")
+            _assert_close(
+                emu.attention(*args),
+                ref.attention(*args),
+                1e-5,
+                f"attention, prefix {P}, window {window}",
+            )
 
     # Head dims past one thread each (128 threads): the kernel's second accumulator.
     wide = _rand(rng, 3, (2 + 2) * 192)
@@ -237,14 +248,19 @@ def test_emulated_kernels_match_references(emulated_launcher: EmulatedLauncher, 
 
 
 @pytest.mark.parametrize("name", DENSE_TINY)
-def test_emulated_kernel_stack_equals_host_body(name: str, tiny_model: Callable, emulated_launcher: EmulatedLauncher) -> None:
+def test_emulated_kernel_stack_equals_host_body(
+    name: str, tiny_model: Callable, emulated_launcher: EmulatedLauncher
+) -> None:
     tm = tiny_model(name)
     host, dev = _backend_models(tm.gguf, lambda: KernelOps(np, emulated_launcher))
     tokens = [int(t) for t in tm.ref["tokens"]][:24]
     want = _prefill_prefix_decode(host, tokens, split=9)
     got = _prefill_prefix_decode(dev, tokens, split=9)
     _assert_close(got, want, SELF_TOL, f"{name}: emulated kernels vs host body")
-    assert dev.decoder.backend.ledger.submissions == {"prefill-stack+lm-head": 2, "decode-stack+lm-head": N_DECODE}
+    assert dev.decoder.backend.ledger.submissions == {
+        "prefill-stack+lm-head": 2,
+        "decode-stack+lm-head": N_DECODE,
+    }
     assert not dev.decoder.backend.ledger.failures
 
 
@@ -258,7 +274,9 @@ def test_references_are_the_host_body_blocks() -> None:
     x, w = _rand(rng, 7, 64), _rand(rng, 64)
     np.testing.assert_allclose(ref.rms_norm(x, w, 1e-5), rms_norm(x, w, 1e-5), rtol=0, atol=1e-6)
     g = _rand(rng, 7, 2 * 48)
-    np.testing.assert_allclose(ref.glu(g, 48, "silu"), silu(g[:, :48]) * g[:, 48:], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(
+        ref.glu(g, 48, "silu"), silu(g[:, :48]) * g[:, 48:], rtol=0, atol=1e-6
+    )
     np.testing.assert_allclose(ref.glu(g, 48, "gelu_tanh"), glu(g, "gelu_tanh"), rtol=0, atol=1e-6)
     for layout in ("norm", "neox"):
         T, H, hd = 5, 3, 16
@@ -268,14 +286,18 @@ def test_references_are_the_host_body_blocks() -> None:
         a = q.copy()
         cos, sin = rope._tables(pos)
         ref.rope(a, 0, H, hd, cos, sin, 12, layout == "neox")
-        np.testing.assert_allclose(a.reshape(T, H, hd), rope.apply(q.reshape(T, H, hd), pos), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(
+            a.reshape(T, H, hd), rope.apply(q.reshape(T, H, hd), pos), rtol=0, atol=1e-6
+        )
 
 
 @pytest.mark.parametrize("window", [None, 4])
 def test_reference_attention_is_the_host_attention_block(window: int | None) -> None:
     """The attention reference over the cache (prefix + new rows) equals graph/attention.py
     fed the same Q/K/V through a cache slot, with and without a sliding window."""
-    cfg = synthetic_config("qwen2", n_layer=1, sliding_window=window, swa_layers=(window is not None,))
+    cfg = synthetic_config(
+        "qwen2", n_layer=1, sliding_window=window, swa_layers=(window is not None,)
+    )
     w = synthetic_weights(cfg, seed=11).layers[0]
     rng = np.random.default_rng(5)
     P, T = 6, 5
@@ -306,13 +328,18 @@ def test_kernel_sources_compile_with_nvcc(name: str, tmp_path: Path) -> None:
     src.write_text(kernel_source(name))
     proc = subprocess.run(
         ["nvcc", "--ptx", "-arch=sm_90", "--std=c++14", str(src), "-o", str(tmp_path / "out.ptx")],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "warning" not in proc.stderr.lower(), proc.stderr[-3000:]
 
 
-@pytest.mark.skipif(nvrtc.library() is None, reason="NVRTC not installed (the test extra installs nvidia-cuda-nvrtc)")
+@pytest.mark.skipif(
+    nvrtc.library() is None,
+    reason="NVRTC not installed (the test extra installs nvidia-cuda-nvrtc)",
+)
 @pytest.mark.parametrize("name", KERNEL_FILES)
 def test_kernel_sources_compile_with_nvrtc(name: str) -> None:
     """The exact source RawModule hands NVRTC compiles with NVRTC, with no warning, for
@@ -364,16 +391,25 @@ def _config_cases() -> dict[str, tuple[ModelConfig, str]]:
         "activation": (dataclasses.replace(base, ffn_act="relu"), eligibility.ACTIVATION),
         "attn_softcap": (dataclasses.replace(base, attn_logit_softcap=50.0), eligibility.SOFTCAP),
         "kv_widths": (dataclasses.replace(base, head_dim_v=32), eligibility.KV_WIDTHS),
-        "head_dim": (dataclasses.replace(base, head_dim_k=512, head_dim_v=512, rope_dim=512), eligibility.HEAD_DIM),
+        "head_dim": (
+            dataclasses.replace(base, head_dim_k=512, head_dim_v=512, rope_dim=512),
+            eligibility.HEAD_DIM,
+        ),
         "rope_dims": (dataclasses.replace(base, rope_dim=15), eligibility.ROPE_DIMS),
         "rope_type": (dataclasses.replace(base, rope_type="mrope"), eligibility.ROPE_TYPE),
         "gdn": (_ShapedConfig(**fields, forced_mixer="gdn"), "mixer gdn"),
         "moe": (_ShapedConfig(**fields, forced_ffn="moe"), eligibility.MOE),
         "other_ffn": (_ShapedConfig(**fields, forced_ffn="none"), "ffn none"),
-        "post_norm_eps": (_PostNormEpsConfig(**fields, post_norm_eps=1e-6), "post_norm_eps not carried"),
+        "post_norm_eps": (
+            _PostNormEpsConfig(**fields, post_norm_eps=1e-6),
+            "post_norm_eps not carried",
+        ),
     }
     if "attn_output_gate" in fields:
-        cases["output_gate"] = (dataclasses.replace(base, attn_output_gate=True), eligibility.OUTPUT_GATE)
+        cases["output_gate"] = (
+            dataclasses.replace(base, attn_output_gate=True),
+            eligibility.OUTPUT_GATE,
+        )
     return cases
 
 
@@ -386,16 +422,26 @@ def test_layer_refusals_are_named(case: str) -> None:
 
 def test_post_norms_geglu_and_windows_are_carried() -> None:
     cfg = dataclasses.replace(
-        _base(), post_attn_norm=True, post_ffn_norm=True, ffn_act="gelu_tanh", sliding_window=8,
-        swa_layers=(True, False), rope_base_swa=5000.0,
+        _base(),
+        post_attn_norm=True,
+        post_ffn_norm=True,
+        ffn_act="gelu_tanh",
+        sliding_window=8,
+        swa_layers=(True, False),
+        rope_base_swa=5000.0,
     )
     assert eligibility.layer_refusals(cfg) == [None, None]
 
 
 def test_every_config_field_is_classified() -> None:
     """The exhaustiveness rule itself: a field outside the lists is refused unless neutral."""
-    known = (eligibility.CARRIED | eligibility.OUTSIDE_THE_LAYERS | eligibility.OTHER_LAYER_KINDS
-             | eligibility.LOAD_TIME | eligibility.REFUSED_BY_NAME)
+    known = (
+        eligibility.CARRIED
+        | eligibility.OUTSIDE_THE_LAYERS
+        | eligibility.OTHER_LAYER_KINDS
+        | eligibility.LOAD_TIME
+        | eligibility.REFUSED_BY_NAME
+    )
     unknown = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in known]
     cfg = _base()
     for name in unknown:  # tolerated only while neutral
@@ -431,7 +477,9 @@ def test_step_refusals() -> None:
     assert backend.plan("verify", 0, 8, cache, positions=pos) == Refusal(eligibility.STEP_KIND)
     assert backend.plan("decode", 0, 1, cache, positions=pos[3:4]) == Refusal(eligibility.POSITIONS)
     assert backend.plan("prefill", 0, 8, cache, positions=pos + 3) == Refusal(eligibility.POSITIONS)
-    assert backend.plan("prefill", 0, 8, cache, positions=pos[::-1].copy()) == Refusal(eligibility.POSITIONS)
+    assert backend.plan("prefill", 0, 8, cache, positions=pos[::-1].copy()) == Refusal(
+        eligibility.POSITIONS
+    )
 
     class Evicting:  # slots holding positions 16..19 only: a full layer's earlier rows are gone
         n_past = 20
@@ -439,7 +487,9 @@ def test_step_refusals() -> None:
         def slot(self, layer: int) -> SimpleNamespace:
             return SimpleNamespace(first=16)
 
-    assert backend.plan("prefill", 0, 8, Evicting(), positions=np.arange(20, 28)) == Refusal(eligibility.EVICTED)
+    assert backend.plan("prefill", 0, 8, Evicting(), positions=np.arange(20, 28)) == Refusal(
+        eligibility.EVICTED
+    )
 
     class Paged:
         n_past = 0
@@ -470,12 +520,20 @@ def test_run_stops_at_a_refused_layer() -> None:
     dec = Decoder(cfg, w, backend)
     backend.layer_refusals[2] = eligibility.MOE
     dev_cache = KvCache(cfg, 16)
-    _assert_close(dec.hidden(ids, dev_cache), host.hidden(ids, host_cache), 1e-5, "split runs vs host")
+    _assert_close(
+        dec.hidden(ids, dev_cache), host.hidden(ids, host_cache), 1e-5, "split runs vs host"
+    )
     assert backend.ledger.submissions == {"prefill-stack": 2}
     assert backend.ledger.refusals == {eligibility.MOE: 1}
     # A decode token: the second run ends the model and brings the logits back with it.
-    _assert_close(dec.step(np.asarray([3]), dev_cache), host.step(np.asarray([3]), host_cache), 1e-5, "decode")
-    assert backend.ledger.submissions == {"prefill-stack": 2, "decode-stack": 1, "decode-stack+lm-head": 1}
+    _assert_close(
+        dec.step(np.asarray([3]), dev_cache), host.step(np.asarray([3]), host_cache), 1e-5, "decode"
+    )
+    assert backend.ledger.submissions == {
+        "prefill-stack": 2,
+        "decode-stack": 1,
+        "decode-stack+lm-head": 1,
+    }
 
 
 # --- a launch that fails after admission ----------------------------------------------------------
@@ -521,7 +579,10 @@ def test_failure_after_admission_leaves_caches_untouched(caplog: pytest.LogCaptu
     ids = np.arange(8) % cfg.n_vocab
     host = Decoder(cfg, w)
     want_cache = KvCache(cfg, 32)
-    want = [host.step(ids, want_cache, all_logits=True), host.step(ids, want_cache, all_logits=True)]
+    want = [
+        host.step(ids, want_cache, all_logits=True),
+        host.step(ids, want_cache, all_logits=True),
+    ]
     dec = Decoder(cfg, w, CudaBackend(cfg, _FailingOps()))
     got_cache = KvCache(cfg, 32)
     with caplog.at_level(logging.WARNING, logger="frink"):
@@ -651,7 +712,9 @@ def test_layers_that_fit_stay_resident() -> None:
 
     cfg = synthetic_config("qwen2", n_layer=4)
     w = synthetic_weights(cfg, seed=6)
-    per_layer = sum(x.w.size for x in (w.layers[0].qkv, w.layers[0].wo, w.layers[0].gate_up, w.layers[0].down))
+    per_layer = sum(
+        x.w.size for x in (w.layers[0].qkv, w.layers[0].wo, w.layers[0].gate_up, w.layers[0].down)
+    )
     backend = CudaBackend(cfg, SmallDevice(2 * per_layer + per_layer // 2))
     dec, host = Decoder(cfg, w, backend), Decoder(cfg, w)
     assert sorted(backend.layers) == [0, 1] and backend.head is None and not backend.runs_head
@@ -660,7 +723,9 @@ def test_layers_that_fit_stay_resident() -> None:
     ]
     ids = np.arange(10) % cfg.n_vocab
     hc, dc = KvCache(cfg, 32), KvCache(cfg, 32)
-    _assert_close(dec.step(ids, dc, all_logits=True), host.step(ids, hc, all_logits=True), 1e-5, "prefill")
+    _assert_close(
+        dec.step(ids, dc, all_logits=True), host.step(ids, hc, all_logits=True), 1e-5, "prefill"
+    )
     _assert_close(dec.step(np.asarray([4]), dc), host.step(np.asarray([4]), hc), 1e-5, "decode")
     assert backend.ledger.submissions == {"prefill-stack": 1, "decode-stack": 1}
     assert backend.ledger.refusals == {eligibility.NOT_RESIDENT: 4}
@@ -677,7 +742,9 @@ def _cupy_importable() -> bool:
 
 @pytest.mark.skipif(_cupy_importable(), reason="CuPy is installed here")
 def test_cuda_without_cupy_is_a_clear_error() -> None:
-    with pytest.raises(FrinkError, match=r"backend 'cuda' is not available: CuPy is not installed \(pip install"):
+    with pytest.raises(
+        FrinkError, match=r"backend 'cuda' is not available: CuPy is not installed \(pip install"
+    ):
         select_backend("cuda", _base())
     assert select_backend("auto", _base()) is None  # auto stays on the host body
     with pytest.raises(FrinkError, match="FRINK_CUDA_ARRAY_MODULE"):
@@ -694,7 +761,10 @@ def test_tensor_formats_name_the_gemm_operands() -> None:
 
 
 def test_layer_support_needs_no_device() -> None:
-    assert layer_support("cuda", dataclasses.replace(_base(), ffn_act="relu")) == [eligibility.ACTIVATION] * 2
+    assert (
+        layer_support("cuda", dataclasses.replace(_base(), ffn_act="relu"))
+        == [eligibility.ACTIVATION] * 2
+    )
     assert layer_support("numpy", _base()) == [None, None]
 
 
@@ -715,12 +785,25 @@ def test_info_says_which_layers_cuda_takes(tiny_model: Callable) -> None:
     assert f"host ({eligibility.OUTPUT_GATE})" in r.stdout
 
 
-def test_run_with_backend_cuda_standing_in(smollm2_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_with_backend_cuda_standing_in(
+    smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`frink run --backend cuda` end to end (NumPy standing in for CuPy): the same greedy
     tokens as the host body, and the backend named in the JSON."""
     import json
 
-    args = ("run", smollm2_path, "-p", "The capital of France is", "--raw", "--temp", "0", "-n", "6", "--json")
+    args = (
+        "run",
+        smollm2_path,
+        "-p",
+        "The capital of France is",
+        "--raw",
+        "--temp",
+        "0",
+        "-n",
+        "6",
+        "--json",
+    )
     host = frink(*args, "--backend", "numpy")
     assert host.returncode == 0, host.describe()
     monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
@@ -737,19 +820,33 @@ def test_run_with_backend_cuda_standing_in(smollm2_path: Path, monkeypatch: pyte
 
 
 @pytest.mark.real
-def test_parity_command_on_gemma3_standing_in(gemma3_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_parity_command_on_gemma3_standing_in(
+    gemma3_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`frink parity --backend cuda` on the real Gemma 3 270M (Q4_K_M, dequantized at load):
     every layer carried, per-layer prefill state and a greedy decode matching the host body,
     one submission per decode token."""
     import json
 
     monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
-    r = frink("parity", gemma3_path, "--backend", "cuda", "-p", "The capital of France is", "--steps", "8", "--json")
+    r = frink(
+        "parity",
+        gemma3_path,
+        "--backend",
+        "cuda",
+        "-p",
+        "The capital of France is",
+        "--steps",
+        "8",
+        "--json",
+    )
     assert r.returncode == 0, r.describe()
     report = json.loads(r.stdout)
     assert report["verdict"] == "MATCH", report
     assert report["submissions_per_decode_token"] == 1.0
-    assert sum(report["submissions_by_kind"].values()) > 0 and all(report["layer_on_backend"]), report
+    assert sum(report["submissions_by_kind"].values()) > 0 and all(report["layer_on_backend"]), (
+        report
+    )
     assert report["failures"] == {}, report
 
 
@@ -764,7 +861,15 @@ def _fake_cupy(launcher: EmulatedLauncher, sources: list[str]) -> object:
 
     cupy = types.ModuleType("cupy")
     cupy.__spec__ = importlib.machinery.ModuleSpec("cupy", None)
-    for name in ("asarray", "empty", "empty_like", "matmul", "ascontiguousarray", "float32", "float16"):
+    for name in (
+        "asarray",
+        "empty",
+        "empty_like",
+        "matmul",
+        "ascontiguousarray",
+        "float32",
+        "float16",
+    ):
         setattr(cupy, name, getattr(np, name))
     cupy.asnumpy = lambda a: np.array(a)  # a copy, like a device-to-host download
 
@@ -803,5 +908,12 @@ def test_cupy_wiring_with_a_stand_in(
     assert len(sources) == len(KERNEL_FILES)
     assert all('#include "common.cuh"' not in s for s in sources)
     launched = set(emulated_launcher.launches)
-    assert {"rms_norm_f32", "rope_f32", "causal_gqa_attention_f32", "glu_f32", "add_f32", "add_bias_f32"} <= launched
+    assert {
+        "rms_norm_f32",
+        "rope_f32",
+        "causal_gqa_attention_f32",
+        "glu_f32",
+        "add_f32",
+        "add_bias_f32",
+    } <= launched
     assert m.decoder.backend.ledger.submissions == {"prefill-stack+lm-head": 1}

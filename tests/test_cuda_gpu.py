@@ -111,23 +111,77 @@ def test_kernels_match_references(gpu_ops, shape: str, neox: bool) -> None:
 
 
 MODELS = {
-    "llama": {"kind": "llama", "n_layer": 4, "n_embd": 256, "n_head": 8, "n_head_kv": 2, "head_dim": 32, "n_ff": 512, "n_vocab": 1000},
-    "qwen2": {"kind": "qwen2", "n_layer": 3, "n_embd": 256, "n_head": 8, "n_head_kv": 4, "head_dim": 32, "n_ff": 512, "n_vocab": 1000},
-    "qwen3": {"kind": "qwen3", "n_layer": 3, "n_embd": 256, "n_head": 8, "n_head_kv": 2, "head_dim": 64, "n_ff": 512, "n_vocab": 1000},
-    "smollm2_partial_rope": {"kind": "llama", "n_layer": 2, "n_embd": 576, "n_head": 9, "n_head_kv": 3, "head_dim": 64, "n_ff": 1536, "n_vocab": 1000, "rope_dim": 32},
+    "llama": {
+        "kind": "llama",
+        "n_layer": 4,
+        "n_embd": 256,
+        "n_head": 8,
+        "n_head_kv": 2,
+        "head_dim": 32,
+        "n_ff": 512,
+        "n_vocab": 1000,
+    },
+    "qwen2": {
+        "kind": "qwen2",
+        "n_layer": 3,
+        "n_embd": 256,
+        "n_head": 8,
+        "n_head_kv": 4,
+        "head_dim": 32,
+        "n_ff": 512,
+        "n_vocab": 1000,
+    },
+    "qwen3": {
+        "kind": "qwen3",
+        "n_layer": 3,
+        "n_embd": 256,
+        "n_head": 8,
+        "n_head_kv": 2,
+        "head_dim": 64,
+        "n_ff": 512,
+        "n_vocab": 1000,
+    },
+    "smollm2_partial_rope": {
+        "kind": "llama",
+        "n_layer": 2,
+        "n_embd": 576,
+        "n_head": 9,
+        "n_head_kv": 3,
+        "head_dim": 64,
+        "n_ff": 1536,
+        "n_vocab": 1000,
+        "rope_dim": 32,
+    },
     # Gemma 3's decorations: GeGLU, QK norm, post norms, local layers (window 32, their own
     # rope base) around a global one, a scaled embedding.
-    "gemma3": {"kind": "qwen3", "n_layer": 3, "n_embd": 256, "n_head": 4, "n_head_kv": 1, "head_dim": 64, "n_ff": 512,
-               "n_vocab": 1000, "ffn_act": "gelu_tanh", "post_attn_norm": True, "post_ffn_norm": True,
-               "sliding_window": 32, "swa_layers": (True, False, True), "rope_base_swa": 10000.0,
-               "rope_base": 1000000.0, "embd_scale": 16.0},
+    "gemma3": {
+        "kind": "qwen3",
+        "n_layer": 3,
+        "n_embd": 256,
+        "n_head": 4,
+        "n_head_kv": 1,
+        "head_dim": 64,
+        "n_ff": 512,
+        "n_vocab": 1000,
+        "ffn_act": "gelu_tanh",
+        "post_attn_norm": True,
+        "post_ffn_norm": True,
+        "sliding_window": 32,
+        "swa_layers": (True, False, True),
+        "rope_base_swa": 10000.0,
+        "rope_base": 1000000.0,
+        "embd_scale": 16.0,
+    },
 }
 
 
 def _logits(dec: Decoder, tokens: np.ndarray, split: int) -> np.ndarray:
     cache = dec.new_cache(len(tokens) + 8)
     second = len(tokens) - N_DECODE
-    out = [dec.step(tokens[:split], cache, all_logits=True), dec.step(tokens[split:second], cache, all_logits=True)]
+    out = [
+        dec.step(tokens[:split], cache, all_logits=True),
+        dec.step(tokens[split:second], cache, all_logits=True),
+    ]
     out += [dec.step(tokens[i : i + 1], cache) for i in range(second, len(tokens))]
     return np.concatenate(out)
 
@@ -148,7 +202,10 @@ def test_stack_matches_host_body(gpu_ops, model: str, dtype: str) -> None:
     d = float(np.abs(got.astype(np.float64) - want).max())
     print(f"{model} {dtype}: max|d| = {d:.3g}, scale {scale:.3g}")
     assert not backend.ledger.failures, dict(backend.ledger.failures)
-    assert backend.ledger.submissions == {"prefill-stack+lm-head": 2, "decode-stack+lm-head": N_DECODE}
+    assert backend.ledger.submissions == {
+        "prefill-stack+lm-head": 2,
+        "decode-stack+lm-head": N_DECODE,
+    }
     assert not backend.ledger.refusals, dict(backend.ledger.refusals)
     assert d <= 1e-2 * scale, f"{model} {dtype}: max |d| = {d:.3g} > 1e-2 x {scale:.3g}"
     if dtype == "float32":

@@ -69,9 +69,17 @@ _LAUNCHER = (
 )
 
 
-def _run(args: list[str], *, stdin: object = subprocess.DEVNULL, stdout: object = None,
-         close_fds: tuple[int, ...] = (), sigint_after: float | None = None,
-         env: dict | None = None, measure: bool = False, timeout: float = 120) -> dict:
+def _run(
+    args: list[str],
+    *,
+    stdin: object = subprocess.DEVNULL,
+    stdout: object = None,
+    close_fds: tuple[int, ...] = (),
+    sigint_after: float | None = None,
+    env: dict | None = None,
+    measure: bool = False,
+    timeout: float = 120,
+) -> dict:
     fd, hwm_path = tempfile.mkstemp()
     os.close(fd)
     e = {**child_env(), **(env or {}), "FUZZ_HWM": hwm_path}
@@ -80,11 +88,13 @@ def _run(args: list[str], *, stdin: object = subprocess.DEVNULL, stdout: object 
         closing = " ".join(f"{n}>&-" if n else "<&-" for n in close_fds)
         cmd = ["sh", "-c", f'exec "$@" {closing}', "sh", *cmd]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, stdin=stdin, stdout=out if stdout is None else stdout,
-                                stderr=err, env=e)
+        proc = subprocess.Popen(
+            cmd, stdin=stdin, stdout=out if stdout is None else stdout, stderr=err, env=e
+        )
         if sigint_after is not None:
-            threading.Timer(sigint_after, lambda: proc.poll() is None
-                            and proc.send_signal(signal.SIGINT)).start()
+            threading.Timer(
+                sigint_after, lambda: proc.poll() is None and proc.send_signal(signal.SIGINT)
+            ).start()
         t0 = time.perf_counter()
         try:
             proc.wait(timeout)
@@ -95,9 +105,13 @@ def _run(args: list[str], *, stdin: object = subprocess.DEVNULL, stdout: object 
             hung = True
         out.seek(0)
         err.seek(0)
-        res = {"rc": proc.returncode, "stdout": out.read().decode("utf-8", "replace"),
-               "stderr": err.read().decode("utf-8", "replace"), "hung": hung,
-               "seconds": time.perf_counter() - t0}
+        res = {
+            "rc": proc.returncode,
+            "stdout": out.read().decode("utf-8", "replace"),
+            "stderr": err.read().decode("utf-8", "replace"),
+            "hung": hung,
+            "seconds": time.perf_counter() - t0,
+        }
     raw = Path(hwm_path).read_text().strip()
     os.unlink(hwm_path)
     res["peak_mib"] = int(raw) / 1024 if raw else None
@@ -127,8 +141,16 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = {"valid": d / "valid.gguf"}
     out["valid"].write_bytes(F.base().encode())
     crafted = F.crafted_ggufs()
-    for name in ("dup_key", "nested_500", "escape_tensor_name", "nan_weight", "huge_layers",
-                 "hostile_template", "template_bomb", "bad_utf8_token"):
+    for name in (
+        "dup_key",
+        "nested_500",
+        "escape_tensor_name",
+        "nan_weight",
+        "huge_layers",
+        "hostile_template",
+        "template_bomb",
+        "bad_utf8_token",
+    ):
         out[name] = d / f"{name}.gguf"
         out[name].write_bytes(crafted[name])
     out["empty_tokens"] = d / "empty_tokens.gguf"
@@ -143,16 +165,32 @@ def test_cli_refusals_and_memory(files: dict[str, Path]) -> None:
     """Refused files through the real CLI: one line, and peak memory within
     150 MiB + 2x the file's size."""
     run = ["run", "-p", "hello", "-n", "2", "--temp", "0", "-c", "64"]
-    jobs = {name: ([run[0], str(files[name]), *run[1:]], files[name].stat().st_size)
-            for name in ("dup_key", "nested_500", "escape_tensor_name", "huge_layers",
-                         "hostile_template", "template_bomb", "bad_utf8_token", "empty_tokens")}
-    jobs["nan_check_tensors"] = (["run", str(files["nan_weight"]), "-p", "hi", "--check-tensors"],
-                                 files["nan_weight"].stat().st_size)
-    jobs["nan_guard"] = (["run", str(files["nan_weight"]), "-p", "hi", "--temp", "0"],
-                         files["nan_weight"].stat().st_size)
+    jobs = {
+        name: ([run[0], str(files[name]), *run[1:]], files[name].stat().st_size)
+        for name in (
+            "dup_key",
+            "nested_500",
+            "escape_tensor_name",
+            "huge_layers",
+            "hostile_template",
+            "template_bomb",
+            "bad_utf8_token",
+            "empty_tokens",
+        )
+    }
+    jobs["nan_check_tensors"] = (
+        ["run", str(files["nan_weight"]), "-p", "hi", "--check-tensors"],
+        files["nan_weight"].stat().st_size,
+    )
+    jobs["nan_guard"] = (
+        ["run", str(files["nan_weight"]), "-p", "hi", "--temp", "0"],
+        files["nan_weight"].stat().st_size,
+    )
     jobs["fifo"] = (["run", str(files["fifo"]), "-p", "hi"], 0)
-    jobs["dev_zero_prompt"] = (["run", str(files["valid"]), "-f", "/dev/zero", "-c", "64"],
-                               64 * 1024)
+    jobs["dev_zero_prompt"] = (
+        ["run", str(files["valid"]), "-f", "/dev/zero", "-c", "64"],
+        64 * 1024,
+    )
     with ThreadPoolExecutor(2) as pool:
         results = dict(zip(jobs, pool.map(lambda j: _run(j[0], measure=True), jobs.values())))
     report = []
@@ -173,8 +211,9 @@ def test_cli_streams(files: dict[str, Path]) -> None:
         "stdin_closed": _run(["run", valid, "-p", "-"], stdin=None, close_fds=(0,)),
     }
     with open("/dev/full", "wb") as full:
-        cases["stdout_full"] = _run(["run", valid, "-p", "hello", "-n", "4", "--temp", "0"],
-                                    stdout=full)
+        cases["stdout_full"] = _run(
+            ["run", valid, "-p", "hello", "-n", "4", "--temp", "0"], stdout=full
+        )
     for name, r in cases.items():
         assert _outcome(r) == "clean refusal", f"{name}\n{r}"
     assert _outcome(_run(["run", valid, "-p", "hello", "-n", "3", "--temp", "0"])) == "correct run"

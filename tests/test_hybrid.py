@@ -180,7 +180,10 @@ def test_wrong_value_head_order_breaks_parity(name: str, tiny_model: Callable) -
     tm = tiny_model(name)
     m = _load(tiny_model, name)
     other = "grouped" if m.config.gdn.v_head_order == "tiled" else "tiled"
-    wrong = Decoder(dataclasses.replace(m.config, gdn=dataclasses.replace(m.config.gdn, v_head_order=other)), m.decoder.host.w)
+    wrong = Decoder(
+        dataclasses.replace(m.config, gdn=dataclasses.replace(m.config.gdn, v_head_order=other)),
+        m.decoder.host.w,
+    )
     tokens = tm.ref["tokens"]
     logits = wrong.step(np.asarray(tokens), wrong.new_cache(len(tokens)), all_logits=True)
     assert np.abs(logits - tm.ref["logits_llamacpp"]).max() > 50 * REF_TOL
@@ -189,8 +192,18 @@ def test_wrong_value_head_order_breaks_parity(name: str, tiny_model: Callable) -
 def test_value_head_order_follows_the_architecture(tiny_model: Callable) -> None:
     assert _load(tiny_model, "qwen35").config.gdn.v_head_order == "tiled"
     assert _load(tiny_model, "qwen3next").config.gdn.v_head_order == "grouped"
-    assert gdn_mod.key_head_of_value_head(_load(tiny_model, "qwen35").config).tolist() == [0, 1, 0, 1]
-    assert gdn_mod.key_head_of_value_head(_load(tiny_model, "qwen3next").config).tolist() == [0, 0, 1, 1]
+    assert gdn_mod.key_head_of_value_head(_load(tiny_model, "qwen35").config).tolist() == [
+        0,
+        1,
+        0,
+        1,
+    ]
+    assert gdn_mod.key_head_of_value_head(_load(tiny_model, "qwen3next").config).tolist() == [
+        0,
+        0,
+        1,
+        1,
+    ]
 
 
 @pytest.mark.parametrize("name", HYBRIDS)

@@ -73,14 +73,18 @@ class _FutureConfig(ModelConfig):
 
 
 def test_an_unknown_decoration_is_refused_by_name_on_every_backend() -> None:
-    cfg = _FutureConfig(**dataclasses.asdict(synthetic_config("llama", n_layer=2)), attention_sinks=True)
+    cfg = _FutureConfig(
+        **dataclasses.asdict(synthetic_config("llama", n_layer=2)), attention_sinks=True
+    )
     assert "attention_sinks" in cfg.features()
     cuda = CudaBackend(cfg, ReferenceOps())
     assert cuda.plan("decode", 0, 1, KvCache(cfg, 8)) == Refusal("attention_sinks not carried")
     pytest.importorskip("mlx.core")
     from frink_cli.backends.mlx.backend import MlxBackend
 
-    assert MlxBackend(cfg).plan("decode", 0, 1, KvCache(cfg, 8)) == Refusal("attention_sinks not carried")
+    assert MlxBackend(cfg).plan("decode", 0, 1, KvCache(cfg, 8)) == Refusal(
+        "attention_sinks not carried"
+    )
 
 
 class _BuggyOps(ReferenceOps):

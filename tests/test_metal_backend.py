@@ -25,7 +25,12 @@ from frink_cli.backends.mlx import eligibility  # noqa: E402
 from frink_cli.backends.mlx.quant import affine_from_blocks, pack  # noqa: E402
 
 DENSE = ["llama", "llama_tied", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3moe"]
-HYBRID = ["qwen35", "qwen35_vl", "qwen3next", "qwen35moe"]  # GDN + gated attention (+ MoE for qwen3next)
+HYBRID = [
+    "qwen35",
+    "qwen35_vl",
+    "qwen3next",
+    "qwen35moe",
+]  # GDN + gated attention (+ MoE for qwen3next)
 MODELS = DENSE + HYBRID
 STEPS = 32
 
@@ -122,7 +127,8 @@ def test_refused_model_runs_on_host_and_stays_correct(tiny_model, monkeypatch):
     # A feature the graph does not carry: every layer refused, the answer unchanged.
     tm = tiny_model("llama")
     monkeypatch.setattr(
-        "frink_cli.backends.mlx.backend.layer_refusals", lambda cfg, layer: ["attention logit softcap"]
+        "frink_cli.backends.mlx.backend.layer_refusals",
+        lambda cfg, layer: ["attention logit softcap"],
     )
     dev = frink_cli.load(tm.gguf, backend="metal")
     plan = dev.decoder.backend.plan("decode", 0, 1, dev.decoder.new_cache(8))
@@ -143,7 +149,9 @@ def test_gguf_blocks_map_exactly_onto_mlx_affine(qtype):
     raw = quantize(w, t)
     want = dequantize(raw, t).reshape(8, 128)
     q, scales, biases, bits = affine_from_blocks(raw.reshape(-1).view(np.uint8), qtype, 8, 128)
-    got = mx.dequantize(mx.array(pack(q, bits)), mx.array(scales), mx.array(biases), group_size=32, bits=bits)
+    got = mx.dequantize(
+        mx.array(pack(q, bits)), mx.array(scales), mx.array(biases), group_size=32, bits=bits
+    )
     assert np.array_equal(np.asarray(got), want)
 
 
@@ -151,9 +159,21 @@ def test_gguf_blocks_map_exactly_onto_mlx_affine(qtype):
 def test_parity_command_on_real_quantized_model(smollm2_path):
     frink = Path(sys.executable).parent / "frink"
     proc = subprocess.run(
-        [str(frink), "parity", str(smollm2_path), "--backend", "metal", "-p", "The capital of France is",
-         "--steps", "16", "--json"],
-        capture_output=True, text=True, timeout=600,
+        [
+            str(frink),
+            "parity",
+            str(smollm2_path),
+            "--backend",
+            "metal",
+            "-p",
+            "The capital of France is",
+            "--steps",
+            "16",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)
@@ -165,7 +185,9 @@ def test_parity_command_on_real_quantized_model(smollm2_path):
 
 
 def _refuse_every_layer(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("frink_cli.backends.mlx.backend.layer_refusals", lambda cfg, layer: ["forced for test"])
+    monkeypatch.setattr(
+        "frink_cli.backends.mlx.backend.layer_refusals", lambda cfg, layer: ["forced for test"]
+    )
 
 
 def _fail_every_launch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,8 +215,10 @@ def test_parity_command_passes_only_when_the_device_ran(tiny_model, monkeypatch,
 
     if sabotage is not None:
         sabotage(monkeypatch)
-    result = CliRunner().invoke(app, ["parity", str(tiny_model("llama").gguf), "--backend", "metal",
-                                      "--steps", "4", "--json"])
+    result = CliRunner().invoke(
+        app,
+        ["parity", str(tiny_model("llama").gguf), "--backend", "metal", "--steps", "4", "--json"],
+    )
     r = json.loads(result.stdout)
     assert r["verdict"] == verdict, r
     assert max(r["step_kl"]) < r["kl_bar"] and all(r["step_top1_agree"]), r
@@ -245,7 +269,7 @@ def _random_blocks(rng, qtype: str, n_weights: int) -> np.ndarray:
     for off in (0, 2) if qtype in ("Q4_1", "Q5_1", "Q4_K", "Q5_K") else (0,):
         h = rng.integers(0, 1 << 16, n, dtype=np.uint16)
         h = np.where((h & 0x7C00) == 0x7C00, h & 0xBFFF, h).astype(np.uint16)  # no inf/nan
-        b[:, off:off + 2] = h.view(np.uint8).reshape(n, 2)
+        b[:, off : off + 2] = h.view(np.uint8).reshape(n, 2)
     return b.reshape(-1)
 
 
@@ -260,12 +284,21 @@ def test_random_blocks_of_every_affine_type_dequantize_bit_exactly(qtype, shape)
 
     from frink_cli.backends.mlx.quant import affine_stack
 
-    raw = _random_blocks(np.random.default_rng(AFFINE_TYPES.index(qtype)), qtype, int(np.prod(shape)))
+    raw = _random_blocks(
+        np.random.default_rng(AFFINE_TYPES.index(qtype)), qtype, int(np.prod(shape))
+    )
     want = dequantize(raw, GGMLQuantizationType[qtype]).astype(np.float32).reshape(shape)
     packed, scales, biases, bits = affine_stack(raw, qtype, shape)
     assert bits == {"Q8_0": 8, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5}.get(qtype, 4)
-    assert packed.shape == (*shape[:-1], shape[-1] * bits // 32) and scales.shape == (*shape[:-1], shape[-1] // 32)
-    got = np.asarray(mx.dequantize(mx.array(packed), mx.array(scales), mx.array(biases), group_size=32, bits=bits))
+    assert packed.shape == (*shape[:-1], shape[-1] * bits // 32) and scales.shape == (
+        *shape[:-1],
+        shape[-1] // 32,
+    )
+    got = np.asarray(
+        mx.dequantize(
+            mx.array(packed), mx.array(scales), mx.array(biases), group_size=32, bits=bits
+        )
+    )
     differ = got.view(np.uint32) != want.view(np.uint32)
     assert (got[differ] == 0).all() and (want[differ] == 0).all(), (qtype, int(differ.sum()))
 
@@ -295,7 +328,9 @@ def test_gemma_q4_k_m_held_quantized_and_matches_host(gemma3_path):
             assert how.startswith("quantized 4-bit"), (n, how)
         elif dtype == "Q6_K":
             assert how.startswith("f32"), (n, how)
-    assert any(src.info(n).dtype == "Q5_0" and h.startswith("quantized 5-bit") for n, h in held.items())
+    assert any(
+        src.info(n).dtype == "Q5_0" and h.startswith("quantized 5-bit") for n, h in held.items()
+    )
     r = check_parity(m, m.tokenize("The capital of France is"), 3)
     assert r.verdict == "MATCH", r.as_dict()
     assert r.submissions_per_decode_token == 1.0 and max(r.step_kl) <= r.kl_bar
@@ -320,15 +355,29 @@ def test_repacked_expert_stack_multiplies_in_place(qtype):
         blocks[:, off + 1] = (blocks[:, off + 1] & 0x83) | 0x18
     raw = blocks.reshape(-1)
     w = dequantize(raw, GGMLQuantizationType[qtype]).astype(np.float32).reshape(E, out, cols)
-    packed, scales, biases, bits = (mx.array(a) if isinstance(a, np.ndarray) else a
-                                    for a in affine_stack(raw, qtype, (E, out, cols)))
+    packed, scales, biases, bits = (
+        mx.array(a) if isinstance(a, np.ndarray) else a
+        for a in affine_stack(raw, qtype, (E, out, cols))
+    )
     x = np.random.default_rng(2).standard_normal((3, 1, cols)).astype(np.float32)
     idx = np.array([2, 0, 3])
-    got = mx.gather_qmm(mx.array(x), packed, scales, biases, rhs_indices=mx.array(idx),
-                        transpose=True, group_size=32, bits=bits)
+    got = mx.gather_qmm(
+        mx.array(x),
+        packed,
+        scales,
+        biases,
+        rhs_indices=mx.array(idx),
+        transpose=True,
+        group_size=32,
+        bits=bits,
+    )
     want = np.einsum("bk,bok->bo", x[:, 0], w[idx])
-    assert np.abs(np.asarray(got).reshape(3, out) - want).max() <= 1e-4 * max(1.0, np.abs(want).max())
-    one = mx.quantized_matmul(mx.array(x[0]), packed[2], scales[2], biases[2], transpose=True, group_size=32, bits=bits)
+    assert np.abs(np.asarray(got).reshape(3, out) - want).max() <= 1e-4 * max(
+        1.0, np.abs(want).max()
+    )
+    one = mx.quantized_matmul(
+        mx.array(x[0]), packed[2], scales[2], biases[2], transpose=True, group_size=32, bits=bits
+    )
     assert np.abs(np.asarray(one)[0] - want[0]).max() <= 1e-4 * max(1.0, np.abs(want).max())
 
 

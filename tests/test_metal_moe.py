@@ -76,8 +76,12 @@ def _types(kind: str) -> dict[str, str]:
     if kind == "F16":
         return {k: kind for k in EXPERT_STACKS}
     if kind == "mixed":
-        return {"ffn_gate_exps": "Q4_0", "ffn_up_exps": "Q8_0", "ffn_down_exps": "Q4_1",
-                **{k: "Q4_1" for k in OTHERS}}
+        return {
+            "ffn_gate_exps": "Q4_0",
+            "ffn_up_exps": "Q8_0",
+            "ffn_down_exps": "Q4_1",
+            **{k: "Q4_1" for k in OTHERS},
+        }
     return {k: kind for k in EXPERT_STACKS + OTHERS}
 
 
@@ -124,8 +128,12 @@ def _moe_primitives(backend, cfg, rows: int) -> set[str]:
 
 
 def _expert_arrays(backend) -> list[graph.DeviceExperts]:
-    return [s for layer in backend.layers if layer is not None and layer.moe is not None
-            for s in layer.moe.gate_up_exps + [layer.moe.down_exps]]
+    return [
+        s
+        for layer in backend.layers
+        if layer is not None and layer.moe is not None
+        for s in layer.moe.gate_up_exps + [layer.moe.down_exps]
+    ]
 
 
 @pytest.mark.parametrize("name, kind", CASES, ids=[f"{n}-{k}" for n, k in CASES])
@@ -143,7 +151,10 @@ def test_quantized_moe_matches_host(quantized_copy, tiny_model, gather_calls, na
         for stack in EXPERT_STACKS:
             n = f"blk.{i}.{stack}.weight"
             bits = 8 if types[stack] == "Q8_0" else 4
-            assert backend.tensor_held[n].startswith(f"quantized {bits}-bit"), (n, backend.tensor_held[n])
+            assert backend.tensor_held[n].startswith(f"quantized {bits}-bit"), (
+                n,
+                backend.tensor_held[n],
+            )
     stacks = _expert_arrays(backend)
     assert len(stacks) == n_moe * (3 if kind == "mixed" else 2)
     for s in stacks:
@@ -186,7 +197,9 @@ def test_quantized_moe_matches_host(quantized_copy, tiny_model, gather_calls, na
 
 
 @pytest.mark.parametrize("sort_min", [1, 10**6], ids=["sorted", "unsorted"])
-def test_prefill_rows_sorted_by_expert_or_not_agree(quantized_copy, tiny_model, monkeypatch, sort_min):
+def test_prefill_rows_sorted_by_expert_or_not_agree(
+    quantized_copy, tiny_model, monkeypatch, sort_min
+):
     # The same prefill through gather_qmm's sorted (rows grouped by expert) and broadcast
     # forms, decode included (a decode token is sorted too when the threshold is 1).
     monkeypatch.setattr(graph, "SORT_MIN_ROWS", sort_min)
@@ -212,7 +225,9 @@ def test_dense_expert_stacks_use_gather_mm(quantized_copy, tiny_model, gather_ca
     dev = frink_cli.load(path, backend="metal")
     half = dtype == "F16" and mx.default_device() == mx.gpu
     stacks = _expert_arrays(dev.decoder.backend)
-    assert all(s.scales is None and s.w.dtype == (mx.float16 if half else mx.float32) for s in stacks)
+    assert all(
+        s.scales is None and s.w.dtype == (mx.float16 if half else mx.float32) for s in stacks
+    )
     ids = tm.ref["tokens"][:24]
     ledger = dev.decoder.backend.ledger
     d = np.abs(host.logits(ids) - dev.logits(ids)).max()
@@ -244,8 +259,13 @@ def test_info_reports_how_expert_stacks_are_held(quantized_copy):
 # A Q4_K_M file's fusions mix types (Q4_K q/k beside a Q6_K v, Gemma 3's Q5_0 q/k beside a
 # Q8_0 v): each run of one type must stay in the file's blocks as its own part of the fused
 # linear, not send the whole projection to f32. qwen2 adds the q/k/v bias, applied after the parts.
-MIXED_FUSIONS = {"attn_q.weight": "Q4_0", "attn_k.weight": "Q4_0", "attn_v.weight": "Q8_0",
-                 "ffn_gate.weight": "Q4_0", "ffn_up.weight": "Q8_0"}
+MIXED_FUSIONS = {
+    "attn_q.weight": "Q4_0",
+    "attn_k.weight": "Q4_0",
+    "attn_v.weight": "Q8_0",
+    "ffn_gate.weight": "Q4_0",
+    "ffn_up.weight": "Q8_0",
+}
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2"])
@@ -267,8 +287,10 @@ def test_mixed_type_fusions_stay_quantized(tiny_model, tmp_path, name):
 
     ids = tiny_model(name).ref["tokens"][:16]
     hc, dc = host.decoder.new_cache(64), dev.decoder.new_cache(64)
-    worst = np.abs(host.decoder.step(np.asarray(ids), hc, all_logits=True)
-                   - dev.decoder.step(np.asarray(ids), dc, all_logits=True)).max()
+    worst = np.abs(
+        host.decoder.step(np.asarray(ids), hc, all_logits=True)
+        - dev.decoder.step(np.asarray(ids), dc, all_logits=True)
+    ).max()
     ledger = backend.ledger
     token = int(ids[-1])
     for _ in range(4):

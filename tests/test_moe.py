@@ -63,7 +63,9 @@ def _hf_copy(tiny_model: Callable, name: str, tmp_path: Path, **changes) -> Path
 
 @pytest.mark.parametrize("source", ["gguf", "hf"])
 @pytest.mark.parametrize("name", ["qwen3moe", "qwen35moe"])
-def test_decode_after_prefill_matches_llamacpp_greedy(name: str, source: str, tiny_model: Callable) -> None:
+def test_decode_after_prefill_matches_llamacpp_greedy(
+    name: str, source: str, tiny_model: Callable
+) -> None:
     """Prompt as one batch, then one token at a time: each step's logits against llama.cpp's
     decode steps, and frink's greedy tokens equal llama.cpp's."""
     ref = tiny_model(name).ref
@@ -88,7 +90,10 @@ def test_hf_dir_tensors_equal_the_converters(name: str, tiny_model: Callable) ->
     """Every canonical tensor read from the HF directory is the one llama.cpp's converter
     wrote into the GGUF (stacked experts, value-head reorder, +1 norms...): same names,
     shapes and values."""
-    hf, gg = open_checkpoint(_path(tiny_model, name, "hf")), open_checkpoint(_path(tiny_model, name, "gguf"))
+    hf, gg = (
+        open_checkpoint(_path(tiny_model, name, "hf")),
+        open_checkpoint(_path(tiny_model, name, "gguf")),
+    )
     assert sorted(hf.tensors.names()) == sorted(gg.tensors.names())
     for n in gg.tensors.names():
         a, b = hf.tensors.load(n), gg.tensors.load(n)
@@ -120,10 +125,17 @@ def test_qwen35moe_has_no_dense_ffn_width(tiny_model: Callable) -> None:
     assert "qwen35moe.feed_forward_length" not in gg.metadata
     cfg = config_from_checkpoint(gg)
     assert cfg.n_ff == 0 and all(cfg.moe.layers)
-    assert (cfg.moe.n_expert, cfg.moe.n_expert_used, cfg.moe.n_ff_exp, cfg.moe.n_ff_shexp) == (8, 3, 32, 48)
+    assert (cfg.moe.n_expert, cfg.moe.n_expert_used, cfg.moe.n_ff_exp, cfg.moe.n_ff_shexp) == (
+        8,
+        3,
+        32,
+        48,
+    )
 
 
-def test_fused_expert_tensors_read_like_per_expert_ones(tiny_model: Callable, tmp_path: Path) -> None:
+def test_fused_expert_tensors_read_like_per_expert_ones(
+    tiny_model: Callable, tmp_path: Path
+) -> None:
     """The same weights with the experts stored fused (mlp.experts.gate_up_proj [E, 2*ff, d],
     down_proj [E, d, ff], as transformers holds them in memory) give transformers' logits."""
     from safetensors.numpy import load_file, save_file
@@ -142,7 +154,9 @@ def test_fused_expert_tensors_read_like_per_expert_ones(tiny_model: Callable, tm
         tensors[f"{prefix}.mlp.experts.gate_up_proj"] = np.stack(
             [np.concatenate([experts[e]["gate_proj"], experts[e]["up_proj"]]) for e in order]
         )
-        tensors[f"{prefix}.mlp.experts.down_proj"] = np.stack([experts[e]["down_proj"] for e in order])
+        tensors[f"{prefix}.mlp.experts.down_proj"] = np.stack(
+            [experts[e]["down_proj"] for e in order]
+        )
     save_file(tensors, dst / "model.safetensors")
 
     tm = tiny_model("qwen35moe_vl")
@@ -158,7 +172,13 @@ def test_qwen3moe_num_experts_spellings(tiny_model: Callable, tmp_path: Path) ->
     """transformers saves num_local_experts; released Qwen3 MoE configs say num_experts."""
     saved = json.loads((tiny_model("qwen3moe").hf_dir / "config.json").read_text())
     assert "num_local_experts" in saved
-    renamed = _hf_copy(tiny_model, "qwen3moe", tmp_path, num_local_experts=None, num_experts=saved["num_local_experts"])
+    renamed = _hf_copy(
+        tiny_model,
+        "qwen3moe",
+        tmp_path,
+        num_local_experts=None,
+        num_experts=saved["num_local_experts"],
+    )
     a = config_from_checkpoint(open_checkpoint(tiny_model("qwen3moe").hf_dir))
     b = config_from_checkpoint(open_checkpoint(renamed))
     assert a == b and a.moe.n_expert == 8
@@ -167,14 +187,21 @@ def test_qwen3moe_num_experts_spellings(tiny_model: Callable, tmp_path: Path) ->
 def test_qwen3moe_norm_topk_prob(tiny_model: Callable, tmp_path: Path) -> None:
     """transformers' Qwen3 MoE renormalizes the top-k router weights only with norm_topk_prob,
     which defaults to false; a GGUF has no such key and llama.cpp always renormalizes."""
-    assert config_from_checkpoint(open_checkpoint(tiny_model("qwen3moe").hf_dir)).moe.norm_topk is True
-    assert config_from_checkpoint(open_checkpoint(tiny_model("qwen3moe").gguf)).moe.norm_topk is True
+    assert (
+        config_from_checkpoint(open_checkpoint(tiny_model("qwen3moe").hf_dir)).moe.norm_topk is True
+    )
+    assert (
+        config_from_checkpoint(open_checkpoint(tiny_model("qwen3moe").gguf)).moe.norm_topk is True
+    )
     off = _hf_copy(tiny_model, "qwen3moe", tmp_path / "off", norm_topk_prob=False)
     unset = _hf_copy(tiny_model, "qwen3moe", tmp_path / "unset", norm_topk_prob=None)
     assert config_from_checkpoint(open_checkpoint(off)).moe.norm_topk is False
     assert config_from_checkpoint(open_checkpoint(unset)).moe.norm_topk is False
     # Qwen3.5 MoE's router always renormalizes.
-    assert config_from_checkpoint(open_checkpoint(tiny_model("qwen35moe").hf_dir)).moe.norm_topk is True
+    assert (
+        config_from_checkpoint(open_checkpoint(tiny_model("qwen35moe").hf_dir)).moe.norm_topk
+        is True
+    )
 
 
 # --- refusals ------------------------------------------------------------------------------------
@@ -182,9 +209,14 @@ def test_qwen3moe_norm_topk_prob(tiny_model: Callable, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "changes, named",
-    [({"mlp_only_layers": [1]}, "mlp_only_layers"), ({"decoder_sparse_step": 2}, "decoder_sparse_step")],
+    [
+        ({"mlp_only_layers": [1]}, "mlp_only_layers"),
+        ({"decoder_sparse_step": 2}, "decoder_sparse_step"),
+    ],
 )
-def test_qwen3moe_dense_layers_are_refused(tiny_model: Callable, tmp_path: Path, changes: dict, named: str) -> None:
+def test_qwen3moe_dense_layers_are_refused(
+    tiny_model: Callable, tmp_path: Path, changes: dict, named: str
+) -> None:
     with pytest.raises(FrinkError, match=named):
         open_checkpoint(_hf_copy(tiny_model, "qwen3moe", tmp_path, **changes))
 
@@ -210,7 +242,9 @@ def test_a_layer_without_a_router_is_refused(name: str, tiny_model: Callable) ->
     """llama.cpp's qwen3moe / qwen35moe need a router on every layer; a file with a dense
     layer is refused by name rather than run differently from llama.cpp."""
     ckpt = open_checkpoint(_path(tiny_model, name, "gguf"))
-    hidden = dataclasses.replace(ckpt, tensors=_Without(ckpt.tensors, {"blk.1.ffn_gate_inp.weight"}))
+    hidden = dataclasses.replace(
+        ckpt, tensors=_Without(ckpt.tensors, {"blk.1.ffn_gate_inp.weight"})
+    )
     with pytest.raises(FrinkError, match=r"blk\.1\.ffn_gate_inp"):
         config_from_checkpoint(hidden)
 
@@ -246,5 +280,12 @@ def test_info_shows_the_pattern_and_the_experts(tiny_model: Callable) -> None:
     data = json.loads(frink("info", _path(tiny_model, "qwen3moe", "hf"), "--json").stdout)
     assert data["architecture"] == "qwen3moe"
     assert data["layer_pattern"] == "ATTN x3"
-    assert data["moe"] == {"layers": 3, "experts": 8, "experts_used": 3, "expert_ff": 32, "shared_ff": 0, "norm_topk": True}
+    assert data["moe"] == {
+        "layers": 3,
+        "experts": 8,
+        "experts_used": 3,
+        "expert_ff": 32,
+        "shared_ff": 0,
+        "norm_topk": True,
+    }
     assert [entry["ffn"] for entry in data["layers"]] == ["moe"] * 3

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import fixture_cache_root
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -57,8 +56,13 @@ def real(request, smollm2_path, gemma3_path):
 
 def _llama(path: Path):
     return llama_cpp.Llama(
-        model_path=str(path), n_ctx=128, logits_all=True, type_k=0, type_v=0,
-        n_threads=2, verbose=False,
+        model_path=str(path),
+        n_ctx=128,
+        logits_all=True,
+        type_k=0,
+        type_v=0,
+        n_threads=2,
+        verbose=False,
     )
 
 
@@ -104,7 +108,10 @@ def test_f32_copy_greedy_text_matches_llama_cpp(real):
         expected = llm.detokenize(gen).decode("utf-8", errors="replace")
         proc = subprocess.run(
             [str(frink), "run", str(f32), "-p", prompt, "--raw", "--temp", "0", "-n", str(N_GEN)],
-            capture_output=True, text=True, env=dict(os.environ), timeout=300,
+            capture_output=True,
+            text=True,
+            env=dict(os.environ),
+            timeout=300,
         )
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.rstrip("\n") == expected.rstrip("\n"), (name, prompt)

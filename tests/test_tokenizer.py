@@ -24,32 +24,96 @@ from frink_cli.tokenizer import Tokenizer, load_tokenizer
 # of both models written as text, text that looks like byte tokens or SentencePiece
 # spaces, HTML-ish text (Gemma has such user-defined tokens), empty and one-char strings.
 CORPUS = [
-    "Hello world", "Hello, world!", " leading space", "trailing space ", "  two leading",
-    "many     inner    spaces", "tabs\tand\t\ttabs\t", "line\nbreak", "crlf\r\nline\r\n",
-    "\n\n\nthree newlines", "   \n  \t \n", " ", "  ", "\t", "\n", "\r\n", " " * 40, "\n" * 40,
-    "héllo wörld café naïve Ångström", "你好，世界！这是一个测试。", "日本語のテキスト、カタカナ",
-    "한국어 텍스트", "Привет мир", "مرحبا بالعالم", "emoji 😀🎉👍🏽 👨‍👩‍👧‍👦 flags 🇫🇷",
-    "math ∑∫√∞ ≠ ≤", "nbsp\u00a0here\u3000ideographic", "\u200bzero width", "ﬁ ligature",
-    "e\u0301 combining", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 and \ue000 private use", "ctrl\x01\x7fchars",
+    "Hello world",
+    "Hello, world!",
+    " leading space",
+    "trailing space ",
+    "  two leading",
+    "many     inner    spaces",
+    "tabs\tand\t\ttabs\t",
+    "line\nbreak",
+    "crlf\r\nline\r\n",
+    "\n\n\nthree newlines",
+    "   \n  \t \n",
+    " ",
+    "  ",
+    "\t",
+    "\n",
+    "\r\n",
+    " " * 40,
+    "\n" * 40,
+    "héllo wörld café naïve Ångström",
+    "你好，世界！这是一个测试。",
+    "日本語のテキスト、カタカナ",
+    "한국어 텍스트",
+    "Привет мир",
+    "مرحبا بالعالم",
+    "emoji 😀🎉👍🏽 👨‍👩‍👧‍👦 flags 🇫🇷",
+    "math ∑∫√∞ ≠ ≤",
+    "nbsp\u00a0here\u3000ideographic",
+    "\u200bzero width",
+    "ﬁ ligature",
+    "e\u0301 combining",
+    "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 and \ue000 private use",
+    "ctrl\x01\x7fchars",
     "def f(x):\n    return x ** 2  # comment\n\nprint(f(3))\n",
     "if (a && b) { return -1; } else { x += 0x1F; }",
-    "1234567", "3.14159 and 1,000,000 and 007", "numbers12345letters", "\t\t37 and \n\n42",
-    "I'm you're they've we'll it's don't", "ALL CAPS SHOUTING",
+    "1234567",
+    "3.14159 and 1,000,000 and 007",
+    "numbers12345letters",
+    "\t\t37 and \n\n42",
+    "I'm you're they've we'll it's don't",
+    "ALL CAPS SHOUTING",
     "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
     "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n",
-    "<bos>text after bos", "text <eos> middle", "<|endoftext|>", "<reponame>x<unused5><mask>",
+    "<bos>text after bos",
+    "text <eos> middle",
+    "<|endoftext|>",
+    "<reponame>x<unused5><mask>",
     "<s>html-ish</s> <b>bold</b> <table><tr><td>x</td></tr></table>",
-    "<0x41> literal byte token text", "▁already▁escaped", "▁     ▁", "a" * 300,
-    "The quick brown fox jumps over the lazy dog. " * 5, "",
+    "<0x41> literal byte token text",
+    "▁already▁escaped",
+    "▁     ▁",
+    "a" * 300,
+    "The quick brown fox jumps over the lazy dog. " * 5,
+    "",
 ]
 
 # Characters and fragments the seeded random strings are drawn from.
-_POOL = list("abcXYZ  \t\n\r0123456789.,;:'!?-_()[]{}<>/\\\"|@#$%^&*+=~`") + list(
-    "éüßñçøÅ你好世界日本語한국어Приветمرحبا😀🎉👍🏽‍🇫🇷∑∫√∞≠≤") + [
-    "\u00a0", "\u3000", "\u200b", "\u0301", "𝔘", "\ue000", "\x01", "\x7f", "\u2581", "'s", "'ll",
-    "<|im_start|>", "<|im_end|>", "<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>", "</s>",
-    "<s>", "<b>", "<0x41>", "<unused5>", "<mask>", "<|endoftext|>", "<reponame>", "    ", "\n\n",
-    "\t\t"]
+_POOL = (
+    list("abcXYZ  \t\n\r0123456789.,;:'!?-_()[]{}<>/\\\"|@#$%^&*+=~`")
+    + list("éüßñçøÅ你好世界日本語한국어Приветمرحبا😀🎉👍🏽‍🇫🇷∑∫√∞≠≤")
+    + [
+        "\u00a0",
+        "\u3000",
+        "\u200b",
+        "\u0301",
+        "𝔘",
+        "\ue000",
+        "\x01",
+        "\x7f",
+        "\u2581",
+        "'s",
+        "'ll",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<start_of_turn>",
+        "<end_of_turn>",
+        "<bos>",
+        "<eos>",
+        "</s>",
+        "<s>",
+        "<b>",
+        "<0x41>",
+        "<unused5>",
+        "<mask>",
+        "<|endoftext|>",
+        "<reponame>",
+        "    ",
+        "\n\n",
+        "\t\t",
+    ]
+)
 
 
 def random_strings(n: int, seed: int) -> list[str]:
@@ -131,8 +195,10 @@ def _mismatches(ref: Ref, tok: Tokenizer, texts: list[str]) -> list[str]:
             want = _expected(ref, tok, text, add, special)
             got = tok.encode(text, add_special=add, parse_special=special)
             if got != want:
-                bad.append(f"{text!r} add_special={add} parse_special={special}: "
-                           f"llama.cpp {want[:24]} frink {got[:24]}")
+                bad.append(
+                    f"{text!r} add_special={add} parse_special={special}: "
+                    f"llama.cpp {want[:24]} frink {got[:24]}"
+                )
     return bad
 
 
@@ -228,10 +294,33 @@ def test_stream_decoder_holds_partial_characters(model: tuple[str, Ref, Tokenize
 # One name per regex family in llama-vocab.cpp (llama-bpe also turns on ignore_merges and
 # add_bos; chatglm-bpe drops BOS; glm4 adds ignore_merges).
 PRE_NAMES = [
-    "default", "llama-bpe", "dbrx", "chatglm-bpe", "glm4", "jais-2", "deepseek-llm",
-    "deepseek-v3", "spark2_5", "deepseek-coder", "falcon", "starcoder", "gpt-2", "qwen2",
-    "qwen35", "bloom", "viking", "tekken", "chameleon", "gpt-4o", "bailingmoe", "seed-coder",
-    "ufakzeka", "grok-2", "laguna", "exaone-moe", "minicpm5",
+    "default",
+    "llama-bpe",
+    "dbrx",
+    "chatglm-bpe",
+    "glm4",
+    "jais-2",
+    "deepseek-llm",
+    "deepseek-v3",
+    "spark2_5",
+    "deepseek-coder",
+    "falcon",
+    "starcoder",
+    "gpt-2",
+    "qwen2",
+    "qwen35",
+    "bloom",
+    "viking",
+    "tekken",
+    "chameleon",
+    "gpt-4o",
+    "bailingmoe",
+    "seed-coder",
+    "ufakzeka",
+    "grok-2",
+    "laguna",
+    "exaone-moe",
+    "minicpm5",
 ]
 
 
@@ -242,8 +331,13 @@ def write_vocab_gguf(path: Path, source: dict, overrides: dict) -> Path:
     from gguf import GGUFValueType, GGUFWriter
 
     w = GGUFWriter(str(path), "llama")
-    for key, val in (("context_length", 256), ("embedding_length", 64), ("block_count", 1),
-                     ("feed_forward_length", 128), ("attention.head_count", 2)):
+    for key, val in (
+        ("context_length", 256),
+        ("embedding_length", 64),
+        ("block_count", 1),
+        ("feed_forward_length", 128),
+        ("attention.head_count", 2),
+    ):
         w.add_uint32(f"llama.{key}", val)
     w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
     md = {k: v for k, v in source.items() if k.startswith("tokenizer.")}
@@ -288,22 +382,29 @@ def smollm2_md(smollm2_path: Path) -> dict:
 
 @real
 @pytest.mark.parametrize("pre", PRE_NAMES)
-def test_pre_tokenizer_families_match_llama_cpp(pre: str, smollm2_md: dict,
-                                                tmp_path: Path) -> None:
-    path = write_vocab_gguf(tmp_path / "v.gguf", smollm2_md, {"tokenizer.ggml.pre": pre,
-                                                               "tokenizer.ggml.add_bos_token": None})
+def test_pre_tokenizer_families_match_llama_cpp(pre: str, smollm2_md: dict, tmp_path: Path) -> None:
+    path = write_vocab_gguf(
+        tmp_path / "v.gguf",
+        smollm2_md,
+        {"tokenizer.ggml.pre": pre, "tokenizer.ggml.add_bos_token": None},
+    )
     bad = _variant_mismatches(path)
     assert not bad, f"{len(bad)} differ:\n" + "\n".join(bad[:20])
 
 
 @real
-@pytest.mark.parametrize("overrides", [
-    {"tokenizer.ggml.add_space_prefix": True},  # llama-2 style "▁" word prefix
-    {"tokenizer.ggml.add_space_prefix": None, "tokenizer.ggml.add_bos_token": None},  # defaults
-    {"tokenizer.ggml.add_bos_token": False, "tokenizer.ggml.add_eos_token": True},
-], ids=["space-prefix", "spm-defaults", "eos-not-bos"])
-def test_sentencepiece_flags_match_llama_cpp(overrides: dict, gemma3_path: Path,
-                                             tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"tokenizer.ggml.add_space_prefix": True},  # llama-2 style "▁" word prefix
+        {"tokenizer.ggml.add_space_prefix": None, "tokenizer.ggml.add_bos_token": None},  # defaults
+        {"tokenizer.ggml.add_bos_token": False, "tokenizer.ggml.add_eos_token": True},
+    ],
+    ids=["space-prefix", "spm-defaults", "eos-not-bos"],
+)
+def test_sentencepiece_flags_match_llama_cpp(
+    overrides: dict, gemma3_path: Path, tmp_path: Path
+) -> None:
     md = open_checkpoint(gemma3_path).metadata
     bad = _variant_mismatches(write_vocab_gguf(tmp_path / "v.gguf", md, overrides))
     assert not bad, f"{len(bad)} differ:\n" + "\n".join(bad[:20])
@@ -313,8 +414,9 @@ def test_sentencepiece_flags_match_llama_cpp(overrides: dict, gemma3_path: Path,
 
 
 @pytest.fixture(scope="module")
-def hf_model(model: tuple[str, Ref, Tokenizer], tmp_path_factory: pytest.TempPathFactory
-             ) -> tuple[str, Ref, Tokenizer, Any]:
+def hf_model(
+    model: tuple[str, Ref, Tokenizer], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, Ref, Tokenizer, Any]:
     transformers = pytest.importorskip("transformers")
     name, ref, _ = model
     hf = transformers.AutoTokenizer.from_pretrained(str(ref.path.parent), gguf_file=ref.path.name)
@@ -354,8 +456,9 @@ def test_hf_dir_encode_matches_llama_cpp(hf_model: tuple[str, Ref, Tokenizer, An
     """
     name, ref, tok, hf = hf_model
     texts = CORPUS + random_strings(200, seed=99)
-    agree = [t for t in texts
-             if hf.encode(t, add_special_tokens=False) == ref.tokenize(t, False, True)]
+    agree = [
+        t for t in texts if hf.encode(t, add_special_tokens=False) == ref.tokenize(t, False, True)
+    ]
     set_aside = len(texts) - len(agree)
     assert set_aside <= len(texts) // 4, f"{name}: transformers differs from llama.cpp {set_aside}x"
     bad = _mismatches(ref, tok, agree)
@@ -370,12 +473,18 @@ def test_hf_dir_encode_matches_llama_cpp(hf_model: tuple[str, Ref, Tokenizer, An
 
 
 def _ckpt(metadata: dict, hf_dir: Path | None = None) -> Checkpoint:
-    return Checkpoint(path=Path("x.gguf"), format="gguf", metadata=metadata, tensors=None,  # type: ignore[arg-type]
-                      hf_dir=hf_dir)
+    return Checkpoint(
+        path=Path("x.gguf"),
+        format="gguf",
+        metadata=metadata,
+        tensors=None,  # type: ignore[arg-type]
+        hf_dir=hf_dir,
+    )
 
 
 @pytest.mark.parametrize(
-    "md", [{}, {"tokenizer.ggml.model": "none"}, {"tokenizer.ggml.model": "no_vocab"}])
+    "md", [{}, {"tokenizer.ggml.model": "none"}, {"tokenizer.ggml.model": "no_vocab"}]
+)
 def test_no_tokenizer_in_gguf(md: dict) -> None:
     assert load_tokenizer(_ckpt(md)) is None
 
@@ -391,13 +500,22 @@ _TINY_BPE = {
 }
 
 
-@pytest.mark.parametrize("md, needle", [
-    ({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": ["a"]}, "'bert'"),
-    ({**_TINY_BPE, "tokenizer.ggml.pre": "no-such-pre"}, "no-such-pre"),
-    ({**_TINY_BPE, "tokenizer.ggml.pre": "kimi-k2"}, "kimi-k2"),
-    ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a"],
-      "tokenizer.ggml.pre": "gpt-2"}, "merges"),
-])
+@pytest.mark.parametrize(
+    "md, needle",
+    [
+        ({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": ["a"]}, "'bert'"),
+        ({**_TINY_BPE, "tokenizer.ggml.pre": "no-such-pre"}, "no-such-pre"),
+        ({**_TINY_BPE, "tokenizer.ggml.pre": "kimi-k2"}, "kimi-k2"),
+        (
+            {
+                "tokenizer.ggml.model": "gpt2",
+                "tokenizer.ggml.tokens": ["a"],
+                "tokenizer.ggml.pre": "gpt-2",
+            },
+            "merges",
+        ),
+    ],
+)
 def test_unsupported_vocabularies_are_refused(md: dict, needle: str) -> None:
     with pytest.raises(FrinkError, match=needle):
         load_tokenizer(_ckpt(md))

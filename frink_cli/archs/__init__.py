@@ -44,8 +44,16 @@ from .qwen35moe import Qwen35Moe
 
 # The registry: every supported architecture, one instance each.
 _ARCHS: tuple[Arch, ...] = (
-    Llama(), Qwen2(), Qwen3(), Qwen3Moe(), Gemma3(), Qwen35(), Qwen35Moe(), Qwen3Next(),
-    Granite(), GraniteMoe(),
+    Llama(),
+    Qwen2(),
+    Qwen3(),
+    Qwen3Moe(),
+    Gemma3(),
+    Qwen35(),
+    Qwen35Moe(),
+    Qwen3Next(),
+    Granite(),
+    GraniteMoe(),
 )
 _BY_NAME: dict[str, Arch] = {a.name: a for a in _ARCHS}
 _BY_MODEL_TYPE: dict[str, Arch] = {mt: a for a in _ARCHS for mt in a.hf_model_types}

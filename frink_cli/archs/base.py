@@ -204,8 +204,12 @@ class Arch:
                 f"{ckpt.path}: block_count {n_layer} does not fit the file's {len(names)} tensors"
             )
         # feed_forward_length may be 0 (or absent) where every FFN is routed: checked below.
-        sizes = {"embedding_length": n_embd, "attention.key_length": head_dim_k,
-                 "attention.value_length": head_dim_v, "feed_forward_length": n_ff or 1}
+        sizes = {
+            "embedding_length": n_embd,
+            "attention.key_length": head_dim_k,
+            "attention.value_length": head_dim_v,
+            "feed_forward_length": n_ff or 1,
+        }
         for what, value in sizes.items():
             if value <= 0:
                 raise FrinkError(f"{ckpt.path}: bad model metadata ({arch}.{what} = {value})")
@@ -225,10 +229,13 @@ class Arch:
         sliding_window = int(sliding_window) if sliding_window else None
         swa_layers = self._swa_layers(md, n_layer) if sliding_window else [False] * n_layer
 
-        attn_scale = float(get(
-            md, key("attention.scale"),
-            self.attn_scale_default(n_layer, n_embd, n_head, head_dim_k),
-        ))
+        attn_scale = float(
+            get(
+                md,
+                key("attention.scale"),
+                self.attn_scale_default(n_layer, n_embd, n_head, head_dim_k),
+            )
+        )
 
         def positive_or_none(v: Any) -> float | None:
             return float(v) if v else None
@@ -333,13 +340,16 @@ class Arch:
             )
         assert self.gdn_v_head_order is not None
         return GdnConfig(
-            layers=tuple(recurrent), conv_kernel=conv, n_k_heads=n_k, n_v_heads=n_v,
-            head_dim_k=hk, head_dim_v=inner // n_v, v_head_order=self.gdn_v_head_order,
+            layers=tuple(recurrent),
+            conv_kernel=conv,
+            n_k_heads=n_k,
+            n_v_heads=n_v,
+            head_dim_k=hk,
+            head_dim_v=inner // n_v,
+            v_head_order=self.gdn_v_head_order,
         )
 
-    def _moe_config(
-        self, ckpt: Checkpoint, n_layer: int, n_ff: int, names: set[str]
-    ) -> MoeConfig:
+    def _moe_config(self, ckpt: Checkpoint, n_layer: int, n_ff: int, names: set[str]) -> MoeConfig:
         """Sparse MoE sizes; a layer is routed when it has a router (ffn_gate_inp)."""
         md, arch, key = ckpt.metadata, self.name, self.key
         n_expert = int(get(md, key("expert_count"), required=True))
@@ -350,11 +360,12 @@ class Arch:
         n_ff_exp = int(get(md, key("expert_feed_forward_length"), 0)) or n_ff // n_used
         has_shared = any(f"blk.{i}.ffn_up_shexp.weight" in names for i in range(n_layer))
         n_ff_shexp = (
-            (int(get(md, key("expert_shared_feed_forward_length"), 0)) or n_ff)
-            if has_shared else 0
+            (int(get(md, key("expert_shared_feed_forward_length"), 0)) or n_ff) if has_shared else 0
         )
-        for what, value in (("expert_feed_forward_length", n_ff_exp),
-                            ("expert_shared_feed_forward_length", n_ff_shexp)):
+        for what, value in (
+            ("expert_feed_forward_length", n_ff_exp),
+            ("expert_shared_feed_forward_length", n_ff_shexp),
+        ):
             if value <= 0 and (what == "expert_feed_forward_length" or has_shared):
                 raise FrinkError(f"{ckpt.path}: model metadata is missing {arch}.{what}")
         routed = tuple(f"blk.{i}.ffn_gate_inp.weight" in names for i in range(n_layer))
@@ -366,7 +377,10 @@ class Arch:
                 "not supported, as in llama.cpp"
             )
         return MoeConfig(
-            layers=routed, n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff_exp,
+            layers=routed,
+            n_expert=n_expert,
+            n_expert_used=n_used,
+            n_ff_exp=n_ff_exp,
             n_ff_shexp=n_ff_shexp,
             # llama.cpp's qwen3next always renormalizes; an HF config may say otherwise.
             norm_topk=bool(get(md, key("expert_weights_norm"), True)),
@@ -466,10 +480,16 @@ def hf_sliding_window_note(arch: str, hp: dict[str, Any], notes: list[str]) -> N
 def hf_type(vocab_size: int, context: int, **defaults: Any) -> HfModelType:
     """A text model_type whose transformers config defaults are the llama-style ones
     (rms_norm_eps 1e-6, rope_theta 10000, untied embeddings) plus `defaults`."""
-    return HfModelType(defaults={
-        "vocab_size": vocab_size, "max_position_embeddings": context, "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0, "tie_word_embeddings": False, **defaults,
-    })
+    return HfModelType(
+        defaults={
+            "vocab_size": vocab_size,
+            "max_position_embeddings": context,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+            "tie_word_embeddings": False,
+            **defaults,
+        }
+    )
 
 
 def multimodal(text: HfModelType, ignore: tuple[str, ...], what: str) -> HfModelType:

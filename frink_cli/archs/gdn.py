@@ -18,9 +18,14 @@ from .transforms import ADD_ONE, NEG_EXP, SQUEEZE
 
 # Shared by every GDN hybrid's defaults (transformers' Qwen3NextConfig / Qwen3_5TextConfig).
 HF_GDN_DEFAULTS = {
-    "head_dim": 256, "num_attention_heads": 16,
-    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
-    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "full_attention_interval": 4,
+    "head_dim": 256,
+    "num_attention_heads": 16,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "full_attention_interval": 4,
 }
 HF_MTP_IGNORED = ("mtp.", "model.mtp.")
 
@@ -41,11 +46,15 @@ class GdnHybrid(Arch):
     attn_output_gate = True
     ffn_norm_tensor = "post_attention_norm"
     gdn_v_head_order: ClassVar[str | None] = "grouped"
-    hf_tensors = HF_CORE_TENSORS + HF_QK_NORM_TENSORS + (
-        ("model.layers.{bid}.post_attention_layernorm", "blk.{bid}.post_attention_norm"),
-        ("model.layers.{bid}.linear_attn.conv1d", "blk.{bid}.ssm_conv1d"),
-        ("model.layers.{bid}.linear_attn.norm", "blk.{bid}.ssm_norm"),
-        ("model.layers.{bid}.linear_attn.out_proj", "blk.{bid}.ssm_out"),
+    hf_tensors = (
+        HF_CORE_TENSORS
+        + HF_QK_NORM_TENSORS
+        + (
+            ("model.layers.{bid}.post_attention_layernorm", "blk.{bid}.post_attention_norm"),
+            ("model.layers.{bid}.linear_attn.conv1d", "blk.{bid}.ssm_conv1d"),
+            ("model.layers.{bid}.linear_attn.norm", "blk.{bid}.ssm_norm"),
+            ("model.layers.{bid}.linear_attn.out_proj", "blk.{bid}.ssm_out"),
+        )
     )
     hf_tensors_whole = (
         ("model.layers.{bid}.linear_attn.A_log", "blk.{bid}.ssm_a"),
@@ -54,8 +63,13 @@ class GdnHybrid(Arch):
 
     def hf_transforms(self) -> dict[str, tuple[Transform, ...]]:
         # Norms +1 except the delta net's gated norm (ssm_norm), which scales by w.
-        norms = ("output_norm", "blk.{bid}.attn_norm", "blk.{bid}.post_attention_norm",
-                 "blk.{bid}.attn_q_norm", "blk.{bid}.attn_k_norm")
+        norms = (
+            "output_norm",
+            "blk.{bid}.attn_norm",
+            "blk.{bid}.post_attention_norm",
+            "blk.{bid}.attn_q_norm",
+            "blk.{bid}.attn_k_norm",
+        )
         return {f"{n}.weight": (ADD_ONE,) for n in norms} | {
             "blk.{bid}.ssm_a": (NEG_EXP,),
             "blk.{bid}.ssm_conv1d.weight": (SQUEEZE,),

@@ -57,14 +57,24 @@ def _layer_is_swa(hp: dict[str, Any]) -> list[bool]:
     return [(i + 1) % int(period) != 0 for i in range(n)]
 
 
-_TEXT = HfModelType(defaults={
-    "vocab_size": 262208, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
-    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
-    "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
-    "sliding_window": 4096, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
-    "final_logit_softcapping": None, "attn_logit_softcapping": None,
-    "tie_word_embeddings": True,
-})
+_TEXT = HfModelType(
+    defaults={
+        "vocab_size": 262208,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-6,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "sliding_window": 4096,
+        "sliding_window_pattern": 6,
+        "query_pre_attn_scalar": 256,
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+        "tie_word_embeddings": True,
+    }
+)
 
 
 class Gemma3(Arch):
@@ -73,8 +83,13 @@ class Gemma3(Arch):
         "gemma3_text": _TEXT,
         "gemma3": multimodal(
             _TEXT,
-            ignore=("vision_tower.", "multi_modal_projector.", "vision_model.",
-                    "model.vision_tower.", "model.multi_modal_projector."),
+            ignore=(
+                "vision_tower.",
+                "multi_modal_projector.",
+                "vision_model.",
+                "model.vision_tower.",
+                "model.multi_modal_projector.",
+            ),
             what="vision tower and multimodal projector weights",
         ),
     }
@@ -85,10 +100,14 @@ class Gemma3(Arch):
     post_ffn_norm = True
     swa_pattern = 6
     rope_base_swa = 10000.0
-    hf_tensors = HF_CORE_TENSORS + HF_QK_NORM_TENSORS + (
-        ("model.layers.{bid}.post_attention_layernorm", "blk.{bid}.post_attention_norm"),
-        ("model.layers.{bid}.pre_feedforward_layernorm", "blk.{bid}.ffn_norm"),
-        ("model.layers.{bid}.post_feedforward_layernorm", "blk.{bid}.post_ffw_norm"),
+    hf_tensors = (
+        HF_CORE_TENSORS
+        + HF_QK_NORM_TENSORS
+        + (
+            ("model.layers.{bid}.post_attention_layernorm", "blk.{bid}.post_attention_norm"),
+            ("model.layers.{bid}.pre_feedforward_layernorm", "blk.{bid}.ffn_norm"),
+            ("model.layers.{bid}.post_feedforward_layernorm", "blk.{bid}.post_ffw_norm"),
+        )
     )
 
     def embd_scale(self, n_embd: int) -> float | None:
@@ -102,12 +121,16 @@ class Gemma3(Arch):
         return super().attn_scale_default(n_layer, n_embd, n_head, head_dim_k)
 
     def hf_transforms(self) -> dict[str, tuple[Transform, ...]]:
-        norms = ("output_norm", "blk.{bid}.attn_norm", "blk.{bid}.attn_q_norm",
-                 "blk.{bid}.attn_k_norm", "blk.{bid}.post_attention_norm",
-                 "blk.{bid}.ffn_norm", "blk.{bid}.post_ffw_norm")
-        return {"token_embd.weight": (TRUNCATE_VOCAB,)} | {
-            f"{n}.weight": (ADD_ONE,) for n in norms
-        }
+        norms = (
+            "output_norm",
+            "blk.{bid}.attn_norm",
+            "blk.{bid}.attn_q_norm",
+            "blk.{bid}.attn_k_norm",
+            "blk.{bid}.post_attention_norm",
+            "blk.{bid}.ffn_norm",
+            "blk.{bid}.post_ffw_norm",
+        )
+        return {"token_embd.weight": (TRUNCATE_VOCAB,)} | {f"{n}.weight": (ADD_ONE,) for n in norms}
 
     def hf_metadata(self, w: MetadataWriter, notes: list[str]) -> None:
         super().hf_metadata(w, notes)
@@ -127,5 +150,3 @@ class Gemma3(Arch):
             w.set("attention.sliding_window", int(hp["sliding_window"]))
         if hp.get("query_pre_attn_scalar") is not None:
             w.set("attention.scale", f32(float(hp["query_pre_attn_scalar"]) ** -0.5))
-
-

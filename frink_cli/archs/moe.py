@@ -65,7 +65,10 @@ def stacked_experts(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
                 )
         stored = [st for _, st in sources]
         plans[f"blk.{bid}.ffn_{kind}_exps.weight"] = Plan(
-            None, (n, *stored[0].shape), stored[0].dtype, (),
+            None,
+            (n, *stored[0].shape),
+            stored[0].dtype,
+            (),
             lambda s=stored: np.stack([read_stored(x) for x in s]),
         )
 
@@ -86,7 +89,10 @@ def stacked_experts(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
         e, ff2, d = st.shape
         for i, kind in enumerate(("gate", "up")):
             plans[f"blk.{bid}.ffn_{kind}_exps.weight"] = Plan(
-                None, (e, ff2 // 2, d), st.dtype, (),
+                None,
+                (e, ff2 // 2, d),
+                st.dtype,
+                (),
                 lambda st=st, i=i: np.ascontiguousarray(np.split(read_stored(st), 2, axis=1)[i]),
             )
     return plans

@@ -28,8 +28,14 @@ class Qwen3Moe(Qwen3):
         # released configs say num_experts.
         "qwen3_moe": replace(
             hf_type(
-                151936, 32768, intermediate_size=6144, num_experts=128, num_experts_per_tok=8,
-                moe_intermediate_size=768, norm_topk_prob=False, decoder_sparse_step=1,
+                151936,
+                32768,
+                intermediate_size=6144,
+                num_experts=128,
+                num_experts_per_tok=8,
+                moe_intermediate_size=768,
+                norm_topk_prob=False,
+                decoder_sparse_step=1,
                 mlp_only_layers=[],
             ),
             aliases={"num_local_experts": "num_experts"},

@@ -67,7 +67,9 @@ class DeviceBackend:
         """A refusal of THIS step (its batch, positions, cache), or None."""
         return None
 
-    def launch(self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any, head: str | None) -> np.ndarray:
+    def launch(
+        self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any, head: str | None
+    ) -> np.ndarray:
         raise NotImplementedError
 
     # --- shared ---------------------------------------------------------------------------
@@ -135,11 +137,15 @@ class DeviceBackend:
     def run(self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any) -> np.ndarray:
         return self._guarded(run, x, positions, cache, None)
 
-    def run_head(self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any, all_rows: bool) -> np.ndarray:
+    def run_head(
+        self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any, all_rows: bool
+    ) -> np.ndarray:
         """A run ending at the last layer, with the lm head in the same submission."""
         return self._guarded(run, x, positions, cache, "all" if all_rows else "last")
 
-    def _guarded(self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any, head: str | None) -> np.ndarray:
+    def _guarded(
+        self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any, head: str | None
+    ) -> np.ndarray:
         # launch() writes no host cache row until every device result is back, so a device
         # error here leaves the caches as they were.
         try:

@@ -20,7 +20,9 @@ class Ledger:
         self.submissions: Counter[str] = Counter()
         self.refusals: Counter[str] = Counter()
         self.failures: Counter[str] = Counter()
-        self._reported: set[str] = set()  # outlives reset(): a failure is told once per run of frink
+        self._reported: set[str] = (
+            set()
+        )  # outlives reset(): a failure is told once per run of frink
 
     def submit(self, kind: str, n: int = 1) -> None:
         self.submissions[kind] += n

@@ -8,5 +8,11 @@ from .protocol import KvSlot, LayerSlot, RecurrentSlot
 from .recurrent import RecurrentState
 
 __all__ = [
-    "AttentionKv", "KvCache", "KvSlot", "LayerSlot", "RecurrentSlot", "RecurrentState", "WindowKv",
+    "AttentionKv",
+    "KvCache",
+    "KvSlot",
+    "LayerSlot",
+    "RecurrentSlot",
+    "RecurrentState",
+    "WindowKv",
 ]

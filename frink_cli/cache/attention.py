@@ -157,7 +157,9 @@ class WindowKv(AttentionKv):
     failed step leaves the committed rows intact; commit() then trims to the window and
     shrinks a buffer a long batch grew."""
 
-    def __init__(self, n_head_kv: int, head_dim_k: int, head_dim_v: int, n_ctx: int, window: int) -> None:
+    def __init__(
+        self, n_head_kv: int, head_dim_k: int, head_dim_v: int, n_ctx: int, window: int
+    ) -> None:
         self.window = window
         super().__init__(n_head_kv, head_dim_k, head_dim_v, n_ctx)
 

@@ -47,7 +47,9 @@ class KvCache:
     def reserve(self, n_rows: int) -> None:
         """Room for positions up to n_rows in every layer."""
         if n_rows > self.n_ctx:
-            raise FrinkError(f"context full: {n_rows} tokens do not fit in a context of {self.n_ctx}")
+            raise FrinkError(
+                f"context full: {n_rows} tokens do not fit in a context of {self.n_ctx}"
+            )
         for s in self.slots:
             s.reserve(n_rows)
 
@@ -107,5 +109,7 @@ class KvCache:
         if isinstance(s, AttentionKv):
             return s.by_position()
         cfg = self.cfg
-        return (np.zeros((cfg.n_head_kv, 0, cfg.head_dim_k), np.float32),
-                np.zeros((cfg.n_head_kv, 0, cfg.head_dim_v), np.float32))
+        return (
+            np.zeros((cfg.n_head_kv, 0, cfg.head_dim_k), np.float32),
+            np.zeros((cfg.n_head_kv, 0, cfg.head_dim_v), np.float32),
+        )

@@ -40,49 +40,122 @@ _SCALARS: dict[GGUFValueType, str] = {
     GGUFValueType.INT64: "<i8",
     GGUFValueType.FLOAT64: "<f8",
 }
-_STRUCT = {t: "<" + {"u1": "B", "i1": "b", "u2": "H", "i2": "h", "u4": "I", "i4": "i",
-                      "f4": "f", "u8": "Q", "i8": "q", "f8": "d"}[d[1:]] for t, d in _SCALARS.items()}
+_STRUCT = {
+    t: "<"
+    + {
+        "u1": "B",
+        "i1": "b",
+        "u2": "H",
+        "i2": "h",
+        "u4": "I",
+        "i4": "i",
+        "f4": "f",
+        "u8": "Q",
+        "i8": "q",
+        "f8": "d",
+    }[d[1:]]
+    for t, d in _SCALARS.items()
+}
 _MAX_DIMS = 4
 _DEFAULT_ALIGNMENT = 32
 # llama.cpp reads no nested arrays at all; gguf-py writes them. One level of nesting is
 # accepted, more is a crafted file (and recursion without end).
 _MAX_ARRAY_DEPTH = 2
 
-_INTS = frozenset({GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16,
-                   GGUFValueType.INT16, GGUFValueType.UINT32, GGUFValueType.INT32,
-                   GGUFValueType.UINT64, GGUFValueType.INT64})
+_INTS = frozenset(
+    {
+        GGUFValueType.UINT8,
+        GGUFValueType.INT8,
+        GGUFValueType.UINT16,
+        GGUFValueType.INT16,
+        GGUFValueType.UINT32,
+        GGUFValueType.INT32,
+        GGUFValueType.UINT64,
+        GGUFValueType.INT64,
+    }
+)
 _FLOATS = frozenset({GGUFValueType.FLOAT32, GGUFValueType.FLOAT64})
 # The type each key frink reads must have, as llama.cpp's get_key insists (it takes no
 # bool for a count and no number for a string). Keys are given without the "{arch}."
 # prefix where they carry one. Kinds: uint, num, str, bool, and "arr:" + an element kind;
 # "a|b" accepts either.
 _KEY_KINDS: dict[str, str] = {
-    **{k: "uint" for k in (
-        "block_count", "context_length", "embedding_length", "attention.key_length",
-        "attention.value_length", "rope.dimension_count", "attention.sliding_window",
-        "expert_count", "expert_used_count", "expert_feed_forward_length",
-        "expert_shared_feed_forward_length", "nextn_predict_layers", "full_attention_interval",
-        "ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank",
-        "ssm.inner_size", "general.alignment", "tokenizer.ggml.bos_token_id",
-        "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
-        "tokenizer.ggml.eom_token_id", "tokenizer.ggml.unknown_token_id",
-        "tokenizer.ggml.padding_token_id", "tokenizer.ggml.fim_pre_token_id",
-        "tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.fim_mid_token_id",
-        "tokenizer.ggml.fim_pad_token_id", "tokenizer.ggml.fim_rep_token_id",
-        "tokenizer.ggml.fim_sep_token_id", "tokenizer.ggml.prefix_token_id",
-        "tokenizer.ggml.suffix_token_id", "tokenizer.ggml.middle_token_id")},
-    **{k: "uint|arr:uint" for k in (
-        "feed_forward_length", "attention.head_count", "attention.head_count_kv")},
-    **{k: "num" for k in (
-        "attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon", "rope.freq_base",
-        "rope.freq_base_swa", "rope.scaling.factor", "attention.scale",
-        "final_logit_softcapping", "attn_logit_softcapping")},
-    **{k: "str" for k in (
-        "general.architecture", "general.name", "tokenizer.ggml.model", "tokenizer.ggml.pre",
-        "tokenizer.chat_template", "rope.scaling.type")},
-    **{k: "bool" for k in (
-        "tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
-        "tokenizer.ggml.add_space_prefix", "expert_weights_norm")},
+    **{
+        k: "uint"
+        for k in (
+            "block_count",
+            "context_length",
+            "embedding_length",
+            "attention.key_length",
+            "attention.value_length",
+            "rope.dimension_count",
+            "attention.sliding_window",
+            "expert_count",
+            "expert_used_count",
+            "expert_feed_forward_length",
+            "expert_shared_feed_forward_length",
+            "nextn_predict_layers",
+            "full_attention_interval",
+            "ssm.conv_kernel",
+            "ssm.state_size",
+            "ssm.group_count",
+            "ssm.time_step_rank",
+            "ssm.inner_size",
+            "general.alignment",
+            "tokenizer.ggml.bos_token_id",
+            "tokenizer.ggml.eos_token_id",
+            "tokenizer.ggml.eot_token_id",
+            "tokenizer.ggml.eom_token_id",
+            "tokenizer.ggml.unknown_token_id",
+            "tokenizer.ggml.padding_token_id",
+            "tokenizer.ggml.fim_pre_token_id",
+            "tokenizer.ggml.fim_suf_token_id",
+            "tokenizer.ggml.fim_mid_token_id",
+            "tokenizer.ggml.fim_pad_token_id",
+            "tokenizer.ggml.fim_rep_token_id",
+            "tokenizer.ggml.fim_sep_token_id",
+            "tokenizer.ggml.prefix_token_id",
+            "tokenizer.ggml.suffix_token_id",
+            "tokenizer.ggml.middle_token_id",
+        )
+    },
+    **{
+        k: "uint|arr:uint"
+        for k in ("feed_forward_length", "attention.head_count", "attention.head_count_kv")
+    },
+    **{
+        k: "num"
+        for k in (
+            "attention.layer_norm_rms_epsilon",
+            "attention.layer_norm_epsilon",
+            "rope.freq_base",
+            "rope.freq_base_swa",
+            "rope.scaling.factor",
+            "attention.scale",
+            "final_logit_softcapping",
+            "attn_logit_softcapping",
+        )
+    },
+    **{
+        k: "str"
+        for k in (
+            "general.architecture",
+            "general.name",
+            "tokenizer.ggml.model",
+            "tokenizer.ggml.pre",
+            "tokenizer.chat_template",
+            "rope.scaling.type",
+        )
+    },
+    **{
+        k: "bool"
+        for k in (
+            "tokenizer.ggml.add_bos_token",
+            "tokenizer.ggml.add_eos_token",
+            "tokenizer.ggml.add_space_prefix",
+            "expert_weights_norm",
+        )
+    },
     "tokenizer.ggml.tokens": "arr:str",
     "tokenizer.ggml.merges": "arr:str",
     "tokenizer.ggml.scores": "arr:num",
@@ -91,9 +164,16 @@ _KEY_KINDS: dict[str, str] = {
     "attention.sliding_window_pattern": "uint|arr:uint|arr:bool",
     "attention.recurrent_layers": "arr:uint|arr:bool",
 }
-_KIND_NAMES = {"uint": "a non-negative integer", "num": "a number", "str": "a string",
-               "bool": "a bool", "arr:str": "an array of strings", "arr:num": "an array of numbers",
-               "arr:uint": "an array of non-negative integers", "arr:bool": "an array of bools"}
+_KIND_NAMES = {
+    "uint": "a non-negative integer",
+    "num": "a number",
+    "str": "a string",
+    "bool": "a bool",
+    "arr:str": "an array of strings",
+    "arr:num": "an array of numbers",
+    "arr:uint": "an array of non-negative integers",
+    "arr:bool": "an array of bools",
+}
 
 
 class _Cursor:
@@ -138,7 +218,9 @@ class _Cursor:
         try:
             return GGUFValueType(raw)
         except ValueError:
-            raise FrinkError(f"{self.path}: corrupt GGUF file ({what} has unknown type {raw})") from None
+            raise FrinkError(
+                f"{self.path}: corrupt GGUF file ({what} has unknown type {raw})"
+            ) from None
 
     def value(self, vtype: GGUFValueType, what: str, depth: int = 0) -> Any:
         """The value, and for arrays the element type (None for scalars)."""
@@ -220,8 +302,9 @@ class GgufTensors:
         while done < n_bytes:  # one call reads at most ~2 GiB on Linux
             got = os.preadv(self._fd, [view[done:]], offset + done)
             if got <= 0:
-                raise FrinkError(f"{self._path}: the file shrank while frink was reading it "
-                                 f"(tensor {name})")
+                raise FrinkError(
+                    f"{self._path}: the file shrank while frink was reading it (tensor {name})"
+                )
             done += got
         block, type_size = GGML_QUANT_SIZES[qtype]
         rows = data.reshape(-1, shape[-1] // block * type_size)
@@ -240,10 +323,16 @@ class GgufTensors:
             raise FrinkError(f"{self._path}: no tensor named {name}") from None
 
 
-def _check_kind(path: Path, md: dict[str, Any], key: str, vtype: GGUFValueType,
-                etype: GGUFValueType | None, arch: str | None) -> None:
+def _check_kind(
+    path: Path,
+    md: dict[str, Any],
+    key: str,
+    vtype: GGUFValueType,
+    etype: GGUFValueType | None,
+    arch: str | None,
+) -> None:
     """Refuse a value whose type is not the one its key requires (_KEY_KINDS)."""
-    short = key[len(arch) + 1:] if arch and key.startswith(arch + ".") else key
+    short = key[len(arch) + 1 :] if arch and key.startswith(arch + ".") else key
     spec = _KEY_KINDS.get(short) if short != key or "." in key else None
     if spec is None:
         return
@@ -263,8 +352,11 @@ def _check_kind(path: Path, md: dict[str, Any], key: str, vtype: GGUFValueType,
             values = [value] if whole else value
             if len(values) == 0 or min(values) >= 0:
                 return
-    shown = repr(value)[:60] if vtype != GGUFValueType.ARRAY else (
-        f"array of {etype.name if etype is not None else '?'}")
+    shown = (
+        repr(value)[:60]
+        if vtype != GGUFValueType.ARRAY
+        else (f"array of {etype.name if etype is not None else '?'}")
+    )
     raise FrinkError(
         f"{path}: metadata {key!r} has type {vtype.name} ({shown}); expected "
         + " or ".join(_KIND_NAMES[k] for k in spec.split("|"))
@@ -363,5 +455,6 @@ def read_gguf(path: Path) -> Checkpoint:
             raise FrinkError(
                 f"{path}: corrupt GGUF file (tensors {first} and {second} share bytes)"
             )
-    return Checkpoint(path=path, format="gguf", metadata=metadata,
-                      tensors=GgufTensors(path, buf, entries, fd))
+    return Checkpoint(
+        path=path, format="gguf", metadata=metadata, tensors=GgufTensors(path, buf, entries, fd)
+    )

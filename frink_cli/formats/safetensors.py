@@ -17,7 +17,6 @@ Tensors are read lazily, one at a time, in load().
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import struct
@@ -42,8 +41,20 @@ _MAX_HEADER = 100 * 1024 * 1024
 _DTYPES: dict[str, tuple[str, int]] = {"F32": ("<f4", 4), "F16": ("<f2", 2), "BF16": ("<u2", 2)}
 # Other dtypes the safetensors format defines: a header may hold them (their tensors are
 # refused when used), and their sizes are needed to check its byte ranges.
-_OTHER_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2,
-                      "U16": 2, "I32": 4, "U32": 4, "F64": 8, "I64": 8, "U64": 8}
+_OTHER_DTYPE_BYTES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "I16": 2,
+    "U16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+}
 
 
 # ---------------------------------------------------------------------------------------
@@ -101,10 +112,14 @@ def _read_header(path: Path) -> dict[str, _Stored]:
     end = 0
     for st in sorted(out.values(), key=lambda s: (s.start, s.nbytes)):
         if st.start - data_start != end:
-            what = "overlaps the tensor before it" if st.start - data_start < end else (
-                "leaves a gap before it")
-            raise FrinkError(f"{path}: corrupt safetensors header (tensor data {what}, "
-                             f"at byte {st.start})")
+            what = (
+                "overlaps the tensor before it"
+                if st.start - data_start < end
+                else ("leaves a gap before it")
+            )
+            raise FrinkError(
+                f"{path}: corrupt safetensors header (tensor data {what}, at byte {st.start})"
+            )
         end += st.nbytes
     if end != data_len:
         raise FrinkError(
@@ -188,7 +203,9 @@ def _index_dir(hf_dir: Path) -> dict[str, _Stored]:
     data = read_json(index, "shard index")
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise FrinkError(f"{index}: unreadable shard index (needs a weight_map object of file names)")
+        raise FrinkError(
+            f"{index}: unreadable shard index (needs a weight_map object of file names)"
+        )
 
     headers: dict[str, dict[str, _Stored]] = {}
     out: dict[str, _Stored] = {}

@@ -23,7 +23,9 @@ from .rope import Rope
 QUERY_BLOCK = 64
 
 
-def attention_mask(positions: np.ndarray, n_kv: int, window: int | None, start: int = 0) -> np.ndarray:
+def attention_mask(
+    positions: np.ndarray, n_kv: int, window: int | None, start: int = 0
+) -> np.ndarray:
     """Additive mask [T, n_kv - start]: key j (from `start`) visible to the query at position
     p if j <= p and, with a window, p - j < window."""
     kv_pos = np.arange(start, n_kv)
@@ -59,8 +61,13 @@ def attention(
 
 
 def attend(
-    q: np.ndarray, K: np.ndarray, V: np.ndarray, first: int, positions: np.ndarray,
-    window: int | None, softcap: float | None,
+    q: np.ndarray,
+    K: np.ndarray,
+    V: np.ndarray,
+    first: int,
+    positions: np.ndarray,
+    window: int | None,
+    softcap: float | None,
 ) -> np.ndarray:
     """softmax(q K^T + mask) V for scaled queries q [T, H, hk] at `positions` over keys
     K [Hkv, S, hk] and values V [Hkv, S, hv], key row j at position first + j (a window
@@ -119,7 +126,12 @@ def attend(
 
 
 def _attend_row(
-    q: np.ndarray, K: np.ndarray, V: np.ndarray, first: int, pos: int, window: int | None,
+    q: np.ndarray,
+    K: np.ndarray,
+    V: np.ndarray,
+    first: int,
+    pos: int,
+    window: int | None,
     softcap: float | None,
 ) -> np.ndarray:
     """_attend for one query row at position `pos`: the same arithmetic with no block loop

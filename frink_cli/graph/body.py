@@ -63,7 +63,9 @@ class HostBody:
             s = self.shapes[layer]
             key = (s.rope_base, s.rope_scale)
             if key not in ropes:
-                ropes[key] = Rope(cfg.rope_dim, s.rope_base, s.rope_scale, cfg.rope_type, weights.rope_freqs)
+                ropes[key] = Rope(
+                    cfg.rope_dim, s.rope_base, s.rope_scale, cfg.rope_type, weights.rope_freqs
+                )
             self.ropes.append(ropes[key])
 
     def embed(self, ids: np.ndarray) -> np.ndarray:
@@ -72,8 +74,14 @@ class HostBody:
 
     def layer(self, layer: int, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray:
         return compose_layer(
-            HOST_OPS, self.cfg, self.shapes[layer], self.w.layers[layer], x, positions,
-            cache.slot(layer), self.ropes[layer],
+            HOST_OPS,
+            self.cfg,
+            self.shapes[layer],
+            self.w.layers[layer],
+            x,
+            positions,
+            cache.slot(layer),
+            self.ropes[layer],
         )
 
     def logits(self, x: np.ndarray) -> np.ndarray:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 _SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
 
 

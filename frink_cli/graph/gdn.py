@@ -99,7 +99,9 @@ def delta_rule_chunked(
         cum = np.cumsum(gh[:, c0:c1], axis=1)  # [H, C]
         diff = cum[:, :, None] - cum[:, None, :]
         causal = np.tril(np.ones((C, C), dtype=bool))
-        decay = np.exp(np.where(causal, diff, -np.inf)).astype(np.float32)  # D, zero above the diagonal
+        decay = np.exp(np.where(causal, diff, -np.inf)).astype(
+            np.float32
+        )  # D, zero above the diagonal
         kk = kc @ kc.transpose(0, 2, 1)
         a = np.tril(bc[:, :, None] * decay * kk, -1)
         a[:, np.arange(C), np.arange(C)] = 1.0

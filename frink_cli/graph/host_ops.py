@@ -73,15 +73,24 @@ class HostOps:
         return x
 
     def attention(
-        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kv: Any, pos: np.ndarray,
-        window: int | None, scale: float, softcap: float | None,
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        kv: Any,
+        pos: np.ndarray,
+        window: int | None,
+        scale: float,
+        softcap: float | None,
     ) -> np.ndarray:
         # The rows this step's queries see: [Hkv, S, hk], [Hkv, S, hv], row j at first + j.
         first, K, V = kv.append(k, v)
         q *= F32(scale)  # q is a view into this step's own QKV rows
         return attend(q, K, V, first, pos, window, softcap)
 
-    def causal_conv(self, x: np.ndarray, tail: np.ndarray, taps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def causal_conv(
+        self, x: np.ndarray, tail: np.ndarray, taps: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         return causal_conv(x, tail, taps)
 
     def l2_norm(self, x: np.ndarray, eps: float) -> np.ndarray:
@@ -97,7 +106,9 @@ class HostOps:
     def route(self, logits: np.ndarray, k: int, renormalize: bool) -> tuple[np.ndarray, np.ndarray]:
         return route(logits, k, renormalize)
 
-    def experts(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, moe: MoeWeights, act: str) -> np.ndarray:
+    def experts(
+        self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, moe: MoeWeights, act: str
+    ) -> np.ndarray:
         # Rows grouped by expert: a prefill batch makes one matmul per expert it uses rather
         # than one per (row, expert); a decode row simply visits its top-k experts.
         out = np.zeros_like(x)
@@ -110,7 +121,6 @@ class HostOps:
 
 
 HOST_OPS = HostOps()
-
 
 
 @lru_cache(maxsize=16)

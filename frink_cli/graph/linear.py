@@ -48,7 +48,9 @@ class BlasThreads:
             except ImportError:  # an optional nicety: without it BLAS keeps its own setting
                 self._libs = []
             else:
-                self._libs = [c for c in ThreadpoolController().lib_controllers if c.user_api == "blas"]
+                self._libs = [
+                    c for c in ThreadpoolController().lib_controllers if c.user_api == "blas"
+                ]
         return self._libs
 
     def current(self) -> int | None:

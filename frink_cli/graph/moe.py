@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 
 
-
 def route(logits: np.ndarray, k: int, renormalize: bool) -> tuple[np.ndarray, np.ndarray]:
     """Router logits [T, n_expert] -> (expert ids [T, k], weights [T, k])."""
     p = np.exp(logits - logits.max(axis=-1, keepdims=True))

@@ -7,7 +7,9 @@ import math
 import numpy as np
 
 
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | None = None) -> np.ndarray:
+def rms_norm(
+    x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | None = None
+) -> np.ndarray:
     """Normalize over the last axis (rows of hidden states, or heads' rows for QK norm);
     into `out` when given (it may be x itself), else into a new array."""
     if x.ndim == 2 and x.shape[0] == 1:

@@ -63,8 +63,7 @@ class Ops(Protocol):
         """act(x) into a new array ("silu" | "gelu_tanh")."""
         ...
 
-    def sigmoid(self, x: Array) -> Array:
-        ...
+    def sigmoid(self, x: Array) -> Array: ...
 
     def sigmoid_mul_(self, x: Array, gate: Array) -> Array:
         """x * sigmoid(gate); may overwrite x."""
@@ -80,8 +79,15 @@ class Ops(Protocol):
         ...
 
     def attention(
-        self, q: Array, k: Array, v: Array, kv: Any, pos: Any, window: int | None,
-        scale: float, softcap: float | None,
+        self,
+        q: Array,
+        k: Array,
+        v: Array,
+        kv: Any,
+        pos: Any,
+        window: int | None,
+        scale: float,
+        softcap: float | None,
     ) -> Array:
         """Write the new rows k [T, Hkv, hk], v [T, Hkv, hv] to the cache view kv, then
         softmax(scale q K^T (softcapped) + causal/window mask) V over every visible row for
@@ -98,8 +104,7 @@ class Ops(Protocol):
         """x / sqrt(sum(x^2) + eps) over the last axis."""
         ...
 
-    def softplus(self, x: Array) -> Array:
-        ...
+    def softplus(self, x: Array) -> Array: ...
 
     def delta_rule(
         self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array

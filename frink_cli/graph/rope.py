@@ -14,7 +14,12 @@ import numpy as np
 
 class Rope:
     def __init__(
-        self, dim: int, base: float, scale: float, layout: str, freq_factors: np.ndarray | None = None
+        self,
+        dim: int,
+        base: float,
+        scale: float,
+        layout: str,
+        freq_factors: np.ndarray | None = None,
     ) -> None:
         if layout not in ("norm", "neox"):
             raise ValueError(f"unknown rope layout {layout}")

@@ -28,11 +28,30 @@ class LayerShape:
 
 
 # Fields every model has (sizes and always-present choices), not features.
-_CORE_FIELDS = frozenset({
-    "arch", "n_layer", "n_embd", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_ff",
-    "n_vocab", "n_ctx_train", "norm_eps", "rope_type", "rope_dim", "rope_base", "rope_scale",
-    "rope_base_swa", "attn_scale", "ffn_act", "tied_embeddings", "swa_layers",
-})
+_CORE_FIELDS = frozenset(
+    {
+        "arch",
+        "n_layer",
+        "n_embd",
+        "n_head",
+        "n_head_kv",
+        "head_dim_k",
+        "head_dim_v",
+        "n_ff",
+        "n_vocab",
+        "n_ctx_train",
+        "norm_eps",
+        "rope_type",
+        "rope_dim",
+        "rope_base",
+        "rope_scale",
+        "rope_base_swa",
+        "attn_scale",
+        "ffn_act",
+        "tied_embeddings",
+        "swa_layers",
+    }
+)
 
 
 @dataclass(frozen=True)

@@ -34,10 +34,15 @@ def validate_config(cfg: ModelConfig, where: str, ckpt: Checkpoint | None = None
     def bad(what: str, value: Any, expected: str) -> FrinkError:
         return FrinkError(f"{where}: bad model metadata ({what} = {value!r}; expected {expected})")
 
-    for what, value in (("head count", cfg.n_head), ("KV head count", cfg.n_head_kv),
-                        ("embedding length", cfg.n_embd), ("key length", cfg.head_dim_k),
-                        ("value length", cfg.head_dim_v), ("vocabulary rows", cfg.n_vocab),
-                        ("layer count", cfg.n_layer)):
+    for what, value in (
+        ("head count", cfg.n_head),
+        ("KV head count", cfg.n_head_kv),
+        ("embedding length", cfg.n_embd),
+        ("key length", cfg.head_dim_k),
+        ("value length", cfg.head_dim_v),
+        ("vocabulary rows", cfg.n_vocab),
+        ("layer count", cfg.n_layer),
+    ):
         if value <= 0:
             raise bad(what, value, "> 0")
     if cfg.n_head % cfg.n_head_kv:
@@ -45,16 +50,24 @@ def validate_config(cfg: ModelConfig, where: str, ckpt: Checkpoint | None = None
     if not 0 < cfg.n_ctx_train <= _MAX_CTX:
         raise bad("context length", cfg.n_ctx_train, f"between 1 and {_MAX_CTX}")
     if cfg.rope_dim % 2 or not 0 <= cfg.rope_dim <= cfg.head_dim_k:
-        raise bad("rope dimension count", cfg.rope_dim,
-                  f"an even number no larger than the head dim {cfg.head_dim_k}")
-    for what, value in (("rope base", cfg.rope_base), ("sliding-window rope base",
-                                                        cfg.rope_base_swa),
-                        ("norm epsilon", cfg.norm_eps), ("rope scale", cfg.rope_scale)):
+        raise bad(
+            "rope dimension count",
+            cfg.rope_dim,
+            f"an even number no larger than the head dim {cfg.head_dim_k}",
+        )
+    for what, value in (
+        ("rope base", cfg.rope_base),
+        ("sliding-window rope base", cfg.rope_base_swa),
+        ("norm epsilon", cfg.norm_eps),
+        ("rope scale", cfg.rope_scale),
+    ):
         if not (math.isfinite(value) and value > 0):
             raise bad(what, value, "a finite number > 0")
-    for what, value in (("attention scale", cfg.attn_scale),
-                        ("final logit softcap", cfg.final_logit_softcap),
-                        ("attention logit softcap", cfg.attn_logit_softcap)):
+    for what, value in (
+        ("attention scale", cfg.attn_scale),
+        ("final logit softcap", cfg.final_logit_softcap),
+        ("attention logit softcap", cfg.attn_logit_softcap),
+    ):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise bad(what, value, "a finite number > 0")
     if cfg.sliding_window is not None and not 0 < cfg.sliding_window <= _MAX_CTX:
@@ -71,9 +84,12 @@ def _check_sizes(cfg: ModelConfig, ckpt: Checkpoint, where: str) -> None:
     names = ckpt.tensors.names()
     largest = max((math.prod(ckpt.tensors.info(n).shape) for n in names), default=0)
     q_rows = cfg.n_head * cfg.head_dim_k * (2 if cfg.attn_output_gate else 1)
-    for what, rows in (("feed_forward_length", cfg.n_ff), ("query width", q_rows),
-                       ("key/value width", cfg.n_head_kv * max(cfg.head_dim_k, cfg.head_dim_v)),
-                       ("expert feed_forward_length", cfg.moe.n_ff_exp if cfg.moe else 0)):
+    for what, rows in (
+        ("feed_forward_length", cfg.n_ff),
+        ("query width", q_rows),
+        ("key/value width", cfg.n_head_kv * max(cfg.head_dim_k, cfg.head_dim_v)),
+        ("expert feed_forward_length", cfg.moe.n_ff_exp if cfg.moe else 0),
+    ):
         if rows * cfg.n_embd > largest:
             raise FrinkError(
                 f"{where}: bad model metadata ({what} {rows} x embedding {cfg.n_embd} is larger "

@@ -207,7 +207,9 @@ def load_weights(
             bs.append(get(name + ".bias", (rows,), required=False) if bias else None)
         b = None
         if any(x is not None for x in bs):
-            b = np.concatenate([x if x is not None else np.zeros(n, np.float32) for x, (_, n) in zip(bs, parts)])
+            b = np.concatenate(
+                [x if x is not None else np.zeros(n, np.float32) for x, (_, n) in zip(bs, parts)]
+            )
         return Linear(w, b)
 
     d, hk, hv = cfg.n_embd, cfg.head_dim_k, cfg.head_dim_v
@@ -302,7 +304,12 @@ def _load_gdn(p: str, cfg: ModelConfig, get: Callable, names: set[str]) -> GdnWe
         beta = get(p + "ssm_beta.weight", (n_v, d))
         alpha = get(p + "ssm_alpha.weight", (n_v, d))
     in_proj = np.concatenate(
-        [get(p + "attn_qkv.weight", (conv_dim, d)), get(p + "attn_gate.weight", (value_dim, d)), beta, alpha]
+        [
+            get(p + "attn_qkv.weight", (conv_dim, d)),
+            get(p + "attn_gate.weight", (value_dim, d)),
+            beta,
+            alpha,
+        ]
     )
     return GdnWeights(
         in_proj=Linear(in_proj, None),
@@ -321,7 +328,11 @@ def _load_moe(p: str, cfg: ModelConfig, get: Callable, ckpt: Checkpoint) -> MoeW
         gate_up = get(p + "ffn_gate_up_exps.weight", (n_e, 2 * ff, d))
     else:
         gate_up = np.concatenate(
-            [get(p + "ffn_gate_exps.weight", (n_e, ff, d)), get(p + "ffn_up_exps.weight", (n_e, ff, d))], axis=1
+            [
+                get(p + "ffn_gate_exps.weight", (n_e, ff, d)),
+                get(p + "ffn_up_exps.weight", (n_e, ff, d)),
+            ],
+            axis=1,
         )
     inp = [get(p + "ffn_gate_inp.weight", (n_e, d))]
     down_shexp = None
@@ -330,7 +341,11 @@ def _load_moe(p: str, cfg: ModelConfig, get: Callable, ckpt: Checkpoint) -> MoeW
         if cfg.moe.shared_gate:
             # llama.cpp accepts the shared expert's gate as [n_embd] or [1, n_embd].
             gate_name = p + "ffn_gate_inp_shexp.weight"
-            shape = (d,) if gate_name in names and len(ckpt.tensors.info(gate_name).shape) == 1 else (1, d)
+            shape = (
+                (d,)
+                if gate_name in names and len(ckpt.tensors.info(gate_name).shape) == 1
+                else (1, d)
+            )
             inp.append(get(gate_name, shape).reshape(1, d))
         inp += [
             get(p + "ffn_gate_shexp.weight", (sh, d)),

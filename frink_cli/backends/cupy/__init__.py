@@ -51,13 +51,17 @@ def cuda_available() -> bool:
 
 def _import_cupy() -> Any:
     if importlib.util.find_spec("cupy") is None:
-        raise FrinkError(f"backend 'cuda' is not available: CuPy is not installed ({_INSTALL_HINT})")
+        raise FrinkError(
+            f"backend 'cuda' is not available: CuPy is not installed ({_INSTALL_HINT})"
+        )
     try:
         import cupy
 
         n = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:  # noqa: BLE001 - any CuPy/driver error: named in the message
-        raise FrinkError(f"backend 'cuda' is not available: CuPy finds no CUDA GPU ({type(e).__name__}: {e})") from None
+        raise FrinkError(
+            f"backend 'cuda' is not available: CuPy finds no CUDA GPU ({type(e).__name__}: {e})"
+        ) from None
     if n < 1:
         raise FrinkError("backend 'cuda' is not available: CuPy finds no CUDA GPU")
     return cupy
@@ -123,7 +127,9 @@ def tensor_format(gguf_type: str, weight_dtype: str | None = None) -> str:
     return f"{dtype} ({'dequantized' if gguf_type.startswith(('Q', 'I', 'T')) else 'converted'} at load)"
 
 
-def make_cuda_backend(cfg: ModelConfig, array_module: str | None = None, weight_dtype: str | None = None) -> CudaBackend:
+def make_cuda_backend(
+    cfg: ModelConfig, array_module: str | None = None, weight_dtype: str | None = None
+) -> CudaBackend:
     """The cuda backend for a model; FrinkError (one line) when it cannot run here.
 
     array_module: "cupy" (default) or "numpy" (the stack's orchestration on the CPU with the

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ...model.config import ModelConfig
-from ...model.weights import ModelWeights, borrow_layer
+from ...model.weights import ModelWeights
 from .. import Run
 from ..base import DeviceBackend
 from ..ledger import Ledger
@@ -62,7 +62,9 @@ def _device_errors() -> tuple[type[BaseException], ...]:
 class CudaBackend(DeviceBackend):
     name = "cuda"
 
-    def __init__(self, cfg: ModelConfig, ops: Any, weight_dtype: Any = F32, ledger: Ledger | None = None) -> None:
+    def __init__(
+        self, cfg: ModelConfig, ops: Any, weight_dtype: Any = F32, ledger: Ledger | None = None
+    ) -> None:
         self.ops = ops  # the kernel table (ops.py): ReferenceOps or KernelOps
         self.cuda_ops = CudaOps(ops)
         self.weight_dtype = np.dtype(weight_dtype)
@@ -85,7 +87,9 @@ class CudaBackend(DeviceBackend):
         return eligibility.layer_reasons(self.cfg, layer)
 
     def prepare(self, weights: ModelWeights) -> None:
-        self._rope_freqs = None if weights.rope_freqs is None else weights.rope_freqs.astype(np.float64)
+        self._rope_freqs = (
+            None if weights.rope_freqs is None else weights.rope_freqs.astype(np.float64)
+        )
 
     def upload_layer(self, layer: int, lw: Any) -> DeviceLayer:
         # The NumPy stand-in's to_device may alias the host arrays; the store's release
@@ -98,7 +102,9 @@ class CudaBackend(DeviceBackend):
     def new_mirror(self) -> _Mirror:
         return _Mirror(self.cfg.n_layer)
 
-    def step_refusal(self, kind: str, n_rows: int, cache: Any, positions: np.ndarray | None, layers: range) -> str | None:
+    def step_refusal(
+        self, kind: str, n_rows: int, cache: Any, positions: np.ndarray | None, layers: range
+    ) -> str | None:
         return eligibility.step_refusal(self.cfg, kind, n_rows, cache, positions, layers)
 
     # -- the device KV cache ---------------------------------------------------------------
@@ -162,7 +168,9 @@ class CudaBackend(DeviceBackend):
         ang = np.asarray(positions, dtype=np.float64)[:, None] * self._inv_freq[key][None, :]
         return np.cos(ang).astype(F32), np.sin(ang).astype(F32)
 
-    def launch(self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any, head: str | None) -> np.ndarray:
+    def launch(
+        self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any, head: str | None
+    ) -> np.ndarray:
         layers = range(run.start, run.stop)
         n_past = cache.n_past
         T = x.shape[0]
@@ -173,7 +181,12 @@ class CudaBackend(DeviceBackend):
         for i, key in zip(layers, keys):
             if key not in tables:
                 cos, sin = self._rope_tables(i, positions)
-                tables[key] = (self.ops.to_device(cos), self.ops.to_device(sin), self.cfg.rope_dim, neox)
+                tables[key] = (
+                    self.ops.to_device(cos),
+                    self.ops.to_device(sin),
+                    self.cfg.rope_dim,
+                    neox,
+                )
         m = self._mirror(cache, n_past + T, layers)
         out = dense_stack(
             self.cuda_ops,

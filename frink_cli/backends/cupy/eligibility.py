@@ -45,6 +45,7 @@ POSITIONS = "positions != cache start"
 EVICTED = "cache rows != positions (evicted window)"
 CACHE_TYPE = "cache layout not carried"
 from ..base import NOT_RESIDENT  # noqa: E402,F401 - one name for every backend
+
 MOE = "MoE ffn (experts not resident)"
 ACTIVATION = "activation not SwiGLU/GeGLU"
 SOFTCAP = "attn logit softcap"
@@ -55,20 +56,47 @@ ROPE_DIMS = "rope dims (odd or > head dim)"
 ROPE_TYPE = "rope layout unknown"
 
 # ModelConfig fields the stack reads and carries (checked below where only some values are).
-CARRIED = frozenset({
-    "n_embd", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_ff", "norm_eps",
-    "rope_type", "rope_dim", "rope_base", "rope_scale", "rope_base_swa", "attn_scale",
-    "qk_norm", "post_attn_norm", "post_ffn_norm", "ffn_act", "sliding_window", "swa_layers",
-    "attn_logit_softcap", "has_rope_freqs",
-    # The composition's multipliers (graph/layer.py): scale ops between the kernels.
-    "residual_scale", "logit_scale",
-})
+CARRIED = frozenset(
+    {
+        "n_embd",
+        "n_head",
+        "n_head_kv",
+        "head_dim_k",
+        "head_dim_v",
+        "n_ff",
+        "norm_eps",
+        "rope_type",
+        "rope_dim",
+        "rope_base",
+        "rope_scale",
+        "rope_base_swa",
+        "attn_scale",
+        "qk_norm",
+        "post_attn_norm",
+        "post_ffn_norm",
+        "ffn_act",
+        "sliding_window",
+        "swa_layers",
+        "attn_logit_softcap",
+        "has_rope_freqs",
+        # The composition's multipliers (graph/layer.py): scale ops between the kernels.
+        "residual_scale",
+        "logit_scale",
+    }
+)
 # Fields that concern only what happens before the first layer or after the last (embedding,
 # logits: both stay on the host) or that only describe the model.
-OUTSIDE_THE_LAYERS = frozenset({
-    "arch", "n_layer", "n_vocab", "n_ctx_train", "embd_scale", "final_logit_softcap",
-    "tied_embeddings",
-})
+OUTSIDE_THE_LAYERS = frozenset(
+    {
+        "arch",
+        "n_layer",
+        "n_vocab",
+        "n_ctx_train",
+        "embd_scale",
+        "final_logit_softcap",
+        "tied_embeddings",
+    }
+)
 # Fields read only by layers of another kind, which layer_shape names (mixer "gdn",
 # ffn "moe") and which are refused by that name before these could matter.
 OTHER_LAYER_KINDS = frozenset({"gdn", "moe"})
@@ -145,8 +173,10 @@ def step_refusal(
         return CACHE_TYPE
     if positions is not None:
         positions = np.asarray(positions)
-        if len(positions) != n_rows or int(positions[0]) != n_past or (
-            n_rows > 1 and not np.all(np.diff(positions) == 1)
+        if (
+            len(positions) != n_rows
+            or int(positions[0]) != n_past
+            or (n_rows > 1 and not np.all(np.diff(positions) == 1))
         ):
             return POSITIONS
     # The stack attends over a device mirror indexed by position, synced from each layer's

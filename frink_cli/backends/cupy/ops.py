@@ -66,14 +66,23 @@ class ReferenceOps(_GemmOps):
         scale = 1.0 / np.sqrt(ms + F32(eps), dtype=F32)
         return (x * scale[..., None]) * w
 
-    def rms_norm_heads(self, buf: np.ndarray, offset: int, heads: int, head_dim: int, w: np.ndarray, eps: float) -> None:
+    def rms_norm_heads(
+        self, buf: np.ndarray, offset: int, heads: int, head_dim: int, w: np.ndarray, eps: float
+    ) -> None:
         """rms_norm_f32 in place on `heads` heads at column `offset` of every row (QK norm)."""
         view = _heads(buf, offset, heads, head_dim)
         view[...] = self.rms_norm(view, w, eps)
 
     def rope(
-        self, buf: np.ndarray, offset: int, heads: int, head_dim: int, cos: np.ndarray,
-        sin: np.ndarray, rope_dim: int, neox: bool,
+        self,
+        buf: np.ndarray,
+        offset: int,
+        heads: int,
+        head_dim: int,
+        cos: np.ndarray,
+        sin: np.ndarray,
+        rope_dim: int,
+        neox: bool,
     ) -> None:
         """rope_f32 in place; cos/sin [T, rope_dim/2] for each row's position."""
         x = _heads(buf, offset, heads, head_dim)
@@ -85,9 +94,18 @@ class ReferenceOps(_GemmOps):
         x[..., ib] = b * c + a * s
 
     def attention(
-        self, qkv: np.ndarray, q_off: int, k_cache: np.ndarray, v_cache: np.ndarray,
-        n_prefix: int, n_head: int, n_head_kv: int, head_dim: int, head_dim_v: int,
-        scale: float, window: int | None,
+        self,
+        qkv: np.ndarray,
+        q_off: int,
+        k_cache: np.ndarray,
+        v_cache: np.ndarray,
+        n_prefix: int,
+        n_head: int,
+        n_head_kv: int,
+        head_dim: int,
+        head_dim_v: int,
+        scale: float,
+        window: int | None,
     ) -> np.ndarray:
         """causal_gqa_attention_f32: new rows t = 0..T-1 at positions n_prefix + t over
         the cache rows 0..n_prefix + t (the new rows' K/V already written there), or the
@@ -109,7 +127,9 @@ class ReferenceOps(_GemmOps):
         np.exp(scores, out=scores)
         scores /= scores.sum(axis=-1, keepdims=True)
         out = scores.reshape(Hkv, g * T, S) @ V
-        return np.ascontiguousarray(out.reshape(H, T, head_dim_v).transpose(1, 0, 2).reshape(T, H * head_dim_v))
+        return np.ascontiguousarray(
+            out.reshape(H, T, head_dim_v).transpose(1, 0, 2).reshape(T, H * head_dim_v)
+        )
 
     def glu(self, gu: np.ndarray, n_ff: int, act: str) -> np.ndarray:
         """glu_f32: act(gate) * up over [T, 2*n_ff] (gate columns first); act is "silu" or
@@ -173,39 +193,92 @@ class KernelOps(_GemmOps):
     def _check(self, *arrays: Any) -> None:
         for a in arrays:
             if a.dtype != F32 or not a.flags.c_contiguous:
-                raise ValueError(f"kernel operand must be contiguous float32, got {a.dtype} {a.shape}")
+                raise ValueError(
+                    f"kernel operand must be contiguous float32, got {a.dtype} {a.shape}"
+                )
 
     def rms_norm(self, x: Any, w: Any, eps: float) -> Any:
         self._check(x, w)
         n, d = x.shape
         y = self.xp.empty_like(x)
-        self.launch("rms_norm_f32", n, ROW_THREADS, (x, y, w, _i32(n), _i32(d), _i32(1), _i64(d), _i64(d), F32(eps)))
+        self.launch(
+            "rms_norm_f32",
+            n,
+            ROW_THREADS,
+            (x, y, w, _i32(n), _i32(d), _i32(1), _i64(d), _i64(d), F32(eps)),
+        )
         return y
 
-    def rms_norm_heads(self, buf: Any, offset: int, heads: int, head_dim: int, w: Any, eps: float) -> None:
+    def rms_norm_heads(
+        self, buf: Any, offset: int, heads: int, head_dim: int, w: Any, eps: float
+    ) -> None:
         self._check(buf, w)
         T, stride = buf.shape
         # A view at the offset: CuPy and the emulator both pass a view's own start address.
         view = buf.reshape(-1)[offset:]
         n = T * heads
         self.launch(
-            "rms_norm_f32", n, ROW_THREADS,
-            (view, view, w, _i32(n), _i32(head_dim), _i32(heads), _i64(stride), _i64(stride), F32(eps)),
+            "rms_norm_f32",
+            n,
+            ROW_THREADS,
+            (
+                view,
+                view,
+                w,
+                _i32(n),
+                _i32(head_dim),
+                _i32(heads),
+                _i64(stride),
+                _i64(stride),
+                F32(eps),
+            ),
         )
 
-    def rope(self, buf: Any, offset: int, heads: int, head_dim: int, cos: Any, sin: Any, rope_dim: int, neox: bool) -> None:
+    def rope(
+        self,
+        buf: Any,
+        offset: int,
+        heads: int,
+        head_dim: int,
+        cos: Any,
+        sin: Any,
+        rope_dim: int,
+        neox: bool,
+    ) -> None:
         self._check(buf, cos, sin)
         T, stride = buf.shape
         n = T * heads * (rope_dim // 2)
         self.launch(
-            "rope_f32", -(-n // ELEMENTWISE_THREADS), ELEMENTWISE_THREADS,
-            (buf, cos, sin, _i32(T), _i32(heads), _i32(head_dim), _i64(stride), _i32(offset),
-             _i32(rope_dim), _i32(1 if neox else 0)),
+            "rope_f32",
+            -(-n // ELEMENTWISE_THREADS),
+            ELEMENTWISE_THREADS,
+            (
+                buf,
+                cos,
+                sin,
+                _i32(T),
+                _i32(heads),
+                _i32(head_dim),
+                _i64(stride),
+                _i32(offset),
+                _i32(rope_dim),
+                _i32(1 if neox else 0),
+            ),
         )
 
     def attention(
-        self, qkv: Any, q_off: int, k_cache: Any, v_cache: Any, n_prefix: int, n_head: int,
-        n_head_kv: int, head_dim: int, head_dim_v: int, scale: float, window: int | None,
+        self,
+        qkv: Any,
+        q_off: int,
+        k_cache: Any,
+        v_cache: Any,
+        n_prefix: int,
+        n_head: int,
+        n_head_kv: int,
+        head_dim: int,
+        head_dim_v: int,
+        scale: float,
+        window: int | None,
     ) -> Any:
         self._check(qkv, k_cache, v_cache)
         T, stride = qkv.shape
@@ -213,10 +286,27 @@ class KernelOps(_GemmOps):
             raise ValueError(f"KV cache of {k_cache.shape[1]} rows cannot hold {n_prefix + T}")
         out = self.xp.empty((T, n_head * head_dim_v), F32)
         self.launch(
-            "causal_gqa_attention_f32", T * n_head, ATTN_THREADS,
-            (qkv, _i64(stride), _i32(q_off), k_cache, v_cache, _i64(k_cache.shape[1]),
-             _i32(n_prefix), out, _i64(n_head * head_dim_v), _i32(T), _i32(n_head),
-             _i32(n_head_kv), _i32(head_dim), _i32(head_dim_v), F32(scale), _i32(window or 0)),
+            "causal_gqa_attention_f32",
+            T * n_head,
+            ATTN_THREADS,
+            (
+                qkv,
+                _i64(stride),
+                _i32(q_off),
+                k_cache,
+                v_cache,
+                _i64(k_cache.shape[1]),
+                _i32(n_prefix),
+                out,
+                _i64(n_head * head_dim_v),
+                _i32(T),
+                _i32(n_head),
+                _i32(n_head_kv),
+                _i32(head_dim),
+                _i32(head_dim_v),
+                F32(scale),
+                _i32(window or 0),
+            ),
         )
         return out
 
@@ -225,7 +315,9 @@ class KernelOps(_GemmOps):
         T = gu.shape[0]
         h = self.xp.empty((T, n_ff), F32)
         self.launch(
-            "glu_f32", _blocks(T * n_ff, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS,
+            "glu_f32",
+            _blocks(T * n_ff, ELEMENTWISE_THREADS),
+            ELEMENTWISE_THREADS,
             (gu, h, _i64(T), _i32(n_ff), _i32(GLU_ACTS[act])),
         )
         return h
@@ -233,12 +325,19 @@ class KernelOps(_GemmOps):
     def add(self, x: Any, a: Any) -> None:
         self._check(x, a)
         n = x.size
-        self.launch("add_f32", _blocks(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, (x, a, _i64(n)))
+        self.launch(
+            "add_f32", _blocks(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, (x, a, _i64(n))
+        )
 
     def add_bias(self, y: Any, b: Any) -> None:
         self._check(y, b)
         T, n = y.shape
-        self.launch("add_bias_f32", _blocks(T * n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, (y, b, _i64(T), _i32(n)))
+        self.launch(
+            "add_bias_f32",
+            _blocks(T * n, ELEMENTWISE_THREADS),
+            ELEMENTWISE_THREADS,
+            (y, b, _i64(T), _i32(n)),
+        )
 
 
 # --- the Ops interface over the kernels ----------------------------------------------------
@@ -278,11 +377,15 @@ def _locate(view: Any) -> tuple[Any, int]:
         # (A one-row view's outer stride is arbitrary, so it is read only for T > 1.)
         stride = view.strides[0] // itemsize
         if T == 1 or view.strides[2] != itemsize or root.size < T * stride:
-            raise ValueError(f"heads view {view.shape} with strides {view.strides} is not a row-buffer view")
+            raise ValueError(
+                f"heads view {view.shape} with strides {view.strides} is not a row-buffer view"
+            )
         buf = root.reshape(-1)[: T * stride].reshape(T, stride)
     stride = buf.shape[1]
     if view.strides[2] != itemsize or (view.shape[1] > 1 and view.strides[1] != hd * itemsize):
-        raise ValueError(f"heads view {view.shape} with strides {view.strides} is not contiguous heads")
+        raise ValueError(
+            f"heads view {view.shape} with strides {view.strides} is not contiguous heads"
+        )
     offset = (_address(view) - _address(buf)) // itemsize
     if not 0 <= offset <= stride - view.shape[1] * hd:
         raise ValueError(f"heads view at element offset {offset} lies outside its rows")
@@ -370,9 +473,13 @@ class CudaOps:
         kv.v_cache[:, P : P + T] = v.transpose(1, 0, 2)
         kv.rows = (k, v)
         buf, q_off = _locate(q)
-        return self.k.attention(buf, q_off, kv.k_cache, kv.v_cache, P, H, Hkv, hk, hv, scale, window)
+        return self.k.attention(
+            buf, q_off, kv.k_cache, kv.v_cache, P, H, Hkv, hk, hv, scale, window
+        )
 
     def _refused(self, *args: Any) -> Any:
-        raise NotImplementedError("gated delta net / MoE primitives: eligibility refuses these layers")
+        raise NotImplementedError(
+            "gated delta net / MoE primitives: eligibility refuses these layers"
+        )
 
     causal_conv = l2_norm = softplus = delta_rule = route = experts = _refused

@@ -67,9 +67,16 @@ def upload_layer(ops: Any, w: LayerWeights, dtype: Any) -> DeviceLayer:
         return DeviceLinear(ops.to_device(x.w, dtype), vec(x.b))
 
     return DeviceLayer(
-        attn_norm=vec(w.attn_norm), qkv=lin(w.qkv), q_norm=vec(w.q_norm), k_norm=vec(w.k_norm),
-        wo=lin(w.wo), post_attn_norm=vec(w.post_attn_norm), ffn_norm=vec(w.ffn_norm),
-        gate_up=lin(w.gate_up), down=lin(w.down), post_ffn_norm=vec(w.post_ffn_norm),
+        attn_norm=vec(w.attn_norm),
+        qkv=lin(w.qkv),
+        q_norm=vec(w.q_norm),
+        k_norm=vec(w.k_norm),
+        wo=lin(w.wo),
+        post_attn_norm=vec(w.post_attn_norm),
+        ffn_norm=vec(w.ffn_norm),
+        gate_up=lin(w.gate_up),
+        down=lin(w.down),
+        post_ffn_norm=vec(w.post_ffn_norm),
     )
 
 

@@ -19,14 +19,14 @@ import itertools
 import mlx.core as mx
 import numpy as np
 
+from ...graph.layer import layer as compose_layer
+from ...graph.layer import lm_head
 from ...model.config import ModelConfig
 from .. import Run
 from ..base import DeviceBackend
-from ...graph.layer import layer as compose_layer
-from ...graph.layer import lm_head
 from . import graph
-from .graph import MLX_OPS
 from .eligibility import layer_refusals
+from .graph import MLX_OPS
 from .quant import QUANTIZED_TYPES, affine_stack, device_format
 
 _MIN_CAPACITY = 256
@@ -77,7 +77,9 @@ class MlxBackend(DeviceBackend):
 
     def _source_names(self) -> set[str]:
         if self._names is None:
-            self._names = set(self.checkpoint.tensors.names()) if self.checkpoint is not None else set()
+            self._names = (
+                set(self.checkpoint.tensors.names()) if self.checkpoint is not None else set()
+            )
         return self._names
 
     def _quantized(self, names: list[str]):
@@ -85,7 +87,12 @@ class MlxBackend(DeviceBackend):
         output rows (axis -2; a 1-D tensor is one row), kept in the file's own blocks; None
         unless they all exist with one type MLX's affine format holds exactly (quant.py)."""
         src = self.checkpoint.tensors if self.checkpoint is not None else None
-        if src is None or not names or not hasattr(src, "raw") or not set(names) <= self._source_names():
+        if (
+            src is None
+            or not names
+            or not hasattr(src, "raw")
+            or not set(names) <= self._source_names()
+        ):
             return None
         dtypes = {src.info(n).dtype for n in names}
         if len(dtypes) != 1 or not dtypes <= set(QUANTIZED_TYPES):
@@ -109,25 +116,35 @@ class MlxBackend(DeviceBackend):
         kind = dtypes[0] if len(set(dtypes)) == 1 else "mixed"
         for n, d in zip(names, dtypes):
             # A type that maps onto MLX's format but sits in a mixed fused matrix goes dense.
-            how = device_format(d) if d not in QUANTIZED_TYPES or kind == d else "f32 (dequantized at load; fused with other types)"
+            how = (
+                device_format(d)
+                if d not in QUANTIZED_TYPES or kind == d
+                else "f32 (dequantized at load; fused with other types)"
+            )
             self.tensor_choice.setdefault(d, how)
             self.tensor_held[n] = how
         return kind
 
-    def _linear(self, names: list[str], dense: np.ndarray, bias: np.ndarray | None) -> graph.DeviceLinear:
+    def _linear(
+        self, names: list[str], dense: np.ndarray, bias: np.ndarray | None
+    ) -> graph.DeviceLinear:
         """Device copy of a (fused) host Linear; quantized when every source tensor maps.
         Sources of different types (a Q4_K_M file's Q4_K q/k beside a Q6_K v) become parts,
         each held by its own rule from its rows of the host's fused matrix (neighbours of one
         type share a part: q/k Q4_K is one matmul beside v's)."""
         b = mx.array(bias) if bias is not None else None
         src = self.checkpoint.tensors if self.checkpoint is not None else None
-        if len(names) > 1 and src is not None and set(names) <= self._source_names() \
-                and len({src.info(n).dtype for n in names}) > 1:
+        if (
+            len(names) > 1
+            and src is not None
+            and set(names) <= self._source_names()
+            and len({src.info(n).dtype for n in names}) > 1
+        ):
             parts, o = [], 0
             for _, group in itertools.groupby(names, key=lambda n: src.info(n).dtype):
                 group = list(group)
                 rows = sum(int(np.prod(src.info(n).shape[:-1])) for n in group)  # 1-D: one row
-                parts.append(self._linear(group, dense[o:o + rows], None))
+                parts.append(self._linear(group, dense[o : o + rows], None))
                 o += rows
             assert o == dense.shape[0], (names, o, dense.shape)
             return graph.DeviceLinear(None, bias=b, parts=tuple(parts))
@@ -177,7 +194,10 @@ class MlxBackend(DeviceBackend):
             src = self.checkpoint.tensors if self.checkpoint is not None else None
             if src is not None and {gn, un} <= names and src.info(gn).dtype != src.info(un).dtype:
                 # Different types (a mixed-quant file): two stacks, each held by its own rule.
-                gate_up = [self._experts([gn], e.gate_up_exps[:, :ff]), self._experts([un], e.gate_up_exps[:, ff:])]
+                gate_up = [
+                    self._experts([gn], e.gate_up_exps[:, :ff]),
+                    self._experts([un], e.gate_up_exps[:, ff:]),
+                ]
             else:
                 gate_up = [self._experts([gn, un], e.gate_up_exps)]
         down = self._experts([p + "ffn_down_exps.weight"], e.down_exps)
@@ -186,12 +206,19 @@ class MlxBackend(DeviceBackend):
         gated = e.down_shexp is not None and cfg.moe.shared_gate
         n_router = E + (1 if gated else 0)
         bias = e.inp.b
-        router_names = [p + "ffn_gate_inp.weight"] + ([p + "ffn_gate_inp_shexp.weight"] if gated else [])
-        router = self._linear(router_names, e.inp.w[:n_router], None if bias is None else bias[:n_router])
+        router_names = [p + "ffn_gate_inp.weight"] + (
+            [p + "ffn_gate_inp_shexp.weight"] if gated else []
+        )
+        router = self._linear(
+            router_names, e.inp.w[:n_router], None if bias is None else bias[:n_router]
+        )
         gate_up_shexp = down_shexp = None
         if e.down_shexp is not None:
-            gate_up_shexp = self._linear([p + "ffn_gate_shexp.weight", p + "ffn_up_shexp.weight"], e.inp.w[n_router:],
-                                         None if bias is None else bias[n_router:])
+            gate_up_shexp = self._linear(
+                [p + "ffn_gate_shexp.weight", p + "ffn_up_shexp.weight"],
+                e.inp.w[n_router:],
+                None if bias is None else bias[n_router:],
+            )
             down_shexp = self._linear([p + "ffn_down_shexp.weight"], e.down_shexp.w, e.down_shexp.b)
         return graph.DeviceMoe(router, gate_up, down, gate_up_shexp, down_shexp)
 
@@ -203,8 +230,13 @@ class MlxBackend(DeviceBackend):
             freqs = mx.array((cfg.rope_base**i * weights.rope_freqs).astype(np.float32))
         self.shapes = [cfg.layer_shape(i) for i in range(cfg.n_layer)]
         self.ropes = [
-            graph.DeviceRope(cfg.rope_dim, cfg.rope_type == "norm", None if freqs is not None else s.rope_base,
-                             s.rope_scale, freqs)
+            graph.DeviceRope(
+                cfg.rope_dim,
+                cfg.rope_type == "norm",
+                None if freqs is not None else s.rope_base,
+                s.rope_scale,
+                freqs,
+            )
             for s in self.shapes
         ]
 
@@ -218,25 +250,41 @@ class MlxBackend(DeviceBackend):
         p = f"blk.{i}."
         s = self.shapes[i]
         layer = graph.DeviceLayer(
-            attn_norm=mx.array(lw.attn_norm), qkv=None, q_norm=opt(lw.q_norm), k_norm=opt(lw.k_norm),
-            wo=None, post_attn_norm=opt(lw.post_attn_norm), ffn_norm=mx.array(lw.ffn_norm),
-            gate_up=None, down=None, post_ffn_norm=opt(lw.post_ffn_norm),
+            attn_norm=mx.array(lw.attn_norm),
+            qkv=None,
+            q_norm=opt(lw.q_norm),
+            k_norm=opt(lw.k_norm),
+            wo=None,
+            post_attn_norm=opt(lw.post_attn_norm),
+            ffn_norm=mx.array(lw.ffn_norm),
+            gate_up=None,
+            down=None,
+            post_ffn_norm=opt(lw.post_ffn_norm),
         )
         if s.mixer == "gdn":
             g = lw.gdn
             layer.gdn = graph.DeviceGdn(
-                in_proj=self._linear([], g.in_proj.w, g.in_proj.b), conv=mx.array(g.conv),
-                a=mx.array(g.a), dt_bias=mx.array(g.dt_bias), norm=mx.array(g.norm),
+                in_proj=self._linear([], g.in_proj.w, g.in_proj.b),
+                conv=mx.array(g.conv),
+                a=mx.array(g.a),
+                dt_bias=mx.array(g.dt_bias),
+                norm=mx.array(g.norm),
                 out=self._linear([], g.out.w, g.out.b),
             )
         else:
-            qkv_names = [p + "attn_qkv.weight"] if p + "attn_qkv.weight" in names else [p + f"attn_{x}.weight" for x in "qkv"]
+            qkv_names = (
+                [p + "attn_qkv.weight"]
+                if p + "attn_qkv.weight" in names
+                else [p + f"attn_{x}.weight" for x in "qkv"]
+            )
             layer.qkv = self._linear(qkv_names, lw.qkv.w, lw.qkv.b)
             layer.wo = self._linear([p + "attn_output.weight"], lw.wo.w, lw.wo.b)
         if s.ffn == "moe":
             layer.moe = self._moe(p, lw.moe)
         else:
-            layer.gate_up = self._linear([p + "ffn_gate.weight", p + "ffn_up.weight"], lw.gate_up.w, None)
+            layer.gate_up = self._linear(
+                [p + "ffn_gate.weight", p + "ffn_up.weight"], lw.gate_up.w, None
+            )
             layer.down = self._linear([p + "ffn_down.weight"], lw.down.w, None)
         return layer
 
@@ -295,7 +343,9 @@ class MlxBackend(DeviceBackend):
                 new_kv, rows = [], []
                 for j, i in enumerate(range(run.start, run.stop)):
                     st = graph.LayerState(kv[2 * j], kv[2 * j + 1])
-                    x = compose_layer(MLX_OPS, cfg, self.shapes[i], layers[i], x, pos, st, self.ropes[i])
+                    x = compose_layer(
+                        MLX_OPS, cfg, self.shapes[i], layers[i], x, pos, st, self.ropes[i]
+                    )
                     new_kv += [st.a, st.b]
                     # Attention: the new K/V rows; a gated delta net: its new tail and state.
                     kr, vr = st.rows if st.rows is not None else (st.a, st.b)
@@ -310,14 +360,20 @@ class MlxBackend(DeviceBackend):
             assert n > 0
         return fn
 
-    def launch(self, run: Run, x: np.ndarray, positions: np.ndarray, cache, head: str | None) -> np.ndarray:
+    def launch(
+        self, run: Run, x: np.ndarray, positions: np.ndarray, cache, head: str | None
+    ) -> np.ndarray:
         """Run layers [run.start, run.stop) over the rows x, in chunks of at most
         PREFILL_CHUNK rows: one traced graph serves every full chunk, and a GDN chunk's
         unrolled recurrence stays small. One submission per chunk; the host cache and the
         mirrors change only after every chunk has succeeded."""
         cfg = self.cfg
         T = x.shape[0]
-        chunk = GDN_CHUNK if any(cfg.is_recurrent(i) for i in range(run.start, run.stop)) else PREFILL_CHUNK
+        chunk = (
+            GDN_CHUNK
+            if any(cfg.is_recurrent(i) for i in range(run.start, run.stop))
+            else PREFILL_CHUNK
+        )
         outputs, staged = [], []
         m = self._mirror(cache, cache.n_past + T)
         state = {}  # this launch's device state per layer, carried chunk to chunk
@@ -330,8 +386,12 @@ class MlxBackend(DeviceBackend):
             h = head if head == "all" or (head == "last" and last) else None
             fn = self._function(run, c, m.capacity, h)
             kv = [a for i in range(run.start, run.stop) for a in state[i]]
-            outs = fn(mx.array(x[o : o + c]), mx.array(positions[o : o + c].astype(np.int32)),
-                      mx.array(np.int32(cache.n_past + o)), *kv)
+            outs = fn(
+                mx.array(x[o : o + c]),
+                mx.array(positions[o : o + c].astype(np.int32)),
+                mx.array(np.int32(cache.n_past + o)),
+                *kv,
+            )
             mx.eval(outs)
             self.ledger.submit(self._kind(run, h))
             flat = np.asarray(outs[0])
@@ -355,8 +415,16 @@ class MlxBackend(DeviceBackend):
                         m.k[i], m.v[i], m.host_state[i] = da, db, (conv, delta)
                     pos += na + nb
                     continue
-                k = flat[pos : pos + nk].reshape(cfg.n_head_kv, c, cfg.head_dim_k).transpose(1, 0, 2)
-                v = flat[pos + nk : pos + nk + nv].reshape(cfg.n_head_kv, c, cfg.head_dim_v).transpose(1, 0, 2)
+                k = (
+                    flat[pos : pos + nk]
+                    .reshape(cfg.n_head_kv, c, cfg.head_dim_k)
+                    .transpose(1, 0, 2)
+                )
+                v = (
+                    flat[pos + nk : pos + nk + nv]
+                    .reshape(cfg.n_head_kv, c, cfg.head_dim_v)
+                    .transpose(1, 0, 2)
+                )
                 pos += nk + nv
                 cache.slot(i).write(cache.n_past + o, k, v)
         for i in range(run.start, run.stop):

@@ -17,11 +17,23 @@ CARRIED_FFNS = ("dense", "moe")
 # The features (ModelConfig.features(): decorations and sub-configs) the MLX ops and the
 # composition carry in every value. Anything else a model uses is refused by its name,
 # so a decoration added to the config later is refused until someone carries it here.
-CARRIED_FEATURES = frozenset({
-    "qk_norm", "post_attn_norm", "post_ffn_norm", "embd_scale", "final_logit_softcap",
-    "has_rope_freqs", "ffn_norm_tensor", "attn_output_gate", "sliding_window", "gdn", "moe",
-    "residual_scale", "logit_scale",
-})
+CARRIED_FEATURES = frozenset(
+    {
+        "qk_norm",
+        "post_attn_norm",
+        "post_ffn_norm",
+        "embd_scale",
+        "final_logit_softcap",
+        "has_rope_freqs",
+        "ffn_norm_tensor",
+        "attn_output_gate",
+        "sliding_window",
+        "gdn",
+        "moe",
+        "residual_scale",
+        "logit_scale",
+    }
+)
 
 
 def layer_refusals(cfg: ModelConfig, layer: int) -> list[str]:

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 
-
 @dataclass
 class DeviceLinear:
     """[out, in] weight: dense (w) or MLX-affine quantized (w packed, scales, biases), or
@@ -35,7 +34,9 @@ class DeviceLinear:
         if self.parts:
             y = mx.concatenate([p(x) for p in self.parts], axis=-1)
         elif self.scales is not None:
-            y = mx.quantized_matmul(x, self.w, self.scales, self.biases, transpose=True, group_size=32, bits=self.bits)
+            y = mx.quantized_matmul(
+                x, self.w, self.scales, self.biases, transpose=True, group_size=32, bits=self.bits
+            )
         else:
             y = x @ self.w.T
         return y + self.bias if self.bias is not None else y
@@ -69,8 +70,17 @@ class DeviceExperts:
 
     def __call__(self, x: mx.array, ids: mx.array, sorted_ids: bool) -> mx.array:
         if self.scales is not None:
-            return mx.gather_qmm(x, self.w, self.scales, self.biases, rhs_indices=ids, transpose=True,
-                                 group_size=32, bits=self.bits, sorted_indices=sorted_ids)
+            return mx.gather_qmm(
+                x,
+                self.w,
+                self.scales,
+                self.biases,
+                rhs_indices=ids,
+                transpose=True,
+                group_size=32,
+                bits=self.bits,
+                sorted_indices=sorted_ids,
+            )
         wt = self.w.swapaxes(-1, -2)  # a transposed view, as matmul's w.T
         if self.w.dtype != mx.float32:
             y = mx.gather_mm(x.astype(self.w.dtype), wt, rhs_indices=ids, sorted_indices=sorted_ids)
@@ -215,8 +225,15 @@ class MlxOps:
         return mx.array(values)  # a constant of the traced graph
 
     def rope_(self, x: mx.array, pos: StepContext, rope: DeviceRope) -> mx.array:
-        r = mx.fast.rope(_heads_first(x), rope.dims, traditional=rope.traditional, base=rope.base,
-                         scale=rope.scale, offset=pos.start, freqs=rope.freqs)
+        r = mx.fast.rope(
+            _heads_first(x),
+            rope.dims,
+            traditional=rope.traditional,
+            base=rope.base,
+            scale=rope.scale,
+            offset=pos.start,
+            freqs=rope.freqs,
+        )
         return r[0].transpose(1, 0, 2)
 
     def attention(self, q, k, v, kv: LayerState, pos: StepContext, window, scale, softcap):  # type: ignore[no-untyped-def]
@@ -229,7 +246,9 @@ class MlxOps:
         kv.b = mx.slice_update(kv.b, v4, at, axes=(2,))
         kv.rows = (k4[0], v4[0])
         mask = attention_mask(pos.positions, kv.a.shape[2], window)
-        o = mx.fast.scaled_dot_product_attention(_heads_first(q), kv.a, kv.b, scale=scale, mask=mask)
+        o = mx.fast.scaled_dot_product_attention(
+            _heads_first(q), kv.a, kv.b, scale=scale, mask=mask
+        )
         return o[0].transpose(1, 0, 2).reshape(T, -1)
 
     def causal_conv(self, x: mx.array, tail: mx.array, taps: mx.array) -> tuple[mx.array, mx.array]:
@@ -267,7 +286,9 @@ class MlxOps:
             wts = wts / wts.sum(axis=-1, keepdims=True)
         return ids, wts
 
-    def experts(self, x: mx.array, ids: mx.array, wts: mx.array, m: DeviceMoe, act: str) -> mx.array:
+    def experts(
+        self, x: mx.array, ids: mx.array, wts: mx.array, m: DeviceMoe, act: str
+    ) -> mx.array:
         """Each (row, chosen expert) pair is one gathered matvec on the resident stacks; a
         prefill's pairs are sorted by expert first so each expert's weights are read once."""
         T, d = x.shape

@@ -31,19 +31,30 @@ QK_K = 256  # weights per K-quant super-block
 
 _BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q8_0": 8}
 # Bytes per block; a K-quant block covers QK_K weights, the others GROUP.
-_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34,
-                "Q4_K": 2 + 2 + 12 + QK_K // 2, "Q5_K": 2 + 2 + 12 + QK_K // 8 + QK_K // 2}
+_BLOCK_BYTES = {
+    "Q4_0": 18,
+    "Q4_1": 20,
+    "Q5_0": 22,
+    "Q5_1": 24,
+    "Q8_0": 34,
+    "Q4_K": 2 + 2 + 12 + QK_K // 2,
+    "Q5_K": 2 + 2 + 12 + QK_K // 8 + QK_K // 2,
+}
 
 
 def device_format(dtype: str) -> str:
     """How the metal backend holds a tensor of GGUF/safetensors type `dtype` (expert stacks
     included: `frink info --backend metal` lists this per type)."""
     if dtype in QUANTIZED_TYPES:
-        return (f"quantized {_BITS[dtype]}-bit, group {GROUP} (the file's own blocks;"
-                " expert stacks too, multiplied in place by gather_qmm)")
+        return (
+            f"quantized {_BITS[dtype]}-bit, group {GROUP} (the file's own blocks;"
+            " expert stacks too, multiplied in place by gather_qmm)"
+        )
     if dtype in ("Q6_K", "Q3_K", "Q2_K"):
-        return ("f32 (dequantized at load, expert stacks too: its 16-weight sub-block scales"
-                " fit no MLX group size)")
+        return (
+            "f32 (dequantized at load, expert stacks too: its 16-weight sub-block scales"
+            " fit no MLX group size)"
+        )
     return {
         "F32": "f32",
         # gather_mm would promote a stack to the activations' f32 on every call (a copy of
@@ -82,11 +93,13 @@ def affine_from_blocks(raw: np.ndarray, dtype: str, rows: int, cols: int):
         nb = cols // QK_K
         blocks = raw.reshape(rows, nb, _BLOCK_BYTES[dtype])
         scale, bias = _k_scales(_f16(blocks[..., 0:2]), _f16(blocks[..., 2:4]), blocks[..., 4:16])
-        qs = blocks[..., -QK_K // 2:].reshape(rows, nb, 4, 1, 32)
+        qs = blocks[..., -QK_K // 2 :].reshape(rows, nb, 4, 1, 32)
         # Sub-block 2c: low nibbles of bytes [32c, 32c+32); sub-block 2c+1: their high nibbles.
         q = np.concatenate([qs & 0x0F, qs >> 4], axis=-2).reshape(rows, nb, 8, 32)
         if dtype == "Q5_K":
-            qh = blocks[..., 16:16 + QK_K // 8]  # bit j of byte i: high bit of sub-block j, weight i
+            qh = blocks[
+                ..., 16 : 16 + QK_K // 8
+            ]  # bit j of byte i: high bit of sub-block j, weight i
             hb = np.unpackbits(qh[..., None], axis=-1, bitorder="little")  # [rows, nb, 32, 8]
             q = q | (hb.swapaxes(-1, -2) << 4)
         return q.reshape(rows, cols), scale.reshape(rows, -1), bias.reshape(rows, -1), bits
@@ -102,8 +115,8 @@ def affine_from_blocks(raw: np.ndarray, dtype: str, rows: int, cols: int):
         return _nibbles(blocks[..., 4:20]).reshape(rows, cols), d, _f16(blocks[..., 2:4]), 4
     # Q5_0 / Q5_1: the 32 high bits in a little-endian uint32 before the nibbles.
     off = 2 if dtype == "Q5_0" else 4
-    hb = np.unpackbits(blocks[..., off:off + 4], axis=-1, bitorder="little")
-    q = _nibbles(blocks[..., off + 4:off + 20]) | (hb << 4)
+    hb = np.unpackbits(blocks[..., off : off + 4], axis=-1, bitorder="little")
+    q = _nibbles(blocks[..., off + 4 : off + 20]) | (hb << 4)
     bias = -16.0 * d if dtype == "Q5_0" else _f16(blocks[..., 2:4])
     return q.reshape(rows, cols), d, bias, 5
 
