@@ -23,7 +23,8 @@ the host body runs is still dequantized at load.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +40,10 @@ class Linear:
 
     w: np.ndarray
     b: np.ndarray | None
+    # The file's tensors whose rows these are, in order ("blk.0.attn_q.weight", ...): a
+    # backend that keeps the file's own quantized blocks reads them from here. Empty when
+    # the rows are rearranged from their sources (a GDN's unzipped beta/alpha).
+    sources: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # The GEMV-friendly order (see the module note); a no-op for matrices built that way.
@@ -97,6 +102,34 @@ class LayerWeights:
     post_ffn_norm: np.ndarray | None  # [n_embd]
     gdn: GdnWeights | None = None
     moe: MoeWeights | None = None
+
+
+def map_layer(
+    lw: LayerWeights,
+    array: Callable[[np.ndarray], Any],
+    linear: Callable[[Linear], Any],
+    moe: Callable[[MoeWeights], Any] | None = None,
+) -> LayerWeights:
+    """The layer's weights with every array and Linear converted by a backend (its upload):
+    the same dataclasses and fields, so the one composition (graph/layer.py) reads the
+    device copy as it reads the host's, and no backend lists a layer's fields. `moe`
+    converts a whole MoE block where a backend holds its experts in a form of its own."""
+
+    def convert(v: Any) -> Any:
+        if v is None:
+            return None
+        if isinstance(v, Linear):
+            return linear(v)
+        if isinstance(v, np.ndarray):
+            return array(v)
+        if isinstance(v, MoeWeights) and moe is not None:
+            return moe(v)
+        if is_dataclass(v) and not isinstance(v, type):
+            return type(v)(**{f.name: convert(getattr(v, f.name)) for f in fields(v)})
+        return v
+
+    converted: LayerWeights = convert(lw)
+    return converted
 
 
 class LayerStore(Sequence[LayerWeights]):
@@ -210,7 +243,7 @@ def load_weights(
             b = np.concatenate(
                 [x if x is not None else np.zeros(n, np.float32) for x, (_, n) in zip(bs, parts)]
             )
-        return Linear(w, b)
+        return Linear(w, b, tuple(name + ".weight" for name, _ in parts))
 
     d, hk, hv = cfg.n_embd, cfg.head_dim_k, cfg.head_dim_v
     nq, nk, nv = cfg.n_head * hk, cfg.n_head_kv * hk, cfg.n_head_kv * hv
@@ -218,7 +251,7 @@ def load_weights(
 
     token_embd = get("token_embd.weight", (cfg.n_vocab, d))
     if cfg.tied_embeddings:
-        output = Linear(token_embd, None)
+        output = Linear(token_embd, None, ("token_embd.weight",))
         # One array serves both: the lookup gathers rows from the column-major head (a
         # strided read of n_embd floats per token) rather than keep a second copy.
         token_embd = output.w
@@ -335,6 +368,7 @@ def _load_moe(p: str, cfg: ModelConfig, get: Callable, ckpt: Checkpoint) -> MoeW
             axis=1,
         )
     inp = [get(p + "ffn_gate_inp.weight", (n_e, d))]
+    inp_sources = [p + "ffn_gate_inp.weight"]
     down_shexp = None
     if cfg.moe.n_ff_shexp:
         sh = cfg.moe.n_ff_shexp
@@ -347,13 +381,15 @@ def _load_moe(p: str, cfg: ModelConfig, get: Callable, ckpt: Checkpoint) -> MoeW
                 else (1, d)
             )
             inp.append(get(gate_name, shape).reshape(1, d))
+            inp_sources.append(gate_name)
+        inp_sources += [p + "ffn_gate_shexp.weight", p + "ffn_up_shexp.weight"]
         inp += [
             get(p + "ffn_gate_shexp.weight", (sh, d)),
             get(p + "ffn_up_shexp.weight", (sh, d)),
         ]
-        down_shexp = Linear(get(p + "ffn_down_shexp.weight", (d, sh)), None)
+        down_shexp = Linear(get(p + "ffn_down_shexp.weight", (d, sh)), None, (p + "ffn_down_shexp.weight",))
     return MoeWeights(
-        inp=Linear(np.concatenate(inp), None),
+        inp=Linear(np.concatenate(inp), None, tuple(inp_sources)),
         gate_up_exps=gate_up,
         down_exps=get(p + "ffn_down_exps.weight", (n_e, d, ff)),
         down_shexp=down_shexp,

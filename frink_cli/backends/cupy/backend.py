@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 
 from ...model.config import ModelConfig
-from ...model.weights import ModelWeights
+from ...model.weights import LayerWeights, ModelWeights
 from .. import Run
 from ..base import DeviceBackend
 from ..ledger import Ledger
 from . import eligibility
 from .ops import CudaOps, CudaStep
-from .stack import DeviceHead, DeviceLayer, dense_stack, upload_head, upload_layer
+from .stack import DeviceHead, dense_stack, upload_head, upload_layer
 
 F32 = np.float32
 # The smallest device KV cache a sequence gets; it doubles (up to the context) as it fills.
@@ -78,7 +78,7 @@ class CudaBackend(DeviceBackend):
         return self.refusal
 
     @property
-    def layers(self) -> dict[int, DeviceLayer]:
+    def layers(self) -> dict[int, LayerWeights]:
         return self.resident
 
     # -- load ----------------------------------------------------------------------------
@@ -91,7 +91,7 @@ class CudaBackend(DeviceBackend):
             None if weights.rope_freqs is None else weights.rope_freqs.astype(np.float64)
         )
 
-    def upload_layer(self, layer: int, lw: Any) -> DeviceLayer:
+    def upload_layer(self, layer: int, lw: Any) -> LayerWeights:
         # The NumPy stand-in's to_device may alias the host arrays; the store's release
         # then frees nothing.
         return upload_layer(self.ops, lw, self.weight_dtype)

@@ -26,7 +26,7 @@ import numpy as np
 from ...graph.layer import layer as compose_layer
 from ...graph.layer import lm_head
 from ...model.config import LayerShape, ModelConfig
-from ...model.weights import LayerWeights, Linear
+from ...model.weights import LayerWeights, Linear, map_layer
 from .ops import CudaOps, CudaStep, KvRows
 
 F32 = np.float32
@@ -38,46 +38,14 @@ class DeviceLinear:
     b: Any | None  # [out] f32
 
 
-@dataclass
-class DeviceLayer:
-    """One layer's weights, resident on the device from load."""
-
-    attn_norm: Any
-    qkv: DeviceLinear
-    q_norm: Any | None
-    k_norm: Any | None
-    wo: DeviceLinear
-    post_attn_norm: Any | None
-    ffn_norm: Any
-    gate_up: DeviceLinear
-    down: DeviceLinear
-    post_ffn_norm: Any | None
-    # The blocks the stack refuses (eligibility.py): never set, named for the composition.
-    gdn: None = None
-    moe: None = None
+def _device_linear(ops: Any, lin: Linear, dtype: Any) -> DeviceLinear:
+    return DeviceLinear(ops.to_device(lin.w, dtype), None if lin.b is None else ops.to_device(lin.b))
 
 
-def upload_layer(ops: Any, w: LayerWeights, dtype: Any) -> DeviceLayer:
-    """Copy a layer's weights to the device: matrices in `dtype`, vectors in f32."""
-
-    def vec(a: np.ndarray | None) -> Any:
-        return None if a is None else ops.to_device(a)
-
-    def lin(x: Linear) -> DeviceLinear:
-        return DeviceLinear(ops.to_device(x.w, dtype), vec(x.b))
-
-    return DeviceLayer(
-        attn_norm=vec(w.attn_norm),
-        qkv=lin(w.qkv),
-        q_norm=vec(w.q_norm),
-        k_norm=vec(w.k_norm),
-        wo=lin(w.wo),
-        post_attn_norm=vec(w.post_attn_norm),
-        ffn_norm=vec(w.ffn_norm),
-        gate_up=lin(w.gate_up),
-        down=lin(w.down),
-        post_ffn_norm=vec(w.post_ffn_norm),
-    )
+def upload_layer(ops: Any, w: LayerWeights, dtype: Any) -> LayerWeights:
+    """A layer's weights on the device (the host's fields, model.weights.map_layer):
+    matrices in `dtype`, vectors in f32."""
+    return map_layer(w, ops.to_device, lambda lin: _device_linear(ops, lin, dtype))
 
 
 @dataclass
@@ -90,8 +58,7 @@ class DeviceHead:
 
 
 def upload_head(ops: Any, output_norm: np.ndarray, output: Linear, dtype: Any) -> DeviceHead:
-    b = None if output.b is None else ops.to_device(output.b)
-    return DeviceHead(ops.to_device(output_norm), DeviceLinear(ops.to_device(output.w, dtype), b))
+    return DeviceHead(ops.to_device(output_norm), _device_linear(ops, output, dtype))
 
 
 @dataclass
@@ -104,7 +71,7 @@ class StackOutput:
 def dense_stack(
     ops: CudaOps,
     cfg: ModelConfig,
-    layers: Sequence[DeviceLayer],
+    layers: Sequence[LayerWeights],
     shapes: Sequence[LayerShape],
     rope_keys: Sequence[Any],
     pos: CudaStep,

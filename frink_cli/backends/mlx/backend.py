@@ -22,6 +22,7 @@ import numpy as np
 from ...graph.layer import layer as compose_layer
 from ...graph.layer import lm_head
 from ...model.config import ModelConfig
+from ...model.weights import LayerWeights, map_layer
 from .. import Run
 from ..base import DeviceBackend
 from . import graph
@@ -69,7 +70,7 @@ class MlxBackend(DeviceBackend):
         return self.reasons
 
     @property
-    def layers(self) -> list[graph.DeviceLayer | None]:
+    def layers(self) -> list[LayerWeights | None]:
         """Per layer, its resident weights, or None where the host body runs it."""
         return [self.resident.get(i) for i in range(self.cfg.n_layer)]
 
@@ -147,11 +148,13 @@ class MlxBackend(DeviceBackend):
                 parts.append(self._linear(group, dense[o : o + rows], None))
                 o += rows
             assert o == dense.shape[0], (names, o, dense.shape)
-            return graph.DeviceLinear(None, bias=b, parts=tuple(parts))
+            return graph.DeviceLinear(None, bias=b, parts=tuple(parts), sources=tuple(names))
         q = self._quantized(names)
         if q is not None:
             packed, scales, biases, bits, _ = q
-            return graph.DeviceLinear(mx.array(packed), mx.array(scales), mx.array(biases), bits, b)
+            return graph.DeviceLinear(
+                mx.array(packed), mx.array(scales), mx.array(biases), bits, b, sources=tuple(names)
+            )
         kind = self._dense_kind(names)  # None: no single source tensor to map
         if kind == "F16":
             w = mx.array(dense.astype(np.float16))
@@ -159,7 +162,7 @@ class MlxBackend(DeviceBackend):
             w = mx.array(dense).astype(mx.bfloat16)
         else:
             w = mx.array(dense)
-        return graph.DeviceLinear(w, bias=b)
+        return graph.DeviceLinear(w, bias=b, sources=tuple(names))
 
     def _experts(self, names: list[str], dense: np.ndarray) -> graph.DeviceExperts:
         """A resident expert stack [E, out, in] from the tensors `names` (several: stacked
@@ -185,7 +188,7 @@ class MlxBackend(DeviceBackend):
 
     def _moe(self, p: str, e) -> graph.DeviceMoe:
         cfg = self.cfg
-        E, ff = cfg.moe.n_expert, cfg.moe.n_ff_exp
+        ff = cfg.moe.n_ff_exp
         names = self._source_names()
         if p + "ffn_gate_up_exps.weight" in names:
             gate_up = [self._experts([p + "ffn_gate_up_exps.weight"], e.gate_up_exps)]
@@ -201,26 +204,12 @@ class MlxBackend(DeviceBackend):
             else:
                 gate_up = [self._experts([gn, un], e.gate_up_exps)]
         down = self._experts([p + "ffn_down_exps.weight"], e.down_exps)
-        # The host fused router rows, the shared gate row and the shared gate/up rows into
-        # one Linear; split its rows (and bias, if any) back at the same places.
-        gated = e.down_shexp is not None and cfg.moe.shared_gate
-        n_router = E + (1 if gated else 0)
-        bias = e.inp.b
-        router_names = [p + "ffn_gate_inp.weight"] + (
-            [p + "ffn_gate_inp_shexp.weight"] if gated else []
-        )
-        router = self._linear(
-            router_names, e.inp.w[:n_router], None if bias is None else bias[:n_router]
-        )
-        gate_up_shexp = down_shexp = None
+        inp = self._linear(list(e.inp.sources), e.inp.w, e.inp.b)
+        down_shexp = None
         if e.down_shexp is not None:
-            gate_up_shexp = self._linear(
-                [p + "ffn_gate_shexp.weight", p + "ffn_up_shexp.weight"],
-                e.inp.w[n_router:],
-                None if bias is None else bias[n_router:],
-            )
-            down_shexp = self._linear([p + "ffn_down_shexp.weight"], e.down_shexp.w, e.down_shexp.b)
-        return graph.DeviceMoe(router, gate_up, down, gate_up_shexp, down_shexp)
+            d = e.down_shexp
+            down_shexp = self._linear(list(d.sources), d.w, d.b)
+        return graph.DeviceMoe(inp, gate_up, down, down_shexp)
 
     def prepare(self, weights) -> None:
         cfg = self.cfg
@@ -240,57 +229,19 @@ class MlxBackend(DeviceBackend):
             for s in self.shapes
         ]
 
-    def upload_layer(self, i: int, lw) -> graph.DeviceLayer:
-        cfg = self.cfg
-        names = self._source_names()
-
-        def opt(a):
-            return mx.array(a) if a is not None else None
-
-        p = f"blk.{i}."
-        s = self.shapes[i]
-        layer = graph.DeviceLayer(
-            attn_norm=mx.array(lw.attn_norm),
-            qkv=None,
-            q_norm=opt(lw.q_norm),
-            k_norm=opt(lw.k_norm),
-            wo=None,
-            post_attn_norm=opt(lw.post_attn_norm),
-            ffn_norm=mx.array(lw.ffn_norm),
-            gate_up=None,
-            down=None,
-            post_ffn_norm=opt(lw.post_ffn_norm),
+    def upload_layer(self, i: int, lw: LayerWeights) -> LayerWeights:
+        """The layer's weights resident (model.weights.map_layer: the host's fields), each
+        Linear by the rule of its source tensors, the MoE experts as gathered stacks."""
+        return map_layer(
+            lw,
+            mx.array,
+            lambda lin: self._linear(list(lin.sources), lin.w, lin.b),
+            moe=lambda e: self._moe(f"blk.{i}.", e),
         )
-        if s.mixer == "gdn":
-            g = lw.gdn
-            layer.gdn = graph.DeviceGdn(
-                in_proj=self._linear([], g.in_proj.w, g.in_proj.b),
-                conv=mx.array(g.conv),
-                a=mx.array(g.a),
-                dt_bias=mx.array(g.dt_bias),
-                norm=mx.array(g.norm),
-                out=self._linear([], g.out.w, g.out.b),
-            )
-        else:
-            qkv_names = (
-                [p + "attn_qkv.weight"]
-                if p + "attn_qkv.weight" in names
-                else [p + f"attn_{x}.weight" for x in "qkv"]
-            )
-            layer.qkv = self._linear(qkv_names, lw.qkv.w, lw.qkv.b)
-            layer.wo = self._linear([p + "attn_output.weight"], lw.wo.w, lw.wo.b)
-        if s.ffn == "moe":
-            layer.moe = self._moe(p, lw.moe)
-        else:
-            layer.gate_up = self._linear(
-                [p + "ffn_gate.weight", p + "ffn_up.weight"], lw.gate_up.w, None
-            )
-            layer.down = self._linear([p + "ffn_down.weight"], lw.down.w, None)
-        return layer
 
     def upload_head(self, weights) -> tuple[mx.array, graph.DeviceLinear]:
-        out_name = "token_embd.weight" if self.cfg.tied_embeddings else "output.weight"
-        return mx.array(weights.output_norm), self._linear([out_name], weights.output.w, None)
+        out = weights.output
+        return mx.array(weights.output_norm), self._linear(list(out.sources), out.w, out.b)
 
     def new_mirror(self) -> _Mirror:
         return _Mirror(self.cfg.n_layer)

@@ -29,6 +29,7 @@ class DeviceLinear:
     bits: int = 0
     bias: mx.array | None = None  # the layer's additive bias, not the quantization bias
     parts: tuple[DeviceLinear, ...] = ()
+    sources: tuple[str, ...] = ()  # the file's tensors whose rows these are
 
     def __call__(self, x: mx.array) -> mx.array:
         if self.parts:
@@ -90,46 +91,30 @@ class DeviceExperts:
 
 @dataclass
 class DeviceMoe:
-    # Router rows, then (with a gated shared expert) its gate row. The shared expert's
-    # gate/up rows, fused with these on the host, are their own linear here, so a quantized
-    # shared expert stays quantized beside an f32 router (llama.cpp files keep routers in
-    # f32); `inp` concatenates the two, the host's fused row order, for the composition.
-    router: DeviceLinear
+    """A resident MoE block: `inp` and `down_shexp` as the host's MoeWeights (read by the
+    composition), the expert stacks in MLX's own gathered form (read by MlxOps.experts)."""
+
+    # Router rows, then (when gated) the shared expert's gate row and its gate/up rows: the
+    # host's fused order. Sources of different types are parts, so a quantized shared
+    # expert stays quantized beside an f32 router (llama.cpp files keep routers in f32).
+    inp: DeviceLinear
     gate_up_exps: list[DeviceExperts]  # [E, 2 ff, d] as one stack, or gate then up stacks
     down_exps: DeviceExperts  # [E, d, ff]
-    gate_up_shexp: DeviceLinear | None  # [2 ff_sh, d]
     down_shexp: DeviceLinear | None  # [d, ff_sh]
 
     @property
-    def inp(self) -> DeviceLinear:
-        if self.gate_up_shexp is None:
-            return self.router
-        return DeviceLinear(None, parts=(self.router, self.gate_up_shexp))
+    def gate_up_shexp(self) -> DeviceLinear | None:
+        """The part of `inp` that holds the shared expert's gate/up rows (for inspection)."""
+        for part in self.inp.parts or (self.inp,):
+            if any(name.endswith(("ffn_gate_shexp.weight", "ffn_up_shexp.weight")) for name in part.sources):
+                return part
+        return None
 
 
 # Routed rows (tokens x top-k) from which a prefill sorts them by expert before the gathered
 # matmuls, so each expert's weights are read once for all its rows (mlx-lm's threshold). A
 # decode token's k rows go unsorted.
 SORT_MIN_ROWS = 64
-
-
-@dataclass
-class DeviceLayer:
-    """A layer's resident weights under model.weights.LayerWeights' field names, which the
-    composition (graph/layer.py) reads."""
-
-    attn_norm: mx.array
-    qkv: DeviceLinear | None
-    q_norm: mx.array | None
-    k_norm: mx.array | None
-    wo: DeviceLinear | None
-    post_attn_norm: mx.array | None
-    ffn_norm: mx.array
-    gate_up: DeviceLinear | None
-    down: DeviceLinear | None
-    post_ffn_norm: mx.array | None
-    gdn: DeviceGdn | None = None
-    moe: DeviceMoe | None = None
 
 
 @dataclass(frozen=True)
