@@ -7,6 +7,7 @@ ends with one line on stderr and a non-zero exit; -v adds the traceback.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -510,10 +511,8 @@ def models() -> None:
 def _fail(message: str, code: int = 1) -> None:
     """The one error line (file-supplied text escaped), then exit; never a second failure
     if stderr itself is gone."""
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         err.print(f"frink: {printable(message)}", markup=False)
-    except (OSError, ValueError, AttributeError):
-        pass
     _quiet_exit(code)
 
 

@@ -83,7 +83,8 @@ class Granite(Llama):
         natural = int(hp["hidden_size"]) // int(hp["num_attention_heads"])
         if int(hp.get("head_dim") or natural) != natural:
             notes.append(
-                f"config head_dim={hp['head_dim']} ignored for granite (uses {natural}, as llama.cpp)"
+                f"config head_dim={hp['head_dim']} ignored for granite "
+                f"(uses {natural}, as llama.cpp)"
             )
         hp["head_dim"] = natural
         super().hf_metadata(w, notes)

@@ -270,7 +270,10 @@ class GgufTensors:
         self._entries = entries  # name -> (qtype, numpy shape, absolute offset, n_bytes)
 
     def __del__(self) -> None:
-        try:
+        # try/except rather than contextlib.suppress: at interpreter shutdown module globals
+        # (os, and contextlib with it) may already be None, which is what the AttributeError
+        # and TypeError here are for.
+        try:  # noqa: SIM105
             os.close(self._fd)
         except (OSError, AttributeError, TypeError):
             pass

@@ -82,7 +82,8 @@ def delta_rule_chunked(
 
     Within a chunk, with G_t = cumsum(g)_t and D[t, s] = exp(G_t - G_s) for s <= t (else 0),
     the updates u_t = beta_t (v_t - (exp(g_t) S_{t-1})^T k_t) satisfy the unit lower-
-    triangular system  u_t + beta_t sum_{s<t} D[t,s] (k_t.k_s) u_s = beta_t (v_t - exp(G_t) S0^T k_t),
+    triangular system
+        u_t + beta_t sum_{s<t} D[t,s] (k_t.k_s) u_s = beta_t (v_t - exp(G_t) S0^T k_t),
     and then  o_t = exp(G_t) S0^T q_t + sum_{s<=t} D[t,s] (q_t.k_s) u_s,
     S_end = exp(G_C) S0 + sum_s exp(G_C - G_s) k_s u_s^T. Every exponent is <= 0.
     """

@@ -3,10 +3,11 @@
 Weights are uploaded once at bind() and stay resident: Q4_0/Q4_1/Q8_0 tensors as MLX
 affine-quantized integers taken from the file's own blocks (quant.py), F16/BF16 as they
 are, everything else as the host body's f32. MoE expert stacks follow the same rule and
-are multiplied in place (graph.DeviceExperts), never gathered per token. A run's K/V are attended on the device from
-a per-sequence mirror of the host cache; the host cache stays authoritative: every new K/V
-row comes back with the run's output in the same transfer and is written to it, and a
-mirror layer whose length differs from the host's is re-uploaded before use.
+are multiplied in place (graph.DeviceExperts), never gathered per token. A run's K/V are
+attended on the device from a per-sequence mirror of the host cache; the host cache stays
+authoritative: every new K/V row comes back with the run's output in the same transfer and
+is written to it, and a mirror layer whose length differs from the host's is re-uploaded
+before use.
 
 A submission is one mx.eval. Each run makes exactly one; its results are then read with
 np.asarray, which copies already-evaluated memory and does not synchronize again.
@@ -241,7 +242,6 @@ class MlxBackend(DeviceBackend):
         ]
 
     def upload_layer(self, i: int, lw) -> graph.DeviceLayer:
-        cfg = self.cfg
         names = self._source_names()
 
         def opt(a):

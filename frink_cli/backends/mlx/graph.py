@@ -20,8 +20,9 @@ import mlx.core as mx
 class DeviceLinear:
     """[out, in] weight: dense (w) or MLX-affine quantized (w packed, scales, biases), or
     (parts) a fused linear whose source tensors differ in type: each part holds a run of
-    source tensors of one type by that type's rule, and their outputs concatenate along the last axis in the host's
-    fused row order, so a Q4_K q/k beside a Q6_K v keeps q/k quantized."""
+    source tensors of one type by that type's rule, and their outputs concatenate along the
+    last axis in the host's fused row order, so a Q4_K q/k beside a Q6_K v keeps q/k
+    quantized."""
 
     w: mx.array | None
     scales: mx.array | None = None
