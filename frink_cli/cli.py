@@ -42,10 +42,11 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 _verbose = False
 
 # Typer >= 0.22 vendors click as typer._click, whose exceptions are not click's own; catch
-# both so a bad flag is one line under either.
-_USAGE_ERRORS: tuple[type[Exception], ...] = (click.exceptions.ClickException,)
+# both so a bad flag is one line under either. The two copies' ClickExceptions are
+# unrelated classes of one shape (show, exit_code, format_message): no common type but Any.
+_USAGE_ERRORS: tuple[type[Any], ...] = (click.exceptions.ClickException,)
 _ABORTS: tuple[type[BaseException], ...] = (click.exceptions.Abort, typer.Abort)
-_HELP_ERRORS: tuple[type[Exception], ...] = tuple(
+_HELP_ERRORS: tuple[type[Any], ...] = tuple(
     c for c in (getattr(click.exceptions, "NoArgsIsHelpError", None),) if c is not None
 )
 try:
@@ -557,7 +558,7 @@ def main() -> None:
         finally:
             if sys.stdout is not None:
                 sys.stdout.flush()  # a full disk shows here, inside the handlers below
-    except (*_ABORTS, KeyboardInterrupt):
+    except _ABORTS + (KeyboardInterrupt,):
         _fail("interrupted", 130)
     except _HELP_ERRORS as e:  # bare `frink`: the help text, not an error line
         e.show()

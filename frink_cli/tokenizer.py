@@ -627,6 +627,7 @@ class _GgufCore(_Core):
                     frag = " " + frag
                 self._spm(frag.replace(" ", "\u2581"), ids)
             else:
+                assert self._bpe is not None  # _load_gguf builds one for every "bpe" vocabulary
                 ids.extend(self._bpe.encode(frag, add_special_tokens=False).ids)
             prev_special = False
         return ids
@@ -637,6 +638,7 @@ class _GgufCore(_Core):
         if n == 0:
             return
         to_id, scores = self.to_id, self.scores
+        assert scores is not None  # every "spm" vocabulary has scores (0.0 when none stored)
         start = list(range(n))  # symbol i covers text[start[i] : start[i] + size[i]]
         size = [1] * n
         prev = list(range(-1, n - 1))
@@ -793,7 +795,8 @@ def _load_gguf(ckpt: Checkpoint) -> Tokenizer | None:
     add_eos = False
     ids.update({k: None for k in ("eot", "eom", "pre", "suf", "mid", "pad", "rep", "sep")})
 
-    pre_family, ignore_merges = None, False
+    pre_family, ignore_merges = "default", False
+    flags: dict[str, bool]
     if kind == "bpe":
         pre = md.get("tokenizer.ggml.pre") or ""
         if not pre:
@@ -906,8 +909,8 @@ def _eog_by_text(
             ids["eot"] = found[0]
             force_control(found[0])
     if ids.get("eom") is None and "<|eom_id|>" in to_id:
-        ids["eom"] = to_id["<|eom_id|>"]
-        force_control(ids["eom"])  # type: ignore[arg-type]
+        eom = ids["eom"] = to_id["<|eom_id|>"]
+        force_control(eom)
     for role, texts in _FIM_TEXTS.items():
         if ids.get(role) is None:
             found = sorted(to_id[t] for t in texts if t in to_id)
@@ -918,12 +921,12 @@ def _eog_by_text(
         if attrs[i] & _A_CONTROL and "unused" in t:
             attrs[i] |= _A_UNUSED
 
-    eog: set[int] = {ids[r] for r in _EOG_FIM if ids.get(r) is not None}  # type: ignore[misc]
+    eog = {tid for tid in (ids.get(r) for r in _EOG_FIM) if tid is not None}
     for t in _EOG_TEXTS:
-        i = to_id.get(t)
-        if i is not None:
-            eog.add(i)
-            force_control(i)
+        eog_id = to_id.get(t)
+        if eog_id is not None:
+            eog.add(eog_id)
+            force_control(eog_id)
     for t in ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"):  # gpt-oss: shown
         if t in to_id:
             attrs[to_id[t]] = _A_USER_DEFINED
@@ -1154,9 +1157,9 @@ def _load_hf(d: Path) -> Tokenizer | None:
         eog.update(i for i in _ids_of(cfg.get("eos_token_id")) if 0 <= i < core.n_vocab)
     if eos_id is not None:
         eog.add(eos_id)
-    texts = {core.token_text(i): i for i in eog}
-    _drop_non_eog(eog, texts, None)
-    control -= set(texts.values()) - eog  # the ones just ruled ordinary stay as they were
+    by_text = {core.token_text(i): i for i in eog}
+    _drop_non_eog(eog, by_text, None)
+    control -= set(by_text.values()) - eog  # the ones just ruled ordinary stay as they were
     core.make_control(control)
     return Tokenizer(
         core,

@@ -184,6 +184,7 @@ class _Cursor:
         self.size = len(buf)
         self.pos = 0
         self.path = path
+        self.elem_type: GGUFValueType | None = None  # of the last array value() read
 
     def need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > self.size:
@@ -301,7 +302,7 @@ class GgufTensors:
         qtype, shape, offset, n_bytes = self._entry(name)
         # pread, not the map: a file truncated under the run gives a short read here.
         data = np.empty(n_bytes, dtype=np.uint8)
-        view, done = memoryview(data), 0
+        view, done = data.data, 0  # ndarray.data: the array's memoryview
         while done < n_bytes:  # one call reads at most ~2 GiB on Linux
             got = os.preadv(self._fd, [view[done:]], offset + done)
             if got <= 0:

@@ -32,6 +32,7 @@ CHUNK = 64  # tokens solved together in a prefill; transformers' chunk size too
 
 def key_head_of_value_head(cfg: ModelConfig) -> np.ndarray:
     """[n_v] index of the key head each value head reads."""
+    assert cfg.gdn is not None  # asked only of a model with gated delta net layers
     return np.asarray(cfg.gdn.key_heads(), dtype=np.intp)
 
 

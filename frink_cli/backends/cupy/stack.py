@@ -66,6 +66,10 @@ def upload_layer(ops: Any, w: LayerWeights, dtype: Any) -> DeviceLayer:
     def lin(x: Linear) -> DeviceLinear:
         return DeviceLinear(ops.to_device(x.w, dtype), vec(x.b))
 
+    # eligibility.py admits attention layers with a dense FFN only: these are all there.
+    assert w.qkv is not None and w.wo is not None
+    assert w.gate_up is not None and w.down is not None
+
     return DeviceLayer(
         attn_norm=vec(w.attn_norm),
         qkv=lin(w.qkv),
@@ -136,6 +140,7 @@ def dense_stack(
     for w, shape, rope, (kc, vc) in zip(layers, shapes, rope_keys, kv):
         view = KvRows(kc, vc)
         resid = compose_layer(ops, cfg, shape, w, resid, pos, view, rope)
+        assert view.rows is not None  # attention wrote the step's rows (every layer attends)
         rows.append(view.rows)
 
     if head is None:

@@ -142,8 +142,8 @@ class MlxBackend(DeviceBackend):
             and len({src.info(n).dtype for n in names}) > 1
         ):
             parts, o = [], 0
-            for _, group in itertools.groupby(names, key=lambda n: src.info(n).dtype):
-                group = list(group)
+            for _, run in itertools.groupby(names, key=lambda n: src.info(n).dtype):
+                group = list(run)
                 rows = sum(int(np.prod(src.info(n).shape[:-1])) for n in group)  # 1-D: one row
                 parts.append(self._linear(group, dense[o : o + rows], None))
                 o += rows
@@ -186,7 +186,9 @@ class MlxBackend(DeviceBackend):
 
     def _moe(self, p: str, e) -> graph.DeviceMoe:
         cfg = self.cfg
-        E, ff = cfg.moe.n_expert, cfg.moe.n_ff_exp
+        moe = cfg.moe
+        assert moe is not None  # called for a layer with MoE weights only
+        E, ff = moe.n_expert, moe.n_ff_exp
         names = self._source_names()
         if p + "ffn_gate_up_exps.weight" in names:
             gate_up = [self._experts([p + "ffn_gate_up_exps.weight"], e.gate_up_exps)]
@@ -204,7 +206,7 @@ class MlxBackend(DeviceBackend):
         down = self._experts([p + "ffn_down_exps.weight"], e.down_exps)
         # The host fused router rows, the shared gate row and the shared gate/up rows into
         # one Linear; split its rows (and bias, if any) back at the same places.
-        gated = e.down_shexp is not None and cfg.moe.shared_gate
+        gated = e.down_shexp is not None and moe.shared_gate
         n_router = E + (1 if gated else 0)
         bias = e.inp.b
         router_names = [p + "ffn_gate_inp.weight"] + (
@@ -376,10 +378,13 @@ class MlxBackend(DeviceBackend):
         )
         outputs, staged = [], []
         m = self._mirror(cache, cache.n_past + T)
-        state = {}  # this launch's device state per layer, carried chunk to chunk
+        # This launch's device state per layer, carried chunk to chunk.
+        state: dict[int, tuple[mx.array, mx.array]] = {}
         for i in range(run.start, run.stop):
             self._sync_layer(m, cache, i)
-            state[i] = (m.k[i], m.v[i])
+            dk, dv = m.k[i], m.v[i]
+            assert dk is not None and dv is not None  # _sync_layer has just uploaded them
+            state[i] = (dk, dv)
         for o in range(0, T, chunk):
             c = min(chunk, T - o)
             last = o + c == T

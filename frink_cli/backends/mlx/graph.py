@@ -34,12 +34,20 @@ class DeviceLinear:
     def __call__(self, x: mx.array) -> mx.array:
         if self.parts:
             y = mx.concatenate([p(x) for p in self.parts], axis=-1)
-        elif self.scales is not None:
-            y = mx.quantized_matmul(
-                x, self.w, self.scales, self.biases, transpose=True, group_size=32, bits=self.bits
-            )
         else:
-            y = x @ self.w.T
+            assert self.w is not None  # only a fused linear of parts has no w of its own
+            if self.scales is not None:
+                y = mx.quantized_matmul(
+                    x,
+                    self.w,
+                    self.scales,
+                    self.biases,
+                    transpose=True,
+                    group_size=32,
+                    bits=self.bits,
+                )
+            else:
+                y = x @ self.w.T
         return y + self.bias if self.bias is not None else y
 
 
@@ -237,7 +245,17 @@ class MlxOps:
         )
         return r[0].transpose(1, 0, 2)
 
-    def attention(self, q, k, v, kv: LayerState, pos: StepContext, window, scale, softcap):  # type: ignore[no-untyped-def]
+    def attention(
+        self,
+        q: mx.array,
+        k: mx.array,
+        v: mx.array,
+        kv: LayerState,
+        pos: StepContext,
+        window: int | None,
+        scale: float,
+        softcap: float | None,
+    ) -> mx.array:
         if softcap:
             raise ValueError("attention logit softcap not carried")  # eligibility refuses it first
         T, H, _ = q.shape
@@ -266,7 +284,15 @@ class MlxOps:
     def softplus(self, x: mx.array) -> mx.array:
         return mx.logaddexp(mx.zeros_like(x), x)
 
-    def delta_rule(self, q, k, v, g, beta, state):  # type: ignore[no-untyped-def]
+    def delta_rule(
+        self,
+        q: mx.array,
+        k: mx.array,
+        v: mx.array,
+        g: mx.array,
+        beta: mx.array,
+        state: mx.array,
+    ) -> tuple[mx.array, mx.array]:
         """The per-token recurrence for every row, unrolled in the traced graph."""
         decay = mx.exp(g)
         outs = []
