@@ -481,10 +481,11 @@ class Tokenizer:
         """
         ids = self._core.encode_text(text, parse_special)
         if add_special:
-            if self.add_bos and not (ids and ids[0] == self.bos_id):
-                ids.insert(0, self.bos_id)  # type: ignore[arg-type]
-            if self.add_eos and not (ids and ids[-1] == self.eos_id):
-                ids.append(self.eos_id)  # type: ignore[arg-type]
+            bos, eos = self.bos_id, self.eos_id  # never None where add_bos / add_eos is set
+            if self.add_bos and bos is not None and not (ids and ids[0] == bos):
+                ids.insert(0, bos)
+            if self.add_eos and eos is not None and not (ids and ids[-1] == eos):
+                ids.append(eos)
         return ids
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -931,8 +932,9 @@ def _eog_by_text(
         if t in to_id:
             attrs[to_id[t]] = _A_USER_DEFINED
     for r in ("eos", "eot", "eom"):
-        if ids.get(r) is not None:
-            eog.add(ids[r])  # type: ignore[arg-type]
+        rid = ids.get(r)
+        if rid is not None:
+            eog.add(rid)
 
     _drop_non_eog(eog, {tokens[i]: i for i in eog}, attrs)
     return eog

@@ -43,7 +43,9 @@ def unzip_qkvz(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
     for name in [n for n in kept if rx.match(n)]:
         hf_name, st = kept.pop(name)
         check_dtype(hf_name, st)
-        bid = rx.match(name).group(1)  # type: ignore[union-attr]
+        m = rx.match(name)
+        assert m is not None  # the names were picked by this match
+        bid = m.group(1)
         if len(st.shape) != 2 or st.shape[0] != n_k * group:
             raise FrinkError(
                 f"{st.file}: tensor {hf_name!r} has shape {list(st.shape)}, "

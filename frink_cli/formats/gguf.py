@@ -271,10 +271,9 @@ class GgufTensors:
         self._entries = entries  # name -> (qtype, numpy shape, absolute offset, n_bytes)
 
     def __del__(self) -> None:
-        # try/except rather than contextlib.suppress: at interpreter shutdown module globals
-        # (os, and contextlib with it) may already be None, which is what the AttributeError
-        # and TypeError here are for.
-        try:  # noqa: SIM105
+        # At interpreter shutdown module globals (os, contextlib too) may already be None:
+        # hence the AttributeError and TypeError, and no contextlib.suppress here.
+        try:  # noqa: SIM105 - contextlib may be gone by then (see above)
             os.close(self._fd)
         except (OSError, AttributeError, TypeError):
             pass

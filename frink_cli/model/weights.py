@@ -130,6 +130,7 @@ class LayerStore(Sequence[LayerWeights]):
             self.on_load(i)
         return lw
 
+    # Sequence's __getitem__ also takes a slice; a layer store is indexed by layer only.
     def __getitem__(self, i: int) -> LayerWeights:  # type: ignore[override]
         i = self._index(i)
         lw = self._layers[i]
