@@ -20,6 +20,7 @@ from .formats import Checkpoint, open_checkpoint
 from .generate import GenerationStats, generate_tokens
 from .model import ModelConfig, config_from_checkpoint, load_weights
 from .model.validate import check_tensors as scan_tensors
+from .model.weights import LayerStore
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer, load_tokenizer
 
@@ -163,7 +164,9 @@ def load(
     weights = load_weights(ckpt, cfg, progress, lazy=chosen is not None)
     decoder = Decoder(cfg, weights, chosen)
     if chosen is not None and progress:
-        weights.layers.on_load = None  # later (fallback) reloads are not load progress
+        # load_weights' layers are a LayerStore (the decoder checks the same way).
+        if isinstance(weights.layers, LayerStore):
+            weights.layers.on_load = None  # later (fallback) reloads are not load progress
         progress(cfg.n_layer + 2, cfg.n_layer + 2)
     model = Model(ckpt, cfg, decoder, tokenizer, "numpy")
     model.backend_name = chosen.name if chosen else "numpy"

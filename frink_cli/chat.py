@@ -24,11 +24,11 @@ import json
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from .errors import FrinkError
 from .resources import config_file
@@ -180,7 +180,7 @@ def _compile(template: str) -> Any:
                 _check_format(receiver, star=False)
             return super().wrap_str_format(value)
 
-        def concat(self, parts: tuple) -> str:
+        def concat(self, parts: Iterable[Any]) -> str:
             pieces = [p if isinstance(p, str) else str(p) for p in parts]
             if sum(map(len, pieces)) > _cap.get():
                 raise _TooBig
@@ -189,7 +189,7 @@ def _compile(template: str) -> Any:
     class _Generation(jinja2.ext.Extension):
         # transformers' `{% generation %}...{% endgeneration %}` marks assistant text for
         # training masks; for inference it is just its body.
-        tags: ClassVar[set[str]] = {"generation"}
+        tags = {"generation"}
 
         def parse(self, parser: Any) -> Any:
             lineno = next(parser.stream).lineno

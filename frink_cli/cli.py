@@ -7,6 +7,7 @@ ends with one line on stderr and a non-zero exit; -v adds the traceback.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -41,10 +42,11 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 _verbose = False
 
 # Typer >= 0.22 vendors click as typer._click, whose exceptions are not click's own; catch
-# both so a bad flag is one line under either.
-_USAGE_ERRORS: tuple[type[Exception], ...] = (click.exceptions.ClickException,)
+# both so a bad flag is one line under either. The two copies' ClickExceptions are
+# unrelated classes of one shape (show, exit_code, format_message): no common type but Any.
+_USAGE_ERRORS: tuple[type[Any], ...] = (click.exceptions.ClickException,)
 _ABORTS: tuple[type[BaseException], ...] = (click.exceptions.Abort, typer.Abort)
-_HELP_ERRORS: tuple[type[Exception], ...] = tuple(
+_HELP_ERRORS: tuple[type[Any], ...] = tuple(
     c for c in (getattr(click.exceptions, "NoArgsIsHelpError", None),) if c is not None
 )
 try:
@@ -510,10 +512,8 @@ def models() -> None:
 def _fail(message: str, code: int = 1) -> None:
     """The one error line (file-supplied text escaped), then exit; never a second failure
     if stderr itself is gone."""
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         err.print(f"frink: {printable(message)}", markup=False)
-    except (OSError, ValueError, AttributeError):
-        pass
     _quiet_exit(code)
 
 
@@ -558,7 +558,7 @@ def main() -> None:
         finally:
             if sys.stdout is not None:
                 sys.stdout.flush()  # a full disk shows here, inside the handlers below
-    except (*_ABORTS, KeyboardInterrupt):
+    except _ABORTS + (KeyboardInterrupt,):
         _fail("interrupted", 130)
     except _HELP_ERRORS as e:  # bare `frink`: the help text, not an error line
         e.show()

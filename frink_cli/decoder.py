@@ -8,10 +8,11 @@ the last layer, so a step that fails leaves the cache as it was.
 from __future__ import annotations
 
 import time
+from typing import cast
 
 import numpy as np
 
-from .backends import Backend, LaunchFailed, Refusal
+from .backends import Backend, HeadBackend, LaunchFailed, Refusal
 from .cache import KvCache
 from .graph.body import HostBody
 from .graph.linear import ThreadChoice, blas_threads
@@ -75,16 +76,13 @@ class Decoder:
             if len(self.prefill_threads) > 64:  # many prompt sizes: keep the table small
                 self.prefill_threads.clear()
             choices = self.prefill_threads
+        backend = self.backend
         layer = 0
         while layer < self.cfg.n_layer:
-            plan = (
-                self.backend.plan(kind, layer, T, cache, positions=positions)
-                if self.backend
-                else None
-            )
-            if plan is None or isinstance(plan, Refusal):
-                if plan is not None:
-                    self.backend.ledger.refuse(plan.reason)
+            plan = backend.plan(kind, layer, T, cache, positions=positions) if backend else None
+            if backend is None or plan is None or isinstance(plan, Refusal):
+                if backend is not None and isinstance(plan, Refusal):
+                    backend.ledger.refuse(plan.reason)
                 x = self._host_layer(layer, x, positions, cache, choices)
                 layer += 1
             else:
@@ -92,16 +90,18 @@ class Decoder:
                     if (
                         head
                         and plan.stop == self.cfg.n_layer
-                        and getattr(self.backend, "runs_head", False)
+                        and getattr(backend, "runs_head", False)
                     ):
-                        logits = self.backend.run_head(plan, x, positions, cache, head == "all")
+                        # runs_head is HeadBackend's: this backend runs the head too.
+                        with_head = cast(HeadBackend, backend)
+                        logits = with_head.run_head(plan, x, positions, cache, head == "all")
                         cache.commit(T)
                         return logits, True
-                    x = self.backend.run(plan, x, positions, cache)
+                    x = backend.run(plan, x, positions, cache)
                 except LaunchFailed as e:
                     # The backend wrote no cache row before failing: the host body runs
                     # the same layers from the same x.
-                    self.backend.ledger.fail(str(e))
+                    backend.ledger.fail(str(e))
                     for failed in range(plan.start, plan.stop):
                         x = self._host_layer(failed, x, positions, cache, choices)
                 layer = plan.stop

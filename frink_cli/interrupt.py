@@ -22,9 +22,9 @@ def _record(signum: int, frame: object) -> None:
 
 
 def _is_the_command() -> bool:
-    main = sys.modules.get("__main__")
-    name = Path(getattr(main, "__file__", None) or "").name
-    return name == "frink" or (name == "cli.py" and "frink_cli" in str(main.__file__))
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    name = Path(main_file or "").name
+    return name == "frink" or (name == "cli.py" and "frink_cli" in str(main_file))
 
 
 if _is_the_command():

@@ -481,10 +481,11 @@ class Tokenizer:
         """
         ids = self._core.encode_text(text, parse_special)
         if add_special:
-            if self.add_bos and not (ids and ids[0] == self.bos_id):
-                ids.insert(0, self.bos_id)  # type: ignore[arg-type]
-            if self.add_eos and not (ids and ids[-1] == self.eos_id):
-                ids.append(self.eos_id)  # type: ignore[arg-type]
+            bos, eos = self.bos_id, self.eos_id  # never None where add_bos / add_eos is set
+            if self.add_bos and bos is not None and not (ids and ids[0] == bos):
+                ids.insert(0, bos)
+            if self.add_eos and eos is not None and not (ids and ids[-1] == eos):
+                ids.append(eos)
         return ids
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -627,6 +628,7 @@ class _GgufCore(_Core):
                     frag = " " + frag
                 self._spm(frag.replace(" ", "\u2581"), ids)
             else:
+                assert self._bpe is not None  # _load_gguf builds one for every "bpe" vocabulary
                 ids.extend(self._bpe.encode(frag, add_special_tokens=False).ids)
             prev_special = False
         return ids
@@ -637,6 +639,7 @@ class _GgufCore(_Core):
         if n == 0:
             return
         to_id, scores = self.to_id, self.scores
+        assert scores is not None  # every "spm" vocabulary has scores (0.0 when none stored)
         start = list(range(n))  # symbol i covers text[start[i] : start[i] + size[i]]
         size = [1] * n
         prev = list(range(-1, n - 1))
@@ -793,7 +796,8 @@ def _load_gguf(ckpt: Checkpoint) -> Tokenizer | None:
     add_eos = False
     ids.update({k: None for k in ("eot", "eom", "pre", "suf", "mid", "pad", "rep", "sep")})
 
-    pre_family, ignore_merges = None, False
+    pre_family, ignore_merges = "default", False
+    flags: dict[str, bool]
     if kind == "bpe":
         pre = md.get("tokenizer.ggml.pre") or ""
         if not pre:
@@ -906,8 +910,8 @@ def _eog_by_text(
             ids["eot"] = found[0]
             force_control(found[0])
     if ids.get("eom") is None and "<|eom_id|>" in to_id:
-        ids["eom"] = to_id["<|eom_id|>"]
-        force_control(ids["eom"])  # type: ignore[arg-type]
+        eom = ids["eom"] = to_id["<|eom_id|>"]
+        force_control(eom)
     for role, texts in _FIM_TEXTS.items():
         if ids.get(role) is None:
             found = sorted(to_id[t] for t in texts if t in to_id)
@@ -918,18 +922,19 @@ def _eog_by_text(
         if attrs[i] & _A_CONTROL and "unused" in t:
             attrs[i] |= _A_UNUSED
 
-    eog: set[int] = {ids[r] for r in _EOG_FIM if ids.get(r) is not None}  # type: ignore[misc]
+    eog = {tid for tid in (ids.get(r) for r in _EOG_FIM) if tid is not None}
     for t in _EOG_TEXTS:
-        i = to_id.get(t)
-        if i is not None:
-            eog.add(i)
-            force_control(i)
+        eog_id = to_id.get(t)
+        if eog_id is not None:
+            eog.add(eog_id)
+            force_control(eog_id)
     for t in ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"):  # gpt-oss: shown
         if t in to_id:
             attrs[to_id[t]] = _A_USER_DEFINED
     for r in ("eos", "eot", "eom"):
-        if ids.get(r) is not None:
-            eog.add(ids[r])  # type: ignore[arg-type]
+        rid = ids.get(r)
+        if rid is not None:
+            eog.add(rid)
 
     _drop_non_eog(eog, {tokens[i]: i for i in eog}, attrs)
     return eog
@@ -1154,9 +1159,9 @@ def _load_hf(d: Path) -> Tokenizer | None:
         eog.update(i for i in _ids_of(cfg.get("eos_token_id")) if 0 <= i < core.n_vocab)
     if eos_id is not None:
         eog.add(eos_id)
-    texts = {core.token_text(i): i for i in eog}
-    _drop_non_eog(eog, texts, None)
-    control -= set(texts.values()) - eog  # the ones just ruled ordinary stay as they were
+    by_text = {core.token_text(i): i for i in eog}
+    _drop_non_eog(eog, by_text, None)
+    control -= set(by_text.values()) - eog  # the ones just ruled ordinary stay as they were
     core.make_control(control)
     return Tokenizer(
         core,

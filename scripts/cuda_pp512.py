@@ -9,7 +9,8 @@ operands), and prints tok/s, the speedups, the ledger's submissions per prefill 
 decode token, and how far the stack's hidden states are from the host body's. Needs CuPy
 and a GPU; downloads nothing (weights are random, one layer's arrays shared by every layer).
 
-Usage: python scripts/cuda_pp512.py [--shapes smollm2-135m,llama-3.2-1b] [--n 512] [--tg 16] [--json FILE]
+Usage: python scripts/cuda_pp512.py [--shapes smollm2-135m,llama-3.2-1b] [--n 512] [--tg 16]
+                                   [--json FILE]
 """
 
 from __future__ import annotations
@@ -122,10 +123,12 @@ def run_shape(
             }
         )
         print(
-            f"{name}: cuda ({xp}) {dtype} pp{n} {n / s:,.0f} tok/s ({s * 1e3:.1f} ms), x{host_s / s:.1f} the host body, "
+            f"{name}: cuda ({xp}) {dtype} pp{n} {n / s:,.0f} tok/s ({s * 1e3:.1f} ms), "
+            f"x{host_s / s:.1f} the host body, "
             f"{subs:g} submission(s)/prefill, max|d| hidden {d:.3g} (scale {scale:.3g})"
             + (
-                f"; tg{n_tg} {n_tg / tg:,.1f} tok/s, x{host_tg / tg:.1f}, {tg_subs:g} submission(s)/token"
+                f"; tg{n_tg} {n_tg / tg:,.1f} tok/s, x{host_tg / tg:.1f}, "
+                f"{tg_subs:g} submission(s)/token"
                 if n_tg
                 else ""
             )
@@ -168,8 +171,8 @@ def main() -> None:
             args.tg,
         )
     print(
-        "\n| shape | backend | operands | pp tok/s | vs host | submissions/prefill | tg tok/s | vs host "
-        "| submissions/token | max abs diff (hidden) |"
+        "\n| shape | backend | operands | pp tok/s | vs host | submissions/prefill "
+        "| tg tok/s | vs host | submissions/token | max abs diff (hidden) |"
     )
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:

@@ -520,7 +520,8 @@ _TEMPLATE_PARTS = [
     "{{ 'q'.center(N) }}",
     "{{ 'q'|indent(N) }}",
     "{{ raise_exception('x') }}",
-    "{% set ns = namespace(v='ab') %}{% for i in range(N) %}{% set ns.v = ns.v ~ ns.v %}{% endfor %}",
+    "{% set ns = namespace(v='ab') %}"
+    "{% for i in range(N) %}{% set ns.v = ns.v ~ ns.v %}{% endfor %}",
     "{{ (messages|tojson)[N] }}",
     "{{ messages.pop() }}",
     "{{ ''.join(['a'] * N) }}",

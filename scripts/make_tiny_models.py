@@ -356,7 +356,8 @@ SPECS: dict[str, TinySpec] = {
             convert_args=("--no-mtp",),
             vector_overrides=_HYBRID_VECTORS,
             greedy=24,
-            notes="HF model_type qwen3_5: text model inside text_config, tiny vision tower, mrope sections",
+            notes="HF model_type qwen3_5: text model inside text_config, tiny vision tower, "
+            "mrope sections",
         ),
         TinySpec(
             "qwen3next",
@@ -408,7 +409,8 @@ SPECS: dict[str, TinySpec] = {
             seed=31,
             greedy=24,
             min_router_gap=MIN_ROUTER_GAP,
-            notes="qwen3 attention + sparse MoE on every layer (8 experts, top 3), no shared expert",
+            notes="qwen3 attention + sparse MoE on every layer (8 experts, top 3), "
+            "no shared expert",
         ),
         TinySpec(
             "qwen35moe",
@@ -423,7 +425,8 @@ SPECS: dict[str, TinySpec] = {
             vector_overrides=_HYBRID_VECTORS,
             greedy=24,
             min_router_gap=MIN_ROUTER_GAP,
-            notes="GDN x3 ATTN x1 (x2), sparse MoE (8 experts, top 3) + gated shared expert, no intermediate_size",
+            notes="GDN x3 ATTN x1 (x2), sparse MoE (8 experts, top 3) + gated shared expert, "
+            "no intermediate_size",
         ),
         TinySpec(
             "qwen35moe_vl",
@@ -464,7 +467,8 @@ SPECS: dict[str, TinySpec] = {
             seed=40,
             norm_center_overrides=_GRANITE_NORMS,
             greedy=24,
-            notes="llama layer + embedding, residual (both branches), attention (kq) multipliers, logits / 8; tied",
+            notes="llama layer + embedding, residual (both branches), attention (kq) "
+            "multipliers, logits / 8; tied",
         ),
         TinySpec(
             "granitemoe",
@@ -481,8 +485,8 @@ SPECS: dict[str, TinySpec] = {
             norm_center_overrides=_GRANITE_NORMS,
             greedy=24,
             min_router_gap=MIN_ROUTER_GAP,
-            notes="granite multipliers (embedding x12, kq 1.5) + sparse MoE on every layer (8 experts, top 2,"
-            " fused input_linear); untied",
+            notes="granite multipliers (embedding x12, kq 1.5) + sparse MoE on every layer "
+            "(8 experts, top 2, fused input_linear); untied",
         ),
         TinySpec(
             "granitemoeshared",
@@ -498,7 +502,8 @@ SPECS: dict[str, TinySpec] = {
             norm_center_overrides=_GRANITE_NORMS,
             greedy=24,
             min_router_gap=MIN_ROUTER_GAP,
-            notes="granitemoe (8 experts, top 3) + an ungated shared expert (GGUF arch granitemoe); tied",
+            notes="granitemoe (8 experts, top 3) + an ungated shared expert "
+            "(GGUF arch granitemoe); tied",
         ),
     ]
 }

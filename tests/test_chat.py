@@ -94,7 +94,8 @@ def test_template_errors_are_one_line_frink_errors() -> None:
         "{{ cycler.__init__.__globals__.os.popen('touch MARKER').read() }}",
         "{{ joiner.__init__.__globals__['os'].system('touch MARKER') }}",
         "{{ lipsum.__globals__['os'].popen('touch MARKER').read() }}",
-        "{{ self._TemplateReference__context.cycler.__init__.__globals__.os.system('touch MARKER') }}",
+        "{{ self._TemplateReference__context.cycler.__init__.__globals__"
+        ".os.system('touch MARKER') }}",
         "{{ (messages | first).__class__.__base__.__subclasses__() }}",
         "{{ raise_exception.__globals__ }}",
         "{% set x = messages.append({'role': 'user'}) %}{{ messages | length }}",

@@ -690,7 +690,8 @@ def test_failed_weight_upload_leaves_layers_on_the_host() -> None:
     cache = KvCache(cfg, 16)
     assert backend.plan("prefill", 0, 8, cache) == Refusal(eligibility.NOT_RESIDENT)
     assert list(backend.ledger.failures) == [
-        "weight upload: MemoryError: out of device memory (0 of 2 layers resident, the rest run on the host)"
+        "weight upload: MemoryError: out of device memory "
+        "(0 of 2 layers resident, the rest run on the host)"
     ]
 
 
@@ -719,7 +720,8 @@ def test_layers_that_fit_stay_resident() -> None:
     dec, host = Decoder(cfg, w, backend), Decoder(cfg, w)
     assert sorted(backend.layers) == [0, 1] and backend.head is None and not backend.runs_head
     assert list(backend.ledger.failures) == [
-        "weight upload: MemoryError: out of device memory (2 of 4 layers resident, the rest run on the host)"
+        "weight upload: MemoryError: out of device memory "
+        "(2 of 4 layers resident, the rest run on the host)"
     ]
     ids = np.arange(10) % cfg.n_vocab
     hc, dc = KvCache(cfg, 32), KvCache(cfg, 32)

@@ -20,8 +20,8 @@ import pytest
 
 mx = pytest.importorskip("mlx.core")
 
-import frink_cli
-from frink_cli.backends.mlx import graph
+import frink_cli  # noqa: E402
+from frink_cli.backends.mlx import graph  # noqa: E402
 
 STEPS = 12
 EXPERT_STACKS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")

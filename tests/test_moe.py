@@ -268,7 +268,7 @@ def test_a_dense_model_still_needs_its_ffn_width(tiny_model: Callable, value: in
         config_from_checkpoint(ckpt)
 
 
-# --- what a user sees ------------------------------------------------------------------------------
+# --- what a user sees -----------------------------------------------------------------------------
 
 
 def test_info_shows_the_pattern_and_the_experts(tiny_model: Callable) -> None:

@@ -58,7 +58,8 @@ def assert_same_checkpoint(
     assert hf.format == "safetensors" and gg.format == "gguf"
     hf_names, gg_names = set(hf.tensors.names()), set(gg.tensors.names())
     assert hf_names == gg_names, (
-        f"only in HF dir: {sorted(hf_names - gg_names)}; only in GGUF: {sorted(gg_names - hf_names)}"
+        f"only in HF dir: {sorted(hf_names - gg_names)}; "
+        f"only in GGUF: {sorted(gg_names - hf_names)}"
     )
     for name in sorted(gg_names):
         info = hf.tensors.info(name)

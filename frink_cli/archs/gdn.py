@@ -70,7 +70,8 @@ class GdnHybrid(Arch):
             "blk.{bid}.attn_q_norm",
             "blk.{bid}.attn_k_norm",
         )
-        return {f"{n}.weight": (ADD_ONE,) for n in norms} | {
+        out: dict[str, tuple[Transform, ...]] = {f"{n}.weight": (ADD_ONE,) for n in norms}
+        return out | {
             "blk.{bid}.ssm_a": (NEG_EXP,),
             "blk.{bid}.ssm_conv1d.weight": (SQUEEZE,),
         }

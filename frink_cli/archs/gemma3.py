@@ -130,7 +130,8 @@ class Gemma3(Arch):
             "blk.{bid}.ffn_norm",
             "blk.{bid}.post_ffw_norm",
         )
-        return {"token_embd.weight": (TRUNCATE_VOCAB,)} | {f"{n}.weight": (ADD_ONE,) for n in norms}
+        out: dict[str, tuple[Transform, ...]] = {"token_embd.weight": (TRUNCATE_VOCAB,)}
+        return out | {f"{n}.weight": (ADD_ONE,) for n in norms}
 
     def hf_metadata(self, w: MetadataWriter, notes: list[str]) -> None:
         super().hf_metadata(w, notes)

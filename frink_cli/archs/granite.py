@@ -29,6 +29,7 @@ output_linear -> ffn_down_shexp, width `{arch}.expert_shared_feed_forward_length
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from typing import Any, ClassVar
 
@@ -36,7 +37,13 @@ import numpy as np
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType, Kept, Plan, check_dtype, read_stored
+from ..formats.safetensors import (
+    HfModelType,
+    Kept,
+    Plan,
+    check_dtype,
+    read_stored_half,
+)
 from ..model.config import ModelConfig
 from .base import Composite, MetadataWriter, get, hf_type
 from .llama import Llama
@@ -83,7 +90,8 @@ class Granite(Llama):
         natural = int(hp["hidden_size"]) // int(hp["num_attention_heads"])
         if int(hp.get("head_dim") or natural) != natural:
             notes.append(
-                f"config head_dim={hp['head_dim']} ignored for granite (uses {natural}, as llama.cpp)"
+                f"config head_dim={hp['head_dim']} ignored for granite "
+                f"(uses {natural}, as llama.cpp)"
             )
         hp["head_dim"] = natural
         super().hf_metadata(w, notes)
@@ -129,7 +137,7 @@ def split_fused_glu(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
                 (*st.shape[:-2], ff, st.shape[-1]),
                 st.dtype,
                 (),
-                lambda st=st, i=i: np.ascontiguousarray(np.split(read_stored(st), 2, axis=-2)[i]),
+                functools.partial(read_stored_half, st, i, -2),
             )
     if not has_experts:
         down = re.compile(r"model\.layers\.(\d+)\.shared_mlp\.output_linear\.weight$")

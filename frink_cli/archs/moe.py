@@ -6,13 +6,21 @@ and Qwen3NextModel write them. Reading them back from GGUF is in base.Arch._moe_
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
 import numpy as np
 
 from ..errors import FrinkError
-from ..formats.safetensors import Kept, Plan, check_dtype, read_stored
+from ..formats.safetensors import (
+    Kept,
+    Plan,
+    StoredTensor,
+    check_dtype,
+    read_stored,
+    read_stored_half,
+)
 from .base import MetadataWriter
 
 HF_ROUTER: tuple[tuple[str, str], ...] = (
@@ -69,7 +77,7 @@ def stacked_experts(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
             (n, *stored[0].shape),
             stored[0].dtype,
             (),
-            lambda s=stored: np.stack([read_stored(x) for x in s]),
+            functools.partial(_read_stack, stored),
         )
 
     fused = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up|down)_proj(\.weight)?$")
@@ -93,6 +101,11 @@ def stacked_experts(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
                 (e, ff2 // 2, d),
                 st.dtype,
                 (),
-                lambda st=st, i=i: np.ascontiguousarray(np.split(read_stored(st), 2, axis=1)[i]),
+                functools.partial(read_stored_half, st, i, 1),
             )
     return plans
+
+
+def _read_stack(stored: list[StoredTensor]) -> np.ndarray:
+    """One expert tensor per stored source, stacked on a new leading axis."""
+    return np.stack([read_stored(x) for x in stored])

@@ -9,7 +9,9 @@ key head; the converter's Qwen3NextModel unzips it into attn_qkv and attn_gate.
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -19,6 +21,10 @@ from ..formats.safetensors import HfModelType, Kept, Plan, check_dtype, read_sto
 from .base import Composite, MetadataWriter
 from .gdn import GdnHybrid, hf_text_type
 from .moe import HF_ROUTER, HF_SHARED_EXPERT, hf_moe_metadata, stacked_experts
+
+
+def _part(split: Callable[[], tuple[np.ndarray, np.ndarray]], i: int) -> np.ndarray:
+    return split()[i]
 
 
 def unzip_qkvz(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
@@ -37,7 +43,9 @@ def unzip_qkvz(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
     for name in [n for n in kept if rx.match(n)]:
         hf_name, st = kept.pop(name)
         check_dtype(hf_name, st)
-        bid = rx.match(name).group(1)  # type: ignore[union-attr]
+        m = rx.match(name)
+        assert m is not None  # the names were picked by this match
+        bid = m.group(1)
         if len(st.shape) != 2 or st.shape[0] != n_k * group:
             raise FrinkError(
                 f"{st.file}: tensor {hf_name!r} has shape {list(st.shape)}, "
@@ -53,10 +61,10 @@ def unzip_qkvz(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
             return np.ascontiguousarray(qkv), np.ascontiguousarray(z.reshape(-1, d))
 
         plans[f"blk.{bid}.attn_qkv.weight"] = Plan(
-            None, (2 * n_k * hk + n_v * hv, d), st.dtype, (), lambda f=split: f()[0]
+            None, (2 * n_k * hk + n_v * hv, d), st.dtype, (), functools.partial(_part, split, 0)
         )
         plans[f"blk.{bid}.attn_gate.weight"] = Plan(
-            None, (n_v * hv, d), st.dtype, (), lambda f=split: f()[1]
+            None, (n_v * hv, d), st.dtype, (), functools.partial(_part, split, 1)
         )
     return plans
 

@@ -60,6 +60,18 @@ class Backend(Protocol):
     def run(self, run: Run, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray: ...
 
 
+class HeadBackend(Backend, Protocol):
+    """A backend that can also run the lm head in a run's own submission (base.DeviceBackend
+    does); the decoder asks for it only where `runs_head` says the head is resident."""
+
+    @property
+    def runs_head(self) -> bool: ...
+
+    def run_head(
+        self, run: Run, x: np.ndarray, positions: np.ndarray, cache, all_rows: bool
+    ) -> np.ndarray: ...
+
+
 def check_backend_name(name: str, allowed: tuple[str, ...] = BACKEND_NAMES) -> str:
     """`name` if it is one of `allowed`, else a FrinkError naming the choices. The one check
     of a backend name: the CLI's --backend options and the library's entry points call it."""

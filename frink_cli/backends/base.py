@@ -117,8 +117,9 @@ class DeviceBackend:
     ) -> Run | Refusal:
         """The longest run of resident layers from `layer`, or a named refusal, decided
         before any cache or device state is touched."""
-        if self.refusal[layer] is not None:
-            return Refusal(self.refusal[layer])
+        reason = self.refusal[layer]
+        if reason is not None:
+            return Refusal(reason)
         if layer not in self.resident:
             return Refusal(NOT_RESIDENT)
         stop = layer + 1

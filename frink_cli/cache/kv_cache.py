@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import FrinkError
 from ..model.config import ModelConfig
 from .attention import AttentionKv, WindowKv
-from .protocol import LayerSlot
+from .protocol import KvSlot, LayerSlot, RecurrentSlot
 from .recurrent import RecurrentState
 
 
@@ -41,7 +41,7 @@ class KvCache:
     def has_recurrent_state(self) -> bool:
         return any(isinstance(s, RecurrentState) for s in self.slots)
 
-    def slot(self, layer: int):  # type: ignore[no-untyped-def]  # a KvSlot or RecurrentSlot
+    def slot(self, layer: int) -> KvSlot | RecurrentSlot:
         return self.slots[layer]
 
     def reserve(self, n_rows: int) -> None:

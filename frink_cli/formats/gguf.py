@@ -184,6 +184,7 @@ class _Cursor:
         self.size = len(buf)
         self.pos = 0
         self.path = path
+        self.elem_type: GGUFValueType | None = None  # of the last array value() read
 
     def need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > self.size:
@@ -270,7 +271,9 @@ class GgufTensors:
         self._entries = entries  # name -> (qtype, numpy shape, absolute offset, n_bytes)
 
     def __del__(self) -> None:
-        try:
+        # At interpreter shutdown module globals (os, contextlib too) may already be None:
+        # hence the AttributeError and TypeError, and no contextlib.suppress here.
+        try:  # noqa: SIM105 - contextlib may be gone by then (see above)
             os.close(self._fd)
         except (OSError, AttributeError, TypeError):
             pass
@@ -298,7 +301,7 @@ class GgufTensors:
         qtype, shape, offset, n_bytes = self._entry(name)
         # pread, not the map: a file truncated under the run gives a short read here.
         data = np.empty(n_bytes, dtype=np.uint8)
-        view, done = memoryview(data), 0
+        view, done = data.data, 0  # ndarray.data: the array's memoryview
         while done < n_bytes:  # one call reads at most ~2 GiB on Linux
             got = os.preadv(self._fd, [view[done:]], offset + done)
             if got <= 0:

@@ -54,8 +54,10 @@ def _no_duplicates(where: str) -> Callable[[list[tuple[str, Any]]], dict[str, An
         out = dict(pairs)
         if len(out) != len(pairs):
             seen: set[str] = set()
-            dup = next(k for k, _ in pairs if k in seen or seen.add(k))
-            raise FrinkError(f"{where}: duplicate JSON key {dup!r}")
+            for k, _ in pairs:
+                if k in seen:
+                    raise FrinkError(f"{where}: duplicate JSON key {k!r}")
+                seen.add(k)
         return out
 
     return hook

@@ -340,6 +340,14 @@ def _hparams(cfg: dict[str, Any], mt: HfModelType) -> dict[str, Any]:
 # What arch modules build plans from (archs/*.py): a stored tensor and its float32 reader.
 StoredTensor = _Stored
 read_stored = _read_f32
+
+
+def read_stored_half(st: _Stored, i: int, axis: int) -> np.ndarray:
+    """Half i (0 or 1) of a stored tensor cut in two along `axis`, as a contiguous array
+    (a fused gate/up tensor's gate or up rows)."""
+    return np.ascontiguousarray(np.split(_read_f32(st), 2, axis=axis)[i])
+
+
 # A composite's input: stripped HF name -> (name in the files, where it is stored).
 Kept = dict[str, tuple[str, _Stored]]
 
@@ -525,7 +533,7 @@ def read_hf_dir(path: Path) -> Checkpoint:
 
     # Tensors the converter synthesizes from the config (e.g. llama3 rope factors).
     extra = {
-        gg: Plan(None, data.shape, "F32", (), lambda d=data: d.copy())
+        gg: Plan(None, data.shape, "F32", (), data.copy)
         for gg, data in arch.hf_generated(hp).items()
     }
     plans = {**extra, **plans}

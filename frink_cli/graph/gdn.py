@@ -32,6 +32,7 @@ CHUNK = 64  # tokens solved together in a prefill; transformers' chunk size too
 
 def key_head_of_value_head(cfg: ModelConfig) -> np.ndarray:
     """[n_v] index of the key head each value head reads."""
+    assert cfg.gdn is not None  # asked only of a model with gated delta net layers
     return np.asarray(cfg.gdn.key_heads(), dtype=np.intp)
 
 
@@ -82,7 +83,8 @@ def delta_rule_chunked(
 
     Within a chunk, with G_t = cumsum(g)_t and D[t, s] = exp(G_t - G_s) for s <= t (else 0),
     the updates u_t = beta_t (v_t - (exp(g_t) S_{t-1})^T k_t) satisfy the unit lower-
-    triangular system  u_t + beta_t sum_{s<t} D[t,s] (k_t.k_s) u_s = beta_t (v_t - exp(G_t) S0^T k_t),
+    triangular system
+        u_t + beta_t sum_{s<t} D[t,s] (k_t.k_s) u_s = beta_t (v_t - exp(G_t) S0^T k_t),
     and then  o_t = exp(G_t) S0^T q_t + sum_{s<=t} D[t,s] (q_t.k_s) u_s,
     S_end = exp(G_C) S0 + sum_s exp(G_C - G_s) k_s u_s^T. Every exponent is <= 0.
     """

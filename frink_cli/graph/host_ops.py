@@ -99,7 +99,15 @@ class HostOps:
     def softplus(self, x: np.ndarray) -> np.ndarray:
         return np.logaddexp(F32(0.0), x)
 
-    def delta_rule(self, q, k, v, g, beta, state):  # type: ignore[no-untyped-def]
+    def delta_rule(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        g: np.ndarray,
+        beta: np.ndarray,
+        state: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
         rule = delta_rule_steps if q.shape[0] == 1 else delta_rule_chunked
         return rule(q, k, v, g, beta, state)
 

@@ -108,6 +108,7 @@ def moe_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array) -> Array:
     w.inp fuses everything that reads h: the router rows, then (with a gated shared
     expert) its gate row, then the shared expert's gate/up rows."""
     m = cfg.moe
+    assert m is not None  # compose_layer comes here only for a layer whose ffn is "moe"
     E = m.n_expert
     r = ops.linear(h, w.inp)
     ids, weights = ops.route(r[:, :E], m.n_expert_used, m.norm_topk)
@@ -133,6 +134,7 @@ def gdn_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array, slot: Any) -> Array:
     The slot holds the conv tail and delta state; the new ones are staged on it.
     w.in_proj rows: the conv input (q, k: n_k heads each, v: n_v heads), z, beta, alpha."""
     g_cfg = cfg.gdn
+    assert g_cfg is not None  # compose_layer comes here only for a layer whose mixer is "gdn"
     T = h.shape[0]
     n_k, n_v, hk, hv = g_cfg.n_k_heads, g_cfg.n_v_heads, g_cfg.head_dim_k, g_cfg.head_dim_v
     key_dim, conv_dim, value_dim = n_k * hk, g_cfg.conv_dim, n_v * hv

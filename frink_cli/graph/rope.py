@@ -44,6 +44,7 @@ class Rope:
         """Table rows for `positions`, grown to cover them. The decoder's positions are one
         ascending run, which a slice reads without a gather."""
         p0, T = int(positions[0]), len(positions)
+        index: slice | np.ndarray
         if int(positions[-1]) - p0 == T - 1:
             need, index = p0 + T, slice(p0, p0 + T)
         else:

@@ -55,21 +55,21 @@ def validate_config(cfg: ModelConfig, where: str, ckpt: Checkpoint | None = None
             cfg.rope_dim,
             f"an even number no larger than the head dim {cfg.head_dim_k}",
         )
-    for what, value in (
+    for what, real in (
         ("rope base", cfg.rope_base),
         ("sliding-window rope base", cfg.rope_base_swa),
         ("norm epsilon", cfg.norm_eps),
         ("rope scale", cfg.rope_scale),
     ):
-        if not (math.isfinite(value) and value > 0):
-            raise bad(what, value, "a finite number > 0")
-    for what, value in (
+        if not (math.isfinite(real) and real > 0):
+            raise bad(what, real, "a finite number > 0")
+    for what, optional in (
         ("attention scale", cfg.attn_scale),
         ("final logit softcap", cfg.final_logit_softcap),
         ("attention logit softcap", cfg.attn_logit_softcap),
     ):
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise bad(what, value, "a finite number > 0")
+        if optional is not None and not (math.isfinite(optional) and optional > 0):
+            raise bad(what, optional, "a finite number > 0")
     if cfg.sliding_window is not None and not 0 < cfg.sliding_window <= _MAX_CTX:
         raise bad("sliding window", cfg.sliding_window, f"between 1 and {_MAX_CTX}")
     if ckpt is not None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields, is_dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -55,7 +55,7 @@ class Linear:
                 self.w = np.ascontiguousarray(self.w)
 
 
-def gemv_order(rows: int, cols: int) -> str:
+def gemv_order(rows: int, cols: int) -> Literal["C", "F"]:
     """Memory order of an [out=rows, in=cols] weight for `x @ W.T` (see the module note)."""
     return "F" if rows >= cols else "C"
 
@@ -162,6 +162,7 @@ class LayerStore(Sequence[LayerWeights]):
             self.on_load(i)
         return lw
 
+    # Sequence's __getitem__ also takes a slice; a layer store is indexed by layer only.
     def __getitem__(self, i: int) -> LayerWeights:  # type: ignore[override]
         i = self._index(i)
         lw = self._layers[i]
@@ -216,17 +217,21 @@ def load_weights(
     as they load, until the caller clears `layers.on_load`)."""
     names = set(ckpt.tensors.names())
 
-    def get(name: str, shape: tuple[int, ...], required: bool = True) -> np.ndarray | None:
+    def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
         if name not in names:
-            if required:
-                raise FrinkError(f"{ckpt.path}: missing tensor {name}")
-            return None
+            raise FrinkError(f"{ckpt.path}: missing tensor {name}")
         info = ckpt.tensors.info(name)
         if tuple(info.shape) != shape:
             raise FrinkError(
                 f"{ckpt.path}: tensor {name} has shape {list(info.shape)}, expected {list(shape)}"
             )
         return ckpt.tensors.load(name)
+
+    def optional(name: str, shape: tuple[int, ...], required: bool = False) -> np.ndarray | None:
+        """get(), or None for a tensor the file lacks unless `required`."""
+        if name not in names and not required:
+            return None
+        return get(name, shape)
 
     def fused(parts: list[tuple[str, int]], in_dim: int, bias: bool = True) -> Linear:
         """Rows of several tensors stacked into one matrix; biases zero-filled if partial."""
@@ -237,7 +242,7 @@ def load_weights(
         for name, rows in parts:
             w[r0 : r0 + rows] = get(name + ".weight", (rows, in_dim))
             r0 += rows
-            bs.append(get(name + ".bias", (rows,), required=False) if bias else None)
+            bs.append(optional(name + ".bias", (rows,)) if bias else None)
         b = None
         if any(x is not None for x in bs):
             b = np.concatenate(
@@ -257,7 +262,7 @@ def load_weights(
         token_embd = output.w
     else:
         output = fused([("output", cfg.n_vocab)], d, bias=False)
-    rope_freqs = get("rope_freqs.weight", (cfg.rope_dim // 2,), required=False)
+    rope_freqs = optional("rope_freqs.weight", (cfg.rope_dim // 2,))
     if progress:
         progress(1, total)
 
@@ -277,8 +282,8 @@ def load_weights(
                 qkv = fused([(p + "attn_qkv", nq + nk + nv)], d)
             else:
                 qkv = fused([(p + "attn_q", nq), (p + "attn_k", nk), (p + "attn_v", nv)], d)
-            q_norm = get(p + "attn_q_norm.weight", (hk,), required=cfg.qk_norm)
-            k_norm = get(p + "attn_k_norm.weight", (hk,), required=cfg.qk_norm)
+            q_norm = optional(p + "attn_q_norm.weight", (hk,), required=cfg.qk_norm)
+            k_norm = optional(p + "attn_k_norm.weight", (hk,), required=cfg.qk_norm)
             wo = fused([(p + "attn_output", d)], cfg.n_head * hv)
         gate_up = down = moe = None
         if shape.ffn == "moe":
@@ -292,13 +297,15 @@ def load_weights(
             q_norm=q_norm,
             k_norm=k_norm,
             wo=wo,
-            post_attn_norm=get(p + f"{post_norm_name}.weight", (d,), required=cfg.post_attn_norm)
+            post_attn_norm=optional(
+                p + f"{post_norm_name}.weight", (d,), required=cfg.post_attn_norm
+            )
             if post_norm_name
             else None,
             ffn_norm=get(p + f"{cfg.ffn_norm_tensor}.weight", (d,)),
             gate_up=gate_up,
             down=down,
-            post_ffn_norm=get(p + "post_ffw_norm.weight", (d,), required=cfg.post_ffn_norm),
+            post_ffn_norm=optional(p + "post_ffw_norm.weight", (d,), required=cfg.post_ffn_norm),
             gdn=gdn,
             moe=moe,
         )
@@ -324,9 +331,15 @@ def load_weights(
     return ModelWeights(token_embd, output_norm, output, rope_freqs, layers)
 
 
-def _load_gdn(p: str, cfg: ModelConfig, get: Callable, names: set[str]) -> GdnWeights:
-    d, n_k, n_v = cfg.n_embd, cfg.gdn.n_k_heads, cfg.gdn.n_v_heads
-    conv_dim, value_dim = cfg.gdn.conv_dim, n_v * cfg.gdn.head_dim_v
+# load_weights' tensor reader: (name, expected shape) -> the array, or FrinkError.
+_Get = Callable[[str, tuple[int, ...]], np.ndarray]
+
+
+def _load_gdn(p: str, cfg: ModelConfig, get: _Get, names: set[str]) -> GdnWeights:
+    gdn = cfg.gdn
+    assert gdn is not None  # only a layer_shape with mixer "gdn" comes here
+    d, n_k, n_v = cfg.n_embd, gdn.n_k_heads, gdn.n_v_heads
+    conv_dim, value_dim = gdn.conv_dim, n_v * gdn.head_dim_v
     if p + "ssm_ba.weight" in names:
         # qwen3next keeps beta and alpha in one matrix, grouped by key head: for each of the
         # n_k groups, its r = n_v / n_k beta rows then its r alpha rows. Unzip into all betas
@@ -346,16 +359,18 @@ def _load_gdn(p: str, cfg: ModelConfig, get: Callable, names: set[str]) -> GdnWe
     )
     return GdnWeights(
         in_proj=Linear(in_proj, None),
-        conv=get(p + "ssm_conv1d.weight", (conv_dim, cfg.gdn.conv_kernel)),
+        conv=get(p + "ssm_conv1d.weight", (conv_dim, gdn.conv_kernel)),
         a=get(p + "ssm_a", (n_v,)),
         dt_bias=get(p + "ssm_dt.bias", (n_v,)),
-        norm=get(p + "ssm_norm.weight", (cfg.gdn.head_dim_v,)),
+        norm=get(p + "ssm_norm.weight", (gdn.head_dim_v,)),
         out=Linear(get(p + "ssm_out.weight", (d, value_dim)), None),
     )
 
 
-def _load_moe(p: str, cfg: ModelConfig, get: Callable, ckpt: Checkpoint) -> MoeWeights:
-    d, n_e, ff = cfg.n_embd, cfg.moe.n_expert, cfg.moe.n_ff_exp
+def _load_moe(p: str, cfg: ModelConfig, get: _Get, ckpt: Checkpoint) -> MoeWeights:
+    moe = cfg.moe
+    assert moe is not None  # only a layer_shape with ffn "moe" comes here
+    d, n_e, ff = cfg.n_embd, moe.n_expert, moe.n_ff_exp
     names = set(ckpt.tensors.names())
     if p + "ffn_gate_up_exps.weight" in names:
         gate_up = get(p + "ffn_gate_up_exps.weight", (n_e, 2 * ff, d))
@@ -370,9 +385,9 @@ def _load_moe(p: str, cfg: ModelConfig, get: Callable, ckpt: Checkpoint) -> MoeW
     inp = [get(p + "ffn_gate_inp.weight", (n_e, d))]
     inp_sources = [p + "ffn_gate_inp.weight"]
     down_shexp = None
-    if cfg.moe.n_ff_shexp:
-        sh = cfg.moe.n_ff_shexp
-        if cfg.moe.shared_gate:
+    if moe.n_ff_shexp:
+        sh = moe.n_ff_shexp
+        if moe.shared_gate:
             # llama.cpp accepts the shared expert's gate as [n_embd] or [1, n_embd].
             gate_name = p + "ffn_gate_inp_shexp.weight"
             shape = (
@@ -387,7 +402,9 @@ def _load_moe(p: str, cfg: ModelConfig, get: Callable, ckpt: Checkpoint) -> MoeW
             get(p + "ffn_gate_shexp.weight", (sh, d)),
             get(p + "ffn_up_shexp.weight", (sh, d)),
         ]
-        down_shexp = Linear(get(p + "ffn_down_shexp.weight", (d, sh)), None, (p + "ffn_down_shexp.weight",))
+        down_shexp = Linear(
+            get(p + "ffn_down_shexp.weight", (d, sh)), None, (p + "ffn_down_shexp.weight",)
+        )
     return MoeWeights(
         inp=Linear(np.concatenate(inp), None, tuple(inp_sources)),
         gate_up_exps=gate_up,

@@ -124,7 +124,8 @@ def tensor_format(gguf_type: str, weight_dtype: str | None = None) -> str:
         return "f32 as stored" if dtype == "f32" else f"f32 vectors; matrices to {dtype} at load"
     if gguf_type.lower() == dtype:
         return f"{dtype} as stored"
-    return f"{dtype} ({'dequantized' if gguf_type.startswith(('Q', 'I', 'T')) else 'converted'} at load)"
+    how = "dequantized" if gguf_type.startswith(("Q", "I", "T")) else "converted"
+    return f"{dtype} ({how} at load)"
 
 
 def make_cuda_backend(

@@ -9,10 +9,11 @@ same layer predicate without a GPU. Every refusal has a name (counted in the led
   The stack carries pre-norm GQA attention (QKV biases, QK norm, both rope layouts, partial
   rope, rope frequency factors, linear rope scaling, any q scale, sliding windows with
   their own rope base), post-attention and post-FFN norms at the model's one norm eps, and
-  a dense gated FFN (SwiGLU or GeGLU, tanh form). Everything else is refused by name. The check is exhaustive by construction: every ModelConfig and
-  LayerShape field is either listed in CARRIED / OUTSIDE_THE_LAYERS below or refused when
-  it holds anything but a neutral value (None, False, 0, empty), so a decoration added to
-  the config later is refused ("<field> not carried") until someone classifies it here.
+  a dense gated FFN (SwiGLU or GeGLU, tanh form). Everything else is refused by name. The
+  check is exhaustive by construction: every ModelConfig and LayerShape field is either
+  listed in CARRIED / OUTSIDE_THE_LAYERS below or refused when it holds anything but a
+  neutral value (None, False, 0, empty), so a decoration added to the config later is
+  refused ("<field> not carried") until someone classifies it here.
 - `step_refusal(...)`: what THIS step is: a decode row, or a prefill batch of at least
   MIN_BATCH rows, at positions that continue the cache, over cache slots that still hold
   every row the step sees.

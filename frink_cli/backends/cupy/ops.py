@@ -347,7 +347,7 @@ class CudaStep:
     """The step context a run passes to the ops: the cache rows before the batch
     (n_prefix), and the batch's cos/sin tables [T, rope_dim/2] per rope key on the device."""
 
-    def __init__(self, n_prefix: int, tables: dict[Any, tuple[Any, Any]]) -> None:
+    def __init__(self, n_prefix: int, tables: dict[Any, tuple[Any, Any, int, bool]]) -> None:
         self.n_prefix = n_prefix
         self.tables = tables
 
@@ -394,7 +394,7 @@ def _locate(view: Any) -> tuple[Any, int]:
 
 def _address(a: Any) -> int:
     data = getattr(a, "data", None)
-    if hasattr(data, "ptr"):  # cupy.ndarray
+    if data is not None and hasattr(data, "ptr"):  # cupy.ndarray
         return int(data.ptr)
     return int(a.__array_interface__["data"][0])
 
@@ -463,7 +463,17 @@ class CudaOps:
         self.k.rope(buf, offset, x.shape[1], x.shape[2], cos, sin, dims, neox)
         return x
 
-    def attention(self, q, k, v, kv: KvRows, pos: CudaStep, window, scale, softcap):  # type: ignore[no-untyped-def]
+    def attention(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        kv: KvRows,
+        pos: CudaStep,
+        window: int | None,
+        scale: float,
+        softcap: float | None,
+    ) -> Any:
         if softcap:
             raise NotImplementedError("attention logit softcap (eligibility refuses it)")
         T, H, hk = q.shape

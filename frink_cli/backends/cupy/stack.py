@@ -39,7 +39,9 @@ class DeviceLinear:
 
 
 def _device_linear(ops: Any, lin: Linear, dtype: Any) -> DeviceLinear:
-    return DeviceLinear(ops.to_device(lin.w, dtype), None if lin.b is None else ops.to_device(lin.b))
+    return DeviceLinear(
+        ops.to_device(lin.w, dtype), None if lin.b is None else ops.to_device(lin.b)
+    )
 
 
 def upload_layer(ops: Any, w: LayerWeights, dtype: Any) -> LayerWeights:
@@ -103,6 +105,7 @@ def dense_stack(
     for w, shape, rope, (kc, vc) in zip(layers, shapes, rope_keys, kv):
         view = KvRows(kc, vc)
         resid = compose_layer(ops, cfg, shape, w, resid, pos, view, rope)
+        assert view.rows is not None  # attention wrote the step's rows (every layer attends)
         rows.append(view.rows)
 
     if head is None:

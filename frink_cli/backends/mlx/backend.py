@@ -3,10 +3,11 @@
 Weights are uploaded once at bind() and stay resident: Q4_0/Q4_1/Q8_0 tensors as MLX
 affine-quantized integers taken from the file's own blocks (quant.py), F16/BF16 as they
 are, everything else as the host body's f32. MoE expert stacks follow the same rule and
-are multiplied in place (graph.DeviceExperts), never gathered per token. A run's K/V are attended on the device from
-a per-sequence mirror of the host cache; the host cache stays authoritative: every new K/V
-row comes back with the run's output in the same transfer and is written to it, and a
-mirror layer whose length differs from the host's is re-uploaded before use.
+are multiplied in place (graph.DeviceExperts), never gathered per token. A run's K/V are
+attended on the device from a per-sequence mirror of the host cache; the host cache stays
+authoritative: every new K/V row comes back with the run's output in the same transfer and
+is written to it, and a mirror layer whose length differs from the host's is re-uploaded
+before use.
 
 A submission is one mx.eval. Each run makes exactly one; its results are then read with
 np.asarray, which copies already-evaluated memory and does not synchronize again.
@@ -22,7 +23,7 @@ import numpy as np
 from ...graph.layer import layer as compose_layer
 from ...graph.layer import lm_head
 from ...model.config import ModelConfig
-from ...model.weights import LayerWeights, map_layer
+from ...model.weights import LayerWeights, MoeWeights, map_layer
 from .. import Run
 from ..base import DeviceBackend
 from . import graph
@@ -142,8 +143,8 @@ class MlxBackend(DeviceBackend):
             and len({src.info(n).dtype for n in names}) > 1
         ):
             parts, o = [], 0
-            for _, group in itertools.groupby(names, key=lambda n: src.info(n).dtype):
-                group = list(group)
+            for _, run in itertools.groupby(names, key=lambda n: src.info(n).dtype):
+                group = list(run)
                 rows = sum(int(np.prod(src.info(n).shape[:-1])) for n in group)  # 1-D: one row
                 parts.append(self._linear(group, dense[o : o + rows], None))
                 o += rows
@@ -186,9 +187,8 @@ class MlxBackend(DeviceBackend):
             return graph.DeviceExperts(mx.array(w).astype(mx.bfloat16))
         return graph.DeviceExperts(mx.array(w))
 
-    def _moe(self, p: str, e) -> graph.DeviceMoe:
-        cfg = self.cfg
-        ff = cfg.moe.n_ff_exp
+    def _moe(self, p: str, e: MoeWeights) -> graph.DeviceMoe:
+        ff = e.gate_up_exps.shape[1] // 2  # gate rows, then up rows
         names = self._source_names()
         if p + "ffn_gate_up_exps.weight" in names:
             gate_up = [self._experts([p + "ffn_gate_up_exps.weight"], e.gate_up_exps)]
@@ -327,10 +327,13 @@ class MlxBackend(DeviceBackend):
         )
         outputs, staged = [], []
         m = self._mirror(cache, cache.n_past + T)
-        state = {}  # this launch's device state per layer, carried chunk to chunk
+        # This launch's device state per layer, carried chunk to chunk.
+        state: dict[int, tuple[mx.array, mx.array]] = {}
         for i in range(run.start, run.stop):
             self._sync_layer(m, cache, i)
-            state[i] = (m.k[i], m.v[i])
+            dk, dv = m.k[i], m.v[i]
+            assert dk is not None and dv is not None  # _sync_layer has just uploaded them
+            state[i] = (dk, dv)
         for o in range(0, T, chunk):
             c = min(chunk, T - o)
             last = o + c == T

@@ -20,8 +20,9 @@ import mlx.core as mx
 class DeviceLinear:
     """[out, in] weight: dense (w) or MLX-affine quantized (w packed, scales, biases), or
     (parts) a fused linear whose source tensors differ in type: each part holds a run of
-    source tensors of one type by that type's rule, and their outputs concatenate along the last axis in the host's
-    fused row order, so a Q4_K q/k beside a Q6_K v keeps q/k quantized."""
+    source tensors of one type by that type's rule, and their outputs concatenate along the
+    last axis in the host's fused row order, so a Q4_K q/k beside a Q6_K v keeps q/k
+    quantized."""
 
     w: mx.array | None
     scales: mx.array | None = None
@@ -34,12 +35,20 @@ class DeviceLinear:
     def __call__(self, x: mx.array) -> mx.array:
         if self.parts:
             y = mx.concatenate([p(x) for p in self.parts], axis=-1)
-        elif self.scales is not None:
-            y = mx.quantized_matmul(
-                x, self.w, self.scales, self.biases, transpose=True, group_size=32, bits=self.bits
-            )
         else:
-            y = x @ self.w.T
+            assert self.w is not None  # only a fused linear of parts has no w of its own
+            if self.scales is not None:
+                y = mx.quantized_matmul(
+                    x,
+                    self.w,
+                    self.scales,
+                    self.biases,
+                    transpose=True,
+                    group_size=32,
+                    bits=self.bits,
+                )
+            else:
+                y = x @ self.w.T
         return y + self.bias if self.bias is not None else y
 
 
@@ -106,7 +115,10 @@ class DeviceMoe:
     def gate_up_shexp(self) -> DeviceLinear | None:
         """The part of `inp` that holds the shared expert's gate/up rows (for inspection)."""
         for part in self.inp.parts or (self.inp,):
-            if any(name.endswith(("ffn_gate_shexp.weight", "ffn_up_shexp.weight")) for name in part.sources):
+            if any(
+                name.endswith(("ffn_gate_shexp.weight", "ffn_up_shexp.weight"))
+                for name in part.sources
+            ):
                 return part
         return None
 
@@ -221,7 +233,17 @@ class MlxOps:
         )
         return r[0].transpose(1, 0, 2)
 
-    def attention(self, q, k, v, kv: LayerState, pos: StepContext, window, scale, softcap):  # type: ignore[no-untyped-def]
+    def attention(
+        self,
+        q: mx.array,
+        k: mx.array,
+        v: mx.array,
+        kv: LayerState,
+        pos: StepContext,
+        window: int | None,
+        scale: float,
+        softcap: float | None,
+    ) -> mx.array:
         if softcap:
             raise ValueError("attention logit softcap not carried")  # eligibility refuses it first
         T, H, _ = q.shape
@@ -250,7 +272,15 @@ class MlxOps:
     def softplus(self, x: mx.array) -> mx.array:
         return mx.logaddexp(mx.zeros_like(x), x)
 
-    def delta_rule(self, q, k, v, g, beta, state):  # type: ignore[no-untyped-def]
+    def delta_rule(
+        self,
+        q: mx.array,
+        k: mx.array,
+        v: mx.array,
+        g: mx.array,
+        beta: mx.array,
+        state: mx.array,
+    ) -> tuple[mx.array, mx.array]:
         """The per-token recurrence for every row, unrolled in the traced graph."""
         decay = mx.exp(g)
         outs = []
