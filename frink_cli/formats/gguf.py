@@ -299,6 +299,21 @@ class GgufTensors:
 
     def load(self, name: str) -> np.ndarray:
         qtype, shape, offset, n_bytes = self._entry(name)
+        return self._dequantize(name, qtype, self._pread(name, offset, n_bytes), shape)
+
+    def load_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) of a 2-D tensor, dequantized: a caller filling a large matrix
+        in its own layout (the embedding, held column-major) reads it a slice at a time, so
+        load never holds the file's blocks, a dequantized copy and the final array at once."""
+        qtype, shape, offset, _ = self._entry(name)
+        if len(shape) != 2 or not 0 <= start <= stop <= shape[0]:
+            raise ValueError(f"rows [{start}, {stop}) of tensor {name} {list(shape)}")
+        block, type_size = GGML_QUANT_SIZES[qtype]
+        row_bytes = shape[1] // block * type_size
+        data = self._pread(name, offset + start * row_bytes, (stop - start) * row_bytes)
+        return self._dequantize(name, qtype, data, (stop - start, shape[1]))
+
+    def _pread(self, name: str, offset: int, n_bytes: int) -> np.ndarray:
         # pread, not the map: a file truncated under the run gives a short read here.
         data = np.empty(n_bytes, dtype=np.uint8)
         view, done = data.data, 0  # ndarray.data: the array's memoryview
@@ -309,6 +324,11 @@ class GgufTensors:
                     f"{self._path}: the file shrank while frink was reading it (tensor {name})"
                 )
             done += got
+        return data
+
+    def _dequantize(
+        self, name: str, qtype: GGMLQuantizationType, data: np.ndarray, shape: tuple[int, ...]
+    ) -> np.ndarray:
         block, type_size = GGML_QUANT_SIZES[qtype]
         rows = data.reshape(-1, shape[-1] // block * type_size)
         try:

@@ -55,6 +55,11 @@ class Linear:
                 self.w = np.ascontiguousarray(self.w)
 
 
+# Rows dequantized per read when a matrix is filled a slice at a time (load_weights' fill):
+# small beside any real matrix, large enough that the reads stay few.
+_FILL_CHUNK_BYTES = 32 << 20
+
+
 def gemv_order(rows: int, cols: int) -> Literal["C", "F"]:
     """Memory order of an [out=rows, in=cols] weight for `x @ W.T` (see the module note)."""
     return "F" if rows >= cols else "C"
@@ -217,7 +222,7 @@ def load_weights(
     as they load, until the caller clears `layers.on_load`)."""
     names = set(ckpt.tensors.names())
 
-    def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
+    def check(name: str, shape: tuple[int, ...]) -> None:
         if name not in names:
             raise FrinkError(f"{ckpt.path}: missing tensor {name}")
         info = ckpt.tensors.info(name)
@@ -225,7 +230,23 @@ def load_weights(
             raise FrinkError(
                 f"{ckpt.path}: tensor {name} has shape {list(info.shape)}, expected {list(shape)}"
             )
+
+    def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        check(name, shape)
         return ckpt.tensors.load(name)
+
+    def fill(dst: np.ndarray, name: str) -> None:
+        """dst[...] = the tensor (checked against dst's shape), read a slice of rows at a
+        time where the source can: a large matrix held in another memory order (a tied
+        262k-row embedding, column-major) then never exists twice at full size."""
+        check(name, dst.shape)
+        load_rows = getattr(ckpt.tensors, "load_rows", None)
+        step = max(1, _FILL_CHUNK_BYTES // (4 * dst.shape[-1]))
+        if load_rows is None or dst.ndim != 2 or dst.shape[0] <= step:
+            dst[...] = ckpt.tensors.load(name)
+            return
+        for r in range(0, dst.shape[0], step):
+            dst[r : r + step] = load_rows(name, r, min(dst.shape[0], r + step))
 
     def optional(name: str, shape: tuple[int, ...], required: bool = False) -> np.ndarray | None:
         """get(), or None for a tensor the file lacks unless `required`."""
@@ -240,7 +261,7 @@ def load_weights(
         w = np.empty((n_rows, in_dim), np.float32, order=gemv_order(n_rows, in_dim))
         bs, r0 = [], 0
         for name, rows in parts:
-            w[r0 : r0 + rows] = get(name + ".weight", (rows, in_dim))
+            fill(w[r0 : r0 + rows], name + ".weight")
             r0 += rows
             bs.append(optional(name + ".bias", (rows,)) if bias else None)
         b = None
@@ -254,13 +275,16 @@ def load_weights(
     nq, nk, nv = cfg.n_head * hk, cfg.n_head_kv * hk, cfg.n_head_kv * hv
     total = cfg.n_layer + 2
 
-    token_embd = get("token_embd.weight", (cfg.n_vocab, d))
     if cfg.tied_embeddings:
-        output = Linear(token_embd, None, ("token_embd.weight",))
         # One array serves both: the lookup gathers rows from the column-major head (a
-        # strided read of n_embd floats per token) rather than keep a second copy.
+        # strided read of n_embd floats per token) rather than keep a second copy. Filled
+        # in its final order a slice at a time (no row-major copy beside it).
+        head = np.empty((cfg.n_vocab, d), np.float32, order=gemv_order(cfg.n_vocab, d))
+        fill(head, "token_embd.weight")
+        output = Linear(head, None, ("token_embd.weight",))
         token_embd = output.w
     else:
+        token_embd = get("token_embd.weight", (cfg.n_vocab, d))
         output = fused([("output", cfg.n_vocab)], d, bias=False)
     rope_freqs = optional("rope_freqs.weight", (cfg.rope_dim // 2,))
     if progress:
