@@ -217,6 +217,25 @@ SPECS: dict[str, TinySpec] = {
             ),
             seed=1,
         ),
+        # Rows 256 wide (hidden 256, ffn 512): whole super-blocks of the K-quant and IQ types
+        # (256 weights each), so llama.cpp quantizes every matrix to the type asked for
+        # instead of falling back; tests/test_quant_types.py requantizes this one.
+        TinySpec(
+            "llama_q",
+            "LlamaForCausalLM",
+            "LlamaConfig",
+            dict(
+                _COMMON,
+                hidden_size=256,
+                intermediate_size=512,
+                num_hidden_layers=2,
+                rope_theta=10000.0,
+                rms_norm_eps=1e-5,
+                tie_word_embeddings=False,
+            ),
+            seed=12,
+            notes="llama with 256-wide rows, for the quant-type tests",
+        ),
         TinySpec(
             "llama_tied",
             "LlamaForCausalLM",

@@ -42,6 +42,23 @@ _BLOCK_BYTES = {
 }
 
 
+# Why each GGUF type outside QUANTIZED_TYPES is not kept in its blocks on the device (what
+# `frink info --backend metal` says); the host dequantizes it with gguf-py, as every backend.
+_IQ_GRID = "its weights index a codebook grid (or sign table), not an affine scale * q + bias"
+_DEQUANTIZED_WHY = {
+    **dict.fromkeys(("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"), _IQ_GRID),
+    **dict.fromkeys(
+        ("IQ4_NL", "IQ4_XS"), "its 4-bit codes index a non-uniform table, not MLX's affine steps"
+    ),
+    **dict.fromkeys(
+        ("TQ1_0", "TQ2_0"),
+        "ternary, base-3 packed (TQ1_0) or with a 256-weight scale (TQ2_0): no MLX layout",
+    ),
+    "MXFP4": "e2m1 values with e8m0 scales; MLX's mxfp4 mode is not wired to it yet",
+    "NVFP4": "e2m1 values with fp8 scales per 16; no MLX layout",
+}
+
+
 def device_format(dtype: str) -> str:
     """How the metal backend holds a tensor of GGUF/safetensors type `dtype` (expert stacks
     included: `frink info --backend metal` lists this per type)."""
@@ -55,6 +72,8 @@ def device_format(dtype: str) -> str:
             "f32 (dequantized at load, expert stacks too: its 16-weight sub-block scales"
             " fit no MLX group size)"
         )
+    if dtype in _DEQUANTIZED_WHY:
+        return f"f32 (dequantized at load, expert stacks too: {_DEQUANTIZED_WHY[dtype]})"
     return {
         "F32": "f32",
         # gather_mm would promote a stack to the activations' f32 on every call (a copy of

@@ -1,0 +1,306 @@
+"""Every tensor type gguf-py dequantizes loads, means what llama.cpp means by it, and runs.
+
+Why: people run the GGUF they downloaded, and published files use the whole zoo of types
+(IQ1_S..IQ4_XS, the ternary TQ1_0/TQ2_0, MXFP4, NVFP4). frink's reader takes block sizes
+from gguf-py's GGML_QUANT_SIZES and dequantizes with gguf-py, so these tests check that the
+result is llama.cpp's meaning on real files, not on hand-made bytes.
+
+The files: the tiny `llama_q` fixture (scripts/make_tiny_models.py; rows 256 wide, so every
+matrix is whole K/IQ super-blocks) requantized by llama.cpp's own quantizer
+(`llama_cpp.llama_model_quantize`), every 2-D weight forced to the type under test by a
+tensor-type override (`pure`; norms stay f32). llama.cpp refuses IQ1_S, IQ1_M, IQ2_XXS,
+IQ2_XS, IQ2_S and IQ3_XXS without an importance matrix; for those the test passes a uniform one (all
+ones: every column equally important), which is llama.cpp's quantizer all the same. No
+type here needs blocks built by gguf-py. Quantizing takes about a minute in all (IQ1_S's
+search is the slow one); the files are cached beside the tiny models.
+
+What is checked, per type:
+  1. every tensor frink loads equals gguf-py's dequantize of the same bytes bit for bit,
+     and llama.cpp's own dequantization too (the file requantized by llama.cpp to F32);
+  2. frink's logits (numpy and metal, batch) over 64 teacher-forced tokens:
+     - against llama.cpp on the F32 requantized file (the same weights, f32 activations):
+       the project's parity bar, <= 2e-3 and identical argmax;
+     - against llama.cpp on the quantized file itself: top-1 agreement >= 0.8. llama.cpp
+       rounds activations to 8 bits (Q8_0 / Q8_K, bf16 for BF16) before each quantized
+       matmul, which moves these random tiny models' logits by ~0.1-0.6 against top-2 gaps
+       of the same order, so a few positions flip; a wrong dequantization (a scale, a grid,
+       a sign) agrees at chance (~1/512). Measured: 53/64 (IQ2_XXS) to 64/64, and
+       llama.cpp's own f32 run of the same weights flips exactly the same positions, so
+       the issue's 0.95 is out of reach of any f32-activation runner on these random
+       fixtures; the bar is 0.8 absolute. It also requires frink to agree with it at
+       least as often as llama.cpp's own f32 run of the same weights does (less 2 positions),
+       so the flips are llama.cpp's rounding, not frink's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import fixture_cache_root
+from script_loader import load_script
+
+import frink_cli
+from frink_cli.formats import open_checkpoint
+
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType as T  # noqa: E402 - after importorskip
+from gguf.quants import dequantize  # noqa: E402
+
+_make_tiny = load_script("make_tiny_models")
+
+FIXTURE = "llama_q"
+# Every type gguf-py dequantizes except F32 (the fixture's own type), in ggml's order.
+TYPES = (
+    "F16",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q8_0",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+    "IQ2_XXS",
+    "IQ2_XS",
+    "IQ3_XXS",
+    "IQ1_S",
+    "IQ4_NL",
+    "IQ3_S",
+    "IQ2_S",
+    "IQ4_XS",
+    "IQ1_M",
+    "BF16",
+    "TQ1_0",
+    "TQ2_0",
+    "MXFP4",
+    "NVFP4",
+)
+# llama.cpp's quantizer refuses these without an importance matrix (llama-quant.cpp).
+NEEDS_IMATRIX = frozenset({"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ1_S", "IQ1_M"})
+N_TOKENS = 64
+TOKEN_SEED = 4321
+REF_TOL = 2e-3
+TOP1_BAR = 0.8
+TOP1_SLACK = 2  # positions
+_LLAMA_FTYPE_MOSTLY_Q8_0 = 7  # the base ftype; the override sets every matrix's type
+_LLAMA_FTYPE_ALL_F32 = 0
+
+
+def _dequantizable() -> set[str]:
+    """The types gguf-py's dequantize handles (tried on one zero block each)."""
+    out = set()
+    for t in T:
+        block, size = gguf.GGML_QUANT_SIZES[t]
+        try:
+            dequantize(np.zeros((1, size * (256 // block if block < 256 else 1)), np.uint8), t)
+        except (NotImplementedError, ValueError, TypeError):
+            continue
+        out.add(t.name)
+    return out
+
+
+def test_every_type_gguf_py_dequantizes_is_tested() -> None:
+    assert _dequantizable() - {"F32"} == set(TYPES)
+
+
+# --- the quantized files (made once, by llama.cpp, in a child process) ----------------------
+
+_QUANTIZE = r"""
+import ctypes, sys, llama_cpp as L
+from gguf import GGUFReader
+src, dst = sys.argv[1], sys.argv[2]
+ttype, imatrix, ftype = int(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5])
+cb = L.llama_log_callback(lambda level, text, user_data: None)
+L.llama_log_set(cb, None)
+L.llama_backend_init()
+p = L.llama_model_quantize_default_params()
+p.ftype, p.pure, p.nthread, p.allow_requantize = ftype, True, 2, True
+keep = []
+if ttype >= 0:
+    ov = (L.llama_model_tensor_override * 2)()
+    ov[0].pattern, ov[0].type, ov[1].pattern = b"weight", ttype, None
+    keep.append(ov)
+    p.tt_overrides = ctypes.cast(ov, ctypes.POINTER(L.llama_model_tensor_override))
+if imatrix:  # uniform importance: every column of every matrix weighs the same
+    ts = GGUFReader(src).tensors
+    arr = (L.llama_model_imatrix_data * (len(ts) + 1))()
+    for i, t in enumerate(ts):
+        n = int(t.shape[0])
+        ones = (ctypes.c_float * n)(*([1.0] * n))
+        keep.append(ones)
+        arr[i].name, arr[i].size = t.name.encode(), n
+        arr[i].data = ctypes.cast(ones, ctypes.POINTER(ctypes.c_float))
+    arr[len(ts)].name = None
+    p.imatrix = ctypes.cast(arr, ctypes.POINTER(L.llama_model_imatrix_data))
+sys.exit(L.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(p)))
+"""
+
+
+def _llama_quantize(src: Path, dst: Path, ttype: int, imatrix: bool, ftype: int) -> None:
+    tmp = dst.with_suffix(".tmp")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _QUANTIZE,
+            str(src),
+            str(tmp),
+            str(ttype),
+            str(int(imatrix)),
+            str(ftype),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=dict(os.environ, OMP_NUM_THREADS="2"),
+    )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"llama.cpp could not write {dst.name}: {(proc.stdout + proc.stderr)[-2000:]}",
+            pytrace=False,
+        )
+    tmp.replace(dst)
+
+
+class QuantFile:
+    def __init__(self, qtype: str, path: Path, f32: Path, ref: dict[str, np.ndarray]) -> None:
+        self.qtype, self.path, self.f32, self.ref = qtype, path, f32, ref
+
+
+@pytest.fixture(scope="session")
+def quant_file(tiny_model: Callable) -> Callable[[str], QuantFile]:
+    """quant_file(type) -> the fixture quantized to `type` by llama.cpp, its F32 requant by
+    llama.cpp, and llama.cpp's logits on both over the test tokens (cached)."""
+    src = tiny_model(FIXTURE).gguf
+    assert src is not None
+    stamp = json.loads((src.parent / "stamp.json").read_text())
+    root = fixture_cache_root() / "quant" / FIXTURE
+    root.mkdir(parents=True, exist_ok=True)
+    key = json.dumps({"fixture": stamp["spec"], "seed": TOKEN_SEED, "n": N_TOKENS, "v": 1})
+    if (root / "key.json").is_file() and (root / "key.json").read_text() != key:
+        for f in root.iterdir():
+            f.unlink()
+    (root / "key.json").write_text(key)
+    tokens = _make_tiny.fixture_tokens(seed=TOKEN_SEED, length=N_TOKENS, vocab=512)
+    made: dict[str, QuantFile] = {}
+
+    def get(qtype: str) -> QuantFile:
+        if qtype not in made:
+            path, f32, npz = (root / f"{qtype}{s}" for s in (".gguf", ".f32.gguf", ".npz"))
+            if not path.is_file():
+                _llama_quantize(
+                    src, path, int(T[qtype]), qtype in NEEDS_IMATRIX, _LLAMA_FTYPE_MOSTLY_Q8_0
+                )
+            if not f32.is_file():
+                _llama_quantize(path, f32, -1, False, _LLAMA_FTYPE_ALL_F32)
+            if not npz.is_file():
+                np.savez(
+                    npz,
+                    tokens=tokens,
+                    quantized=_make_tiny.llama_cpp_logits(path, tokens),
+                    f32=_make_tiny.llama_cpp_logits(f32, tokens),
+                )
+            with np.load(npz) as z:
+                made[qtype] = QuantFile(qtype, path, f32, {k: z[k] for k in z.files})
+        return made[qtype]
+
+    return get
+
+
+# --- 1. the loaded tensors ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_tensors_equal_gguf_py_and_llama_cpp(qtype: str, quant_file: Callable) -> None:
+    from gguf import GGUFReader
+
+    q = quant_file(qtype)
+    ckpt, f32 = open_checkpoint(q.path), open_checkpoint(q.f32)
+    matrices = 0
+    for t in GGUFReader(q.path).tensors:
+        info = ckpt.tensors.info(t.name)
+        if len(info.shape) == 2:
+            assert info.dtype == qtype, f"{t.name}: {info.dtype}, not {qtype}"
+            matrices += 1
+        got = ckpt.tensors.load(t.name)
+        want = np.asarray(dequantize(t.data, t.tensor_type), np.float32).reshape(info.shape)
+        assert got.dtype == np.float32 and got.shape == info.shape
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (
+            f"{qtype} {t.name}: differs from gguf-py's dequantize"
+        )
+        cpp = f32.tensors.load(t.name)
+        assert np.array_equal(got.view(np.uint32), cpp.view(np.uint32)), (
+            f"{qtype} {t.name}: differs from llama.cpp's dequantization"
+        )
+    assert matrices == 16  # 2 layers x 7 + token_embd + output
+
+
+# --- 2. the model on them -----------------------------------------------------------------
+
+
+def _check_logits(got: np.ndarray, q: QuantFile, what: str) -> None:
+    ref = q.ref["f32"]
+    assert np.all(np.isfinite(got)), f"{what}: non-finite logits"
+    diff = float(np.max(np.abs(got.astype(np.float64) - ref)))
+    assert diff <= REF_TOL, f"{what}: max |d| vs llama.cpp on the same weights in f32 = {diff:.3g}"
+    bad = np.nonzero(got.argmax(-1) != ref.argmax(-1))[0]
+    assert bad.size == 0, f"{what}: argmax differs from llama.cpp (f32) at {bad.tolist()}"
+    top = q.ref["quantized"].argmax(-1)
+    agree = int(np.sum(got.argmax(-1) == top))
+    cpp_own = int(np.sum(ref.argmax(-1) == top))  # llama.cpp f32 vs llama.cpp quantized
+    n = len(top)
+    assert agree >= TOP1_BAR * n and agree >= cpp_own - TOP1_SLACK, (
+        f"{what}: teacher-forced top-1 agreement with llama.cpp on the {q.qtype} file "
+        f"{agree}/{n} (llama.cpp's own f32 run of these weights: {cpp_own}/{n})"
+    )
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_numpy_agrees_with_llama_cpp(qtype: str, quant_file: Callable) -> None:
+    q = quant_file(qtype)
+    m = frink_cli.load(q.path)
+    got = m.logits([int(t) for t in q.ref["tokens"]])
+    _check_logits(got, q, f"{qtype} numpy")
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_metal_agrees_with_llama_cpp(qtype: str, quant_file: Callable) -> None:
+    pytest.importorskip("mlx.core")
+    q = quant_file(qtype)
+    m = frink_cli.load(q.path, backend="metal")
+    assert m.backend_name == "metal"
+    got = m.logits([int(t) for t in q.ref["tokens"]])
+    _check_logits(got, q, f"{qtype} metal")
+    ledger = m.decoder.backend.ledger
+    assert ledger.total() > 0, f"{qtype} metal: the device ran nothing"
+    assert not ledger.failures, f"{qtype} metal: launches failed: {dict(ledger.failures)}"
+    assert not ledger.refusals, f"{qtype} metal: layers refused: {dict(ledger.refusals)}"
+
+
+# --- frink info ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "IQ2_XXS", "TQ1_0", "MXFP4"])
+def test_info_names_the_type_and_how_metal_holds_it(qtype: str, quant_file: Callable) -> None:
+    from frink_cli.backends.mlx.quant import QUANTIZED_TYPES
+    from frink_cli.report import describe
+
+    q = quant_file(qtype)
+    d = describe(q.path, "metal")
+    assert d["tensor_types"] == {qtype: 16, "F32": 5}
+    how = d["backend"]["tensor_formats"][qtype]
+    if qtype in QUANTIZED_TYPES:
+        assert how.startswith("quantized"), how
+    else:
+        assert how.startswith("f32 (dequantized at load"), how
+    cuda = describe(q.path, "cuda")["backend"]["tensor_formats"][qtype]
+    assert "at load" in cuda, cuda
