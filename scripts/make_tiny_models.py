@@ -83,6 +83,10 @@ class TinySpec:
     # check). A near-tie there lets summation noise pick another expert, which moves the
     # logits by O(0.1) and would fail parity for no fault of the implementation.
     min_router_gap: float = 0.0
+    # config.json's architectures as llama.cpp's converter registers them, when that differs
+    # from transformers' class name (MPTForCausalLM vs MptForCausalLM); written before
+    # conversion only.
+    convert_architecture: str = ""
 
 
 _COMMON: dict[str, Any] = {
@@ -200,6 +204,13 @@ _GRANITE_MOE: dict[str, Any] = dict(
     num_local_experts=8,
     num_experts_per_tok=2,
 )
+
+# LayerNorm-with-bias families (starcoder2, bloom, mpt): every bias (LayerNorm and linear)
+# drawn around 0, LayerNorm weights around 1 (bloom's final norm is "ln_f", not "*norm*").
+_LN_VECTORS: dict[str, tuple[float, float]] = {
+    ".bias": (0.0, WEIGHT_STD),
+    "ln_f.weight": (1.0, NORM_STD),
+}
 
 SPECS: dict[str, TinySpec] = {
     s.name: s
@@ -524,6 +535,60 @@ SPECS: dict[str, TinySpec] = {
             notes="granitemoe (8 experts, top 3) + an ungated shared expert "
             "(GGUF arch granitemoe); tied",
         ),
+        TinySpec(
+            "starcoder2",
+            "Starcoder2ForCausalLM",
+            "Starcoder2Config",
+            dict(
+                _COMMON,
+                num_hidden_layers=2,
+                rope_theta=30000.0,
+                norm_epsilon=1e-5,
+                use_bias=True,
+                hidden_act="gelu_pytorch_tanh",
+                tie_word_embeddings=True,
+            ),
+            seed=50,
+            vector_overrides=_LN_VECTORS,
+            notes="LayerNorm with bias, biases on q/k/v/o and the plain GELU MLP (c_fc, c_proj)",
+        ),
+        TinySpec(
+            "bloom",
+            "BloomForCausalLM",
+            "BloomConfig",
+            dict(
+                vocab_size=512,
+                hidden_size=64,
+                n_layer=2,
+                n_head=4,
+                layer_norm_epsilon=1e-5,
+                tie_word_embeddings=True,
+            ),
+            seed=51,
+            vector_overrides=_LN_VECTORS,
+            notes="ALiBi (no rope), LayerNorm on the embeddings, interleaved fused QKV, GELU MLP",
+        ),
+        TinySpec(
+            "mpt",
+            "MptForCausalLM",
+            "MptConfig",
+            dict(
+                vocab_size=512,
+                d_model=64,
+                n_heads=4,
+                n_layers=2,
+                expansion_ratio=4,
+                max_seq_len=256,
+                no_bias=True,
+                layer_norm_epsilon=1e-5,
+                attn_config={"alibi": True, "alibi_bias_max": 8, "clip_qkv": 1.0},
+            ),
+            seed=52,
+            vector_overrides=_LN_VECTORS,
+            convert_architecture="MPTForCausalLM",
+            notes="ALiBi (max bias 8), clip_qkv 1.0 (clamps ~20% of QKV outputs), no linear "
+            "biases; exact GELU in transformers, tanh GELU in llama.cpp",
+        ),
     ]
 }
 
@@ -537,6 +602,7 @@ _LATER_FIELDS = {
     "vector_overrides": {},
     "greedy": 0,
     "min_router_gap": 0.0,
+    "convert_architecture": "",
 }
 
 
@@ -803,6 +869,11 @@ def make_one(spec: TinySpec, out_dir: Path, force: bool = False) -> dict[str, An
     ref: dict[str, np.ndarray] = {"tokens": tokens, "logits_hf": logits_hf}
 
     convert_error = None
+    if spec.convert_architecture:
+        cfg_path = hf_dir / "config.json"
+        hf_cfg = json.loads(cfg_path.read_text())
+        hf_cfg["architectures"] = [spec.convert_architecture]
+        cfg_path.write_text(json.dumps(hf_cfg, indent=2) + "\n")
     try:
         llama_cpp_converter.convert(
             hf_dir, gguf_path, outtype="f32", model_name=spec.name, extra_args=spec.convert_args

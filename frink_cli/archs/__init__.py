@@ -31,6 +31,7 @@ to `_ARCHS` below. Nothing else in frink names architectures.
 
 from __future__ import annotations
 
+from .alibi import Bloom, Mpt
 from .base import Arch
 from .gemma3 import Gemma3
 from .granite import Granite, GraniteMoe
@@ -41,6 +42,7 @@ from .qwen3moe import Qwen3Moe
 from .qwen3next import Qwen3Next
 from .qwen35 import Qwen35
 from .qwen35moe import Qwen35Moe
+from .starcoder2 import Starcoder2
 
 # The registry: every supported architecture, one instance each.
 _ARCHS: tuple[Arch, ...] = (
@@ -54,6 +56,9 @@ _ARCHS: tuple[Arch, ...] = (
     Qwen3Next(),
     Granite(),
     GraniteMoe(),
+    Starcoder2(),
+    Bloom(),
+    Mpt(),
 )
 _BY_NAME: dict[str, Arch] = {a.name: a for a in _ARCHS}
 _BY_MODEL_TYPE: dict[str, Arch] = {mt: a for a in _ARCHS for mt in a.hf_model_types}

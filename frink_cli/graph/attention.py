@@ -68,15 +68,19 @@ def attend(
     positions: np.ndarray,
     window: int | None,
     softcap: float | None,
+    slopes: np.ndarray | None = None,
 ) -> np.ndarray:
     """softmax(q K^T + mask) V for scaled queries q [T, H, hk] at `positions` over keys
     K [Hkv, S, hk] and values V [Hkv, S, hv], key row j at position first + j (a window
-    cache holds no rows before its window); returns [T, H * hv]."""
+    cache holds no rows before its window); returns [T, H * hv]. slopes [H]: ALiBi, each
+    head's scores get -slope_h * (query position - key position)."""
     T, H, hk = q.shape
     Hkv, hv = K.shape[0], V.shape[2]
     g = H // Hkv
     if T == 1:
-        return _attend_row(q, K, V, first, int(positions[0]), window, softcap)
+        return _attend_row(q, K, V, first, int(positions[0]), window, softcap, slopes)
+    # [Hkv, 1, g, 1]: head kvh * g + j's slope, against scores [Hkv, Tb, g, n].
+    head_slopes = slopes.reshape(Hkv, 1, g, 1) if slopes is not None else None
     # [Hkv, T, g, hk]: query heads grouped under the KV head they read, rows in (token,
     # head) order, so a block of tokens is one contiguous [Tb * g, hk] matrix per KV head
     # and each block costs 2 * Hkv GEMMs.
@@ -101,6 +105,9 @@ def attend(
             scores /= c
             np.tanh(scores, out=scores)
             scores *= c
+        if head_slopes is not None:
+            dist = (pos[:, None] - np.arange(lo, hi)[None, :]).astype(np.float32)
+            scores.reshape(Hkv, n_rows, g, hi - lo)[...] -= head_slopes * dist[None, :, None, :]
         if n_rows > 1:  # (one query sees every key in [lo, hi))
             s4 = scores.reshape(Hkv, n_rows, g, hi - lo)
             if run and window is None:
@@ -133,6 +140,7 @@ def _attend_row(
     pos: int,
     window: int | None,
     softcap: float | None,
+    slopes: np.ndarray | None = None,
 ) -> np.ndarray:
     """_attend for one query row at position `pos`: the same arithmetic with no block loop
     and no mask (every key in [lo, pos] is visible), since a decode token pays per NumPy
@@ -148,6 +156,9 @@ def _attend_row(
         scores /= c
         np.tanh(scores, out=scores)
         scores *= c
+    if slopes is not None:
+        dist = (pos - np.arange(lo, pos + 1)).astype(np.float32)  # [n]
+        scores -= slopes.reshape(Hkv, H // Hkv, 1) * dist
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)

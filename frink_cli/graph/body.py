@@ -15,8 +15,8 @@ import numpy as np
 from ..model.config import ModelConfig
 from ..model.weights import ModelWeights
 from .host_ops import HOST_OPS
+from .layer import embed_norm, lm_head, scale_embeddings
 from .layer import layer as compose_layer
-from .layer import lm_head, scale_embeddings
 from .rope import Rope
 
 _malloc_tuned = False
@@ -70,6 +70,7 @@ class HostBody:
 
     def embed(self, ids: np.ndarray) -> np.ndarray:
         x = self.w.token_embd[ids]  # fancy indexing copies: the residual stream is ours
+        x = embed_norm(HOST_OPS, self.cfg, self.w.token_embd_norm, self.w.token_embd_norm_b, x)
         return scale_embeddings(HOST_OPS, self.cfg, x)
 
     def layer(self, layer: int, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray:
@@ -85,4 +86,5 @@ class HostBody:
         )
 
     def logits(self, x: np.ndarray) -> np.ndarray:
-        return lm_head(HOST_OPS, self.cfg, self.w.output_norm, self.w.output, x)
+        w = self.w
+        return lm_head(HOST_OPS, self.cfg, w.output_norm, w.output, x, w.output_norm_b)

@@ -18,7 +18,7 @@ from .ffn import ACTIVATIONS, glu, glu_
 from .gdn import causal_conv, delta_rule_chunked, delta_rule_steps, l2_normalize
 from .linear import linear
 from .moe import route
-from .norms import rms_norm
+from .norms import layer_norm, rms_norm
 from .rope import Rope
 
 F32 = np.float32
@@ -36,6 +36,14 @@ class HostOps:
 
     def rms_norm_(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
         return rms_norm(x, w, eps, out=x)
+
+    def layer_norm(
+        self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float
+    ) -> np.ndarray:
+        return layer_norm(x, w, b, eps)
+
+    def clamp_(self, x: np.ndarray, c: float) -> np.ndarray:
+        return np.clip(x, F32(-c), F32(c), out=x)
 
     def add_(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         x += y
@@ -82,11 +90,13 @@ class HostOps:
         window: int | None,
         scale: float,
         softcap: float | None,
+        alibi: tuple[float, ...] | None = None,
     ) -> np.ndarray:
         # The rows this step's queries see: [Hkv, S, hk], [Hkv, S, hv], row j at first + j.
         first, K, V = kv.append(k, v)
         q *= F32(scale)  # q is a view into this step's own QKV rows
-        return attend(q, K, V, first, pos, window, softcap)
+        slopes = _slopes(alibi) if alibi is not None else None
+        return attend(q, K, V, first, pos, window, softcap, slopes)
 
     def causal_conv(
         self, x: np.ndarray, tail: np.ndarray, taps: np.ndarray
@@ -129,6 +139,13 @@ class HostOps:
 
 
 HOST_OPS = HostOps()
+
+
+@lru_cache(maxsize=16)
+def _slopes(values: tuple[float, ...]) -> np.ndarray:
+    a = np.asarray(values, dtype=np.float32)
+    a.flags.writeable = False
+    return a
 
 
 @lru_cache(maxsize=16)

@@ -36,17 +36,38 @@ def layer(
     ops: Ops, cfg: ModelConfig, shape: LayerShape, w: Any, x: Array, pos: Any, kv: Any, rope: Any
 ) -> Array:
     """x [T, n_embd] (left as it was) -> the layer's output rows, a new array."""
-    eps = cfg.norm_eps
-    h = ops.rms_norm(x, w.attn_norm, eps)
+    h = _norm(ops, cfg, x, w.attn_norm, w.attn_norm_b)
     if shape.mixer == "gdn":
         a = gdn_block(ops, cfg, w.gdn, h, kv)
+    elif cfg.alibi_bias is not None:
+        a = alibi_attention_block(ops, cfg, shape, w, h, pos, kv)
     else:
         a = attention_block(ops, cfg, shape, w, h, pos, kv, rope)
     # a is ours: adding x into it leaves the caller's x as it was.
     x = ops.add_(_branch_out(ops, cfg, a, w.post_attn_norm), x)
-    h = ops.rms_norm(x, w.ffn_norm, eps)
-    f = moe_block(ops, cfg, w.moe, h) if shape.ffn == "moe" else ffn_block(ops, cfg, w, h)
+    h = _norm(ops, cfg, x, w.ffn_norm, w.ffn_norm_b)
+    if shape.ffn == "moe":
+        f = moe_block(ops, cfg, w.moe, h)
+    elif cfg.plain_ffn:
+        f = plain_ffn_block(ops, cfg, w, h)
+    else:
+        f = ffn_block(ops, cfg, w, h)
     return ops.add_(x, _branch_out(ops, cfg, f, w.post_ffn_norm))
+
+
+def _norm(ops: Ops, cfg: ModelConfig, x: Array, w: Array, b: Array | None) -> Array:
+    """The model's norm of x into a new array: LayerNorm (with its bias, if any) when
+    cfg.layer_norm, else RMSNorm."""
+    if cfg.layer_norm:
+        return ops.layer_norm(x, w, b, cfg.norm_eps)
+    return ops.rms_norm(x, w, cfg.norm_eps)
+
+
+def embed_norm(ops: Ops, cfg: ModelConfig, w: Array | None, b: Array | None, x: Array) -> Array:
+    """bloom's LayerNorm on the looked-up embeddings (token_embd_norm), when the model has it."""
+    if cfg.embd_norm:
+        x = ops.layer_norm(x, w, b, cfg.norm_eps)
+    return x
 
 
 def _branch_out(ops: Ops, cfg: ModelConfig, y: Array, post_norm: Array | None) -> Array:
@@ -92,6 +113,40 @@ def attention_block(
     if gate is not None:
         out = ops.sigmoid_mul_(out, gate)
     return ops.linear(out, w.wo)
+
+
+def alibi_attention_block(
+    ops: Ops, cfg: ModelConfig, shape: LayerShape, w: Any, h: Array, pos: Any, kv: Any
+) -> Array:
+    """Attention with ALiBi instead of rope (bloom, mpt; llama.cpp's build_attn with
+    max_alibi_bias): the fused QKV rows [q | k | v], clipped to [-clamp_kqv, clamp_kqv]
+    when the model says so, no rotation; each head's scores get -slope_h * (q pos - k pos)."""
+    T = h.shape[0]
+    H, Hkv, hk, hv = cfg.n_head, cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
+    qkv = ops.linear(h, w.qkv)
+    if cfg.clamp_kqv:
+        qkv = ops.clamp_(qkv, cfg.clamp_kqv)
+    nq, nk = H * hk, Hkv * hk
+    q = qkv[:, :nq].reshape(T, H, hk)
+    k = qkv[:, nq : nq + nk].reshape(T, Hkv, hk)
+    v = qkv[:, nq + nk :].reshape(T, Hkv, hv)
+    out = ops.attention(
+        q,
+        k,
+        v,
+        kv,
+        pos,
+        shape.window,
+        cfg.attn_scale,
+        cfg.attn_logit_softcap,
+        alibi=cfg.alibi_slopes(),
+    )
+    return ops.linear(out, w.wo)
+
+
+def plain_ffn_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array) -> Array:
+    """The plain (non-gated) FFN: down(act(up(h))) (starcoder2, bloom, mpt)."""
+    return ops.linear(ops.act(ops.linear(h, w.up), cfg.ffn_act), w.down)
 
 
 def ffn_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array) -> Array:
@@ -162,10 +217,17 @@ def gdn_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array, slot: Any) -> Array:
     return ops.linear(o.reshape(T, value_dim), w.out)
 
 
-def lm_head(ops: Ops, cfg: ModelConfig, output_norm: Array, output: Any, x: Array) -> Array:
-    """Final norm, output projection, then the logit decorations: divided by logit_scale
-    (granite), softcapped (gemma)."""
-    logits = ops.linear(ops.rms_norm(x, output_norm, cfg.norm_eps), output)
+def lm_head(
+    ops: Ops,
+    cfg: ModelConfig,
+    output_norm: Array,
+    output: Any,
+    x: Array,
+    output_norm_b: Array | None = None,
+) -> Array:
+    """Final norm (a LayerNorm with its bias when cfg.layer_norm), output projection, then
+    the logit decorations: divided by logit_scale (granite), softcapped (gemma)."""
+    logits = ops.linear(_norm(ops, cfg, x, output_norm, output_norm_b), output)
     if cfg.logit_scale is not None:
         logits = ops.scale_(logits, 1.0 / cfg.logit_scale)
     if cfg.final_logit_softcap:

@@ -1,4 +1,5 @@
-"""RMSNorm as llama.cpp computes it: x / sqrt(mean(x^2) + eps) * w, in f32."""
+"""RMSNorm as llama.cpp computes it: x / sqrt(mean(x^2) + eps) * w, in f32; and LayerNorm
+(ggml_norm, then its weight and bias): (x - mean) / sqrt(mean((x - mean)^2) + eps) * w + b."""
 
 from __future__ import annotations
 
@@ -25,4 +26,20 @@ def rms_norm(
     np.reciprocal(ms, out=ms)
     out = np.multiply(x, ms[..., None], out=out)
     out *= weight
+    return out
+
+
+def layer_norm(
+    x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: float
+) -> np.ndarray:
+    """LayerNorm over the last axis into a new array (x is left as it was)."""
+    out = x - x.mean(axis=-1, keepdims=True)
+    var = np.einsum("...i,...i->...", out, out)[..., None]
+    var *= np.float32(1.0 / x.shape[-1])
+    var += np.float32(eps)
+    np.sqrt(var, out=var)
+    out /= var
+    out *= weight
+    if bias is not None:
+        out += bias
     return out

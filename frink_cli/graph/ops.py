@@ -43,6 +43,15 @@ class Ops(Protocol):
         """RMSNorm over the last axis; may overwrite x (a [T, heads, hd] view works too)."""
         ...
 
+    def layer_norm(self, x: Array, w: Array, b: Array | None, eps: float) -> Array:
+        """LayerNorm over the last axis into a new array: (x - mean) / sqrt(var + eps) * w
+        (+ b), as llama.cpp's ggml_norm then its weight and bias."""
+        ...
+
+    def clamp_(self, x: Array, c: float) -> Array:
+        """x clipped to [-c, c]; may overwrite x."""
+        ...
+
     def add_(self, x: Array, y: Array) -> Array:
         """x + y; may overwrite x."""
         ...
@@ -88,10 +97,12 @@ class Ops(Protocol):
         window: int | None,
         scale: float,
         softcap: float | None,
+        alibi: tuple[float, ...] | None = None,
     ) -> Array:
         """Write the new rows k [T, Hkv, hk], v [T, Hkv, hv] to the cache view kv, then
         softmax(scale q K^T (softcapped) + causal/window mask) V over every visible row for
-        q [T, H, hk] (GQA: query head h reads KV head h // (H / Hkv)) -> [T, H * hv]."""
+        q [T, H, hk] (GQA: query head h reads KV head h // (H / Hkv)) -> [T, H * hv].
+        alibi: per query head, its slope: -slope_h * (q pos - k pos) joins the scores."""
         ...
 
     # --- gated delta net -------------------------------------------------------------------

@@ -149,8 +149,30 @@ class ModelConfig:
     residual_scale: float | None = None
     # The logits are divided by this (granite's logits_scaling).
     logit_scale: float | None = None
+    # Every norm (the layers', the final one, QK norms) is a LayerNorm, mean-centered and
+    # with an optional bias, instead of an RMSNorm (starcoder2, bloom, mpt).
+    layer_norm: bool = False
+    # The dense FFN is plain, not gated: down(act(up(h))) (starcoder2, bloom, mpt).
+    plain_ffn: bool = False
+    # A LayerNorm on the looked-up embeddings (bloom's token_embd_norm).
+    embd_norm: bool = False
+    # ALiBi instead of rope: each head adds -slope_h * (query pos - key pos) to its scores,
+    # slopes from this max bias as llama.cpp (ggml_soft_max_ext) computes them.
+    alibi_bias: float | None = None
+    # The QKV projection's output is clipped to [-c, c] (mpt's clip_qkv).
+    clamp_kqv: float | None = None
     gdn: GdnConfig | None = None
     moe: MoeConfig | None = None
+
+    def alibi_slopes(self) -> tuple[float, ...]:
+        """Per query head, its ALiBi slope: ggml's m0^(h+1) for the first 2^floor(log2 H)
+        heads, then m1^(2(h - n)+1) (as llama.cpp's soft_max_ext with max_bias)."""
+        assert self.alibi_bias is not None
+        H = self.n_head
+        n = 1 << (H.bit_length() - 1)  # 2^floor(log2(H))
+        m0 = 2.0 ** (-self.alibi_bias / n)
+        m1 = 2.0 ** (-(self.alibi_bias / 2.0) / n)
+        return tuple(m0 ** (h + 1) if h < n else m1 ** (2 * (h - n) + 1) for h in range(H))
 
     def is_recurrent(self, layer: int) -> bool:
         return self.gdn is not None and self.gdn.layers[layer]

@@ -107,6 +107,10 @@ class LayerWeights:
     post_ffn_norm: np.ndarray | None  # [n_embd]
     gdn: GdnWeights | None = None
     moe: MoeWeights | None = None
+    # LayerNorm biases (cfg.layer_norm), where the file has them.
+    attn_norm_b: np.ndarray | None = None  # [n_embd]
+    ffn_norm_b: np.ndarray | None = None  # [n_embd]
+    up: Linear | None = None  # [n_ff, n_embd]: the plain (non-gated) FFN's up projection
 
 
 def map_layer(
@@ -208,6 +212,9 @@ class ModelWeights:
     output: Linear  # [n_vocab, n_embd]; shares token_embd's array when tied
     rope_freqs: np.ndarray | None  # [rope_dim / 2] frequency divisors, or None
     layers: Sequence[LayerWeights]  # a LayerStore from load_weights; a list also serves
+    output_norm_b: np.ndarray | None = None  # [n_embd] the final LayerNorm's bias
+    token_embd_norm: np.ndarray | None = None  # [n_embd] bloom's LayerNorm on the embeddings
+    token_embd_norm_b: np.ndarray | None = None  # [n_embd]
 
 
 def load_weights(
@@ -309,9 +316,12 @@ def load_weights(
             q_norm = optional(p + "attn_q_norm.weight", (hk,), required=cfg.qk_norm)
             k_norm = optional(p + "attn_k_norm.weight", (hk,), required=cfg.qk_norm)
             wo = fused([(p + "attn_output", d)], cfg.n_head * hv)
-        gate_up = down = moe = None
+        gate_up = down = moe = up = None
         if shape.ffn == "moe":
             moe = _load_moe(p, cfg, get, ckpt)
+        elif cfg.plain_ffn:
+            up = fused([(p + "ffn_up", cfg.n_ff)], d)
+            down = fused([(p + "ffn_down", d)], cfg.n_ff)
         else:
             gate_up = fused([(p + "ffn_gate", cfg.n_ff), (p + "ffn_up", cfg.n_ff)], d, bias=False)
             down = fused([(p + "ffn_down", d)], cfg.n_ff, bias=False)
@@ -332,6 +342,21 @@ def load_weights(
             post_ffn_norm=optional(p + "post_ffw_norm.weight", (d,), required=cfg.post_ffn_norm),
             gdn=gdn,
             moe=moe,
+            attn_norm_b=optional(p + "attn_norm.bias", (d,)) if cfg.layer_norm else None,
+            ffn_norm_b=optional(p + f"{cfg.ffn_norm_tensor}.bias", (d,))
+            if cfg.layer_norm
+            else None,
+            up=up,
+        )
+
+    def head_norms() -> dict[str, np.ndarray | None]:
+        """The LayerNorm biases and bloom's embedding norm (None where the model has none)."""
+        return dict(
+            output_norm_b=optional("output_norm.bias", (d,)) if cfg.layer_norm else None,
+            token_embd_norm=optional("token_embd_norm.weight", (d,), required=cfg.embd_norm)
+            if cfg.embd_norm
+            else None,
+            token_embd_norm_b=optional("token_embd_norm.bias", (d,)) if cfg.embd_norm else None,
         )
 
     layers = LayerStore(cfg.n_layer, load_layer)
@@ -345,14 +370,14 @@ def load_weights(
         layers.on_load = report
     if lazy:
         output_norm = get("output_norm.weight", (d,))
-        return ModelWeights(token_embd, output_norm, output, rope_freqs, layers)
+        return ModelWeights(token_embd, output_norm, output, rope_freqs, layers, **head_norms())
     for i in range(cfg.n_layer):
         layers[i]
     layers.on_load = None
     output_norm = get("output_norm.weight", (d,))
     if progress:
         progress(total, total)
-    return ModelWeights(token_embd, output_norm, output, rope_freqs, layers)
+    return ModelWeights(token_embd, output_norm, output, rope_freqs, layers, **head_norms())
 
 
 # load_weights' tensor reader: (name, expected shape) -> the array, or FrinkError.

@@ -473,9 +473,12 @@ class CudaOps:
         window: int | None,
         scale: float,
         softcap: float | None,
+        alibi: tuple[float, ...] | None = None,
     ) -> Any:
         if softcap:
             raise NotImplementedError("attention logit softcap (eligibility refuses it)")
+        if alibi is not None:
+            raise NotImplementedError("ALiBi (eligibility refuses alibi_bias)")
         T, H, hk = q.shape
         Hkv, hv = v.shape[1], v.shape[2]
         P = pos.n_prefix
@@ -493,3 +496,10 @@ class CudaOps:
         )
 
     causal_conv = l2_norm = softplus = delta_rule = route = experts = _refused
+
+    def _refused_layer_norm(self, *args: Any) -> Any:
+        raise NotImplementedError(
+            "LayerNorm / clamp_kqv primitives: eligibility refuses layer_norm and clamp_kqv"
+        )
+
+    layer_norm = clamp_ = _refused_layer_norm

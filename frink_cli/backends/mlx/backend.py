@@ -239,9 +239,14 @@ class MlxBackend(DeviceBackend):
             moe=lambda e: self._moe(f"blk.{i}.", e),
         )
 
-    def upload_head(self, weights) -> tuple[mx.array, graph.DeviceLinear]:
+    def upload_head(self, weights) -> tuple[mx.array, graph.DeviceLinear, mx.array | None]:
         out = weights.output
-        return mx.array(weights.output_norm), self._linear(list(out.sources), out.w, out.b)
+        norm_b = weights.output_norm_b
+        return (
+            mx.array(weights.output_norm),
+            self._linear(list(out.sources), out.w, out.b),
+            mx.array(norm_b) if norm_b is not None else None,
+        )
 
     def new_mirror(self) -> _Mirror:
         return _Mirror(self.cfg.n_layer)
@@ -303,8 +308,9 @@ class MlxBackend(DeviceBackend):
                     rows += [kr.reshape(-1), vr.reshape(-1)]
                 main = x
                 if head is not None:
-                    norm, output = self.head
-                    main = lm_head(MLX_OPS, cfg, norm, output, x if head == "all" else x[-1:])
+                    norm, output, norm_b = self.head
+                    last = x if head == "all" else x[-1:]
+                    main = lm_head(MLX_OPS, cfg, norm, output, last, norm_b)
                 return (mx.concatenate([main.reshape(-1)] + rows), *new_kv)
 
             fn = self._compiled[key] = mx.compile(forward)

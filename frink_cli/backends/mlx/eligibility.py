@@ -32,6 +32,11 @@ CARRIED_FEATURES = frozenset(
         "moe",
         "residual_scale",
         "logit_scale",
+        "layer_norm",
+        "plain_ffn",
+        "embd_norm",  # applied on the host with the embedding lookup
+        "alibi_bias",
+        "clamp_kqv",
     }
 )
 

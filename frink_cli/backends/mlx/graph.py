@@ -192,6 +192,12 @@ class MlxOps:
 
     rms_norm_ = rms_norm
 
+    def layer_norm(self, x: mx.array, w: mx.array, b: mx.array | None, eps: float) -> mx.array:
+        return mx.fast.layer_norm(x, w, b, eps)
+
+    def clamp_(self, x: mx.array, c: float) -> mx.array:
+        return mx.clip(x, -c, c)
+
     def add_(self, x: mx.array, y: mx.array) -> mx.array:
         return x + y
 
@@ -243,6 +249,7 @@ class MlxOps:
         window: int | None,
         scale: float,
         softcap: float | None,
+        alibi: tuple[float, ...] | None = None,
     ) -> mx.array:
         if softcap:
             raise ValueError("attention logit softcap not carried")  # eligibility refuses it first
@@ -253,6 +260,11 @@ class MlxOps:
         kv.b = mx.slice_update(kv.b, v4, at, axes=(2,))
         kv.rows = (k4[0], v4[0])
         mask = attention_mask(pos.positions, kv.a.shape[2], window)
+        if alibi is not None:
+            # ALiBi folded into the additive mask: [H, T, capacity], -slope_h * (p - j).
+            dist = pos.positions[:, None] - mx.arange(kv.a.shape[2])[None, :]
+            slopes = mx.array(alibi, dtype=mx.float32)[:, None, None]
+            mask = mask[None] - slopes * dist.astype(mx.float32)[None]
         o = mx.fast.scaled_dot_product_attention(
             _heads_first(q), kv.a, kv.b, scale=scale, mask=mask
         )

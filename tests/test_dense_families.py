@@ -1,0 +1,174 @@
+"""The LayerNorm dense families: StarCoder2 (`starcoder2`), BLOOM (`bloom`) and MPT (`mpt`)
+against transformers and llama.cpp, on numpy, metal and (refused by name) cuda.
+
+Why: they bring four new pieces to the one layer graph -- LayerNorm with bias
+(ModelConfig.layer_norm), the plain GELU MLP (plain_ffn), ALiBi instead of rope
+(alibi_bias; bloom also normalizes its embeddings, embd_norm) and mpt's clamp_kqv -- each
+composed once in graph/layer.py over HostOps and MlxOps. The fixtures
+(scripts/make_tiny_models.py) draw every bias and norm weight at random, so a dropped bias
+or a missing norm moves the logits far; the decoration tests below check that each new
+field matters by far more than the parity bar.
+
+Tolerance: 2e-3 against both references. llama.cpp's CPU GELU reads an f16 table (see
+DESIGN.md), ~1e-3 off transformers on these models; mpt's transformers MLP uses the exact
+erf GELU where llama.cpp (and frink, following it) use the tanh form: both within 2e-3.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+import frink_cli
+from frink_cli.decoder import Decoder
+
+FAMILIES = ("starcoder2", "bloom", "mpt")
+SOURCES = ("gguf", "hf")
+REFERENCES = ("logits_hf", "logits_llamacpp")
+REF_TOL = 2e-3
+FAR = 0.1
+
+
+def _path(tiny_model: Callable, name: str, source: str):
+    tm = tiny_model(name)
+    return tm.gguf if source == "gguf" else tm.hf_dir
+
+
+def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+
+
+def _against_references(got: np.ndarray, ref: dict, what: str) -> None:
+    for key in REFERENCES:
+        diff = _max_diff(got, ref[key])
+        assert diff <= REF_TOL, f"{what} vs {key}: max |diff| {diff:.3g}"
+        assert np.array_equal(got.argmax(-1), ref[key].argmax(-1)), f"{what} vs {key}: argmax"
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_references_agree(name: str, tiny_model: Callable) -> None:
+    ref = tiny_model(name).ref
+    assert _max_diff(ref["logits_hf"], ref["logits_llamacpp"]) <= REF_TOL
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_config_reads_the_family(name: str, tiny_model: Callable) -> None:
+    cfg = frink_cli.load(_path(tiny_model, name, "gguf")).config
+    assert cfg.layer_norm and cfg.plain_ffn and cfg.ffn_act == "gelu_tanh"
+    assert cfg.embd_norm == (name == "bloom")
+    assert cfg.alibi_bias == (None if name == "starcoder2" else 8.0)
+    assert cfg.clamp_kqv == (1.0 if name == "mpt" else None)
+    assert {"layer_norm", "plain_ffn"} <= cfg.features()
+
+
+def test_alibi_slopes_are_ggmls() -> None:
+    """ggml_soft_max_ext's slopes: m0^(h+1) for the first 2^floor(log2 H) heads, then odd
+    powers of m1 (worked by hand for 8 heads and 6 heads at max bias 8)."""
+    from frink_cli.model.config import ModelConfig
+
+    fields = {f.name: None for f in dataclasses.fields(ModelConfig)}
+    cfg = ModelConfig(**dict(fields, n_head=8, alibi_bias=8.0))  # type: ignore[arg-type]
+    assert np.allclose(cfg.alibi_slopes(), [2.0 ** -(h + 1) for h in range(8)])
+    cfg6 = dataclasses.replace(cfg, n_head=6)
+    want = [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-1, 2.0**-3]
+    assert np.allclose(cfg6.alibi_slopes(), want)
+
+
+# --- numpy ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("name", FAMILIES)
+def test_numpy_matches_references(name: str, source: str, step: bool, tiny_model: Callable) -> None:
+    m = frink_cli.load(_path(tiny_model, name, source))
+    got = m.logits(tiny_model(name).ref["tokens"], step=step)
+    _against_references(got, tiny_model(name).ref, f"{name} numpy({source}, step={step})")
+
+
+@pytest.mark.parametrize(
+    ("name", "field", "off"),
+    [
+        ("starcoder2", "layer_norm", False),
+        ("starcoder2", "plain_ffn", False),
+        ("bloom", "alibi_bias", 0.0),
+        ("bloom", "embd_norm", False),
+        ("mpt", "clamp_kqv", None),
+        ("mpt", "alibi_bias", 4.0),
+    ],
+)
+def test_each_new_field_moves_the_logits(
+    name: str, field: str, off: object, tiny_model: Callable
+) -> None:
+    """Switched off (or changed), each new field moves the logits far from the references:
+    no parity test above can pass with it dropped."""
+    m = frink_cli.load(_path(tiny_model, name, "gguf"))
+    cfg = m.config
+    if field == "plain_ffn":
+        # A gated FFN would need gate rows the file lacks: run the plain FFN's up rows as
+        # both halves instead (act(up) * up), which is what dropping the flag would mean.
+        for lw in m.decoder.host.w.layers:
+            lw.gate_up = dataclasses.replace(lw.up, w=np.concatenate([lw.up.w, lw.up.w]), b=None)
+    new = dataclasses.replace(cfg, **{field: off})
+    m.decoder = Decoder(new, m.decoder.host.w, None)
+    got = m.logits(tiny_model(name).ref["tokens"])
+    assert _max_diff(got, tiny_model(name).ref["logits_llamacpp"]) > FAR
+
+
+# --- metal (MLX; its CPU device on Linux) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("name", FAMILIES)
+def test_metal_matches_references(name: str, source: str, step: bool, tiny_model: Callable) -> None:
+    pytest.importorskip("mlx.core")
+    m = frink_cli.load(_path(tiny_model, name, source), backend="metal")
+    assert m.backend_name == "metal"
+    got = m.logits(tiny_model(name).ref["tokens"], step=step)
+    _against_references(got, tiny_model(name).ref, f"{name} metal({source}, step={step})")
+    ledger = m.decoder.backend.ledger
+    assert ledger.total() > 0, f"the device ran nothing ({dict(ledger.refusals)})"
+    assert not ledger.failures and not ledger.refusals, (ledger.failures, ledger.refusals)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_metal_one_submission_per_token(name: str, tiny_model: Callable) -> None:
+    pytest.importorskip("mlx.core")
+    m = frink_cli.load(_path(tiny_model, name, "gguf"), backend="metal")
+    ledger = m.decoder.backend.ledger
+    dec = m.decoder
+    cache = dec.new_cache(16)
+    tokens = tiny_model(name).ref["tokens"]
+    dec.step(tokens[:4], cache)
+    for t in tokens[4:8]:
+        ledger.reset()
+        dec.step(np.asarray([t]), cache)
+        assert ledger.total() == 1, dict(ledger.submissions)
+    assert not ledger.refusals and not ledger.failures
+
+
+# --- cuda: refused by name, answered by the host body ---------------------------------------
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_cuda_refuses_by_name_and_matches(
+    name: str, tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from frink_cli.backends.cupy import eligibility
+
+    m = frink_cli.load(_path(tiny_model, name, "gguf"))
+    reasons = eligibility.layer_reasons(m.config, 0)
+    want = {"layer_norm not carried", "plain_ffn not carried"}
+    if name != "starcoder2":
+        want.add("alibi_bias not carried")
+    assert want <= set(reasons), reasons
+    monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
+    m = frink_cli.load(_path(tiny_model, name, "gguf"), backend="cuda")
+    got = m.logits(tiny_model(name).ref["tokens"])
+    _against_references(got, tiny_model(name).ref, f"{name} cuda-numpy")
+    ledger = m.decoder.backend.ledger
+    assert not ledger.failures and ledger.total() == 0
