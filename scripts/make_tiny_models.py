@@ -201,6 +201,21 @@ _GRANITE_MOE: dict[str, Any] = dict(
     num_experts_per_tok=2,
 )
 
+# OLMo 2: no pre-norms (each branch reads the residual stream itself), an RMSNorm on each
+# branch's output before its residual add, and Q/K norms over the whole projection width
+# (n_head*head_dim and n_head_kv*head_dim weights, not one head's). Every norm weight is
+# random around 1, so a dropped or per-head norm moves the logits (tests/test_olmo2.py).
+# llama.cpp's olmo2 requires an output tensor: untied.
+_OLMO2: dict[str, Any] = dict(
+    _COMMON,
+    rope_theta=20000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    pad_token_id=1,
+    bos_token_id=None,
+    eos_token_id=2,
+)
+
 SPECS: dict[str, TinySpec] = {
     s.name: s
     for s in [
@@ -504,6 +519,16 @@ SPECS: dict[str, TinySpec] = {
             min_router_gap=MIN_ROUTER_GAP,
             notes="granitemoe (8 experts, top 3) + an ungated shared expert "
             "(GGUF arch granitemoe); tied",
+        ),
+        TinySpec(
+            "olmo2",
+            "Olmo2ForCausalLM",
+            "Olmo2Config",
+            dict(_OLMO2, num_hidden_layers=3),
+            seed=43,
+            greedy=24,
+            notes="no pre-norms; post-attention and post-FFN RMSNorms; Q/K RMSNorm over the "
+            "full projection width; NeoX rope; untied",
         ),
     ]
 }

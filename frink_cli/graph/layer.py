@@ -8,6 +8,7 @@ A layer is llama.cpp's pre-norm block with the decorations each architecture swi
 (ModelConfig fields; `shape` = cfg.layer_shape(l)):
 
     h = norm(x);  a = mixer(h)                      attention (GQA) or gated delta net
+                                                    (no_pre_norm: h = x, no norm)
     a = post_attn_norm(a) * residual_scale;  x = x + a
     h = norm(x);  f = ffn(h)                        dense gated FFN or sparse MoE
     f = post_ffn_norm(f) * residual_scale;   x = x + f
@@ -37,14 +38,16 @@ def layer(
 ) -> Array:
     """x [T, n_embd] (left as it was) -> the layer's output rows, a new array."""
     eps = cfg.norm_eps
-    h = ops.rms_norm(x, w.attn_norm, eps)
+    h = x if cfg.no_pre_norm else ops.rms_norm(x, w.attn_norm, eps)
     if shape.mixer == "gdn":
         a = gdn_block(ops, cfg, w.gdn, h, kv)
     else:
         a = attention_block(ops, cfg, shape, w, h, pos, kv, rope)
     # a is ours: adding x into it leaves the caller's x as it was.
     x = ops.add_(_branch_out(ops, cfg, a, w.post_attn_norm), x)
-    h = ops.rms_norm(x, w.ffn_norm, eps)
+    # Without a pre-norm the FFN reads x, which the residual add below then overwrites:
+    # the FFN's output is a new array by then, so x is read before it is written.
+    h = x if cfg.no_pre_norm else ops.rms_norm(x, w.ffn_norm, eps)
     f = moe_block(ops, cfg, w.moe, h) if shape.ffn == "moe" else ffn_block(ops, cfg, w, h)
     return ops.add_(x, _branch_out(ops, cfg, f, w.post_ffn_norm))
 
@@ -83,7 +86,9 @@ def attention_block(
         if gated:
             q, gate = q[..., :hk], q[..., hk:].reshape(T, H * hk)
         k = qkv[:, nq : nq + nk].reshape(T, Hkv, hk)
-        if w.q_norm is not None:
+        if cfg.qk_norm_full:
+            q, k = _full_width_qk_norm(ops, cfg, w, q, k)
+        elif w.q_norm is not None:
             q = ops.rms_norm_(q, w.q_norm, eps)
             k = ops.rms_norm_(k, w.k_norm, eps)
         q = ops.rope_(q, pos, rope)
@@ -92,6 +97,19 @@ def attention_block(
     if gate is not None:
         out = ops.sigmoid_mul_(out, gate)
     return ops.linear(out, w.wo)
+
+
+def _full_width_qk_norm(
+    ops: Ops, cfg: ModelConfig, w: Any, q: Array, k: Array
+) -> tuple[Array, Array]:
+    """olmo2's QK norm: q [T, H, hd] and k [T, Hkv, hd] each normalized over all their
+    heads at once (one RMS per row of the whole projection), weights [H*hd] and [Hkv*hd];
+    as llama.cpp's olmo2.cpp norms Qcur/Kcur before reshaping them into heads."""
+    T, H, hd = q.shape
+    Hkv = k.shape[1]
+    q = ops.rms_norm_(q.reshape(T, H * hd), w.q_norm, cfg.norm_eps).reshape(T, H, hd)
+    k = ops.rms_norm_(k.reshape(T, Hkv * hd), w.k_norm, cfg.norm_eps).reshape(T, Hkv, hd)
+    return q, k
 
 
 def ffn_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array) -> Array:

@@ -32,6 +32,8 @@ CARRIED_FEATURES = frozenset(
         "moe",
         "residual_scale",
         "logit_scale",
+        "no_pre_norm",
+        "qk_norm_full",
     }
 )
 
