@@ -211,6 +211,20 @@ _LN_VECTORS: dict[str, tuple[float, float]] = {
     ".bias": (0.0, WEIGHT_STD),
     "ln_f.weight": (1.0, NORM_STD),
 }
+# OLMo 2: no pre-norms (each branch reads the residual stream itself), an RMSNorm on each
+# branch's output before its residual add, and Q/K norms over the whole projection width
+# (n_head*head_dim and n_head_kv*head_dim weights, not one head's). Every norm weight is
+# random around 1, so a dropped or per-head norm moves the logits (tests/test_olmo2.py).
+# llama.cpp's olmo2 requires an output tensor: untied.
+_OLMO2: dict[str, Any] = dict(
+    _COMMON,
+    rope_theta=20000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    pad_token_id=1,
+    bos_token_id=None,
+    eos_token_id=2,
+)
 
 SPECS: dict[str, TinySpec] = {
     s.name: s
@@ -588,6 +602,16 @@ SPECS: dict[str, TinySpec] = {
             convert_architecture="MPTForCausalLM",
             notes="ALiBi (max bias 8), clip_qkv 1.0 (clamps ~20% of QKV outputs), no linear "
             "biases; exact GELU in transformers, tanh GELU in llama.cpp",
+        ),
+        TinySpec(
+            "olmo2",
+            "Olmo2ForCausalLM",
+            "Olmo2Config",
+            dict(_OLMO2, num_hidden_layers=3),
+            seed=43,
+            greedy=24,
+            notes="no pre-norms; post-attention and post-FFN RMSNorms; Q/K RMSNorm over the "
+            "full projection width; NeoX rope; untied",
         ),
     ]
 }

@@ -8,6 +8,7 @@ A layer is llama.cpp's pre-norm block with the decorations each architecture swi
 (ModelConfig fields; `shape` = cfg.layer_shape(l)):
 
     h = norm(x);  a = mixer(h)                      attention (GQA) or gated delta net
+                                                    (no_pre_norm: h = x, no norm)
     a = post_attn_norm(a) * residual_scale;  x = x + a
     h = norm(x);  f = ffn(h)                        dense gated FFN or sparse MoE
     f = post_ffn_norm(f) * residual_scale;   x = x + f
@@ -36,16 +37,16 @@ def layer(
     ops: Ops, cfg: ModelConfig, shape: LayerShape, w: Any, x: Array, pos: Any, kv: Any, rope: Any
 ) -> Array:
     """x [T, n_embd] (left as it was) -> the layer's output rows, a new array."""
-    h = _norm(ops, cfg, x, w.attn_norm, w.attn_norm_b)
+    h = x if cfg.no_pre_norm else _norm(ops, cfg, x, w.attn_norm, w.attn_norm_b)
     if shape.mixer == "gdn":
         a = gdn_block(ops, cfg, w.gdn, h, kv)
-    elif cfg.alibi_bias is not None:
-        a = alibi_attention_block(ops, cfg, shape, w, h, pos, kv)
     else:
         a = attention_block(ops, cfg, shape, w, h, pos, kv, rope)
     # a is ours: adding x into it leaves the caller's x as it was.
     x = ops.add_(_branch_out(ops, cfg, a, w.post_attn_norm), x)
-    h = _norm(ops, cfg, x, w.ffn_norm, w.ffn_norm_b)
+    # Without a pre-norm the FFN reads x, which the residual add below then overwrites:
+    # the FFN's output is a new array by then, so x is read before it is written.
+    h = x if cfg.no_pre_norm else _norm(ops, cfg, x, w.ffn_norm, w.ffn_norm_b)
     if shape.ffn == "moe":
         f = moe_block(ops, cfg, w.moe, h)
     elif cfg.plain_ffn:
@@ -85,11 +86,17 @@ def attention_block(
     """Normed rows h [T, n_embd] -> attention output [T, n_embd] (after o_proj).
 
     The fused QKV rows are [q | k | v]; with an output gate each query head's rows are
-    followed by its gate rows (how HF's q_proj and the GGUF lay them out)."""
+    followed by its gate rows (how HF's q_proj and the GGUF lay them out). The rows are
+    clipped to [-clamp_kqv, clamp_kqv] when the model says so (mpt). With ALiBi (bloom,
+    mpt; llama.cpp's build_attn with max_alibi_bias) nothing rotates: each head's scores
+    get -slope_h * (q pos - k pos) instead."""
     T = h.shape[0]
     H, Hkv, hk, hv = cfg.n_head, cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
     eps = cfg.norm_eps
     qkv = ops.linear(h, w.qkv)
+    if cfg.clamp_kqv:
+        qkv = ops.clamp_(qkv, cfg.clamp_kqv)
+    rotates = cfg.alibi_bias is None
     gated = cfg.attn_output_gate
     nq = (2 if gated else 1) * H * hk
     nk = Hkv * hk
@@ -97,39 +104,23 @@ def attention_block(
     gate = None
     if not gated and w.q_norm is None:
         # q and k heads side by side in each row: one rotation covers both.
-        qk = ops.rope_(qkv[:, : nq + nk].reshape(T, H + Hkv, hk), pos, rope)
+        qk = qkv[:, : nq + nk].reshape(T, H + Hkv, hk)
+        if rotates:
+            qk = ops.rope_(qk, pos, rope)
         q, k = qk[:, :H], qk[:, H:]
     else:
         q = qkv[:, :nq].reshape(T, H, nq // H)
         if gated:
             q, gate = q[..., :hk], q[..., hk:].reshape(T, H * hk)
         k = qkv[:, nq : nq + nk].reshape(T, Hkv, hk)
-        if w.q_norm is not None:
+        if cfg.qk_norm_full:
+            q, k = _full_width_qk_norm(ops, cfg, w, q, k)
+        elif w.q_norm is not None:
             q = ops.rms_norm_(q, w.q_norm, eps)
             k = ops.rms_norm_(k, w.k_norm, eps)
-        q = ops.rope_(q, pos, rope)
-        k = ops.rope_(k, pos, rope)
-    out = ops.attention(q, k, v, kv, pos, shape.window, cfg.attn_scale, cfg.attn_logit_softcap)
-    if gate is not None:
-        out = ops.sigmoid_mul_(out, gate)
-    return ops.linear(out, w.wo)
-
-
-def alibi_attention_block(
-    ops: Ops, cfg: ModelConfig, shape: LayerShape, w: Any, h: Array, pos: Any, kv: Any
-) -> Array:
-    """Attention with ALiBi instead of rope (bloom, mpt; llama.cpp's build_attn with
-    max_alibi_bias): the fused QKV rows [q | k | v], clipped to [-clamp_kqv, clamp_kqv]
-    when the model says so, no rotation; each head's scores get -slope_h * (q pos - k pos)."""
-    T = h.shape[0]
-    H, Hkv, hk, hv = cfg.n_head, cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
-    qkv = ops.linear(h, w.qkv)
-    if cfg.clamp_kqv:
-        qkv = ops.clamp_(qkv, cfg.clamp_kqv)
-    nq, nk = H * hk, Hkv * hk
-    q = qkv[:, :nq].reshape(T, H, hk)
-    k = qkv[:, nq : nq + nk].reshape(T, Hkv, hk)
-    v = qkv[:, nq + nk :].reshape(T, Hkv, hv)
+        if rotates:
+            q = ops.rope_(q, pos, rope)
+            k = ops.rope_(k, pos, rope)
     out = ops.attention(
         q,
         k,
@@ -139,14 +130,29 @@ def alibi_attention_block(
         shape.window,
         cfg.attn_scale,
         cfg.attn_logit_softcap,
-        alibi=cfg.alibi_slopes(),
+        alibi=None if rotates else cfg.alibi_slopes(),
     )
+    if gate is not None:
+        out = ops.sigmoid_mul_(out, gate)
     return ops.linear(out, w.wo)
 
 
 def plain_ffn_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array) -> Array:
     """The plain (non-gated) FFN: down(act(up(h))) (starcoder2, bloom, mpt)."""
     return ops.linear(ops.act(ops.linear(h, w.up), cfg.ffn_act), w.down)
+
+
+def _full_width_qk_norm(
+    ops: Ops, cfg: ModelConfig, w: Any, q: Array, k: Array
+) -> tuple[Array, Array]:
+    """olmo2's QK norm: q [T, H, hd] and k [T, Hkv, hd] each normalized over all their
+    heads at once (one RMS per row of the whole projection), weights [H*hd] and [Hkv*hd];
+    as llama.cpp's olmo2.cpp norms Qcur/Kcur before reshaping them into heads."""
+    T, H, hd = q.shape
+    Hkv = k.shape[1]
+    q = ops.rms_norm_(q.reshape(T, H * hd), w.q_norm, cfg.norm_eps).reshape(T, H, hd)
+    k = ops.rms_norm_(k.reshape(T, Hkv * hd), w.k_norm, cfg.norm_eps).reshape(T, Hkv, hd)
+    return q, k
 
 
 def ffn_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array) -> Array:

@@ -161,6 +161,13 @@ class ModelConfig:
     alibi_bias: float | None = None
     # The QKV projection's output is clipped to [-c, c] (mpt's clip_qkv).
     clamp_kqv: float | None = None
+    # No pre-norms: each branch reads the residual stream itself (olmo2: no attn_norm or
+    # ffn_norm; its post_attn_norm / post_ffn_norm normalize the branch outputs instead).
+    no_pre_norm: bool = False
+    # QK norm over the full projection width (olmo2): one RMSNorm over all n_head*hd_k query
+    # columns (weight [n_head*hd_k]) and one over all n_head_kv*hd_k key columns, before the
+    # split into heads. Not per head: qk_norm is the per-head form.
+    qk_norm_full: bool = False
     gdn: GdnConfig | None = None
     moe: MoeConfig | None = None
 

@@ -94,14 +94,14 @@ class MoeWeights:
 
 @dataclass
 class LayerWeights:
-    attn_norm: np.ndarray  # [n_embd]
+    attn_norm: np.ndarray | None  # [n_embd]; None with no_pre_norm
     # [n_head*hd_k (x2 with an output gate) + n_head_kv*(hd_k + hd_v), n_embd]; None for GDN
     qkv: Linear | None
-    q_norm: np.ndarray | None  # [hd_k]
-    k_norm: np.ndarray | None  # [hd_k]
+    q_norm: np.ndarray | None  # [hd_k]; [n_head*hd_k] with qk_norm_full
+    k_norm: np.ndarray | None  # [hd_k]; [n_head_kv*hd_k] with qk_norm_full
     wo: Linear | None  # [n_embd, n_head*hd_v]; None for GDN
     post_attn_norm: np.ndarray | None  # [n_embd]
-    ffn_norm: np.ndarray  # [n_embd]
+    ffn_norm: np.ndarray | None  # [n_embd]; None with no_pre_norm
     gate_up: Linear | None  # [2*n_ff, n_embd]: gate rows, then up rows; None for MoE
     down: Linear | None  # [n_embd, n_ff]; None for MoE
     post_ffn_norm: np.ndarray | None  # [n_embd]
@@ -313,8 +313,16 @@ def load_weights(
                 qkv = fused([(p + "attn_qkv", nq + nk + nv)], d)
             else:
                 qkv = fused([(p + "attn_q", nq), (p + "attn_k", nk), (p + "attn_v", nv)], d)
-            q_norm = optional(p + "attn_q_norm.weight", (hk,), required=cfg.qk_norm)
-            k_norm = optional(p + "attn_k_norm.weight", (hk,), required=cfg.qk_norm)
+            # Per head, or (qk_norm_full) over the whole q / k projection width.
+            full = cfg.qk_norm_full
+            q_norm = optional(
+                p + "attn_q_norm.weight",
+                (cfg.n_head * hk if full else hk,),
+                required=cfg.qk_norm or full,
+            )
+            k_norm = optional(
+                p + "attn_k_norm.weight", (nk if full else hk,), required=cfg.qk_norm or full
+            )
             wo = fused([(p + "attn_output", d)], cfg.n_head * hv)
         gate_up = down = moe = up = None
         if shape.ffn == "moe":
@@ -326,7 +334,7 @@ def load_weights(
             gate_up = fused([(p + "ffn_gate", cfg.n_ff), (p + "ffn_up", cfg.n_ff)], d, bias=False)
             down = fused([(p + "ffn_down", d)], cfg.n_ff, bias=False)
         return LayerWeights(
-            attn_norm=get(p + "attn_norm.weight", (d,)),
+            attn_norm=None if cfg.no_pre_norm else get(p + "attn_norm.weight", (d,)),
             qkv=qkv,
             q_norm=q_norm,
             k_norm=k_norm,
@@ -336,7 +344,7 @@ def load_weights(
             )
             if post_norm_name
             else None,
-            ffn_norm=get(p + f"{cfg.ffn_norm_tensor}.weight", (d,)),
+            ffn_norm=None if cfg.no_pre_norm else get(p + f"{cfg.ffn_norm_tensor}.weight", (d,)),
             gate_up=gate_up,
             down=down,
             post_ffn_norm=optional(p + "post_ffw_norm.weight", (d,), required=cfg.post_ffn_norm),

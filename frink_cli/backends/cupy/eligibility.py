@@ -83,6 +83,10 @@ CARRIED = frozenset(
         # The composition's multipliers (graph/layer.py): scale ops between the kernels.
         "residual_scale",
         "logit_scale",
+        # olmo2: branches read the residual stream (no pre-norm ops); full-width QK norm
+        # is the rms_norm kernel over a contiguous copy of the q / k columns.
+        "no_pre_norm",
+        "qk_norm_full",
     }
 )
 # Fields that concern only what happens before the first layer or after the last (embedding,

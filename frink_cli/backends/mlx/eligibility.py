@@ -37,6 +37,8 @@ CARRIED_FEATURES = frozenset(
         "embd_norm",  # applied on the host with the embedding lookup
         "alibi_bias",
         "clamp_kqv",
+        "no_pre_norm",
+        "qk_norm_full",
     }
 )
 

@@ -1,0 +1,46 @@
+"""OLMo 2 (AllenAI): a llama-sized decoder with its norms moved. No pre-norms: each branch
+reads the residual stream itself; an RMSNorm on each branch's output before its residual
+add; and Q/K RMSNorms over the whole projection width (one RMS per row of all query heads,
+weight [n_head*head_dim]; likewise the keys, [n_head_kv*head_dim]) before the heads split.
+
+Follows llama.cpp's src/models/olmo2.cpp and transformers' Olmo2ForCausalLM. The
+converter (conversion/olmo.py: Olmo2Model) is the plain TextModel: NeoX rope, so Q/K rows
+are left as they are; tensors map by name: post_attention_layernorm ->
+post_attention_norm, post_feedforward_layernorm -> post_ffw_norm, q_norm / k_norm ->
+attn_q_norm / attn_k_norm. llama.cpp's olmo2 needs an output tensor (no tied head) and
+head_dim = hidden / heads. Its sliding-window variant (OLMo 3, same GGUF arch) is read
+from the file's sliding_window keys, as llama.cpp reads them (pattern default: every 4th
+layer global; the window layers' rope unscaled), though no HF olmo3 model_type is read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from ..formats import Checkpoint
+from ..formats.safetensors import HfModelType
+from ..model.config import ModelConfig
+from .base import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, Arch, hf_type
+
+
+class Olmo2(Arch):
+    name = "olmo2"
+    hf_model_types: ClassVar[dict[str, HfModelType]] = {
+        "olmo2": hf_type(50304, 2048, rms_norm_eps=1e-5, attention_bias=False),
+    }
+    rope_type = "neox"
+    post_attn_norm = True
+    post_ffn_norm = True
+    swa_pattern = 4
+    hf_tensors = (
+        tuple(t for t in HF_CORE_TENSORS if not t[1].endswith(".attn_norm"))
+        + HF_QK_NORM_TENSORS
+        + (
+            ("model.layers.{bid}.post_attention_layernorm", "blk.{bid}.post_attention_norm"),
+            ("model.layers.{bid}.post_feedforward_layernorm", "blk.{bid}.post_ffw_norm"),
+        )
+    )
+
+    def config(self, ckpt: Checkpoint) -> ModelConfig:
+        return dataclasses.replace(super().config(ckpt), no_pre_norm=True, qk_norm_full=True)
