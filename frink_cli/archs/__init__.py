@@ -35,6 +35,7 @@ from .base import Arch
 from .gemma3 import Gemma3
 from .granite import Granite, GraniteMoe
 from .llama import Llama
+from .phi3 import Phi3
 from .qwen2 import Qwen2
 from .qwen3 import Qwen3
 from .qwen3moe import Qwen3Moe
@@ -54,6 +55,7 @@ _ARCHS: tuple[Arch, ...] = (
     Qwen3Next(),
     Granite(),
     GraniteMoe(),
+    Phi3(),
 )
 _BY_NAME: dict[str, Arch] = {a.name: a for a in _ARCHS}
 _BY_MODEL_TYPE: dict[str, Arch] = {mt: a for a in _ARCHS for mt in a.hf_model_types}

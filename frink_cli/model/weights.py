@@ -203,6 +203,9 @@ class ModelWeights:
     output: Linear  # [n_vocab, n_embd]; shares token_embd's array when tied
     rope_freqs: np.ndarray | None  # [rope_dim / 2] frequency divisors, or None
     layers: Sequence[LayerWeights]  # a LayerStore from load_weights; a list also serves
+    # LongRoPE's per-pair divisors (phi3 "rope_factors_long/short.weight"), or None.
+    rope_factors_long: np.ndarray | None = None
+    rope_factors_short: np.ndarray | None = None
 
 
 def load_weights(
@@ -263,6 +266,11 @@ def load_weights(
     else:
         output = fused([("output", cfg.n_vocab)], d, bias=False)
     rope_freqs = optional("rope_freqs.weight", (cfg.rope_dim // 2,))
+    longrope = cfg.rope_scaling is not None and cfg.rope_scaling.kind == "longrope"
+    factors = [
+        optional(f"rope_factors_{which}.weight", (cfg.rope_dim // 2,), required=longrope)
+        for which in ("long", "short")
+    ]
     if progress:
         progress(1, total)
 
@@ -289,7 +297,11 @@ def load_weights(
         if shape.ffn == "moe":
             moe = _load_moe(p, cfg, get, ckpt)
         else:
-            gate_up = fused([(p + "ffn_gate", cfg.n_ff), (p + "ffn_up", cfg.n_ff)], d, bias=False)
+            if p + "ffn_gate.weight" in names:
+                parts = [(p + "ffn_gate", cfg.n_ff), (p + "ffn_up", cfg.n_ff)]
+            else:  # phi3: ffn_up holds the gate rows then the up rows
+                parts = [(p + "ffn_up", 2 * cfg.n_ff)]
+            gate_up = fused(parts, d, bias=False)
             down = fused([(p + "ffn_down", d)], cfg.n_ff, bias=False)
         return LayerWeights(
             attn_norm=get(p + "attn_norm.weight", (d,)),
@@ -321,14 +333,14 @@ def load_weights(
         layers.on_load = report
     if lazy:
         output_norm = get("output_norm.weight", (d,))
-        return ModelWeights(token_embd, output_norm, output, rope_freqs, layers)
+        return ModelWeights(token_embd, output_norm, output, rope_freqs, layers, *factors)
     for i in range(cfg.n_layer):
         layers[i]
     layers.on_load = None
     output_norm = get("output_norm.weight", (d,))
     if progress:
         progress(total, total)
-    return ModelWeights(token_embd, output_norm, output, rope_freqs, layers)
+    return ModelWeights(token_embd, output_norm, output, rope_freqs, layers, *factors)
 
 
 # load_weights' tensor reader: (name, expected shape) -> the array, or FrinkError.
