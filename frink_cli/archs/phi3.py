@@ -56,14 +56,14 @@ class Phi3(Arch):
     def config(self, ckpt: Checkpoint) -> ModelConfig:
         cfg = super().config(ckpt)
         # llama_model_phi3::load_arch_hparams: "Phi SWA is currently disabled".
-        return dataclasses.replace(
-            cfg, sliding_window=None, swa_layers=(False,) * cfg.n_layer
-        )
+        return dataclasses.replace(cfg, sliding_window=None, swa_layers=(False,) * cfg.n_layer)
 
     @staticmethod
     def _orig_ctx(hp: dict[str, Any]) -> int:
         rp = hp["_rope_full"]
-        orig = rp.get("original_max_position_embeddings", hp.get("original_max_position_embeddings"))
+        orig = rp.get(
+            "original_max_position_embeddings", hp.get("original_max_position_embeddings")
+        )
         if not isinstance(orig, int) or isinstance(orig, bool) or orig <= 0:
             raise FrinkError(f"config.json: bad original_max_position_embeddings {orig!r}")
         return orig
@@ -96,6 +96,11 @@ class Phi3(Arch):
         for k in ("attention.key_length", "attention.value_length"):
             w.meta.pop(w.key(k), None)  # the converter writes neither (head_dim = n_embd / heads)
         w.set("rope.dimension_count", self._rope_dim(hp))
+        # Written as the converter writes it (0: none); config() disables it as llama.cpp does.
+        if hp.get("sliding_window") is None:
+            w.set("attention.sliding_window", 0)
+        else:
+            w.u32("attention.sliding_window", "sliding_window")
         orig = self._orig_ctx(hp)
         w.set("rope.scaling.original_context_length", orig)
         if _longrope(hp) is not None:

@@ -61,9 +61,7 @@ def rope_frequencies(
     mscale = scaling.attn_factor
     if scaling.ext_factor == 0.0:
         return inv * scale, mscale
-    low, high = yarn_corr_dims(
-        dim, scaling.orig_ctx, base, scaling.beta_fast, scaling.beta_slow
-    )
+    low, high = yarn_corr_dims(dim, scaling.orig_ctx, base, scaling.beta_fast, scaling.beta_slow)
     y = (np.arange(dim // 2, dtype=np.float64) - low) / max(0.001, high - low)
     ramp = (1.0 - np.clip(y, 0.0, 1.0)) * scaling.ext_factor
     inv = inv * (scale * (1.0 - ramp) + ramp)

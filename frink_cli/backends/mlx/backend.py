@@ -314,9 +314,7 @@ class MlxBackend(DeviceBackend):
                 new_kv, rows = [], []
                 for j, i in enumerate(range(run.start, run.stop)):
                     st = graph.LayerState(kv[2 * j], kv[2 * j + 1])
-                    x = compose_layer(
-                        MLX_OPS, cfg, self.shapes[i], layers[i], x, pos, st, ropes[i]
-                    )
+                    x = compose_layer(MLX_OPS, cfg, self.shapes[i], layers[i], x, pos, st, ropes[i])
                     new_kv += [st.a, st.b]
                     # Attention: the new K/V rows; a gated delta net: its new tail and state.
                     kr, vr = st.rows if st.rows is not None else (st.a, st.b)
