@@ -225,6 +225,40 @@ _OLMO2: dict[str, Any] = dict(
     bos_token_id=None,
     eos_token_id=2,
 )
+# Rope scaling fixtures: the original context (32) is well below the reference sequence
+# (_LONG_SEQ_LEN tokens), so YaRN's blend and LongRoPE's long factors both apply, and the
+# scaling factors are far from 1 so a dropped one (or its cos/sin multiplier) fails parity.
+_ROPE_ORIG_CTX = 32
+_LONG_SEQ_LEN = 72
+_YARN: dict[str, Any] = {
+    "rope_type": "yarn",
+    "factor": 8.0,
+    "original_max_position_embeddings": _ROPE_ORIG_CTX,
+}
+# Phi-3: fused qkv_proj and gate_up_proj; head_dim 16 with half of it rotating (8 dims, 4
+# LongRoPE factors each), so the cos/sin multiplier must leave the other half alone.
+_PHI3: dict[str, Any] = dict(
+    _COMMON,
+    num_hidden_layers=3,
+    rms_norm_eps=1e-5,
+    original_max_position_embeddings=_ROPE_ORIG_CTX,
+    sliding_window=None,
+    tie_word_embeddings=False,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+_PHI3_LONGROPE = dict(
+    _PHI3,
+    rope_parameters={
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+        "original_max_position_embeddings": _ROPE_ORIG_CTX,
+        "short_factor": [1.0, 1.3, 2.1, 3.5],
+        "long_factor": [1.2, 2.5, 6.0, 14.0],
+    },
+)
 
 SPECS: dict[str, TinySpec] = {
     s.name: s
@@ -612,6 +646,57 @@ SPECS: dict[str, TinySpec] = {
             greedy=24,
             notes="no pre-norms; post-attention and post-FFN RMSNorms; Q/K RMSNorm over the "
             "full projection width; NeoX rope; untied",
+        ),
+        TinySpec(
+            "llama_yarn",
+            "LlamaForCausalLM",
+            "LlamaConfig",
+            dict(
+                _COMMON,
+                num_hidden_layers=2,
+                rms_norm_eps=1e-5,
+                rope_parameters=dict(_YARN, rope_theta=10000.0),
+                tie_word_embeddings=False,
+            ),
+            seed=50,
+            seq_len=_LONG_SEQ_LEN,
+            notes="YaRN x8 from an original context of 32, 72 tokens",
+        ),
+        TinySpec(
+            "qwen3_yarn",
+            "Qwen3ForCausalLM",
+            "Qwen3Config",
+            dict(
+                _COMMON,
+                num_hidden_layers=2,
+                head_dim=32,
+                rms_norm_eps=1e-6,
+                rope_parameters=dict(_YARN, factor=4.0, rope_theta=10000.0),
+                use_sliding_window=False,
+                attention_bias=False,
+                tie_word_embeddings=False,
+            ),
+            seed=51,
+            seq_len=_LONG_SEQ_LEN,
+            notes="qwen3 (neox rope, QK norm) + YaRN x4 from an original context of 32",
+        ),
+        TinySpec(
+            "phi3",
+            "Phi3ForCausalLM",
+            "Phi3Config",
+            dict(_PHI3, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+            seed=52,
+            notes="fused qkv and gate_up, neox rope, no scaling",
+        ),
+        TinySpec(
+            "phi3_longrope",
+            "Phi3ForCausalLM",
+            "Phi3Config",
+            _PHI3_LONGROPE,
+            seed=53,
+            seq_len=_LONG_SEQ_LEN,
+            notes="LongRoPE (long factors past 32 tokens, attention factor), half of each "
+            "head rotating",
         ),
     ]
 }

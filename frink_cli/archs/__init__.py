@@ -37,6 +37,7 @@ from .gemma3 import Gemma3
 from .granite import Granite, GraniteMoe
 from .llama import Llama
 from .olmo2 import Olmo2
+from .phi3 import Phi3
 from .qwen2 import Qwen2
 from .qwen3 import Qwen3
 from .qwen3moe import Qwen3Moe
@@ -61,6 +62,7 @@ _ARCHS: tuple[Arch, ...] = (
     Bloom(),
     Mpt(),
     Olmo2(),
+    Phi3(),
 )
 _BY_NAME: dict[str, Arch] = {a.name: a for a in _ARCHS}
 _BY_MODEL_TYPE: dict[str, Arch] = {mt: a for a in _ARCHS for mt in a.hf_model_types}

@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..formats.safetensors import HfModelType, Kept, Plan, Transform, is_finite_number, is_uint
-from ..model.config import GdnConfig, ModelConfig, MoeConfig
+from ..model.config import GdnConfig, ModelConfig, MoeConfig, RopeScaling
 
 # A composite turns several stored tensors into one GGUF tensor, or one into several: it
 # pops what it takes from `kept` and returns the plans it makes.
@@ -217,13 +217,7 @@ class Arch:
             raise FrinkError(f"{ckpt.path}: no token_embd.weight tensor")
         n_vocab = ckpt.tensors.info("token_embd.weight").shape[0]
 
-        # Linear rope scaling only; other schemes change the frequencies in ways not
-        # carried yet.
-        scaling_type = str(get(md, key("rope.scaling.type"), "none"))
-        factor = float(get(md, key("rope.scaling.factor"), 0.0) or 0.0)
-        if scaling_type not in ("none", "linear") and factor not in (0.0, 1.0):
-            raise FrinkError(f"rope scaling type {scaling_type!r} is not supported")
-        rope_scale = 1.0 / factor if factor > 0 else 1.0
+        rope_scale, rope_scaling = self._rope_scaling(ckpt, names)
 
         sliding_window = get(md, key("attention.sliding_window"))
         sliding_window = int(sliding_window) if sliding_window else None
@@ -292,8 +286,53 @@ class Arch:
             has_rope_freqs="rope_freqs.weight" in names,
             ffn_norm_tensor=self.ffn_norm_tensor,
             attn_output_gate=self.attn_output_gate,
+            rope_scaling=rope_scaling,
             gdn=gdn,
             moe=moe,
+        )
+
+    def _rope_scaling(self, ckpt: Checkpoint, names: set[str]) -> tuple[float, RopeScaling | None]:
+        """The position multiplier (1/factor) and YaRN / LongRoPE, as llama.cpp reads them
+        (llama_model::load_hparams and llama_context's cparams).
+
+        A missing rope.scaling.type is "linear" there (a factor alone scales positions);
+        "none" never scales. YaRN: ext_factor 1, beta_fast 32, beta_slow 1 -- llama.cpp reads
+        no yarn_beta_fast / yarn_beta_slow / yarn_ext_factor / yarn_attn_factor key for these
+        architectures, so neither does frink (transformers applies a config's beta_fast,
+        beta_slow and attention_factor: a converted file that sets them runs as llama.cpp
+        runs it). LongRoPE: the file's rope_factors_long/short tensors (phi3 writes no
+        scaling type). rope.scaling.attn_factor multiplies cos and sin in every case."""
+        md, key = ckpt.metadata, self.key
+        scaling_type = str(get(md, key("rope.scaling.type"), "linear"))
+        factor = float(get(md, key("rope.scaling.factor"), 0.0) or 0.0)
+        if scaling_type not in ("none", "linear", "yarn", "longrope"):
+            raise FrinkError(f"rope scaling type {scaling_type!r} is not supported")
+        rope_scale = 1.0 / factor if factor > 0 and scaling_type != "none" else 1.0
+        attn_factor = float(get(md, key("rope.scaling.attn_factor"), 1.0))
+        n_ctx_train = int(get(md, key("context_length"), 4096))
+        orig_ctx = int(get(md, key("rope.scaling.original_context_length"), 0)) or n_ctx_train
+        long_factors = "rope_factors_long.weight" in names
+        if scaling_type == "yarn":
+            kind, ext = "yarn", 1.0
+        elif long_factors:
+            kind, ext = "longrope", 0.0
+        elif scaling_type == "longrope":
+            raise FrinkError(f"{ckpt.path}: longrope scaling without rope_factors_long.weight")
+        elif attn_factor != 1.0:
+            kind, ext = "attn", 0.0
+        else:
+            return rope_scale, None
+        if not (attn_factor > 0 and math.isfinite(attn_factor)) or orig_ctx <= 0:
+            raise FrinkError(
+                f"{ckpt.path}: bad rope scaling (attn_factor {attn_factor}, "
+                f"original context {orig_ctx})"
+            )
+        return rope_scale, RopeScaling(
+            kind=kind,
+            factor=1.0 / rope_scale,
+            orig_ctx=orig_ctx,
+            ext_factor=ext,
+            attn_factor=attn_factor,
         )
 
     def _swa_layers(self, md: dict[str, Any], n_layer: int) -> list[bool]:

@@ -17,7 +17,7 @@ from ..model.weights import ModelWeights
 from .host_ops import HOST_OPS
 from .layer import embed_norm, lm_head, scale_embeddings
 from .layer import layer as compose_layer
-from .rope import Rope
+from .rope import Rope, rope_factors
 
 _malloc_tuned = False
 
@@ -55,18 +55,34 @@ class HostBody:
         self.cfg = cfg
         self.w = weights
         keep_freed_memory()
-        ropes: dict[tuple[float, float], Rope] = {}
-        self.ropes = []
         # Fixed per model; asked once here, not once per layer per token.
         self.shapes = [cfg.layer_shape(layer) for layer in range(cfg.n_layer)]
-        for layer in range(cfg.n_layer):
-            s = self.shapes[layer]
-            key = (s.rope_base, s.rope_scale)
-            if key not in ropes:
-                ropes[key] = Rope(
-                    cfg.rope_dim, s.rope_base, s.rope_scale, cfg.rope_type, weights.rope_freqs
-                )
-            self.ropes.append(ropes[key])
+        # Per layer rope tables, per LongRoPE choice (long factors for a long context).
+        self._ropes: dict[bool, list[Rope]] = {}
+        self.ropes = self.ropes_for(0)
+
+    def ropes_for(self, n_ctx: int) -> list[Rope]:
+        """Each layer's Rope for a context of n_ctx tokens (LongRoPE switches on it)."""
+        cfg, w = self.cfg, self.w
+        long = cfg.rope_scaling is not None and cfg.rope_scaling.long(n_ctx)
+        if long not in self._ropes:
+            factors = rope_factors(
+                cfg, w.rope_freqs, w.rope_factors_long, w.rope_factors_short, n_ctx
+            )
+            ropes: dict[tuple[float, float], Rope] = {}
+            for s in self.shapes:
+                key = (s.rope_base, s.rope_scale)
+                if key not in ropes:
+                    ropes[key] = Rope(
+                        cfg.rope_dim,
+                        s.rope_base,
+                        s.rope_scale,
+                        cfg.rope_type,
+                        factors,
+                        cfg.rope_scaling,
+                    )
+            self._ropes[long] = [ropes[(s.rope_base, s.rope_scale)] for s in self.shapes]
+        return self._ropes[long]
 
     def embed(self, ids: np.ndarray) -> np.ndarray:
         x = self.w.token_embd[ids]  # fancy indexing copies: the residual stream is ours
@@ -82,7 +98,7 @@ class HostBody:
             x,
             positions,
             cache.slot(layer),
-            self.ropes[layer],
+            self.ropes_for(cache.n_ctx)[layer],
         )
 
     def logits(self, x: np.ndarray) -> np.ndarray:

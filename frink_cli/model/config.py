@@ -55,6 +55,32 @@ _CORE_FIELDS = frozenset(
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """YaRN or LongRoPE, as llama.cpp applies them (ggml's rope_yarn; graph/rope.py's
+    `rope_frequencies` turns this into per-pair frequencies and a cos/sin multiplier).
+
+    kind "yarn": ext_factor 1 blends interpolated (position * 1/factor) and extrapolated
+    angles per pair over the ramp between the beta_fast/beta_slow correction dims, and cos/sin
+    are multiplied by get_mscale(factor) = 1 + 0.1 ln(factor) (times attn_factor).
+    kind "longrope" (phi3): per-pair frequency divisors, the long ones when the context is
+    longer than orig_ctx (llama.cpp's n_ctx_seq > n_ctx_orig_yarn), else the short ones;
+    cos/sin multiplied by attn_factor. kind "attn" : only attn_factor (rope.scaling.attn_factor
+    on a model with no other scaling)."""
+
+    kind: str  # "yarn" | "longrope" | "attn"
+    factor: float  # the model's rope.scaling.factor (1 if none)
+    orig_ctx: int  # rope.scaling.original_context_length (llama.cpp's n_ctx_orig_yarn)
+    ext_factor: float = 0.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attn_factor: float = 1.0  # rope.scaling.attn_factor: multiplies cos and sin
+
+    def long(self, n_ctx: int) -> bool:
+        """LongRoPE's switch: the long factors for a context beyond the original one."""
+        return self.kind == "longrope" and n_ctx > self.orig_ctx
+
+
+@dataclass(frozen=True)
 class GdnConfig:
     """Gated delta net layers (qwen35, qwen3next): linear attention with recurrent state."""
 
@@ -168,6 +194,8 @@ class ModelConfig:
     # columns (weight [n_head*hd_k]) and one over all n_head_kv*hd_k key columns, before the
     # split into heads. Not per head: qk_norm is the per-head form.
     qk_norm_full: bool = False
+    # YaRN / LongRoPE / an attention factor on cos and sin (None: plain or linear rope).
+    rope_scaling: RopeScaling | None = None
     gdn: GdnConfig | None = None
     moe: MoeConfig | None = None
 

@@ -215,6 +215,9 @@ class ModelWeights:
     output_norm_b: np.ndarray | None = None  # [n_embd] the final LayerNorm's bias
     token_embd_norm: np.ndarray | None = None  # [n_embd] bloom's LayerNorm on the embeddings
     token_embd_norm_b: np.ndarray | None = None  # [n_embd]
+    # LongRoPE's per-pair divisors (phi3 "rope_factors_long/short.weight"), or None.
+    rope_factors_long: np.ndarray | None = None
+    rope_factors_short: np.ndarray | None = None
 
 
 def load_weights(
@@ -294,6 +297,11 @@ def load_weights(
         token_embd = get("token_embd.weight", (cfg.n_vocab, d))
         output = fused([("output", cfg.n_vocab)], d, bias=False)
     rope_freqs = optional("rope_freqs.weight", (cfg.rope_dim // 2,))
+    longrope = cfg.rope_scaling is not None and cfg.rope_scaling.kind == "longrope"
+    factors = [
+        optional(f"rope_factors_{which}.weight", (cfg.rope_dim // 2,), required=longrope)
+        for which in ("long", "short")
+    ]
     if progress:
         progress(1, total)
 
@@ -331,7 +339,11 @@ def load_weights(
             up = fused([(p + "ffn_up", cfg.n_ff)], d)
             down = fused([(p + "ffn_down", d)], cfg.n_ff)
         else:
-            gate_up = fused([(p + "ffn_gate", cfg.n_ff), (p + "ffn_up", cfg.n_ff)], d, bias=False)
+            if p + "ffn_gate.weight" in names:
+                parts = [(p + "ffn_gate", cfg.n_ff), (p + "ffn_up", cfg.n_ff)]
+            else:  # phi3: ffn_up holds the gate rows then the up rows
+                parts = [(p + "ffn_up", 2 * cfg.n_ff)]
+            gate_up = fused(parts, d, bias=False)
             down = fused([(p + "ffn_down", d)], cfg.n_ff, bias=False)
         return LayerWeights(
             attn_norm=None if cfg.no_pre_norm else get(p + "attn_norm.weight", (d,)),
@@ -378,14 +390,32 @@ def load_weights(
         layers.on_load = report
     if lazy:
         output_norm = get("output_norm.weight", (d,))
-        return ModelWeights(token_embd, output_norm, output, rope_freqs, layers, **head_norms())
+        return ModelWeights(
+            token_embd,
+            output_norm,
+            output,
+            rope_freqs,
+            layers,
+            **head_norms(),
+            rope_factors_long=factors[0],
+            rope_factors_short=factors[1],
+        )
     for i in range(cfg.n_layer):
         layers[i]
     layers.on_load = None
     output_norm = get("output_norm.weight", (d,))
     if progress:
         progress(total, total)
-    return ModelWeights(token_embd, output_norm, output, rope_freqs, layers, **head_norms())
+    return ModelWeights(
+        token_embd,
+        output_norm,
+        output,
+        rope_freqs,
+        layers,
+        **head_norms(),
+        rope_factors_long=factors[0],
+        rope_factors_short=factors[1],
+    )
 
 
 # load_weights' tensor reader: (name, expected shape) -> the array, or FrinkError.

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ...graph.rope import rope_factors, rope_frequencies
 from ...model.config import ModelConfig
 from ...model.weights import LayerWeights, ModelWeights
 from .. import Run
@@ -70,7 +71,7 @@ class CudaBackend(DeviceBackend):
         self.weight_dtype = np.dtype(weight_dtype)
         self.device_errors = _device_errors()
         super().__init__(cfg, ledger)
-        self._inv_freq: dict[tuple[float, float], np.ndarray] = {}
+        self._inv_freq: dict[tuple[float, float, bool], tuple[np.ndarray, float]] = {}
 
     @property
     def layer_refusals(self) -> list[str | None]:
@@ -87,8 +88,10 @@ class CudaBackend(DeviceBackend):
         return eligibility.layer_reasons(self.cfg, layer)
 
     def prepare(self, weights: ModelWeights) -> None:
-        self._rope_freqs = (
-            None if weights.rope_freqs is None else weights.rope_freqs.astype(np.float64)
+        self._weights_rope = (
+            weights.rope_freqs,
+            weights.rope_factors_long,
+            weights.rope_factors_short,
         )
 
     def upload_layer(self, layer: int, lw: Any) -> LayerWeights:
@@ -154,19 +157,27 @@ class CudaBackend(DeviceBackend):
 
     # -- the run -----------------------------------------------------------------------------
 
-    def _rope_tables(self, layer: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _rope_tables(
+        self, layer: int, positions: np.ndarray, n_ctx: int = 0
+    ) -> tuple[np.ndarray, np.ndarray]:
         """cos/sin [T, rope_dim/2] at the batch's positions, computed as the host body's Rope
-        computes its tables (float64 angles, rounded once), so both rotate identically."""
-        shape = self.cfg.layer_shape(layer)
-        key = (shape.rope_base, shape.rope_scale)
+        computes its tables (graph.rope.rope_frequencies: float64 angles, YaRN / LongRoPE's
+        multiplier, rounded once), so both rotate identically."""
+        cfg = self.cfg
+        shape = cfg.layer_shape(layer)
+        long = cfg.rope_scaling is not None and cfg.rope_scaling.long(n_ctx)
+        key = (shape.rope_base, shape.rope_scale, long)
         if key not in self._inv_freq:
-            dim = self.cfg.rope_dim
-            inv = shape.rope_base ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
-            if self._rope_freqs is not None:
-                inv = inv / self._rope_freqs
-            self._inv_freq[key] = inv * shape.rope_scale
-        ang = np.asarray(positions, dtype=np.float64)[:, None] * self._inv_freq[key][None, :]
-        return np.cos(ang).astype(F32), np.sin(ang).astype(F32)
+            factors = rope_factors(cfg, *self._weights_rope, n_ctx)
+            self._inv_freq[key] = rope_frequencies(
+                cfg.rope_dim, shape.rope_base, shape.rope_scale, factors, cfg.rope_scaling
+            )
+        inv, mscale = self._inv_freq[key]
+        ang = np.asarray(positions, dtype=np.float64)[:, None] * inv[None, :]
+        cos, sin = np.cos(ang), np.sin(ang)
+        if mscale != 1.0:
+            cos, sin = cos * mscale, sin * mscale
+        return cos.astype(F32), sin.astype(F32)
 
     def launch(
         self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any, head: str | None
@@ -180,7 +191,7 @@ class CudaBackend(DeviceBackend):
         tables: dict[Any, tuple[Any, Any, int, bool]] = {}
         for i, key in zip(layers, keys):
             if key not in tables:
-                cos, sin = self._rope_tables(i, positions)
+                cos, sin = self._rope_tables(i, positions, cache.n_ctx)
                 tables[key] = (
                     self.ops.to_device(cos),
                     self.ops.to_device(sin),

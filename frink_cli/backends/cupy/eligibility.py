@@ -80,6 +80,8 @@ CARRIED = frozenset(
         "swa_layers",
         "attn_logit_softcap",
         "has_rope_freqs",
+        # YaRN / LongRoPE: the host-built cos/sin tables carry them (rope_frequencies).
+        "rope_scaling",
         # The composition's multipliers (graph/layer.py): scale ops between the kernels.
         "residual_scale",
         "logit_scale",

@@ -22,6 +22,7 @@ import numpy as np
 
 from ...graph.layer import layer as compose_layer
 from ...graph.layer import lm_head
+from ...graph.rope import rope_factors, rope_frequencies
 from ...model.config import ModelConfig
 from ...model.weights import LayerWeights, MoeWeights, map_layer
 from .. import Run
@@ -213,21 +214,39 @@ class MlxBackend(DeviceBackend):
 
     def prepare(self, weights) -> None:
         cfg = self.cfg
-        freqs = None
-        if weights.rope_freqs is not None:
-            i = np.arange(0, cfg.rope_dim, 2, dtype=np.float64) / cfg.rope_dim
-            freqs = mx.array((cfg.rope_base**i * weights.rope_freqs).astype(np.float32))
         self.shapes = [cfg.layer_shape(i) for i in range(cfg.n_layer)]
-        self.ropes = [
-            graph.DeviceRope(
-                cfg.rope_dim,
-                cfg.rope_type == "norm",
-                None if freqs is not None else s.rope_base,
-                s.rope_scale,
-                freqs,
-            )
-            for s in self.shapes
-        ]
+        self._weights_rope = (
+            weights.rope_freqs,
+            weights.rope_factors_long,
+            weights.rope_factors_short,
+        )
+        self._ropes: dict[bool, list[graph.DeviceRope]] = {}
+        self.ropes = self.ropes_for(0)
+
+    def ropes_for(self, n_ctx: int) -> list[graph.DeviceRope]:
+        """Each layer's rope for a context of n_ctx (LongRoPE switches on it). Plain rope
+        keeps mx.fast.rope's base; any per-pair change (llama3's rope_freqs, YaRN, LongRoPE)
+        goes in as freqs, the periods graph.rope.rope_frequencies computes."""
+        cfg = self.cfg
+        long = cfg.rope_scaling is not None and cfg.rope_scaling.long(n_ctx)
+        if long not in self._ropes:
+            factors = rope_factors(cfg, *self._weights_rope, n_ctx)
+            ropes = []
+            for s in self.shapes:
+                if factors is None and cfg.rope_scaling is None:
+                    freqs, base, scale, mscale = None, s.rope_base, s.rope_scale, 1.0
+                else:
+                    inv, mscale = rope_frequencies(
+                        cfg.rope_dim, s.rope_base, s.rope_scale, factors, cfg.rope_scaling
+                    )
+                    freqs, base, scale = mx.array((1.0 / inv).astype(np.float32)), None, 1.0
+                ropes.append(
+                    graph.DeviceRope(
+                        cfg.rope_dim, cfg.rope_type == "norm", base, scale, freqs, mscale
+                    )
+                )
+            self._ropes[long] = ropes
+        return self._ropes[long]
 
     def upload_layer(self, i: int, lw: LayerWeights) -> LayerWeights:
         """The layer's weights resident (model.weights.map_layer: the host's fields), each
@@ -287,8 +306,9 @@ class MlxBackend(DeviceBackend):
         m.k[layer], m.v[layer] = mx.array(k), mx.array(v)
         m.length[layer], m.version[layer] = n, slot.version
 
-    def _function(self, run: Run, T: int, capacity: int, head: str | None):
-        key = (run.start, run.stop, T, capacity, head)
+    def _function(self, run: Run, T: int, capacity: int, head: str | None, n_ctx: int):
+        ropes = self.ropes_for(n_ctx)
+        key = (run.start, run.stop, T, capacity, head, id(ropes))
         fn = self._compiled.get(key)
         if fn is None:
             cfg, layers = self.cfg, self.resident
@@ -299,9 +319,7 @@ class MlxBackend(DeviceBackend):
                 new_kv, rows = [], []
                 for j, i in enumerate(range(run.start, run.stop)):
                     st = graph.LayerState(kv[2 * j], kv[2 * j + 1])
-                    x = compose_layer(
-                        MLX_OPS, cfg, self.shapes[i], layers[i], x, pos, st, self.ropes[i]
-                    )
+                    x = compose_layer(MLX_OPS, cfg, self.shapes[i], layers[i], x, pos, st, ropes[i])
                     new_kv += [st.a, st.b]
                     # Attention: the new K/V rows; a gated delta net: its new tail and state.
                     kr, vr = st.rows if st.rows is not None else (st.a, st.b)
@@ -344,7 +362,7 @@ class MlxBackend(DeviceBackend):
             c = min(chunk, T - o)
             last = o + c == T
             h = head if head == "all" or (head == "last" and last) else None
-            fn = self._function(run, c, m.capacity, h)
+            fn = self._function(run, c, m.capacity, h, cache.n_ctx)
             kv = [a for i in range(run.start, run.stop) for a in state[i]]
             outs = fn(
                 mx.array(x[o : o + c]),

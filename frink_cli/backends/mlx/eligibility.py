@@ -25,6 +25,7 @@ CARRIED_FEATURES = frozenset(
         "embd_scale",
         "final_logit_softcap",
         "has_rope_freqs",
+        "rope_scaling",
         "ffn_norm_tensor",
         "attn_output_gate",
         "sliding_window",

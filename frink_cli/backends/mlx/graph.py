@@ -131,13 +131,16 @@ SORT_MIN_ROWS = 64
 
 @dataclass(frozen=True)
 class DeviceRope:
-    """A layer's rope as mx.fast.rope takes it (freqs: llama 3.x per-dimension periods)."""
+    """A layer's rope as mx.fast.rope takes it (freqs: per-pair periods, for llama 3.x's
+    rope_freqs, YaRN or LongRoPE) and the factor YaRN / LongRoPE multiply cos and sin by,
+    applied to the rotated output (the rotation is linear, so this is exact)."""
 
     dims: int
     traditional: bool
     base: float | None
     scale: float
     freqs: mx.array | None
+    mscale: float = 1.0
 
 
 class StepContext:
@@ -237,6 +240,12 @@ class MlxOps:
             offset=pos.start,
             freqs=rope.freqs,
         )
+        if rope.mscale != 1.0:
+            d = rope.dims
+            if d == r.shape[-1]:
+                r = r * rope.mscale
+            else:  # the dims that do not rotate pass through unscaled, as on the host
+                r = mx.concatenate([r[..., :d] * rope.mscale, r[..., d:]], axis=-1)
         return r[0].transpose(1, 0, 2)
 
     def attention(
