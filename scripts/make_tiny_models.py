@@ -87,6 +87,16 @@ class TinySpec:
     # from transformers' class name (MPTForCausalLM vs MptForCausalLM); written before
     # conversion only.
     convert_architecture: str = ""
+    # Matrices (by substring of the parameter name) drawn ternary: sign(noise) * c, with c
+    # an f16-exact magnitude per tensor and no zeros. Such a matrix is a fixed point of
+    # llama.cpp's bitnet converter (s = mean|W| = c) and of TQ1_0/TQ2_0 (block scale
+    # max|W| = c), so transformers, the converted GGUF and its TQ requants hold the same
+    # weights.
+    ternary: tuple[str, ...] = ()
+    # Parameter renames (substring -> replacement) in the copy handed to llama.cpp's
+    # converter, where its tensor map knows another spelling than transformers' (bitnet's
+    # sub-norms: the 1bitLLM names); the HF dir keeps transformers' names.
+    convert_renames: dict[str, str] = field(default_factory=dict)
 
 
 _COMMON: dict[str, Any] = {
@@ -258,6 +268,27 @@ _PHI3_LONGROPE = dict(
         "short_factor": [1.0, 1.3, 2.1, 3.5],
         "long_factor": [1.2, 2.5, 6.0, 14.0],
     },
+)
+
+# BitNet b1.58: rows 256 wide (hidden 256, ffn 512), whole TQ1_0/TQ2_0 blocks, so
+# tests/test_bitnet.py can requantize it; every projection ternary (spec.ternary: a fixed
+# point of the converter's ternarization and of the TQ types); SiLU, the activation
+# llama.cpp's bitnet graph applies whatever the config says (transformers' default relu2
+# would make the references disagree); tied, as llama.cpp's bitnet always is. The
+# converter's tensor map knows only the 1bitLLM names of the sub-norms, so its copy has
+# them renamed; the HF dir keeps transformers' names.
+_BITNET: dict[str, Any] = dict(
+    _COMMON,
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=2,
+    hidden_act="silu",
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    tie_word_embeddings=True,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
 )
 
 SPECS: dict[str, TinySpec] = {
@@ -698,6 +729,19 @@ SPECS: dict[str, TinySpec] = {
             notes="LongRoPE (long factors past 32 tokens, attention factor), half of each "
             "head rotating",
         ),
+        TinySpec(
+            "bitnet",
+            "BitNetForCausalLM",
+            "BitNetConfig",
+            _BITNET,
+            seed=61,
+            ternary=("_proj",),
+            convert_renames={
+                "self_attn.attn_sub_norm": "self_attn.inner_attn_ln",
+                "mlp.ffn_sub_norm": "mlp.ffn_layernorm",
+            },
+            notes="attention and FFN sub-norms, ternary projections (no zeros), SiLU, tied",
+        ),
     ]
 }
 
@@ -712,6 +756,8 @@ _LATER_FIELDS = {
     "greedy": 0,
     "min_router_gap": 0.0,
     "convert_architecture": "",
+    "ternary": [],
+    "convert_renames": {},
 }
 
 
@@ -738,7 +784,11 @@ def _randomize(model: Any, spec: TinySpec) -> None:
         for name, p in model.named_parameters():  # tied tensors are listed once
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
             override = next((cs for key, cs in spec.vector_overrides.items() if key in name), None)
-            if p.ndim >= 2:
+            if p.ndim >= 2 and any(key in name for key in spec.ternary):
+                mag = torch.rand((), generator=gen) * WEIGHT_STD + WEIGHT_STD / 2
+                c = mag.to(torch.float16).to(torch.float32)
+                p.copy_(torch.where(noise >= 0, c, -c))
+            elif p.ndim >= 2:
                 p.copy_(noise * WEIGHT_STD)
             elif override is not None:
                 p.copy_(override[0] + noise * override[1])
@@ -983,15 +1033,23 @@ def make_one(spec: TinySpec, out_dir: Path, force: bool = False) -> dict[str, An
         hf_cfg = json.loads(cfg_path.read_text())
         hf_cfg["architectures"] = [spec.convert_architecture]
         cfg_path.write_text(json.dumps(hf_cfg, indent=2) + "\n")
+    convert_dir = _renamed_copy(spec, hf_dir, model_dir / "hf_convert")
     try:
         llama_cpp_converter.convert(
-            hf_dir, gguf_path, outtype="f32", model_name=spec.name, extra_args=spec.convert_args
+            convert_dir,
+            gguf_path,
+            outtype="f32",
+            model_name=spec.name,
+            extra_args=spec.convert_args,
         )
     except RuntimeError as exc:
         convert_error = str(exc).splitlines()[0] + " ... " + str(exc).strip().splitlines()[-1]
         gguf_path.unlink(missing_ok=True)
         if spec.expect_gguf:
             raise
+    finally:
+        if convert_dir != hf_dir:
+            shutil.rmtree(convert_dir, ignore_errors=True)
     max_diff = None
     argmax_agree = None
     if convert_error is None:
@@ -1021,6 +1079,26 @@ def make_one(spec: TinySpec, out_dir: Path, force: bool = False) -> dict[str, An
     )
     (model_dir / "stamp.json").write_text(json.dumps(stamp, indent=2) + "\n")
     return stamp
+
+
+def _renamed_copy(spec: TinySpec, hf_dir: Path, dst: Path) -> Path:
+    """hf_dir itself, or (spec.convert_renames) a copy whose parameters are renamed."""
+    if not spec.convert_renames:
+        return hf_dir
+    from safetensors.numpy import load_file, save_file
+
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(hf_dir, dst)
+    for st in dst.glob("*.safetensors"):
+        tensors = load_file(st)
+        renamed = {}
+        for name, t in tensors.items():
+            for old, new in spec.convert_renames.items():
+                name = name.replace(old, new)
+            renamed[name] = t
+        save_file(renamed, st, metadata={"format": "pt"})
+    return dst
 
 
 def _text_config(spec: TinySpec) -> dict[str, Any]:

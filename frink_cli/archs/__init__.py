@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from .alibi import Bloom, Mpt
 from .base import Arch
+from .bitnet import Bitnet
 from .gemma3 import Gemma3
 from .granite import Granite, GraniteMoe
 from .llama import Llama
@@ -63,6 +64,7 @@ _ARCHS: tuple[Arch, ...] = (
     Mpt(),
     Olmo2(),
     Phi3(),
+    Bitnet(),
 )
 _BY_NAME: dict[str, Arch] = {a.name: a for a in _ARCHS}
 _BY_MODEL_TYPE: dict[str, Arch] = {mt: a for a in _ARCHS for mt in a.hf_model_types}

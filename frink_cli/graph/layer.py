@@ -134,7 +134,15 @@ def attention_block(
     )
     if gate is not None:
         out = ops.sigmoid_mul_(out, gate)
-    return ops.linear(out, w.wo)
+    return ops.linear(_sub_norm(ops, cfg, out, w.attn_sub_norm), w.wo)
+
+
+def _sub_norm(ops: Ops, cfg: ModelConfig, y: Array, sub_norm: Array | None) -> Array:
+    """BitNet's sub-norm: an RMSNorm on the rows a down projection reads (the attention
+    output before o_proj, the gated activation before ffn_down), when the model has one."""
+    if sub_norm is not None:
+        y = ops.rms_norm_(y, sub_norm, cfg.norm_eps)
+    return y
 
 
 def plain_ffn_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array) -> Array:
@@ -157,7 +165,8 @@ def _full_width_qk_norm(
 
 def ffn_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array) -> Array:
     """The dense gated FFN: down(act(gate(h)) * up(h)), gate/up fused into one matrix."""
-    return ops.linear(ops.glu(ops.linear(h, w.gate_up), cfg.ffn_act), w.down)
+    g = ops.glu(ops.linear(h, w.gate_up), cfg.ffn_act)
+    return ops.linear(_sub_norm(ops, cfg, g, w.ffn_sub_norm), w.down)
 
 
 def moe_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array) -> Array:

@@ -194,6 +194,11 @@ class ModelConfig:
     # columns (weight [n_head*hd_k]) and one over all n_head_kv*hd_k key columns, before the
     # split into heads. Not per head: qk_norm is the per-head form.
     qk_norm_full: bool = False
+    # BitNet's sub-norms: an RMSNorm on the attention output before o_proj (weight
+    # [n_head*hd_v], attn_sub_norm) and on the FFN's gated activation before down (weight
+    # [n_ff], ffn_sub_norm), as llama.cpp's bitnet.cpp applies them.
+    attn_sub_norm: bool = False
+    ffn_sub_norm: bool = False
     # YaRN / LongRoPE / an attention factor on cos and sin (None: plain or linear rope).
     rope_scaling: RopeScaling | None = None
     gdn: GdnConfig | None = None

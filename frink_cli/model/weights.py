@@ -111,6 +111,8 @@ class LayerWeights:
     attn_norm_b: np.ndarray | None = None  # [n_embd]
     ffn_norm_b: np.ndarray | None = None  # [n_embd]
     up: Linear | None = None  # [n_ff, n_embd]: the plain (non-gated) FFN's up projection
+    attn_sub_norm: np.ndarray | None = None  # [n_head*hd_v] (cfg.attn_sub_norm, bitnet)
+    ffn_sub_norm: np.ndarray | None = None  # [n_ff] (cfg.ffn_sub_norm, bitnet)
 
 
 def map_layer(
@@ -367,6 +369,12 @@ def load_weights(
             if cfg.layer_norm
             else None,
             up=up,
+            attn_sub_norm=get(p + "attn_sub_norm.weight", (cfg.n_head * hv,))
+            if cfg.attn_sub_norm and qkv is not None
+            else None,
+            ffn_sub_norm=get(p + "ffn_sub_norm.weight", (cfg.n_ff,))
+            if cfg.ffn_sub_norm and gate_up is not None
+            else None,
         )
 
     def head_norms() -> dict[str, np.ndarray | None]:

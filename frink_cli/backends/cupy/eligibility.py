@@ -89,6 +89,9 @@ CARRIED = frozenset(
         # is the rms_norm kernel over a contiguous copy of the q / k columns.
         "no_pre_norm",
         "qk_norm_full",
+        # bitnet: the rms_norm kernel over the attention output / gated activation rows.
+        "attn_sub_norm",
+        "ffn_sub_norm",
     }
 )
 # Fields that concern only what happens before the first layer or after the last (embedding,

@@ -40,6 +40,8 @@ CARRIED_FEATURES = frozenset(
         "clamp_kqv",
         "no_pre_norm",
         "qk_norm_full",
+        "attn_sub_norm",
+        "ffn_sub_norm",
     }
 )
 
