@@ -1,0 +1,409 @@
+"""BitNet b1.58 (`bitnet`) against transformers and llama.cpp, on every backend.
+
+Why: BitNet adds two decorations to the llama block -- an RMSNorm on the attention output
+before o_proj (`attn_sub_norm`) and one on the FFN's gated activation before ffn_down
+(`ffn_sub_norm`) -- and ternary weights, which published files store as TQ1_0 / TQ2_0.
+
+The fixture (scripts/make_tiny_models.py, _BITNET): transformers' BitNetForCausalLM with
+every projection ternary without zeros (sign * c, c f16-exact per tensor), a fixed point of
+the converter's ternarization (s = mean|W| = c) and of TQ1_0/TQ2_0 (block scale max|W| =
+c), so transformers, the F32 GGUF and its TQ requants all hold the same weights; SiLU, the
+activation llama.cpp's bitnet graph applies (transformers' default relu2 is not what
+llama.cpp runs); sub-norm weights random around 1, so each sub-norm matters. The
+converter's tensor map knows the sub-norms by their 1bitLLM names only, so the fixture
+maker hands it a copy with those names; the HF dir keeps transformers' names.
+
+What is checked: frink from the GGUF and from the HF dir, batch and step, against both
+references (2e-3, identical argmax) on numpy and metal (the device ran), and on cuda (NumPy
+stand-in and the kernel emulator). The ternary files, requantized by llama.cpp's own
+quantizer (every projection TQ1_0 or TQ2_0, the embedding left F32): the dequantized
+matrices equal the F32 GGUF's bit for bit, so frink's logits on them meet the same bar
+against transformers and llama.cpp's F32 run; against llama.cpp on the TQ file itself,
+which multiplies in 8-bit activations (q8_K) where frink stays in f32, teacher-forced top-1
+agreement of at least 0.95 and at least llama.cpp's own F32 run's agreement less 1
+position (measured: 39/40 on both types, numpy and metal, as llama.cpp's own F32 run; max
+|d| against llama.cpp on the TQ file 0.32, its activation rounding). The HF reader's
+ternarization is the converter's own weight_quant, checked on a matrix with zeros against
+the converter's code itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import fixture_cache_root
+from test_granite import (
+    FAR,
+    REF_TOL,
+    REFERENCES,
+    SELF_TOL,
+    SOURCES,
+    _against_references,
+    _assert_device_ran,
+    _compare,
+    _cuda_models,
+    _max_diff,
+    _path,
+    _prefill_prefix_decode,
+    _tokens,
+    emulated_launcher,  # noqa: F401 - a fixture, used by name
+)
+
+import frink_cli
+from frink_cli.decoder import Decoder
+from frink_cli.errors import FrinkError
+from frink_cli.formats import open_checkpoint
+from frink_cli.model import config_from_checkpoint
+from frink_cli.model.weights import ModelWeights
+
+NAME = "bitnet"
+N_LAYER, N_EMBD, N_FF = 2, 256, 512
+PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+TQ_TYPES = ("TQ1_0", "TQ2_0")
+# Teacher-forced top-1 agreement with llama.cpp on the TQ file (its 8-bit activations).
+TOP1_BAR = 0.95
+TOP1_SLACK = 1  # positions
+
+
+# --- the fixture itself ---------------------------------------------------------------------------
+
+
+def test_references_agree(tiny_model: Callable) -> None:
+    """transformers and llama.cpp compute the same BitNet (else neither can judge frink)."""
+    ref = tiny_model(NAME).ref
+    assert "logits_llamacpp" in ref, "llama.cpp's converter made no GGUF"
+    _compare(ref["logits_llamacpp"], ref["logits_hf"], REF_TOL, "llama.cpp vs transformers")
+
+
+def test_the_converter_wrote_bitnet(tiny_model: Callable) -> None:
+    """What llama.cpp's converter makes of it: both sub-norms per layer ([n_embd], [n_ff]),
+    ternary projections (one magnitude each), no output tensor, no per-tensor scales."""
+    ckpt = open_checkpoint(_path(tiny_model, NAME, "gguf"))
+    assert ckpt.metadata["general.architecture"] == NAME
+    names = set(ckpt.tensors.names())
+    assert "output.weight" not in names
+    assert not [n for n in names if n.endswith(".scale")]
+    for i in range(N_LAYER):
+        assert ckpt.tensors.info(f"blk.{i}.attn_sub_norm.weight").shape == (N_EMBD,)
+        assert ckpt.tensors.info(f"blk.{i}.ffn_sub_norm.weight").shape == (N_FF,)
+        for t in PROJECTIONS:
+            w = ckpt.tensors.load(f"blk.{i}.{t}.weight")
+            assert len(np.unique(np.abs(w))) == 1, f"blk.{i}.{t}: not ternary without zeros"
+
+
+# --- the host body (numpy) ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
+@pytest.mark.parametrize("source", SOURCES)
+def test_numpy_matches_references(source: str, step: bool, tiny_model: Callable) -> None:
+    m = frink_cli.load(_path(tiny_model, NAME, source))
+    got = m.logits(_tokens(tiny_model, NAME), step=step)
+    _against_references(
+        got, tiny_model(NAME).ref, f"numpy({source}, {'step' if step else 'batch'})"
+    )
+
+
+def test_config_reads_the_decorations(tiny_model: Callable) -> None:
+    gg = config_from_checkpoint(open_checkpoint(_path(tiny_model, NAME, "gguf")))
+    hf = config_from_checkpoint(open_checkpoint(_path(tiny_model, NAME, "hf")))
+    assert hf == gg
+    assert gg.attn_sub_norm and gg.ffn_sub_norm
+    assert gg.rope_type == "neox" and gg.tied_embeddings and gg.ffn_act == "silu"
+    assert {"attn_sub_norm", "ffn_sub_norm"} <= gg.features()
+
+
+def test_hf_dir_tensors_equal_the_converters(tiny_model: Callable) -> None:
+    hf = open_checkpoint(_path(tiny_model, NAME, "hf"))
+    gg = open_checkpoint(_path(tiny_model, NAME, "gguf"))
+    assert sorted(hf.tensors.names()) == sorted(gg.tensors.names())
+    for n in gg.tensors.names():
+        assert np.array_equal(hf.tensors.load(n), gg.tensors.load(n)), n
+
+
+def test_hf_dir_metadata_matches_the_converters(tiny_model: Callable) -> None:
+    hf = open_checkpoint(_path(tiny_model, NAME, "hf")).metadata
+    gg = open_checkpoint(_path(tiny_model, NAME, "gguf")).metadata
+    assert hf["general.architecture"] == NAME
+    for key, value in gg.items():
+        if key.startswith(f"{NAME}."):
+            assert key in hf, f"{key} missing from the HF dir's metadata"
+            if isinstance(value, float):
+                assert hf[key] == pytest.approx(value), key
+            else:
+                assert list(np.atleast_1d(hf[key])) == list(np.atleast_1d(value)), key
+
+
+def _converter_weight_quant() -> Callable[[Any], Any]:
+    """The converter's own BitnetModel.weight_quant (llama.cpp's conversion/bitnet.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import llama_cpp_converter
+
+    root = llama_cpp_converter.cache_dir()
+    if not (root / "conversion" / "bitnet.py").is_file():
+        pytest.skip("llama.cpp's converter is not extracted (make the tiny models first)")
+    for p in (root / "gguf-py", root):
+        if str(p) not in sys.path:
+            sys.path.insert(0, str(p))
+    from conversion.bitnet import BitnetModel  # type: ignore[import-not-found]
+
+    return lambda w: BitnetModel.weight_quant(None, w)
+
+
+def test_hf_ternarization_is_the_converters() -> None:
+    """On a plain random matrix (about a third of it rounds to 0), frink's HF-side
+    ternarization equals the converter's weight_quant bit for bit."""
+    torch = pytest.importorskip("torch")
+    from frink_cli.archs.bitnet import ternarize
+
+    w = np.random.default_rng(5).standard_normal((96, 64)).astype(np.float32) * 0.1
+    want = _converter_weight_quant()(torch.from_numpy(w)).numpy()
+    got = ternarize(w)
+    assert 0.2 < float(np.mean(got == 0)) < 0.5
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_per_tensor_scales_are_refused_by_name(tiny_model: Callable, tmp_path: Path) -> None:
+    """llama.cpp multiplies a projection by its optional `*.scale` tensor; frink refuses a
+    file that has one rather than run without it."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    reader = GGUFReader(_path(tiny_model, NAME, "gguf"))
+    writer = GGUFWriter(str(tmp_path / "scaled.gguf"), NAME)
+    for field in reader.fields.values():
+        if field.name == "general.architecture" or field.name.startswith("GGUF."):
+            continue
+        sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
+    for t in reader.tensors:
+        writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    writer.add_tensor("blk.0.attn_q.scale", np.asarray([0.5], np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(FrinkError, match=r"blk\.0\.attn_q\.scale"):
+        frink_cli.load(tmp_path / "scaled.gguf")
+
+
+# --- every decoration matters ---------------------------------------------------------------------
+
+_ONES = {"attn_sub_norm": np.ones(N_EMBD, np.float32), "ffn_sub_norm": np.ones(N_FF, np.float32)}
+# name -> (ModelConfig changes, per-layer weight changes).
+VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "no attn sub-norm": ({"attn_sub_norm": False}, {"attn_sub_norm": None}),
+    "no ffn sub-norm": ({"ffn_sub_norm": False}, {"ffn_sub_norm": None}),
+    # Weightless: the norms' own weights are read.
+    "weightless attn sub-norm": ({}, {"attn_sub_norm": _ONES["attn_sub_norm"]}),
+    "weightless ffn sub-norm": ({}, {"ffn_sub_norm": _ONES["ffn_sub_norm"]}),
+    # transformers' default activation, not the one llama.cpp runs.
+    "gelu for silu": ({"ffn_act": "gelu_tanh"}, {}),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_each_decoration_moves_the_graph(variant: str, tiny_model: Callable) -> None:
+    changes, weight_changes = VARIANTS[variant]
+    m = frink_cli.load(_path(tiny_model, NAME, "gguf"))
+    w = m.decoder.host.w
+    layers = [dataclasses.replace(lw, **weight_changes) for lw in w.layers]
+    off = Decoder(
+        dataclasses.replace(m.config, **changes),
+        ModelWeights(w.token_embd, w.output_norm, w.output, w.rope_freqs, layers),
+    )
+    tokens = np.asarray(_tokens(tiny_model, NAME))
+    got = off.step(tokens, off.new_cache(len(tokens)), all_logits=True)
+    for key in REFERENCES:
+        assert _max_diff(got, tiny_model(NAME).ref[key]) > FAR, f"{variant} still matches {key}"
+
+
+# --- metal (MLX; its CPU device on Linux) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
+@pytest.mark.parametrize("source", SOURCES)
+def test_metal_matches_references(source: str, step: bool, tiny_model: Callable) -> None:
+    pytest.importorskip("mlx.core")
+    m = frink_cli.load(_path(tiny_model, NAME, source), backend="metal")
+    assert m.backend_name == "metal"
+    got = m.logits(_tokens(tiny_model, NAME), step=step)
+    _against_references(
+        got, tiny_model(NAME).ref, f"metal({source}, {'step' if step else 'batch'})"
+    )
+    _assert_device_ran(m, "bitnet metal")
+
+
+def test_metal_one_submission_per_token(tiny_model: Callable) -> None:
+    pytest.importorskip("mlx.core")
+    m = frink_cli.load(_path(tiny_model, NAME, "gguf"), backend="metal")
+    ledger = m.decoder.backend.ledger
+    cache = m.decoder.new_cache(32)
+    m.decoder.step(np.arange(1, 9), cache)
+    assert ledger.total() == 1, dict(ledger.submissions)
+    for t in range(6):
+        ledger.reset()
+        m.decoder.step(np.asarray([t + 3]), cache)
+        assert ledger.total() == 1, dict(ledger.submissions)
+    assert not ledger.refusals and not ledger.failures
+
+
+# --- cuda: NumPy standing in for CuPy, and the kernels on the CPU emulator -----------------------
+
+
+@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
+def test_cuda_standing_in_matches_references(
+    step: bool, tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
+    m = frink_cli.load(_path(tiny_model, NAME, "gguf"), backend="cuda")
+    assert m.backend_name == "cuda"
+    got = m.logits(_tokens(tiny_model, NAME), step=step)
+    _against_references(got, tiny_model(NAME).ref, f"cuda-numpy({'step' if step else 'batch'})")
+    ledger = m.decoder.backend.ledger
+    assert ledger.total() > 0 and not ledger.refusals and not ledger.failures, (
+        dict(ledger.submissions),
+        dict(ledger.refusals),
+        dict(ledger.failures),
+    )
+
+
+def test_cuda_emulated_kernel_stack_equals_host_body(
+    tiny_model: Callable,
+    emulated_launcher: Any,  # noqa: F811 - the fixture imported above
+) -> None:
+    """The sub-norms as the rms_norm kernel on the CPU emulator: the host body's logits,
+    and both references'."""
+    from frink_cli.backends.cupy.ops import KernelOps
+
+    host, dev = _cuda_models(
+        _path(tiny_model, NAME, "gguf"), lambda: KernelOps(np, emulated_launcher)
+    )
+    tokens = _tokens(tiny_model, NAME)[:16]
+    want = _prefill_prefix_decode(host, tokens, split=6)
+    got = _prefill_prefix_decode(dev, tokens, split=6)
+    assert _max_diff(got, want) <= SELF_TOL
+    _against_references(
+        got, {k: tiny_model(NAME).ref[k][:16] for k in REFERENCES}, "bitnet emulated"
+    )
+    ledger = dev.decoder.backend.ledger
+    assert ledger.submissions == {"prefill-stack+lm-head": 2, "decode-stack+lm-head": 4}
+    assert not ledger.refusals and not ledger.failures
+
+
+# --- the ternary types, written by llama.cpp's quantizer -----------------------------------------
+
+# test_quant_types' quantizer child (base ftype Q8_0, pure), with two overrides: the
+# projections to the type under test, the random (not ternary) embedding kept F32.
+_LLAMA_FTYPE_MOSTLY_Q8_0 = 7
+_OVERRIDES = (
+    "    ov = (L.llama_model_tensor_override * 3)()\n"
+    '    ov[0].pattern, ov[0].type = b"(attn_(q|k|v|output)|ffn_(gate|up|down))[.]weight", ttype\n'
+    '    ov[1].pattern, ov[1].type, ov[2].pattern = b"token_embd", 0, None\n'
+)
+
+
+def _quantize(src: Path, dst: Path, qtype: str) -> None:
+    from gguf import GGMLQuantizationType
+    from test_quant_types import _QUANTIZE
+
+    lines = _QUANTIZE.splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if "ov = (L.llama_model_tensor_override" in line)
+    script = "".join(lines[:at]) + _OVERRIDES + "".join(lines[at + 2 :])
+    tmp = dst.with_suffix(".tmp")
+    args = [str(src), str(tmp), str(int(GGMLQuantizationType[qtype])), "0"]
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args, str(_LLAMA_FTYPE_MOSTLY_Q8_0)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=dict(os.environ, OMP_NUM_THREADS="2"),
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"llama.cpp could not write {dst.name}: {(proc.stdout + proc.stderr)[-2000:]}")
+    tmp.replace(dst)
+
+
+@pytest.fixture(scope="module")
+def tq_file(tiny_model: Callable) -> Callable[[str], tuple[Path, np.ndarray]]:
+    """tq_file(type) -> (the fixture requantized to `type` by llama.cpp, llama.cpp's logits
+    on it over the fixture tokens), cached beside the tiny models."""
+    import json
+
+    from script_loader import load_script
+
+    make_tiny = load_script("make_tiny_models")
+    src = _path(tiny_model, NAME, "gguf")
+    root = fixture_cache_root() / "quant" / NAME
+    root.mkdir(parents=True, exist_ok=True)
+    key = (src.parent / "stamp.json").read_text() + json.dumps({"v": 1})
+    if (root / "key.json").is_file() and (root / "key.json").read_text() != key:
+        for f in root.iterdir():
+            f.unlink()
+    (root / "key.json").write_text(key)
+
+    def get(qtype: str) -> tuple[Path, np.ndarray]:
+        path, npz = root / f"{qtype}.gguf", root / f"{qtype}.npz"
+        if not path.is_file():
+            _quantize(src, path, qtype)
+        if not npz.is_file():
+            np.savez(npz, logits=make_tiny.llama_cpp_logits(path, tiny_model(NAME).ref["tokens"]))
+        with np.load(npz) as z:
+            return path, z["logits"]
+
+    return get
+
+
+@pytest.mark.parametrize("qtype", TQ_TYPES)
+def test_tq_weights_equal_the_f32_files(qtype: str, tq_file: Callable) -> None:
+    """Every projection is stored as `qtype` and dequantizes to the F32 GGUF's values bit
+    for bit (the fixture's weights are exact in the ternary types)."""
+    path, _ = tq_file(qtype)
+    q = open_checkpoint(path)
+    f = open_checkpoint(path.parents[2] / "tiny" / NAME / "model.gguf")
+    n = 0
+    for i in range(N_LAYER):
+        for t in PROJECTIONS:
+            name = f"blk.{i}.{t}.weight"
+            assert q.tensors.info(name).dtype == qtype, name
+            assert np.array_equal(q.tensors.load(name), f.tensors.load(name)), name
+            n += 1
+    assert n == 7 * N_LAYER
+    assert q.tensors.info("token_embd.weight").dtype == "F32"
+
+
+def _check_tq(got: np.ndarray, cpp_tq: np.ndarray, ref: dict[str, np.ndarray], what: str) -> None:
+    _against_references(got, ref, what)
+    top = cpp_tq.argmax(-1)
+    agree = int(np.sum(got.argmax(-1) == top))
+    cpp_own = int(np.sum(ref["logits_llamacpp"].argmax(-1) == top))
+    n = len(top)
+    assert agree >= TOP1_BAR * n and agree >= cpp_own - TOP1_SLACK, (
+        f"{what}: teacher-forced top-1 agreement with llama.cpp on the file {agree}/{n} "
+        f"(llama.cpp's own f32 run: {cpp_own}/{n})"
+    )
+
+
+@pytest.mark.parametrize("qtype", TQ_TYPES)
+def test_numpy_on_tq_files(qtype: str, tq_file: Callable, tiny_model: Callable) -> None:
+    path, cpp_tq = tq_file(qtype)
+    m = frink_cli.load(path)
+    got = m.logits(_tokens(tiny_model, NAME))
+    _check_tq(got, cpp_tq, tiny_model(NAME).ref, f"{qtype} numpy")
+
+
+@pytest.mark.parametrize("qtype", TQ_TYPES)
+def test_metal_on_tq_files(qtype: str, tq_file: Callable, tiny_model: Callable) -> None:
+    pytest.importorskip("mlx.core")
+    path, cpp_tq = tq_file(qtype)
+    m = frink_cli.load(path, backend="metal")
+    got = m.logits(_tokens(tiny_model, NAME))
+    _check_tq(got, cpp_tq, tiny_model(NAME).ref, f"{qtype} metal")
+    _assert_device_ran(m, f"{qtype} metal")
