@@ -432,6 +432,9 @@ class CudaOps:
         self.k.add(x, self.xp.ascontiguousarray(y))
         return x
 
+    def concat(self, parts: list[Any]) -> Any:
+        return self.xp.concatenate(parts, axis=-1)
+
     def scale_(self, x: Any, s: float) -> Any:
         x *= F32(s)
         return x

@@ -40,6 +40,12 @@ CARRIED_FEATURES = frozenset(
         "clamp_kqv",
         "no_pre_norm",
         "qk_norm_full",
+        # talkie: norms loaded as ones; the skip stream rides beside the residual stream
+        # (concat); the Q gain and projection scales are products with weight arrays.
+        "weightless_norms",
+        "embd_skip",
+        "attn_q_gain",
+        "proj_scales",
     }
 )
 
