@@ -1,4 +1,4 @@
-"""Talkie (`talkie`) against llama.cpp, on numpy and metal; cuda refuses it by name.
+"""Talkie (`talkie`) against llama.cpp, on numpy, metal and cuda.
 
 Why: Talkie brings four pieces to the one layer graph: the skip stream (the RMS-normed
 embedding, times a per-layer scalar, added into every layer's output: `embd_skip`; it
@@ -22,7 +22,17 @@ from typing import Any
 import numpy as np
 import pytest
 from script_loader import load_script
-from test_granite import FAR, REF_TOL, _assert_device_ran, _compare, _decode_after_prefill
+from test_granite import (
+    FAR,
+    REF_TOL,
+    SELF_TOL,
+    _assert_device_ran,
+    _compare,
+    _cuda_models,
+    _decode_after_prefill,
+    _prefill_prefix_decode,
+    emulated_launcher,  # noqa: F401 - a fixture, used by name
+)
 
 import frink_cli
 from frink_cli.decoder import Decoder
@@ -226,24 +236,44 @@ def test_metal_split_runs_carry_the_skip_stream(fixture: Any) -> None:
     assert backend.ledger.total() > 0
 
 
-# --- cuda: refused by name ------------------------------------------------------------------------
+# --- cuda: NumPy standing in for CuPy, and the kernels on the CPU emulator -----------------------
 
 
-def test_cuda_refuses_the_skip_stream_by_name(
-    fixture: Any, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
+def test_cuda_standing_in_matches_llamacpp(
+    step: bool, fixture: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The cuda stack does not carry the skip stream: every layer refused by its name, the
-    host body runs them, and the logits are still llama.cpp's."""
-    from frink_cli.backends.cupy.eligibility import layer_reasons
-
+    """`load(path, backend="cuda")` with NumPy for CuPy: every layer on the stack (the skip
+    stream beside the residual stream), no refusals, llama.cpp's logits."""
     monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
     path, ref = fixture
     m = frink_cli.load(path, backend="cuda")
-    reasons = layer_reasons(m.config, 0)
-    for name in ("embd_skip", "attn_q_gain", "proj_scales"):
-        assert f"{name} not carried" in reasons
-    assert "weightless_norms not carried" not in reasons  # ones, loaded
-    got = m.logits(_tokens(ref))
-    _against_llamacpp(got, ref, "cuda (host body)")
+    assert m.backend_name == "cuda"
+    got = m.logits(_tokens(ref), step=step)
+    _against_llamacpp(got, ref, f"cuda-numpy({'step' if step else 'batch'})")
     ledger = m.decoder.backend.ledger
-    assert dict(ledger.refusals) == {"embd_skip not carried": N_LAYER}
+    assert ledger.total() > 0 and not ledger.refusals and not ledger.failures, (
+        dict(ledger.submissions),
+        dict(ledger.refusals),
+        dict(ledger.failures),
+    )
+
+
+def test_cuda_emulated_kernel_stack_equals_host_body(
+    fixture: Any,
+    emulated_launcher: Any,  # noqa: F811 - the fixture imported above
+) -> None:
+    """talkie with kernels/*.cu on the CPU emulator: the host body's logits, and llama.cpp's."""
+    from frink_cli.backends.cupy.ops import KernelOps
+
+    path, ref = fixture
+    host, dev = _cuda_models(path, lambda: KernelOps(np, emulated_launcher))
+    tokens = _tokens(ref)[:24]
+    want = _prefill_prefix_decode(host, tokens, split=9)
+    got = _prefill_prefix_decode(dev, tokens, split=9)
+    assert float(np.max(np.abs(got - want))) <= SELF_TOL
+    # Every row of both prefills, then the decodes: positions 0..23 in order.
+    _compare(got, ref["logits_llamacpp"][:24], REF_TOL, "talkie emulated")
+    ledger = dev.decoder.backend.ledger
+    assert ledger.submissions == {"prefill-stack+lm-head": 2, "decode-stack+lm-head": 4}
+    assert not ledger.refusals and not ledger.failures

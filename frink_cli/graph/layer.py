@@ -146,14 +146,14 @@ def attention_block(
         elif w.q_norm is not None:
             q = ops.rms_norm_(q, w.q_norm, eps)
             k = ops.rms_norm_(k, w.k_norm, eps)
-            if w.q_gain is not None:
-                # talkie's per-head gain [H, 1]. llama.cpp norms after the rotation; an RMS
-                # over a whole head (rope_dim == head_dim) and a scalar per head commute
-                # with it, so norming first is the same arithmetic.
-                q = q * w.q_gain
         if rotates:
             q = ops.rope_(q, pos, rope)
             k = ops.rope_(k, pos, rope)
+        if w.q_gain is not None:
+            # talkie's per-head gain [H, 1], after the rotation as llama.cpp applies it
+            # with its Q norm. llama.cpp norms after the rotation too; an RMS over a whole
+            # head (rope_dim == head_dim) commutes with it: norming first is the same.
+            q = q * w.q_gain
     out = ops.attention(
         q,
         k,

@@ -89,6 +89,12 @@ CARRIED = frozenset(
         # is the rms_norm kernel over a contiguous copy of the q / k columns.
         "no_pre_norm",
         "qk_norm_full",
+        # talkie: the skip stream rides beside the residual stream (its rows are 2*n_embd
+        # wide: the concat and a scale between the kernels), the per-head Q gain and the
+        # projection scales are array products (the array module's elementwise kernels).
+        "embd_skip",
+        "attn_q_gain",
+        "proj_scales",
     }
 )
 # Fields that concern only what happens before the first layer or after the last (embedding,
