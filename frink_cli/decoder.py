@@ -56,7 +56,8 @@ class Decoder:
     def hidden(self, ids: np.ndarray, cache: KvCache) -> np.ndarray:
         """Run new tokens `ids` at the cache's next positions; the last layer's output."""
         with blas_threads.limit(self.decode_threads.choose() if len(ids) == 1 else None):
-            return self._forward(ids, cache, None)[0]
+            # The residual stream (without the skip stream that rides beside it).
+            return self._forward(ids, cache, None)[0][:, : self.cfg.n_embd]
 
     def _forward(
         self, ids: np.ndarray, cache: KvCache, head: str | None
@@ -66,7 +67,7 @@ class Decoder:
         ids = np.asarray(ids, dtype=np.int64)
         T = len(ids)
         if T == 0:
-            return np.zeros((0, self.cfg.n_embd), np.float32), False
+            return np.zeros((0, self.cfg.residual_width), np.float32), False
         cache.check_room(T)
         positions = np.arange(cache.n_past, cache.n_past + T)
         x = self.host.embed(ids)

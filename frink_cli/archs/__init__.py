@@ -46,6 +46,7 @@ from .qwen3next import Qwen3Next
 from .qwen35 import Qwen35
 from .qwen35moe import Qwen35Moe
 from .starcoder2 import Starcoder2
+from .talkie import Talkie
 
 # The registry: every supported architecture, one instance each.
 _ARCHS: tuple[Arch, ...] = (
@@ -65,6 +66,7 @@ _ARCHS: tuple[Arch, ...] = (
     Olmo2(),
     Phi3(),
     Bitnet(),
+    Talkie(),
 )
 _BY_NAME: dict[str, Arch] = {a.name: a for a in _ARCHS}
 _BY_MODEL_TYPE: dict[str, Arch] = {mt: a for a in _ARCHS for mt in a.hf_model_types}

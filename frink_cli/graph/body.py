@@ -15,7 +15,7 @@ import numpy as np
 from ..model.config import ModelConfig
 from ..model.weights import ModelWeights
 from .host_ops import HOST_OPS
-from .layer import embed_norm, lm_head, scale_embeddings
+from .layer import embed_norm, embed_skip, lm_head, scale_embeddings
 from .layer import layer as compose_layer
 from .rope import Rope, rope_factors
 
@@ -87,7 +87,8 @@ class HostBody:
     def embed(self, ids: np.ndarray) -> np.ndarray:
         x = self.w.token_embd[ids]  # fancy indexing copies: the residual stream is ours
         x = embed_norm(HOST_OPS, self.cfg, self.w.token_embd_norm, self.w.token_embd_norm_b, x)
-        return scale_embeddings(HOST_OPS, self.cfg, x)
+        x = scale_embeddings(HOST_OPS, self.cfg, x)
+        return embed_skip(HOST_OPS, self.cfg, self.w.token_embd_norm, x)
 
     def layer(self, layer: int, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray:
         return compose_layer(

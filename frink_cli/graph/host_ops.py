@@ -49,6 +49,9 @@ class HostOps:
         x += y
         return x
 
+    def concat(self, parts: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(parts, axis=-1)
+
     def scale_(self, x: np.ndarray, s: float) -> np.ndarray:
         x *= F32(s)
         return x

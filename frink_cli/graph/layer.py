@@ -36,12 +36,15 @@ def scale_embeddings(ops: Ops, cfg: ModelConfig, x: Array) -> Array:
 def layer(
     ops: Ops, cfg: ModelConfig, shape: LayerShape, w: Any, x: Array, pos: Any, kv: Any, rope: Any
 ) -> Array:
-    """x [T, n_embd] (left as it was) -> the layer's output rows, a new array."""
+    """x [T, residual_width] (left as it was) -> the layer's output rows, a new array."""
+    skip = None
+    if cfg.embd_skip:
+        x, skip = x[:, : cfg.n_embd], x[:, cfg.n_embd :]
     h = x if cfg.no_pre_norm else _norm(ops, cfg, x, w.attn_norm, w.attn_norm_b)
     if shape.mixer == "gdn":
         a = gdn_block(ops, cfg, w.gdn, h, kv)
     else:
-        a = attention_block(ops, cfg, shape, w, h, pos, kv, rope)
+        a = _proj_scale(attention_block(ops, cfg, shape, w, h, pos, kv, rope), w.wo_scale)
     # a is ours: adding x into it leaves the caller's x as it was.
     x = ops.add_(_branch_out(ops, cfg, a, w.post_attn_norm), x)
     # Without a pre-norm the FFN reads x, which the residual add below then overwrites:
@@ -53,7 +56,32 @@ def layer(
         f = plain_ffn_block(ops, cfg, w, h)
     else:
         f = ffn_block(ops, cfg, w, h)
-    return ops.add_(x, _branch_out(ops, cfg, f, w.post_ffn_norm))
+    f = _proj_scale(f, w.down_scale)
+    out = ops.add_(x, _branch_out(ops, cfg, f, w.post_ffn_norm))
+    if skip is not None:
+        out = _add_skip(ops, out, skip, w.skip_scale)
+    return out
+
+
+def _proj_scale(y: Array, scale: Array | None) -> Array:
+    """An output projection's per-tensor scale [1] (proj_scales), when the model has one."""
+    return y if scale is None else y * scale
+
+
+def _add_skip(ops: Ops, out: Array, skip: Array, scale: Array) -> Array:
+    """talkie's skip stream: the normed embedding times this layer's scale [1] joins the
+    layer's output (llama.cpp's talkie.cpp: after the FFN's residual add); the skip stream
+    rides on beside it, unchanged, to the next layer."""
+    return ops.concat([ops.add_(out, skip * scale), skip])
+
+
+def embed_skip(ops: Ops, cfg: ModelConfig, w: Array | None, x: Array) -> Array:
+    """talkie: the looked-up embeddings x [T, n_embd] RMS-normed (w: ones, weightless) start
+    both the residual stream and the skip stream -> [T, 2*n_embd] rows [stream | skip]."""
+    if cfg.embd_skip:
+        x = ops.rms_norm(x, w, cfg.norm_eps)
+        x = ops.concat([x, x])
+    return x
 
 
 def _norm(ops: Ops, cfg: ModelConfig, x: Array, w: Array, b: Array | None) -> Array:
@@ -121,6 +149,11 @@ def attention_block(
         if rotates:
             q = ops.rope_(q, pos, rope)
             k = ops.rope_(k, pos, rope)
+        if w.q_gain is not None:
+            # talkie's per-head gain [H, 1], after the rotation as llama.cpp applies it
+            # with its Q norm. llama.cpp norms after the rotation too; an RMS over a whole
+            # head (rope_dim == head_dim) commutes with it: norming first is the same.
+            q = q * w.q_gain
     out = ops.attention(
         q,
         k,
@@ -241,7 +274,10 @@ def lm_head(
     output_norm_b: Array | None = None,
 ) -> Array:
     """Final norm (a LayerNorm with its bias when cfg.layer_norm), output projection, then
-    the logit decorations: divided by logit_scale (granite), softcapped (gemma)."""
+    the logit decorations: divided by logit_scale (granite), softcapped (gemma). With the
+    skip stream (embd_skip) the rows' first n_embd columns are the residual stream."""
+    if cfg.embd_skip:
+        x = x[:, : cfg.n_embd]
     logits = ops.linear(_norm(ops, cfg, x, output_norm, output_norm_b), output)
     if cfg.logit_scale is not None:
         logits = ops.scale_(logits, 1.0 / cfg.logit_scale)

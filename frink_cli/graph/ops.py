@@ -56,6 +56,10 @@ class Ops(Protocol):
         """x + y; may overwrite x."""
         ...
 
+    def concat(self, parts: list[Array]) -> Array:
+        """The arrays side by side along the last axis, a new array."""
+        ...
+
     def scale_(self, x: Array, s: float) -> Array:
         """x * s; may overwrite x."""
         ...

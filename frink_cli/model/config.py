@@ -199,6 +199,21 @@ class ModelConfig:
     # [n_ff], ffn_sub_norm), as llama.cpp's bitnet.cpp applies them.
     attn_sub_norm: bool = False
     ffn_sub_norm: bool = False
+    # talkie: the layer norms, the final norm and the QK norms have no weight tensors (all
+    # ones: load_weights fills them in, so every backend that reads the weights carries it).
+    weightless_norms: bool = False
+    # talkie: the skip stream. The looked-up embeddings are RMS-normed (weightless) into the
+    # residual stream, and that same normed embedding, times a per-layer scalar
+    # (layer_output_scale), is added into every layer's output. It rides beside the
+    # residual stream between layers: rows are [stream | skip], residual_width wide.
+    embd_skip: bool = False
+    # talkie: a per-head Q gain (attn_q_norm [n_head, 1]) after a weightless per-head RMSNorm
+    # of Q; K is RMS-normed per head with no weight.
+    attn_q_gain: bool = False
+    # The attention and FFN output projections' per-tensor scales (attn_output.scale,
+    # ffn_down.scale, shape [1]): each projection's output is multiplied by its scale, as
+    # llama.cpp's build_lora_mm / build_ffn do (talkie's attn_gain / mlp_gain).
+    proj_scales: bool = False
     # YaRN / LongRoPE / an attention factor on cos and sin (None: plain or linear rope).
     rope_scaling: RopeScaling | None = None
     gdn: GdnConfig | None = None
@@ -213,6 +228,12 @@ class ModelConfig:
         m0 = 2.0 ** (-self.alibi_bias / n)
         m1 = 2.0 ** (-(self.alibi_bias / 2.0) / n)
         return tuple(m0 ** (h + 1) if h < n else m1 ** (2 * (h - n) + 1) for h in range(H))
+
+    @property
+    def residual_width(self) -> int:
+        """Columns of the rows passed between layers: n_embd, or 2*n_embd with the skip
+        stream beside the residual stream (embd_skip)."""
+        return 2 * self.n_embd if self.embd_skip else self.n_embd
 
     def is_recurrent(self, layer: int) -> bool:
         return self.gdn is not None and self.gdn.layers[layer]

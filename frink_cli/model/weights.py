@@ -113,6 +113,10 @@ class LayerWeights:
     up: Linear | None = None  # [n_ff, n_embd]: the plain (non-gated) FFN's up projection
     attn_sub_norm: np.ndarray | None = None  # [n_head*hd_v] (cfg.attn_sub_norm, bitnet)
     ffn_sub_norm: np.ndarray | None = None  # [n_ff] (cfg.ffn_sub_norm, bitnet)
+    q_gain: np.ndarray | None = None  # [n_head, 1] talkie's per-head Q gain (attn_q_gain)
+    wo_scale: np.ndarray | None = None  # [1] attn_output.scale (proj_scales)
+    down_scale: np.ndarray | None = None  # [1] ffn_down.scale (proj_scales)
+    skip_scale: np.ndarray | None = None  # [1] talkie's layer_output_scale (embd_skip)
 
 
 def map_layer(
@@ -215,7 +219,8 @@ class ModelWeights:
     rope_freqs: np.ndarray | None  # [rope_dim / 2] frequency divisors, or None
     layers: Sequence[LayerWeights]  # a LayerStore from load_weights; a list also serves
     output_norm_b: np.ndarray | None = None  # [n_embd] the final LayerNorm's bias
-    token_embd_norm: np.ndarray | None = None  # [n_embd] bloom's LayerNorm on the embeddings
+    # [n_embd] bloom's LayerNorm on the embeddings; talkie's weightless RMSNorm (ones).
+    token_embd_norm: np.ndarray | None = None
     token_embd_norm_b: np.ndarray | None = None  # [n_embd]
     # LongRoPE's per-pair divisors (phi3 "rope_factors_long/short.weight"), or None.
     rope_factors_long: np.ndarray | None = None
@@ -312,6 +317,10 @@ def load_weights(
     # Hybrids store the pre-FFN norm under post_attention_norm: it is not a post norm there.
     post_norm_name = None if cfg.ffn_norm_tensor == "post_attention_norm" else "post_attention_norm"
 
+    def norm(name: str) -> np.ndarray:
+        """A norm's weight [n_embd]: ones where the model's norms have none."""
+        return np.ones(d, np.float32) if cfg.weightless_norms else get(name, (d,))
+
     def load_layer(i: int) -> LayerWeights:
         p = f"blk.{i}."
         shape = cfg.layer_shape(i)
@@ -325,14 +334,20 @@ def load_weights(
                 qkv = fused([(p + "attn_q", nq), (p + "attn_k", nk), (p + "attn_v", nv)], d)
             # Per head, or (qk_norm_full) over the whole q / k projection width.
             full = cfg.qk_norm_full
-            q_norm = optional(
-                p + "attn_q_norm.weight",
-                (cfg.n_head * hk if full else hk,),
-                required=cfg.qk_norm or full,
-            )
-            k_norm = optional(
-                p + "attn_k_norm.weight", (nk if full else hk,), required=cfg.qk_norm or full
-            )
+            if cfg.attn_q_gain:
+                # talkie: weightless per-head Q and K norms; attn_q_norm is a gain per head.
+                q_norm = k_norm = np.ones(hk, np.float32)
+            else:
+                q_norm = optional(
+                    p + "attn_q_norm.weight",
+                    (cfg.n_head * hk if full else hk,),
+                    required=cfg.qk_norm or full,
+                )
+                k_norm = optional(
+                    p + "attn_k_norm.weight",
+                    (nk if full else hk,),
+                    required=cfg.qk_norm or full,
+                )
             wo = fused([(p + "attn_output", d)], cfg.n_head * hv)
         gate_up = down = moe = up = None
         if shape.ffn == "moe":
@@ -348,7 +363,7 @@ def load_weights(
             gate_up = fused(parts, d, bias=False)
             down = fused([(p + "ffn_down", d)], cfg.n_ff, bias=False)
         return LayerWeights(
-            attn_norm=None if cfg.no_pre_norm else get(p + "attn_norm.weight", (d,)),
+            attn_norm=None if cfg.no_pre_norm else norm(p + "attn_norm.weight"),
             qkv=qkv,
             q_norm=q_norm,
             k_norm=k_norm,
@@ -358,7 +373,7 @@ def load_weights(
             )
             if post_norm_name
             else None,
-            ffn_norm=None if cfg.no_pre_norm else get(p + f"{cfg.ffn_norm_tensor}.weight", (d,)),
+            ffn_norm=None if cfg.no_pre_norm else norm(p + f"{cfg.ffn_norm_tensor}.weight"),
             gate_up=gate_up,
             down=down,
             post_ffn_norm=optional(p + "post_ffw_norm.weight", (d,), required=cfg.post_ffn_norm),
@@ -375,6 +390,7 @@ def load_weights(
             ffn_sub_norm=get(p + "ffn_sub_norm.weight", (cfg.n_ff,))
             if cfg.ffn_sub_norm and gate_up is not None
             else None,
+            **_talkie_extras(p, cfg, get),
         )
 
     def head_norms() -> dict[str, np.ndarray | None]:
@@ -383,6 +399,8 @@ def load_weights(
             output_norm_b=optional("output_norm.bias", (d,)) if cfg.layer_norm else None,
             token_embd_norm=optional("token_embd_norm.weight", (d,), required=cfg.embd_norm)
             if cfg.embd_norm
+            else np.ones(d, np.float32)
+            if cfg.embd_skip
             else None,
             token_embd_norm_b=optional("token_embd_norm.bias", (d,)) if cfg.embd_norm else None,
         )
@@ -397,7 +415,7 @@ def load_weights(
 
         layers.on_load = report
     if lazy:
-        output_norm = get("output_norm.weight", (d,))
+        output_norm = norm("output_norm.weight")
         return ModelWeights(
             token_embd,
             output_norm,
@@ -411,7 +429,7 @@ def load_weights(
     for i in range(cfg.n_layer):
         layers[i]
     layers.on_load = None
-    output_norm = get("output_norm.weight", (d,))
+    output_norm = norm("output_norm.weight")
     if progress:
         progress(total, total)
     return ModelWeights(
@@ -428,6 +446,20 @@ def load_weights(
 
 # load_weights' tensor reader: (name, expected shape) -> the array, or FrinkError.
 _Get = Callable[[str, tuple[int, ...]], np.ndarray]
+
+
+def _talkie_extras(p: str, cfg: ModelConfig, get: _Get) -> dict[str, np.ndarray]:
+    """Layer p's per-head Q gain, projection scales and skip-stream scale, where the model
+    has them (attn_q_gain, proj_scales, embd_skip)."""
+    out = {}
+    if cfg.attn_q_gain:
+        out["q_gain"] = get(p + "attn_q_norm.weight", (cfg.n_head, 1))
+    if cfg.proj_scales:
+        out["wo_scale"] = get(p + "attn_output.scale", (1,))
+        out["down_scale"] = get(p + "ffn_down.scale", (1,))
+    if cfg.embd_skip:
+        out["skip_scale"] = get(p + "layer_output_scale.weight", (1,))
+    return out
 
 
 def _load_gdn(p: str, cfg: ModelConfig, get: _Get, names: set[str]) -> GdnWeights:

@@ -92,6 +92,12 @@ CARRIED = frozenset(
         # bitnet: the rms_norm kernel over the attention output / gated activation rows.
         "attn_sub_norm",
         "ffn_sub_norm",
+        # talkie: the skip stream rides beside the residual stream (its rows are 2*n_embd
+        # wide: the concat and a scale between the kernels), the per-head Q gain and the
+        # projection scales are array products (the array module's elementwise kernels).
+        "embd_skip",
+        "attn_q_gain",
+        "proj_scales",
     }
 )
 # Fields that concern only what happens before the first layer or after the last (embedding,
@@ -111,7 +117,7 @@ OUTSIDE_THE_LAYERS = frozenset(
 # ffn "moe") and which are refused by that name before these could matter.
 OTHER_LAYER_KINDS = frozenset({"gdn", "moe"})
 # Fields that only say where load_weights finds a tensor: the stack gets the loaded weights.
-LOAD_TIME = frozenset({"ffn_norm_tensor"})
+LOAD_TIME = frozenset({"ffn_norm_tensor", "weightless_norms"})
 # Fields refused by their own named check above (kept out of the generic rule's words).
 REFUSED_BY_NAME = frozenset({"attn_output_gate"})
 # LayerShape fields the stack reads (mixer, ffn and window are checked below).

@@ -373,6 +373,9 @@ def _locate(view: Any) -> tuple[Any, int]:
     itemsize = view.dtype.itemsize
     if root.ndim == 2 and root.shape[0] == T and root.flags.c_contiguous:
         buf = root  # the usual case: the QKV GEMM's own [T, stride] output
+    elif root is view and view.flags.c_contiguous:
+        # Heads of their own (talkie's gained Q, a product): rows of H * hd, offset 0.
+        buf = view.reshape(T, -1)
     else:
         # (A one-row view's outer stride is arbitrary, so it is read only for T > 1.)
         stride = view.strides[0] // itemsize
@@ -431,6 +434,9 @@ class CudaOps:
     def add_(self, x: Any, y: Any) -> Any:
         self.k.add(x, self.xp.ascontiguousarray(y))
         return x
+
+    def concat(self, parts: list[Any]) -> Any:
+        return self.xp.concatenate(parts, axis=-1)
 
     def scale_(self, x: Any, s: float) -> Any:
         x *= F32(s)

@@ -378,7 +378,7 @@ class MlxBackend(DeviceBackend):
             staged.append((o, c, h, flat))
         # Every chunk succeeded: only now do the host cache and the mirrors change.
         for o, c, h, flat in staged:
-            width = cfg.n_vocab if h else cfg.n_embd
+            width = cfg.n_vocab if h else cfg.residual_width
             pos = (1 if h == "last" else c) * width
             if h is not None or head is None:
                 outputs.append(flat[:pos].reshape(-1, width))

@@ -42,6 +42,12 @@ CARRIED_FEATURES = frozenset(
         "qk_norm_full",
         "attn_sub_norm",
         "ffn_sub_norm",
+        # talkie: norms loaded as ones; the skip stream rides beside the residual stream
+        # (concat); the Q gain and projection scales are products with weight arrays.
+        "weightless_norms",
+        "embd_skip",
+        "attn_q_gain",
+        "proj_scales",
     }
 )
 
