@@ -36,6 +36,7 @@ from rich.progress import (
 )
 
 from frink_cli.errors import FrinkError
+from frink_cli.paths import frink_home
 
 GGUF_MAGIC = b"GGUF"
 # Large enough to keep zipfile's per-read overhead negligible, small enough that the
@@ -103,10 +104,7 @@ DEFAULT_MODEL = "smollm2-135m"
 
 def store_dir() -> Path:
     """Where fetched models live: $FRINK_HOME/models, else ~/.cache/frink/models."""
-    home = os.environ.get("FRINK_HOME")
-    if home:
-        return Path(home).expanduser() / "models"
-    return Path.home() / ".cache" / "frink" / "models"
+    return frink_home() / "models"
 
 
 def _spec(name: str) -> ModelSpec:
