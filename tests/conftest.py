@@ -152,3 +152,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _REAL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.real)
+
+
+@pytest.fixture(scope="module")
+def emulated_launcher(tmp_path_factory: pytest.TempPathFactory):
+    from cuda_emulator import EmulatedLauncher, build, compiler
+
+    if compiler() is None:
+        pytest.skip("no g++ to build the CPU kernel emulator")
+    try:
+        lib = build(tmp_path_factory.mktemp("kernel_emu"))
+    except subprocess.CalledProcessError as e:
+        pytest.fail(f"building the emulated kernels failed:\n{e.stderr[-4000:]}", pytrace=False)
+    return EmulatedLauncher(lib)

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import fixture_cache_root
-from test_granite import (
+from model_checks import (
     FAR,
     REF_TOL,
     REFERENCES,
@@ -48,13 +48,13 @@ from test_granite import (
     SOURCES,
     _against_references,
     _assert_device_ran,
+    _assert_one_submission_per_token,
     _compare,
     _cuda_models,
     _max_diff,
     _path,
     _prefill_prefix_decode,
     _tokens,
-    emulated_launcher,  # noqa: F401 - a fixture, used by name
 )
 
 import frink_cli
@@ -244,15 +244,7 @@ def test_metal_matches_references(source: str, step: bool, tiny_model: Callable)
 def test_metal_one_submission_per_token(tiny_model: Callable) -> None:
     pytest.importorskip("mlx.core")
     m = frink_cli.load(_path(tiny_model, NAME, "gguf"), backend="metal")
-    ledger = m.decoder.backend.ledger
-    cache = m.decoder.new_cache(32)
-    m.decoder.step(np.arange(1, 9), cache)
-    assert ledger.total() == 1, dict(ledger.submissions)
-    for t in range(6):
-        ledger.reset()
-        m.decoder.step(np.asarray([t + 3]), cache)
-        assert ledger.total() == 1, dict(ledger.submissions)
-    assert not ledger.refusals and not ledger.failures
+    _assert_one_submission_per_token(m)
 
 
 # --- cuda: NumPy standing in for CuPy, and the kernels on the CPU emulator -----------------------

@@ -29,12 +29,28 @@ import dataclasses
 import json
 import math
 import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from model_checks import (
+    FAR,
+    REF_TOL,
+    REFERENCES,
+    SELF_TOL,
+    SOURCES,
+    _against_references,
+    _assert_device_ran,
+    _assert_one_submission_per_token,  # noqa: I001 - tests/ on the path, as conftest's
+    _compare,
+    _cuda_models,
+    _decode_after_prefill,
+    _max_diff,
+    _path,
+    _prefill_prefix_decode,
+    _tokens,
+)
 
 import frink_cli
 from frink_cli.decoder import Decoder
@@ -43,14 +59,6 @@ from frink_cli.model import config_from_checkpoint
 
 GRANITE = ("granite", "granitemoe", "granitemoeshared")
 MOE = ("granitemoe", "granitemoeshared")
-SOURCES = ("gguf", "hf")
-REFERENCES = ("logits_hf", "logits_llamacpp")
-# Against an external reference (as test_parity_tiny.py).
-REF_TOL = 2e-3
-# frink against itself (a backend against the host body).
-SELF_TOL = 1e-4
-# A decoration that matters moves the logits by at least this much (50x the parity bar).
-FAR = 0.1
 
 # The fixture's multipliers (scripts/make_tiny_models.py, _GRANITE), as each source spells
 # them, with the value that switches each off. head_dim is 64 / 4 = 16.
@@ -80,49 +88,6 @@ FIXTURE_VALUES = {
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-
-def _path(tiny_model: Callable, name: str, source: str) -> Path:
-    tm = tiny_model(name)
-    path = tm.gguf if source == "gguf" else tm.hf_dir
-    if path is None:
-        pytest.skip(f"{name}: llama.cpp's converter made no GGUF of it")
-    return path
-
-
-def _compare(actual: np.ndarray, expected: np.ndarray, tol: float, what: str) -> None:
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
-    assert np.all(np.isfinite(actual)), f"{what}: non-finite logits"
-    diff = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
-    pos, tok = np.unravel_index(int(np.argmax(diff)), diff.shape)
-    assert diff[pos, tok] <= tol, (
-        f"{what}: max |d| = {diff[pos, tok]:.3g} > {tol:g} at position {pos}, token {tok} "
-        f"(got {actual[pos, tok]:.6f}, want {expected[pos, tok]:.6f})"
-    )
-    bad = np.nonzero(actual.argmax(-1) != expected.argmax(-1))[0]
-    assert bad.size == 0, f"{what}: argmax differs at positions {bad.tolist()}"
-
-
-def _against_references(got: np.ndarray, ref: dict[str, np.ndarray], what: str) -> None:
-    for key in REFERENCES:
-        _compare(got, ref[key], REF_TOL, f"{what} vs {key.removeprefix('logits_')}")
-
-
-def _tokens(tiny_model: Callable, name: str) -> list[int]:
-    return [int(t) for t in tiny_model(name).ref["tokens"]]
-
-
-def _decode_after_prefill(model: frink_cli.Model, ref: dict[str, np.ndarray]) -> np.ndarray:
-    """llama.cpp's greedy run replayed: the prompt as one batch, then its chosen tokens one
-    at a time; the logits each of its choices was made from."""
-    prompt = [int(t) for t in ref["greedy_prompt"]]
-    chosen = ref["greedy_llamacpp"].tolist()
-    dec = model.decoder
-    cache = dec.new_cache(len(prompt) + len(chosen))
-    got = [dec.step(np.asarray(prompt), cache)[-1]]
-    for t in chosen[:-1]:
-        got.append(dec.step(np.asarray([t]), cache)[-1])
-    return np.stack(got)
 
 
 def _hf_copy(src: Path, dst: Path, **changes: object) -> Path:
@@ -167,10 +132,6 @@ def _gguf_copy(
     writer.write_tensors_to_file()
     writer.close()
     return dst
-
-
-def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
 
 
 # --- the fixtures themselves ----------------------------------------------------------------------
@@ -381,13 +342,6 @@ def test_shared_expert_matters(tiny_model: Callable, tmp_path: Path) -> None:
 # --- metal (MLX; its CPU device on Linux) ---------------------------------------------------------
 
 
-def _assert_device_ran(model: frink_cli.Model, what: str) -> None:
-    ledger = model.decoder.backend.ledger
-    assert ledger.total() > 0, f"{what}: the device ran nothing ({dict(ledger.refusals)})"
-    assert not ledger.failures, f"{what}: launches failed: {dict(ledger.failures)}"
-    assert not ledger.refusals, f"{what}: layers refused: {dict(ledger.refusals)}"
-
-
 @pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
 @pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("name", GRANITE)
@@ -420,63 +374,10 @@ def test_metal_decode_after_prefill_matches_llamacpp(name: str, tiny_model: Call
 def test_metal_one_submission_per_token(name: str, tiny_model: Callable) -> None:
     pytest.importorskip("mlx.core")
     m = frink_cli.load(_path(tiny_model, name, "gguf"), backend="metal")
-    ledger = m.decoder.backend.ledger
-    cache = m.decoder.new_cache(32)
-    m.decoder.step(np.arange(1, 9), cache)
-    assert ledger.total() == 1, dict(ledger.submissions)
-    for t in range(6):
-        ledger.reset()
-        m.decoder.step(np.asarray([t + 3]), cache)
-        assert ledger.total() == 1, dict(ledger.submissions)
-    assert not ledger.refusals and not ledger.failures
+    _assert_one_submission_per_token(m)
 
 
 # --- cuda: NumPy standing in for CuPy, and the kernels on the CPU emulator -----------------------
-
-
-def _cuda_models(
-    path: Path, ops_factory: Callable[[], object] | None = None
-) -> tuple[frink_cli.Model, frink_cli.Model]:
-    """(host-only model, cuda-backend model with NumPy arrays) over the same file; the
-    backend's ops from ops_factory (default: the NumPy references)."""
-    from frink_cli.backends.cupy import make_cuda_backend
-
-    host = frink_cli.load(path)
-    dev = frink_cli.load(path)
-    backend = make_cuda_backend(dev.config, array_module="numpy")
-    if ops_factory is not None:
-        backend.ops = ops_factory()
-    dev.decoder = Decoder(dev.config, dev.decoder.host.w, backend)
-    dev.backend_name = backend.name
-    return host, dev
-
-
-def _prefill_prefix_decode(
-    model: frink_cli.Model, tokens: list[int], split: int, n_decode: int = 4
-) -> np.ndarray:
-    """Logits of a prefill of tokens[:split], a second prefill over that cached prefix, then
-    n_decode single-token steps -- every row of every step."""
-    dec = model.decoder
-    cache = dec.new_cache(len(tokens) + 8)
-    second = len(tokens) - n_decode
-    out = [dec.step(np.asarray(tokens[:split]), cache, all_logits=True)]
-    out.append(dec.step(np.asarray(tokens[split:second]), cache, all_logits=True))
-    for t in tokens[second:]:
-        out.append(dec.step(np.asarray([t]), cache))
-    return np.concatenate(out)
-
-
-@pytest.fixture(scope="module")
-def emulated_launcher(tmp_path_factory: pytest.TempPathFactory):
-    from cuda_emulator import EmulatedLauncher, build, compiler
-
-    if compiler() is None:
-        pytest.skip("no g++ to build the CPU kernel emulator")
-    try:
-        lib = build(tmp_path_factory.mktemp("kernel_emu"))
-    except subprocess.CalledProcessError as e:
-        pytest.fail(f"building the emulated kernels failed:\n{e.stderr[-4000:]}", pytrace=False)
-    return EmulatedLauncher(lib)
 
 
 @pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_granite import (
+from model_checks import (
     FAR,
     REF_TOL,
     REFERENCES,
@@ -33,6 +33,7 @@ from test_granite import (
     SOURCES,
     _against_references,
     _assert_device_ran,
+    _assert_one_submission_per_token,
     _compare,
     _cuda_models,
     _decode_after_prefill,
@@ -40,7 +41,6 @@ from test_granite import (
     _path,
     _prefill_prefix_decode,
     _tokens,
-    emulated_launcher,  # noqa: F401 - a fixture, used by name
 )
 
 import frink_cli
@@ -211,15 +211,7 @@ def test_metal_decode_after_prefill_matches_llamacpp(tiny_model: Callable) -> No
 def test_metal_one_submission_per_token(tiny_model: Callable) -> None:
     pytest.importorskip("mlx.core")
     m = frink_cli.load(_path(tiny_model, NAME, "gguf"), backend="metal")
-    ledger = m.decoder.backend.ledger
-    cache = m.decoder.new_cache(32)
-    m.decoder.step(np.arange(1, 9), cache)
-    assert ledger.total() == 1, dict(ledger.submissions)
-    for t in range(6):
-        ledger.reset()
-        m.decoder.step(np.asarray([t + 3]), cache)
-        assert ledger.total() == 1, dict(ledger.submissions)
-    assert not ledger.refusals and not ledger.failures
+    _assert_one_submission_per_token(m)
 
 
 # --- cuda: NumPy standing in for CuPy, and the kernels on the CPU emulator -----------------------

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from test_granite import (
+from model_checks import (
     FAR,
     REFERENCES,
     SELF_TOL,
@@ -30,7 +30,6 @@ from test_granite import (
     _path,
     _prefill_prefix_decode,
     _tokens,
-    emulated_launcher,  # noqa: F401  (a fixture)
 )
 
 import frink_cli
@@ -177,7 +176,7 @@ def test_cuda_standing_in_matches_references(
 def test_cuda_emulated_kernels_match_references(
     name: str,
     tiny_model: Callable,
-    emulated_launcher,  # noqa: F811
+    emulated_launcher,
 ) -> None:
     """The kernels of kernels/*.cu on the CPU emulator, fed YaRN / LongRoPE tables: the host
     body's logits over a prefill, a prefill over the cached prefix and decode steps, and the

@@ -21,8 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from script_loader import load_script
-from test_granite import (
+from model_checks import (
     FAR,
     REF_TOL,
     SELF_TOL,
@@ -31,8 +30,8 @@ from test_granite import (
     _cuda_models,
     _decode_after_prefill,
     _prefill_prefix_decode,
-    emulated_launcher,  # noqa: F401 - a fixture, used by name
 )
+from script_loader import load_script
 
 import frink_cli
 from frink_cli.decoder import Decoder

@@ -17,6 +17,7 @@ optionally `step_refusal(...)`.
 from __future__ import annotations
 
 import weakref
+from abc import ABC, abstractmethod
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,7 @@ from .ledger import Ledger
 NOT_RESIDENT = "weights not resident"
 
 
-class DeviceBackend:
+class DeviceBackend(ABC):
     name = "device"
     # Exceptions that mean "the device failed", never "frink has a bug".
     device_errors: tuple[type[BaseException], ...] = (RuntimeError, MemoryError)
@@ -46,20 +47,22 @@ class DeviceBackend:
 
     # --- what the subclass says -------------------------------------------------------------
 
+    @abstractmethod
     def layer_reasons(self, layer: int) -> list[str]:
         """Every reason this backend cannot run layer `layer` exactly as the host body
         would; [] when it takes it for every kind of step."""
-        raise NotImplementedError
 
+    @abstractmethod
     def upload_layer(self, layer: int, lw: Any) -> Any:
-        raise NotImplementedError
+        """Layer `lw`'s weights made resident, in the form the backend's ops read."""
 
     def upload_head(self, weights: ModelWeights) -> Any:
         """The resident lm head (final norm + output), or None to leave it on the host."""
         return None
 
+    @abstractmethod
     def new_mirror(self) -> Any:
-        raise NotImplementedError
+        """A sequence's device state, made the first time a cache is seen."""
 
     def step_refusal(
         self, kind: str, n_rows: int, cache: Any, positions: np.ndarray | None, layers: range
@@ -67,10 +70,12 @@ class DeviceBackend:
         """A refusal of THIS step (its batch, positions, cache), or None."""
         return None
 
+    @abstractmethod
     def launch(
         self, run: Run, x: np.ndarray, positions: np.ndarray, cache: Any, head: str | None
     ) -> np.ndarray:
-        raise NotImplementedError
+        """Run the layers of `run` (and the lm head when `head`) over the rows x; write the
+        host cache only once every device result is back."""
 
     # --- shared ---------------------------------------------------------------------------
 
@@ -106,6 +111,7 @@ class DeviceBackend:
 
     def prepare(self, weights: ModelWeights) -> None:
         """Model-wide device state made before the layers upload (rope tables...)."""
+        return None  # an optional hook: nothing model-wide to make by default
 
     def resident_layers(self) -> set[int]:
         """After bind(): the layers the device holds whole. The decoder drops their host

@@ -1,0 +1,127 @@
+"""Checks every tiny-model test file runs the same way: paths to a fixture's GGUF or HF
+directory, logits against the transformers and llama.cpp references, "the device ran", one
+submission per decode token, the cuda stand-in models, replayed decode steps.
+
+Written once here (they were born in test_granite.py), so a model's tests cannot drift
+from another's in how they judge parity. Tests import these; scripts never do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import frink_cli
+from frink_cli.decoder import Decoder
+
+SOURCES = ("gguf", "hf")
+REFERENCES = ("logits_hf", "logits_llamacpp")
+# Against an external reference (as test_parity_tiny.py).
+REF_TOL = 2e-3
+# frink against itself (a backend against the host body).
+SELF_TOL = 1e-4
+# A decoration that matters moves the logits by at least this much (50x the parity bar).
+FAR = 0.1
+
+
+def _path(tiny_model: Callable, name: str, source: str) -> Path:
+    tm = tiny_model(name)
+    path = tm.gguf if source == "gguf" else tm.hf_dir
+    if path is None:
+        pytest.skip(f"{name}: llama.cpp's converter made no GGUF of it")
+    return path
+
+
+def _compare(actual: np.ndarray, expected: np.ndarray, tol: float, what: str) -> None:
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    assert np.all(np.isfinite(actual)), f"{what}: non-finite logits"
+    diff = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
+    pos, tok = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    assert diff[pos, tok] <= tol, (
+        f"{what}: max |d| = {diff[pos, tok]:.3g} > {tol:g} at position {pos}, token {tok} "
+        f"(got {actual[pos, tok]:.6f}, want {expected[pos, tok]:.6f})"
+    )
+    bad = np.nonzero(actual.argmax(-1) != expected.argmax(-1))[0]
+    assert bad.size == 0, f"{what}: argmax differs at positions {bad.tolist()}"
+
+
+def _against_references(got: np.ndarray, ref: dict[str, np.ndarray], what: str) -> None:
+    for key in REFERENCES:
+        _compare(got, ref[key], REF_TOL, f"{what} vs {key.removeprefix('logits_')}")
+
+
+def _tokens(tiny_model: Callable, name: str) -> list[int]:
+    return [int(t) for t in tiny_model(name).ref["tokens"]]
+
+
+def _decode_after_prefill(model: frink_cli.Model, ref: dict[str, np.ndarray]) -> np.ndarray:
+    """llama.cpp's greedy run replayed: the prompt as one batch, then its chosen tokens one
+    at a time; the logits each of its choices was made from."""
+    prompt = [int(t) for t in ref["greedy_prompt"]]
+    chosen = ref["greedy_llamacpp"].tolist()
+    dec = model.decoder
+    cache = dec.new_cache(len(prompt) + len(chosen))
+    got = [dec.step(np.asarray(prompt), cache)[-1]]
+    for t in chosen[:-1]:
+        got.append(dec.step(np.asarray([t]), cache)[-1])
+    return np.stack(got)
+
+
+def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+
+
+def _assert_device_ran(model: frink_cli.Model, what: str) -> None:
+    ledger = model.decoder.backend.ledger
+    assert ledger.total() > 0, f"{what}: the device ran nothing ({dict(ledger.refusals)})"
+    assert not ledger.failures, f"{what}: launches failed: {dict(ledger.failures)}"
+    assert not ledger.refusals, f"{what}: layers refused: {dict(ledger.refusals)}"
+
+
+def _assert_one_submission_per_token(model: frink_cli.Model) -> None:
+    """A prompt is one submission and each decode token one more, with nothing refused or
+    failed (a backend that carries every layer and the head)."""
+    ledger = model.decoder.backend.ledger
+    cache = model.decoder.new_cache(32)
+    model.decoder.step(np.arange(1, 9), cache)
+    assert ledger.total() == 1, dict(ledger.submissions)
+    for t in range(6):
+        ledger.reset()
+        model.decoder.step(np.asarray([t + 3]), cache)
+        assert ledger.total() == 1, dict(ledger.submissions)
+    assert not ledger.refusals and not ledger.failures
+
+
+def _cuda_models(
+    path: Path, ops_factory: Callable[[], object] | None = None
+) -> tuple[frink_cli.Model, frink_cli.Model]:
+    """(host-only model, cuda-backend model with NumPy arrays) over the same file; the
+    backend's ops from ops_factory (default: the NumPy references)."""
+    from frink_cli.backends.cupy import make_cuda_backend
+
+    host = frink_cli.load(path)
+    dev = frink_cli.load(path)
+    backend = make_cuda_backend(dev.config, array_module="numpy")
+    if ops_factory is not None:
+        backend.ops = ops_factory()
+    dev.decoder = Decoder(dev.config, dev.decoder.host.w, backend)
+    dev.backend_name = backend.name
+    return host, dev
+
+
+def _prefill_prefix_decode(
+    model: frink_cli.Model, tokens: list[int], split: int, n_decode: int = 4
+) -> np.ndarray:
+    """Logits of a prefill of tokens[:split], a second prefill over that cached prefix, then
+    n_decode single-token steps -- every row of every step."""
+    dec = model.decoder
+    cache = dec.new_cache(len(tokens) + 8)
+    second = len(tokens) - n_decode
+    out = [dec.step(np.asarray(tokens[:split]), cache, all_logits=True)]
+    out.append(dec.step(np.asarray(tokens[split:second]), cache, all_logits=True))
+    for t in tokens[second:]:
+        out.append(dec.step(np.asarray([t]), cache))
+    return np.concatenate(out)
