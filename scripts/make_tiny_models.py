@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -1115,7 +1116,12 @@ def make_all(out_dir: Path, only: list[str] | None = None, force: bool = False) 
     if unknown:
         raise SystemExit(f"unknown tiny model(s): {', '.join(unknown)}; known: {', '.join(SPECS)}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    return {name: make_one(SPECS[name], out_dir, force=force) for name in names}
+    # Two pytest runs sharing a cache (FRINK_TEST_CACHE) would otherwise build the same
+    # fixture into the same folder at once and read each other's half-written files: the
+    # second waits here, then finds everything up to date.
+    with open(out_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return {name: make_one(SPECS[name], out_dir, force=force) for name in names}
 
 
 def main(argv: list[str] | None = None) -> None:
