@@ -121,7 +121,11 @@ LOAD_TIME = frozenset({"ffn_norm_tensor", "weightless_norms"})
 # Fields refused by their own named check above (kept out of the generic rule's words).
 REFUSED_BY_NAME = frozenset({"attn_output_gate"})
 # LayerShape fields the stack reads (mixer, ffn and window are checked below).
-CARRIED_SHAPE = frozenset({"mixer", "ffn", "window", "rope_base", "rope_scale"})
+# n_head / n_head_kv / n_ff are the model's own unless ModelConfig.layer_sizes (refused by
+# that name: the stack sizes every layer from the model's) says otherwise.
+CARRIED_SHAPE = frozenset(
+    {"mixer", "ffn", "window", "rope_base", "rope_scale", "n_head", "n_head_kv", "n_ff"}
+)
 
 
 def _neutral(value: Any) -> bool:
