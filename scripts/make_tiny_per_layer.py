@@ -46,8 +46,14 @@ LAYERS = {"openelm": OPENELM_LAYERS, "deci": DECI_LAYERS}
 SEEDS = {"openelm": 21, "deci": 22}
 
 
-def tensors(arch: str, seed: int | None = None) -> dict[str, np.ndarray]:
-    """The model's tensors by GGUF name, numpy order (ggml's ne reversed)."""
+Layers = tuple[tuple[int, int, int], ...]
+
+
+def tensors(
+    arch: str, seed: int | None = None, layers: Layers | None = None
+) -> dict[str, np.ndarray]:
+    """The model's tensors by GGUF name, numpy order (ggml's ne reversed). `layers`
+    replaces the arch's per-layer (heads, KV heads, FFN width) (tests' malformed files)."""
     rng = np.random.default_rng(SEEDS[arch] if seed is None else seed)
 
     def w(*shape: int, std: float = 0.2) -> np.ndarray:
@@ -60,15 +66,17 @@ def tensors(arch: str, seed: int | None = None) -> dict[str, np.ndarray]:
     t = {"token_embd.weight": w(N_VOCAB, d, std=0.5), "output_norm.weight": norm(d)}
     if arch == "deci":
         t["output.weight"] = w(N_VOCAB, d, std=0.4)
-    for i, (h, kv, ff) in enumerate(LAYERS[arch]):
+    for i, (h, kv, ff) in enumerate(LAYERS[arch] if layers is None else layers):
         p = f"blk.{i}."
         if h > 0:
             t[p + "attn_norm.weight"] = norm(d)
-        if arch == "openelm":
+        if arch == "openelm" and h > 0:
             t[p + "attn_qkv.weight"] = w((h + 2 * kv) * hd, d)
             t[p + "attn_q_norm.weight"] = norm(hd)
             t[p + "attn_k_norm.weight"] = norm(hd)
             t[p + "attn_output.weight"] = w(d, h * hd)
+        elif arch == "openelm":
+            pass  # a malformed file's layer without heads (refused by frink)
         elif kv > 0:
             t[p + "attn_q.weight"] = w(h * hd, d)
             t[p + "attn_k.weight"] = w(kv * hd, d)
@@ -84,8 +92,17 @@ def tensors(arch: str, seed: int | None = None) -> dict[str, np.ndarray]:
     return t
 
 
-def write(arch: str, path: Path, seed: int | None = None) -> Path:
-    layers = LAYERS[arch]
+def write(
+    arch: str,
+    path: Path,
+    seed: int | None = None,
+    layers: Layers | None = None,
+    extra: dict[str, np.ndarray] | None = None,
+    head_count_kv: list[int] | None = None,
+) -> Path:
+    """The GGUF; `layers`, `extra` tensors and a `head_count_kv` array of its own make the
+    malformed variants the tests refuse."""
+    layers = LAYERS[arch] if layers is None else layers
     writer = GGUFWriter(str(path), arch)
     writer.add_name(f"tiny {arch}")
     writer.add_block_count(len(layers))
@@ -94,7 +111,7 @@ def write(arch: str, path: Path, seed: int | None = None) -> Path:
     # Arrays, as both converters write them (llama.cpp's get_key_or_arr reads them).
     writer.add_feed_forward_length([ff for _, _, ff in layers])
     writer.add_head_count([h for h, _, _ in layers])
-    writer.add_head_count_kv([kv for _, kv, _ in layers])
+    writer.add_head_count_kv(head_count_kv or [kv for _, kv, _ in layers])
     writer.add_key_length(HEAD_DIM)
     writer.add_value_length(HEAD_DIM)
     writer.add_rope_dimension_count(HEAD_DIM)
@@ -102,7 +119,7 @@ def write(arch: str, path: Path, seed: int | None = None) -> Path:
     writer.add_layer_norm_rms_eps(EPS)
     writer.add_vocab_size(N_VOCAB)
     writer.add_tokenizer_model("none")
-    for name, data in tensors(arch, seed).items():
+    for name, data in (tensors(arch, seed, layers) | (extra or {})).items():
         writer.add_tensor(name, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
