@@ -21,11 +21,13 @@ import pytest
 from model_checks import (
     FAR,
     REF_TOL,
+    SELF_TOL,
     _assert_device_ran,
     _assert_one_submission_per_token,
     _compare,
     _cuda_models,
     _decode_after_prefill,
+    _prefill_prefix_decode,
 )
 from script_loader import load_script
 
@@ -314,29 +316,59 @@ def test_metal_split_runs_hand_over_per_layer_caches(made: Any) -> None:
     assert backend.ledger.total() > 0 and not backend.ledger.failures
 
 
-# --- cuda: refuses the per-layer shapes by name; the host body runs them --------------------------
+# --- cuda: NumPy standing in for CuPy, and the kernels on the CPU emulator -----------------------
+
+
+@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cuda_standing_in_matches_llamacpp(
+    arch: str, step: bool, made: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`load(path, backend="cuda")` with NumPy for CuPy: the stack carries per-layer sizes
+    (every openelm layer; deci's attention layers) and refuses deci's other layers by
+    their names, which the host body then runs; llama.cpp's logits either way."""
+    from frink_cli.backends.cupy import eligibility
+
+    monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
+    path, ref = made[arch]
+    m = frink_cli.load(path, backend="cuda")
+    assert m.backend_name == "cuda"
+    got = m.logits(_tokens(ref), step=step)
+    _against_llamacpp(got, ref, f"{arch} cuda-numpy({'step' if step else 'batch'})")
+    ledger = m.decoder.backend.ledger
+    assert ledger.total() > 0 and not ledger.failures, dict(ledger.failures)
+    refused = {i: eligibility.layer_refusal(m.config, i) for i in range(m.config.n_layer)}
+    if arch == "openelm":
+        assert not ledger.refusals and set(refused.values()) == {None}
+    else:
+        assert refused == {
+            0: None,
+            1: "mixer linear",
+            2: "mixer none",
+            3: "mixer none",
+            4: None,
+            5: None,
+        }
+        assert "ffn none" in eligibility.layer_reasons(m.config, 3)
+        assert set(ledger.refusals) == {"mixer linear", "mixer none"}
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_cuda_refuses_per_layer_shapes_by_name(
-    arch: str, made: Any, monkeypatch: pytest.MonkeyPatch
+def test_cuda_emulated_kernel_stack_equals_host_body(
+    arch: str,
+    made: Any,
+    emulated_launcher: Any,
 ) -> None:
-    """The cuda stack sizes every layer from the model's sizes: it refuses layer_sizes by
-    name (and deci's other mixers and the FFN-free layer by theirs), and the host body's
-    logits are llama.cpp's."""
-    from frink_cli.backends.cupy import eligibility
+    """kernels/*.cu on the CPU emulator, each layer's own KV heads in the device cache: the
+    host body's logits, and llama.cpp's."""
+    from frink_cli.backends.cupy.ops import KernelOps
 
     path, ref = made[arch]
-    cfg = config_from_checkpoint(open_checkpoint(path))
-    for i in range(cfg.n_layer):
-        assert "layer_sizes not carried" in eligibility.layer_reasons(cfg, i)
-    reasons = eligibility.layer_reasons(cfg, 1)
-    if arch == "deci":
-        assert "mixer linear" in reasons
-        assert "ffn none" in eligibility.layer_reasons(cfg, 3)
-    monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
-    host, dev = _cuda_models(path)
-    got = dev.logits(_tokens(ref))
-    _against_llamacpp(got, ref, f"{arch} cuda (host body)")
+    host, dev = _cuda_models(path, lambda: KernelOps(np, emulated_launcher))
+    tokens = _tokens(ref)[:24]
+    want = _prefill_prefix_decode(host, tokens, split=9)
+    got = _prefill_prefix_decode(dev, tokens, split=9)
+    assert float(np.max(np.abs(got - want))) <= SELF_TOL
+    _compare(got, ref["logits_llamacpp"][:24], REF_TOL, f"{arch} emulated")
     ledger = dev.decoder.backend.ledger
-    assert ledger.refusals and not ledger.failures
+    assert ledger.total() > 0 and not ledger.failures
