@@ -37,7 +37,8 @@ def scale_embeddings(ops: Ops, cfg: ModelConfig, x: Array) -> Array:
 def layer(
     ops: Ops, cfg: ModelConfig, shape: LayerShape, w: Any, x: Array, pos: Any, kv: Any, rope: Any
 ) -> Array:
-    """x [T, residual_width] (left as it was) -> the layer's output rows, a new array."""
+    """x [T, residual_width] (left as it was) -> the layer's output rows, a new array (x
+    itself from a layer with neither branch: deci's no-op layer)."""
     skip = None
     if cfg.embd_skip:
         x, skip = x[:, : cfg.n_embd], x[:, cfg.n_embd :]
