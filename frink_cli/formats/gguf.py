@@ -2,8 +2,9 @@
 
 The bytes are interpreted with gguf-py's own tables (value types, quant block sizes) and
 dequantized by gguf-py's `dequantize` (ggml_quants.py: the few types gguf-py names but
-cannot dequantize, Q1_0), so tensors mean exactly what llama.cpp means by them. The header is parsed here rather than by gguf-py's GGUFReader for two reasons:
-GGUFReader builds a memmap view per array element, which takes ~19 s on Gemma 3's 262k-token
+cannot dequantize, Q1_0), so tensors mean exactly what llama.cpp means by them. The
+header is parsed here rather than by gguf-py's GGUFReader for two reasons: GGUFReader
+builds a memmap view per array element, which takes ~19 s on Gemma 3's 262k-token
 vocabulary (this parser: well under a second), and it trusts the file, so a truncated or
 corrupt file reads past the end or allocates absurd arrays. Here every count, length and
 offset is checked against the file length before it is used.
