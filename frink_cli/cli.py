@@ -329,9 +329,12 @@ def _print_info(d: dict[str, Any]) -> None:
     line("layers", f"{n_layer} ({d['layer_pattern']})")
     # Where every FFN is routed the dense width is unused (or absent): say so instead.
     ffn_width = "routed" if moe and moe["layers"] == n_layer else d["n_ff"]
-    line("embedding", f"{d['n_embd']}, ffn {ffn_width} ({d['ffn_act']}), vocab {d['n_vocab']}")
     window = f", sliding window {d['sliding_window']}" if d["sliding_window"] else ""
     heads = f"{d['n_head']} heads, {d['n_head_kv']} KV heads, head dim {d['head_dim']}"
+    if d["per_layer_sizes"]:  # the largest of each: every layer's own are listed below
+        heads = f"up to {heads} (per layer below)"
+        ffn_width = f"up to {ffn_width}"
+    line("embedding", f"{d['n_embd']}, ffn {ffn_width} ({d['ffn_act']}), vocab {d['n_vocab']}")
     line("attention", heads + window)
     rope = d["rope"]
     line("rope", f"{rope['type']}, base {rope['base']:g}, {rope['dim']} dims")
@@ -372,14 +375,21 @@ def _print_info(d: dict[str, Any]) -> None:
             where = f"  [{be}]" if s["refusal"] is None else f"  [host ({s['refusal']})]"
         if s["mixer"] == "gdn":
             mixer = f"gdn ({g['key_heads']}k/{g['value_heads']}v x {g['head_dim_k']})"
+        elif s["mixer"] == "none":
+            mixer = "no attention"
+        elif s["mixer"] == "linear":
+            mixer = f"linear (wo only, {s['n_head']}q)"
         else:
             win = f" window {s['window']}" if s["window"] else ""
-            shape = f"{d['n_head']}q/{d['n_head_kv']}kv x {d['head_dim']}"
+            # The layer's own head counts (they differ per layer in openelm and deci).
+            shape = f"{s['n_head']}q/{s['n_head_kv']}kv x {d['head_dim']}"
             mixer = f"{s['mixer']} ({shape}, rope {s['rope_base']:g}{win})"
         if s["ffn"] == "moe":
             ffn = f"moe ffn {moe['experts']}x{moe['expert_ff']}"
+        elif s["ffn"] == "none":
+            ffn = "no ffn"
         else:
-            ffn = f"{s['ffn']} ffn {d['n_ff']}"
+            ffn = f"{s['ffn']} ffn {s['n_ff']}"
         p(f"  blk.{s['layer']:<3} {mixer} + {ffn}{where}\n")
     for note in d["notes"]:
         p(f"note: {printable(note)}\n")

@@ -78,6 +78,9 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
                 "layer": i,
                 "mixer": s.mixer,
                 "ffn": s.ffn,
+                "n_head": s.n_head,
+                "n_head_kv": s.n_head_kv,
+                "n_ff": s.n_ff,
                 "window": s.window,
                 "rope_base": s.rope_base,
                 "backend": backend_label if support[i] is None else "host",
@@ -104,6 +107,8 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
         "rope": {"type": cfg.rope_type, "base": cfg.rope_base, "dim": cfg.rope_dim},
         "sliding_window": cfg.sliding_window,
         "layer_pattern": cfg.layer_pattern(),
+        # n_head / n_head_kv / n_ff above are then the largest; "layers" has each one's.
+        "per_layer_sizes": cfg.layer_sizes is not None,
         "gdn": None
         if cfg.gdn is None
         else {

@@ -387,6 +387,28 @@ SPECS: dict[str, TinySpec] = {
             seed=5,
             notes="QK norm, head_dim 32 != hidden/heads",
         ),
+        # Rows 256 wide (hidden 256, heads 4 x 64, ffn 512): whole 128-weight blocks of
+        # Q1_0, the 1-bit type of the Bonsai qwen3 models; tests/test_q1_0.py has llama.cpp
+        # quantize this one to Q1_0.
+        TinySpec(
+            "qwen3_q",
+            "Qwen3ForCausalLM",
+            "Qwen3Config",
+            dict(
+                _COMMON,
+                hidden_size=256,
+                intermediate_size=512,
+                num_hidden_layers=2,
+                head_dim=64,
+                rope_theta=1000000.0,
+                rms_norm_eps=1e-6,
+                use_sliding_window=False,
+                attention_bias=False,
+                tie_word_embeddings=False,
+            ),
+            seed=42,
+            notes="qwen3 with 256-wide rows, for the Q1_0 tests",
+        ),
         TinySpec(
             "gemma3_text",
             "Gemma3ForCausalLM",

@@ -35,15 +35,13 @@ What is checked, per type:
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import fixture_cache_root
+from llama_quantize import llama_quantize as _llama_quantize
 from script_loader import load_script
 
 import frink_cli
@@ -112,63 +110,7 @@ def test_every_type_gguf_py_dequantizes_is_tested() -> None:
     assert _dequantizable() - {"F32"} == set(TYPES)
 
 
-# --- the quantized files (made once, by llama.cpp, in a child process) ----------------------
-
-_QUANTIZE = r"""
-import ctypes, sys, llama_cpp as L
-from gguf import GGUFReader
-src, dst = sys.argv[1], sys.argv[2]
-ttype, imatrix, ftype = int(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5])
-cb = L.llama_log_callback(lambda level, text, user_data: None)
-L.llama_log_set(cb, None)
-L.llama_backend_init()
-p = L.llama_model_quantize_default_params()
-p.ftype, p.pure, p.nthread, p.allow_requantize = ftype, True, 2, True
-keep = []
-if ttype >= 0:
-    ov = (L.llama_model_tensor_override * 2)()
-    ov[0].pattern, ov[0].type, ov[1].pattern = b"weight", ttype, None
-    keep.append(ov)
-    p.tt_overrides = ctypes.cast(ov, ctypes.POINTER(L.llama_model_tensor_override))
-if imatrix:  # uniform importance: every column of every matrix weighs the same
-    ts = GGUFReader(src).tensors
-    arr = (L.llama_model_imatrix_data * (len(ts) + 1))()
-    for i, t in enumerate(ts):
-        n = int(t.shape[0])
-        ones = (ctypes.c_float * n)(*([1.0] * n))
-        keep.append(ones)
-        arr[i].name, arr[i].size = t.name.encode(), n
-        arr[i].data = ctypes.cast(ones, ctypes.POINTER(ctypes.c_float))
-    arr[len(ts)].name = None
-    p.imatrix = ctypes.cast(arr, ctypes.POINTER(L.llama_model_imatrix_data))
-sys.exit(L.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(p)))
-"""
-
-
-def _llama_quantize(src: Path, dst: Path, ttype: int, imatrix: bool, ftype: int) -> None:
-    tmp = dst.with_suffix(".tmp")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _QUANTIZE,
-            str(src),
-            str(tmp),
-            str(ttype),
-            str(int(imatrix)),
-            str(ftype),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=dict(os.environ, OMP_NUM_THREADS="2"),
-    )
-    if proc.returncode != 0:
-        pytest.fail(
-            f"llama.cpp could not write {dst.name}: {(proc.stdout + proc.stderr)[-2000:]}",
-            pytrace=False,
-        )
-    tmp.replace(dst)
+# --- the quantized files (made once, by llama.cpp, in a child process: llama_quantize.py) --
 
 
 class QuantFile:

@@ -34,10 +34,12 @@ from __future__ import annotations
 from .alibi import Bloom, Mpt
 from .base import Arch
 from .bitnet import Bitnet
+from .deci import Deci
 from .gemma3 import Gemma3
 from .granite import Granite, GraniteMoe
 from .llama import Llama
 from .olmo2 import Olmo2
+from .openelm import OpenElm
 from .phi3 import Phi3
 from .qwen2 import Qwen2
 from .qwen3 import Qwen3
@@ -67,6 +69,8 @@ _ARCHS: tuple[Arch, ...] = (
     Phi3(),
     Bitnet(),
     Talkie(),
+    OpenElm(),
+    Deci(),
 )
 _BY_NAME: dict[str, Arch] = {a.name: a for a in _ARCHS}
 _BY_MODEL_TYPE: dict[str, Arch] = {mt: a for a in _ARCHS for mt in a.hf_model_types}

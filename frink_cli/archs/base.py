@@ -11,6 +11,7 @@ writes what convert_hf_to_gguf.py's TextModel.set_gguf_parameters writes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -20,7 +21,7 @@ import numpy as np
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..formats.safetensors import HfModelType, Kept, Plan, Transform, is_finite_number, is_uint
-from ..model.config import GdnConfig, ModelConfig, MoeConfig, RopeScaling
+from ..model.config import GdnConfig, LayerSizes, ModelConfig, MoeConfig, RopeScaling
 
 # A composite turns several stored tensors into one GGUF tensor, or one into several: it
 # pops what it takes from `kept` and returns the plans it makes.
@@ -141,6 +142,12 @@ class Arch:
     gdn_v_head_order: ClassVar[str | None] = None
     # llama.cpp requires a router on every layer (expert_count must be present).
     moe_every_layer: ClassVar[bool] = False
+    # Head counts and FFN widths may differ per layer (ModelConfig.layer_sizes: openelm,
+    # deci); zero_head_layers: a layer may have no attention (0 heads) or wo alone (0 KV
+    # heads); zero_ffn_layers: a layer may have no FFN (deci).
+    per_layer_sizes: ClassVar[bool] = False
+    zero_head_layers: ClassVar[bool] = False
+    zero_ffn_layers: ClassVar[bool] = False
 
     # --- weight loading: where each layer's norms are stored ---------------------------
     # The pre-FFN norm's GGUF name (qwen35/qwen3next store it as post_attention_norm).
@@ -181,21 +188,31 @@ class Arch:
         )
         n_embd = int(get(md, key("embedding_length"), required=True))
         hybrid = self.gdn_v_head_order is not None
-        n_head = _per_layer_int(
-            get(md, key("attention.head_count"), required=True), "head_count", hybrid
-        )
-        n_head_kv = _per_layer_int(
-            get(md, key("attention.head_count_kv"), n_head), "head_count_kv", hybrid
-        )
-        if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
-            raise FrinkError(f"bad head counts: {n_head} query heads, {n_head_kv} KV heads")
-        head_dim_k = int(get(md, key("attention.key_length"), n_embd // n_head))
-        head_dim_v = int(get(md, key("attention.value_length"), head_dim_k))
-        # A model whose every FFN is routed (qwen35moe) may have no dense FFN width at all;
-        # 0 here, and required below only if some layer is dense.
-        n_ff = _per_layer_int(get(md, key("feed_forward_length"), 0), "feed_forward_length")
-
         names = set(ckpt.tensors.names())
+        layer_sizes = None
+        if self.per_layer_sizes:
+            layer_sizes = self._layer_sizes(ckpt, n_layer, len(names))
+            n_head, n_head_kv, n_ff = (max(v) for v in dataclasses.astuple(layer_sizes))
+            # llama.cpp sizes heads from layer 0 (hparams.n_head() is n_head(0)).
+            head_dim_default = n_embd // layer_sizes.n_head[0] if layer_sizes.n_head[0] else 0
+            if all(len(set(v)) == 1 for v in dataclasses.astuple(layer_sizes)):
+                layer_sizes = None  # every layer alike: the model's own sizes say it all
+        else:
+            n_head = _per_layer_int(
+                get(md, key("attention.head_count"), required=True), "head_count", hybrid
+            )
+            n_head_kv = _per_layer_int(
+                get(md, key("attention.head_count_kv"), n_head), "head_count_kv", hybrid
+            )
+            if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
+                raise FrinkError(f"bad head counts: {n_head} query heads, {n_head_kv} KV heads")
+            head_dim_default = n_embd // n_head
+            # A model whose every FFN is routed (qwen35moe) may have no dense FFN width at
+            # all; 0 here, and required below only if some layer is dense.
+            n_ff = _per_layer_int(get(md, key("feed_forward_length"), 0), "feed_forward_length")
+        head_dim_k = int(get(md, key("attention.key_length"), head_dim_default))
+        head_dim_v = int(get(md, key("attention.value_length"), head_dim_k))
+
         # Every layer holds at least one tensor, so a block count above the tensor count is
         # a corrupt header; checking here keeps per-layer lists (swa_layers, info) from
         # allocating billions of entries.
@@ -287,9 +304,56 @@ class Arch:
             ffn_norm_tensor=self.ffn_norm_tensor,
             attn_output_gate=self.attn_output_gate,
             rope_scaling=rope_scaling,
+            layer_sizes=layer_sizes,
             gdn=gdn,
             moe=moe,
         )
+
+    def _layer_sizes(self, ckpt: Checkpoint, n_layer: int, n_tensors: int) -> LayerSizes:
+        """Per-layer head counts, KV head counts and FFN widths, as llama.cpp's
+        get_key_or_arr reads them: an array of n_layer entries, or one value for every layer
+        (head_count_kv defaults to head_count). Zeros (deci's layers without attention or
+        FFN) only where the architecture has such layers."""
+        md, key = ckpt.metadata, self.key
+        if not 0 < n_layer <= n_tensors:  # before any per-layer list is built from it
+            raise FrinkError(
+                f"{ckpt.path}: block_count {n_layer} does not fit the file's {n_tensors} tensors"
+            )
+
+        def per_layer(name: str, value: Any) -> tuple[int, ...]:
+            if _is_array(value):
+                vals = tuple(int(v) for v in list(value))
+                if len(vals) != n_layer:
+                    raise FrinkError(
+                        f"{ckpt.path}: {self.key(name)} has {len(vals)} entries for "
+                        f"{n_layer} layers"
+                    )
+                return vals
+            return (int(value),) * n_layer
+
+        heads_raw = get(md, key("attention.head_count"), required=True)
+        heads = per_layer("attention.head_count", heads_raw)
+        kv = per_layer(
+            "attention.head_count_kv", get(md, key("attention.head_count_kv"), heads_raw)
+        )
+        ff = per_layer("feed_forward_length", get(md, key("feed_forward_length"), required=True))
+        for i, (h, k, f) in enumerate(zip(heads, kv, ff)):
+            zero_heads = h == 0 or k == 0
+            if min(h, k, f) < 0 or (k > 0 and (h == 0 or h % k)):
+                raise FrinkError(
+                    f"{ckpt.path}: bad head counts in layer {i}: {h} query heads, {k} KV heads"
+                )
+            if zero_heads and not self.zero_head_layers:
+                raise FrinkError(
+                    f"{ckpt.path}: layer {i} has {h} query / {k} KV heads: {self.name} layers "
+                    "all attend"
+                )
+            if f == 0 and not self.zero_ffn_layers:
+                raise FrinkError(f"{ckpt.path}: layer {i} has feed_forward_length 0")
+        if heads[0] == 0:
+            # llama.cpp reads the head size from layer 0 and breaks without it.
+            raise FrinkError(f"{ckpt.path}: layer 0 has no attention heads (llama.cpp needs them)")
+        return LayerSizes(n_head=heads, n_head_kv=kv, n_ff=ff)
 
     def _rope_scaling(self, ckpt: Checkpoint, names: set[str]) -> tuple[float, RopeScaling | None]:
         """The position multiplier (1/factor) and YaRN / LongRoPE, as llama.cpp reads them

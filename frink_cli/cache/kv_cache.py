@@ -22,10 +22,13 @@ def layer_slot(cfg: ModelConfig, layer: int, n_ctx: int, windowed: bool = True) 
     if cfg.is_recurrent(layer):
         assert cfg.gdn is not None
         return RecurrentState(cfg.gdn)
-    window = cfg.layer_shape(layer).window
+    shape = cfg.layer_shape(layer)
+    # The layer's own KV heads (per-layer sizes); 0 for a layer that attends to nothing
+    # (deci's "none" and "linear" mixers): its slot then holds no rows at all.
+    window, n_kv = shape.window, shape.n_head_kv
     if windowed and window is not None and window < n_ctx:
-        return WindowKv(cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v, n_ctx, window)
-    return AttentionKv(cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v, n_ctx)
+        return WindowKv(n_kv, cfg.head_dim_k, cfg.head_dim_v, n_ctx, window)
+    return AttentionKv(n_kv, cfg.head_dim_k, cfg.head_dim_v, n_ctx)
 
 
 class KvCache:

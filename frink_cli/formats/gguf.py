@@ -1,9 +1,10 @@
 """GGUF files -> Checkpoint: a bounds-checked header parser over a memory map.
 
 The bytes are interpreted with gguf-py's own tables (value types, quant block sizes) and
-dequantized by gguf-py's `dequantize`, so tensors mean exactly what llama.cpp means by
-them. The header is parsed here rather than by gguf-py's GGUFReader for two reasons:
-GGUFReader builds a memmap view per array element, which takes ~19 s on Gemma 3's 262k-token
+dequantized by gguf-py's `dequantize` (ggml_quants.py: the few types gguf-py names but
+cannot dequantize, Q1_0), so tensors mean exactly what llama.cpp means by them. The
+header is parsed here rather than by gguf-py's GGUFReader for two reasons: GGUFReader
+builds a memmap view per array element, which takes ~19 s on Gemma 3's 262k-token
 vocabulary (this parser: well under a second), and it trusts the file, so a truncated or
 corrupt file reads past the end or allocates absurd arrays. Here every count, length and
 offset is checked against the file length before it is used.
@@ -25,6 +26,7 @@ from gguf.quants import dequantize
 
 from ..errors import FrinkError
 from . import Checkpoint, TensorInfo
+from .ggml_quants import DEQUANTIZERS
 from .jsonfile import open_regular
 
 _SCALARS: dict[GGUFValueType, str] = {
@@ -331,8 +333,9 @@ class GgufTensors:
     ) -> np.ndarray:
         block, type_size = GGML_QUANT_SIZES[qtype]
         rows = data.reshape(-1, shape[-1] // block * type_size)
+        own = DEQUANTIZERS.get(qtype)  # a type gguf-py names but cannot dequantize (Q1_0)
         try:
-            out = dequantize(rows, qtype)
+            out = own(rows) if own is not None else dequantize(rows, qtype)
         except NotImplementedError as e:
             raise FrinkError(
                 f"{self._path}: tensor {name} has type {qtype.name}, which frink cannot dequantize"

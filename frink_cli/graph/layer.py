@@ -8,10 +8,11 @@ A layer is llama.cpp's pre-norm block with the decorations each architecture swi
 (ModelConfig fields; `shape` = cfg.layer_shape(l)):
 
     h = norm(x);  a = mixer(h)                      attention (GQA) or gated delta net
-                                                    (no_pre_norm: h = x, no norm)
+                                                    (no_pre_norm: h = x, no norm);
+                                                    "linear": a = wo(h); "none": no branch
     a = post_attn_norm(a) * residual_scale;  x = x + a
     h = norm(x);  f = ffn(h)                        dense gated FFN or sparse MoE
-    f = post_ffn_norm(f) * residual_scale;   x = x + f
+    f = post_ffn_norm(f) * residual_scale;   x = x + f   (ffn "none": no branch)
 
 The layer's weights object has the fields of model.weights.LayerWeights, each held the
 way the backend's ops read it.
@@ -36,28 +37,42 @@ def scale_embeddings(ops: Ops, cfg: ModelConfig, x: Array) -> Array:
 def layer(
     ops: Ops, cfg: ModelConfig, shape: LayerShape, w: Any, x: Array, pos: Any, kv: Any, rope: Any
 ) -> Array:
-    """x [T, residual_width] (left as it was) -> the layer's output rows, a new array."""
+    """x [T, residual_width] (left as it was) -> the layer's output rows, a new array (x
+    itself from a layer with neither branch: deci's no-op layer)."""
     skip = None
     if cfg.embd_skip:
         x, skip = x[:, : cfg.n_embd], x[:, cfg.n_embd :]
-    h = x if cfg.no_pre_norm else _norm(ops, cfg, x, w.attn_norm, w.attn_norm_b)
-    if shape.mixer == "gdn":
-        a = gdn_block(ops, cfg, w.gdn, h, kv)
+    # x_ours: x is an array this layer made (so the FFN's residual add may overwrite it).
+    # An attention-free layer (mixer "none", deci) has no branch: x passes on unnormed.
+    x_ours = shape.mixer != "none"
+    if x_ours:
+        h = x if cfg.no_pre_norm else _norm(ops, cfg, x, w.attn_norm, w.attn_norm_b)
+        if shape.mixer == "gdn":
+            a = gdn_block(ops, cfg, w.gdn, h, kv)
+        elif shape.mixer == "linear":
+            # deci's "linear attention": wo on the normed input, nothing attends.
+            a = ops.linear(h, w.wo)
+        else:
+            a = _proj_scale(attention_block(ops, cfg, shape, w, h, pos, kv, rope), w.wo_scale)
+        # a is ours: adding x into it leaves the caller's x as it was.
+        x = ops.add_(_branch_out(ops, cfg, a, w.post_attn_norm), x)
+    if shape.ffn == "none":
+        # An FFN-free layer (deci): its output is the attention branch's sum (or, with
+        # no attention either, its input unchanged).
+        out = x
     else:
-        a = _proj_scale(attention_block(ops, cfg, shape, w, h, pos, kv, rope), w.wo_scale)
-    # a is ours: adding x into it leaves the caller's x as it was.
-    x = ops.add_(_branch_out(ops, cfg, a, w.post_attn_norm), x)
-    # Without a pre-norm the FFN reads x, which the residual add below then overwrites:
-    # the FFN's output is a new array by then, so x is read before it is written.
-    h = x if cfg.no_pre_norm else _norm(ops, cfg, x, w.ffn_norm, w.ffn_norm_b)
-    if shape.ffn == "moe":
-        f = moe_block(ops, cfg, w.moe, h)
-    elif cfg.plain_ffn:
-        f = plain_ffn_block(ops, cfg, w, h)
-    else:
-        f = ffn_block(ops, cfg, w, h)
-    f = _proj_scale(f, w.down_scale)
-    out = ops.add_(x, _branch_out(ops, cfg, f, w.post_ffn_norm))
+        # Without a pre-norm the FFN reads x, which the residual add below then overwrites:
+        # the FFN's output is a new array by then, so x is read before it is written.
+        h = x if cfg.no_pre_norm else _norm(ops, cfg, x, w.ffn_norm, w.ffn_norm_b)
+        if shape.ffn == "moe":
+            f = moe_block(ops, cfg, w.moe, h)
+        elif cfg.plain_ffn:
+            f = plain_ffn_block(ops, cfg, w, h)
+        else:
+            f = ffn_block(ops, cfg, w, h)
+        f = _branch_out(ops, cfg, _proj_scale(f, w.down_scale), w.post_ffn_norm)
+        # The sum into whichever of the two is ours (the caller's x is left as it was).
+        out = ops.add_(x, f) if x_ours else ops.add_(f, x)
     if skip is not None:
         out = _add_skip(ops, out, skip, w.skip_scale)
     return out
@@ -119,7 +134,7 @@ def attention_block(
     mpt; llama.cpp's build_attn with max_alibi_bias) nothing rotates: each head's scores
     get -slope_h * (q pos - k pos) instead."""
     T = h.shape[0]
-    H, Hkv, hk, hv = cfg.n_head, cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
+    H, Hkv, hk, hv = shape.n_head, shape.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
     eps = cfg.norm_eps
     qkv = ops.linear(h, w.qkv)
     if cfg.clamp_kqv:

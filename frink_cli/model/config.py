@@ -20,11 +20,19 @@ from .validate import validate_config
 class LayerShape:
     """What layer l is. Backends decide eligibility from this alone."""
 
-    mixer: str  # "attention" | "gdn" (gated delta net: linear attention with recurrent state)
-    ffn: str  # "dense" | "moe" (sparse mixture of experts)
+    # "attention" | "gdn" (gated delta net: linear attention with recurrent state) |
+    # "linear" (deci's "linear attention": only wo, applied to the normed input) |
+    # "none" (deci's attention-free layer: the branch is absent, x passes on)
+    mixer: str
+    ffn: str  # "dense" | "moe" (sparse mixture of experts) | "none" (no FFN branch)
     window: int | None  # sliding-window width (keys q - k < window are visible), None = full
     rope_base: float
     rope_scale: float  # position multiplier (1 / linear scaling factor)
+    # This layer's sizes: the model's own, or its per-layer ones (ModelConfig.layer_sizes).
+    # A layer without attention has n_head_kv 0 (its KV slot holds nothing).
+    n_head: int
+    n_head_kv: int
+    n_ff: int
 
 
 # Fields every model has (sizes and always-present choices), not features.
@@ -78,6 +86,23 @@ class RopeScaling:
     def long(self, n_ctx: int) -> bool:
         """LongRoPE's switch: the long factors for a context beyond the original one."""
         return self.kind == "longrope" and n_ctx > self.orig_ctx
+
+
+@dataclass(frozen=True)
+class LayerSizes:
+    """Per-layer head counts and FFN widths (openelm, deci: llama.cpp's n_head_arr,
+    n_head_kv_arr, n_ff_arr from array-valued GGUF keys). Present only when they vary;
+    ModelConfig's n_head / n_head_kv / n_ff then hold the largest of each, and every
+    per-layer reader (the composition, the weights, the caches, the backends) asks
+    layer_shape(l).
+
+    deci's zero entries, as llama.cpp's deci.cpp reads them: n_head 0 is an attention-free
+    layer (mixer "none"), n_head > 0 with n_head_kv 0 a "linear attention" layer (mixer
+    "linear": wo on the normed input), n_ff 0 an FFN-free layer (ffn "none")."""
+
+    n_head: tuple[int, ...]
+    n_head_kv: tuple[int, ...]
+    n_ff: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -216,6 +241,9 @@ class ModelConfig:
     proj_scales: bool = False
     # YaRN / LongRoPE / an attention factor on cos and sin (None: plain or linear rope).
     rope_scaling: RopeScaling | None = None
+    # Per-layer head counts and FFN widths (openelm, deci); None when every layer has the
+    # model's n_head / n_head_kv / n_ff.
+    layer_sizes: LayerSizes | None = None
     gdn: GdnConfig | None = None
     moe: MoeConfig | None = None
 
@@ -259,20 +287,56 @@ class ModelConfig:
 
     def layer_shape(self, layer: int) -> LayerShape:
         swa = self.swa_layers[layer]
+        n_head, n_head_kv, n_ff = self.n_head, self.n_head_kv, self.n_ff
+        if self.layer_sizes is not None:
+            s = self.layer_sizes
+            n_head, n_head_kv, n_ff = s.n_head[layer], s.n_head_kv[layer], s.n_ff[layer]
+        if self.is_recurrent(layer):
+            mixer = "gdn"
+        elif n_head == 0:
+            mixer, n_head_kv = "none", 0
+        elif n_head_kv == 0:
+            mixer = "linear"
+        else:
+            mixer = "attention"
+        if self.is_moe(layer):
+            ffn = "moe"
+        elif n_ff == 0 and self.layer_sizes is not None:
+            ffn = "none"
+        else:
+            ffn = "dense"
         return LayerShape(
-            mixer="gdn" if self.is_recurrent(layer) else "attention",
-            ffn="moe" if self.is_moe(layer) else "dense",
+            mixer=mixer,
+            ffn=ffn,
             window=self.sliding_window if swa else None,
             rope_base=self.rope_base_swa if swa else self.rope_base,
             rope_scale=1.0 if swa else self.rope_scale,
+            n_head=n_head,
+            n_head_kv=n_head_kv,
+            n_ff=n_ff,
         )
+
+    def _layer_name(self, layer: int) -> str:
+        """The layer's kind in layer_pattern: GDN, SWA, ATTN, LINEAR (wo only) or NONE (no
+        attention); with per-layer sizes the heads, KV heads and FFN width ride along
+        ("ATTN 12/3 ff768", "NONE ff0") so the pattern shows how the stack is shaped."""
+        shape = self.layer_shape(layer)
+        if shape.mixer == "gdn":
+            name = "GDN"
+        elif shape.mixer == "none":
+            name = "NONE"
+        elif shape.mixer == "linear":
+            name = "LINEAR"
+        else:
+            name = "SWA" if self.swa_layers[layer] else "ATTN"
+        if self.layer_sizes is None:
+            return name
+        heads = f" {shape.n_head}/{shape.n_head_kv}" if shape.mixer == "attention" else ""
+        return f"{name}{heads} ff{shape.n_ff}"
 
     def layer_pattern(self) -> str:
         """A compact summary such as 'SWA x5 ATTN x1 (x3)' or 'GDN x3 ATTN x1 (x6)'."""
-        names = [
-            "GDN" if self.is_recurrent(i) else "SWA" if self.swa_layers[i] else "ATTN"
-            for i in range(self.n_layer)
-        ]
+        names = [self._layer_name(i) for i in range(self.n_layer)]
         runs: list[tuple[str, int]] = []
         for n in names:
             if runs and runs[-1][0] == n:

@@ -45,8 +45,18 @@ def validate_config(cfg: ModelConfig, where: str, ckpt: Checkpoint | None = None
     ):
         if value <= 0:
             raise bad(what, value, "> 0")
-    if cfg.n_head % cfg.n_head_kv:
+    # With per-layer sizes these are the largest of each, checked layer by layer instead.
+    if cfg.layer_sizes is None and cfg.n_head % cfg.n_head_kv:
         raise bad("head count", cfg.n_head, f"a multiple of the {cfg.n_head_kv} KV heads")
+    if cfg.layer_sizes is not None:
+        for layer in range(cfg.n_layer):
+            s = cfg.layer_shape(layer)
+            if s.n_head_kv and s.n_head % s.n_head_kv:
+                raise bad(
+                    f"layer {layer} head count",
+                    s.n_head,
+                    f"a multiple of its {s.n_head_kv} KV heads",
+                )
     if not 0 < cfg.n_ctx_train <= _MAX_CTX:
         raise bad("context length", cfg.n_ctx_train, f"between 1 and {_MAX_CTX}")
     if cfg.rope_dim % 2 or not 0 <= cfg.rope_dim <= cfg.head_dim_k:

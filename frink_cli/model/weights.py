@@ -289,7 +289,6 @@ def load_weights(
         return Linear(w, b, tuple(name + ".weight" for name, _ in parts))
 
     d, hk, hv = cfg.n_embd, cfg.head_dim_k, cfg.head_dim_v
-    nq, nk, nv = cfg.n_head * hk, cfg.n_head_kv * hk, cfg.n_head_kv * hv
     total = cfg.n_layer + 2
 
     if cfg.tied_embeddings:
@@ -312,8 +311,6 @@ def load_weights(
     if progress:
         progress(1, total)
 
-    if cfg.attn_output_gate:
-        nq *= 2  # each head's query rows are followed by its gate rows
     # Hybrids store the pre-FFN norm under post_attention_norm: it is not a post norm there.
     post_norm_name = None if cfg.ffn_norm_tensor == "post_attention_norm" else "post_attention_norm"
 
@@ -324,10 +321,17 @@ def load_weights(
     def load_layer(i: int) -> LayerWeights:
         p = f"blk.{i}."
         shape = cfg.layer_shape(i)
+        # This layer's widths (per-layer head counts and FFN widths: cfg.layer_sizes).
+        n_head, n_ff = shape.n_head, shape.n_ff
+        nq = n_head * hk * (2 if cfg.attn_output_gate else 1)  # with a gate: its rows too
+        nk, nv = shape.n_head_kv * hk, shape.n_head_kv * hv
         qkv = wo = q_norm = k_norm = gdn = None
         if shape.mixer == "gdn":
             gdn = _load_gdn(p, cfg, get, names)
-        else:
+        elif shape.mixer == "linear":
+            # deci's "linear attention": wo alone, [n_embd, n_embd], on the normed input.
+            wo = fused([(p + "attn_output", d)], d, bias=False)
+        elif shape.mixer == "attention":
             if p + "attn_qkv.weight" in names:
                 qkv = fused([(p + "attn_qkv", nq + nk + nv)], d)
             else:
@@ -340,7 +344,7 @@ def load_weights(
             else:
                 q_norm = optional(
                     p + "attn_q_norm.weight",
-                    (cfg.n_head * hk if full else hk,),
+                    (n_head * hk if full else hk,),
                     required=cfg.qk_norm or full,
                 )
                 k_norm = optional(
@@ -348,22 +352,28 @@ def load_weights(
                     (nk if full else hk,),
                     required=cfg.qk_norm or full,
                 )
-            wo = fused([(p + "attn_output", d)], cfg.n_head * hv)
+            wo = fused([(p + "attn_output", d)], n_head * hv)
         gate_up = down = moe = up = None
         if shape.ffn == "moe":
             moe = _load_moe(p, cfg, get, ckpt)
+        elif shape.ffn == "none":
+            pass  # an FFN-free layer (deci): no FFN tensors, no ffn_norm
         elif cfg.plain_ffn:
-            up = fused([(p + "ffn_up", cfg.n_ff)], d)
-            down = fused([(p + "ffn_down", d)], cfg.n_ff)
+            up = fused([(p + "ffn_up", n_ff)], d)
+            down = fused([(p + "ffn_down", d)], n_ff)
         else:
             if p + "ffn_gate.weight" in names:
-                parts = [(p + "ffn_gate", cfg.n_ff), (p + "ffn_up", cfg.n_ff)]
+                parts = [(p + "ffn_gate", n_ff), (p + "ffn_up", n_ff)]
             else:  # phi3: ffn_up holds the gate rows then the up rows
-                parts = [(p + "ffn_up", 2 * cfg.n_ff)]
+                parts = [(p + "ffn_up", 2 * n_ff)]
             gate_up = fused(parts, d, bias=False)
-            down = fused([(p + "ffn_down", d)], cfg.n_ff, bias=False)
+            down = fused([(p + "ffn_down", d)], n_ff, bias=False)
+        # Norms only where their branch is: an attention-free layer has no attn_norm and
+        # an FFN-free one no ffn_norm (deci).
+        attn_norm = not cfg.no_pre_norm and shape.mixer != "none"
+        ffn_norm = not cfg.no_pre_norm and shape.ffn != "none"
         return LayerWeights(
-            attn_norm=None if cfg.no_pre_norm else norm(p + "attn_norm.weight"),
+            attn_norm=norm(p + "attn_norm.weight") if attn_norm else None,
             qkv=qkv,
             q_norm=q_norm,
             k_norm=k_norm,
@@ -373,21 +383,23 @@ def load_weights(
             )
             if post_norm_name
             else None,
-            ffn_norm=None if cfg.no_pre_norm else norm(p + f"{cfg.ffn_norm_tensor}.weight"),
+            ffn_norm=norm(p + f"{cfg.ffn_norm_tensor}.weight") if ffn_norm else None,
             gate_up=gate_up,
             down=down,
             post_ffn_norm=optional(p + "post_ffw_norm.weight", (d,), required=cfg.post_ffn_norm),
             gdn=gdn,
             moe=moe,
-            attn_norm_b=optional(p + "attn_norm.bias", (d,)) if cfg.layer_norm else None,
+            attn_norm_b=optional(p + "attn_norm.bias", (d,))
+            if cfg.layer_norm and attn_norm
+            else None,
             ffn_norm_b=optional(p + f"{cfg.ffn_norm_tensor}.bias", (d,))
-            if cfg.layer_norm
+            if cfg.layer_norm and ffn_norm
             else None,
             up=up,
-            attn_sub_norm=get(p + "attn_sub_norm.weight", (cfg.n_head * hv,))
+            attn_sub_norm=get(p + "attn_sub_norm.weight", (n_head * hv,))
             if cfg.attn_sub_norm and qkv is not None
             else None,
-            ffn_sub_norm=get(p + "ffn_sub_norm.weight", (cfg.n_ff,))
+            ffn_sub_norm=get(p + "ffn_sub_norm.weight", (n_ff,))
             if cfg.ffn_sub_norm and gate_up is not None
             else None,
             **_talkie_extras(p, cfg, get),

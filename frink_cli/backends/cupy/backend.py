@@ -124,8 +124,9 @@ class CudaBackend(DeviceBackend):
             rows = min(rows, max(cache.n_ctx, rows_needed))
             for i in range(cfg.n_layer):  # grow on the device, keeping the valid rows
                 if m.k[i] is not None:
-                    k = xp.empty((cfg.n_head_kv, rows, cfg.head_dim_k), F32)
-                    v = xp.empty((cfg.n_head_kv, rows, cfg.head_dim_v), F32)
+                    n_kv = m.k[i].shape[0]  # the layer's own KV heads
+                    k = xp.empty((n_kv, rows, cfg.head_dim_k), F32)
+                    v = xp.empty((n_kv, rows, cfg.head_dim_v), F32)
                     k[:, : m.length[i]] = m.k[i][:, : m.length[i]]
                     v[:, : m.length[i]] = m.v[i][:, : m.length[i]]
                     m.k[i], m.v[i] = k, v
@@ -134,8 +135,9 @@ class CudaBackend(DeviceBackend):
         for i in layers:
             slot = cache.slot(i)
             if m.k[i] is None:
-                m.k[i] = xp.empty((cfg.n_head_kv, m.rows, cfg.head_dim_k), F32)
-                m.v[i] = xp.empty((cfg.n_head_kv, m.rows, cfg.head_dim_v), F32)
+                n_kv = cfg.layer_shape(i).n_head_kv  # per layer (openelm: layer_sizes)
+                m.k[i] = xp.empty((n_kv, m.rows, cfg.head_dim_k), F32)
+                m.v[i] = xp.empty((n_kv, m.rows, cfg.head_dim_v), F32)
             if m.version[i] == slot.version and m.length[i] >= n:
                 # The host rows are the ones this mirror wrote; a truncated cache only
                 # shortens them.

@@ -98,6 +98,10 @@ CARRIED = frozenset(
         "embd_skip",
         "attn_q_gain",
         "proj_scales",
+        # openelm, deci: each layer's head counts and FFN width from its LayerShape (the
+        # weights, the device KV cache and the stack's returned rows are sized per layer);
+        # deci's "linear" / "none" mixers and FFN-free layers are refused by those names.
+        "layer_sizes",
     }
 )
 # Fields that concern only what happens before the first layer or after the last (embedding,
@@ -121,7 +125,10 @@ LOAD_TIME = frozenset({"ffn_norm_tensor", "weightless_norms"})
 # Fields refused by their own named check above (kept out of the generic rule's words).
 REFUSED_BY_NAME = frozenset({"attn_output_gate"})
 # LayerShape fields the stack reads (mixer, ffn and window are checked below).
-CARRIED_SHAPE = frozenset({"mixer", "ffn", "window", "rope_base", "rope_scale"})
+# n_head / n_head_kv / n_ff: the layer's own sizes (ModelConfig.layer_sizes, or the model's).
+CARRIED_SHAPE = frozenset(
+    {"mixer", "ffn", "window", "rope_base", "rope_scale", "n_head", "n_head_kv", "n_ff"}
+)
 
 
 def _neutral(value: Any) -> bool:

@@ -95,8 +95,11 @@ def dense_stack(
     """
     xp = ops.xp
     T, d = x.shape
-    Hkv, hk, hv = cfg.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
-    kv_width = Hkv * (hk + hv)
+    hk, hv = cfg.head_dim_k, cfg.head_dim_v
+    # Each layer's own KV heads (per-layer sizes: openelm), and where its rows sit in the
+    # one buffer that comes back.
+    n_kv = [s.n_head_kv for s in shapes]
+    widths = [h * (hk + hv) for h in n_kv]
 
     # The residual stream: a copy of its own, so the caller's x stays as it was even where
     # the "device" is the host (NumPy standing in).
@@ -116,20 +119,19 @@ def dense_stack(
     # One device buffer for everything that comes back, so it comes back in one copy:
     # the hidden rows (or logits), then each layer's [T, K row | V row].
     main_size = main.size
-    out = xp.empty(main_size + len(layers) * T * kv_width, F32)
+    bases = [main_size + T * sum(widths[:i]) for i in range(len(layers))]
+    out = xp.empty(main_size + T * sum(widths), F32)
     out[:main_size].reshape(main.shape)[...] = main
-    for i, (k, v) in enumerate(rows):
-        base = main_size + i * T * kv_width
-        block = out[base : base + T * kv_width].reshape(T, kv_width)
+    for (k, v), base, Hkv, width in zip(rows, bases, n_kv, widths):
+        block = out[base : base + T * width].reshape(T, width)
         block[:, : Hkv * hk] = k.reshape(T, Hkv * hk)
         block[:, Hkv * hk :] = v.reshape(T, Hkv * hv)
 
     host = ops.k.to_host(out)  # the one sync of the run
     main_host = host[:main_size].reshape(main.shape)
     k_rows, v_rows = [], []
-    for i in range(len(layers)):
-        base = main_size + i * T * kv_width
-        kv_rows = host[base : base + T * kv_width].reshape(T, kv_width)
+    for base, Hkv, width in zip(bases, n_kv, widths):
+        kv_rows = host[base : base + T * width].reshape(T, width)
         k_rows.append(kv_rows[:, : Hkv * hk].reshape(T, Hkv, hk))
         v_rows.append(kv_rows[:, Hkv * hk :].reshape(T, Hkv, hv))
     return StackOutput(main_host, k_rows, v_rows)

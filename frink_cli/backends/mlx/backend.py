@@ -296,8 +296,9 @@ class MlxBackend(DeviceBackend):
         if m.length[layer] == n and m.version[layer] == slot.version:
             return
         cfg = self.cfg
-        k = np.zeros((1, cfg.n_head_kv, m.capacity, cfg.head_dim_k), np.float32)
-        v = np.zeros((1, cfg.n_head_kv, m.capacity, cfg.head_dim_v), np.float32)
+        n_kv = self.shapes[layer].n_head_kv  # the layer's own (0: it attends to nothing)
+        k = np.zeros((1, n_kv, m.capacity, cfg.head_dim_k), np.float32)
+        v = np.zeros((1, n_kv, m.capacity, cfg.head_dim_v), np.float32)
         # The mirror is indexed by position. A window layer's slot no longer holds the rows
         # before its window: they stay zero here, hidden by the window mask.
         first, hk, hv = slot.held()
@@ -382,7 +383,6 @@ class MlxBackend(DeviceBackend):
             pos = (1 if h == "last" else c) * width
             if h is not None or head is None:
                 outputs.append(flat[:pos].reshape(-1, width))
-            nk, nv = cfg.n_head_kv * c * cfg.head_dim_k, cfg.n_head_kv * c * cfg.head_dim_v
             for i in range(run.start, run.stop):
                 if cfg.is_recurrent(i):
                     (da, db), (na, nb) = state[i], (state[i][0].size, state[i][1].size)
@@ -393,14 +393,12 @@ class MlxBackend(DeviceBackend):
                         m.k[i], m.v[i], m.host_state[i] = da, db, (conv, delta)
                     pos += na + nb
                     continue
-                k = (
-                    flat[pos : pos + nk]
-                    .reshape(cfg.n_head_kv, c, cfg.head_dim_k)
-                    .transpose(1, 0, 2)
-                )
+                n_kv = self.shapes[i].n_head_kv  # per layer (0: no rows)
+                nk, nv = n_kv * c * cfg.head_dim_k, n_kv * c * cfg.head_dim_v
+                k = flat[pos : pos + nk].reshape(n_kv, c, cfg.head_dim_k).transpose(1, 0, 2)
                 v = (
                     flat[pos + nk : pos + nk + nv]
-                    .reshape(cfg.n_head_kv, c, cfg.head_dim_v)
+                    .reshape(n_kv, c, cfg.head_dim_v)
                     .transpose(1, 0, 2)
                 )
                 pos += nk + nv

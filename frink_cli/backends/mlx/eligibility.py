@@ -11,8 +11,8 @@ from __future__ import annotations
 from ...model.config import ModelConfig
 
 CARRIED_ACTIVATIONS = ("silu", "gelu_tanh")
-CARRIED_MIXERS = ("attention", "gdn")
-CARRIED_FFNS = ("dense", "moe")
+CARRIED_MIXERS = ("attention", "gdn", "linear", "none")
+CARRIED_FFNS = ("dense", "moe", "none")
 
 # The features (ModelConfig.features(): decorations and sub-configs) the MLX ops and the
 # composition carry in every value. Anything else a model uses is refused by its name,
@@ -48,6 +48,8 @@ CARRIED_FEATURES = frozenset(
         "embd_skip",
         "attn_q_gain",
         "proj_scales",
+        # openelm, deci: each layer's sizes come from layer_shape (weights, KV mirrors).
+        "layer_sizes",
     }
 )
 

@@ -56,6 +56,9 @@ _DEQUANTIZED_WHY = {
     ),
     "MXFP4": "e2m1 values with e8m0 scales; MLX's mxfp4 mode is not wired to it yet",
     "NVFP4": "e2m1 values with fp8 scales per 16; no MLX layout",
+    # (2-bit affine codes {0, 1} with scale 2d and bias -d at group size 128 would hold it
+    # exactly; the device linears are wired for group 32 only.)
+    "Q1_0": "1-bit signs with one scale per 128 weights; not mapped to an MLX layout",
 }
 
 
