@@ -100,7 +100,9 @@ class CudaBackend(DeviceBackend):
         return upload_layer(self.ops, lw, self.weight_dtype)
 
     def upload_head(self, weights: ModelWeights) -> DeviceHead:
-        return upload_head(self.ops, weights.output_norm, weights.output, self.weight_dtype)
+        return upload_head(
+            self.ops, weights.output_norm, weights.output, self.weight_dtype, weights.output_norm_b
+        )
 
     def new_mirror(self) -> _Mirror:
         return _Mirror(self.cfg.n_layer)
