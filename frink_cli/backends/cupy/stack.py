@@ -2,7 +2,7 @@
 in one device round trip.
 
 Why one call: on a GPU the cost is the traffic and the syncs, not the math. The hidden
-rows go up once; every layer's norms, rope, attention, gated activation and residual adds
+rows go up once; every layer's norms, rope, attention, activations and residual adds
 run as kernels between cuBLAS GEMMs on resident weights, attention reading the layer's
 device KV cache (the backend's mirror of the host cache); every layer's new K/V rows and
 the final hidden rows -- or, when the run ends the model, the logits -- come back in ONE
