@@ -305,8 +305,12 @@ def test_emulated_kernel_stack_equals_host_body(
     host, dev = _backend_models(tm.gguf, lambda: KernelOps(np, emulated_launcher))
     tokens = [int(t) for t in tm.ref["tokens"]][:24]
     want = _prefill_prefix_decode(host, tokens, split=9)
+    first_launch = len(emulated_launcher.launches)
     got = _prefill_prefix_decode(dev, tokens, split=9)
     _assert_close(got, want, SELF_TOL, f"{name}: emulated kernels vs host body")
+    # The emulator itself ran them (not the NumPy references the backend was made with).
+    launched = set(emulated_launcher.launches[first_launch:])
+    assert {"rms_norm_f32", "causal_gqa_attention_f32", "glu_f32"} <= launched, launched
     assert dev.decoder.backend.ledger.submissions == {
         "prefill-stack+lm-head": 2,
         "decode-stack+lm-head": N_DECODE,
