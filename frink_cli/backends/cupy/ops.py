@@ -467,8 +467,8 @@ class CudaOps:
     `KernelOps` (kernels/*.cu through CuPy or the CPU emulator). GEMMs go to cuBLAS; norms
     (RMS and Layer), rope, attention (with ALiBi), the activations, the QKV clamp and the
     residual adds to the kernels; the few scalar elementwise decorations use the array
-    module's own kernels. Primitives of the
-    blocks eligibility.py refuses (gated delta net, MoE) are not implemented here."""
+    module's own kernels. Primitives of the blocks eligibility.py refuses (gated delta net,
+    MoE) are not implemented here."""
 
     def __init__(self, kernels: Any) -> None:
         self.k = kernels
