@@ -14,6 +14,12 @@
 // scores one key, the block takes the chunk's max and sum (online softmax: earlier sums
 // are rescaled when the max grows), then each thread accumulates one or two output dims
 // over the chunk's keys. q is pre-scaled by `scale`, as the host body scales q.
+//
+// ALiBi (bloom, mpt; when `alibi` is non-zero): query head h's score against the key at
+// position j gets -slopes[h] * (pos - j) added after the dot product, as the host body and
+// llama.cpp's soft_max_ext with max_bias add it; nothing has rotated Q or K. The slopes are
+// the model's (ModelConfig.alibi_slopes), one per query head. Without ALiBi `slopes` is
+// never read (CuPy needs an array for every pointer argument: callers pass any array).
 #include "common.cuh"
 
 #define FRINK_MAX_HEAD_DIM 256
@@ -22,7 +28,7 @@ extern "C" __global__ void causal_gqa_attention_f32(
     const float* q_buf, long long q_stride, int q_off, const float* k_cache,
     const float* v_cache, long long cache_rows, int n_prefix, float* out, long long out_stride,
     int n_rows, int n_head, int n_head_kv, int head_dim, int head_dim_v, float scale,
-    int window) {
+    int window, const float* slopes, int alibi) {
     __shared__ float qs[FRINK_MAX_HEAD_DIM];
     __shared__ float ps[FRINK_MAX_THREADS];
     __shared__ float red[FRINK_MAX_THREADS];
@@ -48,6 +54,7 @@ extern "C" __global__ void causal_gqa_attention_f32(
     float acc1 = 0.0f;
     const int pos = n_prefix + t;
     const int lo = window > 0 ? max(0, pos - window + 1) : 0;
+    const float slope = alibi ? slopes[h] : 0.0f;
     for (int base = lo; base <= pos; base += nt) {
         const int j = base + tid;
         float s = NEG;
@@ -55,6 +62,7 @@ extern "C" __global__ void causal_gqa_attention_f32(
             const float* krow = k_head + (long long)j * head_dim;
             s = 0.0f;
             for (int d = 0; d < head_dim; ++d) s += qs[d] * krow[d];
+            if (alibi) s -= slope * (float)(pos - j);
         }
         const float m_new = fmaxf(m, frink_block_reduce(s, red, true));
         const float p = j <= pos ? expf(s - m_new) : 0.0f;

@@ -6,7 +6,8 @@
 #   2. the gpu-marked tests: every kernel against its NumPy reference, and the whole
 #      dense stack against the host body (a prefill, a prefill over the cached prefix and
 #      decode tokens with the lm head on the device: logits within 1e-2 of their scale,
-#      identical argmax) on llama / qwen2 / qwen3 / gemma3-shaped random models;
+#      identical argmax) on llama / qwen2 / qwen3 / gemma3 / starcoder2 / ALiBi (bloom,
+#      mpt)-shaped random models;
 #   3. pp512 and tg16 of the stack against the host body on random weights of real shapes
 #      (scripts/cuda_pp512.py; extra arguments go to it, e.g. --shapes smollm2-135m).
 # Results: stdout, plus $OUT/gpu_check.json when OUT is set (where the device tool
@@ -29,6 +30,9 @@ ops = cupy_kernel_ops()
 x = cupy.ones((4, 64), cupy.float32)
 y = ops.rms_norm(x, cupy.ones(64, cupy.float32), 1e-5)
 assert float(abs(y - 1).max()) < 1e-5, "rms_norm kernel gave a wrong answer"
+x = cupy.arange(4 * 64, dtype=cupy.float32).reshape(4, 64)
+y = ops.layer_norm(x, cupy.ones(64, cupy.float32), cupy.full(64, 2.0, cupy.float32), 1e-5)
+assert float(abs(y.mean(axis=1) - 2).max()) < 1e-4, "layer_norm kernel gave a wrong answer"
 print("kernels compile and run")
 PYEOF
 

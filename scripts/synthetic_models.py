@@ -3,7 +3,8 @@
 Why: the GPU checks run on a machine that can download nothing and has no llama.cpp, so
 they cannot make the tiny fixtures; and the refusal tests need configs with one feature
 switched on at a time. Shapes and decorations follow llama (adjacent-pair rope), qwen2
-(QKV biases, neox rope) and qwen3 (QK norm, neox rope, head_dim != n_embd / n_head).
+(QKV biases, neox rope) and qwen3 (QK norm, neox rope, head_dim != n_embd / n_head);
+a config with layer_norm / plain_ffn gets the LayerNorm families' biases and up matrix.
 Correctness against third parties is the tiny fixtures' job; these models are only ever
 compared with the host body running the same weights.
 """
@@ -139,6 +140,14 @@ def synthetic_weights(
     def norm(n: int) -> np.ndarray:
         return (1.0 + 0.2 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
 
+    def bias(n: int) -> np.ndarray:
+        return (0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
+
+    # The LayerNorm families' shape (starcoder2, bloom): LayerNorm biases, biases on every
+    # linear, and a plain FFN (up, not gate_up) when the config says so. Drawn only for
+    # such configs, so the other kinds' weights stay as they were for a seed.
+    ln = cfg.layer_norm
+
     def layer() -> LayerWeights:
         return LayerWeights(
             attn_norm=norm(d),
@@ -148,12 +157,15 @@ def synthetic_weights(
             ),
             q_norm=norm(hk) if cfg.qk_norm else None,
             k_norm=norm(hk) if cfg.qk_norm else None,
-            wo=Linear(mat(d, cfg.n_head * hv), None),
+            wo=Linear(mat(d, cfg.n_head * hv), bias(d) if ln else None),
             post_attn_norm=norm(d) if cfg.post_attn_norm else None,
             ffn_norm=norm(d),
-            gate_up=Linear(mat(2 * cfg.n_ff, d), None),
-            down=Linear(mat(d, cfg.n_ff), None),
+            gate_up=None if cfg.plain_ffn else Linear(mat(2 * cfg.n_ff, d), None),
+            down=Linear(mat(d, cfg.n_ff), bias(d) if ln else None),
             post_ffn_norm=norm(d) if cfg.post_ffn_norm else None,
+            attn_norm_b=bias(d) if ln else None,
+            ffn_norm_b=bias(d) if ln else None,
+            up=Linear(mat(cfg.n_ff, d), bias(cfg.n_ff) if ln else None) if cfg.plain_ffn else None,
         )
 
     if share_layers:
@@ -162,7 +174,10 @@ def synthetic_weights(
     else:
         layers = [layer() for _ in range(cfg.n_layer)]
     token_embd = rng.standard_normal((cfg.n_vocab, d), dtype=np.float32)
-    return ModelWeights(token_embd, norm(d), Linear(mat(cfg.n_vocab, d), None), None, layers)
+    out = ModelWeights(token_embd, norm(d), Linear(mat(cfg.n_vocab, d), None), None, layers)
+    if ln:
+        out.output_norm_b = bias(d)
+    return out
 
 
 def shape_config(name: str, **overrides: Any) -> ModelConfig:

@@ -247,6 +247,56 @@ def test_emulated_kernels_match_references(
     _assert_close(b, a, 0, "add")
 
 
+def test_emulated_layer_norm_activations_clamp_match_references(
+    emulated_launcher: EmulatedLauncher,
+) -> None:
+    """The LayerNorm families' kernels (starcoder2, bloom, mpt): layer_norm_f32 with and
+    without a bias (rows wider than a block, and a large mean: the centered variance),
+    act_f32 in both forms, clamp_f32 in place."""
+    rng = np.random.default_rng(17)
+    ref, emu = ReferenceOps(), KernelOps(np, emulated_launcher)
+    for d in (64, 300):
+        x = _rand(rng, 5, d) + np.float32(40.0)
+        w, b = _rand(rng, d), _rand(rng, d)
+        for bias in (b, None):
+            _assert_close(
+                emu.layer_norm(x, w, bias, 1e-5),
+                ref.layer_norm(x, w, bias, 1e-5),
+                1e-4,
+                f"layer_norm d={d} bias={bias is not None}",
+            )
+    x = 3 * _rand(rng, 7, 130)
+    for act in ("silu", "gelu_tanh"):
+        _assert_close(emu.act(x, act), ref.act(x, act), 1e-5, f"act {act}")
+    a, b_ = x.copy(), x.copy()
+    ref.clamp(a, 1.5)
+    emu.clamp(b_, 1.5)
+    _assert_close(b_, a, 0, "clamp")
+    assert float(np.abs(a).max()) == 1.5
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_emulated_alibi_attention_matches_reference(
+    emulated_launcher: EmulatedLauncher, window: int | None
+) -> None:
+    """ALiBi inside causal_gqa_attention_f32: 6 query heads (not a power of two: both slope
+    series) over 2 KV heads, with a prefix past one 128-key chunk, as the reference adds
+    -slope_h * (q pos - k pos)."""
+    rng = np.random.default_rng(19)
+    ref, emu = ReferenceOps(), KernelOps(np, emulated_launcher)
+    T, H, Hkv, hd = 5, 6, 2, 16
+    cfg = dataclasses.replace(_base(), n_head=H, alibi_bias=8.0)
+    slopes = np.asarray(cfg.alibi_slopes(), np.float32)
+    qkv = _rand(rng, T, (H + 2 * Hkv) * hd)
+    for P in (0, 140):
+        kc, vc = _kv_cache(rng, qkv, P, H, Hkv, hd, hd)
+        args = (qkv, 0, kc, vc, P, H, Hkv, hd, hd, 0.25, window)
+        want = ref.attention(*args, slopes)
+        _assert_close(emu.attention(*args, slopes), want, 1e-5, f"alibi, prefix {P}")
+        # The slopes matter: without them the answer moves far.
+        assert float(np.abs(ref.attention(*args) - want).max()) > 0.1
+
+
 @pytest.mark.parametrize("name", DENSE_TINY)
 def test_emulated_kernel_stack_equals_host_body(
     name: str, tiny_model: Callable, emulated_launcher: EmulatedLauncher
@@ -255,8 +305,12 @@ def test_emulated_kernel_stack_equals_host_body(
     host, dev = _backend_models(tm.gguf, lambda: KernelOps(np, emulated_launcher))
     tokens = [int(t) for t in tm.ref["tokens"]][:24]
     want = _prefill_prefix_decode(host, tokens, split=9)
+    first_launch = len(emulated_launcher.launches)
     got = _prefill_prefix_decode(dev, tokens, split=9)
     _assert_close(got, want, SELF_TOL, f"{name}: emulated kernels vs host body")
+    # The emulator itself ran them (not the NumPy references the backend was made with).
+    launched = set(emulated_launcher.launches[first_launch:])
+    assert {"rms_norm_f32", "causal_gqa_attention_f32", "glu_f32"} <= launched, launched
     assert dev.decoder.backend.ledger.submissions == {
         "prefill-stack+lm-head": 2,
         "decode-stack+lm-head": N_DECODE,
@@ -289,6 +343,26 @@ def test_references_are_the_host_body_blocks() -> None:
         np.testing.assert_allclose(
             a.reshape(T, H, hd), rope.apply(q.reshape(T, H, hd), pos), rtol=0, atol=1e-6
         )
+
+
+@pytest.mark.parametrize("T", [1, 5])
+def test_reference_alibi_is_the_host_attend(T: int) -> None:
+    """The attention reference with ALiBi slopes equals the host body's attend (its
+    blocked prefill and its decode row) on the same scaled queries and cache rows."""
+    from frink_cli.graph.attention import attend
+
+    rng = np.random.default_rng(23)
+    H, Hkv, hd, P = 8, 4, 16, 6
+    slopes = np.asarray(
+        dataclasses.replace(_base(), n_head=H, alibi_bias=8.0).alibi_slopes(), np.float32
+    )
+    qkv = _rand(rng, T, (H + 2 * Hkv) * hd)
+    kc, vc = _kv_cache(rng, qkv, P, H, Hkv, hd, hd)
+    got = ReferenceOps().attention(qkv, 0, kc, vc, P, H, Hkv, hd, hd, 0.3, None, slopes)
+    q = qkv[:, : H * hd].reshape(T, H, hd) * np.float32(0.3)
+    S = P + T
+    want = attend(q, kc[:, :S], vc[:, :S], 0, np.arange(P, S), None, None, slopes)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("window", [None, 4])

@@ -101,6 +101,34 @@ def test_kernels_match_references(gpu_ops, shape: str, neox: bool) -> None:
     gu = r(T, 2 * 1536)
     for act in ("silu", "gelu_tanh"):
         _close(cp.asnumpy(gpu_ops.glu(dev(gu), 1536, act)), ref.glu(gu, 1536, act), f"glu {act}")
+        _close(cp.asnumpy(gpu_ops.act(dev(gu), act)), ref.act(gu, act), f"act {act}")
+
+    # The LayerNorm families' kernels: LayerNorm (with and without a bias, rows off a large
+    # mean), the QKV clamp, and ALiBi inside the attention kernel.
+    xm, bias = x + np.float32(30.0), r(576)
+    for b_ in (bias, None):
+        got = gpu_ops.layer_norm(dev(xm), dev(w), None if b_ is None else dev(b_), 1e-5)
+        want = ref.layer_norm(xm, w, b_, 1e-5)
+        _close(cp.asnumpy(got), want, f"layer_norm bias={b_ is not None}")
+    a, b = qkv.copy(), dev(qkv)
+    ref.clamp(a, 0.8)
+    gpu_ops.clamp(b, 0.8)
+    _close(cp.asnumpy(b), a, "clamp")
+    slopes = np.asarray(
+        synthetic_config(n_head=H, n_head_kv=Hkv, alibi_bias=8.0).alibi_slopes(), np.float32
+    )
+    P = prefixes[-1]
+    kc = np.zeros((Hkv, P + T, hd), np.float32)
+    vc = kc.copy()
+    kc[:, :P], vc[:, :P] = r(Hkv, P, hd), r(Hkv, P, hd)
+    kc[:, P:] = qkv[:, H * hd : (H + Hkv) * hd].reshape(T, Hkv, hd).transpose(1, 0, 2)
+    vc[:, P:] = qkv[:, (H + Hkv) * hd :].reshape(T, Hkv, hd).transpose(1, 0, 2)
+    scale = 1.0 / np.sqrt(hd)
+    want = ref.attention(qkv, 0, kc, vc, P, H, Hkv, hd, hd, scale, None, slopes)
+    got = gpu_ops.attention(
+        dev(qkv), 0, dev(kc), dev(vc), P, H, Hkv, hd, hd, scale, None, dev(slopes)
+    )
+    _close(cp.asnumpy(got), want, f"attention with ALiBi, prefix {P}")
     y, bias = r(T, stride), r(stride)
     a, b = y + bias, dev(y)
     gpu_ops.add_bias(b, dev(bias))
@@ -171,6 +199,36 @@ MODELS = {
         "rope_base_swa": 10000.0,
         "rope_base": 1000000.0,
         "embd_scale": 16.0,
+    },
+    # StarCoder2's: LayerNorm with biases, biases on every linear, the plain GELU FFN.
+    "starcoder2": {
+        "kind": "qwen2",
+        "n_layer": 2,
+        "n_embd": 256,
+        "n_head": 8,
+        "n_head_kv": 2,
+        "head_dim": 32,
+        "n_ff": 1024,
+        "n_vocab": 1000,
+        "ffn_act": "gelu_tanh",
+        "layer_norm": True,
+        "plain_ffn": True,
+    },
+    # BLOOM / MPT's: ALiBi instead of rope (6 heads: both slope series), the QKV clamp.
+    "alibi": {
+        "kind": "llama",
+        "n_layer": 2,
+        "n_embd": 192,
+        "n_head": 6,
+        "n_head_kv": 6,
+        "head_dim": 32,
+        "n_ff": 768,
+        "n_vocab": 1000,
+        "ffn_act": "gelu_tanh",
+        "layer_norm": True,
+        "plain_ffn": True,
+        "alibi_bias": 8.0,
+        "clamp_kqv": 1.5,
     },
 }
 

@@ -1,10 +1,11 @@
 """The LayerNorm dense families: StarCoder2 (`starcoder2`), BLOOM (`bloom`) and MPT (`mpt`)
-against transformers and llama.cpp, on numpy, metal and (refused by name) cuda.
+against transformers and llama.cpp, on numpy, metal and cuda (NumPy standing in for CuPy,
+and the kernels of kernels/*.cu on the CPU emulator).
 
 Why: they bring four new pieces to the one layer graph -- LayerNorm with bias
 (ModelConfig.layer_norm), the plain GELU MLP (plain_ffn), ALiBi instead of rope
 (alibi_bias; bloom also normalizes its embeddings, embd_norm) and mpt's clamp_kqv -- each
-composed once in graph/layer.py over HostOps and MlxOps. The fixtures
+composed once in graph/layer.py over HostOps, MlxOps and CudaOps. The fixtures
 (scripts/make_tiny_models.py) draw every bias and norm weight at random, so a dropped bias
 or a missing norm moves the logits far; the decoration tests below check that each new
 field matters by far more than the parity bar.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -151,24 +153,70 @@ def test_metal_one_submission_per_token(name: str, tiny_model: Callable) -> None
     assert not ledger.refusals and not ledger.failures
 
 
-# --- cuda: refused by name, answered by the host body ---------------------------------------
+# --- cuda: NumPy standing in for CuPy, and the kernels on the CPU emulator -----------------------
+
+
+def _assert_device_ran_everything(m: frink_cli.Model, what: str) -> None:
+    ledger = m.decoder.backend.ledger
+    assert ledger.total() > 0, f"{what}: the device ran nothing ({dict(ledger.refusals)})"
+    assert not ledger.failures and not ledger.refusals, (
+        what,
+        dict(ledger.failures),
+        dict(ledger.refusals),
+    )
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_cuda_refuses_by_name_and_matches(
-    name: str, tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_cuda_carries_every_layer(name: str, tiny_model: Callable) -> None:
+    """LayerNorm (with bias), the plain GELU FFN, ALiBi and the QKV clamp are the stack's
+    kernels; bloom's embedding LayerNorm is the host's, with the lookup."""
     from frink_cli.backends.cupy import eligibility
 
-    m = frink_cli.load(_path(tiny_model, name, "gguf"))
-    reasons = eligibility.layer_reasons(m.config, 0)
-    want = {"layer_norm not carried", "plain_ffn not carried"}
-    if name != "starcoder2":
-        want.add("alibi_bias not carried")
-    assert want <= set(reasons), reasons
+    cfg = frink_cli.load(_path(tiny_model, name, "gguf")).config
+    assert eligibility.layer_refusals(cfg) == [None] * cfg.n_layer
+
+
+@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_cuda_standing_in_matches_references(
+    name: str, step: bool, tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`load(path, backend="cuda")` with NumPy for CuPy: every layer and the lm head on the
+    stack (the ledger says so), both references."""
     monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
     m = frink_cli.load(_path(tiny_model, name, "gguf"), backend="cuda")
-    got = m.logits(tiny_model(name).ref["tokens"])
-    _against_references(got, tiny_model(name).ref, f"{name} cuda-numpy")
-    ledger = m.decoder.backend.ledger
-    assert not ledger.failures and ledger.total() == 0
+    assert m.backend_name == "cuda"
+    got = m.logits(tiny_model(name).ref["tokens"], step=step)
+    _against_references(got, tiny_model(name).ref, f"{name} cuda-numpy(step={step})")
+    _assert_device_ran_everything(m, f"{name} cuda-numpy")
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_cuda_emulated_kernels_match_references(
+    name: str, tiny_model: Callable, emulated_launcher: Any
+) -> None:
+    """kernels/*.cu on the CPU emulator (layer_norm_f32, act_f32, clamp_f32, the attention
+    kernel's ALiBi): a prefill, a prefill over the cached prefix and decode steps give the
+    host body's logits and both references'."""
+    from model_checks import SELF_TOL, _cuda_models, _prefill_prefix_decode
+
+    from frink_cli.backends.cupy.ops import KernelOps
+
+    host, dev = _cuda_models(
+        _path(tiny_model, name, "gguf"), lambda: KernelOps(np, emulated_launcher)
+    )
+    first_launch = len(emulated_launcher.launches)
+    ref = tiny_model(name).ref
+    n = min(24, len(ref["tokens"]))
+    tokens = [int(t) for t in ref["tokens"][:n]]
+    want = _prefill_prefix_decode(host, tokens, split=9)
+    got = _prefill_prefix_decode(dev, tokens, split=9)
+    assert _max_diff(got, want) <= SELF_TOL, f"{name}: emulated kernels vs host body"
+    _against_references(got, {k: ref[k][:n] for k in REFERENCES}, f"{name} cuda-emulated")
+    ledger = dev.decoder.backend.ledger
+    assert ledger.submissions == {"prefill-stack+lm-head": 2, "decode-stack+lm-head": 4}
+    assert not ledger.refusals and not ledger.failures
+    want_kernels = {"layer_norm_f32", "act_f32", "causal_gqa_attention_f32"}
+    if name == "mpt":
+        want_kernels.add("clamp_f32")
+    assert want_kernels <= set(emulated_launcher.launches[first_launch:])

@@ -34,6 +34,16 @@ DECORATIONS = {
     "embd_scale": {"embd_scale": 3.0},
     "final_logit_softcap": {"final_logit_softcap": 2.0},
     "post_norms": {"post_attn_norm": True, "post_ffn_norm": True},
+    # starcoder2's block (LayerNorm with biases, the plain GELU FFN), then bloom / mpt's
+    # position scheme on it (ALiBi instead of rope, the QKV clamp).
+    "layer_norm_plain_ffn": {"layer_norm": True, "plain_ffn": True, "ffn_act": "gelu_tanh"},
+    "alibi_clamp": {
+        "layer_norm": True,
+        "plain_ffn": True,
+        "ffn_act": "gelu_tanh",
+        "alibi_bias": 8.0,
+        "clamp_kqv": 0.5,
+    },
 }
 
 

@@ -4,6 +4,7 @@
 
 #include "attention.cu"
 #include "elementwise.cu"
+#include "layer_norm.cu"
 #include "rms_norm.cu"
 #include "rope.cu"
 
@@ -26,9 +27,16 @@ EMU_ENTRY(add_bias_f32, (float* y, const float* b, long long n_rows, int n_cols)
 EMU_ENTRY(add_f32, (float* x, const float* a, long long n), (x, a, n))
 EMU_ENTRY(glu_f32, (const float* gu, float* h, long long n_rows, int n_ff, int act),
           (gu, h, n_rows, n_ff, act))
+EMU_ENTRY(act_f32, (const float* x, float* y, long long n, int act), (x, y, n, act))
+EMU_ENTRY(clamp_f32, (float* x, long long n, float c), (x, n, c))
+EMU_ENTRY(layer_norm_f32,
+          (const float* x, float* y, const float* w, const float* b, int has_bias, int n_rows,
+           int dim, float eps),
+          (x, y, w, b, has_bias, n_rows, dim, eps))
 EMU_ENTRY(causal_gqa_attention_f32,
           (const float* q, long long q_stride, int q_off, const float* kc, const float* vc,
            long long cache_rows, int n_prefix, float* out, long long out_stride, int n_rows,
-           int n_head, int n_head_kv, int head_dim, int head_dim_v, float scale, int window),
+           int n_head, int n_head_kv, int head_dim, int head_dim_v, float scale, int window,
+           const float* slopes, int alibi),
           (q, q_stride, q_off, kc, vc, cache_rows, n_prefix, out, out_stride, n_rows, n_head,
-           n_head_kv, head_dim, head_dim_v, scale, window))
+           n_head_kv, head_dim, head_dim_v, scale, window, slopes, alibi))

@@ -67,11 +67,22 @@ class CudaBackend(DeviceBackend):
         self, cfg: ModelConfig, ops: Any, weight_dtype: Any = F32, ledger: Ledger | None = None
     ) -> None:
         self.ops = ops  # the kernel table (ops.py): ReferenceOps or KernelOps
-        self.cuda_ops = CudaOps(ops)
         self.weight_dtype = np.dtype(weight_dtype)
         self.device_errors = _device_errors()
         super().__init__(cfg, ledger)
         self._inv_freq: dict[tuple[float, float, bool], tuple[np.ndarray, float]] = {}
+
+    @property
+    def ops(self) -> Any:
+        return self._ops
+
+    @ops.setter
+    def ops(self, ops: Any) -> None:
+        # The composition's Ops (CudaOps) wrap the kernel table: swapping the table (the
+        # tests put the CPU emulator's KernelOps in) must swap what the stack runs, or the
+        # old table keeps running unseen.
+        self._ops = ops
+        self.cuda_ops = CudaOps(ops)
 
     @property
     def layer_refusals(self) -> list[str | None]:
@@ -100,7 +111,9 @@ class CudaBackend(DeviceBackend):
         return upload_layer(self.ops, lw, self.weight_dtype)
 
     def upload_head(self, weights: ModelWeights) -> DeviceHead:
-        return upload_head(self.ops, weights.output_norm, weights.output, self.weight_dtype)
+        return upload_head(
+            self.ops, weights.output_norm, weights.output, self.weight_dtype, weights.output_norm_b
+        )
 
     def new_mirror(self) -> _Mirror:
         return _Mirror(self.cfg.n_layer)

@@ -8,12 +8,13 @@ same layer predicate without a GPU. Every refusal has a name (counted in the led
   counts): what layer l IS (from ModelConfig and layer_shape alone).
   The stack carries pre-norm GQA attention (QKV biases, QK norm, both rope layouts, partial
   rope, rope frequency factors, linear rope scaling, any q scale, sliding windows with
-  their own rope base), post-attention and post-FFN norms at the model's one norm eps, and
-  a dense gated FFN (SwiGLU or GeGLU, tanh form). Everything else is refused by name. The
-  check is exhaustive by construction: every ModelConfig and LayerShape field is either
-  listed in CARRIED / OUTSIDE_THE_LAYERS below or refused when it holds anything but a
-  neutral value (None, False, 0, empty), so a decoration added to the config later is
-  refused ("<field> not carried") until someone classifies it here.
+  their own rope base, or ALiBi instead of rope; the QKV clamp), RMSNorm or LayerNorm
+  (with or without a bias), post-attention and post-FFN norms at the model's one norm eps,
+  and a dense FFN, gated (SwiGLU or GeGLU) or plain, SiLU or GELU (tanh form). Everything
+  else is refused by name. The check is exhaustive by construction: every ModelConfig and
+  LayerShape field is either listed in CARRIED / OUTSIDE_THE_LAYERS below or refused when
+  it holds anything but a neutral value (None, False, 0, empty), so a decoration added to
+  the config later is refused ("<field> not carried") until someone classifies it here.
 - `step_refusal(...)`: what THIS step is: a decode row, or a prefill batch of at least
   MIN_BATCH rows, at positions that continue the cache, over cache slots that still hold
   every row the step sees.
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ...model.config import ModelConfig
-from .ops import GLU_ACTS
+from .ops import ACT_CODES
 
 # Prefill batches below this stay on the host body: a 2-3 row batch is a chat turn's tail,
 # where the host's GEMVs cost no more than an upload, a sync and a download. Decode rows
@@ -48,7 +49,7 @@ CACHE_TYPE = "cache layout not carried"
 from ..base import NOT_RESIDENT  # noqa: E402,F401 - one name for every backend
 
 MOE = "MoE ffn (experts not resident)"
-ACTIVATION = "activation not SwiGLU/GeGLU"
+ACTIVATION = "activation not SiLU/GELU-tanh"
 SOFTCAP = "attn logit softcap"
 OUTPUT_GATE = "attn output gate"
 KV_WIDTHS = "K/V head widths differ"
@@ -102,6 +103,12 @@ CARRIED = frozenset(
         # weights, the device KV cache and the stack's returned rows are sized per layer);
         # deci's "linear" / "none" mixers and FFN-free layers are refused by those names.
         "layer_sizes",
+        # starcoder2, bloom, mpt: the layer_norm kernel (weight, optional bias), the plain
+        # FFN's act kernel, ALiBi slopes inside the attention kernel, the clamp kernel.
+        "layer_norm",
+        "plain_ffn",
+        "alibi_bias",
+        "clamp_kqv",
     }
 )
 # Fields that concern only what happens before the first layer or after the last (embedding,
@@ -115,6 +122,8 @@ OUTSIDE_THE_LAYERS = frozenset(
         "embd_scale",
         "final_logit_softcap",
         "tied_embeddings",
+        # bloom's LayerNorm on the looked-up embeddings: the host's, with the lookup.
+        "embd_norm",
     }
 )
 # Fields read only by layers of another kind, which layer_shape names (mixer "gdn",
@@ -155,7 +164,7 @@ def layer_reasons(cfg: ModelConfig, layer: int) -> list[str]:
         (shape.mixer != "attention", f"mixer {shape.mixer}"),
         (shape.ffn == "moe", MOE),
         (shape.ffn not in ("dense", "moe"), f"ffn {shape.ffn}"),
-        (cfg.ffn_act not in GLU_ACTS, ACTIVATION),
+        (cfg.ffn_act not in ACT_CODES, ACTIVATION),
         (bool(cfg.attn_logit_softcap), SOFTCAP),
         (bool(getattr(cfg, "attn_output_gate", False)), OUTPUT_GATE),
         (cfg.head_dim_k != cfg.head_dim_v, KV_WIDTHS),

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ...graph.ffn import ACTIVATIONS
+from ...graph.norms import layer_norm
 from ...resources import KERNELS_DIR
 
 F32 = np.float32
@@ -106,11 +107,13 @@ class ReferenceOps(_GemmOps):
         head_dim_v: int,
         scale: float,
         window: int | None,
+        slopes: np.ndarray | None = None,
     ) -> np.ndarray:
         """causal_gqa_attention_f32: new rows t = 0..T-1 at positions n_prefix + t over
         the cache rows 0..n_prefix + t (the new rows' K/V already written there), or the
         last `window` of them. k_cache/v_cache [n_head_kv, rows, hd]; returns
-        [T, n_head * head_dim_v]."""
+        [T, n_head * head_dim_v]. slopes [n_head]: ALiBi, head h's score against position
+        j gets -slopes[h] * (its position - j)."""
         T = qkv.shape[0]
         S = n_prefix + T
         H, Hkv, g = n_head, n_head_kv, n_head // n_head_kv
@@ -119,6 +122,9 @@ class ReferenceOps(_GemmOps):
         qg = (q * F32(scale)).transpose(1, 0, 2).reshape(Hkv, g * T, head_dim)
         scores = (qg @ K.transpose(0, 2, 1)).reshape(Hkv, g, T, S)
         pos = n_prefix + np.arange(T)
+        if slopes is not None:
+            dist = (pos[:, None] - np.arange(S)[None, :]).astype(F32)  # [T, S]
+            scores -= slopes.reshape(Hkv, g, 1, 1) * dist
         visible = np.arange(S)[None, :] <= pos[:, None]
         if window is not None:
             visible &= pos[:, None] - np.arange(S)[None, :] < window
@@ -136,6 +142,20 @@ class ReferenceOps(_GemmOps):
         "gelu_tanh", the host body's own functions."""
         return ACTIVATIONS[act](gu[:, :n_ff]) * gu[:, n_ff:]
 
+    def act(self, x: np.ndarray, act: str) -> np.ndarray:
+        """act_f32: act(x) into a new array (the plain FFN's activation)."""
+        return ACTIVATIONS[act](x)
+
+    def layer_norm(
+        self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float
+    ) -> np.ndarray:
+        """layer_norm_f32 over rows of x [n, d] -> a new array: the host body's own."""
+        return layer_norm(x, w, b, eps)
+
+    def clamp(self, x: np.ndarray, c: float) -> None:
+        """clamp_f32: x clipped to [-c, c] in place."""
+        np.clip(x, F32(-c), F32(c), out=x)
+
     def add(self, x: np.ndarray, a: np.ndarray) -> None:
         """add_f32: x += a."""
         x += a
@@ -147,15 +167,16 @@ class ReferenceOps(_GemmOps):
 
 # --- the kernels ---------------------------------------------------------------------------
 
-KERNEL_FILES = ("rms_norm.cu", "rope.cu", "elementwise.cu", "attention.cu")
+KERNEL_FILES = ("rms_norm.cu", "layer_norm.cu", "rope.cu", "elementwise.cu", "attention.cu")
 # Threads per block: a power of two (the block reductions halve it), at most 256.
 ROW_THREADS = 256
 ATTN_THREADS = 128
 ELEMENTWISE_THREADS = 256
 # Grid-stride loops need no more blocks than this to fill any current GPU.
 MAX_BLOCKS = 65535
-# glu_f32's `act` codes (FRINK_ACT_* in elementwise.cu), by the config's activation name.
-GLU_ACTS = {"silu": 0, "gelu_tanh": 1}
+# The `act` codes of glu_f32 and act_f32 (FRINK_ACT_* in elementwise.cu), by the config's
+# activation name: every activation the kernels carry.
+ACT_CODES = {"silu": 0, "gelu_tanh": 1}
 
 
 def kernel_source(name: str) -> str:
@@ -279,8 +300,11 @@ class KernelOps(_GemmOps):
         head_dim_v: int,
         scale: float,
         window: int | None,
+        slopes: Any | None = None,
     ) -> Any:
-        self._check(qkv, k_cache, v_cache)
+        self._check(qkv, k_cache, v_cache, *(() if slopes is None else (slopes,)))
+        if slopes is not None and slopes.shape != (n_head,):
+            raise ValueError(f"ALiBi slopes {slopes.shape} for {n_head} heads")
         T, stride = qkv.shape
         if k_cache.shape[1] != v_cache.shape[1] or n_prefix + T > k_cache.shape[1]:
             raise ValueError(f"KV cache of {k_cache.shape[1]} rows cannot hold {n_prefix + T}")
@@ -306,6 +330,9 @@ class KernelOps(_GemmOps):
                 _i32(head_dim_v),
                 F32(scale),
                 _i32(window or 0),
+                # Without ALiBi the kernel never reads the slopes; qkv stands in for them.
+                qkv if slopes is None else slopes,
+                _i32(slopes is not None),
             ),
         )
         return out
@@ -318,9 +345,42 @@ class KernelOps(_GemmOps):
             "glu_f32",
             _blocks(T * n_ff, ELEMENTWISE_THREADS),
             ELEMENTWISE_THREADS,
-            (gu, h, _i64(T), _i32(n_ff), _i32(GLU_ACTS[act])),
+            (gu, h, _i64(T), _i32(n_ff), _i32(ACT_CODES[act])),
         )
         return h
+
+    def act(self, x: Any, act: str) -> Any:
+        self._check(x)
+        y = self.xp.empty_like(x)
+        self.launch(
+            "act_f32",
+            _blocks(x.size, ELEMENTWISE_THREADS),
+            ELEMENTWISE_THREADS,
+            (x, y, _i64(x.size), _i32(ACT_CODES[act])),
+        )
+        return y
+
+    def layer_norm(self, x: Any, w: Any, b: Any | None, eps: float) -> Any:
+        self._check(x, w, *(() if b is None else (b,)))
+        n, d = x.shape
+        y = self.xp.empty_like(x)
+        # Without a bias the kernel never reads b; w stands in for the pointer CuPy needs.
+        self.launch(
+            "layer_norm_f32",
+            n,
+            ROW_THREADS,
+            (x, y, w, w if b is None else b, _i32(b is not None), _i32(n), _i32(d), F32(eps)),
+        )
+        return y
+
+    def clamp(self, x: Any, c: float) -> None:
+        self._check(x)
+        self.launch(
+            "clamp_f32",
+            _blocks(x.size, ELEMENTWISE_THREADS),
+            ELEMENTWISE_THREADS,
+            (x, _i64(x.size), F32(c)),
+        )
 
     def add(self, x: Any, a: Any) -> None:
         self._check(x, a)
@@ -404,14 +464,17 @@ def _address(a: Any) -> int:
 
 class CudaOps:
     """The Ops interface (graph/ops.py) over a kernel table: `ReferenceOps` (NumPy, CI) or
-    `KernelOps` (kernels/*.cu through CuPy or the CPU emulator). GEMMs go to cuBLAS; norms,
-    rope, attention, the gated activation and the residual adds to the kernels; the few
-    scalar elementwise decorations use the array module's own kernels. Primitives of the
-    blocks eligibility.py refuses (gated delta net, MoE) are not implemented here."""
+    `KernelOps` (kernels/*.cu through CuPy or the CPU emulator). GEMMs go to cuBLAS; norms
+    (RMS and Layer), rope, attention (with ALiBi), the activations, the QKV clamp and the
+    residual adds to the kernels; the few scalar elementwise decorations use the array
+    module's own kernels. Primitives of the blocks eligibility.py refuses (gated delta net,
+    MoE) are not implemented here."""
 
     def __init__(self, kernels: Any) -> None:
         self.k = kernels
         self.xp = kernels.xp
+        # ALiBi slopes on the device, per slope tuple (one per model): uploaded once.
+        self._slopes: dict[tuple[float, ...], Any] = {}
 
     def linear(self, x: Any, w: Any) -> Any:
         y = self.k.matmul(x, w.w)
@@ -449,10 +512,18 @@ class CudaOps:
         return self.k.glu(self.xp.ascontiguousarray(h), h.shape[-1] // 2, act)
 
     def act(self, x: Any, act: str) -> Any:
-        xp = self.xp
-        if act == "silu":
-            return x / (F32(1.0) + xp.exp(-x))
-        raise NotImplementedError(f"activation {act} outside the gated FFN")
+        return self.k.act(self.xp.ascontiguousarray(x), act)
+
+    def layer_norm(self, x: Any, w: Any, b: Any | None, eps: float) -> Any:
+        if x.ndim != 2:
+            # The composition norms hidden rows only with LayerNorm (its QK norms are RMS).
+            raise NotImplementedError(f"LayerNorm over a {x.ndim}-d array")
+        return self.k.layer_norm(self.xp.ascontiguousarray(x), w, b, eps)
+
+    def clamp_(self, x: Any, c: float) -> Any:
+        x = self.xp.ascontiguousarray(x)  # (the QKV GEMM's output already is)
+        self.k.clamp(x, c)
+        return x
 
     def sigmoid(self, x: Any) -> Any:
         return F32(1.0) / (F32(1.0) + self.xp.exp(-x))
@@ -483,8 +554,6 @@ class CudaOps:
     ) -> Any:
         if softcap:
             raise NotImplementedError("attention logit softcap (eligibility refuses it)")
-        if alibi is not None:
-            raise NotImplementedError("ALiBi (eligibility refuses alibi_bias)")
         T, H, hk = q.shape
         Hkv, hv = v.shape[1], v.shape[2]
         P = pos.n_prefix
@@ -492,8 +561,13 @@ class CudaOps:
         kv.v_cache[:, P : P + T] = v.transpose(1, 0, 2)
         kv.rows = (k, v)
         buf, q_off = _locate(q)
+        slopes = None
+        if alibi is not None:
+            if alibi not in self._slopes:
+                self._slopes[alibi] = self.k.to_device(np.asarray(alibi, dtype=F32))
+            slopes = self._slopes[alibi]
         return self.k.attention(
-            buf, q_off, kv.k_cache, kv.v_cache, P, H, Hkv, hk, hv, scale, window
+            buf, q_off, kv.k_cache, kv.v_cache, P, H, Hkv, hk, hv, scale, window, slopes
         )
 
     def _refused(self, *args: Any) -> Any:
@@ -502,10 +576,3 @@ class CudaOps:
         )
 
     causal_conv = l2_norm = softplus = delta_rule = route = experts = _refused
-
-    def _refused_layer_norm(self, *args: Any) -> Any:
-        raise NotImplementedError(
-            "LayerNorm / clamp_kqv primitives: eligibility refuses layer_norm and clamp_kqv"
-        )
-
-    layer_norm = clamp_ = _refused_layer_norm

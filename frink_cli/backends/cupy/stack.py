@@ -2,7 +2,7 @@
 in one device round trip.
 
 Why one call: on a GPU the cost is the traffic and the syncs, not the math. The hidden
-rows go up once; every layer's norms, rope, attention, gated activation and residual adds
+rows go up once; every layer's norms, rope, attention, activations and residual adds
 run as kernels between cuBLAS GEMMs on resident weights, attention reading the layer's
 device KV cache (the backend's mirror of the host cache); every layer's new K/V rows and
 the final hidden rows -- or, when the run ends the model, the logits -- come back in ONE
@@ -52,15 +52,26 @@ def upload_layer(ops: Any, w: LayerWeights, dtype: Any) -> LayerWeights:
 
 @dataclass
 class DeviceHead:
-    """The lm head, resident: final norm and output matrix (token_embd's when tied); its
-    decorations (logit scale, softcap) are the composition's."""
+    """The lm head, resident: final norm (and its bias, a LayerNorm's) and output matrix
+    (token_embd's when tied); its decorations (logit scale, softcap) are the composition's."""
 
     norm: Any
     output: DeviceLinear
+    norm_b: Any | None = None
 
 
-def upload_head(ops: Any, output_norm: np.ndarray, output: Linear, dtype: Any) -> DeviceHead:
-    return DeviceHead(ops.to_device(output_norm), _device_linear(ops, output, dtype))
+def upload_head(
+    ops: Any,
+    output_norm: np.ndarray,
+    output: Linear,
+    dtype: Any,
+    output_norm_b: np.ndarray | None = None,
+) -> DeviceHead:
+    return DeviceHead(
+        ops.to_device(output_norm),
+        _device_linear(ops, output, dtype),
+        None if output_norm_b is None else ops.to_device(output_norm_b),
+    )
 
 
 @dataclass
@@ -115,7 +126,7 @@ def dense_stack(
         main = resid
     else:
         last = resid if all_logits else resid[T - 1 :]
-        main = lm_head(ops, cfg, head.norm, head.output, last)
+        main = lm_head(ops, cfg, head.norm, head.output, last, head.norm_b)
     # One device buffer for everything that comes back, so it comes back in one copy:
     # the hidden rows (or logits), then each layer's [T, K row | V row].
     main_size = main.size
