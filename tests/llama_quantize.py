@@ -3,23 +3,27 @@
 Shared by the quant-type tests (tests/test_quant_types.py, tests/test_q1_0.py): every 2-D
 weight forced to the type asked for by a tensor-type override (`pure`; norms stay f32),
 with a uniform importance matrix where llama.cpp insists on one; ttype -1 with
-ftype ALL_F32 writes llama.cpp's own dequantization of a quantized file.
+ftype ALL_F32 writes llama.cpp's own dequantization of a quantized file. `overrides`
+replaces the one catch-all override with (tensor-name regex, type) pairs, tried in order.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 _QUANTIZE = r"""
-import ctypes, sys, llama_cpp as L
+import ctypes, json, sys, llama_cpp as L
 from gguf import GGUFReader
 src, dst = sys.argv[1], sys.argv[2]
 ttype, imatrix, ftype = int(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5])
+rules = json.loads(sys.argv[6]) or [["weight", ttype]]
 cb = L.llama_log_callback(lambda level, text, user_data: None)
 L.llama_log_set(cb, None)
 L.llama_backend_init()
@@ -27,8 +31,10 @@ p = L.llama_model_quantize_default_params()
 p.ftype, p.pure, p.nthread, p.allow_requantize = ftype, True, 2, True
 keep = []
 if ttype >= 0:
-    ov = (L.llama_model_tensor_override * 2)()
-    ov[0].pattern, ov[0].type, ov[1].pattern = b"weight", ttype, None
+    ov = (L.llama_model_tensor_override * (len(rules) + 1))()
+    for i, (pattern, t) in enumerate(rules):
+        ov[i].pattern, ov[i].type = pattern.encode(), t
+    ov[len(rules)].pattern = None
     keep.append(ov)
     p.tt_overrides = ctypes.cast(ov, ctypes.POINTER(L.llama_model_tensor_override))
 if imatrix:  # uniform importance: every column of every matrix weighs the same
@@ -46,7 +52,14 @@ sys.exit(L.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(p)))
 """
 
 
-def llama_quantize(src: Path, dst: Path, ttype: int, imatrix: bool, ftype: int) -> None:
+def llama_quantize(
+    src: Path,
+    dst: Path,
+    ttype: int,
+    imatrix: bool,
+    ftype: int,
+    overrides: Sequence[tuple[str, int]] = (),
+) -> None:
     tmp = dst.with_suffix(".tmp")
     proc = subprocess.run(
         [
@@ -58,6 +71,7 @@ def llama_quantize(src: Path, dst: Path, ttype: int, imatrix: bool, ftype: int) 
             str(ttype),
             str(int(imatrix)),
             str(ftype),
+            json.dumps([list(rule) for rule in overrides]),
         ],
         capture_output=True,
         text=True,

@@ -30,8 +30,6 @@ the converter's code itself.
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +38,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import fixture_cache_root
+from llama_quantize import llama_quantize
 from model_checks import (
     FAR,
     REF_TOL,
@@ -292,35 +291,18 @@ def test_cuda_emulated_kernel_stack_equals_host_body(
 
 # --- the ternary types, written by llama.cpp's quantizer -----------------------------------------
 
-# test_quant_types' quantizer child (base ftype Q8_0, pure), with two overrides: the
-# projections to the type under test, the random (not ternary) embedding kept F32.
+# llama.cpp's quantizer (base ftype Q8_0, pure): the projections to the type under test,
+# the random (not ternary) embedding kept F32.
 _LLAMA_FTYPE_MOSTLY_Q8_0 = 7
-_OVERRIDES = (
-    "    ov = (L.llama_model_tensor_override * 3)()\n"
-    '    ov[0].pattern, ov[0].type = b"(attn_(q|k|v|output)|ffn_(gate|up|down))[.]weight", ttype\n'
-    '    ov[1].pattern, ov[1].type, ov[2].pattern = b"token_embd", 0, None\n'
-)
+_PROJECTIONS = r"(attn_(q|k|v|output)|ffn_(gate|up|down))[.]weight"
 
 
 def _quantize(src: Path, dst: Path, qtype: str) -> None:
     from gguf import GGMLQuantizationType
-    from test_quant_types import _QUANTIZE
 
-    lines = _QUANTIZE.splitlines(keepends=True)
-    at = next(i for i, line in enumerate(lines) if "ov = (L.llama_model_tensor_override" in line)
-    script = "".join(lines[:at]) + _OVERRIDES + "".join(lines[at + 2 :])
-    tmp = dst.with_suffix(".tmp")
-    args = [str(src), str(tmp), str(int(GGMLQuantizationType[qtype])), "0"]
-    proc = subprocess.run(
-        [sys.executable, "-c", script, *args, str(_LLAMA_FTYPE_MOSTLY_Q8_0)],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=dict(os.environ, OMP_NUM_THREADS="2"),
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"llama.cpp could not write {dst.name}: {(proc.stdout + proc.stderr)[-2000:]}")
-    tmp.replace(dst)
+    ttype = int(GGMLQuantizationType[qtype])
+    rules = [(_PROJECTIONS, ttype), ("token_embd", int(GGMLQuantizationType.F32))]
+    llama_quantize(src, dst, ttype, False, _LLAMA_FTYPE_MOSTLY_Q8_0, rules)
 
 
 @pytest.fixture(scope="module")

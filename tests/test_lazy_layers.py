@@ -50,7 +50,9 @@ def test_cuda_standing_in_keeps_no_host_layers_and_falls_back(tiny_model, monkey
     want = host.logits(tokens)
     np.testing.assert_allclose(dev.logits(tokens), want, atol=1e-4, rtol=0)
 
-    class Broken:  # every device op fails: each launch raises LaunchFailed after admission
+    class Broken:  # every kernel fails: each launch raises LaunchFailed after admission
+        xp = np  # the array module survives a device loss; its kernels do not
+
         def __getattr__(self, name):
             raise RuntimeError("simulated device loss")
 
