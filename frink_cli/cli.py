@@ -336,8 +336,13 @@ def _print_info(d: dict[str, Any]) -> None:
         ffn_width = f"up to {ffn_width}"
     line("embedding", f"{d['n_embd']}, ffn {ffn_width} ({d['ffn_act']}), vocab {d['n_vocab']}")
     line("attention", heads + window)
-    rope = d["rope"]
-    line("rope", f"{rope['type']}, base {rope['base']:g}, {rope['dim']} dims")
+    line("positions", d["positions"])
+    values = d["decoration_values"]
+    decorations = [
+        f"{name} {values[name]:g}" if isinstance(values.get(name), float) else name
+        for name in d["decorations"]
+    ]
+    line("decorations", ", ".join(decorations) or "none")
     if g:
         line(
             "gated deltanet",
@@ -369,6 +374,7 @@ def _print_info(d: dict[str, Any]) -> None:
         line("backend", f"{be} takes {taken} of {n_layer} layers {rest}")
         for dtype, how in d["backend"]["tensor_formats"].items():
             p(f"  {dtype:<6} -> {how}\n")
+    alibi = d["positions"].startswith("alibi")
     for s in d["layers"]:
         where = ""
         if be != "numpy":
@@ -383,7 +389,8 @@ def _print_info(d: dict[str, Any]) -> None:
             win = f" window {s['window']}" if s["window"] else ""
             # The layer's own head counts (they differ per layer in openelm and deci).
             shape = f"{s['n_head']}q/{s['n_head_kv']}kv x {d['head_dim']}"
-            mixer = f"{s['mixer']} ({shape}, rope {s['rope_base']:g}{win})"
+            where_pos = "alibi" if alibi else f"rope {s['rope_base']:g}"
+            mixer = f"{s['mixer']} ({shape}, {where_pos}{win})"
         if s["ffn"] == "moe":
             ffn = f"moe ffn {moe['experts']}x{moe['expert_ff']}"
         elif s["ffn"] == "none":

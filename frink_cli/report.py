@@ -54,6 +54,34 @@ def tensor_formats(backend: str, types: Any) -> dict[str, str]:
     return {}
 
 
+def positions(cfg: Any) -> str:
+    """How the model knows where a token is, in words: ALiBi, or rope with its scaling."""
+    if cfg.alibi_bias is not None:
+        return f"alibi (max bias {cfg.alibi_bias:g}, no rope)"
+    text = f"rope {cfg.rope_type}, base {cfg.rope_base:g}, {cfg.rope_dim} dims"
+    if cfg.rope_scale != 1.0:
+        text += f", linear scale {cfg.rope_scale:g}"
+    if cfg.has_rope_freqs:
+        text += ", per-dimension frequency factors"
+    rs = cfg.rope_scaling
+    if rs is not None and rs.kind == "attn":
+        text += f", attn factor {rs.attn_factor:g}"
+    elif rs is not None:
+        text += f", {rs.kind} x{rs.factor:g} (original context {rs.orig_ctx})"
+    return text
+
+
+def decoration_values(cfg: Any) -> dict[str, Any]:
+    """The decorations that carry a number or a name (a multiplier, a softcap, a clamp),
+    by field name; the flag-like ones are listed in "decorations" alone."""
+    out = {}
+    for name in sorted(cfg.features()):
+        value = getattr(cfg, name)
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            out[name] = value
+    return out
+
+
 def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
     """The report of `frink info --json`: architecture, sizes, tensor types, per-layer
     shapes, tokenizer, and which layers `backend` would take (from its own eligibility
@@ -105,6 +133,7 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
         "n_vocab": cfg.n_vocab,
         "context_length": cfg.n_ctx_train,
         "rope": {"type": cfg.rope_type, "base": cfg.rope_base, "dim": cfg.rope_dim},
+        "positions": positions(cfg),
         "sliding_window": cfg.sliding_window,
         "layer_pattern": cfg.layer_pattern(),
         # n_head / n_head_kv / n_ff above are then the largest; "layers" has each one's.
@@ -132,6 +161,7 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
             "norm_topk": cfg.moe.norm_topk,
         },
         "decorations": sorted(cfg.features()),
+        "decoration_values": decoration_values(cfg),
         "tied_embeddings": cfg.tied_embeddings,
         "tokenizer": None
         if tok is None

@@ -928,10 +928,11 @@ _LOG_CALLBACK: Any = None
 
 @contextlib.contextmanager
 def _llama_context(
-    gguf_path: Path, n_ctx: int, n_threads: int = 2
+    gguf_path: Path, n_ctx: int, n_threads: int = 2, n_ubatch: int | None = None
 ) -> Iterator[tuple[Any, Any, int]]:
     """(llama_cpp module, context, n_vocab) for one sequence: f32 KV cache, no flash
-    attention, one ubatch of up to n_ctx tokens (llama.cpp's batched paths, like frink's).
+    attention, one ubatch of up to n_ctx tokens (llama.cpp's batched paths, like frink's),
+    or of n_ubatch (1: only single-row graphs are ever built, reservation included).
 
     The low-level API is used because the high-level Llama class expects a vocabulary and
     these models have tokenizer model "none".
@@ -954,8 +955,8 @@ def _llama_context(
     try:
         cparams = L.llama_context_default_params()
         cparams.n_ctx = n_ctx
-        cparams.n_batch = n_ctx
-        cparams.n_ubatch = n_ctx
+        cparams.n_batch = n_ubatch or n_ctx
+        cparams.n_ubatch = n_ubatch or n_ctx
         cparams.n_seq_max = 1
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
@@ -1005,14 +1006,36 @@ def llama_cpp_logits(gguf_path: Path, tokens: np.ndarray, n_threads: int = 2) ->
         return _llama_decode(L, ctx, n_vocab, [int(t) for t in tokens], 0)
 
 
+def llama_cpp_step_logits(gguf_path: Path, tokens: np.ndarray, n_threads: int = 2) -> np.ndarray:
+    """All-position logits from llama.cpp fed one token per decode (its single-row paths),
+    for graphs its batched path cannot run (mpt's QK LayerNorm reshapes a strided view)."""
+    n_ctx = max(N_CTX, len(tokens))
+    with _llama_context(gguf_path, n_ctx, n_threads, n_ubatch=1) as (L, ctx, n_vocab):
+        return np.concatenate(
+            [_llama_decode(L, ctx, n_vocab, [int(t)], i) for i, t in enumerate(tokens)]
+        )
+
+
 def llama_cpp_greedy(
-    gguf_path: Path, prompt: np.ndarray, n_new: int, n_threads: int = 2
+    gguf_path: Path,
+    prompt: np.ndarray,
+    n_new: int,
+    n_threads: int = 2,
+    batch_prompt: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """llama.cpp's greedy continuation of `prompt`: the prompt as one batch, then one decode
-    step per token (its single-row paths, e.g. the recurrent step of a delta net). Returns
-    (the n_new chosen tokens, the logits each was chosen from [n_new, n_vocab])."""
-    with _llama_context(gguf_path, max(N_CTX, len(prompt) + n_new), n_threads) as (L, ctx, n_vocab):
-        last = _llama_decode(L, ctx, n_vocab, [int(t) for t in prompt], 0)[-1]
+    """llama.cpp's greedy continuation of `prompt`: the prompt as one batch (or, without
+    batch_prompt, a token at a time), then one decode step per token (its single-row paths,
+    e.g. the recurrent step of a delta net). Returns (the n_new chosen tokens, the logits
+    each was chosen from [n_new, n_vocab])."""
+    n_ctx = max(N_CTX, len(prompt) + n_new)
+    n_ubatch = None if batch_prompt else 1
+    with _llama_context(gguf_path, n_ctx, n_threads, n_ubatch) as (L, ctx, n_vocab):
+        ids = [int(t) for t in prompt]
+        if batch_prompt:
+            last = _llama_decode(L, ctx, n_vocab, ids, 0)[-1]
+        else:
+            for i, t in enumerate(ids):
+                last = _llama_decode(L, ctx, n_vocab, [t], i)[0]
         chosen, logits = [], []
         for i in range(n_new):
             logits.append(last)

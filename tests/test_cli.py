@@ -177,3 +177,31 @@ def test_tiny_model_info_works_and_run_names_the_missing_tokenizer(
     assert "tokenizer:      none" in info.stdout
     assert "chat template:  no" in info.stdout
     assert_error(frink("run", path, "-p", "hello"), "no tokenizer")
+
+
+@pytest.mark.parametrize(
+    ("name", "positions", "decorations"),
+    [
+        ("mpt", "alibi (max bias 8, no rope)", "alibi_bias 8, clamp_kqv 1, layer_norm, plain_ffn"),
+        ("granite", "rope norm, base 30000", "embd_scale 0.35, logit_scale 8, residual_scale 0.22"),
+        ("llama_yarn", "yarn x8 (original context 32)", "rope_scaling"),
+        ("olmo2", "rope neox", "no_pre_norm, post_attn_norm, post_ffn_norm, qk_norm_full"),
+    ],
+)
+def test_info_shows_positions_and_decorations(
+    tiny_model: Callable[[str], Any], name: str, positions: str, decorations: str
+) -> None:
+    """`frink info` says how a model places tokens (ALiBi, or rope and its scaling) and
+    names every decoration, with its number where it has one; --json carries the same."""
+    path = tiny_model(name).gguf
+    out = ok(frink("info", path)).stdout
+    line = {
+        ln.split(":", 1)[0]: ln.split(":", 1)[1].strip() for ln in out.splitlines() if ":" in ln
+    }
+    assert positions in line["positions"], out
+    assert decorations in line["decorations"], out
+    if name == "mpt":
+        assert "alibi)" in out and "rope 10000" not in out  # per layer too
+    d = one_json_object(frink("info", path, "--json"))
+    assert d["positions"] == line["positions"]
+    assert set(d["decoration_values"]) <= set(d["decorations"])

@@ -10,8 +10,9 @@ GELU FFN, fused QKV (`attn_qkv`, rows [q | k | v]).
 - mpt follows llama.cpp's src/models/mpt.cpp (transformers' MptForCausalLM where the
   converter takes its config): max bias from `mpt.attention.max_alibi_bias` (0 means
   learned position embeddings, refused), the QKV output clipped to [-c, c] by
-  `mpt.attention.clamp_kqv`, no linear biases. QK LayerNorm (attn_q_norm / attn_k_norm,
-  MPT's qk_ln) is refused: transformers' MPT has none to check it against.
+  `mpt.attention.clamp_kqv`, no linear biases, and (MPT's qk_ln: SEA-LION) LayerNorms with
+  biases over the whole Q and K projection widths (attn_q_norm / attn_k_norm), after the
+  clamp. transformers' MPT has no qk_ln, so llama.cpp alone is its reference.
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ class Mpt(LayerNormArch):
         ("transformer.blocks.{bid}.norm_1", "blk.{bid}.attn_norm"),
         ("transformer.blocks.{bid}.attn.Wqkv", "blk.{bid}.attn_qkv"),
         ("transformer.blocks.{bid}.attn.out_proj", "blk.{bid}.attn_output"),
+        ("transformer.blocks.{bid}.attn.q_ln", "blk.{bid}.attn_q_norm"),
+        ("transformer.blocks.{bid}.attn.k_ln", "blk.{bid}.attn_k_norm"),
         ("transformer.blocks.{bid}.norm_2", "blk.{bid}.ffn_norm"),
         ("transformer.blocks.{bid}.ffn.up_proj", "blk.{bid}.ffn_up"),
         ("transformer.blocks.{bid}.ffn.down_proj", "blk.{bid}.ffn_down"),
@@ -132,8 +135,6 @@ class Mpt(LayerNormArch):
             w.set("attention.clamp_kqv", f32(attn["clip_qkv"]))
         alibi = attn.get("alibi", True)
         w.set("attention.max_alibi_bias", f32(attn.get("alibi_bias_max", 8) if alibi else 0.0))
-        if attn.get("qk_ln"):
-            raise FrinkError("config.json: mpt with QK LayerNorm (qk_ln) is not supported")
         w.u32("vocab_size", "n_vocab")
 
     def config(self, ckpt: Checkpoint) -> ModelConfig:
@@ -145,9 +146,10 @@ class Mpt(LayerNormArch):
                 f"{ckpt.path}: mpt without ALiBi (learned position embeddings) is not supported"
             )
         names = set(ckpt.tensors.names())
-        if any(n.endswith(("attn_q_norm.weight", "attn_k_norm.weight")) for n in names):
-            raise FrinkError(f"{ckpt.path}: mpt with QK LayerNorm (qk_ln) is not supported")
         if "pos_embd.weight" in names:
             raise FrinkError(f"{ckpt.path}: mpt with position embeddings is not supported")
         clamp = float(get(md, self.key("attention.clamp_kqv"), 0.0) or 0.0)
-        return dataclasses.replace(cfg, alibi_bias=max_bias, clamp_kqv=clamp or None)
+        qk_ln = "blk.0.attn_q_norm.weight" in names  # llama.cpp: present on every layer or none
+        return dataclasses.replace(
+            cfg, alibi_bias=max_bias, clamp_kqv=clamp or None, qk_norm_full=qk_ln
+        )

@@ -201,13 +201,14 @@ def plain_ffn_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array) -> Array:
 def _full_width_qk_norm(
     ops: Ops, cfg: ModelConfig, w: Any, q: Array, k: Array
 ) -> tuple[Array, Array]:
-    """olmo2's QK norm: q [T, H, hd] and k [T, Hkv, hd] each normalized over all their
-    heads at once (one RMS per row of the whole projection), weights [H*hd] and [Hkv*hd];
-    as llama.cpp's olmo2.cpp norms Qcur/Kcur before reshaping them into heads."""
+    """olmo2's and mpt's QK norm: q [T, H, hd] and k [T, Hkv, hd] each normalized over all
+    their heads at once (one norm per row of the whole projection), weights [H*hd] and
+    [Hkv*hd]: an RMSNorm (olmo2), or the model's LayerNorm with its biases (mpt's qk_ln);
+    as llama.cpp's olmo2.cpp and mpt.cpp norm Qcur/Kcur before reshaping them into heads."""
     T, H, hd = q.shape
     Hkv = k.shape[1]
-    q = ops.rms_norm_(q.reshape(T, H * hd), w.q_norm, cfg.norm_eps).reshape(T, H, hd)
-    k = ops.rms_norm_(k.reshape(T, Hkv * hd), w.k_norm, cfg.norm_eps).reshape(T, Hkv, hd)
+    q = _norm(ops, cfg, q.reshape(T, H * hd), w.q_norm, w.q_norm_b).reshape(T, H, hd)
+    k = _norm(ops, cfg, k.reshape(T, Hkv * hd), w.k_norm, w.k_norm_b).reshape(T, Hkv, hd)
     return q, k
 
 

@@ -215,9 +215,10 @@ class ModelConfig:
     # No pre-norms: each branch reads the residual stream itself (olmo2: no attn_norm or
     # ffn_norm; its post_attn_norm / post_ffn_norm normalize the branch outputs instead).
     no_pre_norm: bool = False
-    # QK norm over the full projection width (olmo2): one RMSNorm over all n_head*hd_k query
-    # columns (weight [n_head*hd_k]) and one over all n_head_kv*hd_k key columns, before the
-    # split into heads. Not per head: qk_norm is the per-head form.
+    # QK norm over the full projection width (olmo2; mpt's qk_ln): one norm over all
+    # n_head*hd_k query columns (weight [n_head*hd_k]) and one over all n_head_kv*hd_k key
+    # columns, before the split into heads; a LayerNorm with its biases when layer_norm.
+    # Not per head: qk_norm is the per-head form.
     qk_norm_full: bool = False
     # BitNet's sub-norms: an RMSNorm on the attention output before o_proj (weight
     # [n_head*hd_v], attn_sub_norm) and on the FFN's gated activation before down (weight

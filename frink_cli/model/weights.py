@@ -110,6 +110,9 @@ class LayerWeights:
     # LayerNorm biases (cfg.layer_norm), where the file has them.
     attn_norm_b: np.ndarray | None = None  # [n_embd]
     ffn_norm_b: np.ndarray | None = None  # [n_embd]
+    # The full-width QK LayerNorms' biases (qk_norm_full with layer_norm: mpt's qk_ln).
+    q_norm_b: np.ndarray | None = None  # [n_head*hd_k]
+    k_norm_b: np.ndarray | None = None  # [n_head_kv*hd_k]
     up: Linear | None = None  # [n_ff, n_embd]: the plain (non-gated) FFN's up projection
     attn_sub_norm: np.ndarray | None = None  # [n_head*hd_v] (cfg.attn_sub_norm, bitnet)
     ffn_sub_norm: np.ndarray | None = None  # [n_ff] (cfg.ffn_sub_norm, bitnet)
@@ -325,7 +328,7 @@ def load_weights(
         n_head, n_ff = shape.n_head, shape.n_ff
         nq = n_head * hk * (2 if cfg.attn_output_gate else 1)  # with a gate: its rows too
         nk, nv = shape.n_head_kv * hk, shape.n_head_kv * hv
-        qkv = wo = q_norm = k_norm = gdn = None
+        qkv = wo = q_norm = k_norm = q_norm_b = k_norm_b = gdn = None
         if shape.mixer == "gdn":
             gdn = _load_gdn(p, cfg, get, names)
         elif shape.mixer == "linear":
@@ -352,6 +355,9 @@ def load_weights(
                     (nk if full else hk,),
                     required=cfg.qk_norm or full,
                 )
+                if full and cfg.layer_norm:
+                    q_norm_b = optional(p + "attn_q_norm.bias", (n_head * hk,))
+                    k_norm_b = optional(p + "attn_k_norm.bias", (nk,))
             wo = fused([(p + "attn_output", d)], n_head * hv)
         gate_up = down = moe = up = None
         if shape.ffn == "moe":
@@ -395,6 +401,8 @@ def load_weights(
             ffn_norm_b=optional(p + f"{cfg.ffn_norm_tensor}.bias", (d,))
             if cfg.layer_norm and ffn_norm
             else None,
+            q_norm_b=q_norm_b,
+            k_norm_b=k_norm_b,
             up=up,
             attn_sub_norm=get(p + "attn_sub_norm.weight", (n_head * hv,))
             if cfg.attn_sub_norm and qkv is not None
