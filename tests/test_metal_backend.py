@@ -282,13 +282,15 @@ def test_random_blocks_of_every_affine_type_dequantize_bit_exactly(qtype, shape)
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    from frink_cli.backends.mlx.quant import affine_stack
+    from frink_cli.backends.mlx.quant import quantized_stack
 
     raw = _random_blocks(
         np.random.default_rng(AFFINE_TYPES.index(qtype)), qtype, int(np.prod(shape))
     )
     want = dequantize(raw, GGMLQuantizationType[qtype]).astype(np.float32).reshape(shape)
-    packed, scales, biases, bits = affine_stack(raw, qtype, shape)
+    q = quantized_stack(raw, qtype, shape)
+    assert q.mode == "affine" and q.biases is not None
+    packed, scales, biases, bits = q.w, q.scales, q.biases, q.bits
     assert bits == {"Q8_0": 8, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5}.get(qtype, 4)
     assert packed.shape == (*shape[:-1], shape[-1] * bits // 32) and scales.shape == (
         *shape[:-1],
@@ -346,7 +348,7 @@ def test_repacked_expert_stack_multiplies_in_place(qtype):
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    from frink_cli.backends.mlx.quant import affine_stack
+    from frink_cli.backends.mlx.quant import quantized_stack
 
     E, out, cols = 4, 16, 512
     raw = _random_blocks(np.random.default_rng(1), qtype, E * out * cols).reshape(-1, 1)
@@ -355,10 +357,9 @@ def test_repacked_expert_stack_multiplies_in_place(qtype):
         blocks[:, off + 1] = (blocks[:, off + 1] & 0x83) | 0x18
     raw = blocks.reshape(-1)
     w = dequantize(raw, GGMLQuantizationType[qtype]).astype(np.float32).reshape(E, out, cols)
-    packed, scales, biases, bits = (
-        mx.array(a) if isinstance(a, np.ndarray) else a
-        for a in affine_stack(raw, qtype, (E, out, cols))
-    )
+    q = quantized_stack(raw, qtype, (E, out, cols))
+    assert q.biases is not None
+    packed, scales, biases, bits = mx.array(q.w), mx.array(q.scales), mx.array(q.biases), q.bits
     x = np.random.default_rng(2).standard_normal((3, 1, cols)).astype(np.float32)
     idx = np.array([2, 0, 3])
     got = mx.gather_qmm(
@@ -379,6 +380,127 @@ def test_repacked_expert_stack_multiplies_in_place(qtype):
         mx.array(x[0]), packed[2], scales[2], biases[2], transpose=True, group_size=32, bits=bits
     )
     assert np.abs(np.asarray(one)[0] - want[0]).max() <= 1e-4 * max(1.0, np.abs(want).max())
+
+
+# --- MXFP4 in MLX's mxfp4 mode --------------------------------------------------------------
+
+
+def _mxfp4_blocks(rng, n_weights: int, lo: int = 2, hi: int = 254) -> np.ndarray:
+    """Random MXFP4 blocks: every code, e8m0 scale bytes in [lo, hi]."""
+    b = rng.integers(0, 256, (n_weights // 32, 17), dtype=np.uint8)
+    b[:, 0] = rng.integers(lo, hi + 1, n_weights // 32)
+    return b.reshape(-1)
+
+
+def _mxfp4_dequantize(q) -> np.ndarray:
+    return np.asarray(
+        mx.dequantize(
+            mx.array(q.w), mx.array(q.scales), group_size=32, bits=4, mode="mxfp4", dtype=mx.float32
+        )
+    )
+
+
+def test_mxfp4_layout_is_mlx_own():
+    # gguf-py's MXFP4 blocks of a matrix mx.quantize holds exactly (every group's largest
+    # magnitude 6 * 2^k, every weight 2^k times an e2m1 value), repacked, must be the very
+    # words and scale bytes mx.quantize(mode="mxfp4") writes: MLX's nibble order, code
+    # table and e8m0 meaning, measured rather than assumed.
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from frink_cli.backends.mlx.quant import quantized_stack
+
+    rng = np.random.default_rng(0)
+    rows, cols = 8, 256
+    e2m1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)
+    w = e2m1[rng.integers(0, 8, (rows, cols))] * rng.choice([-1, 1], (rows, cols))
+    w = w.reshape(rows, cols // 32, 32)
+    w[..., 0] = 6 * rng.choice([-1, 1], (rows, cols // 32))
+    w = (w * 2.0 ** rng.integers(-20, 20, (rows, cols // 32, 1))).reshape(rows, cols)
+    w = w.astype(np.float32)
+    wq, scales = mx.quantize(mx.array(w), group_size=32, bits=4, mode="mxfp4")
+    raw = quantize(w, GGMLQuantizationType.MXFP4).reshape(-1).view(np.uint8)
+    q = quantized_stack(raw, "MXFP4", (rows, cols))
+    assert np.array_equal(q.w, np.asarray(wq)) and np.array_equal(q.scales, np.asarray(scales))
+    assert np.array_equal(_mxfp4_dequantize(q), w)
+
+
+@pytest.mark.parametrize("shape", [(16, 512), (3, 8, 768)], ids=["2d", "expert-stack"])
+def test_random_mxfp4_blocks_dequantize_bit_exactly(shape):
+    # Every code in every nibble, every scale byte MLX and ggml agree on (2..254, up to
+    # infinities), and all-zero blocks with bytes 0 and 1: MLX's dequantize of the repack is
+    # gguf-py's dequantize of the bytes, f32 bit for bit (zeros' signs included).
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from frink_cli.backends.mlx.quant import quantized_stack
+
+    rng = np.random.default_rng(3)
+    raw = _mxfp4_blocks(rng, int(np.prod(shape))).reshape(-1, 17)
+    zero = rng.random(len(raw)) < 0.1  # all-zero codes (0 and 8) under bytes 0 and 1
+    raw[zero, 0] = rng.integers(0, 2, int(zero.sum()))
+    raw[zero, 1:] = rng.choice(np.array([0x00, 0x08, 0x80, 0x88], np.uint8), (int(zero.sum()), 16))
+    raw = raw.reshape(-1)
+    with np.errstate(over="ignore"):  # 6 * 2^127: infinities, on both sides
+        want = dequantize(raw, GGMLQuantizationType.MXFP4).astype(np.float32).reshape(shape)
+    q = quantized_stack(raw, "MXFP4", shape)
+    assert q.mode == "mxfp4" and q.bits == 4 and q.biases is None
+    assert q.w.shape == (*shape[:-1], shape[-1] // 8) and q.scales.dtype == np.uint8
+    assert q.scales.shape == (*shape[:-1], shape[-1] // 32)
+    got = _mxfp4_dequantize(q)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize(
+    "scale, codes",
+    [(255, 0x00), (255, 0x21), (0, 0x10), (1, 0x90)],
+    ids=["255-zeros", "255", "0-subnormal", "1-subnormal"],
+)
+def test_mxfp4_blocks_mlx_would_misread_are_refused(scale, codes):
+    # Scale byte 255 is NaN to MLX (2^127, or 0 over zero codes, to ggml); bytes 0 and 1 over
+    # non-zero codes are subnormal weights a GPU may flush. One such block refuses the tensor.
+    from frink_cli.backends.mlx.quant import NotExact, quantized_stack
+
+    raw = _mxfp4_blocks(np.random.default_rng(4), 4 * 128).reshape(-1, 17)
+    raw[5, 0], raw[5, 1:] = scale, 0
+    raw[5, 9] = codes
+    with pytest.raises(NotExact):
+        quantized_stack(raw.reshape(-1), "MXFP4", (4, 128))
+
+
+def test_mxfp4_expert_stack_multiplies_in_place():
+    # A 3-D MXFP4 stack straight into gather_qmm (the MoE graph's call, mode="mxfp4") and
+    # quantized_matmul: the product of gguf-py's dequantized experts.
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from frink_cli.backends.mlx.quant import quantized_stack
+
+    E, out, cols = 4, 16, 512
+    raw = _mxfp4_blocks(np.random.default_rng(5), E * out * cols, 118, 124)
+    w = dequantize(raw, GGMLQuantizationType.MXFP4).astype(np.float32).reshape(E, out, cols)
+    q = quantized_stack(raw, "MXFP4", (E, out, cols))
+    packed, scales = mx.array(q.w), mx.array(q.scales)
+    x = np.random.default_rng(6).standard_normal((3, 1, cols)).astype(np.float32)
+    idx = np.array([2, 0, 3])
+    got = mx.gather_qmm(
+        mx.array(x),
+        packed,
+        scales,
+        None,
+        rhs_indices=mx.array(idx),
+        transpose=True,
+        group_size=32,
+        bits=4,
+        mode="mxfp4",
+    )
+    want = np.einsum("bk,bok->bo", x[:, 0].astype(np.float64), w[idx].astype(np.float64))
+    tol = 1e-5 * max(1.0, np.abs(want).max())
+    assert np.abs(np.asarray(got).reshape(3, out) - want).max() <= tol
+    one = mx.quantized_matmul(
+        mx.array(x[0]), packed[2], scales[2], transpose=True, group_size=32, bits=4, mode="mxfp4"
+    )
+    assert np.abs(np.asarray(one)[0] - want[0]).max() <= tol
 
 
 def test_window_caches_on_metal_match_the_host_over_full_caches(tiny_model):

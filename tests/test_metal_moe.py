@@ -2,7 +2,8 @@
 
 The tiny MoE fixtures are F32; here a copy of each is written with its expert stacks (and
 the shared expert and attention projections) requantized by gguf-py into Q8_0 / Q4_0 /
-Q4_1 blocks, so the backend's resident-quantized path is what runs. The host body
+Q4_1 / MXFP4 blocks, so the backend's resident-quantized path (MLX's affine and mxfp4
+modes) is what runs. The host body
 dequantizes those same blocks, and the host body itself is held to transformers and
 llama.cpp elsewhere (test_parity_tiny.py, test_moe.py), so the bar here is the two
 computing one model: logits within 1e-4 over a prefill and greedy decode steps, one
@@ -62,11 +63,14 @@ def requantize(src: Path, dst: Path, types: dict[str, str]) -> None:
 
 
 # (fixture, what its expert stacks become). "mixed" gives gate, up and down three different
-# block types, so gate and up cannot share one fused stack on the device.
+# block types, so gate and up cannot share one fused stack on the device; "mixed-mxfp4"
+# puts MLX's two modes side by side (stacks, and parts of one fused q/k/v).
 CASES = [
     ("qwen3moe", "Q8_0"),
     ("qwen3moe", "Q4_0"),
     ("qwen3moe", "mixed"),
+    ("qwen3moe", "MXFP4"),
+    ("qwen3moe", "mixed-mxfp4"),
     ("qwen35moe", "Q4_0"),
     ("qwen3next", "Q8_0"),
 ]
@@ -82,7 +86,22 @@ def _types(kind: str) -> dict[str, str]:
             "ffn_down_exps": "Q4_1",
             **{k: "Q4_1" for k in OTHERS},
         }
+    if kind == "mixed-mxfp4":
+        return {
+            "ffn_gate_exps": "MXFP4",
+            "ffn_up_exps": "Q8_0",
+            "ffn_down_exps": "MXFP4",
+            **{k: "MXFP4" for k in OTHERS},
+            "attn_v.": "Q8_0",
+        }
     return {k: kind for k in EXPERT_STACKS + OTHERS}
+
+
+def _held_as(qtype: str) -> str:
+    """How tensor_held begins for a tensor of `qtype` kept in the file's blocks."""
+    return {"MXFP4": "quantized mxfp4 4-bit", "Q8_0": "quantized 8-bit"}.get(
+        qtype, "quantized 4-bit"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -150,19 +169,31 @@ def test_quantized_moe_matches_host(quantized_copy, tiny_model, gather_calls, na
     for i in range(cfg.n_layer):
         for stack in EXPERT_STACKS:
             n = f"blk.{i}.{stack}.weight"
-            bits = 8 if types[stack] == "Q8_0" else 4
-            assert backend.tensor_held[n].startswith(f"quantized {bits}-bit"), (
+            assert backend.tensor_held[n].startswith(_held_as(types[stack])), (
                 n,
                 backend.tensor_held[n],
             )
     stacks = _expert_arrays(backend)
-    assert len(stacks) == n_moe * (3 if kind == "mixed" else 2)
+    assert len(stacks) == n_moe * (3 if kind.startswith("mixed") else 2)
     for s in stacks:
         assert s.w.dtype == mx.uint32 and s.w.ndim == 3 and s.w.shape[0] == cfg.moe.n_expert
         cols = s.w.shape[2] * 32 // s.bits
-        assert s.scales.shape == s.biases.shape == (*s.w.shape[:2], cols // 32)
+        assert s.scales.shape == (*s.w.shape[:2], cols // 32)
+        if s.mode == "mxfp4":  # e8m0 exponent bytes, no biases
+            assert s.scales.dtype == mx.uint8 and s.biases is None and s.bits == 4
+        else:
+            assert s.mode == "affine" and s.biases.shape == s.scales.shape
+    modes = {s.mode for s in stacks}
+    assert modes == {"MXFP4": {"mxfp4"}, "mixed-mxfp4": {"mxfp4", "affine"}}.get(
+        kind, {"affine"}
+    ), modes
+    if kind == "mixed-mxfp4":
+        qkv = backend.layers[0].qkv  # q/k MXFP4 beside a Q8_0 v: one part per mode
+        assert [p.mode for p in qkv.parts] == ["mxfp4", "affine"], qkv.parts
     f32_bytes = n_moe * cfg.moe.n_expert * 3 * cfg.moe.n_ff_exp * cfg.n_embd * 4
-    held = sum(s.w.nbytes + s.scales.nbytes + s.biases.nbytes for s in stacks)
+    held = sum(
+        s.w.nbytes + s.scales.nbytes + (0 if s.biases is None else s.biases.nbytes) for s in stacks
+    )
     assert held < 0.45 * f32_bytes  # 8-bit: 0.31 of f32 (scales and biases are f32)
     if cfg.moe.n_ff_shexp:
         assert backend.layers[-1].moe.gate_up_shexp.scales is not None
@@ -266,23 +297,32 @@ MIXED_FUSIONS = {
     "ffn_gate.weight": "Q4_0",
     "ffn_up.weight": "Q8_0",
 }
+# The same with MLX's mxfp4 mode beside its affine one in each fusion.
+MIXED_MXFP4_FUSIONS = {**MIXED_FUSIONS, "attn_q.weight": "MXFP4", "attn_k.weight": "MXFP4"}
+MIXED_MXFP4_FUSIONS["ffn_gate.weight"] = "MXFP4"
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2"])
-def test_mixed_type_fusions_stay_quantized(tiny_model, tmp_path, name):
+@pytest.mark.parametrize(
+    "name, fusions",
+    [("llama", MIXED_FUSIONS), ("qwen2", MIXED_FUSIONS), ("llama", MIXED_MXFP4_FUSIONS)],
+    ids=["llama", "qwen2", "llama-mxfp4"],
+)
+def test_mixed_type_fusions_stay_quantized(tiny_model, tmp_path, name, fusions):
     path = tmp_path / f"{name}-mixed.gguf"
-    requantize(tiny_model(name).gguf, path, MIXED_FUSIONS)
+    requantize(tiny_model(name).gguf, path, fusions)
     host = frink_cli.load(path)
     dev = frink_cli.load(path, backend="metal")
     backend = dev.decoder.backend
     for i, layer in enumerate(backend.layers):
-        for key, qtype in MIXED_FUSIONS.items():
+        for key, qtype in fusions.items():
             how = backend.tensor_held[f"blk.{i}.{key}"]
-            assert how.startswith(f"quantized {8 if qtype == 'Q8_0' else 4}-bit"), (i, key, how)
+            assert how.startswith(_held_as(qtype)), (i, key, how)
         # q and k (one type) share a part; v, gate and up are their own.
         for lin, n_parts in ((layer.qkv, 2), (layer.gate_up, 2)):
             assert len(lin.parts) == n_parts
             assert all(part.w.dtype == mx.uint32 and part.scales is not None for part in lin.parts)
+            first = fusions[lin.parts[0].sources[0].split(".", 2)[2]]  # q's type, or gate's
+            assert lin.parts[0].mode == ("mxfp4" if first == "MXFP4" else "affine")
         assert (layer.qkv.bias is not None) == (name == "qwen2")
 
     ids = tiny_model(name).ref["tokens"][:16]

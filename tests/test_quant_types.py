@@ -30,6 +30,11 @@ What is checked, per type:
        fixtures; the bar is 0.8 absolute. It also requires frink to agree with it at
        least as often as llama.cpp's own f32 run of the same weights does (less 2 positions),
        so the flips are llama.cpp's rounding, not frink's.
+     On metal, a type the device keeps in the file's blocks (QUANTIZED_TYPES: the affine
+     ones and MXFP4, MLX's mxfp4 mode) must be held that way, not as f32, for the logits to
+     say anything about the quantized path.
+  3. MXFP4's repack for MLX's mxfp4 mode: MLX's dequantize of it equals gguf-py's of the same
+     bytes bit for bit, and a tensor holding blocks MLX cannot reproduce goes dense, named.
 """
 
 from __future__ import annotations
@@ -222,10 +227,152 @@ def test_metal_agrees_with_llama_cpp(qtype: str, quant_file: Callable) -> None:
     assert m.backend_name == "metal"
     got = m.logits([int(t) for t in q.ref["tokens"]])
     _check_logits(got, q, f"{qtype} metal")
-    ledger = m.decoder.backend.ledger
+    backend = m.decoder.backend
+    ledger = backend.ledger
     assert ledger.total() > 0, f"{qtype} metal: the device ran nothing"
     assert not ledger.failures, f"{qtype} metal: launches failed: {dict(ledger.failures)}"
     assert not ledger.refusals, f"{qtype} metal: layers refused: {dict(ledger.refusals)}"
+    _check_held(backend, q.path, qtype)
+
+
+def _device_linears(backend) -> list:
+    """Every resident DeviceLinear of the backend's layers and lm head, fused parts split."""
+    from dataclasses import fields, is_dataclass
+
+    from frink_cli.backends.mlx.graph import DeviceLinear
+
+    found: list[DeviceLinear] = []
+
+    def walk(v) -> None:
+        if isinstance(v, DeviceLinear):
+            found.extend(v.parts or (v,))
+        elif is_dataclass(v) and not isinstance(v, type):
+            for f in fields(v):
+                walk(getattr(v, f.name))
+
+    for layer in backend.layers:
+        walk(layer)
+    walk(backend.head[1])
+    return found
+
+
+def _check_held(backend, path: Path, qtype: str) -> None:
+    """A type the device keeps quantized is held in the file's blocks, every matrix the
+    device multiplies (all but the host's embedding table): its integers, not f32."""
+    import mlx.core as mx
+
+    from frink_cli.backends.mlx.quant import QUANTIZED_TYPES
+
+    if qtype not in QUANTIZED_TYPES:
+        return
+    ckpt = open_checkpoint(path)
+    matrices = {
+        n
+        for n in ckpt.tensors.names()
+        if len(ckpt.tensors.info(n).shape) == 2 and n != "token_embd.weight"
+    }
+    held = backend.tensor_held
+    assert matrices <= held.keys(), sorted(matrices - held.keys())
+    mode = "mxfp4" if qtype == "MXFP4" else "affine"
+    for n in matrices:
+        assert held[n].startswith("quantized " + ("mxfp4 " if mode == "mxfp4" else "")), (
+            n,
+            held[n],
+        )
+    linears = _device_linears(backend)
+    assert {n for lin in linears for n in lin.sources} == matrices
+    for lin in linears:
+        assert lin.mode == mode and lin.w.dtype == mx.uint32, (lin.sources, lin.mode, lin.w.dtype)
+        if mode == "mxfp4":
+            assert lin.scales.dtype == mx.uint8 and lin.biases is None, lin.sources
+
+
+# --- 3. MXFP4 in MLX's mxfp4 mode -------------------------------------------------------
+
+
+def test_mxfp4_repack_dequantizes_on_mlx_as_gguf_py(quant_file: Callable) -> None:
+    # Every MXFP4 tensor llama.cpp wrote, repacked for the device: MLX's own dequantize of
+    # the repacked words and e8m0 bytes is gguf-py's dequantize of the file's bytes, f32 bit
+    # for bit (the sign of zeros included).
+    mx = pytest.importorskip("mlx.core")
+    from gguf import GGUFReader
+
+    from frink_cli.backends.mlx.quant import quantized_stack
+
+    q = quant_file("MXFP4")
+    ckpt = open_checkpoint(q.path)
+    checked = 0
+    for t in GGUFReader(q.path).tensors:
+        if t.tensor_type != T.MXFP4:
+            continue
+        shape = tuple(ckpt.tensors.info(t.name).shape)
+        want = np.asarray(dequantize(t.data, t.tensor_type), np.float32).reshape(shape)
+        r = quantized_stack(ckpt.tensors.raw(t.name)[2], "MXFP4", shape)
+        assert r.mode == "mxfp4" and r.bits == 4 and r.biases is None
+        assert r.w.dtype == np.uint32 and r.w.shape == (*shape[:-1], shape[-1] // 8)
+        assert r.scales.dtype == np.uint8 and r.scales.shape == (*shape[:-1], shape[-1] // 32)
+        got = mx.dequantize(
+            mx.array(r.w),
+            mx.array(r.scales),
+            group_size=32,
+            bits=4,
+            mode="mxfp4",
+            dtype=mx.float32,
+        )
+        got = np.asarray(got)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), t.name
+        checked += 1
+    assert checked == 16
+
+
+def _patch_first_block(path: Path, name: str, block: bytes) -> None:
+    """Overwrite the first 17-byte MXFP4 block of tensor `name` in the file at `path`."""
+    from gguf import GGUFReader
+
+    t = next(t for t in GGUFReader(path).tensors if t.name == name)
+    assert t.tensor_type == T.MXFP4 and len(block) == 17
+    with path.open("r+b") as f:
+        f.seek(int(t.data_offset))
+        f.write(block)
+
+
+def test_mxfp4_blocks_mlx_cannot_reproduce_stay_dense(quant_file: Callable, tmp_path) -> None:
+    # Two blocks where MLX's mxfp4 and ggml part ways: an e8m0 byte of 255 over zero codes
+    # (0 to ggml, NaN * 0 to MLX) and a byte of 0 over non-zero codes (subnormal weights,
+    # which a GPU may flush). Their fused matrices are held dense, each naming why; every
+    # other matrix stays mxfp4, and the model is still the host body's.
+    pytest.importorskip("mlx.core")
+    q = quant_file("MXFP4")
+    path = tmp_path / "edges.gguf"
+    path.write_bytes(q.path.read_bytes())
+    _patch_first_block(path, "blk.0.attn_k.weight", bytes([255]) + bytes(16))
+    _patch_first_block(path, "blk.1.ffn_down.weight", bytes([0]) + bytes(range(1, 17)))
+    tokens = [int(t) for t in q.ref["tokens"]]
+    want = frink_cli.load(path).logits(tokens)
+    m = frink_cli.load(path, backend="metal")
+    got = m.logits(tokens)
+    assert np.all(np.isfinite(got)) and np.abs(got - want).max() <= 1e-4
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    backend = m.decoder.backend
+    ledger = backend.ledger
+    assert ledger.total() > 0 and not ledger.failures and not ledger.refusals
+    held = backend.tensor_held
+    dense = {
+        **{
+            f"blk.0.attn_{x}.weight": "blk.0.attn_k.weight has an e8m0 scale byte of 255"
+            for x in "qkv"
+        },
+        "blk.1.ffn_down.weight": "blk.1.ffn_down.weight has subnormal weights",
+    }
+    for n, why in dense.items():
+        assert held[n].startswith(f"f32 (dequantized at load: {why}"), (n, held[n])
+    others = [n for n in held if n not in dense]
+    assert len(others) == 11 and all(held[n].startswith("quantized mxfp4") for n in others)
+    modes = {n: lin.mode for lin in _device_linears(backend) for n in lin.sources}
+    assert all(modes[n] == "mxfp4" for n in others)
+    assert all(
+        lin.scales is None for lin in _device_linears(backend) if set(lin.sources) & dense.keys()
+    )
 
 
 # --- frink info ---------------------------------------------------------------------------

@@ -1,13 +1,13 @@
 """MlxBackend: runs of layers (and the lm head) as compiled MLX graphs, one eval each.
 
-Weights are uploaded once at bind() and stay resident: Q4_0/Q4_1/Q8_0 tensors as MLX
-affine-quantized integers taken from the file's own blocks (quant.py), F16/BF16 as they
-are, everything else as the host body's f32. MoE expert stacks follow the same rule and
-are multiplied in place (graph.DeviceExperts), never gathered per token. A run's K/V are
-attended on the device from a per-sequence mirror of the host cache; the host cache stays
-authoritative: every new K/V row comes back with the run's output in the same transfer and
-is written to it, and a mirror layer whose length differs from the host's is re-uploaded
-before use.
+Weights are uploaded once at bind() and stay resident: Q4_0..Q8_0, Q4_K, Q5_K tensors as
+MLX affine-quantized integers and MXFP4 as MLX's mxfp4, both taken from the file's own
+blocks (quant.py), F16/BF16 as they are, everything else as the host body's f32. MoE expert
+stacks follow the same rule and are multiplied in place (graph.DeviceExperts), never
+gathered per token. A run's K/V are attended on the device from a per-sequence mirror of
+the host cache; the host cache stays authoritative: every new K/V row comes back with the
+run's output in the same transfer and is written to it, and a mirror layer whose length
+differs from the host's is re-uploaded before use.
 
 A submission is one mx.eval. Each run makes exactly one; its results are then read with
 np.asarray, which copies already-evaluated memory and does not synchronize again.
@@ -30,7 +30,7 @@ from ..base import DeviceBackend
 from . import graph
 from .eligibility import layer_refusals
 from .graph import MLX_OPS
-from .quant import QUANTIZED_TYPES, affine_stack, device_format
+from .quant import QUANTIZED_TYPES, NotExact, Quantized, device_format, quantized_stack
 
 _MIN_CAPACITY = 256
 # Rows per prefill submission. A GDN layer's recurrence is unrolled row by row in the
@@ -61,6 +61,8 @@ class MlxBackend(DeviceBackend):
         super().__init__(cfg)
         self.tensor_choice: dict[str, str] = {}  # per source type: how the device holds it
         self.tensor_held: dict[str, str] = {}  # per source tensor the device holds: how
+        # Tensors of a QUANTIZED_TYPES type whose blocks MLX would not reproduce: why dense.
+        self._not_exact: dict[str, str] = {}
         self._names: set[str] | None = None
         self._compiled: dict[tuple, object] = {}
 
@@ -85,10 +87,10 @@ class MlxBackend(DeviceBackend):
             )
         return self._names
 
-    def _quantized(self, names: list[str]):
-        """(packed, scales, biases, bits, dtype) of the tensors `names` stacked along their
-        output rows (axis -2; a 1-D tensor is one row), kept in the file's own blocks; None
-        unless they all exist with one type MLX's affine format holds exactly (quant.py)."""
+    def _quantized(self, names: list[str]) -> Quantized | None:
+        """The tensors `names` stacked along their output rows (axis -2; a 1-D tensor is one
+        row), kept in the file's own blocks; None unless they all exist with one type one of
+        MLX's quantized layouts holds exactly (quant.py), every block of them included."""
         src = self.checkpoint.tensors if self.checkpoint is not None else None
         if (
             src is None
@@ -101,14 +103,35 @@ class MlxBackend(DeviceBackend):
         if len(dtypes) != 1 or not dtypes <= set(QUANTIZED_TYPES):
             return None
         dtype = dtypes.pop()
-        parts = [affine_stack(src.raw(n)[2], dtype, tuple(src.info(n).shape)) for n in names]
-        if len({p[0].ndim for p in parts}) != 1:
+        parts = []
+        for n in names:
+            try:
+                parts.append(quantized_stack(src.raw(n)[2], dtype, tuple(src.info(n).shape)))
+            except NotExact as e:
+                # The whole fused matrix goes dense: its parts are one matmul.
+                for m in names:
+                    self._not_exact[m] = f"f32 (dequantized at load: {n} has {e})"
+                return None
+        if len({p.w.ndim for p in parts}) != 1:
             return None
-        packed, scales, biases = (np.concatenate([p[j] for p in parts], axis=-2) for j in range(3))
         for n in names:
             self.tensor_held[n] = device_format(dtype)
         self.tensor_choice[dtype] = device_format(dtype)
-        return packed, scales, biases, parts[0][3], dtype
+        if len(parts) == 1:
+            return parts[0]
+        biases = [p.biases for p in parts if p.biases is not None]
+        return Quantized(
+            np.concatenate([p.w for p in parts], axis=-2),
+            np.concatenate([p.scales for p in parts], axis=-2),
+            np.concatenate(biases, axis=-2) if biases else None,
+            parts[0].bits,
+            parts[0].mode,
+        )
+
+    @staticmethod
+    def _resident(q: Quantized) -> tuple[mx.array, mx.array, mx.array | None]:
+        """(w, scales, biases) of `q` as device arrays (no biases in mxfp4)."""
+        return mx.array(q.w), mx.array(q.scales), None if q.biases is None else mx.array(q.biases)
 
     def _dense_kind(self, names: list[str]) -> str | None:
         """The one source type of `names` ("mixed" when they differ), recorded as held dense;
@@ -118,8 +141,9 @@ class MlxBackend(DeviceBackend):
         dtypes = [self.checkpoint.tensors.info(n).dtype for n in names]
         kind = dtypes[0] if len(set(dtypes)) == 1 else "mixed"
         for n, d in zip(names, dtypes):
-            # A type that maps onto MLX's format but sits in a mixed fused matrix goes dense.
-            how = (
+            # A type that maps onto MLX's format but sits in a mixed fused matrix goes dense,
+            # as does one whose blocks MLX would not reproduce.
+            how = self._not_exact.get(n) or (
                 device_format(d)
                 if d not in QUANTIZED_TYPES or kind == d
                 else "f32 (dequantized at load; fused with other types)"
@@ -153,9 +177,8 @@ class MlxBackend(DeviceBackend):
             return graph.DeviceLinear(None, bias=b, parts=tuple(parts), sources=tuple(names))
         q = self._quantized(names)
         if q is not None:
-            packed, scales, biases, bits, _ = q
             return graph.DeviceLinear(
-                mx.array(packed), mx.array(scales), mx.array(biases), bits, b, sources=tuple(names)
+                *self._resident(q), q.bits, b, sources=tuple(names), mode=q.mode
             )
         kind = self._dense_kind(names)  # None: no single source tensor to map
         if kind == "F16":
@@ -172,8 +195,7 @@ class MlxBackend(DeviceBackend):
         the file's float type, else the host's f32."""
         q = self._quantized(names)
         if q is not None:
-            packed, scales, biases, bits, _ = q
-            return graph.DeviceExperts(mx.array(packed), mx.array(scales), mx.array(biases), bits)
+            return graph.DeviceExperts(*self._resident(q), q.bits, q.mode)
         kind = self._dense_kind(names)
         w = np.ascontiguousarray(dense)
         if kind in ("F16", "BF16") and mx.default_device() != mx.gpu:

@@ -18,11 +18,11 @@ import mlx.core as mx
 
 @dataclass
 class DeviceLinear:
-    """[out, in] weight: dense (w) or MLX-affine quantized (w packed, scales, biases), or
-    (parts) a fused linear whose source tensors differ in type: each part holds a run of
-    source tensors of one type by that type's rule, and their outputs concatenate along the
-    last axis in the host's fused row order, so a Q4_K q/k beside a Q6_K v keeps q/k
-    quantized."""
+    """[out, in] weight: dense (w) or MLX-quantized (w packed, scales, and biases in `mode`
+    "affine"; no biases in "mxfp4", whose scales are e8m0 bytes), or (parts) a fused linear
+    whose source tensors differ in type: each part holds a run of source tensors of one type
+    by that type's rule, and their outputs concatenate along the last axis in the host's
+    fused row order, so a Q4_K q/k beside a Q6_K v keeps q/k quantized."""
 
     w: mx.array | None
     scales: mx.array | None = None
@@ -31,6 +31,7 @@ class DeviceLinear:
     bias: mx.array | None = None  # the layer's additive bias, not the quantization bias
     parts: tuple[DeviceLinear, ...] = ()
     sources: tuple[str, ...] = ()  # the file's tensors whose rows these are
+    mode: str = "affine"  # MLX's quantization mode, when quantized
 
     def __call__(self, x: mx.array) -> mx.array:
         if self.parts:
@@ -46,6 +47,7 @@ class DeviceLinear:
                     transpose=True,
                     group_size=32,
                     bits=self.bits,
+                    mode=self.mode,
                 )
             else:
                 y = x @ self.w.T
@@ -64,8 +66,9 @@ class DeviceGdn:
 
 @dataclass
 class DeviceExperts:
-    """A resident stack of expert matrices [E, out, in]: dense (w), or MLX-affine quantized
-    (w packed [E, out, in*bits/32], scales and biases [E, out, in/32]).
+    """A resident stack of expert matrices [E, out, in]: dense (w), or MLX-quantized (w packed
+    [E, out, in*bits/32], scales [E, out, in/32], and biases like them in `mode` "affine";
+    none in "mxfp4").
 
     Called with rows x [..., 1, in] and the expert each row goes to, ids [...], it returns
     [..., 1, out] through gather_mm / gather_qmm, which read the chosen experts' weights
@@ -77,6 +80,7 @@ class DeviceExperts:
     scales: mx.array | None = None
     biases: mx.array | None = None
     bits: int = 0
+    mode: str = "affine"
 
     def __call__(self, x: mx.array, ids: mx.array, sorted_ids: bool) -> mx.array:
         if self.scales is not None:
@@ -89,6 +93,7 @@ class DeviceExperts:
                 transpose=True,
                 group_size=32,
                 bits=self.bits,
+                mode=self.mode,
                 sorted_indices=sorted_ids,
             )
         wt = self.w.swapaxes(-1, -2)  # a transposed view, as matmul's w.T

@@ -1,4 +1,4 @@
-"""GGUF blocks -> MLX affine quantization, bit for bit, where the formats coincide.
+"""GGUF blocks -> MLX's quantized layouts (affine, mxfp4), bit for bit, where they coincide.
 
 MLX's affine format stores per group of `group_size` weights one scale and one bias,
 w = scale * q + bias, with q packed little-endian into uint32 words (a continuous bit
@@ -16,6 +16,20 @@ rounds once, at the same place gguf-py's d * q - dm does: dequantize is bit-exac
 Q6_K, Q3_K and Q2_K scale sub-blocks of 16, which no MLX group size (32/64/128) holds, so
 they (and any other type) are uploaded dense.
 
+MXFP4 is MLX's mode="mxfp4": per 32 weights one e8m0 exponent byte and 32 e2m1 codes
+(sign bit 3, magnitude bits 0-2), the codes packed 4 bits each in the same little-endian
+stream as affine 4-bit, the scale byte e meaning 2^(e - 127) (measured with mx.quantize and
+mx.dequantize, not assumed). ggml's block is the byte e then 16 bytes of nibbles in the
+order of every 32-weight GGUF block; its dequantization is ggml_e8m0_to_fp32_half(e) =
+2^(e - 128) times a table of doubled e2m1 values, which is the same 2^(e - 127) * e2m1:
+the byte carries over unchanged. Three places differ, and each is handled, never guessed:
+  - code 8 is +0 in ggml's table and -0 in e2m1: it is written as code 0, so even the sign
+    of a zero matches;
+  - e = 255 is NaN to MLX and 2^127 to ggml: such a tensor is not kept quantized;
+  - e = 0 or 1 with a non-zero code gives subnormal weights, which MLX's CPU device keeps
+    but a GPU may flush to zero: such a tensor is not kept quantized either (ggml's rule
+    writes e < 2 only for a block of zeros, exact everywhere, or of weights below 2^-123).
+
 Expert stacks ([n_expert, out, in], ffn_*_exps) follow the same rule: a mappable type stays
 in the file's blocks, repacked per row exactly as a 2-D tensor's, and the MoE graph
 multiplies the chosen experts in place (gather_qmm / gather_mm) without copying them.
@@ -23,13 +37,15 @@ multiplies the chosen experts in place (gather_qmm / gather_mm) without copying 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-QUANTIZED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K")
+QUANTIZED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "MXFP4")
 GROUP = 32
 QK_K = 256  # weights per K-quant super-block
 
-_BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q8_0": 8}
+_BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q8_0": 8, "MXFP4": 4}
 # Bytes per block; a K-quant block covers QK_K weights, the others GROUP.
 _BLOCK_BYTES = {
     "Q4_0": 18,
@@ -39,7 +55,18 @@ _BLOCK_BYTES = {
     "Q8_0": 34,
     "Q4_K": 2 + 2 + 12 + QK_K // 2,
     "Q5_K": 2 + 2 + 12 + QK_K // 8 + QK_K // 2,
+    "MXFP4": 1 + GROUP // 2,
 }
+
+
+def mode(dtype: str) -> str:
+    """The MLX quantization mode a QUANTIZED_TYPES type is held in."""
+    return "mxfp4" if dtype == "MXFP4" else "affine"
+
+
+class NotExact(ValueError):
+    """A tensor of a QUANTIZED_TYPES type whose blocks MLX's layout would not reproduce
+    exactly; the device holds it dense instead (the message says why)."""
 
 
 # Why each GGUF type outside QUANTIZED_TYPES is not kept in its blocks on the device (what
@@ -54,7 +81,6 @@ _DEQUANTIZED_WHY = {
         ("TQ1_0", "TQ2_0"),
         "ternary, base-3 packed (TQ1_0) or with a 256-weight scale (TQ2_0): no MLX layout",
     ),
-    "MXFP4": "e2m1 values with e8m0 scales; MLX's mxfp4 mode is not wired to it yet",
     "NVFP4": "e2m1 values with fp8 scales per 16; no MLX layout",
     # (2-bit affine codes {0, 1} with scale 2d and bias -d at group size 128 would hold it
     # exactly; the device linears are wired for group 32 only.)
@@ -65,6 +91,12 @@ _DEQUANTIZED_WHY = {
 def device_format(dtype: str) -> str:
     """How the metal backend holds a tensor of GGUF/safetensors type `dtype` (expert stacks
     included: `frink info --backend metal` lists this per type)."""
+    if dtype == "MXFP4":
+        return (
+            f"quantized mxfp4 4-bit, group {GROUP} (the file's own e2m1 codes and e8m0 scales;"
+            " expert stacks too, multiplied in place by gather_qmm; a tensor with an e8m0"
+            " scale of 255 or subnormal weights is dequantized)"
+        )
     if dtype in QUANTIZED_TYPES:
         return (
             f"quantized {_BITS[dtype]}-bit, group {GROUP} (the file's own blocks;"
@@ -143,6 +175,23 @@ def affine_from_blocks(raw: np.ndarray, dtype: str, rows: int, cols: int):
     return q.reshape(rows, cols), d, bias, 5
 
 
+def mxfp4_from_blocks(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """(codes uint8 [rows, cols], e8m0 scales uint8 [rows, cols/32]) of one MXFP4 tensor in
+    MLX's mxfp4 terms; NotExact where MLX would not read back ggml's values (module doc)."""
+    blocks = raw.reshape(rows, cols // GROUP, _BLOCK_BYTES["MXFP4"])
+    e = blocks[..., 0]
+    q = _nibbles(blocks[..., 1:])
+    if (e == 255).any():
+        raise NotExact("an e8m0 scale byte of 255 (NaN to MLX's mxfp4, 2^127 to ggml)")
+    if ((e < 2) & ((q & 0x7) != 0).any(axis=-1)).any():
+        raise NotExact(
+            "subnormal weights (e8m0 scale byte 0 or 1 with non-zero codes), which a GPU may"
+            " flush to zero"
+        )
+    q = np.where(q == 8, np.uint8(0), q)  # ggml's +0; e2m1's code 8 is -0
+    return q.reshape(rows, cols), np.ascontiguousarray(e)
+
+
 def pack(q: np.ndarray, bits: int) -> np.ndarray:
     """uint8 values [rows, cols] -> uint32 words [rows, cols*bits/32]: MLX's layout, value i
     of a row at bits [i*bits, (i+1)*bits) of the row's little-endian bit stream."""
@@ -159,30 +208,52 @@ def pack(q: np.ndarray, bits: int) -> np.ndarray:
     return np.ascontiguousarray(by).reshape(rows, -1).view("<u4").astype(np.uint32)
 
 
-# Rows converted per step by affine_stack: bounds the uint8/uint32 temporaries of a large
+# Rows converted per step by quantized_stack: bounds the uint8/uint32 temporaries of a large
 # expert stack (a 128-expert stack is hundreds of millions of weights) to a few tens of MB.
 _CHUNK_WEIGHTS = 1 << 22
 
 
-def affine_stack(raw: np.ndarray, dtype: str, shape: tuple[int, ...]):
+@dataclass(frozen=True)
+class Quantized:
+    """A tensor (or several stacked along their rows) in one of MLX's quantized layouts, as
+    mx.quantized_matmul / mx.gather_qmm take it with group_size GROUP."""
+
+    w: np.ndarray  # uint32 [..., cols*bits/32]
+    scales: np.ndarray  # [..., cols/32]: f32 (affine), uint8 e8m0 exponents (mxfp4)
+    biases: np.ndarray | None  # f32 like scales (affine); None (mxfp4)
+    bits: int
+    mode: str  # "affine" or "mxfp4"
+
+
+def quantized_stack(raw: np.ndarray, dtype: str, shape: tuple[int, ...]) -> Quantized:
     """One tensor of a QUANTIZED_TYPES type, any rank (rows along the last axis, as GGUF
-    stores them) -> (packed uint32 [*shape[:-1], cols*bits/32], scales f32
-    [*shape[:-1], cols/32], biases f32, bits). A 1-D tensor is one row. Same integers as
-    affine_from_blocks + pack of the 2-D view [prod(shape[:-1]), cols], converted a slab of
-    rows at a time."""
+    stores them) -> its Quantized form, leading axes kept (a 1-D tensor is one row). Same
+    integers as affine_from_blocks / mxfp4_from_blocks + pack of the 2-D view
+    [prod(shape[:-1]), cols], converted a slab of rows at a time. NotExact when an MXFP4
+    tensor holds blocks MLX cannot reproduce."""
     cols = shape[-1]
     lead = tuple(shape[:-1]) or (1,)
     rows = int(np.prod(lead))
     bits = _BITS[dtype]
+    how = mode(dtype)
     per_block = QK_K if dtype.endswith("_K") else GROUP
     ng = cols // GROUP
     blocks = raw.reshape(rows, cols // per_block * _BLOCK_BYTES[dtype])
     packed = np.empty((rows, cols * bits // 32), np.uint32)
-    scales = np.empty((rows, ng), np.float32)
-    biases = np.empty((rows, ng), np.float32)
+    scales = np.empty((rows, ng), np.uint8 if how == "mxfp4" else np.float32)
+    biases = None if how == "mxfp4" else np.empty((rows, ng), np.float32)
     step = max(1, _CHUNK_WEIGHTS // cols)
     for r in range(0, rows, step):
         e = min(rows, r + step)
-        q, scales[r:e], biases[r:e], _ = affine_from_blocks(blocks[r:e], dtype, e - r, cols)
+        if biases is None:
+            q, scales[r:e] = mxfp4_from_blocks(blocks[r:e], e - r, cols)
+        else:
+            q, scales[r:e], biases[r:e], _ = affine_from_blocks(blocks[r:e], dtype, e - r, cols)
         packed[r:e] = pack(q, bits)
-    return packed.reshape(*lead, -1), scales.reshape(*lead, ng), biases.reshape(*lead, ng), bits
+    return Quantized(
+        packed.reshape(*lead, -1),
+        scales.reshape(*lead, ng),
+        None if biases is None else biases.reshape(*lead, ng),
+        bits,
+        how,
+    )
