@@ -8,11 +8,20 @@ The child gets the environment pytest started with (FRINK_HOME pinned the way co
 pins it, so the default model resolves to the session's store even if a test moved it),
 without colour, so stderr is plain text. Its peak memory is read with wait4, which lets
 the tests say "did not allocate" about a file that claims 2**60 tensors.
+
+Linux keeps a process's peak RSS across fork and exec (ru_maxrss starts from the parent's
+high-water mark), so a frink spawned straight from a pytest process that grew to 1.7 GB
+would report 1.7 GB. frink is therefore started by a small launcher (_LAUNCHER): it forks
+frink and reads frink's own peak with wait4, its high-water mark counting from the
+launcher's few MiB; it exits as frink exited (the same code, or the same signal).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -21,6 +30,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _FRINK_HOME_AT_START = os.environ.get("FRINK_HOME")
+# argv: PEAK_FILE COMMAND...; writes frink's peak RSS (ru_maxrss) to PEAK_FILE.
+_LAUNCHER = r"""
+import os, signal, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.argv[2], sys.argv[2:])
+while True:
+    try:
+        _, status, usage = os.wait4(pid, 0)
+        break
+    except InterruptedError:
+        continue
+with open(sys.argv[1], "w") as f:
+    f.write(str(usage.ru_maxrss))
+if os.WIFSIGNALED(status):
+    sig = os.WTERMSIG(status)
+    signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
+os._exit(os.waitstatus_to_exitcode(status))
+"""
 # Long enough for a cold start on a loaded 2-core CI machine; a hang ends as a failure.
 TIMEOUT_S = 120
 
@@ -68,14 +97,22 @@ def frink(*args: str | Path, stdin: str | bytes = b"", cwd: Path | None = None) 
     """Run `frink ARGS...`; stdin is empty (not a terminal) unless given. A str argument
     with lone surrogates reaches the child as the raw bytes they escape (os.fsencode)."""
     argv = tuple(str(a) for a in args)
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    with (
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        peak_file = Path(tmp) / "peak"
+        command = frink_command()
+        command[0] = shutil.which(command[0]) or command[0]  # execv takes no PATH search
         proc = subprocess.Popen(
-            [*frink_command(), *argv],
+            [sys.executable, "-c", _LAUNCHER, str(peak_file), *command, *argv],
             stdin=subprocess.PIPE,
             stdout=out,
             stderr=err,
             env=child_env(),
             cwd=cwd,
+            start_new_session=True,  # a timeout kills frink with its launcher
         )
         assert proc.stdin is not None
         try:
@@ -87,16 +124,17 @@ def frink(*args: str | Path, stdin: str | bytes = b"", cwd: Path | None = None) 
 
         def kill() -> None:
             timed_out.set()
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
         timer = threading.Timer(TIMEOUT_S, kill)
         timer.start()
         try:
-            # wait4, not communicate(): it also returns this child's own peak RSS.
-            _, status, usage = os.wait4(proc.pid, 0)
+            status = proc.wait()
         finally:
             timer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        # frink's own peak, from the launcher (absent if the launcher itself was killed).
+        peak_kib = int(peak_file.read_text() or 0) if peak_file.is_file() else 0
         out.seek(0)
         err.seek(0)
         stdout = out.read().decode("utf-8", errors="replace")
@@ -104,8 +142,8 @@ def frink(*args: str | Path, stdin: str | bytes = b"", cwd: Path | None = None) 
     if timed_out.is_set():
         stderr += f"\n[test harness: killed after {TIMEOUT_S} s]"
     # ru_maxrss is KiB on Linux, bytes on macOS.
-    rss = usage.ru_maxrss / (1024 * 1024 if sys.platform == "darwin" else 1024)
-    return Result(argv, proc.returncode, stdout, stderr, rss)
+    rss = peak_kib / (1024 * 1024 if sys.platform == "darwin" else 1024)
+    return Result(argv, status, stdout, stderr, rss)
 
 
 def assert_error(result: Result, *fragments: str) -> str:
