@@ -120,6 +120,15 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
             "conv_kernel": cfg.gdn.conv_kernel,
             "value_head_order": cfg.gdn.v_head_order,
         },
+        "mamba": None
+        if cfg.mamba is None
+        else {
+            "d_inner": cfg.mamba.d_inner,
+            "d_state": cfg.mamba.d_state,
+            "dt_rank": cfg.mamba.dt_rank,
+            "conv_kernel": cfg.mamba.conv_kernel,
+            "dt_b_c_rms": cfg.mamba.dt_b_c_rms,
+        },
         "recurrent_state_bytes": cfg.recurrent_state_bytes(),
         "moe": None
         if cfg.moe is None
