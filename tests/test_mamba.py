@@ -397,3 +397,24 @@ def test_cuda_refuses_the_mamba_mixer_by_name(
     got = m.logits(_tokens(tiny_model, "mamba"))
     _against_references(got, tiny_model("mamba").ref, "mamba cuda (host body)")
     assert m.decoder.backend.ledger.total() == 0
+
+
+def test_a_long_prefill_scan_equals_token_steps() -> None:
+    """The host scan forms decays a chunk (graph.ssm.CHUNK tokens) at a time: a prompt
+    longer than several chunks gives what token-by-token steps give."""
+    from frink_cli.graph.ssm import CHUNK, selective_scan
+
+    rng = np.random.default_rng(0)
+    T = 2 * CHUNK + 22
+    x, dt = rng.standard_normal((T, 32), np.float32), rng.random((T, 32), np.float32)
+    a = -rng.random((32, 8), np.float32)
+    b, c = rng.standard_normal((T, 8), np.float32), rng.standard_normal((T, 8), np.float32)
+    h0 = rng.standard_normal((32, 8), np.float32)
+    y, h = selective_scan(x, dt, a, b, c, h0)
+    s, ys = h0, []
+    for t in range(T):
+        yt, s = selective_scan(x[t : t + 1], dt[t : t + 1], a, b[t : t + 1], c[t : t + 1], s)
+        ys.append(yt)
+    np.testing.assert_allclose(y, np.concatenate(ys), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(h, s, rtol=0, atol=1e-6)
+    assert not np.shares_memory(h, h0)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+CHUNK = 64  # tokens whose decays and inputs are formed together in a prefill
+
 
 def selective_scan(
     x: np.ndarray,
@@ -29,11 +31,14 @@ def selective_scan(
     T = x.shape[0]
     y = np.empty_like(x)
     h = state
-    # Every token's decay and input at once ([T, d_inner, d_state]: d_state is small).
-    decay = np.exp(dt[:, :, None] * a)
-    inp = (dt * x)[:, :, None] * b[:, None, :]
-    for t in range(T):
-        h = decay[t] * h  # a new array: the caller's state stays intact
-        h += inp[t]
-        y[t] = h @ c[t]
+    for c0 in range(0, T, CHUNK):
+        c1 = min(T, c0 + CHUNK)
+        # A chunk's decays and inputs at once, [C, d_inner, d_state] each (d_state is small,
+        # and CHUNK bounds them for a long prompt on a wide model).
+        decay = np.exp(dt[c0:c1, :, None] * a)
+        inp = (dt[c0:c1] * x[c0:c1])[:, :, None] * b[c0:c1, None, :]
+        for j in range(c1 - c0):
+            h = decay[j] * h  # a new array: the caller's state stays intact
+            h += inp[j]
+            y[c0 + j] = h @ c[c0 + j]
     return y, h
