@@ -18,10 +18,14 @@ decode token; `cuda` refuses the mixer by name (the host body runs it).
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import fixture_cache_root
+from llama_quantize import llama_quantize
 from model_checks import (
     FAR,
     REF_TOL,
@@ -36,6 +40,7 @@ from model_checks import (
     _path,
     _tokens,
 )
+from script_loader import load_script
 
 import frink_cli
 from frink_cli.decoder import Decoder
@@ -418,3 +423,59 @@ def test_a_long_prefill_scan_equals_token_steps() -> None:
     np.testing.assert_allclose(y, np.concatenate(ys), rtol=0, atol=1e-6)
     np.testing.assert_allclose(h, s, rtol=0, atol=1e-6)
     assert not np.shares_memory(h, h0)
+
+
+# --- quantized: Q8_0 matrices (llama.cpp's quantizer) ---------------------------------------------
+
+_make_tiny = load_script("make_tiny_models")
+_Q8_0, _FTYPE_Q8_0, _FTYPE_F32 = 8, 7, 0  # ggml's Q8_0 type; llama.cpp's file types
+
+
+@pytest.fixture(scope="module")
+def q8(tiny_model: Callable) -> tuple[Path, dict[str, np.ndarray]]:
+    """The mamba fixture quantized to Q8_0 by llama.cpp (ssm_in, ssm_x, ssm_out and the
+    embedding; ssm_dt falls back to F16, the conv and vectors stay F32), and llama.cpp's
+    logits on it and on its own F32 requant of it (cached beside the tiny models)."""
+    src = _path(tiny_model, "mamba", "gguf")
+    stamp = json.loads((src.parent / "stamp.json").read_text())
+    root = fixture_cache_root() / "quant" / "mamba"
+    root.mkdir(parents=True, exist_ok=True)
+    key = json.dumps({"fixture": stamp["spec"], "v": 1})
+    if (root / "key.json").is_file() and (root / "key.json").read_text() != key:
+        for f in root.iterdir():
+            f.unlink()
+    (root / "key.json").write_text(key)
+    path, f32, npz = (root / f"Q8_0{s}" for s in (".gguf", ".f32.gguf", ".npz"))
+    if not path.is_file():
+        llama_quantize(src, path, _Q8_0, False, _FTYPE_Q8_0)
+    if not f32.is_file():
+        llama_quantize(path, f32, -1, False, _FTYPE_F32)
+    tokens = tiny_model("mamba").ref["tokens"]
+    if not npz.is_file():
+        np.savez(
+            npz,
+            quantized=_make_tiny.llama_cpp_logits(path, tokens),
+            f32=_make_tiny.llama_cpp_logits(f32, tokens),
+        )
+    with np.load(npz) as z:
+        return path, {k: z[k] for k in z.files}
+
+
+@pytest.mark.parametrize("backend", ["numpy", "metal"])
+def test_q8_0_agrees_with_llama_cpp(
+    backend: str, q8: tuple[Path, dict[str, np.ndarray]], tiny_model: Callable
+) -> None:
+    """On the Q8_0 file: llama.cpp's logits on the same weights in f32 at the parity bar,
+    and its own quantized run's argmax (it rounds activations to 8 bits before each Q8_0
+    matmul, which frink does not). metal multiplies the file's own Q8_0 blocks."""
+    if backend == "metal":
+        pytest.importorskip("mlx.core")
+    path, ref = q8
+    ckpt = open_checkpoint(path)
+    assert ckpt.tensors.info("blk.0.ssm_in.weight").dtype == "Q8_0"
+    m = frink_cli.load(path, backend=backend)
+    got = m.logits(_tokens(tiny_model, "mamba"))
+    _compare(got, ref["f32"], REF_TOL, f"Q8_0 {backend} vs llama.cpp (f32 requant)")
+    assert np.array_equal(got.argmax(-1), ref["quantized"].argmax(-1))
+    if backend == "metal":
+        _assert_device_ran(m, "mamba Q8_0 metal")
