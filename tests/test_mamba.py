@@ -293,6 +293,51 @@ def test_truncating_a_mamba_cache_is_refused(tiny_model: Callable) -> None:
     np.testing.assert_array_equal(m.decoder.step(np.asarray(tokens), cache), first)
 
 
+def test_a_failed_step_leaves_the_mamba_state_untouched(
+    tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new state is staged and committed only with the step: a step that dies in the
+    last layer, after the others ran, leaves every layer's conv tail and scan state as it
+    was, and the step then runs as if it had never been tried."""
+    m = frink_cli.load(_path(tiny_model, "mamba", "gguf"))
+    tokens = _tokens(tiny_model, "mamba")[:10]
+    clean = m.decoder.new_cache(32)
+    m.decoder.step(np.asarray(tokens[:8]), clean)
+    want = m.decoder.step(np.asarray(tokens[8:]), clean)
+
+    cache = m.decoder.new_cache(32)
+    m.decoder.step(np.asarray(tokens[:8]), cache)
+    before = [(c.copy(), s.copy()) for c, s in zip(cache.conv_state, cache.delta_state)]
+    host = m.decoder.host
+    real_layer = host.layer
+
+    def failing(layer, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if layer == m.config.n_layer - 1:
+            raise RuntimeError("simulated failure in the last layer")
+        return real_layer(layer, *args, **kwargs)
+
+    monkeypatch.setattr(host, "layer", failing)
+    with pytest.raises(RuntimeError):
+        m.decoder.step(np.asarray(tokens[8:]), cache)
+    monkeypatch.setattr(host, "layer", real_layer)
+    for (c0, s0), c1, s1 in zip(before, cache.conv_state, cache.delta_state):
+        assert np.array_equal(c0, c1) and np.array_equal(s0, s1)
+    assert cache.n_past == 8
+    np.testing.assert_array_equal(m.decoder.step(np.asarray(tokens[8:]), cache), want)
+
+
+def test_hf_use_bias_is_refused_by_name(tiny_model: Callable, tmp_path: Path) -> None:
+    """in_proj/out_proj biases (HF use_bias) are in no llama.cpp mamba graph: refused."""
+    import shutil
+
+    hf = tmp_path / "hf"
+    shutil.copytree(_path(tiny_model, "mamba", "hf"), hf)
+    cfg = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps(dict(cfg, use_bias=True)))
+    with pytest.raises(FrinkError, match="use_bias"):
+        frink_cli.load(hf)
+
+
 # --- every piece of the block matters -------------------------------------------------------------
 
 

@@ -157,4 +157,7 @@ class Mamba(Arch):
                 f"layer_norm_epsilon={eps}, as llama.cpp does"
             )
         if hp.get("use_bias"):
-            notes.append("use_bias: in_proj/out_proj biases are not applied, as in llama.cpp")
+            raise FrinkError(
+                "config.json: use_bias (in_proj/out_proj biases) is not supported for mamba: "
+                "llama.cpp's mamba graph has no such bias"
+            )

@@ -533,6 +533,10 @@ def _load_mamba(p: str, cfg: ModelConfig, get: _Get, names: set[str]) -> MambaWe
     m = cfg.mamba
     assert m is not None  # only a layer_shape with mixer "mamba" comes here
     d, di, ds, r = cfg.n_embd, m.d_inner, m.d_state, m.dt_rank
+    for name in ("ssm_in.bias", "ssm_out.bias"):
+        if p + name in names:
+            # HF use_bias: llama.cpp's mamba graph has no such bias (it refuses the file).
+            raise FrinkError(f"{p}{name}: mamba in/out projection biases are not supported")
 
     def linear(name: str, shape: tuple[int, int], bias: bool = False) -> Linear:
         b = get(p + name + ".bias", (shape[0],)) if bias else None
