@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import fixture_cache_root
+from frink_subprocess import frink
 from llama_quantize import llama_quantize
 from model_checks import (
     FAR,
@@ -173,6 +174,31 @@ def test_hf_dir_metadata_matches_the_converters(name: str, tiny_model: Callable)
                 assert hf[key] == pytest.approx(value), key
             else:
                 assert list(np.atleast_1d(hf[key])) == list(np.atleast_1d(value)), key
+
+
+def test_info_shows_the_model(tiny_model: Callable) -> None:
+    """`frink info`: the mixer's sizes and state instead of attention and rope lines, each
+    layer a mamba mixer; metal takes every layer, cuda none (refused by the mixer's name)."""
+    result = frink("info", _path(tiny_model, "falcon_mamba", "gguf"))
+    assert result.returncode == 0, result.describe()
+    out = result.stdout
+    assert "layers:         2 (MAMBA x2)" in out
+    assert "mamba:          inner 128, state 16, dt rank 8, conv 4, RMSNorm on dt/B/C" in out
+    assert "19.0 KiB state per sequence" in out  # 2 x 4 x (3 x 128 + 128 x 16)
+    assert "blk.1   mamba (128 x 16) + no ffn" in out
+    assert "attention:" not in out and "rope:" not in out
+    metal = frink("info", _path(tiny_model, "mamba", "hf"), "--backend", "metal")
+    assert "metal takes 3 of 3 layers" in metal.stdout, metal.describe()
+    cuda = frink("info", _path(tiny_model, "mamba", "gguf"), "--backend", "cuda", "--json")
+    data = json.loads(cuda.stdout)
+    assert [e["refusal"] for e in data["layers"]] == ["mixer mamba, ffn none"] * 3
+    assert data["mamba"] == {
+        "d_inner": 128,
+        "d_state": 16,
+        "dt_rank": 8,
+        "conv_kernel": 4,
+        "dt_b_c_rms": False,
+    }
 
 
 # --- the state: the Mamba paper's recurrence in float64 -------------------------------------------
