@@ -334,8 +334,20 @@ def _print_info(d: dict[str, Any]) -> None:
     if d["per_layer_sizes"]:  # the largest of each: every layer's own are listed below
         heads = f"up to {heads} (per layer below)"
         ffn_width = f"up to {ffn_width}"
-    line("embedding", f"{d['n_embd']}, ffn {ffn_width} ({d['ffn_act']}), vocab {d['n_vocab']}")
-    line("attention", heads + window)
+    mb = d["mamba"]
+    if mb:  # no attention, no FFN, no rope: the mixer's sizes instead
+        line("embedding", f"{d['n_embd']}, vocab {d['n_vocab']}")
+        norms = ", RMSNorm on dt/B/C" if mb["dt_b_c_rms"] else ""
+        line(
+            "mamba",
+            f"inner {mb['d_inner']}, state {mb['d_state']}, dt rank {mb['dt_rank']},"
+            f" conv {mb['conv_kernel']}{norms}",
+        )
+        state_kib = d["recurrent_state_bytes"] / 1024
+        line("recurrent", f"{state_kib:.1f} KiB state per sequence (f32 conv + scan)")
+    else:
+        line("embedding", f"{d['n_embd']}, ffn {ffn_width} ({d['ffn_act']}), vocab {d['n_vocab']}")
+        line("attention", heads + window)
     line("positions", d["positions"])
     values = d["decoration_values"]
     decorations = [
@@ -381,6 +393,8 @@ def _print_info(d: dict[str, Any]) -> None:
             where = f"  [{be}]" if s["refusal"] is None else f"  [host ({s['refusal']})]"
         if s["mixer"] == "gdn":
             mixer = f"gdn ({g['key_heads']}k/{g['value_heads']}v x {g['head_dim_k']})"
+        elif s["mixer"] == "mamba":
+            mixer = f"mamba ({mb['d_inner']} x {mb['d_state']})"
         elif s["mixer"] == "none":
             mixer = "no attention"
         elif s["mixer"] == "linear":

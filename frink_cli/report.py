@@ -55,7 +55,10 @@ def tensor_formats(backend: str, types: Any) -> dict[str, str]:
 
 
 def positions(cfg: Any) -> str:
-    """How the model knows where a token is, in words: ALiBi, or rope with its scaling."""
+    """How the model knows where a token is, in words: ALiBi, rope with its scaling, or
+    nothing at all (no attention layer: a recurrent model reads order from its state)."""
+    if all(cfg.layer_shape(i).mixer != "attention" for i in range(cfg.n_layer)):
+        return "none (no attention layers)"
     if cfg.alibi_bias is not None:
         return f"alibi (max bias {cfg.alibi_bias:g}, no rope)"
     text = f"rope {cfg.rope_type}, base {cfg.rope_base:g}, {cfg.rope_dim} dims"
@@ -148,6 +151,15 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
             "head_dim_v": cfg.gdn.head_dim_v,
             "conv_kernel": cfg.gdn.conv_kernel,
             "value_head_order": cfg.gdn.v_head_order,
+        },
+        "mamba": None
+        if cfg.mamba is None
+        else {
+            "d_inner": cfg.mamba.d_inner,
+            "d_state": cfg.mamba.d_state,
+            "dt_rank": cfg.mamba.dt_rank,
+            "conv_kernel": cfg.mamba.conv_kernel,
+            "dt_b_c_rms": cfg.mamba.dt_b_c_rms,
         },
         "recurrent_state_bytes": cfg.recurrent_state_bytes(),
         "moe": None

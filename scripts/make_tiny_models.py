@@ -292,6 +292,27 @@ _BITNET: dict[str, Any] = dict(
     eos_token_id=2,
 )
 
+# Mamba-1 (MambaForCausalLM; llama.cpp `mamba`): no attention, no FFN, a selective-scan
+# mixer per layer. d_inner = 2 * hidden (the converter asserts the expansion of 2), a
+# time_step_rank stated (8, not the ceil(hidden / 16) = 4 default) so a reader that
+# derives it fails; the conv has its bias. Falcon-Mamba adds weightless RMSNorms on dt, B
+# and C: llama.cpp norms them with the layer epsilon, transformers with mixer_rms_eps, so
+# the fixture sets the two alike.
+_MAMBA: dict[str, Any] = dict(
+    vocab_size=512,
+    hidden_size=64,
+    state_size=16,
+    conv_kernel=4,
+    expand=2,
+    time_step_rank=8,
+    layer_norm_epsilon=1e-5,
+    use_conv_bias=True,
+    use_bias=False,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
 SPECS: dict[str, TinySpec] = {
     s.name: s
     for s in [
@@ -764,6 +785,24 @@ SPECS: dict[str, TinySpec] = {
                 "mlp.ffn_sub_norm": "mlp.ffn_layernorm",
             },
             notes="attention and FFN sub-norms, ternary projections (no zeros), SiLU, tied",
+        ),
+        TinySpec(
+            "mamba",
+            "MambaForCausalLM",
+            "MambaConfig",
+            dict(_MAMBA, num_hidden_layers=3, tie_word_embeddings=True),
+            seed=70,
+            greedy=24,
+            notes="Mamba-1: conv + selective scan per layer, no attention or FFN; tied",
+        ),
+        TinySpec(
+            "falcon_mamba",
+            "FalconMambaForCausalLM",
+            "FalconMambaConfig",
+            dict(_MAMBA, num_hidden_layers=2, mixer_rms_eps=1e-5, tie_word_embeddings=False),
+            seed=71,
+            greedy=24,
+            notes="Falcon-Mamba: Mamba-1 with weightless RMSNorms on dt, B and C; untied",
         ),
     ]
 }

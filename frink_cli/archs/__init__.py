@@ -38,6 +38,7 @@ from .deci import Deci
 from .gemma3 import Gemma3
 from .granite import Granite, GraniteMoe
 from .llama import Llama
+from .mamba import Mamba
 from .olmo2 import Olmo2
 from .openelm import OpenElm
 from .phi3 import Phi3
@@ -71,6 +72,7 @@ _ARCHS: tuple[Arch, ...] = (
     Talkie(),
     OpenElm(),
     Deci(),
+    Mamba(),
 )
 _BY_NAME: dict[str, Arch] = {a.name: a for a in _ARCHS}
 _BY_MODEL_TYPE: dict[str, Arch] = {mt: a for a in _ARCHS for mt in a.hf_model_types}

@@ -20,8 +20,7 @@ from .recurrent import RecurrentState
 def layer_slot(cfg: ModelConfig, layer: int, n_ctx: int, windowed: bool = True) -> LayerSlot:
     """The cache slot layer `layer` needs."""
     if cfg.is_recurrent(layer):
-        assert cfg.gdn is not None
-        return RecurrentState(cfg.gdn)
+        return RecurrentState(cfg, layer)
     shape = cfg.layer_shape(layer)
     # The layer's own KV heads (per-layer sizes); 0 for a layer that attends to nothing
     # (deci's "none" and "linear" mixers): its slot then holds no rows at all.

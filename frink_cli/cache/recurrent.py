@@ -1,5 +1,6 @@
-"""A gated-delta-net layer's recurrent state (qwen35, qwen3next): no K/V rows, but the conv
-tail (the last kernel-1 conv inputs) and the delta-rule state, zero at sequence start.
+"""A recurrent layer's state (a gated delta net: qwen35, qwen3next; a Mamba-1 mixer): no K/V
+rows, but the conv tail (the last kernel-1 conv inputs) and the recurrence's state (the
+delta-rule matrices, or the selective scan's [d_inner, d_state]), zero at sequence start.
 
 That state summarises every token so far and cannot be rewound, so it refuses truncation to
 anything but its start (or where it already is). A step's new state is staged and becomes
@@ -11,25 +12,27 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model.config import GdnConfig
+from ..model.config import ModelConfig
 
 
 class RecurrentState:
-    def __init__(self, gdn: GdnConfig) -> None:
-        self.gdn = gdn
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        self.conv_shape, self.state_shape = cfg.recurrent_shapes(layer)
+        self.kind = "mamba selective scan" if cfg.mamba is not None else "gated delta net"
         self.n_past = 0
         self._pending: tuple[np.ndarray, np.ndarray] | None = None
         self._reset()
 
     def _reset(self) -> None:
-        g = self.gdn
-        self.conv = np.zeros((g.conv_kernel - 1, g.conv_dim), np.float32)
-        self.delta = np.zeros((g.n_v_heads, g.head_dim_k, g.head_dim_v), np.float32)
+        self.conv = np.zeros(self.conv_shape, np.float32)
+        # The recurrence's state (named for the delta rule, its first user).
+        self.delta = np.zeros(self.state_shape, np.float32)
         self._pending = None
 
     def recurrent_state(self) -> tuple[np.ndarray, np.ndarray]:
-        """(conv tail [kernel-1, conv_dim], delta state [n_v, hd_k, hd_v]): this step's staged
-        state if a run of it already moved the layer on, else the committed one; read-only."""
+        """(conv tail [kernel-1, channels], state: GDN [n_v, hd_k, hd_v], mamba [d_inner,
+        d_state]): this step's staged state if a run of it already moved the layer on, else
+        the committed one; read-only."""
         return self._pending if self._pending is not None else (self.conv, self.delta)
 
     def set_recurrent_state(self, conv: np.ndarray, delta: np.ndarray) -> None:
@@ -52,7 +55,7 @@ class RecurrentState:
         if n_past in (0, self.n_past):
             return None
         # The state has no per-position history to roll back to.
-        return "its recurrent (gated delta net) state cannot be rolled back"
+        return f"its recurrent ({self.kind}) state cannot be rolled back"
 
     def truncate(self, n_past: int) -> None:
         if n_past == 0:

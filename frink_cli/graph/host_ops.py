@@ -20,6 +20,7 @@ from .linear import linear
 from .moe import route
 from .norms import layer_norm, rms_norm
 from .rope import Rope
+from .ssm import selective_scan
 
 F32 = np.float32
 
@@ -123,6 +124,17 @@ class HostOps:
     ) -> tuple[np.ndarray, np.ndarray]:
         rule = delta_rule_steps if q.shape[0] == 1 else delta_rule_chunked
         return rule(q, k, v, g, beta, state)
+
+    def selective_scan(
+        self,
+        x: np.ndarray,
+        dt: np.ndarray,
+        a: np.ndarray,
+        b: np.ndarray,
+        c: np.ndarray,
+        state: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return selective_scan(x, dt, a, b, c, state)
 
     def route(self, logits: np.ndarray, k: int, renormalize: bool) -> tuple[np.ndarray, np.ndarray]:
         return route(logits, k, renormalize)

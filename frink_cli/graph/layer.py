@@ -7,7 +7,7 @@ backend that cannot run it refuses it by name (its eligibility) rather than drop
 A layer is llama.cpp's pre-norm block with the decorations each architecture switches on
 (ModelConfig fields; `shape` = cfg.layer_shape(l)):
 
-    h = norm(x);  a = mixer(h)                      attention (GQA) or gated delta net
+    h = norm(x);  a = mixer(h)                      attention (GQA), gated delta net or mamba
                                                     (no_pre_norm: h = x, no norm);
                                                     "linear": a = wo(h); "none": no branch
     a = post_attn_norm(a) * residual_scale;  x = x + a
@@ -49,6 +49,8 @@ def layer(
         h = x if cfg.no_pre_norm else _norm(ops, cfg, x, w.attn_norm, w.attn_norm_b)
         if shape.mixer == "gdn":
             a = gdn_block(ops, cfg, w.gdn, h, kv)
+        elif shape.mixer == "mamba":
+            a = mamba_block(ops, cfg, w.mamba, h, kv)
         elif shape.mixer == "linear":
             # deci's "linear attention": wo on the normed input, nothing attends.
             a = ops.linear(h, w.wo)
@@ -279,6 +281,38 @@ def gdn_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array, slot: Any) -> Array:
     slot.set_recurrent_state(new_tail, new_state)
     o = ops.rms_norm_(o, w.norm, eps) * ops.act(z, "silu")
     return ops.linear(o.reshape(T, value_dim), w.out)
+
+
+def mamba_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array, slot: Any) -> Array:
+    """Mamba-1's selective state-space mixer (llama.cpp's build_mamba_layer, transformers'
+    MambaMixer), over normed rows h [T, n_embd]:
+
+        x, z = split(W_in h);  x = silu(conv(x) + conv_b)        causal depthwise conv
+        dt, B, C = split(W_x x)      (Falcon-Mamba: each RMS-normed, ssm.dt_b_c_rms)
+        dt = softplus(W_dt dt + dt_bias)
+        h = exp(dt A) h + dt x B;  y = C.h + D x                 per channel (selective_scan)
+        out = W_out (y * silu(z))
+
+    The slot holds the conv tail and the scan state [d_inner, d_state]; the new ones are
+    staged on it."""
+    m = cfg.mamba
+    assert m is not None  # compose_layer comes here only for a layer whose mixer is "mamba"
+    di, ds, r, eps = m.d_inner, m.d_state, m.dt_rank, cfg.norm_eps
+    xz = ops.linear(h, w.in_proj)
+    tail, state = slot.recurrent_state()
+    x, new_tail = ops.causal_conv(xz[:, :di], tail, w.conv)
+    x = ops.act(ops.add_(x, w.conv_b), "silu")
+    dbc = ops.linear(x, w.x_proj)
+    dt, b, c = dbc[:, :r], dbc[:, r : r + ds], dbc[:, r + ds :]
+    if w.dt_norm is not None:
+        dt = ops.rms_norm(dt, w.dt_norm, eps)
+        b = ops.rms_norm(b, w.b_norm, eps)
+        c = ops.rms_norm(c, w.c_norm, eps)
+    dt = ops.softplus(ops.linear(dt, w.dt_proj))
+    y, new_state = ops.selective_scan(x, dt, w.a, b, c, state)
+    slot.set_recurrent_state(new_tail, new_state)
+    y = ops.add_(y, x * w.d) * ops.act(xz[:, di:], "silu")
+    return ops.linear(y, w.out)
 
 
 def lm_head(

@@ -18,8 +18,9 @@ Conventions every implementation keeps:
   `DeviceLinear`, CuPy device matrix): residency is the backend's business.
 - `pos` is the backend's opaque step context (the host: the positions array; MLX: traced
   positions and start); `rope` is the backend's per-layer rope object; `kv` is the layer's
-  cache view (attention: where K/V rows go and are read; GDN: `recurrent_state()` and
-  `set_recurrent_state(tail, state)`, staged until the step commits).
+  cache view (attention: where K/V rows go and are read; GDN and mamba:
+  `recurrent_state()` and `set_recurrent_state(tail, state)`, staged until the step
+  commits).
 """
 
 from __future__ import annotations
@@ -126,6 +127,15 @@ class Ops(Protocol):
     ) -> tuple[Array, Array]:
         """The gated delta rule over T tokens: q, k [T, H, dk]; v [T, H, dv]; log decay g and
         beta [T, H]; state [H, dk, dv] (not modified) -> (o [T, H, dv], the new state)."""
+        ...
+
+    # --- mamba (selective state space) ------------------------------------------------------
+    def selective_scan(
+        self, x: Array, dt: Array, a: Array, b: Array, c: Array, state: Array
+    ) -> tuple[Array, Array]:
+        """Mamba-1's scan over T tokens, per channel i: h = exp(dt[i] A[i]) h + dt[i] x[i] B;
+        y[i] = h[i] . C. x, dt (softplus-ed) [T, d_inner]; a [d_inner, d_state]; b, c
+        [T, d_state]; state [d_inner, d_state] (not modified) -> (y [T, d_inner], new state)."""
         ...
 
     # --- mixture of experts ----------------------------------------------------------------

@@ -21,6 +21,7 @@ class LayerShape:
     """What layer l is. Backends decide eligibility from this alone."""
 
     # "attention" | "gdn" (gated delta net: linear attention with recurrent state) |
+    # "mamba" (Mamba-1's selective state-space mixer, recurrent state, no attention) |
     # "linear" (deci's "linear attention": only wo, applied to the normed input) |
     # "none" (deci's attention-free layer: the branch is absent, x passes on)
     mixer: str
@@ -140,6 +141,26 @@ class GdnConfig:
 
 
 @dataclass(frozen=True)
+class MambaConfig:
+    """Mamba-1 layers (llama.cpp `mamba`, transformers MambaForCausalLM / Falcon-Mamba):
+    every layer a selective state-space mixer, with no attention and no FFN. Per layer the
+    recurrent state is the conv tail [conv_kernel-1, d_inner] and the scan state
+    [d_inner, d_state]."""
+
+    conv_kernel: int  # ssm.conv_kernel: width of the causal depthwise conv over x
+    d_inner: int  # ssm.inner_size: the expanded width (x and z each)
+    d_state: int  # ssm.state_size: N, the state per channel
+    dt_rank: int  # ssm.time_step_rank: the low-rank width dt is projected from
+    # ssm.dt_b_c_rms (Falcon-Mamba): RMSNorms on dt, B and C before they are used.
+    dt_b_c_rms: bool = False
+
+    def state_bytes(self, n_layer: int) -> int:
+        """f32 bytes of recurrent state one sequence holds: conv tail + scan state per layer."""
+        per_layer = (self.conv_kernel - 1) * self.d_inner + self.d_inner * self.d_state
+        return 4 * per_layer * n_layer
+
+
+@dataclass(frozen=True)
 class MoeConfig:
     """A sparse mixture-of-experts FFN on the layers that have a router."""
 
@@ -157,7 +178,7 @@ class MoeConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     """The core every model has, the decorations as explicit optional fields, and the
-    optional sub-configs (gdn, moe: None when the model has none).
+    optional sub-configs (gdn, moe, mamba: None when the model has none).
 
     `features()` names what is present beyond the plain pre-norm llama layer, so a backend
     decides what it carries by name and refuses the rest by name."""
@@ -247,6 +268,8 @@ class ModelConfig:
     layer_sizes: LayerSizes | None = None
     gdn: GdnConfig | None = None
     moe: MoeConfig | None = None
+    # Mamba-1: every layer is a selective-scan mixer (mixer "mamba", ffn "none").
+    mamba: MambaConfig | None = None
 
     def alibi_slopes(self) -> tuple[float, ...]:
         """Per query head, its ALiBi slope: ggml's m0^(h+1) for the first 2^floor(log2 H)
@@ -265,13 +288,25 @@ class ModelConfig:
         return 2 * self.n_embd if self.embd_skip else self.n_embd
 
     def is_recurrent(self, layer: int) -> bool:
-        return self.gdn is not None and self.gdn.layers[layer]
+        """The layer keeps a recurrent state (conv tail + state) instead of K/V rows."""
+        return self.mamba is not None or (self.gdn is not None and self.gdn.layers[layer])
 
     def is_moe(self, layer: int) -> bool:
         return self.moe is not None and self.moe.layers[layer]
 
     def recurrent_state_bytes(self) -> int:
+        if self.mamba is not None:
+            return self.mamba.state_bytes(self.n_layer)
         return self.gdn.state_bytes() if self.gdn is not None else 0
+
+    def recurrent_shapes(self, layer: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(conv tail shape, state shape) of a recurrent layer's state (cache.RecurrentState)."""
+        if self.mamba is not None:
+            m = self.mamba
+            return (m.conv_kernel - 1, m.d_inner), (m.d_inner, m.d_state)
+        g = self.gdn
+        assert g is not None and g.layers[layer]  # asked only of a recurrent layer
+        return (g.conv_kernel - 1, g.conv_dim), (g.n_v_heads, g.head_dim_k, g.head_dim_v)
 
     def features(self) -> set[str]:
         """Every decoration and sub-config this model uses, by field name (the rope layout,
@@ -292,7 +327,9 @@ class ModelConfig:
         if self.layer_sizes is not None:
             s = self.layer_sizes
             n_head, n_head_kv, n_ff = s.n_head[layer], s.n_head_kv[layer], s.n_ff[layer]
-        if self.is_recurrent(layer):
+        if self.mamba is not None:
+            mixer, n_head, n_head_kv, n_ff = "mamba", 0, 0, 0
+        elif self.is_recurrent(layer):
             mixer = "gdn"
         elif n_head == 0:
             mixer, n_head_kv = "none", 0
@@ -302,7 +339,7 @@ class ModelConfig:
             mixer = "attention"
         if self.is_moe(layer):
             ffn = "moe"
-        elif n_ff == 0 and self.layer_sizes is not None:
+        elif n_ff == 0 and (self.layer_sizes is not None or self.mamba is not None):
             ffn = "none"
         else:
             ffn = "dense"
@@ -324,6 +361,8 @@ class ModelConfig:
         shape = self.layer_shape(layer)
         if shape.mixer == "gdn":
             name = "GDN"
+        elif shape.mixer == "mamba":
+            name = "MAMBA"
         elif shape.mixer == "none":
             name = "NONE"
         elif shape.mixer == "linear":

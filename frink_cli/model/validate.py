@@ -34,19 +34,28 @@ def validate_config(cfg: ModelConfig, where: str, ckpt: Checkpoint | None = None
     def bad(what: str, value: Any, expected: str) -> FrinkError:
         return FrinkError(f"{where}: bad model metadata ({what} = {value!r}; expected {expected})")
 
+    # A model without attention anywhere (Mamba-1) has no heads to count (all zero).
+    attends = cfg.mamba is None
+    heads = (
+        (
+            ("head count", cfg.n_head),
+            ("KV head count", cfg.n_head_kv),
+            ("key length", cfg.head_dim_k),
+            ("value length", cfg.head_dim_v),
+        )
+        if attends
+        else ()
+    )
     for what, value in (
-        ("head count", cfg.n_head),
-        ("KV head count", cfg.n_head_kv),
+        *heads,
         ("embedding length", cfg.n_embd),
-        ("key length", cfg.head_dim_k),
-        ("value length", cfg.head_dim_v),
         ("vocabulary rows", cfg.n_vocab),
         ("layer count", cfg.n_layer),
     ):
         if value <= 0:
             raise bad(what, value, "> 0")
     # With per-layer sizes these are the largest of each, checked layer by layer instead.
-    if cfg.layer_sizes is None and cfg.n_head % cfg.n_head_kv:
+    if attends and cfg.layer_sizes is None and cfg.n_head % cfg.n_head_kv:
         raise bad("head count", cfg.n_head, f"a multiple of the {cfg.n_head_kv} KV heads")
     if cfg.layer_sizes is not None:
         for layer in range(cfg.n_layer):

@@ -80,6 +80,25 @@ class GdnWeights:
 
 
 @dataclass
+class MambaWeights:
+    """A Mamba-1 mixer (llama.cpp's ssm_* tensors, in GGUF's [out, in] layouts)."""
+
+    in_proj: Linear  # [2*d_inner, n_embd]: x rows, then z (the output gate) rows
+    conv: np.ndarray  # [d_inner, kernel] depthwise causal conv taps, oldest first
+    conv_b: np.ndarray  # [d_inner] the conv's bias
+    x_proj: Linear  # [dt_rank + 2*d_state, d_inner]: dt, B, C
+    dt_proj: Linear  # [d_inner, dt_rank] with its bias [d_inner]
+    a: np.ndarray  # [d_inner, d_state] -exp(A_log), as the converter stores it
+    d: np.ndarray  # [d_inner] the skip (D) term
+    out: Linear  # [n_embd, d_inner]
+    # RMSNorm weights for dt [dt_rank], B and C [d_state] (Falcon-Mamba's are weightless:
+    # ones); None when the model norms none of them.
+    dt_norm: np.ndarray | None = None
+    b_norm: np.ndarray | None = None
+    c_norm: np.ndarray | None = None
+
+
+@dataclass
 class MoeWeights:
     """A sparse MoE FFN with an optional shared expert (sigmoid-gated or not)."""
 
@@ -107,6 +126,7 @@ class LayerWeights:
     post_ffn_norm: np.ndarray | None  # [n_embd]
     gdn: GdnWeights | None = None
     moe: MoeWeights | None = None
+    mamba: MambaWeights | None = None
     # LayerNorm biases (cfg.layer_norm), where the file has them.
     attn_norm_b: np.ndarray | None = None  # [n_embd]
     ffn_norm_b: np.ndarray | None = None  # [n_embd]
@@ -328,9 +348,11 @@ def load_weights(
         n_head, n_ff = shape.n_head, shape.n_ff
         nq = n_head * hk * (2 if cfg.attn_output_gate else 1)  # with a gate: its rows too
         nk, nv = shape.n_head_kv * hk, shape.n_head_kv * hv
-        qkv = wo = q_norm = k_norm = q_norm_b = k_norm_b = gdn = None
+        qkv = wo = q_norm = k_norm = q_norm_b = k_norm_b = gdn = mamba = None
         if shape.mixer == "gdn":
             gdn = _load_gdn(p, cfg, get, names)
+        elif shape.mixer == "mamba":
+            mamba = _load_mamba(p, cfg, get, names)
         elif shape.mixer == "linear":
             # deci's "linear attention": wo alone, [n_embd, n_embd], on the normed input.
             wo = fused([(p + "attn_output", d)], d, bias=False)
@@ -395,6 +417,7 @@ def load_weights(
             post_ffn_norm=optional(p + "post_ffw_norm.weight", (d,), required=cfg.post_ffn_norm),
             gdn=gdn,
             moe=moe,
+            mamba=mamba,
             attn_norm_b=optional(p + "attn_norm.bias", (d,))
             if cfg.layer_norm and attn_norm
             else None,
@@ -511,6 +534,41 @@ def _load_gdn(p: str, cfg: ModelConfig, get: _Get, names: set[str]) -> GdnWeight
         dt_bias=get(p + "ssm_dt.bias", (n_v,)),
         norm=get(p + "ssm_norm.weight", (gdn.head_dim_v,)),
         out=Linear(get(p + "ssm_out.weight", (d, value_dim)), None),
+    )
+
+
+def _load_mamba(p: str, cfg: ModelConfig, get: _Get, names: set[str]) -> MambaWeights:
+    m = cfg.mamba
+    assert m is not None  # only a layer_shape with mixer "mamba" comes here
+    d, di, ds, r = cfg.n_embd, m.d_inner, m.d_state, m.dt_rank
+    for name in ("ssm_in.bias", "ssm_out.bias"):
+        if p + name in names:
+            # HF use_bias: llama.cpp's mamba graph has no such bias (it refuses the file).
+            raise FrinkError(f"{p}{name}: mamba in/out projection biases are not supported")
+
+    def linear(name: str, shape: tuple[int, int], bias: bool = False) -> Linear:
+        b = get(p + name + ".bias", (shape[0],)) if bias else None
+        return Linear(get(p + name + ".weight", shape), b, (p + name + ".weight",))
+
+    def norm(name: str, n: int) -> np.ndarray | None:
+        # llama.cpp norms dt, B and C when the file says so (ssm.dt_b_c_rms: weightless)
+        # or holds weights for all three (its Jamba-style files).
+        if all(f"{p}ssm_{x}_norm.weight" in names for x in ("dt", "b", "c")):
+            return get(f"{p}ssm_{name}_norm.weight", (n,))
+        return np.ones(n, np.float32) if m.dt_b_c_rms else None
+
+    return MambaWeights(
+        in_proj=linear("ssm_in", (2 * di, d)),
+        conv=get(p + "ssm_conv1d.weight", (di, m.conv_kernel)),
+        conv_b=get(p + "ssm_conv1d.bias", (di,)),
+        x_proj=linear("ssm_x", (r + 2 * ds, di)),
+        dt_proj=linear("ssm_dt", (di, r), bias=True),
+        a=get(p + "ssm_a", (di, ds)),
+        d=get(p + "ssm_d", (di,)),
+        out=linear("ssm_out", (d, di)),
+        dt_norm=norm("dt", r),
+        b_norm=norm("b", ds),
+        c_norm=norm("c", ds),
     )
 
 

@@ -126,9 +126,9 @@ OUTSIDE_THE_LAYERS = frozenset(
         "embd_norm",
     }
 )
-# Fields read only by layers of another kind, which layer_shape names (mixer "gdn",
-# ffn "moe") and which are refused by that name before these could matter.
-OTHER_LAYER_KINDS = frozenset({"gdn", "moe"})
+# Fields read only by layers of another kind, which layer_shape names (mixer "gdn" or
+# "mamba", ffn "moe") and which are refused by that name before these could matter.
+OTHER_LAYER_KINDS = frozenset({"gdn", "moe", "mamba"})
 # Fields that only say where load_weights finds a tensor: the stack gets the loaded weights.
 LOAD_TIME = frozenset({"ffn_norm_tensor", "weightless_norms"})
 # Fields refused by their own named check above (kept out of the generic rule's words).

@@ -468,7 +468,7 @@ class CudaOps:
     (RMS and Layer), rope, attention (with ALiBi), the activations, the QKV clamp and the
     residual adds to the kernels; the few scalar elementwise decorations use the array
     module's own kernels. Primitives of the blocks eligibility.py refuses (gated delta net,
-    MoE) are not implemented here."""
+    MoE, mamba) are not implemented here."""
 
     def __init__(self, kernels: Any) -> None:
         self.k = kernels
@@ -572,7 +572,8 @@ class CudaOps:
 
     def _refused(self, *args: Any) -> Any:
         raise NotImplementedError(
-            "gated delta net / MoE primitives: eligibility refuses these layers"
+            "gated delta net / MoE / mamba primitives: eligibility refuses these layers"
         )
 
     causal_conv = l2_norm = softplus = delta_rule = route = experts = _refused
+    selective_scan = _refused

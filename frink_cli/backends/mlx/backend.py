@@ -432,7 +432,9 @@ class MlxBackend(DeviceBackend):
         return np.concatenate(outputs) if len(outputs) > 1 else outputs[0]
 
     def _kind(self, run: Run, head: str | None) -> str:
-        """Ledger tag: a run holding GDN layers is a gdn-run (its attention layers are the
-        heads and tails folded into it), else a dense-run; "+lm-head" when the head rode along."""
-        gdn = any(self.cfg.is_recurrent(i) for i in range(run.start, run.stop))
-        return ("gdn-run" if gdn else "dense-run") + ("" if head is None else "+lm-head")
+        """Ledger tag: a run of mamba layers is a mamba-run; a run holding GDN layers is a
+        gdn-run (its attention layers are the heads and tails folded into it), else a
+        dense-run; "+lm-head" when the head rode along."""
+        recurrent = any(self.cfg.is_recurrent(i) for i in range(run.start, run.stop))
+        kind = "mamba" if self.cfg.mamba is not None else "gdn" if recurrent else "dense"
+        return f"{kind}-run" + ("" if head is None else "+lm-head")

@@ -158,7 +158,8 @@ class StepContext:
 
 class LayerState:
     """One layer's device state inside a traced run: its K/V mirror [1, Hkv, capacity, hd]
-    (a, b) for attention, or its conv tail and delta state (a, b) for a gated delta net;
+    (a, b) for attention, or its conv tail and recurrent state (a, b) for a gated delta net
+    or a mamba mixer;
     the ops replace them with the updated arrays and record the new K/V rows."""
 
     def __init__(self, a: mx.array, b: mx.array) -> None:
@@ -321,6 +322,25 @@ class MlxOps:
             s = s + kt.transpose(0, 2, 1) * delta[:, None, :]
             outs.append((q[t][:, None, :] @ s)[:, 0])
         return mx.stack(outs), s
+
+    def selective_scan(
+        self,
+        x: mx.array,
+        dt: mx.array,
+        a: mx.array,
+        b: mx.array,
+        c: mx.array,
+        state: mx.array,
+    ) -> tuple[mx.array, mx.array]:
+        """Mamba-1's per-token scan for every row, unrolled in the traced graph."""
+        decay = mx.exp(dt[:, :, None] * a)  # [T, d_inner, d_state]
+        inp = (dt * x)[:, :, None] * b[:, None, :]
+        outs = []
+        h = state
+        for t in range(x.shape[0]):
+            h = decay[t] * h + inp[t]
+            outs.append(h @ c[t])
+        return mx.stack(outs), h
 
     def route(self, logits: mx.array, k: int, renormalize: bool) -> tuple[mx.array, mx.array]:
         p = mx.softmax(logits, axis=-1)

@@ -1,0 +1,163 @@
+"""Mamba-1 (`mamba`): a stack of selective state-space mixers, no attention and no FFN.
+
+Follows llama.cpp's src/models/mamba.cpp + graph-context-mamba.cpp (build_mamba_layer:
+ggml_ssm_conv, ggml_ssm_scan) and transformers' MambaForCausalLM / FalconMambaForCausalLM.
+Each layer is pre-norm (RMSNorm) -> mixer -> residual add; then the final norm and the lm
+head (tied unless the file has output.weight). Falcon-Mamba is the same GGUF
+architecture with `mamba.ssm.dt_b_c_rms` set: weightless RMSNorms on dt, B and C.
+
+The HF side is the converter's MambaModel: A_log stored as A = -exp(A_log) (ssm_a), the
+conv kernel [d_inner, 1, k] squeezed to [d_inner, k], head_count and feed_forward_length
+written as 0, context_length 2**20, dt_rank ceil(hidden / 16) when the config says "auto".
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+from ..errors import FrinkError
+from ..formats import Checkpoint
+from ..formats.safetensors import HfModelType, Transform
+from ..model.config import MambaConfig, ModelConfig
+from .base import Arch, MetadataWriter, f32, get
+from .transforms import NEG_EXP, SQUEEZE
+
+# transformers' MambaConfig defaults. The safetensors reader's normalization asks every
+# config for a head count; Mamba has no heads (its metadata says 0, as the converter's).
+_MAMBA_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 50280,
+    "hidden_size": 768,
+    "state_size": 16,
+    "num_hidden_layers": 32,
+    "layer_norm_epsilon": 1e-5,
+    "conv_kernel": 4,
+    "expand": 2,
+    "time_step_rank": "auto",
+    "use_conv_bias": True,
+    "use_bias": False,
+    "tie_word_embeddings": True,
+    "num_attention_heads": 1,
+}
+
+
+class Mamba(Arch):
+    name = "mamba"
+    hf_model_types: ClassVar[dict[str, HfModelType]] = {
+        "mamba": HfModelType(defaults=dict(_MAMBA_DEFAULTS)),
+        "falcon_mamba": HfModelType(defaults=dict(_MAMBA_DEFAULTS, vocab_size=65024)),
+    }
+    hf_tensors: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("backbone.embeddings", "token_embd"),
+        ("backbone.norm_f", "output_norm"),
+        ("lm_head", "output"),
+        ("backbone.layers.{bid}.norm", "blk.{bid}.attn_norm"),
+        ("backbone.layers.{bid}.mixer.in_proj", "blk.{bid}.ssm_in"),
+        ("backbone.layers.{bid}.mixer.conv1d", "blk.{bid}.ssm_conv1d"),
+        ("backbone.layers.{bid}.mixer.x_proj", "blk.{bid}.ssm_x"),
+        ("backbone.layers.{bid}.mixer.dt_proj", "blk.{bid}.ssm_dt"),
+        ("backbone.layers.{bid}.mixer.out_proj", "blk.{bid}.ssm_out"),
+    )
+    hf_tensors_whole: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("backbone.layers.{bid}.mixer.A_log", "blk.{bid}.ssm_a"),
+        ("backbone.layers.{bid}.mixer.D", "blk.{bid}.ssm_d"),
+    )
+
+    def config(self, ckpt: Checkpoint) -> ModelConfig:
+        """The mamba keys llama.cpp's load_hparams reads; the attention-shaped fields of
+        ModelConfig are zero (no layer attends) and rope is unused."""
+        md, key = ckpt.metadata, self.key
+        names = set(ckpt.tensors.names())
+        n_layer = int(get(md, key("block_count"), required=True))
+        n_embd = int(get(md, key("embedding_length"), required=True))
+        m = MambaConfig(
+            conv_kernel=int(get(md, key("ssm.conv_kernel"), required=True)),
+            d_inner=int(get(md, key("ssm.inner_size"), required=True)),
+            d_state=int(get(md, key("ssm.state_size"), required=True)),
+            dt_rank=int(get(md, key("ssm.time_step_rank"), required=True)),
+            dt_b_c_rms=bool(get(md, key("ssm.dt_b_c_rms"), False)),
+        )
+        if min(m.conv_kernel, m.d_inner, m.d_state, m.dt_rank) <= 0:
+            raise FrinkError(
+                f"{ckpt.path}: bad mamba sizes (conv {m.conv_kernel}, inner {m.d_inner}, "
+                f"state {m.d_state}, dt rank {m.dt_rank})"
+            )
+        if not 0 < n_layer <= len(names):
+            raise FrinkError(
+                f"{ckpt.path}: block_count {n_layer} does not fit the file's {len(names)} tensors"
+            )
+        if "token_embd.weight" not in names:
+            raise FrinkError(f"{ckpt.path}: no token_embd.weight tensor")
+        return ModelConfig(
+            arch=self.name,
+            n_layer=n_layer,
+            n_embd=n_embd,
+            n_head=0,
+            n_head_kv=0,
+            head_dim_k=0,
+            head_dim_v=0,
+            n_ff=0,
+            n_vocab=ckpt.tensors.info("token_embd.weight").shape[0],
+            n_ctx_train=int(get(md, key("context_length"), 1 << 20)),
+            norm_eps=float(get(md, key("attention.layer_norm_rms_epsilon"), 1e-5)),
+            rope_type="norm",
+            rope_dim=0,
+            rope_base=10000.0,
+            rope_scale=1.0,
+            rope_base_swa=10000.0,
+            attn_scale=1.0,
+            sliding_window=None,
+            swa_layers=(False,) * n_layer,
+            ffn_act="silu",
+            qk_norm=False,
+            post_attn_norm=False,
+            post_ffn_norm=False,
+            embd_scale=None,
+            final_logit_softcap=None,
+            attn_logit_softcap=None,
+            tied_embeddings="output.weight" not in names,
+            has_rope_freqs=False,
+            mamba=m,
+        )
+
+    def hf_transforms(self) -> dict[str, tuple[Transform, ...]]:
+        return {"blk.{bid}.ssm_a": (NEG_EXP,), "blk.{bid}.ssm_conv1d.weight": (SQUEEZE,)}
+
+    def hf_metadata(self, w: MetadataWriter, notes: list[str]) -> None:
+        # As the converter's MambaModel.set_gguf_parameters writes them.
+        hp = w.hp
+        d = int(hp["hidden_size"])
+        inner = int(hp.get("intermediate_size") or int(hp.get("expand") or 2) * d)
+        if inner != 2 * d:
+            # The converter refuses these (it asserts d_inner == 2 * d_model).
+            raise FrinkError(
+                f"config.json: intermediate_size {inner} is not 2 x hidden_size {d}, which "
+                "llama.cpp's converter refuses for mamba"
+            )
+        rank = hp.get("time_step_rank")
+        if rank in (None, "auto"):
+            rank = math.ceil(d / 16)
+        w.set("context_length", 1 << 20)
+        w.u32("embedding_length", "hidden_size")
+        w.set("feed_forward_length", 0)
+        w.set("attention.head_count", 0)
+        w.u32("block_count", "num_hidden_layers")
+        w.u32("ssm.conv_kernel", "conv_kernel")
+        w.set("ssm.inner_size", inner)
+        w.u32("ssm.state_size", "state_size")
+        w.set("ssm.time_step_rank", int(rank))
+        eps = hp.get("layer_norm_epsilon", hp.get("rms_norm_eps"))
+        w.set("attention.layer_norm_rms_epsilon", f32(eps if eps is not None else 1e-5))
+        falcon = hp.get("model_type") == "falcon_mamba"
+        w.set("ssm.dt_b_c_rms", falcon)
+        w.u32("vocab_size", "n_vocab")
+        if falcon and hp.get("mixer_rms_eps") is not None and hp["mixer_rms_eps"] != eps:
+            notes.append(
+                f"mixer_rms_eps={hp['mixer_rms_eps']} is not applied: the dt/B/C norms use "
+                f"layer_norm_epsilon={eps}, as llama.cpp does"
+            )
+        if hp.get("use_bias"):
+            raise FrinkError(
+                "config.json: use_bias (in_proj/out_proj biases) is not supported for mamba: "
+                "llama.cpp's mamba graph has no such bias"
+            )
