@@ -98,6 +98,9 @@ class TinySpec:
     # converter, where its tensor map knows another spelling than transformers' (bitnet's
     # sub-norms: the 1bitLLM names); the HF dir keeps transformers' names.
     convert_renames: dict[str, str] = field(default_factory=dict)
+    # MoE routers' expert-selection bias (lfm2moe's expert_bias, a buffer the parameter
+    # loop never sees): drawn as std * noise, so a reader that drops it picks other experts.
+    router_bias_std: float = 0.0
 
 
 _COMMON: dict[str, Any] = {
@@ -308,6 +311,54 @@ _MAMBA: dict[str, Any] = dict(
     layer_norm_epsilon=1e-5,
     use_conv_bias=True,
     use_bias=False,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+# LFM2 (Lfm2ForCausalLM; llama.cpp `lfm2`): short-conv layers (in_proj -> B, C, x; a causal
+# depthwise conv of B*x, no bias; C * conv; out_proj) mixed with attention layers that have
+# per-head QK RMSNorms; a SwiGLU FFN on every layer. The FFN width is auto-adjusted as
+# transformers and the converter both do (int(2 * 200 / 3) = 133, rounded up to a multiple
+# of 32: 160), so a reader that takes intermediate_size as it stands fails. The attention
+# layers sit irregularly, so a reader that guesses the pattern fails.
+_LFM2: dict[str, Any] = dict(
+    _COMMON,
+    intermediate_size=200,
+    num_hidden_layers=6,
+    layer_types=["conv", "full_attention", "conv", "conv", "full_attention", "conv"],
+    conv_L_cache=3,
+    conv_bias=False,
+    block_auto_adjust_ff_dim=True,
+    block_ffn_dim_multiplier=1.0,
+    block_multiple_of=32,
+    norm_eps=1e-5,
+    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+# LFM2-MoE (Lfm2MoeForCausalLM; llama.cpp `lfm2moe`): LFM2's mixers, the first
+# num_dense_layers FFNs dense, the rest routed by a sigmoid router whose expert bias (a
+# buffer, randomized here: router_bias_std) moves the selection but not the weights.
+_LFM2_MOE: dict[str, Any] = dict(
+    _COMMON,
+    num_hidden_layers=6,
+    layer_types=["conv", "conv", "full_attention", "conv", "full_attention", "conv"],
+    conv_L_cache=3,
+    conv_bias=False,
+    norm_eps=1e-5,
+    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    num_dense_layers=2,
+    num_experts=8,
+    num_experts_per_tok=3,
+    moe_intermediate_size=32,
+    use_expert_bias=True,
+    norm_topk_prob=True,
+    routed_scaling_factor=1.0,
+    # Tied, as every LFM2-MoE: llama.cpp's converter has no name for an lm_head here.
+    tie_word_embeddings=True,
     pad_token_id=0,
     bos_token_id=1,
     eos_token_id=2,
@@ -804,6 +855,29 @@ SPECS: dict[str, TinySpec] = {
             greedy=24,
             notes="Falcon-Mamba: Mamba-1 with weightless RMSNorms on dt, B and C; untied",
         ),
+        TinySpec(
+            "lfm2",
+            "Lfm2ForCausalLM",
+            "Lfm2Config",
+            dict(_LFM2, tie_word_embeddings=True),
+            seed=80,
+            seq_len=48,
+            greedy=24,
+            notes="CONV x1 ATTN x1 CONV x2 ATTN x1 CONV x1, QK norms, auto-adjusted FFN; tied",
+        ),
+        TinySpec(
+            "lfm2moe",
+            "Lfm2MoeForCausalLM",
+            "Lfm2MoeConfig",
+            _LFM2_MOE,
+            seed=81,
+            seq_len=48,
+            greedy=24,
+            min_router_gap=MIN_ROUTER_GAP,
+            router_bias_std=0.3,
+            notes="LFM2 mixers; 2 dense FFNs then sigmoid-routed MoE (8 experts, top 3) with "
+            "an expert bias; tied",
+        ),
     ]
 }
 
@@ -820,6 +894,7 @@ _LATER_FIELDS = {
     "convert_architecture": "",
     "ternary": [],
     "convert_renames": {},
+    "router_bias_std": 0.0,
 }
 
 
@@ -862,6 +937,11 @@ def _randomize(model: Any, spec: TinySpec) -> None:
                 p.copy_(center + noise * NORM_STD)
             else:  # biases
                 p.copy_(noise * WEIGHT_STD)
+        if spec.router_bias_std:
+            for name, b in model.named_buffers():
+                if name.endswith("expert_bias"):
+                    noise = torch.randn(b.shape, generator=gen, dtype=torch.float32)
+                    b.copy_(noise * spec.router_bias_std)
 
 
 def _quiet_transformers() -> None:
@@ -911,7 +991,9 @@ def min_top2_gap(logits: np.ndarray) -> float:
 
 
 def _min_router_gap(model: Any, spec: TinySpec, tokens: np.ndarray) -> float:
-    """Smallest margin between the k-th and (k+1)-th router logit, over layers and positions."""
+    """Smallest margin between the k-th and (k+1)-th router score, over layers and positions.
+    The score is the router logit, or, for a sigmoid router with an expert bias (lfm2moe),
+    sigmoid(logit) + bias: what the top k is taken over."""
     import torch
 
     k = int(_text_config(spec)["num_experts_per_tok"])
@@ -921,9 +1003,13 @@ def _min_router_gap(model: Any, spec: TinySpec, tokens: np.ndarray) -> float:
             use_cache=False,
             output_router_logits=True,
         )
+    biases = [b.numpy() for n, b in model.named_buffers() if n.endswith("expert_bias")]
     gaps = []
-    for r in out.router_logits:  # one [T, n_expert] per layer
-        top = np.sort(r.to(torch.float32).numpy().reshape(-1, r.shape[-1]), axis=-1)[:, ::-1]
+    for i, r in enumerate(out.router_logits):  # one [T, n_expert] per routed layer
+        scores = r.to(torch.float32).numpy().reshape(-1, r.shape[-1])
+        if biases:
+            scores = 1.0 / (1.0 + np.exp(-scores.astype(np.float64))) + biases[i]
+        top = np.sort(scores, axis=-1)[:, ::-1]
         gaps.append(float(np.min(top[:, k - 1] - top[:, k])))
     return min(gaps)
 

@@ -37,6 +37,7 @@ from .bitnet import Bitnet
 from .deci import Deci
 from .gemma3 import Gemma3
 from .granite import Granite, GraniteMoe
+from .lfm2 import Lfm2, Lfm2Moe
 from .llama import Llama
 from .mamba import Mamba
 from .olmo2 import Olmo2
@@ -73,6 +74,8 @@ _ARCHS: tuple[Arch, ...] = (
     OpenElm(),
     Deci(),
     Mamba(),
+    Lfm2(),
+    Lfm2Moe(),
 )
 _BY_NAME: dict[str, Arch] = {a.name: a for a in _ARCHS}
 _BY_MODEL_TYPE: dict[str, Arch] = {mt: a for a in _ARCHS for mt in a.hf_model_types}

@@ -142,6 +142,9 @@ class Arch:
     gdn_v_head_order: ClassVar[str | None] = None
     # llama.cpp requires a router on every layer (expert_count must be present).
     moe_every_layer: ClassVar[bool] = False
+    # Layers whose head_count_kv entry is 0 are recurrent, not attention (lfm2's short
+    # convs): the per-layer KV head counts then skip those zeros, as a GDN hybrid's do.
+    zero_kv_recurrent: ClassVar[bool] = False
     # Head counts and FFN widths may differ per layer (ModelConfig.layer_sizes: openelm,
     # deci); zero_head_layers: a layer may have no attention (0 heads) or wo alone (0 KV
     # heads); zero_ffn_layers: a layer may have no FFN (deci).
@@ -187,7 +190,7 @@ class Arch:
             get(md, key("nextn_predict_layers"), 0)
         )
         n_embd = int(get(md, key("embedding_length"), required=True))
-        hybrid = self.gdn_v_head_order is not None
+        hybrid = self.gdn_v_head_order is not None or self.zero_kv_recurrent
         names = set(ckpt.tensors.names())
         layer_sizes = None
         if self.per_layer_sizes:
@@ -259,7 +262,7 @@ class Arch:
             )
         rope_dim = int(get(md, key("rope.dimension_count"), head_dim_k))
         self.check_metadata(ckpt, rope_dim)
-        gdn = self._gdn_config(ckpt, n_layer) if hybrid else None
+        gdn = self._gdn_config(ckpt, n_layer) if self.gdn_v_head_order is not None else None
         has_moe = bool(get(md, key("expert_count"), 0))
         moe = self._moe_config(ckpt, n_layer, n_ff, names) if has_moe else None
         if self.moe_every_layer and moe is None:

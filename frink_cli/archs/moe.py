@@ -51,15 +51,24 @@ def stacked_experts(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
     """Per-expert matrices -> one [n_expert, ...] tensor per kind, as the converter stacks
     them (Qwen2MoeModel.modify_tensors); also transformers' fused in-memory form
     (experts.gate_up_proj [E, 2*ff, d], experts.down_proj [E, d, ff])."""
-    plans: dict[str, Plan] = {}
     per_expert = re.compile(
         r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$"
     )
+    plans = stack_per_expert(kept, per_expert, {"gate": "gate", "up": "up", "down": "down"})
+    return plans | _fused_experts(kept)
+
+
+def stack_per_expert(
+    kept: Kept, pattern: re.Pattern[str], kinds: dict[str, str]
+) -> dict[str, Plan]:
+    """Per-expert matrices named by `pattern` (groups: layer, expert, kind) stacked into one
+    [n_expert, ...] tensor per kind, named blk.{layer}.ffn_{kinds[kind]}_exps.weight."""
+    plans: dict[str, Plan] = {}
     groups: dict[tuple[str, str], dict[int, tuple[str, Any]]] = {}
-    for name in [n for n in kept if per_expert.match(n)]:
-        m = per_expert.match(name)
+    for name in [n for n in kept if pattern.match(n)]:
+        m = pattern.match(name)
         assert m is not None
-        groups.setdefault((m.group(1), m.group(3)), {})[int(m.group(2))] = kept.pop(name)
+        groups.setdefault((m.group(1), kinds[m.group(3)]), {})[int(m.group(2))] = kept.pop(name)
     for (bid, kind), experts in groups.items():
         n = len(experts)
         if sorted(experts) != list(range(n)):
@@ -79,7 +88,12 @@ def stacked_experts(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
             (),
             functools.partial(_read_stack, stored),
         )
+    return plans
 
+
+def _fused_experts(kept: Kept) -> dict[str, Plan]:
+    """transformers' fused in-memory experts (gate_up_proj [E, 2*ff, d], down_proj)."""
+    plans: dict[str, Plan] = {}
     fused = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up|down)_proj(\.weight)?$")
     for name in [n for n in kept if fused.match(n)]:
         m = fused.match(name)

@@ -18,7 +18,13 @@ from ..model.config import ModelConfig
 class RecurrentState:
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         self.conv_shape, self.state_shape = cfg.recurrent_shapes(layer)
-        self.kind = "mamba selective scan" if cfg.mamba is not None else "gated delta net"
+        self.kind = (
+            "mamba selective scan"
+            if cfg.mamba is not None
+            else "short conv"
+            if cfg.shortconv is not None
+            else "gated delta net"
+        )
         self.n_past = 0
         self._pending: tuple[np.ndarray, np.ndarray] | None = None
         self._reset()

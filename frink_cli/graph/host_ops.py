@@ -136,8 +136,15 @@ class HostOps:
     ) -> tuple[np.ndarray, np.ndarray]:
         return selective_scan(x, dt, a, b, c, state)
 
-    def route(self, logits: np.ndarray, k: int, renormalize: bool) -> tuple[np.ndarray, np.ndarray]:
-        return route(logits, k, renormalize)
+    def route(
+        self,
+        logits: np.ndarray,
+        k: int,
+        renormalize: bool,
+        gating: str = "softmax",
+        bias: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return route(logits, k, renormalize, gating, bias)
 
     def experts(
         self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, moe: MoeWeights, act: str

@@ -7,7 +7,8 @@ backend that cannot run it refuses it by name (its eligibility) rather than drop
 A layer is llama.cpp's pre-norm block with the decorations each architecture switches on
 (ModelConfig fields; `shape` = cfg.layer_shape(l)):
 
-    h = norm(x);  a = mixer(h)                      attention (GQA), gated delta net or mamba
+    h = norm(x);  a = mixer(h)                      attention (GQA), gated delta net, mamba
+                                                    or LFM2's short conv
                                                     (no_pre_norm: h = x, no norm);
                                                     "linear": a = wo(h); "none": no branch
     a = post_attn_norm(a) * residual_scale;  x = x + a
@@ -51,6 +52,8 @@ def layer(
             a = gdn_block(ops, cfg, w.gdn, h, kv)
         elif shape.mixer == "mamba":
             a = mamba_block(ops, cfg, w.mamba, h, kv)
+        elif shape.mixer == "shortconv":
+            a = shortconv_block(ops, cfg, w.shortconv, h, kv)
         elif shape.mixer == "linear":
             # deci's "linear attention": wo on the normed input, nothing attends.
             a = ops.linear(h, w.wo)
@@ -221,10 +224,12 @@ def ffn_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array) -> Array:
 
 
 def moe_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array) -> Array:
-    """The sparse MoE FFN: softmax router, top k (renormalized when norm_topk), each chosen
-    expert's gated FFN weighted by its probability; plus the shared expert, scaled by
-    sigmoid(its gate row) when shared_gate. Same arithmetic as llama.cpp's build_moe_ffn
-    with softmax gating.
+    """The sparse MoE FFN: softmax (or sigmoid: lfm2moe) router, top k (over probabilities
+    plus the expert bias, when the model has one), the chosen weights renormalized when
+    norm_topk and multiplied by weights_scale; each chosen expert's gated FFN weighted by
+    its weight; plus the shared expert, scaled by sigmoid(its gate row) when shared_gate.
+    Same arithmetic as llama.cpp's build_moe_ffn with softmax or sigmoid gating and
+    exp_probs_b.
 
     w.inp fuses everything that reads h: the router rows, then (with a gated shared
     expert) its gate row, then the shared expert's gate/up rows."""
@@ -232,7 +237,9 @@ def moe_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array) -> Array:
     assert m is not None  # compose_layer comes here only for a layer whose ffn is "moe"
     E = m.n_expert
     r = ops.linear(h, w.inp)
-    ids, weights = ops.route(r[:, :E], m.n_expert_used, m.norm_topk)
+    ids, weights = ops.route(r[:, :E], m.n_expert_used, m.norm_topk, m.gating, w.probs_b)
+    if m.weights_scale != 1.0:
+        weights = ops.scale_(weights, m.weights_scale)
     out = ops.experts(h, ids, weights, w, cfg.ffn_act)
     if w.down_shexp is not None:
         first = E + 1 if m.shared_gate else E
@@ -313,6 +320,22 @@ def mamba_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array, slot: Any) -> Arra
     slot.set_recurrent_state(new_tail, new_state)
     y = ops.add_(y, x * w.d) * ops.act(xz[:, di:], "silu")
     return ops.linear(y, w.out)
+
+
+def shortconv_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array, slot: Any) -> Array:
+    """LFM2's gated short convolution (llama.cpp's build_shortconv_block, transformers'
+    Lfm2ShortConv), over normed rows h [T, n_embd]:
+
+        B, C, x = split(W_in h);  y = C * conv(B * x);  out = W_out y
+
+    conv: causal and depthwise over L_cache taps, no bias. The slot holds the conv tail (the
+    last L_cache - 1 rows of B * x) and an empty second state; the new tail is staged on it."""
+    d = cfg.n_embd
+    bcx = ops.linear(h, w.in_proj)
+    tail, state = slot.recurrent_state()
+    y, new_tail = ops.causal_conv(bcx[:, :d] * bcx[:, 2 * d :], tail, w.conv)
+    slot.set_recurrent_state(new_tail, state)
+    return ops.linear(bcx[:, d : 2 * d] * y, w.out)
 
 
 def lm_head(

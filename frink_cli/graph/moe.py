@@ -1,7 +1,8 @@
-"""The MoE router on the host: softmax over all experts, the top n_expert_used per row,
-optionally renormalized (norm_topk_prob), as llama.cpp's build_moe_ffn with softmax gating
-and transformers' Qwen3MoeSparseMoeBlock compute it. The block is composed in
-graph/layer.py (moe_block); the experts run in HostOps.experts.
+"""The MoE router on the host: softmax over all experts (or a sigmoid per expert, with an
+optional selection bias: lfm2moe), the top n_expert_used per row, optionally renormalized
+(norm_topk_prob), as llama.cpp's build_moe_ffn with softmax / sigmoid gating and
+exp_probs_b, and transformers' Qwen3MoeSparseMoeBlock / Lfm2MoeTopKRouter compute it.
+The block is composed in graph/layer.py (moe_block); the experts run in HostOps.experts.
 """
 
 from __future__ import annotations
@@ -9,12 +10,23 @@ from __future__ import annotations
 import numpy as np
 
 
-def route(logits: np.ndarray, k: int, renormalize: bool) -> tuple[np.ndarray, np.ndarray]:
+def route(
+    logits: np.ndarray,
+    k: int,
+    renormalize: bool,
+    gating: str = "softmax",
+    bias: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Router logits [T, n_expert] -> (expert ids [T, k], weights [T, k])."""
-    p = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    p /= p.sum(axis=-1, keepdims=True)
-    # Highest probability first; ties (measure zero for real weights) go to the lower id.
-    ids = np.argsort(-p, axis=-1, kind="stable")[:, :k]
+    if gating == "sigmoid":
+        p = 1.0 / (1.0 + np.exp(-logits))
+    else:
+        p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)
+    # The bias moves the selection only (DeepSeek V3's, lfm2moe's expert bias).
+    select = p if bias is None else p + bias
+    # Highest score first; ties (measure zero for real weights) go to the lower id.
+    ids = np.argsort(-select, axis=-1, kind="stable")[:, :k]
     weights = np.take_along_axis(p, ids, axis=-1)
     if renormalize:
         weights /= weights.sum(axis=-1, keepdims=True)

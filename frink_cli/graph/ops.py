@@ -139,9 +139,18 @@ class Ops(Protocol):
         ...
 
     # --- mixture of experts ----------------------------------------------------------------
-    def route(self, logits: Array, k: int, renormalize: bool) -> tuple[Array, Array]:
-        """Softmax router over [T, n_expert] logits -> (expert ids [T, k], weights [T, k]),
-        highest probability first; weights renormalized to sum to 1 when asked."""
+    def route(
+        self,
+        logits: Array,
+        k: int,
+        renormalize: bool,
+        gating: str = "softmax",
+        bias: Array | None = None,
+    ) -> tuple[Array, Array]:
+        """Router over [T, n_expert] logits -> (expert ids [T, k], weights [T, k]): the
+        probabilities are softmax(logits) or (gating "sigmoid") sigmoid(logits); the top k
+        is taken over probabilities + bias [n_expert] when given, highest first; the weights
+        are the unbiased probabilities of the chosen, renormalized to sum to 1 when asked."""
         ...
 
     def experts(self, x: Array, ids: Array, weights: Array, moe: Any, act: str) -> Array:

@@ -22,6 +22,7 @@ class LayerShape:
 
     # "attention" | "gdn" (gated delta net: linear attention with recurrent state) |
     # "mamba" (Mamba-1's selective state-space mixer, recurrent state, no attention) |
+    # "shortconv" (LFM2's gated short convolution: a causal depthwise conv, its tail the state) |
     # "linear" (deci's "linear attention": only wo, applied to the normed input) |
     # "none" (deci's attention-free layer: the branch is absent, x passes on)
     mixer: str
@@ -161,6 +162,20 @@ class MambaConfig:
 
 
 @dataclass(frozen=True)
+class ShortConvConfig:
+    """LFM2's short-conv layers (llama.cpp `lfm2` / `lfm2moe`, transformers Lfm2ShortConv):
+    in_proj -> B, C, x; y = C * conv(B * x), a causal depthwise conv without bias; out_proj.
+    The recurrent state is the conv tail alone, [conv_kernel-1, n_embd] per layer."""
+
+    layers: tuple[bool, ...]  # per layer: a short conv instead of attention (head_count_kv 0)
+    conv_kernel: int  # shortconv.l_cache: the conv's width (L_cache)
+
+    def state_bytes(self, n_embd: int) -> int:
+        """f32 bytes of recurrent state one sequence holds: the conv tail per conv layer."""
+        return 4 * (self.conv_kernel - 1) * n_embd * sum(self.layers)
+
+
+@dataclass(frozen=True)
 class MoeConfig:
     """A sparse mixture-of-experts FFN on the layers that have a router."""
 
@@ -173,6 +188,15 @@ class MoeConfig:
     # The shared expert's output is scaled by sigmoid(its gate row) (qwen3next, qwen35moe);
     # False: added as it is (granitemoe's shared expert has no gate).
     shared_gate: bool = True
+    # The router's gating (llama.cpp's expert_gating_func): "softmax" over the experts, or
+    # "sigmoid" per expert (lfm2moe). The weights are the gated probabilities of the chosen.
+    gating: str = "softmax"
+    # An expert-selection bias (llama.cpp's exp_probs_b, lfm2moe's expert_bias): the top k
+    # is taken over probs + bias, the weights stay the unbiased probs.
+    expert_bias: bool = False
+    # The chosen weights' multiplier after any renormalization (expert_weights_scale,
+    # transformers' routed_scaling_factor); 1 = none.
+    weights_scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -213,6 +237,9 @@ class ModelConfig:
     has_rope_freqs: bool  # per-dimension frequency factors (llama 3.x "rope_freqs.weight")
     # Where the pre-FFN norm is stored: qwen35/qwen3next name it post_attention_norm.
     ffn_norm_tensor: str = "ffn_norm"
+    # Where the final norm is stored: lfm2 names it token_embd_norm (llama.cpp's
+    # LLM_TENSOR_OUTPUT_NORM_LFM2, "fix for wrong tensor name"), though it norms the output.
+    output_norm_tensor: str = "output_norm"
     # The query projection also yields a per-head gate: out *= sigmoid(gate) before o_proj.
     # Its rows interleave per head, [q_h (head_dim), gate_h (head_dim)], as HF and GGUF store them.
     attn_output_gate: bool = False
@@ -270,6 +297,8 @@ class ModelConfig:
     moe: MoeConfig | None = None
     # Mamba-1: every layer is a selective-scan mixer (mixer "mamba", ffn "none").
     mamba: MambaConfig | None = None
+    # LFM2: the layers with no KV heads are short convs (mixer "shortconv").
+    shortconv: ShortConvConfig | None = None
 
     def alibi_slopes(self) -> tuple[float, ...]:
         """Per query head, its ALiBi slope: ggml's m0^(h+1) for the first 2^floor(log2 H)
@@ -289,6 +318,8 @@ class ModelConfig:
 
     def is_recurrent(self, layer: int) -> bool:
         """The layer keeps a recurrent state (conv tail + state) instead of K/V rows."""
+        if self.shortconv is not None and self.shortconv.layers[layer]:
+            return True
         return self.mamba is not None or (self.gdn is not None and self.gdn.layers[layer])
 
     def is_moe(self, layer: int) -> bool:
@@ -297,6 +328,8 @@ class ModelConfig:
     def recurrent_state_bytes(self) -> int:
         if self.mamba is not None:
             return self.mamba.state_bytes(self.n_layer)
+        if self.shortconv is not None:
+            return self.shortconv.state_bytes(self.n_embd)
         return self.gdn.state_bytes() if self.gdn is not None else 0
 
     def recurrent_shapes(self, layer: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -304,6 +337,9 @@ class ModelConfig:
         if self.mamba is not None:
             m = self.mamba
             return (m.conv_kernel - 1, m.d_inner), (m.d_inner, m.d_state)
+        if self.shortconv is not None:
+            # The conv tail is the whole state: the second array is empty.
+            return (self.shortconv.conv_kernel - 1, self.n_embd), (0,)
         g = self.gdn
         assert g is not None and g.layers[layer]  # asked only of a recurrent layer
         return (g.conv_kernel - 1, g.conv_dim), (g.n_v_heads, g.head_dim_k, g.head_dim_v)
@@ -319,6 +355,8 @@ class ModelConfig:
                 out.add(f.name)
         if self.ffn_norm_tensor == "ffn_norm":
             out.discard("ffn_norm_tensor")
+        if self.output_norm_tensor == "output_norm":
+            out.discard("output_norm_tensor")
         return out
 
     def layer_shape(self, layer: int) -> LayerShape:
@@ -329,6 +367,8 @@ class ModelConfig:
             n_head, n_head_kv, n_ff = s.n_head[layer], s.n_head_kv[layer], s.n_ff[layer]
         if self.mamba is not None:
             mixer, n_head, n_head_kv, n_ff = "mamba", 0, 0, 0
+        elif self.shortconv is not None and self.shortconv.layers[layer]:
+            mixer, n_head, n_head_kv = "shortconv", 0, 0
         elif self.is_recurrent(layer):
             mixer = "gdn"
         elif n_head == 0:
@@ -363,6 +403,8 @@ class ModelConfig:
             name = "GDN"
         elif shape.mixer == "mamba":
             name = "MAMBA"
+        elif shape.mixer == "shortconv":
+            name = "CONV"
         elif shape.mixer == "none":
             name = "NONE"
         elif shape.mixer == "linear":

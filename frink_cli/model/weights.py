@@ -99,6 +99,15 @@ class MambaWeights:
 
 
 @dataclass
+class ShortConvWeights:
+    """An LFM2 short-conv mixer (llama.cpp's shortconv.* tensors, [out, in] layouts)."""
+
+    in_proj: Linear  # [3*n_embd, n_embd]: B rows, then C, then x
+    conv: np.ndarray  # [n_embd, L_cache] depthwise causal conv taps, oldest first
+    out: Linear  # [n_embd, n_embd]
+
+
+@dataclass
 class MoeWeights:
     """A sparse MoE FFN with an optional shared expert (sigmoid-gated or not)."""
 
@@ -109,6 +118,8 @@ class MoeWeights:
     gate_up_exps: np.ndarray  # [n_expert, 2*n_ff_exp, n_embd]: gate rows, then up rows
     down_exps: np.ndarray  # [n_expert, n_embd, n_ff_exp]
     down_shexp: Linear | None  # [n_embd, n_ff_shexp]
+    # [n_expert] the expert-selection bias (exp_probs_b; MoeConfig.expert_bias), or None.
+    probs_b: np.ndarray | None = None
 
 
 @dataclass
@@ -127,6 +138,7 @@ class LayerWeights:
     gdn: GdnWeights | None = None
     moe: MoeWeights | None = None
     mamba: MambaWeights | None = None
+    shortconv: ShortConvWeights | None = None
     # LayerNorm biases (cfg.layer_norm), where the file has them.
     attn_norm_b: np.ndarray | None = None  # [n_embd]
     ffn_norm_b: np.ndarray | None = None  # [n_embd]
@@ -348,8 +360,10 @@ def load_weights(
         n_head, n_ff = shape.n_head, shape.n_ff
         nq = n_head * hk * (2 if cfg.attn_output_gate else 1)  # with a gate: its rows too
         nk, nv = shape.n_head_kv * hk, shape.n_head_kv * hv
-        qkv = wo = q_norm = k_norm = q_norm_b = k_norm_b = gdn = mamba = None
-        if shape.mixer == "gdn":
+        qkv = wo = q_norm = k_norm = q_norm_b = k_norm_b = gdn = mamba = shortconv = None
+        if shape.mixer == "shortconv":
+            shortconv = _load_shortconv(p, cfg, get)
+        elif shape.mixer == "gdn":
             gdn = _load_gdn(p, cfg, get, names)
         elif shape.mixer == "mamba":
             mamba = _load_mamba(p, cfg, get, names)
@@ -418,6 +432,7 @@ def load_weights(
             gdn=gdn,
             moe=moe,
             mamba=mamba,
+            shortconv=shortconv,
             attn_norm_b=optional(p + "attn_norm.bias", (d,))
             if cfg.layer_norm and attn_norm
             else None,
@@ -458,7 +473,7 @@ def load_weights(
 
         layers.on_load = report
     if lazy:
-        output_norm = norm("output_norm.weight")
+        output_norm = norm(f"{cfg.output_norm_tensor}.weight")
         return ModelWeights(
             token_embd,
             output_norm,
@@ -472,7 +487,7 @@ def load_weights(
     for i in range(cfg.n_layer):
         layers[i]
     layers.on_load = None
-    output_norm = norm("output_norm.weight")
+    output_norm = norm(f"{cfg.output_norm_tensor}.weight")
     if progress:
         progress(total, total)
     return ModelWeights(
@@ -572,6 +587,21 @@ def _load_mamba(p: str, cfg: ModelConfig, get: _Get, names: set[str]) -> MambaWe
     )
 
 
+def _load_shortconv(p: str, cfg: ModelConfig, get: _Get) -> ShortConvWeights:
+    sc = cfg.shortconv
+    assert sc is not None  # only a layer_shape with mixer "shortconv" comes here
+    d = cfg.n_embd
+
+    def linear(name: str, rows: int) -> Linear:
+        return Linear(get(p + name, (rows, d)), None, (p + name,))
+
+    return ShortConvWeights(
+        in_proj=linear("shortconv.in_proj.weight", 3 * d),
+        conv=get(p + "shortconv.conv.weight", (d, sc.conv_kernel)),
+        out=linear("shortconv.out_proj.weight", d),
+    )
+
+
 def _load_moe(p: str, cfg: ModelConfig, get: _Get, ckpt: Checkpoint) -> MoeWeights:
     moe = cfg.moe
     assert moe is not None  # only a layer_shape with ffn "moe" comes here
@@ -615,4 +645,5 @@ def _load_moe(p: str, cfg: ModelConfig, get: _Get, ckpt: Checkpoint) -> MoeWeigh
         gate_up_exps=gate_up,
         down_exps=get(p + "ffn_down_exps.weight", (n_e, d, ff)),
         down_shexp=down_shexp,
+        probs_b=get(p + "exp_probs_b.bias", (n_e,)) if moe.expert_bias else None,
     )

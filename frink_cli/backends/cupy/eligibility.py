@@ -127,10 +127,11 @@ OUTSIDE_THE_LAYERS = frozenset(
     }
 )
 # Fields read only by layers of another kind, which layer_shape names (mixer "gdn" or
-# "mamba", ffn "moe") and which are refused by that name before these could matter.
-OTHER_LAYER_KINDS = frozenset({"gdn", "moe", "mamba"})
+# "mamba" or "shortconv", ffn "moe") and which are refused by that name before these could
+# matter.
+OTHER_LAYER_KINDS = frozenset({"gdn", "moe", "mamba", "shortconv"})
 # Fields that only say where load_weights finds a tensor: the stack gets the loaded weights.
-LOAD_TIME = frozenset({"ffn_norm_tensor", "weightless_norms"})
+LOAD_TIME = frozenset({"ffn_norm_tensor", "weightless_norms", "output_norm_tensor"})
 # Fields refused by their own named check above (kept out of the generic rule's words).
 REFUSED_BY_NAME = frozenset({"attn_output_gate"})
 # LayerShape fields the stack reads (mixer, ffn and window are checked below).

@@ -232,7 +232,8 @@ class MlxBackend(DeviceBackend):
         if e.down_shexp is not None:
             d = e.down_shexp
             down_shexp = self._linear(list(d.sources), d.w, d.b)
-        return graph.DeviceMoe(inp, gate_up, down, down_shexp)
+        probs_b = None if e.probs_b is None else mx.array(e.probs_b)
+        return graph.DeviceMoe(inp, gate_up, down, down_shexp, probs_b)
 
     def prepare(self, weights) -> None:
         cfg = self.cfg
@@ -432,9 +433,18 @@ class MlxBackend(DeviceBackend):
         return np.concatenate(outputs) if len(outputs) > 1 else outputs[0]
 
     def _kind(self, run: Run, head: str | None) -> str:
-        """Ledger tag: a run of mamba layers is a mamba-run; a run holding GDN layers is a
+        """Ledger tag: a run of mamba layers is a mamba-run; of an LFM2 model, a
+        shortconv-run (its attention layers folded in); a run holding GDN layers is a
         gdn-run (its attention layers are the heads and tails folded into it), else a
         dense-run; "+lm-head" when the head rode along."""
         recurrent = any(self.cfg.is_recurrent(i) for i in range(run.start, run.stop))
-        kind = "mamba" if self.cfg.mamba is not None else "gdn" if recurrent else "dense"
+        kind = (
+            "mamba"
+            if self.cfg.mamba is not None
+            else "shortconv"
+            if self.cfg.shortconv is not None
+            else "gdn"
+            if recurrent
+            else "dense"
+        )
         return f"{kind}-run" + ("" if head is None else "+lm-head")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ...model.config import ModelConfig
 
 CARRIED_ACTIVATIONS = ("silu", "gelu_tanh")
-CARRIED_MIXERS = ("attention", "gdn", "linear", "none", "mamba")
+CARRIED_MIXERS = ("attention", "gdn", "linear", "none", "mamba", "shortconv")
 CARRIED_FFNS = ("dense", "moe", "none")
 
 # The features (ModelConfig.features(): decorations and sub-configs) the MLX ops and the
@@ -53,6 +53,12 @@ CARRIED_FEATURES = frozenset(
         "proj_scales",
         # openelm, deci: each layer's sizes come from layer_shape (weights, KV mirrors).
         "layer_sizes",
+        # lfm2: the short conv is causal_conv between two linears in the traced graph, its
+        # conv tail mirrored on the device as the gated delta net's is; the final norm's
+        # tensor name only matters at load. (MoE's sigmoid gating and expert bias ride in
+        # "moe": MlxOps.route carries both.)
+        "shortconv",
+        "output_norm_tensor",
     }
 )
 

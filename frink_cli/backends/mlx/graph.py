@@ -115,6 +115,7 @@ class DeviceMoe:
     gate_up_exps: list[DeviceExperts]  # [E, 2 ff, d] as one stack, or gate then up stacks
     down_exps: DeviceExperts  # [E, d, ff]
     down_shexp: DeviceLinear | None  # [d, ff_sh]
+    probs_b: mx.array | None = None  # [E] the expert-selection bias (lfm2moe), or None
 
     @property
     def gate_up_shexp(self) -> DeviceLinear | None:
@@ -342,9 +343,17 @@ class MlxOps:
             outs.append(h @ c[t])
         return mx.stack(outs), h
 
-    def route(self, logits: mx.array, k: int, renormalize: bool) -> tuple[mx.array, mx.array]:
-        p = mx.softmax(logits, axis=-1)
-        ids = mx.argsort(-p, axis=-1)[:, :k]  # [T, k]
+    def route(
+        self,
+        logits: mx.array,
+        k: int,
+        renormalize: bool,
+        gating: str = "softmax",
+        bias: mx.array | None = None,
+    ) -> tuple[mx.array, mx.array]:
+        p = mx.sigmoid(logits) if gating == "sigmoid" else mx.softmax(logits, axis=-1)
+        select = p if bias is None else p + bias  # the bias moves the selection only
+        ids = mx.argsort(-select, axis=-1)[:, :k]  # [T, k]
         wts = mx.take_along_axis(p, ids, axis=-1)
         if renormalize:
             wts = wts / wts.sum(axis=-1, keepdims=True)
