@@ -364,11 +364,20 @@ def _print_info(d: dict[str, Any]) -> None:
         )
         state_kib = d["recurrent_state_bytes"] / 1024
         line("recurrent", f"{state_kib:.1f} KiB state per sequence (f32 conv + delta)")
+    sc = d["shortconv"]
+    if sc:
+        line("short conv", f"{sc['layers']} layers, conv {sc['conv_kernel']} over {d['n_embd']}")
+        state_kib = d["recurrent_state_bytes"] / 1024
+        line("recurrent", f"{state_kib:.1f} KiB state per sequence (f32 conv tail)")
     if moe:
         shared = f", shared expert ffn {moe['shared_ff']}" if moe["shared_ff"] else ""
+        gating = ""
+        if moe["gating"] != "softmax" or moe["expert_bias"]:
+            gating = f", {moe['gating']} router" + (" + expert bias" if moe["expert_bias"] else "")
         line(
             "experts",
-            f"{moe['experts']}, top {moe['experts_used']}, expert ffn {moe['expert_ff']}{shared}",
+            f"{moe['experts']}, top {moe['experts_used']}, expert ffn {moe['expert_ff']}"
+            f"{shared}{gating}",
         )
     line("context", str(d["context_length"]))
     t = d["tokenizer"]
@@ -395,6 +404,8 @@ def _print_info(d: dict[str, Any]) -> None:
             mixer = f"gdn ({g['key_heads']}k/{g['value_heads']}v x {g['head_dim_k']})"
         elif s["mixer"] == "mamba":
             mixer = f"mamba ({mb['d_inner']} x {mb['d_state']})"
+        elif s["mixer"] == "shortconv":
+            mixer = f"shortconv (conv {sc['conv_kernel']})"
         elif s["mixer"] == "none":
             mixer = "no attention"
         elif s["mixer"] == "linear":

@@ -161,6 +161,12 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
             "conv_kernel": cfg.mamba.conv_kernel,
             "dt_b_c_rms": cfg.mamba.dt_b_c_rms,
         },
+        "shortconv": None
+        if cfg.shortconv is None
+        else {
+            "layers": sum(cfg.shortconv.layers),
+            "conv_kernel": cfg.shortconv.conv_kernel,
+        },
         "recurrent_state_bytes": cfg.recurrent_state_bytes(),
         "moe": None
         if cfg.moe is None
@@ -171,6 +177,9 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
             "expert_ff": cfg.moe.n_ff_exp,
             "shared_ff": cfg.moe.n_ff_shexp,
             "norm_topk": cfg.moe.norm_topk,
+            "gating": cfg.moe.gating,
+            "expert_bias": cfg.moe.expert_bias,
+            "weights_scale": cfg.moe.weights_scale,
         },
         "decorations": sorted(cfg.features()),
         "decoration_values": decoration_values(cfg),

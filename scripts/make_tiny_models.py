@@ -861,7 +861,7 @@ SPECS: dict[str, TinySpec] = {
             "Lfm2Config",
             dict(_LFM2, tie_word_embeddings=True),
             seed=80,
-            seq_len=48,
+            seq_len=_HYBRID_SEQ_LEN,  # past metal's 64-row recurrent prefill chunk
             greedy=24,
             notes="CONV x1 ATTN x1 CONV x2 ATTN x1 CONV x1, QK norms, auto-adjusted FFN; tied",
         ),
@@ -870,8 +870,8 @@ SPECS: dict[str, TinySpec] = {
             "Lfm2MoeForCausalLM",
             "Lfm2MoeConfig",
             _LFM2_MOE,
-            seed=81,
-            seq_len=48,
+            seed=82,
+            seq_len=_HYBRID_SEQ_LEN,  # past metal's 64-row recurrent prefill chunk
             greedy=24,
             min_router_gap=MIN_ROUTER_GAP,
             router_bias_std=0.3,
