@@ -287,5 +287,8 @@ def test_info_shows_the_pattern_and_the_experts(tiny_model: Callable) -> None:
         "expert_ff": 32,
         "shared_ff": 0,
         "norm_topk": True,
+        "gating": "softmax",
+        "expert_bias": False,
+        "weights_scale": 1.0,
     }
     assert [entry["ffn"] for entry in data["layers"]] == ["moe"] * 3
