@@ -30,7 +30,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import fixture_cache_root
 from frink_subprocess import frink
+from llama_quantize import llama_quantize
 from model_checks import (
     FAR,
     REF_TOL,
@@ -45,6 +47,7 @@ from model_checks import (
     _path,
     _tokens,
 )
+from script_loader import load_script
 
 import frink_cli
 from frink_cli.decoder import Decoder
@@ -590,3 +593,71 @@ def test_cuda_refuses_the_short_conv_by_name(
     got = m.logits(_tokens(tiny_model, "lfm2"))
     _against_references(got, tiny_model("lfm2").ref, "lfm2 cuda (conv layers on the host)")
     assert "mixer shortconv" in m.decoder.backend.ledger.refusals
+
+
+# --- quantized: Q8_0 matrices (llama.cpp's quantizer) ---------------------------------------------
+
+_make_tiny = load_script("make_tiny_models")
+_Q8_0, _FTYPE_Q8_0, _FTYPE_F32 = 8, 7, 0  # ggml's Q8_0 type; llama.cpp's file types
+# Top-2 margin of llama.cpp's quantized run from which its argmax is compared. Its 8-bit
+# activations move these logits by up to 0.25 (lfm2; lfm2moe: 0.9, where one flips a close
+# router choice), mostly by hundredths: most positions keep a margin above this.
+_Q8_MARGIN = 0.1
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def q8(request: pytest.FixtureRequest, tiny_model: Callable) -> tuple[str, Path, dict]:
+    """A fixture quantized to Q8_0 by llama.cpp (the projections, expert stacks and the
+    embedding; the conv taps and vectors stay F32), and llama.cpp's logits on it and on its
+    own F32 requant of it (cached beside the tiny models)."""
+    name = request.param
+    src = _path(tiny_model, name, "gguf")
+    stamp = json.loads((src.parent / "stamp.json").read_text())
+    root = fixture_cache_root() / "quant" / name
+    root.mkdir(parents=True, exist_ok=True)
+    key = json.dumps({"fixture": stamp["spec"], "v": 1})
+    if (root / "key.json").is_file() and (root / "key.json").read_text() != key:
+        for f in root.iterdir():
+            f.unlink()
+    (root / "key.json").write_text(key)
+    path, f32, npz = (root / f"Q8_0{s}" for s in (".gguf", ".f32.gguf", ".npz"))
+    if not path.is_file():
+        llama_quantize(src, path, _Q8_0, False, _FTYPE_Q8_0)
+    if not f32.is_file():
+        llama_quantize(path, f32, -1, False, _FTYPE_F32)
+    tokens = tiny_model(name).ref["tokens"]
+    if not npz.is_file():
+        np.savez(
+            npz,
+            quantized=_make_tiny.llama_cpp_logits(path, tokens),
+            f32=_make_tiny.llama_cpp_logits(f32, tokens),
+        )
+    with np.load(npz) as z:
+        return name, path, {k: z[k] for k in z.files}
+
+
+@pytest.mark.parametrize("backend", ["numpy", "metal"])
+def test_q8_0_agrees_with_llama_cpp(
+    backend: str, q8: tuple[str, Path, dict], tiny_model: Callable
+) -> None:
+    """On the Q8_0 file: llama.cpp's logits on the same weights in f32 at the parity bar,
+    and its own quantized run's argmax wherever that run's top two are clearly apart (it
+    rounds activations to 8 bits before each Q8_0 matmul, which frink does not: its logits
+    move by a few hundredths, past these fixtures' narrowest margins). metal multiplies the
+    file's own Q8_0 blocks."""
+    if backend == "metal":
+        pytest.importorskip("mlx.core")
+    name, path, ref = q8
+    ckpt = open_checkpoint(path)
+    assert ckpt.tensors.info("blk.0.shortconv.in_proj.weight").dtype == "Q8_0"
+    m = frink_cli.load(path, backend=backend)
+    got = m.logits(_tokens(tiny_model, name))
+    _compare(got, ref["f32"], REF_TOL, f"{name} Q8_0 {backend} vs llama.cpp (f32 requant)")
+    top2 = np.sort(ref["quantized"], axis=-1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > _Q8_MARGIN
+    assert clear.mean() > 0.5, "too few clear positions to judge"
+    assert np.array_equal(got.argmax(-1)[clear], ref["quantized"].argmax(-1)[clear])
+    if backend == "metal":
+        _assert_device_ran(m, f"{name} Q8_0 metal")
+        tensors = m.decoder.backend.resident[0].shortconv
+        assert tensors.in_proj.scales is not None  # held in the file's own blocks
