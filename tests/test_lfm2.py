@@ -447,11 +447,59 @@ def test_hf_router_options_are_carried(tiny_model: Callable, tmp_path: Path) -> 
     assert moe is not None and not moe.norm_topk and moe.weights_scale == 2.5
 
 
-def test_hf_full_attn_idxs_without_layer_types(tiny_model: Callable, tmp_path: Path) -> None:
-    """An older LFM2 config names its attention layers in full_attn_idxs only."""
-    hf = _edited_hf(tiny_model, "lfm2", tmp_path, layer_types=None, full_attn_idxs=[1, 4])
+def test_hf_released_config_spellings(tiny_model: Callable, tmp_path: Path) -> None:
+    """Released LFM2 configs spell things their own way: the attention layers in
+    full_attn_idxs only, tie_embedding, block_ff_dim (transformers' aliases). Read alike."""
+    hf = tmp_path / "hf"
+    shutil.copytree(_path(tiny_model, "lfm2", "hf"), hf)
+    cfg = json.loads((hf / "config.json").read_text())
+    for key in ("layer_types", "tie_word_embeddings", "intermediate_size"):
+        cfg.pop(key)
+    cfg.update(full_attn_idxs=[1, 4], tie_embedding=True, block_ff_dim=200)
+    (hf / "config.json").write_text(json.dumps(cfg))
     gguf = config_from_checkpoint(open_checkpoint(_path(tiny_model, "lfm2", "gguf")))
     assert config_from_checkpoint(open_checkpoint(hf)) == gguf
+
+
+def _gguf_with(src: Path, dst: Path, key: str, value: object, vtype: str) -> Path:
+    """A copy of a GGUF with one metadata key set (written by gguf-py, of type vtype)."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    reader = GGUFReader(src)
+    writer = GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
+    for field in reader.fields.values():
+        if field.name in ("general.architecture", key) or field.name.startswith("GGUF."):
+            continue
+        sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
+    writer.add_key_value(key, value, GGUFValueType[vtype])
+    for t in reader.tensors:
+        writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("name", "key", "value", "vtype", "match"),
+    [
+        ("lfm2", "attention.sliding_window", 8, "UINT32", "sliding window"),
+        ("lfm2", "attention.causal", False, "BOOL", "non-causal"),
+        ("lfm2moe", "expert_gating_func", 3, "UINT32", "expert_gating_func 3"),
+    ],
+    ids=["sliding-window", "non-causal", "gating-3"],
+)
+def test_what_lfm2_files_may_say_but_frink_refuses(
+    name: str, key: str, value: object, vtype: str, match: str, tiny_model: Callable, tmp_path: Path
+) -> None:
+    """llama.cpp's other LFM2 graphs (the audio tokenizer's sliding window, the
+    bidirectional embedding model) and gating functions frink lacks: refused by name."""
+    src = _path(tiny_model, name, "gguf")
+    path = _gguf_with(src, tmp_path / "m.gguf", f"{name}.{key}", value, vtype)
+    with pytest.raises(FrinkError, match=match):
+        frink_cli.load(path)
 
 
 # --- every piece of the block matters -------------------------------------------------------------
