@@ -70,6 +70,19 @@ def _decode_after_prefill(model: frink_cli.Model, ref: dict[str, np.ndarray]) ->
     return np.stack(got)
 
 
+def _assert_greedy_matches_llamacpp(
+    model: frink_cli.Model, ref: dict[str, np.ndarray], what: str, min_steps: int = 1
+) -> None:
+    """llama.cpp's greedy run, checked twice: the logits each of its choices was made from
+    (the prompt as one batch, then its tokens one decode step at a time), and frink's own
+    greedy generation from the same prompt, token for token."""
+    _compare(_decode_after_prefill(model, ref), ref["greedy_logits_llamacpp"], REF_TOL, what)
+    prompt = [int(t) for t in ref["greedy_prompt"]]
+    want = ref["greedy_llamacpp"].tolist()
+    assert len(want) >= min_steps, f"{what}: the reference has {len(want)} greedy steps"
+    assert list(model.generate_ids(prompt, max_tokens=len(want), temperature=0.0)) == want
+
+
 def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
 

@@ -42,6 +42,7 @@ from model_checks import (
     SOURCES,
     _against_references,
     _assert_device_ran,
+    _assert_greedy_matches_llamacpp,
     _assert_one_submission_per_token,  # noqa: I001 - tests/ on the path, as conftest's
     _compare,
     _cuda_models,
@@ -205,15 +206,7 @@ def test_numpy_decode_after_prefill_matches_llamacpp(
 ) -> None:
     ref = tiny_model(name).ref
     m = frink_cli.load(_path(tiny_model, name, source))
-    _compare(
-        _decode_after_prefill(m, ref),
-        ref["greedy_logits_llamacpp"],
-        REF_TOL,
-        f"{name} decode steps",
-    )
-    prompt = [int(t) for t in ref["greedy_prompt"]]
-    want = ref["greedy_llamacpp"].tolist()
-    assert list(m.generate_ids(prompt, max_tokens=len(want), temperature=0.0)) == want
+    _assert_greedy_matches_llamacpp(m, ref, f"{name} decode steps")
 
 
 @pytest.mark.parametrize("name", GRANITE)

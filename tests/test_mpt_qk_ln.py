@@ -26,6 +26,7 @@ from model_checks import (
     REF_TOL,
     SELF_TOL,
     _assert_device_ran,
+    _assert_greedy_matches_llamacpp,
     _assert_one_submission_per_token,
     _compare,
     _cuda_models,
@@ -93,11 +94,7 @@ def test_numpy_matches_llamacpp(source: str, step: bool, fixture: Any) -> None:
 def test_greedy_decode_matches_llamacpp(fixture: Any) -> None:
     ref = fixture[2]
     m = frink_cli.load(fixture[0])
-    _compare(_decode_after_prefill(m, ref), ref["greedy_logits_llamacpp"], REF_TOL, "decode")
-    prompt = [int(t) for t in ref["greedy_prompt"]]
-    want = ref["greedy_llamacpp"].tolist()
-    assert len(want) >= 24
-    assert list(m.generate_ids(prompt, max_tokens=len(want), temperature=0.0)) == want
+    _assert_greedy_matches_llamacpp(m, ref, "decode", min_steps=24)
 
 
 @pytest.mark.parametrize("variant", ["no QK norm", "QK norm without biases"])

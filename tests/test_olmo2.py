@@ -33,6 +33,7 @@ from model_checks import (
     SOURCES,
     _against_references,
     _assert_device_ran,
+    _assert_greedy_matches_llamacpp,
     _assert_one_submission_per_token,
     _compare,
     _cuda_models,
@@ -101,10 +102,7 @@ def test_numpy_matches_references(source: str, step: bool, tiny_model: Callable)
 def test_numpy_decode_after_prefill_matches_llamacpp(source: str, tiny_model: Callable) -> None:
     ref = tiny_model(NAME).ref
     m = frink_cli.load(_path(tiny_model, NAME, source))
-    _compare(_decode_after_prefill(m, ref), ref["greedy_logits_llamacpp"], REF_TOL, "decode")
-    prompt = [int(t) for t in ref["greedy_prompt"]]
-    want = ref["greedy_llamacpp"].tolist()
-    assert list(m.generate_ids(prompt, max_tokens=len(want), temperature=0.0)) == want
+    _assert_greedy_matches_llamacpp(m, ref, "decode")
 
 
 def test_config_reads_the_decorations(tiny_model: Callable) -> None:

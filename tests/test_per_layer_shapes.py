@@ -23,6 +23,7 @@ from model_checks import (
     REF_TOL,
     SELF_TOL,
     _assert_device_ran,
+    _assert_greedy_matches_llamacpp,
     _assert_one_submission_per_token,
     _compare,
     _cuda_models,
@@ -153,10 +154,7 @@ def test_numpy_matches_llamacpp(arch: str, step: bool, made: Any) -> None:
 def test_numpy_decode_after_prefill_matches_llamacpp(arch: str, made: Any) -> None:
     path, ref = made[arch]
     m = frink_cli.load(path)
-    _compare(_decode_after_prefill(m, ref), ref["greedy_logits_llamacpp"], REF_TOL, "decode")
-    prompt = [int(t) for t in ref["greedy_prompt"]]
-    want = ref["greedy_llamacpp"].tolist()
-    assert list(m.generate_ids(prompt, max_tokens=len(want), temperature=0.0)) == want
+    _assert_greedy_matches_llamacpp(m, ref, "decode")
 
 
 # --- every new piece matters ----------------------------------------------------------------------

@@ -26,6 +26,7 @@ from model_checks import (
     REF_TOL,
     SELF_TOL,
     _assert_device_ran,
+    _assert_greedy_matches_llamacpp,
     _compare,
     _cuda_models,
     _decode_after_prefill,
@@ -95,10 +96,7 @@ def test_numpy_matches_llamacpp(step: bool, fixture: Any) -> None:
 def test_numpy_decode_after_prefill_matches_llamacpp(fixture: Any) -> None:
     path, ref = fixture
     m = frink_cli.load(path)
-    _compare(_decode_after_prefill(m, ref), ref["greedy_logits_llamacpp"], REF_TOL, "decode")
-    prompt = [int(t) for t in ref["greedy_prompt"]]
-    want = ref["greedy_llamacpp"].tolist()
-    assert list(m.generate_ids(prompt, max_tokens=len(want), temperature=0.0)) == want
+    _assert_greedy_matches_llamacpp(m, ref, "decode")
 
 
 def test_hidden_is_the_residual_stream(fixture: Any) -> None:
