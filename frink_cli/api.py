@@ -20,7 +20,7 @@ from .formats import Checkpoint, open_checkpoint
 from .generate import GenerationStats, generate_tokens
 from .model import ModelConfig, config_from_checkpoint, load_weights
 from .model.validate import check_tensors as scan_tensors
-from .model.weights import LayerStore
+from .model.weights import LayerStore, ModelWeights, unread_tensors
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer, load_tokenizer
 
@@ -145,6 +145,18 @@ class Model:
             yield tail
 
 
+def _refuse_unread_tensors(ckpt: Checkpoint, weights: ModelWeights) -> None:
+    """No model feature is silently dropped: a tensor the file holds and frink never read
+    means the model computes something frink does not, so the model is refused by name."""
+    unread = unread_tensors(ckpt, weights)
+    if unread:
+        more = f" (+{len(unread) - 3} more)" if len(unread) > 3 else ""
+        raise FrinkError(
+            f"{ckpt.path}: {len(unread)} tensor(s) frink does not use: "
+            f"{', '.join(unread[:3])}{more}; the model needs a feature frink does not carry"
+        )
+
+
 def load(
     path: str | Path,
     backend: str = "numpy",
@@ -163,6 +175,7 @@ def load(
     # host copies only of those the backend does not hold (model/weights.py).
     weights = load_weights(ckpt, cfg, progress, lazy=chosen is not None)
     decoder = Decoder(cfg, weights, chosen)
+    _refuse_unread_tensors(ckpt, weights)
     if chosen is not None and progress:
         # load_weights' layers are a LayerStore (the decoder checks the same way).
         if isinstance(weights.layers, LayerStore):

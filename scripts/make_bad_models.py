@@ -160,6 +160,12 @@ def make_all(out: Path) -> dict[str, Path]:
         k: v for k, v in tiny_llama_tensors().items() if k != "blk.0.ffn_down.weight"
     }
 
+    # A tensor of a feature frink does not carry (mpt's AWQ activation scales, here on a
+    # llama): running without it would silently compute another model.
+    tensors_unused = dict(
+        tiny_llama_tensors(), **{"blk.1.ffn_act.scales": np.ones(N_FF, np.float32)}
+    )
+
     makers: dict[str, Callable[[], Path]] = {
         "valid": lambda: valid,
         "empty": lambda: patched("empty.gguf", size=0),
@@ -215,6 +221,7 @@ def make_all(out: Path) -> dict[str, Path]:
         ),
         "wrong_shape": lambda: write_gguf(out / "wrong_shape.gguf", tensors=tensors_wrong_q),
         "missing_tensor": lambda: write_gguf(out / "missing_tensor.gguf", tensors=tensors_no_down),
+        "unused_tensor": lambda: write_gguf(out / "unused_tensor.gguf", tensors=tensors_unused),
         # Q8_1 is an activation format: gguf-py has no dequantizer for it, so neither has frink.
         "undequantizable": lambda: write_gguf(
             out / "undequantizable.gguf", raw_types={q: GGMLQuantizationType.Q8_1}

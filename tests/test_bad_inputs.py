@@ -61,6 +61,7 @@ FILE_CASES: dict[str, tuple[str, ...]] = {
     "bad_tokenizer": ("tokenizer model 'bogus'",),
     "wrong_shape": ("blk.0.attn_q.weight", "shape [24, 32]", "expected [32, 32]"),
     "missing_tensor": ("missing tensor blk.0.ffn_down.weight",),
+    "unused_tensor": ("1 tensor(s) frink does not use: blk.1.ffn_act.scales",),
     "undequantizable": ("blk.0.attn_q.weight", "Q8_1", "cannot dequantize"),
 }
 # `frink info` reads the header and config but loads no weights, so only header- and
@@ -249,3 +250,20 @@ LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 8
 def test_prompt_longer_than_context(smollm2_path: Path) -> None:
     result = frink("run", smollm2_path, "-c", "16", "--raw", "-p", LONG_PROMPT, "-n", "4", "--json")
     assert_error(result, "too long", "16")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "metal", "cuda"])
+def test_a_tensor_no_part_of_the_model_reads_is_refused_on_every_backend(
+    bad: dict[str, Path], backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whichever body holds the layers, a tensor the loader never read is a dropped feature:
+    load() refuses the file by the tensor's name instead of running another model."""
+    if backend == "metal":
+        pytest.importorskip("mlx.core")
+    monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
+    import frink_cli
+    from frink_cli.errors import FrinkError
+
+    with pytest.raises(FrinkError, match=r"does not use: blk\.1\.ffn_act\.scales"):
+        frink_cli.load(bad["unused_tensor"], backend=backend)
+    frink_cli.load(bad["valid"], backend=backend)  # the same file without it loads

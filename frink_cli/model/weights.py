@@ -23,7 +23,7 @@ the host body runs is still dequantized at load.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -193,6 +193,7 @@ class LayerStore(Sequence[LayerWeights]):
     def __init__(self, n_layer: int, load: Callable[[int], LayerWeights]) -> None:
         self._load = load
         self._layers: list[LayerWeights | None] = [None] * n_layer
+        self.seen: set[int] = set()  # the layers loaded at least once (kept or borrowed)
         # Called with each layer index the first time it is loaded (load progress); None
         # once the model is loaded.
         self.on_load: Callable[[int], None] | None = None
@@ -208,6 +209,7 @@ class LayerStore(Sequence[LayerWeights]):
 
     def _fresh(self, i: int) -> LayerWeights:
         lw = self._load(i)
+        self.seen.add(i)
         if self.on_load is not None:
             self.on_load(i)
         return lw
@@ -260,6 +262,8 @@ class ModelWeights:
     # LongRoPE's per-pair divisors (phi3 "rope_factors_long/short.weight"), or None.
     rope_factors_long: np.ndarray | None = None
     rope_factors_short: np.ndarray | None = None
+    # Every tensor name the loader has read (checked and loaded) so far: unread_tensors().
+    tensors_read: set[str] = field(default_factory=set)
 
 
 def load_weights(
@@ -273,8 +277,10 @@ def load_weights(
     norms, leaving each layer to its first access (progress is then reported per layer
     as they load, until the caller clears `layers.on_load`)."""
     names = set(ckpt.tensors.names())
+    read: set[str] = set()
 
     def check(name: str, shape: tuple[int, ...]) -> None:
+        read.add(name)
         if name not in names:
             raise FrinkError(f"{ckpt.path}: missing tensor {name}")
         info = ckpt.tensors.info(name)
@@ -483,6 +489,7 @@ def load_weights(
             **head_norms(),
             rope_factors_long=factors[0],
             rope_factors_short=factors[1],
+            tensors_read=read,
         )
     for i in range(cfg.n_layer):
         layers[i]
@@ -499,7 +506,21 @@ def load_weights(
         **head_norms(),
         rope_factors_long=factors[0],
         rope_factors_short=factors[1],
+        tensors_read=read,
     )
+
+
+def unread_tensors(ckpt: Checkpoint, weights: ModelWeights) -> list[str]:
+    """The file's tensors that no part of the model read: each one a feature frink would
+    silently drop (a bias, a scale, a norm of a variant it does not know). Every layer is
+    read once at load (a backend's bind borrows each layer it holds), so the loader's
+    record covers the whole model; a layer not read yet is borrowed once to complete it."""
+    layers = weights.layers
+    if isinstance(layers, LayerStore):
+        for i in range(len(layers)):
+            if i not in layers.seen:
+                layers.borrow(i)
+    return sorted(set(ckpt.tensors.names()) - weights.tensors_read)
 
 
 # load_weights' tensor reader: (name, expected shape) -> the array, or FrinkError.
