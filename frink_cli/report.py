@@ -160,6 +160,7 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
             "dt_rank": cfg.mamba.dt_rank,
             "conv_kernel": cfg.mamba.conv_kernel,
             "dt_b_c_rms": cfg.mamba.dt_b_c_rms,
+            "n_group": cfg.mamba.n_group,
         },
         "recurrent_state_bytes": cfg.recurrent_state_bytes(),
         "moe": None

@@ -98,6 +98,11 @@ class TinySpec:
     # converter, where its tensor map knows another spelling than transformers' (bitnet's
     # sub-norms: the 1bitLLM names); the HF dir keeps transformers' names.
     convert_renames: dict[str, str] = field(default_factory=dict)
+    # config.json keys rewritten after save_pretrained, before anything reads the dir: the
+    # spelling released checkpoints carry where transformers saves its own (Granite 4.0-H's
+    # layer_types "mamba" / "attention", which llama.cpp's converter reads and transformers
+    # maps on load to its "linear_attention" / "full_attention").
+    config_overrides: dict[str, Any] = field(default_factory=dict)
 
 
 _COMMON: dict[str, Any] = {
@@ -312,6 +317,35 @@ _MAMBA: dict[str, Any] = dict(
     bos_token_id=1,
     eos_token_id=2,
 )
+
+# Mamba-2 (Mamba2ForCausalLM; llama.cpp `mamba2`): the fused in_proj (z, xBC, dt), a conv
+# over x, B and C, per-head scalar decays, B/C in 2 groups of 4 heads, the gated grouped
+# RMSNorm. 8 heads of 16 (d_inner = 2 * hidden, as the converter asserts). A_log around
+# -1.5 and dt_bias around 0 keep the decay slow (~0.85 per token), so state from the
+# previous 64-token prefill chunk reaches the logits; D around 1 so the skip term shows.
+# chunk_size 32: transformers' chunked SSD prefill crosses its own chunks too.
+_MAMBA2: dict[str, Any] = dict(
+    vocab_size=512,
+    hidden_size=64,
+    state_size=16,
+    num_heads=8,
+    head_dim=16,
+    n_groups=2,
+    conv_kernel=4,
+    expand=2,
+    layer_norm_epsilon=1e-5,
+    use_conv_bias=True,
+    use_bias=False,
+    chunk_size=32,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+_MAMBA2_VECTORS: dict[str, tuple[float, float]] = {
+    "A_log": (-1.5, 0.3),
+    "dt_bias": (0.0, 0.5),
+    "mixer.D": (1.0, 0.3),
+}
 
 SPECS: dict[str, TinySpec] = {
     s.name: s
@@ -804,6 +838,17 @@ SPECS: dict[str, TinySpec] = {
             greedy=24,
             notes="Falcon-Mamba: Mamba-1 with weightless RMSNorms on dt, B and C; untied",
         ),
+        TinySpec(
+            "mamba2",
+            "Mamba2ForCausalLM",
+            "Mamba2Config",
+            dict(_MAMBA2, num_hidden_layers=3, tie_word_embeddings=False),
+            seed=72,
+            seq_len=_HYBRID_SEQ_LEN,
+            vector_overrides=_MAMBA2_VECTORS,
+            greedy=24,
+            notes="Mamba-2: SSD mixer per layer (8 heads, 2 B/C groups, gated grouped norm)",
+        ),
     ]
 }
 
@@ -820,6 +865,7 @@ _LATER_FIELDS = {
     "convert_architecture": "",
     "ternary": [],
     "convert_renames": {},
+    "config_overrides": {},
 }
 
 
@@ -884,6 +930,11 @@ def _build_hf(spec: TinySpec, hf_dir: Path) -> None:
     if hf_dir.exists():
         shutil.rmtree(hf_dir)
     model.save_pretrained(hf_dir)
+    if spec.config_overrides:
+        cfg_path = hf_dir / "config.json"
+        cfg_path.write_text(
+            json.dumps(dict(json.loads(cfg_path.read_text()), **spec.config_overrides), indent=2)
+        )
 
 
 def _load_hf(spec: TinySpec, hf_dir: Path) -> Any:

@@ -38,7 +38,7 @@ from .deci import Deci
 from .gemma3 import Gemma3
 from .granite import Granite, GraniteMoe
 from .llama import Llama
-from .mamba import Mamba
+from .mamba import Mamba, Mamba2
 from .olmo2 import Olmo2
 from .openelm import OpenElm
 from .phi3 import Phi3
@@ -73,6 +73,7 @@ _ARCHS: tuple[Arch, ...] = (
     OpenElm(),
     Deci(),
     Mamba(),
+    Mamba2(),
 )
 _BY_NAME: dict[str, Arch] = {a.name: a for a in _ARCHS}
 _BY_MODEL_TYPE: dict[str, Arch] = {mt: a for a in _ARCHS for mt in a.hf_model_types}

@@ -1,4 +1,4 @@
-"""A recurrent layer's state (a gated delta net: qwen35, qwen3next; a Mamba-1 mixer): no K/V
+"""A recurrent layer's state (a gated delta net: qwen35, qwen3next; a Mamba-1/2 mixer): no K/V
 rows, but the conv tail (the last kernel-1 conv inputs) and the recurrence's state (the
 delta-rule matrices, or the selective scan's [d_inner, d_state]), zero at sequence start.
 
@@ -18,7 +18,10 @@ from ..model.config import ModelConfig
 class RecurrentState:
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         self.conv_shape, self.state_shape = cfg.recurrent_shapes(layer)
-        self.kind = "mamba selective scan" if cfg.mamba is not None else "gated delta net"
+        mixer = cfg.layer_shape(layer).mixer
+        self.kind = {"mamba": "mamba selective scan", "mamba2": "mamba2 selective scan"}.get(
+            mixer, "gated delta net"
+        )
         self.n_past = 0
         self._pending: tuple[np.ndarray, np.ndarray] | None = None
         self._reset()
@@ -30,9 +33,9 @@ class RecurrentState:
         self._pending = None
 
     def recurrent_state(self) -> tuple[np.ndarray, np.ndarray]:
-        """(conv tail [kernel-1, channels], state: GDN [n_v, hd_k, hd_v], mamba [d_inner,
-        d_state]): this step's staged state if a run of it already moved the layer on, else
-        the committed one; read-only."""
+        """(conv tail [kernel-1, channels], state: GDN [n_v, hd_k, hd_v], mamba / mamba2
+        [d_inner, d_state]): this step's staged state if a run of it already moved the
+        layer on, else the committed one; read-only."""
         return self._pending if self._pending is not None else (self.conv, self.delta)
 
     def set_recurrent_state(self, conv: np.ndarray, delta: np.ndarray) -> None:

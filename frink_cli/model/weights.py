@@ -99,6 +99,20 @@ class MambaWeights:
 
 
 @dataclass
+class Mamba2Weights:
+    """A Mamba-2 mixer (llama.cpp's ssm_* tensors for mamba2, in GGUF's [out, in] layouts)."""
+
+    in_proj: Linear  # [2*d_inner + 2*G*d_state + n_head, n_embd]: z, x, B, C, dt rows
+    conv: np.ndarray  # [d_inner + 2*G*d_state, kernel] depthwise causal conv taps, oldest first
+    conv_b: np.ndarray  # [d_inner + 2*G*d_state] the conv's bias
+    dt_bias: np.ndarray  # [n_head]
+    a: np.ndarray  # [n_head] -exp(A_log), as the converter stores it (its [n_head, 1])
+    d: np.ndarray  # [n_head] the skip (D) term
+    norm: np.ndarray  # [G, d_inner / G] the gated grouped RMSNorm's weight
+    out: Linear  # [n_embd, d_inner]
+
+
+@dataclass
 class MoeWeights:
     """A sparse MoE FFN with an optional shared expert (sigmoid-gated or not)."""
 
@@ -127,6 +141,7 @@ class LayerWeights:
     gdn: GdnWeights | None = None
     moe: MoeWeights | None = None
     mamba: MambaWeights | None = None
+    mamba2: Mamba2Weights | None = None
     # LayerNorm biases (cfg.layer_norm), where the file has them.
     attn_norm_b: np.ndarray | None = None  # [n_embd]
     ffn_norm_b: np.ndarray | None = None  # [n_embd]
@@ -348,11 +363,13 @@ def load_weights(
         n_head, n_ff = shape.n_head, shape.n_ff
         nq = n_head * hk * (2 if cfg.attn_output_gate else 1)  # with a gate: its rows too
         nk, nv = shape.n_head_kv * hk, shape.n_head_kv * hv
-        qkv = wo = q_norm = k_norm = q_norm_b = k_norm_b = gdn = mamba = None
+        qkv = wo = q_norm = k_norm = q_norm_b = k_norm_b = gdn = mamba = mamba2 = None
         if shape.mixer == "gdn":
             gdn = _load_gdn(p, cfg, get, names)
         elif shape.mixer == "mamba":
             mamba = _load_mamba(p, cfg, get, names)
+        elif shape.mixer == "mamba2":
+            mamba2 = _load_mamba2(p, cfg, get, names)
         elif shape.mixer == "linear":
             # deci's "linear attention": wo alone, [n_embd, n_embd], on the normed input.
             wo = fused([(p + "attn_output", d)], d, bias=False)
@@ -418,6 +435,7 @@ def load_weights(
             gdn=gdn,
             moe=moe,
             mamba=mamba,
+            mamba2=mamba2,
             attn_norm_b=optional(p + "attn_norm.bias", (d,))
             if cfg.layer_norm and attn_norm
             else None,
@@ -569,6 +587,34 @@ def _load_mamba(p: str, cfg: ModelConfig, get: _Get, names: set[str]) -> MambaWe
         dt_norm=norm("dt", r),
         b_norm=norm("b", ds),
         c_norm=norm("c", ds),
+    )
+
+
+def _load_mamba2(p: str, cfg: ModelConfig, get: _Get, names: set[str]) -> Mamba2Weights:
+    m = cfg.mamba
+    assert m is not None and m.version2  # only a layer_shape with mixer "mamba2" comes here
+    d, di, H, G = cfg.n_embd, m.d_inner, m.dt_rank, m.n_group
+    for name in ("ssm_in.bias", "ssm_out.bias"):
+        if p + name in names:
+            # HF use_bias: llama.cpp's mamba2 graph has no such bias.
+            raise FrinkError(f"{p}{name}: mamba2 in/out projection biases are not supported")
+    if p + "ssm_norm.weight" not in names:
+        # llama.cpp's graph skips the norm when absent, but its loader requires it.
+        raise FrinkError(f"{p}ssm_norm.weight: missing (mamba2's gated grouped norm)")
+    conv_dim = m.conv_dim
+
+    def linear(name: str, shape: tuple[int, int]) -> Linear:
+        return Linear(get(p + name + ".weight", shape), None, (p + name + ".weight",))
+
+    return Mamba2Weights(
+        in_proj=linear("ssm_in", (di + conv_dim + H, d)),
+        conv=get(p + "ssm_conv1d.weight", (conv_dim, m.conv_kernel)),
+        conv_b=get(p + "ssm_conv1d.bias", (conv_dim,)),
+        dt_bias=get(p + "ssm_dt.bias", (H,)),
+        a=get(p + "ssm_a", (H, 1)).reshape(H),
+        d=get(p + "ssm_d", (H, 1)).reshape(H),
+        norm=get(p + "ssm_norm.weight", (G, di // G)),
+        out=linear("ssm_out", (d, di)),
     )
 
 

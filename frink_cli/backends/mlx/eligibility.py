@@ -11,7 +11,7 @@ from __future__ import annotations
 from ...model.config import ModelConfig
 
 CARRIED_ACTIVATIONS = ("silu", "gelu_tanh")
-CARRIED_MIXERS = ("attention", "gdn", "linear", "none", "mamba")
+CARRIED_MIXERS = ("attention", "gdn", "linear", "none", "mamba", "mamba2")
 CARRIED_FFNS = ("dense", "moe", "none")
 
 # The features (ModelConfig.features(): decorations and sub-configs) the MLX ops and the
@@ -31,8 +31,8 @@ CARRIED_FEATURES = frozenset(
         "sliding_window",
         "gdn",
         "moe",
-        # Mamba-1: the selective scan unrolled in the traced graph; its conv tail and scan
-        # state are mirrored on the device as the gated delta net's are.
+        # Mamba-1 / Mamba-2: the selective scan unrolled in the traced graph; its conv tail
+        # and scan state are mirrored on the device as the gated delta net's are.
         "mamba",
         "residual_scale",
         "logit_scale",

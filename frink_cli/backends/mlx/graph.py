@@ -332,14 +332,17 @@ class MlxOps:
         c: mx.array,
         state: mx.array,
     ) -> tuple[mx.array, mx.array]:
-        """Mamba-1's per-token scan for every row, unrolled in the traced graph."""
-        decay = mx.exp(dt[:, :, None] * a)  # [T, d_inner, d_state]
-        inp = (dt * x)[:, :, None] * b[:, None, :]
+        """Mamba's per-token scan for every row (Mamba-1: one B/C group; Mamba-2: G groups,
+        a per-head decay), unrolled in the traced graph."""
+        T, di = x.shape
+        G, ds = b.shape[1], b.shape[2]
+        decay = mx.exp(dt[:, :, None] * a)  # [T, d_inner, d_state] (Mamba-2: [T, d_inner, 1])
+        inp = ((dt * x).reshape(T, G, di // G, 1) * b[:, :, None, :]).reshape(T, di, ds)
         outs = []
         h = state
-        for t in range(x.shape[0]):
+        for t in range(T):
             h = decay[t] * h + inp[t]
-            outs.append(h @ c[t])
+            outs.append((h.reshape(G, di // G, ds) @ c[t][:, :, None]).reshape(di))
         return mx.stack(outs), h
 
     def route(self, logits: mx.array, k: int, renormalize: bool) -> tuple[mx.array, mx.array]:
