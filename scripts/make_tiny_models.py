@@ -347,6 +347,39 @@ _MAMBA2_VECTORS: dict[str, tuple[float, float]] = {
     "mixer.D": (1.0, 0.3),
 }
 
+# Granite 4.0-H (GraniteMoeHybridForCausalLM; llama.cpp `granitehybrid`): Mamba-2 layers and
+# NoPE attention layers in one stack (a layer is Mamba-2 where the GGUF's per-layer
+# head_count_kv is 0), every layer followed by the FFN: a sparse MoE (input_linear fused
+# gate|up) plus the always-on shared_mlp, or (no experts) shared_mlp alone as the dense FFN.
+# Granite's multipliers away from neutral, as in _GRANITE (the final norm around
+# logits_scaling). The mamba sizes as _MAMBA2's: 8 heads of 16, 2 groups, state 16.
+_GRANITE_HYBRID_LAYERS = ["mamba", "attention", "mamba", "mamba", "attention"]
+_GRANITE_HYBRID: dict[str, Any] = dict(
+    _COMMON,
+    num_hidden_layers=len(_GRANITE_HYBRID_LAYERS),
+    layer_types=_GRANITE_HYBRID_LAYERS,
+    intermediate_size=32,
+    shared_intermediate_size=48,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    rms_norm_eps=1e-5,
+    embedding_multiplier=0.35,
+    residual_multiplier=0.3,
+    attention_multiplier=0.7,
+    logits_scaling=8.0,
+    position_embedding_type="nope",
+    mamba_n_heads=8,
+    mamba_d_head=16,
+    mamba_n_groups=2,
+    mamba_d_state=16,
+    mamba_d_conv=4,
+    mamba_expand=2,
+    mamba_chunk_size=32,
+    mamba_conv_bias=True,
+    mamba_proj_bias=False,
+    tie_word_embeddings=True,
+)
+
 SPECS: dict[str, TinySpec] = {
     s.name: s
     for s in [
@@ -848,6 +881,46 @@ SPECS: dict[str, TinySpec] = {
             vector_overrides=_MAMBA2_VECTORS,
             greedy=24,
             notes="Mamba-2: SSD mixer per layer (8 heads, 2 B/C groups, gated grouped norm)",
+        ),
+        TinySpec(
+            "granitehybrid",
+            "GraniteMoeHybridForCausalLM",
+            "GraniteMoeHybridConfig",
+            dict(_GRANITE_HYBRID),
+            seed=73,
+            norm_center_overrides=_GRANITE_NORMS,
+            seq_len=_HYBRID_SEQ_LEN,
+            vector_overrides=_MAMBA2_VECTORS,
+            greedy=24,
+            min_router_gap=MIN_ROUTER_GAP,
+            config_overrides={"layer_types": _GRANITE_HYBRID_LAYERS},
+            notes="MAMBA2 ATTN MAMBA2 x2 ATTN (NoPE), MoE (4 experts, top 2) + shared "
+            "expert on every layer, granite multipliers; tied",
+        ),
+        TinySpec(
+            "granitehybrid_dense",
+            "GraniteMoeHybridForCausalLM",
+            "GraniteMoeHybridConfig",
+            dict(
+                _GRANITE_HYBRID,
+                num_hidden_layers=4,
+                layer_types=_GRANITE_HYBRID_LAYERS[:4],
+                num_local_experts=0,
+                num_experts_per_tok=0,
+                # llama.cpp sizes the dense FFN by feed_forward_length (intermediate_size)
+                # and the converter stores shared_mlp there: released dense configs set the
+                # two alike.
+                intermediate_size=48,
+                tie_word_embeddings=False,
+                embedding_multiplier=12.0,
+            ),
+            seed=74,
+            norm_center_overrides=_GRANITE_NORMS,
+            seq_len=_HYBRID_SEQ_LEN,
+            vector_overrides=_MAMBA2_VECTORS,
+            greedy=24,
+            config_overrides={"layer_types": _GRANITE_HYBRID_LAYERS[:4]},
+            notes="MAMBA2 ATTN MAMBA2 x2 (NoPE), no experts: shared_mlp as the dense FFN; untied",
         ),
     ]
 }

@@ -37,6 +37,7 @@ from .bitnet import Bitnet
 from .deci import Deci
 from .gemma3 import Gemma3
 from .granite import Granite, GraniteMoe
+from .granite_hybrid import GraniteHybrid
 from .llama import Llama
 from .mamba import Mamba, Mamba2
 from .olmo2 import Olmo2
@@ -74,6 +75,7 @@ _ARCHS: tuple[Arch, ...] = (
     Deci(),
     Mamba(),
     Mamba2(),
+    GraniteHybrid(),
 )
 _BY_NAME: dict[str, Arch] = {a.name: a for a in _ARCHS}
 _BY_MODEL_TYPE: dict[str, Arch] = {mt: a for a in _ARCHS for mt in a.hf_model_types}

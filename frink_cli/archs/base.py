@@ -140,6 +140,9 @@ class Arch:
     rope_base_swa: ClassVar[float | None] = None
     # Gated delta net layers: None (none), else the value-head order ("tiled" | "grouped").
     gdn_v_head_order: ClassVar[str | None] = None
+    # Recurrent layers write 0 in the per-layer head_count_kv (granitehybrid's mamba2
+    # layers); the attention layers' count is the model's.
+    zero_kv_recurrent: ClassVar[bool] = False
     # llama.cpp requires a router on every layer (expert_count must be present).
     moe_every_layer: ClassVar[bool] = False
     # Head counts and FFN widths may differ per layer (ModelConfig.layer_sizes: openelm,
@@ -202,7 +205,9 @@ class Arch:
                 get(md, key("attention.head_count"), required=True), "head_count", hybrid
             )
             n_head_kv = _per_layer_int(
-                get(md, key("attention.head_count_kv"), n_head), "head_count_kv", hybrid
+                get(md, key("attention.head_count_kv"), n_head),
+                "head_count_kv",
+                hybrid or self.zero_kv_recurrent,
             )
             if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
                 raise FrinkError(f"bad head counts: {n_head} query heads, {n_head_kv} KV heads")

@@ -32,7 +32,13 @@ from .transforms import NEG_EXP, SQUEEZE, _reshape
 # Mamba-2's per-head A and D as the converter stores them, [n_head] -> [n_head, 1]; its gated
 # norm's weight [d_inner] -> [n_groups, d_inner / n_groups].
 _UNSQUEEZE = Transform(_reshape, lambda s, hp: (*s, 1))
-_PER_GROUP = Transform(_reshape, lambda s, hp: (int(hp["n_groups"]), s[0] // int(hp["n_groups"])))
+
+
+def _groups(hp: dict[str, Any]) -> int:
+    return int(hp.get("n_groups") or hp.get("mamba_n_groups") or 1)
+
+
+_PER_GROUP = Transform(_reshape, lambda s, hp: (_groups(hp), s[0] // _groups(hp)))
 
 # transformers' MambaConfig defaults. The safetensors reader's normalization asks every
 # config for a head count; Mamba has no heads (its metadata says 0, as the converter's).
@@ -50,6 +56,24 @@ _MAMBA_DEFAULTS: dict[str, Any] = {
     "tie_word_embeddings": True,
     "num_attention_heads": 1,
 }
+
+
+def ssm_config(arch: Arch, ckpt: Checkpoint) -> MambaConfig:
+    """The ssm.* keys llama.cpp's load_hparams reads, checked."""
+    md, key = ckpt.metadata, arch.key
+    m = MambaConfig(
+        conv_kernel=int(get(md, key("ssm.conv_kernel"), required=True)),
+        d_inner=int(get(md, key("ssm.inner_size"), required=True)),
+        d_state=int(get(md, key("ssm.state_size"), required=True)),
+        dt_rank=int(get(md, key("ssm.time_step_rank"), required=True)),
+        dt_b_c_rms=bool(get(md, key("ssm.dt_b_c_rms"), False)),
+    )
+    if min(m.conv_kernel, m.d_inner, m.d_state, m.dt_rank) <= 0:
+        raise FrinkError(
+            f"{ckpt.path}: bad mamba sizes (conv {m.conv_kernel}, inner {m.d_inner}, "
+            f"state {m.d_state}, dt rank {m.dt_rank})"
+        )
+    return m
 
 
 class Mamba(Arch):
@@ -75,21 +99,7 @@ class Mamba(Arch):
     )
 
     def ssm_config(self, ckpt: Checkpoint) -> MambaConfig:
-        """The ssm.* keys llama.cpp's load_hparams reads, checked."""
-        md, key = ckpt.metadata, self.key
-        m = MambaConfig(
-            conv_kernel=int(get(md, key("ssm.conv_kernel"), required=True)),
-            d_inner=int(get(md, key("ssm.inner_size"), required=True)),
-            d_state=int(get(md, key("ssm.state_size"), required=True)),
-            dt_rank=int(get(md, key("ssm.time_step_rank"), required=True)),
-            dt_b_c_rms=bool(get(md, key("ssm.dt_b_c_rms"), False)),
-        )
-        if min(m.conv_kernel, m.d_inner, m.d_state, m.dt_rank) <= 0:
-            raise FrinkError(
-                f"{ckpt.path}: bad mamba sizes (conv {m.conv_kernel}, inner {m.d_inner}, "
-                f"state {m.d_state}, dt rank {m.dt_rank})"
-            )
-        return m
+        return ssm_config(self, ckpt)
 
     def config(self, ckpt: Checkpoint) -> ModelConfig:
         """The mamba keys llama.cpp's load_hparams reads; the attention-shaped fields of
@@ -220,22 +230,20 @@ def mamba2_ssm_config(arch: Arch, ckpt: Checkpoint, m: MambaConfig) -> MambaConf
     )
 
 
-def mamba2_hf_metadata(w: MetadataWriter, inner: int) -> None:
-    """The ssm.* keys the converter's Mamba2Model.set_gguf_parameters writes."""
-    hp = w.hp
-    head_dim = int(hp.get("mamba_d_head") or hp.get("head_dim") or 64)
-    if inner % head_dim:
-        raise FrinkError(f"config.json: the inner size {inner} is not a multiple of head_dim")
-    w.set("ssm.conv_kernel", int(hp.get("conv_kernel") or hp.get("mamba_d_conv") or 4))
-    w.set("ssm.inner_size", inner)
-    w.set("ssm.state_size", int(hp.get("state_size") or hp.get("mamba_d_state") or 128))
-    w.set("ssm.time_step_rank", inner // head_dim)
-    w.set("ssm.group_count", int(hp.get("n_groups") or hp.get("mamba_n_groups") or 1))
-    if hp.get("use_bias") or hp.get("mamba_proj_bias"):
+def mamba2_hf_metadata(
+    w: MetadataWriter, conv: int, inner: int, state: int, n_heads: int, groups: int
+) -> None:
+    """The ssm.* keys the converter's Mamba2Model.set_gguf_parameters writes (and
+    GraniteHybridModel's, from its mamba_* config keys)."""
+    if n_heads <= 0 or inner % n_heads or groups <= 0 or n_heads % groups:
         raise FrinkError(
-            "config.json: in_proj/out_proj biases are not supported for mamba2: llama.cpp's "
-            "mamba2 graph has no such bias"
+            f"config.json: bad mamba2 sizes (inner {inner}, {n_heads} heads, {groups} groups)"
         )
+    w.set("ssm.conv_kernel", conv)
+    w.set("ssm.inner_size", inner)
+    w.set("ssm.state_size", state)
+    w.set("ssm.time_step_rank", n_heads)
+    w.set("ssm.group_count", groups)
 
 
 MAMBA2_TRANSFORMS: dict[str, tuple[Transform, ...]] = {
@@ -288,7 +296,22 @@ class Mamba2(Mamba):
         w.set("feed_forward_length", 0)
         w.set("attention.head_count", 0)
         w.u32("block_count", "num_hidden_layers")
-        mamba2_hf_metadata(w, inner)
+        head_dim = int(hp.get("head_dim") or 64)
+        if inner % head_dim:
+            raise FrinkError(f"config.json: inner size {inner} is not a multiple of head_dim")
+        mamba2_hf_metadata(
+            w,
+            conv=int(hp.get("conv_kernel") or 4),
+            inner=inner,
+            state=int(hp.get("state_size") or 128),
+            n_heads=inner // head_dim,
+            groups=_groups(hp),
+        )
+        if hp.get("use_bias"):
+            raise FrinkError(
+                "config.json: use_bias (in_proj/out_proj biases) is not supported for mamba2: "
+                "llama.cpp's mamba2 graph has no such bias"
+            )
         eps = hp.get("layer_norm_epsilon", hp.get("rms_norm_eps"))
         w.set("attention.layer_norm_rms_epsilon", f32(eps if eps is not None else 1e-5))
         w.u32("vocab_size", "n_vocab")

@@ -137,14 +137,14 @@ def attention_block(
     followed by its gate rows (how HF's q_proj and the GGUF lay them out). The rows are
     clipped to [-clamp_kqv, clamp_kqv] when the model says so (mpt). With ALiBi (bloom,
     mpt; llama.cpp's build_attn with max_alibi_bias) nothing rotates: each head's scores
-    get -slope_h * (q pos - k pos) instead."""
+    get -slope_h * (q pos - k pos) instead. With NoPE (no_rope) nothing rotates at all."""
     T = h.shape[0]
     H, Hkv, hk, hv = shape.n_head, shape.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
     eps = cfg.norm_eps
     qkv = ops.linear(h, w.qkv)
     if cfg.clamp_kqv:
         qkv = ops.clamp_(qkv, cfg.clamp_kqv)
-    rotates = cfg.alibi_bias is None
+    rotates = cfg.alibi_bias is None and not cfg.no_rope
     gated = cfg.attn_output_gate
     nq = (2 if gated else 1) * H * hk
     nk = Hkv * hk
@@ -183,7 +183,7 @@ def attention_block(
         shape.window,
         cfg.attn_scale,
         cfg.attn_logit_softcap,
-        alibi=None if rotates else cfg.alibi_slopes(),
+        alibi=None if cfg.alibi_bias is None else cfg.alibi_slopes(),
     )
     if gate is not None:
         out = ops.sigmoid_mul_(out, gate)

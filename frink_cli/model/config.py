@@ -253,6 +253,9 @@ class ModelConfig:
     # ALiBi instead of rope: each head adds -slope_h * (query pos - key pos) to its scores,
     # slopes from this max bias as llama.cpp (ggml_soft_max_ext) computes them.
     alibi_bias: float | None = None
+    # NoPE: the attention layers rotate nothing and see no positions (Granite 4.0-H:
+    # rope.scaling.finetuned false, llama.cpp's has_rope off).
+    no_rope: bool = False
     # The QKV projection's output is clipped to [-c, c] (mpt's clip_qkv).
     clamp_kqv: float | None = None
     # No pre-norms: each branch reads the residual stream itself (olmo2: no attn_norm or

@@ -40,6 +40,7 @@ CARRIED_FEATURES = frozenset(
         "plain_ffn",
         "embd_norm",  # applied on the host with the embedding lookup
         "alibi_bias",
+        "no_rope",  # the composition skips the rotation
         "clamp_kqv",
         "no_pre_norm",
         "qk_norm_full",
