@@ -380,6 +380,44 @@ _GRANITE_HYBRID: dict[str, Any] = dict(
     tie_word_embeddings=True,
 )
 
+# Falcon-H1 (FalconH1ForCausalLM; llama.cpp `falcon-h1`): attention (neox rope) and a Mamba-2
+# mixer in parallel on the same normed input, their outputs summed, then the FFN. Every
+# multiplier is away from 1 so each matters; llama.cpp's converter folds them all into the
+# weights (embedding, lm head, q/k/v/o, in_proj per z/x/B/C/dt segment, out_proj, gate and
+# down), so the GGUF graph has none. mamba_rms_norm off, as released Falcon-H1 configs have
+# it (llama.cpp's graph then skips the gated norm: y * silu(z)). Untied: the converter scales
+# the embedding and the head apart.
+_FALCON_H1: dict[str, Any] = dict(
+    _COMMON,
+    intermediate_size=96,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+    mamba_d_ssm=128,
+    mamba_n_heads=8,
+    mamba_d_head=16,
+    mamba_n_groups=2,
+    mamba_d_state=16,
+    mamba_d_conv=4,
+    mamba_expand=2,
+    mamba_chunk_size=32,
+    mamba_conv_bias=True,
+    mamba_proj_bias=False,
+    mamba_rms_norm=False,
+    mamba_norm_before_gate=False,
+    projectors_bias=False,
+    lm_head_multiplier=1.5,
+    embedding_multiplier=0.6,
+    mlp_multipliers=[0.6, 1.7],
+    key_multiplier=0.5,
+    attention_in_multiplier=1.5,
+    attention_out_multiplier=0.6,
+    ssm_multipliers=[1.5, 1.6, 0.6, 1.5, 0.7],
+    ssm_in_multiplier=0.7,
+    ssm_out_multiplier=4.0,
+    tie_word_embeddings=False,
+)
+
 SPECS: dict[str, TinySpec] = {
     s.name: s
     for s in [
@@ -921,6 +959,18 @@ SPECS: dict[str, TinySpec] = {
             greedy=24,
             config_overrides={"layer_types": _GRANITE_HYBRID_LAYERS[:4]},
             notes="MAMBA2 ATTN MAMBA2 x2 (NoPE), no experts: shared_mlp as the dense FFN; untied",
+        ),
+        TinySpec(
+            "falcon_h1",
+            "FalconH1ForCausalLM",
+            "FalconH1Config",
+            dict(_FALCON_H1, num_hidden_layers=3),
+            seed=75,
+            seq_len=_HYBRID_SEQ_LEN,
+            vector_overrides=_MAMBA2_VECTORS,
+            greedy=24,
+            notes="attention + Mamba-2 in parallel per layer, then the FFN; every Falcon-H1 "
+            "multiplier away from 1 (folded into the weights by the converter); untied",
         ),
     ]
 }

@@ -35,6 +35,7 @@ from .alibi import Bloom, Mpt
 from .base import Arch
 from .bitnet import Bitnet
 from .deci import Deci
+from .falcon_h1 import FalconH1
 from .gemma3 import Gemma3
 from .granite import Granite, GraniteMoe
 from .granite_hybrid import GraniteHybrid
@@ -76,6 +77,7 @@ _ARCHS: tuple[Arch, ...] = (
     Mamba(),
     Mamba2(),
     GraniteHybrid(),
+    FalconH1(),
 )
 _BY_NAME: dict[str, Arch] = {a.name: a for a in _ARCHS}
 _BY_MODEL_TYPE: dict[str, Arch] = {mt: a for a in _ARCHS for mt in a.hf_model_types}

@@ -10,6 +10,8 @@ as it was.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..model.config import ModelConfig
@@ -19,9 +21,12 @@ class RecurrentState:
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         self.conv_shape, self.state_shape = cfg.recurrent_shapes(layer)
         mixer = cfg.layer_shape(layer).mixer
-        self.kind = {"mamba": "mamba selective scan", "mamba2": "mamba2 selective scan"}.get(
-            mixer, "gated delta net"
-        )
+        kinds = {
+            "mamba": "mamba selective scan",
+            "mamba2": "mamba2 selective scan",
+            "attention+mamba2": "mamba2 selective scan",
+        }
+        self.kind = kinds.get(mixer, "gated delta net")
         self.n_past = 0
         self._pending: tuple[np.ndarray, np.ndarray] | None = None
         self._reset()
@@ -64,3 +69,74 @@ class RecurrentState:
         if n_past == 0:
             self._reset()
         self.n_past = n_past
+
+
+class ParallelSlot:
+    """A layer whose attention and recurrent mixer run side by side (falcon-h1): its K/V
+    rows and its recurrent state, one slot to the composition (the attention op reads the
+    rows, the mamba block the state), staged, committed and rolled back together. Truncation
+    is refused as the recurrent state refuses it."""
+
+    def __init__(self, kv: Any, state: RecurrentState) -> None:
+        self.kv, self.state = kv, state
+        self.kind = state.kind
+
+    @property
+    def n_past(self) -> int:
+        return int(self.kv.n_past)
+
+    @n_past.setter
+    def n_past(self, value: int) -> None:
+        self.kv.n_past = self.state.n_past = value
+
+    @property
+    def first(self) -> int:
+        return int(self.kv.first)
+
+    @property
+    def version(self) -> int:
+        return int(self.kv.version)
+
+    @property
+    def conv(self) -> np.ndarray:
+        return self.state.conv
+
+    @property
+    def delta(self) -> np.ndarray:
+        return self.state.delta
+
+    def append(self, k: np.ndarray, v: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+        first, K, V = self.kv.append(k, v)
+        return first, K, V
+
+    def write(self, start: int, k: np.ndarray, v: np.ndarray) -> int:
+        return int(self.kv.write(start, k, v))
+
+    def held(self) -> tuple[int, np.ndarray, np.ndarray]:
+        first, K, V = self.kv.held()
+        return first, K, V
+
+    def recurrent_state(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.state.recurrent_state()
+
+    def set_recurrent_state(self, conv: np.ndarray, delta: np.ndarray) -> None:
+        self.state.set_recurrent_state(conv, delta)
+
+    def reserve(self, end: int) -> None:
+        self.kv.reserve(end)
+        self.state.reserve(end)
+
+    def commit(self, n_past: int) -> None:
+        self.kv.commit(n_past)
+        self.state.commit(n_past)
+
+    def rollback(self) -> None:
+        self.kv.rollback()
+        self.state.rollback()
+
+    def truncation_refusal(self, n_past: int) -> str | None:
+        return self.state.truncation_refusal(n_past) or self.kv.truncation_refusal(n_past)
+
+    def truncate(self, n_past: int) -> None:
+        self.kv.truncate(n_past)
+        self.state.truncate(n_past)

@@ -54,6 +54,11 @@ def layer(
             a = mamba_block(ops, cfg, w.mamba, h, kv)
         elif shape.mixer == "mamba2":
             a = mamba2_block(ops, cfg, w.mamba2, h, kv)
+        elif shape.mixer == "attention+mamba2":
+            # falcon-h1: both mixers read the same normed rows; the slot holds the K/V rows
+            # and the mamba state side by side (its multipliers are in the weights).
+            a = attention_block(ops, cfg, shape, w, h, pos, kv, rope)
+            a = ops.add_(_proj_scale(a, w.wo_scale), mamba2_block(ops, cfg, w.mamba2, h, kv))
         elif shape.mixer == "linear":
             # deci's "linear attention": wo on the normed input, nothing attends.
             a = ops.linear(h, w.wo)
@@ -349,8 +354,9 @@ def mamba2_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array, slot: Any) -> Arr
     y, new_state = ops.selective_scan(x, dt, w.a[heads][:, None], b, c, state)
     slot.set_recurrent_state(new_tail, new_state)
     y = ops.add_(y, x * w.d[heads]) * ops.act(proj[:, :di], "silu")
-    y = ops.rms_norm_(y.reshape(T, G, di // G), None, cfg.norm_eps) * w.norm
-    return ops.linear(y.reshape(T, di), w.out)
+    if w.norm is not None:  # falcon-h1 may have none (mamba_rms_norm false): y * silu(z)
+        y = (ops.rms_norm_(y.reshape(T, G, di // G), None, cfg.norm_eps) * w.norm).reshape(T, di)
+    return ops.linear(y, w.out)
 
 
 def lm_head(

@@ -23,6 +23,8 @@ class LayerShape:
     # "attention" | "gdn" (gated delta net: linear attention with recurrent state) |
     # "mamba" (Mamba-1's selective state-space mixer, recurrent state, no attention) |
     # "mamba2" (Mamba-2's SSD mixer: per-head scalar decay, grouped B/C, gated grouped norm) |
+    # "attention+mamba2" (falcon-h1: attention and a Mamba-2 mixer side by side on the same
+    # normed input, their outputs summed) |
     # "linear" (deci's "linear attention": only wo, applied to the normed input) |
     # "none" (deci's attention-free layer: the branch is absent, x passes on)
     mixer: str
@@ -162,6 +164,9 @@ class MambaConfig:
     n_group: int = 0
     # Per layer: a mamba mixer (hybrid stacks); None: every layer is one.
     layers: tuple[bool, ...] | None = None
+    # falcon-h1: each mamba mixer runs beside the layer's attention (mixer
+    # "attention+mamba2"), not instead of it.
+    parallel: bool = False
 
     @property
     def version2(self) -> bool:
@@ -355,7 +360,9 @@ class ModelConfig:
         if self.layer_sizes is not None:
             s = self.layer_sizes
             n_head, n_head_kv, n_ff = s.n_head[layer], s.n_head_kv[layer], s.n_ff[layer]
-        if self.mamba is not None and self.mamba.layers is None:
+        if self.mamba is not None and self.mamba.parallel:
+            mixer = "attention+mamba2"  # the model's own heads and FFN
+        elif self.mamba is not None and self.mamba.layers is None:
             mixer = "mamba2" if self.mamba.version2 else "mamba"
             n_head, n_head_kv, n_ff = 0, 0, 0
         elif self.mamba is not None and self.mamba.is_layer(layer):
@@ -371,7 +378,9 @@ class ModelConfig:
             mixer = "attention"
         if self.is_moe(layer):
             ffn = "moe"
-        elif n_ff == 0 and (self.layer_sizes is not None or self.mamba is not None):
+        elif n_ff == 0 and (
+            self.layer_sizes is not None or (self.mamba is not None and not self.mamba.parallel)
+        ):
             ffn = "none"
         else:
             ffn = "dense"
@@ -397,6 +406,8 @@ class ModelConfig:
             name = "MAMBA"
         elif shape.mixer == "mamba2":
             name = "MAMBA2"
+        elif shape.mixer == "attention+mamba2":
+            name = "ATTN+MAMBA2"
         elif shape.mixer == "none":
             name = "NONE"
         elif shape.mixer == "linear":

@@ -108,7 +108,9 @@ class Mamba2Weights:
     dt_bias: np.ndarray  # [n_head]
     a: np.ndarray  # [n_head] -exp(A_log), as the converter stores it (its [n_head, 1])
     d: np.ndarray  # [n_head] the skip (D) term
-    norm: np.ndarray  # [G, d_inner / G] the gated grouped RMSNorm's weight
+    # [G, d_inner / G] the gated grouped RMSNorm's weight; None: no norm (falcon-h1 with
+    # mamba_rms_norm false, where llama.cpp's graph skips it)
+    norm: np.ndarray | None
     out: Linear  # [n_embd, d_inner]
 
 
@@ -368,12 +370,13 @@ def load_weights(
             gdn = _load_gdn(p, cfg, get, names)
         elif shape.mixer == "mamba":
             mamba = _load_mamba(p, cfg, get, names)
-        elif shape.mixer == "mamba2":
+        elif shape.mixer in ("mamba2", "attention+mamba2"):
+            # falcon-h1's "attention+mamba2": the attention tensors too, below.
             mamba2 = _load_mamba2(p, cfg, get, names)
         elif shape.mixer == "linear":
             # deci's "linear attention": wo alone, [n_embd, n_embd], on the normed input.
             wo = fused([(p + "attn_output", d)], d, bias=False)
-        elif shape.mixer == "attention":
+        if shape.mixer in ("attention", "attention+mamba2"):
             if p + "attn_qkv.weight" in names:
                 qkv = fused([(p + "attn_qkv", nq + nk + nv)], d)
             else:
@@ -417,6 +420,10 @@ def load_weights(
         # an FFN-free one no ffn_norm (deci).
         attn_norm = not cfg.no_pre_norm and shape.mixer != "none"
         ffn_norm = not cfg.no_pre_norm and shape.ffn != "none"
+        ffn_norm_name = p + f"{cfg.ffn_norm_tensor}.weight"
+        if ffn_norm_name not in names and p + cfg.ffn_norm_tensor in names:
+            # falcon-h1's converter writes it without a suffix (llama.cpp's loader asks so).
+            ffn_norm_name = p + cfg.ffn_norm_tensor
         return LayerWeights(
             attn_norm=norm(p + "attn_norm.weight") if attn_norm else None,
             qkv=qkv,
@@ -428,7 +435,7 @@ def load_weights(
             )
             if post_norm_name
             else None,
-            ffn_norm=norm(p + f"{cfg.ffn_norm_tensor}.weight") if ffn_norm else None,
+            ffn_norm=norm(ffn_norm_name) if ffn_norm else None,
             gate_up=gate_up,
             down=down,
             post_ffn_norm=optional(p + "post_ffw_norm.weight", (d,), required=cfg.post_ffn_norm),
@@ -598,8 +605,10 @@ def _load_mamba2(p: str, cfg: ModelConfig, get: _Get, names: set[str]) -> Mamba2
         if p + name in names:
             # HF use_bias: llama.cpp's mamba2 graph has no such bias.
             raise FrinkError(f"{p}{name}: mamba2 in/out projection biases are not supported")
-    if p + "ssm_norm.weight" not in names:
-        # llama.cpp's graph skips the norm when absent, but its loader requires it.
+    has_norm = p + "ssm_norm.weight" in names
+    if not has_norm and not m.parallel:
+        # llama.cpp's graph skips the norm when absent, but its loader requires it (but for
+        # falcon-h1's).
         raise FrinkError(f"{p}ssm_norm.weight: missing (mamba2's gated grouped norm)")
     conv_dim = m.conv_dim
 
@@ -613,7 +622,7 @@ def _load_mamba2(p: str, cfg: ModelConfig, get: _Get, names: set[str]) -> Mamba2
         dt_bias=get(p + "ssm_dt.bias", (H,)),
         a=get(p + "ssm_a", (H, 1)).reshape(H),
         d=get(p + "ssm_d", (H, 1)).reshape(H),
-        norm=get(p + "ssm_norm.weight", (G, di // G)),
+        norm=get(p + "ssm_norm.weight", (G, di // G)) if has_norm else None,
         out=linear("ssm_out", (d, di)),
     )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ...model.config import ModelConfig
 
 CARRIED_ACTIVATIONS = ("silu", "gelu_tanh")
-CARRIED_MIXERS = ("attention", "gdn", "linear", "none", "mamba", "mamba2")
+CARRIED_MIXERS = ("attention", "gdn", "linear", "none", "mamba", "mamba2", "attention+mamba2")
 CARRIED_FFNS = ("dense", "moe", "none")
 
 # The features (ModelConfig.features(): decorations and sub-configs) the MLX ops and the

@@ -162,15 +162,32 @@ class LayerState:
     or a mamba mixer;
     the ops replace them with the updated arrays and record the new K/V rows."""
 
-    def __init__(self, a: mx.array, b: mx.array) -> None:
+    def __init__(
+        self, a: mx.array, b: mx.array, c: mx.array | None = None, d: mx.array | None = None
+    ) -> None:
         self.a, self.b = a, b
+        # A layer with attention and a mamba mixer side by side (falcon-h1): its K/V mirror
+        # is (a, b) and its conv tail and scan state (c, d).
+        self.c, self.d = c, d
         self.rows: tuple[mx.array, mx.array] | None = None
 
     def recurrent_state(self) -> tuple[mx.array, mx.array]:
+        if self.c is not None:
+            assert self.d is not None
+            return self.c, self.d
         return self.a, self.b
 
     def set_recurrent_state(self, tail: mx.array, state: mx.array) -> None:
-        self.a, self.b = tail, state
+        if self.c is not None:
+            self.c, self.d = tail, state
+        else:
+            self.a, self.b = tail, state
+
+    def arrays(self) -> list[mx.array]:
+        """The state arrays, in the order the traced run takes and returns them."""
+        if self.c is None or self.d is None:
+            return [self.a, self.b]
+        return [self.a, self.b, self.c, self.d]
 
 
 def attention_mask(positions: mx.array, capacity: int, window: int | None) -> mx.array:
