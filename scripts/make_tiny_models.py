@@ -972,6 +972,19 @@ SPECS: dict[str, TinySpec] = {
             notes="attention + Mamba-2 in parallel per layer, then the FFN; every Falcon-H1 "
             "multiplier away from 1 (folded into the weights by the converter); untied",
         ),
+        TinySpec(
+            "falcon_h1_norm",
+            "FalconH1ForCausalLM",
+            "FalconH1Config",
+            # The gated grouped norm on, gating before it (llama.cpp's only order).
+            dict(_FALCON_H1, num_hidden_layers=2, mamba_rms_norm=True),
+            seed=76,
+            norm_center_overrides={"mamba.norm": 1.0},
+            seq_len=_HYBRID_SEQ_LEN,
+            vector_overrides=_MAMBA2_VECTORS,
+            greedy=24,
+            notes="falcon_h1 with mamba_rms_norm (norm(y * silu(z)) per group); 2 layers",
+        ),
     ]
 }
 

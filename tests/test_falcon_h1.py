@@ -6,8 +6,9 @@ cache slot holds K/V rows and a recurrent state together, and the metal backend 
 both through one traced graph. Falcon-H1's nine multipliers are folded into the weights by
 llama.cpp's converter; frink's HF reader folds them the same way, and each one matters.
 
-The fixture: 3 layers, every multiplier away from 1, mamba_rms_norm off (as released
-models), an 80-token prompt past the host scan's and metal's 64-token prefill chunks.
+The fixtures: `falcon_h1`, 3 layers, every multiplier away from 1, mamba_rms_norm off (as
+released models); `falcon_h1_norm`, 2 layers with the gated grouped norm on; 80-token
+prompts past the host scan's and metal's 64-token prefill chunks.
 """
 
 from __future__ import annotations
@@ -44,32 +45,36 @@ from frink_cli.model import config_from_checkpoint
 from frink_cli.model.weights import ModelWeights
 
 NAME = "falcon_h1"
+NAMES = ("falcon_h1", "falcon_h1_norm")
 N_LAYER = 3
 
 
 # --- the fixture itself ---------------------------------------------------------------------------
 
 
-def test_references_agree(tiny_model: Callable) -> None:
+@pytest.mark.parametrize("name", NAMES)
+def test_references_agree(name: str, tiny_model: Callable) -> None:
     """transformers (its torch path: no mamba-ssm kernels here) and llama.cpp compute the
     same model (else neither can judge frink)."""
-    ref = tiny_model(NAME).ref
+    ref = tiny_model(name).ref
     assert "logits_llamacpp" in ref, "llama.cpp's converter made no GGUF"
     _compare(ref["logits_llamacpp"], ref["logits_hf"], REF_TOL, "llama.cpp vs transformers")
     assert ref["greedy_llamacpp"].shape[0] >= 24
     assert len(ref["tokens"]) > 64
 
 
-def test_the_converter_wrote_falcon_h1(tiny_model: Callable) -> None:
-    ckpt = open_checkpoint(_path(tiny_model, NAME, "gguf"))
+@pytest.mark.parametrize("name", NAMES)
+def test_the_converter_wrote_falcon_h1(name: str, tiny_model: Callable) -> None:
+    ckpt = open_checkpoint(_path(tiny_model, name, "gguf"))
     md = ckpt.metadata
     assert md["general.architecture"] == "falcon-h1"
     assert md["falcon-h1.ssm.group_count"] == 2 and md["falcon-h1.ssm.time_step_rank"] == 8
     names = set(ckpt.tensors.names())
-    for i in range(N_LAYER):
+    for i in range(int(md["falcon-h1.block_count"])):
         for t in ("attn_q.weight", "ssm_in.weight", "ffn_gate.weight", "ffn_norm"):
             assert f"blk.{i}.{t}" in names, t  # the FFN norm without a .weight suffix
-        assert f"blk.{i}.ssm_norm.weight" not in names  # mamba_rms_norm off
+        # mamba_rms_norm: the gated norm's weight, per group
+        assert (f"blk.{i}.ssm_norm.weight" in names) == (name == "falcon_h1_norm")
 
 
 # --- the host body (numpy) ------------------------------------------------------------------------
@@ -77,18 +82,20 @@ def test_the_converter_wrote_falcon_h1(tiny_model: Callable) -> None:
 
 @pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
 @pytest.mark.parametrize("source", SOURCES)
-def test_numpy_matches_references(source: str, step: bool, tiny_model: Callable) -> None:
-    m = frink_cli.load(_path(tiny_model, NAME, source))
-    got = m.logits(_tokens(tiny_model, NAME), step=step)
+@pytest.mark.parametrize("name", NAMES)
+def test_numpy_matches_references(name: str, source: str, step: bool, tiny_model: Callable) -> None:
+    m = frink_cli.load(_path(tiny_model, name, source))
+    got = m.logits(_tokens(tiny_model, name), step=step)
     _against_references(
-        got, tiny_model(NAME).ref, f"{NAME} numpy({source}, {'step' if step else 'batch'})"
+        got, tiny_model(name).ref, f"{name} numpy({source}, {'step' if step else 'batch'})"
     )
 
 
 @pytest.mark.parametrize("source", SOURCES)
-def test_numpy_greedy_matches_llamacpp(source: str, tiny_model: Callable) -> None:
-    ref = tiny_model(NAME).ref
-    m = frink_cli.load(_path(tiny_model, NAME, source))
+@pytest.mark.parametrize("name", NAMES)
+def test_numpy_greedy_matches_llamacpp(name: str, source: str, tiny_model: Callable) -> None:
+    ref = tiny_model(name).ref
+    m = frink_cli.load(_path(tiny_model, name, source))
     _compare(_decode_after_prefill(m, ref), ref["greedy_logits_llamacpp"], REF_TOL, "decode")
     prompt = [int(t) for t in ref["greedy_prompt"]]
     want = ref["greedy_llamacpp"].tolist()
@@ -117,11 +124,12 @@ def test_config_and_layer_shape(tiny_model: Callable) -> None:
     assert gg.layer_pattern() == "ATTN+MAMBA2 x3"
 
 
-def test_hf_dir_tensors_equal_the_converters(tiny_model: Callable) -> None:
+@pytest.mark.parametrize("name", NAMES)
+def test_hf_dir_tensors_equal_the_converters(name: str, tiny_model: Callable) -> None:
     """The HF reader folds the multipliers into the weights as the converter does, in the
     same f32 order: the same tensors (A's exp aside, an ulp apart between NumPy and torch)."""
-    hf = open_checkpoint(_path(tiny_model, NAME, "hf"))
-    gg = open_checkpoint(_path(tiny_model, NAME, "gguf"))
+    hf = open_checkpoint(_path(tiny_model, name, "hf"))
+    gg = open_checkpoint(_path(tiny_model, name, "gguf"))
     assert sorted(hf.tensors.names()) == sorted(gg.tensors.names())
     for n in gg.tensors.names():
         a, b = hf.tensors.load(n), gg.tensors.load(n)
@@ -253,32 +261,61 @@ def test_each_branch_matters(branch: str, tiny_model: Callable) -> None:
         assert _max_diff(got, tiny_model(NAME).ref[key]) > FAR, f"no {branch} matches {key}"
 
 
+def test_the_gated_norm_matters(tiny_model: Callable) -> None:
+    """falcon_h1_norm with its norm weights flattened to ones moves the logits past FAR."""
+    m = frink_cli.load(_path(tiny_model, "falcon_h1_norm", "gguf"))
+    w = m.decoder.host.w
+    layers = [
+        dataclasses.replace(
+            lw, mamba2=dataclasses.replace(lw.mamba2, norm=np.ones_like(lw.mamba2.norm))
+        )
+        for lw in w.layers
+    ]
+    off = Decoder(m.config, ModelWeights(w.token_embd, w.output_norm, w.output, None, layers))
+    tokens = np.asarray(_tokens(tiny_model, "falcon_h1_norm"))
+    got = off.step(tokens, off.new_cache(len(tokens)), all_logits=True)
+    for key in REFERENCES:
+        assert _max_diff(got, tiny_model("falcon_h1_norm").ref[key]) > FAR, key
+
+
+def test_norm_before_gate_is_refused_by_name(tiny_model: Callable, tmp_path: Path) -> None:
+    """transformers can norm y before gating it; llama.cpp's graph only gates first."""
+    hf = tmp_path / "hf"
+    shutil.copytree(_path(tiny_model, "falcon_h1_norm", "hf"), hf)
+    cfg = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps(dict(cfg, mamba_norm_before_gate=True)))
+    with pytest.raises(FrinkError, match="mamba_norm_before_gate"):
+        frink_cli.load(hf)
+
+
 # --- metal (MLX; its CPU device on Linux) ---------------------------------------------------------
 
 
 @pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
 @pytest.mark.parametrize("source", SOURCES)
-def test_metal_matches_references(source: str, step: bool, tiny_model: Callable) -> None:
+@pytest.mark.parametrize("name", NAMES)
+def test_metal_matches_references(name: str, source: str, step: bool, tiny_model: Callable) -> None:
     pytest.importorskip("mlx.core")
-    m = frink_cli.load(_path(tiny_model, NAME, source), backend="metal")
+    m = frink_cli.load(_path(tiny_model, name, source), backend="metal")
     assert m.backend_name == "metal"
-    got = m.logits(_tokens(tiny_model, NAME), step=step)
+    got = m.logits(_tokens(tiny_model, name), step=step)
     _against_references(
-        got, tiny_model(NAME).ref, f"{NAME} metal({source}, {'step' if step else 'batch'})"
+        got, tiny_model(name).ref, f"{name} metal({source}, {'step' if step else 'batch'})"
     )
-    _assert_device_ran(m, f"{NAME} metal")
+    _assert_device_ran(m, f"{name} metal")
     assert set(m.decoder.backend.ledger.submissions) == {"mamba-run+lm-head"}
 
 
-def test_metal_greedy_matches_llamacpp(tiny_model: Callable) -> None:
+@pytest.mark.parametrize("name", NAMES)
+def test_metal_greedy_matches_llamacpp(name: str, tiny_model: Callable) -> None:
     pytest.importorskip("mlx.core")
-    ref = tiny_model(NAME).ref
-    m = frink_cli.load(_path(tiny_model, NAME, "gguf"), backend="metal")
+    ref = tiny_model(name).ref
+    m = frink_cli.load(_path(tiny_model, name, "gguf"), backend="metal")
     _compare(_decode_after_prefill(m, ref), ref["greedy_logits_llamacpp"], REF_TOL, "metal decode")
     prompt = [int(t) for t in ref["greedy_prompt"]]
     want = ref["greedy_llamacpp"].tolist()
     assert list(m.generate_ids(prompt, max_tokens=len(want), temperature=0.0)) == want
-    _assert_device_ran(m, f"{NAME} metal")
+    _assert_device_ran(m, f"{name} metal")
 
 
 def test_metal_one_submission_per_token(tiny_model: Callable) -> None:
