@@ -207,6 +207,38 @@ def test_truncating_is_refused(tiny_model: Callable) -> None:
     np.testing.assert_array_equal(m.decoder.step(np.asarray(tokens), cache), first)
 
 
+def test_a_failed_step_leaves_the_slot_untouched(
+    tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step that dies in the last layer, after the others wrote their K/V rows and staged
+    their mamba state, leaves every slot as it was; the step then runs as if never tried."""
+    m = frink_cli.load(_path(tiny_model, NAME, "gguf"))
+    tokens = _tokens(tiny_model, NAME)[:10]
+    clean = m.decoder.new_cache(32)
+    m.decoder.step(np.asarray(tokens[:8]), clean)
+    want = m.decoder.step(np.asarray(tokens[8:]), clean)
+
+    cache = m.decoder.new_cache(32)
+    m.decoder.step(np.asarray(tokens[:8]), cache)
+    before = [(c.copy(), s.copy()) for c, s in zip(cache.conv_state, cache.delta_state)]
+    host = m.decoder.host
+    real_layer = host.layer
+
+    def failing(layer, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if layer == m.config.n_layer - 1:
+            raise RuntimeError("simulated failure in the last layer")
+        return real_layer(layer, *args, **kwargs)
+
+    monkeypatch.setattr(host, "layer", failing)
+    with pytest.raises(RuntimeError):
+        m.decoder.step(np.asarray(tokens[8:]), cache)
+    monkeypatch.setattr(host, "layer", real_layer)
+    for (c0, s0), c1, s1 in zip(before, cache.conv_state, cache.delta_state):
+        assert np.array_equal(c0, c1) and np.array_equal(s0, s1)
+    assert cache.n_past == 8
+    np.testing.assert_array_equal(m.decoder.step(np.asarray(tokens[8:]), cache), want)
+
+
 # --- every piece matters --------------------------------------------------------------------------
 
 MULTIPLIERS = (

@@ -8,7 +8,8 @@ A layer is llama.cpp's pre-norm block with the decorations each architecture swi
 (ModelConfig fields; `shape` = cfg.layer_shape(l)):
 
     h = norm(x);  a = mixer(h)                      attention (GQA), gated delta net, mamba
-                                                    or mamba2
+                                                    or mamba2; "attention+mamba2":
+                                                    attention(h) + mamba2(h) (falcon-h1)
                                                     (no_pre_norm: h = x, no norm);
                                                     "linear": a = wo(h); "none": no branch
     a = post_attn_norm(a) * residual_scale;  x = x + a
