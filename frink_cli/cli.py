@@ -335,19 +335,30 @@ def _print_info(d: dict[str, Any]) -> None:
         heads = f"up to {heads} (per layer below)"
         ffn_width = f"up to {ffn_width}"
     mb = d["mamba"]
-    if mb:  # no attention, no FFN, no rope: the mixer's sizes instead
+    # A pure mamba stack has no attention, no FFN, no rope: the mixer's sizes instead.
+    hybrid = mb and any(s["mixer"] not in ("mamba", "mamba2") for s in d["layers"])
+    if mb and not hybrid:
         line("embedding", f"{d['n_embd']}, vocab {d['n_vocab']}")
+    else:
+        line("embedding", f"{d['n_embd']}, ffn {ffn_width} ({d['ffn_act']}), vocab {d['n_vocab']}")
+        line("attention", heads + window)
+    if mb:
         norms = ", RMSNorm on dt/B/C" if mb["dt_b_c_rms"] else ""
+        if mb["n_group"]:
+            sizes = (
+                f"{mb['dt_rank']} heads x {mb['d_inner'] // mb['dt_rank']},"
+                f" {mb['n_group']} B/C groups"
+            )
+            label = "mamba2"
+        else:
+            sizes, label = f"dt rank {mb['dt_rank']}", "mamba"
         line(
-            "mamba",
-            f"inner {mb['d_inner']}, state {mb['d_state']}, dt rank {mb['dt_rank']},"
+            label,
+            f"inner {mb['d_inner']}, state {mb['d_state']}, {sizes},"
             f" conv {mb['conv_kernel']}{norms}",
         )
         state_kib = d["recurrent_state_bytes"] / 1024
         line("recurrent", f"{state_kib:.1f} KiB state per sequence (f32 conv + scan)")
-    else:
-        line("embedding", f"{d['n_embd']}, ffn {ffn_width} ({d['ffn_act']}), vocab {d['n_vocab']}")
-        line("attention", heads + window)
     line("positions", d["positions"])
     values = d["decoration_values"]
     decorations = [
@@ -406,6 +417,8 @@ def _print_info(d: dict[str, Any]) -> None:
             mixer = f"mamba ({mb['d_inner']} x {mb['d_state']})"
         elif s["mixer"] == "shortconv":
             mixer = f"shortconv (conv {sc['conv_kernel']})"
+        elif s["mixer"] == "mamba2":
+            mixer = f"mamba2 ({mb['dt_rank']} heads, {mb['d_inner']} x {mb['d_state']})"
         elif s["mixer"] == "none":
             mixer = "no attention"
         elif s["mixer"] == "linear":

@@ -59,6 +59,8 @@ def positions(cfg: Any) -> str:
     nothing at all (no attention layer: a recurrent model reads order from its state)."""
     if all(cfg.layer_shape(i).mixer != "attention" for i in range(cfg.n_layer)):
         return "none (no attention layers)"
+    if cfg.no_rope:
+        return "none (NoPE: the attention layers rotate nothing)"
     if cfg.alibi_bias is not None:
         return f"alibi (max bias {cfg.alibi_bias:g}, no rope)"
     text = f"rope {cfg.rope_type}, base {cfg.rope_base:g}, {cfg.rope_dim} dims"
@@ -160,6 +162,7 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
             "dt_rank": cfg.mamba.dt_rank,
             "conv_kernel": cfg.mamba.conv_kernel,
             "dt_b_c_rms": cfg.mamba.dt_b_c_rms,
+            "n_group": cfg.mamba.n_group,
         },
         "shortconv": None
         if cfg.shortconv is None

@@ -101,6 +101,11 @@ class TinySpec:
     # MoE routers' expert-selection bias (lfm2moe's expert_bias, a buffer the parameter
     # loop never sees): drawn as std * noise, so a reader that drops it picks other experts.
     router_bias_std: float = 0.0
+    # config.json keys rewritten after save_pretrained, before anything reads the dir: the
+    # spelling released checkpoints carry where transformers saves its own (Granite 4.0-H's
+    # layer_types "mamba" / "attention", which llama.cpp's converter reads and transformers
+    # maps on load to its "linear_attention" / "full_attention").
+    config_overrides: dict[str, Any] = field(default_factory=dict)
 
 
 _COMMON: dict[str, Any] = {
@@ -339,6 +344,30 @@ _LFM2: dict[str, Any] = dict(
     eos_token_id=2,
 )
 
+# Mamba-2 (Mamba2ForCausalLM; llama.cpp `mamba2`): the fused in_proj (z, xBC, dt), a conv
+# over x, B and C, per-head scalar decays, B/C in 2 groups of 4 heads, the gated grouped
+# RMSNorm. 8 heads of 16 (d_inner = 2 * hidden, as the converter asserts). A_log around
+# -1.5 and dt_bias around 0 keep the decay slow (~0.85 per token), so state from the
+# previous 64-token prefill chunk reaches the logits; D around 1 so the skip term shows.
+# chunk_size 32: transformers' chunked SSD prefill crosses its own chunks too.
+_MAMBA2: dict[str, Any] = dict(
+    vocab_size=512,
+    hidden_size=64,
+    state_size=16,
+    num_heads=8,
+    head_dim=16,
+    n_groups=2,
+    conv_kernel=4,
+    expand=2,
+    layer_norm_epsilon=1e-5,
+    use_conv_bias=True,
+    use_bias=False,
+    chunk_size=32,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
 # LFM2-MoE (Lfm2MoeForCausalLM; llama.cpp `lfm2moe`): LFM2's mixers, the first
 # num_dense_layers FFNs dense, the rest routed by a sigmoid router whose expert bias (a
 # buffer, randomized here: router_bias_std) moves the selection but not the weights.
@@ -362,6 +391,83 @@ _LFM2_MOE: dict[str, Any] = dict(
     pad_token_id=0,
     bos_token_id=1,
     eos_token_id=2,
+)
+
+_MAMBA2_VECTORS: dict[str, tuple[float, float]] = {
+    "A_log": (-1.5, 0.3),
+    "dt_bias": (0.0, 0.5),
+    "mixer.D": (1.0, 0.3),
+}
+
+# Granite 4.0-H (GraniteMoeHybridForCausalLM; llama.cpp `granitehybrid`): Mamba-2 layers and
+# NoPE attention layers in one stack (a layer is Mamba-2 where the GGUF's per-layer
+# head_count_kv is 0), every layer followed by the FFN: a sparse MoE (input_linear fused
+# gate|up) plus the always-on shared_mlp, or (no experts) shared_mlp alone as the dense FFN.
+# Granite's multipliers away from neutral, as in _GRANITE (the final norm around
+# logits_scaling). The mamba sizes as _MAMBA2's: 8 heads of 16, 2 groups, state 16.
+_GRANITE_HYBRID_LAYERS = ["mamba", "attention", "mamba", "mamba", "attention"]
+_GRANITE_HYBRID: dict[str, Any] = dict(
+    _COMMON,
+    num_hidden_layers=len(_GRANITE_HYBRID_LAYERS),
+    layer_types=_GRANITE_HYBRID_LAYERS,
+    intermediate_size=32,
+    shared_intermediate_size=48,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    rms_norm_eps=1e-5,
+    embedding_multiplier=0.35,
+    residual_multiplier=0.3,
+    attention_multiplier=0.7,
+    logits_scaling=8.0,
+    position_embedding_type="nope",
+    mamba_n_heads=8,
+    mamba_d_head=16,
+    mamba_n_groups=2,
+    mamba_d_state=16,
+    mamba_d_conv=4,
+    mamba_expand=2,
+    mamba_chunk_size=32,
+    mamba_conv_bias=True,
+    mamba_proj_bias=False,
+    tie_word_embeddings=True,
+)
+
+# Falcon-H1 (FalconH1ForCausalLM; llama.cpp `falcon-h1`): attention (neox rope) and a Mamba-2
+# mixer in parallel on the same normed input, their outputs summed, then the FFN. Every
+# multiplier is away from 1 so each matters; llama.cpp's converter folds them all into the
+# weights (embedding, lm head, q/k/v/o, in_proj per z/x/B/C/dt segment, out_proj, gate and
+# down), so the GGUF graph has none. mamba_rms_norm off, as released Falcon-H1 configs have
+# it (llama.cpp's graph then skips the gated norm: y * silu(z)). Untied: the converter scales
+# the embedding and the head apart.
+_FALCON_H1: dict[str, Any] = dict(
+    _COMMON,
+    intermediate_size=96,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+    mamba_d_ssm=128,
+    mamba_n_heads=8,
+    mamba_d_head=16,
+    mamba_n_groups=2,
+    mamba_d_state=16,
+    mamba_d_conv=4,
+    mamba_expand=2,
+    mamba_chunk_size=32,
+    mamba_conv_bias=True,
+    mamba_proj_bias=False,
+    mamba_rms_norm=False,
+    mamba_norm_before_gate=False,
+    projectors_bias=False,
+    lm_head_multiplier=1.5,
+    embedding_multiplier=0.6,
+    mlp_multipliers=[0.6, 1.7],
+    key_multiplier=0.5,
+    attention_in_multiplier=1.5,
+    attention_out_multiplier=0.6,
+    ssm_multipliers=[1.5, 1.6, 0.6, 1.5, 0.7],
+    ssm_in_multiplier=0.7,
+    ssm_out_multiplier=4.0,
+    tie_word_embeddings=False,
 )
 
 SPECS: dict[str, TinySpec] = {
@@ -878,6 +984,82 @@ SPECS: dict[str, TinySpec] = {
             notes="LFM2 mixers; 2 dense FFNs then sigmoid-routed MoE (8 experts, top 3) with "
             "an expert bias; tied",
         ),
+        TinySpec(
+            "mamba2",
+            "Mamba2ForCausalLM",
+            "Mamba2Config",
+            dict(_MAMBA2, num_hidden_layers=3, tie_word_embeddings=False),
+            seed=72,
+            seq_len=_HYBRID_SEQ_LEN,
+            vector_overrides=_MAMBA2_VECTORS,
+            greedy=24,
+            notes="Mamba-2: SSD mixer per layer (8 heads, 2 B/C groups, gated grouped norm)",
+        ),
+        TinySpec(
+            "granitehybrid",
+            "GraniteMoeHybridForCausalLM",
+            "GraniteMoeHybridConfig",
+            dict(_GRANITE_HYBRID),
+            seed=73,
+            norm_center_overrides=_GRANITE_NORMS,
+            seq_len=_HYBRID_SEQ_LEN,
+            vector_overrides=_MAMBA2_VECTORS,
+            greedy=24,
+            min_router_gap=MIN_ROUTER_GAP,
+            config_overrides={"layer_types": _GRANITE_HYBRID_LAYERS},
+            notes="MAMBA2 ATTN MAMBA2 x2 ATTN (NoPE), MoE (4 experts, top 2) + shared "
+            "expert on every layer, granite multipliers; tied",
+        ),
+        TinySpec(
+            "granitehybrid_dense",
+            "GraniteMoeHybridForCausalLM",
+            "GraniteMoeHybridConfig",
+            dict(
+                _GRANITE_HYBRID,
+                num_hidden_layers=4,
+                layer_types=_GRANITE_HYBRID_LAYERS[:4],
+                num_local_experts=0,
+                num_experts_per_tok=0,
+                # llama.cpp sizes the dense FFN by feed_forward_length (intermediate_size)
+                # and the converter stores shared_mlp there: released dense configs set the
+                # two alike.
+                intermediate_size=48,
+                tie_word_embeddings=False,
+                embedding_multiplier=12.0,
+            ),
+            seed=74,
+            norm_center_overrides=_GRANITE_NORMS,
+            seq_len=_HYBRID_SEQ_LEN,
+            vector_overrides=_MAMBA2_VECTORS,
+            greedy=24,
+            config_overrides={"layer_types": _GRANITE_HYBRID_LAYERS[:4]},
+            notes="MAMBA2 ATTN MAMBA2 x2 (NoPE), no experts: shared_mlp as the dense FFN; untied",
+        ),
+        TinySpec(
+            "falcon_h1",
+            "FalconH1ForCausalLM",
+            "FalconH1Config",
+            dict(_FALCON_H1, num_hidden_layers=3),
+            seed=75,
+            seq_len=_HYBRID_SEQ_LEN,
+            vector_overrides=_MAMBA2_VECTORS,
+            greedy=24,
+            notes="attention + Mamba-2 in parallel per layer, then the FFN; every Falcon-H1 "
+            "multiplier away from 1 (folded into the weights by the converter); untied",
+        ),
+        TinySpec(
+            "falcon_h1_norm",
+            "FalconH1ForCausalLM",
+            "FalconH1Config",
+            # The gated grouped norm on, gating before it (llama.cpp's only order).
+            dict(_FALCON_H1, num_hidden_layers=2, mamba_rms_norm=True),
+            seed=76,
+            norm_center_overrides={"mamba.norm": 1.0},
+            seq_len=_HYBRID_SEQ_LEN,
+            vector_overrides=_MAMBA2_VECTORS,
+            greedy=24,
+            notes="falcon_h1 with mamba_rms_norm (norm(y * silu(z)) per group); 2 layers",
+        ),
     ]
 }
 
@@ -895,6 +1077,7 @@ _LATER_FIELDS = {
     "ternary": [],
     "convert_renames": {},
     "router_bias_std": 0.0,
+    "config_overrides": {},
 }
 
 
@@ -964,6 +1147,11 @@ def _build_hf(spec: TinySpec, hf_dir: Path) -> None:
     if hf_dir.exists():
         shutil.rmtree(hf_dir)
     model.save_pretrained(hf_dir)
+    if spec.config_overrides:
+        cfg_path = hf_dir / "config.json"
+        cfg_path.write_text(
+            json.dumps(dict(json.loads(cfg_path.read_text()), **spec.config_overrides), indent=2)
+        )
 
 
 def _load_hf(spec: TinySpec, hf_dir: Path) -> Any:

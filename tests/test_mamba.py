@@ -194,6 +194,7 @@ def test_info_shows_the_model(tiny_model: Callable) -> None:
         "dt_rank": 8,
         "conv_kernel": 4,
         "dt_b_c_rms": False,
+        "n_group": 0,
     }
 
 
@@ -477,7 +478,8 @@ def test_a_long_prefill_scan_equals_token_steps() -> None:
     T = 2 * CHUNK + 22
     x, dt = rng.standard_normal((T, 32), np.float32), rng.random((T, 32), np.float32)
     a = -rng.random((32, 8), np.float32)
-    b, c = rng.standard_normal((T, 8), np.float32), rng.standard_normal((T, 8), np.float32)
+    # One B/C group (Mamba-1's): the scan's b, c are [T, groups, d_state].
+    b, c = rng.standard_normal((T, 1, 8), np.float32), rng.standard_normal((T, 1, 8), np.float32)
     h0 = rng.standard_normal((32, 8), np.float32)
     y, h = selective_scan(x, dt, a, b, c, h0)
     s, ys = h0, []

@@ -35,11 +35,13 @@ from .alibi import Bloom, Mpt
 from .base import Arch
 from .bitnet import Bitnet
 from .deci import Deci
+from .falcon_h1 import FalconH1
 from .gemma3 import Gemma3
 from .granite import Granite, GraniteMoe
+from .granite_hybrid import GraniteHybrid
 from .lfm2 import Lfm2, Lfm2Moe
 from .llama import Llama
-from .mamba import Mamba
+from .mamba import Mamba, Mamba2
 from .olmo2 import Olmo2
 from .openelm import OpenElm
 from .phi3 import Phi3
@@ -76,6 +78,9 @@ _ARCHS: tuple[Arch, ...] = (
     Mamba(),
     Lfm2(),
     Lfm2Moe(),
+    Mamba2(),
+    GraniteHybrid(),
+    FalconH1(),
 )
 _BY_NAME: dict[str, Arch] = {a.name: a for a in _ARCHS}
 _BY_MODEL_TYPE: dict[str, Arch] = {mt: a for a in _ARCHS for mt in a.hf_model_types}

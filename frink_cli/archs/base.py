@@ -143,7 +143,8 @@ class Arch:
     # llama.cpp requires a router on every layer (expert_count must be present).
     moe_every_layer: ClassVar[bool] = False
     # Layers whose head_count_kv entry is 0 are recurrent, not attention (lfm2's short
-    # convs): the per-layer KV head counts then skip those zeros, as a GDN hybrid's do.
+    # convs, granitehybrid's mamba2 layers): the per-layer KV head counts then skip those
+    # zeros, as a GDN hybrid's do; the attention layers' count is the model's.
     zero_kv_recurrent: ClassVar[bool] = False
     # Head counts and FFN widths may differ per layer (ModelConfig.layer_sizes: openelm,
     # deci); zero_head_layers: a layer may have no attention (0 heads) or wo alone (0 KV

@@ -1,4 +1,5 @@
-"""Mamba-1 (`mamba`): a stack of selective state-space mixers, no attention and no FFN.
+"""Mamba-1 (`mamba`) and Mamba-2 (`mamba2`): stacks of selective state-space mixers, no
+attention and no FFN.
 
 Follows llama.cpp's src/models/mamba.cpp + graph-context-mamba.cpp (build_mamba_layer:
 ggml_ssm_conv, ggml_ssm_scan) and transformers' MambaForCausalLM / FalconMambaForCausalLM.
@@ -9,6 +10,11 @@ architecture with `mamba.ssm.dt_b_c_rms` set: weightless RMSNorms on dt, B and C
 The HF side is the converter's MambaModel: A_log stored as A = -exp(A_log) (ssm_a), the
 conv kernel [d_inner, 1, k] squeezed to [d_inner, k], head_count and feed_forward_length
 written as 0, context_length 2**20, dt_rank ceil(hidden / 16) when the config says "auto".
+
+Mamba-2 follows llama.cpp's src/models/mamba2.cpp (build_mamba2_layer) and transformers'
+Mamba2ForCausalLM; the converter's Mamba2Model writes ssm.group_count (n_groups) and the
+head count as ssm.time_step_rank (d_inner / head_dim), A = -exp(A_log) and D as [n_head, 1],
+dt_bias as ssm_dt.bias and the gated norm's weight as [n_groups, d_inner / n_groups].
 """
 
 from __future__ import annotations
@@ -21,7 +27,18 @@ from ..formats import Checkpoint
 from ..formats.safetensors import HfModelType, Transform
 from ..model.config import MambaConfig, ModelConfig
 from .base import Arch, MetadataWriter, f32, get
-from .transforms import NEG_EXP, SQUEEZE
+from .transforms import NEG_EXP, SQUEEZE, _reshape
+
+# Mamba-2's per-head A and D as the converter stores them, [n_head] -> [n_head, 1]; its gated
+# norm's weight [d_inner] -> [n_groups, d_inner / n_groups].
+_UNSQUEEZE = Transform(_reshape, lambda s, hp: (*s, 1))
+
+
+def _groups(hp: dict[str, Any]) -> int:
+    return int(hp.get("n_groups") or hp.get("mamba_n_groups") or 1)
+
+
+_PER_GROUP = Transform(_reshape, lambda s, hp: (_groups(hp), s[0] // _groups(hp)))
 
 # transformers' MambaConfig defaults. The safetensors reader's normalization asks every
 # config for a head count; Mamba has no heads (its metadata says 0, as the converter's).
@@ -39,6 +56,24 @@ _MAMBA_DEFAULTS: dict[str, Any] = {
     "tie_word_embeddings": True,
     "num_attention_heads": 1,
 }
+
+
+def ssm_config(arch: Arch, ckpt: Checkpoint) -> MambaConfig:
+    """The ssm.* keys llama.cpp's load_hparams reads, checked."""
+    md, key = ckpt.metadata, arch.key
+    m = MambaConfig(
+        conv_kernel=int(get(md, key("ssm.conv_kernel"), required=True)),
+        d_inner=int(get(md, key("ssm.inner_size"), required=True)),
+        d_state=int(get(md, key("ssm.state_size"), required=True)),
+        dt_rank=int(get(md, key("ssm.time_step_rank"), required=True)),
+        dt_b_c_rms=bool(get(md, key("ssm.dt_b_c_rms"), False)),
+    )
+    if min(m.conv_kernel, m.d_inner, m.d_state, m.dt_rank) <= 0:
+        raise FrinkError(
+            f"{ckpt.path}: bad mamba sizes (conv {m.conv_kernel}, inner {m.d_inner}, "
+            f"state {m.d_state}, dt rank {m.dt_rank})"
+        )
+    return m
 
 
 class Mamba(Arch):
@@ -63,6 +98,9 @@ class Mamba(Arch):
         ("backbone.layers.{bid}.mixer.D", "blk.{bid}.ssm_d"),
     )
 
+    def ssm_config(self, ckpt: Checkpoint) -> MambaConfig:
+        return ssm_config(self, ckpt)
+
     def config(self, ckpt: Checkpoint) -> ModelConfig:
         """The mamba keys llama.cpp's load_hparams reads; the attention-shaped fields of
         ModelConfig are zero (no layer attends) and rope is unused."""
@@ -70,18 +108,7 @@ class Mamba(Arch):
         names = set(ckpt.tensors.names())
         n_layer = int(get(md, key("block_count"), required=True))
         n_embd = int(get(md, key("embedding_length"), required=True))
-        m = MambaConfig(
-            conv_kernel=int(get(md, key("ssm.conv_kernel"), required=True)),
-            d_inner=int(get(md, key("ssm.inner_size"), required=True)),
-            d_state=int(get(md, key("ssm.state_size"), required=True)),
-            dt_rank=int(get(md, key("ssm.time_step_rank"), required=True)),
-            dt_b_c_rms=bool(get(md, key("ssm.dt_b_c_rms"), False)),
-        )
-        if min(m.conv_kernel, m.d_inner, m.d_state, m.dt_rank) <= 0:
-            raise FrinkError(
-                f"{ckpt.path}: bad mamba sizes (conv {m.conv_kernel}, inner {m.d_inner}, "
-                f"state {m.d_state}, dt rank {m.dt_rank})"
-            )
+        m = self.ssm_config(ckpt)
         if not 0 < n_layer <= len(names):
             raise FrinkError(
                 f"{ckpt.path}: block_count {n_layer} does not fit the file's {len(names)} tensors"
@@ -161,3 +188,130 @@ class Mamba(Arch):
                 "config.json: use_bias (in_proj/out_proj biases) is not supported for mamba: "
                 "llama.cpp's mamba graph has no such bias"
             )
+
+
+# transformers' Mamba2Config defaults (the converter's own fallbacks differ only for keys a
+# saved config.json always holds).
+_MAMBA2_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 32768,
+    "hidden_size": 4096,
+    "state_size": 128,
+    "num_hidden_layers": 64,
+    "layer_norm_epsilon": 1e-5,
+    "conv_kernel": 4,
+    "expand": 2,
+    "num_heads": 128,
+    "head_dim": 64,
+    "n_groups": 8,
+    "use_conv_bias": True,
+    "use_bias": False,
+    "tie_word_embeddings": False,
+    "num_attention_heads": 1,
+}
+
+
+def mamba2_ssm_config(arch: Arch, ckpt: Checkpoint, m: MambaConfig) -> MambaConfig:
+    """Mamba-1's ssm keys plus ssm.group_count, checked as llama.cpp's graph asserts them
+    (d_inner a multiple of the head count, heads a multiple of the groups)."""
+    G = int(get(ckpt.metadata, arch.key("ssm.group_count"), required=True))
+    H = m.dt_rank
+    if G <= 0 or m.d_inner % H or H % G:
+        raise FrinkError(
+            f"{ckpt.path}: bad mamba2 sizes (inner {m.d_inner}, {H} heads, {G} groups: "
+            "the heads must divide the inner size and the groups the heads)"
+        )
+    return MambaConfig(
+        conv_kernel=m.conv_kernel,
+        d_inner=m.d_inner,
+        d_state=m.d_state,
+        dt_rank=H,
+        n_group=G,
+        layers=m.layers,
+    )
+
+
+def mamba2_hf_metadata(
+    w: MetadataWriter, conv: int, inner: int, state: int, n_heads: int, groups: int
+) -> None:
+    """The ssm.* keys the converter's Mamba2Model.set_gguf_parameters writes (and
+    GraniteHybridModel's, from its mamba_* config keys)."""
+    if n_heads <= 0 or inner % n_heads or groups <= 0 or n_heads % groups:
+        raise FrinkError(
+            f"config.json: bad mamba2 sizes (inner {inner}, {n_heads} heads, {groups} groups)"
+        )
+    w.set("ssm.conv_kernel", conv)
+    w.set("ssm.inner_size", inner)
+    w.set("ssm.state_size", state)
+    w.set("ssm.time_step_rank", n_heads)
+    w.set("ssm.group_count", groups)
+
+
+MAMBA2_TRANSFORMS: dict[str, tuple[Transform, ...]] = {
+    "blk.{bid}.ssm_a": (NEG_EXP, _UNSQUEEZE),
+    "blk.{bid}.ssm_d": (_UNSQUEEZE,),
+    "blk.{bid}.ssm_norm.weight": (_PER_GROUP,),
+    "blk.{bid}.ssm_conv1d.weight": (SQUEEZE,),
+}
+
+
+class Mamba2(Mamba):
+    name = "mamba2"
+    hf_model_types: ClassVar[dict[str, HfModelType]] = {
+        "mamba2": HfModelType(defaults=dict(_MAMBA2_DEFAULTS)),
+    }
+    hf_tensors: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("backbone.embeddings", "token_embd"),
+        ("backbone.norm_f", "output_norm"),
+        ("lm_head", "output"),
+        ("backbone.layers.{bid}.norm", "blk.{bid}.attn_norm"),
+        ("backbone.layers.{bid}.mixer.in_proj", "blk.{bid}.ssm_in"),
+        ("backbone.layers.{bid}.mixer.conv1d", "blk.{bid}.ssm_conv1d"),
+        ("backbone.layers.{bid}.mixer.norm", "blk.{bid}.ssm_norm"),
+        ("backbone.layers.{bid}.mixer.out_proj", "blk.{bid}.ssm_out"),
+    )
+    hf_tensors_whole: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("backbone.layers.{bid}.mixer.A_log", "blk.{bid}.ssm_a"),
+        ("backbone.layers.{bid}.mixer.D", "blk.{bid}.ssm_d"),
+        ("backbone.layers.{bid}.mixer.dt_bias", "blk.{bid}.ssm_dt.bias"),
+    )
+
+    def ssm_config(self, ckpt: Checkpoint) -> MambaConfig:
+        return mamba2_ssm_config(self, ckpt, super().ssm_config(ckpt))
+
+    def hf_transforms(self) -> dict[str, tuple[Transform, ...]]:
+        return dict(MAMBA2_TRANSFORMS)
+
+    def hf_metadata(self, w: MetadataWriter, notes: list[str]) -> None:
+        # As the converter's Mamba2Model.set_gguf_parameters writes them.
+        hp = w.hp
+        d = int(hp["hidden_size"])
+        inner = int(hp.get("intermediate_size") or int(hp.get("expand") or 2) * d)
+        if inner != int(hp.get("expand") or 2) * d:
+            raise FrinkError(
+                f"config.json: intermediate_size {inner} is not expand x hidden_size, which "
+                "llama.cpp's converter refuses for mamba2"
+            )
+        w.set("context_length", 1 << 20)
+        w.u32("embedding_length", "hidden_size")
+        w.set("feed_forward_length", 0)
+        w.set("attention.head_count", 0)
+        w.u32("block_count", "num_hidden_layers")
+        head_dim = int(hp.get("head_dim") or 64)
+        if inner % head_dim:
+            raise FrinkError(f"config.json: inner size {inner} is not a multiple of head_dim")
+        mamba2_hf_metadata(
+            w,
+            conv=int(hp.get("conv_kernel") or 4),
+            inner=inner,
+            state=int(hp.get("state_size") or 128),
+            n_heads=inner // head_dim,
+            groups=_groups(hp),
+        )
+        if hp.get("use_bias"):
+            raise FrinkError(
+                "config.json: use_bias (in_proj/out_proj biases) is not supported for mamba2: "
+                "llama.cpp's mamba2 graph has no such bias"
+            )
+        eps = hp.get("layer_norm_epsilon", hp.get("rms_norm_eps"))
+        w.set("attention.layer_norm_rms_epsilon", f32(eps if eps is not None else 1e-5))
+        w.u32("vocab_size", "n_vocab")

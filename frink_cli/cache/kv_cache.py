@@ -14,20 +14,25 @@ from ..errors import FrinkError
 from ..model.config import ModelConfig
 from .attention import AttentionKv, WindowKv
 from .protocol import KvSlot, LayerSlot, RecurrentSlot
-from .recurrent import RecurrentState
+from .recurrent import ParallelSlot, RecurrentState
 
 
 def layer_slot(cfg: ModelConfig, layer: int, n_ctx: int, windowed: bool = True) -> LayerSlot:
     """The cache slot layer `layer` needs."""
-    if cfg.is_recurrent(layer):
-        return RecurrentState(cfg, layer)
     shape = cfg.layer_shape(layer)
+    if cfg.is_recurrent(layer) and shape.mixer != "attention+mamba2":
+        return RecurrentState(cfg, layer)
     # The layer's own KV heads (per-layer sizes); 0 for a layer that attends to nothing
     # (deci's "none" and "linear" mixers): its slot then holds no rows at all.
     window, n_kv = shape.window, shape.n_head_kv
+    kv: AttentionKv
     if windowed and window is not None and window < n_ctx:
-        return WindowKv(n_kv, cfg.head_dim_k, cfg.head_dim_v, n_ctx, window)
-    return AttentionKv(n_kv, cfg.head_dim_k, cfg.head_dim_v, n_ctx)
+        kv = WindowKv(n_kv, cfg.head_dim_k, cfg.head_dim_v, n_ctx, window)
+    else:
+        kv = AttentionKv(n_kv, cfg.head_dim_k, cfg.head_dim_v, n_ctx)
+    if shape.mixer == "attention+mamba2":  # falcon-h1: K/V rows and mamba state
+        return ParallelSlot(kv, RecurrentState(cfg, layer))
+    return kv
 
 
 class KvCache:
@@ -41,7 +46,7 @@ class KvCache:
 
     @property
     def has_recurrent_state(self) -> bool:
-        return any(isinstance(s, RecurrentState) for s in self.slots)
+        return any(isinstance(s, (RecurrentState, ParallelSlot)) for s in self.slots)
 
     def slot(self, layer: int) -> KvSlot | RecurrentSlot:
         return self.slots[layer]
@@ -101,13 +106,19 @@ class KvCache:
     @property
     def conv_state(self) -> list[np.ndarray | None]:
         """Per layer, the committed conv tail (None for attention layers)."""
-        return [s.conv if isinstance(s, RecurrentState) else None for s in self.slots]
+        return [
+            s.conv if isinstance(s, (RecurrentState, ParallelSlot)) else None for s in self.slots
+        ]
 
     @property
     def delta_state(self) -> list[np.ndarray | None]:
-        return [s.delta if isinstance(s, RecurrentState) else None for s in self.slots]
+        return [
+            s.delta if isinstance(s, (RecurrentState, ParallelSlot)) else None for s in self.slots
+        ]
 
     def _by_position(self, s: LayerSlot) -> tuple[np.ndarray, np.ndarray]:
+        if isinstance(s, ParallelSlot):
+            s = s.kv
         if isinstance(s, AttentionKv):
             return s.by_position()
         cfg = self.cfg

@@ -1,4 +1,4 @@
-"""A recurrent layer's state (a gated delta net: qwen35, qwen3next; a Mamba-1 mixer): no K/V
+"""A recurrent layer's state (a gated delta net: qwen35, qwen3next; a Mamba-1/2 mixer): no K/V
 rows, but the conv tail (the last kernel-1 conv inputs) and the recurrence's state (the
 delta-rule matrices, or the selective scan's [d_inner, d_state]), zero at sequence start.
 
@@ -10,6 +10,8 @@ as it was.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..model.config import ModelConfig
@@ -18,13 +20,14 @@ from ..model.config import ModelConfig
 class RecurrentState:
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         self.conv_shape, self.state_shape = cfg.recurrent_shapes(layer)
-        self.kind = (
-            "mamba selective scan"
-            if cfg.mamba is not None
-            else "short conv"
-            if cfg.shortconv is not None
-            else "gated delta net"
-        )
+        mixer = cfg.layer_shape(layer).mixer
+        kinds = {
+            "mamba": "mamba selective scan",
+            "mamba2": "mamba2 selective scan",
+            "attention+mamba2": "mamba2 selective scan",
+            "shortconv": "short conv",
+        }
+        self.kind = kinds.get(mixer, "gated delta net")
         self.n_past = 0
         self._pending: tuple[np.ndarray, np.ndarray] | None = None
         self._reset()
@@ -36,9 +39,9 @@ class RecurrentState:
         self._pending = None
 
     def recurrent_state(self) -> tuple[np.ndarray, np.ndarray]:
-        """(conv tail [kernel-1, channels], state: GDN [n_v, hd_k, hd_v], mamba [d_inner,
-        d_state]): this step's staged state if a run of it already moved the layer on, else
-        the committed one; read-only."""
+        """(conv tail [kernel-1, channels], state: GDN [n_v, hd_k, hd_v], mamba / mamba2
+        [d_inner, d_state]): this step's staged state if a run of it already moved the
+        layer on, else the committed one; read-only."""
         return self._pending if self._pending is not None else (self.conv, self.delta)
 
     def set_recurrent_state(self, conv: np.ndarray, delta: np.ndarray) -> None:
@@ -67,3 +70,74 @@ class RecurrentState:
         if n_past == 0:
             self._reset()
         self.n_past = n_past
+
+
+class ParallelSlot:
+    """A layer whose attention and recurrent mixer run side by side (falcon-h1): its K/V
+    rows and its recurrent state, one slot to the composition (the attention op reads the
+    rows, the mamba block the state), staged, committed and rolled back together. Truncation
+    is refused as the recurrent state refuses it."""
+
+    def __init__(self, kv: Any, state: RecurrentState) -> None:
+        self.kv, self.state = kv, state
+        self.kind = state.kind
+
+    @property
+    def n_past(self) -> int:
+        return int(self.kv.n_past)
+
+    @n_past.setter
+    def n_past(self, value: int) -> None:
+        self.kv.n_past = self.state.n_past = value
+
+    @property
+    def first(self) -> int:
+        return int(self.kv.first)
+
+    @property
+    def version(self) -> int:
+        return int(self.kv.version)
+
+    @property
+    def conv(self) -> np.ndarray:
+        return self.state.conv
+
+    @property
+    def delta(self) -> np.ndarray:
+        return self.state.delta
+
+    def append(self, k: np.ndarray, v: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+        first, K, V = self.kv.append(k, v)
+        return first, K, V
+
+    def write(self, start: int, k: np.ndarray, v: np.ndarray) -> int:
+        return int(self.kv.write(start, k, v))
+
+    def held(self) -> tuple[int, np.ndarray, np.ndarray]:
+        first, K, V = self.kv.held()
+        return first, K, V
+
+    def recurrent_state(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.state.recurrent_state()
+
+    def set_recurrent_state(self, conv: np.ndarray, delta: np.ndarray) -> None:
+        self.state.set_recurrent_state(conv, delta)
+
+    def reserve(self, end: int) -> None:
+        self.kv.reserve(end)
+        self.state.reserve(end)
+
+    def commit(self, n_past: int) -> None:
+        self.kv.commit(n_past)
+        self.state.commit(n_past)
+
+    def rollback(self) -> None:
+        self.kv.rollback()
+        self.state.rollback()
+
+    def truncation_refusal(self, n_past: int) -> str | None:
+        return self.state.truncation_refusal(n_past) or self.kv.truncation_refusal(n_past)
+
+    def truncate(self, n_past: int) -> None:
+        self.kv.truncate(n_past)
+        self.state.truncate(n_past)

@@ -8,7 +8,9 @@ A layer is llama.cpp's pre-norm block with the decorations each architecture swi
 (ModelConfig fields; `shape` = cfg.layer_shape(l)):
 
     h = norm(x);  a = mixer(h)                      attention (GQA), gated delta net, mamba
-                                                    or LFM2's short conv
+                                                    or mamba2, LFM2's short conv;
+                                                    "attention+mamba2": attention(h) +
+                                                    mamba2(h) (falcon-h1)
                                                     (no_pre_norm: h = x, no norm);
                                                     "linear": a = wo(h); "none": no branch
     a = post_attn_norm(a) * residual_scale;  x = x + a
@@ -54,6 +56,13 @@ def layer(
             a = mamba_block(ops, cfg, w.mamba, h, kv)
         elif shape.mixer == "shortconv":
             a = shortconv_block(ops, cfg, w.shortconv, h, kv)
+        elif shape.mixer == "mamba2":
+            a = mamba2_block(ops, cfg, w.mamba2, h, kv)
+        elif shape.mixer == "attention+mamba2":
+            # falcon-h1: both mixers read the same normed rows; the slot holds the K/V rows
+            # and the mamba state side by side (its multipliers are in the weights).
+            a = attention_block(ops, cfg, shape, w, h, pos, kv, rope)
+            a = ops.add_(_proj_scale(a, w.wo_scale), mamba2_block(ops, cfg, w.mamba2, h, kv))
         elif shape.mixer == "linear":
             # deci's "linear attention": wo on the normed input, nothing attends.
             a = ops.linear(h, w.wo)
@@ -137,14 +146,14 @@ def attention_block(
     followed by its gate rows (how HF's q_proj and the GGUF lay them out). The rows are
     clipped to [-clamp_kqv, clamp_kqv] when the model says so (mpt). With ALiBi (bloom,
     mpt; llama.cpp's build_attn with max_alibi_bias) nothing rotates: each head's scores
-    get -slope_h * (q pos - k pos) instead."""
+    get -slope_h * (q pos - k pos) instead. With NoPE (no_rope) nothing rotates at all."""
     T = h.shape[0]
     H, Hkv, hk, hv = shape.n_head, shape.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
     eps = cfg.norm_eps
     qkv = ops.linear(h, w.qkv)
     if cfg.clamp_kqv:
         qkv = ops.clamp_(qkv, cfg.clamp_kqv)
-    rotates = cfg.alibi_bias is None
+    rotates = cfg.alibi_bias is None and not cfg.no_rope
     gated = cfg.attn_output_gate
     nq = (2 if gated else 1) * H * hk
     nk = Hkv * hk
@@ -183,7 +192,7 @@ def attention_block(
         shape.window,
         cfg.attn_scale,
         cfg.attn_logit_softcap,
-        alibi=None if rotates else cfg.alibi_slopes(),
+        alibi=None if cfg.alibi_bias is None else cfg.alibi_slopes(),
     )
     if gate is not None:
         out = ops.sigmoid_mul_(out, gate)
@@ -316,7 +325,7 @@ def mamba_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array, slot: Any) -> Arra
         b = ops.rms_norm(b, w.b_norm, eps)
         c = ops.rms_norm(c, w.c_norm, eps)
     dt = ops.softplus(ops.linear(dt, w.dt_proj))
-    y, new_state = ops.selective_scan(x, dt, w.a, b, c, state)
+    y, new_state = ops.selective_scan(x, dt, w.a, b[:, None], c[:, None], state)
     slot.set_recurrent_state(new_tail, new_state)
     y = ops.add_(y, x * w.d) * ops.act(xz[:, di:], "silu")
     return ops.linear(y, w.out)
@@ -336,6 +345,42 @@ def shortconv_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array, slot: Any) -> 
     y, new_tail = ops.causal_conv(bcx[:, :d] * bcx[:, 2 * d :], tail, w.conv)
     slot.set_recurrent_state(new_tail, state)
     return ops.linear(bcx[:, d : 2 * d] * y, w.out)
+
+
+def mamba2_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array, slot: Any) -> Array:
+    """Mamba-2's SSD mixer (llama.cpp's build_mamba2_layer, transformers' Mamba2Mixer), over
+    normed rows h [T, n_embd], with n_head heads of head_dim channels and G groups:
+
+        z, xBC, dt = split(W_in h);  xBC = silu(conv(xBC) + conv_b)   causal depthwise conv
+        x, B, C = split(xBC)            B, C [G, d_state] per token: head h reads group
+                                        h // (n_head / G)
+        dt = softplus(dt + dt_bias);  A = -exp(A_log)                 one each per head
+        h = exp(dt A) h + dt x B;  y = C.h + D x      per head, state [head_dim, d_state]
+        out = W_out (rmsnorm_per_group(y * silu(z)) * norm_w)
+
+    The scan is Mamba-1's primitive with each head's dt and A repeated over its channels.
+    The slot holds the conv tail and the scan state [d_inner, d_state]; the new ones are
+    staged on it."""
+    m = cfg.mamba
+    assert m is not None and m.version2  # compose_layer comes here only for mixer "mamba2"
+    di, ds, G, T = m.d_inner, m.d_state, m.n_group, h.shape[0]
+    conv_dim = m.conv_dim
+    proj = ops.linear(h, w.in_proj)
+    tail, state = slot.recurrent_state()
+    xbc, new_tail = ops.causal_conv(proj[:, di : di + conv_dim], tail, w.conv)
+    xbc = ops.act(ops.add_(xbc, w.conv_b), "silu")
+    x = xbc[:, :di]
+    b = xbc[:, di : di + G * ds].reshape(T, G, ds)
+    c = xbc[:, di + G * ds :].reshape(T, G, ds)
+    head_dim = di // m.dt_rank
+    heads = ops.index(tuple(i // head_dim for i in range(di)))  # each channel's head
+    dt = ops.softplus(ops.add_(proj[:, di + conv_dim :], w.dt_bias))[:, heads]
+    y, new_state = ops.selective_scan(x, dt, w.a[heads][:, None], b, c, state)
+    slot.set_recurrent_state(new_tail, new_state)
+    y = ops.add_(y, x * w.d[heads]) * ops.act(proj[:, :di], "silu")
+    if w.norm is not None:  # falcon-h1 may have none (mamba_rms_norm false): y * silu(z)
+        y = (ops.rms_norm_(y.reshape(T, G, di // G), None, cfg.norm_eps) * w.norm).reshape(T, di)
+    return ops.linear(y, w.out)
 
 
 def lm_head(

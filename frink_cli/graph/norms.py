@@ -9,11 +9,12 @@ import numpy as np
 
 
 def rms_norm(
-    x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | None = None
+    x: np.ndarray, weight: np.ndarray | None, eps: float, out: np.ndarray | None = None
 ) -> np.ndarray:
     """Normalize over the last axis (rows of hidden states, or heads' rows for QK norm);
-    into `out` when given (it may be x itself), else into a new array."""
-    if x.ndim == 2 and x.shape[0] == 1:
+    into `out` when given (it may be x itself), else into a new array. weight None: no
+    weight (a norm whose weight the caller applies in another shape)."""
+    if x.ndim == 2 and x.shape[0] == 1 and weight is not None:
         # A decode row: one BLAS dot and one multiply; this norm runs twice a layer per token.
         r = x[0]
         scale = 1.0 / math.sqrt(float(np.dot(r, r)) / r.shape[0] + eps)
@@ -25,7 +26,8 @@ def rms_norm(
     np.sqrt(ms, out=ms)
     np.reciprocal(ms, out=ms)
     out = np.multiply(x, ms[..., None], out=out)
-    out *= weight
+    if weight is not None:
+        out *= weight
     return out
 
 

@@ -37,7 +37,8 @@ class Ops(Protocol):
         ...
 
     def rms_norm(self, x: Array, w: Array, eps: float) -> Array:
-        """RMSNorm over the last axis into a new array (x is left as it was)."""
+        """RMSNorm over the last axis into a new array (x is left as it was); w None:
+        weightless (Mamba-2's grouped norm multiplies by its [G, width] weight after)."""
         ...
 
     def rms_norm_(self, x: Array, w: Array, eps: float) -> Array:
@@ -133,9 +134,11 @@ class Ops(Protocol):
     def selective_scan(
         self, x: Array, dt: Array, a: Array, b: Array, c: Array, state: Array
     ) -> tuple[Array, Array]:
-        """Mamba-1's scan over T tokens, per channel i: h = exp(dt[i] A[i]) h + dt[i] x[i] B;
-        y[i] = h[i] . C. x, dt (softplus-ed) [T, d_inner]; a [d_inner, d_state]; b, c
-        [T, d_state]; state [d_inner, d_state] (not modified) -> (y [T, d_inner], new state)."""
+        """Mamba's scan over T tokens, per channel i: h = exp(dt[i] A[i]) h + dt[i] x[i] B;
+        y[i] = h[i] . C. x, dt (softplus-ed) [T, d_inner]; a [d_inner, d_state] (Mamba-1) or
+        [d_inner, 1] (Mamba-2's per-head scalar, broadcast over the state); b, c
+        [T, G, d_state]: channel i reads group i // (d_inner / G) (Mamba-1: G = 1); state
+        [d_inner, d_state] (not modified) -> (y [T, d_inner], the new state)."""
         ...
 
     # --- mixture of experts ----------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Mamba-1's selective scan on the host: the recurrence at the heart of the mamba mixer.
+"""Mamba's selective scan on the host: the recurrence at the heart of the mamba mixers.
 
 Why its own module: the scan is a primitive (Ops.selective_scan), not a block; the block
 (conv, projections, gates) is composed once in graph/layer.py. Per token t and channel i,
@@ -7,8 +7,11 @@ ggml_ssm_scan and transformers' MambaMixer slow path compute it):
 
     h = exp(dt_t[i] * A[i]) * h + (dt_t[i] * x_t[i]) * B_t;   y_t[i] = h[i] . C_t
 
-dt already softplus-ed, A = -exp(A_log) as the converter stores it. A prefill takes the
-same per-token recurrence as a decode row, so a batch is exact against stepping.
+dt already softplus-ed, A = -exp(A_log) as the converter stores it. Mamba-2 (SSD) is the
+same recurrence with its per-head dt and scalar A repeated over the head's channels (A
+[d_inner, 1], broadcast over the state) and B_t, C_t per group: channel i reads group
+i // (d_inner / G) (llama.cpp's ggml_ssm_scan for mamba2; Mamba-1 is one group). A prefill
+takes the same per-token recurrence as a decode row, so a batch is exact against stepping.
 """
 
 from __future__ import annotations
@@ -26,19 +29,23 @@ def selective_scan(
     c: np.ndarray,
     state: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """x, dt [T, d_inner]; a [d_inner, d_state]; b, c [T, d_state]; state [d_inner, d_state]
-    (not modified) -> (y [T, d_inner], the new state)."""
-    T = x.shape[0]
+    """x, dt [T, d_inner]; a [d_inner, d_state] or [d_inner, 1]; b, c [T, G, d_state];
+    state [d_inner, d_state] (not modified) -> (y [T, d_inner], the new state)."""
+    T, di = x.shape
+    G, ds = b.shape[1], b.shape[2]
     y = np.empty_like(x)
     h = state
     for c0 in range(0, T, CHUNK):
         c1 = min(T, c0 + CHUNK)
+        n = c1 - c0
         # A chunk's decays and inputs at once, [C, d_inner, d_state] each (d_state is small,
-        # and CHUNK bounds them for a long prompt on a wide model).
+        # and CHUNK bounds them for a long prompt on a wide model; Mamba-2's decays are
+        # [C, d_inner, 1]).
         decay = np.exp(dt[c0:c1, :, None] * a)
-        inp = (dt[c0:c1] * x[c0:c1])[:, :, None] * b[c0:c1, None, :]
-        for j in range(c1 - c0):
+        xdt = (dt[c0:c1] * x[c0:c1]).reshape(n, G, di // G, 1)
+        inp = (xdt * b[c0:c1, :, None, :]).reshape(n, di, ds)
+        for j in range(n):
             h = decay[j] * h  # a new array: the caller's state stays intact
             h += inp[j]
-            y[c0 + j] = h @ c[c0 + j]
+            y[c0 + j] = (h.reshape(G, di // G, ds) @ c[c0 + j, :, :, None]).reshape(di)
     return y, h

@@ -23,6 +23,9 @@ class LayerShape:
     # "attention" | "gdn" (gated delta net: linear attention with recurrent state) |
     # "mamba" (Mamba-1's selective state-space mixer, recurrent state, no attention) |
     # "shortconv" (LFM2's gated short convolution: a causal depthwise conv, its tail the state) |
+    # "mamba2" (Mamba-2's SSD mixer: per-head scalar decay, grouped B/C, gated grouped norm) |
+    # "attention+mamba2" (falcon-h1: attention and a Mamba-2 mixer side by side on the same
+    # normed input, their outputs summed) |
     # "linear" (deci's "linear attention": only wo, applied to the normed input) |
     # "none" (deci's attention-free layer: the branch is absent, x passes on)
     mixer: str
@@ -143,22 +146,46 @@ class GdnConfig:
 
 @dataclass(frozen=True)
 class MambaConfig:
-    """Mamba-1 layers (llama.cpp `mamba`, transformers MambaForCausalLM / Falcon-Mamba):
-    every layer a selective state-space mixer, with no attention and no FFN. Per layer the
-    recurrent state is the conv tail [conv_kernel-1, d_inner] and the scan state
-    [d_inner, d_state]."""
+    """Mamba layers: Mamba-1 (llama.cpp `mamba`, transformers MambaForCausalLM /
+    Falcon-Mamba) or Mamba-2 (`mamba2`, Mamba2ForCausalLM: n_group > 0). Every layer a
+    selective state-space mixer with no attention and no FFN, unless `layers` names the
+    mamba layers of a hybrid stack. Per layer the recurrent state is the conv tail
+    [conv_kernel-1, conv_dim] and the scan state [d_inner, d_state] (Mamba-2's
+    [n_head, head_dim, d_state], flattened the same way)."""
 
-    conv_kernel: int  # ssm.conv_kernel: width of the causal depthwise conv over x
+    conv_kernel: int  # ssm.conv_kernel: width of the causal depthwise conv
     d_inner: int  # ssm.inner_size: the expanded width (x and z each)
     d_state: int  # ssm.state_size: N, the state per channel
-    dt_rank: int  # ssm.time_step_rank: the low-rank width dt is projected from
+    # ssm.time_step_rank: Mamba-1's low-rank width dt is projected from; Mamba-2's head
+    # count (one dt, A and D per head), as llama.cpp reads it.
+    dt_rank: int
     # ssm.dt_b_c_rms (Falcon-Mamba): RMSNorms on dt, B and C before they are used.
     dt_b_c_rms: bool = False
+    # ssm.group_count: Mamba-2's B/C groups (heads h*G/n_head .. share one); 0: Mamba-1.
+    n_group: int = 0
+    # Per layer: a mamba mixer (hybrid stacks); None: every layer is one.
+    layers: tuple[bool, ...] | None = None
+    # falcon-h1: each mamba mixer runs beside the layer's attention (mixer
+    # "attention+mamba2"), not instead of it.
+    parallel: bool = False
+
+    @property
+    def version2(self) -> bool:
+        return self.n_group > 0
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the conv (and its tail): x (Mamba-1); x, B and C (Mamba-2)."""
+        return self.d_inner + (2 * self.n_group * self.d_state if self.version2 else 0)
+
+    def is_layer(self, layer: int) -> bool:
+        return self.layers is None or self.layers[layer]
 
     def state_bytes(self, n_layer: int) -> int:
         """f32 bytes of recurrent state one sequence holds: conv tail + scan state per layer."""
-        per_layer = (self.conv_kernel - 1) * self.d_inner + self.d_inner * self.d_state
-        return 4 * per_layer * n_layer
+        per_layer = (self.conv_kernel - 1) * self.conv_dim + self.d_inner * self.d_state
+        n = n_layer if self.layers is None else sum(self.layers)
+        return 4 * per_layer * n
 
 
 @dataclass(frozen=True)
@@ -258,6 +285,9 @@ class ModelConfig:
     # ALiBi instead of rope: each head adds -slope_h * (query pos - key pos) to its scores,
     # slopes from this max bias as llama.cpp (ggml_soft_max_ext) computes them.
     alibi_bias: float | None = None
+    # NoPE: the attention layers rotate nothing and see no positions (Granite 4.0-H:
+    # rope.scaling.finetuned false, llama.cpp's has_rope off).
+    no_rope: bool = False
     # The QKV projection's output is clipped to [-c, c] (mpt's clip_qkv).
     clamp_kqv: float | None = None
     # No pre-norms: each branch reads the residual stream itself (olmo2: no attn_norm or
@@ -295,7 +325,8 @@ class ModelConfig:
     layer_sizes: LayerSizes | None = None
     gdn: GdnConfig | None = None
     moe: MoeConfig | None = None
-    # Mamba-1: every layer is a selective-scan mixer (mixer "mamba", ffn "none").
+    # Mamba-1 / Mamba-2: the selective-scan mixers (mixer "mamba" / "mamba2"; ffn "none"
+    # unless a hybrid stack's layer has one).
     mamba: MambaConfig | None = None
     # LFM2: the layers with no KV heads are short convs (mixer "shortconv").
     shortconv: ShortConvConfig | None = None
@@ -320,7 +351,9 @@ class ModelConfig:
         """The layer keeps a recurrent state (conv tail + state) instead of K/V rows."""
         if self.shortconv is not None and self.shortconv.layers[layer]:
             return True
-        return self.mamba is not None or (self.gdn is not None and self.gdn.layers[layer])
+        if self.mamba is not None and self.mamba.is_layer(layer):
+            return True
+        return self.gdn is not None and self.gdn.layers[layer]
 
     def is_moe(self, layer: int) -> bool:
         return self.moe is not None and self.moe.layers[layer]
@@ -336,7 +369,7 @@ class ModelConfig:
         """(conv tail shape, state shape) of a recurrent layer's state (cache.RecurrentState)."""
         if self.mamba is not None:
             m = self.mamba
-            return (m.conv_kernel - 1, m.d_inner), (m.d_inner, m.d_state)
+            return (m.conv_kernel - 1, m.conv_dim), (m.d_inner, m.d_state)
         if self.shortconv is not None:
             # The conv tail is the whole state: the second array is empty.
             return (self.shortconv.conv_kernel - 1, self.n_embd), (0,)
@@ -365,8 +398,14 @@ class ModelConfig:
         if self.layer_sizes is not None:
             s = self.layer_sizes
             n_head, n_head_kv, n_ff = s.n_head[layer], s.n_head_kv[layer], s.n_ff[layer]
-        if self.mamba is not None:
-            mixer, n_head, n_head_kv, n_ff = "mamba", 0, 0, 0
+        if self.mamba is not None and self.mamba.parallel:
+            mixer = "attention+mamba2"  # the model's own heads and FFN
+        elif self.mamba is not None and self.mamba.layers is None:
+            mixer = "mamba2" if self.mamba.version2 else "mamba"
+            n_head, n_head_kv, n_ff = 0, 0, 0
+        elif self.mamba is not None and self.mamba.is_layer(layer):
+            # A hybrid stack's mamba layer: no heads; its FFN as the model says.
+            mixer, n_head, n_head_kv = "mamba2" if self.mamba.version2 else "mamba", 0, 0
         elif self.shortconv is not None and self.shortconv.layers[layer]:
             mixer, n_head, n_head_kv = "shortconv", 0, 0
         elif self.is_recurrent(layer):
@@ -379,7 +418,9 @@ class ModelConfig:
             mixer = "attention"
         if self.is_moe(layer):
             ffn = "moe"
-        elif n_ff == 0 and (self.layer_sizes is not None or self.mamba is not None):
+        elif n_ff == 0 and (
+            self.layer_sizes is not None or (self.mamba is not None and not self.mamba.parallel)
+        ):
             ffn = "none"
         else:
             ffn = "dense"
@@ -405,6 +446,10 @@ class ModelConfig:
             name = "MAMBA"
         elif shape.mixer == "shortconv":
             name = "CONV"
+        elif shape.mixer == "mamba2":
+            name = "MAMBA2"
+        elif shape.mixer == "attention+mamba2":
+            name = "ATTN+MAMBA2"
         elif shape.mixer == "none":
             name = "NONE"
         elif shape.mixer == "linear":

@@ -108,6 +108,22 @@ class ShortConvWeights:
 
 
 @dataclass
+class Mamba2Weights:
+    """A Mamba-2 mixer (llama.cpp's ssm_* tensors for mamba2, in GGUF's [out, in] layouts)."""
+
+    in_proj: Linear  # [2*d_inner + 2*G*d_state + n_head, n_embd]: z, x, B, C, dt rows
+    conv: np.ndarray  # [d_inner + 2*G*d_state, kernel] depthwise causal conv taps, oldest first
+    conv_b: np.ndarray  # [d_inner + 2*G*d_state] the conv's bias
+    dt_bias: np.ndarray  # [n_head]
+    a: np.ndarray  # [n_head] -exp(A_log), as the converter stores it (its [n_head, 1])
+    d: np.ndarray  # [n_head] the skip (D) term
+    # [G, d_inner / G] the gated grouped RMSNorm's weight; None: no norm (falcon-h1 with
+    # mamba_rms_norm false, where llama.cpp's graph skips it)
+    norm: np.ndarray | None
+    out: Linear  # [n_embd, d_inner]
+
+
+@dataclass
 class MoeWeights:
     """A sparse MoE FFN with an optional shared expert (sigmoid-gated or not)."""
 
@@ -139,6 +155,7 @@ class LayerWeights:
     moe: MoeWeights | None = None
     mamba: MambaWeights | None = None
     shortconv: ShortConvWeights | None = None
+    mamba2: Mamba2Weights | None = None
     # LayerNorm biases (cfg.layer_norm), where the file has them.
     attn_norm_b: np.ndarray | None = None  # [n_embd]
     ffn_norm_b: np.ndarray | None = None  # [n_embd]
@@ -366,17 +383,20 @@ def load_weights(
         n_head, n_ff = shape.n_head, shape.n_ff
         nq = n_head * hk * (2 if cfg.attn_output_gate else 1)  # with a gate: its rows too
         nk, nv = shape.n_head_kv * hk, shape.n_head_kv * hv
-        qkv = wo = q_norm = k_norm = q_norm_b = k_norm_b = gdn = mamba = shortconv = None
+        qkv = wo = q_norm = k_norm = q_norm_b = k_norm_b = gdn = mamba = mamba2 = shortconv = None
         if shape.mixer == "shortconv":
             shortconv = _load_shortconv(p, cfg, get)
         elif shape.mixer == "gdn":
             gdn = _load_gdn(p, cfg, get, names)
         elif shape.mixer == "mamba":
             mamba = _load_mamba(p, cfg, get, names)
+        elif shape.mixer in ("mamba2", "attention+mamba2"):
+            # falcon-h1's "attention+mamba2": the attention tensors too, below.
+            mamba2 = _load_mamba2(p, cfg, get, names)
         elif shape.mixer == "linear":
             # deci's "linear attention": wo alone, [n_embd, n_embd], on the normed input.
             wo = fused([(p + "attn_output", d)], d, bias=False)
-        elif shape.mixer == "attention":
+        if shape.mixer in ("attention", "attention+mamba2"):
             if p + "attn_qkv.weight" in names:
                 qkv = fused([(p + "attn_qkv", nq + nk + nv)], d)
             else:
@@ -420,6 +440,10 @@ def load_weights(
         # an FFN-free one no ffn_norm (deci).
         attn_norm = not cfg.no_pre_norm and shape.mixer != "none"
         ffn_norm = not cfg.no_pre_norm and shape.ffn != "none"
+        ffn_norm_name = p + f"{cfg.ffn_norm_tensor}.weight"
+        if ffn_norm_name not in names and p + cfg.ffn_norm_tensor in names:
+            # falcon-h1's converter writes it without a suffix (llama.cpp's loader asks so).
+            ffn_norm_name = p + cfg.ffn_norm_tensor
         return LayerWeights(
             attn_norm=norm(p + "attn_norm.weight") if attn_norm else None,
             qkv=qkv,
@@ -431,7 +455,7 @@ def load_weights(
             )
             if post_norm_name
             else None,
-            ffn_norm=norm(p + f"{cfg.ffn_norm_tensor}.weight") if ffn_norm else None,
+            ffn_norm=norm(ffn_norm_name) if ffn_norm else None,
             gate_up=gate_up,
             down=down,
             post_ffn_norm=optional(p + "post_ffw_norm.weight", (d,), required=cfg.post_ffn_norm),
@@ -439,6 +463,7 @@ def load_weights(
             moe=moe,
             mamba=mamba,
             shortconv=shortconv,
+            mamba2=mamba2,
             attn_norm_b=optional(p + "attn_norm.bias", (d,))
             if cfg.layer_norm and attn_norm
             else None,
@@ -620,6 +645,36 @@ def _load_shortconv(p: str, cfg: ModelConfig, get: _Get) -> ShortConvWeights:
         in_proj=linear("shortconv.in_proj.weight", 3 * d),
         conv=get(p + "shortconv.conv.weight", (d, sc.conv_kernel)),
         out=linear("shortconv.out_proj.weight", d),
+    )
+
+
+def _load_mamba2(p: str, cfg: ModelConfig, get: _Get, names: set[str]) -> Mamba2Weights:
+    m = cfg.mamba
+    assert m is not None and m.version2  # only a layer_shape with mixer "mamba2" comes here
+    d, di, H, G = cfg.n_embd, m.d_inner, m.dt_rank, m.n_group
+    for name in ("ssm_in.bias", "ssm_out.bias"):
+        if p + name in names:
+            # HF use_bias: llama.cpp's mamba2 graph has no such bias.
+            raise FrinkError(f"{p}{name}: mamba2 in/out projection biases are not supported")
+    has_norm = p + "ssm_norm.weight" in names
+    if not has_norm and not m.parallel:
+        # llama.cpp's graph skips the norm when absent, but its loader requires it (but for
+        # falcon-h1's).
+        raise FrinkError(f"{p}ssm_norm.weight: missing (mamba2's gated grouped norm)")
+    conv_dim = m.conv_dim
+
+    def linear(name: str, shape: tuple[int, int]) -> Linear:
+        return Linear(get(p + name + ".weight", shape), None, (p + name + ".weight",))
+
+    return Mamba2Weights(
+        in_proj=linear("ssm_in", (di + conv_dim + H, d)),
+        conv=get(p + "ssm_conv1d.weight", (conv_dim, m.conv_kernel)),
+        conv_b=get(p + "ssm_conv1d.bias", (conv_dim,)),
+        dt_bias=get(p + "ssm_dt.bias", (H,)),
+        a=get(p + "ssm_a", (H, 1)).reshape(H),
+        d=get(p + "ssm_d", (H, 1)).reshape(H),
+        norm=get(p + "ssm_norm.weight", (G, di // G)) if has_norm else None,
+        out=linear("ssm_out", (d, di)),
     )
 
 

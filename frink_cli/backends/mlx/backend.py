@@ -51,6 +51,9 @@ class _Mirror:
         self.version = [-1] * n_layer
         # Recurrent layers: the host state arrays the device state was made from / made.
         self.host_state: list[tuple | None] = [None] * n_layer
+        # Layers with attention and a mamba mixer side by side (falcon-h1): the device conv
+        # tail and scan state beside the K/V mirror in k / v.
+        self.rec: list[tuple[mx.array, mx.array] | None] = [None] * n_layer
 
 
 class MlxBackend(DeviceBackend):
@@ -305,9 +308,19 @@ class MlxBackend(DeviceBackend):
             m.length = [-1] * self.cfg.n_layer  # re-upload from the host on next use
         return m
 
+    def _parallel(self, layer: int) -> bool:
+        """Attention and a mamba mixer side by side: K/V rows and a recurrent state."""
+        return self.shapes[layer].mixer == "attention+mamba2"
+
     def _sync_layer(self, m: _Mirror, cache, layer: int) -> None:
         slot = cache.slot(layer)
-        if self.cfg.is_recurrent(layer):
+        if self._parallel(layer):
+            conv, delta = slot.recurrent_state()
+            ref = m.host_state[layer]
+            if ref is None or ref[0] is not conv or ref[1] is not delta:
+                m.rec[layer] = (mx.array(conv), mx.array(delta))
+                m.host_state[layer] = (conv, delta)
+        elif self.cfg.is_recurrent(layer):
             # This step's staged state if an earlier run of it already moved the layer on.
             conv, delta = slot.recurrent_state()
             ref = m.host_state[layer]
@@ -341,13 +354,19 @@ class MlxBackend(DeviceBackend):
             def forward(x, positions, start, *kv):
                 pos = graph.StepContext(positions, start)
                 new_kv, rows = [], []
-                for j, i in enumerate(range(run.start, run.stop)):
-                    st = graph.LayerState(kv[2 * j], kv[2 * j + 1])
+                at = 0
+                for i in range(run.start, run.stop):
+                    w = 4 if self._parallel(i) else 2
+                    st = graph.LayerState(*kv[at : at + w])
+                    at += w
                     x = compose_layer(MLX_OPS, cfg, self.shapes[i], layers[i], x, pos, st, ropes[i])
-                    new_kv += [st.a, st.b]
-                    # Attention: the new K/V rows; a gated delta net: its new tail and state.
+                    new_kv += st.arrays()
+                    # Attention: the new K/V rows; a gated delta net: its new tail and state
+                    # (a parallel layer: its K/V rows, then its new tail and state).
                     kr, vr = st.rows if st.rows is not None else (st.a, st.b)
                     rows += [kr.reshape(-1), vr.reshape(-1)]
+                    if st.c is not None and st.d is not None:
+                        rows += [st.c.reshape(-1), st.d.reshape(-1)]
                 main = x
                 if head is not None:
                     norm, output, norm_b = self.head
@@ -376,12 +395,13 @@ class MlxBackend(DeviceBackend):
         outputs, staged = [], []
         m = self._mirror(cache, cache.n_past + T)
         # This launch's device state per layer, carried chunk to chunk.
-        state: dict[int, tuple[mx.array, mx.array]] = {}
+        state: dict[int, tuple[mx.array, ...]] = {}
         for i in range(run.start, run.stop):
             self._sync_layer(m, cache, i)
             dk, dv = m.k[i], m.v[i]
             assert dk is not None and dv is not None  # _sync_layer has just uploaded them
-            state[i] = (dk, dv)
+            rec = m.rec[i] if self._parallel(i) else None
+            state[i] = (dk, dv) if rec is None else (dk, dv, *rec)
         for o in range(0, T, chunk):
             c = min(chunk, T - o)
             last = o + c == T
@@ -397,8 +417,11 @@ class MlxBackend(DeviceBackend):
             mx.eval(outs)
             self.ledger.submit(self._kind(run, h))
             flat = np.asarray(outs[0])
-            for j, i in enumerate(range(run.start, run.stop)):
-                state[i] = (outs[1 + 2 * j], outs[2 + 2 * j])
+            at = 1  # outs: the flat rows, then each layer's state arrays
+            for i in range(run.start, run.stop):
+                w = len(state[i])
+                state[i] = tuple(outs[at : at + w])
+                at += w
             staged.append((o, c, h, flat))
         # Every chunk succeeded: only now do the host cache and the mirrors change.
         for o, c, h, flat in staged:
@@ -407,7 +430,7 @@ class MlxBackend(DeviceBackend):
             if h is not None or head is None:
                 outputs.append(flat[:pos].reshape(-1, width))
             for i in range(run.start, run.stop):
-                if cfg.is_recurrent(i):
+                if cfg.is_recurrent(i) and not self._parallel(i):
                     (da, db), (na, nb) = state[i], (state[i][0].size, state[i][1].size)
                     if o + c == T:  # the state after the last chunk is the layer's new state
                         conv = flat[pos : pos + na].reshape(da.shape).copy()
@@ -426,9 +449,18 @@ class MlxBackend(DeviceBackend):
                 )
                 pos += nk + nv
                 cache.slot(i).write(cache.n_past + o, k, v)
+                if self._parallel(i):  # its new tail and state follow its K/V rows
+                    dc, dd = state[i][2], state[i][3]
+                    na, nb = dc.size, dd.size
+                    if o + c == T:
+                        conv = flat[pos : pos + na].reshape(dc.shape).copy()
+                        delta = flat[pos + na : pos + na + nb].reshape(dd.shape).copy()
+                        cache.slot(i).set_recurrent_state(conv, delta)  # current at commit
+                        m.rec[i], m.host_state[i] = (dc, dd), (conv, delta)
+                    pos += na + nb
         for i in range(run.start, run.stop):
-            if not cfg.is_recurrent(i):
-                m.k[i], m.v[i] = state[i]
+            if not cfg.is_recurrent(i) or self._parallel(i):
+                m.k[i], m.v[i] = state[i][0], state[i][1]
                 m.length[i], m.version[i] = cache.n_past + T, cache.slot(i).version
         return np.concatenate(outputs) if len(outputs) > 1 else outputs[0]
 

@@ -11,7 +11,16 @@ from __future__ import annotations
 from ...model.config import ModelConfig
 
 CARRIED_ACTIVATIONS = ("silu", "gelu_tanh")
-CARRIED_MIXERS = ("attention", "gdn", "linear", "none", "mamba", "shortconv")
+CARRIED_MIXERS = (
+    "attention",
+    "gdn",
+    "linear",
+    "none",
+    "mamba",
+    "mamba2",
+    "attention+mamba2",
+    "shortconv",
+)
 CARRIED_FFNS = ("dense", "moe", "none")
 
 # The features (ModelConfig.features(): decorations and sub-configs) the MLX ops and the
@@ -31,8 +40,8 @@ CARRIED_FEATURES = frozenset(
         "sliding_window",
         "gdn",
         "moe",
-        # Mamba-1: the selective scan unrolled in the traced graph; its conv tail and scan
-        # state are mirrored on the device as the gated delta net's are.
+        # Mamba-1 / Mamba-2: the selective scan unrolled in the traced graph; its conv tail
+        # and scan state are mirrored on the device as the gated delta net's are.
         "mamba",
         "residual_scale",
         "logit_scale",
@@ -40,6 +49,7 @@ CARRIED_FEATURES = frozenset(
         "plain_ffn",
         "embd_norm",  # applied on the host with the embedding lookup
         "alibi_bias",
+        "no_rope",  # the composition skips the rotation
         "clamp_kqv",
         "no_pre_norm",
         "qk_norm_full",

@@ -163,15 +163,32 @@ class LayerState:
     or a mamba mixer;
     the ops replace them with the updated arrays and record the new K/V rows."""
 
-    def __init__(self, a: mx.array, b: mx.array) -> None:
+    def __init__(
+        self, a: mx.array, b: mx.array, c: mx.array | None = None, d: mx.array | None = None
+    ) -> None:
         self.a, self.b = a, b
+        # A layer with attention and a mamba mixer side by side (falcon-h1): its K/V mirror
+        # is (a, b) and its conv tail and scan state (c, d).
+        self.c, self.d = c, d
         self.rows: tuple[mx.array, mx.array] | None = None
 
     def recurrent_state(self) -> tuple[mx.array, mx.array]:
+        if self.c is not None:
+            assert self.d is not None
+            return self.c, self.d
         return self.a, self.b
 
     def set_recurrent_state(self, tail: mx.array, state: mx.array) -> None:
-        self.a, self.b = tail, state
+        if self.c is not None:
+            self.c, self.d = tail, state
+        else:
+            self.a, self.b = tail, state
+
+    def arrays(self) -> list[mx.array]:
+        """The state arrays, in the order the traced run takes and returns them."""
+        if self.c is None or self.d is None:
+            return [self.a, self.b]
+        return [self.a, self.b, self.c, self.d]
 
 
 def attention_mask(positions: mx.array, capacity: int, window: int | None) -> mx.array:
@@ -333,14 +350,17 @@ class MlxOps:
         c: mx.array,
         state: mx.array,
     ) -> tuple[mx.array, mx.array]:
-        """Mamba-1's per-token scan for every row, unrolled in the traced graph."""
-        decay = mx.exp(dt[:, :, None] * a)  # [T, d_inner, d_state]
-        inp = (dt * x)[:, :, None] * b[:, None, :]
+        """Mamba's per-token scan for every row (Mamba-1: one B/C group; Mamba-2: G groups,
+        a per-head decay), unrolled in the traced graph."""
+        T, di = x.shape
+        G, ds = b.shape[1], b.shape[2]
+        decay = mx.exp(dt[:, :, None] * a)  # [T, d_inner, d_state] (Mamba-2: [T, d_inner, 1])
+        inp = ((dt * x).reshape(T, G, di // G, 1) * b[:, :, None, :]).reshape(T, di, ds)
         outs = []
         h = state
-        for t in range(x.shape[0]):
+        for t in range(T):
             h = decay[t] * h + inp[t]
-            outs.append(h @ c[t])
+            outs.append((h.reshape(G, di // G, ds) @ c[t][:, :, None]).reshape(di))
         return mx.stack(outs), h
 
     def route(

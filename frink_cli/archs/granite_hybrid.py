@@ -1,0 +1,127 @@
+"""IBM Granite 4.0-H (`granitehybrid`): Mamba-2 layers and attention layers in one stack,
+each followed by Granite's FFN, with Granite's four multipliers.
+
+Follows llama.cpp's src/models/granite-hybrid.cpp and transformers'
+GraniteMoeHybridForCausalLM. A layer is Mamba-2 where the GGUF's per-layer
+attention.head_count_kv is 0 (llama.cpp's is_recr), else attention. The attention layers
+use no rope when rope.scaling.finetuned is false (NoPE: the converter writes that for every
+hybrid Granite, whatever position_embedding_type says). Every layer's FFN is GraniteMoE's
+(experts at feed_forward_length, renormalized top k, the shared expert added ungated), or,
+with no experts, shared_mlp as the dense FFN. The residual multiplier scales the mamba
+branch as it does the attention branch.
+
+The HF side is the converter's GraniteHybridModel: GraniteMoe's metadata and tensors, the
+Mamba-2 mixer's from the mamba_* config keys (Mamba2Model's transforms: A = -exp(A_log)
+and D as [n_head, 1], the norm per group), head_count_kv as a per-layer array with 0 on the
+mamba layers, context_length 2**20 and rope.scaling.finetuned false.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+from ..errors import FrinkError
+from ..formats import Checkpoint
+from ..formats.safetensors import HfModelType, Transform
+from ..model.config import MambaConfig, ModelConfig
+from .base import MetadataWriter, _is_array, get, hf_type
+from .granite import _MULTIPLIERS, GraniteMoe
+from .mamba import MAMBA2_TRANSFORMS, _groups, mamba2_hf_metadata, mamba2_ssm_config, ssm_config
+
+# transformers' GraniteMoeHybridConfig defaults.
+_DEFAULTS: dict[str, Any] = dict(
+    num_local_experts=8,
+    num_experts_per_tok=2,
+    shared_intermediate_size=1024,
+    mamba_n_heads=128,
+    mamba_n_groups=1,
+    mamba_d_state=256,
+    mamba_d_conv=4,
+    mamba_expand=2,
+    mamba_conv_bias=True,
+    mamba_proj_bias=False,
+    **_MULTIPLIERS,
+)
+
+
+class GraniteHybrid(GraniteMoe):
+    name = "granitehybrid"
+    hf_model_types: ClassVar[dict[str, HfModelType]] = {
+        "granitemoehybrid": hf_type(32000, 2048, **_DEFAULTS),
+    }
+    hf_tensors = GraniteMoe.hf_tensors + (
+        ("model.layers.{bid}.mamba.in_proj", "blk.{bid}.ssm_in"),
+        ("model.layers.{bid}.mamba.conv1d", "blk.{bid}.ssm_conv1d"),
+        ("model.layers.{bid}.mamba.norm", "blk.{bid}.ssm_norm"),
+        ("model.layers.{bid}.mamba.out_proj", "blk.{bid}.ssm_out"),
+    )
+    hf_tensors_whole: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("model.layers.{bid}.mamba.A_log", "blk.{bid}.ssm_a"),
+        ("model.layers.{bid}.mamba.D", "blk.{bid}.ssm_d"),
+        ("model.layers.{bid}.mamba.dt_bias", "blk.{bid}.ssm_dt.bias"),
+    )
+    zero_kv_recurrent = True
+
+    def config(self, ckpt: Checkpoint) -> ModelConfig:
+        cfg = super().config(ckpt)
+        md, key = ckpt.metadata, self.key
+        kv = get(md, key("attention.head_count_kv"), cfg.n_head)
+        kv = list(kv) if _is_array(kv) else [kv] * cfg.n_layer
+        if len(kv) != cfg.n_layer:
+            raise FrinkError(
+                f"{ckpt.path}: {key('attention.head_count_kv')} has {len(kv)} entries for "
+                f"{cfg.n_layer} layers"
+            )
+        recurrent = tuple(int(v) == 0 for v in kv)
+        mamba: MambaConfig | None = None
+        if any(recurrent):
+            m = mamba2_ssm_config(self, ckpt, ssm_config(self, ckpt))
+            mamba = dataclasses.replace(m, layers=recurrent)
+        # llama.cpp: rope.scaling.finetuned is granite's rope switch, true when absent.
+        rope = bool(get(md, key("rope.scaling.finetuned"), True))
+        return dataclasses.replace(cfg, mamba=mamba, no_rope=not rope)
+
+    def hf_transforms(self) -> dict[str, tuple[Transform, ...]]:
+        return {**super().hf_transforms(), **MAMBA2_TRANSFORMS}
+
+    def hf_metadata(self, w: MetadataWriter, notes: list[str]) -> None:
+        # As the converter's GraniteHybridModel.set_gguf_parameters writes them.
+        hp = w.hp
+        super().hf_metadata(w, notes)
+        n_layer = int(hp["num_hidden_layers"])
+        types = hp.get("layer_types") or hp.get("layers_block_type")
+        if types is None:
+            raise FrinkError("config.json: granitemoehybrid needs layer_types")
+        if len(types) != n_layer:
+            raise FrinkError(f"config.json: layer_types has {len(types)} entries, not {n_layer}")
+        # Released configs say "mamba" / "attention"; transformers saves its own spelling.
+        attn = [t in ("attention", "full_attention") for t in types]
+        d = int(hp["hidden_size"])
+        inner = int(hp.get("mamba_expand") or 2) * d
+        if hp.get("mamba_proj_bias"):
+            raise FrinkError(
+                "config.json: mamba_proj_bias (in_proj/out_proj biases) is not supported: "
+                "llama.cpp's mamba2 graph has no such bias"
+            )
+        mamba2_hf_metadata(
+            w,
+            conv=int(hp.get("mamba_d_conv") or 4),
+            inner=inner,
+            state=int(hp.get("mamba_d_state") or 256),
+            n_heads=int(hp.get("mamba_n_heads") or 128),
+            groups=_groups(hp),
+        )
+        kv = int(hp.get("num_key_value_heads") or hp["num_attention_heads"])
+        w.set("attention.head_count_kv", [kv if a else 0 for a in attn])
+        if hp.get("attn_rotary_emb"):
+            w.set("rope.dimension_count", int(hp["attn_rotary_emb"]))
+        use_rope = all(attn)
+        w.set("rope.scaling.finetuned", use_rope)
+        if not use_rope:
+            w.set("context_length", 1 << 20)
+            if hp.get("position_embedding_type") == "rope":
+                notes.append(
+                    "position_embedding_type rope is not applied: llama.cpp's converter "
+                    "turns rope off for every hybrid Granite"
+                )
