@@ -28,7 +28,16 @@ from ..formats import Checkpoint
 from ..formats.safetensors import HfModelType, Transform
 from ..model.config import ModelConfig
 from .base import Arch, MetadataWriter, hf_type
-from .mamba import MAMBA2_TRANSFORMS, _groups, mamba2_hf_metadata, mamba2_ssm_config, ssm_config
+from .mamba import (
+    MAMBA2_TRANSFORMS,
+    _groups,
+    mamba2_hf_metadata,
+    mamba2_mixer_tensors,
+    mamba2_ssm_config,
+    ssm_config,
+)
+
+_MIXER_MODULES, _MIXER_WHOLE = mamba2_mixer_tensors("model.layers.{bid}.mamba.")
 
 F32 = np.float32
 
@@ -118,15 +127,10 @@ class FalconH1(Arch):
         ("model.layers.{bid}.feed_forward.gate_proj", "blk.{bid}.ffn_gate"),
         ("model.layers.{bid}.feed_forward.up_proj", "blk.{bid}.ffn_up"),
         ("model.layers.{bid}.feed_forward.down_proj", "blk.{bid}.ffn_down"),
-        ("model.layers.{bid}.mamba.in_proj", "blk.{bid}.ssm_in"),
-        ("model.layers.{bid}.mamba.conv1d", "blk.{bid}.ssm_conv1d"),
-        ("model.layers.{bid}.mamba.norm", "blk.{bid}.ssm_norm"),
-        ("model.layers.{bid}.mamba.out_proj", "blk.{bid}.ssm_out"),
+        *_MIXER_MODULES,
     )
     hf_tensors_whole: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("model.layers.{bid}.mamba.A_log", "blk.{bid}.ssm_a"),
-        ("model.layers.{bid}.mamba.D", "blk.{bid}.ssm_d"),
-        ("model.layers.{bid}.mamba.dt_bias", "blk.{bid}.ssm_dt.bias"),
+        *_MIXER_WHOLE,
         ("model.layers.{bid}.pre_ff_layernorm.weight", "blk.{bid}.ffn_norm"),
     )
 

@@ -27,7 +27,16 @@ from ..formats.safetensors import HfModelType, Transform
 from ..model.config import MambaConfig, ModelConfig
 from .base import MetadataWriter, _is_array, get, hf_type
 from .granite import _MULTIPLIERS, GraniteMoe
-from .mamba import MAMBA2_TRANSFORMS, _groups, mamba2_hf_metadata, mamba2_ssm_config, ssm_config
+from .mamba import (
+    MAMBA2_TRANSFORMS,
+    _groups,
+    mamba2_hf_metadata,
+    mamba2_mixer_tensors,
+    mamba2_ssm_config,
+    ssm_config,
+)
+
+_MIXER_MODULES, _MIXER_WHOLE = mamba2_mixer_tensors("model.layers.{bid}.mamba.")
 
 # transformers' GraniteMoeHybridConfig defaults.
 _DEFAULTS: dict[str, Any] = dict(
@@ -50,17 +59,8 @@ class GraniteHybrid(GraniteMoe):
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
         "granitemoehybrid": hf_type(32000, 2048, **_DEFAULTS),
     }
-    hf_tensors = GraniteMoe.hf_tensors + (
-        ("model.layers.{bid}.mamba.in_proj", "blk.{bid}.ssm_in"),
-        ("model.layers.{bid}.mamba.conv1d", "blk.{bid}.ssm_conv1d"),
-        ("model.layers.{bid}.mamba.norm", "blk.{bid}.ssm_norm"),
-        ("model.layers.{bid}.mamba.out_proj", "blk.{bid}.ssm_out"),
-    )
-    hf_tensors_whole: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("model.layers.{bid}.mamba.A_log", "blk.{bid}.ssm_a"),
-        ("model.layers.{bid}.mamba.D", "blk.{bid}.ssm_d"),
-        ("model.layers.{bid}.mamba.dt_bias", "blk.{bid}.ssm_dt.bias"),
-    )
+    hf_tensors = GraniteMoe.hf_tensors + _MIXER_MODULES
+    hf_tensors_whole: ClassVar[tuple[tuple[str, str], ...]] = _MIXER_WHOLE
     zero_kv_recurrent = True
 
     def config(self, ckpt: Checkpoint) -> ModelConfig:

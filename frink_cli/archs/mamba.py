@@ -254,6 +254,29 @@ MAMBA2_TRANSFORMS: dict[str, tuple[Transform, ...]] = {
 }
 
 
+def mamba2_mixer_tensors(
+    prefix: str,
+) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]:
+    """A Mamba-2 mixer's HF -> GGUF names under `prefix` (the mixer's module path with
+    {bid}): (weight/bias modules, whole parameters), as the converter maps them for
+    mamba2, granitehybrid and falcon-h1 alike."""
+    modules = (
+        (prefix + "in_proj", "blk.{bid}.ssm_in"),
+        (prefix + "conv1d", "blk.{bid}.ssm_conv1d"),
+        (prefix + "norm", "blk.{bid}.ssm_norm"),
+        (prefix + "out_proj", "blk.{bid}.ssm_out"),
+    )
+    whole = (
+        (prefix + "A_log", "blk.{bid}.ssm_a"),
+        (prefix + "D", "blk.{bid}.ssm_d"),
+        (prefix + "dt_bias", "blk.{bid}.ssm_dt.bias"),
+    )
+    return modules, whole
+
+
+_MAMBA2_MODULES, _MAMBA2_WHOLE = mamba2_mixer_tensors("backbone.layers.{bid}.mixer.")
+
+
 class Mamba2(Mamba):
     name = "mamba2"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
@@ -264,16 +287,9 @@ class Mamba2(Mamba):
         ("backbone.norm_f", "output_norm"),
         ("lm_head", "output"),
         ("backbone.layers.{bid}.norm", "blk.{bid}.attn_norm"),
-        ("backbone.layers.{bid}.mixer.in_proj", "blk.{bid}.ssm_in"),
-        ("backbone.layers.{bid}.mixer.conv1d", "blk.{bid}.ssm_conv1d"),
-        ("backbone.layers.{bid}.mixer.norm", "blk.{bid}.ssm_norm"),
-        ("backbone.layers.{bid}.mixer.out_proj", "blk.{bid}.ssm_out"),
+        *_MAMBA2_MODULES,
     )
-    hf_tensors_whole: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("backbone.layers.{bid}.mixer.A_log", "blk.{bid}.ssm_a"),
-        ("backbone.layers.{bid}.mixer.D", "blk.{bid}.ssm_d"),
-        ("backbone.layers.{bid}.mixer.dt_bias", "blk.{bid}.ssm_dt.bias"),
-    )
+    hf_tensors_whole: ClassVar[tuple[tuple[str, str], ...]] = _MAMBA2_WHOLE
 
     def ssm_config(self, ckpt: Checkpoint) -> MambaConfig:
         return mamba2_ssm_config(self, ckpt, super().ssm_config(ckpt))
