@@ -89,6 +89,11 @@ class GraniteHybrid(GraniteMoe):
         # As the converter's GraniteHybridModel.set_gguf_parameters writes them.
         hp = w.hp
         super().hf_metadata(w, notes)
+        if "num_local_experts" in hp and not hp["num_local_experts"]:
+            # A dense Granite 4.0-H: the converter writes the config's 0 experts and pins the
+            # used count to 0 (the config keeps a leftover num_experts_per_tok).
+            w.set("expert_count", 0)
+            w.set("expert_used_count", 0)
         n_layer = int(hp["num_hidden_layers"])
         types = hp.get("layer_types") or hp.get("layers_block_type")
         if types is None:
