@@ -698,7 +698,14 @@ def test_q8_0_agrees_with_llama_cpp(
     top2 = np.sort(ref["quantized"], axis=-1)[:, -2:]
     clear = top2[:, 1] - top2[:, 0] > _Q8_MARGIN
     assert clear.mean() > 0.5, "too few clear positions to judge"
-    assert np.array_equal(got.argmax(-1)[clear], ref["quantized"].argmax(-1)[clear])
+    # Where llama.cpp's 8-bit activations flip a routing decision (lfm2moe), its quantized
+    # run leaves its own f32 run even at a clear margin: frink must agree with it wherever
+    # llama.cpp's two runs agree, and as often overall.
+    top = ref["quantized"].argmax(-1)
+    own = ref["f32"].argmax(-1) == top
+    agree = got.argmax(-1) == top
+    assert agree[clear & own].all(), np.nonzero(~agree & clear & own)[0].tolist()
+    assert agree[clear].sum() >= own[clear].sum()
     if backend == "metal":
         _assert_device_ran(m, f"{name} Q8_0 metal")
         tensors = m.decoder.backend.resident[0].shortconv
