@@ -76,9 +76,10 @@ class TinySpec:
     # 1-D parameters (not norms) drawn as center + std * noise, by substring of the name:
     # e.g. A_log, so the delta-rule state decays slowly enough to carry across many tokens.
     vector_overrides: dict[str, tuple[float, float]] = field(default_factory=dict)
-    # If > 0: also record llama.cpp's greedy continuation of the first GREEDY_PROMPT fixture
+    # If > 0: also record llama.cpp's greedy continuation of the first greedy_prompt fixture
     # tokens, this many tokens long, and the logits of each of its decode steps.
     greedy: int = 0
+    greedy_prompt: int = GREEDY_PROMPT
     # MoE models: the smallest margin allowed between the k-th and (k+1)-th router logit, at
     # every layer and position of the fixture tokens and of the greedy continuation (0: no
     # check). A near-tie there lets summation noise pick another expert, which moves the
@@ -169,6 +170,9 @@ _HYBRID_NORMS: dict[str, float] = {"linear_attn.norm": 1.0}
 _HYBRID_VECTORS: dict[str, tuple[float, float]] = {"A_log": (-1.5, 0.3), "dt_bias": (0.0, 0.5)}
 # Past one 64-token chunk of the delta-rule prefill (transformers' and frink's chunk size).
 _HYBRID_SEQ_LEN = 80
+# The recurrent family's greedy prompts cross the 64-row prefill chunk (the host scan's and
+# metal's), so the decode steps start from a state carried across a chunk boundary.
+_RECURRENT_GREEDY_PROMPT = 70
 # Qwen3.5 MoE: the hybrid with a routed FFN on every layer and a gated shared expert. Its
 # config has no intermediate_size (no dense FFN anywhere).
 _QWEN35_MOE_TEXT: dict[str, Any] = dict(
@@ -949,7 +953,9 @@ SPECS: dict[str, TinySpec] = {
             "MambaConfig",
             dict(_MAMBA, num_hidden_layers=3, tie_word_embeddings=True),
             seed=70,
+            seq_len=_HYBRID_SEQ_LEN,
             greedy=24,
+            greedy_prompt=_RECURRENT_GREEDY_PROMPT,
             notes="Mamba-1: conv + selective scan per layer, no attention or FFN; tied",
         ),
         TinySpec(
@@ -958,7 +964,9 @@ SPECS: dict[str, TinySpec] = {
             "FalconMambaConfig",
             dict(_MAMBA, num_hidden_layers=2, mixer_rms_eps=1e-5, tie_word_embeddings=False),
             seed=71,
+            seq_len=_HYBRID_SEQ_LEN,
             greedy=24,
+            greedy_prompt=_RECURRENT_GREEDY_PROMPT,
             notes="Falcon-Mamba: Mamba-1 with weightless RMSNorms on dt, B and C; untied",
         ),
         TinySpec(
@@ -969,6 +977,7 @@ SPECS: dict[str, TinySpec] = {
             seed=80,
             seq_len=_HYBRID_SEQ_LEN,  # past metal's 64-row recurrent prefill chunk
             greedy=24,
+            greedy_prompt=_RECURRENT_GREEDY_PROMPT,
             notes="CONV x1 ATTN x1 CONV x2 ATTN x1 CONV x1, QK norms, auto-adjusted FFN; tied",
         ),
         TinySpec(
@@ -979,6 +988,7 @@ SPECS: dict[str, TinySpec] = {
             seed=82,
             seq_len=_HYBRID_SEQ_LEN,  # past metal's 64-row recurrent prefill chunk
             greedy=24,
+            greedy_prompt=_RECURRENT_GREEDY_PROMPT,
             min_router_gap=MIN_ROUTER_GAP,
             router_bias_std=0.3,
             notes="LFM2 mixers; 2 dense FFNs then sigmoid-routed MoE (8 experts, top 3) with "
@@ -993,6 +1003,7 @@ SPECS: dict[str, TinySpec] = {
             seq_len=_HYBRID_SEQ_LEN,
             vector_overrides=_MAMBA2_VECTORS,
             greedy=24,
+            greedy_prompt=_RECURRENT_GREEDY_PROMPT,
             notes="Mamba-2: SSD mixer per layer (8 heads, 2 B/C groups, gated grouped norm)",
         ),
         TinySpec(
@@ -1005,6 +1016,7 @@ SPECS: dict[str, TinySpec] = {
             seq_len=_HYBRID_SEQ_LEN,
             vector_overrides=_MAMBA2_VECTORS,
             greedy=24,
+            greedy_prompt=_RECURRENT_GREEDY_PROMPT,
             min_router_gap=MIN_ROUTER_GAP,
             config_overrides={"layer_types": _GRANITE_HYBRID_LAYERS},
             notes="MAMBA2 ATTN MAMBA2 x2 ATTN (NoPE), MoE (4 experts, top 2) + shared "
@@ -1032,6 +1044,7 @@ SPECS: dict[str, TinySpec] = {
             seq_len=_HYBRID_SEQ_LEN,
             vector_overrides=_MAMBA2_VECTORS,
             greedy=24,
+            greedy_prompt=_RECURRENT_GREEDY_PROMPT,
             config_overrides={"layer_types": _GRANITE_HYBRID_LAYERS[:4]},
             notes="MAMBA2 ATTN MAMBA2 x2 (NoPE), no experts: shared_mlp as the dense FFN; untied",
         ),
@@ -1044,6 +1057,7 @@ SPECS: dict[str, TinySpec] = {
             seq_len=_HYBRID_SEQ_LEN,
             vector_overrides=_MAMBA2_VECTORS,
             greedy=24,
+            greedy_prompt=_RECURRENT_GREEDY_PROMPT,
             notes="attention + Mamba-2 in parallel per layer, then the FFN; every Falcon-H1 "
             "multiplier away from 1 (folded into the weights by the converter); untied",
         ),
@@ -1058,6 +1072,7 @@ SPECS: dict[str, TinySpec] = {
             seq_len=_HYBRID_SEQ_LEN,
             vector_overrides=_MAMBA2_VECTORS,
             greedy=24,
+            greedy_prompt=_RECURRENT_GREEDY_PROMPT,
             notes="falcon_h1 with mamba_rms_norm (norm(y * silu(z)) per group); 2 layers",
         ),
     ]
@@ -1072,6 +1087,7 @@ _LATER_FIELDS = {
     "convert_args": [],
     "vector_overrides": {},
     "greedy": 0,
+    "greedy_prompt": GREEDY_PROMPT,
     "min_router_gap": 0.0,
     "convert_architecture": "",
     "ternary": [],
@@ -1229,7 +1245,7 @@ def _pick_tokens(spec: TinySpec, model: Any) -> tuple[int, np.ndarray, np.ndarra
             if _min_router_gap(model, spec, tokens) < spec.min_router_gap:
                 continue
             if spec.greedy:
-                path, gap = _hf_greedy_path(model, tokens[:GREEDY_PROMPT], spec.greedy)
+                path, gap = _hf_greedy_path(model, tokens[: spec.greedy_prompt], spec.greedy)
                 if gap < MIN_TOP2_GAP or _min_router_gap(model, spec, path) < spec.min_router_gap:
                     continue
         return seed, tokens, logits
@@ -1418,8 +1434,9 @@ def make_one(spec: TinySpec, out_dir: Path, force: bool = False) -> dict[str, An
         ref["logits_llamacpp"] = logits_cpp
         ref["max_abs_diff_hf_llamacpp"] = np.float32(max_diff)
         if spec.greedy:
-            chosen, step_logits = llama_cpp_greedy(gguf_path, tokens[:GREEDY_PROMPT], spec.greedy)
-            ref["greedy_prompt"] = tokens[:GREEDY_PROMPT]
+            prompt = tokens[: spec.greedy_prompt]
+            chosen, step_logits = llama_cpp_greedy(gguf_path, prompt, spec.greedy)
+            ref["greedy_prompt"] = prompt
             ref["greedy_llamacpp"] = chosen
             ref["greedy_logits_llamacpp"] = step_logits
     ref["min_top2_gap"] = np.float32(min_top2_gap(logits_hf))

@@ -35,6 +35,7 @@ from frink_subprocess import frink
 from llama_quantize import llama_quantize
 from model_checks import (
     FAR,
+    PREFILL_CHUNK,
     REF_TOL,
     REFERENCES,
     SOURCES,
@@ -140,7 +141,7 @@ def test_numpy_greedy_matches_llamacpp(name: str, source: str, tiny_model: Calla
     its greedy tokens."""
     ref = tiny_model(name).ref
     m = frink_cli.load(_path(tiny_model, name, source))
-    _assert_greedy_matches_llamacpp(m, ref, "decode", min_steps=24)
+    _assert_greedy_matches_llamacpp(m, ref, "decode", min_steps=24, min_prompt=PREFILL_CHUNK + 1)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -579,7 +580,7 @@ def test_metal_greedy_matches_llamacpp(name: str, tiny_model: Callable) -> None:
     pytest.importorskip("mlx.core")
     ref = tiny_model(name).ref
     m = frink_cli.load(_path(tiny_model, name, "gguf"), backend="metal")
-    _assert_greedy_matches_llamacpp(m, ref, "metal decode")
+    _assert_greedy_matches_llamacpp(m, ref, "metal decode", min_prompt=PREFILL_CHUNK + 1)
     _assert_device_ran(m, f"{name} metal")
 
 
@@ -697,7 +698,14 @@ def test_q8_0_agrees_with_llama_cpp(
     top2 = np.sort(ref["quantized"], axis=-1)[:, -2:]
     clear = top2[:, 1] - top2[:, 0] > _Q8_MARGIN
     assert clear.mean() > 0.5, "too few clear positions to judge"
-    assert np.array_equal(got.argmax(-1)[clear], ref["quantized"].argmax(-1)[clear])
+    # Where llama.cpp's 8-bit activations flip a routing decision (lfm2moe), its quantized
+    # run leaves its own f32 run even at a clear margin: frink must agree with it wherever
+    # llama.cpp's two runs agree, and as often overall.
+    top = ref["quantized"].argmax(-1)
+    own = ref["f32"].argmax(-1) == top
+    agree = got.argmax(-1) == top
+    assert agree[clear & own].all(), np.nonzero(~agree & clear & own)[0].tolist()
+    assert agree[clear].sum() >= own[clear].sum()
     if backend == "metal":
         _assert_device_ran(m, f"{name} Q8_0 metal")
         tensors = m.decoder.backend.resident[0].shortconv

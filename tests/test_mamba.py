@@ -29,6 +29,7 @@ from frink_subprocess import frink
 from llama_quantize import llama_quantize
 from model_checks import (
     FAR,
+    PREFILL_CHUNK,
     REF_TOL,
     REFERENCES,
     SOURCES,
@@ -117,7 +118,7 @@ def test_numpy_greedy_matches_llamacpp(name: str, source: str, tiny_model: Calla
     its greedy tokens."""
     ref = tiny_model(name).ref
     m = frink_cli.load(_path(tiny_model, name, source))
-    _assert_greedy_matches_llamacpp(m, ref, "decode", min_steps=24)
+    _assert_greedy_matches_llamacpp(m, ref, "decode", min_steps=24, min_prompt=PREFILL_CHUNK + 1)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -414,7 +415,7 @@ def test_metal_greedy_matches_llamacpp(name: str, tiny_model: Callable) -> None:
     pytest.importorskip("mlx.core")
     ref = tiny_model(name).ref
     m = frink_cli.load(_path(tiny_model, name, "gguf"), backend="metal")
-    _assert_greedy_matches_llamacpp(m, ref, "metal decode")
+    _assert_greedy_matches_llamacpp(m, ref, "metal decode", min_prompt=PREFILL_CHUNK + 1)
     _assert_device_ran(m, f"{name} metal")
 
 

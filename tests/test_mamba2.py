@@ -28,14 +28,15 @@ import pytest
 from frink_subprocess import frink
 from model_checks import (
     FAR,
+    PREFILL_CHUNK,
     REF_TOL,
     REFERENCES,
     SOURCES,
     _against_references,
     _assert_device_ran,
+    _assert_greedy_matches_llamacpp,
     _assert_one_submission_per_token,
     _compare,
-    _decode_after_prefill,
     _max_diff,
     _path,
     _tokens,
@@ -111,11 +112,7 @@ def test_numpy_matches_references(source: str, step: bool, tiny_model: Callable)
 def test_numpy_greedy_matches_llamacpp(source: str, tiny_model: Callable) -> None:
     ref = tiny_model(NAME).ref
     m = frink_cli.load(_path(tiny_model, NAME, source))
-    _compare(_decode_after_prefill(m, ref), ref["greedy_logits_llamacpp"], REF_TOL, "decode")
-    prompt = [int(t) for t in ref["greedy_prompt"]]
-    want = ref["greedy_llamacpp"].tolist()
-    assert len(want) >= 24
-    assert list(m.generate_ids(prompt, max_tokens=len(want), temperature=0.0)) == want
+    _assert_greedy_matches_llamacpp(m, ref, "decode", min_steps=24, min_prompt=PREFILL_CHUNK + 1)
 
 
 def test_config_and_layer_shape(tiny_model: Callable) -> None:
@@ -409,10 +406,7 @@ def test_metal_greedy_matches_llamacpp(tiny_model: Callable) -> None:
     pytest.importorskip("mlx.core")
     ref = tiny_model(NAME).ref
     m = frink_cli.load(_path(tiny_model, NAME, "gguf"), backend="metal")
-    _compare(_decode_after_prefill(m, ref), ref["greedy_logits_llamacpp"], REF_TOL, "metal decode")
-    prompt = [int(t) for t in ref["greedy_prompt"]]
-    want = ref["greedy_llamacpp"].tolist()
-    assert list(m.generate_ids(prompt, max_tokens=len(want), temperature=0.0)) == want
+    _assert_greedy_matches_llamacpp(m, ref, "metal decode", min_prompt=PREFILL_CHUNK + 1)
     _assert_device_ran(m, f"{NAME} metal")
 
 
