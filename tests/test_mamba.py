@@ -285,9 +285,9 @@ def test_prefill_is_exact_against_stepping(name: str, tiny_model: Callable) -> N
     m = frink_cli.load(_path(tiny_model, name, "gguf"))
     tokens = _tokens(tiny_model, name)
     dec = m.decoder
-    stepped = dec.new_cache(64)
+    stepped = dec.new_cache(len(tokens))
     want = np.concatenate([dec.step(np.asarray([t]), stepped) for t in tokens])
-    split = dec.new_cache(64)
+    split = dec.new_cache(len(tokens))
     got = np.concatenate(
         [
             dec.step(np.asarray(tokens[:13]), split, all_logits=True),
