@@ -13,7 +13,7 @@ from typing import cast
 import numpy as np
 
 from .backends import Backend, HeadBackend, LaunchFailed, Refusal
-from .cache import KvCache
+from .cache import KvCache, SeqBatch
 from .graph.body import HostBody
 from .graph.linear import ThreadChoice, blas_threads
 from .model.config import ModelConfig
@@ -60,18 +60,21 @@ class Decoder:
             return self._forward(ids, cache, None)[0][:, : self.cfg.n_embd]
 
     def _forward(
-        self, ids: np.ndarray, cache: KvCache, head: str | None
+        self, ids: np.ndarray, cache: KvCache | SeqBatch, head: str | None
     ) -> tuple[np.ndarray, bool]:
         """(output, is_logits). With head "last"/"all", a backend whose run reaches the last
-        layer and that `runs_head` returns the logits from the same submission."""
+        layer and that `runs_head` returns the logits from the same submission. `cache` is
+        one sequence's, or a SeqBatch: several sequences' rows in one forward (its head
+        "all": every row's logits; the caller picks each sequence's last)."""
         ids = np.asarray(ids, dtype=np.int64)
         T = len(ids)
         if T == 0:
             return np.zeros((0, self.cfg.residual_width), np.float32), False
         cache.check_room(T)
-        positions = np.arange(cache.n_past, cache.n_past + T)
+        batch = isinstance(cache, SeqBatch)
+        positions = cache.positions() if batch else np.arange(cache.n_past, cache.n_past + T)
         x = self.host.embed(ids)
-        kind = "decode" if T == 1 else "prefill"
+        kind = "batch" if batch else "decode" if T == 1 else "prefill"
         choices = None
         if T > 1:
             if len(self.prefill_threads) > 64:  # many prompt sizes: keep the table small
@@ -114,7 +117,7 @@ class Decoder:
         layer: int,
         x: np.ndarray,
         positions: np.ndarray,
-        cache: KvCache,
+        cache: KvCache | SeqBatch,
         choices: dict[tuple, ThreadChoice] | None,
     ) -> np.ndarray:
         if choices is None:
@@ -143,6 +146,22 @@ class Decoder:
             out = self._step(ids, cache, all_logits)
         self.decode_threads.record(n, time.perf_counter() - t0)
         return out
+
+    def step_batch(self, steps: list[tuple[np.ndarray, KvCache]]) -> np.ndarray:
+        """One forward over several sequences' new rows, each (ids, its cache); the logits
+        after each sequence's last row, [len(steps), V]. The row-wise work (every linear,
+        the FFN, the lm head) runs once over all rows: decode reads each weight once for
+        the whole batch."""
+        if len(steps) == 1:
+            ids, cache = steps[0]
+            return self.step(ids, cache)
+        batch = SeqBatch([c for _, c in steps], [len(ids) for ids, _ in steps])
+        ids = np.concatenate([np.asarray(i, dtype=np.int64) for i, _ in steps])
+        threads = self.decode_threads.choose() if batch.n_rows == len(steps) else None
+        with blas_threads.limit(threads):
+            # Only each sequence's last row needs the head: its input is cut to them.
+            x, _ = self._forward(ids, batch, None)
+            return self.logits(x[batch.last_rows()])
 
     def _step(self, ids: np.ndarray, cache: KvCache, all_logits: bool) -> np.ndarray:
         x, is_logits = self._forward(ids, cache, "all" if all_logits else "last")

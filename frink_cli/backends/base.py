@@ -28,10 +28,13 @@ from . import LaunchFailed, Refusal, Run
 from .ledger import Ledger
 
 NOT_RESIDENT = "weights not resident"
+MULTI_SEQUENCE = "multi-sequence step"
 
 
 class DeviceBackend(ABC):
     name = "device"
+    # Whether launch() takes a multi-sequence step (cache a cache.SeqBatch, kind "batch").
+    runs_batches = False
     # Exceptions that mean "the device failed", never "frink has a bug".
     device_errors: tuple[type[BaseException], ...] = (RuntimeError, MemoryError)
 
@@ -126,6 +129,8 @@ class DeviceBackend(ABC):
         reason = self.refusal[layer]
         if reason is not None:
             return Refusal(reason)
+        if kind == "batch" and not self.runs_batches:
+            return Refusal(MULTI_SEQUENCE)
         if layer not in self.resident:
             return Refusal(NOT_RESIDENT)
         stop = layer + 1

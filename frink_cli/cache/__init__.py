@@ -3,16 +3,20 @@ K/V that keeps only its window, and gated-delta-net recurrent state; KvCache hol
 per layer and the sequence's length."""
 
 from .attention import AttentionKv, WindowKv
-from .kv_cache import KvCache
+from .batch import BatchSlot, SeqBatch
+from .kv_cache import CacheSnapshot, KvCache
 from .protocol import KvSlot, LayerSlot, RecurrentSlot
 from .recurrent import RecurrentState
 
 __all__ = [
     "AttentionKv",
+    "BatchSlot",
+    "CacheSnapshot",
     "KvCache",
     "KvSlot",
     "LayerSlot",
     "RecurrentSlot",
     "RecurrentState",
+    "SeqBatch",
     "WindowKv",
 ]

@@ -8,6 +8,8 @@ by commit; a step that fails is rolled back by the next check_room.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..errors import FrinkError
@@ -33,6 +35,16 @@ def layer_slot(cfg: ModelConfig, layer: int, n_ctx: int, windowed: bool = True) 
     if shape.mixer == "attention+mamba2":  # falcon-h1: K/V rows and mamba state
         return ParallelSlot(kv, RecurrentState(cfg, layer))
     return kv
+
+
+@dataclass(frozen=True)
+class CacheSnapshot:
+    """A sequence's recurrent state at one length (attention rows need no copy: a prefix of
+    them is kept by truncating). What a prompt cache saves at the end of a prompt, the only
+    points a recurrent model can later resume from."""
+
+    n_past: int
+    states: tuple[tuple[int, np.ndarray, np.ndarray], ...]  # (layer, conv tail, state)
 
 
 class KvCache:
@@ -91,6 +103,37 @@ class KvCache:
         for s in self.slots:
             s.truncate(n_past)
         self.n_past = n_past
+
+    def snapshot(self) -> CacheSnapshot:
+        """The committed recurrent state of every recurrent layer, at the current length."""
+        states = tuple(
+            (layer, s.conv, s.delta)
+            for layer, s in enumerate(self.slots)
+            if isinstance(s, (RecurrentState, ParallelSlot))
+        )
+        return CacheSnapshot(self.n_past, states)
+
+    def restore(self, snap: CacheSnapshot) -> None:
+        """Back to the length `snap` was taken at: attention rows truncated to it, recurrent
+        layers given the saved state. Refused (FrinkError, nothing moved) when the cache is
+        shorter than that, or a sliding window no longer holds the rows it needs."""
+        n = snap.n_past
+        if n > self.n_past:
+            raise FrinkError(f"cannot restore {n} tokens into a cache of {self.n_past}")
+        saved = {layer: (conv, delta) for layer, conv, delta in snap.states}
+        for layer, s in enumerate(self.slots):
+            kv = s.kv if isinstance(s, ParallelSlot) else s
+            reason = None if isinstance(kv, RecurrentState) else kv.truncation_refusal(n)
+            if reason is None and isinstance(s, (RecurrentState, ParallelSlot)):
+                reason = None if layer in saved else "no saved recurrent state"
+            if reason is not None:
+                raise FrinkError(f"cannot go back to {n} tokens: layer {layer}: {reason}")
+        for layer, s in enumerate(self.slots):
+            if isinstance(s, (RecurrentState, ParallelSlot)):
+                s.restore(n, *saved[layer])
+            else:
+                s.truncate(n)
+        self.n_past = n
 
     # --- position-indexed views, for tests and debugging (backends use the slots) ------------
 

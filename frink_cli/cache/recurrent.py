@@ -71,6 +71,13 @@ class RecurrentState:
             self._reset()
         self.n_past = n_past
 
+    def restore(self, n_past: int, conv: np.ndarray, delta: np.ndarray) -> None:
+        """Back to a state saved when the sequence was n_past long (KvCache.restore): the
+        arrays are never written in place (a step stages new ones), so the saved
+        references are the state itself."""
+        self.conv, self.delta, self.n_past = conv, delta, n_past
+        self._pending = None
+
 
 class ParallelSlot:
     """A layer whose attention and recurrent mixer run side by side (falcon-h1): its K/V
@@ -141,3 +148,7 @@ class ParallelSlot:
     def truncate(self, n_past: int) -> None:
         self.kv.truncate(n_past)
         self.state.truncate(n_past)
+
+    def restore(self, n_past: int, conv: np.ndarray, delta: np.ndarray) -> None:
+        self.kv.truncate(n_past)
+        self.state.restore(n_past, conv, delta)

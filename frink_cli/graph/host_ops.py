@@ -50,8 +50,8 @@ class HostOps:
         x += y
         return x
 
-    def concat(self, parts: list[np.ndarray]) -> np.ndarray:
-        return np.concatenate(parts, axis=-1)
+    def concat(self, parts: list[np.ndarray], axis: int = -1) -> np.ndarray:
+        return np.concatenate(parts, axis=axis)
 
     def scale_(self, x: np.ndarray, s: float) -> np.ndarray:
         x *= F32(s)

@@ -24,10 +24,24 @@ way the backend's ops read it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from ..model.config import LayerShape, ModelConfig
 from .ops import Array, Ops
+
+
+def each_sequence(ops: Ops, kv: Any, pos: Any, core: Callable[..., Array], *rows: Array) -> Array:
+    """core(kv, pos, *rows) -> its output rows: a mixer's part that reads or writes the
+    sequence's history (K/V rows, recurrent state). Over a multi-sequence step (a cache
+    view with `sequences`: cache/batch.py) it runs once per sequence, on that sequence's
+    rows, slot and positions, and the outputs are stacked back in row order; everything
+    row-wise around it (the linears) runs over all the step's rows at once."""
+    seqs = getattr(kv, "sequences", None)
+    if seqs is None:
+        return core(kv, pos, *rows)
+    outs = [core(s.kv, s.pos, *(r[s.start : s.stop] for r in rows)) for s in seqs]
+    return outs[0] if len(outs) == 1 else ops.concat(outs, axis=0)
 
 
 def scale_embeddings(ops: Ops, cfg: ModelConfig, x: Array) -> Array:
@@ -183,17 +197,14 @@ def attention_block(
             # with its Q norm. llama.cpp norms after the rotation too; an RMS over a whole
             # head (rope_dim == head_dim) commutes with it: norming first is the same.
             q = q * w.q_gain
-    out = ops.attention(
-        q,
-        k,
-        v,
-        kv,
-        pos,
-        shape.window,
-        cfg.attn_scale,
-        cfg.attn_logit_softcap,
-        alibi=None if cfg.alibi_bias is None else cfg.alibi_slopes(),
-    )
+    alibi = None if cfg.alibi_bias is None else cfg.alibi_slopes()
+
+    def attend(kv: Any, pos: Any, q: Array, k: Array, v: Array) -> Array:
+        return ops.attention(
+            q, k, v, kv, pos, shape.window, cfg.attn_scale, cfg.attn_logit_softcap, alibi=alibi
+        )
+
+    out = each_sequence(ops, kv, pos, attend, q, k, v)
     if gate is not None:
         out = ops.sigmoid_mul_(out, gate)
     return ops.linear(_sub_norm(ops, cfg, out, w.attn_sub_norm), w.wo)
@@ -282,19 +293,25 @@ def gdn_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array, slot: Any) -> Array:
     b = proj[:, conv_dim + value_dim : conv_dim + value_dim + n_v]
     a = proj[:, conv_dim + value_dim + n_v :]
 
-    tail, state = slot.recurrent_state()
-    c, new_tail = ops.causal_conv(proj[:, :conv_dim], tail, w.conv)
-    c = ops.act(c, "silu")
-    q = ops.scale_(ops.l2_norm(c[:, :key_dim].reshape(T, n_k, hk), eps), 1.0 / math.sqrt(hk))
-    k = ops.l2_norm(c[:, key_dim : 2 * key_dim].reshape(T, n_k, hk), eps)
-    if n_v != n_k:
-        heads = ops.index(tuple(g_cfg.key_heads()))  # the key head each value head reads
-        q, k = q[:, heads], k[:, heads]
-    v = c[:, 2 * key_dim :].reshape(T, n_v, hv)
     beta = ops.sigmoid(b)
     g = w.a * ops.softplus(a + w.dt_bias)
-    o, new_state = ops.delta_rule(q, k, v, g, beta, state)
-    slot.set_recurrent_state(new_tail, new_state)
+
+    def recur(slot: Any, _pos: Any, conv_in: Array, g: Array, beta: Array) -> Array:
+        t = conv_in.shape[0]
+        tail, state = slot.recurrent_state()
+        c, new_tail = ops.causal_conv(conv_in, tail, w.conv)
+        c = ops.act(c, "silu")
+        q = ops.scale_(ops.l2_norm(c[:, :key_dim].reshape(t, n_k, hk), eps), 1.0 / math.sqrt(hk))
+        k = ops.l2_norm(c[:, key_dim : 2 * key_dim].reshape(t, n_k, hk), eps)
+        if n_v != n_k:
+            heads = ops.index(tuple(g_cfg.key_heads()))  # the key head each value head reads
+            q, k = q[:, heads], k[:, heads]
+        v = c[:, 2 * key_dim :].reshape(t, n_v, hv)
+        o, new_state = ops.delta_rule(q, k, v, g, beta, state)
+        slot.set_recurrent_state(new_tail, new_state)
+        return o
+
+    o = each_sequence(ops, slot, None, recur, proj[:, :conv_dim], g, beta)
     o = ops.rms_norm_(o, w.norm, eps) * ops.act(z, "silu")
     return ops.linear(o.reshape(T, value_dim), w.out)
 
@@ -315,20 +332,23 @@ def mamba_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array, slot: Any) -> Arra
     assert m is not None  # compose_layer comes here only for a layer whose mixer is "mamba"
     di, ds, r, eps = m.d_inner, m.d_state, m.dt_rank, cfg.norm_eps
     xz = ops.linear(h, w.in_proj)
-    tail, state = slot.recurrent_state()
-    x, new_tail = ops.causal_conv(xz[:, :di], tail, w.conv)
-    x = ops.act(ops.add_(x, w.conv_b), "silu")
-    dbc = ops.linear(x, w.x_proj)
-    dt, b, c = dbc[:, :r], dbc[:, r : r + ds], dbc[:, r + ds :]
-    if w.dt_norm is not None:
-        dt = ops.rms_norm(dt, w.dt_norm, eps)
-        b = ops.rms_norm(b, w.b_norm, eps)
-        c = ops.rms_norm(c, w.c_norm, eps)
-    dt = ops.softplus(ops.linear(dt, w.dt_proj))
-    y, new_state = ops.selective_scan(x, dt, w.a, b[:, None], c[:, None], state)
-    slot.set_recurrent_state(new_tail, new_state)
-    y = ops.add_(y, x * w.d) * ops.act(xz[:, di:], "silu")
-    return ops.linear(y, w.out)
+
+    def scan(slot: Any, _pos: Any, xz: Array) -> Array:
+        tail, state = slot.recurrent_state()
+        x, new_tail = ops.causal_conv(xz[:, :di], tail, w.conv)
+        x = ops.act(ops.add_(x, w.conv_b), "silu")
+        dbc = ops.linear(x, w.x_proj)
+        dt, b, c = dbc[:, :r], dbc[:, r : r + ds], dbc[:, r + ds :]
+        if w.dt_norm is not None:
+            dt = ops.rms_norm(dt, w.dt_norm, eps)
+            b = ops.rms_norm(b, w.b_norm, eps)
+            c = ops.rms_norm(c, w.c_norm, eps)
+        dt = ops.softplus(ops.linear(dt, w.dt_proj))
+        y, new_state = ops.selective_scan(x, dt, w.a, b[:, None], c[:, None], state)
+        slot.set_recurrent_state(new_tail, new_state)
+        return ops.add_(y, x * w.d) * ops.act(xz[:, di:], "silu")
+
+    return ops.linear(each_sequence(ops, slot, None, scan, xz), w.out)
 
 
 def shortconv_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array, slot: Any) -> Array:
@@ -341,9 +361,14 @@ def shortconv_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array, slot: Any) -> 
     last L_cache - 1 rows of B * x) and an empty second state; the new tail is staged on it."""
     d = cfg.n_embd
     bcx = ops.linear(h, w.in_proj)
-    tail, state = slot.recurrent_state()
-    y, new_tail = ops.causal_conv(bcx[:, :d] * bcx[:, 2 * d :], tail, w.conv)
-    slot.set_recurrent_state(new_tail, state)
+
+    def conv(slot: Any, _pos: Any, bx: Array) -> Array:
+        tail, state = slot.recurrent_state()
+        y, new_tail = ops.causal_conv(bx, tail, w.conv)
+        slot.set_recurrent_state(new_tail, state)
+        return y
+
+    y = each_sequence(ops, slot, None, conv, bcx[:, :d] * bcx[:, 2 * d :])
     return ops.linear(bcx[:, d : 2 * d] * y, w.out)
 
 
@@ -366,18 +391,24 @@ def mamba2_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array, slot: Any) -> Arr
     di, ds, G, T = m.d_inner, m.d_state, m.n_group, h.shape[0]
     conv_dim = m.conv_dim
     proj = ops.linear(h, w.in_proj)
-    tail, state = slot.recurrent_state()
-    xbc, new_tail = ops.causal_conv(proj[:, di : di + conv_dim], tail, w.conv)
-    xbc = ops.act(ops.add_(xbc, w.conv_b), "silu")
-    x = xbc[:, :di]
-    b = xbc[:, di : di + G * ds].reshape(T, G, ds)
-    c = xbc[:, di + G * ds :].reshape(T, G, ds)
     head_dim = di // m.dt_rank
     heads = ops.index(tuple(i // head_dim for i in range(di)))  # each channel's head
     dt = ops.softplus(ops.add_(proj[:, di + conv_dim :], w.dt_bias))[:, heads]
-    y, new_state = ops.selective_scan(x, dt, w.a[heads][:, None], b, c, state)
-    slot.set_recurrent_state(new_tail, new_state)
-    y = ops.add_(y, x * w.d[heads]) * ops.act(proj[:, :di], "silu")
+
+    def scan(slot: Any, _pos: Any, conv_in: Array, dt: Array) -> Array:
+        t = conv_in.shape[0]
+        tail, state = slot.recurrent_state()
+        xbc, new_tail = ops.causal_conv(conv_in, tail, w.conv)
+        xbc = ops.act(ops.add_(xbc, w.conv_b), "silu")
+        x = xbc[:, :di]
+        b = xbc[:, di : di + G * ds].reshape(t, G, ds)
+        c = xbc[:, di + G * ds :].reshape(t, G, ds)
+        y, new_state = ops.selective_scan(x, dt, w.a[heads][:, None], b, c, state)
+        slot.set_recurrent_state(new_tail, new_state)
+        return ops.add_(y, x * w.d[heads])
+
+    y = each_sequence(ops, slot, None, scan, proj[:, di : di + conv_dim], dt)
+    y = y * ops.act(proj[:, :di], "silu")
     if w.norm is not None:  # falcon-h1 may have none (mamba_rms_norm false): y * silu(z)
         y = (ops.rms_norm_(y.reshape(T, G, di // G), None, cfg.norm_eps) * w.norm).reshape(T, di)
     return ops.linear(y, w.out)

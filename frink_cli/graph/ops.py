@@ -58,8 +58,9 @@ class Ops(Protocol):
         """x + y; may overwrite x."""
         ...
 
-    def concat(self, parts: list[Array]) -> Array:
-        """The arrays side by side along the last axis, a new array."""
+    def concat(self, parts: list[Array], axis: int = -1) -> Array:
+        """The arrays side by side along `axis` (the last: columns; 0: the rows of a
+        multi-sequence step's sequences, one after another), a new array."""
         ...
 
     def scale_(self, x: Array, s: float) -> Array:

@@ -498,8 +498,8 @@ class CudaOps:
         self.k.add(x, self.xp.ascontiguousarray(y))
         return x
 
-    def concat(self, parts: list[Any]) -> Any:
-        return self.xp.concatenate(parts, axis=-1)
+    def concat(self, parts: list[Any], axis: int = -1) -> Any:
+        return self.xp.concatenate(parts, axis=axis)
 
     def scale_(self, x: Any, s: float) -> Any:
         x *= F32(s)

@@ -228,8 +228,8 @@ class MlxOps:
     def add_(self, x: mx.array, y: mx.array) -> mx.array:
         return x + y
 
-    def concat(self, parts: list[mx.array]) -> mx.array:
-        return mx.concatenate(parts, axis=-1)
+    def concat(self, parts: list[mx.array], axis: int = -1) -> mx.array:
+        return mx.concatenate(parts, axis=axis)
 
     def scale_(self, x: mx.array, s: float) -> mx.array:
         return x * s
