@@ -77,7 +77,9 @@ class SeqBatch:
             raise ValueError(f"a batch of {self.n_rows} rows was fed {n_new}")
         for c, n in zip(self.caches, self.counts):
             c.check_room(n)
-        self._positions = [np.arange(c.n_past, c.n_past + n) for c, n in zip(self.caches, self.counts)]
+        self._positions = [
+            np.arange(c.n_past, c.n_past + n) for c, n in zip(self.caches, self.counts)
+        ]
 
     def positions(self) -> np.ndarray:
         """Every row's position in its own sequence, in row order."""
