@@ -72,7 +72,10 @@ class Decoder:
             return np.zeros((0, self.cfg.residual_width), np.float32), False
         cache.check_room(T)
         batch = isinstance(cache, SeqBatch)
-        positions = cache.positions() if batch else np.arange(cache.n_past, cache.n_past + T)
+        if isinstance(cache, SeqBatch):
+            positions = cache.positions()
+        else:
+            positions = np.arange(cache.n_past, cache.n_past + T)
         x = self.host.embed(ids)
         kind = "batch" if batch else "decode" if T == 1 else "prefill"
         choices = None
