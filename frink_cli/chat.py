@@ -368,30 +368,54 @@ def prompt_ids(
     notes: list[str] | None = None,
     n_ctx: int | None = None,
 ) -> list[int]:
-    """The ids a prompt becomes: raw text, or one user turn through the chat template.
+    """The ids a prompt becomes: raw text, or one user turn (after an optional system
+    message) through the chat template (chat_ids)."""
+    if raw:
+        _check_fits(tok, len(prompt), n_ctx)
+        return tok.encode(prompt)
+    messages: list[dict] = []
+    if system is not None:
+        messages.append({"role": "system", "content": system})
+    messages.append({"role": "user", "content": prompt})
+    return chat_ids(tok, messages, notes=notes, n_ctx=n_ctx)
 
-    Chat prompts are tokenized with special tokens parsed (the template writes them as
-    text) and BOS added per the model's policy unless the rendered text already starts
-    with it (as llama.cpp's chat path does).
+
+def _check_fits(tok: Tokenizer, n_chars: int, n_ctx: int | None) -> int | None:
+    """Refuse text that cannot fit n_ctx tokens before tokenizing it (a token spells at
+    most `tok.max_token_chars` characters); the character limit, or None."""
+    limit = None if n_ctx is None else n_ctx * max(tok.max_token_chars, 1)
+    if limit is not None and n_chars > limit:
+        raise FrinkError(
+            f"prompt is {n_chars} characters, more than a context of {n_ctx} tokens can "
+            f"hold with this vocabulary (at most {limit}; raise -c/--ctx-size)"
+        )
+    return limit
+
+
+def chat_ids(
+    tok: Tokenizer,
+    messages: list[dict],
+    *,
+    notes: list[str] | None = None,
+    n_ctx: int | None = None,
+) -> list[int]:
+    """The ids a conversation becomes through the model's chat template, ready for the
+    assistant's next turn (messages: {"role", "content": str}).
+
+    Tokenized with special tokens parsed (the template writes them as text) and BOS added
+    per the model's policy unless the rendered text already starts with it (as llama.cpp's
+    chat path does).
 
     With no chat template llama.cpp falls back to ChatML. frink uses a fallback format
     (configs/chat_templates/fallbacks.json: ChatML, Gemma's turns) only when the vocabulary
     has its marker tokens; otherwise they would be tokenized as plain text the model never
-    saw in training, so the prompt goes in raw and a note says so (appended to `notes`
-    when given, else logged on the "frink" logger).
+    saw in training, so the messages' contents go in raw, one after another, and a note says
+    so (appended to `notes` when given, else logged on the "frink" logger).
 
-    With n_ctx, text that cannot fit n_ctx tokens is refused before it is tokenized (a
-    token spells at most `tok.max_token_chars` characters), and the template's output is
-    capped at that many characters.
+    With n_ctx, text that cannot fit n_ctx tokens is refused before it is tokenized, and
+    the template's output is capped at that many characters.
     """
-    limit = None if n_ctx is None else n_ctx * max(tok.max_token_chars, 1)
-    if limit is not None and len(prompt) > limit:
-        raise FrinkError(
-            f"prompt is {len(prompt)} characters, more than a context of {n_ctx} tokens can "
-            f"hold with this vocabulary (at most {limit}; raise -c/--ctx-size)"
-        )
-    if raw:
-        return tok.encode(prompt)
+    limit = _check_fits(tok, sum(len(str(m.get("content") or "")) for m in messages), n_ctx)
     template = tok.chat_template
     if not template:
         found = fallback_template(tok)
@@ -406,11 +430,7 @@ def prompt_ids(
         else:
             log.warning(note)
         if template is None:
-            return tok.encode(prompt)
-    messages: list[dict] = []
-    if system is not None:
-        messages.append({"role": "system", "content": system})
-    messages.append({"role": "user", "content": prompt})
+            return tok.encode("".join(str(m.get("content") or "") for m in messages))
     text = render_chat(
         template,
         messages,

@@ -489,6 +489,107 @@ def bench(
 
 
 @app.command()
+def chat(
+    model: str | None = typer.Argument(None, help="GGUF file, HF directory or model name"),
+    ctx_size: int = typer.Option(
+        0, "-c", "--ctx-size", help="context size (0: the model's, capped at 4096)"
+    ),
+    max_tokens: int = typer.Option(1024, "-n", "--max-tokens", help="tokens per answer at most"),
+    system: str | None = typer.Option(None, "--system", help="system message"),
+    temp: float = typer.Option(0.8, "--temp", help="temperature; 0 is greedy"),
+    top_k: int = typer.Option(40, "--top-k"),
+    top_p: float = typer.Option(0.95, "--top-p"),
+    min_p: float = typer.Option(0.05, "--min-p"),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty"),
+    seed: int = typer.Option(-1, "-s", "--seed", help="RNG seed (-1: random)"),
+    backend: str = _backend_option("auto", "auto|numpy|metal|cuda"),
+    verbose: bool = typer.Option(False, "-v", "--verbose"),
+) -> None:
+    """Chat with the model in the terminal (/reset, /system TEXT, /exit; Ctrl-C stops an
+    answer)."""
+    global _verbose
+    _verbose = verbose
+    from .repl import chat_loop
+    from .sampling import SamplingParams
+
+    _check_range("-c/--ctx-size", ctx_size, 0)
+    _check_range("-n/--max-tokens", max_tokens, 1)
+    if system is not None:
+        _check_utf8(system, "--system")
+    params = SamplingParams(
+        temperature=temp,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repeat_penalty=repeat_penalty,
+        seed=None if seed < 0 else seed,
+    )
+    m = _load(model, backend)
+    chat_loop(
+        m,
+        n_ctx=ctx_size or min(m.config.n_ctx_train, 4096),
+        params=params,
+        max_tokens=max_tokens,
+        system=system,
+        out=sys.stdout,
+        note=lambda line: err.print(printable(line), style="dim", markup=False),
+    )
+
+
+@app.command()
+def serve(
+    model: str | None = typer.Argument(None, help="GGUF file, HF directory or model name"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
+    port: int = typer.Option(8080, "--port", help="port to listen on (0: any free port)"),
+    parallel: int = typer.Option(4, "-np", "--parallel", help="sequences decoded together (slots)"),
+    ctx_size: int = typer.Option(
+        0, "-c", "--ctx-size", help="context per sequence (0: the model's, capped at 4096)"
+    ),
+    api_key: str | None = typer.Option(
+        None, "--api-key", help="require Authorization: Bearer KEY", envvar="FRINK_API_KEY"
+    ),
+    alias: str | None = typer.Option(None, "--alias", help="the model name clients see"),
+    prefill_chunk: int = typer.Option(
+        128, "--prefill-chunk", help="prompt rows fed per step beside the running streams"
+    ),
+    queue: int = typer.Option(64, "--queue", help="requests waiting at most (then 503)"),
+    max_body: int = typer.Option(
+        8 << 20, "--max-body", help="largest request body in bytes (then 413)"
+    ),
+    backend: str = _backend_option("auto", "auto|numpy|metal|cuda"),
+    verbose: bool = typer.Option(False, "-v", "--verbose"),
+) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API, with continuous batching."""
+    global _verbose
+    _verbose = verbose
+    from .serve.server import serve as run_server
+
+    _check_range("-np/--parallel", parallel, 1, 256)
+    _check_range("-c/--ctx-size", ctx_size, 0)
+    _check_range("--port", port, 0, 65535)
+    _check_range("--prefill-chunk", prefill_chunk, 1)
+    _check_range("--queue", queue, 0)
+    _check_range("--max-body", max_body, 1)
+    if api_key is not None and not api_key:
+        raise FrinkError("--api-key is empty")
+    m = _load(model, backend)
+    run_server(
+        m,
+        host=host,
+        port=port,
+        n_parallel=parallel,
+        n_ctx=ctx_size or min(m.config.n_ctx_train, 4096),
+        api_key=api_key,
+        alias=alias,
+        prefill_chunk=prefill_chunk,
+        max_queue=queue,
+        max_body=max_body,
+        announce=lambda line: err.print(f"frink: {printable(line)}", markup=False),
+    )
+    err.print("frink: server stopped", markup=False)
+
+
+@app.command()
 def parity(
     model: str | None = typer.Argument(None, help="GGUF file, HF directory or model name"),
     backend: str = _backend_option("metal", "the backend to check: metal|cuda", ("metal", "cuda")),

@@ -1,0 +1,2 @@
+"""`frink serve`: the OpenAI-compatible server (app.py) over the continuous-batching
+engine (engine.py)."""

@@ -1,0 +1,366 @@
+"""The HTTP face of `frink serve`: an OpenAI-compatible API over the engine, on Starlette.
+
+Routes: POST /v1/chat/completions and /v1/completions (streamed as server-sent events or
+whole), GET /v1/models and /health; the same without /v1, as llama-server accepts them.
+Every failure is an OpenAI-shaped JSON error with its status (400 bad field, 401 key,
+404 model or route, 413 body, 503 queue full with Retry-After), and nothing a request
+sends can stop the server: a handler's own bug is a 500 for that request alone.
+
+Prompts are templated and tokenized off the event loop (a long prompt, or a template
+the sandbox stops after its deadline, must not stall other streams). A client that goes
+away cancels its job: its slot is free by the engine's next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..chat import chat_ids
+from ..errors import FrinkError, printable
+from . import openai
+from .engine import Engine, Finish, Job, QueueFull
+from .openai import ApiError
+
+log = logging.getLogger("frink.serve")
+
+
+@dataclass
+class ServerState:
+    model: Any  # api.Model
+    engine: Engine
+    model_id: str
+    names: frozenset[str]  # the model names a request may ask for
+    api_key: str | None = None
+    max_body: int = 8 << 20
+    log_line: Callable[[str], None] = field(
+        default=lambda line: print(line, file=sys.stderr, flush=True)
+    )
+
+
+def create_app(state: ServerState) -> Starlette:
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        worker = threading.Thread(target=state.engine.run, name="frink-engine", daemon=True)
+        worker.start()
+        try:
+            yield
+        finally:
+            state.engine.stop()
+            await run_in_threadpool(worker.join, 10.0)
+
+    routes = []
+    for prefix in ("/v1", ""):
+        routes += [
+            Route(f"{prefix}/chat/completions", _endpoint(state, _chat), methods=["POST"]),
+            Route(f"{prefix}/completions", _endpoint(state, _complete), methods=["POST"]),
+            Route(f"{prefix}/models", _endpoint(state, _models), methods=["GET"]),
+        ]
+    routes.append(Route("/health", _endpoint(state, _health, public=True), methods=["GET"]))
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 500)
+        message = {404: "no such route", 405: "method not allowed"}.get(status, "HTTP error")
+        path = printable(request.url.path)[:200]
+        state.log_line(f"{_client(request)} {request.method} {path} {status}")
+        return _error(ApiError(status, f"{message}: {request.method} {path}", code=str(status)))
+
+    return Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
+    )
+
+
+def _client(request: Request) -> str:
+    return f"{request.client.host}:{request.client.port}" if request.client else "-"
+
+
+def _error(e: ApiError) -> JSONResponse:
+    headers = {"Retry-After": "1"} if e.status == 503 else None
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+
+class _Stream(StreamingResponse):
+    """Server-sent events whose generator is closed, and the request logged, the moment
+    the stream ends: done, or its client gone (a send fails). Closing the generator
+    cancels the job, so the slot is free by the engine's next step."""
+
+    on_close: Callable[[], None] | None = None
+
+    def __init__(self, events: AsyncIterator[str]) -> None:
+        super().__init__(
+            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+        self._events = events
+
+    async def stream_response(self, send: Any) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            await self._events.aclose()  # type: ignore[attr-defined]
+            if self.on_close is not None:
+                self.on_close()
+
+
+@dataclass
+class _Outcome:
+    """What the request line in the log says beyond the status."""
+
+    detail: str = ""
+
+
+def _endpoint(state: ServerState, handler: Callable, public: bool = False) -> Callable:
+    async def call(request: Request) -> Response:
+        t0 = time.perf_counter()
+        outcome = _Outcome()
+        try:
+            if not public:
+                _check_key(state, request)
+            response = await handler(state, request, outcome)
+        except ApiError as e:
+            response = _error(e)
+            outcome.detail = printable(e.message)[:200]
+        except Exception as e:  # noqa: BLE001 - a handler bug answers 500, the server lives
+            log.exception("request failed")
+            response = _error(
+                ApiError(500, f"internal error: {type(e).__name__}", kind="server_error")
+            )
+            outcome.detail = printable(f"{type(e).__name__}: {e}")[:200]
+        if isinstance(response, _Stream):
+            response.on_close = lambda: _log(state, request, 200, t0, outcome)
+        else:
+            _log(state, request, response.status_code, t0, outcome)
+        return response
+
+    return call
+
+
+def _log(state: ServerState, request: Request, status: int, t0: float, o: _Outcome) -> None:
+    path = printable(request.url.path)[:200]
+    line = f"{_client(request)} {request.method} {path} {status} {time.perf_counter() - t0:.2f}s"
+    state.log_line(line + (f" {o.detail}" if o.detail else ""))
+
+
+def _check_key(state: ServerState, request: Request) -> None:
+    if state.api_key is None:
+        return
+    auth = request.headers.get("authorization", "")
+    scheme, _, key = auth.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        key.strip().encode(), state.api_key.encode()
+    ):
+        raise ApiError(
+            401,
+            "a valid API key is required (Authorization: Bearer KEY)",
+            kind="authentication_error",
+            code="invalid_api_key",
+        )
+
+
+async def _body(state: ServerState, request: Request) -> dict:
+    """The JSON object a request sent, read at most max_body bytes."""
+    too_big = ApiError(
+        413, f"request body exceeds {state.max_body} bytes", code="request_too_large"
+    )
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > state.max_body:
+        raise too_big
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > state.max_body:
+            raise too_big
+    try:
+        body = json.loads(data)
+    except (ValueError, RecursionError):
+        raise ApiError(400, "the body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    model = body.get("model")
+    if model is not None and (not isinstance(model, str) or model not in state.names):
+        raise ApiError(
+            404,
+            f"model {printable(str(model))[:100]!r} is not served here (this server has "
+            f"{state.model_id!r})",
+            code="model_not_found",
+            param="model",
+        )
+    return body
+
+
+async def _health(state: ServerState, request: Request, o: _Outcome) -> Response:
+    e = state.engine
+    return JSONResponse(
+        {
+            "status": "ok",
+            "slots_processing": e.busy,
+            "slots_idle": len(e.slots) - e.busy,
+            "requests_waiting": e.waiting,
+        }
+    )
+
+
+async def _models(state: ServerState, request: Request, o: _Outcome) -> Response:
+    m = {"id": state.model_id, "object": "model", "created": 0, "owned_by": "frink"}
+    return JSONResponse({"object": "list", "data": [m]})
+
+
+async def _chat(state: ServerState, request: Request, o: _Outcome) -> Response:
+    body = await _body(state, request)
+    gen = openai.generation(body)
+    msgs = openai.messages(body)
+    tok = state.model.tokenizer
+    ids = await _tokenize(state, lambda: chat_ids(tok, msgs, notes=[], n_ctx=state.engine.n_ctx))
+    return await _generate(state, request, o, ids, gen, chat=True)
+
+
+async def _complete(state: ServerState, request: Request, o: _Outcome) -> Response:
+    body = await _body(state, request)
+    if body.get("echo") or body.get("suffix"):
+        raise openai.bad("echo" if body.get("echo") else "suffix", "is not supported")
+    gen = openai.generation(body, default_max_tokens=16)  # the API's documented default
+    prompt = openai.completion_prompt(body)
+    tok = state.model.tokenizer
+    if isinstance(prompt, str):
+        ids = await _tokenize(state, lambda: tok.encode(prompt))
+    else:
+        n_vocab = state.model.n_vocab
+        if not all(0 <= t < n_vocab for t in prompt):
+            raise openai.bad("prompt", f"token ids must be in [0, {n_vocab})")
+        ids = prompt
+    return await _generate(state, request, o, ids, gen, chat=False)
+
+
+async def _tokenize(state: ServerState, make: Callable[[], list[int]]) -> list[int]:
+    if state.model.tokenizer is None:
+        raise ApiError(400, "this model has no tokenizer: send token ids to /v1/completions")
+    try:
+        return await run_in_threadpool(make)
+    except FrinkError as e:  # a prompt too long to tokenize, a template that failed
+        raise ApiError(400, str(e), code="invalid_prompt") from None
+
+
+async def _generate(
+    state: ServerState,
+    request: Request,
+    o: _Outcome,
+    ids: list[int],
+    gen: openai.Generation,
+    chat: bool,
+) -> Response:
+    engine = state.engine
+    if len(ids) >= engine.n_ctx:
+        raise ApiError(
+            400,
+            f"the prompt is {len(ids)} tokens, too long for this server's context of "
+            f"{engine.n_ctx} (frink serve -c/--ctx-size)",
+            code="context_length_exceeded",
+        )
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+    def emit(kind: str, payload: object) -> None:
+        # A closed loop (the server going down) has nobody left to tell.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(events.put_nowait, (kind, payload))
+
+    job = Job(
+        prompt=ids,
+        params=gen.params,
+        max_tokens=gen.max_tokens if gen.max_tokens is not None else engine.n_ctx,
+        stop=gen.stop,
+        emit=emit,
+    )
+    try:
+        engine.submit(job)
+    except QueueFull as e:
+        raise ApiError(503, f"server busy: {e}; retry later", kind="server_error") from None
+    except FrinkError as e:
+        raise ApiError(400, str(e)) from None
+    reply = openai.Reply(chat, state.model_id)
+
+    def describe(f: Finish) -> None:
+        o.detail = (
+            f"prompt={f.prompt_tokens} cached={f.cached_tokens} completion={f.completion_tokens}"
+            f" ttft={f.first_token_seconds:.3f}s finish={f.reason}"
+        )
+
+    if gen.stream:
+
+        async def sse() -> AsyncIterator[str]:
+            try:
+                if chat:  # the assistant's role comes first, as OpenAI's streams start
+                    yield _sse(reply.chunk("", first=True))
+                while True:
+                    kind, payload = await events.get()
+                    if kind == "text":
+                        yield _sse(reply.chunk(payload))
+                        continue
+                    if kind == "done":
+                        describe(payload)
+                        last = reply.chunk(None, finish=payload.reason)
+                        if gen.return_tokens:
+                            last["choices"][0]["tokens"] = list(payload.tokens)
+                        yield _sse(last)
+                        if gen.include_usage:
+                            use = openai.usage(
+                                payload.prompt_tokens,
+                                payload.completion_tokens,
+                                payload.cached_tokens,
+                            )
+                            yield _sse(reply.usage_chunk(use))
+                    else:
+                        o.detail = printable(str(payload))[:200]
+                        yield _sse(ApiError(500, str(payload), kind="server_error").body())
+                    yield "data: [DONE]\n\n"
+                    return
+            finally:
+                job.cancel()  # a client gone mid-stream; a no-op once the job is done
+
+        return _Stream(sse())
+
+    pieces: list[str] = []
+    try:
+        while True:
+            try:
+                kind, payload = await asyncio.wait_for(events.get(), 0.25)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    o.detail = "client disconnected"
+                    return Response(status_code=499)
+                continue
+            if kind == "text":
+                pieces.append(payload)
+            elif kind == "done":
+                describe(payload)
+                use = openai.usage(
+                    payload.prompt_tokens, payload.completion_tokens, payload.cached_tokens
+                )
+                whole = reply.whole("".join(pieces), payload.reason, use)
+                if gen.return_tokens:
+                    whole["choices"][0]["tokens"] = list(payload.tokens)
+                return JSONResponse(whole)
+            else:
+                raise ApiError(500, str(payload), kind="server_error")
+    finally:
+        job.cancel()
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"

@@ -1,0 +1,339 @@
+"""The serving engine: continuous batching over a fixed set of sequence slots.
+
+Why a scheduler of its own: a decode token is bound by the weight bytes it streams, so
+the sequences of several clients stepping together (Decoder.step_batch: ONE forward over
+all their rows) cost little more than one. Between steps, finished and disconnected jobs
+leave, waiting ones are admitted, and a new job's prompt is fed in chunks of at most
+`prefill_chunk` rows per step beside the decode rows of the running ones, so their
+streams keep flowing while it prefills.
+
+Each slot keeps its cache (and the ids it holds) after its job ends: the next job placed
+there keeps the longest common prefix of its prompt and those ids and feeds only the
+rest (a conversation's next turn re-sends its history). A recurrent layer's state cannot
+be rolled back, so for such models the state is saved at the end of every prompt and of
+every answer, and a later job resumes from the longest saved point within its prefix.
+
+One thread (`run`) owns the decoder and every cache; submit() and cancel() are safe from
+any thread. A job reports through its `emit` callback, called on the engine's thread:
+("text", str) pieces, then ("done", Finish) or ("error", message).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..cache import CacheSnapshot, KvCache
+from ..decoder import Decoder
+from ..errors import FrinkError
+from ..sampling import Sampler, SamplingParams
+from ..tokenizer import Tokenizer
+from .stops import StopText
+
+# Saved recurrent states per slot (end of prompt, end of answer, for the last few jobs).
+_SNAPSHOTS = 4
+
+
+class QueueFull(Exception):
+    """More jobs waiting than the engine takes: the caller should retry later."""
+
+
+@dataclass(frozen=True)
+class Finish:
+    reason: str  # "stop" (end of generation or a stop string) | "length" (max_tokens, context)
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int  # prompt tokens reused from a slot's cache
+    first_token_seconds: float  # submit -> first sampled token
+    tokens: tuple[int, ...] = ()  # the answer's ids (end-of-generation token excluded)
+
+
+@dataclass
+class Job:
+    prompt: list[int]
+    params: SamplingParams
+    max_tokens: int
+    stop: tuple[str, ...]
+    emit: Callable[[str, object], None]
+    submitted: float = field(default_factory=time.perf_counter)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        """Leave at the next step (a client went away); no further events are sent."""
+        self.cancelled.set()
+
+
+@dataclass
+class _Slot:
+    cache: KvCache
+    tokens: list[int] = field(default_factory=list)  # the ids the cache holds, in order
+    snapshots: list[CacheSnapshot] = field(default_factory=list)
+    last_used: float = 0.0
+    job: _Running | None = None
+
+
+@dataclass
+class _Running:
+    job: Job
+    slot: _Slot
+    sampler: Sampler
+    text: StopText
+    pending: list[int]  # prompt ids still to feed
+    history: list[int]  # prompt and answer so far (the sampler's penalties read it)
+    cached: int
+    generated: int = 0
+    first_token: float | None = None
+    next_id: int | None = None  # the sampled token the next step feeds
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x, y = np.asarray(a[:n]), np.asarray(b[:n])
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if len(diff) else n
+
+
+class Engine:
+    def __init__(
+        self,
+        decoder: Decoder,
+        tokenizer: Tokenizer | None,
+        *,
+        n_parallel: int = 4,
+        n_ctx: int = 4096,
+        prefill_chunk: int = 128,
+        max_queue: int = 64,
+    ) -> None:
+        if n_parallel < 1 or prefill_chunk < 1 or max_queue < 0:
+            raise FrinkError("--parallel, --prefill-chunk must be >= 1 and --queue >= 0")
+        self.decoder = decoder
+        self.tok = tokenizer  # None: token ids in and out only (answers carry no text)
+        self.eog = tokenizer.eog_ids if tokenizer is not None else frozenset()
+        self.n_ctx = n_ctx
+        self.prefill_chunk = prefill_chunk
+        self.max_queue = max_queue
+        self.slots = [_Slot(decoder.new_cache(n_ctx)) for _ in range(n_parallel)]
+        self.recurrent = self.slots[0].cache.has_recurrent_state
+        self._waiting: deque[Job] = deque()
+        self._lock = threading.Condition()
+        self._stopping = False
+        self.steps = 0  # forwards run (for tests and the bench)
+
+    # --- any thread -----------------------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        """Queue a job (prompt already checked to fit the context); QueueFull when the
+        queue is at its limit."""
+        if not job.prompt:
+            raise FrinkError("empty prompt: nothing to condition on")
+        if len(job.prompt) >= self.n_ctx:
+            raise FrinkError(
+                f"prompt is {len(job.prompt)} tokens, too long for a context of {self.n_ctx}"
+            )
+        with self._lock:
+            if self._stopping:
+                raise QueueFull("the server is shutting down")
+            free = sum(s.job is None for s in self.slots)
+            if len(self._waiting) >= self.max_queue + free:
+                raise QueueFull(f"{len(self._waiting)} requests are already waiting")
+            self._waiting.append(job)
+            self._lock.notify()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self._lock.notify()
+
+    @property
+    def busy(self) -> int:
+        return sum(s.job is not None for s in self.slots)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    # --- the engine's thread --------------------------------------------------------------
+
+    def run(self) -> None:
+        """Step until stop(); every job still known then ends with an error event."""
+        while True:
+            with self._lock:
+                while not self._stopping and not self._waiting and not self._any_running():
+                    self._lock.wait()
+                if self._stopping:
+                    break
+                self._admit()
+            self._drop_cancelled()
+            running = [s.job for s in self.slots if s.job is not None]
+            if running:
+                self._step(running)
+        with self._lock:
+            jobs = list(self._waiting) + [s.job.job for s in self.slots if s.job is not None]
+            self._waiting.clear()
+        for job in jobs:
+            if not job.cancelled.is_set():
+                job.emit("error", "the server is shutting down")
+        for s in self.slots:
+            s.job = None
+
+    def _any_running(self) -> bool:
+        return any(s.job is not None for s in self.slots)
+
+    def _admit(self) -> None:
+        """Waiting jobs into free slots (under the lock): each into the free slot sharing
+        the longest prefix with its prompt, least recently used among equals."""
+        while self._waiting:
+            job = self._waiting[0]
+            if job.cancelled.is_set():
+                self._waiting.popleft()
+                continue
+            free = [s for s in self.slots if s.job is None]
+            if not free:
+                return
+            self._waiting.popleft()
+            slot = max(free, key=lambda s: (common_prefix(s.tokens, job.prompt), -s.last_used))
+            cached = self._reuse(slot, job.prompt)
+            slot.job = _Running(
+                job=job,
+                slot=slot,
+                sampler=Sampler(job.params, self.decoder.cfg.n_vocab),
+                text=StopText(self.tok, job.stop),
+                pending=job.prompt[cached:],
+                history=list(job.prompt),
+                cached=cached,
+            )
+
+    def _reuse(self, slot: _Slot, prompt: list[int]) -> int:
+        """Rewind the slot's cache to the longest prefix of `prompt` it can resume from (at
+        least one prompt id is left to feed: its logits pick the first token); how many."""
+        cache = slot.cache
+        keep = min(common_prefix(slot.tokens, prompt), len(prompt) - 1)
+        try:
+            if keep == cache.n_past:
+                pass
+            elif not self.recurrent:
+                cache.truncate(keep)
+            else:
+                saved = [s for s in slot.snapshots if s.n_past <= keep]
+                if saved:
+                    snap = max(saved, key=lambda s: s.n_past)
+                    cache.restore(snap)
+                    keep = snap.n_past
+                else:
+                    keep = 0
+                    cache.truncate(0)
+        except FrinkError:  # a sliding window past its rows, say: start over
+            keep = 0
+            cache.truncate(0)
+        del slot.tokens[keep:]
+        slot.snapshots = [s for s in slot.snapshots if s.n_past <= keep]
+        return keep
+
+    def _drop_cancelled(self) -> None:
+        for s in self.slots:
+            if s.job is not None and s.job.job.cancelled.is_set():
+                self._release(s)
+
+    def _release(self, slot: _Slot) -> None:
+        if (
+            self.recurrent
+            and slot.cache.n_past
+            and (not slot.snapshots or slot.snapshots[-1].n_past != slot.cache.n_past)
+        ):
+            self._save(slot)
+        slot.job = None
+        slot.last_used = time.perf_counter()
+        with self._lock:
+            self._lock.notify()
+
+    def _save(self, slot: _Slot) -> None:
+        slot.snapshots.append(slot.cache.snapshot())
+        del slot.snapshots[:-_SNAPSHOTS]
+
+    def _step(self, running: list[_Running]) -> None:
+        """One forward: every decoding job's next row, then prompt chunks within the
+        prefill budget, oldest job first."""
+        feeds: list[tuple[_Running, list[int]]] = []
+        budget = self.prefill_chunk
+        for r in running:
+            if r.next_id is not None:
+                feeds.append((r, [r.next_id]))
+        for r in sorted(running, key=lambda r: r.job.submitted):
+            if r.next_id is None and r.pending and budget > 0:
+                take = r.pending[:budget]
+                budget -= len(take)
+                feeds.append((r, take))
+        if not feeds:
+            return
+        try:
+            logits = self.decoder.step_batch(
+                [(np.asarray(ids, dtype=np.int64), r.slot.cache) for r, ids in feeds]
+            )
+        except Exception as e:  # noqa: BLE001 - one bad step must not take the server down
+            for r, _ in feeds:
+                self._fail(r, f"generation failed: {type(e).__name__}: {e}")
+            return
+        self.steps += 1
+        for (r, ids), row in zip(feeds, logits):
+            r.slot.tokens.extend(ids)
+            if r.next_id is None:
+                del r.pending[: len(ids)]
+                if r.pending:
+                    continue  # more prompt to feed: no token yet
+                if self.recurrent:
+                    self._save(r.slot)  # the end of a prompt: where a next turn resumes
+            r.next_id = None
+            self._advance(r, row)
+
+    def _advance(self, r: _Running, logits: np.ndarray) -> None:
+        job = r.job
+        if job.cancelled.is_set():
+            self._release(r.slot)
+            return
+        if not np.isfinite(logits).all():
+            self._fail(r, "the model produced non-finite logits (NaN or Inf)")
+            return
+        if r.first_token is None:
+            r.first_token = time.perf_counter()
+        token = r.sampler.sample(logits, r.history)
+        if token in self.eog:
+            self._finish(r, "stop")
+            return
+        r.history.append(token)
+        r.generated += 1
+        piece, stopped = r.text.push(token)
+        if piece:
+            job.emit("text", piece)
+        if stopped:
+            self._finish(r, "stop")
+        elif r.generated >= job.max_tokens or r.slot.cache.n_past >= self.n_ctx:
+            # (the context must hold the token fed next, so a full one ends here)
+            self._finish(r, "length")
+        else:
+            r.next_id = token
+
+    def _finish(self, r: _Running, reason: str) -> None:
+        if reason != "stop" or not r.text.stopped:
+            tail = r.text.flush()
+            if tail:
+                r.job.emit("text", tail)
+        first = (r.first_token or time.perf_counter()) - r.job.submitted
+        answer = tuple(r.history[len(r.job.prompt) :])
+        r.job.emit("done", Finish(reason, len(r.job.prompt), r.generated, r.cached, first, answer))
+        self._release(r.slot)
+
+    def _fail(self, r: _Running, message: str) -> None:
+        # The cache may hold a half-written step: that slot starts over.
+        r.slot.cache = self.decoder.new_cache(self.n_ctx)
+        r.slot.tokens.clear()
+        r.slot.snapshots.clear()
+        if not r.job.cancelled.is_set():
+            r.job.emit("error", message)
+        r.slot.job = None

@@ -1,0 +1,258 @@
+"""The OpenAI API's request fields and response shapes, as the `openai` client and
+llama-server speak them.
+
+Requests are untrusted: every field frink reads is checked for type and range here, and
+a bad one is an ApiError (an OpenAI-shaped error body with its HTTP status) naming the
+field. Fields frink does not read are ignored, as llama-server ignores them; fields it
+cannot honour (n > 1, logprobs, non-text content) are refused by name rather than
+silently dropped.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import FrinkError
+from ..sampling import SamplingParams
+
+MAX_STOPS = 16
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.code = (
+            status,
+            message,
+            kind,
+            param,
+            code,
+        )
+
+    def body(self) -> dict:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def bad(param: str, message: str) -> ApiError:
+    return ApiError(400, f"{param}: {message}", param=param)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What a request asks the engine for, checked."""
+
+    params: SamplingParams
+    max_tokens: int | None  # None: until the context is full
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    return_tokens: bool  # frink's (and llama-server's) extra: the answer's token ids too
+
+
+def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise bad(name, f"must be a number (got {_show(v)})")
+    if not lo <= v <= hi:
+        raise bad(name, f"must be between {lo:g} and {hi:g} (got {v:g})")
+    return float(v)
+
+
+def _integer(body: dict, name: str, default: int | None, lo: int, hi: int) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise bad(name, f"must be an integer (got {_show(v)})")
+    if not lo <= v <= hi:
+        raise bad(name, f"must be between {lo} and {hi} (got {v})")
+    return v
+
+
+def _show(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def generation(body: dict, default_max_tokens: int | None = None) -> Generation:
+    """The sampling and stopping fields shared by chat and text completions."""
+    n = _integer(body, "n", 1, 1, 1 << 30)
+    if n != 1:
+        raise bad("n", "only n=1 is supported")
+    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") is not None:
+        raise bad("logprobs", "log probabilities are not supported")
+    max_tokens = _integer(body, "max_completion_tokens", None, 1, 1 << 30)
+    if max_tokens is None:
+        # -1: until the context is full (llama-server's n_predict spelling).
+        max_tokens = _integer(body, "max_tokens", default_max_tokens, -1, 1 << 30)
+        if max_tokens == 0:
+            raise bad("max_tokens", "must be at least 1")
+        if max_tokens == -1:
+            max_tokens = None
+    stop = body.get("stop")
+    if stop is None:
+        stops: tuple[str, ...] = ()
+    elif isinstance(stop, str):
+        stops = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        if len(stop) > MAX_STOPS:
+            raise bad("stop", f"at most {MAX_STOPS} stop strings")
+        stops = tuple(stop)
+    else:
+        raise bad("stop", "must be a string or a list of strings")
+    if any(len(s) > 1000 for s in stops):
+        raise bad("stop", "a stop string is longer than 1000 characters")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad("stream", "must be true or false")
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise bad("stream_options", "must be an object")
+    include_usage = bool(opts and opts.get("include_usage"))
+    seed = _integer(body, "seed", None, -(1 << 63), (1 << 63) - 1)
+    try:
+        params = SamplingParams(
+            temperature=_number(body, "temperature", 0.8, 0.0, 2.0),
+            top_k=_integer(body, "top_k", 40, 0, 1 << 30) or 0,
+            top_p=_number(body, "top_p", 0.95, 0.0, 1.0),
+            min_p=_number(body, "min_p", 0.05, 0.0, 1.0),
+            repeat_penalty=_number(body, "repeat_penalty", 1.0, 1e-6, 100.0),
+            repeat_last_n=_integer(body, "repeat_last_n", 64, -1, 1 << 30) or 0,
+            frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+            presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+            seed=None if seed is None or seed < 0 else seed,
+        )
+    except FrinkError as e:  # the sampler's own checks, should a range above miss one
+        raise ApiError(400, str(e)) from None
+    return_tokens = body.get("return_tokens", False)
+    if not isinstance(return_tokens, bool):
+        raise bad("return_tokens", "must be true or false")
+    return Generation(params, max_tokens, stops, stream, include_usage, return_tokens)
+
+
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def messages(body: dict) -> list[dict]:
+    """The conversation, each message {"role", "content": str} for the chat template."""
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise bad("messages", "must be a non-empty list of messages")
+    out = []
+    for i, m in enumerate(msgs):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad(where, "must be an object with a role and content")
+        role = m.get("role")
+        if role not in _ROLES:
+            raise bad(f"{where}.role", f"must be one of {', '.join(_ROLES)} (got {_show(role)})")
+        out.append({"role": role, "content": _content(m.get("content"), f"{where}.content")})
+    return out
+
+
+def _content(c: Any, where: str) -> str:
+    if c is None:
+        return ""
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list):
+        parts = []
+        for j, p in enumerate(c):
+            if (
+                not isinstance(p, dict)
+                or p.get("type") != "text"
+                or not isinstance(p.get("text"), str)
+            ):
+                raise bad(f"{where}[{j}]", "only text parts are supported")
+            parts.append(p["text"])
+        return "".join(parts)
+    raise bad(where, "must be a string or a list of text parts")
+
+
+def completion_prompt(body: dict) -> str | list[int]:
+    """A text completion's prompt: a string, or token ids (one prompt; a list of one)."""
+    p = body.get("prompt")
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+        p = p[0]
+    if isinstance(p, str):
+        if not p:
+            raise bad("prompt", "is empty")
+        return p
+    if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+        return list(p)
+    if isinstance(p, list) and len(p) > 1:
+        raise bad("prompt", "only one prompt per request is supported")
+    raise bad("prompt", "must be a string or a list of token ids")
+
+
+def usage(prompt: int, completion: int, cached: int) -> dict:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+class Reply:
+    """One response's id, timestamp and model name, and its bodies and stream chunks."""
+
+    def __init__(self, chat: bool, model: str) -> None:
+        self.chat = chat
+        self.model = model
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def whole(self, text: str, finish: str, use: dict) -> dict:
+        if self.chat:
+            choice: dict = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+            return {**self._head("chat.completion"), "choices": [choice], "usage": use}
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return {**self._head("text_completion"), "choices": [choice], "usage": use}
+
+    def chunk(self, text: str | None, finish: str | None = None, first: bool = False) -> dict:
+        if self.chat:
+            delta: dict = {}
+            if first:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            choice: dict = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {**self._head("chat.completion.chunk"), "choices": [choice]}
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return {**self._head("text_completion"), "choices": [choice]}
+
+    def usage_chunk(self, use: dict) -> dict:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return {**self._head(obj), "choices": [], "usage": use}
