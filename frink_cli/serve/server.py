@@ -69,6 +69,9 @@ def serve(
     class _Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
             super().handle_exit(sig, frame)
+            # Streams in flight end now (an error event, then [DONE]) rather than run on
+            # while uvicorn waits for their connections to close.
+            engine.stop()
             # uvicorn re-raises a captured signal once it has shut down; the shutdown
             # was the signal's whole purpose, so frink exits normally instead.
             self._captured_signals.clear()

@@ -1,0 +1,88 @@
+"""A real `frink serve` in a child process on a free localhost port, for the server tests
+and scripts/bench_serve.py's way of driving one (scripts never import tests/, so that
+script has its own few lines for the same job)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from frink_subprocess import child_env, frink_command
+
+START_TIMEOUT_S = 120
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, model: Path, *args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = tempfile.NamedTemporaryFile(prefix="frink-serve-", suffix=".log")
+        self.proc = subprocess.Popen(
+            [*frink_command(), "serve", str(model), "--port", str(self.port), *args],
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
+            env=child_env(),
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"frink serve exited {self.proc.returncode}:\n{self.log()}")
+            with contextlib.suppress(OSError):
+                if self.get("/health")[0] == 200:
+                    return
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"frink serve did not start:\n{self.log()}")
+            time.sleep(0.2)
+
+    def get(self, path: str, headers: dict | None = None) -> tuple[int, dict]:
+        return self.request("GET", path, None, headers)
+
+    def request(
+        self, method: str, path: str, body: bytes | None, headers: dict | None = None
+    ) -> tuple[int, dict]:
+        req = urllib.request.Request(
+            self.url + path, data=body, method=method, headers=headers or {}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read() or b"{}")
+        except urllib.error.HTTPError as e:
+            return e.code, {
+                **json.loads(e.read() or b"{}"),
+                "_headers": {k.lower(): v for k, v in e.headers.items()},
+            }
+
+    def rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise RuntimeError("no VmRSS")
+
+    def log(self) -> str:
+        return Path(self._log.name).read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        return self.proc.returncode

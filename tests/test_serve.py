@@ -1,0 +1,381 @@
+"""`frink serve` end to end: the real server on a free localhost port, driven by the
+official `openai` client and by raw HTTP.
+
+What must hold: chat and text completions, streamed and whole, with usage, stop strings
+and finish reasons as the API defines them; every error status (400, 401, 404, 413, 503
+with Retry-After) as OpenAI-shaped JSON; 8 concurrent greedy requests each get exactly the
+tokens they get alone (SmolLM2; a tiny hybrid Mamba-2/attention model on numpy and metal,
+where the greedy run is also llama.cpp's); the second turn of a chat reuses its history's
+cache; malformed requests, oversized bodies and clients vanishing mid-stream leave the
+other streams' output intact, the server up and its memory back at its idle level; one
+log line per request; SIGTERM stops it cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+from model_checks import _path
+from serve_process import Server
+
+openai = pytest.importorskip("openai")
+
+KEY = "sekret-key"
+PROMPTS = [
+    "Name a colour.",
+    "What is the capital of Italy?",
+    "Write one sentence about cats.",
+    "Count from one to five.",
+    "What is 3 times 4?",
+    "Say hello in French.",
+    "Name a planet.",
+    "What do bees make?",
+]
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path) -> Iterator[Server]:
+    s = Server(
+        smollm2_path,
+        "-np",
+        "8",
+        "--queue",
+        "0",
+        "--api-key",
+        KEY,
+        "-c",
+        "1024",
+        "--max-body",
+        "65536",
+        "--backend",
+        "numpy",
+    )
+    yield s
+    code = s.stop()
+    log = s.log()
+    assert code == 0, log
+    assert "server stopped" in log and "Traceback" not in log, log
+
+
+def _client(server: Server, **kw) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, **kw)
+
+
+def _chat(client, prompt: str, **kw):
+    return client.chat.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1",
+        messages=[{"role": "user", "content": prompt}],
+        **{"temperature": 0, **kw},
+    )
+
+
+def _tokens(client, prompt: str, max_tokens: int) -> list[int]:
+    r = _chat(client, prompt, max_tokens=max_tokens, extra_body={"return_tokens": True})
+    return r.choices[0].model_extra["tokens"]
+
+
+def test_chat_whole_and_streamed(server: Server) -> None:
+    c = _client(server)
+    whole = _chat(c, "What is the capital of France?", max_tokens=24)
+    text = whole.choices[0].message.content
+    assert "Paris" in text
+    assert whole.choices[0].finish_reason in ("stop", "length")
+    assert whole.usage.prompt_tokens > 10 and whole.usage.completion_tokens > 0
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+    chunks = list(
+        _chat(
+            c,
+            "What is the capital of France?",
+            max_tokens=24,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert streamed == text
+    finals = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+    assert finals[-1] == whole.choices[0].finish_reason and not any(finals[:-1])
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_text_completions_and_length(server: Server) -> None:
+    c = _client(server)
+    r = c.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1",
+        prompt="The capital of France is",
+        max_tokens=6,
+        temperature=0,
+    )
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 6
+    assert "Paris" in r.choices[0].text
+    parts = list(
+        c.completions.create(
+            model="SmolLM2-135M-Instruct.Q4_1",
+            prompt="The capital of France is",
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+        )
+    )
+    assert "".join(p.choices[0].text for p in parts) == r.choices[0].text
+    assert parts[-1].choices[0].finish_reason == "length"
+
+
+def test_stop_strings_cut_and_are_held_back(server: Server) -> None:
+    c = _client(server)
+    full = _chat(c, "Count from one to ten, in words.", max_tokens=40).choices[0].message.content
+    words = full.split()
+    assert len(words) > 4, full
+    stop = " " + words[3]  # a stop that lands inside the answer, several tokens in
+    cut = full[: full.index(stop)]
+    whole = _chat(c, "Count from one to ten, in words.", max_tokens=40, stop=[stop, "zzzz"])
+    assert whole.choices[0].message.content == cut
+    assert whole.choices[0].finish_reason == "stop"
+    streamed = "".join(
+        ch.choices[0].delta.content or ""
+        for ch in _chat(
+            c, "Count from one to ten, in words.", max_tokens=40, stop=stop, stream=True
+        )
+    )
+    assert streamed == cut
+
+
+def _status(
+    server: Server, method: str, path: str, body: object = None, headers: dict | None = None
+) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else None if body is None else json.dumps(body).encode()
+    h = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json", **(headers or {})}
+    return server.request(method, path, data, h)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        ({"messages": []}, 400, "messages"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
+        (
+            {"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"},
+            400,
+            "temperature",
+        ),
+        ({"messages": [{"role": "user", "content": "hi"}], "top_p": 3}, 400, "top_p"),
+        ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n"),
+        ({"messages": [{"role": "user", "content": "hi"}], "stop": [1]}, 400, "stop"),
+        ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-9"}, 404, "model"),
+        ({"messages": [{"role": "user", "content": "word " * 1500}]}, 400, None),
+        (b"{not json", 400, None),
+        (b"[1, 2]", 400, None),
+        (b"[" * 100000 + b"]" * 100000, 413, None),
+    ],
+)
+def test_bad_requests_get_openai_errors(server: Server, body, status: int, param) -> None:
+    code, reply = _status(server, "POST", "/v1/chat/completions", body)
+    assert code == status, reply
+    err = reply["error"]
+    assert err["message"] and err["type"]
+    if param is not None:
+        assert err["param"] == param
+
+
+def test_client_sees_error_statuses(server: Server) -> None:
+    c = _client(server)
+    with pytest.raises(openai.BadRequestError):
+        _chat(c, "hi", temperature=7)
+    with pytest.raises(openai.NotFoundError):
+        c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.AuthenticationError):
+        _chat(openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0), "hi")
+    code, _ = server.request("POST", "/v1/chat/completions", b"{}", {})  # no key at all
+    assert code == 401
+    code, reply = _status(server, "GET", "/v1/no/such/route")
+    assert code == 404 and reply["error"]["message"]
+    models = c.models.list()
+    assert [m.id for m in models.data] == ["SmolLM2-135M-Instruct.Q4_1"]
+    assert server.get("/health")[1]["status"] == "ok"  # no key needed
+
+
+def _stream_text(server: Server, prompt: str, max_tokens: int, out: dict, key: str) -> None:
+    c = _client(server)
+    text = []
+    for ch in _chat(c, prompt, max_tokens=max_tokens, stream=True):
+        text.append(ch.choices[0].delta.content or "")
+    out[key] = "".join(text)
+
+
+def _wait(cond: Callable[[], bool], seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_full_queue_answers_503(server: Server) -> None:
+    out: dict = {}
+    streams = [
+        threading.Thread(target=_stream_text, args=(server, p, 120, out, p)) for p in PROMPTS
+    ]
+    for t in streams:
+        t.start()
+    _wait(lambda: server.get("/health")[1]["slots_processing"] == 8)
+    code, reply = _status(
+        server,
+        "POST",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "one more"}], "max_tokens": 2},
+    )
+    assert code == 503, reply
+    assert reply["_headers"].get("retry-after") == "1"
+    for t in streams:
+        t.join(300)
+    assert len(out) == 8
+
+
+def test_concurrent_greedy_requests_get_their_alone_tokens(server: Server) -> None:
+    c = _client(server)
+    alone = [_tokens(c, p, 24) for p in PROMPTS]
+    together: dict[int, list[int]] = {}
+
+    def one(i: int) -> None:
+        together[i] = _tokens(_client(server), PROMPTS[i], 24)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert [together[i] for i in range(8)] == alone
+
+
+def _vanishing_client(server: Server, after_chunks: int) -> None:
+    """A raw HTTP client that starts a stream and closes its socket after a few chunks."""
+    body = json.dumps(
+        {
+            "messages": [{"role": "user", "content": "Tell me a long story."}],
+            "stream": True,
+            "max_tokens": 200,
+        }
+    ).encode()
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    s.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    seen = b""
+    while seen.count(b"data:") < after_chunks:
+        part = s.recv(4096)
+        if not part:
+            break
+        seen += part
+    s.close()
+
+
+def test_burst_of_bad_clients_leaves_streams_intact(server: Server) -> None:
+    prompts = PROMPTS[:6]
+    alone: dict = {}
+    for p in prompts:
+        _stream_text(server, p, 40, alone, p)
+    idle = server.rss_mib()
+    out: dict = {}
+    streams = [threading.Thread(target=_stream_text, args=(server, p, 40, out, p)) for p in prompts]
+    for t in streams:
+        t.start()
+    _wait(lambda: server.get("/health")[1]["slots_processing"] >= 4)
+    for i in range(12):
+        _status(server, "POST", "/v1/chat/completions", b'{"messages": [')
+        _status(server, "POST", "/v1/chat/completions", b"x" * 70000)
+        _status(server, "POST", "/v1/completions", {"prompt": [10**9]})
+        _status(server, "POST", "/v1/completions", {"prompt": "hi"}, {"Authorization": "x"})
+        if i % 4 == 0:
+            _vanishing_client(server, after_chunks=3)
+    for t in streams:
+        t.join(300)
+    assert out == alone
+    _wait(lambda: server.get("/health")[1]["slots_processing"] == 0)
+    assert server.get("/health")[0] == 200
+    # Slot caches are kept for reuse and were all warm before: nothing may pile up.
+    assert server.rss_mib() < idle + 64, (idle, server.rss_mib())
+    log = server.log()
+    assert log.count("POST /v1/chat/completions 413") >= 12
+    assert "Traceback" not in log
+
+
+def test_second_turn_reuses_the_conversation(server: Server) -> None:
+    c = _client(server)
+    history = [
+        {"role": "user", "content": "Here are some notes. " + "The sky is blue. " * 80},
+    ]
+    first = c.chat.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1", messages=history, temperature=0, max_tokens=16
+    )
+    assert first.usage.prompt_tokens >= 400
+    history += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And what colour is grass?"},
+    ]
+    second = c.chat.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1", messages=history, temperature=0, max_tokens=16
+    )
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+
+
+def _hybrid_completion(server: Server, prompt: list[int], n: int) -> list[int]:
+    code, reply = _status(
+        server,
+        "POST",
+        "/v1/completions",
+        {"prompt": prompt, "max_tokens": n, "temperature": 0, "return_tokens": True},
+    )
+    assert code == 200, reply
+    return reply["choices"][0]["tokens"]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "metal"])
+def test_hybrid_model_concurrent_greedy(backend: str, tiny_model: Callable) -> None:
+    """A tiny Granite 4.0-H (Mamba-2 + attention layers, no tokenizer: token ids in and
+    out): llama.cpp's greedy run among 8 concurrent requests, each request's tokens what it
+    gets alone; one recurrent state per sequence."""
+    if backend == "metal":
+        pytest.importorskip("mlx.core")
+    ref = tiny_model("granitehybrid").ref
+    prompt = [int(t) for t in ref["greedy_prompt"]]
+    want = ref["greedy_llamacpp"].tolist()
+    rng = np.random.default_rng(5)
+    prompts = [prompt] + [rng.integers(0, 512, n).tolist() for n in (4, 11, 23, 35, 50, 7, 66)]
+    s = Server(
+        _path(tiny_model, "granitehybrid", "gguf"),
+        "-np",
+        "8",
+        "-c",
+        "160",
+        "--prefill-chunk",
+        "32",
+        "--api-key",
+        KEY,
+        "--backend",
+        backend,
+    )
+    try:
+        alone = [_hybrid_completion(s, p, len(want)) for p in prompts]
+        together: dict[int, list[int]] = {}
+
+        def one(i: int) -> None:
+            together[i] = _hybrid_completion(s, prompts[i], len(want))
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+    finally:
+        assert s.stop() == 0, s.log()
+    assert alone[0] == want
+    assert [together[i] for i in range(8)] == alone
