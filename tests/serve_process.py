@@ -30,7 +30,8 @@ class Server:
     def __init__(self, model: Path, *args: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self._log = tempfile.NamedTemporaryFile(prefix="frink-serve-", suffix=".log")
+        # Closed (and removed) in stop(): it outlives this constructor by design.
+        self._log = tempfile.NamedTemporaryFile(prefix="frink-serve-", suffix=".log")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [*frink_command(), "serve", str(model), "--port", str(self.port), *args],
             stdout=subprocess.DEVNULL,
@@ -86,3 +87,7 @@ class Server:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         return self.proc.returncode
+
+    def close(self) -> None:
+        self.stop()
+        self._log.close()

@@ -56,11 +56,14 @@ def server(smollm2_path) -> Iterator[Server]:
         "--backend",
         "numpy",
     )
-    yield s
-    code = s.stop()
-    log = s.log()
-    assert code == 0, log
-    assert "server stopped" in log and "Traceback" not in log, log
+    try:
+        yield s
+        code = s.stop()
+        log = s.log()
+        assert code == 0, log
+        assert "server stopped" in log and "Traceback" not in log, log
+    finally:
+        s.close()
 
 
 def _client(server: Server, **kw) -> openai.OpenAI:
@@ -376,6 +379,8 @@ def test_hybrid_model_concurrent_greedy(backend: str, tiny_model: Callable) -> N
         for t in threads:
             t.join(300)
     finally:
-        assert s.stop() == 0, s.log()
+        code, log = s.stop(), s.log()
+        s.close()
+    assert code == 0, log
     assert alone[0] == want
     assert [together[i] for i in range(8)] == alone
