@@ -88,6 +88,11 @@ def chat_loop(
                 messages.pop()
                 note(f"error: {e}")
                 continue
+            except KeyboardInterrupt:  # before the answer began: the turn is dropped
+                messages.pop()
+                out.write("\n")
+                note("[answer stopped]")
+                continue
             answer = _answer(engine, ids, params, max_tokens, out, note)
             messages.append({"role": "assistant", "content": answer})
     finally:
@@ -106,10 +111,10 @@ def _answer(
     """Stream one answer to `out`; its text (as far as it got when interrupted)."""
     events: queue.Queue[tuple[str, object]] = queue.Queue()
     job = Job(ids, params, max_tokens, (), lambda kind, payload: events.put((kind, payload)))
-    engine.submit(job)
     pieces: list[str] = []
     t0 = time.perf_counter()
     try:
+        engine.submit(job)
         while True:
             try:
                 kind, payload = events.get(timeout=0.1)
