@@ -65,7 +65,7 @@ class Decoder:
         """(output, is_logits). With head "last"/"all", a backend whose run reaches the last
         layer and that `runs_head` returns the logits from the same submission. `cache` is
         one sequence's, or a SeqBatch: several sequences' rows in one forward (its head
-        "all": every row's logits; the caller picks each sequence's last)."""
+        "last": each sequence's last row's logits, in the batch's order)."""
         ids = np.asarray(ids, dtype=np.int64)
         T = len(ids)
         if T == 0:
@@ -162,9 +162,9 @@ class Decoder:
         ids = np.concatenate([np.asarray(i, dtype=np.int64) for i, _ in steps])
         threads = self.decode_threads.choose() if batch.n_rows == len(steps) else None
         with blas_threads.limit(threads):
+            x, is_logits = self._forward(ids, batch, "last")
             # Only each sequence's last row needs the head: its input is cut to them.
-            x, _ = self._forward(ids, batch, None)
-            return self.logits(x[batch.last_rows()])
+            return x if is_logits else self.logits(x[batch.last_rows()])
 
     def _step(self, ids: np.ndarray, cache: KvCache, all_logits: bool) -> np.ndarray:
         x, is_logits = self._forward(ids, cache, "all" if all_logits else "last")

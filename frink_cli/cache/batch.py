@@ -18,31 +18,12 @@ committed on every cache after the last layer, as a single sequence's step is.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from ..errors import FrinkError
+from ..graph.layer import BatchSlot, SeqRows
 from .kv_cache import KvCache
-
-
-@dataclass(frozen=True)
-class SeqRows:
-    """One sequence's share of a step: its layer slot, its positions (the backend's `pos`
-    for it), and its rows [start, stop) of the step."""
-
-    kv: Any
-    pos: Any
-    start: int
-    stop: int
-
-
-class BatchSlot:
-    """Layer l's cache view over a multi-sequence step."""
-
-    def __init__(self, sequences: list[SeqRows]) -> None:
-        self.sequences = sequences
 
 
 class SeqBatch:

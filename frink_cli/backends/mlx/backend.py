@@ -10,18 +10,22 @@ run's output in the same transfer and is written to it, and a mirror layer whose
 differs from the host's is re-uploaded before use.
 
 A submission is one mx.eval. Each run makes exactly one; its results are then read with
-np.asarray, which copies already-evaluated memory and does not synchronize again.
+np.asarray, which copies already-evaluated memory and does not synchronize again. A
+multi-sequence step (cache.SeqBatch) is one submission too: every sequence's rows go
+through the linears together, each sequence's history ops read its own mirror, and the
+lm head reads each sequence's last row, all in one traced graph.
 """
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
+from ...graph.layer import BatchSlot, SeqRows, lm_head
 from ...graph.layer import layer as compose_layer
-from ...graph.layer import lm_head
 from ...graph.rope import rope_factors, rope_frequencies
 from ...model.config import ModelConfig
 from ...model.weights import LayerWeights, MoeWeights, map_layer
@@ -37,6 +41,7 @@ _MIN_CAPACITY = 256
 # traced graph, so runs holding one take smaller chunks.
 PREFILL_CHUNK = 512
 GDN_CHUNK = 64
+BATCH_OVER_CHUNK = "multi-sequence step over one submission's rows"
 
 
 class _Mirror:
@@ -56,8 +61,30 @@ class _Mirror:
         self.rec: list[tuple[mx.array, mx.array] | None] = [None] * n_layer
 
 
+@dataclass(frozen=True)
+class _Part:
+    """One submission's rows of one sequence: the sequence (its index in the step), where
+    these rows start among its new rows, and how many."""
+
+    seq: int
+    offset: int
+    count: int
+
+
+def _state_rows(
+    flat: np.ndarray, at: int, tail: mx.array, state: mx.array
+) -> tuple[np.ndarray, np.ndarray]:
+    """A recurrent layer's new conv tail and state, host copies of their rows in flat."""
+    n = tail.size
+    return (
+        flat[at : at + n].reshape(tail.shape).copy(),
+        flat[at + n : at + n + state.size].reshape(state.shape).copy(),
+    )
+
+
 class MlxBackend(DeviceBackend):
     name = "metal"
+    runs_batches = True
 
     def __init__(self, cfg: ModelConfig, checkpoint=None) -> None:
         self.checkpoint = checkpoint
@@ -343,133 +370,204 @@ class MlxBackend(DeviceBackend):
         m.k[layer], m.v[layer] = mx.array(k), mx.array(v)
         m.length[layer], m.version[layer] = n, slot.version
 
-    def _function(self, run: Run, T: int, capacity: int, head: str | None, n_ctx: int):
+    def _recurrent(self, layers: range) -> bool:
+        return any(self.cfg.is_recurrent(i) for i in layers)
+
+    def step_refusal(
+        self, kind: str, n_rows: int, cache, positions: np.ndarray | None, layers: range
+    ) -> str | None:
+        # A multi-sequence step is one submission, never chunked: rows past a chunk go to the
+        # host (a server's long prompt rides alone, where launch chunks it).
+        limit = GDN_CHUNK if self._recurrent(layers) else PREFILL_CHUNK
+        if kind == "batch" and n_rows > limit:
+            return BATCH_OVER_CHUNK
+        return None
+
+    def _function(
+        self,
+        run: Run,
+        counts: tuple[int, ...],
+        capacities: tuple[int, ...],
+        head: str | None,
+        n_ctx: int,
+    ):
+        """The traced run over the rows of len(counts) sequences (counts[j] rows each, in
+        order), sequence j's mirrors of capacities[j] rows."""
         ropes = self.ropes_for(n_ctx)
-        key = (run.start, run.stop, T, capacity, head, id(ropes))
+        key = (run.start, run.stop, counts, capacities, head, id(ropes))
         fn = self._compiled.get(key)
         if fn is None:
             cfg, layers = self.cfg, self.resident
-            n = run.stop - run.start
+            bounds = list(
+                zip(itertools.accumulate(counts, initial=0), itertools.accumulate(counts))
+            )
+            one = len(counts) == 1
 
-            def forward(x, positions, start, *kv):
-                pos = graph.StepContext(positions, start)
+            def forward(x, positions, starts, *kv):
+                seqs = [
+                    graph.StepContext(positions[a:b], starts[j]) for j, (a, b) in enumerate(bounds)
+                ]
+                # One sequence: the history ops and rope_ read its own context; several: the
+                # composition runs each history op per sequence (BatchSlot).
+                pos = seqs[0] if one else graph.RowPositions(positions)
                 new_kv, rows = [], []
                 at = 0
                 for i in range(run.start, run.stop):
                     w = 4 if self._parallel(i) else 2
-                    st = graph.LayerState(*kv[at : at + w])
-                    at += w
-                    x = compose_layer(MLX_OPS, cfg, self.shapes[i], layers[i], x, pos, st, ropes[i])
-                    new_kv += st.arrays()
-                    # Attention: the new K/V rows; a gated delta net: its new tail and state
-                    # (a parallel layer: its K/V rows, then its new tail and state).
-                    kr, vr = st.rows if st.rows is not None else (st.a, st.b)
-                    rows += [kr.reshape(-1), vr.reshape(-1)]
-                    if st.c is not None and st.d is not None:
-                        rows += [st.c.reshape(-1), st.d.reshape(-1)]
+                    sts = [
+                        graph.LayerState(*kv[at + j * w : at + (j + 1) * w])
+                        for j in range(len(counts))
+                    ]
+                    at += w * len(counts)
+                    view = (
+                        sts[0]
+                        if one
+                        else BatchSlot(
+                            [SeqRows(st, p, a, b) for st, p, (a, b) in zip(sts, seqs, bounds)]
+                        )
+                    )
+                    x = compose_layer(
+                        MLX_OPS, cfg, self.shapes[i], layers[i], x, pos, view, ropes[i]
+                    )
+                    for st in sts:
+                        new_kv += st.arrays()
+                        # Attention: the new K/V rows; a gated delta net: its new tail and
+                        # state (a parallel layer: its K/V rows, then its new tail and state).
+                        kr, vr = st.rows if st.rows is not None else (st.a, st.b)
+                        rows += [kr.reshape(-1), vr.reshape(-1)]
+                        if st.c is not None and st.d is not None:
+                            rows += [st.c.reshape(-1), st.d.reshape(-1)]
                 main = x
                 if head is not None:
                     norm, output, norm_b = self.head
-                    last = x if head == "all" else x[-1:]
+                    # "last": each sequence's last row (where its next token comes from).
+                    last = x if head == "all" else x[mx.array([b - 1 for _, b in bounds])]
                     main = lm_head(MLX_OPS, cfg, norm, output, last, norm_b)
                 return (mx.concatenate([main.reshape(-1)] + rows), *new_kv)
 
             fn = self._compiled[key] = mx.compile(forward)
-            assert n > 0
         return fn
 
     def launch(
         self, run: Run, x: np.ndarray, positions: np.ndarray, cache, head: str | None
     ) -> np.ndarray:
-        """Run layers [run.start, run.stop) over the rows x, in chunks of at most
-        PREFILL_CHUNK rows: one traced graph serves every full chunk, and a GDN chunk's
-        unrolled recurrence stays small. One submission per chunk; the host cache and the
-        mirrors change only after every chunk has succeeded."""
+        """Run layers [run.start, run.stop) over the rows x. One sequence's rows (cache a
+        KvCache) go in chunks of at most PREFILL_CHUNK rows: one traced graph serves every
+        full chunk, and a GDN chunk's unrolled recurrence stays small. A multi-sequence
+        step's (a cache.SeqBatch: several caches, each its count of rows) go as one chunk.
+        One submission per chunk; the host caches and the mirrors change only after every
+        chunk has succeeded. With head "last", each sequence's last row's logits."""
         cfg = self.cfg
-        T = x.shape[0]
-        chunk = (
-            GDN_CHUNK
-            if any(cfg.is_recurrent(i) for i in range(run.start, run.stop))
-            else PREFILL_CHUNK
-        )
-        outputs, staged = [], []
-        m = self._mirror(cache, cache.n_past + T)
-        # This launch's device state per layer, carried chunk to chunk.
-        state: dict[int, tuple[mx.array, ...]] = {}
-        for i in range(run.start, run.stop):
-            self._sync_layer(m, cache, i)
-            dk, dv = m.k[i], m.v[i]
-            assert dk is not None and dv is not None  # _sync_layer has just uploaded them
-            rec = m.rec[i] if self._parallel(i) else None
-            state[i] = (dk, dv) if rec is None else (dk, dv, *rec)
-        for o in range(0, T, chunk):
-            c = min(chunk, T - o)
-            last = o + c == T
-            h = head if head == "all" or (head == "last" and last) else None
-            fn = self._function(run, c, m.capacity, h, cache.n_ctx)
-            kv = [a for i in range(run.start, run.stop) for a in state[i]]
+        layers = range(run.start, run.stop)
+        if hasattr(cache, "caches"):  # a cache.SeqBatch (backends do not import cache)
+            caches, counts = cache.caches, cache.counts
+            chunks = [[_Part(j, 0, n) for j, n in enumerate(counts)]]
+        else:
+            T = x.shape[0]
+            caches, counts = [cache], [T]
+            size = GDN_CHUNK if self._recurrent(layers) else PREFILL_CHUNK
+            chunks = [[_Part(0, o, min(size, T - o))] for o in range(0, T, size)]
+        mirrors = [self._mirror(c, c.n_past + n) for c, n in zip(caches, counts)]
+        # This launch's device state per (sequence, layer), carried chunk to chunk.
+        state: dict[tuple[int, int], tuple[mx.array, ...]] = {}
+        for i in layers:
+            for j, (c, m) in enumerate(zip(caches, mirrors)):
+                self._sync_layer(m, c, i)
+                dk, dv = m.k[i], m.v[i]
+                assert dk is not None and dv is not None  # _sync_layer has just uploaded them
+                rec = m.rec[i] if self._parallel(i) else None
+                state[j, i] = (dk, dv) if rec is None else (dk, dv, *rec)
+        staged = []
+        row = 0
+        for parts in chunks:
+            n = sum(p.count for p in parts)
+            h = head if head == "all" or (head == "last" and row + n == len(x)) else None
+            fn = self._function(
+                run,
+                tuple(p.count for p in parts),
+                tuple(mirrors[p.seq].capacity for p in parts),
+                h,
+                caches[0].n_ctx,
+            )
+            starts = [caches[p.seq].n_past + p.offset for p in parts]
             outs = fn(
-                mx.array(x[o : o + c]),
-                mx.array(positions[o : o + c].astype(np.int32)),
-                mx.array(np.int32(cache.n_past + o)),
-                *kv,
+                mx.array(x[row : row + n]),
+                mx.array(positions[row : row + n].astype(np.int32)),
+                mx.array(np.asarray(starts, np.int32)),
+                *[a for i in layers for p in parts for a in state[p.seq, i]],
             )
             mx.eval(outs)
-            self.ledger.submit(self._kind(run, h))
-            flat = np.asarray(outs[0])
-            at = 1  # outs: the flat rows, then each layer's state arrays
-            for i in range(run.start, run.stop):
-                w = len(state[i])
-                state[i] = tuple(outs[at : at + w])
-                at += w
-            staged.append((o, c, h, flat))
-        # Every chunk succeeded: only now do the host cache and the mirrors change.
-        for o, c, h, flat in staged:
+            self.ledger.submit(self._kind(run, h, len(parts) > 1))
+            at = 1  # outs: the flat rows, then each layer's state arrays, per sequence
+            for i in layers:
+                for p in parts:
+                    w = len(state[p.seq, i])
+                    state[p.seq, i] = tuple(outs[at : at + w])
+                    at += w
+            staged.append((parts, h, np.asarray(outs[0])))
+            row += n
+        # Every chunk succeeded: only now do the host caches and the mirrors change.
+        outputs = []
+        for parts, h, flat in staged:
             width = cfg.n_vocab if h else cfg.residual_width
-            pos = (1 if h == "last" else c) * width
+            at = (len(parts) if h == "last" else sum(p.count for p in parts)) * width
             if h is not None or head is None:
-                outputs.append(flat[:pos].reshape(-1, width))
-            for i in range(run.start, run.stop):
-                if cfg.is_recurrent(i) and not self._parallel(i):
-                    (da, db), (na, nb) = state[i], (state[i][0].size, state[i][1].size)
-                    if o + c == T:  # the state after the last chunk is the layer's new state
-                        conv = flat[pos : pos + na].reshape(da.shape).copy()
-                        delta = flat[pos + na : pos + na + nb].reshape(db.shape).copy()
-                        cache.slot(i).set_recurrent_state(conv, delta)  # current at commit
-                        m.k[i], m.v[i], m.host_state[i] = da, db, (conv, delta)
-                    pos += na + nb
-                    continue
-                n_kv = self.shapes[i].n_head_kv  # per layer (0: no rows)
-                nk, nv = n_kv * c * cfg.head_dim_k, n_kv * c * cfg.head_dim_v
-                k = flat[pos : pos + nk].reshape(n_kv, c, cfg.head_dim_k).transpose(1, 0, 2)
-                v = (
-                    flat[pos + nk : pos + nk + nv]
-                    .reshape(n_kv, c, cfg.head_dim_v)
-                    .transpose(1, 0, 2)
-                )
-                pos += nk + nv
-                cache.slot(i).write(cache.n_past + o, k, v)
-                if self._parallel(i):  # its new tail and state follow its K/V rows
-                    dc, dd = state[i][2], state[i][3]
-                    na, nb = dc.size, dd.size
-                    if o + c == T:
-                        conv = flat[pos : pos + na].reshape(dc.shape).copy()
-                        delta = flat[pos + na : pos + na + nb].reshape(dd.shape).copy()
-                        cache.slot(i).set_recurrent_state(conv, delta)  # current at commit
-                        m.rec[i], m.host_state[i] = (dc, dd), (conv, delta)
-                    pos += na + nb
-        for i in range(run.start, run.stop):
+                outputs.append(flat[:at].reshape(-1, width))
+            for i in layers:
+                for p in parts:
+                    c = caches[p.seq]
+                    last = p.offset + p.count == counts[p.seq]
+                    at = self._write_back(i, c, mirrors[p.seq], p, last, flat, at, state[p.seq, i])
+        for i in layers:
             if not cfg.is_recurrent(i) or self._parallel(i):
-                m.k[i], m.v[i] = state[i][0], state[i][1]
-                m.length[i], m.version[i] = cache.n_past + T, cache.slot(i).version
+                for j, (c, m) in enumerate(zip(caches, mirrors)):
+                    m.k[i], m.v[i] = state[j, i][0], state[j, i][1]
+                    m.length[i], m.version[i] = c.n_past + counts[j], c.slot(i).version
         return np.concatenate(outputs) if len(outputs) > 1 else outputs[0]
 
-    def _kind(self, run: Run, head: str | None) -> str:
+    def _write_back(
+        self,
+        i: int,
+        cache,
+        m: _Mirror,
+        p: _Part,
+        last: bool,
+        flat: np.ndarray,
+        at: int,
+        st: tuple[mx.array, ...],
+    ) -> int:
+        """Layer i's results for rows p, read from flat at offset `at`, into the sequence's
+        host cache slot: its new K/V rows at their positions and, after the sequence's last
+        rows, its recurrent state (st: the device state the step ended in, which the mirror
+        keeps). Returns the offset past them."""
+        cfg = self.cfg
+        slot = cache.slot(i)
+        if cfg.is_recurrent(i) and not self._parallel(i):
+            if last:  # the state after the last chunk is the layer's new state
+                host = _state_rows(flat, at, st[0], st[1])
+                slot.set_recurrent_state(*host)  # current at commit
+                m.k[i], m.v[i], m.host_state[i] = st[0], st[1], host
+            return at + st[0].size + st[1].size
+        n_kv, c = self.shapes[i].n_head_kv, p.count  # per layer (0: no rows)
+        nk, nv = n_kv * c * cfg.head_dim_k, n_kv * c * cfg.head_dim_v
+        k = flat[at : at + nk].reshape(n_kv, c, cfg.head_dim_k).transpose(1, 0, 2)
+        v = flat[at + nk : at + nk + nv].reshape(n_kv, c, cfg.head_dim_v).transpose(1, 0, 2)
+        at += nk + nv
+        slot.write(cache.n_past + p.offset, k, v)
+        if self._parallel(i):  # its new tail and state follow its K/V rows
+            if last:
+                host = _state_rows(flat, at, st[2], st[3])
+                slot.set_recurrent_state(*host)  # current at commit
+                m.rec[i], m.host_state[i] = (st[2], st[3]), host
+            at += st[2].size + st[3].size
+        return at
+
+    def _kind(self, run: Run, head: str | None, batch: bool = False) -> str:
         """Ledger tag: a run of mamba layers is a mamba-run; of an LFM2 model, a
         shortconv-run (its attention layers folded in); a run holding GDN layers is a
         gdn-run (its attention layers are the heads and tails folded into it), else a
-        dense-run; "+lm-head" when the head rode along."""
-        recurrent = any(self.cfg.is_recurrent(i) for i in range(run.start, run.stop))
+        dense-run; "+batch" over several sequences; "+lm-head" when the head rode along."""
+        recurrent = self._recurrent(range(run.start, run.stop))
         kind = (
             "mamba"
             if self.cfg.mamba is not None
@@ -479,4 +577,4 @@ class MlxBackend(DeviceBackend):
             if recurrent
             else "dense"
         )
-        return f"{kind}-run" + ("" if head is None else "+lm-head")
+        return f"{kind}-run" + ("+batch" if batch else "") + ("" if head is None else "+lm-head")

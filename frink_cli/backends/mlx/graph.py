@@ -157,6 +157,15 @@ class StepContext:
         self.positions, self.start = positions, start
 
 
+class RowPositions:
+    """A multi-sequence step's row-wise context: each row's position in its own sequence
+    [T]. The rows of several sequences are not consecutive positions, so rope_ rotates each
+    row at its own; the parts that touch a history get each sequence's StepContext."""
+
+    def __init__(self, positions: mx.array) -> None:
+        self.positions = positions
+
+
 class LayerState:
     """One layer's device state inside a traced run: its K/V mirror [1, Hkv, capacity, hd]
     (a, b) for attention, or its conv tail and recurrent state (a, b) for a gated delta net
@@ -257,14 +266,17 @@ class MlxOps:
     def index(self, values: tuple[int, ...]) -> mx.array:
         return mx.array(values)  # a constant of the traced graph
 
-    def rope_(self, x: mx.array, pos: StepContext, rope: DeviceRope) -> mx.array:
+    def rope_(self, x: mx.array, pos: StepContext | RowPositions, rope: DeviceRope) -> mx.array:
+        rows = isinstance(pos, RowPositions)
+        # Rows at scattered positions: each row is a batch entry of mx.fast.rope, with its
+        # own offset; consecutive positions: one sequence from its first.
         r = mx.fast.rope(
-            _heads_first(x),
+            x[:, :, None] if rows else _heads_first(x),
             rope.dims,
             traditional=rope.traditional,
             base=rope.base,
             scale=rope.scale,
-            offset=pos.start,
+            offset=pos.positions if isinstance(pos, RowPositions) else pos.start,
             freqs=rope.freqs,
         )
         if rope.mscale != 1.0:
@@ -273,7 +285,7 @@ class MlxOps:
                 r = r * rope.mscale
             else:  # the dims that do not rotate pass through unscaled, as on the host
                 r = mx.concatenate([r[..., :d] * rope.mscale, r[..., d:]], axis=-1)
-        return r[0].transpose(1, 0, 2)
+        return r[:, :, 0] if rows else r[0].transpose(1, 0, 2)
 
     def attention(
         self,
