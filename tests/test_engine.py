@@ -255,3 +255,27 @@ def test_stop_text(pieces: list[bytes], stops, sent: str, stopped: bool) -> None
         out.append(s.flush())
     assert "".join(out) == sent
     assert hit == stopped
+
+
+@pytest.mark.parametrize("name", ["granitehybrid", "lfm2", "falcon_h1"])
+def test_metal_engine_steps_are_one_submission_each(name: str, tiny_model: Callable) -> None:
+    """On metal the engine's every step (a batch of decode rows and prompt chunks, or one
+    sequence's) is ONE device submission, nothing refused, and llama.cpp's greedy run is
+    what the job beside seven others gets."""
+    pytest.importorskip("mlx.core")
+    ref = tiny_model(name).ref
+    m = _model(tiny_model, name, backend="metal")
+    assert m.backend_name == "metal"
+    prompt = [int(t) for t in ref["greedy_prompt"]]
+    want = ref["greedy_llamacpp"].tolist()
+    prompts = [prompt] + [p.tolist() for p in _others(m.n_vocab, [3, 9, 17, 30, 41, 5, 70])]
+    ledger = m.decoder.backend.ledger
+    ledger.reset()
+    e, t = _engine(m, n_parallel=8, n_ctx=128, prefill_chunk=16)
+    try:
+        together = [tokens for tokens, _ in _run(e, prompts, len(want))]
+    finally:
+        _stop(e, t)
+    assert together[0] == want
+    assert not ledger.refusals and not ledger.failures, (ledger.refusals, ledger.failures)
+    assert ledger.total() == e.steps > len(want)

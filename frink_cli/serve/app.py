@@ -286,6 +286,7 @@ async def _generate(
         max_tokens=gen.max_tokens if gen.max_tokens is not None else engine.n_ctx,
         stop=gen.stop,
         emit=emit,
+        ignore_eos=gen.ignore_eos,
     )
     try:
         engine.submit(job)

@@ -60,6 +60,7 @@ class Job:
     max_tokens: int
     stop: tuple[str, ...]
     emit: Callable[[str, object], None]
+    ignore_eos: bool = False  # generate past end-of-generation tokens (benchmarks)
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -303,7 +304,7 @@ class Engine:
         if r.first_token is None:
             r.first_token = time.perf_counter()
         token = r.sampler.sample(logits, r.history)
-        if token in self.eog:
+        if token in self.eog and not job.ignore_eos:
             self._finish(r, "stop")
             return
         r.history.append(token)

@@ -66,6 +66,7 @@ class Generation:
     stream: bool
     include_usage: bool
     return_tokens: bool  # frink's (and llama-server's) extra: the answer's token ids too
+    ignore_eos: bool  # llama-server's extra: generate past end-of-generation tokens
 
 
 def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
@@ -147,10 +148,13 @@ def generation(body: dict, default_max_tokens: int | None = None) -> Generation:
         )
     except FrinkError as e:  # the sampler's own checks, should a range above miss one
         raise ApiError(400, str(e)) from None
-    return_tokens = body.get("return_tokens", False)
-    if not isinstance(return_tokens, bool):
-        raise bad("return_tokens", "must be true or false")
-    return Generation(params, max_tokens, stops, stream, include_usage, return_tokens)
+    flags = []
+    for name in ("return_tokens", "ignore_eos"):
+        value = body.get(name, False)
+        if not isinstance(value, bool):
+            raise bad(name, "must be true or false")
+        flags.append(value)
+    return Generation(params, max_tokens, stops, stream, include_usage, *flags)
 
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
