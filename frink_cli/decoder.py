@@ -32,6 +32,7 @@ class Decoder:
         # a server's fixed chunks) keeps what its earlier steps learned.
         self.decode_threads = ThreadChoice()
         self.prefill_threads: dict[tuple, ThreadChoice] = {}
+        self.batch_threads: dict[int, ThreadChoice] = {}  # multi-sequence decode, per size
         if backend is not None:
             backend.bind(weights)
             if isinstance(weights.layers, LayerStore):
@@ -160,11 +161,23 @@ class Decoder:
             return self.step(ids, cache)
         batch = SeqBatch([c for _, c in steps], [len(ids) for ids, _ in steps])
         ids = np.concatenate([np.asarray(i, dtype=np.int64) for i, _ in steps])
-        threads = self.decode_threads.choose() if batch.n_rows == len(steps) else None
-        with blas_threads.limit(threads):
+        # A batch of decode rows (one per sequence) is timed as a whole, per batch size
+        # (eight rows are GEMMs that may want BLAS's threads where one row did not); a
+        # batch with prompt rows is timed layer by layer, as a prefill is.
+        choice = None
+        if batch.n_rows == len(steps):
+            choice = self.batch_threads.get(len(steps))
+            if choice is None:
+                choice = self.batch_threads[len(steps)] = ThreadChoice(start_wide=True)
+        n = choice.choose() if choice is not None else None
+        t0 = time.perf_counter()
+        with blas_threads.limit(n):
             x, is_logits = self._forward(ids, batch, "last")
             # Only each sequence's last row needs the head: its input is cut to them.
-            return x if is_logits else self.logits(x[batch.last_rows()])
+            out = x if is_logits else self.logits(x[batch.last_rows()])
+        if choice is not None and n is not None:
+            choice.record(n, time.perf_counter() - t0)
+        return out
 
     def _step(self, ids: np.ndarray, cache: KvCache, all_logits: bool) -> np.ndarray:
         x, is_logits = self._forward(ids, cache, "all" if all_logits else "last")

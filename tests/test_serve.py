@@ -14,6 +14,7 @@ log line per request; SIGTERM stops it cleanly.
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import threading
 import time
@@ -379,8 +380,22 @@ def test_hybrid_model_concurrent_greedy(backend: str, tiny_model: Callable) -> N
         for t in threads:
             t.join(300)
     finally:
-        code, log = s.stop(), s.log()
+        # Ctrl-C and SIGTERM both stop it cleanly (exit 0, no traceback).
+        code, log = s.stop(signal.SIGINT if backend == "metal" else signal.SIGTERM), s.log()
         s.close()
-    assert code == 0, log
+    assert code == 0 and "server stopped" in log and "Traceback" not in log, log
     assert alone[0] == want
     assert [together[i] for i in range(8)] == alone
+
+
+def test_bad_server_settings_are_one_line(tiny_model: Callable) -> None:
+    from frink_subprocess import assert_error, frink
+
+    model = _path(tiny_model, "llama", "gguf")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert_error(frink("serve", model, "--port", str(port)), "cannot listen", str(port))
+    assert_error(frink("serve", model, "--parallel", "0"), "--parallel")
+    assert_error(frink("serve", model, "--host", "no such host!"), "cannot listen")
