@@ -51,6 +51,12 @@ class Decoder:
             else:
                 layers[i]
 
+    def end_thread(self) -> None:
+        """The calling thread is done with this decoder (a server's engine thread, at its
+        end): the backend frees what it keeps per thread."""
+        if self.backend is not None:
+            self.backend.end_thread()
+
     def new_cache(self, n_ctx: int) -> KvCache:
         return KvCache(self.cfg, n_ctx)
 

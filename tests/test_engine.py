@@ -279,3 +279,26 @@ def test_metal_engine_steps_are_one_submission_each(name: str, tiny_model: Calla
     assert together[0] == want
     assert not ledger.refusals and not ledger.failures, (ledger.refusals, ledger.failures)
     assert ledger.total() == e.steps > len(want)
+
+
+def test_metal_smollm2_concurrent_greedy_is_alone(smollm2_path) -> None:
+    """SmolLM2 on metal (its Q4_1 weights as MLX quantized blocks): 4 concurrent greedy
+    chats each get their alone tokens, every engine step one submission."""
+    pytest.importorskip("mlx.core")
+    from frink_cli.chat import chat_ids
+
+    m = frink_cli.load(smollm2_path, backend="metal")
+    questions = ["Name a colour.", "What is 3 times 4?", "Say hello in French.", "Name a planet."]
+    prompts = [chat_ids(m.tokenizer, [{"role": "user", "content": q}]) for q in questions]
+    e, t = _engine(m, n_parallel=4, n_ctx=256)
+    try:
+        alone = [_run(e, [p], 8)[0][0] for p in prompts]
+        ledger = m.decoder.backend.ledger
+        ledger.reset()
+        steps = e.steps
+        together = [tokens for tokens, _ in _run(e, prompts, 8)]
+    finally:
+        _stop(e, t)
+    assert together == alone
+    assert not ledger.refusals and not ledger.failures
+    assert ledger.total() == e.steps - steps

@@ -59,6 +59,11 @@ class Backend(Protocol):
 
     def run(self, run: Run, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray: ...
 
+    def end_thread(self) -> None:
+        """The calling thread will run nothing more on this backend: free what the device
+        runtime keeps per thread (a thread that ends holding it can abort the process)."""
+        ...
+
 
 class HeadBackend(Backend, Protocol):
     """A backend that can also run the lm head in a run's own submission (base.DeviceBackend

@@ -116,6 +116,10 @@ class DeviceBackend(ABC):
         """Model-wide device state made before the layers upload (rope tables...)."""
         return None  # an optional hook: nothing model-wide to make by default
 
+    def end_thread(self) -> None:
+        """Nothing is kept per thread unless a backend says otherwise."""
+        return None
+
     def resident_layers(self) -> set[int]:
         """After bind(): the layers the device holds whole. The decoder drops their host
         copies and loads every other layer at once."""

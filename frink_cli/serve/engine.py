@@ -164,6 +164,12 @@ class Engine:
 
     def run(self) -> None:
         """Step until stop(); every job still known then ends with an error event."""
+        try:
+            self._loop()
+        finally:
+            self.decoder.end_thread()
+
+    def _loop(self) -> None:
         while True:
             with self._lock:
                 while not self._stopping and not self._waiting and not self._any_running():

@@ -320,6 +320,12 @@ class MlxBackend(DeviceBackend):
             mx.array(norm_b) if norm_b is not None else None,
         )
 
+    def end_thread(self) -> None:
+        # MLX gives each thread that evaluates its own stream and worker; one still alive
+        # when the interpreter exits ends the process in std::terminate (rc 134).
+        mx.synchronize()
+        mx.clear_streams()
+
     def new_mirror(self) -> _Mirror:
         return _Mirror(self.cfg.n_layer)
 
