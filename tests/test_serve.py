@@ -399,3 +399,67 @@ def test_bad_server_settings_are_one_line(tiny_model: Callable) -> None:
         assert_error(frink("serve", model, "--port", str(port)), "cannot listen", str(port))
     assert_error(frink("serve", model, "--parallel", "0"), "--parallel")
     assert_error(frink("serve", model, "--host", "no such host!"), "cannot listen")
+
+
+def _random_value(rng: np.random.Generator, depth: int = 0):
+    kind = rng.integers(0, 9 if depth < 3 else 6)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return bool(rng.integers(0, 2))
+    if kind == 2:
+        return int(rng.choice([-1, 0, 1, 2, 7, 10**6, -(10**12), 2**63, 2**70]))
+    if kind == 3:
+        return float(rng.choice([0.0, -0.5, 0.5, 1.0, 2.5, 1e300, -1e-300]))
+    if kind in (4, 5):
+        return "".join(chr(int(c)) for c in rng.integers(1, 0x2FF, int(rng.integers(0, 12))))
+    if kind in (6, 7):
+        return [_random_value(rng, depth + 1) for _ in range(int(rng.integers(0, 4)))]
+    keys = ["role", "content", "type", "text", "include_usage", "x"]
+    return {str(rng.choice(keys)): _random_value(rng, depth + 1) for _ in range(3)}
+
+
+FIELDS = [
+    "messages",
+    "prompt",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "n",
+    "stream",
+    "stream_options",
+    "presence_penalty",
+    "frequency_penalty",
+    "repeat_penalty",
+    "logprobs",
+    "model",
+    "return_tokens",
+    "ignore_eos",
+]
+
+
+def test_seeded_hostile_requests_never_break_the_server(server: Server) -> None:
+    """300 requests with every field given random types and values (a valid message list
+    half the time, so the sampling fields are reached): each answer is 200 or an
+    OpenAI-shaped 4xx, never a 5xx, and the server stays up."""
+    rng = np.random.default_rng(1234)
+    seen: set[int] = set()
+    for i in range(300):
+        body = {f: _random_value(rng) for f in FIELDS if rng.random() < 0.35}
+        if rng.random() < 0.5:
+            body["messages"] = [{"role": "user", "content": "Hi"}]
+            body["max_tokens"] = int(rng.integers(1, 4))
+        body.pop("stream", None)  # (a streamed 200 is tested elsewhere)
+        path = "/v1/chat/completions" if i % 2 else "/v1/completions"
+        code, reply = _status(server, "POST", path, body)
+        seen.add(code)
+        assert code == 200 or 400 <= code < 500, (body, code, reply)
+        if code != 200:
+            assert set(reply["error"]) >= {"message", "type", "param", "code"}, reply
+    assert 200 in seen and 400 in seen
+    assert server.get("/health")[1]["status"] == "ok"
