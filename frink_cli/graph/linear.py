@@ -53,8 +53,11 @@ def _skinny(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     rows = max(16, _TILE_BYTES // (4 * w.shape[1]))
     out = np.empty((w.shape[0], x.shape[0]), np.float32)
     xt = np.ascontiguousarray(x.T)
-    for a in range(0, w.shape[0], rows):
-        np.matmul(w[a : a + rows], xt, out=out[a : a + rows])
+    # (A NaN weight warns once per tile here, where one matmul warns once: say nothing;
+    # non-finite logits are refused where they are sampled.)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for a in range(0, w.shape[0], rows):
+            np.matmul(w[a : a + rows], xt, out=out[a : a + rows])
     return np.ascontiguousarray(out.T)
 
 
