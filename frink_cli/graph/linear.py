@@ -27,38 +27,12 @@ import numpy as np
 
 from ..model.weights import Linear
 
-# Rows up to which a matmul goes tile by tile (a multi-sequence decode step's batch).
-_SKINNY_ROWS = 16
-# Bytes of weight rows per tile: well inside L2, so the copy BLAS packs is still cached
-# when its kernel reads it.
-_TILE_BYTES = 1 << 18
-
 
 def linear(x: np.ndarray, lin: Linear) -> np.ndarray:
-    if 1 < x.shape[0] <= _SKINNY_ROWS and lin.w.dtype == x.dtype == np.float32:
-        y = _skinny(x, lin.w)
-    else:
-        y = x @ lin.w.T
+    y = x @ lin.w.T
     if lin.b is not None:
         y += lin.b
     return y
-
-
-def _skinny(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """x @ w.T for a few rows x. Handed to BLAS whole, such a product packs the entire
-    weight matrix into a buffer before a kernel that barely uses it: 2-8 rows cost 3-6x
-    one row's GEMV on SmolLM2's weights, which stream from memory. Tile by tile (row
-    blocks of w that stay in cache while packed and multiplied) the weights are read
-    once, as by a GEMV: 8 rows then cost about 1.6x one row."""
-    rows = max(16, _TILE_BYTES // (4 * w.shape[1]))
-    out = np.empty((w.shape[0], x.shape[0]), np.float32)
-    xt = np.ascontiguousarray(x.T)
-    # (A NaN weight warns once per tile here, where one matmul warns once: say nothing;
-    # non-finite logits are refused where they are sampled.)
-    with np.errstate(invalid="ignore", over="ignore"):
-        for a in range(0, w.shape[0], rows):
-            np.matmul(w[a : a + rows], xt, out=out[a : a + rows])
-    return np.ascontiguousarray(out.T)
 
 
 class BlasThreads:
