@@ -171,11 +171,10 @@ def dequantize_rows(
     if not 0 <= row_start <= stop <= w.rows:
         raise ValueError(f"rows [{row_start}, {stop}) of a {w.rows}-row matrix")
     y = _result(out, (stop - row_start, w.cols))
-    data = w.data[row_start:stop]
     if _JIT is None:
-        y[...] = _gguf_dequantize(data, w.qtype).reshape(y.shape)
+        y[...] = _gguf_dequantize(w.data[row_start:stop], w.qtype).reshape(y.shape)
     elif stop > row_start:
-        _JIT.dequantize(int(w.qtype), data, y)
+        _JIT.dequantize(int(w.qtype), w.data, np.arange(row_start, stop), y)
     return y
 
 
@@ -188,5 +187,5 @@ def take_rows(w: QuantMatrix, index: np.ndarray, out: np.ndarray | None = None) 
     if _JIT is None:
         y[...] = _gguf_dequantize(w.data[idx], w.qtype).reshape(y.shape)
     elif idx.size:
-        _JIT.dequantize_take(int(w.qtype), w.data, idx, y)
+        _JIT.dequantize(int(w.qtype), w.data, idx, y)
     return y

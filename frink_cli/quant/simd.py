@@ -13,14 +13,16 @@ pairwise tree (`hsum`).
 
 Sixteen lanes because ggml's 4-bit blocks hold 16 bytes per nibble half (Q4_0, Q5_*,
 IQ4_*) and the K-quants scale runs of 16 or 32: a vector never straddles two scales.
-Operands: an `I32` op takes another I32 vector or an integer (broadcast); an `F32` op
-takes another F32 vector or a float (broadcast). Loads and stores take a C-contiguous
-array and an offset in its flat order (a row r of a 2-D array starts at r * shape[1]), so
-a kernel indexes one weight matrix without making a view per row (each view would count a
-reference on the shared array, an atomic per row that two threads fight over); they do not
-check bounds (the callers index whole blocks inside a row). Nothing here
-fuses a multiply and an add except `fmadd`, so code that must reproduce gguf-py's
-dequantization bit for bit just avoids `fmadd`.
+Three types: `U8` (16 bytes, as loaded: the bit fields are cut out here, where an
+operation covers 16 lanes in one 128-bit register), `I32` (widened codes) and `F32`.
+Integer ops take two vectors of one type or a vector and an integer (broadcast); `F32`
+ops take two F32 vectors or one and a float. Byte arithmetic wraps, as C's uint8_t does.
+Loads and stores take a C-contiguous array and an offset in its flat order (row r of a
+2-D array starts at r * shape[1]), so a kernel walks one weight matrix without making a
+view per row (each view counts a reference on the shared array: an atomic per row, which
+two threads fight over); they do not check bounds (the callers index whole blocks inside
+a row). Nothing here fuses a multiply and an add except `fmadd`, so code that must
+reproduce gguf-py's dequantization bit for bit just avoids `fmadd`.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
 _VF = ir.VectorType(_F32, LANES)
 _VI = ir.VectorType(_I32, LANES)
+_VB = ir.VectorType(ir.IntType(8), LANES)
 
 
 class F32(types.Type):
@@ -55,8 +58,14 @@ class I32(types.Type):
         super().__init__(name="i32x16")
 
 
+class U8(types.Type):
+    def __init__(self) -> None:
+        super().__init__(name="u8x16")
+
+
 f32x16 = F32()
 i32x16 = I32()
+u8x16 = U8()
 
 
 @register_model(F32)
@@ -69,6 +78,12 @@ class _F32Model(models.PrimitiveModel):
 class _I32Model(models.PrimitiveModel):
     def __init__(self, dmm: Any, fe_type: Any) -> None:
         super().__init__(dmm, fe_type, _VI)
+
+
+@register_model(U8)
+class _U8Model(models.PrimitiveModel):
+    def __init__(self, dmm: Any, fe_type: Any) -> None:
+        super().__init__(dmm, fe_type, _VB)
 
 
 def _splat(builder: ir.IRBuilder, value: ir.Value, vty: ir.VectorType) -> ir.Value:
@@ -89,9 +104,9 @@ def _is_array(t: Any, dtype: Any) -> bool:
 
 def _operand(context: Any, builder: ir.IRBuilder, t: Any, v: Any, vty: ir.VectorType) -> Any:
     """A vector operand as it is, a scalar one converted and broadcast."""
-    if isinstance(t, (F32, I32)):
+    if isinstance(t, (F32, I32, U8)):
         return v
-    lane = types.float32 if vty is _VF else types.int32
+    lane = {id(_VF): types.float32, id(_VI): types.int32, id(_VB): types.uint8}[id(vty)]
     return _splat(builder, context.cast(builder, v, t, lane), vty)
 
 
@@ -125,28 +140,17 @@ def vstore(typingctx: Any, a: Any, i: Any, v: Any) -> Any:
     return types.none(a, i, v), codegen
 
 
-def _byte_load(extend: str) -> Any:
-    def load(typingctx: Any, a: Any, i: Any) -> Any:
-        if not (_is_array(a, types.uint8) and isinstance(i, types.Integer)):
-            return None
+@intrinsic
+def bload(typingctx: Any, a: Any, i: Any) -> Any:
+    """The 16 bytes a[i : i + 16] of a uint8 array."""
+    if not (_is_array(a, types.uint8) and isinstance(i, types.Integer)):
+        return None
 
-        def codegen(context, builder, sig, args):
-            p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-            b = builder.load(
-                builder.bitcast(p, ir.VectorType(ir.IntType(8), LANES).as_pointer()), align=1
-            )
-            return builder.zext(b, _VI) if extend == "z" else builder.sext(b, _VI)
+    def codegen(context, builder, sig, args):
+        p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        return builder.load(builder.bitcast(p, _VB.as_pointer()), align=1)
 
-        return i32x16(a, i), codegen
-
-    load.__name__ = load.__qualname__ = f"vload_{extend}8"
-    return load
-
-
-vload_u8 = intrinsic(_byte_load("z"))
-vload_u8.__doc__ = "16 bytes from a[i], each zero-extended to a lane."
-vload_i8 = intrinsic(_byte_load("s"))
-vload_i8.__doc__ = "16 bytes from a[i] read as int8, each sign-extended to a lane."
+    return u8x16(a, i), codegen
 
 
 @intrinsic
@@ -290,14 +294,14 @@ def lut(typingctx: Any, table: Any, idx: Any) -> Any:
 
 def _int_binop(op: str) -> Any:
     def binop(typingctx: Any, a: Any, b: Any) -> Any:
-        if not (a == i32x16 and (b == i32x16 or isinstance(b, types.Integer))):
+        if not (isinstance(a, (I32, U8)) and (b == a or isinstance(b, types.Integer))):
             return None
 
         def codegen(context, builder, sig, args):
-            rhs = _operand(context, builder, sig.args[1], args[1], _VI)
+            rhs = _operand(context, builder, sig.args[1], args[1], args[0].type)
             return getattr(builder, op)(args[0], rhs)
 
-        return i32x16(a, b), codegen
+        return a(a, b), codegen
 
     binop.__name__ = binop.__qualname__ = op.rstrip("_")
     return binop
@@ -313,7 +317,7 @@ isub = intrinsic(_int_binop("sub"))
 
 @intrinsic
 def lane_bits(typingctx: Any, word: Any, start: Any) -> Any:
-    """Lane j = bit (start + j) of word: Q5_0/Q5_1's fifth bits, one uint32 per block."""
+    """Byte lane j = bit (start + j) of word: Q5_0/Q5_1's fifth bits, a uint32 a block."""
     if not (isinstance(word, types.Integer) and isinstance(start, types.Integer)):
         return None
 
@@ -321,9 +325,34 @@ def lane_bits(typingctx: Any, word: Any, start: Any) -> Any:
         w = _splat(builder, context.cast(builder, args[0], sig.args[0], types.int32), _VI)
         s = _splat(builder, context.cast(builder, args[1], sig.args[1], types.int32), _VI)
         shift = builder.add(s, ir.Constant(_VI, list(range(LANES))))
-        return builder.and_(builder.lshr(w, shift), _splat(builder, ir.Constant(_I32, 1), _VI))
+        bits = builder.and_(builder.lshr(w, shift), _splat(builder, ir.Constant(_I32, 1), _VI))
+        return builder.trunc(bits, _VB)
 
-    return i32x16(word, start), codegen
+    return u8x16(word, start), codegen
+
+
+@intrinsic
+def zext(typingctx: Any, a: Any) -> Any:
+    """Byte lanes read as unsigned, widened to int32 lanes."""
+    if a != u8x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.zext(args[0], _VI)
+
+    return i32x16(a), codegen
+
+
+@intrinsic
+def sext(typingctx: Any, a: Any) -> Any:
+    """Byte lanes read as signed (int8), widened to int32 lanes."""
+    if a != u8x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.sext(args[0], _VI)
+
+    return i32x16(a), codegen
 
 
 @intrinsic
