@@ -16,12 +16,17 @@ written beside its code, in gguf-py's terms.
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
+from . import simd
 from .simd import (
     bload,
+    byte_lut,
     fadd,
     fmadd,
     fmul,
@@ -33,15 +38,16 @@ from .simd import (
     ishr,
     isub,
     itof,
+    k_scales_mins,
     lane_bits,
     load_bf16,
     load_f16,
-    load_i8,
     load_u8,
     load_u16,
     load_u32,
-    lut,
+    pairsum,
     sext,
+    vlane,
     vload,
     vload_bf16,
     vload_f16,
@@ -50,21 +56,27 @@ from .simd import (
     zext,
 )
 
+# numba keys a cached kernel on the content of its own file, so a change to simd.py alone
+# would leave stale compiled kernels in every cache (pip keeps __pycache__ across upgrades).
+# simd.py's hash is therefore recorded here: changing it changes this file, and while it
+# does not match (simd.py edited, this line not yet) nothing is cached.
+_SIMD_SHA256 = "852ba120d4c623548ab6879d9e34bb2111b754c35d2b30b8a8eddbe5440eb543"
+_CACHE = hashlib.sha256(Path(simd.__file__).read_bytes()).hexdigest() == _SIMD_SHA256
+
 F16, BF16 = int(T.F16), int(T.BF16)
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q5_1), int(T.Q8_0)
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = int(T.Q2_K), int(T.Q3_K), int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)
 IQ4_NL, IQ4_XS = int(T.IQ4_NL), int(T.IQ4_XS)
 
-# IQ4_NL / IQ4_XS: the 16 levels a nibble indexes (gguf-py IQ4_NL.kvalues, ggml kvalues_iq4nl).
-_KV = np.array(
-    (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113), dtype=np.float32
-)
+# IQ4_NL / IQ4_XS: the 16 int8 levels a nibble indexes (gguf-py IQ4_NL.kvalues, ggml
+# kvalues_iq4nl), looked up in byte lanes.
+_iq4_level = byte_lut((-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113))
 
 
 # -- F16, BF16: 2 bytes per weight ------------------------------------------------------
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _deq_half(w, index, i0, i1, out, o, bf):
     n = w.shape[1] // 2
     n16 = n - n % 16
@@ -77,7 +89,7 @@ def _deq_half(w, index, i0, i1, out, o, bf):
             out[o + i - i0, k] = load_bf16(w, p0 + 2 * k) if bf else load_f16(w, p0 + 2 * k)
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _dot_half(w, r0, r1, x, out, bf):
     n = w.shape[1] // 2
     n64 = n - n % 64
@@ -110,7 +122,7 @@ def _dot_half(w, r0, r1, x, out, bf):
 # -- Q4_0 [d f16][qs 16]: w[j] = d * ((qs[j] & 15) - 8), w[j + 16] = d * ((qs[j] >> 4) - 8)
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _deq_q4_0(w, index, i0, i1, out, o):
     for i in range(i0, i1):
         p0 = index[i] * w.shape[1]
@@ -123,7 +135,7 @@ def _deq_q4_0(w, index, i0, i1, out, o):
             vstore(out, o0 + 32 * b + 16, fmul(itof(sext(isub(ishr(q, 4), 8))), d))
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _dot_q4_0(w, r0, r1, x, xs, out):
     for r in range(r0, r1):
         p0 = r * w.shape[1]
@@ -143,7 +155,7 @@ def _dot_q4_0(w, r0, r1, x, xs, out):
 # -- Q4_1 [d f16][m f16][qs 16]: w = d * nibble + m, nibbles as Q4_0 ---------------------
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _deq_q4_1(w, index, i0, i1, out, o):
     for i in range(i0, i1):
         p0 = index[i] * w.shape[1]
@@ -157,7 +169,7 @@ def _deq_q4_1(w, index, i0, i1, out, o):
             vstore(out, o0 + 32 * b + 16, fadd(fmul(itof(zext(ishr(q, 4))), d), m))
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _dot_q4_1(w, r0, r1, x, xs, out):
     for r in range(r0, r1):
         p0 = r * w.shape[1]
@@ -180,17 +192,17 @@ def _dot_q4_1(w, r0, r1, x, xs, out):
 # -- Q5_0 [d f16][qh u32][qs 16]: w[j] = d * ((nibble | (bit j of qh) << 4) - 16) --------
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _q5_lo(q, qh):
     return ior(iand(q, 15), ishl(lane_bits(qh, 0), 4))
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _q5_hi(q, qh):
     return ior(ishr(q, 4), ishl(lane_bits(qh, 16), 4))
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _deq_q5_0(w, index, i0, i1, out, o):
     for i in range(i0, i1):
         p0 = index[i] * w.shape[1]
@@ -204,7 +216,7 @@ def _deq_q5_0(w, index, i0, i1, out, o):
             vstore(out, o0 + 32 * b + 16, fmul(itof(sext(isub(_q5_hi(q, qh), 16))), d))
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _dot_q5_0(w, r0, r1, x, xs, out):
     for r in range(r0, r1):
         p0 = r * w.shape[1]
@@ -225,7 +237,7 @@ def _dot_q5_0(w, r0, r1, x, xs, out):
 # -- Q5_1 [d f16][m f16][qh u32][qs 16]: w = d * code + m, codes as Q5_0 -----------------
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _deq_q5_1(w, index, i0, i1, out, o):
     for i in range(i0, i1):
         p0 = index[i] * w.shape[1]
@@ -240,7 +252,7 @@ def _deq_q5_1(w, index, i0, i1, out, o):
             vstore(out, o0 + 32 * b + 16, fadd(fmul(itof(zext(_q5_hi(q, qh))), d), m))
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _dot_q5_1(w, r0, r1, x, xs, out):
     for r in range(r0, r1):
         p0 = r * w.shape[1]
@@ -264,7 +276,7 @@ def _dot_q5_1(w, r0, r1, x, xs, out):
 # -- Q8_0 [d f16][qs int8 32]: w[j] = qs[j] * d ------------------------------------------
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _deq_q8_0(w, index, i0, i1, out, o):
     for i in range(i0, i1):
         p0 = index[i] * w.shape[1]
@@ -276,7 +288,7 @@ def _deq_q8_0(w, index, i0, i1, out, o):
             vstore(out, o0 + 32 * b + 16, fmul(itof(sext(bload(w, p + 18))), d))
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _dot_q8_0(w, r0, r1, x, xs, out):
     for r in range(r0, r1):
         p0 = r * w.shape[1]
@@ -297,49 +309,51 @@ def _dot_q8_0(w, r0, r1, x, xs, out):
 # i = n // 16 has scale d * (scales[i] & 15) and min dmin * (scales[i] >> 4): w = dl * q - ml.
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _deq_q2_k(w, index, i0, i1, out, o):
     for i in range(i0, i1):
         p0 = index[i] * w.shape[1]
         o0 = (o + i - i0) * out.shape[1]
         for b in range(w.shape[1] // 84):
             p = p0 + 84 * b
-            d = load_f16(w, p + 80)
-            dmin = load_f16(w, p + 82)
+            sc = bload(w, p)
+            dl = fmul(itof(zext(iand(sc, 15))), load_f16(w, p + 80))  # run i's scale in lane i
+            ml = fmul(itof(zext(ishr(sc, 4))), load_f16(w, p + 82))
             for h in range(2):
                 for half in range(2):
                     qv = bload(w, p + 16 + 32 * h + 16 * half)
                     for s in range(4):
-                        sc = load_u8(w, p + 8 * h + 2 * s + half)
-                        dl = d * np.float32(sc & 15)
-                        ml = dmin * np.float32(sc >> 4)
+                        i = 8 * h + 2 * s + half
                         q = itof(zext(iand(ishr(qv, 2 * s), 3)))
                         n = 256 * b + 128 * h + 32 * s + 16 * half
-                        vstore(out, o0 + n, fsub(fmul(q, dl), ml))
+                        vstore(out, o0 + n, fsub(fmul(q, vlane(dl, i)), vlane(ml, i)))
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _dot_q2_k(w, r0, r1, x, xs, out):
     for r in range(r0, r1):
         p0 = r * w.shape[1]
         for t in range(x.shape[0]):
             x0 = t * x.shape[1]
+            s0 = t * xs.shape[1]
             acc = vzero()
-            off = np.float32(0.0)
+            off = vzero()
             for b in range(w.shape[1] // 84):
                 p = p0 + 84 * b
-                d = load_f16(w, p + 80)
-                dmin = load_f16(w, p + 82)
+                sc = bload(w, p)
+                dl = fmul(itof(zext(iand(sc, 15))), load_f16(w, p + 80))
+                ml = fmul(itof(zext(ishr(sc, 4))), load_f16(w, p + 82))
+                off = fmadd(ml, vload(xs, s0 + 16 * b), off)  # run i's min times its x sum
                 for h in range(2):
                     for half in range(2):
                         qv = bload(w, p + 16 + 32 * h + 16 * half)
                         for s in range(4):
-                            sc = load_u8(w, p + 8 * h + 2 * s + half)
                             n = 256 * b + 128 * h + 32 * s + 16 * half
                             q = itof(zext(iand(ishr(qv, 2 * s), 3)))
-                            acc = fmadd(fmul(q, vload(x, x0 + n)), d * np.float32(sc & 15), acc)
-                            off += dmin * np.float32(sc >> 4) * xs[t, n // 16]
-            out[t, r] = hsum(acc) - off
+                            acc = fmadd(
+                                fmul(q, vload(x, x0 + n)), vlane(dl, 8 * h + 2 * s + half), acc
+                            )
+            out[t, r] = hsum(acc) - hsum(off)
 
 
 # -- Q3_K [hmask 32][qs 64][scales 12][d f16], 256 weights in 16 runs of 16 -------------
@@ -349,21 +363,21 @@ def _dot_q2_k(w, r0, r1, x, xs, out):
 # scales[8 + i % 4] (bits 2 (i // 4) and up).
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _q3_scale(w, p, i):
     lo = (load_u8(w, p + 96 + i % 8) >> (4 * (i // 8))) & 15
     hi = (load_u8(w, p + 104 + i % 4) >> (2 * (i // 4))) & 3
     return np.float32((lo | (hi << 4)) - 32)
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _q3_code(w, p, h, s, half):
     low = iand(ishr(bload(w, p + 32 + 32 * h + 16 * half), 2 * s), 3)
     high = iand(ishr(bload(w, p + 16 * half), 4 * h + s), 1)
     return sext(isub(ior(low, ishl(high, 2)), 4))
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _deq_q3_k(w, index, i0, i1, out, o):
     for i in range(i0, i1):
         p0 = index[i] * w.shape[1]
@@ -380,7 +394,7 @@ def _deq_q3_k(w, index, i0, i1, out, o):
                         vstore(out, o0 + n, fmul(q, dl))
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _dot_q3_k(w, r0, r1, x, xs, out):
     for r in range(r0, r1):
         p0 = r * w.shape[1]
@@ -401,55 +415,50 @@ def _dot_q3_k(w, r0, r1, x, xs, out):
 
 
 # -- Q4_K [d f16][dmin f16][scales 12][qs 128], 256 weights in 8 runs of 32 -------------
-# Weight n = 64 c + 32 j + l is (qs[32 c + l] >> 4 j) & 15, in run 2 c + j; run k's 6-bit
-# scale and min (gguf-py Q4_K.get_scale_min) give w = (d * sc) * q - dmin * m.
+# Weight n = 64 c + 32 j + l is (qs[32 c + l] >> 4 j) & 15, in run k = 2 c + j, whose 6-bit
+# scale and min (simd.k_scales_mins) give w = (d * sc) * q - dmin * m.
 
 
-@njit(cache=True)
-def _k_scale(w, p, k):  # p: the first byte of the 12 scale bytes
-    if k < 4:
-        return np.float32(load_u8(w, p + k) & 63)
-    return np.float32((load_u8(w, p + k + 4) & 15) | ((load_u8(w, p + k - 4) >> 6) << 4))
+@njit(cache=_CACHE)
+def _k_scales(w, p):
+    """Lanes [m0..m7, sc0..sc7] of the block at p as float32."""
+    return itof(zext(k_scales_mins(w, p)))
 
 
-@njit(cache=True)
-def _k_min(w, p, k):
-    if k < 4:
-        return np.float32(load_u8(w, p + k + 4) & 63)
-    return np.float32((load_u8(w, p + k + 4) >> 4) | ((load_u8(w, p + k) >> 6) << 4))
-
-
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _deq_q4_k(w, index, i0, i1, out, o):
     for i in range(i0, i1):
         p0 = index[i] * w.shape[1]
         o0 = (o + i - i0) * out.shape[1]
         for b in range(w.shape[1] // 144):
             p = p0 + 144 * b
-            d = load_f16(w, p)
-            dmin = load_f16(w, p + 2)
+            sm = _k_scales(w, p)
+            dl = fmul(sm, load_f16(w, p))  # run k's d * sc in lane 8 + k
+            ml = fmul(sm, load_f16(w, p + 2))  # its dmin * m in lane k
             for c in range(4):
                 for j in range(2):
-                    dl = d * _k_scale(w, p + 4, 2 * c + j)
-                    ml = dmin * _k_min(w, p + 4, 2 * c + j)
                     for half in range(2):
                         q = itof(zext(iand(ishr(bload(w, p + 16 + 32 * c + 16 * half), 4 * j), 15)))
                         n = 256 * b + 64 * c + 32 * j + 16 * half
-                        vstore(out, o0 + n, fsub(fmul(q, dl), ml))
+                        k = 2 * c + j
+                        vstore(out, o0 + n, fsub(fmul(q, vlane(dl, 8 + k)), vlane(ml, k)))
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _dot_q4_k(w, r0, r1, x, xs, out):
     for r in range(r0, r1):
         p0 = r * w.shape[1]
         for t in range(x.shape[0]):
             x0 = t * x.shape[1]
+            s0 = t * xs.shape[1]
             acc = vzero()
-            off = np.float32(0.0)
+            off = vzero()
             for b in range(w.shape[1] // 144):
                 p = p0 + 144 * b
-                d = load_f16(w, p)
-                dmin = load_f16(w, p + 2)
+                sm = _k_scales(w, p)
+                dl = fmul(sm, load_f16(w, p))
+                # lanes 0..7: run k's dmin * m times its x sum; lanes 8..15: times 0
+                off = fmadd(fmul(sm, load_f16(w, p + 2)), pairsum(vload(xs, s0 + 16 * b)), off)
                 for c in range(4):
                     q0 = bload(w, p + 16 + 32 * c)
                     q1 = bload(w, p + 32 + 32 * c)
@@ -457,63 +466,61 @@ def _dot_q4_k(w, r0, r1, x, xs, out):
                         n = 256 * b + 64 * c + 32 * j
                         a = fmul(itof(zext(iand(ishr(q0, 4 * j), 15))), vload(x, x0 + n))
                         a = fmadd(itof(zext(iand(ishr(q1, 4 * j), 15))), vload(x, x0 + n + 16), a)
-                        acc = fmadd(a, d * _k_scale(w, p + 4, 2 * c + j), acc)
-                        ms = dmin * _k_min(w, p + 4, 2 * c + j)
-                        off += ms * (xs[t, n // 16] + xs[t, n // 16 + 1])
-            out[t, r] = hsum(acc) - off
+                        acc = fmadd(a, vlane(dl, 8 + 2 * c + j), acc)
+            out[t, r] = hsum(acc) - hsum(off)
 
 
 # -- Q5_K [d f16][dmin f16][scales 12][qh 32][qs 128]: Q4_K plus a fifth bit, weight
 # n = 32 k + l taking bit k of qh[l] -----------------------------------------------------
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _q5k_code(w, p, c, j, half):
     q = iand(ishr(bload(w, p + 48 + 32 * c + 16 * half), 4 * j), 15)
     hb = iand(ishr(bload(w, p + 16 + 16 * half), 2 * c + j), 1)
     return zext(ior(q, ishl(hb, 4)))
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _deq_q5_k(w, index, i0, i1, out, o):
     for i in range(i0, i1):
         p0 = index[i] * w.shape[1]
         o0 = (o + i - i0) * out.shape[1]
         for b in range(w.shape[1] // 176):
             p = p0 + 176 * b
-            d = load_f16(w, p)
-            dmin = load_f16(w, p + 2)
+            sm = _k_scales(w, p)
+            dl = fmul(sm, load_f16(w, p))
+            ml = fmul(sm, load_f16(w, p + 2))
             for c in range(4):
                 for j in range(2):
-                    dl = d * _k_scale(w, p + 4, 2 * c + j)
-                    ml = dmin * _k_min(w, p + 4, 2 * c + j)
                     for half in range(2):
                         q = itof(_q5k_code(w, p, c, j, half))
                         n = 256 * b + 64 * c + 32 * j + 16 * half
-                        vstore(out, o0 + n, fsub(fmul(q, dl), ml))
+                        k = 2 * c + j
+                        vstore(out, o0 + n, fsub(fmul(q, vlane(dl, 8 + k)), vlane(ml, k)))
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _dot_q5_k(w, r0, r1, x, xs, out):
     for r in range(r0, r1):
         p0 = r * w.shape[1]
         for t in range(x.shape[0]):
             x0 = t * x.shape[1]
+            s0 = t * xs.shape[1]
             acc = vzero()
-            off = np.float32(0.0)
+            off = vzero()
             for b in range(w.shape[1] // 176):
                 p = p0 + 176 * b
-                d = load_f16(w, p)
-                dmin = load_f16(w, p + 2)
+                sm = _k_scales(w, p)
+                dl = fmul(sm, load_f16(w, p))
+                off = fmadd(fmul(sm, load_f16(w, p + 2)), pairsum(vload(xs, s0 + 16 * b)), off)
                 for c in range(4):
                     for j in range(2):
                         n = 256 * b + 64 * c + 32 * j
                         a = fmul(itof(_q5k_code(w, p, c, j, 0)), vload(x, x0 + n))
                         a = fmadd(itof(_q5k_code(w, p, c, j, 1)), vload(x, x0 + n + 16), a)
-                        acc = fmadd(a, d * _k_scale(w, p + 4, 2 * c + j), acc)
-                        ms = dmin * _k_min(w, p + 4, 2 * c + j)
-                        off += ms * (xs[t, n // 16] + xs[t, n // 16 + 1])
-            out[t, r] = hsum(acc) - off
+                        acc = fmadd(a, vlane(dl, 8 + 2 * c + j), acc)
+            out[t, r] = hsum(acc) - hsum(off)
 
 
 # -- Q6_K [ql 128][qh 64][scales int8 16][d f16], 256 weights in 16 runs of 16 ----------
@@ -522,29 +529,28 @@ def _dot_q5_k(w, r0, r1, x, xs, out):
 # d * scales[n // 16]: w = (d * scale) * (code - 32).
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _q6_code(w, p, h, k):  # the codes of weights 16 k .. 16 k + 15 of half h
     lo = iand(ishr(bload(w, p + 64 * h + 16 * (k % 4)), 4 * (k // 4)), 15)
     hi = iand(ishr(bload(w, p + 128 + 32 * h + 16 * (k % 2)), 2 * (k // 2)), 3)
     return sext(isub(ior(lo, ishl(hi, 4)), 32))
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _deq_q6_k(w, index, i0, i1, out, o):
     for i in range(i0, i1):
         p0 = index[i] * w.shape[1]
         o0 = (o + i - i0) * out.shape[1]
         for b in range(w.shape[1] // 210):
             p = p0 + 210 * b
-            d = load_f16(w, p + 208)
+            dl = fmul(itof(sext(bload(w, p + 192))), load_f16(w, p + 208))  # lane i: run i's
             for h in range(2):
                 for k in range(8):
-                    dl = d * np.float32(load_i8(w, p + 192 + 8 * h + k))
                     q = itof(_q6_code(w, p, h, k))
-                    vstore(out, o0 + 256 * b + 128 * h + 16 * k, fmul(q, dl))
+                    vstore(out, o0 + 256 * b + 128 * h + 16 * k, fmul(q, vlane(dl, 8 * h + k)))
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _dot_q6_k(w, r0, r1, x, xs, out):
     for r in range(r0, r1):
         p0 = r * w.shape[1]
@@ -553,19 +559,19 @@ def _dot_q6_k(w, r0, r1, x, xs, out):
             acc = vzero()
             for b in range(w.shape[1] // 210):
                 p = p0 + 210 * b
-                d = load_f16(w, p + 208)
+                dl = fmul(itof(sext(bload(w, p + 192))), load_f16(w, p + 208))
                 for h in range(2):
                     for k in range(8):
-                        dl = d * np.float32(load_i8(w, p + 192 + 8 * h + k))
                         n = 256 * b + 128 * h + 16 * k
-                        acc = fmadd(fmul(itof(_q6_code(w, p, h, k)), vload(x, x0 + n)), dl, acc)
+                        q = itof(_q6_code(w, p, h, k))
+                        acc = fmadd(fmul(q, vload(x, x0 + n)), vlane(dl, 8 * h + k), acc)
             out[t, r] = hsum(acc)
 
 
 # -- IQ4_NL [d f16][qs 16]: Q4_0's nibble order, w = d * KV[nibble] ----------------------
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _deq_iq4_nl(w, index, i0, i1, out, o):
     for i in range(i0, i1):
         p0 = index[i] * w.shape[1]
@@ -574,11 +580,11 @@ def _deq_iq4_nl(w, index, i0, i1, out, o):
             p = p0 + 18 * b
             d = load_f16(w, p)
             q = bload(w, p + 2)
-            vstore(out, o0 + 32 * b, fmul(lut(_KV, zext(iand(q, 15))), d))
-            vstore(out, o0 + 32 * b + 16, fmul(lut(_KV, zext(ishr(q, 4))), d))
+            vstore(out, o0 + 32 * b, fmul(itof(sext(_iq4_level(iand(q, 15)))), d))
+            vstore(out, o0 + 32 * b + 16, fmul(itof(sext(_iq4_level(ishr(q, 4)))), d))
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _dot_iq4_nl(w, r0, r1, x, xs, out):
     for r in range(r0, r1):
         p0 = r * w.shape[1]
@@ -589,8 +595,8 @@ def _dot_iq4_nl(w, r0, r1, x, xs, out):
                 p = p0 + 18 * b
                 d = load_f16(w, p)
                 q = bload(w, p + 2)
-                a = fmul(lut(_KV, zext(iand(q, 15))), vload(x, x0 + 32 * b))
-                a = fmadd(lut(_KV, zext(ishr(q, 4))), vload(x, x0 + 32 * b + 16), a)
+                a = fmul(itof(sext(_iq4_level(iand(q, 15)))), vload(x, x0 + 32 * b))
+                a = fmadd(itof(sext(_iq4_level(ishr(q, 4)))), vload(x, x0 + 32 * b + 16), a)
                 acc = fmadd(a, d, acc)
             out[t, r] = hsum(acc)
 
@@ -600,14 +606,14 @@ def _dot_iq4_nl(w, r0, r1, x, xs, out):
 # - 32); its 32 weights are KV[the nibbles of qs[16 k .. 16 k + 15]] in IQ4_NL's order.
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _iq4xs_scale(w, p, k):
     lo = (load_u8(w, p + 4 + k // 2) >> (4 * (k % 2))) & 15
     hi = (load_u16(w, p + 2) >> (2 * k)) & 3
     return np.float32((lo | (hi << 4)) - 32)
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _deq_iq4_xs(w, index, i0, i1, out, o):
     for i in range(i0, i1):
         p0 = index[i] * w.shape[1]
@@ -618,11 +624,13 @@ def _deq_iq4_xs(w, index, i0, i1, out, o):
             for k in range(8):
                 dl = d * _iq4xs_scale(w, p, k)
                 q = bload(w, p + 8 + 16 * k)
-                vstore(out, o0 + 256 * b + 32 * k, fmul(lut(_KV, zext(iand(q, 15))), dl))
-                vstore(out, o0 + 256 * b + 32 * k + 16, fmul(lut(_KV, zext(ishr(q, 4))), dl))
+                vstore(out, o0 + 256 * b + 32 * k, fmul(itof(sext(_iq4_level(iand(q, 15)))), dl))
+                vstore(
+                    out, o0 + 256 * b + 32 * k + 16, fmul(itof(sext(_iq4_level(ishr(q, 4)))), dl)
+                )
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _dot_iq4_xs(w, r0, r1, x, xs, out):
     for r in range(r0, r1):
         p0 = r * w.shape[1]
@@ -635,8 +643,8 @@ def _dot_iq4_xs(w, r0, r1, x, xs, out):
                 for k in range(8):
                     q = bload(w, p + 8 + 16 * k)
                     n = 256 * b + 32 * k
-                    a = fmul(lut(_KV, zext(iand(q, 15))), vload(x, x0 + n))
-                    a = fmadd(lut(_KV, zext(ishr(q, 4))), vload(x, x0 + n + 16), a)
+                    a = fmul(itof(sext(_iq4_level(iand(q, 15)))), vload(x, x0 + n))
+                    a = fmadd(itof(sext(_iq4_level(ishr(q, 4)))), vload(x, x0 + n + 16), a)
                     acc = fmadd(a, d * _iq4xs_scale(w, p, k), acc)
             out[t, r] = hsum(acc)
 
@@ -647,7 +655,7 @@ def _dot_iq4_xs(w, r0, r1, x, xs, out):
 # over a tuple of the kernels, which numba calls through pointers).
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _dot_rows(qt, w, r0, r1, x, xs, out):
     """out[t, r] = x[t] . W[r] for the rows [r0, r1); xs = _sums16(x)."""
     if qt == Q4_0:
@@ -680,7 +688,7 @@ def _dot_rows(qt, w, r0, r1, x, xs, out):
         _dot_half(w, r0, r1, x, out, True)
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _deq_rows(qt, w, index, i0, i1, out, o):
     """out[o + i - i0] = W[index[i]] for i in [i0, i1), exactly gguf-py's values."""
     if qt == Q4_0:
@@ -713,7 +721,7 @@ def _deq_rows(qt, w, index, i0, i1, out, o):
         _deq_half(w, index, i0, i1, out, o, True)
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _dot_f32(a, i, x, t):
     """a[i] . x[t] (f32 rows of one length)."""
     n = a.shape[1]
@@ -735,7 +743,7 @@ def _dot_f32(a, i, x, t):
     return s
 
 
-@njit(cache=True)
+@njit(cache=_CACHE)
 def _sums16(x):
     """xs[t, k] = x[t, 16 k : 16 k + 16].sum(): what a block's constant part multiplies."""
     n16 = x.shape[1] // 16
@@ -753,7 +761,7 @@ def _sums16(x):
 _CHUNK = 16
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=_CACHE, parallel=True)
 def matvec(qt, w, x, out):
     """out[t, r] = x[t] . W[r] by the fused dot of W's type: decode's kernel (T = 1), which
     reads W's bytes once; each further row of x reads them again."""
@@ -764,7 +772,7 @@ def matvec(qt, w, x, out):
         _dot_rows(qt, w, r0, min(rows, r0 + _CHUNK), x, xs, out)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=_CACHE, parallel=True)
 def matmul_small(qt, w, x, out):
     """out = x @ W.T for a few rows of x: a chunk of W's rows dequantized into a buffer
     (cache-resident), then each row dotted with every row of x."""
@@ -780,7 +788,7 @@ def matmul_small(qt, w, x, out):
                 out[t, r] = _dot_f32(buf, r - r0, x, t)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=_CACHE, parallel=True)
 def dequantize(qt, w, index, out):
     """out[i] = W[index[i]], exactly as gguf-py dequantizes it (the caller has checked the
     indices; a row range is an arange)."""

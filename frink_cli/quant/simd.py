@@ -262,31 +262,54 @@ load_u32 = intrinsic(_word_load(32))
 load_u32.__doc__ = "The little-endian uint32 at bytes a[i : i + 4], as int64."
 
 
-@intrinsic
-def lut(typingctx: Any, table: Any, idx: Any) -> Any:
-    """table[idx[lane]] per lane (a gather; IQ4's 16 non-uniform levels)."""
-    if not (_is_array(table, types.float32) and idx == i32x16):
-        return None
+def _host_has(feature: str) -> bool:
+    import llvmlite.binding as llvm
 
-    def codegen(context, builder, sig, args):
-        data = context.make_array(sig.args[0])(context, builder, args[0]).data
-        # llvmlite's gep takes no vector index: the 16 addresses are built as integers
-        base = _splat(builder, builder.ptrtoint(data, _I64), ir.VectorType(_I64, LANES))
-        offs = builder.mul(
-            builder.sext(args[1], ir.VectorType(_I64, LANES)),
-            _splat(builder, ir.Constant(_I64, 4), ir.VectorType(_I64, LANES)),
-        )
-        pty = ir.VectorType(_F32.as_pointer(), LANES)
-        ptrs = builder.inttoptr(builder.add(base, offs), pty)
-        fn = cgutils.get_or_insert_function(
-            builder.module,
-            ir.FunctionType(_VF, [pty, _I32, ir.VectorType(ir.IntType(1), LANES), _VF]),
-            f"llvm.masked.gather.v{LANES}f32.v{LANES}p0f32",
-        )
-        mask = ir.Constant(ir.VectorType(ir.IntType(1), LANES), [1] * LANES)
-        return builder.call(fn, [ptrs, ir.Constant(_I32, 4), mask, ir.Constant(_VF, ir.Undefined)])
+    try:
+        return bool(llvm.get_host_cpu_features().get(feature, False))
+    except RuntimeError:  # features unknown on this host: take the generic path
+        return False
 
-    return f32x16(table, idx), codegen
+
+def byte_lut(values: Any) -> Any:
+    """An op mapping byte lanes 0..15 to values[lane] (16 int8 levels, as bytes): IQ4's
+    non-uniform levels. One byte shuffle where the host has one (x86 pshufb, AArch64 tbl),
+    so an IQ4 block costs what a Q4_0 block does; elsewhere lane by lane."""
+    table = [int(v) & 0xFF for v in values]
+    if len(table) != LANES:
+        raise ValueError("byte_lut takes 16 values")
+    import llvmlite.binding as llvm
+
+    triple = llvm.get_process_triple()
+    shuffle = None
+    if triple.startswith(("x86_64", "i686")) and _host_has("ssse3"):
+        shuffle = "llvm.x86.ssse3.pshuf.b.128"
+    elif triple.startswith(("aarch64", "arm64")):
+        shuffle = "llvm.aarch64.neon.tbl1.v16i8"
+
+    def lookup(typingctx: Any, idx: Any) -> Any:
+        if idx != u8x16:
+            return None
+
+        def codegen(context, builder, sig, args):
+            tv = ir.Constant(_VB, table)
+            if shuffle is not None:
+                fn = cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(_VB, [_VB, _VB]), shuffle
+                )
+                return builder.call(fn, [tv, args[0]])
+            out = ir.Constant(_VB, ir.Undefined)
+            for j in range(LANES):
+                k = builder.extract_element(args[0], ir.Constant(_I32, j))
+                out = builder.insert_element(
+                    out, builder.extract_element(tv, k), ir.Constant(_I32, j)
+                )
+            return out
+
+        return u8x16(idx), codegen
+
+    lookup.__name__ = lookup.__qualname__ = "byte_lut"
+    return intrinsic(lookup)
 
 
 # -- integer lanes ----------------------------------------------------------------------
@@ -317,18 +340,76 @@ isub = intrinsic(_int_binop("sub"))
 
 @intrinsic
 def lane_bits(typingctx: Any, word: Any, start: Any) -> Any:
-    """Byte lane j = bit (start + j) of word: Q5_0/Q5_1's fifth bits, a uint32 a block."""
-    if not (isinstance(word, types.Integer) and isinstance(start, types.Integer)):
+    """Byte lane j = bit (start + j) of the 32-bit word (Q5_0/Q5_1's fifth bits; start 0
+    or 16): the word's two bytes spread over the lanes and masked, all in byte lanes."""
+    if not (isinstance(word, types.Integer) and isinstance(start, types.IntegerLiteral)):
+        return None
+    first = start.literal_value // 8
+    if start.literal_value % 8 or not 0 <= first <= 2:
         return None
 
     def codegen(context, builder, sig, args):
-        w = _splat(builder, context.cast(builder, args[0], sig.args[0], types.int32), _VI)
-        s = _splat(builder, context.cast(builder, args[1], sig.args[1], types.int32), _VI)
-        shift = builder.add(s, ir.Constant(_VI, list(range(LANES))))
-        bits = builder.and_(builder.lshr(w, shift), _splat(builder, ir.Constant(_I32, 1), _VI))
-        return builder.trunc(bits, _VB)
+        w32 = context.cast(builder, args[0], sig.args[0], types.uint32)
+        quad = builder.bitcast(w32, ir.VectorType(ir.IntType(8), 4))
+        pick = ir.Constant(ir.VectorType(_I32, LANES), [first] * 8 + [first + 1] * 8)
+        spread = builder.shuffle_vector(quad, ir.Constant(quad.type, ir.Undefined), pick)
+        bit = builder.and_(spread, ir.Constant(_VB, [1 << (j % 8) for j in range(LANES)]))
+        return builder.zext(builder.icmp_unsigned("!=", bit, ir.Constant(_VB, [0] * LANES)), _VB)
 
     return u8x16(word, start), codegen
+
+
+@intrinsic
+def k_scales_mins(typingctx: Any, a: Any, p: Any) -> Any:
+    """Q4_K/Q5_K's eight 6-bit mins and scales (gguf-py Q4_K.get_scale_min) as byte lanes
+    [m0..m7, sc0..sc7], from the block at a[p] (d, dmin, then the 12 packed bytes S):
+    run j < 4 has sc = S[j] & 63, m = S[j + 4] & 63; run j >= 4 has
+    sc = (S[j + 4] & 15) | (S[j - 4] >> 6) << 4, m = (S[j + 4] >> 4) | (S[j] >> 6) << 4."""
+    if not (_is_array(a, types.uint8) and isinstance(p, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        v = builder.load(builder.bitcast(ptr, _VB.as_pointer()), align=1)  # S[k] at 4 + k
+
+        def pick(lanes: list[int]) -> Any:
+            mask = ir.Constant(ir.VectorType(_I32, LANES), [4 + k for k in lanes])
+            return builder.shuffle_vector(v, v, mask)
+
+        def const(values: list[int]) -> Any:
+            return ir.Constant(_VB, values)
+
+        # low bits: m0..3 = S[4..7] & 63, m4..7 = S[8..11] >> 4, sc0..3 = S[0..3] & 63,
+        # sc4..7 = S[8..11] & 15
+        lo = pick([4, 5, 6, 7, 8, 9, 10, 11, 0, 1, 2, 3, 8, 9, 10, 11])
+        masked = builder.and_(lo, const([63] * 4 + [255] * 4 + [63] * 4 + [15] * 4))
+        shifted = builder.lshr(lo, const([4] * LANES))
+        sel = ir.Constant(ir.VectorType(_I32, LANES), [*range(4), *range(20, 24), *range(8, 16)])
+        low = builder.shuffle_vector(masked, shifted, sel)
+        # high bits of runs 4..7: m from S[j] = S[4..7], sc from S[j - 4] = S[0..3]
+        hi = pick([0, 0, 0, 0, 4, 5, 6, 7, 0, 0, 0, 0, 0, 1, 2, 3])
+        high = builder.and_(builder.lshr(hi, const([2] * LANES)), const(([0] * 4 + [48] * 4) * 2))
+        return builder.or_(low, high)
+
+    return u8x16(a, p), codegen
+
+
+@intrinsic
+def pairsum(typingctx: Any, a: Any) -> Any:
+    """Lanes [a0 + a1, a2 + a3, ..., a14 + a15, 0 x 8]: 16-element sums into 32-element ones
+    (the x sums that Q4_K/Q5_K's mins multiply, aligned with k_scales_mins' lanes)."""
+    if a != f32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        zero = ir.Constant(_VF, [0.0] * LANES)
+        even = ir.Constant(ir.VectorType(_I32, LANES), [*range(0, 16, 2), *range(16, 24)])
+        odd = ir.Constant(ir.VectorType(_I32, LANES), [*range(1, 16, 2), *range(16, 24)])
+        ev = builder.shuffle_vector(args[0], zero, even)
+        od = builder.shuffle_vector(args[0], zero, odd)
+        return builder.fadd(ev, od)
+
+    return f32x16(a), codegen
 
 
 @intrinsic
@@ -424,6 +505,20 @@ def fmadd(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
         return builder.call(fn, [args[0], b_, args[2]])
 
     return f32x16(a, b, c), codegen
+
+
+@intrinsic
+def vlane(typingctx: Any, a: Any, k: Any) -> Any:
+    """Lane k of a broadcast to all lanes: one run's scale out of a vector of a block's 16
+    (k is a constant once the run loop is unrolled, so this is one shuffle)."""
+    if not (a == f32x16 and isinstance(k, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        idx = context.cast(builder, args[1], sig.args[1], types.int32)
+        return _splat(builder, builder.extract_element(args[0], idx), _VF)
+
+    return f32x16(a, k), codegen
 
 
 @intrinsic
