@@ -46,6 +46,7 @@ from .simd import (
     load_u16,
     load_u32,
     pairsum,
+    q3_scales,
     sext,
     vlane,
     vload,
@@ -60,7 +61,7 @@ from .simd import (
 # would leave stale compiled kernels in every cache (pip keeps __pycache__ across upgrades).
 # simd.py's hash is therefore recorded here: changing it changes this file, and while it
 # does not match (simd.py edited, this line not yet) nothing is cached.
-_SIMD_SHA256 = "852ba120d4c623548ab6879d9e34bb2111b754c35d2b30b8a8eddbe5440eb543"
+_SIMD_SHA256 = "d24ce56212ce901acee8a9f6be5d0236fc801a60a782dde77070a3be90dc5234"
 _CACHE = hashlib.sha256(Path(simd.__file__).read_bytes()).hexdigest() == _SIMD_SHA256
 
 F16, BF16 = int(T.F16), int(T.BF16)
@@ -364,10 +365,9 @@ def _dot_q2_k(w, r0, r1, x, xs, out):
 
 
 @njit(cache=_CACHE)
-def _q3_scale(w, p, i):
-    lo = (load_u8(w, p + 96 + i % 8) >> (4 * (i // 8))) & 15
-    hi = (load_u8(w, p + 104 + i % 4) >> (2 * (i // 4))) & 3
-    return np.float32((lo | (hi << 4)) - 32)
+def _q3_dl(w, p):
+    """Lane i: run i's d * (scale - 32)."""
+    return fmul(itof(sext(isub(q3_scales(w, p), 32))), load_f16(w, p + 108))
 
 
 @njit(cache=_CACHE)
@@ -384,14 +384,13 @@ def _deq_q3_k(w, index, i0, i1, out, o):
         o0 = (o + i - i0) * out.shape[1]
         for b in range(w.shape[1] // 110):
             p = p0 + 110 * b
-            d = load_f16(w, p + 108)
+            dl = _q3_dl(w, p)
             for h in range(2):
                 for half in range(2):
                     for s in range(4):
-                        dl = d * _q3_scale(w, p, 8 * h + 2 * s + half)
                         q = itof(_q3_code(w, p, h, s, half))
                         n = 256 * b + 128 * h + 32 * s + 16 * half
-                        vstore(out, o0 + n, fmul(q, dl))
+                        vstore(out, o0 + n, fmul(q, vlane(dl, 8 * h + 2 * s + half)))
 
 
 @njit(cache=_CACHE)
@@ -403,14 +402,15 @@ def _dot_q3_k(w, r0, r1, x, xs, out):
             acc = vzero()
             for b in range(w.shape[1] // 110):
                 p = p0 + 110 * b
-                d = load_f16(w, p + 108)
+                dl = _q3_dl(w, p)
                 for h in range(2):
                     for half in range(2):
                         for s in range(4):
-                            dl = d * _q3_scale(w, p, 8 * h + 2 * s + half)
                             n = 256 * b + 128 * h + 32 * s + 16 * half
                             q = itof(_q3_code(w, p, h, s, half))
-                            acc = fmadd(fmul(q, vload(x, x0 + n)), dl, acc)
+                            acc = fmadd(
+                                fmul(q, vload(x, x0 + n)), vlane(dl, 8 * h + 2 * s + half), acc
+                            )
             out[t, r] = hsum(acc)
 
 

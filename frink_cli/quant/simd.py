@@ -106,7 +106,7 @@ def _operand(context: Any, builder: ir.IRBuilder, t: Any, v: Any, vty: ir.Vector
     """A vector operand as it is, a scalar one converted and broadcast."""
     if isinstance(t, (F32, I32, U8)):
         return v
-    lane = {id(_VF): types.float32, id(_VI): types.int32, id(_VB): types.uint8}[id(vty)]
+    lane = types.float32 if vty == _VF else types.int32 if vty == _VI else types.uint8
     return _splat(builder, context.cast(builder, v, t, lane), vty)
 
 
@@ -389,6 +389,47 @@ def k_scales_mins(typingctx: Any, a: Any, p: Any) -> Any:
         # high bits of runs 4..7: m from S[j] = S[4..7], sc from S[j - 4] = S[0..3]
         hi = pick([0, 0, 0, 0, 4, 5, 6, 7, 0, 0, 0, 0, 0, 1, 2, 3])
         high = builder.and_(builder.lshr(hi, const([2] * LANES)), const(([0] * 4 + [48] * 4) * 2))
+        return builder.or_(low, high)
+
+    return u8x16(a, p), codegen
+
+
+@intrinsic
+def q3_scales(typingctx: Any, a: Any, p: Any) -> Any:
+    """Q3_K's sixteen 6-bit scales (before the -32) as byte lanes, from the block at a[p]
+    (the 12 packed bytes S sit at p + 96): run i has the low four bits of S[i % 8]'s nibble
+    i // 8 and, above them, bits 2 (i // 4) .. 2 (i // 4) + 1 of S[8 + i % 4]."""
+    if not (_is_array(a, types.uint8) and isinstance(p, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        base = builder.add(
+            context.cast(builder, args[1], sig.args[1], types.intp), ir.Constant(_I64, 94)
+        )
+        ptr = _pointer(context, builder, sig.args[0], args[0], types.intp, base)
+        v = builder.load(builder.bitcast(ptr, _VB.as_pointer()), align=1)  # S[k] at 2 + k
+
+        def mask(lanes: list[int]) -> Any:
+            return ir.Constant(ir.VectorType(_I32, LANES), lanes)
+
+        def shr(u: Any, n: int) -> Any:
+            return builder.lshr(u, ir.Constant(_VB, [n] * LANES))
+
+        lo = builder.shuffle_vector(v, v, mask([2 + k % 8 for k in range(LANES)]))
+        low = builder.shuffle_vector(
+            builder.and_(lo, ir.Constant(_VB, [15] * LANES)),
+            shr(lo, 4),
+            mask([*range(8), *range(24, 32)]),
+        )
+        hp = builder.shuffle_vector(v, v, mask([10 + k % 4 for k in range(LANES)]))
+        first = builder.shuffle_vector(hp, shr(hp, 2), mask([*range(4), *range(20, 24), *range(8)]))
+        second = builder.shuffle_vector(
+            shr(hp, 4), shr(hp, 6), mask([*range(4), *range(20, 24), *range(8)])
+        )
+        both = builder.shuffle_vector(first, second, mask([*range(8), *range(16, 24)]))
+        high = builder.shl(
+            builder.and_(both, ir.Constant(_VB, [3] * LANES)), ir.Constant(_VB, [4] * LANES)
+        )
         return builder.or_(low, high)
 
     return u8x16(a, p), codegen
