@@ -67,21 +67,26 @@ def random_weights(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> 
 
 
 def best_times(fns: dict[str, Callable[[], object]], seconds: float) -> dict[str, float]:
-    """Minimum time per call of each fn, the fns interleaved in short bursts."""
+    """Minimum time per call of each fn, over short samples taken in blocks, the fns taking
+    turns block by block. Blocks, not alternate calls: numba's and OpenBLAS's idle workers
+    spin-wait for a while after each call, and two pools taking turns call by call on two
+    cores measure each other's spinning (a 2-thread GEMV read 10x slower that way)."""
     for f in fns.values():
         f()
     best = dict.fromkeys(fns, float("inf"))
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+    rounds = 3
+    for _ in range(rounds):
         for name, f in fns.items():
-            n, t0 = 0, time.perf_counter()
-            while True:
-                f()
-                n += 1
-                el = time.perf_counter() - t0
-                if el > 2e-3:
-                    break
-            best[name] = min(best[name], el / n)
+            end = time.perf_counter() + seconds / rounds / len(fns)
+            while time.perf_counter() < end:
+                n, t0 = 0, time.perf_counter()
+                while True:
+                    f()
+                    n += 1
+                    el = time.perf_counter() - t0
+                    if el > 3e-4:  # short samples: a preempted one is discarded, not averaged
+                        break
+                best[name] = min(best[name], el / n)
     return best
 
 
@@ -145,7 +150,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--types", default=",".join(t.name for t in KERNEL_TYPES))
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--seconds", type=float, default=0.6, help="timing per measurement")
+    ap.add_argument("--seconds", type=float, default=1.2, help="timing per measurement")
     ap.add_argument("--small", action="store_true", help="the T sweep instead")
     args = ap.parse_args()
     types = [T[name] for name in args.types.split(",")]

@@ -106,8 +106,79 @@ def test_products_equal_x_at_dequantized(qtype: T, path: str) -> None:
         for t in (1, 2, 3, 8, 33, 200):
             x = rng.standard_normal((t, cols)).astype(np.float32)
             ref = (x.astype(np.float64) @ ref_w.T).astype(np.float32)
-            if t <= 8:
-                _close(kernels.matvec(x, w), ref)
-                _close(kernels.matmul_small(x, w), ref)
+            _close(kernels.matvec(x, w), ref)
+            _close(kernels.matmul_small(x, w), ref)
             _close(kernels.matmul(x, w, tile_rows=16), ref)
             _close(kernels.linear(x, w), ref)
+
+
+def test_thread_count_changes_nothing() -> None:
+    """Each output is one row's sum made by one thread, so 1 and 2 threads agree bit for
+    bit (the decoder may change the count between steps)."""
+    if kernels._JIT is None:
+        pytest.skip(kernels.kernel_path())
+    rng = np.random.default_rng(7)
+    for qtype in (T.Q4_0, T.Q4_K, T.Q6_K):
+        w = _weights(qtype, 257, 512, seed=3)
+        x = rng.standard_normal((5, 512)).astype(np.float32)
+        with kernels.threads(1):
+            one = (kernels.matvec(x[:1], w), kernels.matmul_small(x, w), kernels.dequantize_rows(w))
+        with kernels.threads(2):
+            two = (kernels.matvec(x[:1], w), kernels.matmul_small(x, w), kernels.dequantize_rows(w))
+        for a, b in zip(one, two):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_results_land_in_the_callers_buffers() -> None:
+    w = _weights(T.Q8_0, 40, 64, seed=1)
+    x = np.ones((1, 64), np.float32)
+    y = np.empty((1, 40), np.float32)
+    assert kernels.matvec(x, w, out=y) is y
+    buf = np.empty((10, 64), np.float32)
+    assert kernels.take_rows(w, np.arange(10), out=buf) is buf
+    with pytest.raises(ValueError, match="out must be"):
+        kernels.matvec(x, w, out=np.empty((1, 41), np.float32))
+
+
+def test_bad_arguments_are_refused() -> None:
+    w = _weights(T.Q4_0, 8, 64, seed=2)
+    with pytest.raises(ValueError, match=r"x must be \[T, 64\]"):
+        kernels.matvec(np.ones((1, 32), np.float32), w)
+    with pytest.raises(IndexError):
+        kernels.take_rows(w, np.array([0, 8]))
+    with pytest.raises(ValueError, match="rows"):
+        kernels.dequantize_rows(w, 3, 9)
+    with pytest.raises(ValueError, match="whole blocks"):
+        QuantMatrix(np.zeros((8, 18), np.uint8), T.Q4_0, 8, 48)
+    with pytest.raises(ValueError, match="uint8"):
+        QuantMatrix(np.zeros((8, 36), np.uint8), T.Q4_0, 8, 32)
+    with pytest.raises(ValueError, match="no host kernels"):
+        QuantMatrix(np.zeros((8, 66), np.uint8), T.IQ2_XXS, 8, 256)
+
+
+def test_quant_matrix_is_a_read_only_view() -> None:
+    data = _weights(T.Q4_1, 6, 64, seed=4).data.copy()
+    w = QuantMatrix(data, T.Q4_1, 6, 64)
+    assert np.shares_memory(w.data, data) and not w.data.flags.writeable
+    part = w.row_slice(2, 5)
+    assert part.rows == 3 and np.shares_memory(part.data, data)
+    np.testing.assert_array_equal(kernels.dequantize_rows(part), kernels.dequantize_rows(w, 2, 5))
+    flat = QuantMatrix.from_buffer(data.reshape(-1), T.Q4_1, 6, 64)
+    assert flat.nbytes == 6 * 40
+
+
+def test_kernel_path_names_what_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    import sys
+
+    if kernels._JIT is not None:
+        assert kernels.kernel_path().startswith("numba ")
+        # numba keys a cached kernel on its own file: simd.py's hash must be recorded in
+        # jit.py, or a change to simd.py alone would run stale compiled kernels.
+        assert kernels._JIT._CACHE, "update _SIMD_SHA256 in frink_cli/quant/jit.py"
+    monkeypatch.setattr(kernels, "_JIT", None)
+    assert kernels.kernel_path().startswith("numpy (")
+    code = "from frink_cli.quant import kernels; print(kernels.kernel_path())"
+    env = {**__import__("os").environ, "FRINK_NO_NUMBA": "1"}
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert got.stdout.strip() == "numpy (FRINK_NO_NUMBA is set)", got.stderr

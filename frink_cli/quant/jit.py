@@ -722,25 +722,41 @@ def _deq_rows(qt, w, index, i0, i1, out, o):
 
 
 @njit(cache=_CACHE)
-def _dot_f32(a, i, x, t):
-    """a[i] . x[t] (f32 rows of one length)."""
-    n = a.shape[1]
-    a0_ = i * n
-    x0 = t * x.shape[1]
-    n64 = n - n % 64
-    s0 = vzero()
-    s1 = vzero()
-    s2 = vzero()
-    s3 = vzero()
-    for k in range(0, n64, 64):
-        s0 = fmadd(vload(a, a0_ + k), vload(x, x0 + k), s0)
-        s1 = fmadd(vload(a, a0_ + k + 16), vload(x, x0 + k + 16), s1)
-        s2 = fmadd(vload(a, a0_ + k + 32), vload(x, x0 + k + 32), s2)
-        s3 = fmadd(vload(a, a0_ + k + 48), vload(x, x0 + k + 48), s3)
-    s = hsum(fadd(fadd(s0, s1), fadd(s2, s3)))
-    for k in range(n64, n):
-        s += a[i, k] * x[t, k]
-    return s
+def _dots_f32(buf, n, x, out, r0):
+    """out[t, r0 + j] = buf[j] . x[t] for j < n. Four rows of buf at a time share each load
+    of x, over 1024 columns at a time so those rows stay in L1 while every row of x passes
+    (one call per chunk: a call per dot cost more than the dot)."""
+    cols = buf.shape[1]
+    c16 = cols - cols % 16
+    for j in range(0, n, 4):
+        m = min(4, n - j)
+        b0 = j * cols
+        b1 = (j + min(1, m - 1)) * cols  # rows past n repeat a real one; their sums are dropped
+        b2 = (j + min(2, m - 1)) * cols
+        b3 = (j + min(3, m - 1)) * cols
+        for t in range(x.shape[0]):
+            for q in range(m):
+                v = np.float32(0.0)
+                for k in range(c16, cols):
+                    v += buf[j + q, k] * x[t, k]
+                out[t, r0 + j + q] = v
+        for k0 in range(0, c16, 1024):
+            k1 = min(c16, k0 + 1024)
+            for t in range(x.shape[0]):
+                x0 = t * x.shape[1]
+                a0 = vzero()
+                a1 = vzero()
+                a2 = vzero()
+                a3 = vzero()
+                for k in range(k0, k1, 16):
+                    xv = vload(x, x0 + k)
+                    a0 = fmadd(vload(buf, b0 + k), xv, a0)
+                    a1 = fmadd(vload(buf, b1 + k), xv, a1)
+                    a2 = fmadd(vload(buf, b2 + k), xv, a2)
+                    a3 = fmadd(vload(buf, b3 + k), xv, a3)
+                s = (hsum(a0), hsum(a1), hsum(a2), hsum(a3))
+                for q in range(m):
+                    out[t, r0 + j + q] += s[q]
 
 
 @njit(cache=_CACHE)
@@ -783,9 +799,7 @@ def matmul_small(qt, w, x, out):
         r1 = min(rows, r0 + _CHUNK)
         buf = np.empty((_CHUNK, x.shape[1]), np.float32)
         _deq_rows(qt, w, every, r0, r1, buf, np.int64(0))
-        for r in range(r0, r1):
-            for t in range(x.shape[0]):
-                out[t, r] = _dot_f32(buf, r - r0, x, t)
+        _dots_f32(buf, r1 - r0, x, out, r0)
 
 
 @njit(cache=_CACHE, parallel=True)

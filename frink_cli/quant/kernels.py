@@ -34,9 +34,12 @@ from gguf.quants import dequantize as _gguf_dequantize
 
 from .blocks import QuantMatrix
 
-# Up to this many rows of x, matmul_small beats a tile + BLAS (linear() picks by it; the
-# numbers are scripts/bench_quant_kernels.py's).
-SMALL_T = 8
+# linear()'s choice by the rows of x (scripts/bench_quant_kernels.py --small, 2048x2048,
+# one thread): the fused dots win up to T = 2 (they re-read W's bytes per row of x, but
+# skip the f32 buffer), matmul_small up to T = 16 (Q4_0: 1.2 ms at T = 8, where the dots
+# take 1.8 and a tile + BLAS 1.7), a tile + BLAS beyond.
+MATVEC_T = 2
+SMALL_T = 16
 # matmul's default tile: this many f32 (4 MiB), so each BLAS call has enough columns of
 # the product to run at GEMM speed while the tile stays in the last-level cache.
 TILE_ELEMS = 1 << 20
@@ -113,8 +116,8 @@ def matvec(x: np.ndarray, w: QuantMatrix, out: np.ndarray | None = None) -> np.n
 
 
 def matmul_small(x: np.ndarray, w: QuantMatrix, out: np.ndarray | None = None) -> np.ndarray:
-    """x [T, cols] @ W.T for a few rows of x (T <= SMALL_T): each row of W is dequantized
-    once into a cache-resident buffer and dotted with every row of x."""
+    """x [T, cols] @ W.T for a few rows of x (up to SMALL_T): each chunk of 16 rows of W is
+    dequantized once into a cache-resident buffer and dotted with every row of x."""
     x = _activations(x, w)
     y = _result(out, (x.shape[0], w.rows))
     if _JIT is None:
@@ -137,7 +140,7 @@ def matmul(
 def linear(x: np.ndarray, w: QuantMatrix, out: np.ndarray | None = None) -> np.ndarray:
     """x @ W.T by the kernel that suits x's row count."""
     t = np.shape(x)[0] if np.ndim(x) == 2 else 0
-    if t == 1:
+    if t <= MATVEC_T:
         return matvec(x, w, out)
     if t <= SMALL_T:
         return matmul_small(x, w, out)
@@ -153,12 +156,18 @@ def _numpy_matmul(
         raise ValueError(f"tile_rows must be positive: {tile_rows}")
     n = min(tile_rows, w.rows)
     buf = np.empty((n, w.cols), np.float32)
+    prod = np.empty((n, x.shape[0]), np.float32)
     for r0 in range(0, w.rows, n):
         r1 = min(w.rows, r0 + n)
-        tile = dequantize_rows(w, r0, r1, out=buf[: r1 - r0])
-        # Into a view of y: numpy's matmul writes a strided out through its own buffer,
-        # never a whole [T, rows] copy.
-        np.matmul(x, tile.T, out=y[:, r0:r1])
+        # One numba thread: its pool's idle workers spin-wait on the cores BLAS is about
+        # to use (a 2-thread 2048x2048 Q4_0 product at T = 8 took 27 ms, not 2).
+        with threads(1):
+            tile = dequantize_rows(w, r0, r1, out=buf[: r1 - r0])
+        # tile @ x.T into a contiguous buffer, then copied: for a few rows of x this runs
+        # 2-3x faster in OpenBLAS than x @ tile.T, and as fast for many; a strided out
+        # (a column slice of y) would take numpy's slow path.
+        np.matmul(tile, x.T, out=prod[: r1 - r0])
+        y[:, r0:r1] = prod[: r1 - r0].T
     return y
 
 
