@@ -5,12 +5,13 @@ Why two codings of every type: a dequantization must equal gguf-py's bit for bit
 reference, gguf/quants.py, and through it ggml-quants.c), so it repeats gguf-py's float
 operations in gguf-py's order and never fuses them. A dot product only has to be close to
 `x @ dequantize(W).T` (its summation order differs anyway), so it is arranged for speed:
-the integer codes times x, summed per block or sub-block and scaled once (`fmadd`, fused
-where the host has FMA); a block's constant part (Q4_1's min, Q4_0's -8, ...) applied to
-the sum of x over the block, which each driver computes once per call (`_sums16`).
+codes are cut out of the bytes in byte lanes (offsets like Q4_0's -8 included), the codes
+times x summed per block or run and scaled once (`fmadd`, fused where the host has FMA),
+and a min (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) applied to the sum of x over its block, which
+each driver computes once per call (`_sums16`).
 
-Each driver switches on the type once per row, so one compiled function serves every type
-and the switch costs nothing next to a row's blocks. The byte layout of each type is
+The drivers split W's rows into chunks over numba's threads and switch on the type once
+per chunk, so one compiled function serves every type. The byte layout of each type is
 written beside its code, in gguf-py's terms.
 """
 
@@ -761,7 +762,7 @@ def _dots_f32(buf, n, x, out, r0):
 
 @njit(cache=_CACHE)
 def _sums16(x):
-    """xs[t, k] = x[t, 16 k : 16 k + 16].sum(): what a block's constant part multiplies."""
+    """xs[t, k] = x[t, 16 k : 16 k + 16].sum(): what a block's min multiplies."""
     n16 = x.shape[1] // 16
     xs = np.empty((x.shape[0], n16), np.float32)
     for t in range(x.shape[0]):

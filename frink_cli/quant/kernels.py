@@ -16,10 +16,14 @@ Without numba (not installed, or FRINK_NO_NUMBA=1) every function still works: t
 rows dequantized by gguf-py, multiplied by BLAS, never more than a tile of f32 at a time.
 `kernel_path()` says which is running.
 
-Threads: the compiled kernels run on numba's threads, as many as `threads(n)` allows in
-the calling thread (frink's decoder times its BLAS threads per step, graph/linear.py, and
-can give these the same count). The count never changes a result: each output element is
-one row's sum, made by one thread in a fixed order.
+Threads: the compiled kernels run on numba's threads (its OpenMP layer here), as many as
+`threads(n)` allows in the calling thread; frink's decoder times its BLAS threads per
+step (graph/linear.py) and can give these the same count. The count never changes a
+result: each output element is one row's sum, made by one thread in a fixed order. Both
+pools spin-wait after a call (numba's OpenMP workers briefly, OpenBLAS's for up to ~0.1
+s), so on two cores a step should put its heavy work on one pool at a time: alternating
+a 2-thread numba call with a 2-thread BLAS call measured 5-100x slower than either alone.
+`matmul` therefore dequantizes its tiles on one numba thread and leaves the cores to BLAS.
 """
 
 from __future__ import annotations
