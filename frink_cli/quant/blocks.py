@@ -1,0 +1,108 @@
+"""A 2-D weight held as the GGUF file's own blocks, and the block geometry of each type the
+host kernels multiply without dequantizing first.
+
+Why: f32 host weights cost 4 bytes per weight in memory and in every decode step's reads
+(DESIGN: SmolLM2's peak RSS 710 MiB against llama.cpp's 167); a Q4_0 block is 18 bytes per
+32 weights. The geometry comes from gguf-py's tables (GGML_QUANT_SIZES), never retyped, so
+it is the one frink's reader already uses to find the bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+T = GGMLQuantizationType
+
+# The types with kernels (frink_cli/quant/kernels.py), in ggml's order.
+KERNEL_TYPES: tuple[GGMLQuantizationType, ...] = (
+    T.F16,
+    T.Q4_0,
+    T.Q4_1,
+    T.Q5_0,
+    T.Q5_1,
+    T.Q8_0,
+    T.Q2_K,
+    T.Q3_K,
+    T.Q4_K,
+    T.Q5_K,
+    T.Q6_K,
+    T.IQ4_NL,
+    T.IQ4_XS,
+    T.BF16,
+)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """elems weights in each block of nbytes bytes."""
+
+    elems: int
+    nbytes: int
+
+
+def geometry(qtype: GGMLQuantizationType) -> Geometry:
+    elems, nbytes = GGML_QUANT_SIZES[qtype]
+    return Geometry(elems, nbytes)
+
+
+def row_bytes(qtype: GGMLQuantizationType, cols: int) -> int:
+    """Bytes of one row of cols weights (cols a whole number of blocks)."""
+    g = geometry(qtype)
+    if cols <= 0 or cols % g.elems:
+        raise ValueError(f"{qtype.name} rows hold whole blocks of {g.elems}: {cols} columns")
+    return cols // g.elems * g.nbytes
+
+
+@dataclass(frozen=True)
+class QuantMatrix:
+    """W [rows, cols] as its raw blocks: data is uint8 [rows, row_bytes], read-only (a view
+    of the file's map is the intended source), and nothing else is kept: no f32 copy, no
+    unpacked scales.
+
+    A 3-D expert stack [n_expert, rows, cols] is one QuantMatrix of n_expert * rows rows;
+    `row_slice` gives one expert's matrix without copying.
+    """
+
+    data: np.ndarray
+    qtype: GGMLQuantizationType
+    rows: int
+    cols: int
+
+    def __post_init__(self) -> None:
+        if self.qtype not in KERNEL_TYPES:
+            raise ValueError(f"no host kernels for {self.qtype.name}")
+        want = (self.rows, row_bytes(self.qtype, self.cols))
+        d = self.data
+        if d.dtype != np.uint8 or d.shape != want:
+            raise ValueError(
+                f"{self.qtype.name} data must be uint8 {list(want)}: got {d.dtype} {list(d.shape)}"
+            )
+        if not d.flags.c_contiguous:
+            # The kernels read a row's blocks as one run of bytes.
+            raise ValueError("QuantMatrix data must be C-contiguous")
+        if d.flags.writeable:
+            # One array type for the compiled kernels (numba specializes on read-only), and
+            # the weights are the file's: nothing may write them.
+            ro = d.view()
+            ro.flags.writeable = False
+            object.__setattr__(self, "data", ro)
+
+    @classmethod
+    def from_buffer(
+        cls, buf: np.ndarray, qtype: GGMLQuantizationType, rows: int, cols: int
+    ) -> QuantMatrix:
+        """From a flat uint8 buffer (the file's bytes of one tensor, as `raw()` gives them)."""
+        return cls(buf.reshape(rows, row_bytes(qtype, cols)), qtype, rows, cols)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    def row_slice(self, start: int, stop: int) -> QuantMatrix:
+        """Rows [start, stop) as a QuantMatrix over the same bytes."""
+        if not 0 <= start <= stop <= self.rows:
+            raise ValueError(f"rows [{start}, {stop}) of a {self.rows}-row matrix")
+        return QuantMatrix(self.data[start:stop], self.qtype, stop - start, self.cols)

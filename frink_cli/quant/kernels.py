@@ -1,0 +1,204 @@
+"""Multiplying by a weight kept in the GGUF file's blocks: the host kernels' public face.
+
+    y = matvec(x, w)            # decode: x [T, cols], T = 1 (or a few): fused dots
+    y = matmul_small(x, w)      # a few rows of x: each row of W dequantized once, in cache
+    y = matmul(x, w)            # prefill: tiles of W dequantized into a buffer, then BLAS
+    y = linear(x, w)            # whichever of the three suits x's row count
+    a = dequantize_rows(w, start, stop, out=buf)   # rows as f32: gguf-py's values exactly
+    a = take_rows(w, index, out=buf)               # by index (embeddings, expert rows)
+
+The products are float32 [T, rows], x @ dequantize(W).T up to f32 summation order (~1e-7
+relative): activations stay f32. Why compiled kernels: a decode step reads every weight
+once per token; f32 weights are 4 bytes each where a Q4_0 weight is 0.56, and read
+straight from the blocks the bytes a token costs shrink with them.
+
+Without numba (not installed, or FRINK_NO_NUMBA=1) every function still works: tiles of
+rows dequantized by gguf-py, multiplied by BLAS, never more than a tile of f32 at a time.
+`kernel_path()` says which is running.
+
+Threads: the compiled kernels run on numba's threads (its OpenMP layer here), as many as
+`threads(n)` allows in the calling thread; frink's decoder times its BLAS threads per
+step (graph/linear.py) and can give these the same count. The count never changes a
+result: each output element is one row's sum, made by one thread in a fixed order. Both
+pools spin-wait after a call (numba's OpenMP workers briefly, OpenBLAS's for up to ~0.1
+s), so on two cores a step should put its heavy work on one pool at a time: alternating
+a 2-thread numba call with a 2-thread BLAS call measured 5-100x slower than either alone.
+`matmul` therefore dequantizes its tiles on one numba thread and leaves the cores to BLAS.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import ModuleType
+
+import numpy as np
+from gguf.quants import dequantize as _gguf_dequantize
+
+from .blocks import QuantMatrix
+
+# linear()'s choice by the rows of x (scripts/bench_quant_kernels.py --small, 2048x2048,
+# one thread): the fused dots win up to T = 2 (they re-read W's bytes per row of x, but
+# skip the f32 buffer), matmul_small up to T = 16 (Q4_0: 1.2 ms at T = 8, where the dots
+# take 1.8 and a tile + BLAS 1.7), a tile + BLAS beyond.
+MATVEC_T = 2
+SMALL_T = 16
+# matmul's default tile: this many f32 (4 MiB), so each BLAS call has enough columns of
+# the product to run at GEMM speed while the tile stays in the last-level cache.
+TILE_ELEMS = 1 << 20
+
+
+def _load_jit() -> tuple[ModuleType | None, str]:
+    if os.environ.get("FRINK_NO_NUMBA"):
+        return None, "numpy (FRINK_NO_NUMBA is set)"
+    try:
+        import numba
+
+        from . import jit
+    except ImportError as e:
+        if not (e.name or "").startswith(("numba", "llvmlite")):
+            raise
+        return None, "numpy (numba not installed)"
+    return jit, f"numba {numba.__version__}"
+
+
+_JIT, _WHY = _load_jit()
+
+
+def kernel_path() -> str:
+    """Which kernels run: "numba X.Y", or "numpy (why)"."""
+    if _JIT is None:
+        return _WHY if _WHY.startswith("numpy") else "numpy (numba disabled)"
+    return _WHY
+
+
+@contextmanager
+def threads(n: int | None) -> Iterator[None]:
+    """At most n of numba's threads for the kernels called in this thread inside the block
+    (None: leave the setting alone). Restored afterwards."""
+    if _JIT is None or n is None:
+        yield
+        return
+    import numba
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
+
+
+def _activations(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] != w.cols:
+        raise ValueError(f"x must be [T, {w.cols}]: got {list(x.shape)}")
+    return x
+
+
+def _result(out: np.ndarray | None, shape: tuple[int, int]) -> np.ndarray:
+    if out is None:
+        return np.empty(shape, np.float32)
+    if out.dtype != np.float32 or out.shape != shape or not out.flags.c_contiguous:
+        raise ValueError(
+            f"out must be C-contiguous float32 {list(shape)}: got {out.dtype} {list(out.shape)}"
+        )
+    return out
+
+
+def matvec(x: np.ndarray, w: QuantMatrix, out: np.ndarray | None = None) -> np.ndarray:
+    """x [T, cols] @ W.T by dots that unpack W's blocks in registers: W's bytes are read
+    once per row of x, so this is decode's kernel (T = 1)."""
+    x = _activations(x, w)
+    y = _result(out, (x.shape[0], w.rows))
+    if _JIT is None:
+        return _numpy_matmul(x, w, None, y)
+    if w.rows and x.shape[0]:
+        _JIT.matvec(int(w.qtype), w.data, x, y)
+    return y
+
+
+def matmul_small(x: np.ndarray, w: QuantMatrix, out: np.ndarray | None = None) -> np.ndarray:
+    """x [T, cols] @ W.T for a few rows of x (up to SMALL_T): each chunk of 16 rows of W is
+    dequantized once into a cache-resident buffer and dotted with every row of x."""
+    x = _activations(x, w)
+    y = _result(out, (x.shape[0], w.rows))
+    if _JIT is None:
+        return _numpy_matmul(x, w, None, y)
+    if w.rows and x.shape[0]:
+        _JIT.matmul_small(int(w.qtype), w.data, x, y)
+    return y
+
+
+def matmul(
+    x: np.ndarray, w: QuantMatrix, tile_rows: int | None = None, out: np.ndarray | None = None
+) -> np.ndarray:
+    """x [T, cols] @ W.T for many rows of x (prefill): tile_rows rows of W at a time are
+    dequantized into one reusable f32 buffer and multiplied by BLAS."""
+    x = _activations(x, w)
+    y = _result(out, (x.shape[0], w.rows))
+    return _numpy_matmul(x, w, tile_rows, y)
+
+
+def linear(x: np.ndarray, w: QuantMatrix, out: np.ndarray | None = None) -> np.ndarray:
+    """x @ W.T by the kernel that suits x's row count."""
+    t = np.shape(x)[0] if np.ndim(x) == 2 else 0
+    if t <= MATVEC_T:
+        return matvec(x, w, out)
+    if t <= SMALL_T:
+        return matmul_small(x, w, out)
+    return matmul(x, w, out=out)
+
+
+def _numpy_matmul(
+    x: np.ndarray, w: QuantMatrix, tile_rows: int | None, y: np.ndarray
+) -> np.ndarray:
+    if tile_rows is None:
+        tile_rows = max(16, TILE_ELEMS // w.cols)
+    if tile_rows < 1:
+        raise ValueError(f"tile_rows must be positive: {tile_rows}")
+    n = min(tile_rows, w.rows)
+    buf = np.empty((n, w.cols), np.float32)
+    prod = np.empty((n, x.shape[0]), np.float32)
+    for r0 in range(0, w.rows, n):
+        r1 = min(w.rows, r0 + n)
+        # One numba thread: its pool's idle workers spin-wait on the cores BLAS is about
+        # to use (a 2-thread 2048x2048 Q4_0 product at T = 8 took 27 ms, not 2).
+        with threads(1):
+            tile = dequantize_rows(w, r0, r1, out=buf[: r1 - r0])
+        # tile @ x.T into a contiguous buffer, then copied: for a few rows of x this runs
+        # 2-3x faster in OpenBLAS than x @ tile.T, and as fast for many; a strided out
+        # (a column slice of y) would take numpy's slow path.
+        np.matmul(tile, x.T, out=prod[: r1 - r0])
+        y[:, r0:r1] = prod[: r1 - r0].T
+    return y
+
+
+def dequantize_rows(
+    w: QuantMatrix, row_start: int = 0, row_stop: int | None = None, out: np.ndarray | None = None
+) -> np.ndarray:
+    """Rows [row_start, row_stop) of W as float32 [n, cols], equal to gguf-py's dequantize
+    of the same bytes, into out when given (a reusable tile buffer)."""
+    stop = w.rows if row_stop is None else row_stop
+    if not 0 <= row_start <= stop <= w.rows:
+        raise ValueError(f"rows [{row_start}, {stop}) of a {w.rows}-row matrix")
+    y = _result(out, (stop - row_start, w.cols))
+    if _JIT is None:
+        y[...] = _gguf_dequantize(w.data[row_start:stop], w.qtype).reshape(y.shape)
+    elif stop > row_start:
+        _JIT.dequantize(int(w.qtype), w.data, np.arange(row_start, stop), y)
+    return y
+
+
+def take_rows(w: QuantMatrix, index: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Rows W[index] as float32 [len(index), cols] (embedding lookup, an expert's rows)."""
+    idx = np.ascontiguousarray(index, dtype=np.int64).reshape(-1)
+    if idx.size and (idx.min() < 0 or idx.max() >= w.rows):
+        raise IndexError(f"row index out of range for a {w.rows}-row matrix")
+    y = _result(out, (idx.size, w.cols))
+    if _JIT is None:
+        y[...] = _gguf_dequantize(w.data[idx], w.qtype).reshape(y.shape)
+    elif idx.size:
+        _JIT.dequantize(int(w.qtype), w.data, idx, y)
+    return y
