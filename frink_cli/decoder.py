@@ -15,7 +15,7 @@ import numpy as np
 from .backends import Backend, HeadBackend, LaunchFailed, Refusal
 from .cache import KvCache, SeqBatch
 from .graph.body import HostBody
-from .graph.linear import ThreadChoice, blas_threads
+from .graph.linear import ThreadChoice, few_rows, sequences, step_threads
 from .model.config import ModelConfig
 from .model.weights import LayerStore, ModelWeights
 
@@ -62,7 +62,8 @@ class Decoder:
 
     def hidden(self, ids: np.ndarray, cache: KvCache) -> np.ndarray:
         """Run new tokens `ids` at the cache's next positions; the last layer's output."""
-        with blas_threads.limit(self.decode_threads.choose() if len(ids) == 1 else None):
+        n = self.decode_threads.choose() if len(ids) == 1 else None
+        with step_threads(n, few_rows([len(ids)])):
             # The residual stream (without the skip stream that rides beside it).
             return self._forward(ids, cache, None)[0][:, : self.cfg.n_embd]
 
@@ -137,7 +138,8 @@ class Decoder:
         choice = choices.get(key) or choices.setdefault(key, ThreadChoice.for_prefill())
         n = choice.choose()
         t0 = time.perf_counter()
-        with blas_threads.limit(n):
+        rows = cache.counts if isinstance(cache, SeqBatch) else [len(x)]
+        with step_threads(n, few_rows(rows)):
             x = self.host.layer(layer, x, positions, cache)
         choice.record(n, time.perf_counter() - t0)
         return x
@@ -152,7 +154,7 @@ class Decoder:
         # A whole decode step (layers and LM head) is what the thread choice is timed on.
         n = self.decode_threads.choose()
         t0 = time.perf_counter()
-        with blas_threads.limit(n):
+        with step_threads(n, few=True):
             out = self._step(ids, cache, all_logits)
         self.decode_threads.record(n, time.perf_counter() - t0)
         return out
@@ -177,10 +179,16 @@ class Decoder:
                 choice = self.batch_threads[len(steps)] = ThreadChoice(start_wide=True)
         n = choice.choose() if choice is not None else None
         t0 = time.perf_counter()
-        with blas_threads.limit(n):
-            x, is_logits = self._forward(ids, batch, "last")
+        # The host's linears multiply each sequence's rows as they would alone (graph.
+        # linear.product), so a sequence's logits do not depend on its batch.
+        with step_threads(n, few_rows(batch.counts)):
+            with sequences(batch.counts):
+                x, is_logits = self._forward(ids, batch, "last")
             # Only each sequence's last row needs the head: its input is cut to them.
-            out = x if is_logits else self.logits(x[batch.last_rows()])
+            if not is_logits:
+                with sequences([1] * len(steps)):
+                    x = self.logits(x[batch.last_rows()])
+            out = x
         if choice is not None and n is not None:
             choice.record(n, time.perf_counter() - t0)
         return out

@@ -302,3 +302,48 @@ def test_metal_smollm2_concurrent_greedy_is_alone(smollm2_path) -> None:
     assert together == alone
     assert not ledger.refusals and not ledger.failures
     assert ledger.total() == e.steps - steps
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3", "qwen3moe", "granitehybrid"])
+def test_batch_rows_equal_alone_bit_for_bit(name: str, tiny_model: Callable) -> None:
+    """A sequence's logits are the same floats whatever is stepped beside it: its prompt
+    chunk beside a longer chunk and decode rows, then its decode rows beside 1..6 others
+    (MoE experts included, whose row groups mix sequences). What a server relies on to
+    answer a request as it would answer it alone."""
+    from frink_cli.graph.linear import SMALL_ROWS
+    from frink_cli.quant.kernels import compiled
+
+    if not compiled():
+        pytest.skip("batch invariance needs the compiled kernels (numba)")
+    m = _model(tiny_model, name)
+    dec = m.decoder
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(0, m.n_vocab, 12)
+    steps = rng.integers(0, m.n_vocab, 10)
+    cache = dec.new_cache(64)
+    alone = [dec.step_batch([(prompt, cache)])[0]]
+    alone += [dec.step_batch([(steps[i : i + 1], cache)])[0] for i in range(len(steps))]
+
+    cache = dec.new_cache(64)
+    others = [dec.new_cache(64) for _ in range(6)]
+    for o in others[:2]:  # two sequences already decoding
+        dec.step_batch([(rng.integers(0, m.n_vocab, 5), o)])
+    long = rng.integers(0, m.n_vocab, SMALL_ROWS + 9)  # a prompt chunk BLAS multiplies
+    got = [
+        dec.step_batch(
+            [
+                (rng.integers(0, m.n_vocab, 1), others[0]),
+                (prompt, cache),
+                (long, others[2]),
+                (rng.integers(0, m.n_vocab, 1), others[1]),
+            ]
+        )[1]
+    ]
+    for i in range(len(steps)):
+        company = others[: 1 + i % len(others)]
+        feeds = [(rng.integers(0, m.n_vocab, 1), o) for o in company]
+        feeds.insert(i % (len(feeds) + 1), (steps[i : i + 1], cache))
+        pos = next(j for j, (_, c) in enumerate(feeds) if c is cache)
+        got.append(dec.step_batch(feeds)[pos])
+    for i, (a, b) in enumerate(zip(alone, got)):
+        assert np.array_equal(a, b), (i, float(np.abs(a - b).max()))

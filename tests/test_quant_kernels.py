@@ -76,7 +76,7 @@ def _close(got: np.ndarray, ref: np.ndarray) -> None:
 @pytest.fixture(params=["numba", "numpy"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param == "numba":
-        if kernels._JIT is None:
+        if kernels._jit() is None:
             pytest.skip(kernels.kernel_path())
     else:
         monkeypatch.setattr(kernels, "_JIT", None)
@@ -115,7 +115,7 @@ def test_products_equal_x_at_dequantized(qtype: T, path: str) -> None:
 def test_thread_count_changes_nothing() -> None:
     """Each output is one row's sum made by one thread, so 1 and 2 threads agree bit for
     bit (the decoder may change the count between steps)."""
-    if kernels._JIT is None:
+    if kernels._jit() is None:
         pytest.skip(kernels.kernel_path())
     rng = np.random.default_rng(7)
     for qtype in (T.Q4_0, T.Q4_K, T.Q6_K):
@@ -171,11 +171,11 @@ def test_kernel_path_names_what_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     import subprocess
     import sys
 
-    if kernels._JIT is not None:
+    if kernels._jit() is not None:
         assert kernels.kernel_path().startswith("numba ")
         # numba keys a cached kernel on its own file: simd.py's hash must be recorded in
         # jit.py, or a change to simd.py alone would run stale compiled kernels.
-        assert kernels._JIT._CACHE, "update _SIMD_SHA256 in frink_cli/quant/jit.py"
+        assert kernels._jit()._CACHE, "update _SIMD_SHA256 in frink_cli/quant/jit.py"
     monkeypatch.setattr(kernels, "_JIT", None)
     assert kernels.kernel_path().startswith("numpy (")
     code = "from frink_cli.quant import kernels; print(kernels.kernel_path())"

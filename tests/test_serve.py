@@ -79,9 +79,24 @@ def _chat(client, prompt: str, **kw):
     )
 
 
+# Fresh prompts (llama-server's cache_prompt: false) where a test compares answers bit for
+# bit: a prompt resumed from a slot's cache is fed in other chunks than a fresh one, the
+# same math in other float sums, so a near tie in a greedy answer could tip either way.
+FRESH = {"cache_prompt": False}
+
+
 def _tokens(client, prompt: str, max_tokens: int) -> list[int]:
-    r = _chat(client, prompt, max_tokens=max_tokens, extra_body={"return_tokens": True})
+    r = _chat(client, prompt, max_tokens=max_tokens, extra_body={"return_tokens": True, **FRESH})
     return r.choices[0].model_extra["tokens"]
+
+
+def test_cache_prompt_false_computes_the_prompt_afresh(server: Server) -> None:
+    c = _client(server)
+    prompt = "Tell me a short story about a lighthouse keeper."
+    _chat(c, prompt, max_tokens=4)
+    cached = _chat(c, prompt, max_tokens=4).usage.prompt_tokens_details.cached_tokens
+    fresh = _chat(c, prompt, max_tokens=4, extra_body=FRESH)
+    assert cached > 0 and fresh.usage.prompt_tokens_details.cached_tokens == 0
 
 
 def test_chat_whole_and_streamed(server: Server) -> None:
@@ -209,7 +224,7 @@ def test_client_sees_error_statuses(server: Server) -> None:
 def _stream_text(server: Server, prompt: str, max_tokens: int, out: dict, key: str) -> None:
     c = _client(server)
     text = []
-    for ch in _chat(c, prompt, max_tokens=max_tokens, stream=True):
+    for ch in _chat(c, prompt, max_tokens=max_tokens, stream=True, extra_body=FRESH):
         text.append(ch.choices[0].delta.content or "")
     out[key] = "".join(text)
 

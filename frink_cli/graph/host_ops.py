@@ -16,7 +16,7 @@ from ..model.weights import Linear, MoeWeights
 from .attention import attend
 from .ffn import ACTIVATIONS, glu, glu_
 from .gdn import causal_conv, delta_rule_chunked, delta_rule_steps, l2_normalize
-from .linear import linear
+from .linear import linear, product, row_sequences
 from .moe import route
 from .norms import layer_norm, rms_norm
 from .rope import Rope
@@ -152,9 +152,13 @@ class HostOps:
         # Rows grouped by expert: a prefill batch makes one matmul per expert it uses rather
         # than one per (row, expert); a decode row simply visits its top-k experts.
         out = np.zeros_like(x)
+        owner = _row_owner(x.shape[0])
         for e in np.unique(ids):
             rows, slot = np.nonzero(ids == e)
-            y = glu(x[rows] @ moe.gate_up_exps[e].T, act) @ moe.down_exps[e].T
+            # Each sequence's rows of this expert as it would multiply them alone (graph.
+            # linear.product): rows are ascending, so a sequence's are consecutive.
+            seq = None if owner is None else np.unique(owner[rows], return_counts=True)[1]
+            y = product(glu(product(x[rows], moe.gate_up_exps[e], seq), act), moe.down_exps[e], seq)
             # A row picks an expert at most once, so rows are distinct and += is safe.
             out[rows] += y * weights[rows, slot][:, None]
         return out
@@ -175,3 +179,11 @@ def _index(values: tuple[int, ...]) -> np.ndarray:
     a = np.asarray(values, dtype=np.intp)
     a.flags.writeable = False
     return a
+
+
+def _row_owner(n_rows: int) -> np.ndarray | None:
+    """Which sequence each of a batched step's rows belongs to (None: one sequence)."""
+    rows = row_sequences()
+    if rows is None or len(rows) == 1 or sum(rows) != n_rows:
+        return None
+    return np.repeat(np.arange(len(rows)), rows)

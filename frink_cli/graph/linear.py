@@ -1,38 +1,113 @@
 """Weight matmuls: x [T, in] -> x @ W.T + b over a (possibly fused) Linear, and how many
-BLAS threads they get.
+threads they get.
 
-A decode row is ~150 GEMVs per token, bound by reading f32 weights: one core streams them
-at ~18 GB/s here, two at ~37 GB/s, so when the machine is idle two BLAS threads make a
-SmolLM2 token ~20% faster. But OpenBLAS splits every call between its threads and waits
-for both; when another process holds the other core, each of those waits can last a
-scheduler slice, and a token went from ~50 ms to ~570 ms under load. Which one wins is
-a property of the moment, not of the model, so decode steps choose by timing themselves
-(ThreadChoice): they run on one thread, try all of BLAS's threads now and then, keep
-whichever was faster, and drop back at once when the wide setting turns slow. The thread
-count does not change results (OpenBLAS gives bit-identical GEMV/GEMM output for 1 or 2
-threads). Prefill batches are a few large GEMMs per layer, which scale with cores on an
-idle machine (SmolLM2 pp512: ~530 tok/s on two threads, ~320 on one) and lose to one
-thread under load (~210 vs ~320 with one busy process): a prefill starts wide and its
-layers, alike in cost, are the timed units. The setting is restored after every step,
-so a program embedding frink keeps its own.
+Which kernel: a sequence's few rows (up to SMALL_ROWS: a decode row, a short prompt) go
+through the compiled small-batch product (quant.kernels.matmul_f32, numba), a prompt's
+chunk through BLAS's GEMM. On SmolLM2's matrices, streamed from memory, the kernel reads
+f32 weights at ~21 GB/s on one core and ~28 on two where OpenBLAS's GEMV reads ~12 and
+~21 (its column-major GEMV ~18 on one), and 8 rows take it 0.5x OpenBLAS's GEMM time
+(which packs W first): a decode token ~1.3x faster, a server's batch of eight ~2x. Its
+sums run in one order for any row count, and a batched step multiplies each sequence's
+rows as it would alone (`product`, `sequences`), so a sequence's numbers never depend on
+what is stepped beside it: a server answers a request as it would answer it alone.
+Without numba everything is BLAS's (a row's sums then differ between GEMV and GEMM).
+
+Threads: when another process holds a core, a step split over two threads waits on it
+(a SmolLM2 token went from ~50 ms to ~570 ms under load), and on an idle machine two
+threads are faster. Which one wins is a property of the moment, not of the model, so
+steps choose by timing themselves (ThreadChoice): decode steps run on one thread, try two
+now and then, keep whichever was faster, and drop back at once when the wide setting
+turns slow; prefill layers, alike in cost, start wide and are the timed units. The thread
+count never changes a result (each output element is one thread's sum; OpenBLAS's output
+is bit-identical on 1 or 2 threads). The count goes to the pool doing the step's heavy
+work, the other pool gets one thread (`step_threads`: both spin-wait after a call and
+fight over the cores). The settings are restored after every step, so a program
+embedding frink keeps its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
 
 from ..model.weights import Linear
+from ..quant import kernels
+
+# Up to this many rows of a sequence go through the compiled small-batch product (quant.
+# kernels.matmul_f32), more through BLAS: a decode row, a server's batch of them, a short
+# prompt's rows (see the module note for the figures).
+SMALL_ROWS = kernels.SMALL_T
+
+# The row counts of the sequences whose rows one step carries, in row order (Decoder.
+# step_batch sets it; None: x is one sequence's rows).
+_sequences: ContextVar[tuple[int, ...] | None] = ContextVar("frink_sequences", default=None)
+
+
+@contextmanager
+def sequences(rows: Sequence[int]) -> Iterator[None]:
+    """The linears inside the block see x's rows as these sequences' rows, in order."""
+    token = _sequences.set(tuple(int(n) for n in rows))
+    try:
+        yield
+    finally:
+        _sequences.reset(token)
 
 
 def linear(x: np.ndarray, lin: Linear) -> np.ndarray:
-    y = x @ lin.w.T
+    y = product(x, lin.w)
     if lin.b is not None:
         y += lin.b
     return y
+
+
+def row_sequences() -> tuple[int, ...] | None:
+    """The sequences' row counts the current step carries (None outside a batched step)."""
+    return _sequences.get()
+
+
+def product(x: np.ndarray, w: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray:
+    """x @ w.T, each sequence's rows computed exactly as they would be alone.
+
+    `rows`: the row counts of the sequences x's rows belong to, in order (default: the
+    step's, when x has all its rows; else x is one sequence). A sequence with up to
+    SMALL_ROWS rows is multiplied by the compiled kernel, whose sums do not depend on
+    the rows beside them, so all such rows share one call (one pass over W for a whole
+    decode batch); a longer one (a prompt chunk) is one BLAS GEMM of its own rows, as it
+    would be alone. So a server's answer does not change with what else it is serving."""
+    if rows is None:
+        rows = _sequences.get()
+        if rows is None or sum(rows) != x.shape[0]:
+            rows = (x.shape[0],)
+    small = _small_kernel(w)
+    if small is None:  # no compiled kernels: BLAS for all (a row's sums may vary by batch)
+        return x @ w.T
+    if all(n <= SMALL_ROWS for n in rows):
+        return small(x, w)
+    if len(rows) == 1:
+        return x @ w.T
+    y = np.empty((x.shape[0], w.shape[0]), np.float32)
+    ends = np.cumsum(rows)
+    few = [np.arange(e - n, e) for n, e in zip(rows, ends) if n <= SMALL_ROWS]
+    if few:
+        idx = np.concatenate(few)
+        # One numba thread beside BLAS's: each pool spin-waits on the cores the other is
+        # about to use (see quant.kernels), and these rows are a sliver of the step's work.
+        with kernels.threads(1):
+            y[idx] = small(x[idx], w)
+    for n, e in zip(rows, ends):
+        if n > SMALL_ROWS:
+            np.matmul(x[e - n : e], w.T, out=y[e - n : e])
+    return y
+
+
+def _small_kernel(w: np.ndarray) -> Callable[[np.ndarray, np.ndarray], np.ndarray] | None:
+    if kernels.compiled() and w.dtype == np.float32 and w.flags.c_contiguous:
+        return kernels.matmul_f32
+    return None
 
 
 class BlasThreads:
@@ -76,6 +151,26 @@ class BlasThreads:
 
 
 blas_threads = BlasThreads()
+
+
+def few_rows(rows: Sequence[int]) -> bool:
+    """Whether every sequence of a step has few enough rows for the compiled product."""
+    return all(n <= SMALL_ROWS for n in rows)
+
+
+@contextmanager
+def step_threads(n: int | None, few: bool) -> Iterator[None]:
+    """n threads for a step's linears: the compiled kernels' (`few`: decode rows) or BLAS's
+    (prompt chunks), and one for the other pool. Both pools spin-wait on the cores after a
+    call, so two wide pools in one step fight: a SmolLM2 decode token with both at two
+    threads took 263 ms where either alone took 30 (quant.kernels). n None: BLAS's own."""
+    if few:
+        wide = n if n is not None else blas_threads.current()
+        with blas_threads.limit(1), kernels.threads(wide):
+            yield
+    else:
+        with blas_threads.limit(n), kernels.threads(1):
+            yield
 
 
 class ThreadChoice:

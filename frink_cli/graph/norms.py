@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 
@@ -14,12 +12,9 @@ def rms_norm(
     """Normalize over the last axis (rows of hidden states, or heads' rows for QK norm);
     into `out` when given (it may be x itself), else into a new array. weight None: no
     weight (a norm whose weight the caller applies in another shape)."""
-    if x.ndim == 2 and x.shape[0] == 1 and weight is not None:
-        # A decode row: one BLAS dot and one multiply; this norm runs twice a layer per token.
-        r = x[0]
-        scale = 1.0 / math.sqrt(float(np.dot(r, r)) / r.shape[0] + eps)
-        return np.multiply(x, weight * np.float32(scale), out=out)
-    # In place on the small [rows] vector: a decode row pays per NumPy call, not per byte.
+    # One code path for any row count: a row's norm must not depend on the rows beside it
+    # (a server's batch; einsum and the ops below reduce each row alone). In place on the
+    # small [rows] vector: a decode row pays per NumPy call, not per byte.
     ms = np.asarray(np.einsum("...i,...i->...", x, x))  # a 0-d array, not a scalar, for 1-D x
     ms *= np.float32(1.0 / x.shape[-1])
     ms += np.float32(eps)

@@ -1,16 +1,13 @@
 """Weights dequantized once at load into the layouts the host body multiplies with.
 
-Every matrix is [out, in] as GGUF stores it, held in the memory order its decode GEMV
-reads fastest (`gemv_order`): a decode token is bound by those GEMVs. Measured on the
-2-core x86 machine (OpenBLAS 0.3.31), a matrix with at least as many outputs as inputs
-(Q/K/V, gate/up, the LM head) multiplies about twice as fast held column-major (W.T is
-then a row-major [in, out] matrix: sgemv_n), and one with more inputs than outputs (the
-FFN's down projection) faster row-major (sgemv_t: one long dot product per output);
-prefill GEMMs run alike on either. The matrices one step reads together are fused at
-load: Q/K/V into one, gate/up into one, so a decode token makes one GEMV where it would
-make three. Each tensor is dequantized, checked against the shape the config implies, and
-released before the next, so load never holds two full copies. No per-token work may
-come back to this module.
+Every matrix is [out, in] as GGUF stores it, row-major: the host's decode kernel (graph/
+linear.py) reads each output's row as one stream, and prefill GEMMs run alike on either
+order. (Before that kernel, OpenBLAS's GEMV made column-major twice as fast for matrices
+with at least as many outputs as inputs; the kernel beats both.) The matrices one step
+reads together are fused at load: Q/K/V into one, gate/up into one, so a decode token
+makes one product where it would make three. Each tensor is dequantized, checked against
+the shape the config implies, and released before the next, so load never holds two full
+copies. No per-token work may come back to this module.
 
 The layers sit in a LayerStore, loaded from the checkpoint on first access. With an
 accelerated backend the host need not hold a layer the device holds whole (a Mac's 8B Q4
@@ -24,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -46,23 +43,15 @@ class Linear:
     sources: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        # The GEMV-friendly order (see the module note); a no-op for matrices built that way.
-        if self.w.ndim == 2:
-            if gemv_order(*self.w.shape) == "F":
-                if not self.w.flags.f_contiguous:
-                    self.w = np.asfortranarray(self.w)
-            elif not self.w.flags.c_contiguous:
-                self.w = np.ascontiguousarray(self.w)
+        # Row-major, which the decode kernel reads (see the module note); a no-op for
+        # matrices built that way.
+        if self.w.ndim == 2 and not self.w.flags.c_contiguous:
+            self.w = np.ascontiguousarray(self.w)
 
 
 # Rows dequantized per read when a matrix is filled a slice at a time (load_weights' fill):
 # small beside any real matrix, large enough that the reads stay few.
 _FILL_CHUNK_BYTES = 32 << 20
-
-
-def gemv_order(rows: int, cols: int) -> Literal["C", "F"]:
-    """Memory order of an [out=rows, in=cols] weight for `x @ W.T` (see the module note)."""
-    return "F" if rows >= cols else "C"
 
 
 @dataclass
@@ -333,7 +322,7 @@ def load_weights(
         """Rows of several tensors stacked into one matrix; biases zero-filled if partial."""
         # Filled part by part in its GEMV order: one copy of each part, no more.
         n_rows = sum(rows for _, rows in parts)
-        w = np.empty((n_rows, in_dim), np.float32, order=gemv_order(n_rows, in_dim))
+        w = np.empty((n_rows, in_dim), np.float32)
         bs, r0 = [], 0
         for name, rows in parts:
             fill(w[r0 : r0 + rows], name + ".weight")
@@ -350,13 +339,9 @@ def load_weights(
     total = cfg.n_layer + 2
 
     if cfg.tied_embeddings:
-        # One array serves both: the lookup gathers rows from the column-major head (a
-        # strided read of n_embd floats per token) rather than keep a second copy. Filled
-        # in its final order a slice at a time (no row-major copy beside it).
-        head = np.empty((cfg.n_vocab, d), np.float32, order=gemv_order(cfg.n_vocab, d))
-        fill(head, "token_embd.weight")
-        output = Linear(head, None, ("token_embd.weight",))
-        token_embd = output.w
+        # One array serves both: the lookup gathers its rows, the head multiplies them.
+        token_embd = get("token_embd.weight", (cfg.n_vocab, d))
+        output = Linear(token_embd, None, ("token_embd.weight",))
     else:
         token_embd = get("token_embd.weight", (cfg.n_vocab, d))
         output = fused([("output", cfg.n_vocab)], d, bias=False)

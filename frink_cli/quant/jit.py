@@ -722,42 +722,223 @@ def _deq_rows(qt, w, index, i0, i1, out, o):
         _deq_half(w, index, i0, i1, out, o, True)
 
 
+# -- f32 rows times a few rows of x: one summation order for any row count ---------------
+# Every product element x[t] . W[r] is made the same way: four 16-lane chains over columns
+# k mod 64 (sequential in k), the fourth-of-64 tail into the first chain, the chains added
+# as (0 + 1) + (2 + 3), summed across lanes, then the last cols % 16 columns one by one.
+# Three loop shapes make it, by the rows of x, each fastest where it is used (SmolLM2's
+# matrices, streamed from memory; GB/s of W on one core / two): one row of x, W read as
+# one sequential stream (~20-25 / 28-40, BLAS's GEMV ~12-18 / 21); 2-4 rows, each W row
+# dotted with four rows of x at once (~20 / 26); more, two W rows with two rows of x, so
+# each load feeds two FMAs (~8 / 11 at 8 rows, BLAS's GEMM ~3.5 / 6). As the sums are the
+# same in all three, a row's product does not depend on the rows beside it.
+
+
 @njit(cache=_CACHE)
-def _dots_f32(buf, n, x, out, r0):
-    """out[t, r0 + j] = buf[j] . x[t] for j < n. Four rows of buf at a time share each load
-    of x, over 1024 columns at a time so those rows stay in L1 while every row of x passes
-    (one call per chunk: a call per dot cost more than the dot)."""
-    cols = buf.shape[1]
+def _sum4(a0, a1, a2, a3):
+    return hsum(fadd(fadd(a0, a1), fadd(a2, a3)))
+
+
+@njit(cache=_CACHE)
+def _f32_one(w, b, n, x, out, o):
+    """out[0, o + j] = w[b + j] . x[0] for j < n (x has one row)."""
+    cols = w.shape[1]
+    c64 = cols - cols % 64
     c16 = cols - cols % 16
-    for j in range(0, n, 4):
-        m = min(4, n - j)
-        b0 = j * cols
-        b1 = (j + min(1, m - 1)) * cols  # rows past n repeat a real one; their sums are dropped
-        b2 = (j + min(2, m - 1)) * cols
-        b3 = (j + min(3, m - 1)) * cols
-        for t in range(x.shape[0]):
-            for q in range(m):
-                v = np.float32(0.0)
-                for k in range(c16, cols):
-                    v += buf[j + q, k] * x[t, k]
-                out[t, r0 + j + q] = v
-        for k0 in range(0, c16, 1024):
-            k1 = min(c16, k0 + 1024)
-            for t in range(x.shape[0]):
-                x0 = t * x.shape[1]
-                a0 = vzero()
-                a1 = vzero()
-                a2 = vzero()
-                a3 = vzero()
-                for k in range(k0, k1, 16):
-                    xv = vload(x, x0 + k)
-                    a0 = fmadd(vload(buf, b0 + k), xv, a0)
-                    a1 = fmadd(vload(buf, b1 + k), xv, a1)
-                    a2 = fmadd(vload(buf, b2 + k), xv, a2)
-                    a3 = fmadd(vload(buf, b3 + k), xv, a3)
-                s = (hsum(a0), hsum(a1), hsum(a2), hsum(a3))
-                for q in range(m):
-                    out[t, r0 + j + q] += s[q]
+    for j in range(n):
+        p = (b + j) * cols
+        a0 = vzero()
+        a1 = vzero()
+        a2 = vzero()
+        a3 = vzero()
+        for k in range(0, c64, 64):
+            a0 = fmadd(vload(w, p + k), vload(x, k), a0)
+            a1 = fmadd(vload(w, p + k + 16), vload(x, k + 16), a1)
+            a2 = fmadd(vload(w, p + k + 32), vload(x, k + 32), a2)
+            a3 = fmadd(vload(w, p + k + 48), vload(x, k + 48), a3)
+        for k in range(c64, c16, 16):
+            a0 = fmadd(vload(w, p + k), vload(x, k), a0)
+        s = _sum4(a0, a1, a2, a3)
+        for k in range(c16, cols):
+            s += w[b + j, k] * x[0, k]
+        out[0, o + j] = s
+
+
+@njit(cache=_CACHE)
+def _f32_four(w, b, n, x, out, o):
+    """out[t, o + j] = w[b + j] . x[t]: each row of w against four rows of x at a time
+    (rows past x's last repeat it; their sums are dropped)."""
+    cols = w.shape[1]
+    c64 = cols - cols % 64
+    c16 = cols - cols % 16
+    T = x.shape[0]
+    for j in range(n):
+        p = (b + j) * cols
+        for t in range(0, T, 4):
+            t1 = min(t + 1, T - 1)
+            t2 = min(t + 2, T - 1)
+            t3 = min(t + 3, T - 1)
+            x0 = t * cols
+            x1 = t1 * cols
+            x2 = t2 * cols
+            x3 = t3 * cols
+            a0 = vzero()
+            a1 = vzero()
+            a2 = vzero()
+            a3 = vzero()
+            b0 = vzero()
+            b1 = vzero()
+            b2 = vzero()
+            b3 = vzero()
+            c0 = vzero()
+            c1 = vzero()
+            c2 = vzero()
+            c3 = vzero()
+            d0 = vzero()
+            d1 = vzero()
+            d2 = vzero()
+            d3 = vzero()
+            for k in range(0, c64, 64):
+                u0 = vload(w, p + k)
+                u1 = vload(w, p + k + 16)
+                u2 = vload(w, p + k + 32)
+                u3 = vload(w, p + k + 48)
+                a0 = fmadd(u0, vload(x, x0 + k), a0)
+                a1 = fmadd(u1, vload(x, x0 + k + 16), a1)
+                a2 = fmadd(u2, vload(x, x0 + k + 32), a2)
+                a3 = fmadd(u3, vload(x, x0 + k + 48), a3)
+                b0 = fmadd(u0, vload(x, x1 + k), b0)
+                b1 = fmadd(u1, vload(x, x1 + k + 16), b1)
+                b2 = fmadd(u2, vload(x, x1 + k + 32), b2)
+                b3 = fmadd(u3, vload(x, x1 + k + 48), b3)
+                c0 = fmadd(u0, vload(x, x2 + k), c0)
+                c1 = fmadd(u1, vload(x, x2 + k + 16), c1)
+                c2 = fmadd(u2, vload(x, x2 + k + 32), c2)
+                c3 = fmadd(u3, vload(x, x2 + k + 48), c3)
+                d0 = fmadd(u0, vload(x, x3 + k), d0)
+                d1 = fmadd(u1, vload(x, x3 + k + 16), d1)
+                d2 = fmadd(u2, vload(x, x3 + k + 32), d2)
+                d3 = fmadd(u3, vload(x, x3 + k + 48), d3)
+            for k in range(c64, c16, 16):
+                u0 = vload(w, p + k)
+                a0 = fmadd(u0, vload(x, x0 + k), a0)
+                b0 = fmadd(u0, vload(x, x1 + k), b0)
+                c0 = fmadd(u0, vload(x, x2 + k), c0)
+                d0 = fmadd(u0, vload(x, x3 + k), d0)
+            sa = _sum4(a0, a1, a2, a3)
+            sb = _sum4(b0, b1, b2, b3)
+            sc = _sum4(c0, c1, c2, c3)
+            sd = _sum4(d0, d1, d2, d3)
+            for k in range(c16, cols):
+                sa += w[b + j, k] * x[t, k]
+                sb += w[b + j, k] * x[t1, k]
+                sc += w[b + j, k] * x[t2, k]
+                sd += w[b + j, k] * x[t3, k]
+            # Repeated rows are written first, the real ones last.
+            out[t3, o + j] = sd
+            out[t2, o + j] = sc
+            out[t1, o + j] = sb
+            out[t, o + j] = sa
+
+
+@njit(cache=_CACHE)
+def _f32_pairs(w, b, n, x, out, o):
+    """out[t, o + j] = w[b + j] . x[t]: two rows of w against two rows of x at a time, so
+    each load feeds two FMAs (rows past the last repeat it; their sums are dropped)."""
+    cols = w.shape[1]
+    c64 = cols - cols % 64
+    c16 = cols - cols % 16
+    T = x.shape[0]
+    for j in range(0, n, 2):
+        jb = min(j + 1, n - 1)
+        pa = (b + j) * cols
+        pb = (b + jb) * cols
+        for t in range(0, T, 2):
+            tb = min(t + 1, T - 1)
+            xa = t * cols
+            xb = tb * cols
+            a0 = vzero()
+            a1 = vzero()
+            a2 = vzero()
+            a3 = vzero()
+            b0 = vzero()
+            b1 = vzero()
+            b2 = vzero()
+            b3 = vzero()
+            c0 = vzero()
+            c1 = vzero()
+            c2 = vzero()
+            c3 = vzero()
+            d0 = vzero()
+            d1 = vzero()
+            d2 = vzero()
+            d3 = vzero()
+            for k in range(0, c64, 64):
+                u0 = vload(w, pa + k)
+                u1 = vload(w, pa + k + 16)
+                u2 = vload(w, pa + k + 32)
+                u3 = vload(w, pa + k + 48)
+                v0 = vload(w, pb + k)
+                v1 = vload(w, pb + k + 16)
+                v2 = vload(w, pb + k + 32)
+                v3 = vload(w, pb + k + 48)
+                y0 = vload(x, xa + k)
+                y1 = vload(x, xa + k + 16)
+                y2 = vload(x, xa + k + 32)
+                y3 = vload(x, xa + k + 48)
+                a0 = fmadd(u0, y0, a0)
+                a1 = fmadd(u1, y1, a1)
+                a2 = fmadd(u2, y2, a2)
+                a3 = fmadd(u3, y3, a3)
+                c0 = fmadd(v0, y0, c0)
+                c1 = fmadd(v1, y1, c1)
+                c2 = fmadd(v2, y2, c2)
+                c3 = fmadd(v3, y3, c3)
+                z0 = vload(x, xb + k)
+                z1 = vload(x, xb + k + 16)
+                z2 = vload(x, xb + k + 32)
+                z3 = vload(x, xb + k + 48)
+                b0 = fmadd(u0, z0, b0)
+                b1 = fmadd(u1, z1, b1)
+                b2 = fmadd(u2, z2, b2)
+                b3 = fmadd(u3, z3, b3)
+                d0 = fmadd(v0, z0, d0)
+                d1 = fmadd(v1, z1, d1)
+                d2 = fmadd(v2, z2, d2)
+                d3 = fmadd(v3, z3, d3)
+            for k in range(c64, c16, 16):
+                u0 = vload(w, pa + k)
+                v0 = vload(w, pb + k)
+                y0 = vload(x, xa + k)
+                z0 = vload(x, xb + k)
+                a0 = fmadd(u0, y0, a0)
+                c0 = fmadd(v0, y0, c0)
+                b0 = fmadd(u0, z0, b0)
+                d0 = fmadd(v0, z0, d0)
+            sa = _sum4(a0, a1, a2, a3)
+            sb = _sum4(b0, b1, b2, b3)
+            sc = _sum4(c0, c1, c2, c3)
+            sd = _sum4(d0, d1, d2, d3)
+            for k in range(c16, cols):
+                sa += w[b + j, k] * x[t, k]
+                sb += w[b + j, k] * x[tb, k]
+                sc += w[b + jb, k] * x[t, k]
+                sd += w[b + jb, k] * x[tb, k]
+            out[tb, o + jb] = sd
+            out[t, o + jb] = sc
+            out[tb, o + j] = sb
+            out[t, o + j] = sa
+
+
+@njit(cache=_CACHE)
+def _dots_f32(buf, b, n, x, out, o):
+    """out[t, o + j] = buf[b + j] . x[t] for j < n, in the one summation order above."""
+    if x.shape[0] == 1:
+        _f32_one(buf, b, n, x, out, o)
+    elif x.shape[0] <= 4:
+        _f32_four(buf, b, n, x, out, o)
+    else:
+        _f32_pairs(buf, b, n, x, out, o)
 
 
 @njit(cache=_CACHE)
@@ -800,7 +981,7 @@ def matmul_small(qt, w, x, out):
         r1 = min(rows, r0 + _CHUNK)
         buf = np.empty((_CHUNK, x.shape[1]), np.float32)
         _deq_rows(qt, w, every, r0, r1, buf, np.int64(0))
-        _dots_f32(buf, r1 - r0, x, out, r0)
+        _dots_f32(buf, np.int64(0), r1 - r0, x, out, r0)
 
 
 @njit(cache=_CACHE, parallel=True)
@@ -811,3 +992,13 @@ def dequantize(qt, w, index, out):
     for c in prange((n + _CHUNK - 1) // _CHUNK):
         i0 = np.int64(c) * _CHUNK
         _deq_rows(qt, w, index, i0, min(n, i0 + _CHUNK), out, i0)
+
+
+@njit(cache=_CACHE, parallel=True)
+def matmul_f32(w, x, out):
+    """out = x @ W.T for an f32 W [rows, cols] and a few rows of x, read straight from W:
+    the host's small-batch product (decode rows), the same sums for any row count of x."""
+    rows = w.shape[0]
+    for c in prange((rows + _CHUNK - 1) // _CHUNK):
+        r0 = np.int64(c) * _CHUNK
+        _dots_f32(w, r0, min(rows, r0 + _CHUNK) - r0, x, out, r0)

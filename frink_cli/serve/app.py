@@ -287,6 +287,7 @@ async def _generate(
         stop=gen.stop,
         emit=emit,
         ignore_eos=gen.ignore_eos,
+        cache_prompt=gen.cache_prompt,
     )
     try:
         engine.submit(job)

@@ -61,6 +61,10 @@ class Job:
     stop: tuple[str, ...]
     emit: Callable[[str, object], None]
     ignore_eos: bool = False  # generate past end-of-generation tokens (benchmarks)
+    # False: the prompt is computed afresh, not resumed from a slot's cached prefix. Reuse
+    # is exact math but not the same float sums (a resumed prompt's last rows are fed in
+    # other chunks than a fresh one's), so only a fresh prompt is reproducible bit for bit.
+    cache_prompt: bool = True
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -206,7 +210,7 @@ class Engine:
                 return
             self._waiting.popleft()
             slot = max(free, key=lambda s: (common_prefix(s.tokens, job.prompt), -s.last_used))
-            cached = self._reuse(slot, job.prompt)
+            cached = self._reuse(slot, job.prompt if job.cache_prompt else [])
             slot.job = _Running(
                 job=job,
                 slot=slot,
@@ -221,7 +225,7 @@ class Engine:
         """Rewind the slot's cache to the longest prefix of `prompt` it can resume from (at
         least one prompt id is left to feed: its logits pick the first token); how many."""
         cache = slot.cache
-        keep = min(common_prefix(slot.tokens, prompt), len(prompt) - 1)
+        keep = max(0, min(common_prefix(slot.tokens, prompt), len(prompt) - 1))
         try:
             if keep == cache.n_past:
                 pass
@@ -274,7 +278,11 @@ class Engine:
                 feeds.append((r, [r.next_id]))
         for r in sorted(running, key=lambda r: r.job.submitted):
             if r.next_id is None and r.pending and budget > 0:
-                take = r.pending[:budget]
+                # A whole chunk or none (the oldest prompt always gets one): a prompt is cut
+                # where it would be alone, so its rows, and its answer, are the same.
+                take = r.pending[: self.prefill_chunk]
+                if len(take) > budget and budget < self.prefill_chunk:
+                    continue
                 budget -= len(take)
                 feeds.append((r, take))
         if not feeds:

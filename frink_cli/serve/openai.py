@@ -67,6 +67,7 @@ class Generation:
     include_usage: bool
     return_tokens: bool  # frink's (and llama-server's) extra: the answer's token ids too
     ignore_eos: bool  # llama-server's extra: generate past end-of-generation tokens
+    cache_prompt: bool = True  # llama-server's extra: False computes the prompt afresh
 
 
 def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
@@ -149,8 +150,8 @@ def generation(body: dict, default_max_tokens: int | None = None) -> Generation:
     except FrinkError as e:  # the sampler's own checks, should a range above miss one
         raise ApiError(400, str(e)) from None
     flags = []
-    for name in ("return_tokens", "ignore_eos"):
-        value = body.get(name, False)
+    for name, default in (("return_tokens", False), ("ignore_eos", False), ("cache_prompt", True)):
+        value = body.get(name, default)
         if not isinstance(value, bool):
             raise bad(name, "must be true or false")
         flags.append(value)
