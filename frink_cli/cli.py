@@ -400,6 +400,10 @@ def _print_info(d: dict[str, Any]) -> None:
             f"{t['model']}, {t['n_vocab']} tokens, bos {t['bos_id']}, eos {t['eos_id']}",
         )
     line("chat template", "yes" if d["chat_template"] else "no")
+    host = d["host"]
+    line("host kernels", host["kernels"])
+    for dtype, how in host["tensor_formats"].items():
+        p(f"  {dtype:<6} -> {how}\n")
     if be != "numpy":
         taken = d["backend"]["layers_taken"]
         rest = "(prefill and decode; the host body runs the rest)"

@@ -9,6 +9,7 @@ loads weights or touches a device.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,23 @@ def tensor_formats(backend: str, types: Any) -> dict[str, str]:
     return {}
 
 
+def host_formats(fmt: str, types: Any) -> dict[str, str]:
+    """Per tensor type, how the host body holds it (model/weights.py's rule, named here)."""
+    from .quant import kernels
+    from .quant.blocks import KERNEL_TYPES
+
+    blocks = fmt == "gguf" and kernels.compiled() and not os.environ.get("FRINK_F32_WEIGHTS")
+    names = {t.name for t in KERNEL_TYPES}
+    return {
+        t: "the file's blocks"
+        if blocks and t in names
+        else "f32"
+        if t == "F32"
+        else "f32 (at load)"
+        for t in sorted(types)
+    }
+
+
 def positions(cfg: Any) -> str:
     """How the model knows where a token is, in words: ALiBi, rope with its scaling, or
     nothing at all (no attention layer: a recurrent model reads order from its state)."""
@@ -94,6 +112,7 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
     "auto" reports the host body."""
     from .backends import check_backend_name, layer_support
     from .model import config_from_checkpoint
+    from .quant.kernels import kernel_path
     from .tokenizer import load_tokenizer
 
     check_backend_name(backend)
@@ -198,6 +217,10 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
         },
         "chat_template": tok is not None and tok.chat_template is not None,
         "layers": layers,
+        "host": {
+            "kernels": kernel_path(),
+            "tensor_formats": host_formats(ckpt.format, facts.tensor_types),
+        },
         "backend": {
             "name": backend_label,
             "layers_taken": sum(r is None for r in support),

@@ -129,19 +129,27 @@ def test_metal_real_model_holds_no_host_layers(smollm2_path):
 
 
 @pytest.mark.real
-def test_metal_run_peak_memory_below_host_only():
-    # Measured on the 2-core Linux box (MLX CPU device): host-only ~708 MiB, metal ~467
-    # (before the layer store metal peaked at ~866: every layer's f32 copy beside MLX's).
-    # The bound leaves room for the device's own choices: holding the tied 49k-row head
-    # as f32 instead of Q4 blocks alone adds ~110 MiB to the metal run.
+def test_metal_run_peak_memory_below_host_only(monkeypatch):
+    # Measured on the 2-core Linux box (MLX CPU device), SmolLM2 Q4_1: host-only with f32
+    # weights (FRINK_F32_WEIGHTS, the layout before the host kept blocks) ~710 MiB, metal
+    # ~470 (before the layer store metal peaked at ~866: every layer's f32 copy beside
+    # MLX's), host-only in the file's blocks ~300. The bound leaves room for the device's
+    # own choices: holding the tied 49k-row head as f32 instead of Q4 blocks alone adds
+    # ~110 MiB to the metal run.
     _metal_or_skip()
     peaks = {}
-    for backend in ("numpy", "metal"):
+    for backend, f32 in (("numpy", True), ("numpy", False), ("metal", False)):
+        if f32:
+            monkeypatch.setenv("FRINK_F32_WEIGHTS", "1")
+        else:
+            monkeypatch.delenv("FRINK_F32_WEIGHTS", raising=False)
         r = frink("run", "smollm2-135m", "--backend", backend, "-n", "4", "--json", "-p", "Hi")
         assert r.returncode == 0, r.describe()
         assert json.loads(r.stdout)["backend"] == backend
         # frink's own figure (VmHWM), not the harness's wait4 ru_maxrss: Linux carries the
         # RSS of the forked pytest process into the child's ru_maxrss across exec, so after
         # an in-process test loaded a big model both runs would read the same number.
-        peaks[backend] = json.loads(r.stdout)["peak_memory_mib"]
-    assert peaks["metal"] <= peaks["numpy"] - 100, peaks
+        peaks[backend + (" f32" if f32 else "")] = json.loads(r.stdout)["peak_memory_mib"]
+    # No host f32 copy of the layers the device holds; the host's blocks far below f32.
+    assert peaks["metal"] <= peaks["numpy f32"] - 100, peaks
+    assert peaks["numpy"] <= peaks["numpy f32"] - 300, peaks

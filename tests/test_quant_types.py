@@ -51,6 +51,8 @@ from script_loader import load_script
 
 import frink_cli
 from frink_cli.formats import open_checkpoint
+from frink_cli.quant import kernels
+from frink_cli.quant.blocks import KERNEL_TYPES
 
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402 - after importorskip
@@ -393,3 +395,40 @@ def test_info_names_the_type_and_how_metal_holds_it(qtype: str, quant_file: Call
         assert how.startswith("f32 (dequantized at load"), how
     cuda = describe(q.path, "cuda")["backend"]["tensor_formats"][qtype]
     assert "at load" in cuda, cuda
+
+
+@pytest.mark.parametrize("qtype", [t.name for t in KERNEL_TYPES])
+def test_host_keeps_the_files_blocks_and_batches_invariantly(
+    qtype: str, quant_file: Callable
+) -> None:
+    """Every type with host kernels stays in the file's blocks on the host (about the
+    file's bytes, no f32 copy), and in the server's batch-invariant mode a sequence's
+    logits in a batch are its alone logits bit for bit: decode rows beside others, and its
+    prompt beside a chunk long enough for the tiled GEMM."""
+    from frink_cli.graph.linear import SMALL_ROWS, batch_invariant
+    from frink_cli.quant.blocks import QuantRows
+
+    if not kernels.compiled():
+        pytest.skip("the host keeps blocks only with the compiled kernels (numba)")
+    q = quant_file(qtype)
+    m = frink_cli.load(q.path, backend="numpy")
+    dec = m.decoder
+    lins = [lin for lw in dec.host.w.layers for lin in (lw.qkv, lw.wo, lw.gate_up, lw.down)]
+    assert all(isinstance(lin.w, QuantRows) for lin in lins), qtype
+    held = sum(lin.w.nbytes for lin in lins)  # type: ignore[union-attr]
+    assert held <= q.path.stat().st_size
+    rng = np.random.default_rng(1)
+    prompt, steps = rng.integers(0, m.n_vocab, 9), rng.integers(0, m.n_vocab, 4)
+    with batch_invariant():
+        cache = dec.new_cache(64)
+        alone = [dec.step_batch([(prompt, cache)])[0]]
+        alone += [dec.step_batch([(steps[i : i + 1], cache)])[0] for i in range(4)]
+        cache, a, b = dec.new_cache(64), dec.new_cache(64), dec.new_cache(64)
+        dec.step_batch([(rng.integers(0, m.n_vocab, 3), a)])
+        long = rng.integers(0, m.n_vocab, SMALL_ROWS + 5)
+        got = [dec.step_batch([(rng.integers(0, m.n_vocab, 1), a), (prompt, cache), (long, b)])[1]]
+        for i in range(4):
+            feeds = [(rng.integers(0, m.n_vocab, 1), a), (steps[i : i + 1], cache)]
+            got.append(dec.step_batch(feeds[:: 1 - 2 * (i % 2)])[1 - i % 2])
+    for i, (x, y) in enumerate(zip(alone, got)):
+        assert np.array_equal(x, y), (qtype, i, float(np.abs(x - y).max()))

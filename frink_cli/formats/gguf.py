@@ -299,6 +299,13 @@ class GgufTensors:
         self._still_there(offset + n_bytes)
         return qtype, shape, np.frombuffer(self._buf, dtype=np.uint8, count=n_bytes, offset=offset)
 
+    def blocks(self, name: str) -> tuple[GGMLQuantizationType, tuple[int, ...], np.ndarray]:
+        """The stored bytes, read into memory of their own (uint8, flat): the host keeps
+        weights in their blocks this way, and a file truncated under the run is an error
+        here rather than a SIGBUS when a kernel reads the map."""
+        qtype, shape, offset, n_bytes = self._entry(name)
+        return qtype, shape, self._pread(name, offset, n_bytes)
+
     def load(self, name: str) -> np.ndarray:
         qtype, shape, offset, n_bytes = self._entry(name)
         return self._dequantize(name, qtype, self._pread(name, offset, n_bytes), shape)

@@ -13,7 +13,7 @@ import platform
 import numpy as np
 
 from ..model.config import ModelConfig
-from ..model.weights import ModelWeights
+from ..model.weights import ModelWeights, embedding_rows
 from .host_ops import HOST_OPS
 from .layer import embed_norm, embed_skip, lm_head, scale_embeddings
 from .layer import layer as compose_layer
@@ -85,7 +85,7 @@ class HostBody:
         return self._ropes[long]
 
     def embed(self, ids: np.ndarray) -> np.ndarray:
-        x = self.w.token_embd[ids]  # fancy indexing copies: the residual stream is ours
+        x = embedding_rows(self.w.token_embd, ids)  # a copy: the residual stream is ours
         x = embed_norm(HOST_OPS, self.cfg, self.w.token_embd_norm, self.w.token_embd_norm_b, x)
         x = scale_embeddings(HOST_OPS, self.cfg, x)
         return embed_skip(HOST_OPS, self.cfg, self.w.token_embd_norm, x)

@@ -36,6 +36,7 @@ import numpy as np
 
 from ..model.weights import Linear
 from ..quant import kernels
+from ..quant.blocks import QuantRows
 
 # Up to this many rows of a sequence go through the compiled small-batch product (quant.
 # kernels.matmul_f32), more through BLAS: a decode row, a server's batch of them, a short
@@ -45,6 +46,23 @@ SMALL_ROWS = kernels.SMALL_T
 # The row counts of the sequences whose rows one step carries, in row order (Decoder.
 # step_batch sets it; None: x is one sequence's rows).
 _sequences: ContextVar[tuple[int, ...] | None] = ContextVar("frink_sequences", default=None)
+
+
+# Whether the calling thread must compute each row as it would in any batch (a server's
+# engine). Only weights in blocks care: their fastest one-row kernel (the fused dots of
+# quant.kernels.matvec, ~2.5x matmul_small's speed at one row) sums in another order than
+# the few-rows kernel, so a server multiplies every few rows by matmul_small, one included.
+_batch_invariant: ContextVar[bool] = ContextVar("frink_batch_invariant", default=False)
+
+
+@contextmanager
+def batch_invariant() -> Iterator[None]:
+    """Inside the block (in this thread) a row's product never depends on its batch."""
+    token = _batch_invariant.set(True)
+    try:
+        yield
+    finally:
+        _batch_invariant.reset(token)
 
 
 @contextmanager
@@ -69,26 +87,28 @@ def row_sequences() -> tuple[int, ...] | None:
     return _sequences.get()
 
 
-def product(x: np.ndarray, w: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray:
-    """x @ w.T, each sequence's rows computed exactly as they would be alone.
+def product(
+    x: np.ndarray, w: np.ndarray | QuantRows, rows: Sequence[int] | None = None
+) -> np.ndarray:
+    """x @ w.T (w f32 [out, in] or in the file's blocks), each sequence's rows computed
+    exactly as they would be alone.
 
     `rows`: the row counts of the sequences x's rows belong to, in order (default: the
     step's, when x has all its rows; else x is one sequence). A sequence with up to
     SMALL_ROWS rows is multiplied by the compiled kernel, whose sums do not depend on
     the rows beside them, so all such rows share one call (one pass over W for a whole
-    decode batch); a longer one (a prompt chunk) is one BLAS GEMM of its own rows, as it
-    would be alone. So a server's answer does not change with what else it is serving."""
+    decode batch); a longer one (a prompt chunk) is one BLAS GEMM of its own rows (over
+    tiles of W dequantized, for blocks), as it would be alone. So a server's answer does
+    not change with what else it is serving."""
     if rows is None:
         rows = _sequences.get()
         if rows is None or sum(rows) != x.shape[0]:
             rows = (x.shape[0],)
-    small = _small_kernel(w)
-    if small is None:  # no compiled kernels: BLAS for all (a row's sums may vary by batch)
-        return x @ w.T
+    few_kernel, many_kernel = _kernels(w)
     if all(n <= SMALL_ROWS for n in rows):
-        return small(x, w)
+        return few_kernel(x, w)
     if len(rows) == 1:
-        return x @ w.T
+        return many_kernel(x, w)
     y = np.empty((x.shape[0], w.shape[0]), np.float32)
     ends = np.cumsum(rows)
     few = [np.arange(e - n, e) for n, e in zip(rows, ends) if n <= SMALL_ROWS]
@@ -97,17 +117,50 @@ def product(x: np.ndarray, w: np.ndarray, rows: Sequence[int] | None = None) -> 
         # One numba thread beside BLAS's: each pool spin-waits on the cores the other is
         # about to use (see quant.kernels), and these rows are a sliver of the step's work.
         with kernels.threads(1):
-            y[idx] = small(x[idx], w)
+            y[idx] = few_kernel(x[idx], w)
     for n, e in zip(rows, ends):
         if n > SMALL_ROWS:
-            np.matmul(x[e - n : e], w.T, out=y[e - n : e])
+            y[e - n : e] = many_kernel(x[e - n : e], w)
     return y
 
 
-def _small_kernel(w: np.ndarray) -> Callable[[np.ndarray, np.ndarray], np.ndarray] | None:
+Kernel = Callable[[np.ndarray, Any], np.ndarray]
+
+
+def _kernels(w: np.ndarray | QuantRows) -> tuple[Kernel, Kernel]:
+    """(few rows' kernel, many rows' kernel) for w."""
+    if isinstance(w, QuantRows):
+        return _blocks_few, _blocks_many
     if kernels.compiled() and w.dtype == np.float32 and w.flags.c_contiguous:
-        return kernels.matmul_f32
-    return None
+        return kernels.matmul_f32, _blas
+    # No compiled kernels: BLAS for all (a row's sums then differ between GEMV and GEMM).
+    return _blas, _blas
+
+
+def _blas(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    return x @ w.T
+
+
+def _blocks_few(x: np.ndarray, w: QuantRows) -> np.ndarray:
+    # One row: the fused dots (the fastest), unless this thread is batch-invariant. Else
+    # matmul_small: each chunk of W's rows dequantized into a cache-resident buffer, then
+    # dotted in the same order as matmul_f32 for any row count.
+    if x.shape[0] == 1 and not _batch_invariant.get():
+        return _by_part(x, w, kernels.matvec)
+    return _by_part(x, w, kernels.matmul_small)
+
+
+def _blocks_many(x: np.ndarray, w: QuantRows) -> np.ndarray:
+    return _by_part(x, w, kernels.matmul)
+
+
+def _by_part(x: np.ndarray, w: QuantRows, kernel: Callable[..., np.ndarray]) -> np.ndarray:
+    if len(w.parts) == 1:
+        return kernel(x, w.parts[0])
+    y = np.empty((x.shape[0], w.shape[0]), np.float32)
+    for p, r0 in zip(w.parts, w.offsets()):
+        y[:, r0 : r0 + p.rows] = kernel(x, p)
+    return y
 
 
 class BlasThreads:

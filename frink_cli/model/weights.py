@@ -19,6 +19,7 @@ the host body runs is still dequantized at load.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
@@ -27,15 +28,18 @@ import numpy as np
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
+from ..quant import kernels
+from ..quant.blocks import KERNEL_TYPES, QuantRows
 from .config import ModelConfig
 
 
 @dataclass
 class Linear:
     """A weight matrix [out, in] (the rows of several source tensors when fused) and its
-    bias (zero-filled where only some of the fused tensors have one)."""
+    bias (zero-filled where only some of the fused tensors have one). The matrix is f32, or
+    the file's own blocks (QuantRows) where the host has kernels for its types."""
 
-    w: np.ndarray
+    w: np.ndarray | QuantRows
     b: np.ndarray | None
     # The file's tensors whose rows these are, in order ("blk.0.attn_q.weight", ...): a
     # backend that keeps the file's own quantized blocks reads them from here. Empty when
@@ -45,9 +49,43 @@ class Linear:
     def __post_init__(self) -> None:
         # Row-major, which the decode kernel reads (see the module note); a no-op for
         # matrices built that way.
-        if self.w.ndim == 2 and not self.w.flags.c_contiguous:
+        if isinstance(self.w, np.ndarray) and self.w.ndim == 2 and not self.w.flags.c_contiguous:
             self.w = np.ascontiguousarray(self.w)
 
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.w.shape)
+
+    def dense(self) -> np.ndarray:
+        """The matrix as f32 (a backend's upload; the host body multiplies w as it is)."""
+        return dequantized(self.w)
+
+
+def dequantized(w: np.ndarray | QuantRows) -> np.ndarray:
+    """An f32 copy of a matrix held in blocks; an f32 array as it is."""
+    if isinstance(w, np.ndarray):
+        return w
+    return np.concatenate([kernels.dequantize_rows(p) for p in w.parts])
+
+
+def embedding_rows(table: np.ndarray | QuantRows, ids: np.ndarray) -> np.ndarray:
+    """table[ids] as a new f32 array: a table in blocks is dequantized on lookup, row by row
+    (Gemma 3's 262k-row embedding stays ~170 MiB in Q4_K, where f32 is 670)."""
+    if isinstance(table, np.ndarray):
+        return table[ids]  # fancy indexing copies
+    idx = np.asarray(ids, dtype=np.int64).reshape(-1)
+    out = np.empty((idx.size, table.shape[1]), np.float32)
+    for p, r0 in zip(table.parts, table.offsets()):
+        mine = (idx >= r0) & (idx < r0 + p.rows)
+        if mine.any():
+            out[mine] = kernels.take_rows(p, idx[mine] - r0)
+    return out
+
+
+# The type names the host keeps in blocks; FRINK_F32_WEIGHTS=1 dequantizes every weight at
+# load instead (the layout before the kernels, for comparisons).
+_KERNEL_TYPE_NAMES = frozenset(t.name for t in KERNEL_TYPES)
+_F32_WEIGHTS = bool(os.environ.get("FRINK_F32_WEIGHTS"))
 
 # Rows dequantized per read when a matrix is filled a slice at a time (load_weights' fill):
 # small beside any real matrix, large enough that the reads stay few.
@@ -256,7 +294,7 @@ def borrow_layer(layers: Sequence[LayerWeights], i: int) -> LayerWeights:
 
 @dataclass
 class ModelWeights:
-    token_embd: np.ndarray  # [n_vocab, n_embd]
+    token_embd: np.ndarray | QuantRows  # [n_vocab, n_embd]: f32, or the file's blocks
     output_norm: np.ndarray  # [n_embd]
     output: Linear  # [n_vocab, n_embd]; shares token_embd's array when tied
     rope_freqs: np.ndarray | None  # [rope_dim / 2] frequency divisors, or None
@@ -284,6 +322,10 @@ def load_weights(
     as they load, until the caller clears `layers.on_load`)."""
     names = set(ckpt.tensors.names())
     read: set[str] = set()
+    # Weights stay in the file's blocks where the host multiplies them as they are: a GGUF
+    # file (its blocks readable) and the compiled kernels (without them, every step would
+    # dequantize each matrix again; f32 at load is faster then).
+    host_blocks = hasattr(ckpt.tensors, "blocks") and kernels.compiled() and not _F32_WEIGHTS
 
     def check(name: str, shape: tuple[int, ...]) -> None:
         read.add(name)
@@ -318,16 +360,34 @@ def load_weights(
             return None
         return get(name, shape)
 
+    def in_blocks(parts: list[tuple[str, int]], in_dim: int) -> QuantRows | None:
+        """The tensors' rows stacked as the file's own blocks, when the host has compiled
+        kernels for every one's type (None: dequantize them to f32 at load)."""
+        if not host_blocks:
+            return None
+        tensors = [name + ".weight" for name, _ in parts]
+        if not all(t in names for t in tensors):
+            return None  # fill() names the missing one
+        if any(ckpt.tensors.info(t).dtype not in _KERNEL_TYPE_NAMES for t in tensors):
+            return None
+        runs = []
+        for name, rows in parts:
+            check(name + ".weight", (rows, in_dim))
+            qtype, _, data = ckpt.tensors.blocks(name + ".weight")  # type: ignore[attr-defined]
+            runs.append((qtype, rows, data))
+        return QuantRows.joined(runs, in_dim)
+
     def fused(parts: list[tuple[str, int]], in_dim: int, bias: bool = True) -> Linear:
         """Rows of several tensors stacked into one matrix; biases zero-filled if partial."""
-        # Filled part by part in its GEMV order: one copy of each part, no more.
-        n_rows = sum(rows for _, rows in parts)
-        w = np.empty((n_rows, in_dim), np.float32)
-        bs, r0 = [], 0
-        for name, rows in parts:
-            fill(w[r0 : r0 + rows], name + ".weight")
-            r0 += rows
-            bs.append(optional(name + ".bias", (rows,)) if bias else None)
+        w: np.ndarray | QuantRows | None = in_blocks(parts, in_dim)
+        if w is None:
+            # Filled part by part: one copy of each part, no more.
+            w = np.empty((sum(rows for _, rows in parts), in_dim), np.float32)
+            r0 = 0
+            for name, rows in parts:
+                fill(w[r0 : r0 + rows], name + ".weight")
+                r0 += rows
+        bs = [optional(name + ".bias", (rows,)) if bias else None for name, rows in parts]
         b = None
         if any(x is not None for x in bs):
             b = np.concatenate(
@@ -339,11 +399,13 @@ def load_weights(
     total = cfg.n_layer + 2
 
     if cfg.tied_embeddings:
-        # One array serves both: the lookup gathers its rows, the head multiplies them.
-        token_embd = get("token_embd.weight", (cfg.n_vocab, d))
-        output = Linear(token_embd, None, ("token_embd.weight",))
+        # One matrix serves both: the lookup gathers its rows, the head multiplies them.
+        output = fused([("token_embd", cfg.n_vocab)], d, bias=False)
+        token_embd = output.w
     else:
-        token_embd = get("token_embd.weight", (cfg.n_vocab, d))
+        token_embd = in_blocks([("token_embd", cfg.n_vocab)], d)
+        if token_embd is None:
+            token_embd = get("token_embd.weight", (cfg.n_vocab, d))
         output = fused([("output", cfg.n_vocab)], d, bias=False)
     rope_freqs = optional("rope_freqs.weight", (cfg.rope_dim // 2,))
     longrope = cfg.rope_scaling is not None and cfg.rope_scaling.kind == "longrope"

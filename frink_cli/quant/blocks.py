@@ -9,6 +9,7 @@ it is the one frink's reader already uses to find the bytes.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,3 +107,46 @@ class QuantMatrix:
         if not 0 <= start <= stop <= self.rows:
             raise ValueError(f"rows [{start}, {stop}) of a {self.rows}-row matrix")
         return QuantMatrix(self.data[start:stop], self.qtype, stop - start, self.cols)
+
+
+@dataclass(frozen=True)
+class QuantRows:
+    """A weight [rows, cols] held in the file's blocks as runs of consecutive rows, each run
+    one type: a fused matrix whose source tensors differ in type (a Q4_K_M file's Q4_K
+    q/k beside a Q6_K v) keeps each in its own. Neighbouring tensors of one type share a
+    run, so a fused Q/K/V of one type is one matrix to its kernels."""
+
+    parts: tuple[QuantMatrix, ...]
+
+    def __post_init__(self) -> None:
+        if not self.parts or len({p.cols for p in self.parts}) != 1:
+            raise ValueError("QuantRows needs one or more parts of one column count")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(p.rows for p in self.parts), self.parts[0].cols)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def offsets(self) -> list[int]:
+        """Each part's first row."""
+        out, r = [], 0
+        for p in self.parts:
+            out.append(r)
+            r += p.rows
+        return out
+
+    @classmethod
+    def joined(
+        cls, runs: list[tuple[GGMLQuantizationType, int, np.ndarray]], cols: int
+    ) -> QuantRows:
+        """From (type, rows, bytes) runs in row order, neighbours of one type merged."""
+        parts = []
+        for qtype, group in itertools.groupby(runs, key=lambda r: r[0]):
+            g = list(group)
+            rows = sum(n for _, n, _ in g)
+            data = g[0][2] if len(g) == 1 else np.concatenate([d.reshape(-1) for _, _, d in g])
+            parts.append(QuantMatrix.from_buffer(data, qtype, rows, cols))
+        return cls(tuple(parts))

@@ -31,6 +31,7 @@ import numpy as np
 from ..cache import CacheSnapshot, KvCache
 from ..decoder import Decoder
 from ..errors import FrinkError
+from ..graph.linear import batch_invariant
 from ..sampling import Sampler, SamplingParams
 from ..tokenizer import Tokenizer
 from .stops import StopText
@@ -169,7 +170,10 @@ class Engine:
     def run(self) -> None:
         """Step until stop(); every job still known then ends with an error event."""
         try:
-            self._loop()
+            # A request's answer must not depend on what else is being served (graph/
+            # linear.py: every few rows by the one kernel whose sums ignore the batch).
+            with batch_invariant():
+                self._loop()
         finally:
             self.decoder.end_thread()
 

@@ -40,7 +40,7 @@ class DeviceLinear:
 
 def _device_linear(ops: Any, lin: Linear, dtype: Any) -> DeviceLinear:
     return DeviceLinear(
-        ops.to_device(lin.w, dtype), None if lin.b is None else ops.to_device(lin.b)
+        ops.to_device(lin.dense(), dtype), None if lin.b is None else ops.to_device(lin.b)
     )
 
 

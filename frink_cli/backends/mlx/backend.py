@@ -28,7 +28,8 @@ from ...graph.layer import BatchSlot, SeqRows, lm_head
 from ...graph.layer import layer as compose_layer
 from ...graph.rope import rope_factors, rope_frequencies
 from ...model.config import ModelConfig
-from ...model.weights import LayerWeights, MoeWeights, map_layer
+from ...model.weights import LayerWeights, MoeWeights, dequantized, map_layer
+from ...quant.blocks import QuantRows
 from .. import Run
 from ..base import DeviceBackend
 from . import graph
@@ -183,7 +184,7 @@ class MlxBackend(DeviceBackend):
         return kind
 
     def _linear(
-        self, names: list[str], dense: np.ndarray, bias: np.ndarray | None
+        self, names: list[str], host: np.ndarray | QuantRows, bias: np.ndarray | None
     ) -> graph.DeviceLinear:
         """Device copy of a (fused) host Linear; quantized when every source tensor maps.
         Sources of different types (a Q4_K_M file's Q4_K q/k beside a Q6_K v) become parts,
@@ -197,6 +198,7 @@ class MlxBackend(DeviceBackend):
             and set(names) <= self._source_names()
             and len({src.info(n).dtype for n in names}) > 1
         ):
+            dense = dequantized(host)
             parts, o = [], 0
             for _, run in itertools.groupby(names, key=lambda n: src.info(n).dtype):
                 group = list(run)
@@ -211,6 +213,7 @@ class MlxBackend(DeviceBackend):
                 *self._resident(q), q.bits, b, sources=tuple(names), mode=q.mode
             )
         kind = self._dense_kind(names)  # None: no single source tensor to map
+        dense = dequantized(host)  # the host's f32, or its blocks dequantized
         if kind == "F16":
             w = mx.array(dense.astype(np.float16))
         elif kind == "BF16":
