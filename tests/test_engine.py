@@ -347,3 +347,19 @@ def test_batch_rows_equal_alone_bit_for_bit(name: str, tiny_model: Callable) -> 
         got.append(dec.step_batch(feeds)[pos])
     for i, (a, b) in enumerate(zip(alone, got)):
         assert np.array_equal(a, b), (i, float(np.abs(a - b).max()))
+
+
+@pytest.mark.parametrize("layout", ["norm", "neox"])
+def test_rope_of_a_batchs_rows_is_each_rows_own(layout: str) -> None:
+    """A batched step's positions are one per sequence, not one run, even when the first
+    and last are T - 1 apart ([44, 46, 45, 47, 48]: a table slice there rotated the second
+    row by position 45, and a served answer drifted from its alone answer)."""
+    from frink_cli.graph.rope import Rope
+
+    rope = Rope(64, 10000.0, 1.0, layout)
+    x = np.random.default_rng(0).standard_normal((5, 4, 64)).astype(np.float32)
+    for positions in ([44, 46, 45, 47, 48], [3, 9, 5, 4, 7], [10, 11, 12, 13, 14]):
+        pos = np.asarray(positions)
+        got = rope.apply(x, pos)
+        one = np.concatenate([rope.apply(x[i : i + 1], pos[i : i + 1]) for i in range(5)])
+        assert np.array_equal(got, one), positions

@@ -119,11 +119,13 @@ class Rope:
         self._phase = (self._cos + 1j * self._sin).astype(np.complex64)
 
     def _index(self, positions: np.ndarray) -> slice | np.ndarray:
-        """Table rows for `positions`, grown to cover them. The decoder's positions are one
-        ascending run, which a slice reads without a gather."""
+        """Table rows for `positions`, grown to cover them. One sequence's positions are one
+        ascending run, which a slice reads without a gather; a batch of sequences' rows is
+        not (its first and last positions may still be T - 1 apart: [44, 46, 45, 47, 48]),
+        so the run is checked whole."""
         p0, T = int(positions[0]), len(positions)
         index: slice | np.ndarray
-        if int(positions[-1]) - p0 == T - 1:
+        if int(positions[-1]) - p0 == T - 1 and (T < 3 or bool((np.diff(positions) == 1).all())):
             need, index = p0 + T, slice(p0, p0 + T)
         else:
             need, index = int(positions.max()) + 1, positions
