@@ -256,6 +256,36 @@ def peak_memory_mib() -> float:
     return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
 
 
+def llama_cpp_peak_mib(path: Path, n_ctx: int, n_threads: int, tests: list[BenchTest]) -> float:
+    """llama.cpp's peak resident memory on the same file and context after the same warm-up
+    work, measured in a child process: in this one frink's own memory would count too. It
+    maps the file, so the pages it reads count, as they do for a llama-cli run."""
+    import subprocess
+
+    args = {
+        "path": str(path),
+        "n_ctx": n_ctx,
+        "n_threads": n_threads,
+        "tests": [[t.name, t.n_prompt, t.n_gen] for t in tests],
+    }
+    code = "from frink_cli.bench import _llama_cpp_peak_child; _llama_cpp_peak_child()"
+    r = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True, timeout=600
+    )
+    if r.returncode != 0:
+        raise FrinkError(f"llama.cpp's memory run failed: {r.stderr.strip()[-300:]}")
+    return float(r.stdout.strip().splitlines()[-1])
+
+
+def _llama_cpp_peak_child() -> None:
+    args = json.loads(sys.argv[1])
+    runner = LlamaCppRunner(Path(args["path"]), args["n_ctx"], args["n_threads"])
+    ids = np.zeros(args["n_ctx"], np.int64) + 1
+    for name, n_prompt, _ in args["tests"]:
+        runner.run(BenchTest(name, n_prompt, 0) if n_prompt else BenchTest(name, 0, 1), ids)
+    print(peak_memory_mib())
+
+
 @dataclass
 class BenchRow:
     model: str
@@ -402,7 +432,10 @@ def run_bench(
             say(f"{t.name}: warm-up (frink)")
             runners[0].run(t if t.n_prompt else BenchTest(t.name, 0, 1), ids)
         frink_peak = peak_memory_mib()
+        cpp_peak = None
         if compare:
+            say("llama.cpp's peak memory (a child process)")
+            cpp_peak = llama_cpp_peak_mib(Path(model.checkpoint.path), n_ctx, n_threads, tests)
             say("loading llama.cpp")
             runners.append(LlamaCppRunner(Path(model.checkpoint.path), n_ctx, n_threads))
             for t in tests:
@@ -424,6 +457,7 @@ def run_bench(
             ]
             test_rows[0].peak_memory_mib = frink_peak
             if compare:
+                test_rows[1].peak_memory_mib = cpp_peak
                 test_rows[0].ratio_vs_llama_cpp = test_rows[0].avg_ts / test_rows[1].avg_ts
             rows.extend(test_rows)
     finally:
@@ -491,10 +525,16 @@ def format_md(rows: list[BenchRow], submissions: bool = False) -> str:
         if submissions:
             cells.append(_ledger_cell(r))
         lines.append("| " + " | ".join(cells) + " |")
-    peaks = [r.peak_memory_mib for r in rows if r.peak_memory_mib is not None]
+    peaks = [
+        r.peak_memory_mib for r in rows if r.peak_memory_mib is not None and r.runner == "frink"
+    ]
+    cpp = [r.peak_memory_mib for r in rows if r.peak_memory_mib is not None and r.runner != "frink"]
     if peaks:
         lines.append("")
-        lines.append(f"peak memory (frink): {max(peaks):.0f} MiB")
+        line = f"peak memory (frink): {max(peaks):.0f} MiB"
+        if cpp:
+            line += f"; llama.cpp: {max(cpp):.0f} MiB ({max(peaks) / max(cpp):.2f}x)"
+        lines.append(line)
     return "\n".join(lines) + "\n"
 
 

@@ -203,6 +203,8 @@ def test_compare_llama_cpp_alternates_on_the_same_file(tiny_gguf: Path) -> None:
             frink_row["avg_ts"] / cpp_row["avg_ts"]
         )
         assert cpp_row["ratio_vs_llama_cpp"] is None
+        # llama.cpp's own peak memory (a child process), beside frink's.
+        assert cpp_row["peak_memory_mib"] > 0 and frink_row["peak_memory_mib"] > 0
     # Alternating: each rep of frink is followed by one of llama.cpp.
     progress = [line for line in r.stderr.splitlines() if " rep " in line]
     assert [line.split(": ")[1].split()[0] for line in progress[:4]] == ["frink", "llama.cpp"] * 2
@@ -211,6 +213,10 @@ def test_compare_llama_cpp_alternates_on_the_same_file(tiny_gguf: Path) -> None:
     assert r.returncode == 0, r.describe()
     header = r.stdout.splitlines()[0]
     assert header == "| model | size | params | backend | test | t/s | vs llama.cpp |"
+    assert any(
+        line.startswith("peak memory (frink): ") and "; llama.cpp: " in line
+        for line in r.stdout.splitlines()
+    ), r.stdout
 
 
 def test_compare_llama_cpp_needs_a_gguf(tiny_model: Callable[[str], Any]) -> None:
