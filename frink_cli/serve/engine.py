@@ -20,6 +20,7 @@ any thread. A job reports through its `emit` callback, called on the engine's th
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -171,8 +172,9 @@ class Engine:
         """Step until stop(); every job still known then ends with an error event."""
         try:
             # A request's answer must not depend on what else is being served (graph/
-            # linear.py: every few rows by the one kernel whose sums ignore the batch).
-            with batch_invariant():
+            # linear.py: every few rows by the one kernel whose sums ignore the batch). One
+            # slot (`frink chat`) is never batched: it keeps the faster one-row kernel.
+            with batch_invariant() if len(self.slots) > 1 else contextlib.nullcontext():
                 self._loop()
         finally:
             self.decoder.end_thread()
