@@ -157,7 +157,9 @@ class HostOps:
             rows, slot = np.nonzero(ids == e)
             # Each sequence's rows of this expert as it would multiply them alone (graph.
             # linear.product): rows are ascending, so a sequence's are consecutive.
-            seq = None if owner is None else np.unique(owner[rows], return_counts=True)[1]
+            seq = None
+            if owner is not None:
+                seq = np.unique(owner[rows], return_counts=True)[1].tolist()
             y = product(glu(product(x[rows], moe.gate_up_exps[e], seq), act), moe.down_exps[e], seq)
             # A row picks an expert at most once, so rows are distinct and += is safe.
             out[rows] += y * weights[rows, slot][:, None]

@@ -398,14 +398,14 @@ def load_weights(
     d, hk, hv = cfg.n_embd, cfg.head_dim_k, cfg.head_dim_v
     total = cfg.n_layer + 2
 
+    token_embd: np.ndarray | QuantRows
     if cfg.tied_embeddings:
         # One matrix serves both: the lookup gathers its rows, the head multiplies them.
         output = fused([("token_embd", cfg.n_vocab)], d, bias=False)
         token_embd = output.w
     else:
-        token_embd = in_blocks([("token_embd", cfg.n_vocab)], d)
-        if token_embd is None:
-            token_embd = get("token_embd.weight", (cfg.n_vocab, d))
+        blocks = in_blocks([("token_embd", cfg.n_vocab)], d)
+        token_embd = get("token_embd.weight", (cfg.n_vocab, d)) if blocks is None else blocks
         output = fused([("output", cfg.n_vocab)], d, bias=False)
     rope_freqs = optional("rope_freqs.weight", (cfg.rope_dim // 2,))
     longrope = cfg.rope_scaling is not None and cfg.rope_scaling.kind == "longrope"
