@@ -108,8 +108,32 @@ def test_products_equal_x_at_dequantized(qtype: T, path: str) -> None:
             ref = (x.astype(np.float64) @ ref_w.T).astype(np.float32)
             _close(kernels.matvec(x, w), ref)
             _close(kernels.matmul_small(x, w), ref)
+            if t <= kernels.SMALL_T:
+                _close(kernels.few_rows(x, w), ref)
             _close(kernels.matmul(x, w, tile_rows=16), ref)
             _close(kernels.linear(x, w), ref)
+
+
+@pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
+def test_a_rows_product_does_not_depend_on_the_rows_beside_it(qtype: T) -> None:
+    """The fused dots step four rows of x through each block together (and a short group
+    repeats its last row): each row's product is still its own sums in its own order, so
+    a row computed alone, in a group of four or in a ragged batch is the same bit for bit
+    (a server's batches rely on it). few_rows keeps that for every T with any_batch."""
+    if kernels._jit() is None:
+        pytest.skip(kernels.kernel_path())
+    rng = np.random.default_rng(int(qtype) + 100)
+    for rows, cols in _shapes(qtype):
+        w = _weights(qtype, rows, cols, seed=rows + 2 * cols)
+        x = rng.standard_normal((kernels.SMALL_T, cols)).astype(np.float32)
+        alone = np.concatenate([kernels.matvec(x[i : i + 1], w) for i in range(len(x))])
+        small = np.concatenate(
+            [kernels.few_rows(x[i : i + 1], w, any_batch=True) for i in range(len(x))]
+        )
+        for t0, t1 in ((0, 16), (0, 4), (3, 5), (2, 9), (5, 8), (1, 14)):
+            np.testing.assert_array_equal(kernels.matvec(x[t0:t1], w), alone[t0:t1])
+            got = kernels.few_rows(x[t0:t1], w, any_batch=True)
+            np.testing.assert_array_equal(got, small[t0:t1])
 
 
 def test_thread_count_changes_nothing() -> None:

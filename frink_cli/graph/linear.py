@@ -49,9 +49,10 @@ _sequences: ContextVar[tuple[int, ...] | None] = ContextVar("frink_sequences", d
 
 
 # Whether the calling thread must compute each row as it would in any batch (a server's
-# engine). Only weights in blocks care: their fastest one-row kernel (the fused dots of
-# quant.kernels.matvec, ~2.5x matmul_small's speed at one row) sums in another order than
-# the few-rows kernel, so a server multiplies every few rows by matmul_small, one included.
+# engine). Only weights in blocks of Q2_K, Q3_K or Q6_K care: their fastest one-row kernel
+# (the fused dots) sums in another order than their few-rows kernel (matmul_small), so a
+# server multiplies every few rows of them by matmul_small, one included (quant.kernels.
+# few_rows; the other types use one kernel for any few rows).
 _batch_invariant: ContextVar[bool] = ContextVar("frink_batch_invariant", default=False)
 
 
@@ -142,12 +143,8 @@ def _blas(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def _blocks_few(x: np.ndarray, w: QuantRows) -> np.ndarray:
-    # One row: the fused dots (the fastest), unless this thread is batch-invariant. Else
-    # matmul_small: each chunk of W's rows dequantized into a cache-resident buffer, then
-    # dotted in the same order as matmul_f32 for any row count.
-    if x.shape[0] == 1 and not _batch_invariant.get():
-        return _by_part(x, w, kernels.matvec)
-    return _by_part(x, w, kernels.matmul_small)
+    any_batch = _batch_invariant.get()
+    return _by_part(x, w, lambda x, part: kernels.few_rows(x, part, any_batch))
 
 
 def _blocks_many(x: np.ndarray, w: QuantRows) -> np.ndarray:

@@ -1,7 +1,8 @@
 """Multiplying by a weight kept in the GGUF file's blocks: the host kernels' public face.
 
-    y = matvec(x, w)            # decode: x [T, cols], T = 1 (or a few): fused dots
+    y = matvec(x, w)            # decode: x [T, cols], T = 1 or a few: fused dots
     y = matmul_small(x, w)      # a few rows of x: each row of W dequantized once, in cache
+    y = few_rows(x, w)          # up to SMALL_T rows: whichever of the two suits W's type
     y = matmul_f32(x, w32)      # a few rows of x times an f32 W (the host's decode rows)
     y = matmul(x, w)            # prefill: tiles of W dequantized into a buffer, then BLAS
     y = linear(x, w)            # whichever of the three suits x's row count
@@ -35,16 +36,21 @@ from contextlib import contextmanager
 from types import ModuleType
 
 import numpy as np
+from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize as _gguf_dequantize
 
-from .blocks import QuantMatrix
+from .blocks import KERNEL_TYPES, QuantMatrix
 
-# linear()'s choice by the rows of x (scripts/bench_quant_kernels.py --small, 2048x2048,
-# one thread): the fused dots win up to T = 2 (they re-read W's bytes per row of x, but
-# skip the f32 buffer), matmul_small up to T = 16 (Q4_0: 1.2 ms at T = 8, where the dots
-# take 1.8 and a tile + BLAS 1.7), a tile + BLAS beyond.
-MATVEC_T = 2
+# Up to this many rows of x go through few_rows (the fused dots or matmul_small), more
+# through tiles + BLAS (scripts/bench_quant_kernels.py --small: Q4_0 2048x2048 on one
+# thread at T = 8, matmul_small 1.2 ms where a tile + BLAS takes 1.7).
 SMALL_T = 16
+# The types whose fused dots unpack a block once for four rows of x (jit._dots: LLVM
+# merges the rows' unpacking), so they beat matmul_small at every few-rows count (SmolLM2
+# shapes, two threads: Q4_1 15 / 57 ms at T = 1 / 8 against 21 / 61; Q8_0 15 / 37
+# against 23 / 65). In Q2_K, Q3_K and Q6_K the unpacking is not merged (each row unpacks
+# again: Q6_K 49 / 145 against 50 / 110), so from two rows they take matmul_small.
+SHARED_UNPACK = frozenset(KERNEL_TYPES) - {T.Q2_K, T.Q3_K, T.Q6_K}
 # matmul's default tile: this many f32 (4 MiB), so each BLAS call has enough columns of
 # the product to run at GEMM speed while the tile stays in the last-level cache.
 TILE_ELEMS = 1 << 20
@@ -122,8 +128,8 @@ def _result(out: np.ndarray | None, shape: tuple[int, int]) -> np.ndarray:
 
 
 def matvec(x: np.ndarray, w: QuantMatrix, out: np.ndarray | None = None) -> np.ndarray:
-    """x [T, cols] @ W.T by dots that unpack W's blocks in registers: W's bytes are read
-    once per row of x, so this is decode's kernel (T = 1)."""
+    """x [T, cols] @ W.T by dots that unpack W's blocks in registers, W's bytes read once
+    (decode's kernel). A row's product does not depend on the other rows of x."""
     x = _activations(x, w)
     y = _result(out, (x.shape[0], w.rows))
     jit = _jit()
@@ -145,6 +151,16 @@ def matmul_small(x: np.ndarray, w: QuantMatrix, out: np.ndarray | None = None) -
     if w.rows and x.shape[0]:
         jit.matmul_small(int(w.qtype), w.data, x, y)
     return y
+
+
+def few_rows(x: np.ndarray, w: QuantMatrix, any_batch: bool = False) -> np.ndarray:
+    """x [T, cols] @ W.T for up to SMALL_T rows by the faster of the fused dots and
+    matmul_small for W's type. Each row's product is the same for every T from 2 on, and
+    from 1 on with any_batch (for a type that takes matmul_small from two rows, a lone
+    row then takes it too, not the fused dots): a server's batches rely on that."""
+    if w.qtype in SHARED_UNPACK or (np.shape(x)[0] == 1 and not any_batch):
+        return matvec(x, w)
+    return matmul_small(x, w)
 
 
 def compiled() -> bool:
@@ -184,10 +200,12 @@ def matmul(
 def linear(x: np.ndarray, w: QuantMatrix, out: np.ndarray | None = None) -> np.ndarray:
     """x @ W.T by the kernel that suits x's row count."""
     t = np.shape(x)[0] if np.ndim(x) == 2 else 0
-    if t <= MATVEC_T:
-        return matvec(x, w, out)
     if t <= SMALL_T:
-        return matmul_small(x, w, out)
+        y = few_rows(x, w)
+        if out is None:
+            return y
+        _result(out, y.shape)[...] = y
+        return out
     return matmul(x, w, out=out)
 
 
