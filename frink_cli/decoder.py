@@ -87,7 +87,10 @@ class Decoder:
         x = self.host.embed(ids)
         kind = "batch" if batch else "decode" if T == 1 else "prefill"
         choices = None
-        if T > 1:
+        # Prompt rows are timed layer by layer; a batch of decode rows (one per sequence)
+        # was chosen for as a whole by step_batch, and a layer's choice would override it.
+        decode_rows = isinstance(cache, SeqBatch) and max(cache.counts) == 1
+        if T > 1 and not decode_rows:
             if len(self.prefill_threads) > 64:  # many prompt sizes: keep the table small
                 self.prefill_threads.clear()
             choices = self.prefill_threads
