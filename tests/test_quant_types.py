@@ -126,24 +126,30 @@ class QuantFile:
 
 
 @pytest.fixture(scope="session")
-def quant_file(tiny_model: Callable) -> Callable[[str], QuantFile]:
-    """quant_file(type) -> the fixture quantized to `type` by llama.cpp, its F32 requant by
-    llama.cpp, and llama.cpp's logits on both over the test tokens (cached)."""
-    src = tiny_model(FIXTURE).gguf
-    assert src is not None
-    stamp = json.loads((src.parent / "stamp.json").read_text())
-    root = fixture_cache_root() / "quant" / FIXTURE
-    root.mkdir(parents=True, exist_ok=True)
-    key = json.dumps({"fixture": stamp["spec"], "seed": TOKEN_SEED, "n": N_TOKENS, "v": 1})
-    if (root / "key.json").is_file() and (root / "key.json").read_text() != key:
-        for f in root.iterdir():
-            f.unlink()
-    (root / "key.json").write_text(key)
+def quant_file(tiny_model: Callable) -> Callable[..., QuantFile]:
+    """quant_file(type[, fixture]) -> the fixture (default llama_q) quantized to `type` by
+    llama.cpp, its F32 requant by llama.cpp, and llama.cpp's logits on both over the test
+    tokens (cached)."""
     tokens = _make_tiny.fixture_tokens(seed=TOKEN_SEED, length=N_TOKENS, vocab=512)
-    made: dict[str, QuantFile] = {}
+    made: dict[tuple[str, str], QuantFile] = {}
 
-    def get(qtype: str) -> QuantFile:
-        if qtype not in made:
+    def cache_root(fixture: str) -> Path:
+        src = tiny_model(fixture).gguf
+        assert src is not None
+        stamp = json.loads((src.parent / "stamp.json").read_text())
+        root = fixture_cache_root() / "quant" / fixture
+        root.mkdir(parents=True, exist_ok=True)
+        key = json.dumps({"fixture": stamp["spec"], "seed": TOKEN_SEED, "n": N_TOKENS, "v": 1})
+        if (root / "key.json").is_file() and (root / "key.json").read_text() != key:
+            for f in root.iterdir():
+                f.unlink()
+        (root / "key.json").write_text(key)
+        return root
+
+    def get(qtype: str, fixture: str = FIXTURE) -> QuantFile:
+        if (qtype, fixture) not in made:
+            src = tiny_model(fixture).gguf
+            root = cache_root(fixture)
             path, f32, npz = (root / f"{qtype}{s}" for s in (".gguf", ".f32.gguf", ".npz"))
             if not path.is_file():
                 _llama_quantize(
@@ -159,8 +165,8 @@ def quant_file(tiny_model: Callable) -> Callable[[str], QuantFile]:
                     f32=_make_tiny.llama_cpp_logits(f32, tokens),
                 )
             with np.load(npz) as z:
-                made[qtype] = QuantFile(qtype, path, f32, {k: z[k] for k in z.files})
-        return made[qtype]
+                made[qtype, fixture] = QuantFile(qtype, path, f32, {k: z[k] for k in z.files})
+        return made[qtype, fixture]
 
     return get
 
@@ -196,7 +202,7 @@ def test_tensors_equal_gguf_py_and_llama_cpp(qtype: str, quant_file: Callable) -
 # --- 2. the model on them -----------------------------------------------------------------
 
 
-def _check_logits(got: np.ndarray, q: QuantFile, what: str) -> None:
+def _check_logits(got: np.ndarray, q: QuantFile, what: str, top1_bar: float = TOP1_BAR) -> None:
     ref = q.ref["f32"]
     assert np.all(np.isfinite(got)), f"{what}: non-finite logits"
     diff = float(np.max(np.abs(got.astype(np.float64) - ref)))
@@ -207,7 +213,7 @@ def _check_logits(got: np.ndarray, q: QuantFile, what: str) -> None:
     agree = int(np.sum(got.argmax(-1) == top))
     cpp_own = int(np.sum(ref.argmax(-1) == top))  # llama.cpp f32 vs llama.cpp quantized
     n = len(top)
-    assert agree >= TOP1_BAR * n and agree >= cpp_own - TOP1_SLACK, (
+    assert agree >= top1_bar * n and agree >= cpp_own - TOP1_SLACK, (
         f"{what}: teacher-forced top-1 agreement with llama.cpp on the {q.qtype} file "
         f"{agree}/{n} (llama.cpp's own f32 run of these weights: {cpp_own}/{n})"
     )
@@ -432,3 +438,56 @@ def test_host_keeps_the_files_blocks_and_batches_invariantly(
             got.append(dec.step_batch(feeds[:: 1 - 2 * (i % 2)])[1 - i % 2])
     for i, (x, y) in enumerate(zip(alone, got)):
         assert np.array_equal(x, y), (qtype, i, float(np.abs(x - y).max()))
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_host_moe_experts_stay_in_blocks(qtype: str, quant_file: Callable) -> None:
+    """A quantized MoE file's expert stacks stay in its blocks on the host (each step reads
+    only the chosen experts' bytes; f32 would be ~7x the file for Qwen3-30B-A3B), and the
+    model still computes llama.cpp's logits on the same weights."""
+    from frink_cli.quant.blocks import QuantExperts
+
+    if not kernels.compiled():
+        pytest.skip("the host keeps blocks only with the compiled kernels (numba)")
+    q = quant_file(qtype, "qwen3moe")
+    m = frink_cli.load(q.path, backend="numpy")
+    moes = [lw.moe for lw in m.decoder.host.w.layers]
+    assert moes and all(e is not None for e in moes)
+    stacks = [s for e in moes for s in (e.gate_up_exps, e.down_exps)]  # type: ignore[union-attr]
+    assert all(isinstance(s, QuantExperts) for s in stacks), [type(s) for s in stacks]
+    assert sum(s.nbytes for s in stacks) <= q.path.stat().st_size
+    got = m.logits([int(t) for t in q.ref["tokens"]])
+    _check_logits(got, q, f"{qtype} qwen3moe numpy")
+
+
+# The recurrent mixers' projections, per fixture: (LayerWeights field, its Linear fields).
+_RECURRENT = {
+    "qwen35": ("gdn", ("in_proj", "out")),
+    "mamba": ("mamba", ("in_proj", "out")),
+    "mamba2": ("mamba2", ("in_proj", "out")),
+    "lfm2": ("shortconv", ("in_proj", "out")),
+}
+
+
+@pytest.mark.parametrize("fixture", sorted(_RECURRENT))
+def test_host_recurrent_projections_stay_in_blocks(fixture: str, quant_file: Callable) -> None:
+    """A quantized hybrid or recurrent file's mixer projections (GDN, Mamba, Mamba-2, short
+    convolutions) stay in its blocks on the host like attention's, and the model computes
+    llama.cpp's logits on the same weights."""
+    from frink_cli.quant.blocks import QuantRows
+
+    if not kernels.compiled():
+        pytest.skip("the host keeps blocks only with the compiled kernels (numba)")
+    q = quant_file("Q8_0", fixture)
+    m = frink_cli.load(q.path, backend="numpy")
+    field, names = _RECURRENT[fixture]
+    mixers = [getattr(lw, field) for lw in m.decoder.host.w.layers]
+    lins = [getattr(x, n) for x in mixers if x is not None for n in names]
+    assert lins, fixture
+    assert all(isinstance(lin.w, QuantRows) for lin in lins), [type(lin.w) for lin in lins]
+    got = m.logits([int(t) for t in q.ref["tokens"]])
+    # No absolute top-1 bar: these random hybrids' logits are close to ties, and llama.cpp's
+    # own f32 run of the weights agrees with its quantized run only ~50/64 on qwen35 (its
+    # activations are rounded to 8 bits there); frink must match the f32 run and do as
+    # well against the quantized one.
+    _check_logits(got, q, f"Q8_0 {fixture} numpy", top1_bar=0.0)

@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..quant import kernels
-from ..quant.blocks import KERNEL_TYPES, QuantRows
+from ..quant.blocks import KERNEL_TYPES, QuantExperts, QuantMatrix, QuantRows
 from .config import ModelConfig
 
 
@@ -61,10 +61,14 @@ class Linear:
         return dequantized(self.w)
 
 
-def dequantized(w: np.ndarray | QuantRows) -> np.ndarray:
-    """An f32 copy of a matrix held in blocks; an f32 array as it is."""
+def dequantized(w: np.ndarray | QuantRows | QuantExperts) -> np.ndarray:
+    """An f32 copy of a matrix (or an expert stack) held in blocks; an f32 array as it is."""
     if isinstance(w, np.ndarray):
         return w
+    if isinstance(w, QuantExperts):
+        n = w.n_expert
+        parts = [kernels.dequantize_rows(p).reshape(n, p.rows // n, p.cols) for p in w.parts]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
     return np.concatenate([kernels.dequantize_rows(p) for p in w.parts])
 
 
@@ -158,8 +162,10 @@ class MoeWeights:
     # gate row (when gated) and its gate/up rows -- everything that reads the FFN input, in
     # one matmul.
     inp: Linear
-    gate_up_exps: np.ndarray  # [n_expert, 2*n_ff_exp, n_embd]: gate rows, then up rows
-    down_exps: np.ndarray  # [n_expert, n_embd, n_ff_exp]
+    # In the file's blocks where the host has kernels for their types (QuantExperts: only
+    # the chosen experts' bytes are read), else f32; stack[e] is expert e's matrix.
+    gate_up_exps: np.ndarray | QuantExperts  # [n_expert, 2*n_ff_exp, n_embd]: gate, then up
+    down_exps: np.ndarray | QuantExperts  # [n_expert, n_embd, n_ff_exp]
     down_shexp: Linear | None  # [n_embd, n_ff_shexp]
     # [n_expert] the expert-selection bias (exp_probs_b; MoeConfig.expert_bias), or None.
     probs_b: np.ndarray | None = None
@@ -377,6 +383,23 @@ def load_weights(
             runs.append((qtype, rows, data))
         return QuantRows.joined(runs, in_dim)
 
+    def experts(parts: list[tuple[str, int]], n_expert: int, in_dim: int) -> QuantExperts | None:
+        """Expert stacks [n_expert, rows, in_dim] as the file's blocks, stacked along rows
+        (None: f32 at load, as in_blocks)."""
+        if not host_blocks:
+            return None
+        tensors = [name + ".weight" for name, _ in parts]
+        if not all(t in names for t in tensors):
+            return None
+        if any(ckpt.tensors.info(t).dtype not in _KERNEL_TYPE_NAMES for t in tensors):
+            return None
+        stacks = []
+        for name, rows in parts:
+            check(name + ".weight", (n_expert, rows, in_dim))
+            qtype, _, data = ckpt.tensors.blocks(name + ".weight")  # type: ignore[attr-defined]
+            stacks.append(QuantMatrix.from_buffer(data, qtype, n_expert * rows, in_dim))
+        return QuantExperts(tuple(stacks), n_expert)
+
     def fused(parts: list[tuple[str, int]], in_dim: int, bias: bool = True) -> Linear:
         """Rows of several tensors stacked into one matrix; biases zero-filled if partial."""
         w: np.ndarray | QuantRows | None = in_blocks(parts, in_dim)
@@ -432,14 +455,14 @@ def load_weights(
         nk, nv = shape.n_head_kv * hk, shape.n_head_kv * hv
         qkv = wo = q_norm = k_norm = q_norm_b = k_norm_b = gdn = mamba = mamba2 = shortconv = None
         if shape.mixer == "shortconv":
-            shortconv = _load_shortconv(p, cfg, get)
+            shortconv = _load_shortconv(p, cfg, get, fused)
         elif shape.mixer == "gdn":
-            gdn = _load_gdn(p, cfg, get, names)
+            gdn = _load_gdn(p, cfg, get, names, fused)
         elif shape.mixer == "mamba":
-            mamba = _load_mamba(p, cfg, get, names)
+            mamba = _load_mamba(p, cfg, get, names, fused)
         elif shape.mixer in ("mamba2", "attention+mamba2"):
             # falcon-h1's "attention+mamba2": the attention tensors too, below.
-            mamba2 = _load_mamba2(p, cfg, get, names)
+            mamba2 = _load_mamba2(p, cfg, get, names, fused)
         elif shape.mixer == "linear":
             # deci's "linear attention": wo alone, [n_embd, n_embd], on the normed input.
             wo = fused([(p + "attn_output", d)], d, bias=False)
@@ -470,7 +493,7 @@ def load_weights(
             wo = fused([(p + "attn_output", d)], n_head * hv)
         gate_up = down = moe = up = None
         if shape.ffn == "moe":
-            moe = _load_moe(p, cfg, get, ckpt)
+            moe = _load_moe(p, cfg, get, ckpt, experts)
         elif shape.ffn == "none":
             pass  # an FFN-free layer (deci): no FFN tensors, no ffn_norm
         elif cfg.plain_ffn:
@@ -597,6 +620,9 @@ def unread_tensors(ckpt: Checkpoint, weights: ModelWeights) -> list[str]:
 
 # load_weights' tensor reader: (name, expected shape) -> the array, or FrinkError.
 _Get = Callable[[str, tuple[int, ...]], np.ndarray]
+# load_weights' fused(parts, in_dim, bias): a Linear over tensors' rows, in the file's
+# blocks where the host has kernels for them, else f32.
+_Fused = Callable[..., Linear]
 
 
 def _talkie_extras(p: str, cfg: ModelConfig, get: _Get) -> dict[str, np.ndarray]:
@@ -613,39 +639,38 @@ def _talkie_extras(p: str, cfg: ModelConfig, get: _Get) -> dict[str, np.ndarray]
     return out
 
 
-def _load_gdn(p: str, cfg: ModelConfig, get: _Get, names: set[str]) -> GdnWeights:
+def _load_gdn(p: str, cfg: ModelConfig, get: _Get, names: set[str], fused: _Fused) -> GdnWeights:
     gdn = cfg.gdn
     assert gdn is not None  # only a layer_shape with mixer "gdn" comes here
     d, n_k, n_v = cfg.n_embd, gdn.n_k_heads, gdn.n_v_heads
     conv_dim, value_dim = gdn.conv_dim, n_v * gdn.head_dim_v
+    qkv_gate = [(p + "attn_qkv", conv_dim), (p + "attn_gate", value_dim)]
     if p + "ssm_ba.weight" in names:
         # qwen3next keeps beta and alpha in one matrix, grouped by key head: for each of the
         # n_k groups, its r = n_v / n_k beta rows then its r alpha rows. Unzip into all betas
         # then all alphas, value head g*r + j (grouped order, as the rest of qwen3next).
         ba = get(p + "ssm_ba.weight", (2 * n_v, d)).reshape(n_k, 2, n_v // n_k, d)
         beta, alpha = ba[:, 0].reshape(n_v, d), ba[:, 1].reshape(n_v, d)
+        in_proj = Linear(
+            np.concatenate([fused(qkv_gate, d, bias=False).dense(), beta, alpha]), None
+        )
     else:
-        beta = get(p + "ssm_beta.weight", (n_v, d))
-        alpha = get(p + "ssm_alpha.weight", (n_v, d))
-    in_proj = np.concatenate(
-        [
-            get(p + "attn_qkv.weight", (conv_dim, d)),
-            get(p + "attn_gate.weight", (value_dim, d)),
-            beta,
-            alpha,
-        ]
-    )
+        parts = qkv_gate + [(p + "ssm_beta", n_v), (p + "ssm_alpha", n_v)]
+        # (No sources: a backend holds this fused matrix dense, as it always has.)
+        in_proj = Linear(fused(parts, d, bias=False).w, None)
     return GdnWeights(
-        in_proj=Linear(in_proj, None),
+        in_proj=in_proj,
         conv=get(p + "ssm_conv1d.weight", (conv_dim, gdn.conv_kernel)),
         a=get(p + "ssm_a", (n_v,)),
         dt_bias=get(p + "ssm_dt.bias", (n_v,)),
         norm=get(p + "ssm_norm.weight", (gdn.head_dim_v,)),
-        out=Linear(get(p + "ssm_out.weight", (d, value_dim)), None),
+        out=Linear(fused([(p + "ssm_out", d)], value_dim, bias=False).w, None),
     )
 
 
-def _load_mamba(p: str, cfg: ModelConfig, get: _Get, names: set[str]) -> MambaWeights:
+def _load_mamba(
+    p: str, cfg: ModelConfig, get: _Get, names: set[str], fused: _Fused
+) -> MambaWeights:
     m = cfg.mamba
     assert m is not None  # only a layer_shape with mixer "mamba" comes here
     d, di, ds, r = cfg.n_embd, m.d_inner, m.d_state, m.dt_rank
@@ -655,8 +680,10 @@ def _load_mamba(p: str, cfg: ModelConfig, get: _Get, names: set[str]) -> MambaWe
             raise FrinkError(f"{p}{name}: mamba in/out projection biases are not supported")
 
     def linear(name: str, shape: tuple[int, int], bias: bool = False) -> Linear:
-        b = get(p + name + ".bias", (shape[0],)) if bias else None
-        return Linear(get(p + name + ".weight", shape), b, (p + name + ".weight",))
+        b = get(p + name + ".bias", (shape[0],)) if bias else None  # (required: get)
+        return Linear(
+            fused([(p + name, shape[0])], shape[1], bias=False).w, b, (p + name + ".weight",)
+        )
 
     def norm(name: str, n: int) -> np.ndarray | None:
         # llama.cpp norms dt, B and C when the file says so (ssm.dt_b_c_rms: weightless)
@@ -680,13 +707,13 @@ def _load_mamba(p: str, cfg: ModelConfig, get: _Get, names: set[str]) -> MambaWe
     )
 
 
-def _load_shortconv(p: str, cfg: ModelConfig, get: _Get) -> ShortConvWeights:
+def _load_shortconv(p: str, cfg: ModelConfig, get: _Get, fused: _Fused) -> ShortConvWeights:
     sc = cfg.shortconv
     assert sc is not None  # only a layer_shape with mixer "shortconv" comes here
     d = cfg.n_embd
 
     def linear(name: str, rows: int) -> Linear:
-        return Linear(get(p + name, (rows, d)), None, (p + name,))
+        return fused([(p + name.removesuffix(".weight"), rows)], d, bias=False)
 
     return ShortConvWeights(
         in_proj=linear("shortconv.in_proj.weight", 3 * d),
@@ -695,7 +722,9 @@ def _load_shortconv(p: str, cfg: ModelConfig, get: _Get) -> ShortConvWeights:
     )
 
 
-def _load_mamba2(p: str, cfg: ModelConfig, get: _Get, names: set[str]) -> Mamba2Weights:
+def _load_mamba2(
+    p: str, cfg: ModelConfig, get: _Get, names: set[str], fused: _Fused
+) -> Mamba2Weights:
     m = cfg.mamba
     assert m is not None and m.version2  # only a layer_shape with mixer "mamba2" comes here
     d, di, H, G = cfg.n_embd, m.d_inner, m.dt_rank, m.n_group
@@ -711,7 +740,7 @@ def _load_mamba2(p: str, cfg: ModelConfig, get: _Get, names: set[str]) -> Mamba2
     conv_dim = m.conv_dim
 
     def linear(name: str, shape: tuple[int, int]) -> Linear:
-        return Linear(get(p + name + ".weight", shape), None, (p + name + ".weight",))
+        return fused([(p + name, shape[0])], shape[1], bias=False)
 
     return Mamba2Weights(
         in_proj=linear("ssm_in", (di + conv_dim + H, d)),
@@ -725,21 +754,29 @@ def _load_mamba2(p: str, cfg: ModelConfig, get: _Get, names: set[str]) -> Mamba2
     )
 
 
-def _load_moe(p: str, cfg: ModelConfig, get: _Get, ckpt: Checkpoint) -> MoeWeights:
+_Experts = Callable[[list[tuple[str, int]], int, int], QuantExperts | None]
+
+
+def _load_moe(
+    p: str, cfg: ModelConfig, get: _Get, ckpt: Checkpoint, experts: _Experts
+) -> MoeWeights:
     moe = cfg.moe
     assert moe is not None  # only a layer_shape with ffn "moe" comes here
     d, n_e, ff = cfg.n_embd, moe.n_expert, moe.n_ff_exp
     names = set(ckpt.tensors.names())
-    if p + "ffn_gate_up_exps.weight" in names:
-        gate_up = get(p + "ffn_gate_up_exps.weight", (n_e, 2 * ff, d))
+    # The gate and up stacks: one tensor, or two stacked along rows (each expert's gate
+    # rows, then its up rows).
+    fused_gate_up = p + "ffn_gate_up_exps.weight" in names
+    if fused_gate_up:
+        parts = [(p + "ffn_gate_up_exps", 2 * ff)]
     else:
-        gate_up = np.concatenate(
-            [
-                get(p + "ffn_gate_exps.weight", (n_e, ff, d)),
-                get(p + "ffn_up_exps.weight", (n_e, ff, d)),
-            ],
-            axis=1,
-        )
+        parts = [(p + "ffn_gate_exps", ff), (p + "ffn_up_exps", ff)]
+    gate_up: np.ndarray | QuantExperts | None = experts(parts, n_e, d)
+    if gate_up is None:
+        gate_up = np.concatenate([get(name + ".weight", (n_e, n, d)) for name, n in parts], axis=1)
+    down: np.ndarray | QuantExperts | None = experts([(p + "ffn_down_exps", d)], n_e, ff)
+    if down is None:
+        down = get(p + "ffn_down_exps.weight", (n_e, d, ff))
     inp = [get(p + "ffn_gate_inp.weight", (n_e, d))]
     inp_sources = [p + "ffn_gate_inp.weight"]
     down_shexp = None
@@ -766,7 +803,7 @@ def _load_moe(p: str, cfg: ModelConfig, get: _Get, ckpt: Checkpoint) -> MoeWeigh
     return MoeWeights(
         inp=Linear(np.concatenate(inp), None, tuple(inp_sources)),
         gate_up_exps=gate_up,
-        down_exps=get(p + "ffn_down_exps.weight", (n_e, d, ff)),
+        down_exps=down,
         down_shexp=down_shexp,
         probs_b=get(p + "exp_probs_b.bias", (n_e,)) if moe.expert_bias else None,
     )

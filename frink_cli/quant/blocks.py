@@ -150,3 +150,40 @@ class QuantRows:
             data = g[0][2] if len(g) == 1 else np.concatenate([d.reshape(-1) for _, _, d in g])
             parts.append(QuantMatrix.from_buffer(data, qtype, rows, cols))
         return cls(tuple(parts))
+
+
+@dataclass(frozen=True)
+class QuantExperts:
+    """An MoE expert stack [n_expert, rows, cols] in the file's blocks: each part one source
+    tensor's stack (a QuantMatrix of n_expert * its rows, expert-major, as GGUF stores it),
+    an expert's rows being its rows of each part in order (gate rows, then up rows).
+    `stack[e]` is expert e's matrix over the same bytes, so a host step reads only the
+    experts its rows chose (Qwen3-30B-A3B: ~17 GiB in Q4_K_M, where f32 is ~120)."""
+
+    parts: tuple[QuantMatrix, ...]
+    n_expert: int
+
+    def __post_init__(self) -> None:
+        if (
+            not self.parts
+            or self.n_expert < 1
+            or len({p.cols for p in self.parts}) != 1
+            or any(p.rows % self.n_expert for p in self.parts)
+        ):
+            raise ValueError("QuantExperts needs parts of one column count, n_expert rows each")
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        rows = sum(p.rows for p in self.parts) // self.n_expert
+        return (self.n_expert, rows, self.parts[0].cols)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def __getitem__(self, e: int) -> QuantRows:
+        e = int(e)
+        if not 0 <= e < self.n_expert:
+            raise IndexError(f"expert {e} of {self.n_expert}")
+        per = [p.rows // self.n_expert for p in self.parts]
+        return QuantRows(tuple(p.row_slice(e * n, (e + 1) * n) for p, n in zip(self.parts, per)))

@@ -19,6 +19,7 @@ lm head reads each sequence's last row, all in one traced graph.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -222,15 +223,16 @@ class MlxBackend(DeviceBackend):
             w = mx.array(dense)
         return graph.DeviceLinear(w, bias=b, sources=tuple(names))
 
-    def _experts(self, names: list[str], dense: np.ndarray) -> graph.DeviceExperts:
+    def _experts(self, names: list[str], dense: Callable[[], np.ndarray]) -> graph.DeviceExperts:
         """A resident expert stack [E, out, in] from the tensors `names` (several: stacked
         along out, as the host fused them): the file's blocks when they map, else dense in
-        the file's float type, else the host's f32."""
+        the file's float type, else the host's f32 (`dense()`: made only then, the host's
+        stack may be in blocks)."""
         q = self._quantized(names)
         if q is not None:
             return graph.DeviceExperts(*self._resident(q), q.bits, q.mode)
         kind = self._dense_kind(names)
-        w = np.ascontiguousarray(dense)
+        w = np.ascontiguousarray(dense())
         if kind in ("F16", "BF16") and mx.default_device() != mx.gpu:
             # MLX's CPU gather_mm multiplies f32 only (0.32: "Currently only supports
             # float32"); the CPU device is the Linux correctness path, so hold f32 there.
@@ -245,21 +247,25 @@ class MlxBackend(DeviceBackend):
 
     def _moe(self, p: str, e: MoeWeights) -> graph.DeviceMoe:
         ff = e.gate_up_exps.shape[1] // 2  # gate rows, then up rows
+
+        def gate_up_rows(r0: int, r1: int) -> Callable[[], np.ndarray]:
+            return lambda: dequantized(e.gate_up_exps)[:, r0:r1]
+
         names = self._source_names()
         if p + "ffn_gate_up_exps.weight" in names:
-            gate_up = [self._experts([p + "ffn_gate_up_exps.weight"], e.gate_up_exps)]
+            gate_up = [self._experts([p + "ffn_gate_up_exps.weight"], gate_up_rows(0, 2 * ff))]
         else:
             gn, un = p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"
             src = self.checkpoint.tensors if self.checkpoint is not None else None
             if src is not None and {gn, un} <= names and src.info(gn).dtype != src.info(un).dtype:
                 # Different types (a mixed-quant file): two stacks, each held by its own rule.
                 gate_up = [
-                    self._experts([gn], e.gate_up_exps[:, :ff]),
-                    self._experts([un], e.gate_up_exps[:, ff:]),
+                    self._experts([gn], gate_up_rows(0, ff)),
+                    self._experts([un], gate_up_rows(ff, 2 * ff)),
                 ]
             else:
-                gate_up = [self._experts([gn, un], e.gate_up_exps)]
-        down = self._experts([p + "ffn_down_exps.weight"], e.down_exps)
+                gate_up = [self._experts([gn, un], gate_up_rows(0, 2 * ff))]
+        down = self._experts([p + "ffn_down_exps.weight"], lambda: dequantized(e.down_exps))
         inp = self._linear(list(e.inp.sources), e.inp.w, e.inp.b)
         down_shexp = None
         if e.down_shexp is not None:
