@@ -577,15 +577,16 @@ def _step_iq4_xs(w, p, h, b, j, x, xs, t, acc, off):
 # and `off` (what the type's mins contribute: a float, or 16 lanes for the K-quants), and
 # its end turns the two into the product element. Each element is its row's blocks added
 # in order, whatever else the call computes, so a row of x gets the same numbers alone or
-# in any batch (a server's answers rely on it). The driver steps four rows of x through a
-# block together: LLVM inlines the four calls and unpacks the block's bytes once for all
-# four (each call reads them; nothing is stored between), which is where a batch's rows
-# come cheap (SmolLM2's Q4_1 linears: 11 ms for one row, 42 for eight, on two cores).
+# in any batch (a server's answers rely on it). The driver steps four (or two) rows of x
+# through a block together: LLVM inlines the calls and unpacks the block's bytes once for
+# all of them (each call reads them; nothing is stored between), which is where a batch's
+# rows come cheap (SmolLM2's Q4_1 linears, two cores: 14 ms for one row, 16 for two, 49
+# for eight; Q2_K, Q3_K and Q6_K do not merge, see kernels.SHARED_UNPACK).
 #
 # The type reaches the driver as a compile-time constant (numba types a literal int
-# argument as its value), and `_step`/`_end`/`_block_bytes`/`_off_zero` resolve to the
-# type's own functions while compiling, so each type's loop is a specialization with its
-# step inlined: a switch per block, or a call through a pointer, measured 30% slower.
+# argument as its value), and `_block`/`_head`/`_start`/`_step`/`_end` resolve to the
+# type's own while compiling, so each type's loop is a specialization with its steps
+# inlined: a switch per block, or a call through a pointer, measured 30% slower.
 
 
 @njit(cache=_CACHE)
@@ -704,7 +705,7 @@ def _dots(qt, w, r0, r1, x, xs, out):
         p0 = r * w.shape[1]
         t = 0
         while t < T:
-            if T - t >= 3:  # four rows (a short group repeats its last; written first)
+            if T - t >= 3:  # four rows (three repeat the last; repeats written first)
                 t1 = min(t + 1, T - 1)
                 t2 = min(t + 2, T - 1)
                 t3 = min(t + 3, T - 1)
@@ -727,6 +728,20 @@ def _dots(qt, w, r0, r1, x, xs, out):
                 out[t1, r] = _end(qt, w, p0, x, t1, a1, o1)
                 out[t, r] = _end(qt, w, p0, x, t, a0, o0)
                 t += 4
+            elif T - t == 2:
+                a0 = a1 = vzero()
+                o0 = o1 = off0
+                for b in range(nb):
+                    p = p0 + size * b
+                    h = _head(qt, w, p)
+                    o0 = _start(qt, w, p, h, b, xs, t, o0)
+                    o1 = _start(qt, w, p, h, b, xs, t + 1, o1)
+                    for j in range(runs):
+                        a0, o0 = _step(qt, w, p, h, b, j, x, xs, t, a0, o0)
+                        a1, o1 = _step(qt, w, p, h, b, j, x, xs, t + 1, a1, o1)
+                out[t + 1, r] = _end(qt, w, p0, x, t + 1, a1, o1)
+                out[t, r] = _end(qt, w, p0, x, t, a0, o0)
+                t += 2
             else:
                 a0 = vzero()
                 o0 = off0

@@ -47,9 +47,10 @@ from .blocks import KERNEL_TYPES, QuantMatrix
 SMALL_T = 16
 # The types whose fused dots unpack a block once for four rows of x (jit._dots: LLVM
 # merges the rows' unpacking), so they beat matmul_small at every few-rows count (SmolLM2
-# shapes, two threads: Q4_1 15 / 57 ms at T = 1 / 8 against 21 / 61; Q8_0 15 / 37
-# against 23 / 65). In Q2_K, Q3_K and Q6_K the unpacking is not merged (each row unpacks
-# again: Q6_K 49 / 145 against 50 / 110), so from two rows they take matmul_small.
+# shapes, two threads: Q4_1 14 / 16 / 49 ms at T = 1 / 2 / 8 against 21 / 40 / 61; Q8_0
+# 15 / 16 / 33 against 23 / 41 / 65). In Q2_K, Q3_K and Q6_K the unpacking is not
+# merged (each row unpacks again: Q6_K 49 / 145 against 50 / 110 at T = 1 / 8), so from
+# two rows they take matmul_small.
 SHARED_UNPACK = frozenset(KERNEL_TYPES) - {T.Q2_K, T.Q3_K, T.Q6_K}
 # matmul's default tile: this many f32 (4 MiB), so each BLAS call has enough columns of
 # the product to run at GEMM speed while the tile stays in the last-level cache.
