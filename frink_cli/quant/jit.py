@@ -48,6 +48,7 @@ from .simd import (
     lane_bits,
     load_bf16,
     load_f16,
+    load_f32,
     load_u8,
     load_u16,
     load_u32,
@@ -67,7 +68,7 @@ from .simd import (
 # would leave stale compiled kernels in every cache (pip keeps __pycache__ across upgrades).
 # simd.py's hash is therefore recorded here: changing it changes this file, and while it
 # does not match (simd.py edited, this line not yet) nothing is cached.
-_SIMD_SHA256 = "d24ce56212ce901acee8a9f6be5d0236fc801a60a782dde77070a3be90dc5234"
+_SIMD_SHA256 = "a25dc050f84c4f69a5eb511aae64c16457c3cf71fd0012be629c4b1ed0c4ab4a"
 _CACHE = hashlib.sha256(Path(simd.__file__).read_bytes()).hexdigest() == _SIMD_SHA256
 
 F16, BF16 = int(T.F16), int(T.BF16)
@@ -195,7 +196,8 @@ def _step_q4_1(w, p, h, b, j, x, xs, t, acc, off):
     q = bload(w, p + 4)
     a = fmul(itof(zext(iand(q, 15))), vload(x, x0))
     a = fmadd(itof(zext(ishr(q, 4))), vload(x, x0 + 16), a)
-    return fmadd(a, d, acc), off + m * (xs[t, 2 * b] + xs[t, 2 * b + 1])
+    s = t * xs.shape[1] + 2 * b  # the block's two runs of 16: their sums of x
+    return fmadd(a, d, acc), off + m * (load_f32(xs, s) + load_f32(xs, s + 1))
 
 
 # -- Q5_0 [d f16][qh u32][qs 16]: w[j] = d * ((nibble | (bit j of qh) << 4) - 16) --------
@@ -263,7 +265,8 @@ def _step_q5_1(w, p, h, b, j, x, xs, t, acc, off):
     q = bload(w, p + 8)
     a = fmul(itof(zext(_q5_lo(q, qh))), vload(x, x0))
     a = fmadd(itof(zext(_q5_hi(q, qh))), vload(x, x0 + 16), a)
-    return fmadd(a, d, acc), off + m * (xs[t, 2 * b] + xs[t, 2 * b + 1])
+    s = t * xs.shape[1] + 2 * b  # the block's two runs of 16: their sums of x
+    return fmadd(a, d, acc), off + m * (load_f32(xs, s) + load_f32(xs, s + 1))
 
 
 # -- Q8_0 [d f16][qs int8 32]: w[j] = qs[j] * d ------------------------------------------
@@ -701,6 +704,19 @@ def _dots(qt, w, r0, r1, x, xs, out):
     T = x.shape[0]
     size, runs, off0 = _block(qt)
     nb = w.shape[1] // size
+    if T == 1:  # decode's one row: the same sums, with x's row a constant (~15% faster)
+        for r in range(r0, r1):
+            p0 = r * w.shape[1]
+            a0 = vzero()
+            o0 = off0
+            for b in range(nb):
+                p = p0 + size * b
+                h = _head(qt, w, p)
+                o0 = _start(qt, w, p, h, b, xs, 0, o0)
+                for j in range(runs):
+                    a0, o0 = _step(qt, w, p, h, b, j, x, xs, 0, a0, o0)
+            out[0, r] = _end(qt, w, p0, x, 0, a0, o0)
+        return
     for r in range(r0, r1):
         p0 = r * w.shape[1]
         t = 0

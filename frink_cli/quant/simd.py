@@ -127,6 +127,19 @@ def vload(typingctx: Any, a: Any, i: Any) -> Any:
 
 
 @intrinsic
+def load_f32(typingctx: Any, a: Any, i: Any) -> Any:
+    """a[i] (flat offset) of a float32 array: no negative-index wraparound, which numba's
+    own indexing checks when it cannot prove an index non-negative."""
+    if not (_is_array(a, types.float32) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1]))
+
+    return types.float32(a, i), codegen
+
+
+@intrinsic
 def vstore(typingctx: Any, a: Any, i: Any, v: Any) -> Any:
     """a[i : i + 16] = v."""
     if not (_is_array(a, types.float32) and isinstance(i, types.Integer) and v == f32x16):
