@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -22,19 +23,30 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from gguf.quants import dequantize
 
 
-def dequantize_file(src: Path, dst: Path) -> None:
-    reader = GGUFReader(src)
-    arch = reader.fields["general.architecture"].contents()
-    tmp = dst.with_suffix(".tmp")
-    writer = GGUFWriter(tmp, arch)
+def copy_fields(reader: GGUFReader, writer: GGUFWriter, keep: Callable[[str], bool]) -> None:
+    """The reader's key-value fields whose keys `keep` accepts, written as they are."""
     for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
+        if not keep(key):
             continue
         vtype = field.types[0]
         if vtype == GGUFValueType.ARRAY:
             writer.add_key_value(key, field.contents(), vtype, sub_type=field.types[1])
         else:
             writer.add_key_value(key, field.contents(), vtype)
+
+
+def dequantize_file(src: Path, dst: Path) -> None:
+    reader = GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    tmp = dst.with_suffix(".tmp")
+    writer = GGUFWriter(tmp, arch)
+    copy_fields(
+        reader,
+        writer,
+        lambda key: (
+            not key.startswith("GGUF.") and key not in ("general.architecture", "general.file_type")
+        ),
+    )
     writer.add_file_type(0)  # ALL_F32
     for t in reader.tensors:
         data = dequantize(t.data, GGMLQuantizationType(int(t.tensor_type)))

@@ -22,10 +22,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import quantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dequantize_gguf import copy_fields  # noqa: E402
 from synthetic_models import SHAPES  # noqa: E402
 
 # gguf-py's general.file_type for each type (llama.cpp's LLAMA_FTYPE_MOSTLY_*).
@@ -34,14 +35,7 @@ _FTYPE = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9}
 
 def _copy_tokenizer(reader: GGUFReader, writer: GGUFWriter) -> int:
     """The tokenizer.* fields of a real file; returns its vocabulary size."""
-    for key, field in reader.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        vtype = field.types[0]
-        if vtype == GGUFValueType.ARRAY:
-            writer.add_key_value(key, field.contents(), vtype, sub_type=field.types[1])
-        else:
-            writer.add_key_value(key, field.contents(), vtype)
+    copy_fields(reader, writer, lambda key: key.startswith("tokenizer."))
     return len(reader.fields["tokenizer.ggml.tokens"].contents())
 
 
