@@ -645,25 +645,30 @@ def _kind(qt: Any) -> tuple[Any, ...]:
     return _KINDS[qt.literal_value]
 
 
-# Stand-ins that only compiled code calls: each overload below resolves to qt's own.
+# Names that only compiled code calls: each overload below resolves it to qt's own
+# function while numba compiles `_dots`; called from Python, they say so.
+def _compiled_only() -> None:
+    raise TypeError("the dot kernels' per-type steps run only inside compiled code")
+
+
 def _block(qt):
-    raise NotImplementedError
+    _compiled_only()
 
 
 def _head(qt, w, p):
-    raise NotImplementedError
+    _compiled_only()
 
 
 def _start(qt, w, p, h, b, xs, t, off):
-    raise NotImplementedError
+    _compiled_only()
 
 
 def _step(qt, w, p, h, b, j, x, xs, t, acc, off):
-    raise NotImplementedError
+    _compiled_only()
 
 
 def _end(qt, w, p0, x, t, acc, off):
-    raise NotImplementedError
+    _compiled_only()
 
 
 @overload(_block, inline="always")
