@@ -13,9 +13,10 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 _QUANTIZE = r"""
@@ -84,3 +85,38 @@ def llama_quantize(
             pytrace=False,
         )
     tmp.replace(dst)
+
+
+_FTYPE_MOSTLY_Q8_0 = 7  # the base ftype; the override sets every matrix's type
+_FTYPE_ALL_F32 = 0
+
+
+def quantized_with_references(
+    src: Path,
+    root: Path,
+    qtype: str,
+    ttype: int,
+    imatrix: bool,
+    tokens: np.ndarray,
+    logits: Callable[[Path, np.ndarray], np.ndarray],
+) -> tuple[Path, Path, dict[str, np.ndarray]]:
+    """src quantized to one type by llama.cpp, llama.cpp's F32 requant of that file, and
+    llama.cpp's logits on both over `tokens` (`logits`: the fixture maker's llama.cpp run):
+    (file, F32 file, {"tokens", "quantized", "f32"}), cached under root, which is emptied
+    when src's fixture spec or the tokens change."""
+    stamp = json.loads((src.parent / "stamp.json").read_text())
+    root.mkdir(parents=True, exist_ok=True)
+    key = json.dumps({"fixture": stamp["spec"], "tokens": tokens.tolist(), "v": 2})
+    if (root / "key.json").is_file() and (root / "key.json").read_text() != key:
+        for f in root.iterdir():
+            f.unlink()
+    (root / "key.json").write_text(key)
+    path, f32, npz = (root / f"{qtype}{s}" for s in (".gguf", ".f32.gguf", ".npz"))
+    if not path.is_file():
+        llama_quantize(src, path, ttype, imatrix, _FTYPE_MOSTLY_Q8_0)
+    if not f32.is_file():
+        llama_quantize(path, f32, -1, False, _FTYPE_ALL_F32)
+    if not npz.is_file():
+        np.savez(npz, tokens=tokens, quantized=logits(path, tokens), f32=logits(f32, tokens))
+    with np.load(npz) as z:
+        return path, f32, {k: z[k] for k in z.files}

@@ -22,14 +22,13 @@ Checked:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import fixture_cache_root
-from llama_quantize import llama_quantize
+from llama_quantize import quantized_with_references
 from script_loader import load_script
 
 import frink_cli
@@ -48,8 +47,6 @@ TOKEN_SEED = 4321
 REF_TOL = 2e-3
 TOP1_BAR = 0.95
 TOP1_SLACK = 2  # positions
-_LLAMA_FTYPE_MOSTLY_Q8_0 = 7  # the base ftype; the override sets every matrix's type
-_LLAMA_FTYPE_ALL_F32 = 0
 
 
 class Q1File:
@@ -63,29 +60,17 @@ def q1(tiny_model: Callable) -> Q1File:
     llama.cpp's logits on both over the test tokens (cached beside the tiny models)."""
     src = tiny_model(FIXTURE).gguf
     assert src is not None
-    stamp = json.loads((src.parent / "stamp.json").read_text())
-    root = fixture_cache_root() / "quant" / FIXTURE
-    root.mkdir(parents=True, exist_ok=True)
-    key = json.dumps({"fixture": stamp["spec"], "seed": TOKEN_SEED, "n": N_TOKENS, "v": 1})
-    if (root / "key.json").is_file() and (root / "key.json").read_text() != key:
-        for f in root.iterdir():
-            f.unlink()
-    (root / "key.json").write_text(key)
-    path, f32, npz = (root / f"Q1_0{s}" for s in (".gguf", ".f32.gguf", ".npz"))
-    if not path.is_file():
-        llama_quantize(src, path, int(T.Q1_0), False, _LLAMA_FTYPE_MOSTLY_Q8_0)
-    if not f32.is_file():
-        llama_quantize(path, f32, -1, False, _LLAMA_FTYPE_ALL_F32)
-    if not npz.is_file():
-        tokens = _make_tiny.fixture_tokens(seed=TOKEN_SEED, length=N_TOKENS, vocab=512)
-        np.savez(
-            npz,
-            tokens=tokens,
-            quantized=_make_tiny.llama_cpp_logits(path, tokens),
-            f32=_make_tiny.llama_cpp_logits(f32, tokens),
-        )
-    with np.load(npz) as z:
-        return Q1File(path, f32, {k: z[k] for k in z.files})
+    tokens = _make_tiny.fixture_tokens(seed=TOKEN_SEED, length=N_TOKENS, vocab=512)
+    path, f32, ref = quantized_with_references(
+        src,
+        fixture_cache_root() / "quant" / FIXTURE,
+        "Q1_0",
+        int(T.Q1_0),
+        False,
+        tokens,
+        _make_tiny.llama_cpp_logits,
+    )
+    return Q1File(path, f32, ref)
 
 
 # --- the block layout ---------------------------------------------------------------------

@@ -39,14 +39,13 @@ What is checked, per type:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import fixture_cache_root
-from llama_quantize import llama_quantize as _llama_quantize
+from llama_quantize import quantized_with_references
 from script_loader import load_script
 
 import frink_cli
@@ -96,8 +95,6 @@ TOKEN_SEED = 4321
 REF_TOL = 2e-3
 TOP1_BAR = 0.8
 TOP1_SLACK = 2  # positions
-_LLAMA_FTYPE_MOSTLY_Q8_0 = 7  # the base ftype; the override sets every matrix's type
-_LLAMA_FTYPE_ALL_F32 = 0
 
 
 def _dequantizable() -> set[str]:
@@ -133,39 +130,20 @@ def quant_file(tiny_model: Callable) -> Callable[..., QuantFile]:
     tokens = _make_tiny.fixture_tokens(seed=TOKEN_SEED, length=N_TOKENS, vocab=512)
     made: dict[tuple[str, str], QuantFile] = {}
 
-    def cache_root(fixture: str) -> Path:
-        src = tiny_model(fixture).gguf
-        assert src is not None
-        stamp = json.loads((src.parent / "stamp.json").read_text())
-        root = fixture_cache_root() / "quant" / fixture
-        root.mkdir(parents=True, exist_ok=True)
-        key = json.dumps({"fixture": stamp["spec"], "seed": TOKEN_SEED, "n": N_TOKENS, "v": 1})
-        if (root / "key.json").is_file() and (root / "key.json").read_text() != key:
-            for f in root.iterdir():
-                f.unlink()
-        (root / "key.json").write_text(key)
-        return root
-
     def get(qtype: str, fixture: str = FIXTURE) -> QuantFile:
         if (qtype, fixture) not in made:
             src = tiny_model(fixture).gguf
-            root = cache_root(fixture)
-            path, f32, npz = (root / f"{qtype}{s}" for s in (".gguf", ".f32.gguf", ".npz"))
-            if not path.is_file():
-                _llama_quantize(
-                    src, path, int(T[qtype]), qtype in NEEDS_IMATRIX, _LLAMA_FTYPE_MOSTLY_Q8_0
-                )
-            if not f32.is_file():
-                _llama_quantize(path, f32, -1, False, _LLAMA_FTYPE_ALL_F32)
-            if not npz.is_file():
-                np.savez(
-                    npz,
-                    tokens=tokens,
-                    quantized=_make_tiny.llama_cpp_logits(path, tokens),
-                    f32=_make_tiny.llama_cpp_logits(f32, tokens),
-                )
-            with np.load(npz) as z:
-                made[qtype, fixture] = QuantFile(qtype, path, f32, {k: z[k] for k in z.files})
+            assert src is not None
+            path, f32, ref = quantized_with_references(
+                src,
+                fixture_cache_root() / "quant" / fixture,
+                qtype,
+                int(T[qtype]),
+                qtype in NEEDS_IMATRIX,
+                tokens,
+                _make_tiny.llama_cpp_logits,
+            )
+            made[qtype, fixture] = QuantFile(qtype, path, f32, ref)
         return made[qtype, fixture]
 
     return get
