@@ -35,6 +35,16 @@ def copy_fields(reader: GGUFReader, writer: GGUFWriter, keep: Callable[[str], bo
             writer.add_key_value(key, field.contents(), vtype)
 
 
+def finish(writer: GGUFWriter, tmp: Path, dst: Path) -> None:
+    """Write out what `writer` (opened on tmp) holds, then move it to dst in one step, so
+    dst is never a half-written file."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(tmp, dst)
+
+
 def dequantize_file(src: Path, dst: Path) -> None:
     reader = GGUFReader(src)
     arch = reader.fields["general.architecture"].contents()
@@ -52,11 +62,7 @@ def dequantize_file(src: Path, dst: Path) -> None:
         data = dequantize(t.data, GGMLQuantizationType(int(t.tensor_type)))
         shape = tuple(int(x) for x in reversed(t.shape))
         writer.add_tensor(t.name, np.ascontiguousarray(data.reshape(shape), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(tmp, dst)
+    finish(writer, tmp, dst)
 
 
 if __name__ == "__main__":

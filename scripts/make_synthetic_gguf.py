@@ -17,7 +17,6 @@ the bytes; the values mean nothing, so the file is for timing and memory, never 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import quantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dequantize_gguf import copy_fields  # noqa: E402
+from dequantize_gguf import copy_fields, finish  # noqa: E402
 from synthetic_models import SHAPES  # noqa: E402
 
 # gguf-py's general.file_type for each type (llama.cpp's LLAMA_FTYPE_MOSTLY_*).
@@ -85,11 +84,7 @@ def write(dst: Path, shape: str, qtype: str, tokenizer: Path) -> None:
         matrix(p + "ffn_down.weight", d, ff)
     ones("output_norm.weight", d)
     matrix("output.weight", n_vocab, d)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(tmp, dst)
+    finish(writer, tmp, dst)
 
 
 def main() -> None:
