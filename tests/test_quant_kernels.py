@@ -35,6 +35,8 @@ _HALVES = {
     T.IQ4_NL: (0,),
     T.IQ4_XS: (0,),
 }
+# Byte offsets of each type's e8m0 exponents (MXFP4: 2^(e - 128) scales the block).
+_EXPONENTS = {T.MXFP4: (0,)}
 _QUANTIZABLE = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.F16, T.BF16)
 
 
@@ -47,7 +49,12 @@ def _weights(qtype: T, rows: int, cols: int, seed: int) -> QuantMatrix:
     else:
         block, size = GGML_QUANT_SIZES[qtype]
         blocks = rng.integers(0, 256, (rows * (cols // block), size), dtype=np.uint8)
-        for off in _HALVES[qtype]:
+        for off in _EXPONENTS.get(qtype, ()):
+            # Scales 2^-12 .. 2^2, and the two subnormal ones (e = 0, 1) now and then.
+            e = rng.integers(116, 131, len(blocks))
+            e[rng.random(len(blocks)) < 0.02] = rng.integers(0, 2)
+            blocks[:, off] = e
+        for off in _HALVES.get(qtype, ()):
             # Finite halves of a weight-like size (~1e-3 .. 1e-1), either sign.
             h = rng.uniform(1e-3, 1e-1, len(blocks)) * rng.choice([-1, 1], len(blocks))
             blocks[:, off : off + 2] = h.astype(np.float16).view(np.uint8).reshape(-1, 2)

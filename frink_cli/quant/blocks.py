@@ -33,6 +33,7 @@ KERNEL_TYPES: tuple[GGMLQuantizationType, ...] = (
     T.IQ4_NL,
     T.IQ4_XS,
     T.BF16,
+    T.MXFP4,
 )
 
 

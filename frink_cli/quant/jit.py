@@ -74,11 +74,16 @@ _CACHE = hashlib.sha256(Path(simd.__file__).read_bytes()).hexdigest() == _SIMD_S
 F16, BF16 = int(T.F16), int(T.BF16)
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q5_1), int(T.Q8_0)
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = int(T.Q2_K), int(T.Q3_K), int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)
-IQ4_NL, IQ4_XS = int(T.IQ4_NL), int(T.IQ4_XS)
+IQ4_NL, IQ4_XS, MXFP4 = int(T.IQ4_NL), int(T.IQ4_XS), int(T.MXFP4)
 
 # IQ4_NL / IQ4_XS: the 16 int8 levels a nibble indexes (gguf-py IQ4_NL.kvalues, ggml
 # kvalues_iq4nl), looked up in byte lanes.
 _iq4_level = byte_lut((-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113))
+# MXFP4: the e2m1 values doubled (gguf-py MXFP4.kvalues, ggml kvalues_mxfp4); the block's
+# e8m0 exponent e scales them by 2^(e - 128), ggml's e8m0_to_fp32_half, exact in f32 for
+# every e (2^-128 and 2^-127 as subnormals), so a table of the 256 scales is exact too.
+_mxfp4_level = byte_lut((0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12))
+_E8M0_HALF = np.ldexp(np.float32(1.0), np.arange(256) - 128).astype(np.float32)
 
 
 # -- F16, BF16: 2 bytes per weight ------------------------------------------------------
@@ -515,6 +520,13 @@ def _step_q6_k(w, p, h, b, j, x, xs, t, acc, off):
 
 
 @njit(cache=_CACHE)
+def _levels_dot(lo, hi, x, x0):
+    """A 32-weight run in Q4_0's nibble order, its low-nibble levels lo then its high ones
+    hi (int8 lanes), times x[x0 : x0 + 32]: the table types' (IQ4_*, MXFP4) one product."""
+    return fmadd(itof(sext(hi)), vload(x, x0 + 16), fmul(itof(sext(lo)), vload(x, x0)))
+
+
+@njit(cache=_CACHE)
 def _deq_iq4_nl(w, index, i0, i1, out, o):
     for i in range(i0, i1):
         p0 = index[i] * w.shape[1]
@@ -529,12 +541,9 @@ def _deq_iq4_nl(w, index, i0, i1, out, o):
 
 @njit(cache=_CACHE)
 def _step_iq4_nl(w, p, h, b, j, x, xs, t, acc, off):
-    x0 = t * x.shape[1] + 32 * b
-    d = load_f16(w, p)
     q = bload(w, p + 2)
-    a = fmul(itof(sext(_iq4_level(iand(q, 15)))), vload(x, x0))
-    a = fmadd(itof(sext(_iq4_level(ishr(q, 4)))), vload(x, x0 + 16), a)
-    return fmadd(a, d, acc), off
+    a = _levels_dot(_iq4_level(iand(q, 15)), _iq4_level(ishr(q, 4)), x, t * x.shape[1] + 32 * b)
+    return fmadd(a, load_f16(w, p), acc), off
 
 
 # -- IQ4_XS [d f16][scales_h u16][scales_l 4][qs 128], 256 weights in 8 runs of 32 -----
@@ -570,9 +579,32 @@ def _deq_iq4_xs(w, index, i0, i1, out, o):
 def _step_iq4_xs(w, p, h, b, j, x, xs, t, acc, off):
     x0 = t * x.shape[1] + 256 * b + 32 * j
     q = bload(w, p + 8 + 16 * j)
-    a = fmul(itof(sext(_iq4_level(iand(q, 15)))), vload(x, x0))
-    a = fmadd(itof(sext(_iq4_level(ishr(q, 4)))), vload(x, x0 + 16), a)
+    a = _levels_dot(_iq4_level(iand(q, 15)), _iq4_level(ishr(q, 4)), x, x0)
     return fmadd(a, h * _iq4xs_scale(w, p, j), acc), off
+
+
+# -- MXFP4 [e u8][qs 16]: Q4_0's nibble order, w = 2^(e - 128) * KV[nibble] ---------------
+
+
+@njit(cache=_CACHE)
+def _deq_mxfp4(w, index, i0, i1, out, o):
+    for i in range(i0, i1):
+        p0 = index[i] * w.shape[1]
+        o0 = (o + i - i0) * out.shape[1]
+        for b in range(w.shape[1] // 17):
+            p = p0 + 17 * b
+            d = _E8M0_HALF[load_u8(w, p)]
+            q = bload(w, p + 1)
+            vstore(out, o0 + 32 * b, fmul(itof(sext(_mxfp4_level(iand(q, 15)))), d))
+            vstore(out, o0 + 32 * b + 16, fmul(itof(sext(_mxfp4_level(ishr(q, 4)))), d))
+
+
+@njit(cache=_CACHE)
+def _step_mxfp4(w, p, h, b, j, x, xs, t, acc, off):
+    q = bload(w, p + 1)
+    lo, hi = _mxfp4_level(iand(q, 15)), _mxfp4_level(ishr(q, 4))
+    a = _levels_dot(lo, hi, x, t * x.shape[1] + 32 * b)
+    return fmadd(a, _E8M0_HALF[load_u8(w, p)], acc), off
 
 
 # -- the dot products: one driver over every type's block step -------------------------
@@ -634,6 +666,7 @@ _KINDS = {
     Q6_K: (210, 16, _head_q6_k, _no_start, _step_q6_k, _plus, False),
     IQ4_NL: (18, 1, _no_head, _no_start, _step_iq4_nl, _plus, False),
     IQ4_XS: (136, 8, _head_d, _no_start, _step_iq4_xs, _plus, False),
+    MXFP4: (17, 1, _no_head, _no_start, _step_mxfp4, _plus, False),
     F16: (128, 1, _no_head, _no_start, _step_f16, _end_f16, False),
     BF16: (128, 1, _no_head, _no_start, _step_bf16, _end_bf16, False),
 }
@@ -806,6 +839,8 @@ def _dot_rows(qt, w, r0, r1, x, xs, out):
         _dots(IQ4_NL, w, r0, r1, x, xs, out)
     elif qt == IQ4_XS:
         _dots(IQ4_XS, w, r0, r1, x, xs, out)
+    elif qt == MXFP4:
+        _dots(MXFP4, w, r0, r1, x, xs, out)
     elif qt == F16:
         _dots(F16, w, r0, r1, x, xs, out)
     elif qt == BF16:
@@ -839,6 +874,8 @@ def _deq_rows(qt, w, index, i0, i1, out, o):
         _deq_iq4_nl(w, index, i0, i1, out, o)
     elif qt == IQ4_XS:
         _deq_iq4_xs(w, index, i0, i1, out, o)
+    elif qt == MXFP4:
+        _deq_mxfp4(w, index, i0, i1, out, o)
     elif qt == F16:
         _deq_half(w, index, i0, i1, out, o, False)
     elif qt == BF16:
