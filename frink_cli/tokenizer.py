@@ -13,6 +13,9 @@ Two sources, one `Tokenizer`:
     and merges, behind the pre-tokenizer regexes llama.cpp uses for `tokenizer.ggml.pre`
     (each regex a Split with "isolated" behaviour, as unicode_regex_split keeps both the
     matches and the text between them);
+  - "gemma4" (or pre-tokenizer "gemma4") SentencePiece-style BPE: spaces written as "▁",
+    the same `tokenizers` BPE on raw UTF-8 with <0xXX> byte fallback, run per line and per
+    newline run as llama.cpp's gemma4 pre-tokenizer does;
   - "llama" SentencePiece: a port of llm_tokenizer_spm (score-driven bigram merges, byte
     fallback). `tokenizers` cannot express it exactly (its BPE merges are ranked pairs, not
     "any two neighbours whose concatenation is a token, best score first"), and a faithful
@@ -365,17 +368,18 @@ _pre("ufakzeka", ["ufakzeka"])
 _pre("grok-2", ["grok-2"])
 _pre("laguna", ["laguna"])
 _pre("exaone-moe", ["exaone-moe"])
+# SentencePiece-style BPE (Gemma 4): spaces written as "▁", raw UTF-8 with <0xXX> byte
+# fallback, split only into lines and newline runs; llama.cpp forces BOS on for it.
+_pre("gemma4", ["gemma4", "granite-embed-multi-311m"], force_bos=True, escape_whitespace=True)
 # Pre-tokenizers llama.cpp implements with hand-written splitters (kimi-k2, afmoe, tiny_aya,
-# superbpe) or that encode spaces SentencePiece-style inside BPE (gemma4, sarvam-moe,
-# whitespace): frink refuses them rather than tokenizing differently.
+# superbpe) or that encode spaces SentencePiece-style inside BPE without gemma4's exact
+# rules (sarvam-moe, whitespace): frink refuses them rather than tokenizing differently.
 _PRE_UNSUPPORTED = {
     "kimi-k2",
     "afmoe",
     "tiny_aya",
     "cohere2moe",
     "superbpe",
-    "gemma4",
-    "granite-embed-multi-311m",
     "granite-embed-multi-97m",
     "sarvam-moe",
     "whitespace",
@@ -403,6 +407,7 @@ def _bytes_to_unicode() -> dict[int, str]:
 _BYTE_TO_CHAR = _bytes_to_unicode()
 _CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
 _HEX_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+_LINES_OR_NEWLINES = re.compile(r"[^\n]+|\n+")  # the gemma4 pre-tokenizer's one split
 _ISSPACE = " \t\n\v\f\r"  # C isspace() in the "C" locale, what llama.cpp's lstrip/rstrip use
 
 
@@ -560,6 +565,7 @@ class _GgufCore(_Core):
         add_space_prefix: bool,
         unk_id: int | None,
         bpe: Any | None,
+        escape_whitespace: bool = False,
     ) -> None:
         self.tokens = tokens
         self.attrs = attrs
@@ -570,6 +576,8 @@ class _GgufCore(_Core):
         self.n_vocab = len(tokens)
         self.to_id = to_id
         self._bpe = bpe  # tokenizers.Tokenizer for "bpe"
+        # llama.cpp's escape_whitespaces for BPE: spaces are "▁" in tokens (Gemma 4)
+        self.escape_whitespace = escape_whitespace
         self._pieces: dict[int, bytes] = {}
         # tokenizer_st_partition's order: control, user-defined and unknown tokens, longest
         # (in bytes) first. std::sort leaves equal lengths in no defined order; id order here.
@@ -629,9 +637,24 @@ class _GgufCore(_Core):
                 self._spm(frag.replace(" ", "\u2581"), ids)
             else:
                 assert self._bpe is not None  # _load_gguf builds one for every "bpe" vocabulary
-                ids.extend(self._bpe.encode(frag, add_special_tokens=False).ids)
+                if self.escape_whitespace:
+                    self._spm_style_bpe(frag.replace(" ", "\u2581"), ids)
+                else:
+                    ids.extend(self._bpe.encode(frag, add_special_tokens=False).ids)
             prev_special = False
         return ids
+
+    def _spm_style_bpe(self, text: str, out: list[int]) -> None:
+        """llm_tokenizer_bpe_session for the gemma4 pre-tokenizer: BPE over each line and each
+        newline run ("[^\\n]+|[\\n]+"), except that a newline run which is itself a token is
+        taken whole (llama.cpp's Gemma 4 fix: its multi-newline tokens have no merge path)."""
+        assert self._bpe is not None
+        for word in _LINES_OR_NEWLINES.findall(text):
+            tid = self.to_id.get(word) if word[0] == "\n" else None
+            if tid is not None:
+                out.append(tid)
+            else:
+                out.extend(self._bpe.encode(word, add_special_tokens=False).ids)
 
     def _spm(self, text: str, out: list[int]) -> None:
         """llm_tokenizer_spm_session::tokenize: best-scoring neighbour merges, then bytes."""
@@ -707,7 +730,7 @@ class _GgufCore(_Core):
         elif attr & _A_USER_DEFINED:
             p = text.encode("utf-8", "surrogateescape")
         elif attr & _A_NORMAL:
-            if self.kind == "spm":
+            if self.kind == "spm" or self.escape_whitespace:
                 p = text.replace("\u2581", " ").encode("utf-8", "surrogateescape")
             else:
                 p = _byte_level_decode(text)
@@ -732,11 +755,13 @@ class _GgufCore(_Core):
 def _build_bpe(
     to_id: dict[str, int],
     merges_raw: list[str],
-    regexes: list[str],
+    regexes: list[str] | None,
     ignore_merges: bool,
     notes: list[str],
 ) -> Any:
-    """A `tokenizers` BPE over the GGUF vocab: Split(regex, isolated)* + ByteLevel bytes."""
+    """A `tokenizers` BPE over the GGUF vocab: Split(regex, isolated)* + ByteLevel bytes, or
+    with `regexes` None a bare BPE on raw UTF-8 with <0xXX> byte fallback, fed one word at a
+    time (the SentencePiece-style vocabularies, _GgufCore._spm_style_bpe)."""
     from tokenizers import Regex, models, pre_tokenizers
     from tokenizers import Tokenizer as HfTokenizer
 
@@ -760,6 +785,12 @@ def _build_bpe(
             f"tokenizer: {dropped} BPE merges name tokens missing from the vocabulary "
             "and were dropped"
         )
+    if regexes is None:
+        return HfTokenizer(
+            models.BPE(
+                vocab=dict(to_id), merges=merges, ignore_merges=ignore_merges, byte_fallback=True
+            )
+        )
     model = models.BPE(vocab=dict(to_id), merges=merges, ignore_merges=ignore_merges)
     tk = HfTokenizer(model)
     splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
@@ -775,10 +806,11 @@ def _load_gguf(ckpt: Checkpoint) -> Tokenizer | None:
     if model is None or model in ("none", "no_vocab"):
         return None
     where = str(ckpt.path)
-    if model not in ("gpt2", "llama"):
+    if model not in ("gpt2", "llama", "gemma4"):
         raise FrinkError(
             f"{where}: tokenizer model '{model}' is not supported (frink reads "
-            "'gpt2' byte-level BPE and 'llama' SentencePiece vocabularies)"
+            "'gpt2' byte-level BPE, 'gemma4' SentencePiece-style BPE and 'llama' "
+            "SentencePiece vocabularies)"
         )
     if "tokenizer.ggml.tokens" not in md:
         raise FrinkError(f"{where}: GGUF has no tokenizer.ggml.tokens")
@@ -790,6 +822,9 @@ def _load_gguf(ckpt: Checkpoint) -> Tokenizer | None:
     if kind == "spm":
         ids: dict[str, int | None] = {"bos": 1, "eos": 2, "unk": 0}
         add_bos, add_space_prefix = True, True
+    elif model == "gemma4":  # no default ids; the pre-tokenizer is "gemma4" whatever is stored
+        ids = {"bos": None, "eos": None, "unk": None}
+        add_bos, add_space_prefix = False, False
     else:
         ids = {"bos": 11, "eos": 11, "unk": None}
         add_bos, add_space_prefix = False, False
@@ -797,9 +832,9 @@ def _load_gguf(ckpt: Checkpoint) -> Tokenizer | None:
     ids.update({k: None for k in ("eot", "eom", "pre", "suf", "mid", "pad", "rep", "sep")})
 
     pre_family, ignore_merges = "default", False
-    flags: dict[str, bool]
+    flags: dict[str, bool] = {}
     if kind == "bpe":
-        pre = md.get("tokenizer.ggml.pre") or ""
+        pre = "gemma4" if model == "gemma4" else md.get("tokenizer.ggml.pre") or ""
         if not pre:
             ckpt.notes.append(
                 "tokenizer: GGUF has no tokenizer.ggml.pre; using llama.cpp's "
@@ -845,6 +880,8 @@ def _load_gguf(ckpt: Checkpoint) -> Tokenizer | None:
         add_bos = bool(md["tokenizer.ggml.add_bos_token"])
     if "tokenizer.ggml.add_eos_token" in md:
         add_eos = bool(md["tokenizer.ggml.add_eos_token"])
+    if flags.get("force_bos"):  # llama.cpp's Gemma 4 workaround overrides the file's flag
+        add_bos = True
 
     ttypes = md.get("tokenizer.ggml.token_type")
     if ttypes is None:
@@ -873,12 +910,24 @@ def _load_gguf(ckpt: Checkpoint) -> Tokenizer | None:
                 attrs[i] = attrs[i] | _A_RSTRIP if on else attrs[i] & ~_A_RSTRIP
 
     bpe = None
+    escape = flags.get("escape_whitespace", False)
     if kind == "bpe":
         merges = md.get("tokenizer.ggml.merges")
         if merges is None:
             raise FrinkError(f"{where}: GGUF BPE vocabulary has no tokenizer.ggml.merges")
-        bpe = _build_bpe(to_id, list(merges), _PRE_REGEXES[pre_family], ignore_merges, ckpt.notes)
-    core = _GgufCore(tokens, to_id, attrs, scores, kind, add_space_prefix, ids["unk"], bpe)
+        regexes = None if escape else _PRE_REGEXES[pre_family]
+        bpe = _build_bpe(to_id, list(merges), regexes, ignore_merges, ckpt.notes)
+    core = _GgufCore(
+        tokens,
+        to_id,
+        attrs,
+        scores,
+        kind,
+        add_space_prefix,
+        ids["unk"],
+        bpe,
+        escape_whitespace=escape,
+    )
     template = md.get("tokenizer.chat_template")
     return Tokenizer(
         core,
