@@ -107,6 +107,10 @@ class TinySpec:
     # layer_types "mamba" / "attention", which llama.cpp's converter reads and transformers
     # maps on load to its "linear_attention" / "full_attention").
     config_overrides: dict[str, Any] = field(default_factory=dict)
+    # Matrices (by substring of the parameter name) drawn with this std instead of
+    # WEIGHT_STD: gpt-oss's expert gate/up rows, wide enough that the SwiGLU-OAI clamp at 7
+    # bites on some of them.
+    matrix_std: dict[str, float] = field(default_factory=dict)
 
 
 _COMMON: dict[str, Any] = {
@@ -471,6 +475,31 @@ _FALCON_H1: dict[str, Any] = dict(
     ssm_multipliers=[1.5, 1.6, 0.6, 1.5, 0.7],
     ssm_in_multiplier=0.7,
     ssm_out_multiplier=4.0,
+    tie_word_embeddings=False,
+)
+
+# gpt-oss (GptOssForCausalLM; llama.cpp `gpt-oss`): sliding-window layers (even ones)
+# alternating with full ones, a learned sink logit per head, biases on Q/K/V/O, on the router
+# and on the experts, SwiGLU-OAI experts (alpha 1.702, limit 7: llama.cpp hard-codes both),
+# YaRN on every layer. truncate is left at transformers' default (True): released configs
+# say False, where transformers' correction range differs from llama.cpp's (floor / ceil).
+_GPT_OSS: dict[str, Any] = dict(
+    _COMMON,
+    num_hidden_layers=3,
+    head_dim=16,
+    intermediate_size=32,  # the expert width
+    sliding_window=6,
+    num_local_experts=8,
+    num_experts_per_tok=4,
+    rms_norm_eps=1e-5,
+    rope_parameters={
+        "rope_type": "yarn",
+        "rope_theta": 150000.0,
+        "factor": 4.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "original_max_position_embeddings": 64,
+    },
     tie_word_embeddings=False,
 )
 
@@ -1075,6 +1104,21 @@ SPECS: dict[str, TinySpec] = {
             greedy_prompt=_RECURRENT_GREEDY_PROMPT,
             notes="falcon_h1 with mamba_rms_norm (norm(y * silu(z)) per group); 2 layers",
         ),
+        TinySpec(
+            "gpt_oss",
+            "GptOssForCausalLM",
+            "GptOssConfig",
+            _GPT_OSS,
+            seed=91,
+            # Every sink a real share of its head's softmax (scores here are O(1)).
+            vector_overrides={"sinks": (1.0, 1.0)},
+            # gate/up rows of std ~4: the clamp at 7 cuts a few percent of them.
+            matrix_std={"gate_up_proj": 0.5},
+            greedy=24,
+            min_router_gap=MIN_ROUTER_GAP,
+            notes="SWA ATTN SWA (window 6), attention sinks, Q/K/V/O biases, 8 experts top 4 "
+            "(softmax over the top-k biased router logits), SwiGLU-OAI with biases, yarn x4",
+        ),
     ]
 }
 
@@ -1094,6 +1138,7 @@ _LATER_FIELDS = {
     "convert_renames": {},
     "router_bias_std": 0.0,
     "config_overrides": {},
+    "matrix_std": {},
 }
 
 
@@ -1125,7 +1170,8 @@ def _randomize(model: Any, spec: TinySpec) -> None:
                 c = mag.to(torch.float16).to(torch.float32)
                 p.copy_(torch.where(noise >= 0, c, -c))
             elif p.ndim >= 2:
-                p.copy_(noise * WEIGHT_STD)
+                std = next((v for key, v in spec.matrix_std.items() if key in name), WEIGHT_STD)
+                p.copy_(noise * std)
             elif override is not None:
                 p.copy_(override[0] + noise * override[1])
             elif "norm" in name:

@@ -37,6 +37,7 @@ from .bitnet import Bitnet
 from .deci import Deci
 from .falcon_h1 import FalconH1
 from .gemma3 import Gemma3
+from .gpt_oss import GptOss
 from .granite import Granite, GraniteMoe
 from .granite_hybrid import GraniteHybrid
 from .lfm2 import Lfm2, Lfm2Moe
@@ -81,6 +82,7 @@ _ARCHS: tuple[Arch, ...] = (
     Mamba2(),
     GraniteHybrid(),
     FalconH1(),
+    GptOss(),
 )
 _BY_NAME: dict[str, Arch] = {a.name: a for a in _ARCHS}
 _BY_MODEL_TYPE: dict[str, Arch] = {mt: a for a in _ARCHS for mt in a.hf_model_types}

@@ -69,18 +69,21 @@ def attend(
     window: int | None,
     softcap: float | None,
     slopes: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
 ) -> np.ndarray:
     """softmax(q K^T + mask) V for scaled queries q [T, H, hk] at `positions` over keys
     K [Hkv, S, hk] and values V [Hkv, S, hv], key row j at position first + j (a window
     cache holds no rows before its window); returns [T, H * hv]. slopes [H]: ALiBi, each
-    head's scores get -slope_h * (query position - key position)."""
+    head's scores get -slope_h * (query position - key position). sinks [H]: each head's
+    sink logit joins its softmax's denominator (and its max), with no value."""
     T, H, hk = q.shape
     Hkv, hv = K.shape[0], V.shape[2]
     g = H // Hkv
     if T == 1:
-        return _attend_row(q, K, V, first, int(positions[0]), window, softcap, slopes)
+        return _attend_row(q, K, V, first, int(positions[0]), window, softcap, slopes, sinks)
     # [Hkv, 1, g, 1]: head kvh * g + j's slope, against scores [Hkv, Tb, g, n].
     head_slopes = slopes.reshape(Hkv, 1, g, 1) if slopes is not None else None
+    head_sinks = sinks.reshape(Hkv, 1, g, 1).astype(np.float32) if sinks is not None else None
     # [Hkv, T, g, hk]: query heads grouped under the KV head they read, rows in (token,
     # head) order, so a block of tokens is one contiguous [Tb * g, hk] matrix per KV head
     # and each block costs 2 * Hkv GEMMs.
@@ -114,10 +117,14 @@ def attend(
                 s4[..., hi - lo - n_rows :] += _causal_tail(n_rows)[:, None, :]
             else:
                 s4 += attention_mask(pos, hi, window, lo)[:, None, :]
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        # Normalized after the PV product: hv columns to divide instead of n.
-        total = scores.sum(axis=-1, keepdims=True)
+        if head_sinks is None:
+            scores -= scores.max(axis=-1, keepdims=True)
+            np.exp(scores, out=scores)
+            # Normalized after the PV product: hv columns to divide instead of n.
+            total = scores.sum(axis=-1, keepdims=True)
+        else:
+            total = _exp_with_sinks_(scores.reshape(Hkv, n_rows, g, hi - lo), head_sinks)
+            total = total.reshape(Hkv, n_rows * g, 1)
         ob = out[:, r0:r1].reshape(Hkv, n_rows * g, hv)
         np.matmul(scores, V[:, lo - first : hi - first], out=ob)
         ob /= total
@@ -141,6 +148,7 @@ def _attend_row(
     window: int | None,
     softcap: float | None,
     slopes: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
 ) -> np.ndarray:
     """_attend for one query row at position `pos`: the same arithmetic with no block loop
     and no mask (every key in [lo, pos] is visible), since a decode token pays per NumPy
@@ -159,7 +167,20 @@ def _attend_row(
     if slopes is not None:
         dist = (pos - np.arange(lo, pos + 1)).astype(np.float32)  # [n]
         scores -= slopes.reshape(Hkv, H // Hkv, 1) * dist
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
+    if sinks is None:
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+    else:
+        scores /= _exp_with_sinks_(scores, sinks.reshape(Hkv, H // Hkv, 1).astype(np.float32))
     return np.matmul(scores, Vr).reshape(1, H * hv)
+
+
+def _exp_with_sinks_(scores: np.ndarray, sinks: np.ndarray) -> np.ndarray:
+    """exp(scores - m) in place and the softmax denominators sum(exp(scores - m)) +
+    exp(sink - m), with m the larger of the row's max score and its head's sink (sinks
+    broadcast against scores, one per row's head)."""
+    m = np.maximum(scores.max(axis=-1, keepdims=True), sinks)
+    scores -= m
+    np.exp(scores, out=scores)
+    return scores.sum(axis=-1, keepdims=True) + np.exp(sinks - m)

@@ -19,9 +19,25 @@ def silu(x: np.ndarray) -> np.ndarray:
 ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
 
 
+# gpt-oss's experts (act "swiglu_oai"): llama.cpp's ggml_swiglu_oai with the constants its
+# build_moe_ffn hard-codes, as transformers' GptOssExperts._apply_gate computes it.
+SWIGLU_OAI_ALPHA = 1.702
+SWIGLU_OAI_LIMIT = 7.0
+
+
+def swiglu_oai(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """g * sigmoid(alpha g) * (u + 1) with g = min(gate, limit), u = clip(up, +-limit)."""
+    limit = np.float32(SWIGLU_OAI_LIMIT)
+    g = np.minimum(gate, limit)
+    u = np.clip(up, -limit, limit)
+    return g / (np.float32(1.0) + np.exp(np.float32(-SWIGLU_OAI_ALPHA) * g)) * (u + np.float32(1.0))
+
+
 def glu(h: np.ndarray, act: str) -> np.ndarray:
     """act(gate) * up over rows [..., gate | up] (the fused gate/up projection's output)."""
     n_ff = h.shape[-1] // 2
+    if act == "swiglu_oai":
+        return swiglu_oai(h[..., :n_ff], h[..., n_ff:])
     return ACTIVATIONS[act](h[..., :n_ff]) * h[..., n_ff:]
 
 
@@ -53,6 +69,8 @@ def glu_(h: np.ndarray, act: str) -> np.ndarray:
     strided view BLAS reads as it is). A prefill's [T, 2*n_ff] rows are megabytes; not
     allocating them again per op is most of the FFN's non-matmul time."""
     n_ff = h.shape[-1] // 2
+    if act == "swiglu_oai":  # (experts only: their rows are small)
+        return swiglu_oai(h[..., :n_ff], h[..., n_ff:])
     gate = h[..., :n_ff]
     _ACTIVATIONS_INPLACE[act](gate)
     gate *= h[..., n_ff:]

@@ -95,12 +95,13 @@ class HostOps:
         scale: float,
         softcap: float | None,
         alibi: tuple[float, ...] | None = None,
+        sinks: np.ndarray | None = None,
     ) -> np.ndarray:
         # The rows this step's queries see: [Hkv, S, hk], [Hkv, S, hv], row j at first + j.
         first, K, V = kv.append(k, v)
         q *= F32(scale)  # q is a view into this step's own QKV rows
         slopes = _slopes(alibi) if alibi is not None else None
-        return attend(q, K, V, first, pos, window, softcap, slopes)
+        return attend(q, K, V, first, pos, window, softcap, slopes, sinks)
 
     def causal_conv(
         self, x: np.ndarray, tail: np.ndarray, taps: np.ndarray
@@ -160,7 +161,12 @@ class HostOps:
             seq = None
             if owner is not None:
                 seq = np.unique(owner[rows], return_counts=True)[1].tolist()
-            y = product(glu(product(x[rows], moe.gate_up_exps[e], seq), act), moe.down_exps[e], seq)
+            gu = product(x[rows], moe.gate_up_exps[e], seq)
+            if moe.gate_up_exps_b is not None:
+                gu += moe.gate_up_exps_b[e]
+            y = product(glu(gu, act), moe.down_exps[e], seq)
+            if moe.down_exps_b is not None:
+                y += moe.down_exps_b[e]
             # A row picks an expert at most once, so rows are distinct and += is safe.
             out[rows] += y * weights[rows, slot][:, None]
         return out

@@ -219,10 +219,20 @@ def attention_block(
             # head (rope_dim == head_dim) commutes with it: norming first is the same.
             q = q * w.q_gain
     alibi = None if cfg.alibi_bias is None else cfg.alibi_slopes()
+    sinks = w.attn_sinks if cfg.attn_sinks else None  # gpt-oss: [H] sink logits
 
     def attend(kv: Any, pos: Any, q: Array, k: Array, v: Array) -> Array:
         return ops.attention(
-            q, k, v, kv, pos, shape.window, cfg.attn_scale, cfg.attn_logit_softcap, alibi=alibi
+            q,
+            k,
+            v,
+            kv,
+            pos,
+            shape.window,
+            cfg.attn_scale,
+            cfg.attn_logit_softcap,
+            alibi=alibi,
+            sinks=sinks,
         )
 
     out = each_sequence(ops, kv, pos, attend, q, k, v)

@@ -224,6 +224,9 @@ class MoeConfig:
     # The chosen weights' multiplier after any renormalization (expert_weights_scale,
     # transformers' routed_scaling_factor); 1 = none.
     weights_scale: float = 1.0
+    # Biases on the router (ffn_gate_inp.bias) and on every expert's gate, up and down rows
+    # (ffn_{gate,up,down}_exps.bias [n_expert, rows]): gpt-oss.
+    biases: bool = False
 
 
 @dataclass(frozen=True)
@@ -320,6 +323,12 @@ class ModelConfig:
     proj_scales: bool = False
     # YaRN / LongRoPE / an attention factor on cos and sin (None: plain or linear rope).
     rope_scaling: RopeScaling | None = None
+    # gpt-oss: a learned logit per query head joins each softmax and takes no value
+    # (attn_sinks [n_head]: llama.cpp's ggml_soft_max_add_sinks, transformers' s_aux).
+    attn_sinks: bool = False
+    # The sliding-window layers keep the model's rope scaling (gpt-oss: llama.cpp's
+    # rope_freq_scale_train_swa = rope_freq_scale_train); else they rotate unscaled (gemma3).
+    swa_rope_scaled: bool = False
     # Per-layer head counts and FFN widths (openelm, deci); None when every layer has the
     # model's n_head / n_head_kv / n_ff.
     layer_sizes: LayerSizes | None = None
@@ -429,7 +438,7 @@ class ModelConfig:
             ffn=ffn,
             window=self.sliding_window if swa else None,
             rope_base=self.rope_base_swa if swa else self.rope_base,
-            rope_scale=1.0 if swa else self.rope_scale,
+            rope_scale=1.0 if swa and not self.swa_rope_scaled else self.rope_scale,
             n_head=n_head,
             n_head_kv=n_head_kv,
             n_ff=n_ff,

@@ -169,6 +169,10 @@ class MoeWeights:
     down_shexp: Linear | None  # [n_embd, n_ff_shexp]
     # [n_expert] the expert-selection bias (exp_probs_b; MoeConfig.expert_bias), or None.
     probs_b: np.ndarray | None = None
+    # The experts' biases (MoeConfig.biases, gpt-oss), or None: [n_expert, 2*n_ff_exp]
+    # (gate, then up) and [n_expert, n_embd].
+    gate_up_exps_b: np.ndarray | None = None
+    down_exps_b: np.ndarray | None = None
 
 
 @dataclass
@@ -202,6 +206,7 @@ class LayerWeights:
     wo_scale: np.ndarray | None = None  # [1] attn_output.scale (proj_scales)
     down_scale: np.ndarray | None = None  # [1] ffn_down.scale (proj_scales)
     skip_scale: np.ndarray | None = None  # [1] talkie's layer_output_scale (embd_skip)
+    attn_sinks: np.ndarray | None = None  # [n_head] the sink logits (cfg.attn_sinks, gpt-oss)
 
 
 def map_layer(
@@ -549,6 +554,9 @@ def load_weights(
             ffn_sub_norm=get(p + "ffn_sub_norm.weight", (n_ff,))
             if cfg.ffn_sub_norm and gate_up is not None
             else None,
+            attn_sinks=get(p + "attn_sinks.weight", (n_head,))
+            if cfg.attn_sinks and qkv is not None
+            else None,
             **_talkie_extras(p, cfg, get),
         )
 
@@ -779,6 +787,11 @@ def _load_moe(
         down = get(p + "ffn_down_exps.weight", (n_e, d, ff))
     inp = [get(p + "ffn_gate_inp.weight", (n_e, d))]
     inp_sources = [p + "ffn_gate_inp.weight"]
+    router_b = gate_up_b = down_b = None
+    if moe.biases:  # gpt-oss: the router's and every expert's
+        router_b = get(p + "ffn_gate_inp.bias", (n_e,))
+        gate_up_b = np.concatenate([get(name + ".bias", (n_e, n)) for name, n in parts], axis=1)
+        down_b = get(p + "ffn_down_exps.bias", (n_e, d))
     down_shexp = None
     if moe.n_ff_shexp:
         sh = moe.n_ff_shexp
@@ -800,10 +813,16 @@ def _load_moe(
         down_shexp = Linear(
             get(p + "ffn_down_shexp.weight", (d, sh)), None, (p + "ffn_down_shexp.weight",)
         )
+    rows = sum(x.shape[0] for x in inp)
+    inp_b = (
+        None if router_b is None else np.concatenate([router_b, np.zeros(rows - n_e, np.float32)])
+    )
     return MoeWeights(
-        inp=Linear(np.concatenate(inp), None, tuple(inp_sources)),
+        inp=Linear(np.concatenate(inp), inp_b, tuple(inp_sources)),
         gate_up_exps=gate_up,
         down_exps=down,
         down_shexp=down_shexp,
         probs_b=get(p + "exp_probs_b.bias", (n_e,)) if moe.expert_bias else None,
+        gate_up_exps_b=gate_up_b,
+        down_exps_b=down_b,
     )

@@ -551,9 +551,12 @@ class CudaOps:
         scale: float,
         softcap: float | None,
         alibi: tuple[float, ...] | None = None,
+        sinks: Any | None = None,
     ) -> Any:
         if softcap:
             raise NotImplementedError("attention logit softcap (eligibility refuses it)")
+        if sinks is not None:
+            raise NotImplementedError("attention sinks (eligibility refuses attn_sinks)")
         T, H, hk = q.shape
         Hkv, hv = v.shape[1], v.shape[2]
         P = pos.n_prefix

@@ -271,8 +271,19 @@ class MlxBackend(DeviceBackend):
         if e.down_shexp is not None:
             d = e.down_shexp
             down_shexp = self._linear(list(d.sources), d.w, d.b)
-        probs_b = None if e.probs_b is None else mx.array(e.probs_b)
-        return graph.DeviceMoe(inp, gate_up, down, down_shexp, probs_b)
+
+        def opt(a: np.ndarray | None) -> mx.array | None:
+            return None if a is None else mx.array(a)
+
+        return graph.DeviceMoe(
+            inp,
+            gate_up,
+            down,
+            down_shexp,
+            opt(e.probs_b),
+            gate_up_exps_b=opt(e.gate_up_exps_b),
+            down_exps_b=opt(e.down_exps_b),
+        )
 
     def prepare(self, weights) -> None:
         cfg = self.cfg

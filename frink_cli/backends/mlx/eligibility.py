@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ...model.config import ModelConfig
 
-CARRIED_ACTIVATIONS = ("silu", "gelu_tanh")
+CARRIED_ACTIVATIONS = ("silu", "gelu_tanh", "swiglu_oai")
 CARRIED_MIXERS = (
     "attention",
     "gdn",
@@ -69,6 +69,11 @@ CARRIED_FEATURES = frozenset(
         # "moe": MlxOps.route carries both.)
         "shortconv",
         "output_norm_tensor",
+        # gpt-oss: the sinks are SDPA's own argument; the sliding-window layers' rope scale
+        # comes from layer_shape like every layer's. (Router and expert biases, SwiGLU-OAI:
+        # in "moe" and the activation, carried by MlxOps.)
+        "attn_sinks",
+        "swa_rope_scaled",
     }
 )
 

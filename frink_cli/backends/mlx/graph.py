@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from ...graph.ffn import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+
 
 @dataclass
 class DeviceLinear:
@@ -116,6 +118,9 @@ class DeviceMoe:
     down_exps: DeviceExperts  # [E, d, ff]
     down_shexp: DeviceLinear | None  # [d, ff_sh]
     probs_b: mx.array | None = None  # [E] the expert-selection bias (lfm2moe), or None
+    # The experts' biases (gpt-oss): [E, 2 ff] (gate, then up) and [E, d], or None.
+    gate_up_exps_b: mx.array | None = None
+    down_exps_b: mx.array | None = None
 
     @property
     def gate_up_shexp(self) -> DeviceLinear | None:
@@ -255,6 +260,10 @@ class MlxOps:
 
     def glu(self, h: mx.array, act: str) -> mx.array:
         n = h.shape[-1] // 2
+        if act == "swiglu_oai":  # gpt-oss's experts, as graph/ffn.py's swiglu_oai
+            g = mx.minimum(h[..., :n], SWIGLU_OAI_LIMIT)
+            u = mx.clip(h[..., n:], -SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT)
+            return g * mx.sigmoid(SWIGLU_OAI_ALPHA * g) * (u + 1.0)
         return self.act(h[..., :n], act) * h[..., n:]
 
     def sigmoid(self, x: mx.array) -> mx.array:
@@ -298,6 +307,7 @@ class MlxOps:
         scale: float,
         softcap: float | None,
         alibi: tuple[float, ...] | None = None,
+        sinks: mx.array | None = None,
     ) -> mx.array:
         if softcap:
             raise ValueError("attention logit softcap not carried")  # eligibility refuses it first
@@ -314,7 +324,7 @@ class MlxOps:
             slopes = mx.array(alibi, dtype=mx.float32)[:, None, None]
             mask = mask[None] - slopes * dist.astype(mx.float32)[None]
         o = mx.fast.scaled_dot_product_attention(
-            _heads_first(q), kv.a, kv.b, scale=scale, mask=mask
+            _heads_first(q), kv.a, kv.b, scale=scale, mask=mask, sinks=sinks
         )
         return o[0].transpose(1, 0, 2).reshape(T, -1)
 
@@ -407,7 +417,11 @@ class MlxOps:
             rows, idx = x[:, None, None, :], ids  # [T, 1, 1, d] against [T, k]: broadcast over k
         parts = [g(rows, idx, sort) for g in m.gate_up_exps]
         gu = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
+        if m.gate_up_exps_b is not None:  # each pair's expert's bias row, shaped like gu
+            gu = gu + m.gate_up_exps_b[idx][..., None, :]
         y = m.down_exps(self.glu(gu, act), idx, sort)
+        if m.down_exps_b is not None:
+            y = y + m.down_exps_b[idx][..., None, :]
         if sort:
             y = y[mx.argsort(order)]  # back to (row, rank) order
         return (y.reshape(T, k, d) * wts[..., None]).sum(axis=1)
