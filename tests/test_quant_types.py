@@ -418,16 +418,19 @@ def test_host_keeps_the_files_blocks_and_batches_invariantly(
         assert np.array_equal(x, y), (qtype, i, float(np.abs(x - y).max()))
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
-def test_host_moe_experts_stay_in_blocks(qtype: str, quant_file: Callable) -> None:
+@pytest.mark.parametrize(
+    ("qtype", "fixture"), [("Q8_0", "qwen3moe"), ("Q4_0", "qwen3moe"), ("MXFP4", "gpt_oss")]
+)
+def test_host_moe_experts_stay_in_blocks(qtype: str, fixture: str, quant_file: Callable) -> None:
     """A quantized MoE file's expert stacks stay in its blocks on the host (each step reads
     only the chosen experts' bytes; f32 would be ~7x the file for Qwen3-30B-A3B), and the
-    model still computes llama.cpp's logits on the same weights."""
+    model still computes llama.cpp's logits on the same weights. gpt-oss ships its experts
+    as MXFP4, which the host multiplies packed, biases and all."""
     from frink_cli.quant.blocks import QuantExperts
 
     if not kernels.compiled():
         pytest.skip("the host keeps blocks only with the compiled kernels (numba)")
-    q = quant_file(qtype, "qwen3moe")
+    q = quant_file(qtype, fixture)
     m = frink_cli.load(q.path, backend="numpy")
     moes = [lw.moe for lw in m.decoder.host.w.layers]
     assert moes and all(e is not None for e in moes)
@@ -435,7 +438,27 @@ def test_host_moe_experts_stay_in_blocks(qtype: str, quant_file: Callable) -> No
     assert all(isinstance(s, QuantExperts) for s in stacks), [type(s) for s in stacks]
     assert sum(s.nbytes for s in stacks) <= q.path.stat().st_size
     got = m.logits([int(t) for t in q.ref["tokens"]])
-    _check_logits(got, q, f"{qtype} qwen3moe numpy")
+    _check_logits(got, q, f"{qtype} {fixture} numpy")
+
+
+def test_metal_keeps_gpt_oss_mxfp4_experts_packed(quant_file: Callable) -> None:
+    """gpt-oss's MXFP4 experts stay MXFP4 on metal (MLX's mxfp4 mode, gathered per row's
+    experts), and with their biases the model computes llama.cpp's logits."""
+    pytest.importorskip("mlx.core")
+    q = quant_file("MXFP4", "gpt_oss")
+    m = frink_cli.load(q.path, backend="metal")
+    got = m.logits([int(t) for t in q.ref["tokens"]])
+    _check_logits(got, q, "MXFP4 gpt_oss metal")
+    ledger = m.decoder.backend.ledger
+    assert ledger.total() > 0 and not ledger.failures and not ledger.refusals, (
+        ledger.total(),
+        dict(ledger.failures),
+        dict(ledger.refusals),
+    )
+    held = m.decoder.backend.tensor_held
+    experts = {n: h for n, h in held.items() if "_exps." in n}
+    assert experts, sorted(held)
+    assert all(h.startswith("quantized mxfp4") for h in experts.values()), experts
 
 
 # The recurrent mixers' projections, per fixture: (LayerWeights field, its Linear fields).
