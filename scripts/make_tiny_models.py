@@ -111,6 +111,9 @@ class TinySpec:
     # WEIGHT_STD: gpt-oss's expert gate/up rows, wide enough that the SwiGLU-OAI clamp at 7
     # bites on some of them.
     matrix_std: dict[str, float] = field(default_factory=dict)
+    # Buffers (by substring of the name) drawn as center + std * noise: gemma4's
+    # layer_scalar, a saved buffer the parameter loop never sees (1.0 would hide it).
+    buffer_overrides: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 _COMMON: dict[str, Any] = {
@@ -152,6 +155,61 @@ _GEMMA3_TEXT: dict[str, Any] = dict(
 # noise reaches the logits: at ~0.5 (stored as w - 1 = -0.5) transformers and llama.cpp agree
 # to ~1e-3 instead of ~2-3e-3, leaving the 2e-3 parity bar meaningful against both.
 _GEMMA3_NORMS: dict[str, float] = {"post_feedforward_layernorm": -0.5}
+
+# Gemma 4: sliding layers (window 6, head 16, 2 KV heads, rope over every dim at theta 3000)
+# and full ones (head 32, 1 KV head and V = K: attention_k_eq_v, proportional rope over a
+# quarter of the head at theta 2e5); the last 2 layers share the K/V of layers 3 (sliding)
+# and 4 (full), which both llama.cpp's rule (n_kv - 2 / n_kv - 1) and transformers' (the
+# last earlier layer of the kind) pick; their FFNs are double wide. Per-layer embeddings
+# 8 wide, a final softcap that bites. Norms scale by w (around 1), except the ones that set
+# how far llama.cpp's f16 GELU table noise (see _GEMMA3_NORMS) is carried: the post-FFN and
+# per-layer-embedding norms at ~0.25, and Q/K norms at ~0.4 (q.k is unscaled here: sharp
+# softmaxes amplify the noise). So drawn, the references agree to ~7e-4 instead of ~7e-2;
+# transformers with its GELU input and output rounded to f16 agrees with llama.cpp to
+# ~1e-3 either way (the rest of the two graphs is the same).
+_GEMMA4_TEXT: dict[str, Any] = dict(
+    _COMMON,
+    num_hidden_layers=7,
+    layer_types=[
+        "sliding_attention",
+        "full_attention",
+        "sliding_attention",
+        "sliding_attention",
+        "full_attention",
+        "sliding_attention",
+        "full_attention",
+    ],
+    head_dim=16,
+    global_head_dim=32,
+    num_global_key_value_heads=1,
+    attention_k_eq_v=True,
+    num_kv_shared_layers=2,
+    use_double_wide_mlp=True,
+    hidden_size_per_layer_input=8,
+    vocab_size_per_layer_input=512,
+    sliding_window=6,
+    rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 3000.0},
+        "full_attention": {
+            "rope_type": "proportional",
+            "partial_rotary_factor": 0.25,
+            "rope_theta": 200000.0,
+        },
+    },
+    rms_norm_eps=1e-6,
+    hidden_activation="gelu_pytorch_tanh",
+    final_logit_softcapping=3.0,
+    tie_word_embeddings=True,
+    pad_token_id=0,
+    bos_token_id=2,
+    eos_token_id=1,
+)
+_GEMMA4_NORMS: dict[str, float] = {
+    "post_feedforward_layernorm": 0.25,
+    "post_per_layer_input_norm": 0.25,
+    "q_norm": 0.4,
+    "k_norm": 0.4,
+}
 
 # Qwen3.5 / Qwen3-Next hybrids: gated-delta-net (linear attention) layers with a gated
 # full-attention layer every few. More value heads than key heads (4 vs 2), so a wrong
@@ -1119,6 +1177,19 @@ SPECS: dict[str, TinySpec] = {
             notes="SWA ATTN SWA (window 6), attention sinks, Q/K/V/O biases, 8 experts top 4 "
             "(softmax over the top-k biased router logits), SwiGLU-OAI with biases, yarn x4",
         ),
+        TinySpec(
+            "gemma4",
+            "Gemma4ForCausalLM",
+            "Gemma4TextConfig",
+            _GEMMA4_TEXT,
+            seed=101,
+            norm_center_overrides=_GEMMA4_NORMS,
+            buffer_overrides={"layer_scalar": (1.0, 0.3)},
+            greedy=24,
+            notes="SWA/ATTN with per-kind head widths and KV heads, V = K on full layers, "
+            "proportional rope, 2 KV-sharing layers (double-wide FFNs), per-layer "
+            "embeddings, layer scalars, final softcap 3",
+        ),
     ]
 }
 
@@ -1139,6 +1210,7 @@ _LATER_FIELDS = {
     "router_bias_std": 0.0,
     "config_overrides": {},
     "matrix_std": {},
+    "buffer_overrides": {},
 }
 
 
@@ -1182,6 +1254,11 @@ def _randomize(model: Any, spec: TinySpec) -> None:
                 p.copy_(center + noise * NORM_STD)
             else:  # biases
                 p.copy_(noise * WEIGHT_STD)
+        for name, b in model.named_buffers():
+            cs = next((v for key, v in spec.buffer_overrides.items() if key in name), None)
+            if cs is not None:
+                noise = torch.randn(b.shape, generator=gen, dtype=torch.float32)
+                b.copy_(cs[0] + noise * cs[1])
         if spec.router_bias_std:
             for name, b in model.named_buffers():
                 if name.endswith("expert_bias"):

@@ -37,6 +37,7 @@ from .bitnet import Bitnet
 from .deci import Deci
 from .falcon_h1 import FalconH1
 from .gemma3 import Gemma3
+from .gemma4 import Gemma4
 from .gpt_oss import GptOss
 from .granite import Granite, GraniteMoe
 from .granite_hybrid import GraniteHybrid
@@ -62,6 +63,7 @@ _ARCHS: tuple[Arch, ...] = (
     Qwen3(),
     Qwen3Moe(),
     Gemma3(),
+    Gemma4(),
     Qwen35(),
     Qwen35Moe(),
     Qwen3Next(),

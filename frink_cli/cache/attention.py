@@ -189,3 +189,53 @@ class WindowKv(AttentionKv):
 
     def _capacity(self, need: int) -> int:
         return max(need, self._initial_rows())
+
+
+class SharedKv:
+    """A KV-sharing layer's slot (gemma4's shared_kv_layers): the rows of another layer's
+    slot, read and never written. The source layer runs earlier in every step, so by the
+    time this layer attends the source holds this step's rows too; staging, committing
+    and truncating are the source's (this slot has nothing of its own to move)."""
+
+    def __init__(self, source: AttentionKv) -> None:
+        self.source = source
+
+    @property
+    def n_past(self) -> int:
+        return self.source.n_past
+
+    @property
+    def first(self) -> int:
+        return self.source.first
+
+    @property
+    def version(self) -> int:
+        return self.source.version
+
+    def append(self, k: None, v: None) -> tuple[int, np.ndarray, np.ndarray]:
+        """(first, K, V) of every row the source holds, this step's staged ones included."""
+        assert k is None and v is None, "a KV-sharing layer writes no rows"
+        s = self.source
+        a, b = s.first - s.base, s.end - s.base
+        return s.first, s._k[:, a:b], s._v[:, a:b]
+
+    def held(self) -> tuple[int, np.ndarray, np.ndarray]:
+        return self.source.held()
+
+    def by_position(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.source.by_position()
+
+    def reserve(self, end: int) -> None:
+        pass
+
+    def commit(self, n_past: int) -> None:
+        pass
+
+    def rollback(self) -> None:
+        pass
+
+    def truncation_refusal(self, n_past: int) -> str | None:
+        return None  # the source answers for the rows
+
+    def truncate(self, n_past: int) -> None:
+        pass

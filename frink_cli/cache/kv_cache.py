@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import FrinkError
 from ..model.config import ModelConfig
-from .attention import AttentionKv, WindowKv
+from .attention import AttentionKv, SharedKv, WindowKv
 from .protocol import KvSlot, LayerSlot, RecurrentSlot
 from .recurrent import ParallelSlot, RecurrentState
 
@@ -28,10 +28,11 @@ def layer_slot(cfg: ModelConfig, layer: int, n_ctx: int, windowed: bool = True) 
     # (deci's "none" and "linear" mixers): its slot then holds no rows at all.
     window, n_kv = shape.window, shape.n_head_kv
     kv: AttentionKv
+    hk, hv = shape.head_dim_k, shape.head_dim_v  # the layer's own (gemma4: per kind)
     if windowed and window is not None and window < n_ctx:
-        kv = WindowKv(n_kv, cfg.head_dim_k, cfg.head_dim_v, n_ctx, window)
+        kv = WindowKv(n_kv, hk, hv, n_ctx, window)
     else:
-        kv = AttentionKv(n_kv, cfg.head_dim_k, cfg.head_dim_v, n_ctx)
+        kv = AttentionKv(n_kv, hk, hv, n_ctx)
     if shape.mixer == "attention+mamba2":  # falcon-h1: K/V rows and mamba state
         return ParallelSlot(kv, RecurrentState(cfg, layer))
     return kv
@@ -54,7 +55,15 @@ class KvCache:
         self.cfg = cfg
         self.n_ctx = n_ctx
         self.n_past = 0
-        self.slots: list = [layer_slot(cfg, layer, n_ctx, windowed) for layer in range(cfg.n_layer)]
+        self.slots: list = []
+        for layer in range(cfg.n_layer):
+            source = cfg.kv_source(layer)
+            # A KV-sharing layer (gemma4) reads an earlier layer's slot: one set of rows.
+            self.slots.append(
+                SharedKv(self.slots[source])
+                if source is not None
+                else layer_slot(cfg, layer, n_ctx, windowed)
+            )
 
     @property
     def has_recurrent_state(self) -> bool:
@@ -162,7 +171,7 @@ class KvCache:
     def _by_position(self, s: LayerSlot) -> tuple[np.ndarray, np.ndarray]:
         if isinstance(s, ParallelSlot):
             s = s.kv
-        if isinstance(s, AttentionKv):
+        if isinstance(s, (AttentionKv, SharedKv)):
             return s.by_position()
         cfg = self.cfg
         return (

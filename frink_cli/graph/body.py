@@ -15,7 +15,7 @@ import numpy as np
 from ..model.config import ModelConfig
 from ..model.weights import ModelWeights, embedding_rows
 from .host_ops import HOST_OPS
-from .layer import embed_norm, embed_skip, lm_head, scale_embeddings
+from .layer import embed_norm, embed_per_layer, embed_skip, lm_head, scale_embeddings
 from .layer import layer as compose_layer
 from .rope import Rope, rope_factors
 
@@ -69,25 +69,33 @@ class HostBody:
             factors = rope_factors(
                 cfg, w.rope_freqs, w.rope_factors_long, w.rope_factors_short, n_ctx
             )
-            ropes: dict[tuple[float, float], Rope] = {}
-            for s in self.shapes:
-                key = (s.rope_base, s.rope_scale)
+            ropes: dict[tuple[float, float, int, bool], Rope] = {}
+            keys = [(s.rope_base, s.rope_scale, s.rope_dim, s.no_rope_freqs) for s in self.shapes]
+            for key in keys:
                 if key not in ropes:
+                    base, scale, dim, plain = key
                     ropes[key] = Rope(
-                        cfg.rope_dim,
-                        s.rope_base,
-                        s.rope_scale,
+                        dim,
+                        base,
+                        scale,
                         cfg.rope_type,
-                        factors,
+                        None if plain else factors,
                         cfg.rope_scaling,
                     )
-            self._ropes[long] = [ropes[(s.rope_base, s.rope_scale)] for s in self.shapes]
+            self._ropes[long] = [ropes[key] for key in keys]
         return self._ropes[long]
 
     def embed(self, ids: np.ndarray) -> np.ndarray:
         x = embedding_rows(self.w.token_embd, ids)  # a copy: the residual stream is ours
         x = embed_norm(HOST_OPS, self.cfg, self.w.token_embd_norm, self.w.token_embd_norm_b, x)
         x = scale_embeddings(HOST_OPS, self.cfg, x)
+        if self.cfg.per_layer_embd:
+            w = self.w
+            assert w.per_layer_token_embd is not None  # load_weights reads it with the flag
+            rows = embedding_rows(w.per_layer_token_embd, ids)
+            x = embed_per_layer(
+                HOST_OPS, self.cfg, rows, w.per_layer_model_proj, w.per_layer_proj_norm, x
+            )
         return embed_skip(HOST_OPS, self.cfg, self.w.token_embd_norm, x)
 
     def layer(self, layer: int, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray:

@@ -52,16 +52,21 @@ class BatchSlot:
         self.sequences = sequences
 
 
-def each_sequence(ops: Ops, kv: Any, pos: Any, core: Callable[..., Array], *rows: Array) -> Array:
+def each_sequence(
+    ops: Ops, kv: Any, pos: Any, core: Callable[..., Array], *rows: Array | None
+) -> Array:
     """core(kv, pos, *rows) -> its output rows: a mixer's part that reads or writes the
     sequence's history (K/V rows, recurrent state). Over a multi-sequence step (a
     BatchSlot) it runs once per sequence, on that sequence's
     rows, slot and positions, and the outputs are stacked back in row order; everything
-    row-wise around it (the linears) runs over all the step's rows at once."""
+    row-wise around it (the linears) runs over all the step's rows at once. A None row
+    argument (a KV-sharing layer's k and v) passes as None."""
     seqs = getattr(kv, "sequences", None)
     if seqs is None:
         return core(kv, pos, *rows)
-    outs = [core(s.kv, s.pos, *(r[s.start : s.stop] for r in rows)) for s in seqs]
+    outs = [
+        core(s.kv, s.pos, *(None if r is None else r[s.start : s.stop] for r in rows)) for s in seqs
+    ]
     return outs[0] if len(outs) == 1 else ops.concat(outs, axis=0)
 
 
@@ -77,9 +82,11 @@ def layer(
 ) -> Array:
     """x [T, residual_width] (left as it was) -> the layer's output rows, a new array (x
     itself from a layer with neither branch: deci's no-op layer)."""
-    skip = None
-    if cfg.embd_skip:
-        x, skip = x[:, : cfg.n_embd], x[:, cfg.n_embd :]
+    # The side stream (talkie's skip stream, gemma4's per-layer inputs) rides beside the
+    # residual stream in the columns after n_embd, unchanged from layer to layer.
+    side = None
+    if cfg.residual_width != cfg.n_embd:
+        x, side = x[:, : cfg.n_embd], x[:, cfg.n_embd :]
     # x_ours: x is an array this layer made (so the FFN's residual add may overwrite it).
     # An attention-free layer (mixer "none", deci) has no branch: x passes on unnormed.
     x_ours = shape.mixer != "none"
@@ -122,21 +129,54 @@ def layer(
         f = _branch_out(ops, cfg, _proj_scale(f, w.down_scale), w.post_ffn_norm)
         # The sum into whichever of the two is ours (the caller's x is left as it was).
         out = ops.add_(x, f) if x_ours else ops.add_(f, x)
-    if skip is not None:
-        out = _add_skip(ops, out, skip, w.skip_scale)
-    return out
+    if side is None:
+        return out
+    if cfg.embd_skip:
+        # talkie: the normed embedding times this layer's scale [1] joins the layer's output
+        # (llama.cpp's talkie.cpp: after the FFN's residual add).
+        out = ops.add_(out, side * w.skip_scale)
+    if shape.per_layer_input is not None:
+        out = per_layer_input_block(ops, cfg, shape.per_layer_input, w, out, side)
+    if w.out_scale is not None:
+        out = out * w.out_scale  # gemma4's layer_output_scale [1]
+    return ops.concat([out, side])
+
+
+def per_layer_input_block(
+    ops: Ops, cfg: ModelConfig, i: int, w: Any, x: Array, side: Array
+) -> Array:
+    """gemma4's per-layer embedding, after the FFN's residual add (llama.cpp's gemma4.cpp,
+    transformers' Gemma4TextDecoderLayer): x + post_norm(proj(act(gate(x)) * inp_i)), with
+    inp_i layer i's n_embd_per_layer columns of the side stream (embed_per_layer). x is
+    ours: the sum goes into it."""
+    n = cfg.per_layer_embd
+    g = ops.act(ops.linear(x, w.ple_gate), cfg.ffn_act) * side[:, i * n : (i + 1) * n]
+    return ops.add_(x, ops.rms_norm_(ops.linear(g, w.ple_proj), w.ple_post_norm, cfg.norm_eps))
+
+
+def embed_per_layer(
+    ops: Ops, cfg: ModelConfig, rows: Array, proj: Any, proj_norm: Array, x: Array
+) -> Array:
+    """gemma4's per-layer inputs, once before the layers, beside the scaled embeddings x
+    [T, n_embd] -> [T, n_embd + n_layer * n]: rows [T, n_layer * n] are the tokens'
+    per_layer_token_embd rows; each layer's n columns are
+
+        (rms_norm(proj . x / sqrt(n_embd)) + rows * sqrt(n)) / sqrt(2)
+
+    (the norm per layer's n columns), as llama.cpp's project_per_layer_inputs and
+    transformers' get_per_layer_inputs / project_per_layer_inputs compute them."""
+    if not cfg.per_layer_embd:
+        return x
+    n, L, T = cfg.per_layer_embd, cfg.n_layer, x.shape[0]
+    p = ops.scale_(ops.linear(x, proj), cfg.n_embd**-0.5)
+    p = ops.rms_norm_(p.reshape(T, L, n), proj_norm, cfg.norm_eps).reshape(T, L * n)
+    p = ops.add_(p, ops.scale_(rows, math.sqrt(n)))
+    return ops.concat([x, ops.scale_(p, 0.5**0.5)])
 
 
 def _proj_scale(y: Array, scale: Array | None) -> Array:
     """An output projection's per-tensor scale [1] (proj_scales), when the model has one."""
     return y if scale is None else y * scale
-
-
-def _add_skip(ops: Ops, out: Array, skip: Array, scale: Array) -> Array:
-    """talkie's skip stream: the normed embedding times this layer's scale [1] joins the
-    layer's output (llama.cpp's talkie.cpp: after the FFN's residual add); the skip stream
-    rides on beside it, unchanged, to the next layer."""
-    return ops.concat([ops.add_(out, skip * scale), skip])
 
 
 def embed_skip(ops: Ops, cfg: ModelConfig, w: Array | None, x: Array) -> Array:
@@ -183,17 +223,73 @@ def attention_block(
     mpt; llama.cpp's build_attn with max_alibi_bias) nothing rotates: each head's scores
     get -slope_h * (q pos - k pos) instead. With NoPE (no_rope) nothing rotates at all."""
     T = h.shape[0]
-    H, Hkv, hk, hv = shape.n_head, shape.n_head_kv, cfg.head_dim_k, cfg.head_dim_v
-    eps = cfg.norm_eps
+    H, hk = shape.n_head, shape.head_dim_k
     qkv = ops.linear(h, w.qkv)
     if cfg.clamp_kqv:
         qkv = ops.clamp_(qkv, cfg.clamp_kqv)
     rotates = cfg.alibi_bias is None and not cfg.no_rope
+    gate = None
+    k: Array | None
+    v: Array | None
+    if shape.kv_source is not None:
+        # KV sharing (gemma4): queries only; the keys and values are the rows layer
+        # kv_source wrote, this step's included (its slot is this layer's, read-only).
+        q = ops.rms_norm_(qkv.reshape(T, H, hk), w.q_norm, cfg.norm_eps)
+        if rotates:
+            q = ops.rope_(q, pos, rope)
+        k = v = None
+    else:
+        q, k, v, gate = _project_qkv(ops, cfg, shape, w, qkv, pos, rope, rotates)
+    alibi = None if cfg.alibi_bias is None else cfg.alibi_slopes()
+    sinks = w.attn_sinks if cfg.attn_sinks else None  # gpt-oss: [H] sink logits
+
+    def attend(kv: Any, pos: Any, q: Array, k: Array, v: Array) -> Array:
+        return ops.attention(
+            q,
+            k,
+            v,
+            kv,
+            pos,
+            shape.window,
+            cfg.attn_scale,
+            cfg.attn_logit_softcap,
+            alibi=alibi,
+            sinks=sinks,
+        )
+
+    out = each_sequence(ops, kv, pos, attend, q, k, v)
+    if gate is not None:
+        out = ops.sigmoid_mul_(out, gate)
+    return ops.linear(_sub_norm(ops, cfg, out, w.attn_sub_norm), w.wo)
+
+
+def _project_qkv(
+    ops: Ops,
+    cfg: ModelConfig,
+    shape: LayerShape,
+    w: Any,
+    qkv: Array,
+    pos: Any,
+    rope: Any,
+    rotates: bool,
+) -> tuple[Array, Array, Array, Array | None]:
+    """The fused QKV rows -> q [T, H, hk], k [T, Hkv, hk], v [T, Hkv, hv] (normed and
+    rotated as the model says) and the output gate rows (or None)."""
+    T = qkv.shape[0]
+    H, Hkv, hk, hv = shape.n_head, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v
+    eps = cfg.norm_eps
     gated = cfg.attn_output_gate
     nq = (2 if gated else 1) * H * hk
     nk = Hkv * hk
-    v = qkv[:, nq + nk :].reshape(T, Hkv, hv)
     gate = None
+    if shape.v_from_k:
+        # gemma4's attention_k_eq_v: V is the raw K projection, normed (weightless) into a
+        # new array before K is normed and rotated in place.
+        v = ops.rms_norm(qkv[:, nq : nq + nk].reshape(T, Hkv, hk), None, eps)
+    else:
+        v = qkv[:, nq + nk :].reshape(T, Hkv, hv)
+        if cfg.v_norm:
+            v = ops.rms_norm_(v, None, eps)  # gemma4's v_norm: weightless, per head
     if not gated and w.q_norm is None:
         # q and k heads side by side in each row: one rotation covers both.
         qk = qkv[:, : nq + nk].reshape(T, H + Hkv, hk)
@@ -218,27 +314,7 @@ def attention_block(
             # with its Q norm. llama.cpp norms after the rotation too; an RMS over a whole
             # head (rope_dim == head_dim) commutes with it: norming first is the same.
             q = q * w.q_gain
-    alibi = None if cfg.alibi_bias is None else cfg.alibi_slopes()
-    sinks = w.attn_sinks if cfg.attn_sinks else None  # gpt-oss: [H] sink logits
-
-    def attend(kv: Any, pos: Any, q: Array, k: Array, v: Array) -> Array:
-        return ops.attention(
-            q,
-            k,
-            v,
-            kv,
-            pos,
-            shape.window,
-            cfg.attn_scale,
-            cfg.attn_logit_softcap,
-            alibi=alibi,
-            sinks=sinks,
-        )
-
-    out = each_sequence(ops, kv, pos, attend, q, k, v)
-    if gate is not None:
-        out = ops.sigmoid_mul_(out, gate)
-    return ops.linear(_sub_norm(ops, cfg, out, w.attn_sub_norm), w.wo)
+    return q, k, v, gate
 
 
 def _sub_norm(ops: Ops, cfg: ModelConfig, y: Array, sub_norm: Array | None) -> Array:
@@ -454,9 +530,10 @@ def lm_head(
     output_norm_b: Array | None = None,
 ) -> Array:
     """Final norm (a LayerNorm with its bias when cfg.layer_norm), output projection, then
-    the logit decorations: divided by logit_scale (granite), softcapped (gemma). With the
-    skip stream (embd_skip) the rows' first n_embd columns are the residual stream."""
-    if cfg.embd_skip:
+    the logit decorations: divided by logit_scale (granite), softcapped (gemma). With a
+    side stream (embd_skip, per_layer_embd) the rows' first n_embd columns are the residual
+    stream."""
+    if cfg.residual_width != cfg.n_embd:
         x = x[:, : cfg.n_embd]
     logits = ops.linear(_norm(ops, cfg, x, output_norm, output_norm_b), output)
     if cfg.logit_scale is not None:

@@ -38,6 +38,23 @@ class LayerShape:
     n_head: int
     n_head_kv: int
     n_ff: int
+    # This layer's head widths and rotated dims: the model's, or a sliding layer's own
+    # (ModelConfig.swa_head_dim / swa_rope_dim: gemma4's key_length_swa, dimension_count_swa).
+    head_dim_k: int = 0
+    head_dim_v: int = 0
+    rope_dim: int = 0
+    # The model's rope_freqs do not apply here (gemma4's sliding layers: the factors are
+    # its full layers' proportional rope).
+    no_rope_freqs: bool = False
+    # KV sharing (gemma4): this layer computes no K/V of its own and attends over the rows
+    # layer kv_source wrote for this step and before (None: its own K/V).
+    kv_source: int | None = None
+    # No V projection: V is the raw K projection (before K's norm and rope), gemma4's
+    # attention_k_eq_v.
+    v_from_k: bool = False
+    # gemma4's per-layer embeddings: this layer's index into the per-layer input columns
+    # (None: the model has none).
+    per_layer_input: int | None = None
 
 
 # Fields every model has (sizes and always-present choices), not features.
@@ -329,6 +346,27 @@ class ModelConfig:
     # The sliding-window layers keep the model's rope scaling (gpt-oss: llama.cpp's
     # rope_freq_scale_train_swa = rope_freq_scale_train); else they rotate unscaled (gemma3).
     swa_rope_scaled: bool = False
+    # gemma4: the sliding layers' head width (K = V) and rotated dims, where they differ from
+    # the full layers' head_dim_k / rope_dim (llama.cpp's n_embd_head_k_swa, n_rot_swa).
+    swa_head_dim: int | None = None
+    swa_rope_dim: int | None = None
+    # rope_freqs apply to the full-attention layers only (gemma4's proportional rope).
+    rope_freqs_global_only: bool = False
+    # A weightless RMSNorm on each V head (gemma4's v_norm).
+    v_norm: bool = False
+    # KV sharing (gemma4's shared_kv_layers): layers from this index on reuse the K/V of
+    # the last earlier layer of their kind (llama.cpp: n_kv - 2 for sliding, n_kv - 1 for
+    # full layers, n_kv = this index). None: every layer has its own.
+    kv_shared_from: int | None = None
+    # Per layer: no V projection, V = the raw K projection (gemma4's attention_k_eq_v).
+    v_from_k: tuple[bool, ...] = ()
+    # gemma4's per-layer embeddings: n_embd_per_layer columns per layer, computed once from
+    # the tokens and the scaled embeddings, ride beside the residual stream (rows are
+    # [stream | n_layer * per_layer_embd]); each layer adds its gated projection after its
+    # FFN. 0: none.
+    per_layer_embd: int = 0
+    # A per-layer scalar multiplying each layer's output (gemma4's layer_output_scale).
+    layer_out_scale: bool = False
     # Per-layer head counts and FFN widths (openelm, deci); None when every layer has the
     # model's n_head / n_head_kv / n_ff.
     layer_sizes: LayerSizes | None = None
@@ -352,9 +390,20 @@ class ModelConfig:
 
     @property
     def residual_width(self) -> int:
-        """Columns of the rows passed between layers: n_embd, or 2*n_embd with the skip
-        stream beside the residual stream (embd_skip)."""
-        return 2 * self.n_embd if self.embd_skip else self.n_embd
+        """Columns of the rows passed between layers: n_embd, 2*n_embd with the skip
+        stream beside the residual stream (embd_skip), or n_embd plus the per-layer inputs
+        (per_layer_embd)."""
+        if self.embd_skip:
+            return 2 * self.n_embd
+        return self.n_embd + self.n_layer * self.per_layer_embd
+
+    def kv_source(self, layer: int) -> int | None:
+        """The layer whose K/V rows a KV-sharing layer attends over (None: its own), as
+        llama.cpp's gemma4 reuse rule picks it."""
+        n_kv = self.kv_shared_from
+        if n_kv is None or layer < n_kv:
+            return None
+        return n_kv - (2 if self.swa_layers[layer] else 1)
 
     def is_recurrent(self, layer: int) -> bool:
         """The layer keeps a recurrent state (conv tail + state) instead of K/V rows."""
@@ -433,6 +482,11 @@ class ModelConfig:
             ffn = "none"
         else:
             ffn = "dense"
+        hk, hv, rope_dim = self.head_dim_k, self.head_dim_v, self.rope_dim
+        if swa and self.swa_head_dim is not None:
+            hk = hv = self.swa_head_dim
+        if swa and self.swa_rope_dim is not None:
+            rope_dim = self.swa_rope_dim
         return LayerShape(
             mixer=mixer,
             ffn=ffn,
@@ -442,6 +496,13 @@ class ModelConfig:
             n_head=n_head,
             n_head_kv=n_head_kv,
             n_ff=n_ff,
+            head_dim_k=hk,
+            head_dim_v=hv,
+            rope_dim=rope_dim,
+            no_rope_freqs=self.has_rope_freqs and self.rope_freqs_global_only and swa,
+            kv_source=self.kv_source(layer),
+            v_from_k=bool(self.v_from_k) and self.v_from_k[layer],
+            per_layer_input=layer if self.per_layer_embd else None,
         )
 
     def _layer_name(self, layer: int) -> str:

@@ -207,6 +207,12 @@ class LayerWeights:
     down_scale: np.ndarray | None = None  # [1] ffn_down.scale (proj_scales)
     skip_scale: np.ndarray | None = None  # [1] talkie's layer_output_scale (embd_skip)
     attn_sinks: np.ndarray | None = None  # [n_head] the sink logits (cfg.attn_sinks, gpt-oss)
+    # gemma4's per-layer embedding (cfg.per_layer_embd = n): its gate [n, n_embd],
+    # projection [n_embd, n] and post-norm [n_embd].
+    ple_gate: Linear | None = None
+    ple_proj: Linear | None = None
+    ple_post_norm: np.ndarray | None = None
+    out_scale: np.ndarray | None = None  # [1] gemma4's layer_output_scale (layer_out_scale)
 
 
 def map_layer(
@@ -317,6 +323,12 @@ class ModelWeights:
     # LongRoPE's per-pair divisors (phi3 "rope_factors_long/short.weight"), or None.
     rope_factors_long: np.ndarray | None = None
     rope_factors_short: np.ndarray | None = None
+    # gemma4's per-layer embeddings (cfg.per_layer_embd): the token table [n_vocab,
+    # n_layer * n] (f32 or the file's blocks, rows dequantized on lookup), the projection of
+    # the scaled embeddings [n_layer * n, n_embd] and its norm [n].
+    per_layer_token_embd: np.ndarray | QuantRows | None = None
+    per_layer_model_proj: Linear | None = None
+    per_layer_proj_norm: np.ndarray | None = None
     # Every tensor name the loader has read (checked and loaded) so far: unread_tensors().
     tensors_read: set[str] = field(default_factory=set)
 
@@ -423,7 +435,7 @@ def load_weights(
             )
         return Linear(w, b, tuple(name + ".weight" for name, _ in parts))
 
-    d, hk, hv = cfg.n_embd, cfg.head_dim_k, cfg.head_dim_v
+    d = cfg.n_embd
     total = cfg.n_layer + 2
 
     token_embd: np.ndarray | QuantRows
@@ -454,10 +466,12 @@ def load_weights(
     def load_layer(i: int) -> LayerWeights:
         p = f"blk.{i}."
         shape = cfg.layer_shape(i)
-        # This layer's widths (per-layer head counts and FFN widths: cfg.layer_sizes).
-        n_head, n_ff = shape.n_head, shape.n_ff
+        # This layer's widths (per-layer head counts and FFN widths: cfg.layer_sizes; head
+        # widths per layer kind: gemma4).
+        n_head, n_ff, hk, hv = shape.n_head, shape.n_ff, shape.head_dim_k, shape.head_dim_v
         nq = n_head * hk * (2 if cfg.attn_output_gate else 1)  # with a gate: its rows too
         nk, nv = shape.n_head_kv * hk, shape.n_head_kv * hv
+        shares_kv = shape.kv_source is not None  # gemma4: no K/V of its own
         qkv = wo = q_norm = k_norm = q_norm_b = k_norm_b = gdn = mamba = mamba2 = shortconv = None
         if shape.mixer == "shortconv":
             shortconv = _load_shortconv(p, cfg, get, fused)
@@ -474,6 +488,10 @@ def load_weights(
         if shape.mixer in ("attention", "attention+mamba2"):
             if p + "attn_qkv.weight" in names:
                 qkv = fused([(p + "attn_qkv", nq + nk + nv)], d)
+            elif shares_kv:
+                qkv = fused([(p + "attn_q", nq)], d)
+            elif shape.v_from_k:
+                qkv = fused([(p + "attn_q", nq), (p + "attn_k", nk)], d)
             else:
                 qkv = fused([(p + "attn_q", nq), (p + "attn_k", nk), (p + "attn_v", nv)], d)
             # Per head, or (qk_norm_full) over the whole q / k projection width.
@@ -490,7 +508,7 @@ def load_weights(
                 k_norm = optional(
                     p + "attn_k_norm.weight",
                     (nk if full else hk,),
-                    required=cfg.qk_norm or full,
+                    required=(cfg.qk_norm or full) and not shares_kv,
                 )
                 if full and cfg.layer_norm:
                     q_norm_b = optional(p + "attn_q_norm.bias", (n_head * hk,))
@@ -558,11 +576,14 @@ def load_weights(
             if cfg.attn_sinks and qkv is not None
             else None,
             **_talkie_extras(p, cfg, get),
+            **_gemma4_extras(p, cfg, get, fused),
         )
 
-    def head_norms() -> dict[str, np.ndarray | None]:
-        """The LayerNorm biases and bloom's embedding norm (None where the model has none)."""
+    def head_norms() -> dict[str, Any]:
+        """The LayerNorm biases, bloom's embedding norm and gemma4's per-layer embedding
+        tables (None where the model has none)."""
         return dict(
+            **per_layer_tables(),
             output_norm_b=optional("output_norm.bias", (d,)) if cfg.layer_norm else None,
             token_embd_norm=optional("token_embd_norm.weight", (d,), required=cfg.embd_norm)
             if cfg.embd_norm
@@ -570,6 +591,19 @@ def load_weights(
             if cfg.embd_skip
             else None,
             token_embd_norm_b=optional("token_embd_norm.bias", (d,)) if cfg.embd_norm else None,
+        )
+
+    def per_layer_tables() -> dict[str, Any]:
+        n = cfg.n_layer * cfg.per_layer_embd
+        if not n:
+            return {}
+        blocks = in_blocks([("per_layer_token_embd", cfg.n_vocab)], n)
+        return dict(
+            per_layer_token_embd=get("per_layer_token_embd.weight", (cfg.n_vocab, n))
+            if blocks is None
+            else blocks,
+            per_layer_model_proj=fused([("per_layer_model_proj", n)], d, bias=False),
+            per_layer_proj_norm=get("per_layer_proj_norm.weight", (cfg.per_layer_embd,)),
         )
 
     layers = LayerStore(cfg.n_layer, load_layer)
@@ -644,6 +678,20 @@ def _talkie_extras(p: str, cfg: ModelConfig, get: _Get) -> dict[str, np.ndarray]
         out["down_scale"] = get(p + "ffn_down.scale", (1,))
     if cfg.embd_skip:
         out["skip_scale"] = get(p + "layer_output_scale.weight", (1,))
+    return out
+
+
+def _gemma4_extras(p: str, cfg: ModelConfig, get: _Get, fused: _Fused) -> dict[str, Any]:
+    """Layer p's per-layer embedding weights and output scale, where the model has them
+    (per_layer_embd, layer_out_scale)."""
+    out: dict[str, Any] = {}
+    d, n = cfg.n_embd, cfg.per_layer_embd
+    if n:
+        out["ple_gate"] = fused([(p + "inp_gate", n)], d, bias=False)
+        out["ple_proj"] = fused([(p + "proj", d)], n, bias=False)
+        out["ple_post_norm"] = get(p + "post_norm.weight", (d,))
+    if cfg.layer_out_scale:
+        out["out_scale"] = get(p + "layer_output_scale.weight", (1,))
     return out
 
 

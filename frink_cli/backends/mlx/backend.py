@@ -306,16 +306,17 @@ class MlxBackend(DeviceBackend):
             factors = rope_factors(cfg, *self._weights_rope, n_ctx)
             ropes = []
             for s in self.shapes:
-                if factors is None and cfg.rope_scaling is None:
+                f = None if s.no_rope_freqs else factors  # gemma4's sliding layers: none
+                if f is None and cfg.rope_scaling is None:
                     freqs, base, scale, mscale = None, s.rope_base, s.rope_scale, 1.0
                 else:
                     inv, mscale = rope_frequencies(
-                        cfg.rope_dim, s.rope_base, s.rope_scale, factors, cfg.rope_scaling
+                        s.rope_dim, s.rope_base, s.rope_scale, f, cfg.rope_scaling
                     )
                     freqs, base, scale = mx.array((1.0 / inv).astype(np.float32)), None, 1.0
                 ropes.append(
                     graph.DeviceRope(
-                        cfg.rope_dim, cfg.rope_type == "norm", base, scale, freqs, mscale
+                        s.rope_dim, cfg.rope_type == "norm", base, scale, freqs, mscale
                     )
                 )
             self._ropes[long] = ropes

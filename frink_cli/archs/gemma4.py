@@ -1,0 +1,259 @@
+"""Gemma 4 (GGUF `gemma4`, llama.cpp's src/models/gemma4.cpp; HF `gemma4_text` /
+`gemma4`, transformers' Gemma4ForCausalLM / Gemma4ForConditionalGeneration, text only).
+
+Gemma 3's layer (GeGLU, sandwich norms, QK norm, embeddings scaled by sqrt(n_embd),
+sliding-window layers with their own rope base, final logit softcap) with:
+
+- norms that scale by w, not 1 + w (the converter's norm_shift 0);
+- q.k unscaled (attention scale 1.0: Q and K are normed per head);
+- a weightless RMSNorm on V (v_norm); a layer without attn_v takes V = its raw K
+  projection (transformers' attention_k_eq_v, on full layers; llama.cpp's optional attn_v);
+- per-kind head widths: sliding layers use key_length_swa (and their KV head count may
+  differ: head_count_kv as an array, read as per-layer sizes), full ones key_length;
+- proportional rope on the full layers: the converter writes n_rot = key_length and a
+  rope_freqs tensor of 1 (rotated pairs) and 1e30 (pairs that do not rotate), which only
+  the full layers apply; sliding layers rotate rope.dimension_count_swa dims at
+  rope.freq_base_swa;
+- KV sharing: the last attention.shared_kv_layers layers compute no K/V and attend over
+  the rows of layer n_kv - 2 (sliding) or n_kv - 1 (full), n_kv = n_layer - shared, as
+  llama.cpp's reuse rule says (transformers: the last earlier layer of the same kind; the
+  two agree when those layers are of those kinds, which the file must then say);
+- per-layer embeddings (embedding_length_per_layer_input > 0): graph/layer.py's
+  embed_per_layer and per_layer_input_block;
+- a per-layer output scale (layer_output_scale [1], HF's layer_scalar).
+
+The MoE variant (a router over the attention output beside a dense FFN) is refused by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import FrinkError
+from ..formats import Checkpoint
+from ..formats.safetensors import HfModelType
+from ..model.config import ModelConfig
+from .base import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, Arch, MetadataWriter, f32, get, multimodal
+
+# The converter's frequency factor for the pairs proportional rope leaves unrotated.
+UNROTATED_FACTOR = 1e30
+
+_TEXT = HfModelType(
+    defaults={
+        "vocab_size": 262144,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-6,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "sliding_window": 512,
+        "final_logit_softcapping": None,
+        "hidden_size_per_layer_input": 256,
+        "num_kv_shared_layers": 0,
+        "attention_k_eq_v": False,
+        "use_double_wide_mlp": False,
+        "enable_moe_block": False,
+        "tie_word_embeddings": True,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {
+                "rope_type": "proportional",
+                "partial_rotary_factor": 0.25,
+                "rope_theta": 1000000.0,
+            },
+        },
+    }
+)
+
+
+def _layer_types(hp: dict[str, Any]) -> list[str]:
+    """transformers' Gemma4TextConfig rule: layer_types, else five sliding per full one;
+    the last layer is always full."""
+    n = int(hp["num_hidden_layers"])
+    types = hp.get("layer_types")
+    if not (isinstance(types, list) and len(types) == n):
+        types = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(n)]
+    types = list(types)
+    types[-1] = "full_attention"
+    return types
+
+
+def _full_override(hp: dict[str, Any], key: str) -> Any:
+    """A full layer's head_dim / num_key_value_heads: global_head_dim /
+    num_global_key_value_heads, else per_layer_config's entry (as the converter reads it)."""
+    name = {"head_dim": "global_head_dim", "num_key_value_heads": "num_global_key_value_heads"}
+    if hp.get(name[key]) is not None:
+        return hp[name[key]]
+    per_layer = hp.get("per_layer_config")
+    if isinstance(per_layer, dict):
+        types = _layer_types(hp)
+        for idx, layer_cfg in per_layer.items():
+            i = int(idx) if str(idx).isdigit() else -1
+            if 0 <= i < len(types) and types[i] == "full_attention" and key in layer_cfg:
+                return layer_cfg[key]
+    return None
+
+
+class Gemma4(Arch):
+    name = "gemma4"
+    hf_model_types: ClassVar[dict[str, HfModelType]] = {
+        "gemma4_text": _TEXT,
+        "gemma4": multimodal(
+            _TEXT,
+            ignore=(
+                "vision_tower.",
+                "audio_tower.",
+                "embed_vision.",
+                "embed_audio.",
+                "model.vision_tower.",
+                "model.audio_tower.",
+                "model.embed_vision.",
+                "model.embed_audio.",
+            ),
+            what="vision and audio towers and their embedders",
+        ),
+    }
+    rope_type = "neox"
+    ffn_act = "gelu_tanh"
+    qk_norm = True
+    post_attn_norm = True
+    post_ffn_norm = True
+    per_layer_sizes = True  # head_count_kv per layer kind; FFN width double on shared layers
+    hf_tensors = (
+        HF_CORE_TENSORS
+        + HF_QK_NORM_TENSORS
+        + (
+            ("model.layers.{bid}.post_attention_layernorm", "blk.{bid}.post_attention_norm"),
+            ("model.layers.{bid}.pre_feedforward_layernorm", "blk.{bid}.ffn_norm"),
+            ("model.layers.{bid}.post_feedforward_layernorm", "blk.{bid}.post_ffw_norm"),
+            ("model.embed_tokens_per_layer", "per_layer_token_embd"),
+            ("model.per_layer_model_projection", "per_layer_model_proj"),
+            ("model.per_layer_projection_norm", "per_layer_proj_norm"),
+            ("model.layers.{bid}.per_layer_input_gate", "blk.{bid}.inp_gate"),
+            ("model.layers.{bid}.per_layer_projection", "blk.{bid}.proj"),
+            ("model.layers.{bid}.post_per_layer_input_norm", "blk.{bid}.post_norm"),
+        )
+    )
+    hf_tensors_whole = (("model.layers.{bid}.layer_scalar", "blk.{bid}.layer_output_scale.weight"),)
+
+    def embd_scale(self, n_embd: int) -> float | None:
+        return math.sqrt(n_embd)
+
+    def attn_scale_default(self, n_layer: int, n_embd: int, n_head: int, head_dim_k: int) -> float:
+        return 1.0  # llama.cpp's f_attention_scale for gemma4 (transformers' scaling 1.0)
+
+    def config(self, ckpt: Checkpoint) -> ModelConfig:
+        md, key = ckpt.metadata, self.key
+        if get(md, key("expert_count"), 0):
+            raise FrinkError(
+                f"{ckpt.path}: the Gemma 4 MoE variant (a router over the attention output "
+                "beside the dense FFN) is not supported yet"
+            )
+        cfg = super().config(ckpt)
+        names = set(ckpt.tensors.names())
+        n = cfg.n_layer
+        head_swa = int(get(md, key("attention.key_length_swa"), cfg.head_dim_k))
+        if int(get(md, key("attention.value_length_swa"), head_swa)) != head_swa:
+            raise FrinkError(f"{ckpt.path}: gemma4 needs key_length_swa == value_length_swa")
+        if cfg.head_dim_k != cfg.head_dim_v:
+            raise FrinkError(f"{ckpt.path}: gemma4 needs key_length == value_length")
+        rope_swa = int(get(md, key("rope.dimension_count_swa"), head_swa))
+        if rope_swa % 2 or not 0 < rope_swa <= head_swa:
+            raise FrinkError(
+                f"{ckpt.path}: bad model metadata ({self.name}.rope.dimension_count_swa = "
+                f"{rope_swa}, head width {head_swa})"
+            )
+        shared = int(get(md, key("attention.shared_kv_layers"), 0))
+        kv_from = n - shared if shared else None
+        if kv_from is not None:
+            if not 2 <= kv_from < n:
+                raise FrinkError(
+                    f"{ckpt.path}: {shared} KV-sharing layers of {n} leave no layers to share"
+                )
+            for layer in range(kv_from, n):
+                src = kv_from - (2 if cfg.swa_layers[layer] else 1)
+                if cfg.swa_layers[src] != cfg.swa_layers[layer]:
+                    raise FrinkError(
+                        f"{ckpt.path}: KV-sharing layer {layer} would read layer {src}'s K/V, "
+                        "a layer of the other kind (llama.cpp reuses layer n_kv - 2 for "
+                        "sliding layers and n_kv - 1 for full ones)"
+                    )
+        v_from_k = tuple(
+            (kv_from is None or layer < kv_from)
+            and f"blk.{layer}.attn_v.weight" not in names
+            and f"blk.{layer}.attn_qkv.weight" not in names
+            for layer in range(n)
+        )
+        scales = [f"blk.{layer}.layer_output_scale.weight" in names for layer in range(n)]
+        if any(scales) and not all(scales):
+            raise FrinkError(f"{ckpt.path}: layer_output_scale on some layers only")
+        return dataclasses.replace(
+            cfg,
+            swa_head_dim=head_swa if head_swa != cfg.head_dim_k else None,
+            swa_rope_dim=rope_swa if rope_swa != cfg.rope_dim else None,
+            rope_freqs_global_only=True,
+            v_norm=True,
+            kv_shared_from=kv_from,
+            v_from_k=v_from_k if any(v_from_k) else (),
+            per_layer_embd=int(get(md, key("embedding_length_per_layer_input"), 0)),
+            layer_out_scale=all(scales),
+        )
+
+    # --- HF -> GGUF ----------------------------------------------------------------
+
+    def hf_rope_scaling(self, w: MetadataWriter) -> None:
+        # "proportional" is the generated rope_freqs tensor (hf_generated); nothing else.
+        rope_type = w.hp["_rope_full"].get("rope_type")
+        if rope_type not in (None, "default", "proportional"):
+            raise FrinkError(f"config.json: unsupported rope type {rope_type!r} for gemma4")
+
+    def hf_generated(self, hp: dict[str, Any]) -> dict[str, np.ndarray]:
+        """The converter's rope_freqs: 1 for the pairs proportional rope rotates, 1e30 for
+        the rest (ggml's neox rope rotates a prefix of the pairs only)."""
+        full = hp["_rope_full"]
+        head = int(_full_override(hp, "head_dim") or hp["head_dim"])
+        if full.get("rope_type") != "proportional":
+            return {}
+        n_rot = int(head * float(full.get("partial_rotary_factor", 1.0)) / 2)
+        values = [1.0] * n_rot + [UNROTATED_FACTOR] * (head // 2 - n_rot)
+        return {"rope_freqs.weight": np.asarray(values, np.float32)}
+
+    def hf_metadata(self, w: MetadataWriter, notes: list[str]) -> None:
+        hp = w.hp
+        if hp.get("enable_moe_block"):
+            raise FrinkError(
+                "config.json: the Gemma 4 MoE variant (enable_moe_block) is not supported yet"
+            )
+        if hp.get("use_bidirectional_attention") == "all":
+            raise FrinkError("config.json: bidirectional Gemma 4 attention is not supported")
+        super().hf_metadata(w, notes)
+        n = int(hp["num_hidden_layers"])
+        types = _layer_types(hp)
+        swa = [t == "sliding_attention" for t in types]
+        head_swa = int(hp["head_dim"])
+        head_full = int(_full_override(hp, "head_dim") or head_swa)
+        w.set("attention.sliding_window_pattern", swa)
+        w.u32("attention.sliding_window", "sliding_window")
+        w.set("attention.key_length", head_full)
+        w.set("attention.value_length", head_full)
+        w.set("attention.key_length_swa", head_swa)
+        w.set("attention.value_length_swa", head_swa)
+        w.set("rope.dimension_count", head_full)
+        w.set("rope.dimension_count_swa", head_swa)
+        if hp.get("rope_theta_swa") is not None:
+            w.set("rope.freq_base_swa", f32(hp["rope_theta_swa"]))
+        w.f32("final_logit_softcapping", "final_logit_softcapping", optional=True)
+        shared = int(hp.get("num_kv_shared_layers") or 0)
+        w.set("attention.shared_kv_layers", shared)
+        w.set("embedding_length_per_layer_input", int(hp.get("hidden_size_per_layer_input") or 0))
+        kv_swa = int(hp["num_key_value_heads"])
+        kv_full = _full_override(hp, "num_key_value_heads") if hp.get("attention_k_eq_v") else None
+        if kv_full is not None:
+            w.set("attention.head_count_kv", [kv_swa if s else int(kv_full) for s in swa])
+        if hp.get("use_double_wide_mlp") and shared:
+            ff = int(hp["intermediate_size"])
+            w.set("feed_forward_length", [ff if i < n - shared else 2 * ff for i in range(n)])
