@@ -53,6 +53,7 @@ ACTIVATION = "activation not SiLU/GELU-tanh"
 SOFTCAP = "attn logit softcap"
 OUTPUT_GATE = "attn output gate"
 KV_WIDTHS = "K/V head widths differ"
+PER_LAYER_HEADS = "per-layer head widths or rope dims"
 HEAD_DIM = "head dim > 256"
 ROPE_DIMS = "rope dims (odd or > head dim)"
 ROPE_TYPE = "rope layout unknown"
@@ -136,8 +137,22 @@ LOAD_TIME = frozenset({"ffn_norm_tensor", "weightless_norms", "output_norm_tenso
 REFUSED_BY_NAME = frozenset({"attn_output_gate"})
 # LayerShape fields the stack reads (mixer, ffn and window are checked below).
 # n_head / n_head_kv / n_ff: the layer's own sizes (ModelConfig.layer_sizes, or the model's).
+# head_dim_k / head_dim_v / rope_dim: the stack sizes every layer by the model's, so a
+# layer whose own differ (gemma4's sliding layers) is refused by PER_LAYER_HEADS.
 CARRIED_SHAPE = frozenset(
-    {"mixer", "ffn", "window", "rope_base", "rope_scale", "n_head", "n_head_kv", "n_ff"}
+    {
+        "mixer",
+        "ffn",
+        "window",
+        "rope_base",
+        "rope_scale",
+        "n_head",
+        "n_head_kv",
+        "n_ff",
+        "head_dim_k",
+        "head_dim_v",
+        "rope_dim",
+    }
 )
 
 
@@ -169,6 +184,11 @@ def layer_reasons(cfg: ModelConfig, layer: int) -> list[str]:
         (bool(cfg.attn_logit_softcap), SOFTCAP),
         (bool(getattr(cfg, "attn_output_gate", False)), OUTPUT_GATE),
         (cfg.head_dim_k != cfg.head_dim_v, KV_WIDTHS),
+        (
+            (shape.head_dim_k, shape.head_dim_v, shape.rope_dim)
+            != (cfg.head_dim_k, cfg.head_dim_v, cfg.rope_dim),
+            PER_LAYER_HEADS,
+        ),
         (max(cfg.head_dim_k, cfg.head_dim_v) > MAX_HEAD_DIM, HEAD_DIM),
         (cfg.rope_dim % 2 == 1 or cfg.rope_dim > cfg.head_dim_k, ROPE_DIMS),
         (cfg.rope_type not in ("norm", "neox"), ROPE_TYPE),

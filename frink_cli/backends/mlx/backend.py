@@ -382,13 +382,15 @@ class MlxBackend(DeviceBackend):
                 m.k[layer], m.v[layer] = mx.array(conv), mx.array(delta)
                 m.host_state[layer] = (conv, delta)
             return
+        if self._shares_kv(layer):
+            return  # a KV-sharing layer reads its source's mirror
         n = cache.n_past
         if m.length[layer] == n and m.version[layer] == slot.version:
             return
-        cfg = self.cfg
-        n_kv = self.shapes[layer].n_head_kv  # the layer's own (0: it attends to nothing)
-        k = np.zeros((1, n_kv, m.capacity, cfg.head_dim_k), np.float32)
-        v = np.zeros((1, n_kv, m.capacity, cfg.head_dim_v), np.float32)
+        shape = self.shapes[layer]
+        n_kv = shape.n_head_kv  # the layer's own (0: it attends to nothing)
+        k = np.zeros((1, n_kv, m.capacity, shape.head_dim_k), np.float32)
+        v = np.zeros((1, n_kv, m.capacity, shape.head_dim_v), np.float32)
         # The mirror is indexed by position. A window layer's slot no longer holds the rows
         # before its window: they stay zero here, hidden by the window mask.
         first, hk, hv = slot.held()
@@ -396,6 +398,10 @@ class MlxBackend(DeviceBackend):
         v[0, :, first:n] = hv
         m.k[layer], m.v[layer] = mx.array(k), mx.array(v)
         m.length[layer], m.version[layer] = n, slot.version
+
+    def _shares_kv(self, layer: int) -> bool:
+        """A KV-sharing layer (gemma4): no device state of its own."""
+        return self.shapes[layer].kv_source is not None
 
     def _recurrent(self, layers: range) -> bool:
         return any(self.cfg.is_recurrent(i) for i in layers)
@@ -408,6 +414,11 @@ class MlxBackend(DeviceBackend):
         limit = GDN_CHUNK if self._recurrent(layers) else PREFILL_CHUNK
         if kind == "batch" and n_rows > limit:
             return BATCH_OVER_CHUNK
+        for i in layers:
+            source = self.shapes[i].kv_source
+            if source is not None and source not in layers:
+                # Its rows live in the source's state, which only a run holding both has.
+                return f"layer {i} shares the K/V of layer {source}, outside this run"
         return None
 
     def _function(
@@ -439,12 +450,27 @@ class MlxBackend(DeviceBackend):
                 pos = seqs[0] if one else graph.RowPositions(positions)
                 new_kv, rows = [], []
                 at = 0
+                states: dict[int, list[graph.LayerState]] = {}
                 for i in range(run.start, run.stop):
+                    source = self.shapes[i].kv_source
+                    if source is not None:
+                        # KV sharing: the source layer's states, this step's rows in them.
+                        view = states[source][0] if one else BatchSlot(
+                            [
+                                SeqRows(st, p, a, b)
+                                for st, p, (a, b) in zip(states[source], seqs, bounds)
+                            ]
+                        )
+                        x = compose_layer(
+                            MLX_OPS, cfg, self.shapes[i], layers[i], x, pos, view, ropes[i]
+                        )
+                        continue
                     w = 4 if self._parallel(i) else 2
                     sts = [
                         graph.LayerState(*kv[at + j * w : at + (j + 1) * w])
                         for j in range(len(counts))
                     ]
+                    states[i] = sts
                     at += w * len(counts)
                     view = (
                         sts[0]
@@ -499,6 +525,9 @@ class MlxBackend(DeviceBackend):
         state: dict[tuple[int, int], tuple[mx.array, ...]] = {}
         for i in layers:
             for j, (c, m) in enumerate(zip(caches, mirrors)):
+                if self._shares_kv(i):
+                    state[j, i] = ()  # no state of its own: its source's, in the run
+                    continue
                 self._sync_layer(m, c, i)
                 dk, dv = m.k[i], m.v[i]
                 assert dk is not None and dv is not None  # _sync_layer has just uploaded them
@@ -546,6 +575,8 @@ class MlxBackend(DeviceBackend):
                     last = p.offset + p.count == counts[p.seq]
                     at = self._write_back(i, c, mirrors[p.seq], p, last, flat, at, state[p.seq, i])
         for i in layers:
+            if self._shares_kv(i):
+                continue
             if not cfg.is_recurrent(i) or self._parallel(i):
                 for j, (c, m) in enumerate(zip(caches, mirrors)):
                     m.k[i], m.v[i] = state[j, i][0], state[j, i][1]
@@ -569,16 +600,19 @@ class MlxBackend(DeviceBackend):
         keeps). Returns the offset past them."""
         cfg = self.cfg
         slot = cache.slot(i)
+        if self._shares_kv(i):
+            return at  # it wrote no rows (its source did)
         if cfg.is_recurrent(i) and not self._parallel(i):
             if last:  # the state after the last chunk is the layer's new state
                 host = _state_rows(flat, at, st[0], st[1])
                 slot.set_recurrent_state(*host)  # current at commit
                 m.k[i], m.v[i], m.host_state[i] = st[0], st[1], host
             return at + st[0].size + st[1].size
-        n_kv, c = self.shapes[i].n_head_kv, p.count  # per layer (0: no rows)
-        nk, nv = n_kv * c * cfg.head_dim_k, n_kv * c * cfg.head_dim_v
-        k = flat[at : at + nk].reshape(n_kv, c, cfg.head_dim_k).transpose(1, 0, 2)
-        v = flat[at + nk : at + nk + nv].reshape(n_kv, c, cfg.head_dim_v).transpose(1, 0, 2)
+        shape = self.shapes[i]
+        n_kv, c, hk, hv = shape.n_head_kv, p.count, shape.head_dim_k, shape.head_dim_v
+        nk, nv = n_kv * c * hk, n_kv * c * hv  # per layer (0: no rows)
+        k = flat[at : at + nk].reshape(n_kv, c, hk).transpose(1, 0, 2)
+        v = flat[at + nk : at + nk + nv].reshape(n_kv, c, hv).transpose(1, 0, 2)
         at += nk + nv
         slot.write(cache.n_past + p.offset, k, v)
         if self._parallel(i):  # its new tail and state follow its K/V rows

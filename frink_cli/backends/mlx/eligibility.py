@@ -74,6 +74,19 @@ CARRIED_FEATURES = frozenset(
         # in "moe" and the activation, carried by MlxOps.)
         "attn_sinks",
         "swa_rope_scaled",
+        # gemma4: per-kind head widths and rope dims come from layer_shape (mirrors, ropes);
+        # the V norm and V = K are composition; a KV-sharing layer reads its source layer's
+        # device state inside the same traced run; the per-layer inputs ride beside the
+        # residual stream (made on the host with the embedding lookup); the layer scale is
+        # a product with a weight array.
+        "swa_head_dim",
+        "swa_rope_dim",
+        "rope_freqs_global_only",
+        "v_norm",
+        "v_from_k",
+        "kv_shared_from",
+        "per_layer_embd",
+        "layer_out_scale",
     }
 )
 
@@ -87,7 +100,7 @@ def layer_refusals(cfg: ModelConfig, layer: int) -> list[str]:
         reasons.append(f"ffn {shape.ffn} not carried")
     if cfg.ffn_act not in CARRIED_ACTIVATIONS:
         reasons.append(f"activation {cfg.ffn_act}")
-    if shape.mixer == "attention" and cfg.head_dim_k != cfg.head_dim_v:
+    if shape.mixer == "attention" and shape.head_dim_k != shape.head_dim_v:
         reasons.append("V width differs from K width")
     features = cfg.features()
     if "attn_logit_softcap" in features:

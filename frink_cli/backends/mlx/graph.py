@@ -299,8 +299,8 @@ class MlxOps:
     def attention(
         self,
         q: mx.array,
-        k: mx.array,
-        v: mx.array,
+        k: mx.array | None,
+        v: mx.array | None,
         kv: LayerState,
         pos: StepContext,
         window: int | None,
@@ -312,11 +312,13 @@ class MlxOps:
         if softcap:
             raise ValueError("attention logit softcap not carried")  # eligibility refuses it first
         T, H, _ = q.shape
-        k4, v4 = _heads_first(k), _heads_first(v)
-        at = pos.start.reshape(1)
-        kv.a = mx.slice_update(kv.a, k4, at, axes=(2,))
-        kv.b = mx.slice_update(kv.b, v4, at, axes=(2,))
-        kv.rows = (k4[0], v4[0])
+        if k is not None and v is not None:
+            k4, v4 = _heads_first(k), _heads_first(v)
+            at = pos.start.reshape(1)
+            kv.a = mx.slice_update(kv.a, k4, at, axes=(2,))
+            kv.b = mx.slice_update(kv.b, v4, at, axes=(2,))
+            kv.rows = (k4[0], v4[0])
+        # (else a KV-sharing layer: kv is its source layer's state, this step's rows in it)
         mask = attention_mask(pos.positions, kv.a.shape[2], window)
         if alibi is not None:
             # ALiBi folded into the additive mask: [H, T, capacity], -slope_h * (p - j).

@@ -1,0 +1,250 @@
+"""Gemma 4 (`gemma4`; HF `gemma4_text`) against transformers and llama.cpp.
+
+Why: Gemma 4's layers go further from llama's than any other family here -- sliding and full
+layers with their own head widths and KV head counts, a weightless V norm and V = K where a
+full layer has no v_proj, proportional rope (a quarter of the full layers' head rotates,
+carried by llama.cpp as rope_freqs factors of 1e30), the last layers attending over earlier
+layers' K/V (KV sharing), per-layer embeddings riding beside the residual stream, a
+per-layer output scale and the final softcap. The fixture (scripts/make_tiny_models.py,
+"gemma4") draws each of them so it matters, over 40 tokens against a window of 6.
+
+What is checked: the references agree; frink from the GGUF and from the HF dir, batched and
+one row at a time, on numpy and metal (the device ran; one submission per decode token),
+against both references (2e-3, identical argmax); llama.cpp's 24 greedy decode steps, token
+for token; the HF reader gives exactly the converter's tensors and metadata; each
+decoration switched off moves the logits far from both references; two sequences batched
+together give what each gives alone; cuda refuses the layers by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from model_checks import (
+    FAR,
+    REF_TOL,
+    REFERENCES,
+    SOURCES,
+    _against_references,
+    _assert_device_ran,
+    _assert_greedy_matches_llamacpp,
+    _assert_one_submission_per_token,  # noqa: I001 - tests/ on the path, as conftest's
+    _compare,
+    _decode_after_prefill,
+    _max_diff,
+    _path,
+    _tokens,
+)
+
+import frink_cli
+from frink_cli.decoder import Decoder
+from frink_cli.formats import open_checkpoint
+from frink_cli.model import config_from_checkpoint
+
+NAME = "gemma4"
+N_LAYER = 7
+SWA = (True, False, True, True, False, True, False)
+
+
+def test_references_agree(tiny_model: Callable) -> None:
+    ref = tiny_model(NAME).ref
+    assert "logits_llamacpp" in ref, "llama.cpp's converter made no GGUF"
+    _compare(ref["logits_llamacpp"], ref["logits_hf"], REF_TOL, "llama.cpp vs transformers")
+    assert ref["greedy_llamacpp"].shape[0] == 24
+
+
+def test_the_converter_wrote_gemma4(tiny_model: Callable) -> None:
+    ck = open_checkpoint(_path(tiny_model, NAME, "gguf"))
+    md, names = ck.metadata, set(ck.tensors.names())
+    assert md["general.architecture"] == "gemma4"
+    assert md["gemma4.attention.shared_kv_layers"] == 2
+    assert md["gemma4.embedding_length_per_layer_input"] == 8
+    assert (md["gemma4.attention.key_length"], md["gemma4.attention.key_length_swa"]) == (32, 16)
+    assert list(md["gemma4.attention.head_count_kv"]) == [2, 1, 2, 2, 1, 2, 1]
+    assert list(md["gemma4.feed_forward_length"]) == [128] * 5 + [256] * 2
+    assert "rope_freqs.weight" in names and "per_layer_token_embd.weight" in names
+    for i in range(N_LAYER):
+        assert f"blk.{i}.layer_output_scale.weight" in names
+        # V = K on the full layers; no K/V at all on the two sharing layers.
+        assert (f"blk.{i}.attn_v.weight" in names) == (SWA[i] and i < 5), i
+        assert (f"blk.{i}.attn_k.weight" in names) == (i < 5), i
+
+
+def test_config_reads_the_decorations(tiny_model: Callable) -> None:
+    gg = config_from_checkpoint(open_checkpoint(_path(tiny_model, NAME, "gguf")))
+    hf = config_from_checkpoint(open_checkpoint(_path(tiny_model, NAME, "hf")))
+    assert hf == gg
+    assert gg.swa_layers == SWA and gg.sliding_window == 6
+    assert gg.attn_scale == 1.0 and gg.v_norm and gg.layer_out_scale
+    assert gg.kv_shared_from == 5 and gg.per_layer_embd == 8
+    assert gg.final_logit_softcap == 3.0
+    shapes = [gg.layer_shape(i) for i in range(N_LAYER)]
+    assert [s.head_dim_k for s in shapes] == [16 if swa else 32 for swa in SWA]
+    assert [s.rope_dim for s in shapes] == [16 if swa else 32 for swa in SWA]
+    assert [s.no_rope_freqs for s in shapes] == list(SWA)  # proportional rope: full only
+    assert [s.v_from_k for s in shapes] == [False, True, False, False, True, False, False]
+    # llama.cpp's rule: sliding layers reuse n_kv - 2, full ones n_kv - 1 (n_kv = 5).
+    assert [s.kv_source for s in shapes] == [None] * 5 + [3, 4]
+    assert gg.residual_width == 64 + N_LAYER * 8
+
+
+def test_hf_dir_tensors_equal_the_converters(tiny_model: Callable) -> None:
+    """Names, shapes and values, the generated rope_freqs and the layer scalars included."""
+    hf = open_checkpoint(_path(tiny_model, NAME, "hf"))
+    gg = open_checkpoint(_path(tiny_model, NAME, "gguf"))
+    assert sorted(hf.tensors.names()) == sorted(gg.tensors.names())
+    for n in gg.tensors.names():
+        a, b = hf.tensors.load(n), gg.tensors.load(n)
+        assert a.shape == b.shape, n
+        assert np.array_equal(a, b), n
+
+
+def test_hf_dir_metadata_matches_the_converters(tiny_model: Callable) -> None:
+    hf = open_checkpoint(_path(tiny_model, NAME, "hf")).metadata
+    gg = open_checkpoint(_path(tiny_model, NAME, "gguf")).metadata
+    for key, value in gg.items():
+        if not key.startswith("gemma4."):
+            continue
+        have = hf.get(key)
+        assert have is not None, f"{key} missing from the HF dir's metadata"
+        if isinstance(value, float):
+            assert have == pytest.approx(value), key
+        else:
+            assert list(np.atleast_1d(have)) == list(np.atleast_1d(value)), key
+
+
+# --- the host body (numpy) ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
+@pytest.mark.parametrize("source", SOURCES)
+def test_numpy_matches_references(source: str, step: bool, tiny_model: Callable) -> None:
+    m = frink_cli.load(_path(tiny_model, NAME, source))
+    got = m.logits(_tokens(tiny_model, NAME), step=step)
+    assert got.shape[0] > 6 * m.config.sliding_window  # well past the window
+    _against_references(got, tiny_model(NAME).ref, f"numpy({source}, {step=})")
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_numpy_greedy_matches_llamacpp(source: str, tiny_model: Callable) -> None:
+    m = frink_cli.load(_path(tiny_model, NAME, source))
+    _assert_greedy_matches_llamacpp(m, tiny_model(NAME).ref, f"{source} greedy", min_steps=24)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "metal"])
+def test_two_sequences_batched_equal_each_alone(backend: str, tiny_model: Callable) -> None:
+    """A multi-sequence step: each sequence's sharing layers read that sequence's rows."""
+    if backend == "metal":
+        pytest.importorskip("mlx.core")
+    m = frink_cli.load(_path(tiny_model, NAME, "gguf"), backend=backend)
+    dec = m.decoder
+    tokens = np.asarray(_tokens(tiny_model, NAME))
+    a, b = tokens[:20], tokens[20:33]
+    alone = []
+    for seq in (a, b):
+        cache = dec.new_cache(32)
+        dec.step(seq[:-1], cache)
+        alone.append(dec.step(seq[-1:], cache)[-1])
+    caches = [dec.new_cache(32), dec.new_cache(32)]
+    for c, seq in zip(caches, (a, b)):
+        dec.step(seq[:-1], c)
+    both = dec.step_batch([(a[-1:], caches[0]), (b[-1:], caches[1])])
+    for got, want in zip(both, alone):
+        assert _max_diff(got, want) < 1e-4
+
+
+# --- every decoration matters ---------------------------------------------------------------------
+
+
+# name -> (config changes, per-layer weight changes, model weight changes)
+OFF: dict[str, tuple[dict, Callable | None, dict]] = {
+    "v_norm": ({"v_norm": False}, None, {}),
+    "per_layer_embd": ({"per_layer_embd": 0}, None, {}),
+    "layer_out_scale": (
+        {"layer_out_scale": False},
+        lambda lw: dataclasses.replace(lw, out_scale=None),
+        {},
+    ),
+    "proportional_rope": ({}, None, {"rope_freqs": None}),
+    "sliding_window": ({"sliding_window": None}, None, {}),
+    "final_softcap": ({"final_logit_softcap": None}, None, {}),
+    "attn_scale": ({"attn_scale": 0.25}, None, {}),
+}
+
+
+@pytest.mark.parametrize("decoration", list(OFF))
+def test_each_decoration_moves_the_logits(decoration: str, tiny_model: Callable) -> None:
+    changes, layer_change, model_changes = OFF[decoration]
+    m = frink_cli.load(_path(tiny_model, NAME, "gguf"))
+    w = dataclasses.replace(m.decoder.host.w, **model_changes)
+    if layer_change is not None:
+        w = dataclasses.replace(w, layers=[layer_change(lw) for lw in w.layers])
+    off = Decoder(dataclasses.replace(m.config, **changes), w)
+    tokens = np.asarray(_tokens(tiny_model, NAME))
+    got = off.step(tokens, off.new_cache(len(tokens)), all_logits=True)
+    for key in REFERENCES:
+        assert _max_diff(got, tiny_model(NAME).ref[key]) > FAR, f"{decoration} off matches {key}"
+
+
+def test_kv_sharing_reads_the_source_layers_rows(tiny_model: Callable) -> None:
+    """The sharing layers' slots are their sources' (one set of rows, no copy): a cache
+    holds K/V for the five computing layers only."""
+    m = frink_cli.load(_path(tiny_model, NAME, "gguf"))
+    cache = m.decoder.new_cache(16)
+    m.decoder.step(np.asarray(_tokens(tiny_model, NAME)[:10]), cache)
+    assert cache.slot(5).source is cache.slot(3) and cache.slot(6).source is cache.slot(4)
+    assert cache.k[5] is cache.k[3] or np.array_equal(cache.k[5], cache.k[3])
+    assert cache.k[1].shape == (1, cache.k[1].shape[1], 32)  # a full layer: 1 KV head of 32
+    assert cache.k[0].shape[0] == 2 and cache.k[0].shape[2] == 16  # sliding: 2 heads of 16
+
+
+# --- metal (MLX; its CPU device on Linux) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
+@pytest.mark.parametrize("source", SOURCES)
+def test_metal_matches_references(source: str, step: bool, tiny_model: Callable) -> None:
+    pytest.importorskip("mlx.core")
+    m = frink_cli.load(_path(tiny_model, NAME, source), backend="metal")
+    assert m.backend_name == "metal"
+    got = m.logits(_tokens(tiny_model, NAME), step=step)
+    _against_references(got, tiny_model(NAME).ref, f"metal({source}, {step=})")
+    _assert_device_ran(m, "gemma4 metal")
+
+
+def test_metal_decode_after_prefill_matches_llamacpp(tiny_model: Callable) -> None:
+    pytest.importorskip("mlx.core")
+    ref = tiny_model(NAME).ref
+    m = frink_cli.load(_path(tiny_model, NAME, "gguf"), backend="metal")
+    got = _decode_after_prefill(m, ref)
+    _compare(got, ref["greedy_logits_llamacpp"], REF_TOL, "metal decode steps")
+    _assert_device_ran(m, "gemma4 metal")
+
+
+def test_metal_one_submission_per_token(tiny_model: Callable) -> None:
+    pytest.importorskip("mlx.core")
+    _assert_one_submission_per_token(
+        frink_cli.load(_path(tiny_model, NAME, "gguf"), backend="metal")
+    )
+
+
+# --- cuda: the layers are refused by name, the host body answers ----------------------------------
+
+
+def test_cuda_refuses_by_name_and_matches(
+    tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from frink_cli.backends.cupy import eligibility
+
+    cfg = config_from_checkpoint(open_checkpoint(_path(tiny_model, NAME, "gguf")))
+    for layer in range(cfg.n_layer):
+        reasons = eligibility.layer_reasons(cfg, layer)
+        assert "per_layer_embd not carried" in reasons and "v_norm not carried" in reasons
+        assert (reasons[0] == eligibility.PER_LAYER_HEADS) == SWA[layer], reasons
+    monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
+    m = frink_cli.load(_path(tiny_model, NAME, "gguf"), backend="cuda")
+    _against_references(m.logits(_tokens(tiny_model, NAME)), tiny_model(NAME).ref, "cuda-numpy")
+    assert not m.decoder.backend.ledger.failures
