@@ -32,8 +32,11 @@ _SDIST_PREFIX = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
 # What the converter imports: its entry script, the per-architecture conversion/ package and
 # the gguf-py/ it puts on sys.path ahead of any installed gguf (the installed one may be older
 # than the converter expects). LICENSE travels with the code we run.
-_WANTED = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "LICENSE")
-_STAMP = ".frink-extracted"
+# models/templates/: the chat templates llama.cpp ships (Google's Gemma 4 template, for
+# tests/test_chat.py's check of the gemma4 fallback).
+_WANTED = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "LICENSE", "models/templates/")
+# Renamed when _WANTED grows, so an extraction made without the new files is redone.
+_STAMP = ".frink-extracted-2"
 _CHILD_FLAG = "--_frink_child"
 
 

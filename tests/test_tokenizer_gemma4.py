@@ -8,12 +8,14 @@ expected id list and piece comes from llama-cpp-python loading that file (vocab_
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
 
 import pytest
 from script_loader import load_script
 from test_tokenizer import COMBOS, Ref, _llama_ref, _mismatches
 
+from frink_cli.chat import fallback_template, prompt_ids, render_chat
 from frink_cli.formats import open_checkpoint
 from frink_cli.tokenizer import Tokenizer, load_tokenizer
 
@@ -226,3 +228,52 @@ def test_gemma4_pre_tokenizer_variants_match_llama_cpp(
         if tok.decode(ref.tokenize(t, True, True)) != ref.detokenize(ref.tokenize(t, True, True))
     ]
     assert not bad, f"{len(bad)} differ:\n" + "\n".join(bad[:20])
+
+
+# --- the chat format a Gemma 4 file without a template falls back to --------------------------
+
+
+def _googles_template() -> str:
+    """Google's Gemma 4 chat template as llama.cpp ships it (models/templates/)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import llama_cpp_converter
+
+    root = llama_cpp_converter.ensure_converter()
+    return (root / "models" / "templates" / "google-gemma-4-31B-it.jinja").read_text()
+
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hello there"}],
+    [
+        {"role": "system", "content": "  Be brief.\n"},
+        {"role": "user", "content": "What is 2+2? Ünïcödé 你好"},
+        {"role": "assistant", "content": "4."},
+        {"role": "user", "content": "And 3+3?\n\n"},
+    ],
+]
+
+
+@pytest.mark.parametrize("messages", CONVERSATIONS, ids=["user", "system-and-turns"])
+def test_no_template_falls_back_to_googles_format(
+    messages: list[dict], gemma4: tuple[Ref, Tokenizer]
+) -> None:
+    """A vocabulary with Gemma 4's turn markers and no template: frink's fallback renders
+    what Google's own template renders (through transformers) for a plain conversation,
+    and the prompt's ids are that text's, tokenized with specials as llama.cpp does."""
+    from test_chat import hf_render
+
+    ref, tok = gemma4
+    assert tok.chat_template is None
+    fallback = fallback_template(tok)
+    assert fallback is not None and fallback[0] == "gemma4"
+    want = hf_render(_googles_template(), messages, "<bos>", "<eos>")
+    got = render_chat(fallback[1], messages, bos_token="<bos>", eos_token="<eos>")
+    assert got == want
+    assert "<|turn>model\n" in got and got.count("<turn|>") == len(messages)
+    notes: list[str] = []
+    system = messages[0]["content"] if messages[0]["role"] == "system" else None
+    turns = messages[1:] if system is not None else messages
+    if len(turns) == 1:
+        ids = prompt_ids(tok, turns[0]["content"], system=system, notes=notes)
+        assert ids == ref.tokenize(want, False, True)
+        assert notes and "gemma4" in notes[0]

@@ -667,10 +667,10 @@ _Get = Callable[[str, tuple[int, ...]], np.ndarray]
 _Fused = Callable[..., Linear]
 
 
-def _talkie_extras(p: str, cfg: ModelConfig, get: _Get) -> dict[str, np.ndarray]:
+def _talkie_extras(p: str, cfg: ModelConfig, get: _Get) -> dict[str, Any]:
     """Layer p's per-head Q gain, projection scales and skip-stream scale, where the model
     has them (attn_q_gain, proj_scales, embd_skip)."""
-    out = {}
+    out: dict[str, Any] = {}
     if cfg.attn_q_gain:
         out["q_gain"] = get(p + "attn_q_norm.weight", (cfg.n_head, 1))
     if cfg.proj_scales:

@@ -455,11 +455,15 @@ class MlxBackend(DeviceBackend):
                     source = self.shapes[i].kv_source
                     if source is not None:
                         # KV sharing: the source layer's states, this step's rows in them.
-                        view = states[source][0] if one else BatchSlot(
-                            [
-                                SeqRows(st, p, a, b)
-                                for st, p, (a, b) in zip(states[source], seqs, bounds)
-                            ]
+                        view = (
+                            states[source][0]
+                            if one
+                            else BatchSlot(
+                                [
+                                    SeqRows(st, p, a, b)
+                                    for st, p, (a, b) in zip(states[source], seqs, bounds)
+                                ]
+                            )
                         )
                         x = compose_layer(
                             MLX_OPS, cfg, self.shapes[i], layers[i], x, pos, view, ropes[i]
