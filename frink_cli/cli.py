@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from . import interrupt
 from .backends import BACKEND_NAMES, check_backend_name
+from .channels import FINAL, ChannelSplit, is_harmony
 from .errors import FrinkError, printable
 
 # The api (numpy, the model code) is imported lazily, per command: `frink --help` stays quick.
@@ -166,6 +168,28 @@ def _check_range(name: str, value: float, lo: float | None = None, hi: float | N
 
 
 @app.command()
+def _generated(
+    m: Any,
+    ids: list[int],
+    raw: bool,
+    max_tokens: int,
+    n_ctx: int | None,
+    stats: Any,
+    sampling: dict[str, Any],
+) -> Iterator[tuple[str, str]]:
+    """(channel, text) as generated: every piece "final", except from a harmony model
+    (gpt-oss) in chat mode, whose messages are split by channel (channels.ChannelSplit)."""
+    tok = m.tokenizer
+    if raw or tok is None or not is_harmony(tok):
+        for piece in m.generate(ids, max_tokens=max_tokens, n_ctx=n_ctx, stats=stats, **sampling):
+            yield FINAL, piece
+        return
+    split = ChannelSplit(tok)
+    for token in m.generate_ids(ids, max_tokens=max_tokens, n_ctx=n_ctx, stats=stats, **sampling):
+        yield from split.push(token)
+    yield from split.flush()
+
+
 def run(
     model: str | None = typer.Argument(
         None,
@@ -224,12 +248,11 @@ def run(
         err.print(f"note: {printable(note)}", style="dim", markup=False)
     stats = GenerationStats()
     pieces: list[str] = []
+    # gpt-oss's harmony channels: the final one is the answer (stdout); the others go to
+    # stderr with -v, and into the JSON output by name.
+    channels: dict[str, list[str]] = {}
     out = sys.stdout
-    for piece in m.generate(
-        ids,
-        max_tokens=max_tokens,
-        n_ctx=ctx_size or None,
-        stats=stats,
+    sampling = dict(
         temperature=temp,
         top_k=top_k,
         top_p=top_p,
@@ -237,7 +260,13 @@ def run(
         repeat_penalty=repeat_penalty,
         repeat_last_n=repeat_last_n,
         seed=None if seed < 0 else seed,
-    ):
+    )
+    for channel, piece in _generated(m, ids, raw, max_tokens, ctx_size or None, stats, sampling):
+        if channel != FINAL:
+            channels.setdefault(channel, []).append(piece)
+            if _verbose and not as_json:
+                err.print(printable(piece), style="dim", markup=False, highlight=False, end="")
+            continue
         pieces.append(piece)
         if not as_json:
             out.write(piece)
@@ -255,6 +284,11 @@ def run(
                     "prompt_ids": list(map(int, ids)),
                     "token_ids": list(map(int, stats.token_ids)),
                     "stop_reason": stats.stop_reason,
+                    **(
+                        {"channels": {k: "".join(v) for k, v in channels.items()}}
+                        if channels
+                        else {}
+                    ),
                     "timings": {
                         "prompt_seconds": stats.prompt_seconds,
                         "prompt_tokens_per_second": stats.prompt_tps,
