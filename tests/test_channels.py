@@ -16,7 +16,7 @@ MARKERS = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "
 
 
 class _Stream:
-    def __init__(self, tok: "_Vocab") -> None:
+    def __init__(self, tok: _Vocab) -> None:
         self.tok = tok
 
     def push(self, token_id: int) -> str:
