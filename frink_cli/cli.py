@@ -167,7 +167,6 @@ def _check_range(name: str, value: float, lo: float | None = None, hi: float | N
         raise FrinkError(f"invalid value for {name}: {value} (must be {bounds})")
 
 
-@app.command()
 def _generated(
     m: Any,
     ids: list[int],
@@ -190,6 +189,7 @@ def _generated(
     yield from split.flush()
 
 
+@app.command()
 def run(
     model: str | None = typer.Argument(
         None,
