@@ -464,11 +464,15 @@ def _print_info(d: dict[str, Any]) -> None:
         else:
             win = f" window {s['window']}" if s["window"] else ""
             # The layer's own head counts (they differ per layer in openelm and deci).
-            shape = f"{s['n_head']}q/{s['n_head_kv']}kv x {d['head_dim']}"
+            shape = f"{s['n_head']}q/{s['n_head_kv']}kv x {s['head_dim']}"
+            if s.get("kv_source") is not None:  # gemma4's KV sharing
+                shape += f", K/V of blk.{s['kv_source']}"
             where_pos = "alibi" if alibi else f"rope {s['rope_base']:g}"
             mixer = f"{s['mixer']} ({shape}, {where_pos}{win})"
         if s["ffn"] == "moe":
             ffn = f"moe ffn {moe['experts']}x{moe['expert_ff']}"
+        elif s["ffn"] == "dense+moe":
+            ffn = f"dense ffn {s['n_ff']} + moe ffn {moe['experts']}x{moe['expert_ff']}"
         elif s["ffn"] == "none":
             ffn = "no ffn"
         else:

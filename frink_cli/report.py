@@ -133,6 +133,8 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
                 "n_head": s.n_head,
                 "n_head_kv": s.n_head_kv,
                 "n_ff": s.n_ff,
+                "head_dim": s.head_dim_k,
+                "kv_source": s.kv_source,
                 "window": s.window,
                 "rope_base": s.rope_base,
                 "backend": backend_label if support[i] is None else "host",

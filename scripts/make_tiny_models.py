@@ -204,6 +204,20 @@ _GEMMA4_TEXT: dict[str, Any] = dict(
     bos_token_id=2,
     eos_token_id=1,
 )
+# The MoE variant (Gemma 4 26B-A4B's shape): no per-layer embeddings, no KV sharing, V = K
+# on the full layers; each layer's dense FFN runs beside the routed experts.
+_GEMMA4_MOE: dict[str, Any] = dict(
+    _GEMMA4_TEXT,
+    num_hidden_layers=4,
+    layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    num_kv_shared_layers=0,
+    use_double_wide_mlp=False,
+    hidden_size_per_layer_input=0,
+    enable_moe_block=True,
+    num_experts=8,
+    top_k_experts=2,
+    moe_intermediate_size=32,
+)
 _GEMMA4_NORMS: dict[str, float] = {
     "post_feedforward_layernorm": 0.25,
     "post_per_layer_input_norm": 0.25,
@@ -1190,6 +1204,25 @@ SPECS: dict[str, TinySpec] = {
             "proportional rope, 2 KV-sharing layers (double-wide FFNs), per-layer "
             "embeddings, layer scalars, final softcap 3",
         ),
+        TinySpec(
+            "gemma4_moe",
+            "Gemma4ForCausalLM",
+            "Gemma4TextConfig",
+            _GEMMA4_MOE,
+            seed=102,
+            norm_center_overrides=_GEMMA4_NORMS,
+            buffer_overrides={"layer_scalar": (1.0, 0.3)},
+            # The router's input scale and the per-expert output scales around 1, so
+            # neither is ~0 (the 1-D default) and each moves the logits.
+            vector_overrides={"router.scale": (1.0, 0.3), "per_expert_scale": (1.0, 0.3)},
+            # Router logits of O(1), so routing decisions (compared as softmax probabilities,
+            # what transformers records) have clear margins.
+            matrix_std={"router.proj": 1.0},
+            greedy=24,
+            min_router_gap=MIN_ROUTER_GAP,
+            notes="the 26B-A4B shape: every layer's dense FFN beside 8 experts (top 2) "
+            "routed from the normed residual; no per-layer embeddings, no KV sharing",
+        ),
     ]
 }
 
@@ -1323,7 +1356,8 @@ def _min_router_gap(model: Any, spec: TinySpec, tokens: np.ndarray) -> float:
     sigmoid(logit) + bias: what the top k is taken over."""
     import torch
 
-    k = int(_text_config(spec)["num_experts_per_tok"])
+    text = _text_config(spec)
+    k = int(text.get("num_experts_per_tok") or text["top_k_experts"])  # gemma4: top_k_experts
     with torch.no_grad():
         out = model(
             input_ids=torch.from_numpy(tokens.astype(np.int64))[None, :],

@@ -45,12 +45,15 @@ from frink_cli.formats import open_checkpoint
 from frink_cli.model import config_from_checkpoint
 
 NAME = "gemma4"
+MOE = "gemma4_moe"  # the 26B-A4B shape: a dense FFN beside the experts in every layer
+MODELS = (NAME, MOE)
 N_LAYER = 7
 SWA = (True, False, True, True, False, True, False)
 
 
-def test_references_agree(tiny_model: Callable) -> None:
-    ref = tiny_model(NAME).ref
+@pytest.mark.parametrize("model", MODELS)
+def test_references_agree(model: str, tiny_model: Callable) -> None:
+    ref = tiny_model(model).ref
     assert "logits_llamacpp" in ref, "llama.cpp's converter made no GGUF"
     _compare(ref["logits_llamacpp"], ref["logits_hf"], REF_TOL, "llama.cpp vs transformers")
     assert ref["greedy_llamacpp"].shape[0] == 24
@@ -91,10 +94,11 @@ def test_config_reads_the_decorations(tiny_model: Callable) -> None:
     assert gg.residual_width == 64 + N_LAYER * 8
 
 
-def test_hf_dir_tensors_equal_the_converters(tiny_model: Callable) -> None:
+@pytest.mark.parametrize("model", MODELS)
+def test_hf_dir_tensors_equal_the_converters(model: str, tiny_model: Callable) -> None:
     """Names, shapes and values, the generated rope_freqs and the layer scalars included."""
-    hf = open_checkpoint(_path(tiny_model, NAME, "hf"))
-    gg = open_checkpoint(_path(tiny_model, NAME, "gguf"))
+    hf = open_checkpoint(_path(tiny_model, model, "hf"))
+    gg = open_checkpoint(_path(tiny_model, model, "gguf"))
     assert sorted(hf.tensors.names()) == sorted(gg.tensors.names())
     for n in gg.tensors.names():
         a, b = hf.tensors.load(n), gg.tensors.load(n)
@@ -102,11 +106,12 @@ def test_hf_dir_tensors_equal_the_converters(tiny_model: Callable) -> None:
         assert np.array_equal(a, b), n
 
 
-def test_hf_dir_metadata_matches_the_converters(tiny_model: Callable) -> None:
-    hf = open_checkpoint(_path(tiny_model, NAME, "hf")).metadata
-    gg = open_checkpoint(_path(tiny_model, NAME, "gguf")).metadata
+@pytest.mark.parametrize("model", MODELS)
+def test_hf_dir_metadata_matches_the_converters(model: str, tiny_model: Callable) -> None:
+    hf = open_checkpoint(_path(tiny_model, model, "hf")).metadata
+    gg = open_checkpoint(_path(tiny_model, model, "gguf")).metadata
     for key, value in gg.items():
-        if not key.startswith("gemma4."):
+        if not key.startswith("gemma4."):  # (both models are gemma4 files)
             continue
         have = hf.get(key)
         assert have is not None, f"{key} missing from the HF dir's metadata"
@@ -121,27 +126,34 @@ def test_hf_dir_metadata_matches_the_converters(tiny_model: Callable) -> None:
 
 @pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
 @pytest.mark.parametrize("source", SOURCES)
-def test_numpy_matches_references(source: str, step: bool, tiny_model: Callable) -> None:
-    m = frink_cli.load(_path(tiny_model, NAME, source))
-    got = m.logits(_tokens(tiny_model, NAME), step=step)
+@pytest.mark.parametrize("model", MODELS)
+def test_numpy_matches_references(
+    model: str, source: str, step: bool, tiny_model: Callable
+) -> None:
+    m = frink_cli.load(_path(tiny_model, model, source))
+    got = m.logits(_tokens(tiny_model, model), step=step)
     assert got.shape[0] > 6 * m.config.sliding_window  # well past the window
-    _against_references(got, tiny_model(NAME).ref, f"numpy({source}, {step=})")
+    _against_references(got, tiny_model(model).ref, f"numpy({source}, {step=})")
 
 
 @pytest.mark.parametrize("source", SOURCES)
-def test_numpy_greedy_matches_llamacpp(source: str, tiny_model: Callable) -> None:
-    m = frink_cli.load(_path(tiny_model, NAME, source))
-    _assert_greedy_matches_llamacpp(m, tiny_model(NAME).ref, f"{source} greedy", min_steps=24)
+@pytest.mark.parametrize("model", MODELS)
+def test_numpy_greedy_matches_llamacpp(model: str, source: str, tiny_model: Callable) -> None:
+    m = frink_cli.load(_path(tiny_model, model, source))
+    _assert_greedy_matches_llamacpp(m, tiny_model(model).ref, f"{source} greedy", min_steps=24)
 
 
 @pytest.mark.parametrize("backend", ["numpy", "metal"])
-def test_two_sequences_batched_equal_each_alone(backend: str, tiny_model: Callable) -> None:
+@pytest.mark.parametrize("model", MODELS)
+def test_two_sequences_batched_equal_each_alone(
+    model: str, backend: str, tiny_model: Callable
+) -> None:
     """A multi-sequence step: each sequence's sharing layers read that sequence's rows."""
     if backend == "metal":
         pytest.importorskip("mlx.core")
-    m = frink_cli.load(_path(tiny_model, NAME, "gguf"), backend=backend)
+    m = frink_cli.load(_path(tiny_model, model, "gguf"), backend=backend)
     dec = m.decoder
-    tokens = np.asarray(_tokens(tiny_model, NAME))
+    tokens = np.asarray(_tokens(tiny_model, model))
     a, b = tokens[:20], tokens[20:33]
     alone = []
     for seq in (a, b):
@@ -159,6 +171,17 @@ def test_two_sequences_batched_equal_each_alone(backend: str, tiny_model: Callab
 # --- every decoration matters ---------------------------------------------------------------------
 
 
+def _moe_ones(field: str) -> Callable:
+    """A layer's weights with one of its MoE vectors set to ones (that factor off)."""
+
+    def change(lw):
+        v = getattr(lw.moe, field)
+        ones = np.ones_like(v) * (v.shape[0] ** -0.5 if field == "router_norm" else 1.0)
+        return dataclasses.replace(lw, moe=dataclasses.replace(lw.moe, **{field: ones}))
+
+    return change
+
+
 # name -> (config changes, per-layer weight changes, model weight changes)
 OFF: dict[str, tuple[dict, Callable | None, dict]] = {
     "v_norm": ({"v_norm": False}, None, {}),
@@ -172,21 +195,52 @@ OFF: dict[str, tuple[dict, Callable | None, dict]] = {
     "sliding_window": ({"sliding_window": None}, None, {}),
     "final_softcap": ({"final_logit_softcap": None}, None, {}),
     "attn_scale": ({"attn_scale": 0.25}, None, {}),
+    # the MoE variant's own (gemma4_moe)
+    "router_scale": ({}, _moe_ones("router_norm"), {}),
+    "expert_scale": ({}, _moe_ones("expert_scale"), {}),
+    "experts_pre_norm": ({}, _moe_ones("pre_norm"), {}),
 }
+CASES = [(NAME, k) for k in OFF if k not in ("router_scale", "expert_scale", "experts_pre_norm")]
+CASES += [
+    (MOE, k)
+    for k in ("v_norm", "layer_out_scale", "router_scale", "expert_scale", "experts_pre_norm")
+]
 
 
-@pytest.mark.parametrize("decoration", list(OFF))
-def test_each_decoration_moves_the_logits(decoration: str, tiny_model: Callable) -> None:
+@pytest.mark.parametrize(("model", "decoration"), CASES)
+def test_each_decoration_moves_the_logits(
+    model: str, decoration: str, tiny_model: Callable
+) -> None:
     changes, layer_change, model_changes = OFF[decoration]
-    m = frink_cli.load(_path(tiny_model, NAME, "gguf"))
+    m = frink_cli.load(_path(tiny_model, model, "gguf"))
     w = dataclasses.replace(m.decoder.host.w, **model_changes)
     if layer_change is not None:
         w = dataclasses.replace(w, layers=[layer_change(lw) for lw in w.layers])
     off = Decoder(dataclasses.replace(m.config, **changes), w)
-    tokens = np.asarray(_tokens(tiny_model, NAME))
+    tokens = np.asarray(_tokens(tiny_model, model))
     got = off.step(tokens, off.new_cache(len(tokens)), all_logits=True)
     for key in REFERENCES:
-        assert _max_diff(got, tiny_model(NAME).ref[key]) > FAR, f"{decoration} off matches {key}"
+        assert _max_diff(got, tiny_model(model).ref[key]) > FAR, f"{decoration} off matches {key}"
+
+
+def test_the_moe_variant_is_read_as_llama_cpp_reads_it(tiny_model: Callable) -> None:
+    gg = config_from_checkpoint(open_checkpoint(_path(tiny_model, MOE, "gguf")))
+    hf = config_from_checkpoint(open_checkpoint(_path(tiny_model, MOE, "hf")))
+    assert hf == gg and gg.moe is not None
+    assert gg.moe.parallel_dense and gg.moe.norm_topk and gg.moe.gating == "softmax"
+    assert (gg.moe.n_expert, gg.moe.n_expert_used, gg.moe.n_ff_exp) == (8, 2, 32)
+    assert [gg.layer_shape(i).ffn for i in range(4)] == ["dense+moe"] * 4
+    assert gg.per_layer_embd == 0 and gg.kv_shared_from is None
+    names = set(open_checkpoint(_path(tiny_model, MOE, "gguf")).tensors.names())
+    for t in (
+        "ffn_gate_inp.scale",
+        "ffn_down_exps.scale",
+        "ffn_gate_up_exps.weight",
+        "pre_ffw_norm_2.weight",
+        "post_ffw_norm_1.weight",
+        "post_ffw_norm_2.weight",
+    ):
+        assert f"blk.0.{t}" in names, t
 
 
 def test_kv_sharing_reads_the_source_layers_rows(tiny_model: Callable) -> None:
@@ -206,45 +260,52 @@ def test_kv_sharing_reads_the_source_layers_rows(tiny_model: Callable) -> None:
 
 @pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
 @pytest.mark.parametrize("source", SOURCES)
-def test_metal_matches_references(source: str, step: bool, tiny_model: Callable) -> None:
+@pytest.mark.parametrize("model", MODELS)
+def test_metal_matches_references(
+    model: str, source: str, step: bool, tiny_model: Callable
+) -> None:
     pytest.importorskip("mlx.core")
-    m = frink_cli.load(_path(tiny_model, NAME, source), backend="metal")
+    m = frink_cli.load(_path(tiny_model, model, source), backend="metal")
     assert m.backend_name == "metal"
-    got = m.logits(_tokens(tiny_model, NAME), step=step)
-    _against_references(got, tiny_model(NAME).ref, f"metal({source}, {step=})")
-    _assert_device_ran(m, "gemma4 metal")
+    got = m.logits(_tokens(tiny_model, model), step=step)
+    _against_references(got, tiny_model(model).ref, f"metal({source}, {step=})")
+    _assert_device_ran(m, f"{model} metal")
 
 
-def test_metal_decode_after_prefill_matches_llamacpp(tiny_model: Callable) -> None:
+@pytest.mark.parametrize("model", MODELS)
+def test_metal_decode_after_prefill_matches_llamacpp(model: str, tiny_model: Callable) -> None:
     pytest.importorskip("mlx.core")
-    ref = tiny_model(NAME).ref
-    m = frink_cli.load(_path(tiny_model, NAME, "gguf"), backend="metal")
+    ref = tiny_model(model).ref
+    m = frink_cli.load(_path(tiny_model, model, "gguf"), backend="metal")
     got = _decode_after_prefill(m, ref)
     _compare(got, ref["greedy_logits_llamacpp"], REF_TOL, "metal decode steps")
-    _assert_device_ran(m, "gemma4 metal")
+    _assert_device_ran(m, f"{model} metal")
 
 
-def test_metal_one_submission_per_token(tiny_model: Callable) -> None:
+@pytest.mark.parametrize("model", MODELS)
+def test_metal_one_submission_per_token(model: str, tiny_model: Callable) -> None:
     pytest.importorskip("mlx.core")
     _assert_one_submission_per_token(
-        frink_cli.load(_path(tiny_model, NAME, "gguf"), backend="metal")
+        frink_cli.load(_path(tiny_model, model, "gguf"), backend="metal")
     )
 
 
 # --- cuda: the layers are refused by name, the host body answers ----------------------------------
 
 
+@pytest.mark.parametrize("model", MODELS)
 def test_cuda_refuses_by_name_and_matches(
-    tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
+    model: str, tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from frink_cli.backends.cupy import eligibility
 
-    cfg = config_from_checkpoint(open_checkpoint(_path(tiny_model, NAME, "gguf")))
+    cfg = config_from_checkpoint(open_checkpoint(_path(tiny_model, model, "gguf")))
     for layer in range(cfg.n_layer):
         reasons = eligibility.layer_reasons(cfg, layer)
-        assert "per_layer_embd not carried" in reasons and "v_norm not carried" in reasons
-        assert (reasons[0] == eligibility.PER_LAYER_HEADS) == SWA[layer], reasons
+        assert "v_norm not carried" in reasons
+        assert (eligibility.PER_LAYER_HEADS in reasons) == cfg.swa_layers[layer], reasons
+        assert ("ffn dense+moe" in reasons) == (model == MOE), reasons
     monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
-    m = frink_cli.load(_path(tiny_model, NAME, "gguf"), backend="cuda")
-    _against_references(m.logits(_tokens(tiny_model, NAME)), tiny_model(NAME).ref, "cuda-numpy")
+    m = frink_cli.load(_path(tiny_model, model, "gguf"), backend="cuda")
+    _against_references(m.logits(_tokens(tiny_model, model)), tiny_model(model).ref, "cuda-numpy")
     assert not m.decoder.backend.ledger.failures

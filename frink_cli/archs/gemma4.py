@@ -20,9 +20,12 @@ sliding-window layers with their own rope base, final logit softcap) with:
   two agree when those layers are of those kinds, which the file must then say);
 - per-layer embeddings (embedding_length_per_layer_input > 0): graph/layer.py's
   embed_per_layer and per_layer_input_block;
-- a per-layer output scale (layer_output_scale [1], HF's layer_scalar).
-
-The MoE variant (a router over the attention output beside a dense FFN) is refused by name.
+- a per-layer output scale (layer_output_scale [1], HF's layer_scalar);
+- the MoE variant (26B-A4B; HF enable_moe_block): every layer's dense FFN runs beside the
+  routed experts (ffn "dense+moe", graph/layer.py's dense_and_experts_block), the router
+  reading the normed residual (ffn_gate_inp.scale), per-expert scales
+  (ffn_down_exps.scale, HF's router.per_expert_scale), the experts' gate/up fused
+  (ffn_gate_up_exps, HF's experts.gate_up_proj: gate rows then up rows).
 """
 
 from __future__ import annotations
@@ -136,9 +139,19 @@ class Gemma4(Arch):
             ("model.layers.{bid}.per_layer_input_gate", "blk.{bid}.inp_gate"),
             ("model.layers.{bid}.per_layer_projection", "blk.{bid}.proj"),
             ("model.layers.{bid}.post_per_layer_input_norm", "blk.{bid}.post_norm"),
+            ("model.layers.{bid}.router.proj", "blk.{bid}.ffn_gate_inp"),
+            ("model.layers.{bid}.pre_feedforward_layernorm_2", "blk.{bid}.pre_ffw_norm_2"),
+            ("model.layers.{bid}.post_feedforward_layernorm_1", "blk.{bid}.post_ffw_norm_1"),
+            ("model.layers.{bid}.post_feedforward_layernorm_2", "blk.{bid}.post_ffw_norm_2"),
         )
     )
-    hf_tensors_whole = (("model.layers.{bid}.layer_scalar", "blk.{bid}.layer_output_scale.weight"),)
+    hf_tensors_whole = (
+        ("model.layers.{bid}.layer_scalar", "blk.{bid}.layer_output_scale.weight"),
+        ("model.layers.{bid}.router.scale", "blk.{bid}.ffn_gate_inp.scale"),
+        ("model.layers.{bid}.router.per_expert_scale", "blk.{bid}.ffn_down_exps.scale"),
+        ("model.layers.{bid}.experts.gate_up_proj", "blk.{bid}.ffn_gate_up_exps.weight"),
+        ("model.layers.{bid}.experts.down_proj", "blk.{bid}.ffn_down_exps.weight"),
+    )
 
     def embd_scale(self, n_embd: int) -> float | None:
         return math.sqrt(n_embd)
@@ -148,12 +161,14 @@ class Gemma4(Arch):
 
     def config(self, ckpt: Checkpoint) -> ModelConfig:
         md, key = ckpt.metadata, self.key
-        if get(md, key("expert_count"), 0):
-            raise FrinkError(
-                f"{ckpt.path}: the Gemma 4 MoE variant (a router over the attention output "
-                "beside the dense FFN) is not supported yet"
-            )
         cfg = super().config(ckpt)
+        if cfg.moe is not None:
+            if not all(cfg.moe.layers):
+                raise FrinkError(f"{ckpt.path}: Gemma 4 MoE with dense-only layers")
+            # Softmax over the experts, top k renormalized (llama.cpp's build_moe_ffn with
+            # norm_w; transformers' Gemma4TextRouter).
+            moe = dataclasses.replace(cfg.moe, parallel_dense=True, norm_topk=True)
+            cfg = dataclasses.replace(cfg, moe=moe)
         names = set(ckpt.tensors.names())
         n = cfg.n_layer
         head_swa = int(get(md, key("attention.key_length_swa"), cfg.head_dim_k))
@@ -224,10 +239,6 @@ class Gemma4(Arch):
 
     def hf_metadata(self, w: MetadataWriter, notes: list[str]) -> None:
         hp = w.hp
-        if hp.get("enable_moe_block"):
-            raise FrinkError(
-                "config.json: the Gemma 4 MoE variant (enable_moe_block) is not supported yet"
-            )
         if hp.get("use_bidirectional_attention") == "all":
             raise FrinkError("config.json: bidirectional Gemma 4 attention is not supported")
         super().hf_metadata(w, notes)
@@ -254,6 +265,10 @@ class Gemma4(Arch):
         kv_full = _full_override(hp, "num_key_value_heads") if hp.get("attention_k_eq_v") else None
         if kv_full is not None:
             w.set("attention.head_count_kv", [kv_swa if s else int(kv_full) for s in swa])
+        if hp.get("enable_moe_block"):
+            w.u32("expert_count", "num_experts")
+            w.u32("expert_used_count", "top_k_experts")
+            w.u32("expert_feed_forward_length", "moe_intermediate_size")
         if hp.get("use_double_wide_mlp") and shared:
             ff = int(hp["intermediate_size"])
             w.set("feed_forward_length", [ff if i < n - shared else 2 * ff for i in range(n)])

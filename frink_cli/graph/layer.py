@@ -122,6 +122,8 @@ def layer(
         h = x if cfg.no_pre_norm else _norm(ops, cfg, x, w.ffn_norm, w.ffn_norm_b)
         if shape.ffn == "moe":
             f = moe_block(ops, cfg, w.moe, h)
+        elif shape.ffn == "dense+moe":
+            f = dense_and_experts_block(ops, cfg, w, x, h)
         elif cfg.plain_ffn:
             f = plain_ffn_block(ops, cfg, w, h)
         else:
@@ -129,8 +131,6 @@ def layer(
         f = _branch_out(ops, cfg, _proj_scale(f, w.down_scale), w.post_ffn_norm)
         # The sum into whichever of the two is ours (the caller's x is left as it was).
         out = ops.add_(x, f) if x_ours else ops.add_(f, x)
-    if side is None:
-        return out
     if cfg.embd_skip:
         # talkie: the normed embedding times this layer's scale [1] joins the layer's output
         # (llama.cpp's talkie.cpp: after the FFN's residual add).
@@ -139,7 +139,7 @@ def layer(
         out = per_layer_input_block(ops, cfg, shape.per_layer_input, w, out, side)
     if w.out_scale is not None:
         out = out * w.out_scale  # gemma4's layer_output_scale [1]
-    return ops.concat([out, side])
+    return out if side is None else ops.concat([out, side])
 
 
 def per_layer_input_block(
@@ -375,6 +375,22 @@ def moe_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array) -> Array:
             shared = ops.sigmoid_mul_(shared, r[:, E : E + 1])
         out = ops.add_(out, shared)
     return out
+
+
+def dense_and_experts_block(ops: Ops, cfg: ModelConfig, w: Any, x: Array, h: Array) -> Array:
+    """gemma4's MoE layer FFN (llama.cpp's gemma4.cpp, transformers' Gemma4TextDecoderLayer
+    with enable_moe_block): the dense FFN on h = ffn_norm(x), post-normed, plus the experts
+    on pre_norm_2(x), post-normed; the router reads rms_norm(x) * scale / sqrt(n_embd)
+    (folded into one norm weight at load); softmax over the experts, top k, renormalized,
+    each weight times its expert's scale. x: the residual rows (left as they are)."""
+    m, e, eps = cfg.moe, w.moe, cfg.norm_eps
+    assert m is not None  # compose_layer comes here only for a layer whose ffn is "dense+moe"
+    dense = ops.rms_norm_(ffn_block(ops, cfg, w, h), e.dense_post_norm, eps)
+    r = ops.linear(ops.rms_norm(x, e.router_norm, eps), e.inp)
+    ids, weights = ops.route(r, m.n_expert_used, m.norm_topk, m.gating, None)
+    weights = weights * e.expert_scale[ids]
+    routed = ops.experts(ops.rms_norm(x, e.pre_norm, eps), ids, weights, e, cfg.ffn_act)
+    return ops.add_(dense, ops.rms_norm_(routed, e.post_norm, eps))
 
 
 def gdn_block(ops: Ops, cfg: ModelConfig, w: Any, h: Array, slot: Any) -> Array:

@@ -29,7 +29,9 @@ class LayerShape:
     # "linear" (deci's "linear attention": only wo, applied to the normed input) |
     # "none" (deci's attention-free layer: the branch is absent, x passes on)
     mixer: str
-    ffn: str  # "dense" | "moe" (sparse mixture of experts) | "none" (no FFN branch)
+    # "dense" | "moe" (sparse mixture of experts) | "dense+moe" (both side by side, gemma4) |
+    # "none" (no FFN branch)
+    ffn: str
     window: int | None  # sliding-window width (keys q - k < window are visible), None = full
     rope_base: float
     rope_scale: float  # position multiplier (1 / linear scaling factor)
@@ -244,6 +246,11 @@ class MoeConfig:
     # Biases on the router (ffn_gate_inp.bias) and on every expert's gate, up and down rows
     # (ffn_{gate,up,down}_exps.bias [n_expert, rows]): gpt-oss.
     biases: bool = False
+    # gemma4's MoE (ffn "dense+moe"): the layer's dense FFN runs beside the experts, each
+    # branch with its own norms; the router reads the weightless-RMS-normed residual scaled
+    # by ffn_gate_inp.scale / sqrt(n_embd); each chosen expert's weight is multiplied by its
+    # scale (ffn_down_exps.scale).
+    parallel_dense: bool = False
 
 
 @dataclass(frozen=True)
@@ -475,7 +482,8 @@ class ModelConfig:
         else:
             mixer = "attention"
         if self.is_moe(layer):
-            ffn = "moe"
+            assert self.moe is not None
+            ffn = "dense+moe" if self.moe.parallel_dense else "moe"
         elif n_ff == 0 and (
             self.layer_sizes is not None or (self.mamba is not None and not self.mamba.parallel)
         ):

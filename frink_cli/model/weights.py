@@ -173,6 +173,15 @@ class MoeWeights:
     # (gate, then up) and [n_expert, n_embd].
     gate_up_exps_b: np.ndarray | None = None
     down_exps_b: np.ndarray | None = None
+    # gemma4's MoE beside the dense FFN (MoeConfig.parallel_dense), or None: the router's
+    # RMSNorm weight [n_embd] (ffn_gate_inp.scale / sqrt(n_embd)), the per-expert weight
+    # scales [n_expert] (ffn_down_exps.scale), the experts' pre- and post-norms and the
+    # dense branch's post-norm [n_embd].
+    router_norm: np.ndarray | None = None
+    expert_scale: np.ndarray | None = None
+    pre_norm: np.ndarray | None = None
+    post_norm: np.ndarray | None = None
+    dense_post_norm: np.ndarray | None = None
 
 
 @dataclass
@@ -515,10 +524,10 @@ def load_weights(
                     k_norm_b = optional(p + "attn_k_norm.bias", (nk,))
             wo = fused([(p + "attn_output", d)], n_head * hv)
         gate_up = down = moe = up = None
-        if shape.ffn == "moe":
+        if shape.ffn in ("moe", "dense+moe"):
             moe = _load_moe(p, cfg, get, ckpt, experts)
-        elif shape.ffn == "none":
-            pass  # an FFN-free layer (deci): no FFN tensors, no ffn_norm
+        if shape.ffn in ("moe", "none"):
+            pass  # no dense FFN: a routed layer's experts (above), or deci's FFN-free layer
         elif cfg.plain_ffn:
             up = fused([(p + "ffn_up", n_ff)], d)
             down = fused([(p + "ffn_down", d)], n_ff)
@@ -817,7 +826,7 @@ def _load_moe(
     p: str, cfg: ModelConfig, get: _Get, ckpt: Checkpoint, experts: _Experts
 ) -> MoeWeights:
     moe = cfg.moe
-    assert moe is not None  # only a layer_shape with ffn "moe" comes here
+    assert moe is not None  # only a layer_shape with ffn "moe" or "dense+moe" comes here
     d, n_e, ff = cfg.n_embd, moe.n_expert, moe.n_ff_exp
     names = set(ckpt.tensors.names())
     # The gate and up stacks: one tensor, or two stacked along rows (each expert's gate
@@ -865,6 +874,15 @@ def _load_moe(
     inp_b = (
         None if router_b is None else np.concatenate([router_b, np.zeros(rows - n_e, np.float32)])
     )
+    parallel: dict[str, np.ndarray] = {}
+    if moe.parallel_dense:  # gemma4
+        parallel = dict(
+            router_norm=get(p + "ffn_gate_inp.scale", (d,)) * np.float32(d**-0.5),
+            expert_scale=get(p + "ffn_down_exps.scale", (n_e,)),
+            pre_norm=get(p + "pre_ffw_norm_2.weight", (d,)),
+            post_norm=get(p + "post_ffw_norm_2.weight", (d,)),
+            dense_post_norm=get(p + "post_ffw_norm_1.weight", (d,)),
+        )
     return MoeWeights(
         inp=Linear(np.concatenate(inp), inp_b, tuple(inp_sources)),
         gate_up_exps=gate_up,
@@ -873,4 +891,5 @@ def _load_moe(
         probs_b=get(p + "exp_probs_b.bias", (n_e,)) if moe.expert_bias else None,
         gate_up_exps_b=gate_up_b,
         down_exps_b=down_b,
+        **parallel,
     )

@@ -283,6 +283,11 @@ class MlxBackend(DeviceBackend):
             opt(e.probs_b),
             gate_up_exps_b=opt(e.gate_up_exps_b),
             down_exps_b=opt(e.down_exps_b),
+            router_norm=opt(e.router_norm),
+            expert_scale=opt(e.expert_scale),
+            pre_norm=opt(e.pre_norm),
+            post_norm=opt(e.post_norm),
+            dense_post_norm=opt(e.dense_post_norm),
         )
 
     def prepare(self, weights) -> None:

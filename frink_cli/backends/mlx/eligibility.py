@@ -21,7 +21,7 @@ CARRIED_MIXERS = (
     "attention+mamba2",
     "shortconv",
 )
-CARRIED_FFNS = ("dense", "moe", "none")
+CARRIED_FFNS = ("dense", "moe", "dense+moe", "none")
 
 # The features (ModelConfig.features(): decorations and sub-configs) the MLX ops and the
 # composition carry in every value. Anything else a model uses is refused by its name,

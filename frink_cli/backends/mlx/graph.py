@@ -121,6 +121,12 @@ class DeviceMoe:
     # The experts' biases (gpt-oss): [E, 2 ff] (gate, then up) and [E, d], or None.
     gate_up_exps_b: mx.array | None = None
     down_exps_b: mx.array | None = None
+    # gemma4's MoE beside the dense FFN: as the host's MoeWeights fields of these names.
+    router_norm: mx.array | None = None
+    expert_scale: mx.array | None = None
+    pre_norm: mx.array | None = None
+    post_norm: mx.array | None = None
+    dense_post_norm: mx.array | None = None
 
     @property
     def gate_up_shexp(self) -> DeviceLinear | None:
