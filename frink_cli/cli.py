@@ -362,7 +362,8 @@ def _print_info(d: dict[str, Any]) -> None:
     line("tensor types", ", ".join(f"{k} x{v}" for k, v in sorted(d["tensor_types"].items())))
     line("layers", f"{n_layer} ({d['layer_pattern']})")
     # Where every FFN is routed the dense width is unused (or absent): say so instead.
-    ffn_width = "routed" if moe and moe["layers"] == n_layer else d["n_ff"]
+    all_routed = moe and moe["layers"] == n_layer
+    ffn_width = "routed" if all_routed and not moe["parallel_dense"] else d["n_ff"]
     window = f", sliding window {d['sliding_window']}" if d["sliding_window"] else ""
     heads = f"{d['n_head']} heads, {d['n_head_kv']} KV heads, head dim {d['head_dim']}"
     if d["per_layer_sizes"]:  # the largest of each: every layer's own are listed below

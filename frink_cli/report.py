@@ -200,6 +200,7 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
             "experts_used": cfg.moe.n_expert_used,
             "expert_ff": cfg.moe.n_ff_exp,
             "shared_ff": cfg.moe.n_ff_shexp,
+            "parallel_dense": cfg.moe.parallel_dense,
             "norm_topk": cfg.moe.norm_topk,
             "gating": cfg.moe.gating,
             "expert_bias": cfg.moe.expert_bias,
