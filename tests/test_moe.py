@@ -286,6 +286,7 @@ def test_info_shows_the_pattern_and_the_experts(tiny_model: Callable) -> None:
         "experts_used": 3,
         "expert_ff": 32,
         "shared_ff": 0,
+        "parallel_dense": False,
         "norm_topk": True,
         "gating": "softmax",
         "expert_bias": False,
