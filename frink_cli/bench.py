@@ -123,6 +123,32 @@ class FrinkRunner:
         pass
 
 
+# Set (to anything): llama.cpp runs without its extra CPU buffer types (AMX, repacked
+# weights), ggml's plain CPU path. Some virtual machines advertise AMX, grant it, and then
+# crash llama.cpp's AMX path (a segfault on the first decode of a quantized file); the test
+# suite sets it, since its llama.cpp is a reference and the plain path is the same
+# everywhere. Unset, llama.cpp runs as llama-bench would.
+PLAIN_CPU_ENV = "FRINK_LLAMA_CPP_NO_EXTRA_BUFTS"
+
+
+def llama_cpp_plain_cpu_buffers() -> None:
+    """From now on, every llama.cpp model this process loads (llama-cpp-python's Llama and
+    the C API alike take llama_model_default_params) uses no extra CPU buffer types."""
+    import llama_cpp.llama_cpp as C
+
+    if getattr(C.llama_model_default_params, "_frink_plain", False):
+        return
+    default = C.llama_model_default_params
+
+    def params() -> Any:
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    params._frink_plain = True  # type: ignore[attr-defined]
+    C.llama_model_default_params = params
+
+
 class LlamaCppRunner:
     """llama.cpp through llama-cpp-python's C API, as llama-bench drives it: batches from
     llama_batch_get_one (logits of the last token only), the KV memory cleared per sample."""
@@ -145,6 +171,8 @@ class LlamaCppRunner:
 
     def __init__(self, path: Path, n_ctx: int, n_threads: int) -> None:
         llama_cpp = self.check(path)
+        if os.environ.get(PLAIN_CPU_ENV):
+            llama_cpp_plain_cpu_buffers()
         self._L = llama_cpp
         self.n_batch = 512
         try:

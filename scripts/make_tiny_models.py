@@ -1434,6 +1434,11 @@ def _llama_context(
 
     mparams = L.llama_model_default_params()
     mparams.n_gpu_layers = 0
+    # No extra CPU buffer types (AMX, weight repacking): the reference is ggml's plain CPU
+    # path. Its AMX buffers crash decoding these tiny Q8_0 files on a CPU with AMX (a
+    # Sapphire Rapids runner: segfault in the lfm2 Q8_0 run), and the plain path is the
+    # same on every machine.
+    mparams.use_extra_bufts = False
     model = L.llama_model_load_from_file(str(gguf_path).encode(), mparams)
     if not model:
         raise RuntimeError(f"llama.cpp could not load {gguf_path}")

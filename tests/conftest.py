@@ -35,6 +35,15 @@ _MAKE_TINY = _REPO / "scripts" / "make_tiny_models.py"
 _TINY_DEPS = ("torch", "transformers", "llama_cpp")
 
 
+# llama.cpp, the reference, on ggml's plain CPU path in this process and in every frink
+# it starts (frink_cli.bench.PLAIN_CPU_ENV says why).
+os.environ["FRINK_LLAMA_CPP_NO_EXTRA_BUFTS"] = "1"
+if importlib.util.find_spec("llama_cpp") is not None:
+    from frink_cli.bench import llama_cpp_plain_cpu_buffers
+
+    llama_cpp_plain_cpu_buffers()
+
+
 def _pinned_env() -> dict[str, str]:
     """os.environ with FRINK_HOME as pytest found it (a test may have moved it)."""
     env = dict(os.environ)
