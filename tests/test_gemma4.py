@@ -46,7 +46,8 @@ from frink_cli.model import config_from_checkpoint
 
 NAME = "gemma4"
 MOE = "gemma4_moe"  # the 26B-A4B shape: a dense FFN beside the experts in every layer
-MODELS = (NAME, MOE)
+MM = "gemma4_mm"  # Gemma4ForConditionalGeneration (as released): towers ignored
+MODELS = (NAME, MOE, MM)
 N_LAYER = 7
 SWA = (True, False, True, True, False, True, False)
 
@@ -221,6 +222,16 @@ def test_each_decoration_moves_the_logits(
     got = off.step(tokens, off.new_cache(len(tokens)), all_logits=True)
     for key in REFERENCES:
         assert _max_diff(got, tiny_model(model).ref[key]) > FAR, f"{decoration} off matches {key}"
+
+
+def test_the_multimodal_dir_is_its_text_model(tiny_model: Callable) -> None:
+    """model_type gemma4: the text model's config under text_config, its weights under
+    language_model.; the towers are reported as ignored, and the model is the dense one."""
+    hf = open_checkpoint(_path(tiny_model, MM, "hf"))
+    assert any("ignored" in n for n in hf.notes), hf.notes
+    gg = config_from_checkpoint(open_checkpoint(_path(tiny_model, MM, "gguf")))
+    assert config_from_checkpoint(hf) == gg
+    assert gg.per_layer_embd == 8 and gg.kv_shared_from == 5 and gg.swa_layers == SWA
 
 
 def test_the_moe_variant_is_read_as_llama_cpp_reads_it(tiny_model: Callable) -> None:
