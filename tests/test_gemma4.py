@@ -320,3 +320,38 @@ def test_cuda_refuses_by_name_and_matches(
     m = frink_cli.load(_path(tiny_model, model, "gguf"), backend="cuda")
     _against_references(m.logits(_tokens(tiny_model, model)), tiny_model(model).ref, "cuda-numpy")
     assert not m.decoder.backend.ledger.failures
+
+
+# --- hostile metadata: every new size is a clean refusal, before any large allocation ------------
+
+K = "gemma4."
+HOSTILE: dict[str, tuple[dict, str]] = {
+    "all_layers_share": ({K + "attention.shared_kv_layers": 7}, "leave no layers"),
+    "negative_sharing": ({K + "attention.shared_kv_layers": -3}, "leave no layers"),
+    "source_of_other_kind": ({K + "attention.shared_kv_layers": 1}, "other kind"),
+    "per_layer_width_2^40": ({K + "embedding_length_per_layer_input": 1 << 40}, "inp_gate"),
+    "negative_per_layer_width": ({K + "embedding_length_per_layer_input": -1}, "per_layer_input"),
+    "sliding_head_width_2^40": (
+        {K + "attention.key_length_swa": 1 << 40, K + "attention.value_length_swa": 1 << 40},
+        "attn_q",
+    ),
+    "sliding_head_width_0": (
+        {K + "attention.key_length_swa": 0, K + "attention.value_length_swa": 0},
+        "dimension_count_swa",
+    ),
+    "odd_sliding_rope": ({K + "rope.dimension_count_swa": 7}, "dimension_count_swa"),
+    "k_v_widths_differ": ({K + "attention.value_length_swa": 8}, "value_length_swa"),
+    "kv_heads_array_short": ({K + "attention.head_count_kv": [2, 1]}, "head_count_kv"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_hostile_metadata_is_refused_by_name(case: str, tiny_model: Callable) -> None:
+    from frink_cli.errors import FrinkError
+    from frink_cli.model.weights import load_weights
+
+    changes, fragment = HOSTILE[case]
+    ck = open_checkpoint(_path(tiny_model, NAME, "gguf"))
+    ck = dataclasses.replace(ck, metadata={**ck.metadata, **changes})
+    with pytest.raises(FrinkError, match=fragment):
+        load_weights(ck, config_from_checkpoint(ck))

@@ -203,6 +203,12 @@ class Gemma4(Arch):
             and f"blk.{layer}.attn_qkv.weight" not in names
             for layer in range(n)
         )
+        n_pl = int(get(md, key("embedding_length_per_layer_input"), 0))
+        if n_pl < 0:
+            raise FrinkError(
+                f"{ckpt.path}: bad model metadata ({self.name}.embedding_length_per_layer_input"
+                f" = {n_pl})"
+            )
         scales = [f"blk.{layer}.layer_output_scale.weight" in names for layer in range(n)]
         if any(scales) and not all(scales):
             raise FrinkError(f"{ckpt.path}: layer_output_scale on some layers only")
@@ -214,7 +220,7 @@ class Gemma4(Arch):
             v_norm=True,
             kv_shared_from=kv_from,
             v_from_k=v_from_k if any(v_from_k) else (),
-            per_layer_embd=int(get(md, key("embedding_length_per_layer_input"), 0)),
+            per_layer_embd=n_pl,
             layer_out_scale=all(scales),
         )
 

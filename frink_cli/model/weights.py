@@ -430,6 +430,10 @@ def load_weights(
         """Rows of several tensors stacked into one matrix; biases zero-filled if partial."""
         w: np.ndarray | QuantRows | None = in_blocks(parts, in_dim)
         if w is None:
+            # Every part's shape checked before the matrix is allocated: sizes come from the
+            # metadata, which may be hostile (a head width of 2^40).
+            for name, rows in parts:
+                check(name + ".weight", (rows, in_dim))
             # Filled part by part: one copy of each part, no more.
             w = np.empty((sum(rows for _, rows in parts), in_dim), np.float32)
             r0 = 0
