@@ -110,7 +110,16 @@ def _answer(
 ) -> str:
     """Stream one answer to `out`; its text (as far as it got when interrupted)."""
     events: queue.Queue[tuple[str, object]] = queue.Queue()
-    job = Job(ids, params, max_tokens, (), lambda kind, payload: events.put((kind, payload)))
+    # channels: a harmony model (gpt-oss) answers in its final channel; its analysis is
+    # not shown (nor kept in the conversation, as its template drops it).
+    job = Job(
+        ids,
+        params,
+        max_tokens,
+        (),
+        lambda kind, payload: events.put((kind, payload)),
+        channels=True,
+    )
     pieces: list[str] = []
     t0 = time.perf_counter()
     try:
@@ -125,6 +134,8 @@ def _answer(
                 pieces.append(payload)
                 out.write(payload)
                 out.flush()
+            elif kind == "reasoning":
+                continue
             elif kind == "done":
                 assert isinstance(payload, Finish)
                 out.write("\n")

@@ -131,3 +131,94 @@ def test_other_vocabularies_are_not_harmony() -> None:
             return None if text.startswith("<|") else super().token_id(text)
 
     assert not is_harmony(Plain(WORDS))  # type: ignore[arg-type]
+
+
+# --- the engine (frink serve, frink chat): the split on a running model -----------------------
+
+
+class _Scripted:
+    """A sampler that answers a script of token ids, whatever the logits say."""
+
+    script: list[int] = []
+
+    def __init__(self, params: object, n_vocab: int) -> None:
+        self.left = list(self.script)
+
+    def sample(self, logits: object, history: object) -> int:
+        return self.left.pop(0)
+
+
+def test_engine_sends_the_final_channel_as_text_and_the_rest_as_reasoning(
+    tiny_model, monkeypatch
+) -> None:
+    import queue
+    import threading
+
+    from model_checks import _path
+
+    import frink_cli
+    from frink_cli.sampling import SamplingParams
+    from frink_cli.serve import engine as engine_mod
+
+    tok = _Vocab(WORDS)
+    tok.eog_ids = frozenset(tok.ids(["<|return|>"]))  # as the harmony vocabulary has it
+    _Scripted.script = tok.ids(
+        [
+            "<|channel|>",
+            "analysis",
+            "<|message|>",
+            "User",
+            " asks",
+            "<|end|>",
+            "<|start|>",
+            "assistant",
+            "<|channel|>",
+            "final",
+            "<|message|>",
+            "4",
+            ".",
+            "<|return|>",
+        ]
+    )
+    monkeypatch.setattr(engine_mod, "Sampler", _Scripted)
+    m = frink_cli.load(_path(tiny_model, "qwen3", "gguf"))
+    whole = "<|channel|>analysis<|message|>User asks<|end|><|start|>assistant<|channel|>final"
+    for channels, want in ((True, ("4.", "User asks")), (False, (whole + "<|message|>4.", ""))):
+        e = engine_mod.Engine(m.decoder, tok, n_ctx=64)  # type: ignore[arg-type]
+        t = threading.Thread(target=e.run, daemon=True)
+        t.start()
+        events: queue.Queue = queue.Queue()
+        e.submit(
+            engine_mod.Job(
+                [1, 2, 3],
+                SamplingParams(),
+                32,
+                (),
+                lambda k, p, events=events: events.put((k, p)),
+                channels=channels,
+            )
+        )
+        got: dict[str, str] = {"text": "", "reasoning": ""}
+        while True:
+            kind, payload = events.get(timeout=60)
+            if kind == "done":
+                break
+            got[kind] += payload
+        e.stop()
+        t.join(30)
+        # Without channels (a completion) every token's text goes out, the stand-in
+        # vocabulary's markers included.
+        assert (got["text"], got["reasoning"]) == want
+
+
+def test_reasoning_goes_where_llama_server_puts_it() -> None:
+    """message.reasoning_content (whole) and delta.reasoning_content (stream), as llama-server
+    and vLLM return gpt-oss's analysis; absent when there was none."""
+    from frink_cli.serve.openai import Reply
+
+    r = Reply(True, "m")
+    use = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+    msg = r.whole("4.", "stop", use, "User asks")["choices"][0]["message"]
+    assert msg == {"role": "assistant", "content": "4.", "reasoning_content": "User asks"}
+    assert "reasoning_content" not in r.whole("4.", "stop", use)["choices"][0]["message"]
+    assert r.chunk(None, reasoning="User")["choices"][0]["delta"] == {"reasoning_content": "User"}

@@ -288,6 +288,7 @@ async def _generate(
         emit=emit,
         ignore_eos=gen.ignore_eos,
         cache_prompt=gen.cache_prompt,
+        channels=chat,  # a harmony model's analysis goes to reasoning_content
     )
     try:
         engine.submit(job)
@@ -314,6 +315,9 @@ async def _generate(
                     if kind == "text":
                         yield _sse(reply.chunk(payload))
                         continue
+                    if kind == "reasoning":
+                        yield _sse(reply.chunk(None, reasoning=payload))
+                        continue
                     if kind == "done":
                         describe(payload)
                         last = reply.chunk(None, finish=payload.reason)
@@ -338,6 +342,7 @@ async def _generate(
         return _Stream(sse())
 
     pieces: list[str] = []
+    reasoning: list[str] = []
     try:
         while True:
             try:
@@ -349,12 +354,14 @@ async def _generate(
                 continue
             if kind == "text":
                 pieces.append(payload)
+            elif kind == "reasoning":
+                reasoning.append(payload)
             elif kind == "done":
                 describe(payload)
                 use = openai.usage(
                     payload.prompt_tokens, payload.completion_tokens, payload.cached_tokens
                 )
-                whole = reply.whole("".join(pieces), payload.reason, use)
+                whole = reply.whole("".join(pieces), payload.reason, use, "".join(reasoning))
                 if gen.return_tokens:
                     whole["choices"][0]["tokens"] = list(payload.tokens)
                 return JSONResponse(whole)

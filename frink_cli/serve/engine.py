@@ -15,7 +15,9 @@ every answer, and a later job resumes from the longest saved point within its pr
 
 One thread (`run`) owns the decoder and every cache; submit() and cancel() are safe from
 any thread. A job reports through its `emit` callback, called on the engine's thread:
-("text", str) pieces, then ("done", Finish) or ("error", message).
+("text", str) pieces, then ("done", Finish) or ("error", message). A job with `channels` on
+a harmony model (gpt-oss) gets its final channel as "text" and the others (analysis,
+commentary) as ("reasoning", str) pieces.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..cache import CacheSnapshot, KvCache
+from ..channels import FINAL, ChannelSplit, is_harmony
 from ..decoder import Decoder
 from ..errors import FrinkError
 from ..graph.linear import batch_invariant
@@ -67,6 +70,8 @@ class Job:
     # is exact math but not the same float sums (a resumed prompt's last rows are fed in
     # other chunks than a fresh one's), so only a fresh prompt is reproducible bit for bit.
     cache_prompt: bool = True
+    # A chat answer of a harmony model (gpt-oss): split by channel (channels.ChannelSplit).
+    channels: bool = False
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -96,6 +101,7 @@ class _Running:
     generated: int = 0
     first_token: float | None = None
     next_id: int | None = None  # the sampled token the next step feeds
+    split: ChannelSplit | None = None  # a harmony chat answer's channels (Job.channels)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -225,6 +231,9 @@ class Engine:
                 pending=job.prompt[cached:],
                 history=list(job.prompt),
                 cached=cached,
+                split=ChannelSplit(self.tok)
+                if job.channels and self.tok is not None and is_harmony(self.tok)
+                else None,
             )
 
     def _reuse(self, slot: _Slot, prompt: list[int]) -> int:
@@ -329,7 +338,9 @@ class Engine:
             return
         r.history.append(token)
         r.generated += 1
-        piece, stopped = r.text.push(token)
+        piece, stopped = (
+            r.text.push(token) if r.split is None else self._channels(r, r.split.push(token))
+        )
         if piece:
             job.emit("text", piece)
         if stopped:
@@ -340,7 +351,25 @@ class Engine:
         else:
             r.next_id = token
 
+    def _channels(self, r: _Running, parts: list[tuple[str, str]]) -> tuple[str, bool]:
+        """A harmony answer's pieces: the final channel's through the stop strings (the
+        text to send, and whether one was reached), the others sent as "reasoning"."""
+        sent = ""
+        for channel, text in parts:
+            if channel != FINAL:
+                r.job.emit("reasoning", text)
+                continue
+            piece, stopped = r.text.push_text(text)
+            sent += piece
+            if stopped:
+                return sent, True
+        return sent, False
+
     def _finish(self, r: _Running, reason: str) -> None:
+        if r.split is not None and not r.text.stopped:
+            piece, _ = self._channels(r, r.split.flush())
+            if piece:
+                r.job.emit("text", piece)
         if reason != "stop" or not r.text.stopped:
             tail = r.text.flush()
             if tail:

@@ -234,11 +234,16 @@ class Reply:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, finish: str, use: dict) -> dict:
+    def whole(self, text: str, finish: str, use: dict, reasoning: str = "") -> dict:
+        """reasoning: a harmony model's analysis channel, as llama-server and vLLM return
+        it (message.reasoning_content), when there was one."""
         if self.chat:
+            message = {"role": "assistant", "content": text}
+            if reasoning:
+                message["reasoning_content"] = reasoning
             choice: dict = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": finish,
             }
@@ -246,13 +251,21 @@ class Reply:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         return {**self._head("text_completion"), "choices": [choice], "usage": use}
 
-    def chunk(self, text: str | None, finish: str | None = None, first: bool = False) -> dict:
+    def chunk(
+        self,
+        text: str | None,
+        finish: str | None = None,
+        first: bool = False,
+        reasoning: str | None = None,
+    ) -> dict:
         if self.chat:
             delta: dict = {}
             if first:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
+            if reasoning is not None:
+                delta["reasoning_content"] = reasoning
             choice: dict = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}

@@ -21,7 +21,11 @@ class StopText:
 
     def push(self, token: int) -> tuple[str, bool]:
         """The text that can be sent now, and whether a stop string was reached."""
-        text = self._held + (self._utf8.push(token) if self._utf8 is not None else "")
+        return self.push_text(self._utf8.push(token) if self._utf8 is not None else "")
+
+    def push_text(self, piece: str) -> tuple[str, bool]:
+        """push() for text decoded elsewhere (a harmony answer's final channel)."""
+        text = self._held + piece
         if not self.stops:
             self._held = ""
             return text, False
