@@ -222,3 +222,42 @@ def test_reasoning_goes_where_llama_server_puts_it() -> None:
     assert msg == {"role": "assistant", "content": "4.", "reasoning_content": "User asks"}
     assert "reasoning_content" not in r.whole("4.", "stop", use)["choices"][0]["message"]
     assert r.chunk(None, reasoning="User")["choices"][0]["delta"] == {"reasoning_content": "User"}
+
+
+def test_frink_run_splits_a_harmony_answer_unless_raw() -> None:
+    """What `frink run` prints from: (channel, text) pairs, final on stdout."""
+    from frink_cli.cli import _generated
+
+    tok = _Vocab(WORDS)
+    script = tok.ids(
+        [
+            "<|channel|>",
+            "analysis",
+            "<|message|>",
+            "User",
+            " asks",
+            "<|end|>",
+            "<|start|>",
+            "assistant",
+            "<|channel|>",
+            "final",
+            "<|message|>",
+            "4",
+            ".",
+        ]
+    )
+
+    class Model:
+        tokenizer = tok
+
+        def generate_ids(self, ids, **kw):
+            return iter(script)
+
+        def generate(self, ids, **kw):
+            return iter(tok.words[i] for i in script)
+
+    got = list(_generated(Model(), [1], False, 16, None, None, {}))
+    assert "".join(t for c, t in got if c == FINAL) == "4."
+    assert "".join(t for c, t in got if c == "analysis") == "User asks"
+    raw = list(_generated(Model(), [1], True, 16, None, None, {}))
+    assert {c for c, _ in raw} == {FINAL}
