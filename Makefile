@@ -30,17 +30,20 @@ help:
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.stamp-run: pyproject.toml | $(PY)
+# The host kernels are C compiled at install (setup.py): a change to them reinstalls.
+NATIVE := setup.py $(wildcard frink_cli/quant/native*)
+
+$(VENV)/.stamp-run: pyproject.toml $(NATIVE) | $(PY)
 	$(PY) -m pip install -q -e .
 	@touch $@
 
-$(VENV)/.stamp-test: pyproject.toml | $(PY)
+$(VENV)/.stamp-test: pyproject.toml $(NATIVE) | $(PY)
 	$(PY) -m pip install -q -e ".[test]"
 	@touch $@
 
 # The lint tools are pinned in the `lint` extra; installing the package with them gives
 # mypy frink's own dependencies (numpy's types) to check against.
-$(VENV)/.stamp-lint: pyproject.toml | $(PY)
+$(VENV)/.stamp-lint: pyproject.toml $(NATIVE) | $(PY)
 	$(PY) -m pip install -q -e ".[lint]"
 	@touch $@
 
@@ -61,7 +64,7 @@ fuzz: $(VENV)/.stamp-run
 	$(PY) scripts/fuzz_inputs.py --cases $(FUZZ_CASES) --seed $(FUZZ_SEED)
 
 # Every tool runs even when one fails, so one run reports all three; the status is theirs.
-LINT_PATHS := frink_cli tests scripts
+LINT_PATHS := frink_cli tests scripts setup.py
 lint: $(VENV)/.stamp-lint
 	@status=0; \
 	$(PY) -m ruff check $(LINT_PATHS) || status=1; \

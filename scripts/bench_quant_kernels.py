@@ -1,10 +1,10 @@
 """Decode-kernel speed of the quantized host kernels (frink_cli/quant) per GGUF type.
 
     python scripts/bench_quant_kernels.py [--types Q4_0,Q8_0] [--threads 1,2] [--quick]
-    python scripts/bench_quant_kernels.py --small     # matvec / matmul_small / matmul by T
+    python scripts/bench_quant_kernels.py --small     # dots / matmul by T
 
 For each type and weight shape (SmolLM2-135M's and Llama-3.2-1B's matrices) it times
-`matvec` at T = 1 against NumPy's f32 GEMV of the same matrix (the yardstick: what the
+`dots` at T = 1 against NumPy's f32 GEMV of the same matrix (the yardstick: what the
 host body does today), both on the same thread count, and prints the GB/s of the
 quantized bytes read and the time ratio quantized / f32 (below 1: the quantized kernel is
 faster). Times are the minimum over interleaved repeats, so another process on the machine
@@ -68,7 +68,7 @@ def random_weights(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> 
 
 def best_times(fns: dict[str, Callable[[], object]], seconds: float) -> dict[str, float]:
     """Minimum time per call of each fn, over short samples taken in blocks, the fns taking
-    turns block by block. Blocks, not alternate calls: numba's and OpenBLAS's idle workers
+    turns block by block. Blocks, not alternate calls: OpenMP's and OpenBLAS's idle workers
     spin-wait for a while after each call, and two pools taking turns call by call on two
     cores measure each other's spinning (a 2-thread GEMV read 10x slower that way)."""
     for f in fns.values():
@@ -107,7 +107,7 @@ def decode_table(types: list[T], threads: list[int], seconds: float) -> None:
                 x = rng.standard_normal((1, cols), dtype=np.float32)
                 xv = x[0]
                 y = np.empty((1, rows), np.float32)
-                fns = {"q": partial(kernels.matvec, x, w, y), "f": partial(np.matmul, wf, xv)}
+                fns = {"q": partial(kernels.dots, x, w, y), "f": partial(np.matmul, wf, xv)}
                 for n in threads:
                     with kernels.threads(n), threadpool_limits(n, "blas"):
                         t = best_times(fns, seconds)
@@ -124,7 +124,7 @@ def small_table(types: list[T], threads: list[int], seconds: float) -> None:
     """Which kernel wins at which T: the numbers behind kernels.SMALL_T."""
     rng = np.random.default_rng(1)
     rows, cols = 2048, 2048
-    print(f"{rows}x{cols}: us per call (matvec / matmul_small / matmul)")
+    print(f"{rows}x{cols}: us per call (dots / matmul)")
     for qtype in types:
         w = random_weights(qtype, rows, cols, rng)
         for n in threads:
@@ -133,8 +133,7 @@ def small_table(types: list[T], threads: list[int], seconds: float) -> None:
                 with kernels.threads(n), threadpool_limits(n, "blas"):
                     r = best_times(
                         {
-                            "matvec": partial(kernels.matvec, x, w),
-                            "small": partial(kernels.matmul_small, x, w),
+                            "dots": partial(kernels.dots, x, w),
                             "matmul": partial(kernels.matmul, x, w),
                         },
                         seconds,

@@ -63,8 +63,8 @@ HANG_S = 30.0
 
 def mem_limit(file_bytes: int) -> int:
     """The bound on peak memory for a refused input: 256 MiB + 2x its size. The base is
-    the interpreter, NumPy and, once a model has run a step, numba's LLVM and the compiled
-    kernels (~120 MiB of the ~170 a refused tiny model peaks at)."""
+    the interpreter and NumPy, with room to spare (a refused tiny model peaks well
+    below it)."""
     return 256 * 2**20 + 2 * file_bytes
 
 

@@ -314,7 +314,7 @@ def test_batch_rows_equal_alone_bit_for_bit(name: str, tiny_model: Callable) -> 
     from frink_cli.quant.kernels import compiled
 
     if not compiled():
-        pytest.skip("batch invariance needs the compiled kernels (numba)")
+        pytest.skip("batch invariance needs the compiled kernels (native C)")
     m = _model(tiny_model, name)
     dec = m.decoder
     rng = np.random.default_rng(3)

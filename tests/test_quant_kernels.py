@@ -10,11 +10,14 @@ each value plus a floor of 1e-6 of the largest.
 Weights: gguf-py's own quantizer where it has one (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, F16,
 BF16); otherwise random bytes, which are all valid codes and scales, with each f16 field
 (d, dmin) replaced by a random finite half. Shapes are ragged on purpose: row counts that
-are a multiple of nothing, and a single block per row. The NumPy path (numba missing) is
-run through the same checks.
+are a multiple of nothing, and a single block per row. Every instruction set the compiled
+kernels carry that this CPU runs (AVX-512, AVX2, the baseline) and the NumPy path (no
+compiled module) are run through the same checks.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -80,14 +83,35 @@ def _close(got: np.ndarray, ref: np.ndarray) -> None:
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
 
 
-@pytest.fixture(params=["numba", "numpy"])
-def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "numba":
-        if kernels._jit() is None:
-            pytest.skip(kernels.kernel_path())
+ISAS = ("avx512", "avx2", "base")
+
+
+def _use_isa(name: str) -> Iterator[None]:
+    native = kernels._NATIVE
+    if native is None:
+        pytest.skip(kernels.kernel_path())
+    try:
+        before = native.use_isa(name)
+    except ValueError as e:
+        pytest.skip(str(e))
+    try:
+        yield
+    finally:
+        native.use_isa(before)
+
+
+@pytest.fixture(params=ISAS)
+def isa(request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from (str(request.param) for _ in _use_isa(str(request.param)))
+
+
+@pytest.fixture(params=[*ISAS, "numpy"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    if request.param == "numpy":
+        monkeypatch.setattr(kernels, "_NATIVE", None)
+        yield "numpy"
     else:
-        monkeypatch.setattr(kernels, "_JIT", None)
-    return str(request.param)
+        yield from (str(request.param) for _ in _use_isa(str(request.param)))
 
 
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
@@ -113,49 +137,49 @@ def test_products_equal_x_at_dequantized(qtype: T, path: str) -> None:
         for t in (1, 2, 3, 8, 33, 200):
             x = rng.standard_normal((t, cols)).astype(np.float32)
             ref = (x.astype(np.float64) @ ref_w.T).astype(np.float32)
-            _close(kernels.matvec(x, w), ref)
-            _close(kernels.matmul_small(x, w), ref)
-            if t <= kernels.SMALL_T:
-                _close(kernels.few_rows(x, w), ref)
+            _close(kernels.dots(x, w), ref)
             _close(kernels.matmul(x, w, tile_rows=16), ref)
             _close(kernels.linear(x, w), ref)
 
 
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
-def test_a_rows_product_does_not_depend_on_the_rows_beside_it(qtype: T) -> None:
-    """The fused dots step four rows of x through each block together (and a short group
-    repeats its last row): each row's product is still its own sums in its own order, so
-    a row computed alone, in a group of four or in a ragged batch is the same bit for bit
-    (a server's batches rely on it). few_rows keeps that for every T with any_batch."""
-    if kernels._jit() is None:
-        pytest.skip(kernels.kernel_path())
+def test_a_rows_product_does_not_depend_on_the_rows_beside_it(qtype: T, isa: str) -> None:
+    """dots dequantizes each chunk of W once for all rows of x, yet each row's product is
+    its own sums in its own order: a row computed alone or in any ragged batch (more
+    than the kernel's 16 rows a call included) is the same bit for bit (a server's
+    batches rely on it)."""
     rng = np.random.default_rng(int(qtype) + 100)
     for rows, cols in _shapes(qtype):
         w = _weights(qtype, rows, cols, seed=rows + 2 * cols)
-        x = rng.standard_normal((kernels.SMALL_T, cols)).astype(np.float32)
-        alone = np.concatenate([kernels.matvec(x[i : i + 1], w) for i in range(len(x))])
-        small = np.concatenate(
-            [kernels.few_rows(x[i : i + 1], w, any_batch=True) for i in range(len(x))]
-        )
-        for t0, t1 in ((0, 16), (0, 4), (3, 5), (2, 9), (5, 8), (1, 14)):
-            np.testing.assert_array_equal(kernels.matvec(x[t0:t1], w), alone[t0:t1])
-            got = kernels.few_rows(x[t0:t1], w, any_batch=True)
-            np.testing.assert_array_equal(got, small[t0:t1])
+        x = rng.standard_normal((kernels.SMALL_T + 5, cols)).astype(np.float32)
+        alone = np.concatenate([kernels.dots(x[i : i + 1], w) for i in range(len(x))])
+        for t0, t1 in ((0, 16), (0, 21), (0, 4), (3, 5), (2, 9), (5, 8), (1, 14)):
+            np.testing.assert_array_equal(kernels.dots(x[t0:t1], w), alone[t0:t1])
 
 
-def test_thread_count_changes_nothing() -> None:
+def test_f32_products_do_not_depend_on_the_rows_beside_them(isa: str) -> None:
+    """matmul_f32 (the host's f32 decode rows) under the same rule, ragged columns too."""
+    rng = np.random.default_rng(11)
+    for rows, cols in ((37, 1), (37, 200), (129, 576)):
+        w = rng.standard_normal((rows, cols)).astype(np.float32)
+        x = rng.standard_normal((kernels.SMALL_T + 3, cols)).astype(np.float32)
+        _close(kernels.matmul_f32(x, w), (x.astype(np.float64) @ w.T).astype(np.float32))
+        alone = np.concatenate([kernels.matmul_f32(x[i : i + 1], w) for i in range(len(x))])
+        for t0, t1 in ((0, 19), (0, 4), (3, 5), (2, 9)):
+            np.testing.assert_array_equal(kernels.matmul_f32(x[t0:t1], w), alone[t0:t1])
+
+
+def test_thread_count_changes_nothing(isa: str) -> None:
     """Each output is one row's sum made by one thread, so 1 and 2 threads agree bit for
     bit (the decoder may change the count between steps)."""
-    if kernels._jit() is None:
-        pytest.skip(kernels.kernel_path())
     rng = np.random.default_rng(7)
     for qtype in (T.Q4_0, T.Q4_K, T.Q6_K):
         w = _weights(qtype, 257, 512, seed=3)
         x = rng.standard_normal((5, 512)).astype(np.float32)
         with kernels.threads(1):
-            one = (kernels.matvec(x[:1], w), kernels.matmul_small(x, w), kernels.dequantize_rows(w))
+            one = (kernels.dots(x[:1], w), kernels.dots(x, w), kernels.dequantize_rows(w))
         with kernels.threads(2):
-            two = (kernels.matvec(x[:1], w), kernels.matmul_small(x, w), kernels.dequantize_rows(w))
+            two = (kernels.dots(x[:1], w), kernels.dots(x, w), kernels.dequantize_rows(w))
         for a, b in zip(one, two):
             np.testing.assert_array_equal(a, b)
 
@@ -164,17 +188,17 @@ def test_results_land_in_the_callers_buffers() -> None:
     w = _weights(T.Q8_0, 40, 64, seed=1)
     x = np.ones((1, 64), np.float32)
     y = np.empty((1, 40), np.float32)
-    assert kernels.matvec(x, w, out=y) is y
+    assert kernels.dots(x, w, out=y) is y
     buf = np.empty((10, 64), np.float32)
     assert kernels.take_rows(w, np.arange(10), out=buf) is buf
     with pytest.raises(ValueError, match="out must be"):
-        kernels.matvec(x, w, out=np.empty((1, 41), np.float32))
+        kernels.dots(x, w, out=np.empty((1, 41), np.float32))
 
 
 def test_bad_arguments_are_refused() -> None:
     w = _weights(T.Q4_0, 8, 64, seed=2)
     with pytest.raises(ValueError, match=r"x must be \[T, 64\]"):
-        kernels.matvec(np.ones((1, 32), np.float32), w)
+        kernels.dots(np.ones((1, 32), np.float32), w)
     with pytest.raises(IndexError):
         kernels.take_rows(w, np.array([0, 8]))
     with pytest.raises(ValueError, match="rows"):
@@ -198,18 +222,61 @@ def test_quant_matrix_is_a_read_only_view() -> None:
     assert flat.nbytes == 6 * 40
 
 
+def test_the_compiled_module_checks_what_it_is_given() -> None:
+    """The C kernels trust no shape from Python: a buffer shorter than the shape it is said
+    to have, a row index out of range, or a type without kernels raise, never read."""
+    native = kernels._NATIVE
+    if native is None:
+        pytest.skip(kernels.kernel_path())
+    w = _weights(T.Q4_0, 8, 64, seed=2)
+    x, y = np.ones((2, 64), np.float32), np.empty((2, 8), np.float32)
+    q = int(T.Q4_0)
+    with pytest.raises(ValueError, match="w holds"):
+        native.dots(q, w.data, 9, 64, x, 2, y, 1)
+    with pytest.raises(ValueError, match="x holds"):
+        native.dots(q, w.data, 8, 64, x, 3, y, 1)
+    with pytest.raises(ValueError, match="y holds"):
+        native.dots(q, w.data, 8, 64, x, 2, y[:1], 1)
+    with pytest.raises(ValueError, match="bad shape"):
+        native.dots(q, w.data, 8, 48, x, 2, y, 1)
+    with pytest.raises(ValueError, match="no native kernel"):
+        native.dots(int(T.IQ2_XXS), w.data, 8, 64, x, 2, y, 1)
+    with pytest.raises(IndexError):
+        native.dequantize(q, w.data, 8, 64, np.array([0, 8]), np.empty((2, 64), np.float32), 1)
+    with pytest.raises(ValueError, match="not runnable"):
+        native.use_isa("sse9")
+
+
 def test_kernel_path_names_what_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
     import subprocess
     import sys
 
-    if kernels._jit() is not None:
-        assert kernels.kernel_path().startswith("numba ")
-        # numba keys a cached kernel on its own file: simd.py's hash must be recorded in
-        # jit.py, or a change to simd.py alone would run stale compiled kernels.
-        assert kernels._jit()._CACHE, "update _SIMD_SHA256 in frink_cli/quant/jit.py"
-    monkeypatch.setattr(kernels, "_JIT", None)
-    assert kernels.kernel_path().startswith("numpy (")
     code = "from frink_cli.quant import kernels; print(kernels.kernel_path())"
-    env = {**__import__("os").environ, "FRINK_NO_NUMBA": "1"}
-    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert got.stdout.strip() == "numpy (FRINK_NO_NUMBA is set)", got.stderr
+
+    def path_with(**env: str) -> str:
+        got = subprocess.run(
+            [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True
+        )
+        return got.stdout.strip() or got.stderr
+
+    if kernels.compiled():
+        assert kernels.kernel_path().startswith("native C (")
+        assert path_with(FRINK_NATIVE_ISA="base") == "native C (base)"
+        assert "not runnable" in path_with(FRINK_NATIVE_ISA="sse9")
+    monkeypatch.setattr(kernels, "_NATIVE", None)
+    monkeypatch.setattr(kernels, "_WHY", "numpy (FRINK_NO_NATIVE is set)")
+    assert kernels.kernel_path().startswith("numpy (")
+    assert path_with(FRINK_NO_NATIVE="1") == "numpy (FRINK_NO_NATIVE is set)"
+
+
+def test_the_kernels_are_compiled_wherever_a_c_compiler_is() -> None:
+    """setup.py's build is optional (frink installs without a compiler), so a broken
+    build would leave every test above on the NumPy path and still passing: where a C
+    compiler exists (this project's CI), the compiled module must have been built."""
+    import os
+    import shutil
+
+    if os.environ.get("FRINK_NO_NATIVE") or not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler here, or the compiled kernels are switched off")
+    assert kernels.compiled(), kernels.kernel_path()

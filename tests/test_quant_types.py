@@ -386,14 +386,14 @@ def test_host_keeps_the_files_blocks_and_batches_invariantly(
     qtype: str, quant_file: Callable
 ) -> None:
     """Every type with host kernels stays in the file's blocks on the host (about the
-    file's bytes, no f32 copy), and in the server's batch-invariant mode a sequence's
-    logits in a batch are its alone logits bit for bit: decode rows beside others, and its
-    prompt beside a chunk long enough for the tiled GEMM."""
-    from frink_cli.graph.linear import SMALL_ROWS, batch_invariant
+    file's bytes, no f32 copy), and a sequence's logits in a batch are its alone logits
+    bit for bit: decode rows beside others, and its prompt beside a chunk long enough for
+    the tiled GEMM (a server's answers rely on it)."""
+    from frink_cli.graph.linear import SMALL_ROWS
     from frink_cli.quant.blocks import QuantRows
 
     if not kernels.compiled():
-        pytest.skip("the host keeps blocks only with the compiled kernels (numba)")
+        pytest.skip("the host keeps blocks only with the compiled kernels (native C)")
     q = quant_file(qtype)
     m = frink_cli.load(q.path, backend="numpy")
     dec = m.decoder
@@ -403,17 +403,16 @@ def test_host_keeps_the_files_blocks_and_batches_invariantly(
     assert held <= q.path.stat().st_size
     rng = np.random.default_rng(1)
     prompt, steps = rng.integers(0, m.n_vocab, 9), rng.integers(0, m.n_vocab, 4)
-    with batch_invariant():
-        cache = dec.new_cache(64)
-        alone = [dec.step_batch([(prompt, cache)])[0]]
-        alone += [dec.step_batch([(steps[i : i + 1], cache)])[0] for i in range(4)]
-        cache, a, b = dec.new_cache(64), dec.new_cache(64), dec.new_cache(64)
-        dec.step_batch([(rng.integers(0, m.n_vocab, 3), a)])
-        long = rng.integers(0, m.n_vocab, SMALL_ROWS + 5)
-        got = [dec.step_batch([(rng.integers(0, m.n_vocab, 1), a), (prompt, cache), (long, b)])[1]]
-        for i in range(4):
-            feeds = [(rng.integers(0, m.n_vocab, 1), a), (steps[i : i + 1], cache)]
-            got.append(dec.step_batch(feeds[:: 1 - 2 * (i % 2)])[1 - i % 2])
+    cache = dec.new_cache(64)
+    alone = [dec.step_batch([(prompt, cache)])[0]]
+    alone += [dec.step_batch([(steps[i : i + 1], cache)])[0] for i in range(4)]
+    cache, a, b = dec.new_cache(64), dec.new_cache(64), dec.new_cache(64)
+    dec.step_batch([(rng.integers(0, m.n_vocab, 3), a)])
+    long = rng.integers(0, m.n_vocab, SMALL_ROWS + 5)
+    got = [dec.step_batch([(rng.integers(0, m.n_vocab, 1), a), (prompt, cache), (long, b)])[1]]
+    for i in range(4):
+        feeds = [(rng.integers(0, m.n_vocab, 1), a), (steps[i : i + 1], cache)]
+        got.append(dec.step_batch(feeds[:: 1 - 2 * (i % 2)])[1 - i % 2])
     for i, (x, y) in enumerate(zip(alone, got)):
         assert np.array_equal(x, y), (qtype, i, float(np.abs(x - y).max()))
 
@@ -429,7 +428,7 @@ def test_host_moe_experts_stay_in_blocks(qtype: str, fixture: str, quant_file: C
     from frink_cli.quant.blocks import QuantExperts
 
     if not kernels.compiled():
-        pytest.skip("the host keeps blocks only with the compiled kernels (numba)")
+        pytest.skip("the host keeps blocks only with the compiled kernels (native C)")
     q = quant_file(qtype, fixture)
     m = frink_cli.load(q.path, backend="numpy")
     moes = [lw.moe for lw in m.decoder.host.w.layers]
@@ -478,7 +477,7 @@ def test_host_recurrent_projections_stay_in_blocks(fixture: str, quant_file: Cal
     from frink_cli.quant.blocks import QuantRows
 
     if not kernels.compiled():
-        pytest.skip("the host keeps blocks only with the compiled kernels (numba)")
+        pytest.skip("the host keeps blocks only with the compiled kernels (native C)")
     q = quant_file("Q8_0", fixture)
     m = frink_cli.load(q.path, backend="numpy")
     field, names = _RECURRENT[fixture]

@@ -2,7 +2,7 @@
 threads they get.
 
 Which kernel: a sequence's few rows (up to SMALL_ROWS: a decode row, a short prompt) go
-through the compiled small-batch product (quant.kernels.matmul_f32, numba), a prompt's
+through the compiled small-batch product (quant.kernels.matmul_f32, C), a prompt's
 chunk through BLAS's GEMM. On SmolLM2's matrices, streamed from memory, the kernel reads
 f32 weights at ~21 GB/s on one core and ~28 on two where OpenBLAS's GEMV reads ~12 and
 ~21 (its column-major GEMV ~18 on one), and 8 rows take it 0.5x OpenBLAS's GEMM time
@@ -10,7 +10,7 @@ f32 weights at ~21 GB/s on one core and ~28 on two where OpenBLAS's GEMV reads ~
 sums run in one order for any row count, and a batched step multiplies each sequence's
 rows as it would alone (`product`, `sequences`), so a sequence's numbers never depend on
 what is stepped beside it: a server answers a request as it would answer it alone.
-Without numba everything is BLAS's (a row's sums then differ between GEMV and GEMM).
+Without the compiled kernels everything is BLAS's (a row's sums then differ between GEMV and GEMM).
 
 Threads: when another process holds a core, a step split over two threads waits on it
 (a SmolLM2 token went from ~50 ms to ~570 ms under load), and on an idle machine two
@@ -46,24 +46,6 @@ SMALL_ROWS = kernels.SMALL_T
 # The row counts of the sequences whose rows one step carries, in row order (Decoder.
 # step_batch sets it; None: x is one sequence's rows).
 _sequences: ContextVar[tuple[int, ...] | None] = ContextVar("frink_sequences", default=None)
-
-
-# Whether the calling thread must compute each row as it would in any batch (a server's
-# engine). Only weights in blocks of Q2_K, Q3_K or Q6_K care: their fastest one-row kernel
-# (the fused dots) sums in another order than their few-rows kernel (matmul_small), so a
-# server multiplies every few rows of them by matmul_small, one included (quant.kernels.
-# few_rows; the other types use one kernel for any few rows).
-_batch_invariant: ContextVar[bool] = ContextVar("frink_batch_invariant", default=False)
-
-
-@contextmanager
-def batch_invariant() -> Iterator[None]:
-    """Inside the block (in this thread) a row's product never depends on its batch."""
-    token = _batch_invariant.set(True)
-    try:
-        yield
-    finally:
-        _batch_invariant.reset(token)
 
 
 @contextmanager
@@ -115,7 +97,7 @@ def product(
     few = [np.arange(e - n, e) for n, e in zip(rows, ends) if n <= SMALL_ROWS]
     if few:
         idx = np.concatenate(few)
-        # One numba thread beside BLAS's: each pool spin-waits on the cores the other is
+        # One kernel thread beside BLAS's: each pool spin-waits on the cores the other is
         # about to use (see quant.kernels), and these rows are a sliver of the step's work.
         with kernels.threads(1):
             y[idx] = few_kernel(x[idx], w)
@@ -143,8 +125,7 @@ def _blas(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def _blocks_few(x: np.ndarray, w: QuantRows) -> np.ndarray:
-    any_batch = _batch_invariant.get()
-    return _by_part(x, w, lambda x, part: kernels.few_rows(x, part, any_batch))
+    return _by_part(x, w, kernels.dots)
 
 
 def _blocks_many(x: np.ndarray, w: QuantRows) -> np.ndarray:

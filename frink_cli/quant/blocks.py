@@ -86,8 +86,7 @@ class QuantMatrix:
             # The kernels read a row's blocks as one run of bytes.
             raise ValueError("QuantMatrix data must be C-contiguous")
         if d.flags.writeable:
-            # One array type for the compiled kernels (numba specializes on read-only), and
-            # the weights are the file's: nothing may write them.
+            # The weights are the file's: nothing may write them.
             ro = d.view()
             ro.flags.writeable = False
             object.__setattr__(self, "data", ro)

@@ -1,11 +1,9 @@
 """Multiplying by a weight kept in the GGUF file's blocks: the host kernels' public face.
 
-    y = matvec(x, w)            # decode: x [T, cols], T = 1 or a few: fused dots
-    y = matmul_small(x, w)      # a few rows of x: each row of W dequantized once, in cache
-    y = few_rows(x, w)          # up to SMALL_T rows: whichever of the two suits W's type
+    y = dots(x, w)              # a few rows of x (decode, a server's batch): fused dots
     y = matmul_f32(x, w32)      # a few rows of x times an f32 W (the host's decode rows)
     y = matmul(x, w)            # prefill: tiles of W dequantized into a buffer, then BLAS
-    y = linear(x, w)            # whichever of the three suits x's row count
+    y = linear(x, w)            # whichever of the two suits x's row count
     a = dequantize_rows(w, start, stop, out=buf)   # rows as f32: gguf-py's values exactly
     a = take_rows(w, index, out=buf)               # by index (embeddings, expert rows)
 
@@ -14,18 +12,22 @@ relative): activations stay f32. Why compiled kernels: a decode step reads every
 once per token; f32 weights are 4 bytes each where a Q4_0 weight is 0.56, and read
 straight from the blocks the bytes a token costs shrink with them.
 
-Without numba (not installed, or FRINK_NO_NUMBA=1) every function still works: tiles of
-rows dequantized by gguf-py, multiplied by BLAS, never more than a tile of f32 at a time.
-`kernel_path()` says which is running.
+The kernels are C (native.c, compiled when frink is installed; the best of AVX-512, AVX2
+and the baseline picked at load). `dots` makes each row's sums in one order whatever rows
+are beside it, so a row's product is the same bit for bit alone or in any batch (a
+server's answers rely on it). Without the compiled module (no compiler at install time, or
+FRINK_NO_NATIVE=1) every function still works: tiles of rows dequantized by gguf-py,
+multiplied by BLAS, never more than a tile of f32 at a time. `kernel_path()` says which
+is running.
 
-Threads: the compiled kernels run on numba's threads (its OpenMP layer here), as many as
-`threads(n)` allows in the calling thread; frink's decoder times its BLAS threads per
-step (graph/linear.py) and can give these the same count. The count never changes a
-result: each output element is one row's sum, made by one thread in a fixed order. Both
-pools spin-wait after a call (numba's OpenMP workers briefly, OpenBLAS's for up to ~0.1
-s), so on two cores a step should put its heavy work on one pool at a time: alternating
-a 2-thread numba call with a 2-thread BLAS call measured 5-100x slower than either alone.
-`matmul` therefore dequantizes its tiles on one numba thread and leaves the cores to BLAS.
+Threads: the compiled kernels run on OpenMP threads, as many as `threads(n)` allows in
+the calling thread (all cores by default); frink's decoder times its BLAS threads per
+step (graph/linear.py) and gives these the same count. The count never changes a result:
+each output element is one row's sum, made by one thread in a fixed order. Both pools
+spin-wait after a call (OpenMP's workers briefly, OpenBLAS's for up to ~0.1 s), so on two
+cores a step should put its heavy work on one pool at a time: alternating a 2-thread
+kernel call with a 2-thread BLAS call measured 5-100x slower than either alone. `matmul`
+therefore dequantizes its tiles on one thread and leaves the cores to BLAS.
 """
 
 from __future__ import annotations
@@ -33,82 +35,66 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from types import ModuleType
 
 import numpy as np
-from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize as _gguf_dequantize
 
-from .blocks import KERNEL_TYPES, QuantMatrix
+from .blocks import QuantMatrix
 
-# Up to this many rows of x go through few_rows (the fused dots or matmul_small), more
-# through tiles + BLAS (scripts/bench_quant_kernels.py --small: Q4_0 2048x2048 on one
-# thread at T = 8, matmul_small 1.2 ms where a tile + BLAS takes 1.7).
+# Up to this many rows of x go through dots, more through tiles + BLAS (a tile + BLAS
+# pays for its dequantization only when enough rows share it).
 SMALL_T = 16
-# The types whose fused dots unpack a block once for four rows of x (jit._dots: LLVM
-# merges the rows' unpacking), so they beat matmul_small at every few-rows count (SmolLM2
-# shapes, two threads: Q4_1 14 / 16 / 49 ms at T = 1 / 2 / 8 against 21 / 40 / 61; Q8_0
-# 15 / 16 / 33 against 23 / 41 / 65). In Q2_K, Q3_K and Q6_K the unpacking is not
-# merged (each row unpacks again: Q6_K 49 / 145 against 50 / 110 at T = 1 / 8), so from
-# two rows they take matmul_small.
-SHARED_UNPACK = frozenset(KERNEL_TYPES) - {T.Q2_K, T.Q3_K, T.Q6_K}
 # matmul's default tile: this many f32 (4 MiB), so each BLAS call has enough columns of
 # the product to run at GEMM speed while the tile stays in the last-level cache.
 TILE_ELEMS = 1 << 20
 # From this many rows of x, matmul's tiles multiply as x @ tile.T (see _numpy_matmul).
 FEW_ROWS_TILE = 64
+# The compiled module's type number for a plain f32 matrix (ggml's F32).
+_F32 = 0
 
 
-def _load_jit() -> tuple[ModuleType | None, str]:
-    if os.environ.get("FRINK_NO_NUMBA"):
-        return None, "numpy (FRINK_NO_NUMBA is set)"
+def _load_native() -> tuple[ModuleType | None, str]:
+    if os.environ.get("FRINK_NO_NATIVE"):
+        return None, "numpy (FRINK_NO_NATIVE is set)"
     try:
-        import numba
-
-        from . import jit
+        from . import _native  # type: ignore[attr-defined]
     except ImportError as e:
-        if not (e.name or "").startswith(("numba", "llvmlite")):
-            raise
-        return None, "numpy (numba not installed)"
-    return jit, f"numba {numba.__version__}"
+        if e.name != f"{__package__}._native":
+            # Built but refused to load (FRINK_NATIVE_ISA asks for what the CPU lacks).
+            return None, f"numpy ({e})"
+        return None, "numpy (the native kernels were not built at install)"
+    return _native, f"native C ({_native.isa()})"
 
 
-# The compiled kernels, loaded on first use (_jit()): importing numba costs ~0.4 s and
-# ~100 MiB of LLVM, which a run whose linears are all BLAS's never pays.
-_UNSET = object()
-_JIT: ModuleType | None | object = _UNSET
-_WHY = ""
-
-
-def _jit() -> ModuleType | None:
-    global _JIT, _WHY
-    if _JIT is _UNSET:
-        _JIT, _WHY = _load_jit()
-    return _JIT  # type: ignore[return-value]
+_NATIVE, _WHY = _load_native()
+_MAX_THREADS = int(_NATIVE.max_threads()) if _NATIVE is not None else 1
+_threads: ContextVar[int] = ContextVar("frink_kernel_threads", default=_MAX_THREADS)
 
 
 def kernel_path() -> str:
-    """Which kernels run: "numba X.Y", or "numpy (why)"."""
-    if _jit() is None:
-        return _WHY if _WHY.startswith("numpy") else "numpy (numba disabled)"
+    """Which kernels run: "native C (isa)", or "numpy (why)"."""
     return _WHY
+
+
+def compiled() -> bool:
+    """Whether the compiled kernels run (else every function here is NumPy's)."""
+    return _NATIVE is not None
 
 
 @contextmanager
 def threads(n: int | None) -> Iterator[None]:
-    """At most n of numba's threads for the kernels called in this thread inside the block
-    (None: leave the setting alone). Restored afterwards."""
-    if n is None or _jit() is None:
+    """At most n threads for the kernels called in this thread inside the block (None:
+    leave the setting alone). Restored afterwards."""
+    if n is None:
         yield
         return
-    import numba
-
-    before = numba.get_num_threads()
-    numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+    token = _threads.set(max(1, min(int(n), _MAX_THREADS)))
     try:
         yield
     finally:
-        numba.set_num_threads(before)
+        _threads.reset(token)
 
 
 def _activations(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
@@ -128,45 +114,17 @@ def _result(out: np.ndarray | None, shape: tuple[int, int]) -> np.ndarray:
     return out
 
 
-def matvec(x: np.ndarray, w: QuantMatrix, out: np.ndarray | None = None) -> np.ndarray:
-    """x [T, cols] @ W.T by dots that unpack W's blocks in registers, W's bytes read once
-    (decode's kernel). A row's product does not depend on the other rows of x."""
+def dots(x: np.ndarray, w: QuantMatrix, out: np.ndarray | None = None) -> np.ndarray:
+    """x [T, cols] @ W.T for a few rows of x, W's blocks dequantized a chunk at a time in
+    cache and dotted with every row of x (W's bytes read once per call). A row's product
+    does not depend on the other rows of x."""
     x = _activations(x, w)
     y = _result(out, (x.shape[0], w.rows))
-    jit = _jit()
-    if jit is None:
+    if _NATIVE is None:
         return _numpy_matmul(x, w, None, y)
     if w.rows and x.shape[0]:
-        jit.matvec(int(w.qtype), w.data, x, y)
+        _NATIVE.dots(int(w.qtype), w.data, w.rows, w.cols, x, x.shape[0], y, _threads.get())
     return y
-
-
-def matmul_small(x: np.ndarray, w: QuantMatrix, out: np.ndarray | None = None) -> np.ndarray:
-    """x [T, cols] @ W.T for a few rows of x (up to SMALL_T): each chunk of 16 rows of W is
-    dequantized once into a cache-resident buffer and dotted with every row of x."""
-    x = _activations(x, w)
-    y = _result(out, (x.shape[0], w.rows))
-    jit = _jit()
-    if jit is None:
-        return _numpy_matmul(x, w, None, y)
-    if w.rows and x.shape[0]:
-        jit.matmul_small(int(w.qtype), w.data, x, y)
-    return y
-
-
-def few_rows(x: np.ndarray, w: QuantMatrix, any_batch: bool = False) -> np.ndarray:
-    """x [T, cols] @ W.T for up to SMALL_T rows by the faster of the fused dots and
-    matmul_small for W's type. Each row's product is the same for every T from 2 on, and
-    from 1 on with any_batch (for a type that takes matmul_small from two rows, a lone
-    row then takes it too, not the fused dots): a server's batches rely on that."""
-    if w.qtype in SHARED_UNPACK or (np.shape(x)[0] == 1 and not any_batch):
-        return matvec(x, w)
-    return matmul_small(x, w)
-
-
-def compiled() -> bool:
-    """Whether the compiled kernels run (else every function here is NumPy's)."""
-    return _jit() is not None
 
 
 def matmul_f32(x: np.ndarray, w: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -180,11 +138,10 @@ def matmul_f32(x: np.ndarray, w: np.ndarray, out: np.ndarray | None = None) -> n
     if x.ndim != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"x must be [T, {w.shape[1]}]: got {list(x.shape)}")
     y = _result(out, (x.shape[0], w.shape[0]))
-    jit = _jit()
-    if jit is None:
+    if _NATIVE is None:
         np.matmul(x, w.T, out=y)
     elif w.shape[0] and x.shape[0]:
-        jit.matmul_f32(w, x, y)
+        _NATIVE.dots(_F32, w, w.shape[0], w.shape[1], x, x.shape[0], y, _threads.get())
     return y
 
 
@@ -202,7 +159,7 @@ def linear(x: np.ndarray, w: QuantMatrix, out: np.ndarray | None = None) -> np.n
     """x @ W.T by the kernel that suits x's row count."""
     t = np.shape(x)[0] if np.ndim(x) == 2 else 0
     if t <= SMALL_T:
-        y = few_rows(x, w)
+        y = dots(x, w)
         if out is None:
             return y
         _result(out, y.shape)[...] = y
@@ -227,7 +184,7 @@ def _numpy_matmul(
     prod = np.empty((n, x.shape[0]) if few else (x.shape[0], n), np.float32)
     for r0 in range(0, w.rows, n):
         r1 = min(w.rows, r0 + n)
-        # One numba thread: its pool's idle workers spin-wait on the cores BLAS is about
+        # One kernel thread: its pool's idle workers spin-wait on the cores BLAS is about
         # to use (a 2-thread 2048x2048 Q4_0 product at T = 8 took 27 ms, not 2).
         with threads(1):
             tile = dequantize_rows(w, r0, r1, out=buf[: r1 - r0])
@@ -249,11 +206,11 @@ def dequantize_rows(
     if not 0 <= row_start <= stop <= w.rows:
         raise ValueError(f"rows [{row_start}, {stop}) of a {w.rows}-row matrix")
     y = _result(out, (stop - row_start, w.cols))
-    jit = _jit()
-    if jit is None:
+    if _NATIVE is None:
         y[...] = _gguf_dequantize(w.data[row_start:stop], w.qtype).reshape(y.shape)
     elif stop > row_start:
-        jit.dequantize(int(w.qtype), w.data, np.arange(row_start, stop), y)
+        index = np.arange(row_start, stop, dtype=np.int64)
+        _NATIVE.dequantize(int(w.qtype), w.data, w.rows, w.cols, index, y, _threads.get())
     return y
 
 
@@ -263,9 +220,8 @@ def take_rows(w: QuantMatrix, index: np.ndarray, out: np.ndarray | None = None) 
     if idx.size and (idx.min() < 0 or idx.max() >= w.rows):
         raise IndexError(f"row index out of range for a {w.rows}-row matrix")
     y = _result(out, (idx.size, w.cols))
-    jit = _jit()
-    if jit is None:
+    if _NATIVE is None:
         y[...] = _gguf_dequantize(w.data[idx], w.qtype).reshape(y.shape)
     elif idx.size:
-        jit.dequantize(int(w.qtype), w.data, idx, y)
+        _NATIVE.dequantize(int(w.qtype), w.data, w.rows, w.cols, idx, y, _threads.get())
     return y

@@ -22,7 +22,6 @@ commentary) as ("reasoning", str) pieces.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections import deque
@@ -35,7 +34,6 @@ from ..cache import CacheSnapshot, KvCache
 from ..channels import FINAL, ChannelSplit, is_harmony
 from ..decoder import Decoder
 from ..errors import FrinkError
-from ..graph.linear import batch_invariant
 from ..sampling import Sampler, SamplingParams
 from ..tokenizer import Tokenizer
 from .stops import StopText
@@ -177,11 +175,9 @@ class Engine:
     def run(self) -> None:
         """Step until stop(); every job still known then ends with an error event."""
         try:
-            # A request's answer must not depend on what else is being served (graph/
-            # linear.py: every few rows by the one kernel whose sums ignore the batch). One
-            # slot (`frink chat`) is never batched: it keeps the faster one-row kernel.
-            with batch_invariant() if len(self.slots) > 1 else contextlib.nullcontext():
-                self._loop()
+            # A request's answer does not depend on what else is being served: every few
+            # rows go through the one kernel whose sums ignore the batch (graph/linear.py).
+            self._loop()
         finally:
             self.decoder.end_thread()
 

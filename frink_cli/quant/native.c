@@ -1,0 +1,344 @@
+/* frink_cli.quant._native: the host kernels over GGUF blocks, in C.
+ *
+ * Why C and not a JIT: a decode step multiplies by every weight once, straight from the
+ * file's blocks, and these loops are the whole of its cost. Compiled at install time they
+ * cost nothing at run time; numba's LLVM, which this replaced, held ~120 MiB of memory in
+ * every process (more than SmolLM2's weights) and compiled for a minute on first use.
+ *
+ * One source, several instruction sets: native_isa.h is included once per ISA inside a
+ * `#pragma GCC target` region (x86-64: AVX-512, AVX2 + FMA, and the baseline), and the
+ * best one the CPU supports is picked when the module loads (FRINK_NATIVE_ISA=base|avx2|
+ * avx512 picks one, for tests). Elsewhere (arm64, other compilers) the baseline alone is
+ * built, which the compiler vectorizes for its own target.
+ *
+ * Threads: OpenMP over chunks of W's rows, as many as the caller passes (frink's decoder
+ * chooses per step); each output element is made by one thread in a fixed order, so the
+ * count never changes a result. The GIL is released while a kernel runs.
+ *
+ * Python passes every shape; this file checks each buffer is large enough for them (and
+ * each row index in range) before touching it, so a wrong call raises, never reads astray.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* ggml's type numbers (gguf-py GGMLQuantizationType); F32 marks a plain f32 matrix. */
+enum {
+    QT_F32 = 0, QT_F16 = 1, QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q5_0 = 6, QT_Q5_1 = 7, QT_Q8_0 = 8,
+    QT_Q2_K = 10, QT_Q3_K = 11, QT_Q4_K = 12, QT_Q5_K = 13, QT_Q6_K = 14, QT_IQ4_NL = 20,
+    QT_IQ4_XS = 23, QT_BF16 = 30, QT_MXFP4 = 39,
+};
+
+/* The per-type steps must fold into each type's loop (a call per run of 32 would cost
+ * more than the run), whatever the compiler's size heuristics say. */
+#define INLINE inline __attribute__((always_inline))
+
+/* Columns dequantized at a time: a K-quant's block, eight of the 32-weight types'. */
+#define CHUNK 256
+/* Rows of x one dot_rows call carries (more are split into groups of this many). */
+#define MAX_T 16
+/* Rows of W per parallel work item. */
+#define ROW_CHUNK 16
+
+typedef struct {
+    int qt, elems, nbytes;
+} qtype_geometry;
+
+static const qtype_geometry GEOMETRY[] = {
+    {QT_F32, 1, 4},      {QT_F16, 1, 2},      {QT_Q4_0, 32, 18},   {QT_Q4_1, 32, 20},
+    {QT_Q5_0, 32, 22},   {QT_Q5_1, 32, 24},   {QT_Q8_0, 32, 34},   {QT_Q2_K, 256, 84},
+    {QT_Q3_K, 256, 110}, {QT_Q4_K, 256, 144}, {QT_Q5_K, 256, 176}, {QT_Q6_K, 256, 210},
+    {QT_IQ4_NL, 32, 18}, {QT_IQ4_XS, 256, 136}, {QT_BF16, 1, 2},   {QT_MXFP4, 32, 17},
+};
+
+static const qtype_geometry *geometry(int qt) {
+    for (size_t i = 0; i < sizeof GEOMETRY / sizeof GEOMETRY[0]; i++)
+        if (GEOMETRY[i].qt == qt) return &GEOMETRY[i];
+    return NULL;
+}
+
+typedef void (*deq_rows_fn)(int, const uint8_t *, size_t, const int64_t *, size_t, size_t,
+                            float *, int);
+typedef void (*dot_rows_fn)(int, const uint8_t *, size_t, size_t, size_t, const float *, int,
+                            int, float *, size_t);
+
+/* The ISA-neutral helpers, outside every target region so that each ISA's code may inline
+ * them. */
+#include "native_blocks.h"
+
+typedef struct {
+    const char *name;
+    deq_rows_fn deq_rows;
+    dot_rows_fn dot_rows;
+} isa_kernels;
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FRINK_MULTI_ISA 1
+#include <immintrin.h>
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
+#define ISA(name) name##_avx512
+#define VL 16
+typedef float vf512 __attribute__((vector_size(64)));
+#define vf vf512
+#define VFMA(a, b, c) ((vf512)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
+#define HALF(p) _cvtsh_ss(rd16(p))
+#define HALVES(p) ((vf512)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p))))
+#define U8F(b, i) ((vf512)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32((__m128i)(b))))
+#define S8F(b, i) ((vf512)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32((__m128i)(b))))
+#include "native_isa.h"
+#undef ISA
+#undef VL
+#undef vf
+#undef VFMA
+#undef HALF
+#undef HALVES
+#undef U8F
+#undef S8F
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#define ISA(name) name##_avx2
+#define VL 8
+typedef float vf256 __attribute__((vector_size(32)));
+#define vf vf256
+#define VFMA(a, b, c) ((vf256)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
+#define HALF(p) _cvtsh_ss(rd16(p))
+#define HALVES(p) ((vf256)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p))))
+#define HALF_OF(b, i) ((i) ? _mm_unpackhi_epi64((__m128i)(b), (__m128i)(b)) : (__m128i)(b))
+#define U8F(b, i) ((vf256)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(HALF_OF(b, i))))
+#define S8F(b, i) ((vf256)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(HALF_OF(b, i))))
+#include "native_isa.h"
+#undef ISA
+#undef VL
+#undef vf
+#undef VFMA
+#undef HALF
+#undef HALVES
+#undef U8F
+#undef S8F
+#pragma GCC pop_options
+#endif
+
+#define ISA(name) name##_base
+#define VL 4
+typedef float vf128 __attribute__((vector_size(16)));
+#define vf vf128
+#define VFMA(a, b, c) ((a) * (b) + (c))
+#define HALF(p) half_to_float(rd16(p))
+#define HALVES(p)                                                                        \
+    ({                                                                                   \
+        vf128 v_;                                                                        \
+        for (int i_ = 0; i_ < 4; i_++) v_[i_] = half_to_float(rd16((p) + 2 * i_));      \
+        v_;                                                                              \
+    })
+typedef int32_t vi128 __attribute__((vector_size(16)));
+typedef uint8_t vb4 __attribute__((vector_size(4)));
+typedef int8_t vsb4 __attribute__((vector_size(4)));
+#define WIDEN4(b, i, T4)                                                                 \
+    ({                                                                                   \
+        T4 p_;                                                                           \
+        memcpy(&p_, (const char *)&(b) + 4 * (i), 4);                                    \
+        __builtin_convertvector(__builtin_convertvector(p_, vi128), vf128);              \
+    })
+#define U8F(b, i) WIDEN4(b, i, vb4)
+#define S8F(b, i) WIDEN4(b, i, vsb4)
+#include "native_isa.h"
+#undef ISA
+#undef VL
+#undef vf
+#undef VFMA
+#undef HALF
+#undef HALVES
+#undef U8F
+#undef S8F
+
+static const isa_kernels BASE = {"base", deq_rows_base, dot_rows_base};
+#ifdef FRINK_MULTI_ISA
+static const isa_kernels AVX2 = {"avx2", deq_rows_avx2, dot_rows_avx2};
+static const isa_kernels AVX512 = {"avx512", deq_rows_avx512, dot_rows_avx512};
+#endif
+
+static const isa_kernels *K = &BASE;
+
+/* The kernels for ISA `name` (NULL: the best this CPU runs); NULL if it cannot run them. */
+static const isa_kernels *find_isa(const char *name) {
+#ifdef FRINK_MULTI_ISA
+    __builtin_cpu_init();
+    int has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                 __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    int has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+    if (!name) return has512 ? &AVX512 : has2 ? &AVX2 : &BASE;
+    if (!strcmp(name, "avx512")) return has512 ? &AVX512 : NULL;
+    if (!strcmp(name, "avx2")) return has2 ? &AVX2 : NULL;
+#else
+    if (!name) return &BASE;
+#endif
+    return strcmp(name, "base") ? NULL : &BASE;
+}
+
+static int pick_isa(void) {
+    const char *want = getenv("FRINK_NATIVE_ISA");
+    const isa_kernels *k = find_isa(want && *want ? want : NULL);
+    if (!k) {
+        PyErr_Format(PyExc_ImportError, "FRINK_NATIVE_ISA=%s: not runnable on this CPU", want);
+        return -1;
+    }
+    K = k;
+    return 0;
+}
+
+/* -- argument checks: every buffer against the shapes it is said to have --------------- */
+
+static int check_len(const Py_buffer *b, size_t need, const char *what) {
+    if ((size_t)b->len < need) {
+        PyErr_Format(PyExc_ValueError, "%s holds %zd bytes, %zu needed", what, b->len, need);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_matrix(int qt, Py_ssize_t rows, Py_ssize_t cols, size_t *rb) {
+    const qtype_geometry *g = geometry(qt);
+    if (!g) {
+        PyErr_Format(PyExc_ValueError, "no native kernel for type %d", qt);
+        return -1;
+    }
+    if (rows < 0 || cols <= 0 || cols % g->elems || cols > (1 << 30)) {
+        PyErr_Format(PyExc_ValueError, "bad shape [%zd, %zd] for type %d", rows, cols, qt);
+        return -1;
+    }
+    *rb = (size_t)cols / g->elems * g->nbytes;
+    return 0;
+}
+
+/* -- the drivers ------------------------------------------------------------------------ */
+
+static PyObject *py_dequantize(PyObject *self, PyObject *args) {
+    (void)self;
+    int qt, nthreads;
+    Py_ssize_t rows, cols;
+    Py_buffer w, index, out;
+    if (!PyArg_ParseTuple(args, "iy*nny*w*i", &qt, &w, &rows, &cols, &index, &out, &nthreads))
+        return NULL;
+    PyObject *ret = NULL;
+    size_t rb, n = (size_t)index.len / sizeof(int64_t);
+    if (check_matrix(qt, rows, cols, &rb) || check_len(&w, rb * (size_t)rows, "w") ||
+        check_len(&out, n * (size_t)cols * sizeof(float), "out"))
+        goto done;
+    const int64_t *idx = (const int64_t *)index.buf;
+    for (size_t i = 0; i < n; i++)
+        if (idx[i] < 0 || idx[i] >= rows) {
+            PyErr_Format(PyExc_IndexError, "row %lld of a %zd-row matrix", (long long)idx[i], rows);
+            goto done;
+        }
+    Py_BEGIN_ALLOW_THREADS;
+    const long chunks = (long)((n + ROW_CHUNK - 1) / ROW_CHUNK);
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && chunks > 1)
+    for (long c = 0; c < chunks; c++) {
+        size_t i0 = (size_t)c * ROW_CHUNK, i1 = i0 + ROW_CHUNK < n ? i0 + ROW_CHUNK : n;
+        K->deq_rows(qt, (const uint8_t *)w.buf, rb, idx, i0, i1,
+                    (float *)out.buf + i0 * (size_t)cols, (int)cols);
+    }
+    Py_END_ALLOW_THREADS;
+    ret = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&index);
+    PyBuffer_Release(&out);
+    return ret;
+}
+
+static PyObject *py_dots(PyObject *self, PyObject *args) {
+    (void)self;
+    int qt, nthreads;
+    Py_ssize_t rows, cols, T;
+    Py_buffer w, x, y;
+    if (!PyArg_ParseTuple(args, "iy*nny*nw*i", &qt, &w, &rows, &cols, &x, &T, &y, &nthreads))
+        return NULL;
+    PyObject *ret = NULL;
+    size_t rb;
+    if (check_matrix(qt, rows, cols, &rb) || check_len(&w, rb * (size_t)rows, "w") ||
+        T < 0 || check_len(&x, (size_t)T * (size_t)cols * sizeof(float), "x") ||
+        check_len(&y, (size_t)T * (size_t)rows * sizeof(float), "y"))
+        goto done;
+    Py_BEGIN_ALLOW_THREADS;
+    const long chunks = (long)((rows + ROW_CHUNK - 1) / ROW_CHUNK);
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && chunks > 1)
+    for (long c = 0; c < chunks; c++) {
+        size_t r0 = (size_t)c * ROW_CHUNK;
+        size_t r1 = r0 + ROW_CHUNK < (size_t)rows ? r0 + ROW_CHUNK : (size_t)rows;
+        for (Py_ssize_t t0 = 0; t0 < T; t0 += MAX_T) {
+            int nt = T - t0 < MAX_T ? (int)(T - t0) : MAX_T;
+            K->dot_rows(qt, (const uint8_t *)w.buf, rb, r0, r1,
+                        (const float *)x.buf + (size_t)t0 * cols, nt, (int)cols,
+                        (float *)y.buf + (size_t)t0 * rows, (size_t)rows);
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    ret = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&y);
+    return ret;
+}
+
+static PyObject *py_isa(PyObject *self, PyObject *noargs) {
+    (void)self, (void)noargs;
+    return PyUnicode_FromString(K->name);
+}
+
+static PyObject *py_use_isa(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
+    const isa_kernels *k = find_isa(name);
+    if (!k) {
+        PyErr_Format(PyExc_ValueError, "ISA %s: not runnable on this CPU", name);
+        return NULL;
+    }
+    PyObject *before = PyUnicode_FromString(K->name);
+    K = k;
+    return before;
+}
+
+static PyObject *py_max_threads(PyObject *self, PyObject *noargs) {
+    (void)self, (void)noargs;
+#ifdef _OPENMP
+    return PyLong_FromLong(omp_get_num_procs());
+#else
+    return PyLong_FromLong(1);
+#endif
+}
+
+static PyMethodDef METHODS[] = {
+    {"dequantize", py_dequantize, METH_VARARGS,
+     "dequantize(qtype, w, rows, cols, index int64, out f32, threads): out[i] = W[index[i]]"},
+    {"dots", py_dots, METH_VARARGS,
+     "dots(qtype, w, rows, cols, x f32, T, y f32, threads): y[T, rows] = x @ W.T"},
+    {"isa", py_isa, METH_NOARGS, "the instruction set the kernels were picked for"},
+    {"use_isa", py_use_isa, METH_VARARGS, "use_isa(name) -> the one used before (for tests)"},
+    {"max_threads", py_max_threads, METH_NOARGS, "threads available (1 without OpenMP)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef MODULE = {
+    PyModuleDef_HEAD_INIT, "_native", NULL, -1, METHODS, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    if (pick_isa()) return NULL;
+    return PyModule_Create(&MODULE);
+}

@@ -1,0 +1,142 @@
+/* The host kernels for one instruction set: included by native.c once per ISA, with ISA(),
+ * VL (float lanes per vector), vf (that vector type), VFMA, HALF and HALVES defined for it.
+ *
+ * A row of W is walked a block at a time: its head (scales, mins) read once, then each
+ * run of 32 weights dequantized exactly into NV vectors in registers (native_blocks.h)
+ * and multiplied into VL-lane chains: vector i of each run goes to chain i % NC (NC =
+ * min(4, 32 / VL)). The chains are added as (0 + 1) + (2 + 3), summed across
+ * lanes as a tree, then the last cols % 32 columns (F16, BF16 and F32 rows only) added one
+ * by one. So every product element y[t, r] = x[t] . W[r] is made the same way whatever
+ * the number of rows of x beside it: a run is unpacked once for all rows of x (a server's
+ * batch shares the unpacking), yet a row's product is the same bit for bit alone or in any
+ * batch, which the server's batches rely on.
+ */
+
+#include "native_blocks.h"
+
+static INLINE float ISA(hsum)(vf v) {
+    float a[VL];
+    memcpy(a, &v, sizeof a);
+    for (int w = VL / 2; w; w /= 2)
+        for (int i = 0; i < w; i++) a[i] += a[i + w];
+    return a[0];
+}
+
+static INLINE vf ISA(vload)(const float *p) {
+    vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* The rows of one type: ELEMS weights of NBYTES per block, units of 32. */
+#define ROWS_OF_TYPE(HEAD, UNIT, ELEMS, NBYTES, BODY)                                          \
+    {                                                                                          \
+        const int units = ELEMS / 32, blocks = cols / ELEMS;                                   \
+        (void)units, (void)blocks;                                                             \
+        BODY(HEAD, UNIT, ELEMS, NBYTES)                                                        \
+    }
+
+#define EACH_TYPE(BODY)                                                                        \
+    switch (qt) {                                                                              \
+    case QT_Q4_0: ROWS_OF_TYPE(head_q4_0, unit_q4_0, 32, 18, BODY) break;                      \
+    case QT_Q4_1: ROWS_OF_TYPE(head_q4_1, unit_q4_1, 32, 20, BODY) break;                      \
+    case QT_Q5_0: ROWS_OF_TYPE(head_q5_0, unit_q5_0, 32, 22, BODY) break;                      \
+    case QT_Q5_1: ROWS_OF_TYPE(head_q5_1, unit_q5_1, 32, 24, BODY) break;                      \
+    case QT_Q8_0: ROWS_OF_TYPE(head_q8_0, unit_q8_0, 32, 34, BODY) break;                      \
+    case QT_Q2_K: ROWS_OF_TYPE(head_q2_k, unit_q2_k, 256, 84, BODY) break;                     \
+    case QT_Q3_K: ROWS_OF_TYPE(head_q3_k, unit_q3_k, 256, 110, BODY) break;                    \
+    case QT_Q4_K: ROWS_OF_TYPE(head_k, unit_q4_k, 256, 144, BODY) break;                       \
+    case QT_Q5_K: ROWS_OF_TYPE(head_k, unit_q5_k, 256, 176, BODY) break;                       \
+    case QT_Q6_K: ROWS_OF_TYPE(head_q6_k, unit_q6_k, 256, 210, BODY) break;                    \
+    case QT_IQ4_NL: ROWS_OF_TYPE(head_iq4_nl, unit_iq4_nl, 32, 18, BODY) break;                \
+    case QT_IQ4_XS: ROWS_OF_TYPE(head_iq4_xs, unit_iq4_xs, 256, 136, BODY) break;              \
+    case QT_MXFP4: ROWS_OF_TYPE(head_mxfp4, unit_mxfp4, 32, 17, BODY) break;                   \
+    case QT_F16: ROWS_OF_TYPE(head_none, unit_f16, 32, 64, BODY) break;                        \
+    case QT_BF16: ROWS_OF_TYPE(head_none, unit_bf16, 32, 64, BODY) break;                      \
+    case QT_F32: ROWS_OF_TYPE(head_none, unit_f32, 32, 128, BODY) break;                       \
+    default: break;                                                                            \
+    }
+
+/* out[i - i0] = W[index[i]] for i in [i0, i1): gguf-py's values exactly. */
+#define DEQ_BODY(HEAD, UNIT, ELEMS, NBYTES)                                                    \
+    for (size_t i = i0; i < i1; i++) {                                                         \
+        const uint8_t *row = w + (size_t)index[i] * rb;                                        \
+        float *o = out + (i - i0) * (size_t)cols;                                              \
+        for (int b = 0; b < blocks; b++) {                                                     \
+            const uint8_t *p = row + (size_t)b * NBYTES;                                       \
+            block_head h;                                                                      \
+            ISA(HEAD)(p, &h);                                                                  \
+            _Pragma("GCC unroll 8")                                                            \
+            for (int j = 0; j < units; j++) {                                                  \
+                vf v[NV];                                                                      \
+                ISA(UNIT)(p, j, &h, v);                                                        \
+                memcpy(o + (size_t)ELEMS * b + 32 * j, v, sizeof v);                           \
+            }                                                                                  \
+        }                                                                                      \
+        for (int k = blocks * ELEMS; k < cols; k++) o[k] = tail_weight(qt, row, k);            \
+    }
+
+static void ISA(deq_rows)(int qt, const uint8_t *w, size_t rb, const int64_t *index,
+                          size_t i0, size_t i1, float *out, int cols) {
+    EACH_TYPE(DEQ_BODY)
+}
+
+/* Chains per row of x: vector i of a unit goes to chain i % NC. */
+#define NC (NV < 4 ? NV : 4)
+
+static INLINE float ISA(finish)(const vf *a) {
+    return ISA(hsum)(NC == 2 ? a[0] + a[1] : (a[0] + a[1]) + (a[2] + a[3]));
+}
+
+/* y[t, r] = x[t] . W[r] for r in [r0, r1), every t < T; y's rows ys apart. One row of x
+ * alone, or four at a time (a group short of four repeats its last row, whose sums are
+ * dropped): each block is unpacked once per group, each row's sums kept in its own chains
+ * in the same order either way. */
+#define DOT_BODY(HEAD, UNIT, ELEMS, NBYTES)                                                    \
+    for (size_t r = r0; r < r1; r++) {                                                         \
+        const uint8_t *row = w + r * rb;                                                       \
+        for (int t0 = 0; t0 < T; t0 += 4) {                                                    \
+            const int four = T > 1;                                                            \
+            const float *xr[4];                                                                \
+            vf a[4][NC];                                                                       \
+            for (int k = 0; k < 4; k++) {                                                      \
+                xr[k] = x + (size_t)(t0 + k < T ? t0 + k : T - 1) * cols;                      \
+                for (int i = 0; i < NC; i++) a[k][i] = zero;                                   \
+            }                                                                                  \
+            for (int b = 0; b < blocks; b++) {                                                 \
+                const uint8_t *p = row + (size_t)b * NBYTES;                                   \
+                block_head h;                                                                  \
+                ISA(HEAD)(p, &h);                                                              \
+                _Pragma("GCC unroll 8")                                                        \
+                for (int j = 0; j < units; j++) {                                              \
+                    const int c = ELEMS * b + 32 * j;                                          \
+                    vf v[NV];                                                                  \
+                    ISA(UNIT)(p, j, &h, v);                                                    \
+                    for (int i = 0; i < NV; i++)                                               \
+                        a[0][i % NC] = VFMA(v[i], ISA(vload)(xr[0] + c + VL * i), a[0][i % NC]); \
+                    if (four)                                                                  \
+                        for (int k = 1; k < 4; k++)                                            \
+                            for (int i = 0; i < NV; i++)                                       \
+                                a[k][i % NC] = VFMA(v[i], ISA(vload)(xr[k] + c + VL * i), a[k][i % NC]); \
+                }                                                                              \
+            }                                                                                  \
+            for (int k = (T - t0 < 4 ? T - t0 : 4) - 1; k >= 0; k--) {                         \
+                float s = ISA(finish)(a[k]);                                                   \
+                for (int q = blocks * ELEMS; q < cols; q++) s += tail_weight(qt, row, q) * xr[k][q]; \
+                y[(size_t)(t0 + k) * ys + r] = s;                                              \
+            }                                                                                  \
+        }                                                                                      \
+    }
+
+static void ISA(dot_rows)(int qt, const uint8_t *w, size_t rb, size_t r0, size_t r1,
+                          const float *x, int T, int cols, float *y, size_t ys) {
+    const vf zero = {0};
+    EACH_TYPE(DOT_BODY)
+}
+
+#undef ROWS_OF_TYPE
+#undef EACH_TYPE
+#undef DEQ_BODY
+#undef DOT_BODY
+#undef NC
+#undef NV
