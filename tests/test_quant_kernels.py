@@ -107,11 +107,31 @@ def isa(request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.fixture(params=[*ISAS, "numpy"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Exact activations on every path (the 8-bit ones have checks of their own below)."""
     if request.param == "numpy":
         monkeypatch.setattr(kernels, "_NATIVE", None)
         yield "numpy"
     else:
-        yield from (str(request.param) for _ in _use_isa(str(request.param)))
+        with kernels.exact_activations():
+            yield from (str(request.param) for _ in _use_isa(str(request.param)))
+
+
+@pytest.fixture(params=["8-bit", "f32"])
+def activations(request: pytest.FixtureRequest) -> Iterator[str]:
+    with kernels.exact_activations(request.param == "f32"):
+        yield str(request.param)
+
+
+def q8_rounded(x: np.ndarray) -> np.ndarray:
+    """x rounded as the 8-bit dots round it (native.c quantize_x), in float64: per 32
+    columns dx = max|x| / 127 and q = round-half-even(x * (1 / dx)) in float32."""
+    x = np.asarray(x, np.float32)
+    blocks = x.reshape(x.shape[0], -1, 32)
+    dx = np.abs(blocks).max(axis=2, keepdims=True) / np.float32(127)
+    inv = np.divide(np.float32(1), dx, out=np.zeros_like(dx), where=dx != 0)
+    q = np.rint(blocks * inv)
+    assert np.abs(q).max(initial=0) <= 127
+    return (q.astype(np.float64) * dx).reshape(x.shape)
 
 
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
@@ -142,12 +162,39 @@ def test_products_equal_x_at_dequantized(qtype: T, path: str) -> None:
             _close(kernels.linear(x, w), ref)
 
 
+@pytest.mark.parametrize(
+    "qtype", [t for t in KERNEL_TYPES if t not in (T.F16, T.BF16)], ids=lambda t: t.name
+)
+def test_8bit_products_equal_rounded_x_at_dequantized(qtype: T, isa: str) -> None:
+    """Where the ISA has byte dot products, dots rounds x to 8 bits per 32 columns (as
+    llama.cpp does) and must then equal dequantize(q8(x)) @ dequantize(W).T, with the
+    rounding repeated here in NumPy; the rounding itself moves a product by ~5e-3."""
+    if not kernels._NATIVE.has_int8():
+        pytest.skip(f"{isa}: no 8-bit dots")
+    rng = np.random.default_rng(int(qtype) + 7)
+    for rows, cols in _shapes(qtype):
+        w = _weights(qtype, rows, cols, seed=rows * cols + 1)
+        ref_w = _reference(w).astype(np.float64)
+        for t in (1, 2, 5, 16, 21):
+            x = rng.standard_normal((t, cols)).astype(np.float32)
+            if t > 1:
+                x[-1, :32] = 0  # an all-zero block: scale 0, no division by it
+            assert kernels.activations() == "8-bit"
+            got = kernels.dots(x, w)
+            _close(got, (q8_rounded(x) @ ref_w.T).astype(np.float32))
+            exact = x[:1].astype(np.float64) @ ref_w.T
+            rel = np.linalg.norm(got[:1] - exact) / np.linalg.norm(exact)
+            assert 1e-4 < rel < 2e-2, rel  # the rounding did happen, and is small
+
+
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
-def test_a_rows_product_does_not_depend_on_the_rows_beside_it(qtype: T, isa: str) -> None:
-    """dots dequantizes each chunk of W once for all rows of x, yet each row's product is
-    its own sums in its own order: a row computed alone or in any ragged batch (more
-    than the kernel's 16 rows a call included) is the same bit for bit (a server's
-    batches rely on it)."""
+def test_a_rows_product_does_not_depend_on_the_rows_beside_it(
+    qtype: T, isa: str, activations: str
+) -> None:
+    """dots unpacks each run of W once for four rows of x, yet each row's product is its
+    own sums in its own order (its own 8-bit rounding too): a row computed alone or in any
+    ragged batch (more rows than four, and than SMALL_T, included) is the same bit for bit
+    (a server's batches rely on it)."""
     rng = np.random.default_rng(int(qtype) + 100)
     for rows, cols in _shapes(qtype):
         w = _weights(qtype, rows, cols, seed=rows + 2 * cols)
@@ -169,7 +216,7 @@ def test_f32_products_do_not_depend_on_the_rows_beside_them(isa: str) -> None:
             np.testing.assert_array_equal(kernels.matmul_f32(x[t0:t1], w), alone[t0:t1])
 
 
-def test_thread_count_changes_nothing(isa: str) -> None:
+def test_thread_count_changes_nothing(isa: str, activations: str) -> None:
     """Each output is one row's sum made by one thread, so 1 and 2 threads agree bit for
     bit (the decoder may change the count between steps)."""
     rng = np.random.default_rng(7)
@@ -232,15 +279,15 @@ def test_the_compiled_module_checks_what_it_is_given() -> None:
     x, y = np.ones((2, 64), np.float32), np.empty((2, 8), np.float32)
     q = int(T.Q4_0)
     with pytest.raises(ValueError, match="w holds"):
-        native.dots(q, w.data, 9, 64, x, 2, y, 1)
+        native.dots(q, w.data, 9, 64, x, 2, y, 1, False)
     with pytest.raises(ValueError, match="x holds"):
-        native.dots(q, w.data, 8, 64, x, 3, y, 1)
+        native.dots(q, w.data, 8, 64, x, 3, y, 1, False)
     with pytest.raises(ValueError, match="y holds"):
-        native.dots(q, w.data, 8, 64, x, 2, y[:1], 1)
+        native.dots(q, w.data, 8, 64, x, 2, y[:1], 1, False)
     with pytest.raises(ValueError, match="bad shape"):
-        native.dots(q, w.data, 8, 48, x, 2, y, 1)
+        native.dots(q, w.data, 8, 48, x, 2, y, 1, False)
     with pytest.raises(ValueError, match="no native kernel"):
-        native.dots(int(T.IQ2_XXS), w.data, 8, 64, x, 2, y, 1)
+        native.dots(int(T.IQ2_XXS), w.data, 8, 64, x, 2, y, 1, False)
     with pytest.raises(IndexError):
         native.dequantize(q, w.data, 8, 64, np.array([0, 8]), np.empty((2, 64), np.float32), 1)
     with pytest.raises(ValueError, match="not runnable"):
@@ -262,7 +309,12 @@ def test_kernel_path_names_what_runs(monkeypatch: pytest.MonkeyPatch) -> None:
 
     if kernels.compiled():
         assert kernels.kernel_path().startswith("native C (")
-        assert path_with(FRINK_NATIVE_ISA="base") == "native C (base)"
+        assert path_with(FRINK_NATIVE_ISA="base") == "native C (base, f32 activations)"
+        for isa in ("avx2", "avx512"):
+            got = path_with(FRINK_NATIVE_ISA=isa)
+            assert got == f"native C ({isa}, 8-bit activations)" or "not runnable" in got
+            got = path_with(FRINK_NATIVE_ISA=isa, FRINK_EXACT_ACTIVATIONS="1")
+            assert got == f"native C ({isa}, f32 activations)" or "not runnable" in got
         assert "not runnable" in path_with(FRINK_NATIVE_ISA="sse9")
     monkeypatch.setattr(kernels, "_NATIVE", None)
     monkeypatch.setattr(kernels, "_WHY", "numpy (FRINK_NO_NATIVE is set)")

@@ -23,6 +23,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 #ifdef _OPENMP
@@ -64,6 +65,14 @@ static const qtype_geometry *geometry(int qt) {
     return NULL;
 }
 
+/* A row of x rounded to 8 bits per 32 columns (native_int8.h says how and why). */
+typedef struct {
+    const int8_t *q;      /* [cols] */
+    const float *d;       /* [cols / 32]: each block's scale dx */
+    const float *dsum;    /* [cols / 16]: dx * the sum of q over each 16 columns */
+    const float *dsum32;  /* [cols / 32]: dx * the sum of q over each 32 */
+} q8_row;
+
 typedef void (*deq_rows_fn)(int, const uint8_t *, size_t, const int64_t *, size_t, size_t,
                             float *, int);
 typedef void (*dot_rows_fn)(int, const uint8_t *, size_t, size_t, size_t, const float *, int,
@@ -73,10 +82,14 @@ typedef void (*dot_rows_fn)(int, const uint8_t *, size_t, size_t, size_t, const 
  * them. */
 #include "native_blocks.h"
 
+typedef void (*dot_rows_i8_fn)(int, const uint8_t *, size_t, size_t, size_t, const q8_row *,
+                               int, int, float *, size_t);
+
 typedef struct {
     const char *name;
     deq_rows_fn deq_rows;
     dot_rows_fn dot_rows;
+    dot_rows_i8_fn dot_rows_i8; /* NULL: this ISA has no 8-bit dots, every dot is f32 */
 } isa_kernels;
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -84,7 +97,7 @@ typedef struct {
 #include <immintrin.h>
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")
 #define ISA(name) name##_avx512
 #define VL 16
 typedef float vf512 __attribute__((vector_size(64)));
@@ -94,6 +107,7 @@ typedef float vf512 __attribute__((vector_size(64)));
 #define HALVES(p) ((vf512)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p))))
 #define U8F(b, i) ((vf512)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32((__m128i)(b))))
 #define S8F(b, i) ((vf512)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32((__m128i)(b))))
+#define I8_DOT(a, b) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (a), (b))
 #include "native_isa.h"
 #undef ISA
 #undef VL
@@ -103,6 +117,7 @@ typedef float vf512 __attribute__((vector_size(64)));
 #undef HALVES
 #undef U8F
 #undef S8F
+#undef I8_DOT
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -117,6 +132,7 @@ typedef float vf256 __attribute__((vector_size(32)));
 #define HALF_OF(b, i) ((i) ? _mm_unpackhi_epi64((__m128i)(b), (__m128i)(b)) : (__m128i)(b))
 #define U8F(b, i) ((vf256)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(HALF_OF(b, i))))
 #define S8F(b, i) ((vf256)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(HALF_OF(b, i))))
+#define I8_DOT(a, b) _mm256_madd_epi16(_mm256_maddubs_epi16((a), (b)), _mm256_set1_epi16(1))
 #include "native_isa.h"
 #undef ISA
 #undef VL
@@ -126,6 +142,7 @@ typedef float vf256 __attribute__((vector_size(32)));
 #undef HALVES
 #undef U8F
 #undef S8F
+#undef I8_DOT
 #pragma GCC pop_options
 #endif
 
@@ -161,11 +178,12 @@ typedef int8_t vsb4 __attribute__((vector_size(4)));
 #undef HALVES
 #undef U8F
 #undef S8F
+#undef I8_DOT
 
-static const isa_kernels BASE = {"base", deq_rows_base, dot_rows_base};
+static const isa_kernels BASE = {"base", deq_rows_base, dot_rows_base, NULL};
 #ifdef FRINK_MULTI_ISA
-static const isa_kernels AVX2 = {"avx2", deq_rows_avx2, dot_rows_avx2};
-static const isa_kernels AVX512 = {"avx512", deq_rows_avx512, dot_rows_avx512};
+static const isa_kernels AVX2 = {"avx2", deq_rows_avx2, dot_rows_avx2, dot_rows_i8_avx2};
+static const isa_kernels AVX512 = {"avx512", deq_rows_avx512, dot_rows_avx512, dot_rows_i8_avx512};
 #endif
 
 static const isa_kernels *K = &BASE;
@@ -176,7 +194,8 @@ static const isa_kernels *find_isa(const char *name) {
     __builtin_cpu_init();
     int has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                 __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+                 __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma") &&
+                 __builtin_cpu_supports("f16c");
     int has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                __builtin_cpu_supports("f16c");
     if (!name) return has512 ? &AVX512 : has2 ? &AVX2 : &BASE;
@@ -225,6 +244,36 @@ static int check_matrix(int qt, Py_ssize_t rows, Py_ssize_t cols, size_t *rb) {
 
 /* -- the drivers ------------------------------------------------------------------------ */
 
+/* Rows of x [T, cols] (cols a multiple of 32) rounded to 8 bits per 32 columns, as
+ * native_int8.h describes: dx = max|x| / 127, q = nearest-even(x * (1 / dx)), 0 where the
+ * block is all zero. Written so tests can repeat it in NumPy bit for bit. */
+static void quantize_x(const float *x, Py_ssize_t T, int cols, int8_t *q, float *d, float *sum,
+                       q8_row *rows) {
+    const int nb = cols / 32;
+    for (Py_ssize_t t = 0; t < T; t++) {
+        const float *xt = x + (size_t)t * cols;
+        int8_t *qt = q + (size_t)t * cols;
+        float *dt = d + (size_t)t * nb, *st = sum + (size_t)t * 3 * nb, *s32 = st + 2 * nb;
+        for (int b = 0; b < nb; b++) {
+            float amax = 0.0f;
+            for (int l = 0; l < 32; l++) {
+                float a = fabsf(xt[32 * b + l]);
+                amax = a > amax ? a : amax;
+            }
+            const float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+            int s0 = 0, s1 = 0;
+            for (int l = 0; l < 32; l++) {
+                const int v = (int)nearbyintf(xt[32 * b + l] * id);
+                qt[32 * b + l] = (int8_t)v;
+                if (l < 16) s0 += v; else s1 += v;
+            }
+            dt[b] = db, st[2 * b] = db * (float)s0, st[2 * b + 1] = db * (float)s1;
+            s32[b] = db * (float)(s0 + s1);
+        }
+        rows[t] = (q8_row){qt, dt, st, s32};
+    }
+}
+
 static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     (void)self;
     int qt, nthreads;
@@ -262,17 +311,44 @@ done:
 
 static PyObject *py_dots(PyObject *self, PyObject *args) {
     (void)self;
-    int qt, nthreads;
+    int qt, nthreads, exact;
     Py_ssize_t rows, cols, T;
     Py_buffer w, x, y;
-    if (!PyArg_ParseTuple(args, "iy*nny*nw*i", &qt, &w, &rows, &cols, &x, &T, &y, &nthreads))
+    if (!PyArg_ParseTuple(args, "iy*nny*nw*ip", &qt, &w, &rows, &cols, &x, &T, &y, &nthreads,
+                          &exact))
         return NULL;
     PyObject *ret = NULL;
     size_t rb;
+    void *scratch = NULL;
     if (check_matrix(qt, rows, cols, &rb) || check_len(&w, rb * (size_t)rows, "w") ||
         T < 0 || check_len(&x, (size_t)T * (size_t)cols * sizeof(float), "x") ||
         check_len(&y, (size_t)T * (size_t)rows * sizeof(float), "y"))
         goto done;
+    if (!exact && K->dot_rows_i8 && geometry(qt)->elems >= 32 && T > 0) {
+        /* 8-bit activations: x rounded once, then every row of W dotted with it. */
+        const size_t nb = (size_t)cols / 32;
+        scratch = malloc((size_t)T * (cols + 4 * nb * sizeof(float) + sizeof(q8_row)));
+        if (!scratch) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        q8_row *xr = scratch;
+        float *d = (float *)(xr + T), *sum = d + (size_t)T * nb;
+        int8_t *q = (int8_t *)(sum + (size_t)T * 3 * nb);
+        Py_BEGIN_ALLOW_THREADS;
+        quantize_x((const float *)x.buf, T, (int)cols, q, d, sum, xr);
+        const long chunks = (long)((rows + ROW_CHUNK - 1) / ROW_CHUNK);
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && chunks > 1)
+        for (long c = 0; c < chunks; c++) {
+            size_t r0 = (size_t)c * ROW_CHUNK;
+            size_t r1 = r0 + ROW_CHUNK < (size_t)rows ? r0 + ROW_CHUNK : (size_t)rows;
+            K->dot_rows_i8(qt, (const uint8_t *)w.buf, rb, r0, r1, xr, (int)T, (int)cols,
+                           (float *)y.buf, (size_t)rows);
+        }
+        Py_END_ALLOW_THREADS;
+        ret = Py_NewRef(Py_None);
+        goto done;
+    }
     Py_BEGIN_ALLOW_THREADS;
     const long chunks = (long)((rows + ROW_CHUNK - 1) / ROW_CHUNK);
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && chunks > 1)
@@ -289,6 +365,7 @@ static PyObject *py_dots(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS;
     ret = Py_NewRef(Py_None);
 done:
+    free(scratch);
     PyBuffer_Release(&w);
     PyBuffer_Release(&x);
     PyBuffer_Release(&y);
@@ -298,6 +375,11 @@ done:
 static PyObject *py_isa(PyObject *self, PyObject *noargs) {
     (void)self, (void)noargs;
     return PyUnicode_FromString(K->name);
+}
+
+static PyObject *py_has_int8(PyObject *self, PyObject *noargs) {
+    (void)self, (void)noargs;
+    return PyBool_FromLong(K->dot_rows_i8 != NULL);
 }
 
 static PyObject *py_use_isa(PyObject *self, PyObject *args) {
@@ -327,7 +409,9 @@ static PyMethodDef METHODS[] = {
     {"dequantize", py_dequantize, METH_VARARGS,
      "dequantize(qtype, w, rows, cols, index int64, out f32, threads): out[i] = W[index[i]]"},
     {"dots", py_dots, METH_VARARGS,
-     "dots(qtype, w, rows, cols, x f32, T, y f32, threads): y[T, rows] = x @ W.T"},
+     "dots(qtype, w, rows, cols, x f32, T, y f32, threads, exact): y[T, rows] = x @ W.T, "
+     "x rounded to 8 bits per 32 columns unless exact (or the ISA has no 8-bit dots)"},
+    {"has_int8", py_has_int8, METH_NOARGS, "whether the picked ISA has 8-bit-activation dots"},
     {"isa", py_isa, METH_NOARGS, "the instruction set the kernels were picked for"},
     {"use_isa", py_use_isa, METH_VARARGS, "use_isa(name) -> the one used before (for tests)"},
     {"max_threads", py_max_threads, METH_NOARGS, "threads available (1 without OpenMP)"},

@@ -126,8 +126,8 @@ typedef uint16_t ISA(vhl) __attribute__((vector_size(2 * VL)));
 
 /* Lanes [VL i, VL i + VL) of a 16-byte vector as floats, by the ISA's widening (U8F, S8F:
  * one instruction each where the ISA has them). */
-static INLINE vf ISA(u8f)(v16b b, int i) { return U8F(b, i); }
-static INLINE vf ISA(s8f)(v16sb b, int i) { return S8F(b, i); }
+static INLINE vf ISA(u8f)(v16b b, int i) { return (void)i, U8F(b, i); }
+static INLINE vf ISA(s8f)(v16sb b, int i) { return (void)i, S8F(b, i); }
 
 /* w[0 .. NV) = the 16 codes lo then the 16 codes hi, each as float times d (or d, + m). */
 #define PUT(w, lo, hi, conv, expr)                                                              \

@@ -95,14 +95,34 @@ static INLINE float ISA(finish)(const vf *a) {
 #define DOT_BODY(HEAD, UNIT, ELEMS, NBYTES)                                                    \
     for (size_t r = r0; r < r1; r++) {                                                         \
         const uint8_t *row = w + r * rb;                                                       \
-        for (int t0 = 0; t0 < T; t0 += 4) {                                                    \
-            const int four = T > 1;                                                            \
-            const float *xr[4];                                                                \
-            vf a[4][NC];                                                                       \
-            for (int k = 0; k < 4; k++) {                                                      \
-                xr[k] = x + (size_t)(t0 + k < T ? t0 + k : T - 1) * cols;                      \
-                for (int i = 0; i < NC; i++) a[k][i] = zero;                                   \
+        if (T == 1) {                                                                          \
+            vf a[NC];                                                                          \
+            for (int i = 0; i < NC; i++) a[i] = zero;                                          \
+            for (int b = 0; b < blocks; b++) {                                                 \
+                const uint8_t *p = row + (size_t)b * NBYTES;                                   \
+                block_head h;                                                                  \
+                ISA(HEAD)(p, &h);                                                              \
+                _Pragma("GCC unroll 8")                                                        \
+                for (int j = 0; j < units; j++) {                                              \
+                    const float *xc = x + ELEMS * b + 32 * j;                                  \
+                    vf v[NV];                                                                  \
+                    ISA(UNIT)(p, j, &h, v);                                                    \
+                    for (int i = 0; i < NV; i++)                                               \
+                        a[i % NC] = VFMA(v[i], ISA(vload)(xc + VL * i), a[i % NC]);            \
+                }                                                                              \
             }                                                                                  \
+            float s = ISA(finish)(a);                                                          \
+            for (int q = blocks * ELEMS; q < cols; q++) s += tail_weight(qt, row, q) * x[q];   \
+            y[r] = s;                                                                          \
+            continue;                                                                          \
+        }                                                                                      \
+        for (int t0 = 0; t0 < T; t0 += 4) {                                                    \
+            const float *x0 = x + (size_t)t0 * cols;                                           \
+            const float *x1 = x + (size_t)(t0 + 1 < T ? t0 + 1 : T - 1) * cols;                \
+            const float *x2 = x + (size_t)(t0 + 2 < T ? t0 + 2 : T - 1) * cols;                \
+            const float *x3 = x + (size_t)(t0 + 3 < T ? t0 + 3 : T - 1) * cols;                \
+            vf a0[NC], a1[NC], a2[NC], a3[NC];                                                 \
+            for (int i = 0; i < NC; i++) a0[i] = a1[i] = a2[i] = a3[i] = zero;                 \
             for (int b = 0; b < blocks; b++) {                                                 \
                 const uint8_t *p = row + (size_t)b * NBYTES;                                   \
                 block_head h;                                                                  \
@@ -112,17 +132,19 @@ static INLINE float ISA(finish)(const vf *a) {
                     const int c = ELEMS * b + 32 * j;                                          \
                     vf v[NV];                                                                  \
                     ISA(UNIT)(p, j, &h, v);                                                    \
-                    for (int i = 0; i < NV; i++)                                               \
-                        a[0][i % NC] = VFMA(v[i], ISA(vload)(xr[0] + c + VL * i), a[0][i % NC]); \
-                    if (four)                                                                  \
-                        for (int k = 1; k < 4; k++)                                            \
-                            for (int i = 0; i < NV; i++)                                       \
-                                a[k][i % NC] = VFMA(v[i], ISA(vload)(xr[k] + c + VL * i), a[k][i % NC]); \
+                    for (int i = 0; i < NV; i++) {                                             \
+                        a0[i % NC] = VFMA(v[i], ISA(vload)(x0 + c + VL * i), a0[i % NC]);      \
+                        a1[i % NC] = VFMA(v[i], ISA(vload)(x1 + c + VL * i), a1[i % NC]);      \
+                        a2[i % NC] = VFMA(v[i], ISA(vload)(x2 + c + VL * i), a2[i % NC]);      \
+                        a3[i % NC] = VFMA(v[i], ISA(vload)(x3 + c + VL * i), a3[i % NC]);      \
+                    }                                                                          \
                 }                                                                              \
             }                                                                                  \
+            const vf *acc[4] = {a0, a1, a2, a3};                                               \
+            const float *xs[4] = {x0, x1, x2, x3};                                             \
             for (int k = (T - t0 < 4 ? T - t0 : 4) - 1; k >= 0; k--) {                         \
-                float s = ISA(finish)(a[k]);                                                   \
-                for (int q = blocks * ELEMS; q < cols; q++) s += tail_weight(qt, row, q) * xr[k][q]; \
+                float s = ISA(finish)(acc[k]);                                                 \
+                for (int q = blocks * ELEMS; q < cols; q++) s += tail_weight(qt, row, q) * xs[k][q]; \
                 y[(size_t)(t0 + k) * ys + r] = s;                                              \
             }                                                                                  \
         }                                                                                      \
@@ -133,6 +155,10 @@ static void ISA(dot_rows)(int qt, const uint8_t *w, size_t rb, size_t r0, size_t
     const vf zero = {0};
     EACH_TYPE(DOT_BODY)
 }
+
+#ifdef I8_DOT
+#include "native_int8.h"
+#endif
 
 #undef ROWS_OF_TYPE
 #undef EACH_TYPE

@@ -1,0 +1,229 @@
+/* Dots with 8-bit activations, as llama.cpp computes them: included by native_isa.h in the
+ * x86 regions (AVX-512 with VNNI, AVX2), where integer byte products are the fast path.
+ *
+ * Why: a weight's codes are small integers, and multiplied by integer activations a run of
+ * 32 is one byte dot-product instruction (vpdpbusd; vpmaddubsw + vpmaddwd on AVX2) instead
+ * of widening every code to a float. Each row of x is rounded per 32 columns to int8 with
+ * one f32 scale (dx = max|x| / 127, q = round-to-nearest-even(x / dx), llama.cpp's Q8_0
+ * with the scale kept in f32), once per call (quantize_x). A run's weights are, by type,
+ * w = sc_h * code + k_h over each half h of 16 (native_blocks.h's heads give sc and k), so
+ *
+ *     sum_l w_l x_l = dx * sum_h (sc_h * S_h + k_h * Q_h),  S_h = sum code * q,  Q_h = sum q
+ *
+ * with S_h exact in int32 and Q_h precomputed per x. The products then equal
+ * dequantize(W) @ dequantize(q8(x)).T up to f32 rounding (tests/test_quant_kernels.py).
+ *
+ * Codes come as 32 bytes in column order: unsigned (0..63, so AVX2's saturating pair sums
+ * never overflow) or signed (|code| <= 127, the level types and Q8_0; their products go
+ * through |code| and q signed by code's sign, as llama.cpp does).
+ */
+
+#ifndef I8_DOT
+#error "define I8_DOT(a_u8, b_s8) for this ISA"
+#endif
+
+static INLINE __m256i ISA(nibbles32)(const uint8_t *p) { /* 16 bytes -> lo nibbles then hi */
+    const __m128i q = _mm_loadu_si128((const __m128i *)p);
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+    return _mm256_and_si256(both, _mm256_set1_epi8(15));
+}
+
+static INLINE __m256i ISA(levels32)(const uint8_t *p, const int8_t *table) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)table);
+    const __m256i n = ISA(nibbles32)(p);
+    return _mm256_set_m128i(_mm_shuffle_epi8(t, _mm256_extracti128_si256(n, 1)),
+                            _mm_shuffle_epi8(t, _mm256_castsi256_si128(n)));
+}
+
+static INLINE __m256i ISA(bits32)(const uint8_t *qh, int value) { /* bit l of qh -> value */
+    v16b lo = bits16(qh, 0, (uint8_t)value), hi = bits16(qh, 16, (uint8_t)value);
+    return _mm256_set_m128i((__m128i)hi, (__m128i)lo);
+}
+
+static INLINE __m256i ISA(shift_and)(__m256i v, int shift, int mask) {
+    return _mm256_and_si256(_mm256_srli_epi16(v, shift), _mm256_set1_epi8((char)mask));
+}
+
+static INLINE __m256i ISA(load32)(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* Unit j of a block: its codes, whether they are signed, and per half its sc and k. */
+typedef struct {
+    __m256i codes;
+    int is_signed; /* codes signed (else unsigned, 0..63) */
+    int split;     /* the halves' sc and k differ (else sc[0], k[0] serve both) */
+    int has_k;     /* a k term at all */
+    float sc[2], k[2];
+} ISA(icodes);
+
+#define SAME(s, kk) (c->split = 0, c->sc[0] = (s), c->k[0] = (kk), c->has_k = 1)
+#define SCALE_ONLY(s) (c->split = 0, c->sc[0] = (s), c->has_k = 0)
+#define HALVES_SK(s0, s1, k0, k1) (c->split = 1, c->sc[0] = (s0), c->sc[1] = (s1), c->k[0] = (k0), c->k[1] = (k1), c->has_k = 1)
+
+static INLINE void ISA(i8_q4_0)(const uint8_t *p, int j, const block_head *h, ISA(icodes) *c) {
+    (void)j, c->codes = ISA(nibbles32)(p + 2), c->is_signed = 0, SAME(h->d[0], -8.0f * h->d[0]);
+}
+static INLINE void ISA(i8_q4_1)(const uint8_t *p, int j, const block_head *h, ISA(icodes) *c) {
+    (void)j, c->codes = ISA(nibbles32)(p + 4), c->is_signed = 0, SAME(h->d[0], h->m[0]);
+}
+static INLINE void ISA(i8_q5_0)(const uint8_t *p, int j, const block_head *h, ISA(icodes) *c) {
+    (void)j;
+    c->codes = _mm256_or_si256(ISA(nibbles32)(p + 6), ISA(bits32)(p + 2, 16));
+    c->is_signed = 0, SAME(h->d[0], -16.0f * h->d[0]);
+}
+static INLINE void ISA(i8_q5_1)(const uint8_t *p, int j, const block_head *h, ISA(icodes) *c) {
+    (void)j;
+    c->codes = _mm256_or_si256(ISA(nibbles32)(p + 8), ISA(bits32)(p + 4, 16));
+    c->is_signed = 0, SAME(h->d[0], h->m[0]);
+}
+static INLINE void ISA(i8_q8_0)(const uint8_t *p, int j, const block_head *h, ISA(icodes) *c) {
+    (void)j, c->codes = ISA(load32)(p + 2), c->is_signed = 1, SCALE_ONLY(h->d[0]);
+}
+static INLINE void ISA(i8_iq4_nl)(const uint8_t *p, int j, const block_head *h, ISA(icodes) *c) {
+    (void)j, c->codes = ISA(levels32)(p + 2, IQ4_LEVEL), c->is_signed = 1, SCALE_ONLY(h->d[0]);
+}
+static INLINE void ISA(i8_mxfp4)(const uint8_t *p, int j, const block_head *h, ISA(icodes) *c) {
+    (void)j, c->codes = ISA(levels32)(p + 1, MXFP4_LEVEL), c->is_signed = 1, SCALE_ONLY(h->d[0]);
+}
+static INLINE void ISA(i8_q2_k)(const uint8_t *p, int j, const block_head *h, ISA(icodes) *c) {
+    c->codes = ISA(shift_and)(ISA(load32)(p + 16 + 32 * (j / 4)), 2 * (j % 4), 3);
+    c->is_signed = 0;
+    HALVES_SK(h->d[2 * j], h->d[2 * j + 1], -h->m[2 * j], -h->m[2 * j + 1]);
+}
+static INLINE void ISA(i8_q3_k)(const uint8_t *p, int j, const block_head *h, ISA(icodes) *c) {
+    const __m256i low = ISA(shift_and)(ISA(load32)(p + 32 + 32 * (j / 4)), 2 * (j % 4), 3);
+    const __m256i high = ISA(shift_and)(ISA(load32)(p), 4 * (j / 4) + j % 4, 1);
+    c->codes = _mm256_or_si256(low, _mm256_slli_epi16(high, 2));
+    c->is_signed = 0;
+    HALVES_SK(h->d[2 * j], h->d[2 * j + 1], -4.0f * h->d[2 * j], -4.0f * h->d[2 * j + 1]);
+}
+static INLINE void ISA(i8_q4_k)(const uint8_t *p, int j, const block_head *h, ISA(icodes) *c) {
+    c->codes = ISA(shift_and)(ISA(load32)(p + 16 + 32 * (j / 2)), 4 * (j % 2), 15);
+    c->is_signed = 0, SAME(h->d[j], -h->m[j]);
+}
+static INLINE void ISA(i8_q5_k)(const uint8_t *p, int j, const block_head *h, ISA(icodes) *c) {
+    const __m256i low = ISA(shift_and)(ISA(load32)(p + 48 + 32 * (j / 2)), 4 * (j % 2), 15);
+    const __m256i high = ISA(shift_and)(ISA(load32)(p + 16), j, 1);
+    c->codes = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+    c->is_signed = 0, SAME(h->d[j], -h->m[j]);
+}
+static INLINE void ISA(i8_q6_k)(const uint8_t *p, int j, const block_head *h, ISA(icodes) *c) {
+    const int hh = j / 4, r = j % 4;
+    const __m256i low = ISA(shift_and)(ISA(load32)(p + 64 * hh + 32 * (r % 2)), 4 * (r / 2), 15);
+    const __m256i high = ISA(shift_and)(ISA(load32)(p + 128 + 32 * hh), 2 * r, 3);
+    c->codes = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+    c->is_signed = 0;
+    HALVES_SK(h->d[2 * j], h->d[2 * j + 1], -32.0f * h->d[2 * j], -32.0f * h->d[2 * j + 1]);
+}
+static INLINE void ISA(i8_iq4_xs)(const uint8_t *p, int j, const block_head *h, ISA(icodes) *c) {
+    c->codes = ISA(levels32)(p + 8 + 16 * j, IQ4_LEVEL), c->is_signed = 1, SCALE_ONLY(h->d[j]);
+}
+#undef SAME
+#undef SCALE_ONLY
+#undef HALVES_SK
+
+/* The int32 sums of each 4 adjacent code * q products (lanes 0-3: the first 16 columns). */
+static INLINE __m256i ISA(unit_products)(const ISA(icodes) *c, const int8_t *q) {
+    const __m256i xq = _mm256_loadu_si256((const __m256i *)q);
+    if (c->is_signed) return I8_DOT(_mm256_sign_epi8(c->codes, c->codes), _mm256_sign_epi8(xq, c->codes));
+    return I8_DOT(c->codes, xq);
+}
+
+/* One row of x: the run's terms added into acc (lanes) and off (the k terms). x->dsum holds
+ * dx * Q per 16 columns and per 32 (dsum32), so a k term is one multiply-add. */
+static INLINE void ISA(unit_i8)(const ISA(icodes) *c, const q8_row *x, int u, __m256 *acc, float *off) {
+    const float dx = x->d[u];
+    const __m256 s = _mm256_cvtepi32_ps(ISA(unit_products)(c, x->q + 32 * u));
+    if (c->split) {
+        const __m256 scale = _mm256_set_m128(_mm_set1_ps(c->sc[1] * dx), _mm_set1_ps(c->sc[0] * dx));
+        *acc = _mm256_fmadd_ps(s, scale, *acc);
+        *off += c->k[0] * x->dsum[2 * u] + c->k[1] * x->dsum[2 * u + 1];
+    } else {
+        *acc = _mm256_fmadd_ps(s, _mm256_set1_ps(c->sc[0] * dx), *acc);
+        if (c->has_k) *off += c->k[0] * x->dsum32[u];
+    }
+}
+
+static INLINE float ISA(finish_i8)(__m256 acc, float off) {
+    float a[8];
+    memcpy(a, &acc, sizeof a);
+    for (int w = 4; w; w /= 2)
+        for (int i = 0; i < w; i++) a[i] += a[i + w];
+    return a[0] + off;
+}
+
+/* y[t, r] = x[t] . W[r] (x given as q8 rows) for r in [r0, r1): one row of x alone, or four
+ * at a time sharing each run's codes (a short group repeats its last row, whose sums are
+ * dropped); a row's sums are made in the same order either way. */
+#define I8_BODY(HEAD, UNIT, ELEMS, NBYTES)                                                     \
+    for (size_t r = r0; r < r1; r++) {                                                         \
+        const uint8_t *row = w + r * rb;                                                       \
+        if (T == 1) {                                                                          \
+            __m256 acc = _mm256_setzero_ps();                                                  \
+            float off = 0.0f;                                                                  \
+            for (int b = 0; b < blocks; b++) {                                                 \
+                const uint8_t *p = row + (size_t)b * NBYTES;                                   \
+                block_head h;                                                                  \
+                ISA(HEAD)(p, &h);                                                              \
+                _Pragma("GCC unroll 8")                                                        \
+                for (int j = 0; j < units; j++) {                                              \
+                    ISA(icodes) c;                                                             \
+                    ISA(UNIT)(p, j, &h, &c);                                                   \
+                    ISA(unit_i8)(&c, x, b * units + j, &acc, &off);                            \
+                }                                                                              \
+            }                                                                                  \
+            y[r] = ISA(finish_i8)(acc, off);                                                   \
+            continue;                                                                          \
+        }                                                                                      \
+        for (int t0 = 0; t0 < T; t0 += 4) {                                                    \
+            const q8_row *x0 = x + t0, *x1 = x + (t0 + 1 < T ? t0 + 1 : T - 1);                \
+            const q8_row *x2 = x + (t0 + 2 < T ? t0 + 2 : T - 1);                              \
+            const q8_row *x3 = x + (t0 + 3 < T ? t0 + 3 : T - 1);                              \
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                        \
+            float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;                                  \
+            for (int b = 0; b < blocks; b++) {                                                 \
+                const uint8_t *p = row + (size_t)b * NBYTES;                                   \
+                block_head h;                                                                  \
+                ISA(HEAD)(p, &h);                                                              \
+                _Pragma("GCC unroll 8")                                                        \
+                for (int j = 0; j < units; j++) {                                              \
+                    ISA(icodes) c;                                                             \
+                    ISA(UNIT)(p, j, &h, &c);                                                   \
+                    ISA(unit_i8)(&c, x0, b * units + j, &a0, &o0);                             \
+                    ISA(unit_i8)(&c, x1, b * units + j, &a1, &o1);                             \
+                    ISA(unit_i8)(&c, x2, b * units + j, &a2, &o2);                             \
+                    ISA(unit_i8)(&c, x3, b * units + j, &a3, &o3);                             \
+                }                                                                              \
+            }                                                                                  \
+            const int n = T - t0 < 4 ? T - t0 : 4;                                             \
+            if (n > 3) y[(size_t)(t0 + 3) * ys + r] = ISA(finish_i8)(a3, o3);                  \
+            if (n > 2) y[(size_t)(t0 + 2) * ys + r] = ISA(finish_i8)(a2, o2);                  \
+            if (n > 1) y[(size_t)(t0 + 1) * ys + r] = ISA(finish_i8)(a1, o1);                  \
+            y[(size_t)t0 * ys + r] = ISA(finish_i8)(a0, o0);                                   \
+        }                                                                                      \
+    }
+
+#define EACH_I8_TYPE(BODY)                                                                     \
+    switch (qt) {                                                                              \
+    case QT_Q4_0: ROWS_OF_TYPE(head_q4_0, i8_q4_0, 32, 18, BODY) break;                        \
+    case QT_Q4_1: ROWS_OF_TYPE(head_q4_1, i8_q4_1, 32, 20, BODY) break;                        \
+    case QT_Q5_0: ROWS_OF_TYPE(head_q5_0, i8_q5_0, 32, 22, BODY) break;                        \
+    case QT_Q5_1: ROWS_OF_TYPE(head_q5_1, i8_q5_1, 32, 24, BODY) break;                        \
+    case QT_Q8_0: ROWS_OF_TYPE(head_q8_0, i8_q8_0, 32, 34, BODY) break;                        \
+    case QT_Q2_K: ROWS_OF_TYPE(head_q2_k, i8_q2_k, 256, 84, BODY) break;                       \
+    case QT_Q3_K: ROWS_OF_TYPE(head_q3_k, i8_q3_k, 256, 110, BODY) break;                      \
+    case QT_Q4_K: ROWS_OF_TYPE(head_k, i8_q4_k, 256, 144, BODY) break;                         \
+    case QT_Q5_K: ROWS_OF_TYPE(head_k, i8_q5_k, 256, 176, BODY) break;                         \
+    case QT_Q6_K: ROWS_OF_TYPE(head_q6_k, i8_q6_k, 256, 210, BODY) break;                      \
+    case QT_IQ4_NL: ROWS_OF_TYPE(head_iq4_nl, i8_iq4_nl, 32, 18, BODY) break;                  \
+    case QT_IQ4_XS: ROWS_OF_TYPE(head_iq4_xs, i8_iq4_xs, 256, 136, BODY) break;                \
+    case QT_MXFP4: ROWS_OF_TYPE(head_mxfp4, i8_mxfp4, 32, 17, BODY) break;                     \
+    default: break;                                                                            \
+    }
+
+static void ISA(dot_rows_i8)(int qt, const uint8_t *w, size_t rb, size_t r0, size_t r1,
+                             const q8_row *x, int T, int cols, float *y, size_t ys) {
+    EACH_I8_TYPE(I8_BODY)
+}
+
+#undef I8_BODY
+#undef EACH_I8_TYPE
