@@ -24,6 +24,7 @@ import numpy as np
 
 from .backends import LaunchFailed, Refusal, Run
 from .decoder import Decoder
+from .quant.kernels import exact_activations
 
 UNQUANTIZED = {"F32", "F16", "BF16"}
 KL_BAR = {False: 1e-5, True: 1e-3}
@@ -104,7 +105,14 @@ def _layerwise(
 
 
 def check_parity(model, ids: list[int], steps: int) -> ParityReport:
-    """`model` is a loaded frink Model whose decoder has a backend."""
+    """`model` is a loaded frink Model whose decoder has a backend. The host body runs with
+    exact f32 activations, the reference an accelerated backend is held to (its default
+    8-bit rounding of activations, llama.cpp's, is checked against llama.cpp instead)."""
+    with exact_activations():
+        return _check_parity(model, ids, steps)
+
+
+def _check_parity(model, ids: list[int], steps: int) -> ParityReport:
     dec = model.decoder
     backend = dec.backend
     if backend is None:

@@ -20,7 +20,7 @@ import importlib.util
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -174,3 +174,17 @@ def emulated_launcher(tmp_path_factory: pytest.TempPathFactory):
     except subprocess.CalledProcessError as e:
         pytest.fail(f"building the emulated kernels failed:\n{e.stderr[-4000:]}", pytrace=False)
     return EmulatedLauncher(lib)
+
+
+@pytest.fixture
+def exact_activations(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The host body with exact f32 activations, in this process and in every frink it
+    starts: for checks against a reference that computes in f32 (llama.cpp on the same
+    weights in f32, an accelerated backend against the host body). By default the host's
+    quantized products round activations to 8 bits as llama.cpp's do (quant/native_int8.h),
+    which moves logits by ~1e-2 on the tiny fixtures."""
+    from frink_cli.quant import kernels
+
+    monkeypatch.setenv("FRINK_EXACT_ACTIVATIONS", "1")
+    with kernels.exact_activations():
+        yield

@@ -861,6 +861,7 @@ def test_info_says_which_layers_cuda_takes(tiny_model: Callable) -> None:
     assert f"host ({eligibility.OUTPUT_GATE})" in r.stdout
 
 
+@pytest.mark.usefixtures("exact_activations")  # the host body as the f32 reference
 def test_run_with_backend_cuda_standing_in(
     smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

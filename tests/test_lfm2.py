@@ -679,6 +679,7 @@ def q8(request: pytest.FixtureRequest, tiny_model: Callable) -> tuple[str, Path,
 
 
 @pytest.mark.parametrize("backend", ["numpy", "metal"])
+@pytest.mark.usefixtures("exact_activations")  # against llama.cpp in f32 on the same weights
 def test_q8_0_agrees_with_llama_cpp(
     backend: str, q8: tuple[str, Path, dict], tiny_model: Callable
 ) -> None:

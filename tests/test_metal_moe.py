@@ -24,6 +24,9 @@ mx = pytest.importorskip("mlx.core")
 import frink_cli  # noqa: E402
 from frink_cli.backends.mlx import graph  # noqa: E402
 
+# Metal keeps x in f32 in its quantized matmuls: the host body it is held to must too.
+pytestmark = pytest.mark.usefixtures("exact_activations")
+
 STEPS = 12
 EXPERT_STACKS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 # Besides the expert stacks, these are requantized too: the shared expert's gate/up (its

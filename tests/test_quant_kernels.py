@@ -122,16 +122,52 @@ def activations(request: pytest.FixtureRequest) -> Iterator[str]:
         yield str(request.param)
 
 
-def q8_rounded(x: np.ndarray) -> np.ndarray:
-    """x rounded as the 8-bit dots round it (native.c quantize_x), in float64: per 32
-    columns dx = max|x| / 127 and q = round-half-even(x * (1 / dx)) in float32."""
+# The types whose 8-bit dots take x as llama.cpp's Q8_1 (a half of scale * sum beside the
+# Q8_0 rounding) and Q8_K (an f32 scale per 256 columns); the rest take Q8_0.
+_X_Q8_1 = (T.Q4_1, T.Q5_1)
+_X_Q8_K = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS)
+
+
+def q8_rounded(x: np.ndarray, qtype: T) -> np.ndarray:
+    """x as the 8-bit dots for qtype see it (native.c quantize_x, llama.cpp's quantize_row_
+    q8_0 / q8_1 / q8_K), in float64. Q8_0 and Q8_1, per 32 columns: q = round-half-even(
+    x * (127 / max|x|)) scaled by max|x| / 127 rounded to a half. Q8_K, per 256: m the first
+    x of largest magnitude, q = min(127, round-half-even(x * (-127 / m))) scaled by 1 / that.
+    Q8_1 also keeps half(max|x| / 127 * sum q) per 32, which its types' min term m * sum x
+    reads in place of the exact sum: `min_term_error` gives that difference."""
+    x = np.asarray(x, np.float32)
+    span = 256 if qtype in _X_Q8_K else 32
+    blocks = x.reshape(x.shape[0], -1, span)
+    amax = np.abs(blocks).max(axis=2, keepdims=True)
+    nz = amax != 0
+    if qtype in _X_Q8_K:
+        first = np.abs(blocks).argmax(axis=2)[..., None]
+        m = np.take_along_axis(blocks, first, axis=2)
+        mul = np.divide(np.float32(-127), m, out=np.zeros_like(m), where=nz)
+        dx = np.divide(np.float32(1), mul, out=np.zeros_like(m), where=nz)
+    else:
+        mul = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=nz)
+        dx = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
+    q = np.minimum(np.rint(blocks * mul), 127)
+    assert np.abs(q).max(initial=0) <= 127
+    return (q.astype(np.float64) * dx.astype(np.float64)).reshape(x.shape)
+
+
+def min_term_error(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
+    """[T, rows]: what Q8_1's half-rounded sums add to a Q4_1 / Q5_1 product beyond
+    dequantize(q8(x)) @ dequantize(W).T: sum over blocks of m * (half(d * sum q) - dx *
+    sum q), m each block's f16 min (bytes 2..3)."""
     x = np.asarray(x, np.float32)
     blocks = x.reshape(x.shape[0], -1, 32)
-    dx = np.abs(blocks).max(axis=2, keepdims=True) / np.float32(127)
-    inv = np.divide(np.float32(1), dx, out=np.zeros_like(dx), where=dx != 0)
-    q = np.rint(blocks * inv)
-    assert np.abs(q).max(initial=0) <= 127
-    return (q.astype(np.float64) * dx).reshape(x.shape)
+    amax = np.abs(blocks).max(axis=2)
+    mul = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax != 0)
+    qsum = np.rint(blocks * mul[..., None]).sum(axis=2).astype(np.float32)
+    d = amax / np.float32(127)
+    s_half = (d * qsum).astype(np.float16).astype(np.float64)
+    exact = d.astype(np.float16).astype(np.float64) * qsum
+    size = GGML_QUANT_SIZES[w.qtype][1]
+    m = np.asarray(w.data).reshape(w.rows, -1, size)[:, :, 2:4].copy().view(np.float16)[..., 0]
+    return (s_half - exact) @ m.astype(np.float64).T
 
 
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
@@ -166,9 +202,15 @@ def test_products_equal_x_at_dequantized(qtype: T, path: str) -> None:
     "qtype", [t for t in KERNEL_TYPES if t not in (T.F16, T.BF16)], ids=lambda t: t.name
 )
 def test_8bit_products_equal_rounded_x_at_dequantized(qtype: T, isa: str) -> None:
-    """Where the ISA has byte dot products, dots rounds x to 8 bits per 32 columns (as
-    llama.cpp does) and must then equal dequantize(q8(x)) @ dequantize(W).T, with the
-    rounding repeated here in NumPy; the rounding itself moves a product by ~5e-3."""
+    with kernels.exact_activations(False):
+        _check_8bit_products(qtype, isa)
+
+
+def _check_8bit_products(qtype: T, isa: str) -> None:
+    """Where the ISA has byte dot products, dots rounds x to 8 bits as llama.cpp does for
+    W's type and must then equal dequantize(q8(x)) @ dequantize(W).T, with the rounding
+    repeated here in NumPy (the rounding itself moves a product by ~5e-3); a prompt's
+    rows (matmul: tiles into BLAS) are rounded the same way."""
     if not kernels._NATIVE.has_int8():
         pytest.skip(f"{isa}: no 8-bit dots")
     rng = np.random.default_rng(int(qtype) + 7)
@@ -181,7 +223,11 @@ def test_8bit_products_equal_rounded_x_at_dequantized(qtype: T, isa: str) -> Non
                 x[-1, :32] = 0  # an all-zero block: scale 0, no division by it
             assert kernels.activations() == "8-bit"
             got = kernels.dots(x, w)
-            _close(got, (q8_rounded(x) @ ref_w.T).astype(np.float32))
+            ref = q8_rounded(x, qtype) @ ref_w.T
+            _close(kernels.matmul(x, w, tile_rows=16), ref.astype(np.float32))
+            if qtype in _X_Q8_1:
+                ref += min_term_error(x, w)
+            _close(got, ref.astype(np.float32))
             exact = x[:1].astype(np.float64) @ ref_w.T
             rel = np.linalg.norm(got[:1] - exact) / np.linalg.norm(exact)
             assert 1e-4 < rel < 2e-2, rel  # the rounding did happen, and is small
@@ -311,7 +357,7 @@ def test_kernel_path_names_what_runs(monkeypatch: pytest.MonkeyPatch) -> None:
         assert kernels.kernel_path().startswith("native C (")
         assert path_with(FRINK_NATIVE_ISA="base") == "native C (base, f32 activations)"
         for isa in ("avx2", "avx512"):
-            got = path_with(FRINK_NATIVE_ISA=isa)
+            got = path_with(FRINK_NATIVE_ISA=isa, FRINK_EXACT_ACTIVATIONS="")
             assert got == f"native C ({isa}, 8-bit activations)" or "not runnable" in got
             got = path_with(FRINK_NATIVE_ISA=isa, FRINK_EXACT_ACTIVATIONS="1")
             assert got == f"native C ({isa}, f32 activations)" or "not runnable" in got

@@ -198,11 +198,44 @@ def _check_logits(got: np.ndarray, q: QuantFile, what: str, top1_bar: float = TO
 
 
 @pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.usefixtures("exact_activations")  # against llama.cpp in f32 on the same weights
 def test_numpy_agrees_with_llama_cpp(qtype: str, quant_file: Callable) -> None:
     q = quant_file(qtype)
     m = frink_cli.load(q.path)
     got = m.logits([int(t) for t in q.ref["tokens"]])
     _check_logits(got, q, f"{qtype} numpy")
+
+
+@pytest.mark.parametrize("qtype", [t.name for t in KERNEL_TYPES if t.name not in ("F16", "BF16")])
+def test_numpy_8bit_activations_compute_llama_cpps_quantized_logits(
+    qtype: str, quant_file: Callable
+) -> None:
+    """By default the host rounds activations to 8 bits before each product with a
+    quantized weight, as llama.cpp's CPU backend does (per type: Q8_0, Q8_1 or Q8_K blocks):
+    its logits are then llama.cpp's own on the quantized file, not just near its f32 run's,
+    through the prompt path and the decode path alike."""
+    from frink_cli.quant import kernels
+
+    q = quant_file(qtype)
+    with kernels.exact_activations(False):
+        if kernels.activations() != "8-bit":
+            pytest.skip(f"no 8-bit dots here: {kernels.kernel_path()}")
+        m = frink_cli.load(q.path)
+        ids = [int(t) for t in q.ref["tokens"]]
+        batch, step = m.logits(ids), m.logits(ids, step=True)
+    ref, f32 = q.ref["quantized"], q.ref["f32"]
+    # How far llama.cpp's own quantized run sits from its f32 run of the same weights
+    # (0.29-0.54 on these fixtures): frink's 8-bit logits must sit well inside it.
+    # Measured, max |d| to llama.cpp's quantized logits, step (batch): 0.08-0.17 (0.08-0.21),
+    # IQ4_XS and MXFP4 2e-6 (2e-2, 2e-6). The rest is rounding boundaries crossed by x's own
+    # float differences, and in a prompt's rows the Q4_1 / Q5_1 min term (llama.cpp's Q8_1
+    # keeps a half-rounded sum; the prompt path multiplies the exact one).
+    far = float(np.max(np.abs(f32 - ref)))
+    for what, got, share in (("step", step, 0.5), ("batch", batch, 0.75)):
+        diff = float(np.max(np.abs(got.astype(np.float64) - ref)))
+        assert diff <= share * far, f"{qtype} {what}: {diff:.3g} from llama.cpp (f32 at {far:.3g})"
+        agree = int(np.sum(got.argmax(-1) == ref.argmax(-1)))
+        assert agree >= TOP1_BAR * len(ref), f"{qtype} {what}: top-1 {agree}/{len(ref)}"
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -322,6 +355,7 @@ def _patch_first_block(path: Path, name: str, block: bytes) -> None:
         f.write(block)
 
 
+@pytest.mark.usefixtures("exact_activations")  # metal against the host body in f32
 def test_mxfp4_blocks_mlx_cannot_reproduce_stay_dense(quant_file: Callable, tmp_path) -> None:
     # Two blocks where MLX's mxfp4 and ggml part ways: an e8m0 byte of 255 over zero codes
     # (0 to ggml, NaN * 0 to MLX) and a byte of 0 over non-zero codes (subnormal weights,
@@ -420,6 +454,7 @@ def test_host_keeps_the_files_blocks_and_batches_invariantly(
 @pytest.mark.parametrize(
     ("qtype", "fixture"), [("Q8_0", "qwen3moe"), ("Q4_0", "qwen3moe"), ("MXFP4", "gpt_oss")]
 )
+@pytest.mark.usefixtures("exact_activations")  # against llama.cpp in f32 on the same weights
 def test_host_moe_experts_stay_in_blocks(qtype: str, fixture: str, quant_file: Callable) -> None:
     """A quantized MoE file's expert stacks stay in its blocks on the host (each step reads
     only the chosen experts' bytes; f32 would be ~7x the file for Qwen3-30B-A3B), and the
@@ -470,6 +505,7 @@ _RECURRENT = {
 
 
 @pytest.mark.parametrize("fixture", sorted(_RECURRENT))
+@pytest.mark.usefixtures("exact_activations")  # against llama.cpp in f32 on the same weights
 def test_host_recurrent_projections_stay_in_blocks(fixture: str, quant_file: Callable) -> None:
     """A quantized hybrid or recurrent file's mixer projections (GDN, Mamba, Mamba-2, short
     convolutions) stay in its blocks on the host like attention's, and the model computes

@@ -44,6 +44,7 @@ from contextvars import ContextVar
 from types import ModuleType
 
 import numpy as np
+from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize as _gguf_dequantize
 
 from .blocks import QuantMatrix
@@ -58,6 +59,8 @@ TILE_ELEMS = 1 << 20
 FEW_ROWS_TILE = 64
 # The compiled module's type number for a plain f32 matrix (ggml's F32).
 _F32 = 0
+# The 2-byte float types: their products keep x in f32 (no codes to multiply as bytes).
+_HALF_TYPES = frozenset({T.F16, T.BF16})
 
 
 def _load_native() -> tuple[ModuleType | None, str]:
@@ -182,10 +185,22 @@ def matmul(
     x: np.ndarray, w: QuantMatrix, tile_rows: int | None = None, out: np.ndarray | None = None
 ) -> np.ndarray:
     """x [T, cols] @ W.T for many rows of x (prefill): tile_rows rows of W at a time are
-    dequantized into one reusable f32 buffer and multiplied by BLAS."""
+    dequantized into one reusable f32 buffer and multiplied by BLAS. With 8-bit
+    activations x is first rounded as `dots` rounds it, so a prompt's rows and its decode
+    rows see the same x (a prompt resumed from a cache, or fed in chunks, then differs
+    from one fed whole only in float sums, as with exact activations)."""
     x = _activations(x, w)
     y = _result(out, (x.shape[0], w.rows))
+    if _NATIVE is not None and _rounds_x(w) and x.shape[0]:
+        rounded = np.empty_like(x)
+        _NATIVE.round_x(int(w.qtype), x, x.shape[0], w.cols, rounded)
+        x = rounded
     return _numpy_matmul(x, w, tile_rows, y)
+
+
+def _rounds_x(w: QuantMatrix) -> bool:
+    """Whether products with w round x to 8 bits now (the types with 8-bit dots)."""
+    return w.qtype not in _HALF_TYPES and activations() == "8-bit"
 
 
 def linear(x: np.ndarray, w: QuantMatrix, out: np.ndarray | None = None) -> np.ndarray:
