@@ -529,6 +529,7 @@ def q8(tiny_model: Callable) -> tuple[Path, dict[str, np.ndarray]]:
 
 
 @pytest.mark.parametrize("backend", ["numpy", "metal"])
+@pytest.mark.usefixtures("exact_activations")  # against llama.cpp in f32 on the same weights
 def test_q8_0_agrees_with_llama_cpp(
     backend: str, q8: tuple[Path, dict[str, np.ndarray]], tiny_model: Callable
 ) -> None:
