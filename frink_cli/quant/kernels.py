@@ -193,7 +193,7 @@ def matmul(
     y = _result(out, (x.shape[0], w.rows))
     if _NATIVE is not None and _rounds_x(w) and x.shape[0]:
         rounded = np.empty_like(x)
-        _NATIVE.round_x(int(w.qtype), x, x.shape[0], w.cols, rounded)
+        _NATIVE.round_x(int(w.qtype), x, x.shape[0], w.cols, rounded, _threads.get())
         x = rounded
     return _numpy_matmul(x, w, tile_rows, y)
 

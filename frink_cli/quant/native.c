@@ -85,13 +85,63 @@ typedef void (*dot_rows_fn)(int, const uint8_t *, size_t, size_t, size_t, const 
 typedef void (*dot_rows_i8_fn)(int, const uint8_t *, size_t, size_t, size_t, const q8_row *,
                                int, int, float *, size_t);
 
+typedef void (*quantize_row_fn)(const float *, int, int, int8_t *, float *, float *, float *,
+                                float *);
+
 typedef struct {
     const char *name;
     deq_rows_fn deq_rows;
     dot_rows_fn dot_rows;
     dot_rows_i8_fn dot_rows_i8; /* NULL: this ISA has no 8-bit dots, every dot is f32 */
+    quantize_row_fn quantize_row; /* NULL with dot_rows_i8 */
 } isa_kernels;
 
+/* f32 -> f16 -> f32, rounding to nearest even (F16C's and ggml's FP32_TO_FP16): the
+ * activation scales llama.cpp stores in its Q8_0 / Q8_1 blocks are halves. */
+static float round_to_half(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = x & 0x80000000u, a = x & 0x7fffffffu;
+    uint16_t h;
+    if (a >= 0x7f800000u) {
+        h = (uint16_t)(a > 0x7f800000u ? 0x7e00 : 0x7c00);
+    } else if (a >= 0x477ff000u) { /* rounds to 65520 or more: inf */
+        h = 0x7c00;
+    } else if (a < 0x38800000u) { /* below the smallest normal half: a subnormal or zero */
+        const float scaled = fabsf(f) * 16777216.0f; /* 2^24: units of the smallest subnormal */
+        h = (uint16_t)nearbyintf(scaled);
+    } else {
+        const uint32_t mant = a & 0x7fffffu, exp = (a >> 23) - 112;
+        uint32_t v = (exp << 10) | (mant >> 13);
+        const uint32_t rest = mant & 0x1fffu;
+        if (rest > 0x1000u || (rest == 0x1000u && (v & 1))) v++;
+        h = (uint16_t)v;
+    }
+    return half_to_float((uint16_t)(h | (sign >> 16)));
+}
+
+/* How llama.cpp rounds a row of x for the dot products of each weight type (its
+ * vec_dot_type): Q8_0 (scale a half) for Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4; Q8_1 (Q8_0 plus
+ * a half of scale * sum) for Q4_1, Q5_1; Q8_K (an f32 scale per 256) for the K-quants and
+ * IQ4_XS. Rounding as llama.cpp does makes frink's 8-bit products llama.cpp's own. */
+enum { X_Q8_0, X_Q8_1, X_Q8_K };
+
+static int x_scheme(int qt) {
+    switch (qt) {
+    case QT_Q4_1: case QT_Q5_1: return X_Q8_1;
+    case QT_Q2_K: case QT_Q3_K: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: case QT_IQ4_XS:
+        return X_Q8_K;
+    default: return X_Q8_0;
+    }
+}
+
+/* How each ISA's quantize_row (native_int8.h) rounds a row of x to 8 bits (cols a multiple
+ * of 32, of 256 for X_Q8_K):
+ *  Q8_0/Q8_1, per 32: d = max|x| / 127, q = nearest-even(x * (127 / max|x|)), the products'
+ *    scale dx = d rounded to a half; Q8_1's sum term is half(d * sum q).
+ *  Q8_K, per 256: m = the first x of largest magnitude, s = -127 / m,
+ *    q = min(127, nearest-even(s * x)), dx = 1 / s.
+ * An all-zero block gets q = 0, dx = 0. Written so tests can repeat it in NumPy bit for bit. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FRINK_MULTI_ISA 1
 #include <immintrin.h>
@@ -180,10 +230,12 @@ typedef int8_t vsb4 __attribute__((vector_size(4)));
 #undef S8F
 #undef I8_DOT
 
-static const isa_kernels BASE = {"base", deq_rows_base, dot_rows_base, NULL};
+static const isa_kernels BASE = {"base", deq_rows_base, dot_rows_base, NULL, NULL};
 #ifdef FRINK_MULTI_ISA
-static const isa_kernels AVX2 = {"avx2", deq_rows_avx2, dot_rows_avx2, dot_rows_i8_avx2};
-static const isa_kernels AVX512 = {"avx512", deq_rows_avx512, dot_rows_avx512, dot_rows_i8_avx512};
+static const isa_kernels AVX2 = {"avx2", deq_rows_avx2, dot_rows_avx2, dot_rows_i8_avx2,
+                                 quantize_row_avx2};
+static const isa_kernels AVX512 = {"avx512", deq_rows_avx512, dot_rows_avx512, dot_rows_i8_avx512,
+                                   quantize_row_avx512};
 #endif
 
 static const isa_kernels *K = &BASE;
@@ -244,87 +296,13 @@ static int check_matrix(int qt, Py_ssize_t rows, Py_ssize_t cols, size_t *rb) {
 
 /* -- the drivers ------------------------------------------------------------------------ */
 
-/* f32 -> f16 -> f32, rounding to nearest even (F16C's and ggml's FP32_TO_FP16): the
- * activation scales llama.cpp stores in its Q8_0 / Q8_1 blocks are halves. */
-static float round_to_half(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    const uint32_t sign = x & 0x80000000u, a = x & 0x7fffffffu;
-    uint16_t h;
-    if (a >= 0x7f800000u) {
-        h = (uint16_t)(a > 0x7f800000u ? 0x7e00 : 0x7c00);
-    } else if (a >= 0x477ff000u) { /* rounds to 65520 or more: inf */
-        h = 0x7c00;
-    } else if (a < 0x38800000u) { /* below the smallest normal half: a subnormal or zero */
-        const float scaled = fabsf(f) * 16777216.0f; /* 2^24: units of the smallest subnormal */
-        h = (uint16_t)nearbyintf(scaled);
-    } else {
-        const uint32_t mant = a & 0x7fffffu, exp = (a >> 23) - 112;
-        uint32_t v = (exp << 10) | (mant >> 13);
-        const uint32_t rest = mant & 0x1fffu;
-        if (rest > 0x1000u || (rest == 0x1000u && (v & 1))) v++;
-        h = (uint16_t)v;
-    }
-    return half_to_float((uint16_t)(h | (sign >> 16)));
-}
-
-/* How llama.cpp rounds a row of x for the dot products of each weight type (its
- * vec_dot_type): Q8_0 (scale a half) for Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4; Q8_1 (Q8_0 plus
- * a half of scale * sum) for Q4_1, Q5_1; Q8_K (an f32 scale per 256) for the K-quants and
- * IQ4_XS. Rounding as llama.cpp does makes frink's 8-bit products llama.cpp's own. */
-enum { X_Q8_0, X_Q8_1, X_Q8_K };
-
-static int x_scheme(int qt) {
-    switch (qt) {
-    case QT_Q4_1: case QT_Q5_1: return X_Q8_1;
-    case QT_Q2_K: case QT_Q3_K: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: case QT_IQ4_XS:
-        return X_Q8_K;
-    default: return X_Q8_0;
-    }
-}
-
-/* Rows of x [T, cols] rounded to 8 bits (cols a multiple of 32, of 256 for X_Q8_K):
- *  Q8_0/Q8_1, per 32: d = max|x| / 127, q = nearest-even(x * (127 / max|x|)), the products'
- *    scale dx = d rounded to a half; Q8_1's sum term is half(d * sum q).
- *  Q8_K, per 256: m = the first x of largest magnitude, s = -127 / m,
- *    q = min(127, nearest-even(s * x)), dx = 1 / s.
- * An all-zero block gets q = 0, dx = 0. Written so tests can repeat it in NumPy bit for bit. */
 static void quantize_x(const float *x, Py_ssize_t T, int cols, int scheme, int8_t *q, float *d,
                        float *sum, q8_row *rows) {
     const int nb = cols / 32;
     for (Py_ssize_t t = 0; t < T; t++) {
-        const float *xt = x + (size_t)t * cols;
         int8_t *qt = q + (size_t)t * cols;
         float *dt = d + (size_t)t * nb, *st = sum + (size_t)t * 3 * nb, *s32 = st + 2 * nb;
-        const int span = scheme == X_Q8_K ? 256 : 32;
-        for (int b0 = 0; b0 < cols; b0 += span) {
-            float amax = 0.0f, m = 0.0f;
-            for (int l = 0; l < span; l++) {
-                const float a = fabsf(xt[b0 + l]);
-                if (a > amax) amax = a, m = xt[b0 + l];
-            }
-            float dx, mul, draw;
-            if (scheme == X_Q8_K) {
-                const float is = amax != 0.0f ? -127.0f / m : 0.0f;
-                mul = is, dx = amax != 0.0f ? 1.0f / is : 0.0f, draw = dx;
-            } else {
-                draw = amax / 127.0f;
-                mul = amax != 0.0f ? 127.0f / amax : 0.0f;
-                dx = round_to_half(draw);
-            }
-            for (int b = b0 / 32; b < (b0 + span) / 32; b++) {
-                int s0 = 0, s1 = 0;
-                for (int l = 0; l < 32; l++) {
-                    int v = (int)nearbyintf(xt[32 * b + l] * mul);
-                    v = v > 127 ? 127 : v;
-                    qt[32 * b + l] = (int8_t)v;
-                    if (l < 16) s0 += v; else s1 += v;
-                }
-                dt[b] = dx, st[2 * b] = dx * (float)s0, st[2 * b + 1] = dx * (float)s1;
-                s32[b] = scheme == X_Q8_1 ? round_to_half(draw * (float)(s0 + s1))
-                                          : dx * (float)(s0 + s1);
-            }
-        }
+        K->quantize_row(x + (size_t)t * cols, cols, scheme, qt, dt, st, s32, NULL);
         rows[t] = (q8_row){qt, dt, st, s32};
     }
 }
@@ -433,36 +411,32 @@ done:
  * llama.cpp's half-rounded sum in the dots and the exact sum here). */
 static PyObject *py_round_x(PyObject *self, PyObject *args) {
     (void)self;
-    int qt;
+    int qt, nthreads;
     Py_ssize_t T, cols;
     Py_buffer x, out;
-    if (!PyArg_ParseTuple(args, "iy*nnw*", &qt, &x, &T, &cols, &out)) return NULL;
+    if (!PyArg_ParseTuple(args, "iy*nnw*i", &qt, &x, &T, &cols, &out, &nthreads)) return NULL;
     PyObject *ret = NULL;
-    void *scratch = NULL;
     const size_t need = (size_t)T * (size_t)cols * sizeof(float);
     const qtype_geometry *g = geometry(qt);
+    if (!K->quantize_row) {
+        PyErr_Format(PyExc_ValueError, "the %s kernels do not round x to 8 bits", K->name);
+        goto done;
+    }
     if (!g || g->elems < 32 || T < 0 || cols <= 0 || cols % (x_scheme(qt) == X_Q8_K ? 256 : 32)) {
         PyErr_Format(PyExc_ValueError, "no 8-bit rounding of [%zd, %zd] for type %d", T, cols, qt);
         goto done;
     }
     if (check_len(&x, need, "x") || check_len(&out, need, "out")) goto done;
-    const size_t nb = (size_t)cols / 32;
-    scratch = malloc((size_t)T * (cols + 4 * nb * sizeof(float) + sizeof(q8_row)) + 1);
-    if (!scratch) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    q8_row *xr = scratch;
-    float *d = (float *)(xr + T), *sum = d + (size_t)T * nb;
-    int8_t *q = (int8_t *)(sum + (size_t)T * 3 * nb);
     Py_BEGIN_ALLOW_THREADS;
-    quantize_x((const float *)x.buf, T, (int)cols, x_scheme(qt), q, d, sum, xr);
-    float *o = out.buf;
-    for (size_t i = 0; i < (size_t)T * (size_t)cols; i++) o[i] = (float)q[i] * d[i / 32];
+    const int scheme = x_scheme(qt);
+    const long n = (long)T;
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && n > 1)
+    for (long t = 0; t < n; t++)
+        K->quantize_row((const float *)x.buf + (size_t)t * cols, (int)cols, scheme, NULL, NULL,
+                        NULL, NULL, (float *)out.buf + (size_t)t * cols);
     Py_END_ALLOW_THREADS;
     ret = Py_NewRef(Py_None);
 done:
-    free(scratch);
     PyBuffer_Release(&x);
     PyBuffer_Release(&out);
     return ret;
@@ -508,7 +482,8 @@ static PyMethodDef METHODS[] = {
      "dots(qtype, w, rows, cols, x f32, T, y f32, threads, exact): y[T, rows] = x @ W.T, "
      "x rounded to 8 bits per 32 columns unless exact (or the ISA has no 8-bit dots)"},
     {"round_x", py_round_x, METH_VARARGS,
-     "round_x(qtype, x f32, T, cols, out f32): x rounded to 8 bits as the dots round it"},
+     "round_x(qtype, x f32, T, cols, out f32, threads): x rounded to 8 bits as the dots "
+     "round it"},
     {"has_int8", py_has_int8, METH_NOARGS, "whether the picked ISA has 8-bit-activation dots"},
     {"isa", py_isa, METH_NOARGS, "the instruction set the kernels were picked for"},
     {"use_isa", py_use_isa, METH_VARARGS, "use_isa(name) -> the one used before (for tests)"},

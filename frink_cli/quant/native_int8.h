@@ -46,6 +46,74 @@ static INLINE __m256i ISA(shift_and)(__m256i v, int shift, int mask) {
 
 static INLINE __m256i ISA(load32)(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
+/* A row of x rounded as quantize_row (native.c) rounds it, bit for bit, with vectors:
+ * max |x| per block, x * mul rounded half to even (vroundps), packed to bytes. */
+static INLINE float ISA(hmax8)(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+static INLINE int ISA(hsum8i)(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    return _mm_cvtsi128_si32(s);
+}
+
+static void ISA(quantize_row)(const float *xt, int cols, int scheme, int8_t *qt, float *dt,
+                              float *st, float *s32, float *deq) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const int span = scheme == X_Q8_K ? 256 : 32;
+    for (int b0 = 0; b0 < cols; b0 += span) {
+        const float *xb = xt + b0;
+        __m256 vmax = _mm256_setzero_ps();
+        for (int l = 0; l < span; l += 8)
+            vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + l)));
+        const float amax = ISA(hmax8)(vmax);
+        float dx, mul, draw, m = 0.0f;
+        if (scheme == X_Q8_K) {
+            const __m256 target = _mm256_set1_ps(amax);
+            for (int l = 0; l < span; l += 8) {
+                const int hit = _mm256_movemask_ps(
+                    _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(xb + l)), target, _CMP_EQ_OQ));
+                if (hit) {
+                    m = xb[l + __builtin_ctz((unsigned)hit)]; /* the first of largest magnitude */
+                    break;
+                }
+            }
+            const float is = amax != 0.0f ? -127.0f / m : 0.0f;
+            mul = is, dx = amax != 0.0f ? 1.0f / is : 0.0f, draw = dx;
+        } else {
+            draw = amax / 127.0f;
+            mul = amax != 0.0f ? 127.0f / amax : 0.0f;
+            dx = round_to_half(draw);
+        }
+        const __m256 vmul = _mm256_set1_ps(mul);
+        for (int b = b0 / 32; b < (b0 + span) / 32; b++) {
+            const float *xs = xt + 32 * b;
+            __m256i i[4];
+            for (int k = 0; k < 4; k++)
+                i[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xs + 8 * k), vmul),
+                                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            const int s0 = ISA(hsum8i)(_mm256_add_epi32(i[0], i[1]));
+            const int s1 = ISA(hsum8i)(_mm256_add_epi32(i[2], i[3]));
+            if (deq) { /* the rounded x as floats, q * dx (round_x) */
+                const __m256 vdx = _mm256_set1_ps(dx);
+                for (int k = 0; k < 4; k++)
+                    _mm256_storeu_ps(deq + 32 * b + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(i[k]), vdx));
+                continue;
+            }
+            __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+            p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)(qt + 32 * b), p);
+            dt[b] = dx, st[2 * b] = dx * (float)s0, st[2 * b + 1] = dx * (float)s1;
+            s32[b] = scheme == X_Q8_1 ? round_to_half(draw * (float)(s0 + s1)) : dx * (float)(s0 + s1);
+        }
+    }
+}
+
 /* Unit j of a block: its codes, whether they are signed, and per half its sc and k. */
 typedef struct {
     __m256i codes;
