@@ -230,6 +230,7 @@ static INLINE float ISA(finish_i8)(__m256 acc, float off) {
             float off = 0.0f;                                                                  \
             for (int b = 0; b < blocks; b++) {                                                 \
                 const uint8_t *p = row + (size_t)b * NBYTES;                                   \
+                __builtin_prefetch(p + PREFETCH_AHEAD);                                        \
                 block_head h;                                                                  \
                 ISA(HEAD)(p, &h);                                                              \
                 _Pragma("GCC unroll 8")                                                        \
@@ -250,6 +251,7 @@ static INLINE float ISA(finish_i8)(__m256 acc, float off) {
             float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;                                  \
             for (int b = 0; b < blocks; b++) {                                                 \
                 const uint8_t *p = row + (size_t)b * NBYTES;                                   \
+                __builtin_prefetch(p + PREFETCH_AHEAD);                                        \
                 block_head h;                                                                  \
                 ISA(HEAD)(p, &h);                                                              \
                 _Pragma("GCC unroll 8")                                                        \

@@ -100,6 +100,7 @@ static INLINE float ISA(finish)(const vf *a) {
             for (int i = 0; i < NC; i++) a[i] = zero;                                          \
             for (int b = 0; b < blocks; b++) {                                                 \
                 const uint8_t *p = row + (size_t)b * NBYTES;                                   \
+                __builtin_prefetch(p + PREFETCH_AHEAD);                                        \
                 block_head h;                                                                  \
                 ISA(HEAD)(p, &h);                                                              \
                 _Pragma("GCC unroll 8")                                                        \
@@ -125,6 +126,7 @@ static INLINE float ISA(finish)(const vf *a) {
             for (int i = 0; i < NC; i++) a0[i] = a1[i] = a2[i] = a3[i] = zero;                 \
             for (int b = 0; b < blocks; b++) {                                                 \
                 const uint8_t *p = row + (size_t)b * NBYTES;                                   \
+                __builtin_prefetch(p + PREFETCH_AHEAD);                                        \
                 block_head h;                                                                  \
                 ISA(HEAD)(p, &h);                                                              \
                 _Pragma("GCC unroll 8")                                                        \
