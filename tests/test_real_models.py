@@ -83,6 +83,20 @@ def _greedy(llm, prompt: str) -> tuple[list[int], list[int]]:
     return toks, gen
 
 
+def _teacher_forced(llm, model, step: bool) -> tuple[int, int]:
+    """(positions where frink's argmax is llama.cpp's greedy token, positions) over PROMPTS
+    and llama.cpp's greedy continuations, frink fed the whole sequence at once (its prompt
+    path) or token by token (step: its decode path)."""
+    agree = total = 0
+    for prompt in PROMPTS:
+        toks, gen = _greedy(llm, prompt)
+        seq = toks + gen
+        ours = model.logits(seq, step=step)[len(toks) - 1 : len(seq) - 1].argmax(-1)
+        agree += int((ours == np.array(gen)).sum())
+        total += len(gen)
+    return agree, total
+
+
 def test_f32_copy_logits_match_llama_cpp(real):
     import frink_cli
 
@@ -125,15 +139,7 @@ def test_quantized_teacher_forced_top1_agreement(real):
     import frink_cli
 
     name, src = real
-    llm = _llama(src)
-    model = frink_cli.load(src)
-    agree = total = 0
-    for prompt in PROMPTS:
-        toks, gen = _greedy(llm, prompt)
-        seq = toks + gen
-        ours = model.logits(seq)[len(toks) - 1 : len(seq) - 1].argmax(-1)
-        agree += int((ours == np.array(gen)).sum())
-        total += len(gen)
+    agree, total = _teacher_forced(_llama(src), frink_cli.load(src), step=False)
     # 0.94: on this workplace's machines llama.cpp's 8-bit activations give SmolLM2 141/149
     # (94.6%) here with frink's host body both before and after the layer-graph rewrite
     # (DESIGN.md measured 94-98%); the exact check is the F32 copy's, above.
@@ -152,13 +158,5 @@ def test_quantized_decode_steps_agree_with_llama_cpp(real):
     with kernels.exact_activations(False):
         if kernels.activations() != "8-bit":
             pytest.skip(f"no 8-bit dots here: {kernels.kernel_path()}")
-        llm = _llama(src)
-        model = frink_cli.load(src)
-        agree = total = 0
-        for prompt in PROMPTS:
-            toks, gen = _greedy(llm, prompt)
-            seq = toks + gen
-            ours = model.logits(seq, step=True)[len(toks) - 1 : len(seq) - 1].argmax(-1)
-            agree += int((ours == np.array(gen)).sum())
-            total += len(gen)
+        agree, total = _teacher_forced(_llama(src), frink_cli.load(src), step=True)
     assert agree / total >= 0.95, f"{name}: top-1 agreement {agree}/{total}"

@@ -163,15 +163,6 @@ typedef float vf512 __attribute__((vector_size(64)));
 #define S8F(b, i) ((vf512)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32((__m128i)(b))))
 #define I8_DOT(a, b) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (a), (b))
 #include "native_isa.h"
-#undef ISA
-#undef VL
-#undef vf
-#undef VFMA
-#undef HALF
-#undef HALVES
-#undef U8F
-#undef S8F
-#undef I8_DOT
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -188,15 +179,6 @@ typedef float vf256 __attribute__((vector_size(32)));
 #define S8F(b, i) ((vf256)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(HALF_OF(b, i))))
 #define I8_DOT(a, b) _mm256_madd_epi16(_mm256_maddubs_epi16((a), (b)), _mm256_set1_epi16(1))
 #include "native_isa.h"
-#undef ISA
-#undef VL
-#undef vf
-#undef VFMA
-#undef HALF
-#undef HALVES
-#undef U8F
-#undef S8F
-#undef I8_DOT
 #pragma GCC pop_options
 #endif
 
@@ -224,15 +206,6 @@ typedef int8_t vsb4 __attribute__((vector_size(4)));
 #define U8F(b, i) WIDEN4(b, i, vb4)
 #define S8F(b, i) WIDEN4(b, i, vsb4)
 #include "native_isa.h"
-#undef ISA
-#undef VL
-#undef vf
-#undef VFMA
-#undef HALF
-#undef HALVES
-#undef U8F
-#undef S8F
-#undef I8_DOT
 
 static const isa_kernels BASE = {"base", deq_rows_base, dot_rows_base, NULL, NULL};
 #ifdef FRINK_MULTI_ISA

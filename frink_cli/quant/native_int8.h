@@ -228,18 +228,11 @@ static INLINE float ISA(finish_i8)(__m256 acc, float off) {
         if (T == 1) {                                                                          \
             __m256 acc = _mm256_setzero_ps();                                                  \
             float off = 0.0f;                                                                  \
-            for (int b = 0; b < blocks; b++) {                                                 \
-                const uint8_t *p = row + (size_t)b * NBYTES;                                   \
-                __builtin_prefetch(p + PREFETCH_AHEAD);                                        \
-                block_head h;                                                                  \
-                ISA(HEAD)(p, &h);                                                              \
-                _Pragma("GCC unroll 8")                                                        \
-                for (int j = 0; j < units; j++) {                                              \
-                    ISA(icodes) c;                                                             \
-                    ISA(UNIT)(p, j, &h, &c);                                                   \
-                    ISA(unit_i8)(&c, x, b * units + j, &acc, &off);                            \
-                }                                                                              \
-            }                                                                                  \
+            EACH_RUN(HEAD, ELEMS, NBYTES, {                                                    \
+                ISA(icodes) cd;                                                                \
+                ISA(UNIT)(p, j, &h, &cd);                                                      \
+                ISA(unit_i8)(&cd, x, u, &acc, &off);                                           \
+            })                                                                                 \
             y[r] = ISA(finish_i8)(acc, off);                                                   \
             continue;                                                                          \
         }                                                                                      \
@@ -249,21 +242,14 @@ static INLINE float ISA(finish_i8)(__m256 acc, float off) {
             const q8_row *x3 = x + (t0 + 3 < T ? t0 + 3 : T - 1);                              \
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                        \
             float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;                                  \
-            for (int b = 0; b < blocks; b++) {                                                 \
-                const uint8_t *p = row + (size_t)b * NBYTES;                                   \
-                __builtin_prefetch(p + PREFETCH_AHEAD);                                        \
-                block_head h;                                                                  \
-                ISA(HEAD)(p, &h);                                                              \
-                _Pragma("GCC unroll 8")                                                        \
-                for (int j = 0; j < units; j++) {                                              \
-                    ISA(icodes) c;                                                             \
-                    ISA(UNIT)(p, j, &h, &c);                                                   \
-                    ISA(unit_i8)(&c, x0, b * units + j, &a0, &o0);                             \
-                    ISA(unit_i8)(&c, x1, b * units + j, &a1, &o1);                             \
-                    ISA(unit_i8)(&c, x2, b * units + j, &a2, &o2);                             \
-                    ISA(unit_i8)(&c, x3, b * units + j, &a3, &o3);                             \
-                }                                                                              \
-            }                                                                                  \
+            EACH_RUN(HEAD, ELEMS, NBYTES, {                                                    \
+                ISA(icodes) cd;                                                                \
+                ISA(UNIT)(p, j, &h, &cd);                                                      \
+                ISA(unit_i8)(&cd, x0, u, &a0, &o0);                                            \
+                ISA(unit_i8)(&cd, x1, u, &a1, &o1);                                            \
+                ISA(unit_i8)(&cd, x2, u, &a2, &o2);                                            \
+                ISA(unit_i8)(&cd, x3, u, &a3, &o3);                                            \
+            })                                                                                 \
             const int n = T - t0 < 4 ? T - t0 : 4;                                             \
             if (n > 3) y[(size_t)(t0 + 3) * ys + r] = ISA(finish_i8)(a3, o3);                  \
             if (n > 2) y[(size_t)(t0 + 2) * ys + r] = ISA(finish_i8)(a2, o2);                  \

@@ -36,6 +36,23 @@ static INLINE vf ISA(vload)(const float *p) {
         BODY(HEAD, UNIT, ELEMS, NBYTES)                                                        \
     }
 
+/* The runs of a row of W (`row`, `blocks` blocks of NBYTES): for each block b its head h
+ * read once (p the block, W asked for PREFETCH_AHEAD bytes ahead), then for each run j of
+ * it, c its first column and u its index in the row, the statement given. */
+#define EACH_RUN(HEAD, ELEMS, NBYTES, ...)                                                     \
+    for (int b = 0; b < blocks; b++) {                                                         \
+        const uint8_t *p = row + (size_t)b * NBYTES;                                           \
+        __builtin_prefetch(p + PREFETCH_AHEAD);                                                \
+        block_head h;                                                                          \
+        ISA(HEAD)(p, &h);                                                                      \
+        _Pragma("GCC unroll 8")                                                                \
+        for (int j = 0; j < units; j++) {                                                      \
+            const int c = ELEMS * b + 32 * j, u = b * units + j;                               \
+            (void)c, (void)u;                                                                  \
+            __VA_ARGS__                                                                        \
+        }                                                                                      \
+    }
+
 #define EACH_TYPE(BODY)                                                                        \
     switch (qt) {                                                                              \
     case QT_Q4_0: ROWS_OF_TYPE(head_q4_0, unit_q4_0, 32, 18, BODY) break;                      \
@@ -62,17 +79,11 @@ static INLINE vf ISA(vload)(const float *p) {
     for (size_t i = i0; i < i1; i++) {                                                         \
         const uint8_t *row = w + (size_t)index[i] * rb;                                        \
         float *o = out + (i - i0) * (size_t)cols;                                              \
-        for (int b = 0; b < blocks; b++) {                                                     \
-            const uint8_t *p = row + (size_t)b * NBYTES;                                       \
-            block_head h;                                                                      \
-            ISA(HEAD)(p, &h);                                                                  \
-            _Pragma("GCC unroll 8")                                                            \
-            for (int j = 0; j < units; j++) {                                                  \
-                vf v[NV];                                                                      \
-                ISA(UNIT)(p, j, &h, v);                                                        \
-                memcpy(o + (size_t)ELEMS * b + 32 * j, v, sizeof v);                           \
-            }                                                                                  \
-        }                                                                                      \
+        EACH_RUN(HEAD, ELEMS, NBYTES, {                                                        \
+            vf v[NV];                                                                          \
+            ISA(UNIT)(p, j, &h, v);                                                            \
+            memcpy(o + c, v, sizeof v);                                                        \
+        })                                                                                     \
         for (int k = blocks * ELEMS; k < cols; k++) o[k] = tail_weight(qt, row, k);            \
     }
 
@@ -98,20 +109,12 @@ static INLINE float ISA(finish)(const vf *a) {
         if (T == 1) {                                                                          \
             vf a[NC];                                                                          \
             for (int i = 0; i < NC; i++) a[i] = zero;                                          \
-            for (int b = 0; b < blocks; b++) {                                                 \
-                const uint8_t *p = row + (size_t)b * NBYTES;                                   \
-                __builtin_prefetch(p + PREFETCH_AHEAD);                                        \
-                block_head h;                                                                  \
-                ISA(HEAD)(p, &h);                                                              \
-                _Pragma("GCC unroll 8")                                                        \
-                for (int j = 0; j < units; j++) {                                              \
-                    const float *xc = x + ELEMS * b + 32 * j;                                  \
-                    vf v[NV];                                                                  \
-                    ISA(UNIT)(p, j, &h, v);                                                    \
-                    for (int i = 0; i < NV; i++)                                               \
-                        a[i % NC] = VFMA(v[i], ISA(vload)(xc + VL * i), a[i % NC]);            \
-                }                                                                              \
-            }                                                                                  \
+            EACH_RUN(HEAD, ELEMS, NBYTES, {                                                    \
+                vf v[NV];                                                                      \
+                ISA(UNIT)(p, j, &h, v);                                                        \
+                for (int i = 0; i < NV; i++)                                                   \
+                    a[i % NC] = VFMA(v[i], ISA(vload)(x + c + VL * i), a[i % NC]);             \
+            })                                                                                 \
             float s = ISA(finish)(a);                                                          \
             for (int q = blocks * ELEMS; q < cols; q++) s += tail_weight(qt, row, q) * x[q];   \
             y[r] = s;                                                                          \
@@ -124,24 +127,16 @@ static INLINE float ISA(finish)(const vf *a) {
             const float *x3 = x + (size_t)(t0 + 3 < T ? t0 + 3 : T - 1) * cols;                \
             vf a0[NC], a1[NC], a2[NC], a3[NC];                                                 \
             for (int i = 0; i < NC; i++) a0[i] = a1[i] = a2[i] = a3[i] = zero;                 \
-            for (int b = 0; b < blocks; b++) {                                                 \
-                const uint8_t *p = row + (size_t)b * NBYTES;                                   \
-                __builtin_prefetch(p + PREFETCH_AHEAD);                                        \
-                block_head h;                                                                  \
-                ISA(HEAD)(p, &h);                                                              \
-                _Pragma("GCC unroll 8")                                                        \
-                for (int j = 0; j < units; j++) {                                              \
-                    const int c = ELEMS * b + 32 * j;                                          \
-                    vf v[NV];                                                                  \
-                    ISA(UNIT)(p, j, &h, v);                                                    \
-                    for (int i = 0; i < NV; i++) {                                             \
-                        a0[i % NC] = VFMA(v[i], ISA(vload)(x0 + c + VL * i), a0[i % NC]);      \
-                        a1[i % NC] = VFMA(v[i], ISA(vload)(x1 + c + VL * i), a1[i % NC]);      \
-                        a2[i % NC] = VFMA(v[i], ISA(vload)(x2 + c + VL * i), a2[i % NC]);      \
-                        a3[i % NC] = VFMA(v[i], ISA(vload)(x3 + c + VL * i), a3[i % NC]);      \
-                    }                                                                          \
+            EACH_RUN(HEAD, ELEMS, NBYTES, {                                                    \
+                vf v[NV];                                                                      \
+                ISA(UNIT)(p, j, &h, v);                                                        \
+                for (int i = 0; i < NV; i++) {                                                 \
+                    a0[i % NC] = VFMA(v[i], ISA(vload)(x0 + c + VL * i), a0[i % NC]);          \
+                    a1[i % NC] = VFMA(v[i], ISA(vload)(x1 + c + VL * i), a1[i % NC]);          \
+                    a2[i % NC] = VFMA(v[i], ISA(vload)(x2 + c + VL * i), a2[i % NC]);          \
+                    a3[i % NC] = VFMA(v[i], ISA(vload)(x3 + c + VL * i), a3[i % NC]);          \
                 }                                                                              \
-            }                                                                                  \
+            })                                                                                 \
             const vf *acc[4] = {a0, a1, a2, a3};                                               \
             const float *xs[4] = {x0, x1, x2, x3};                                             \
             for (int k = (T - t0 < 4 ? T - t0 : 4) - 1; k >= 0; k--) {                         \
@@ -162,9 +157,23 @@ static void ISA(dot_rows)(int qt, const uint8_t *w, size_t rb, size_t r0, size_t
 #include "native_int8.h"
 #endif
 
+#undef EACH_RUN
 #undef ROWS_OF_TYPE
 #undef EACH_TYPE
 #undef DEQ_BODY
 #undef DOT_BODY
 #undef NC
 #undef NV
+
+/* This ISA's parameters, undefined for the next one to define its own. */
+#undef ISA
+#undef VL
+#undef vf
+#undef VFMA
+#undef HALF
+#undef HALVES
+#undef U8F
+#undef S8F
+#ifdef I8_DOT
+#undef I8_DOT
+#endif
