@@ -41,10 +41,6 @@ enum {
  * more than the run), whatever the compiler's size heuristics say. */
 #define INLINE inline __attribute__((always_inline))
 
-/* Columns dequantized at a time: a K-quant's block, eight of the 32-weight types'. */
-#define CHUNK 256
-/* Rows of x one dot_rows call carries (more are split into groups of this many). */
-#define MAX_T 16
 /* Bytes of W a dot loop asks the cache for ahead of the block it reads: measured on this
  * project's VMs, W streamed from memory ran ~3x slower than from cache without it (the
  * hardware prefetcher alone did not keep up with a row walk of small blocks). */
@@ -365,12 +361,8 @@ static PyObject *py_dots(PyObject *self, PyObject *args) {
     for (long c = 0; c < chunks; c++) {
         size_t r0 = (size_t)c * ROW_CHUNK;
         size_t r1 = r0 + ROW_CHUNK < (size_t)rows ? r0 + ROW_CHUNK : (size_t)rows;
-        for (Py_ssize_t t0 = 0; t0 < T; t0 += MAX_T) {
-            int nt = T - t0 < MAX_T ? (int)(T - t0) : MAX_T;
-            K->dot_rows(qt, (const uint8_t *)w.buf, rb, r0, r1,
-                        (const float *)x.buf + (size_t)t0 * cols, nt, (int)cols,
-                        (float *)y.buf + (size_t)t0 * rows, (size_t)rows);
-        }
+        K->dot_rows(qt, (const uint8_t *)w.buf, rb, r0, r1, (const float *)x.buf, (int)T,
+                    (int)cols, (float *)y.buf, (size_t)rows);
     }
     Py_END_ALLOW_THREADS;
     ret = Py_NewRef(Py_None);
