@@ -42,7 +42,7 @@ def checkpoint_facts(ckpt: Checkpoint) -> CheckpointFacts:
     )
 
 
-def tensor_formats(backend: str, types: Any) -> dict[str, str]:
+def tensor_formats(backend: str, types: Any, fmt: str) -> dict[str, str]:
     """Per tensor type, how `backend` holds it on the device (none: the host's f32)."""
     if backend == "metal":
         from .backends.mlx.quant import device_format
@@ -51,20 +51,29 @@ def tensor_formats(backend: str, types: Any) -> dict[str, str]:
     if backend == "cuda":
         from .backends.cupy import tensor_format
 
-        return {t: tensor_format(t) for t in sorted(types)}
+        return {t: tensor_format(t, host_blocks=host_keeps_blocks(fmt, t)) for t in sorted(types)}
     return {}
 
 
-def host_formats(fmt: str, types: Any) -> dict[str, str]:
-    """Per tensor type, how the host body holds it (model/weights.py's rule, named here)."""
+def host_keeps_blocks(fmt: str, gguf_type: str) -> bool:
+    """Whether the host body holds tensors of this type in the file's blocks (model/weights.py's
+    rule, named here): a GGUF file, the compiled kernels, a type they multiply."""
     from .quant import kernels
     from .quant.blocks import KERNEL_TYPES
 
-    blocks = fmt == "gguf" and kernels.compiled() and not os.environ.get("FRINK_F32_WEIGHTS")
-    names = {t.name for t in KERNEL_TYPES}
+    return (
+        fmt == "gguf"
+        and kernels.compiled()
+        and not os.environ.get("FRINK_F32_WEIGHTS")
+        and gguf_type in {t.name for t in KERNEL_TYPES}
+    )
+
+
+def host_formats(fmt: str, types: Any) -> dict[str, str]:
+    """Per tensor type, how the host body holds it."""
     return {
         t: "the file's blocks"
-        if blocks and t in names
+        if host_keeps_blocks(fmt, t)
         else "f32"
         if t == "F32"
         else "f32 (at load)"
@@ -227,7 +236,7 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
         "backend": {
             "name": backend_label,
             "layers_taken": sum(r is None for r in support),
-            "tensor_formats": tensor_formats(backend_label, facts.tensor_types),
+            "tensor_formats": tensor_formats(backend_label, facts.tensor_types, ckpt.format),
         },
         "notes": ckpt.notes,
     }

@@ -9,8 +9,12 @@ operands), and prints tok/s, the speedups, the ledger's submissions per prefill 
 decode token, and how far the stack's hidden states are from the host body's. Needs CuPy
 and a GPU; downloads nothing (weights are random, one layer's arrays shared by every layer).
 
+With --qtype (Q4_0, Q8_0, ...: gguf-py's quantizer) every matrix is held in that type's
+blocks, on the host and on the device (kernels/quant.cu: decode reads the blocks, a prompt
+dequantizes tiles for cuBLAS), and the device's resident weight bytes are printed.
+
 Usage: python scripts/cuda_pp512.py [--shapes smollm2-135m,llama-3.2-1b] [--n 512] [--tg 16]
-                                   [--json FILE]
+                                   [--qtype Q4_0] [--json FILE]
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ import numpy as np
 # this file, so it is on the path already).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from synthetic_models import SHAPES, shape_config, synthetic_weights
+from synthetic_models import SHAPES, quantized_weights, shape_config, synthetic_weights
 
 from frink_cli.backends.cupy import make_cuda_backend
 from frink_cli.decoder import Decoder
+from frink_cli.quant import kernels
 
 # Vocab kept small: embedding and logits are outside the timed stack.
 TIMING_VOCAB = 4096
@@ -56,6 +61,23 @@ def _decode(dec: Decoder, ids: np.ndarray, n_tg: int) -> float:
     return time.perf_counter() - t0
 
 
+def _resident_bytes(backend) -> int:
+    """Bytes of the matrices the backend holds on the device (blocks, or dense operands)."""
+    from frink_cli.backends.cupy.ops import DeviceQuant
+    from frink_cli.backends.cupy.stack import DeviceLinear
+
+    total = 0
+    for lin in [backend.head.output] + [
+        v
+        for lw in backend.layers.values()
+        for v in vars(lw).values()
+        if isinstance(v, DeviceLinear)
+    ]:
+        w = lin.w
+        total += sum(p.data.nbytes for p in w.parts) if isinstance(w, DeviceQuant) else w.nbytes
+    return int(total)
+
+
 def run_shape(
     name: str,
     n: int,
@@ -64,14 +86,20 @@ def run_shape(
     dtypes: list[str],
     xp: str = "cupy",
     n_tg: int = 0,
+    qtype: str | None = None,
 ) -> list[dict]:
     cfg = shape_config(name, n_vocab=TIMING_VOCAB)
     w = synthetic_weights(cfg, seed=0, share_layers=True)
+    if qtype:
+        w = quantized_weights(w, qtype)
     ids = np.random.default_rng(0).integers(0, cfg.n_vocab, n)
     rows = []
 
     host = Decoder(cfg, w)
-    ref = host.hidden(ids, host.new_cache(n))  # also warms BLAS
+    # The reference hidden states in exact f32 activations (the device's); the timing in
+    # the host's default mode (8-bit activations for quantized weights, as llama.cpp).
+    with kernels.exact_activations():
+        ref = host.hidden(ids, host.new_cache(n))  # also warms BLAS
     host_s = _time(lambda: host.hidden(ids, host.new_cache(n)), host_reps)
     host_tg = _decode(host, ids, n_tg) if n_tg else None
     rows.append(
@@ -79,6 +107,7 @@ def run_shape(
             "shape": name,
             "backend": "numpy",
             "dtype": "float32",
+            "weights": qtype or "f32",
             "tok_s": n / host_s,
             "seconds": host_s,
             "tg_tok_s": n_tg / host_tg if n_tg else None,
@@ -109,6 +138,8 @@ def run_shape(
                 "shape": name,
                 "backend": "cuda",
                 "dtype": dtype,
+                "weights": qtype or "f32",
+                "resident_weight_bytes": _resident_bytes(backend),
                 "tok_s": n / s,
                 "seconds": s,
                 "speedup": host_s / s,
@@ -125,7 +156,8 @@ def run_shape(
         print(
             f"{name}: cuda ({xp}) {dtype} pp{n} {n / s:,.0f} tok/s ({s * 1e3:.1f} ms), "
             f"x{host_s / s:.1f} the host body, "
-            f"{subs:g} submission(s)/prefill, max|d| hidden {d:.3g} (scale {scale:.3g})"
+            f"{subs:g} submission(s)/prefill, max|d| hidden {d:.3g} (scale {scale:.3g}), "
+            f"weights {qtype or 'f32'}: {_resident_bytes(backend) / 2**20:,.0f} MiB resident"
             + (
                 f"; tg{n_tg} {n_tg / tg:,.1f} tok/s, x{host_tg / tg:.1f}, "
                 f"{tg_subs:g} submission(s)/token"
@@ -154,6 +186,7 @@ def main() -> None:
     ap.add_argument(
         "--tg", type=int, default=16, help="decode tokens timed after the prefill (0: none)"
     )
+    ap.add_argument("--qtype", help="hold every matrix in this type's blocks (e.g. Q4_0)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument(
         "--array-module", default="cupy", help="numpy: a dry run of this script on the CPU"
@@ -169,16 +202,18 @@ def main() -> None:
             args.dtypes.split(","),
             args.array_module,
             args.tg,
+            args.qtype,
         )
     print(
-        "\n| shape | backend | operands | pp tok/s | vs host | submissions/prefill "
+        "\n| shape | weights | backend | operands | pp tok/s | vs host | submissions/prefill "
         "| tg tok/s | vs host | submissions/token | max abs diff (hidden) |"
     )
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         tg = f"{r['tg_tok_s']:,.1f}" if r.get("tg_tok_s") else "-"
         print(
-            f"| {r['shape']} | {r['backend']} | {r['dtype']} | {r['tok_s']:,.0f} | "
+            f"| {r['shape']} | {r['weights']} | {r['backend']} | {r['dtype']} | "
+            f"{r['tok_s']:,.0f} | "
             f"{r.get('speedup', 1.0):.1f}x | {r.get('submissions_per_prefill', '-')} | {tg} | "
             f"{r.get('tg_speedup') or 1.0:.1f}x | {r.get('submissions_per_decode_token', '-')} | "
             f"{r.get('max_abs_diff', 0.0):.3g} |"

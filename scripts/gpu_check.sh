@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # The cuda backend's GPU checks in one command, for a machine with an NVIDIA GPU and CuPy
 # (e.g. `pip install -e '.[cuda13]'`, or the GPU machine's preinstalled cupy-cuda13x).
-# Installs and downloads nothing. Runs, in order (about 2-3 minutes on an H200):
+# Installs and downloads nothing. Runs, in order (about 3-5 minutes on an H200):
 #   1. a preflight: CuPy imports, sees a GPU, and compiles kernels/*.cu with NVRTC;
 #   2. the gpu-marked tests: every kernel against its NumPy reference, and the whole
 #      dense stack against the host body (a prefill, a prefill over the cached prefix and
 #      decode tokens with the lm head on the device: logits within 1e-2 of their scale,
 #      identical argmax) on llama / qwen2 / qwen3 / gemma3 / starcoder2 / ALiBi (bloom,
 #      mpt)-shaped random models;
+#      the quantized kernels (kernels/quant.cu) for every type the host keeps in blocks:
+#      dequantize bit for bit with gguf-py, gemv to 1e-5 of dequantize-then-matmul, and the
+#      stack on weights resident in Q4_0 / Q8_0 / Q5_1 / BF16 blocks against the host body;
 #   3. pp512 and tg16 of the stack against the host body on random weights of real shapes
-#      (scripts/cuda_pp512.py; extra arguments go to it, e.g. --shapes smollm2-135m).
+#      (scripts/cuda_pp512.py; extra arguments go to it, e.g. --shapes smollm2-135m);
+#   4. the same with every matrix resident in Q4_0 blocks (decode reads the blocks, a prompt
+#      dequantizes tiles for cuBLAS), with the resident weight bytes.
 # Results: stdout, plus $OUT/gpu_check.json when OUT is set (where the device tool
 # collects files). Exit status non-zero if any step fails.
 set -euo pipefail
@@ -37,9 +42,15 @@ print("kernels compile and run")
 PYEOF
 
 echo "== gpu tests"
-timeout 100 "$PY" -m pytest -q -m gpu tests/test_cuda_gpu.py -p no:cacheprovider -rs -s
+timeout 160 "$PY" -m pytest -q -m gpu tests/test_cuda_gpu.py -p no:cacheprovider -rs -s
 
 echo "== pp512 + tg16: dense stack vs host body"
 json_out=()
 if [ -n "${OUT:-}" ]; then json_out=(--json "$OUT/gpu_check.json"); fi
 timeout 150 "$PY" scripts/cuda_pp512.py "${json_out[@]}" "$@"
+
+echo "== pp512 + tg16: weights resident in Q4_0 blocks"
+json_out=()
+if [ -n "${OUT:-}" ]; then json_out=(--json "$OUT/gpu_check_q4_0.json"); fi
+timeout 150 "$PY" scripts/cuda_pp512.py --qtype Q4_0 --shapes smollm2-135m,llama-3.2-1b \
+    "${json_out[@]}"

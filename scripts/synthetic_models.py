@@ -11,13 +11,15 @@ compared with the host body running the same weights.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import numpy as np
 
 from frink_cli.model.config import ModelConfig
-from frink_cli.model.weights import LayerWeights, Linear, ModelWeights
+from frink_cli.model.weights import LayerWeights, Linear, ModelWeights, map_layer
+from frink_cli.quant.blocks import QuantMatrix, QuantRows
 
 KINDS = ("llama", "qwen2", "qwen3")
 
@@ -178,6 +180,30 @@ def synthetic_weights(
     if ln:
         out.output_norm_b = bias(d)
     return out
+
+
+def quantized_weights(w: ModelWeights, qtype: str) -> ModelWeights:
+    """The same model with every matrix (the layers' and the output head; the embedding
+    stays f32) in blocks of `qtype`, as a GGUF file of that type loads: gguf-py's quantizer,
+    so Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, F16 or BF16. Shared layers stay shared."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    t = GGMLQuantizationType[qtype]
+    done: dict[int, Any] = {}
+
+    def linear(lin: Linear) -> Linear:
+        m = np.asarray(lin.w)
+        rows, cols = m.shape
+        blocks = quantize(m, t).view(np.uint8).reshape(rows, -1)
+        return Linear(QuantRows((QuantMatrix(blocks, t, rows, cols),)), lin.b, lin.sources)
+
+    def layer(lw: LayerWeights) -> LayerWeights:
+        if id(lw) not in done:
+            done[id(lw)] = map_layer(lw, lambda a: a, linear)
+        return done[id(lw)]
+
+    return dataclasses.replace(w, output=linear(w.output), layers=[layer(lw) for lw in w.layers])
 
 
 def shape_config(name: str, **overrides: Any) -> ModelConfig:

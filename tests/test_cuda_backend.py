@@ -39,7 +39,13 @@ from script_loader import load_script
 import frink_cli
 from frink_cli.backends import LaunchFailed, Refusal, Run, layer_support, select_backend
 from frink_cli.backends.cupy import CudaBackend, eligibility, make_cuda_backend
-from frink_cli.backends.cupy.ops import KERNEL_FILES, KernelOps, ReferenceOps, kernel_source
+from frink_cli.backends.cupy.ops import (
+    KERNEL_FILES,
+    KernelOps,
+    ReferenceOps,
+    kernel_names,
+    kernel_source,
+)
 from frink_cli.cache import KvCache
 from frink_cli.decoder import Decoder
 from frink_cli.errors import FrinkError
@@ -418,10 +424,8 @@ def test_kernel_sources_compile_with_nvcc(name: str, tmp_path: Path) -> None:
 def test_kernel_sources_compile_with_nvrtc(name: str) -> None:
     """The exact source RawModule hands NVRTC compiles with NVRTC, with no warning, for
     Hopper (the GPU machine) and Ampere, and every extern "C" kernel is in the PTX."""
-    import re
-
     source = kernel_source(name)
-    kernels = re.findall(r'extern "C" __global__ void (\w+)\(', source)
+    kernels = kernel_names(name)
     assert kernels, name
     for arch in ("compute_90", "compute_80"):
         ok, log, ptx = nvrtc.compile_ptx(source, name, [f"--gpu-architecture={arch}"])
@@ -831,6 +835,10 @@ def test_tensor_formats_name_the_gemm_operands() -> None:
     from frink_cli.backends.cupy import tensor_format
 
     assert tensor_format("Q4_K", "float32") == "f32 (dequantized at load)"
+    assert (
+        tensor_format("Q4_K", "float16", host_blocks=True)
+        == "Q4_K blocks as stored (dequantized in the kernels)"
+    )
     assert tensor_format("F16", "float16") == "f16 as stored"
     assert tensor_format("BF16", "float16") == "f16 (converted at load)"
     assert tensor_format("F32", "float16") == "f32 vectors; matrices to f16 at load"

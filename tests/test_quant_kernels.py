@@ -7,9 +7,8 @@ test_quant_types.py): dequantize_rows and take_rows bit for bit; every product a
 x @ dequantize(W).T, to 1e-5 relative (||diff|| / ||ref||) and elementwise to 1e-5 of
 each value plus a floor of 1e-6 of the largest.
 
-Weights: gguf-py's own quantizer where it has one (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, F16,
-BF16); otherwise random bytes, which are all valid codes and scales, with each f16 field
-(d, dmin) replaced by a random finite half. Shapes are ragged on purpose: row counts that
+Weights: tests/quant_weights.py (gguf-py's quantizer where it has one, else random valid
+blocks). Shapes are ragged on purpose: row counts that
 are a multiple of nothing, and a single block per row. Every instruction set the compiled
 kernels carry that this CPU runs (AVX-512, AVX2, the baseline) and the NumPy path (no
 compiled module) are run through the same checks.
@@ -23,65 +22,15 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
-from gguf.quants import dequantize, quantize
+from quant_weights import (
+    assert_close,
+    random_weights,
+    reference,
+    shapes_for,
+)
 
 from frink_cli.quant import kernels
-from frink_cli.quant.blocks import KERNEL_TYPES, QuantMatrix, row_bytes
-
-# Byte offsets of each type's f16 fields inside a block (gguf-py's dequantize_blocks).
-_HALVES = {
-    T.Q2_K: (80, 82),
-    T.Q3_K: (108,),
-    T.Q4_K: (0, 2),
-    T.Q5_K: (0, 2),
-    T.Q6_K: (208,),
-    T.IQ4_NL: (0,),
-    T.IQ4_XS: (0,),
-}
-# Byte offsets of each type's e8m0 exponents (MXFP4: 2^(e - 128) scales the block).
-_EXPONENTS = {T.MXFP4: (0,)}
-_QUANTIZABLE = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.F16, T.BF16)
-
-
-def _weights(qtype: T, rows: int, cols: int, seed: int) -> QuantMatrix:
-    rng = np.random.default_rng(seed)
-    if qtype in _QUANTIZABLE:
-        f = rng.standard_normal((rows, cols)).astype(np.float32)
-        data = quantize(f, qtype)
-        data = data.view(np.uint8).reshape(rows, row_bytes(qtype, cols))
-    else:
-        block, size = GGML_QUANT_SIZES[qtype]
-        blocks = rng.integers(0, 256, (rows * (cols // block), size), dtype=np.uint8)
-        for off in _EXPONENTS.get(qtype, ()):
-            # Scales 2^-12 .. 2^2, and the two subnormal ones (e = 0, 1) now and then.
-            e = rng.integers(116, 131, len(blocks))
-            e[rng.random(len(blocks)) < 0.02] = rng.integers(0, 2)
-            blocks[:, off] = e
-        for off in _HALVES.get(qtype, ()):
-            # Finite halves of a weight-like size (~1e-3 .. 1e-1), either sign.
-            h = rng.uniform(1e-3, 1e-1, len(blocks)) * rng.choice([-1, 1], len(blocks))
-            blocks[:, off : off + 2] = h.astype(np.float16).view(np.uint8).reshape(-1, 2)
-        data = blocks.reshape(rows, -1)
-    return QuantMatrix(data, qtype, rows, cols)
-
-
-def _shapes(qtype: T) -> list[tuple[int, int]]:
-    block = GGML_QUANT_SIZES[qtype][0]
-    if block == 1:  # F16, BF16: ragged columns too (vector loops with scalar tails)
-        return [(37, 1), (37, 200), (129, 512)]
-    return [(37, block), (37, 256), (129, 512)]
-
-
-def _reference(w: QuantMatrix) -> np.ndarray:
-    return dequantize(np.asarray(w.data), w.qtype).reshape(w.rows, w.cols)
-
-
-def _close(got: np.ndarray, ref: np.ndarray) -> None:
-    assert got.shape == ref.shape and got.dtype == np.float32
-    rel = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
-    assert rel <= 1e-5, rel
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
-
+from frink_cli.quant.blocks import KERNEL_TYPES, QuantMatrix
 
 ISAS = ("avx512", "avx2", "base")
 
@@ -172,9 +121,9 @@ def min_term_error(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
 
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
 def test_dequantize_rows_equal_gguf_py(qtype: T, path: str) -> None:
-    for rows, cols in _shapes(qtype):
-        w = _weights(qtype, rows, cols, seed=rows + cols)
-        ref = _reference(w)
+    for rows, cols in shapes_for(qtype):
+        w = random_weights(qtype, rows, cols, seed=rows + cols)
+        ref = reference(w)
         np.testing.assert_array_equal(kernels.dequantize_rows(w), ref)
         buf = np.full((rows, cols), np.nan, np.float32)
         got = kernels.dequantize_rows(w, 5, rows - 3, out=buf[: rows - 8])
@@ -187,15 +136,15 @@ def test_dequantize_rows_equal_gguf_py(qtype: T, path: str) -> None:
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
 def test_products_equal_x_at_dequantized(qtype: T, path: str) -> None:
     rng = np.random.default_rng(int(qtype))
-    for rows, cols in _shapes(qtype):
-        w = _weights(qtype, rows, cols, seed=rows * cols)
-        ref_w = _reference(w).astype(np.float64)
+    for rows, cols in shapes_for(qtype):
+        w = random_weights(qtype, rows, cols, seed=rows * cols)
+        ref_w = reference(w).astype(np.float64)
         for t in (1, 2, 3, 8, 33, 200):
             x = rng.standard_normal((t, cols)).astype(np.float32)
             ref = (x.astype(np.float64) @ ref_w.T).astype(np.float32)
-            _close(kernels.dots(x, w), ref)
-            _close(kernels.matmul(x, w, tile_rows=16), ref)
-            _close(kernels.linear(x, w), ref)
+            assert_close(kernels.dots(x, w), ref)
+            assert_close(kernels.matmul(x, w, tile_rows=16), ref)
+            assert_close(kernels.linear(x, w), ref)
 
 
 @pytest.mark.parametrize(
@@ -214,9 +163,9 @@ def _check_8bit_products(qtype: T, isa: str) -> None:
     if not kernels._NATIVE.has_int8():
         pytest.skip(f"{isa}: no 8-bit dots")
     rng = np.random.default_rng(int(qtype) + 7)
-    for rows, cols in _shapes(qtype):
-        w = _weights(qtype, rows, cols, seed=rows * cols + 1)
-        ref_w = _reference(w).astype(np.float64)
+    for rows, cols in shapes_for(qtype):
+        w = random_weights(qtype, rows, cols, seed=rows * cols + 1)
+        ref_w = reference(w).astype(np.float64)
         for t in (1, 2, 5, 16, 21):
             x = rng.standard_normal((t, cols)).astype(np.float32)
             if t > 1:
@@ -224,10 +173,10 @@ def _check_8bit_products(qtype: T, isa: str) -> None:
             assert kernels.activations() == "8-bit"
             got = kernels.dots(x, w)
             ref = q8_rounded(x, qtype) @ ref_w.T
-            _close(kernels.matmul(x, w, tile_rows=16), ref.astype(np.float32))
+            assert_close(kernels.matmul(x, w, tile_rows=16), ref.astype(np.float32))
             if qtype in _X_Q8_1:
                 ref += min_term_error(x, w)
-            _close(got, ref.astype(np.float32))
+            assert_close(got, ref.astype(np.float32))
             exact = x[:1].astype(np.float64) @ ref_w.T
             rel = np.linalg.norm(got[:1] - exact) / np.linalg.norm(exact)
             assert 1e-4 < rel < 2e-2, rel  # the rounding did happen, and is small
@@ -242,8 +191,8 @@ def test_a_rows_product_does_not_depend_on_the_rows_beside_it(
     ragged batch (more rows than four, and than SMALL_T, included) is the same bit for bit
     (a server's batches rely on it)."""
     rng = np.random.default_rng(int(qtype) + 100)
-    for rows, cols in _shapes(qtype):
-        w = _weights(qtype, rows, cols, seed=rows + 2 * cols)
+    for rows, cols in shapes_for(qtype):
+        w = random_weights(qtype, rows, cols, seed=rows + 2 * cols)
         x = rng.standard_normal((kernels.SMALL_T + 5, cols)).astype(np.float32)
         alone = np.concatenate([kernels.dots(x[i : i + 1], w) for i in range(len(x))])
         for t0, t1 in ((0, 16), (0, 21), (0, 4), (3, 5), (2, 9), (5, 8), (1, 14)):
@@ -256,7 +205,7 @@ def test_f32_products_do_not_depend_on_the_rows_beside_them(isa: str) -> None:
     for rows, cols in ((37, 1), (37, 200), (129, 576)):
         w = rng.standard_normal((rows, cols)).astype(np.float32)
         x = rng.standard_normal((kernels.SMALL_T + 3, cols)).astype(np.float32)
-        _close(kernels.matmul_f32(x, w), (x.astype(np.float64) @ w.T).astype(np.float32))
+        assert_close(kernels.matmul_f32(x, w), (x.astype(np.float64) @ w.T).astype(np.float32))
         alone = np.concatenate([kernels.matmul_f32(x[i : i + 1], w) for i in range(len(x))])
         for t0, t1 in ((0, 19), (0, 4), (3, 5), (2, 9)):
             np.testing.assert_array_equal(kernels.matmul_f32(x[t0:t1], w), alone[t0:t1])
@@ -267,7 +216,7 @@ def test_thread_count_changes_nothing(isa: str, activations: str) -> None:
     bit (the decoder may change the count between steps)."""
     rng = np.random.default_rng(7)
     for qtype in (T.Q4_0, T.Q4_K, T.Q6_K):
-        w = _weights(qtype, 257, 512, seed=3)
+        w = random_weights(qtype, 257, 512, seed=3)
         x = rng.standard_normal((5, 512)).astype(np.float32)
         with kernels.threads(1):
             one = (kernels.dots(x[:1], w), kernels.dots(x, w), kernels.dequantize_rows(w))
@@ -278,7 +227,7 @@ def test_thread_count_changes_nothing(isa: str, activations: str) -> None:
 
 
 def test_results_land_in_the_callers_buffers() -> None:
-    w = _weights(T.Q8_0, 40, 64, seed=1)
+    w = random_weights(T.Q8_0, 40, 64, seed=1)
     x = np.ones((1, 64), np.float32)
     y = np.empty((1, 40), np.float32)
     assert kernels.dots(x, w, out=y) is y
@@ -289,7 +238,7 @@ def test_results_land_in_the_callers_buffers() -> None:
 
 
 def test_bad_arguments_are_refused() -> None:
-    w = _weights(T.Q4_0, 8, 64, seed=2)
+    w = random_weights(T.Q4_0, 8, 64, seed=2)
     with pytest.raises(ValueError, match=r"x must be \[T, 64\]"):
         kernels.dots(np.ones((1, 32), np.float32), w)
     with pytest.raises(IndexError):
@@ -305,7 +254,7 @@ def test_bad_arguments_are_refused() -> None:
 
 
 def test_quant_matrix_is_a_read_only_view() -> None:
-    data = _weights(T.Q4_1, 6, 64, seed=4).data.copy()
+    data = random_weights(T.Q4_1, 6, 64, seed=4).data.copy()
     w = QuantMatrix(data, T.Q4_1, 6, 64)
     assert np.shares_memory(w.data, data) and not w.data.flags.writeable
     part = w.row_slice(2, 5)
@@ -321,7 +270,7 @@ def test_the_compiled_module_checks_what_it_is_given() -> None:
     native = kernels._NATIVE
     if native is None:
         pytest.skip(kernels.kernel_path())
-    w = _weights(T.Q4_0, 8, 64, seed=2)
+    w = random_weights(T.Q4_0, 8, 64, seed=2)
     x, y = np.ones((2, 64), np.float32), np.empty((2, 8), np.float32)
     q = int(T.Q4_0)
     with pytest.raises(ValueError, match="w holds"):

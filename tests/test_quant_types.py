@@ -254,6 +254,55 @@ def test_metal_agrees_with_llama_cpp(qtype: str, quant_file: Callable) -> None:
     _check_held(backend, q.path, qtype)
 
 
+@pytest.mark.parametrize("qtype", [t.name for t in KERNEL_TYPES])
+@pytest.mark.usefixtures("exact_activations")  # the host body as the f32 reference for decode
+def test_cuda_kernels_agree_with_llama_cpp(
+    qtype: str, quant_file: Callable, emulated_launcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cuda backend holding the file's blocks on the "device" (NumPy standing in for
+    CuPy) and multiplying with kernels/quant.cu on the CPU emulator: a prompt (its tiles
+    dequantized by dequant_<type>_f32, then GEMM) gives llama.cpp's logits as the host body
+    must, and decode rows (gemv_<type>, straight from the blocks) the host body's."""
+    from frink_cli.backends.cupy.ops import DeviceQuant, KernelOps
+    from frink_cli.backends.cupy.stack import DeviceLinear
+
+    monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
+    q = quant_file(qtype)
+    m = frink_cli.load(q.path, backend="cuda")
+    backend = m.decoder.backend
+    backend.ops = KernelOps(np, emulated_launcher)
+    tokens = [int(t) for t in q.ref["tokens"]]
+    first = len(emulated_launcher.launches)
+    _check_logits(m.logits(tokens), q, f"{qtype} cuda (emulated kernels)")
+
+    # Decode rows against the host body on the same weights.
+    host = frink_cli.load(q.path, backend="numpy")
+    got, want = [], []
+    for model, out in ((m, got), (host, want)):
+        cache = model.decoder.new_cache(32)
+        out.append(model.decoder.step(np.asarray(tokens[:20]), cache)[-1:])
+        out.append(model.decoder.step(np.asarray(tokens[20:21]), cache))
+    np.testing.assert_allclose(np.concatenate(got), np.concatenate(want), rtol=0, atol=1e-4)
+
+    k = qtype.lower()
+    launched = set(emulated_launcher.launches[first:])
+    assert {f"dequant_{k}_f32", f"gemv_{k}"} <= launched, launched
+    ledger = backend.ledger
+    assert ledger.total() > 0 and not ledger.failures and not ledger.refusals, ledger
+    # Every matrix the device multiplies is held in the file's blocks of this type.
+    linears = [
+        v
+        for layer in backend.layers.values()
+        for v in vars(layer).values()
+        if isinstance(v, DeviceLinear)
+    ] + [backend.head.output]
+    assert len(linears) == 2 * 4 + 1  # (qkv, o, gate_up, down) x 2 layers, the head
+    for lin in linears:
+        assert isinstance(lin.w, DeviceQuant), type(lin.w)
+        assert {p.qtype.name for p in lin.w.parts} == {qtype}
+        assert all(p.data.dtype == np.uint8 for p in lin.w.parts)
+
+
 def _device_linears(backend) -> list:
     """Every resident DeviceLinear of the backend's layers and lm head, fused parts split."""
     from dataclasses import fields, is_dataclass
@@ -412,7 +461,10 @@ def test_info_names_the_type_and_how_metal_holds_it(qtype: str, quant_file: Call
     else:
         assert how.startswith("f32 (dequantized at load"), how
     cuda = describe(q.path, "cuda")["backend"]["tensor_formats"][qtype]
-    assert "at load" in cuda, cuda
+    if qtype in {t.name for t in KERNEL_TYPES}:  # as the host holds it: the file's blocks
+        assert cuda == f"{qtype} blocks as stored (dequantized in the kernels)", cuda
+    else:
+        assert "at load" in cuda, cuda
 
 
 @pytest.mark.parametrize("qtype", [t.name for t in KERNEL_TYPES])

@@ -11,6 +11,7 @@
 
 #include <barrier>
 #include <cmath>
+#include <cstring>
 #include <math.h>
 #include <thread>
 #include <vector>
@@ -32,25 +33,36 @@ inline std::barrier<>* emu_block_barrier = nullptr;
 #define __shared__ static
 
 inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
+// Bit casts and the round-to-nearest float operations (never contracted into an FMA on the
+// device; plain operations here, where the build enables no FMA).
+inline float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline unsigned int __float_as_uint(float f) { unsigned int u; std::memcpy(&u, &f, 4); return u; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 
+// One std::thread per thread of a block, made once per launch: each runs its thread of every
+// block in turn, the blocks one after another, a barrier between them so that no block's
+// shared memory is touched by the next before all its threads are done.
 template <typename... P, typename... A>
 void emu_launch(void (*kernel)(P...), unsigned grid, unsigned block, A... args) {
     gridDim = dim3{grid, 1, 1};
     blockDim = dim3{block, 1, 1};
-    for (unsigned b = 0; b < grid; ++b) {
-        std::barrier<> bar(block);
-        emu_block_barrier = &bar;
-        std::vector<std::thread> threads;
-        threads.reserve(block);
-        for (unsigned i = 0; i < block; ++i) {
-            threads.emplace_back([=] {
+    std::barrier<> bar(block);
+    emu_block_barrier = &bar;
+    std::vector<std::thread> threads;
+    threads.reserve(block);
+    for (unsigned i = 0; i < block; ++i) {
+        threads.emplace_back([=, &bar] {
+            threadIdx = dim3{i, 1, 1};
+            for (unsigned b = 0; b < grid; ++b) {
                 blockIdx = dim3{b, 1, 1};
-                threadIdx = dim3{i, 1, 1};
                 kernel(args...);
-            });
-        }
-        for (auto& t : threads) t.join();
+                bar.arrive_and_wait();
+            }
+        });
     }
+    for (auto& t : threads) t.join();
 }

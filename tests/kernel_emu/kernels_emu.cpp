@@ -5,6 +5,7 @@
 #include "attention.cu"
 #include "elementwise.cu"
 #include "layer_norm.cu"
+#include "quant.cu"
 #include "rms_norm.cu"
 #include "rope.cu"
 
@@ -40,3 +41,33 @@ EMU_ENTRY(causal_gqa_attention_f32,
            const float* slopes, int alibi),
           (q, q_stride, q_off, kc, vc, cache_rows, n_prefix, out, out_stride, n_rows, n_head,
            n_head_kv, head_dim, head_dim_v, scale, window, slopes, alibi))
+
+// The quantized products, three kernels per type (kernels/quant.cu's FRINK_QUANT_KERNELS).
+#define EMU_QUANT(t)                                                                          \
+    EMU_ENTRY(gemv_##t,                                                                       \
+              (const unsigned char* w, long long row_bytes, int rows, int cols, const float* x, \
+               long long x_stride, int n_x, float* y, long long y_stride, int y_off),          \
+              (w, row_bytes, rows, cols, x, x_stride, n_x, y, y_stride, y_off))               \
+    EMU_ENTRY(dequant_##t##_f32,                                                              \
+              (const unsigned char* w, long long row_bytes, int rows, int cols, float* out),    \
+              (w, row_bytes, rows, cols, out))                                                \
+    EMU_ENTRY(dequant_##t##_f16,                                                              \
+              (const unsigned char* w, long long row_bytes, int rows, int cols,                 \
+               unsigned short* out),                                                          \
+              (w, row_bytes, rows, cols, out))
+
+EMU_QUANT(f16)
+EMU_QUANT(q4_0)
+EMU_QUANT(q4_1)
+EMU_QUANT(q5_0)
+EMU_QUANT(q5_1)
+EMU_QUANT(q8_0)
+EMU_QUANT(q2_k)
+EMU_QUANT(q3_k)
+EMU_QUANT(q4_k)
+EMU_QUANT(q5_k)
+EMU_QUANT(q6_k)
+EMU_QUANT(iq4_nl)
+EMU_QUANT(iq4_xs)
+EMU_QUANT(bf16)
+EMU_QUANT(mxfp4)

@@ -20,7 +20,7 @@ from ...errors import FrinkError
 from ...model.config import ModelConfig
 from .backend import CudaBackend
 from .eligibility import layer_refusal, layer_refusals
-from .ops import KERNEL_FILES, KernelOps, ReferenceOps, kernel_source
+from .ops import KERNEL_FILES, KernelOps, ReferenceOps, kernel_names, kernel_source
 
 __all__ = [
     "CudaBackend",
@@ -79,19 +79,13 @@ class _CupyLauncher:
             # No options: CuPy adds the device's arch; the sources need nothing else
             # (checked with NVRTC 13 itself, and with nvcc in the test suite).
             module = self.cupy.RawModule(code=kernel_source(name))
-            for fn in _kernel_names(name):
+            for fn in kernel_names(name):
                 self._functions[fn] = module.get_function(fn)
 
     def __call__(self, kernel: str, grid: int, block: int, args: tuple) -> None:
         if not self._functions:
             self._load()
         self._functions[kernel]((grid,), (block,), args)
-
-
-def _kernel_names(file: str) -> list[str]:
-    import re
-
-    return re.findall(r'extern "C" __global__ void (\w+)\(', kernel_source(file))
 
 
 class _CupyOps(KernelOps):
@@ -116,10 +110,17 @@ def weight_dtype_setting(weight_dtype: str | None = None) -> str:
     return weight_dtype
 
 
-def tensor_format(gguf_type: str, weight_dtype: str | None = None) -> str:
-    """How the backend holds a tensor of this file type on the device (`frink info`):
-    matrices as GEMM operands of the chosen type (f32 accumulation), vectors in f32."""
+def tensor_format(
+    gguf_type: str, weight_dtype: str | None = None, host_blocks: bool = False
+) -> str:
+    """How the backend holds a tensor of this file type on the device (`frink info`).
+    host_blocks: the host keeps this type in the file's blocks (report.host_formats' rule),
+    and the device then keeps them too, multiplied by kernels/quant.cu (decode rows read the
+    blocks, a prompt's tiles are dequantized to GEMM operands of the chosen type). Other
+    matrices are GEMM operands of the chosen type (f32 accumulation); vectors f32."""
     dtype = {"float32": "f32", "float16": "f16"}[weight_dtype_setting(weight_dtype)]
+    if host_blocks:
+        return f"{gguf_type} blocks as stored (dequantized in the kernels)"
     if gguf_type == "F32":
         return "f32 as stored" if dtype == "f32" else f"f32 vectors; matrices to {dtype} at load"
     if gguf_type.lower() == dtype:

@@ -15,30 +15,118 @@ attended in place: no transposes between the GEMMs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from ...graph.ffn import ACTIVATIONS
 from ...graph.norms import layer_norm
+from ...quant import kernels as host_kernels
+from ...quant.blocks import QuantMatrix, row_bytes
 from ...resources import KERNELS_DIR
 
 F32 = np.float32
 
+# kernels/quant.cu: rows of x one gemv launch takes (FRINK_GEMV_MAX_X), and its block shape
+# (FRINK_GEMV_ROWS rows of W per block, FRINK_GEMV_LANES threads per row).
+GEMV_MAX_X = 8
+GEMV_ROWS = 8
+GEMV_LANES = 32
+# A prompt's product with a quantized W dequantizes rows into one reusable operand buffer of
+# at most this many elements (64 MiB in f32) and hands each tile to cuBLAS; Gemma 3's
+# 262k-row head would be 670 MiB as one f32 operand.
+QUANT_TILE_ELEMS = 1 << 24
+
+
+@dataclass(frozen=True)
+class DeviceQuantPart:
+    """Rows of a weight on the device in the file's own blocks: data is uint8
+    [rows, row_bytes], exactly the file's bytes (quant/blocks.py's QuantMatrix, uploaded)."""
+
+    data: Any
+    qtype: GGMLQuantizationType
+    rows: int
+    cols: int
+
+    @property
+    def kernel(self) -> str:
+        """The type's name in kernels/quant.cu (gemv_q4_k, dequant_q4_k_f32, ...)."""
+        return self.qtype.name.lower()
+
+    @property
+    def row_bytes(self) -> int:
+        return row_bytes(self.qtype, self.cols)
+
+
+@dataclass(frozen=True)
+class DeviceQuant:
+    """A weight [rows, cols] held on the device as runs of rows in blocks, one type each (a
+    fused QKV of a Q4_K_M file: Q4_K rows, then Q6_K rows); `dtype` is the GEMM operand
+    type its prompt tiles are dequantized to (f32, or f16 under FRINK_CUDA_DTYPE)."""
+
+    parts: tuple[DeviceQuantPart, ...]
+    dtype: Any
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(p.rows for p in self.parts), self.parts[0].cols)
+
+    def offsets(self) -> list[int]:
+        out, r = [], 0
+        for p in self.parts:
+            out.append(r)
+            r += p.rows
+        return out
+
 
 class _GemmOps:
-    """y = x @ W.T through the array module (cuBLAS under CuPy), for W [out, in] in f32,
-    or f16 (x rounded to f16, accumulated in f32 by cuBLAS, the result back in f32)."""
+    """y = x @ W.T, for W [out, in] resident as a dense f32 or f16 matrix (through the array
+    module: cuBLAS under CuPy; f16 rounds x to f16, cuBLAS accumulates in f32, the result
+    comes back in f32) or in the file's blocks (DeviceQuant): up to GEMV_MAX_X rows of x
+    read the blocks once through the gemv kernel, more rows multiply tiles of W
+    dequantized into one reusable buffer. Each table supplies `gemv` and
+    `dequantize`."""
 
     xp: Any
 
     def matmul(self, x: Any, w: Any) -> Any:
+        if isinstance(w, DeviceQuant):
+            return self._quant_matmul(x, w)
         xp = self.xp
         # Contiguous results: the kernels that follow index rows by a fixed stride.
         if w.dtype == F32:
             return xp.ascontiguousarray(xp.matmul(x, w.T))
         return xp.ascontiguousarray(xp.matmul(x.astype(w.dtype), w.T), dtype=F32)
+
+    def _quant_matmul(self, x: Any, w: DeviceQuant) -> Any:
+        x = self.xp.ascontiguousarray(x, dtype=F32)
+        T = x.shape[0]
+        rows, cols = w.shape
+        y = self.xp.empty((T, rows), F32)
+        if T == 0:
+            return y
+        for part, r0 in zip(w.parts, w.offsets()):
+            if T <= GEMV_MAX_X:
+                self.gemv(part, x, y, r0)
+                continue
+            n = max(1, QUANT_TILE_ELEMS // cols)
+            for a in range(0, part.rows, n):
+                b = min(part.rows, a + n)
+                y[:, r0 + a : r0 + b] = self.matmul(x, self.dequantize(part, a, b, w.dtype))
+        return y
+
+    def gemv(self, part: DeviceQuantPart, x: Any, y: Any, col: int) -> None:
+        """y[:, col : col + part.rows] = x @ part.T for at most GEMV_MAX_X rows of x, in f32."""
+        raise NotImplementedError
+
+    def dequantize(self, part: DeviceQuantPart, start: int, stop: int, dtype: Any) -> Any:
+        """Rows [start, stop) of part as a dense [n, cols] operand of dtype (f32 or f16),
+        possibly a view of a buffer the next call reuses."""
+        raise NotImplementedError
 
     def to_device(self, a: np.ndarray, dtype: Any = F32) -> Any:
         return self.xp.asarray(np.ascontiguousarray(a), dtype=dtype)
@@ -56,10 +144,26 @@ def _heads(buf: np.ndarray, offset: int, heads: int, head_dim: int) -> np.ndarra
     return view
 
 
+def _host_matrix(part: DeviceQuantPart) -> QuantMatrix:
+    return QuantMatrix(np.asarray(part.data), part.qtype, part.rows, part.cols)
+
+
 class ReferenceOps(_GemmOps):
     """The NumPy reference of every kernel (same arguments, same in-place behaviour)."""
 
     xp = np
+
+    def gemv(self, part: DeviceQuantPart, x: np.ndarray, y: np.ndarray, col: int) -> None:
+        """gemv_<type>: x @ dequantize(W).T in f32 -- the host kernels' exact-activation dots,
+        which read the blocks as they go (no f32 copy of a 262k-row head per token)."""
+        with host_kernels.exact_activations():
+            y[:, col : col + part.rows] = host_kernels.dots(x, _host_matrix(part))
+
+    def dequantize(self, part: DeviceQuantPart, start: int, stop: int, dtype: Any) -> np.ndarray:
+        """dequant_<type>_f32 / _f16: gguf-py's values (the host kernels equal them bit for
+        bit), rounded to f16 to nearest even for an f16 operand."""
+        w = host_kernels.dequantize_rows(_host_matrix(part), start, stop)
+        return w if np.dtype(dtype) == F32 else w.astype(dtype)
 
     def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
         """rms_norm_f32 over rows of x [n, d] -> a new array."""
@@ -167,7 +271,14 @@ class ReferenceOps(_GemmOps):
 
 # --- the kernels ---------------------------------------------------------------------------
 
-KERNEL_FILES = ("rms_norm.cu", "layer_norm.cu", "rope.cu", "elementwise.cu", "attention.cu")
+KERNEL_FILES = (
+    "rms_norm.cu",
+    "layer_norm.cu",
+    "rope.cu",
+    "elementwise.cu",
+    "attention.cu",
+    "quant.cu",
+)
 # Threads per block: a power of two (the block reductions halve it), at most 256.
 ROW_THREADS = 256
 ATTN_THREADS = 128
@@ -185,6 +296,16 @@ def kernel_source(name: str) -> str:
     text = (KERNELS_DIR / name).read_text()
     common = (KERNELS_DIR / "common.cuh").read_text().replace("#pragma once", "")
     return text.replace('#include "common.cuh"', common)
+
+
+def kernel_names(name: str) -> list[str]:
+    """The extern "C" kernels of a kernel file: those written out, and the three per type
+    each FRINK_QUANT_KERNELS(type) line of quant.cu expands to."""
+    source = kernel_source(name)
+    names = re.findall(r'extern "C" __global__ void (\w+)\(', source)
+    for t in re.findall(r"^FRINK_QUANT_KERNELS\((\w+)\)", source, re.M):
+        names += [f"gemv_{t}", f"dequant_{t}_f32", f"dequant_{t}_f16"]
+    return names
 
 
 Launch = Callable[[str, int, int, tuple], None]
@@ -210,6 +331,52 @@ class KernelOps(_GemmOps):
     def __init__(self, xp: Any, launch: Launch) -> None:
         self.xp = xp
         self.launch = launch
+        # The prompt path's dequantized tiles, one growing buffer per operand type: kernels
+        # on one stream run in order, so a tile's GEMM has read it before the next
+        # dequantize overwrites it.
+        self._tiles: dict[Any, Any] = {}
+
+    def gemv(self, part: DeviceQuantPart, x: Any, y: Any, col: int) -> None:
+        self._check(x, y)
+        T, cols = x.shape
+        if not 0 < T <= GEMV_MAX_X or cols != part.cols or col + part.rows > y.shape[1]:
+            raise ValueError(f"gemv of {T} rows of {cols} into {y.shape} at {col}: {part.qtype}")
+        self.launch(
+            f"gemv_{part.kernel}",
+            -(-part.rows // GEMV_ROWS),
+            GEMV_ROWS * GEMV_LANES,
+            (
+                part.data,
+                _i64(part.row_bytes),
+                _i32(part.rows),
+                _i32(cols),
+                x,
+                _i64(cols),
+                _i32(T),
+                y,
+                _i64(y.shape[1]),
+                _i32(col),
+            ),
+        )
+
+    def dequantize(self, part: DeviceQuantPart, start: int, stop: int, dtype: Any) -> Any:
+        dtype = np.dtype(dtype)
+        if dtype not in (np.dtype(F32), np.dtype(np.float16)):
+            raise ValueError(f"no dequantize kernel to {dtype}")
+        n = (stop - start) * part.cols
+        buf = self._tiles.get(dtype)
+        if buf is None or buf.size < n:
+            buf = self._tiles[dtype] = self.xp.empty(n, dtype)
+        out = buf[:n].reshape(stop - start, part.cols)
+        suffix = "f32" if dtype == np.dtype(F32) else "f16"
+        runs = (stop - start) * (-(-part.cols // 32))
+        self.launch(
+            f"dequant_{part.kernel}_{suffix}",
+            _blocks(runs, ELEMENTWISE_THREADS),
+            ELEMENTWISE_THREADS,
+            (part.data[start:stop], _i64(part.row_bytes), _i32(stop - start), _i32(part.cols), out),
+        )
+        return out
 
     def _check(self, *arrays: Any) -> None:
         for a in arrays:

@@ -27,26 +27,35 @@ from ...graph.layer import layer as compose_layer
 from ...graph.layer import lm_head
 from ...model.config import LayerShape, ModelConfig
 from ...model.weights import LayerWeights, Linear, map_layer
-from .ops import CudaOps, CudaStep, KvRows
+from ...quant.blocks import QuantRows
+from .ops import CudaOps, CudaStep, DeviceQuant, DeviceQuantPart, KvRows
 
 F32 = np.float32
 
 
 @dataclass
 class DeviceLinear:
-    w: Any  # [out, in] on the device, f32 or f16
+    w: Any  # [out, in] on the device: f32 or f16, or DeviceQuant (the file's blocks)
     b: Any | None  # [out] f32
 
 
 def _device_linear(ops: Any, lin: Linear, dtype: Any) -> DeviceLinear:
-    return DeviceLinear(
-        ops.to_device(lin.dense(), dtype), None if lin.b is None else ops.to_device(lin.b)
-    )
+    b = None if lin.b is None else ops.to_device(lin.b)
+    if isinstance(lin.w, QuantRows):
+        # Held as the host holds it: the file's blocks, byte for byte (F16 and BF16 too).
+        parts = tuple(
+            DeviceQuantPart(ops.to_device(p.data, np.uint8), p.qtype, p.rows, p.cols)
+            for p in lin.w.parts
+        )
+        return DeviceLinear(DeviceQuant(parts, np.dtype(dtype)), b)
+    return DeviceLinear(ops.to_device(lin.w, dtype), b)
 
 
 def upload_layer(ops: Any, w: LayerWeights, dtype: Any) -> LayerWeights:
     """A layer's weights on the device (the host's fields, model.weights.map_layer):
-    matrices in `dtype`, vectors in f32."""
+    matrices the host keeps in the file's blocks stay in them (multiplied by
+    kernels/quant.cu); the others (f32, or types the host dequantizes at load) in `dtype`;
+    vectors in f32."""
     return map_layer(w, ops.to_device, lambda lin: _device_linear(ops, lin, dtype))
 
 
