@@ -1,0 +1,192 @@
+/* Prompt products with AMX int8 tiles: included by native_isa.h in the AVX-512 region only
+ * (AMX_TILES defined there), under its own `#pragma GCC target` adding amx-tile, amx-int8.
+ * native.c runs it only when the CPU has AMX and Linux granted this process the tile state.
+ *
+ * Why: a prompt's rows all share each weight, and an AMX tile multiply (tdpbssd) makes a
+ * 16 x 16 block of int32 dot products of 32 bytes each in one instruction, ~10x the rate
+ * of f32 FMA (which BLAS reaches). The math is the 8-bit dots' (native_int8.h): x rounded
+ * per 32 columns as llama.cpp rounds it for W's type, a run of 32 weights = sc * code + k,
+ *
+ *     y[m, n] = sum_u (sc[n, u] * dx[m, u]) * S[m, n, u] + k[n, u] * dsum32[m, u],
+ *
+ * S the int32 sum of code * q over run u: one tile product per run (K = 32, the run's
+ * scale changing from one run to the next), its 16 x 16 sums scaled and added in f32
+ * with AVX-512. So the products equal the 8-bit dots' up to the order of f32 sums.
+ *
+ * Tiles: A = 16 rows of x's int8 codes, 32 columns (straight from the rounded rows,
+ * `cols` bytes apart); B = 16 rows of W's codes for the same 32 columns in the VNNI
+ * layout tdpbssd reads (row r holds, for each of the 16 rows n, codes 4r .. 4r + 3),
+ * unpacked from the blocks per call into a panel (`amx_panel`): W stays in its blocks.
+ * C = A B^T, row m of C a vector of 16 outputs of row m of x.
+ *
+ * Each output is made by one (16 rows of x, 16 rows of W) tile pair, its runs added in
+ * column order, whatever the rows of x beside it (x is padded to 16 rows with zeros) or
+ * the threads: a row's product is the same bit for bit alone or in any batch.
+ *
+ * The types whose runs have one sc and k each (not Q2_K, Q3_K, Q6_K: their scales change
+ * every 16 columns) go this way; the rest keep tiles of W and BLAS (kernels.py).
+ */
+
+/* The offset Q4_0 (8) and Q5_0 (16) subtract from their codes (native_int8.h's i8_q4_0,
+ * i8_q5_0 give it as k = -zero * sc): subtracted from the codes themselves, signed bytes
+ * then, so the tile sums need no k term. */
+static int ISA(amx_zero)(int qt) { return qt == QT_Q4_0 ? 8 : qt == QT_Q5_0 ? 16 : 0; }
+
+/* Whether W's runs carry a k term (a min) beside the scaled codes. */
+static int ISA(amx_has_k)(int qt) {
+    return qt == QT_Q4_1 || qt == QT_Q5_1 || qt == QT_Q4_K || qt == QT_Q5_K;
+}
+
+static int ISA(amx_serves)(int qt) {
+    switch (qt) {
+    case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1: case QT_Q8_0: case QT_Q4_K:
+    case QT_Q5_K: case QT_IQ4_NL: case QT_IQ4_XS: case QT_MXFP4: return 1;
+    default: return 0;
+    }
+}
+
+/* Palette 1: tiles 0, 1 are C (16 x 16 int32), 2, 3 A (16 rows of 32 bytes), 4, 5 B (8
+ * rows of 64 bytes); two of each so that one run's sums are scaled while the next run's
+ * are multiplied. Tile state is per thread: each thread loads it before its first tile
+ * and releases it after its last. */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed, aligned(64))) ISA(amx_config);
+
+static void ISA(amx_begin)(void) {
+    ISA(amx_config) cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 6; t++) {
+        cfg.rows[t] = t >= 4 ? 8 : AMX_TILE;
+        cfg.colsb[t] = t >= 2 && t < 4 ? 32 : 64;
+    }
+    /* GCC 12 does not count ldtilecfg as reading its operand and drops the stores above
+     * without this barrier (the tiles then fault as unconfigured). */
+    __asm__ __volatile__("" : : "r"(&cfg) : "memory");
+    _tile_loadconfig(&cfg);
+}
+
+static void ISA(amx_end)(void) { _tile_release(); }
+
+/* Rows [n0, n0 + 16) of W (those past `rows` zero) unpacked for the B tiles: per run u,
+ * bt[u] = the codes in VNNI layout (AMX_PANEL_UNIT bytes), sc[16 u + n], k[16 u + n]. */
+#define PANEL_BODY(HEAD, UNIT, ELEMS, NBYTES)                                                  \
+    for (int n = 0; n < AMX_TILE && n0 + (size_t)n < rows; n++) {                              \
+        const uint8_t *row = w + (n0 + n) * rb;                                                \
+        EACH_RUN(HEAD, ELEMS, NBYTES, {                                                        \
+            ISA(icodes) cd;                                                                    \
+            ISA(UNIT)(p, j, &h, &cd);                                                          \
+            const __m256i codes = _mm256_sub_epi8(cd.codes, zero);                             \
+            _mm256_i32scatter_epi32(bt + (size_t)u * AMX_PANEL_UNIT + 4 * n, at, codes, 1);     \
+            sc[AMX_TILE * u + n] = cd.sc[0];                                                   \
+            k[AMX_TILE * u + n] = cd.has_k && !folded ? cd.k[0] : 0.0f;                        \
+        })                                                                                     \
+    }
+
+static void ISA(amx_panel)(int qt, const uint8_t *w, size_t rb, size_t rows, size_t n0, int cols,
+                           int8_t *bt, float *sc, float *k) {
+    const int nu = cols / 32, folded = ISA(amx_zero)(qt);
+    const __m256i zero = _mm256_set1_epi8((char)folded);
+    /* dword r of a row's 32 codes goes to B's row r: 64 bytes on */
+    const __m256i at = _mm256_setr_epi32(0, 64, 128, 192, 256, 320, 384, 448);
+    if (n0 + AMX_TILE > rows) { /* a short panel: the missing rows multiply as zeros */
+        memset(bt, 0, (size_t)nu * AMX_PANEL_UNIT);
+        memset(sc, 0, (size_t)nu * AMX_TILE * sizeof(float));
+        memset(k, 0, (size_t)nu * AMX_TILE * sizeof(float));
+    }
+    switch (qt) {
+    case QT_Q4_0: ROWS_OF_TYPE(head_q4_0, i8_q4_0, 32, 18, PANEL_BODY) break;
+    case QT_Q4_1: ROWS_OF_TYPE(head_q4_1, i8_q4_1, 32, 20, PANEL_BODY) break;
+    case QT_Q5_0: ROWS_OF_TYPE(head_q5_0, i8_q5_0, 32, 22, PANEL_BODY) break;
+    case QT_Q5_1: ROWS_OF_TYPE(head_q5_1, i8_q5_1, 32, 24, PANEL_BODY) break;
+    case QT_Q8_0: ROWS_OF_TYPE(head_q8_0, i8_q8_0, 32, 34, PANEL_BODY) break;
+    case QT_Q4_K: ROWS_OF_TYPE(head_k, i8_q4_k, 256, 144, PANEL_BODY) break;
+    case QT_Q5_K: ROWS_OF_TYPE(head_k, i8_q5_k, 256, 176, PANEL_BODY) break;
+    case QT_IQ4_NL: ROWS_OF_TYPE(head_iq4_nl, i8_iq4_nl, 32, 18, PANEL_BODY) break;
+    case QT_IQ4_XS: ROWS_OF_TYPE(head_iq4_xs, i8_iq4_xs, 256, 136, PANEL_BODY) break;
+    case QT_MXFP4: ROWS_OF_TYPE(head_mxfp4, i8_mxfp4, 32, 17, PANEL_BODY) break;
+    default: break;
+    }
+}
+#undef PANEL_BODY
+
+/* Run u's 16 x 16 int32 sums c (row m: x row m's sums with the panel's 16 rows) added into
+ * acc[m] in f32: scaled by sc * dx, plus the k term. dx, dsum: x's first row's values for
+ * run u, xs floats from one row to the next. */
+static INLINE void ISA(amx_add_run)(const int32_t *c, const float *sc, const float *k,
+                                    const float *dx, const float *dsum, size_t xs, int has_k,
+                                    __m512 *acc) {
+    const __m512 scv = _mm512_loadu_ps(sc);
+    const __m512 kv = has_k ? _mm512_loadu_ps(k) : _mm512_setzero_ps();
+    for (int m = 0; m < AMX_TILE; m++) {
+        const __m512 s = _mm512_mul_ps(_mm512_set1_ps(dx[m * xs]), scv);
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + AMX_TILE * m)), s, acc[m]);
+        if (has_k) acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(dsum[m * xs]), kv, acc[m]);
+    }
+}
+
+/* Runs of 32 columns multiplied before their sums are scaled: the sums go through memory
+ * (a tile's int32 reach vectors only by a tile store and loads), and a chunk's stores are
+ * long done when its loads come, where a load straight after its store would wait. */
+#define AMX_CHUNK 8
+
+/* Run u's tile product into c: tiles A (x), B (W) and C numbered as given. */
+#define AMX_RUN(C, A, B, u, c)                                                                 \
+    do {                                                                                       \
+        _tile_loadd(A, qm + (size_t)(u) * AMX_PANEL_UNIT, 32);                                  \
+        _tile_loadd(B, b + (size_t)(u) * AMX_PANEL_UNIT, 64);                                   \
+        _tile_zero(C);                                                                         \
+        _tile_dpbssd(C, A, B);                                                                 \
+        _tile_stored(C, c, 64);                                                                \
+    } while (0)
+
+/* y[m, n0 + n] for rows m of x in [m0, m0 + 16) (those below T stored) and the panel's
+ * rows n < nr: x's codes q (tiles of 16 rows by 32 columns, 512 bytes each, run after run,
+ * then the next 16 rows: native.c put_tile_row), its scales d and k-term sums dsum32 (rows
+ * xs floats apart). Runs in column order, a chunk at a time, in alternate tiles. */
+static INLINE void ISA(amx_tile_body)(const int8_t *q, const float *d, const float *dsum32,
+                                      size_t xs, int cols, const int8_t *b, const float *sc,
+                                      const float *k, int has_k, int m0, int T, size_t n0,
+                                      int nr, float *y, size_t ys) {
+    const int nu = cols / 32;
+    const int8_t *qm = q + (size_t)m0 * cols;
+    const float *dm = d + (size_t)m0 * xs, *sm = dsum32 + (size_t)m0 * xs;
+    int32_t c[AMX_CHUNK][AMX_TILE * AMX_TILE] __attribute__((aligned(64)));
+    __m512 acc[AMX_TILE];
+    for (int m = 0; m < AMX_TILE; m++) acc[m] = _mm512_setzero_ps();
+    for (int u0 = 0; u0 < nu; u0 += AMX_CHUNK) {
+        const int n = nu - u0 < AMX_CHUNK ? nu - u0 : AMX_CHUNK;
+        int i = 0;
+        for (; i + 1 < n; i += 2) {
+            AMX_RUN(0, 2, 4, u0 + i, c[i]);
+            AMX_RUN(1, 3, 5, u0 + i + 1, c[i + 1]);
+        }
+        if (i < n) AMX_RUN(0, 2, 4, u0 + i, c[i]);
+        for (i = 0; i < n; i++) {
+            const int u = u0 + i;
+            ISA(amx_add_run)(c[i], sc + AMX_TILE * u, k + AMX_TILE * u, dm + u, sm + u, xs,
+                             has_k, acc);
+        }
+    }
+    const __mmask16 cols_in = (__mmask16)((1u << nr) - 1);
+    for (int m = 0; m < AMX_TILE && m0 + m < T; m++)
+        _mm512_mask_storeu_ps(y + (size_t)(m0 + m) * ys + n0, cols_in, acc[m]);
+}
+#undef AMX_RUN
+#undef AMX_CHUNK
+
+/* One panel of W (rows [n0, n0 + 16)) times every row of x: y's columns [n0, n0 + 16). */
+static void ISA(amx_panel_rows)(int qt, const int8_t *q, const float *d, const float *dsum32,
+                                size_t xs, int T, int cols, const int8_t *b, const float *sc,
+                                const float *k, size_t n0, size_t rows, float *y) {
+    const int nr = rows - n0 < AMX_TILE ? (int)(rows - n0) : AMX_TILE;
+    for (int m0 = 0; m0 < T; m0 += AMX_TILE) {
+        if (ISA(amx_has_k)(qt))
+            ISA(amx_tile_body)(q, d, dsum32, xs, cols, b, sc, k, 1, m0, T, n0, nr, y, rows);
+        else
+            ISA(amx_tile_body)(q, d, dsum32, xs, cols, b, sc, k, 0, m0, T, n0, nr, y, rows);
+    }
+}
