@@ -101,6 +101,12 @@ def activations() -> str:
     return "8-bit"
 
 
+def prompt_tiles() -> bool:
+    """Whether `matmul` multiplies (most types) by AMX int8 tiles now, on the compiled
+    kernels' threads, rather than by BLAS: 8-bit activations on a CPU with AMX."""
+    return _NATIVE is not None and activations() == "8-bit" and _NATIVE.has_tiles()
+
+
 @contextmanager
 def exact_activations(on: bool = True) -> Iterator[None]:
     """Inside the block (in this thread) `dots` keeps x exact in f32 (on) or rounds it to 8

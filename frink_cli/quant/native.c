@@ -568,6 +568,11 @@ static PyObject *py_tiles_for(PyObject *self, PyObject *args) {
     return PyBool_FromLong(K->amx && K->amx->serves(qt));
 }
 
+static PyObject *py_has_tiles(PyObject *self, PyObject *noargs) {
+    (void)self, (void)noargs;
+    return PyBool_FromLong(K->amx != NULL);
+}
+
 static PyObject *py_isa(PyObject *self, PyObject *noargs) {
     (void)self, (void)noargs;
     return PyUnicode_FromString(K->name);
@@ -615,6 +620,7 @@ static PyMethodDef METHODS[] = {
      "int8 tiles, x rounded to 8 bits as dots round it"},
     {"tiles_for", py_tiles_for, METH_VARARGS,
      "tiles_for(qtype): whether the picked ISA has tile products for the type"},
+    {"has_tiles", py_has_tiles, METH_NOARGS, "whether the picked ISA has AMX tile products"},
     {"has_int8", py_has_int8, METH_NOARGS, "whether the picked ISA has 8-bit-activation dots"},
     {"isa", py_isa, METH_NOARGS, "the instruction set the kernels were picked for"},
     {"use_isa", py_use_isa, METH_VARARGS, "use_isa(name) -> the one used before (for tests)"},
