@@ -107,9 +107,9 @@ typedef struct {
     void (*end)(void);
     void (*panel)(int qt, const uint8_t *w, size_t rb, size_t rows, size_t n0, int cols,
                   int8_t *b, float *sc, float *k);
-    void (*panel_rows)(int qt, const int8_t *q, const float *d, const float *dsum32, size_t xs,
-                       int T, int cols, const int8_t *b, const float *sc, const float *k,
-                       size_t n0, size_t rows, float *y);
+    void (*panel_rows)(int qt, const int8_t *q, const float *d, const float *dsum16,
+                       const float *dsum32, size_t xs, int T, int cols, const int8_t *b,
+                       const float *sc, const float *k, size_t n0, size_t rows, float *y);
 } amx_kernels;
 
 typedef struct {
@@ -506,7 +506,7 @@ static PyObject *py_tiles(PyObject *self, PyObject *args) {
          * xs floats in all; per thread a panel of W: sc, k, then the codes. */
         const size_t nb = (size_t)cols / 32, xs = 4 * nb, tpad = ((size_t)T + 15) / 16 * 16;
         const int nt = nthreads > 1 ? nthreads : 1;
-        const size_t panel = 2 * nb * AMX_TILE * sizeof(float) + nb * AMX_PANEL_UNIT;
+        const size_t panel = 4 * nb * AMX_TILE * sizeof(float) + nb * AMX_PANEL_UNIT;
         scratch = calloc(1, tpad * (xs * sizeof(float) + (size_t)cols) + (size_t)nt * panel);
         if (!scratch) {
             PyErr_NoMemory();
@@ -538,15 +538,15 @@ static PyObject *py_tiles(PyObject *self, PyObject *args) {
 #else
             uint8_t *mine = panels;
 #endif
-            float *sc = (float *)mine, *k = sc + nb * AMX_TILE;
-            int8_t *b = (int8_t *)(k + nb * AMX_TILE);
+            float *sc = (float *)mine, *k = sc + 2 * nb * AMX_TILE; /* per 16 columns at most */
+            int8_t *b = (int8_t *)(k + 2 * nb * AMX_TILE);
             a->begin();
 #pragma omp for schedule(static)
             for (long i = 0; i < npanels; i++) {
                 const size_t n0 = (size_t)i * AMX_TILE;
                 a->panel(qt, (const uint8_t *)w.buf, rb, (size_t)rows, n0, (int)cols, b, sc, k);
-                a->panel_rows(qt, q, xd, xd + 3 * nb, xs, (int)T, (int)cols, b, sc, k, n0,
-                              (size_t)rows, (float *)y.buf);
+                a->panel_rows(qt, q, xd, xd + nb, xd + 3 * nb, xs, (int)T, (int)cols, b, sc, k,
+                              n0, (size_t)rows, (float *)y.buf);
             }
             a->end();
         }

@@ -23,32 +23,44 @@
  * column order, whatever the rows of x beside it (x is padded to 16 rows with zeros) or
  * the threads: a row's product is the same bit for bit alone or in any batch.
  *
- * The types whose runs have one sc and k each (not Q2_K, Q3_K, Q6_K: their scales change
- * every 16 columns) go this way; the rest keep tiles of W and BLAS (kernels.py).
+ * Q2_K, Q3_K and Q6_K change scales every 16 columns: their runs of 32 are two tile
+ * products of 16 columns each (tiles 6, 7), each half scaled as its own run.
  */
 
-/* The offset Q4_0 (8) and Q5_0 (16) subtract from their codes (native_int8.h's i8_q4_0,
- * i8_q5_0 give it as k = -zero * sc): subtracted from the codes themselves, signed bytes
- * then, so the tile sums need no k term. */
-static int ISA(amx_zero)(int qt) { return qt == QT_Q4_0 ? 8 : qt == QT_Q5_0 ? 16 : 0; }
+/* The offset some types subtract from their codes (native_int8.h's i8_* give it as k =
+ * -zero * sc: Q4_0's 8, Q5_0's 16, Q3_K's 4, Q6_K's 32): subtracted from the codes
+ * themselves, signed bytes then, so the tile sums need no k term. */
+static int ISA(amx_zero)(int qt) {
+    switch (qt) {
+    case QT_Q4_0: return 8;
+    case QT_Q5_0: return 16;
+    case QT_Q3_K: return 4;
+    case QT_Q6_K: return 32;
+    default: return 0;
+    }
+}
 
 /* Whether W's runs carry a k term (a min) beside the scaled codes. */
 static int ISA(amx_has_k)(int qt) {
-    return qt == QT_Q4_1 || qt == QT_Q5_1 || qt == QT_Q4_K || qt == QT_Q5_K;
+    return qt == QT_Q4_1 || qt == QT_Q5_1 || qt == QT_Q2_K || qt == QT_Q4_K || qt == QT_Q5_K;
 }
+
+/* Whether the type's scales change every 16 columns (two tile products per run of 32). */
+static int ISA(amx_split)(int qt) { return qt == QT_Q2_K || qt == QT_Q3_K || qt == QT_Q6_K; }
 
 static int ISA(amx_serves)(int qt) {
     switch (qt) {
-    case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1: case QT_Q8_0: case QT_Q4_K:
-    case QT_Q5_K: case QT_IQ4_NL: case QT_IQ4_XS: case QT_MXFP4: return 1;
+    case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1: case QT_Q8_0: case QT_Q2_K:
+    case QT_Q3_K: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: case QT_IQ4_NL: case QT_IQ4_XS:
+    case QT_MXFP4: return 1;
     default: return 0;
     }
 }
 
 /* Palette 1: tiles 0, 1 are C (16 x 16 int32), 2, 3 A (16 rows of 32 bytes), 4, 5 B (8
- * rows of 64 bytes); two of each so that one run's sums are scaled while the next run's
- * are multiplied. Tile state is per thread: each thread loads it before its first tile
- * and releases it after its last. */
+ * rows of 64 bytes), two of each so that one run is multiplied while the last one is
+ * stored; 6, 7 the A and B of 16 columns (4 rows of B). Tile state is per thread: each
+ * thread loads it before its first tile and releases it after its last. */
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
@@ -56,13 +68,13 @@ typedef struct {
 } __attribute__((packed, aligned(64))) ISA(amx_config);
 
 static void ISA(amx_begin)(void) {
+    static const uint8_t rows[8] = {AMX_TILE, AMX_TILE, AMX_TILE, AMX_TILE, 8, 8, AMX_TILE, 4};
+    static const uint16_t colsb[8] = {64, 64, 32, 32, 64, 64, 16, 64};
     ISA(amx_config) cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    for (int t = 0; t < 6; t++) {
-        cfg.rows[t] = t >= 4 ? 8 : AMX_TILE;
-        cfg.colsb[t] = t >= 2 && t < 4 ? 32 : 64;
-    }
+    memcpy(cfg.rows, rows, sizeof rows);
+    memcpy(cfg.colsb, colsb, sizeof colsb);
     /* GCC 12 does not count ldtilecfg as reading its operand and drops the stores above
      * without this barrier (the tiles then fault as unconfigured). */
     __asm__ __volatile__("" : : "r"(&cfg) : "memory");
@@ -71,8 +83,10 @@ static void ISA(amx_begin)(void) {
 
 static void ISA(amx_end)(void) { _tile_release(); }
 
-/* Rows [n0, n0 + 16) of W (those past `rows` zero) unpacked for the B tiles: per run u,
- * bt[u] = the codes in VNNI layout (AMX_PANEL_UNIT bytes), sc[16 u + n], k[16 u + n]. */
+/* Rows [n0, n0 + 16) of W (those past `rows` zero) unpacked for the B tiles: per run u of
+ * 32 columns bt[u] = the codes in VNNI layout (AMX_PANEL_UNIT bytes; its first half the
+ * first 16 columns'); sc[16 v + n], k[16 v + n] per scaled run v (u, or 2 u and 2 u + 1
+ * for the split types). */
 #define PANEL_BODY(HEAD, UNIT, ELEMS, NBYTES)                                                  \
     for (int n = 0; n < AMX_TILE && n0 + (size_t)n < rows; n++) {                              \
         const uint8_t *row = w + (n0 + n) * rb;                                                \
@@ -81,21 +95,25 @@ static void ISA(amx_end)(void) { _tile_release(); }
             ISA(UNIT)(p, j, &h, &cd);                                                          \
             const __m256i codes = _mm256_sub_epi8(cd.codes, zero);                             \
             _mm256_i32scatter_epi32(bt + (size_t)u * AMX_PANEL_UNIT + 4 * n, at, codes, 1);     \
-            sc[AMX_TILE * u + n] = cd.sc[0];                                                   \
-            k[AMX_TILE * u + n] = cd.has_k && !folded ? cd.k[0] : 0.0f;                        \
+            for (int half = 0; half <= cd.split; half++) {                                     \
+                const int v = (cd.split + 1) * u + half;                                       \
+                sc[AMX_TILE * v + n] = cd.sc[half];                                            \
+                k[AMX_TILE * v + n] = cd.has_k && !folded ? cd.k[half] : 0.0f;                 \
+            }                                                                                  \
         })                                                                                     \
     }
 
 static void ISA(amx_panel)(int qt, const uint8_t *w, size_t rb, size_t rows, size_t n0, int cols,
                            int8_t *bt, float *sc, float *k) {
-    const int nu = cols / 32, folded = ISA(amx_zero)(qt);
+    const int nu = cols / 32, folded = ISA(amx_zero)(qt), split = ISA(amx_split)(qt);
     const __m256i zero = _mm256_set1_epi8((char)folded);
     /* dword r of a row's 32 codes goes to B's row r: 64 bytes on */
     const __m256i at = _mm256_setr_epi32(0, 64, 128, 192, 256, 320, 384, 448);
     if (n0 + AMX_TILE > rows) { /* a short panel: the missing rows multiply as zeros */
+        const size_t runs = (size_t)nu * (split + 1);
         memset(bt, 0, (size_t)nu * AMX_PANEL_UNIT);
-        memset(sc, 0, (size_t)nu * AMX_TILE * sizeof(float));
-        memset(k, 0, (size_t)nu * AMX_TILE * sizeof(float));
+        memset(sc, 0, runs * AMX_TILE * sizeof(float));
+        memset(k, 0, runs * AMX_TILE * sizeof(float));
     }
     switch (qt) {
     case QT_Q4_0: ROWS_OF_TYPE(head_q4_0, i8_q4_0, 32, 18, PANEL_BODY) break;
@@ -103,8 +121,11 @@ static void ISA(amx_panel)(int qt, const uint8_t *w, size_t rb, size_t rows, siz
     case QT_Q5_0: ROWS_OF_TYPE(head_q5_0, i8_q5_0, 32, 22, PANEL_BODY) break;
     case QT_Q5_1: ROWS_OF_TYPE(head_q5_1, i8_q5_1, 32, 24, PANEL_BODY) break;
     case QT_Q8_0: ROWS_OF_TYPE(head_q8_0, i8_q8_0, 32, 34, PANEL_BODY) break;
+    case QT_Q2_K: ROWS_OF_TYPE(head_q2_k, i8_q2_k, 256, 84, PANEL_BODY) break;
+    case QT_Q3_K: ROWS_OF_TYPE(head_q3_k, i8_q3_k, 256, 110, PANEL_BODY) break;
     case QT_Q4_K: ROWS_OF_TYPE(head_k, i8_q4_k, 256, 144, PANEL_BODY) break;
     case QT_Q5_K: ROWS_OF_TYPE(head_k, i8_q5_k, 256, 176, PANEL_BODY) break;
+    case QT_Q6_K: ROWS_OF_TYPE(head_q6_k, i8_q6_k, 256, 210, PANEL_BODY) break;
     case QT_IQ4_NL: ROWS_OF_TYPE(head_iq4_nl, i8_iq4_nl, 32, 18, PANEL_BODY) break;
     case QT_IQ4_XS: ROWS_OF_TYPE(head_iq4_xs, i8_iq4_xs, 256, 136, PANEL_BODY) break;
     case QT_MXFP4: ROWS_OF_TYPE(head_mxfp4, i8_mxfp4, 32, 17, PANEL_BODY) break;
@@ -113,9 +134,9 @@ static void ISA(amx_panel)(int qt, const uint8_t *w, size_t rb, size_t rows, siz
 }
 #undef PANEL_BODY
 
-/* Run u's 16 x 16 int32 sums c (row m: x row m's sums with the panel's 16 rows) added into
- * acc[m] in f32: scaled by sc * dx, plus the k term. dx, dsum: x's first row's values for
- * run u, xs floats from one row to the next. */
+/* A scaled run's 16 x 16 int32 sums c (row m: x row m's sums with the panel's 16 rows)
+ * added into acc[m] in f32: scaled by sc * dx, plus the k term. dx, dsum: x's first
+ * row's values for the run, xs floats from one row to the next. */
 static INLINE void ISA(amx_add_run)(const int32_t *c, const float *sc, const float *k,
                                     const float *dx, const float *dsum, size_t xs, int has_k,
                                     __m512 *acc) {
@@ -128,47 +149,56 @@ static INLINE void ISA(amx_add_run)(const int32_t *c, const float *sc, const flo
     }
 }
 
-/* Runs of 32 columns multiplied before their sums are scaled: the sums go through memory
- * (a tile's int32 reach vectors only by a tile store and loads), and a chunk's stores are
+/* Scaled runs multiplied before their sums are scaled: the sums go through memory (a
+ * tile's int32 reach vectors only by a tile store and loads), and a chunk's stores are
  * long done when its loads come, where a load straight after its store would wait. */
 #define AMX_CHUNK 8
 
-/* Run u's tile product into c: tiles A (x), B (W) and C numbered as given. */
-#define AMX_RUN(C, A, B, u, c)                                                                 \
+/* Scaled run v's tile product into c, in tile C: v a run of 32 columns (tiles A, B) or,
+ * split, half a run (tiles 6, 7). */
+#define AMX_RUN(C, A, B, v, c)                                                                       \
     do {                                                                                       \
-        _tile_loadd(A, qm + (size_t)(u) * AMX_PANEL_UNIT, 32);                                  \
-        _tile_loadd(B, b + (size_t)(u) * AMX_PANEL_UNIT, 64);                                   \
-        _tile_zero(C);                                                                         \
-        _tile_dpbssd(C, A, B);                                                                 \
+        if (split) {                                                                           \
+            _tile_loadd(6, qm + (size_t)((v) / 2) * AMX_PANEL_UNIT + 16 * ((v) % 2), 32);       \
+            _tile_loadd(7, b + (size_t)((v) / 2) * AMX_PANEL_UNIT + 256 * ((v) % 2), 64);       \
+            _tile_zero(C);                                                                     \
+            _tile_dpbssd(C, 6, 7);                                                             \
+        } else {                                                                               \
+            _tile_loadd(A, qm + (size_t)(v) * AMX_PANEL_UNIT, 32);                              \
+            _tile_loadd(B, b + (size_t)(v) * AMX_PANEL_UNIT, 64);                               \
+            _tile_zero(C);                                                                     \
+            _tile_dpbssd(C, A, B);                                                             \
+        }                                                                                      \
         _tile_stored(C, c, 64);                                                                \
     } while (0)
 
 /* y[m, n0 + n] for rows m of x in [m0, m0 + 16) (those below T stored) and the panel's
  * rows n < nr: x's codes q (tiles of 16 rows by 32 columns, 512 bytes each, run after run,
- * then the next 16 rows: native.c put_tile_row), its scales d and k-term sums dsum32 (rows
- * xs floats apart). Runs in column order, a chunk at a time, in alternate tiles. */
-static INLINE void ISA(amx_tile_body)(const int8_t *q, const float *d, const float *dsum32,
+ * then the next 16 rows: native.c put_tile_row), its scales d (per 32 columns) and k-term
+ * sums dsum (per scaled run), rows xs floats apart. Runs in column order, a chunk at a
+ * time, in alternate tiles. */
+static INLINE void ISA(amx_tile_body)(const int8_t *q, const float *d, const float *dsum,
                                       size_t xs, int cols, const int8_t *b, const float *sc,
-                                      const float *k, int has_k, int m0, int T, size_t n0,
-                                      int nr, float *y, size_t ys) {
-    const int nu = cols / 32;
+                                      const float *k, int has_k, int split, int m0, int T,
+                                      size_t n0, int nr, float *y, size_t ys) {
+    const int runs = cols / (split ? 16 : 32);
     const int8_t *qm = q + (size_t)m0 * cols;
-    const float *dm = d + (size_t)m0 * xs, *sm = dsum32 + (size_t)m0 * xs;
+    const float *dm = d + (size_t)m0 * xs, *sm = dsum + (size_t)m0 * xs;
     int32_t c[AMX_CHUNK][AMX_TILE * AMX_TILE] __attribute__((aligned(64)));
     __m512 acc[AMX_TILE];
     for (int m = 0; m < AMX_TILE; m++) acc[m] = _mm512_setzero_ps();
-    for (int u0 = 0; u0 < nu; u0 += AMX_CHUNK) {
-        const int n = nu - u0 < AMX_CHUNK ? nu - u0 : AMX_CHUNK;
+    for (int v0 = 0; v0 < runs; v0 += AMX_CHUNK) {
+        const int n = runs - v0 < AMX_CHUNK ? runs - v0 : AMX_CHUNK;
         int i = 0;
         for (; i + 1 < n; i += 2) {
-            AMX_RUN(0, 2, 4, u0 + i, c[i]);
-            AMX_RUN(1, 3, 5, u0 + i + 1, c[i + 1]);
+            AMX_RUN(0, 2, 4, v0 + i, c[i]);
+            AMX_RUN(1, 3, 5, v0 + i + 1, c[i + 1]);
         }
-        if (i < n) AMX_RUN(0, 2, 4, u0 + i, c[i]);
+        if (i < n) AMX_RUN(0, 2, 4, v0 + i, c[i]);
         for (i = 0; i < n; i++) {
-            const int u = u0 + i;
-            ISA(amx_add_run)(c[i], sc + AMX_TILE * u, k + AMX_TILE * u, dm + u, sm + u, xs,
-                             has_k, acc);
+            const int v = v0 + i;
+            ISA(amx_add_run)(c[i], sc + AMX_TILE * v, k + AMX_TILE * v, dm + (split ? v / 2 : v),
+                             sm + v, xs, has_k, acc);
         }
     }
     const __mmask16 cols_in = (__mmask16)((1u << nr) - 1);
@@ -178,15 +208,23 @@ static INLINE void ISA(amx_tile_body)(const int8_t *q, const float *d, const flo
 #undef AMX_RUN
 #undef AMX_CHUNK
 
-/* One panel of W (rows [n0, n0 + 16)) times every row of x: y's columns [n0, n0 + 16). */
-static void ISA(amx_panel_rows)(int qt, const int8_t *q, const float *d, const float *dsum32,
-                                size_t xs, int T, int cols, const int8_t *b, const float *sc,
-                                const float *k, size_t n0, size_t rows, float *y) {
+/* One panel of W (rows [n0, n0 + 16)) times every row of x: y's columns [n0, n0 + 16).
+ * x's k-term sums: dsum16 per 16 columns (the split types'), dsum32 per 32. */
+static void ISA(amx_panel_rows)(int qt, const int8_t *q, const float *d, const float *dsum16,
+                                const float *dsum32, size_t xs, int T, int cols, const int8_t *b,
+                                const float *sc, const float *k, size_t n0, size_t rows,
+                                float *y) {
     const int nr = rows - n0 < AMX_TILE ? (int)(rows - n0) : AMX_TILE;
+    const int has_k = ISA(amx_has_k)(qt), split = ISA(amx_split)(qt);
     for (int m0 = 0; m0 < T; m0 += AMX_TILE) {
-        if (ISA(amx_has_k)(qt))
-            ISA(amx_tile_body)(q, d, dsum32, xs, cols, b, sc, k, 1, m0, T, n0, nr, y, rows);
+        /* each case its own copy of the body, the flags constant in it */
+        if (split && has_k)
+            ISA(amx_tile_body)(q, d, dsum16, xs, cols, b, sc, k, 1, 1, m0, T, n0, nr, y, rows);
+        else if (split)
+            ISA(amx_tile_body)(q, d, dsum16, xs, cols, b, sc, k, 0, 1, m0, T, n0, nr, y, rows);
+        else if (has_k)
+            ISA(amx_tile_body)(q, d, dsum32, xs, cols, b, sc, k, 1, 0, m0, T, n0, nr, y, rows);
         else
-            ISA(amx_tile_body)(q, d, dsum32, xs, cols, b, sc, k, 0, m0, T, n0, nr, y, rows);
+            ISA(amx_tile_body)(q, d, dsum32, xs, cols, b, sc, k, 0, 0, m0, T, n0, nr, y, rows);
     }
 }
