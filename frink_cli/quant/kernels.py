@@ -137,6 +137,11 @@ def threads(n: int | None) -> Iterator[None]:
         _threads.reset(token)
 
 
+def current_threads() -> int:
+    """The threads the kernels called in this thread may use now (`threads`)."""
+    return _threads.get()
+
+
 def _activations(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] != w.cols:
