@@ -8,15 +8,13 @@ llama.cpp does.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 import numpy as np
 
 from ..model.config import LayerShape, ModelConfig
 from ..model.weights import LayerWeights
-from ..quant import kernels
-from .linear import blas_threads
+from .linear import blas_threads, both, host_ways
 from .rope import Rope
 
 # Prefill queries are taken in blocks of this many rows, each against only the keys it can
@@ -135,31 +133,21 @@ def attend(
     # only pay hand-offs, which stall whenever another process holds a core. (Blocks on a
     # second Python thread gained nothing in a real prefill: OpenBLAS's own worker spins on
     # the other core for a while after each GEMM.)
-    #
-    # Where a prompt's products run on AMX tiles, the step's cores are the compiled
-    # kernels' and BLAS has one thread anyway (linear.step_threads): the blocks, each
-    # writing its own rows, then go two ways, every other one on a second Python thread
-    # (NumPy releases the GIL in its GEMMs and ufuncs). Gemma 3 270M's prefill: 1093 ->
-    # 1237 tokens/s on two cores. A block's arithmetic is the same on either thread.
+    # Where the step allows (linear.host_ways: a prompt's products on AMX tiles) the
+    # blocks, each writing its own rows, go two ways: every other one on a second Python
+    # thread (Gemma 3 270M's prefill: 1093 -> 1237 tokens/s on two cores). A block's
+    # arithmetic is the same on either thread.
     starts = range(0, T, QUERY_BLOCK)
-    two = len(starts) > 1 and kernels.prompt_tiles() and kernels.current_threads() > 1
     with blas_threads.limit(1):
-        if two:
-            other = _second_thread().submit(lambda: [block(r0) for r0 in starts[1::2]])
-            try:
-                for r0 in starts[::2]:
-                    block(r0)
-            finally:
-                other.result()
+        if len(starts) > 1 and host_ways() > 1:
+            both(
+                lambda: [block(r0) for r0 in starts[::2]],
+                lambda: [block(r0) for r0 in starts[1::2]],
+            )
         else:
             for r0 in starts:
                 block(r0)
     return out.transpose(1, 0, 2, 3).reshape(T, H * hv)
-
-
-@lru_cache(maxsize=1)
-def _second_thread() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(1, thread_name_prefix="frink-attention")
 
 
 def _attend_row(

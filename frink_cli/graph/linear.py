@@ -28,8 +28,10 @@ embedding frink keeps its own.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -205,6 +207,30 @@ def step_threads(n: int | None, few: bool) -> Iterator[None]:
     else:
         with blas_threads.limit(n), kernels.threads(1):
             yield
+
+
+def host_ways() -> int:
+    """2 where a prompt step's NumPy work (attention's query blocks, the FFN's activation)
+    may go two ways now, else 1: its products run on AMX tiles, so the step's cores are
+    the compiled kernels' (`step_threads`) and BLAS, one thread, leaves the second core
+    idle between them. Without tiles OpenBLAS's wide workers spin on that core after each
+    GEMM: a second Python thread gained nothing there."""
+    return 2 if kernels.prompt_tiles() and kernels.current_threads() > 1 else 1
+
+
+@lru_cache(maxsize=1)
+def _second_thread() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(1, thread_name_prefix="frink-host")
+
+
+def both(first: Callable[[], object], second: Callable[[], object]) -> None:
+    """first() on this thread while second() runs on a second Python thread (NumPy
+    releases the GIL in its ufuncs and GEMMs); both done on return."""
+    other = _second_thread().submit(second)
+    try:
+        first()
+    finally:
+        other.result()
 
 
 class ThreadChoice:

@@ -103,13 +103,13 @@ typedef void (*quantize_row_fn)(const float *, int, int, int8_t *, float *, floa
  * every row of x. */
 typedef struct {
     int (*serves)(int qt);
-    void (*begin)(void);
+    void (*begin)(int qt);
     void (*end)(void);
     void (*panel)(int qt, const uint8_t *w, size_t rb, size_t rows, size_t n0, int cols,
                   int8_t *b, float *sc, float *k);
-    void (*panel_rows)(int qt, const int8_t *q, const float *d, const float *dsum16,
-                       const float *dsum32, size_t xs, int T, int cols, const int8_t *b,
-                       const float *sc, const float *k, size_t n0, size_t rows, float *y);
+    void (*panel_rows)(int qt, const int8_t *q, const float *xf, int T, int cols,
+                       const int8_t *b, const float *sc, const float *k, size_t n0, size_t rows,
+                       float *y);
 } amx_kernels;
 
 typedef struct {
@@ -467,13 +467,18 @@ done:
     return ret;
 }
 
-/* Row t of x's codes (cols of them) put where the tile products read them: tiles of 16
- * rows by 32 columns (AMX_PANEL_UNIT bytes, row after row), the tiles of rows [16 i,
- * 16 i + 16) run after run, then those of the next 16 rows. One tile is then 512 bytes
- * in a row, which a tile load reads best. */
-static void put_tile_row(const int8_t *row, int cols, size_t t, int8_t *q) {
+/* Row t of x, rounded (its cols codes, its nf floats: quantize_row's scales and sums), put
+ * where the tile products read it. Codes: tiles of 16 rows by 32 columns (AMX_PANEL_UNIT
+ * bytes, row after row), the tiles of rows [16 i, 16 i + 16) run after run, then those of
+ * the next 16 rows: one tile is 512 bytes in a row, which a tile load reads best. Floats:
+ * float j of the 16 rows side by side (16 floats), j after j, then the next 16 rows: a
+ * run's scales for a tile's rows are then one vector's worth in a row. */
+static void put_tile_row(const int8_t *row, const float *f, int cols, int nf, size_t t,
+                         int8_t *q, float *ft) {
     int8_t *at = q + t / AMX_TILE * (size_t)AMX_TILE * cols + t % AMX_TILE * 32;
     for (int u = 0; u < cols / 32; u++) memcpy(at + (size_t)u * AMX_PANEL_UNIT, row + 32 * u, 32);
+    float *fat = ft + t / AMX_TILE * (size_t)AMX_TILE * nf + t % AMX_TILE;
+    for (int j = 0; j < nf; j++) fat[(size_t)j * AMX_TILE] = f[j];
 }
 
 /* tiles(qtype, w, rows, cols, x f32, T, y f32, threads): y[T, rows] = x @ W.T by AMX int8
@@ -515,7 +520,8 @@ static PyObject *py_tiles(PyObject *self, PyObject *args) {
         float *xd = scratch;
         uint8_t *panels = (uint8_t *)(xd + tpad * xs);
         int8_t *q = (int8_t *)(panels + (size_t)nt * panel);
-        /* a thread's panel holds a row of codes before it holds W (cols <= panel bytes) */
+        /* a thread's panel holds a rounded row of x before it holds W (cols + xs floats <=
+         * panel bytes) */
         const int scheme = x_scheme(qt);
         const long nx = (long)T, npanels = (long)((rows + AMX_TILE - 1) / AMX_TILE);
         Py_BEGIN_ALLOW_THREADS;
@@ -526,10 +532,10 @@ static PyObject *py_tiles(PyObject *self, PyObject *args) {
 #else
             int8_t *row = (int8_t *)panels;
 #endif
-            float *dt = xd + (size_t)t * xs;
+            float *dt = (float *)(row + cols);
             K->quantize_row((const float *)x.buf + (size_t)t * cols, (int)cols, scheme, row, dt,
                             dt + nb, dt + 3 * nb, NULL);
-            put_tile_row(row, (int)cols, (size_t)t, q);
+            put_tile_row(row, dt, (int)cols, (int)xs, (size_t)t, q, xd);
         }
 #pragma omp parallel num_threads(nt) if (nt > 1 && npanels > 1)
         {
@@ -540,13 +546,13 @@ static PyObject *py_tiles(PyObject *self, PyObject *args) {
 #endif
             float *sc = (float *)mine, *k = sc + 2 * nb * AMX_TILE; /* per 16 columns at most */
             int8_t *b = (int8_t *)(k + 2 * nb * AMX_TILE);
-            a->begin();
+            a->begin(qt);
 #pragma omp for schedule(static)
             for (long i = 0; i < npanels; i++) {
                 const size_t n0 = (size_t)i * AMX_TILE;
                 a->panel(qt, (const uint8_t *)w.buf, rb, (size_t)rows, n0, (int)cols, b, sc, k);
-                a->panel_rows(qt, q, xd, xd + nb, xd + 3 * nb, xs, (int)T, (int)cols, b, sc, k,
-                              n0, (size_t)rows, (float *)y.buf);
+                a->panel_rows(qt, q, xd, (int)T, (int)cols, b, sc, k, n0, (size_t)rows,
+                              (float *)y.buf);
             }
             a->end();
         }

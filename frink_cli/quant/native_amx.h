@@ -57,24 +57,26 @@ static int ISA(amx_serves)(int qt) {
     }
 }
 
-/* Palette 1: tiles 0, 1 are C (16 x 16 int32), 2, 3 A (16 rows of 32 bytes), 4, 5 B (8
- * rows of 64 bytes), two of each so that one run is multiplied while the last one is
- * stored; 6, 7 the A and B of 16 columns (4 rows of B). Tile state is per thread: each
- * thread loads it before its first tile and releases it after its last. */
+/* Palette 1: tiles 0-3 are C (16 x 16 int32), 4, 5 A (16 rows of x's codes: 32 bytes, 16
+ * for the split types), 6, 7 B (8 rows of 64 bytes, 4 for the split types). Four runs in
+ * flight, as the tiles are not renamed and a run's sums take a while to come. Tile state
+ * is per thread: each thread loads it for W's type before its first tile and releases it
+ * after its last. */
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
     uint8_t rows[16];
 } __attribute__((packed, aligned(64))) ISA(amx_config);
 
-static void ISA(amx_begin)(void) {
-    static const uint8_t rows[8] = {AMX_TILE, AMX_TILE, AMX_TILE, AMX_TILE, 8, 8, AMX_TILE, 4};
-    static const uint16_t colsb[8] = {64, 64, 32, 32, 64, 64, 16, 64};
+static void ISA(amx_begin)(int qt) {
+    const int split = ISA(amx_split)(qt);
     ISA(amx_config) cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    memcpy(cfg.rows, rows, sizeof rows);
-    memcpy(cfg.colsb, colsb, sizeof colsb);
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = t < 6 ? AMX_TILE : split ? 4 : 8;
+        cfg.colsb[t] = t < 4 || t >= 6 ? 64 : split ? 16 : 32;
+    }
     /* GCC 12 does not count ldtilecfg as reading its operand and drops the stores above
      * without this barrier (the tiles then fault as unconfigured). */
     __asm__ __volatile__("" : : "r"(&cfg) : "memory");
@@ -135,17 +137,15 @@ static void ISA(amx_panel)(int qt, const uint8_t *w, size_t rb, size_t rows, siz
 #undef PANEL_BODY
 
 /* A scaled run's 16 x 16 int32 sums c (row m: x row m's sums with the panel's 16 rows)
- * added into acc[m] in f32: scaled by sc * dx, plus the k term. dx, dsum: x's first
- * row's values for the run, xs floats from one row to the next. */
+ * added into acc[m] in f32: scaled by sc * dx[m], plus the k term k * dsum[m]. */
 static INLINE void ISA(amx_add_run)(const int32_t *c, const float *sc, const float *k,
-                                    const float *dx, const float *dsum, size_t xs, int has_k,
-                                    __m512 *acc) {
+                                    const float *dx, const float *dsum, int has_k, __m512 *acc) {
     const __m512 scv = _mm512_loadu_ps(sc);
     const __m512 kv = has_k ? _mm512_loadu_ps(k) : _mm512_setzero_ps();
     for (int m = 0; m < AMX_TILE; m++) {
-        const __m512 s = _mm512_mul_ps(_mm512_set1_ps(dx[m * xs]), scv);
+        const __m512 s = _mm512_mul_ps(_mm512_set1_ps(dx[m]), scv);
         acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + AMX_TILE * m)), s, acc[m]);
-        if (has_k) acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(dsum[m * xs]), kv, acc[m]);
+        if (has_k) acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(dsum[m]), kv, acc[m]);
     }
 }
 
@@ -154,51 +154,49 @@ static INLINE void ISA(amx_add_run)(const int32_t *c, const float *sc, const flo
  * long done when its loads come, where a load straight after its store would wait. */
 #define AMX_CHUNK 8
 
-/* Scaled run v's tile product into c, in tile C: v a run of 32 columns (tiles A, B) or,
- * split, half a run (tiles 6, 7). */
-#define AMX_RUN(C, A, B, v, c)                                                                       \
+/* Scaled run v's tile product into c, in tiles A, B, C: v a run of 32 columns or, split,
+ * half a run (x's columns 16 on in its tile, W's rows 4 on). */
+#define AMX_RUN(C, A, B, v, c)                                                                 \
     do {                                                                                       \
-        if (split) {                                                                           \
-            _tile_loadd(6, qm + (size_t)((v) / 2) * AMX_PANEL_UNIT + 16 * ((v) % 2), 32);       \
-            _tile_loadd(7, b + (size_t)((v) / 2) * AMX_PANEL_UNIT + 256 * ((v) % 2), 64);       \
-            _tile_zero(C);                                                                     \
-            _tile_dpbssd(C, 6, 7);                                                             \
-        } else {                                                                               \
-            _tile_loadd(A, qm + (size_t)(v) * AMX_PANEL_UNIT, 32);                              \
-            _tile_loadd(B, b + (size_t)(v) * AMX_PANEL_UNIT, 64);                               \
-            _tile_zero(C);                                                                     \
-            _tile_dpbssd(C, A, B);                                                             \
-        }                                                                                      \
+        const size_t tile_ = (size_t)(split ? (v) / 2 : (v)) * AMX_PANEL_UNIT;                 \
+        const int half_ = split ? (v) % 2 : 0;                                                 \
+        _tile_loadd(A, qm + tile_ + 16 * half_, 32);                                           \
+        _tile_loadd(B, b + tile_ + 256 * half_, 64);                                           \
+        _tile_zero(C);                                                                         \
+        _tile_dpbssd(C, A, B);                                                                 \
         _tile_stored(C, c, 64);                                                                \
     } while (0)
 
 /* y[m, n0 + n] for rows m of x in [m0, m0 + 16) (those below T stored) and the panel's
- * rows n < nr: x's codes q (tiles of 16 rows by 32 columns, 512 bytes each, run after run,
- * then the next 16 rows: native.c put_tile_row), its scales d (per 32 columns) and k-term
- * sums dsum (per scaled run), rows xs floats apart. Runs in column order, a chunk at a
- * time, in alternate tiles. */
-static INLINE void ISA(amx_tile_body)(const int8_t *q, const float *d, const float *dsum,
-                                      size_t xs, int cols, const int8_t *b, const float *sc,
-                                      const float *k, int has_k, int split, int m0, int T,
-                                      size_t n0, int nr, float *y, size_t ys) {
-    const int runs = cols / (split ? 16 : 32);
+ * rows n < nr. x as native.c put_tile_row lays it out: its codes q, its floats xf, per row
+ * quantize_row's dx per 32 columns, dx * sum q per 16, per 32 (16 rows side by side);
+ * dsum the k terms' (per 16 columns for the split types). Runs in column order, a chunk
+ * at a time, in alternate tiles. */
+static INLINE void ISA(amx_tile_body)(const int8_t *q, const float *xf, int cols,
+                                      const int8_t *b, const float *sc, const float *k,
+                                      int has_k, int split, int m0, int T, size_t n0, int nr,
+                                      float *y, size_t ys) {
+    const int runs = cols / (split ? 16 : 32), nb = cols / 32;
     const int8_t *qm = q + (size_t)m0 * cols;
-    const float *dm = d + (size_t)m0 * xs, *sm = dsum + (size_t)m0 * xs;
+    const float *dm = xf + (size_t)m0 * 4 * nb;
+    const float *sm = dm + (size_t)(split ? nb : 3 * nb) * AMX_TILE;
     int32_t c[AMX_CHUNK][AMX_TILE * AMX_TILE] __attribute__((aligned(64)));
     __m512 acc[AMX_TILE];
     for (int m = 0; m < AMX_TILE; m++) acc[m] = _mm512_setzero_ps();
     for (int v0 = 0; v0 < runs; v0 += AMX_CHUNK) {
         const int n = runs - v0 < AMX_CHUNK ? runs - v0 : AMX_CHUNK;
         int i = 0;
-        for (; i + 1 < n; i += 2) {
-            AMX_RUN(0, 2, 4, v0 + i, c[i]);
-            AMX_RUN(1, 3, 5, v0 + i + 1, c[i + 1]);
+        for (; i + 3 < n; i += 4) {
+            AMX_RUN(0, 4, 6, v0 + i, c[i]);
+            AMX_RUN(1, 5, 7, v0 + i + 1, c[i + 1]);
+            AMX_RUN(2, 4, 6, v0 + i + 2, c[i + 2]);
+            AMX_RUN(3, 5, 7, v0 + i + 3, c[i + 3]);
         }
-        if (i < n) AMX_RUN(0, 2, 4, v0 + i, c[i]);
+        for (; i < n; i++) AMX_RUN(0, 4, 6, v0 + i, c[i]);
         for (i = 0; i < n; i++) {
             const int v = v0 + i;
-            ISA(amx_add_run)(c[i], sc + AMX_TILE * v, k + AMX_TILE * v, dm + (split ? v / 2 : v),
-                             sm + v, xs, has_k, acc);
+            ISA(amx_add_run)(c[i], sc + AMX_TILE * v, k + AMX_TILE * v,
+                             dm + AMX_TILE * (split ? v / 2 : v), sm + AMX_TILE * v, has_k, acc);
         }
     }
     const __mmask16 cols_in = (__mmask16)((1u << nr) - 1);
@@ -208,23 +206,21 @@ static INLINE void ISA(amx_tile_body)(const int8_t *q, const float *d, const flo
 #undef AMX_RUN
 #undef AMX_CHUNK
 
-/* One panel of W (rows [n0, n0 + 16)) times every row of x: y's columns [n0, n0 + 16).
- * x's k-term sums: dsum16 per 16 columns (the split types'), dsum32 per 32. */
-static void ISA(amx_panel_rows)(int qt, const int8_t *q, const float *d, const float *dsum16,
-                                const float *dsum32, size_t xs, int T, int cols, const int8_t *b,
-                                const float *sc, const float *k, size_t n0, size_t rows,
-                                float *y) {
+/* One panel of W (rows [n0, n0 + 16)) times every row of x: y's columns [n0, n0 + 16). */
+static void ISA(amx_panel_rows)(int qt, const int8_t *q, const float *xf, int T, int cols,
+                                const int8_t *b, const float *sc, const float *k, size_t n0,
+                                size_t rows, float *y) {
     const int nr = rows - n0 < AMX_TILE ? (int)(rows - n0) : AMX_TILE;
     const int has_k = ISA(amx_has_k)(qt), split = ISA(amx_split)(qt);
     for (int m0 = 0; m0 < T; m0 += AMX_TILE) {
         /* each case its own copy of the body, the flags constant in it */
         if (split && has_k)
-            ISA(amx_tile_body)(q, d, dsum16, xs, cols, b, sc, k, 1, 1, m0, T, n0, nr, y, rows);
+            ISA(amx_tile_body)(q, xf, cols, b, sc, k, 1, 1, m0, T, n0, nr, y, rows);
         else if (split)
-            ISA(amx_tile_body)(q, d, dsum16, xs, cols, b, sc, k, 0, 1, m0, T, n0, nr, y, rows);
+            ISA(amx_tile_body)(q, xf, cols, b, sc, k, 0, 1, m0, T, n0, nr, y, rows);
         else if (has_k)
-            ISA(amx_tile_body)(q, d, dsum32, xs, cols, b, sc, k, 1, 0, m0, T, n0, nr, y, rows);
+            ISA(amx_tile_body)(q, xf, cols, b, sc, k, 1, 0, m0, T, n0, nr, y, rows);
         else
-            ISA(amx_tile_body)(q, d, dsum32, xs, cols, b, sc, k, 0, 0, m0, T, n0, nr, y, rows);
+            ISA(amx_tile_body)(q, xf, cols, b, sc, k, 0, 0, m0, T, n0, nr, y, rows);
     }
 }
