@@ -93,7 +93,7 @@ def product(
     if all(n <= SMALL_ROWS for n in rows):
         return few_kernel(x, w)
     if len(rows) == 1:
-        return many_kernel(x, w)
+        return _many(many_kernel, x, w)
     y = np.empty((x.shape[0], w.shape[0]), np.float32)
     ends = np.cumsum(rows)
     few = [np.arange(e - n, e) for n, e in zip(rows, ends) if n <= SMALL_ROWS]
@@ -105,11 +105,22 @@ def product(
             y[idx] = few_kernel(x[idx], w)
     for n, e in zip(rows, ends):
         if n > SMALL_ROWS:
-            y[e - n : e] = many_kernel(x[e - n : e], w)
+            y[e - n : e] = _many(many_kernel, x[e - n : e], w)
     return y
 
 
 Kernel = Callable[[np.ndarray, Any], np.ndarray]
+
+
+def _many(kernel: Kernel, x: np.ndarray, w: np.ndarray | QuantRows) -> np.ndarray:
+    """A prompt chunk's product. Where a prompt's products run on AMX tiles the step gave
+    its cores to the compiled kernels (`step_threads`); a weight the tiles do not take (f32,
+    F16, BF16) goes to BLAS, which gets them back for the call."""
+    on_tiles = isinstance(w, QuantRows) and all(kernels.on_tiles(p) for p in w.parts)
+    if on_tiles or not kernels.prompt_tiles():
+        return kernel(x, w)
+    with blas_threads.exactly(kernels.current_threads()), kernels.threads(1):
+        return kernel(x, w)
 
 
 def _kernels(w: np.ndarray | QuantRows) -> tuple[Kernel, Kernel]:
@@ -165,6 +176,21 @@ class BlasThreads:
         """BLAS's thread count now (None when no BLAS library can be asked)."""
         counts = [c.get_num_threads() for c in self._controllers()]
         return max((n for n in counts if n is not None), default=None)
+
+    @contextmanager
+    def exactly(self, n: int) -> Iterator[None]:
+        """n BLAS threads inside the block, more or fewer than now."""
+        changed = []
+        for c in self._controllers():
+            before = c.get_num_threads()
+            if before is not None and before != n:
+                c.set_num_threads(n)
+                changed.append((c, before))
+        try:
+            yield
+        finally:
+            for c, before in changed:
+                c.set_num_threads(before)
 
     @contextmanager
     def limit(self, n: int | None) -> Iterator[None]:

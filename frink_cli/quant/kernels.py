@@ -115,6 +115,11 @@ def prompt_tiles() -> bool:
     return _NATIVE is not None and activations() == "8-bit" and _NATIVE.has_tiles()
 
 
+def on_tiles(w: QuantMatrix) -> bool:
+    """Whether `matmul` multiplies by w on AMX tiles now (`prompt_tiles`, and w's type)."""
+    return _NATIVE is not None and prompt_tiles() and bool(_NATIVE.tiles_for(int(w.qtype)))
+
+
 @contextmanager
 def exact_activations(on: bool = True) -> Iterator[None]:
     """Inside the block (in this thread) `dots` keeps x exact in f32 (on) or rounds it to 8
@@ -213,7 +218,7 @@ def matmul(
     activations)."""
     x = _activations(x, w)
     y = _result(out, (x.shape[0], w.rows))
-    if _NATIVE is not None and _rounds_x(w) and _NATIVE.tiles_for(int(w.qtype)):
+    if _NATIVE is not None and _rounds_x(w) and on_tiles(w):
         # AMX int8 tiles: the dots' own products (x's codes times W's codes).
         if w.rows and x.shape[0]:
             _NATIVE.tiles(int(w.qtype), w.data, w.rows, w.cols, x, x.shape[0], y, _threads.get())
