@@ -42,7 +42,12 @@ setup(
         Extension(
             "frink_cli.quant._native",
             sources=["frink_cli/quant/native.c"],
-            depends=["frink_cli/quant/native_isa.h", "frink_cli/quant/native_blocks.h"],
+            depends=[
+                "frink_cli/quant/native_isa.h",
+                "frink_cli/quant/native_blocks.h",
+                "frink_cli/quant/native_int8.h",
+                "frink_cli/quant/native_amx.h",
+            ],
             optional=True,
         )
     ],

@@ -32,7 +32,7 @@ from quant_weights import (
 from frink_cli.quant import kernels
 from frink_cli.quant.blocks import KERNEL_TYPES, QuantMatrix
 
-ISAS = ("avx512", "avx2", "base")
+ISAS = ("avx512+amx", "avx512", "avx2", "base")
 
 
 def _use_isa(name: str) -> Iterator[None]:
@@ -173,10 +173,15 @@ def _check_8bit_products(qtype: T, isa: str) -> None:
             assert kernels.activations() == "8-bit"
             got = kernels.dots(x, w)
             ref = q8_rounded(x, qtype) @ ref_w.T
-            assert_close(kernels.matmul(x, w, tile_rows=16), ref.astype(np.float32))
+            # BLAS's tiles read x's exact sums for the min term, AMX's the dots' (Q8_1's
+            # half-rounded ones)
+            if not kernels.prompt_tiles():
+                assert_close(kernels.matmul(x, w, tile_rows=16), ref.astype(np.float32))
             if qtype in _X_Q8_1:
                 ref += min_term_error(x, w)
             assert_close(got, ref.astype(np.float32))
+            if kernels.prompt_tiles():
+                assert_close(kernels.matmul(x, w, tile_rows=16), ref.astype(np.float32))
             exact = x[:1].astype(np.float64) @ ref_w.T
             rel = np.linalg.norm(got[:1] - exact) / np.linalg.norm(exact)
             assert 1e-4 < rel < 2e-2, rel  # the rounding did happen, and is small
@@ -224,6 +229,70 @@ def test_thread_count_changes_nothing(isa: str, activations: str) -> None:
             two = (kernels.dots(x[:1], w), kernels.dots(x, w), kernels.dequantize_rows(w))
         for a, b in zip(one, two):
             np.testing.assert_array_equal(a, b)
+
+
+# The types whose prompt products run on AMX tiles (every type with 8-bit dots).
+_TILE_TYPES = [t for t in KERNEL_TYPES if t not in (T.F16, T.BF16)]
+
+
+@pytest.fixture
+def tiles() -> Iterator[None]:
+    """The AMX tile products, 8-bit activations (skipped where the CPU or OS lacks AMX)."""
+    for _ in _use_isa("avx512+amx"):
+        with kernels.exact_activations(False):
+            assert kernels.prompt_tiles()
+            yield
+
+
+@pytest.mark.parametrize("qtype", _TILE_TYPES, ids=lambda t: t.name)
+def test_tile_products_equal_the_8bit_dots(qtype: T, tiles: None) -> None:
+    """A prompt's products on AMX tiles are the 8-bit dots' math (the same rounded x, the
+    same codes and scales), summed in another order: equal to 1e-5, on ragged shapes (rows
+    and T multiples of no tile, runs of 32 odd in number, a single block per row)."""
+    rng = np.random.default_rng(int(qtype) + 300)
+    block = GGML_QUANT_SIZES[qtype][0]
+    for rows, cols in ((37, block), (129, 3 * block if block == 32 else 512), (16, 256)):
+        w = random_weights(qtype, rows, cols, seed=rows + cols)
+        for t in (1, 17, 45, 600):
+            x = rng.standard_normal((t, cols)).astype(np.float32)
+            x[-1, :32] = 0  # an all-zero block: scale 0
+            assert_close(kernels.matmul(x, w), kernels.dots(x, w))
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_a_tile_rows_product_does_not_depend_on_the_rows_or_threads_beside_it(
+    qtype: T, tiles: None
+) -> None:
+    """Each output of the tile products is made by one tile pair in one order, x padded
+    with zero rows to a whole tile: a row alone, in any batch, on 1 or 2 threads, is the
+    same bit for bit (a server's batches, a prompt fed in chunks, rely on it)."""
+    rng = np.random.default_rng(int(qtype) + 400)
+    w = random_weights(qtype, 70, 512, seed=5)
+    x = rng.standard_normal((40, 512)).astype(np.float32)
+    with kernels.threads(2):
+        whole = kernels.matmul(x, w)
+    with kernels.threads(1):
+        np.testing.assert_array_equal(kernels.matmul(x, w), whole)
+        alone = np.concatenate([kernels.matmul(x[i : i + 1], w) for i in range(len(x))])
+    np.testing.assert_array_equal(alone, whole)
+    for t0, t1 in ((0, 17), (3, 40), (15, 33), (1, 2)):
+        np.testing.assert_array_equal(kernels.matmul(x[t0:t1], w), whole[t0:t1])
+
+
+def test_tile_products_refuse_what_they_do_not_serve(tiles: None) -> None:
+    native = kernels._NATIVE
+    w = random_weights(T.F16, 8, 64, seed=2)
+    x, y = np.ones((2, 64), np.float32), np.empty((2, 8), np.float32)
+    assert not native.tiles_for(int(T.F16)) and native.tiles_for(int(T.Q4_0))
+    with pytest.raises(ValueError, match="no tile products"):
+        native.tiles(int(T.F16), w.data, 8, 64, x, 2, y, 1)
+    q = random_weights(T.Q4_0, 8, 64, seed=2)
+    with pytest.raises(ValueError, match="w holds"):
+        native.tiles(int(T.Q4_0), q.data, 9, 64, x, 2, y, 1)
+    with pytest.raises(ValueError, match="y holds"):
+        native.tiles(int(T.Q4_0), q.data, 8, 64, x, 2, y[:1], 1)
+    with kernels.exact_activations():  # exact activations: BLAS's f32 tiles, no rounding
+        assert not kernels.prompt_tiles()
 
 
 def test_results_land_in_the_callers_buffers() -> None:
@@ -305,7 +374,7 @@ def test_kernel_path_names_what_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     if kernels.compiled():
         assert kernels.kernel_path().startswith("native C (")
         assert path_with(FRINK_NATIVE_ISA="base") == "native C (base, f32 activations)"
-        for isa in ("avx2", "avx512"):
+        for isa in ("avx2", "avx512", "avx512+amx"):
             got = path_with(FRINK_NATIVE_ISA=isa, FRINK_EXACT_ACTIVATIONS="")
             assert got == f"native C ({isa}, 8-bit activations)" or "not runnable" in got
             got = path_with(FRINK_NATIVE_ISA=isa, FRINK_EXACT_ACTIVATIONS="1")

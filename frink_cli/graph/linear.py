@@ -28,8 +28,10 @@ embedding frink keeps its own.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -91,7 +93,7 @@ def product(
     if all(n <= SMALL_ROWS for n in rows):
         return few_kernel(x, w)
     if len(rows) == 1:
-        return many_kernel(x, w)
+        return _many(many_kernel, x, w)
     y = np.empty((x.shape[0], w.shape[0]), np.float32)
     ends = np.cumsum(rows)
     few = [np.arange(e - n, e) for n, e in zip(rows, ends) if n <= SMALL_ROWS]
@@ -103,11 +105,22 @@ def product(
             y[idx] = few_kernel(x[idx], w)
     for n, e in zip(rows, ends):
         if n > SMALL_ROWS:
-            y[e - n : e] = many_kernel(x[e - n : e], w)
+            y[e - n : e] = _many(many_kernel, x[e - n : e], w)
     return y
 
 
 Kernel = Callable[[np.ndarray, Any], np.ndarray]
+
+
+def _many(kernel: Kernel, x: np.ndarray, w: np.ndarray | QuantRows) -> np.ndarray:
+    """A prompt chunk's product. Where a prompt's products run on AMX tiles the step gave
+    its cores to the compiled kernels (`step_threads`); a weight the tiles do not take (f32,
+    F16, BF16) goes to BLAS, which gets them back for the call."""
+    on_tiles = isinstance(w, QuantRows) and all(kernels.on_tiles(p) for p in w.parts)
+    if on_tiles or not kernels.prompt_tiles():
+        return kernel(x, w)
+    with blas_threads.exactly(kernels.current_threads()), kernels.threads(1):
+        return kernel(x, w)
 
 
 def _kernels(w: np.ndarray | QuantRows) -> tuple[Kernel, Kernel]:
@@ -165,6 +178,21 @@ class BlasThreads:
         return max((n for n in counts if n is not None), default=None)
 
     @contextmanager
+    def exactly(self, n: int) -> Iterator[None]:
+        """n BLAS threads inside the block, more or fewer than now."""
+        changed = []
+        for c in self._controllers():
+            before = c.get_num_threads()
+            if before is not None and before != n:
+                c.set_num_threads(n)
+                changed.append((c, before))
+        try:
+            yield
+        finally:
+            for c, before in changed:
+                c.set_num_threads(before)
+
+    @contextmanager
     def limit(self, n: int | None) -> Iterator[None]:
         """At most n BLAS threads inside the block (None: leave BLAS as it is)."""
         changed = []
@@ -195,13 +223,40 @@ def step_threads(n: int | None, few: bool) -> Iterator[None]:
     (prompt chunks), and one for the other pool. Both pools spin-wait on the cores after a
     call, so two wide pools in one step fight: a SmolLM2 decode token with both at two
     threads took 263 ms where either alone took 30 (quant.kernels). n None: BLAS's own."""
-    if few:
+    if few or kernels.prompt_tiles():
+        # (a prompt's products on AMX tiles run in the compiled kernels' pool too: BLAS is
+        # left attention's products: Gemma 3 270M's prefill ran 852 -> 1035 tokens/s with
+        # this split against BLAS wide beside the tiles)
         wide = n if n is not None else blas_threads.current()
         with blas_threads.limit(1), kernels.threads(wide):
             yield
     else:
         with blas_threads.limit(n), kernels.threads(1):
             yield
+
+
+def host_ways() -> int:
+    """2 where a prompt step's NumPy work (attention's query blocks, the FFN's activation)
+    may go two ways now, else 1: its products run on AMX tiles, so the step's cores are
+    the compiled kernels' (`step_threads`) and BLAS, one thread, leaves the second core
+    idle between them. Without tiles OpenBLAS's wide workers spin on that core after each
+    GEMM: a second Python thread gained nothing there."""
+    return 2 if kernels.prompt_tiles() and kernels.current_threads() > 1 else 1
+
+
+@lru_cache(maxsize=1)
+def _second_thread() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(1, thread_name_prefix="frink-host")
+
+
+def both(first: Callable[[], object], second: Callable[[], object]) -> None:
+    """first() on this thread while second() runs on a second Python thread (NumPy
+    releases the GIL in its ufuncs and GEMMs); both done on return."""
+    other = _second_thread().submit(second)
+    try:
+        first()
+    finally:
+        other.result()
 
 
 class ThreadChoice:

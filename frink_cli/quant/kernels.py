@@ -2,7 +2,7 @@
 
     y = dots(x, w)              # a few rows of x (decode, a server's batch): fused dots
     y = matmul_f32(x, w32)      # a few rows of x times an f32 W (the host's decode rows)
-    y = matmul(x, w)            # prefill: tiles of W dequantized into a buffer, then BLAS
+    y = matmul(x, w)            # prefill: AMX int8 tiles, or tiles of W dequantized + BLAS
     y = linear(x, w)            # whichever of the two suits x's row count
     a = dequantize_rows(w, start, stop, out=buf)   # rows as f32: gguf-py's values exactly
     a = take_rows(w, index, out=buf)               # by index (embeddings, expert rows)
@@ -18,9 +18,15 @@ once per token; f32 weights are 4 bytes each where a Q4_0 weight is 0.56, and re
 straight from the blocks the bytes a token costs shrink with them.
 
 The kernels are C (native.c, compiled when frink is installed; the best of AVX-512, AVX2
-and the baseline picked at load). `dots` makes each row's sums in one order whatever rows
-are beside it, so a row's product is the same bit for bit alone or in any batch (a
-server's answers rely on it). Without the compiled module (no compiler at install time, or
+and the baseline picked at load). Where the CPU has AMX int8 tiles and Linux grants them
+(ISA "avx512+amx"; FRINK_NATIVE_ISA=avx512 leaves them out), `matmul` with 8-bit
+activations multiplies x's 8-bit codes by W's codes on the tiles (native_amx.h): the
+8-bit dots' products, summed in another order (~1e-7 relative), ~3-4x BLAS's f32 rate on
+a prompt's rows; `prompt_tiles()` says whether it does.
+
+`dots` makes each row's sums in one order whatever rows are beside it, so a row's
+product is the same bit for bit alone or in any batch (a server's answers rely on it).
+Without the compiled module (no compiler at install time, or
 FRINK_NO_NATIVE=1) every function still works: tiles of rows dequantized by gguf-py,
 multiplied by BLAS, never more than a tile of f32 at a time. `kernel_path()` says which
 is running.
@@ -32,7 +38,9 @@ each output element is one row's sum, made by one thread in a fixed order. Both 
 spin-wait after a call (OpenMP's workers briefly, OpenBLAS's for up to ~0.1 s), so on two
 cores a step should put its heavy work on one pool at a time: alternating a 2-thread
 kernel call with a 2-thread BLAS call measured 5-100x slower than either alone. `matmul`
-therefore dequantizes its tiles on one thread and leaves the cores to BLAS.
+on BLAS therefore dequantizes its tiles on one thread and leaves the cores to BLAS; on
+AMX tiles the cores are the kernels' (graph/linear.py step_threads gives a prefill step's
+count to them then, and BLAS one).
 """
 
 from __future__ import annotations
@@ -101,6 +109,17 @@ def activations() -> str:
     return "8-bit"
 
 
+def prompt_tiles() -> bool:
+    """Whether `matmul` multiplies (most types) by AMX int8 tiles now, on the compiled
+    kernels' threads, rather than by BLAS: 8-bit activations on a CPU with AMX."""
+    return _NATIVE is not None and activations() == "8-bit" and _NATIVE.has_tiles()
+
+
+def on_tiles(w: QuantMatrix) -> bool:
+    """Whether `matmul` multiplies by w on AMX tiles now (`prompt_tiles`, and w's type)."""
+    return _NATIVE is not None and prompt_tiles() and bool(_NATIVE.tiles_for(int(w.qtype)))
+
+
 @contextmanager
 def exact_activations(on: bool = True) -> Iterator[None]:
     """Inside the block (in this thread) `dots` keeps x exact in f32 (on) or rounds it to 8
@@ -129,6 +148,11 @@ def threads(n: int | None) -> Iterator[None]:
         yield
     finally:
         _threads.reset(token)
+
+
+def current_threads() -> int:
+    """The threads the kernels called in this thread may use now (`threads`)."""
+    return _threads.get()
 
 
 def _activations(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
@@ -184,13 +208,21 @@ def matmul_f32(x: np.ndarray, w: np.ndarray, out: np.ndarray | None = None) -> n
 def matmul(
     x: np.ndarray, w: QuantMatrix, tile_rows: int | None = None, out: np.ndarray | None = None
 ) -> np.ndarray:
-    """x [T, cols] @ W.T for many rows of x (prefill): tile_rows rows of W at a time are
-    dequantized into one reusable f32 buffer and multiplied by BLAS. With 8-bit
-    activations x is first rounded as `dots` rounds it, so a prompt's rows and its decode
-    rows see the same x (a prompt resumed from a cache, or fed in chunks, then differs
-    from one fed whole only in float sums, as with exact activations)."""
+    """x [T, cols] @ W.T for many rows of x (prefill). With 8-bit activations on a CPU
+    with AMX (`prompt_tiles()`): the dots' products on int8 tiles, each row's the same bit
+    for bit alone or in any batch, on any thread count (tile_rows unused). Otherwise
+    tile_rows rows of W at a time are dequantized into one reusable f32 buffer and
+    multiplied by BLAS; with 8-bit activations x is first rounded as `dots` rounds it, so
+    a prompt's rows and its decode rows see the same x (a prompt resumed from a cache, or
+    fed in chunks, then differs from one fed whole only in float sums, as with exact
+    activations)."""
     x = _activations(x, w)
     y = _result(out, (x.shape[0], w.rows))
+    if _NATIVE is not None and _rounds_x(w) and on_tiles(w):
+        # AMX int8 tiles: the dots' own products (x's codes times W's codes).
+        if w.rows and x.shape[0]:
+            _NATIVE.tiles(int(w.qtype), w.data, w.rows, w.cols, x, x.shape[0], y, _threads.get())
+        return y
     if _NATIVE is not None and _rounds_x(w) and x.shape[0]:
         rounded = np.empty_like(x)
         _NATIVE.round_x(int(w.qtype), x, x.shape[0], w.cols, rounded, _threads.get())

@@ -8,8 +8,10 @@
  * One source, several instruction sets: native_isa.h is included once per ISA inside a
  * `#pragma GCC target` region (x86-64: AVX-512, AVX2 + FMA, and the baseline), and the
  * best one the CPU supports is picked when the module loads (FRINK_NATIVE_ISA=base|avx2|
- * avx512 picks one, for tests). Elsewhere (arm64, other compilers) the baseline alone is
- * built, which the compiler vectorizes for its own target.
+ * avx512|avx512+amx picks one, for tests). Where the CPU has AMX int8 tiles and Linux
+ * grants them, "avx512+amx" is the AVX-512 kernels plus tile products for a prompt's rows
+ * (native_amx.h); FRINK_NATIVE_ISA=avx512 leaves the tiles out. Elsewhere (arm64, other
+ * compilers) the baseline alone is built, which the compiler vectorizes for its own target.
  *
  * Threads: OpenMP over chunks of W's rows, as many as the caller passes (frink's decoder
  * chooses per step); each output element is made by one thread in a fixed order, so the
@@ -29,6 +31,10 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 /* ggml's type numbers (gguf-py GGMLQuantizationType); F32 marks a plain f32 matrix. */
 enum {
@@ -47,6 +53,10 @@ enum {
 #define PREFETCH_AHEAD 4096
 /* Rows of W per parallel work item. */
 #define ROW_CHUNK 16
+/* AMX tile products (native_amx.h): rows of x and rows of W per tile, and the bytes of W's
+ * codes per tile of one run of 32 columns (16 rows of 32). */
+#define AMX_TILE 16
+#define AMX_PANEL_UNIT 512
 
 typedef struct {
     int qt, elems, nbytes;
@@ -88,12 +98,27 @@ typedef void (*dot_rows_i8_fn)(int, const uint8_t *, size_t, size_t, size_t, con
 typedef void (*quantize_row_fn)(const float *, int, int, int8_t *, float *, float *, float *,
                                 float *);
 
+/* A prompt's products by AMX int8 tiles (native_amx.h): which types they serve, each
+ * thread's tile state taken and released, a panel of 16 rows of W unpacked, a panel times
+ * every row of x. */
+typedef struct {
+    int (*serves)(int qt);
+    void (*begin)(int qt);
+    void (*end)(void);
+    void (*panel)(int qt, const uint8_t *w, size_t rb, size_t rows, size_t n0, int cols,
+                  int8_t *b, float *sc, float *k);
+    void (*panel_rows)(int qt, const int8_t *q, const float *xf, int T, int cols,
+                       const int8_t *b, const float *sc, const float *k, size_t n0, size_t rows,
+                       float *y);
+} amx_kernels;
+
 typedef struct {
     const char *name;
     deq_rows_fn deq_rows;
     dot_rows_fn dot_rows;
     dot_rows_i8_fn dot_rows_i8; /* NULL: this ISA has no 8-bit dots, every dot is f32 */
     quantize_row_fn quantize_row; /* NULL with dot_rows_i8 */
+    const amx_kernels *amx;       /* NULL: no tile products, prompts go to BLAS */
 } isa_kernels;
 
 /* f32 -> f16 -> f32, rounding to nearest even (F16C's and ggml's FP32_TO_FP16): the
@@ -158,7 +183,14 @@ typedef float vf512 __attribute__((vector_size(64)));
 #define U8F(b, i) ((vf512)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32((__m128i)(b))))
 #define S8F(b, i) ((vf512)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32((__m128i)(b))))
 #define I8_DOT(a, b) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (a), (b))
+#if __GNUC__ >= 11 && defined(__linux__) /* AMX intrinsics; Linux's grant of tile state */
+#define AMX_TILES 1
+#endif
 #include "native_isa.h"
+#ifdef AMX_TILES
+#define AMX_TILES_BUILT 1
+#undef AMX_TILES
+#endif
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -203,12 +235,30 @@ typedef int8_t vsb4 __attribute__((vector_size(4)));
 #define S8F(b, i) WIDEN4(b, i, vsb4)
 #include "native_isa.h"
 
-static const isa_kernels BASE = {"base", deq_rows_base, dot_rows_base, NULL, NULL};
+static const isa_kernels BASE = {"base", deq_rows_base, dot_rows_base, NULL, NULL, NULL};
 #ifdef FRINK_MULTI_ISA
 static const isa_kernels AVX2 = {"avx2", deq_rows_avx2, dot_rows_avx2, dot_rows_i8_avx2,
-                                 quantize_row_avx2};
+                                 quantize_row_avx2, NULL};
 static const isa_kernels AVX512 = {"avx512", deq_rows_avx512, dot_rows_avx512, dot_rows_i8_avx512,
-                                   quantize_row_avx512};
+                                   quantize_row_avx512, NULL};
+#ifdef AMX_TILES_BUILT
+static const amx_kernels AMX = {amx_serves_avx512, amx_begin_avx512, amx_end_avx512,
+                                amx_panel_avx512, amx_panel_rows_avx512};
+static const isa_kernels AVX512_AMX = {"avx512+amx", deq_rows_avx512, dot_rows_avx512,
+                                       dot_rows_i8_avx512, quantize_row_avx512, &AMX};
+
+/* Whether this process may run AMX tile instructions: the CPU has them and Linux grants
+ * the tile state (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA: a process asks once, before
+ * its first tile instruction, and every thread then has it). Asked once. */
+static int amx_runs(void) {
+    static int runs = -1;
+    if (runs < 0)
+        runs = __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-int8") &&
+               syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                       18 /* XFEATURE_XTILEDATA */) == 0;
+    return runs;
+}
+#endif
 #endif
 
 static const isa_kernels *K = &BASE;
@@ -223,7 +273,13 @@ static const isa_kernels *find_isa(const char *name) {
                  __builtin_cpu_supports("f16c");
     int has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                __builtin_cpu_supports("f16c");
-    if (!name) return has512 ? &AVX512 : has2 ? &AVX2 : &BASE;
+#ifdef AMX_TILES_BUILT
+    const isa_kernels *best512 = has512 && amx_runs() ? &AVX512_AMX : &AVX512;
+    if (!strcmp(name ? name : "", "avx512+amx")) return best512 == &AVX512_AMX ? best512 : NULL;
+#else
+    const isa_kernels *best512 = &AVX512;
+#endif
+    if (!name) return has512 ? best512 : has2 ? &AVX2 : &BASE;
     if (!strcmp(name, "avx512")) return has512 ? &AVX512 : NULL;
     if (!strcmp(name, "avx2")) return has2 ? &AVX2 : NULL;
 #else
@@ -411,6 +467,118 @@ done:
     return ret;
 }
 
+/* Row t of x, rounded (its cols codes, its nf floats: quantize_row's scales and sums), put
+ * where the tile products read it. Codes: tiles of 16 rows by 32 columns (AMX_PANEL_UNIT
+ * bytes, row after row), the tiles of rows [16 i, 16 i + 16) run after run, then those of
+ * the next 16 rows: one tile is 512 bytes in a row, which a tile load reads best. Floats:
+ * float j of the 16 rows side by side (16 floats), j after j, then the next 16 rows: a
+ * run's scales for a tile's rows are then one vector's worth in a row. */
+static void put_tile_row(const int8_t *row, const float *f, int cols, int nf, size_t t,
+                         int8_t *q, float *ft) {
+    int8_t *at = q + t / AMX_TILE * (size_t)AMX_TILE * cols + t % AMX_TILE * 32;
+    for (int u = 0; u < cols / 32; u++) memcpy(at + (size_t)u * AMX_PANEL_UNIT, row + 32 * u, 32);
+    float *fat = ft + t / AMX_TILE * (size_t)AMX_TILE * nf + t % AMX_TILE;
+    for (int j = 0; j < nf; j++) fat[(size_t)j * AMX_TILE] = f[j];
+}
+
+/* tiles(qtype, w, rows, cols, x f32, T, y f32, threads): y[T, rows] = x @ W.T by AMX int8
+ * tiles, x rounded to 8 bits as dots round it: dots' products up to the order of f32 sums,
+ * for a prompt's many rows (native_amx.h). x's rows are rounded once (padded with zero
+ * rows to a whole tile), then each thread unpacks 16 rows of W at a time into its panel
+ * and multiplies it by every row of x. */
+static PyObject *py_tiles(PyObject *self, PyObject *args) {
+    (void)self;
+    int qt, nthreads;
+    Py_ssize_t rows, cols, T;
+    Py_buffer w, x, y;
+    if (!PyArg_ParseTuple(args, "iy*nny*nw*i", &qt, &w, &rows, &cols, &x, &T, &y, &nthreads))
+        return NULL;
+    PyObject *ret = NULL;
+    size_t rb;
+    void *scratch = NULL;
+    const amx_kernels *a = K->amx;
+    if (!a || !a->serves(qt)) {
+        PyErr_Format(PyExc_ValueError, "no tile products for type %d with the %s kernels", qt,
+                     K->name);
+        goto done;
+    }
+    if (check_matrix(qt, rows, cols, &rb) || check_len(&w, rb * (size_t)rows, "w") ||
+        T < 0 || check_len(&x, (size_t)T * (size_t)cols * sizeof(float), "x") ||
+        check_len(&y, (size_t)T * (size_t)rows * sizeof(float), "y"))
+        goto done;
+    if (T && rows) {
+        /* Per row of x: dx per 32 columns, dx * sum q per 16 and per 32 (quantize_row),
+         * xs floats in all; per thread a panel of W: sc, k, then the codes. */
+        const size_t nb = (size_t)cols / 32, xs = 4 * nb, tpad = ((size_t)T + 15) / 16 * 16;
+        const int nt = nthreads > 1 ? nthreads : 1;
+        const size_t panel = 4 * nb * AMX_TILE * sizeof(float) + nb * AMX_PANEL_UNIT;
+        scratch = calloc(1, tpad * (xs * sizeof(float) + (size_t)cols) + (size_t)nt * panel);
+        if (!scratch) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        float *xd = scratch;
+        uint8_t *panels = (uint8_t *)(xd + tpad * xs);
+        int8_t *q = (int8_t *)(panels + (size_t)nt * panel);
+        /* a thread's panel holds a rounded row of x before it holds W (cols + xs floats <=
+         * panel bytes) */
+        const int scheme = x_scheme(qt);
+        const long nx = (long)T, npanels = (long)((rows + AMX_TILE - 1) / AMX_TILE);
+        Py_BEGIN_ALLOW_THREADS;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && nx > 1)
+        for (long t = 0; t < nx; t++) {
+#ifdef _OPENMP
+            int8_t *row = (int8_t *)panels + (size_t)omp_get_thread_num() * panel;
+#else
+            int8_t *row = (int8_t *)panels;
+#endif
+            float *dt = (float *)(row + cols);
+            K->quantize_row((const float *)x.buf + (size_t)t * cols, (int)cols, scheme, row, dt,
+                            dt + nb, dt + 3 * nb, NULL);
+            put_tile_row(row, dt, (int)cols, (int)xs, (size_t)t, q, xd);
+        }
+#pragma omp parallel num_threads(nt) if (nt > 1 && npanels > 1)
+        {
+#ifdef _OPENMP
+            uint8_t *mine = panels + (size_t)omp_get_thread_num() * panel;
+#else
+            uint8_t *mine = panels;
+#endif
+            float *sc = (float *)mine, *k = sc + 2 * nb * AMX_TILE; /* per 16 columns at most */
+            int8_t *b = (int8_t *)(k + 2 * nb * AMX_TILE);
+            a->begin(qt);
+#pragma omp for schedule(static)
+            for (long i = 0; i < npanels; i++) {
+                const size_t n0 = (size_t)i * AMX_TILE;
+                a->panel(qt, (const uint8_t *)w.buf, rb, (size_t)rows, n0, (int)cols, b, sc, k);
+                a->panel_rows(qt, q, xd, (int)T, (int)cols, b, sc, k, n0, (size_t)rows,
+                              (float *)y.buf);
+            }
+            a->end();
+        }
+        Py_END_ALLOW_THREADS;
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    free(scratch);
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&y);
+    return ret;
+}
+
+static PyObject *py_tiles_for(PyObject *self, PyObject *args) {
+    (void)self;
+    int qt;
+    if (!PyArg_ParseTuple(args, "i", &qt)) return NULL;
+    return PyBool_FromLong(K->amx && K->amx->serves(qt));
+}
+
+static PyObject *py_has_tiles(PyObject *self, PyObject *noargs) {
+    (void)self, (void)noargs;
+    return PyBool_FromLong(K->amx != NULL);
+}
+
 static PyObject *py_isa(PyObject *self, PyObject *noargs) {
     (void)self, (void)noargs;
     return PyUnicode_FromString(K->name);
@@ -453,6 +621,12 @@ static PyMethodDef METHODS[] = {
     {"round_x", py_round_x, METH_VARARGS,
      "round_x(qtype, x f32, T, cols, out f32, threads): x rounded to 8 bits as the dots "
      "round it"},
+    {"tiles", py_tiles, METH_VARARGS,
+     "tiles(qtype, w, rows, cols, x f32, T, y f32, threads): y[T, rows] = x @ W.T by AMX "
+     "int8 tiles, x rounded to 8 bits as dots round it"},
+    {"tiles_for", py_tiles_for, METH_VARARGS,
+     "tiles_for(qtype): whether the picked ISA has tile products for the type"},
+    {"has_tiles", py_has_tiles, METH_NOARGS, "whether the picked ISA has AMX tile products"},
     {"has_int8", py_has_int8, METH_NOARGS, "whether the picked ISA has 8-bit-activation dots"},
     {"isa", py_isa, METH_NOARGS, "the instruction set the kernels were picked for"},
     {"use_isa", py_use_isa, METH_VARARGS, "use_isa(name) -> the one used before (for tests)"},

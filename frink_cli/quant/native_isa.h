@@ -157,6 +157,13 @@ static void ISA(dot_rows)(int qt, const uint8_t *w, size_t rb, size_t r0, size_t
 #include "native_int8.h"
 #endif
 
+#ifdef AMX_TILES
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-int8")
+#include "native_amx.h"
+#pragma GCC pop_options
+#endif
+
 #undef EACH_RUN
 #undef ROWS_OF_TYPE
 #undef EACH_TYPE
