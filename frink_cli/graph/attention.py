@@ -113,7 +113,10 @@ def attend(
             scores.reshape(Hkv, n_rows, g, hi - lo)[...] -= head_slopes * dist[None, :, None, :]
         if n_rows > 1:  # (one query sees every key in [lo, hi))
             s4 = scores.reshape(Hkv, n_rows, g, hi - lo)
-            if run and window is None:
+            # The causal tail alone where no key in [lo, hi) is out of any query's window
+            # (every window-512 layer of a 512-token Gemma prompt): the full mask's
+            # build and add cost a window layer ~2x the rest of its softmax.
+            if run and (window is None or last - lo < window):
                 s4[..., hi - lo - n_rows :] += _causal_tail(n_rows)[:, None, :]
             else:
                 s4 += attention_mask(pos, hi, window, lo)[:, None, :]

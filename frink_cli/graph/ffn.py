@@ -62,6 +62,8 @@ def _gelu_tanh_(x: np.ndarray) -> None:
 
 
 _ACTIVATIONS_INPLACE = {"silu": _silu_, "gelu_tanh": _gelu_tanh_}
+# glu_'s rows per chunk (32 rows of a 2048-wide gate: 256 KiB, in L2 with its temporary).
+_GLU_CHUNK_ROWS = 32
 
 
 def glu_(h: np.ndarray, act: str) -> np.ndarray:
@@ -71,7 +73,17 @@ def glu_(h: np.ndarray, act: str) -> np.ndarray:
     n_ff = h.shape[-1] // 2
     if act == "swiglu_oai":  # (experts only: their rows are small)
         return swiglu_oai(h[..., :n_ff], h[..., n_ff:])
-    gate = h[..., :n_ff]
-    _ACTIVATIONS_INPLACE[act](gate)
-    gate *= h[..., n_ff:]
+    gate, up = h[..., :n_ff], h[..., n_ff:]
+    f = _ACTIVATIONS_INPLACE[act]
+    if gate.ndim != 2:
+        f(gate)
+        gate *= up
+        return gate
+    # A prompt's rows a few at a time, so the activation's passes (up to nine) over a chunk
+    # stay in cache: Gemma 3's [512, 2048] gates 2.2 -> 1.5 ms, the same values bit for bit
+    # (each element's operations are the same).
+    for r in range(0, gate.shape[0], _GLU_CHUNK_ROWS):
+        g = gate[r : r + _GLU_CHUNK_ROWS]
+        f(g)
+        g *= up[r : r + _GLU_CHUNK_ROWS]
     return gate
