@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from functools import lru_cache
 from typing import Any
@@ -177,31 +177,25 @@ class BlasThreads:
         counts = [c.get_num_threads() for c in self._controllers()]
         return max((n for n in counts if n is not None), default=None)
 
-    @contextmanager
-    def exactly(self, n: int) -> Iterator[None]:
+    def exactly(self, n: int) -> AbstractContextManager[None]:
         """n BLAS threads inside the block, more or fewer than now."""
+        return self._set(n, lambda before: before != n)
+
+    def limit(self, n: int | None) -> AbstractContextManager[None]:
+        """At most n BLAS threads inside the block (None: leave BLAS as it is)."""
+        if n is None:
+            return nullcontext()
+        return self._set(n, lambda before: before > n)
+
+    @contextmanager
+    def _set(self, n: int, change: Callable[[int], bool]) -> Iterator[None]:
+        """n threads for each BLAS whose count `change` says to change; restored after."""
         changed = []
         for c in self._controllers():
             before = c.get_num_threads()
-            if before is not None and before != n:
+            if before is not None and change(before):
                 c.set_num_threads(n)
                 changed.append((c, before))
-        try:
-            yield
-        finally:
-            for c, before in changed:
-                c.set_num_threads(before)
-
-    @contextmanager
-    def limit(self, n: int | None) -> Iterator[None]:
-        """At most n BLAS threads inside the block (None: leave BLAS as it is)."""
-        changed = []
-        if n is not None:
-            for c in self._controllers():
-                before = c.get_num_threads()
-                if before is not None and before > n:
-                    c.set_num_threads(n)
-                    changed.append((c, before))
         try:
             yield
         finally:

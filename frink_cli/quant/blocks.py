@@ -10,7 +10,9 @@ it is the one frink's reader already uses to find the bytes.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -109,6 +111,11 @@ class QuantMatrix:
         return QuantMatrix(self.data[start:stop], self.qtype, stop - start, self.cols)
 
 
+def first_rows(parts: Sequence[Any]) -> list[int]:
+    """The first row of each of a stack of parts (anything with `rows`), in order."""
+    return [0, *itertools.accumulate(p.rows for p in parts)][: len(parts)]
+
+
 @dataclass(frozen=True)
 class QuantRows:
     """A weight [rows, cols] held in the file's blocks as runs of consecutive rows, each run
@@ -132,11 +139,7 @@ class QuantRows:
 
     def offsets(self) -> list[int]:
         """Each part's first row."""
-        out, r = [], 0
-        for p in self.parts:
-            out.append(r)
-            r += p.rows
-        return out
+        return first_rows(self.parts)
 
     @classmethod
     def joined(

@@ -26,7 +26,7 @@ from gguf import GGMLQuantizationType
 from ...graph.ffn import ACTIVATIONS
 from ...graph.norms import layer_norm
 from ...quant import kernels as host_kernels
-from ...quant.blocks import QuantMatrix, row_bytes
+from ...quant.blocks import QuantMatrix, first_rows, row_bytes
 from ...resources import KERNELS_DIR
 
 F32 = np.float32
@@ -76,11 +76,7 @@ class DeviceQuant:
         return (sum(p.rows for p in self.parts), self.parts[0].cols)
 
     def offsets(self) -> list[int]:
-        out, r = [], 0
-        for p in self.parts:
-            out.append(r)
-            r += p.rows
-        return out
+        return first_rows(self.parts)
 
 
 class _GemmOps:
