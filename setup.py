@@ -1,8 +1,9 @@
-"""Builds frink's one compiled module, the host kernels over GGUF blocks
-(frink_cli/quant/native.c -> frink_cli.quant._native), when frink is installed.
+"""Builds frink's two compiled modules when frink is installed: the host kernels over GGUF
+blocks (frink_cli/quant/native.c -> frink_cli.quant._native) and the host body's row-wise
+ops (frink_cli/graph/rowwise.c -> frink_cli.graph._rowwise).
 
 Everything else about the package is in pyproject.toml. The build is optional: without a C
-compiler frink still installs and runs its NumPy path (`frink info` names which runs).
+compiler frink still installs and runs its NumPy paths (`frink info` names which runs).
 OpenMP is used where the compiler has it (gcc's -fopenmp); without it the kernels run on
 one thread.
 """
@@ -18,6 +19,9 @@ from setuptools.command.build_ext import build_ext
 # it; a fused multiply-add would round once (the dots use FMA explicitly where they want it).
 BASE_FLAGS = ["-O3", "-ffp-contract=off", "-fno-strict-aliasing"]
 OPENMP = ["-fopenmp"]
+# Per module: the row-wise ops' loops select between computed values (exp's range), which
+# GCC vectorizes for AVX2 and SSE only when it may assume no FP traps (no value changes).
+OWN_FLAGS = {"frink_cli.graph._rowwise": ["-fno-trapping-math"]}
 
 
 class BuildNative(build_ext):
@@ -26,13 +30,14 @@ class BuildNative(build_ext):
             ext.extra_compile_args = ["/O2", "/fp:precise"]
             super().build_extension(ext)
             return
-        ext.extra_compile_args = BASE_FLAGS + OPENMP
+        own = OWN_FLAGS.get(ext.name, [])
+        ext.extra_compile_args = BASE_FLAGS + own + OPENMP
         ext.extra_link_args = OPENMP
         try:
             super().build_extension(ext)
         except Exception as e:  # no OpenMP (Apple's clang): one thread, still compiled
             print(f"frink: building the native kernels without OpenMP ({e})", file=sys.stderr)
-            ext.extra_compile_args = BASE_FLAGS
+            ext.extra_compile_args = BASE_FLAGS + own
             ext.extra_link_args = []
             super().build_extension(ext)
 
@@ -49,7 +54,8 @@ setup(
                 "frink_cli/quant/native_amx.h",
             ],
             optional=True,
-        )
+        ),
+        Extension("frink_cli.graph._rowwise", sources=["frink_cli/graph/rowwise.c"], optional=True),
     ],
     cmdclass={"build_ext": BuildNative},
 )

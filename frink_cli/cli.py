@@ -437,6 +437,7 @@ def _print_info(d: dict[str, Any]) -> None:
     line("chat template", "yes" if d["chat_template"] else "no")
     host = d["host"]
     line("host kernels", host["kernels"])
+    line("host rowwise", host["rowwise"])
     for dtype, how in host["tensor_formats"].items():
         p(f"  {dtype:<6} -> {how}\n")
     if be != "numpy":

@@ -120,6 +120,7 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
     predicate: no device, no weights needed). `backend` is a name from BACKEND_NAMES;
     "auto" reports the host body."""
     from .backends import check_backend_name, layer_support
+    from .graph.rowwise import path as rowwise_path
     from .model import config_from_checkpoint
     from .quant.kernels import kernel_path
     from .tokenizer import load_tokenizer
@@ -231,6 +232,7 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
         "layers": layers,
         "host": {
             "kernels": kernel_path(),
+            "rowwise": rowwise_path(),
             "tensor_formats": host_formats(ckpt.format, facts.tensor_types),
         },
         "backend": {

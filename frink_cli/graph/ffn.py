@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import rowwise
+
 _SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
 
 
@@ -67,9 +69,13 @@ _GLU_CHUNK_ROWS = 32
 
 
 def glu_(h: np.ndarray, act: str) -> np.ndarray:
-    """glu() in place: act(gate) * up written over the gate half of h, which is returned (a
-    strided view BLAS reads as it is). A prefill's [T, 2*n_ff] rows are megabytes; not
-    allocating them again per op is most of the FFN's non-matmul time."""
+    """glu() with h as scratch: in one C pass into a new contiguous array where the
+    compiled row-wise ops take h, else in NumPy written over the gate half of h, which is
+    returned (a strided view BLAS reads as it is). A prefill's [T, 2*n_ff] rows are
+    megabytes; not allocating them again per op is most of the FFN's non-matmul time."""
+    done = rowwise.glu(h, act)
+    if done is not None:
+        return done
     n_ff = h.shape[-1] // 2
     if act == "swiglu_oai":  # (experts only: their rows are small)
         return swiglu_oai(h[..., :n_ff], h[..., n_ff:])

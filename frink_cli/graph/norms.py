@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import rowwise
+
 
 def rms_norm(
     x: np.ndarray, weight: np.ndarray | None, eps: float, out: np.ndarray | None = None
@@ -12,6 +14,9 @@ def rms_norm(
     """Normalize over the last axis (rows of hidden states, or heads' rows for QK norm);
     into `out` when given (it may be x itself), else into a new array. weight None: no
     weight (a norm whose weight the caller applies in another shape)."""
+    done = rowwise.rms_norm(x, weight, eps, out)  # one pass in C, where it takes x
+    if done is not None:
+        return done
     # One code path for any row count: a row's norm must not depend on the rows beside it
     # (a server's batch; einsum and the ops below reduce each row alone). In place on the
     # small [rows] vector: a decode row pays per NumPy call, not per byte.

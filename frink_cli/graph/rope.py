@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 from ..model.config import ModelConfig, RopeScaling
+from . import rowwise
 
 
 def yarn_corr_dims(
@@ -146,6 +147,10 @@ class Rope:
     def rotate_(self, x: np.ndarray, positions: np.ndarray) -> None:
         """Rotate x [T, heads, head_dim] in place (a view into a larger buffer is fine)."""
         d = self.dim
+        if rowwise.compiled():  # one pass in C, where it takes x
+            self._index(positions)  # (the tables grown to cover them)
+            if rowwise.rope(x, self._cos, self._sin, positions, self.layout == "neox"):
+                return
         if self.layout == "norm" and x.strides[-1] == x.itemsize and x.dtype == np.float32:
             # One complex multiply instead of eight real ops and temporaries: the pairs
             # (x[2i], x[2i+1]) are the real and imaginary parts of a complex64.

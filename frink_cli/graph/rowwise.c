@@ -1,0 +1,382 @@
+/* frink_cli.graph._rowwise: the host body's row-wise ops in C, each one pass over its rows.
+ *
+ * Why: a prompt's norms, rotations and gated activations are a dozen NumPy passes each
+ * (one per ufunc, every one over megabytes, on one thread). On Gemma 3 270M they were a
+ * third of a 512-token prefill once the products moved to int8 tiles. Here each row is
+ * read once and written once, on the same OpenMP threads as the product kernels.
+ *
+ *   rms_norm(x, w | None, eps, out, threads)  out = x / sqrt(mean(x^2) + eps) * w
+ *   rope(x, cos, sin, pos, neox, threads)     the first 2 * cos.shape[1] dims rotated in place
+ *   glu(h, act, out, threads)                 out = act(gate) * up over rows [gate | up]
+ *
+ * The arithmetic is llama.cpp's where it defines it: RMSNorm sums x^2 in double and scales
+ * by 1 / sqrtf(mean + eps), then by the weight (ggml_rms_norm, then ggml_mul); rope is
+ * x cos - y sin, y cos + x sin, each product rounded (graph/rope.py's NumPy does the same
+ * operations). The activations are written with exp alone: silu(g) = g / (1 + e^-g), and
+ * gelu_tanh(g) = 0.5 g (1 + tanh(u)) = g / (1 + e^(-2u)), u = sqrt(2/pi) (g + 0.044715 g^3),
+ * which is also well conditioned where tanh(u) is near -1. exp_f32 is Cephes' expf
+ * polynomial (within 2 ulp) written so the compiler vectorizes it.
+ *
+ * A row is made by one thread in a fixed order, so neither the thread count nor the rows
+ * beside it change a result; each loop has no reassociation for the vectorizer to do (the
+ * RMS sum keeps 8 explicit lanes), so every instruction set gives the same bits.
+ *
+ * Arrays are NumPy's float32, up to 3 dims, the last one contiguous, any strides before
+ * it (a head's view into a fused QKV row): the shapes are checked here before a byte is
+ * touched, so a wrong call raises rather than reads astray.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Each hot loop built for AVX-512, AVX2 and the baseline, the best picked at load by the
+ * dynamic linker (GCC's function multiversioning; needs ifunc, so Linux on x86-64). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define VECTORIZED __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define VECTORIZED
+#endif
+
+/* Below this many elements a call runs on the calling thread (a decode row): waking the
+ * pool costs more than the work. */
+#define PARALLEL_ELEMS (1 << 15)
+
+/* -- exp ---------------------------------------------------------------------------------- */
+
+static inline float bits_to_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint32_t float_to_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* e^x within 2 ulp: x = n ln2 + r, |r| <= ln2 / 2, e^r by Cephes' expf polynomial, 2^n
+ * put into the exponent. Below -87.3 (where e^x leaves the normal floats) it is 0, above
+ * 88.7 infinity; NaN stays NaN. Branch-free, so a loop of it vectorizes. */
+static inline float exp_f32(float x) {
+    const float hi = 88.3762626647949f, lo = -87.3365478515625f;
+    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float c = x > hi ? hi : x;
+    c = c < lo ? lo : c;
+    const float z = c * 1.44269504088896341f + magic;
+    const float n = z - magic;
+    /* ln2 in two parts: n * the first is exact for the n that occur. */
+    float r = c - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    /* 2^n: n in [-126, 127] after the clamp, its bits the low ones of z's. */
+    const int32_t k = (int32_t)(float_to_bits(z) - float_to_bits(magic));
+    const float y = p * bits_to_float((uint32_t)(k + 127) << 23);
+    return x > hi ? INFINITY : (x < lo ? 0.0f : (x == x ? y : x));
+}
+
+/* -- rows: a float32 array as (a, b) rows of n contiguous floats --------------------------- */
+
+typedef struct {
+    char *base;
+    Py_ssize_t a, b, sa, sb; /* row (i, j) starts at base + i * sa + j * sb */
+    Py_ssize_t n;
+    Py_buffer view;
+} rows_of;
+
+static void release(rows_of *r) {
+    if (r->view.obj) PyBuffer_Release(&r->view);
+}
+
+/* obj as rows of floats (writable when asked): 1-3 dims, the last contiguous. */
+static int get_rows(PyObject *obj, int writable, const char *what, rows_of *r) {
+    memset(r, 0, sizeof *r);
+    int flags = PyBUF_STRIDES | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, &r->view, flags)) return -1;
+    const Py_buffer *v = &r->view;
+    if (!v->format || strcmp(v->format, "f") || v->itemsize != 4) {
+        PyErr_Format(PyExc_ValueError, "%s must be float32", what);
+        goto bad;
+    }
+    if (v->ndim < 1 || v->ndim > 3 || v->strides[v->ndim - 1] != 4) {
+        PyErr_Format(PyExc_ValueError, "%s must have 1-3 dims, the last contiguous", what);
+        goto bad;
+    }
+    r->base = (char *)v->buf;
+    r->n = v->shape[v->ndim - 1];
+    r->a = v->ndim >= 2 ? v->shape[0] : 1;
+    r->sa = v->ndim >= 2 ? v->strides[0] : 0;
+    r->b = v->ndim == 3 ? v->shape[1] : 1;
+    r->sb = v->ndim == 3 ? v->strides[1] : 0;
+    return 0;
+bad:
+    release(r);
+    return -1;
+}
+
+static inline float *row_at(const rows_of *r, Py_ssize_t i) {
+    return (float *)(r->base + (i / r->b) * r->sa + (i % r->b) * r->sb);
+}
+
+static int same_shape(const rows_of *x, const rows_of *y, const char *what) {
+    if (x->a != y->a || x->b != y->b || x->n != y->n) {
+        PyErr_Format(PyExc_ValueError, "%s must have x's shape", what);
+        return -1;
+    }
+    return 0;
+}
+
+static int threads_for(Py_ssize_t elems, int threads) {
+    return elems < PARALLEL_ELEMS || threads < 1 ? 1 : threads;
+}
+
+/* -- RMSNorm ------------------------------------------------------------------------------- */
+
+VECTORIZED
+static void rms_norm_row(const float *x, const float *w, float eps, Py_ssize_t n, float *out) {
+    double lane[8] = {0};
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) lane[l] += (double)(x[i + l] * x[i + l]);
+    double sum = ((lane[0] + lane[4]) + (lane[2] + lane[6])) +
+                 ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+    for (; i < n; i++) sum += (double)(x[i] * x[i]);
+    const float mean = (float)(sum / (double)n);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    if (w)
+        for (Py_ssize_t j = 0; j < n; j++) out[j] = x[j] * scale * w[j];
+    else
+        for (Py_ssize_t j = 0; j < n; j++) out[j] = x[j] * scale;
+}
+
+static PyObject *py_rms_norm(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *xo, *wo, *oo;
+    float eps;
+    int threads;
+    if (!PyArg_ParseTuple(args, "OOfOi", &xo, &wo, &eps, &oo, &threads)) return NULL;
+    rows_of x, w = {0}, out;
+    if (get_rows(xo, 0, "x", &x)) return NULL;
+    if (get_rows(oo, 1, "out", &out)) goto fail_x;
+    if (same_shape(&x, &out, "out")) goto fail_out;
+    if (wo != Py_None) {
+        if (get_rows(wo, 0, "w", &w)) goto fail_out;
+        if (w.view.ndim != 1 || w.n != x.n) {
+            PyErr_Format(PyExc_ValueError, "w must be [%zd]", x.n);
+            goto fail_w;
+        }
+    }
+    {
+        const Py_ssize_t rows = x.a * x.b, n = x.n;
+        const float *wp = wo != Py_None ? (const float *)w.base : NULL;
+        const int nt = threads_for(rows * n, threads);
+        Py_BEGIN_ALLOW_THREADS
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+        for (Py_ssize_t i = 0; i < rows; i++) rms_norm_row(row_at(&x, i), wp, eps, n, row_at(&out, i));
+        Py_END_ALLOW_THREADS
+    }
+    release(&w);
+    release(&out);
+    release(&x);
+    Py_RETURN_NONE;
+fail_w:
+    release(&w);
+fail_out:
+    release(&out);
+fail_x:
+    release(&x);
+    return NULL;
+}
+
+/* -- rope ---------------------------------------------------------------------------------- */
+
+/* Pairs (x[i], x[i + half]) (neox) or (x[2i], x[2i + 1]) rotated by cos[i], sin[i]. */
+VECTORIZED
+static void rope_row(float *x, const float *cos, const float *sin, Py_ssize_t half, int neox) {
+    if (neox) {
+        float *a = x, *b = x + half;
+        for (Py_ssize_t i = 0; i < half; i++) {
+            const float u = a[i], v = b[i];
+            a[i] = u * cos[i] - v * sin[i];
+            b[i] = v * cos[i] + u * sin[i];
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < half; i++) {
+            const float u = x[2 * i], v = x[2 * i + 1];
+            x[2 * i] = u * cos[i] - v * sin[i];
+            x[2 * i + 1] = v * cos[i] + u * sin[i];
+        }
+    }
+}
+
+static PyObject *py_rope(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *xo, *co, *so, *po;
+    int neox, threads;
+    if (!PyArg_ParseTuple(args, "OOOOpi", &xo, &co, &so, &po, &neox, &threads)) return NULL;
+    rows_of x, c, s;
+    Py_buffer pos = {0};
+    if (get_rows(xo, 1, "x", &x)) return NULL;
+    if (get_rows(co, 0, "cos", &c)) goto fail_x;
+    if (get_rows(so, 0, "sin", &s)) goto fail_c;
+    if (PyObject_GetBuffer(po, &pos, PyBUF_ND | PyBUF_FORMAT)) goto fail_s;
+    const Py_ssize_t half = c.n, T = x.view.ndim == 3 ? x.a : x.a * x.b;
+    const Py_ssize_t per_t = x.view.ndim == 3 ? x.b : 1;
+    if (c.view.ndim != 2 || same_shape(&c, &s, "sin") || 2 * half > x.n) {
+        PyErr_SetString(PyExc_ValueError, "cos and sin must be [positions, <= head_dim / 2]");
+        goto fail_pos;
+    }
+    /* int64 is "l" or "q" by platform */
+    if (pos.ndim != 1 || pos.itemsize != 8 || !pos.format ||
+        (strcmp(pos.format, "q") && strcmp(pos.format, "l")) || pos.shape[0] != T) {
+        PyErr_Format(PyExc_ValueError, "pos must be int64 [%zd]", T);
+        goto fail_pos;
+    }
+    const int64_t *p = (const int64_t *)pos.buf;
+    for (Py_ssize_t t = 0; t < T; t++)
+        if (p[t] < 0 || p[t] >= c.a) {
+            PyErr_Format(PyExc_ValueError, "position %lld outside the %zd-row tables",
+                         (long long)p[t], c.a);
+            goto fail_pos;
+        }
+    {
+        const Py_ssize_t rows = T * per_t;
+        const int nt = threads_for(rows * half * 2, threads);
+        Py_BEGIN_ALLOW_THREADS
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+        for (Py_ssize_t i = 0; i < rows; i++) {
+            const Py_ssize_t t = i / per_t;
+            rope_row(row_at(&x, i), row_at(&c, p[t]), row_at(&s, p[t]), half, neox);
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&pos);
+    release(&s);
+    release(&c);
+    release(&x);
+    Py_RETURN_NONE;
+fail_pos:
+    PyBuffer_Release(&pos);
+fail_s:
+    release(&s);
+fail_c:
+    release(&c);
+fail_x:
+    release(&x);
+    return NULL;
+}
+
+/* -- gated activations --------------------------------------------------------------------- */
+
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
+
+VECTORIZED
+static void glu_row(const float *gate, const float *up, Py_ssize_t n, int act, float *out) {
+    if (act == ACT_SILU) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const float g = gate[i];
+            out[i] = g / (1.0f + exp_f32(-g)) * up[i];
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const float g = gate[i];
+            const float u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+            out[i] = g / (1.0f + exp_f32(-2.0f * u)) * up[i];
+        }
+    }
+}
+
+static PyObject *py_glu(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *ho, *oo;
+    int act, threads;
+    if (!PyArg_ParseTuple(args, "OiOi", &ho, &act, &oo, &threads)) return NULL;
+    rows_of h, out;
+    if (get_rows(ho, 0, "h", &h)) return NULL;
+    if (get_rows(oo, 1, "out", &out)) goto fail_h;
+    if (act != ACT_SILU && act != ACT_GELU_TANH) {
+        PyErr_Format(PyExc_ValueError, "unknown activation %d", act);
+        goto fail_out;
+    }
+    if (h.n % 2 || out.a * out.b != h.a * h.b || out.n != h.n / 2) {
+        PyErr_SetString(PyExc_ValueError, "out must be h's rows, half as wide");
+        goto fail_out;
+    }
+    {
+        const Py_ssize_t rows = h.a * h.b, n = out.n;
+        const int nt = threads_for(rows * n, threads);
+        Py_BEGIN_ALLOW_THREADS
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+        for (Py_ssize_t i = 0; i < rows; i++) {
+            const float *g = row_at(&h, i);
+            glu_row(g, g + n, n, act, row_at(&out, i));
+        }
+        Py_END_ALLOW_THREADS
+    }
+    release(&out);
+    release(&h);
+    Py_RETURN_NONE;
+fail_out:
+    release(&out);
+fail_h:
+    release(&h);
+    return NULL;
+}
+
+/* -- exp, for tests ------------------------------------------------------------------------ */
+
+VECTORIZED
+static void exp_rows(const float *x, Py_ssize_t n, float *out) {
+    for (Py_ssize_t i = 0; i < n; i++) out[i] = exp_f32(x[i]);
+}
+
+static PyObject *py_exp(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *xo, *oo;
+    if (!PyArg_ParseTuple(args, "OO", &xo, &oo)) return NULL;
+    rows_of x, out;
+    if (get_rows(xo, 0, "x", &x)) return NULL;
+    if (get_rows(oo, 1, "out", &out)) {
+        release(&x);
+        return NULL;
+    }
+    if (same_shape(&x, &out, "out")) {
+        release(&out);
+        release(&x);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < x.a * x.b; i++) exp_rows(row_at(&x, i), x.n, row_at(&out, i));
+    release(&out);
+    release(&x);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef METHODS[] = {
+    {"rms_norm", py_rms_norm, METH_VARARGS,
+     "rms_norm(x, w | None, eps, out, threads): out = x / sqrt(mean(x^2) + eps) * w per row"},
+    {"rope", py_rope, METH_VARARGS,
+     "rope(x, cos, sin, pos int64, neox, threads): x's rows at pos[t] rotated in place"},
+    {"glu", py_glu, METH_VARARGS,
+     "glu(h, act (0 silu, 1 gelu_tanh), out, threads): out = act(gate) * up, h = [gate | up]"},
+    {"exp", py_exp, METH_VARARGS, "exp(x, out): the e^x the activations use"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef MODULE = {
+    PyModuleDef_HEAD_INIT, "_rowwise", NULL, -1, METHODS, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__rowwise(void) { return PyModule_Create(&MODULE); }

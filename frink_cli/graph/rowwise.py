@@ -1,0 +1,99 @@
+"""The host body's row-wise ops in C (rowwise.c, compiled when frink is installed): RMSNorm,
+rope and the gated activations, each one pass over its rows on the product kernels'
+threads. graph/norms.py, rope.py and ffn.py call these first and run their NumPy when
+they return None: arrays the C does not take (not float32, more than 3 dims, a strided
+last dim), or no compiled module (no compiler at install, or FRINK_NO_NATIVE=1).
+`path()` says which runs; `frink info` shows it.
+
+The C computes what the NumPy computes, as llama.cpp does, to within float rounding (a
+few ulp: the RMS sum is taken in double, exp is a polynomial); tests/test_rowwise.py
+holds the two to each other and to float64.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+import numpy as np
+
+from ..quant import kernels
+
+F32 = np.float32
+# The activations rowwise.c has, by its numbers.
+GLU_ACTS = {"silu": 0, "gelu_tanh": 1}
+
+
+def _load() -> tuple[ModuleType | None, str]:
+    if os.environ.get("FRINK_NO_NATIVE"):
+        return None, "numpy (FRINK_NO_NATIVE is set)"
+    try:
+        from . import _rowwise  # type: ignore[attr-defined]
+    except ImportError:
+        return None, "numpy (the native row-wise ops were not built at install)"
+    return _rowwise, "native C"
+
+
+_C, _WHY = _load()
+
+
+def path() -> str:
+    """Which row-wise ops run: "native C" or "numpy (why)"."""
+    return _WHY
+
+
+def compiled() -> bool:
+    return _C is not None
+
+
+def _takes(x: np.ndarray) -> bool:
+    """Whether the C takes x: float32, 1-3 dims, the last contiguous."""
+    return x.dtype == F32 and 1 <= x.ndim <= 3 and x.strides[-1] == 4
+
+
+def rms_norm(
+    x: np.ndarray, weight: np.ndarray | None, eps: float, out: np.ndarray | None
+) -> np.ndarray | None:
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis, into out (which may be x) or a
+    new array; None where the C does not take the arrays."""
+    if _C is None or not _takes(x):
+        return None
+    if weight is not None and (weight.dtype != F32 or weight.shape != x.shape[-1:]):
+        return None
+    if out is None:
+        out = np.empty(x.shape, F32)
+    elif out.shape != x.shape or not _takes(out):
+        return None
+    _C.rms_norm(x, weight, eps, out, kernels.current_threads())
+    return out
+
+
+def rope(
+    x: np.ndarray, cos: np.ndarray, sin: np.ndarray, positions: np.ndarray, neox: bool
+) -> bool:
+    """x [T, heads, head_dim] (or [T, head_dim]) rotated in place by the tables' rows at
+    `positions`; False where the C does not take the arrays."""
+    if _C is None or not _takes(x) or not x.flags.writeable:
+        return False
+    pos = np.ascontiguousarray(positions, dtype=np.int64)
+    _C.rope(x, cos, sin, pos, neox, kernels.current_threads())
+    return True
+
+
+def glu(h: np.ndarray, act: str) -> np.ndarray | None:
+    """act(gate) * up over rows [..., gate | up] into a new C-contiguous array (what the
+    down projection reads); None where the C does not take h or has no such act."""
+    if _C is None or act not in GLU_ACTS or not _takes(h) or h.ndim != 2:
+        return None
+    out = np.empty((h.shape[0], h.shape[1] // 2), F32)
+    _C.glu(h, GLU_ACTS[act], out, kernels.current_threads())
+    return out
+
+
+def exp(x: np.ndarray) -> np.ndarray:
+    """The e^x the C activations use (for tests)."""
+    if _C is None:
+        raise RuntimeError(f"no compiled row-wise ops: {_WHY}")
+    out = np.empty(x.shape, F32)
+    _C.exp(np.ascontiguousarray(x, dtype=F32), out)
+    return out
