@@ -302,3 +302,28 @@ class Sampler:
         u = self.rng.random() * weights[-1]
         i = int(np.searchsorted(weights, u, side="left"))
         return int(c.ids[min(i, len(c) - 1)])
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A chosen token's log probability under the model, and the k most likely tokens'
+    (best first): what an API's `logprobs` reports for each answer token."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+def token_logprob(logits: np.ndarray, token: int, k: int) -> TokenLogprob:
+    """Log softmax of the raw logits (before temperature and penalties, vLLM's default
+    meaning), in float64, at `token` and at the k best tokens (ties: the lower id)."""
+    z = logits.astype(np.float64)
+    m = float(z.max())
+    lse = m + math.log(float(np.exp(z - m).sum()))
+    top: tuple[tuple[int, float], ...] = ()
+    if k > 0:
+        k = min(k, z.size)
+        best = np.argpartition(-z, k - 1)[:k]
+        best = best[np.lexsort((best, -z[best]))]  # by logit, then by id
+        top = tuple((int(i), float(z[i]) - lse) for i in best)
+    return TokenLogprob(int(token), float(z[token]) - lse, top)

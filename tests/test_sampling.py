@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from frink_cli.errors import FrinkError
-from frink_cli.sampling import Sampler, SamplingParams
+from frink_cli.sampling import Sampler, SamplingParams, token_logprob
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
@@ -236,3 +236,20 @@ def test_defaults_are_llama_cpps() -> None:
     assert (p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty, p.repeat_last_n) == (
         pytest.approx(0.8), 40, pytest.approx(0.95), pytest.approx(0.05), 1.0, 64,
     )  # fmt: skip
+
+
+def test_token_logprob_is_torch_log_softmax() -> None:
+    """An API's logprobs: log softmax of the raw logits at the token, and the k best tokens
+    best first (ties by id), against torch's log_softmax, with logits far from zero too."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(5)
+    for scale, shift in ((1.0, 0.0), (30.0, 0.0), (1.0, 1e4), (1.0, -1e4)):
+        z = (rng.standard_normal(5000) * scale + shift).astype(np.float32)
+        z[[7, 9]] = z.max() + 1  # a tie for the best
+        want = torch.log_softmax(torch.from_numpy(z).double(), -1).numpy()
+        got = token_logprob(z, 123, 5)
+        assert got.token == 123 and got.logprob == pytest.approx(want[123], abs=1e-9)
+        assert [t for t, _ in got.top[:2]] == [7, 9]
+        assert [t for t, _ in got.top] == list(np.argsort(-want, kind="stable")[:5])
+        assert np.allclose([lp for _, lp in got.top], np.sort(want)[::-1][:5], atol=1e-9)
+    assert token_logprob(np.zeros(4, np.float32), 0, 0).top == ()

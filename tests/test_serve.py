@@ -1,14 +1,14 @@
 """`frink serve` end to end: the real server on a free localhost port, driven by the
 official `openai` client and by raw HTTP.
 
-What must hold: chat and text completions, streamed and whole, with usage, stop strings
-and finish reasons as the API defines them; every error status (400, 401, 404, 413, 503
-with Retry-After) as OpenAI-shaped JSON; 8 concurrent greedy requests each get exactly the
-tokens they get alone (SmolLM2; a tiny hybrid Mamba-2/attention model on numpy and metal,
-where the greedy run is also llama.cpp's); the second turn of a chat reuses its history's
-cache; malformed requests, oversized bodies and clients vanishing mid-stream leave the
-other streams' output intact, the server up and its memory back at its idle level; one
-log line per request; SIGTERM stops it cleanly.
+What must hold: chat and text completions, streamed and whole, with usage, stop strings,
+finish reasons and log probabilities (against llama.cpp's) as the API defines them; every
+error status (400, 401, 404, 413, 503 with Retry-After) as OpenAI-shaped JSON; 8 concurrent
+greedy requests each get exactly the tokens they get alone (SmolLM2; a tiny hybrid
+Mamba-2/attention model on numpy and metal, where the greedy run is also llama.cpp's); the
+second turn of a chat reuses its history's cache; malformed requests, oversized bodies and
+clients vanishing mid-stream leave the other streams' output intact, the server up and its
+memory back at its idle level; one log line per request; SIGTERM stops it cleanly.
 """
 
 from __future__ import annotations
@@ -149,6 +149,69 @@ def test_text_completions_and_length(server: Server) -> None:
     assert parts[-1].choices[0].finish_reason == "length"
 
 
+def test_completion_logprobs_are_llama_cpps(server: Server, smollm2_path) -> None:
+    """Each answer token's logprob and its top alternatives, against llama.cpp's own log
+    softmax at the same positions of the same tokens (its batch run of prompt + answer).
+    Both round activations to 8 bits, which moves a logit ~0.15 (tests/test_real_models)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(
+        model_path=str(smollm2_path), n_ctx=256, logits_all=True, n_threads=2, verbose=False
+    )
+    prompt = llm.tokenize(b"The capital of France is", add_bos=True, special=True)
+    c = _client(server)
+    r = c.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1",
+        prompt=prompt,
+        max_tokens=12,
+        temperature=0,
+        logprobs=3,
+        extra_body={"return_tokens": True, **FRESH},
+    )
+    choice = r.choices[0]
+    answer = choice.model_extra["tokens"]
+    lp = choice.logprobs
+    assert len(answer) == len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 12
+    assert "".join(lp.tokens) == choice.text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(12)]
+    llm.eval(prompt + answer)
+    z = np.array(llm.scores[len(prompt) - 1 : len(prompt) - 1 + len(answer)], np.float64)
+    ref = z - z.max(-1, keepdims=True)
+    ref -= np.log(np.exp(ref).sum(-1, keepdims=True))
+    got = np.array(lp.token_logprobs)
+    want = ref[np.arange(len(answer)), answer]
+    # (measured: max 0.073, mean 0.028)
+    assert np.abs(got - want).max() < 0.25 and np.abs(got - want).mean() < 0.08, (got, want)
+    for i, top in enumerate(lp.top_logprobs):
+        values = list(top.values())
+        assert len(top) == 3 and values == sorted(values, reverse=True)
+        assert values[0] == pytest.approx(got[i])  # greedy: the chosen token is the best
+        assert list(top)[0] == lp.tokens[i]
+        best = np.argsort(-ref[i])[:3]
+        assert {llm.detokenize([int(t)]).decode("utf-8", "replace") for t in best} & set(top)
+
+
+def test_chat_logprobs_whole_and_streamed(server: Server) -> None:
+    c = _client(server)
+    ask = dict(max_tokens=10, logprobs=True, top_logprobs=2, extra_body=FRESH)
+    whole = _chat(c, "Name a colour.", **ask)
+    content = whole.choices[0].logprobs.content
+    assert "".join(e.token for e in content) == whole.choices[0].message.content
+    for e in content:
+        assert bytes(e.bytes) == e.token.encode() and e.logprob <= 0
+        assert len(e.top_logprobs) == 2 and e.top_logprobs[0].token == e.token
+        assert e.top_logprobs[0].logprob == e.logprob >= e.top_logprobs[1].logprob
+    chunks = list(_chat(c, "Name a colour.", stream=True, **ask))
+    streamed = [
+        e
+        for ch in chunks
+        if ch.choices and ch.choices[0].logprobs
+        for e in ch.choices[0].logprobs.content
+    ]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    plain = _chat(c, "Name a colour.", max_tokens=4)
+    assert plain.choices[0].logprobs is None
+
+
 def test_stop_strings_cut_and_are_held_back(server: Server) -> None:
     c = _client(server)
     full = _chat(c, "Count from one to ten, in words.", max_tokens=40).choices[0].message.content
@@ -189,6 +252,17 @@ def _status(
         ({"messages": [{"role": "user", "content": "hi"}], "top_p": 3}, 400, "top_p"),
         ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "max_tokens"),
         ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n"),
+        ({"messages": [{"role": "user", "content": "hi"}], "logprobs": 2}, 400, "logprobs"),
+        (
+            {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2},
+            400,
+            "top_logprobs",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21},
+            400,
+            "top_logprobs",
+        ),
         ({"messages": [{"role": "user", "content": "hi"}], "stop": [1]}, 400, "stop"),
         ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-9"}, 404, "model"),
         ({"messages": [{"role": "user", "content": "word " * 1500}]}, 400, None),
@@ -454,6 +528,7 @@ FIELDS = [
     "frequency_penalty",
     "repeat_penalty",
     "logprobs",
+    "top_logprobs",
     "model",
     "return_tokens",
     "ignore_eos",

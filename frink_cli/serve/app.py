@@ -234,7 +234,8 @@ async def _complete(state: ServerState, request: Request, o: _Outcome) -> Respon
     body = await _body(state, request)
     if body.get("echo") or body.get("suffix"):
         raise openai.bad("echo" if body.get("echo") else "suffix", "is not supported")
-    gen = openai.generation(body, default_max_tokens=16)  # the API's documented default
+    # (16: the API's documented default)
+    gen = openai.generation(body, default_max_tokens=16, chat=False)
     prompt = openai.completion_prompt(body)
     tok = state.model.tokenizer
     if isinstance(prompt, str):
@@ -289,6 +290,7 @@ async def _generate(
         ignore_eos=gen.ignore_eos,
         cache_prompt=gen.cache_prompt,
         channels=chat,  # a harmony model's analysis goes to reasoning_content
+        logprobs=gen.logprobs,
     )
     try:
         engine.submit(job)
@@ -296,7 +298,16 @@ async def _generate(
         raise ApiError(503, f"server busy: {e}; retry later", kind="server_error") from None
     except FrinkError as e:
         raise ApiError(400, str(e)) from None
-    reply = openai.Reply(chat, state.model_id)
+    reply = openai.Reply(chat, state.model_id, _speller(state.model.tokenizer))
+    # Answer tokens' log probabilities not yet sent (None: the request asked for none).
+    logprobs: list | None = [] if gen.logprobs is not None else None
+
+    def sent_logprobs() -> list | None:
+        nonlocal logprobs
+        if logprobs is None:
+            return None
+        out, logprobs = logprobs, []
+        return out
 
     def describe(f: Finish) -> None:
         o.detail = (
@@ -312,15 +323,18 @@ async def _generate(
                     yield _sse(reply.chunk("", first=True))
                 while True:
                     kind, payload = await events.get()
+                    if kind == "logprob":
+                        logprobs.append(payload)  # type: ignore[union-attr]
+                        continue
                     if kind == "text":
-                        yield _sse(reply.chunk(payload))
+                        yield _sse(reply.chunk(payload, logprobs=sent_logprobs()))
                         continue
                     if kind == "reasoning":
                         yield _sse(reply.chunk(None, reasoning=payload))
                         continue
                     if kind == "done":
                         describe(payload)
-                        last = reply.chunk(None, finish=payload.reason)
+                        last = reply.chunk(None, finish=payload.reason, logprobs=sent_logprobs())
                         if gen.return_tokens:
                             last["choices"][0]["tokens"] = list(payload.tokens)
                         yield _sse(last)
@@ -352,7 +366,9 @@ async def _generate(
                     o.detail = "client disconnected"
                     return Response(status_code=499)
                 continue
-            if kind == "text":
+            if kind == "logprob":
+                logprobs.append(payload)  # type: ignore[union-attr]
+            elif kind == "text":
                 pieces.append(payload)
             elif kind == "reasoning":
                 reasoning.append(payload)
@@ -361,7 +377,9 @@ async def _generate(
                 use = openai.usage(
                     payload.prompt_tokens, payload.completion_tokens, payload.cached_tokens
                 )
-                whole = reply.whole("".join(pieces), payload.reason, use, "".join(reasoning))
+                whole = reply.whole(
+                    "".join(pieces), payload.reason, use, "".join(reasoning), logprobs
+                )
                 if gen.return_tokens:
                     whole["choices"][0]["tokens"] = list(payload.tokens)
                 return JSONResponse(whole)
@@ -369,6 +387,20 @@ async def _generate(
                 raise ApiError(500, str(payload), kind="server_error")
     finally:
         job.cancel()
+
+
+def _speller(tok: Any) -> openai.Spell:
+    """Token id -> (text, bytes) for log probabilities: the bytes the token adds to text
+    (a piece of a UTF-8 character shows as U+FFFD in the text, whole in the bytes), or a
+    control token's own name ("<|im_end|>"), which adds none."""
+    if tok is None:
+        return lambda token: ("", b"")
+
+    def spell(token: int) -> tuple[str, bytes]:
+        raw = tok.token_bytes(token)
+        return (raw.decode("utf-8", errors="replace") if raw else tok.token_text(token)), raw
+
+    return spell
 
 
 def _sse(obj: dict) -> str:

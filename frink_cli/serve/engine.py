@@ -15,7 +15,8 @@ every answer, and a later job resumes from the longest saved point within its pr
 
 One thread (`run`) owns the decoder and every cache; submit() and cancel() are safe from
 any thread. A job reports through its `emit` callback, called on the engine's thread:
-("text", str) pieces, then ("done", Finish) or ("error", message). A job with `channels` on
+("text", str) pieces (each answer token's ("logprob", TokenLogprob) before its text, when
+the job asks), then ("done", Finish) or ("error", message). A job with `channels` on
 a harmony model (gpt-oss) gets its final channel as "text" and the others (analysis,
 commentary) as ("reasoning", str) pieces.
 """
@@ -34,7 +35,7 @@ from ..cache import CacheSnapshot, KvCache
 from ..channels import FINAL, ChannelSplit, is_harmony
 from ..decoder import Decoder
 from ..errors import FrinkError
-from ..sampling import Sampler, SamplingParams
+from ..sampling import Sampler, SamplingParams, token_logprob
 from ..tokenizer import Tokenizer
 from .stops import StopText
 
@@ -70,6 +71,9 @@ class Job:
     cache_prompt: bool = True
     # A chat answer of a harmony model (gpt-oss): split by channel (channels.ChannelSplit).
     channels: bool = False
+    # None: no log probabilities; k: before each answer token's text, a ("logprob",
+    # sampling.TokenLogprob) event with its k most likely alternatives.
+    logprobs: int | None = None
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -334,6 +338,8 @@ class Engine:
             return
         r.history.append(token)
         r.generated += 1
+        if job.logprobs is not None:
+            job.emit("logprob", token_logprob(logits, token, job.logprobs))
         piece, stopped = (
             r.text.push(token) if r.split is None else self._channels(r, r.split.push(token))
         )

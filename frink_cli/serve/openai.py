@@ -4,8 +4,12 @@ llama-server speak them.
 Requests are untrusted: every field frink reads is checked for type and range here, and
 a bad one is an ApiError (an OpenAI-shaped error body with its HTTP status) naming the
 field. Fields frink does not read are ignored, as llama-server ignores them; fields it
-cannot honour (n > 1, logprobs, non-text content) are refused by name rather than
-silently dropped.
+cannot honour (n > 1, echo, non-text content) are refused by name rather than silently
+dropped.
+
+Log probabilities (chat's `logprobs` + `top_logprobs`, completions' `logprobs: k`) are
+the model's own: log softmax of the raw logits at each answer token, before temperature
+and penalties, as vLLM returns them by default.
 """
 
 from __future__ import annotations
@@ -13,13 +17,16 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FrinkError
-from ..sampling import SamplingParams
+from ..sampling import SamplingParams, TokenLogprob
 
 MAX_STOPS = 16
+# The most alternatives a request may ask for per token (OpenAI's chat limit).
+MAX_TOP_LOGPROBS = 20
 
 
 class ApiError(Exception):
@@ -68,6 +75,8 @@ class Generation:
     return_tokens: bool  # frink's (and llama-server's) extra: the answer's token ids too
     ignore_eos: bool  # llama-server's extra: generate past end-of-generation tokens
     cache_prompt: bool = True  # llama-server's extra: False computes the prompt afresh
+    # None: no log probabilities; k: each answer token's, with its k most likely tokens.
+    logprobs: int | None = None
 
 
 def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
@@ -99,13 +108,27 @@ def _show(v: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def generation(body: dict, default_max_tokens: int | None = None) -> Generation:
+def logprobs(body: dict, chat: bool) -> int | None:
+    """How many alternatives per answer token a request asks for (None: no logprobs).
+    Chat: `logprobs: true` and `top_logprobs: 0..20` (which needs logprobs); completions:
+    `logprobs: 0..20` (OpenAI's own limit is 5; llama-server's is larger)."""
+    if chat:
+        on = body.get("logprobs")
+        if on is not None and not isinstance(on, bool):
+            raise bad("logprobs", "must be true or false")
+        top = _integer(body, "top_logprobs", None, 0, MAX_TOP_LOGPROBS)
+        if top is not None and not on:
+            raise bad("top_logprobs", "needs logprobs: true")
+        return (top or 0) if on else None
+    return _integer(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)
+
+
+def generation(body: dict, default_max_tokens: int | None = None, chat: bool = True) -> Generation:
     """The sampling and stopping fields shared by chat and text completions."""
     n = _integer(body, "n", 1, 1, 1 << 30)
     if n != 1:
         raise bad("n", "only n=1 is supported")
-    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") is not None:
-        raise bad("logprobs", "log probabilities are not supported")
+    top = logprobs(body, chat)
     max_tokens = _integer(body, "max_completion_tokens", None, 1, 1 << 30)
     if max_tokens is None:
         # -1: until the context is full (llama-server's n_predict spelling).
@@ -155,7 +178,18 @@ def generation(body: dict, default_max_tokens: int | None = None) -> Generation:
         if not isinstance(value, bool):
             raise bad(name, "must be true or false")
         flags.append(value)
-    return Generation(params, max_tokens, stops, stream, include_usage, *flags)
+    return_tokens, ignore_eos, cache_prompt = flags
+    return Generation(
+        params,
+        max_tokens,
+        stops,
+        stream,
+        include_usage,
+        return_tokens,
+        ignore_eos,
+        cache_prompt,
+        logprobs=top,
+    )
 
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -222,19 +256,64 @@ def usage(prompt: int, completion: int, cached: int) -> dict:
     }
 
 
-class Reply:
-    """One response's id, timestamp and model name, and its bodies and stream chunks."""
+# A token id -> its text and bytes as the API shows them.
+Spell = Callable[[int], tuple[str, bytes]]
 
-    def __init__(self, chat: bool, model: str) -> None:
+
+def _no_spelling(token: int) -> tuple[str, bytes]:
+    return "", b""
+
+
+class Reply:
+    """One response's id, timestamp and model name, and its bodies and stream chunks.
+    `spell` names tokens in log probabilities (the model's tokenizer)."""
+
+    def __init__(self, chat: bool, model: str, spell: Spell = _no_spelling) -> None:
         self.chat = chat
         self.model = model
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
+        self.spell = spell
+        self._offset = 0  # text_offset of the next token (completions' logprobs)
+
+    def logprobs(self, entries: list[TokenLogprob] | None) -> dict | None:
+        """A choice's `logprobs` for these answer tokens: chat's {"content": [...]} or the
+        completions API's parallel lists (None when the request asked for none)."""
+        if entries is None:
+            return None
+        if self.chat:
+            return {"content": [self._chat_entry(e) for e in entries], "refusal": None}
+        tokens, offsets = [], []
+        for e in entries:
+            text = self.spell(e.token)[0]
+            tokens.append(text)
+            offsets.append(self._offset)
+            self._offset += len(text)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{self.spell(t)[0]: lp for t, lp in e.top} for e in entries],
+            "text_offset": offsets,
+        }
+
+    def _chat_entry(self, e: TokenLogprob) -> dict:
+        def one(token: int, logprob: float) -> dict:
+            text, raw = self.spell(token)
+            return {"token": text, "logprob": logprob, "bytes": list(raw)}
+
+        return {**one(e.token, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]}
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, finish: str, use: dict, reasoning: str = "") -> dict:
+    def whole(
+        self,
+        text: str,
+        finish: str,
+        use: dict,
+        reasoning: str = "",
+        logprobs: list[TokenLogprob] | None = None,
+    ) -> dict:
         """reasoning: a harmony model's analysis channel, as llama-server and vLLM return
         it (message.reasoning_content), when there was one."""
         if self.chat:
@@ -244,11 +323,16 @@ class Reply:
             choice: dict = {
                 "index": 0,
                 "message": message,
-                "logprobs": None,
+                "logprobs": self.logprobs(logprobs),
                 "finish_reason": finish,
             }
             return {**self._head("chat.completion"), "choices": [choice], "usage": use}
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": self.logprobs(logprobs),
+            "finish_reason": finish,
+        }
         return {**self._head("text_completion"), "choices": [choice], "usage": use}
 
     def chunk(
@@ -257,7 +341,10 @@ class Reply:
         finish: str | None = None,
         first: bool = False,
         reasoning: str | None = None,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> dict:
+        """logprobs: those of the answer tokens since the last chunk (None: not asked)."""
+        lp = self.logprobs(logprobs)
         if self.chat:
             delta: dict = {}
             if first:
@@ -266,9 +353,9 @@ class Reply:
                 delta["content"] = text
             if reasoning is not None:
                 delta["reasoning_content"] = reasoning
-            choice: dict = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice: dict = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
         return {**self._head("text_completion"), "choices": [choice]}
 
     def usage_chunk(self, use: dict) -> dict:
