@@ -9,7 +9,8 @@ dropped.
 
 Log probabilities (chat's `logprobs` + `top_logprobs`, completions' `logprobs: k`) are
 the model's own: log softmax of the raw logits at each answer token, before temperature
-and penalties, as vLLM returns them by default.
+and penalties, as vLLM returns them by default. Every sampled token has one, a harmony
+model's reasoning tokens included (as vLLM's); an end-of-generation token has none.
 """
 
 from __future__ import annotations
