@@ -4,7 +4,9 @@ People pick a runner by its numbers, and our goals are ratios against llama.cpp 
 by side, so the method copies llama-bench's: synthetic token ids (tokenization and sampling
 excluded), one warm-up, r repetitions; a prompt test (pp N) feeds N tokens to an empty
 context as one batch, a generation test (tg N) feeds N tokens one at a time to an empty
-context; both include the logits of the last row and nothing else. With a llama.cpp
+context; both include the logits of the last row and nothing else. With -d D ("pp512 @
+d4096") the context already holds D tokens, fed untimed before each run: speed at depth,
+where attention over the cache is part of every token's cost. With a llama.cpp
 comparison the two runners alternate repetition by repetition on the same GGUF and the same
 ids, so a noisy shared machine slows both alike and the ratio stays meaningful.
 """
@@ -21,7 +23,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,18 +38,31 @@ COMPARE_TARGETS = ("llama.cpp",)
 
 @dataclass(frozen=True)
 class BenchTest:
-    name: str  # "pp512" | "tg128"
+    name: str  # "pp512" | "tg128" | "tg128 @ d4096"
     n_prompt: int
     n_gen: int
+    # Tokens already in the context when the clock starts (llama-bench's -d): filled,
+    # untimed, before every run, so a test measures speed at that depth.
+    n_depth: int = 0
+
+    @property
+    def n_ctx(self) -> int:
+        return self.n_depth + self.n_prompt + self.n_gen
+
+    def warm_up(self) -> BenchTest:
+        """The same test cut to one generated token (a prompt test stays whole)."""
+        return self if self.n_prompt else replace(self, n_gen=1)
 
 
-def bench_tests(n_prompt: int, n_gen: int) -> list[BenchTest]:
-    """llama-bench's default pair: a prompt test and a generation test (0 skips one)."""
+def bench_tests(n_prompt: int, n_gen: int, n_depth: int = 0) -> list[BenchTest]:
+    """llama-bench's default pair: a prompt test and a generation test (0 skips one), each
+    at a depth of n_depth tokens already in the context."""
+    at = f" @ d{n_depth}" if n_depth else ""
     tests = []
     if n_prompt > 0:
-        tests.append(BenchTest(f"pp{n_prompt}", n_prompt, 0))
+        tests.append(BenchTest(f"pp{n_prompt}{at}", n_prompt, 0, n_depth))
     if n_gen > 0:
-        tests.append(BenchTest(f"tg{n_gen}", 0, n_gen))
+        tests.append(BenchTest(f"tg{n_gen}{at}", 0, n_gen, n_depth))
     if not tests:
         raise FrinkError("nothing to measure: -p/--n-prompt and -n/--n-gen are both 0")
     return tests
@@ -96,18 +111,20 @@ class FrinkRunner:
 
     def _run(self, test: BenchTest, ids: np.ndarray) -> Sample:
         dec = self.decoder
-        n = test.n_prompt + test.n_gen
+        d = test.n_depth
         # The context exists before the clock starts, as llama.cpp's does.
-        cache = dec.new_cache(n)
-        cache.reserve(n)
+        cache = dec.new_cache(test.n_ctx)
+        cache.reserve(test.n_ctx)
+        if d:
+            dec.step(ids[:d], cache)
         ledger = getattr(dec.backend, "ledger", None)
         if ledger is not None:
             ledger.reset()
         t0 = time.perf_counter()
         if test.n_prompt:
-            dec.step(ids[: test.n_prompt], cache)
+            dec.step(ids[d : d + test.n_prompt], cache)
         else:
-            for i in range(test.n_gen):
+            for i in range(d, d + test.n_gen):
                 dec.step(ids[i : i + 1], cache)
         seconds = time.perf_counter() - t0
         if ledger is None:
@@ -196,6 +213,10 @@ class LlamaCppRunner:
     def threads(self, test: BenchTest) -> int:
         return self.n_threads
 
+    def _prefill(self, ids: np.ndarray, start: int, stop: int) -> None:
+        for i in range(start, stop, self.n_batch):
+            self._decode(ids[i : min(i + self.n_batch, stop)])
+
     def _decode(self, tokens: np.ndarray) -> None:
         L = self._L
         arr = (L.llama_token * len(tokens))(*(int(t) for t in tokens))
@@ -206,13 +227,14 @@ class LlamaCppRunner:
     def run(self, test: BenchTest, ids: np.ndarray) -> Sample:
         L = self._L
         L.llama_memory_clear(self.memory, True)
+        d = test.n_depth
+        self._prefill(ids, 0, d)
         L.llama_synchronize(self.ctx)
         t0 = time.perf_counter()
         if test.n_prompt:
-            for i in range(0, test.n_prompt, self.n_batch):
-                self._decode(ids[i : min(i + self.n_batch, test.n_prompt)])
+            self._prefill(ids, d, d + test.n_prompt)
         else:
-            for i in range(test.n_gen):
+            for i in range(d, d + test.n_gen):
                 self._decode(ids[i : i + 1])
         L.llama_synchronize(self.ctx)
         return Sample(time.perf_counter() - t0)
@@ -294,7 +316,7 @@ def llama_cpp_peak_mib(path: Path, n_ctx: int, n_threads: int, tests: list[Bench
         "path": str(path),
         "n_ctx": n_ctx,
         "n_threads": n_threads,
-        "tests": [[t.name, t.n_prompt, t.n_gen] for t in tests],
+        "tests": [[t.name, t.n_prompt, t.n_gen, t.n_depth] for t in tests],
     }
     code = "from frink_cli.bench import _llama_cpp_peak_child; _llama_cpp_peak_child()"
     r = subprocess.run(
@@ -309,8 +331,8 @@ def _llama_cpp_peak_child() -> None:
     args = json.loads(sys.argv[1])
     runner = LlamaCppRunner(Path(args["path"]), args["n_ctx"], args["n_threads"])
     ids = np.zeros(args["n_ctx"], np.int64) + 1
-    for name, n_prompt, _ in args["tests"]:
-        runner.run(BenchTest(name, n_prompt, 0) if n_prompt else BenchTest(name, 0, 1), ids)
+    for name, n_prompt, n_gen, n_depth in args["tests"]:
+        runner.run(BenchTest(name, n_prompt, n_gen, n_depth).warm_up(), ids)
     print(peak_memory_mib())
 
 
@@ -326,6 +348,7 @@ class BenchRow:
     test: str
     n_prompt: int
     n_gen: int
+    n_depth: int
     avg_ns: float
     stddev_ns: float
     avg_ts: float
@@ -389,6 +412,7 @@ def _row(
         test.name,
         test.n_prompt,
         test.n_gen,
+        test.n_depth,
         avg_ns,
         sd_ns,
         avg_ts,
@@ -421,6 +445,7 @@ def run_bench(
     *,
     n_prompt: int = 512,
     n_gen: int = 128,
+    n_depth: int = 0,
     repetitions: int = 3,
     n_threads: int | None = None,
     compare: str | None = None,
@@ -431,14 +456,16 @@ def run_bench(
     """Measure `model` (a frink_cli.api.Model); rows in test order, frink's before llama.cpp's."""
     if repetitions < 1:
         raise FrinkError(f"invalid value for -r/--repetitions: {repetitions} (must be >= 1)")
-    if n_prompt < 0 or n_gen < 0:
-        raise FrinkError("invalid test size: -p/--n-prompt and -n/--n-gen must be >= 0")
+    if n_prompt < 0 or n_gen < 0 or n_depth < 0:
+        raise FrinkError(
+            "invalid test size: -p/--n-prompt, -n/--n-gen and -d/--n-depth must be >= 0"
+        )
     if compare is not None and compare not in COMPARE_TARGETS:
         raise FrinkError(
             f"invalid value for --compare: {compare!r} (choose from {', '.join(COMPARE_TARGETS)})"
         )
-    tests = bench_tests(n_prompt, n_gen)
-    n_ctx = max(t.n_prompt + t.n_gen for t in tests)
+    tests = bench_tests(n_prompt, n_gen, n_depth)
+    n_ctx = max(t.n_ctx for t in tests)
     if n_ctx > model.config.n_ctx_train:
         raise FrinkError(
             f"test of {n_ctx} tokens exceeds the model's context of {model.config.n_ctx_train}"
@@ -458,7 +485,7 @@ def run_bench(
         # frink warms up before llama.cpp is loaded, so the peak memory it reports is its own.
         for t in tests:
             say(f"{t.name}: warm-up (frink)")
-            runners[0].run(t if t.n_prompt else BenchTest(t.name, 0, 1), ids)
+            runners[0].run(t.warm_up(), ids)
         frink_peak = peak_memory_mib()
         cpp_peak = None
         if compare:
@@ -468,7 +495,7 @@ def run_bench(
             runners.append(LlamaCppRunner(Path(model.checkpoint.path), n_ctx, n_threads))
             for t in tests:
                 say(f"{t.name}: warm-up (llama.cpp)")
-                runners[1].run(t if t.n_prompt else BenchTest(t.name, 0, 1), ids)
+                runners[1].run(t.warm_up(), ids)
         for t in tests:
             samples: list[list[Sample]] = [[] for _ in runners]
             for rep in range(repetitions):

@@ -489,6 +489,9 @@ def bench(
     model: str | None = typer.Argument(None, help="GGUF file, HF directory or model name"),
     n_prompt: int = typer.Option(512, "-p", "--n-prompt", help="prompt test size (0: none)"),
     n_gen: int = typer.Option(128, "-n", "--n-gen", help="generation test size (0: none)"),
+    n_depth: int = typer.Option(
+        0, "-d", "--n-depth", help="tokens already in the context for each test (untimed)"
+    ),
     repetitions: int = typer.Option(3, "-r", "--repetitions", help="timed repetitions per test"),
     threads: int = typer.Option(
         0, "-t", "--threads", help="threads for llama.cpp and frink's BLAS (0: all cores)"
@@ -518,6 +521,7 @@ def bench(
         m,
         n_prompt=n_prompt,
         n_gen=n_gen,
+        n_depth=n_depth,
         repetitions=repetitions,
         n_threads=threads or None,
         compare=compare,

@@ -219,6 +219,50 @@ def test_compare_llama_cpp_alternates_on_the_same_file(tiny_gguf: Path) -> None:
     ), r.stdout
 
 
+def test_depth_fills_the_context_untimed_before_each_run(
+    tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """-d D: every run (warm-ups included) of both runners first feeds D tokens, then the
+    test's own tokens after them; the rows say "@ dD" and carry n_depth."""
+    model = frink_cli.load(tiny_gguf, backend="numpy")
+    fed: list[tuple[int, int]] = []  # (rows fed, positions already held) per frink step
+    step = model.decoder.step
+
+    def recording_step(ids: Any, cache: Any, *a: Any, **k: Any) -> Any:
+        fed.append((len(ids), cache.n_past))
+        return step(ids, cache, *a, **k)
+
+    monkeypatch.setattr(model.decoder, "step", recording_step)
+    rows = B.run_bench(model, n_prompt=4, n_gen=2, n_depth=6, repetitions=1)
+    assert [(r.test, r.n_prompt, r.n_gen, r.n_depth) for r in rows] == [
+        ("pp4 @ d6", 4, 0, 6),
+        ("tg2 @ d6", 0, 2, 6),
+    ]
+    warm_ups = [(6, 0), (4, 6), (6, 0), (1, 6)]
+    timed = [(6, 0), (4, 6), (6, 0), (1, 6), (1, 7)]
+    assert fed == warm_ups + timed
+
+
+def test_llama_cpp_runs_at_the_same_depth(tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("llama_cpp")
+    decoded: list[tuple[int, ...]] = []
+    monkeypatch.setattr(
+        B.LlamaCppRunner, "_decode", lambda self, t: decoded.append(tuple(int(i) for i in t))
+    )
+    runner = B.LlamaCppRunner(tiny_gguf, 16, 1)
+    try:
+        for t in B.bench_tests(4, 2, 6):
+            runner.run(t, np.arange(16))
+    finally:
+        runner.close()
+    assert decoded == [(0, 1, 2, 3, 4, 5), (6, 7, 8, 9), (0, 1, 2, 3, 4, 5), (6,), (7,)]
+
+
+def test_depth_beyond_the_models_context_is_refused(tiny_gguf: Path) -> None:
+    assert_error(frink("bench", tiny_gguf, "-d", "1000000"), "exceeds the model's context")
+    assert_error(frink("bench", tiny_gguf, "-d", "-1"), "-d/--n-depth")
+
+
 def test_compare_llama_cpp_needs_a_gguf(tiny_model: Callable[[str], Any]) -> None:
     pytest.importorskip("llama_cpp")
     tiny = tiny_model("llama")

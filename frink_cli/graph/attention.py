@@ -21,6 +21,11 @@ from .rope import Rope
 # see: a causal batch then computes ~9/16 of the full [T, S] score matrix at T = 512, and
 # a block's scores stay in cache through the softmax passes (64-96 rows measured best).
 QUERY_BLOCK = 64
+# A decode row's scores are taken this many keys at a time: OpenBLAS multiplies a few
+# query rows by up to ~400 keys on a fast small-matrix path and by more on a packing one
+# that costs 3-4x as much (g = 3 heads x 64 dims: 512 keys 47 -> 14 us, 2048 keys 202 ->
+# 59 us), which at a depth of thousands of tokens was most of a decode token's attention.
+ROW_KEY_CHUNK = 256
 
 
 def attention_mask(
@@ -173,7 +178,14 @@ def _attend_row(
     lo = max(0, pos - window + 1) if window is not None else 0
     assert lo >= first, "the cache no longer holds keys this query sees"
     Kr, Vr = K[:, lo - first : pos + 1 - first], V[:, lo - first : pos + 1 - first]
-    scores = np.matmul(q.reshape(Hkv, H // Hkv, hk), Kr.transpose(0, 2, 1))  # [Hkv, g, n]
+    qg, n = q.reshape(Hkv, H // Hkv, hk), Kr.shape[1]
+    if n <= ROW_KEY_CHUNK:
+        scores = np.matmul(qg, Kr.transpose(0, 2, 1))  # [Hkv, g, n]
+    else:
+        scores = np.empty((Hkv, H // Hkv, n), np.float32)
+        for a in range(0, n, ROW_KEY_CHUNK):
+            b = min(n, a + ROW_KEY_CHUNK)
+            np.matmul(qg, Kr[:, a:b].transpose(0, 2, 1), out=scores[:, :, a:b])
     if softcap:
         c = np.float32(softcap)
         scores /= c
