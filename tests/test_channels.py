@@ -218,9 +218,9 @@ def test_reasoning_goes_where_llama_server_puts_it() -> None:
 
     r = Reply(True, "m")
     use = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
-    msg = r.whole("4.", "stop", use, "User asks")["choices"][0]["message"]
+    msg = r.whole([r.choice(0, "4.", "stop", "User asks")], use)["choices"][0]["message"]
     assert msg == {"role": "assistant", "content": "4.", "reasoning_content": "User asks"}
-    assert "reasoning_content" not in r.whole("4.", "stop", use)["choices"][0]["message"]
+    assert "reasoning_content" not in r.choice(0, "4.", "stop")["message"]
     assert r.chunk(None, reasoning="User")["choices"][0]["delta"] == {"reasoning_content": "User"}
 
 

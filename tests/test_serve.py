@@ -212,6 +212,41 @@ def test_chat_logprobs_whole_and_streamed(server: Server) -> None:
     assert plain.choices[0].logprobs is None
 
 
+def test_n_choices_whole_and_streamed(server: Server) -> None:
+    """n answers to one prompt, decoded side by side: greedy, each is the n=1 answer; seeded
+    and sampled, each choice is reproducible and usage counts every choice's tokens."""
+    c = _client(server)
+    one = _chat(c, "Name a planet.", max_tokens=8, extra_body=FRESH)
+    three = _chat(c, "Name a planet.", max_tokens=8, n=3, extra_body=FRESH)
+    assert [ch.index for ch in three.choices] == [0, 1, 2]
+    assert {ch.message.content for ch in three.choices} == {one.choices[0].message.content}
+    assert three.usage.completion_tokens == 3 * one.usage.completion_tokens
+    assert three.usage.prompt_tokens == one.usage.prompt_tokens
+    hot = dict(max_tokens=12, n=4, temperature=1.5, seed=7, extra_body=FRESH)
+    a, b = _chat(c, "Write a word.", **hot), _chat(c, "Write a word.", **hot)
+    assert [x.message.content for x in a.choices] == [x.message.content for x in b.choices]
+    assert len({x.message.content for x in a.choices}) > 1  # seeds 7, 8, 9, 10 differ
+    chunks = list(
+        _chat(c, "Write a word.", stream=True, stream_options={"include_usage": True}, **hot)
+    )
+    streamed = [
+        "".join(
+            ch.choices[0].delta.content or ""
+            for ch in chunks
+            if ch.choices and ch.choices[0].index == i
+        )
+        for i in range(4)
+    ]
+    assert streamed == [x.message.content for x in a.choices]
+    finals = [ch.choices[0] for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert sorted(f.index for f in finals) == [0, 1, 2, 3]
+    assert chunks[-1].usage.completion_tokens == a.usage.completion_tokens
+    r = c.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1", prompt="The sky is", max_tokens=5, n=2, temperature=0
+    )
+    assert [x.index for x in r.choices] == [0, 1] and r.choices[0].text == r.choices[1].text
+
+
 def test_stop_strings_cut_and_are_held_back(server: Server) -> None:
     c = _client(server)
     full = _chat(c, "Count from one to ten, in words.", max_tokens=40).choices[0].message.content
@@ -251,7 +286,8 @@ def _status(
         ),
         ({"messages": [{"role": "user", "content": "hi"}], "top_p": 3}, 400, "top_p"),
         ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "max_tokens"),
-        ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n"),
+        ({"messages": [{"role": "user", "content": "hi"}], "n": 9}, 400, "n"),  # > --parallel
+        ({"messages": [{"role": "user", "content": "hi"}], "n": 0}, 400, "n"),
         ({"messages": [{"role": "user", "content": "hi"}], "logprobs": 2}, 400, "logprobs"),
         (
             {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2},

@@ -273,120 +273,170 @@ async def _generate(
             f"{engine.n_ctx} (frink serve -c/--ctx-size)",
             code="context_length_exceeded",
         )
+    if gen.n > len(engine.slots):
+        raise openai.bad("n", f"at most {len(engine.slots)} choices here (frink serve --parallel)")
     loop = asyncio.get_running_loop()
-    events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    # (choice index, kind, payload) from every choice's job, in the order they happen.
+    events: asyncio.Queue[tuple[int, str, Any]] = asyncio.Queue()
 
-    def emit(kind: str, payload: object) -> None:
-        # A closed loop (the server going down) has nobody left to tell.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(events.put_nowait, (kind, payload))
+    def emitter(index: int) -> Callable[[str, object], None]:
+        def emit(kind: str, payload: object) -> None:
+            # A closed loop (the server going down) has nobody left to tell.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(events.put_nowait, (index, kind, payload))
 
-    job = Job(
-        prompt=ids,
-        params=gen.params,
-        max_tokens=gen.max_tokens if gen.max_tokens is not None else engine.n_ctx,
-        stop=gen.stop,
-        emit=emit,
-        ignore_eos=gen.ignore_eos,
-        cache_prompt=gen.cache_prompt,
-        channels=chat,  # a harmony model's analysis goes to reasoning_content
-        logprobs=gen.logprobs,
-    )
+        return emit
+
+    jobs = [
+        Job(
+            prompt=ids,
+            params=gen.choice_params(i),
+            max_tokens=gen.max_tokens if gen.max_tokens is not None else engine.n_ctx,
+            stop=gen.stop,
+            emit=emitter(i),
+            ignore_eos=gen.ignore_eos,
+            cache_prompt=gen.cache_prompt,
+            channels=chat,  # a harmony model's analysis goes to reasoning_content
+            logprobs=gen.logprobs,
+        )
+        for i in range(gen.n)
+    ]
     try:
-        engine.submit(job)
+        for job in jobs:
+            engine.submit(job)
     except QueueFull as e:
+        _cancel(jobs)
         raise ApiError(503, f"server busy: {e}; retry later", kind="server_error") from None
     except FrinkError as e:
+        _cancel(jobs)
         raise ApiError(400, str(e)) from None
     reply = openai.Reply(chat, state.model_id, _speller(state.model.tokenizer))
-    # Answer tokens' log probabilities not yet sent (None: the request asked for none).
-    logprobs: list | None = [] if gen.logprobs is not None else None
+    outs = [_Choice(gen.logprobs is not None) for _ in jobs]
 
-    def sent_logprobs() -> list | None:
-        nonlocal logprobs
-        if logprobs is None:
-            return None
-        out, logprobs = logprobs, []
-        return out
-
-    def describe(f: Finish) -> None:
+    def describe(finishes: list[Finish]) -> None:
+        f = finishes[0]
         o.detail = (
-            f"prompt={f.prompt_tokens} cached={f.cached_tokens} completion={f.completion_tokens}"
+            f"prompt={f.prompt_tokens} cached={f.cached_tokens} "
+            f"completion={sum(x.completion_tokens for x in finishes)}"
             f" ttft={f.first_token_seconds:.3f}s finish={f.reason}"
+            + (f" n={len(finishes)}" if len(finishes) > 1 else "")
         )
+
+    def usage() -> dict:
+        done = [c.finish for c in outs if c.finish is not None]
+        return openai.usage(
+            done[0].prompt_tokens, sum(f.completion_tokens for f in done), done[0].cached_tokens
+        )
+
+    def tokens(choice: dict, c: _Choice) -> dict:
+        if gen.return_tokens and c.finish is not None:
+            choice["tokens"] = list(c.finish.tokens)
+        return choice
 
     if gen.stream:
 
         async def sse() -> AsyncIterator[str]:
             try:
                 if chat:  # the assistant's role comes first, as OpenAI's streams start
-                    yield _sse(reply.chunk("", first=True))
+                    for i in range(len(jobs)):
+                        yield _sse(reply.chunk("", first=True, index=i))
                 while True:
-                    kind, payload = await events.get()
+                    i, kind, payload = await events.get()
+                    c = outs[i]
                     if kind == "logprob":
-                        logprobs.append(payload)  # type: ignore[union-attr]
-                        continue
-                    if kind == "text":
-                        yield _sse(reply.chunk(payload, logprobs=sent_logprobs()))
-                        continue
-                    if kind == "reasoning":
-                        yield _sse(reply.chunk(None, reasoning=payload))
-                        continue
-                    if kind == "done":
-                        describe(payload)
-                        last = reply.chunk(None, finish=payload.reason, logprobs=sent_logprobs())
-                        if gen.return_tokens:
-                            last["choices"][0]["tokens"] = list(payload.tokens)
+                        c.logprobs.append(payload)  # type: ignore[union-attr]
+                    elif kind == "text":
+                        yield _sse(reply.chunk(payload, logprobs=c.sent(), index=i))
+                    elif kind == "reasoning":
+                        yield _sse(reply.chunk(None, reasoning=payload, index=i))
+                    elif kind == "done":
+                        c.finish = payload
+                        last = reply.chunk(None, payload.reason, logprobs=c.sent(), index=i)
+                        tokens(last["choices"][0], c)
                         yield _sse(last)
-                        if gen.include_usage:
-                            use = openai.usage(
-                                payload.prompt_tokens,
-                                payload.completion_tokens,
-                                payload.cached_tokens,
-                            )
-                            yield _sse(reply.usage_chunk(use))
+                        if all(x.finish is not None for x in outs):
+                            describe([x.finish for x in outs if x.finish is not None])
+                            if gen.include_usage:
+                                yield _sse(reply.usage_chunk(usage()))
+                            yield "data: [DONE]\n\n"
+                            return
                     else:
                         o.detail = printable(str(payload))[:200]
                         yield _sse(ApiError(500, str(payload), kind="server_error").body())
-                    yield "data: [DONE]\n\n"
-                    return
+                        yield "data: [DONE]\n\n"
+                        return
             finally:
-                job.cancel()  # a client gone mid-stream; a no-op once the job is done
+                _cancel(jobs)  # a client gone mid-stream; a no-op once the jobs are done
 
         return _Stream(sse())
 
-    pieces: list[str] = []
-    reasoning: list[str] = []
     try:
         while True:
             try:
-                kind, payload = await asyncio.wait_for(events.get(), 0.25)
+                i, kind, payload = await asyncio.wait_for(events.get(), 0.25)
             except asyncio.TimeoutError:
                 if await request.is_disconnected():
                     o.detail = "client disconnected"
                     return Response(status_code=499)
                 continue
+            c = outs[i]
             if kind == "logprob":
-                logprobs.append(payload)  # type: ignore[union-attr]
+                c.logprobs.append(payload)  # type: ignore[union-attr]
             elif kind == "text":
-                pieces.append(payload)
+                c.pieces.append(payload)
             elif kind == "reasoning":
-                reasoning.append(payload)
+                c.reasoning.append(payload)
             elif kind == "done":
-                describe(payload)
-                use = openai.usage(
-                    payload.prompt_tokens, payload.completion_tokens, payload.cached_tokens
-                )
-                whole = reply.whole(
-                    "".join(pieces), payload.reason, use, "".join(reasoning), logprobs
-                )
-                if gen.return_tokens:
-                    whole["choices"][0]["tokens"] = list(payload.tokens)
-                return JSONResponse(whole)
+                c.finish = payload
+                if all(x.finish is not None for x in outs):
+                    finishes = [x.finish for x in outs if x.finish is not None]
+                    describe(finishes)
+                    choices = [
+                        tokens(
+                            reply.choice(
+                                j,
+                                "".join(x.pieces),
+                                f.reason,
+                                "".join(x.reasoning),
+                                x.logprobs,
+                            ),
+                            x,
+                        )
+                        for j, (x, f) in enumerate(zip(outs, finishes))
+                    ]
+                    return JSONResponse(reply.whole(choices, usage()))
             else:
                 raise ApiError(500, str(payload), kind="server_error")
     finally:
-        job.cancel()
+        _cancel(jobs)
+
+
+@dataclass
+class _Choice:
+    """What one choice of a request has produced so far."""
+
+    asked_logprobs: bool
+    pieces: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    # Answer tokens' log probabilities not yet sent (None: the request asked for none).
+    logprobs: list | None = None
+    finish: Finish | None = None
+
+    def __post_init__(self) -> None:
+        if self.asked_logprobs:
+            self.logprobs = []
+
+    def sent(self) -> list | None:
+        """The log probabilities gathered since the last chunk, now sent."""
+        if self.logprobs is None:
+            return None
+        out, self.logprobs = self.logprobs, []
+        return out
+
+
+def _cancel(jobs: list[Job]) -> None:
+    for job in jobs:
+        job.cancel()  # a no-op once a job is done
 
 
 def _speller(tok: Any) -> openai.Spell:

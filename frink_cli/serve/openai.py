@@ -4,8 +4,8 @@ llama-server speak them.
 Requests are untrusted: every field frink reads is checked for type and range here, and
 a bad one is an ApiError (an OpenAI-shaped error body with its HTTP status) naming the
 field. Fields frink does not read are ignored, as llama-server ignores them; fields it
-cannot honour (n > 1, echo, non-text content) are refused by name rather than silently
-dropped.
+cannot honour (echo, non-text content, more choices than the server's slots) are refused
+by name rather than silently dropped.
 
 Log probabilities (chat's `logprobs` + `top_logprobs`, completions' `logprobs: k`) are
 the model's own: log softmax of the raw logits at each answer token, before temperature
@@ -19,7 +19,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import FrinkError
@@ -28,6 +28,9 @@ from ..sampling import SamplingParams, TokenLogprob
 MAX_STOPS = 16
 # The most alternatives a request may ask for per token (OpenAI's chat limit).
 MAX_TOP_LOGPROBS = 20
+# The most choices (`n`) a request may ask for (OpenAI's limit; a server also holds them
+# to its --parallel slots, which decode them side by side).
+MAX_CHOICES = 128
 
 
 class ApiError(Exception):
@@ -78,6 +81,14 @@ class Generation:
     cache_prompt: bool = True  # llama-server's extra: False computes the prompt afresh
     # None: no log probabilities; k: each answer token's, with its k most likely tokens.
     logprobs: int | None = None
+    n: int = 1  # choices: independent answers to the one prompt
+
+    def choice_params(self, index: int) -> SamplingParams:
+        """Choice `index`'s sampler: a seeded request's choices draw from seeds seed,
+        seed + 1, ..., so each differs and each is reproducible."""
+        if self.params.seed is None or index == 0:
+            return self.params
+        return replace(self.params, seed=(self.params.seed + index) % (1 << 63))
 
 
 def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
@@ -126,9 +137,7 @@ def logprobs(body: dict, chat: bool) -> int | None:
 
 def generation(body: dict, default_max_tokens: int | None = None, chat: bool = True) -> Generation:
     """The sampling and stopping fields shared by chat and text completions."""
-    n = _integer(body, "n", 1, 1, 1 << 30)
-    if n != 1:
-        raise bad("n", "only n=1 is supported")
+    n = _integer(body, "n", 1, 1, MAX_CHOICES) or 1
     top = logprobs(body, chat)
     max_tokens = _integer(body, "max_completion_tokens", None, 1, 1 << 30)
     if max_tokens is None:
@@ -190,6 +199,7 @@ def generation(body: dict, default_max_tokens: int | None = None, chat: bool = T
         ignore_eos,
         cache_prompt,
         logprobs=top,
+        n=n,
     )
 
 
@@ -266,8 +276,9 @@ def _no_spelling(token: int) -> tuple[str, bytes]:
 
 
 class Reply:
-    """One response's id, timestamp and model name, and its bodies and stream chunks.
-    `spell` names tokens in log probabilities (the model's tokenizer)."""
+    """One response's id, timestamp and model name, and its bodies and stream chunks, for
+    any number of choices (`n`). `spell` names tokens in log probabilities (the model's
+    tokenizer)."""
 
     def __init__(self, chat: bool, model: str, spell: Spell = _no_spelling) -> None:
         self.chat = chat
@@ -275,21 +286,23 @@ class Reply:
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.spell = spell
-        self._offset = 0  # text_offset of the next token (completions' logprobs)
+        self._offsets: dict[int, int] = {}  # per choice, text_offset of its next token
 
-    def logprobs(self, entries: list[TokenLogprob] | None) -> dict | None:
-        """A choice's `logprobs` for these answer tokens: chat's {"content": [...]} or the
-        completions API's parallel lists (None when the request asked for none)."""
+    def logprobs(self, entries: list[TokenLogprob] | None, index: int = 0) -> dict | None:
+        """Choice `index`'s `logprobs` for these answer tokens: chat's {"content": [...]}
+        or the completions API's parallel lists (None when the request asked for none)."""
         if entries is None:
             return None
         if self.chat:
             return {"content": [self._chat_entry(e) for e in entries], "refusal": None}
         tokens, offsets = [], []
+        offset = self._offsets.get(index, 0)
         for e in entries:
             text = self.spell(e.token)[0]
             tokens.append(text)
-            offsets.append(self._offset)
-            self._offset += len(text)
+            offsets.append(offset)
+            offset += len(text)
+        self._offsets[index] = offset
         return {
             "tokens": tokens,
             "token_logprobs": [e.logprob for e in entries],
@@ -307,34 +320,27 @@ class Reply:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def whole(
+    def choice(
         self,
+        index: int,
         text: str,
         finish: str,
-        use: dict,
         reasoning: str = "",
         logprobs: list[TokenLogprob] | None = None,
     ) -> dict:
-        """reasoning: a harmony model's analysis channel, as llama-server and vLLM return
-        it (message.reasoning_content), when there was one."""
+        """One whole choice. reasoning: a harmony model's analysis channel, as llama-server
+        and vLLM return it (message.reasoning_content), when there was one."""
+        lp = self.logprobs(logprobs, index)
         if self.chat:
             message = {"role": "assistant", "content": text}
             if reasoning:
                 message["reasoning_content"] = reasoning
-            choice: dict = {
-                "index": 0,
-                "message": message,
-                "logprobs": self.logprobs(logprobs),
-                "finish_reason": finish,
-            }
-            return {**self._head("chat.completion"), "choices": [choice], "usage": use}
-        choice = {
-            "index": 0,
-            "text": text,
-            "logprobs": self.logprobs(logprobs),
-            "finish_reason": finish,
-        }
-        return {**self._head("text_completion"), "choices": [choice], "usage": use}
+            return {"index": index, "message": message, "logprobs": lp, "finish_reason": finish}
+        return {"index": index, "text": text, "logprobs": lp, "finish_reason": finish}
+
+    def whole(self, choices: list[dict], use: dict) -> dict:
+        obj = "chat.completion" if self.chat else "text_completion"
+        return {**self._head(obj), "choices": choices, "usage": use}
 
     def chunk(
         self,
@@ -343,9 +349,11 @@ class Reply:
         first: bool = False,
         reasoning: str | None = None,
         logprobs: list[TokenLogprob] | None = None,
+        index: int = 0,
     ) -> dict:
-        """logprobs: those of the answer tokens since the last chunk (None: not asked)."""
-        lp = self.logprobs(logprobs)
+        """A stream chunk of choice `index`; logprobs: those of its answer tokens since its
+        last chunk (None: not asked)."""
+        lp = self.logprobs(logprobs, index)
         if self.chat:
             delta: dict = {}
             if first:
@@ -354,9 +362,9 @@ class Reply:
                 delta["content"] = text
             if reasoning is not None:
                 delta["reasoning_content"] = reasoning
-            choice: dict = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+            choice: dict = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
+        choice = {"index": index, "text": text or "", "logprobs": lp, "finish_reason": finish}
         return {**self._head("text_completion"), "choices": [choice]}
 
     def usage_chunk(self, use: dict) -> dict:
