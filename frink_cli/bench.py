@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .errors import FrinkError
-from .graph.linear import blas_threads
+from .quant import kernels
 from .report import checkpoint_facts
 
 COMPARE_TARGETS = ("llama.cpp",)
@@ -99,14 +99,14 @@ class FrinkRunner:
         self.n_threads = n_threads
 
     def threads(self, test: BenchTest) -> int:
-        """BLAS threads the test ran with (-t caps them)."""
-        with blas_threads.limit(self.n_threads):
-            n = blas_threads.current() or 1
+        """Threads the test ran with (-t sets them)."""
+        with kernels.threads(self.n_threads):
+            n = kernels.current_threads()
         # Decode rows: where the decoder's timed choice (graph/linear.py) settled.
         return min(n, self.decoder.decode_threads.current) if test.n_gen else n
 
     def run(self, test: BenchTest, ids: np.ndarray) -> Sample:
-        with blas_threads.limit(self.n_threads):
+        with kernels.threads(self.n_threads):
             return self._run(test, ids)
 
     def _run(self, test: BenchTest, ids: np.ndarray) -> Sample:

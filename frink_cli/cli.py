@@ -494,7 +494,7 @@ def bench(
     ),
     repetitions: int = typer.Option(3, "-r", "--repetitions", help="timed repetitions per test"),
     threads: int = typer.Option(
-        0, "-t", "--threads", help="threads for llama.cpp and frink's BLAS (0: all cores)"
+        0, "-t", "--threads", help="threads for llama.cpp and frink (0: all cores)"
     ),
     backend: str = _backend_option("auto", "auto|numpy|metal|cuda"),
     compare: str | None = typer.Option(

@@ -285,13 +285,15 @@ def _drive(policy: Any, seconds: dict[int, float], steps: int) -> list[int]:
 
 
 @pytest.fixture()
-def two_blas_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    from frink_cli.graph import linear
+def two_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two threads to choose from (the kernels' count; FRINK_THREADS unset)."""
+    from frink_cli.quant import kernels
 
-    monkeypatch.setattr(linear.blas_threads, "current", lambda: 2)
+    monkeypatch.setattr(kernels, "current_threads", lambda: 2)
+    monkeypatch.setattr(kernels, "FORCED_THREADS", None)
 
 
-def test_decode_threads_settle_on_the_faster_setting(two_blas_threads: None) -> None:
+def test_decode_threads_settle_on_the_faster_setting(two_threads: None) -> None:
     from frink_cli.graph.linear import ThreadChoice
 
     # Idle machine: two threads are faster, and stay chosen.
@@ -303,7 +305,7 @@ def test_decode_threads_settle_on_the_faster_setting(two_blas_threads: None) -> 
     assert chosen.count(2) <= 10 and p.current == 1
 
 
-def test_decode_threads_leave_a_wide_setting_that_turns_slow(two_blas_threads: None) -> None:
+def test_decode_threads_leave_a_wide_setting_that_turns_slow(two_threads: None) -> None:
     from frink_cli.graph.linear import ThreadChoice
 
     p = ThreadChoice()
@@ -318,11 +320,12 @@ def test_decode_threads_fixed_and_single_blas(monkeypatch: pytest.MonkeyPatch) -
     from frink_cli.graph import linear
 
     assert _drive(linear.ThreadChoice(fixed=2), {1: 0.01, 2: 1.0}, 20) == [2] * 20
-    monkeypatch.setattr(linear.blas_threads, "current", lambda: 1)
+    monkeypatch.setattr(linear.kernels, "current_threads", lambda: 1)
+    monkeypatch.setattr(linear.kernels, "FORCED_THREADS", None)
     assert _drive(linear.ThreadChoice(), {1: 1.0, 2: 0.01}, 20) == [1] * 20
 
 
-def test_prefill_layers_start_wide_and_follow_the_faster(two_blas_threads: None) -> None:
+def test_prefill_layers_start_wide_and_follow_the_faster(two_threads: None) -> None:
     from frink_cli.graph.linear import ThreadChoice
 
     idle = _drive(ThreadChoice.for_prefill(), {1: 0.012, 2: 0.007}, 30)

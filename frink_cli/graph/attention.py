@@ -14,7 +14,8 @@ import numpy as np
 
 from ..model.config import LayerShape, ModelConfig
 from ..model.weights import LayerWeights
-from .linear import blas_threads, both, host_ways
+from ..quant.blas import blas_threads
+from .linear import both, host_ways
 from .rope import Rope
 
 # Prefill queries are taken in blocks of this many rows, each against only the keys it can
@@ -138,12 +139,10 @@ def attend(
         ob /= total
 
     # The blocks' GEMMs are small ([Tb * g, hk] x [hk, n]); split over BLAS threads they
-    # only pay hand-offs, which stall whenever another process holds a core. Blocks on a
-    # second Python thread gained nothing while OpenBLAS's own worker spins on the other
-    # core after each GEMM; where a prompt's products run on AMX tiles (linear.host_ways)
-    # BLAS has one thread, and the blocks, each writing its own rows, go two ways: every
-    # other one on a second Python thread (Gemma 3 270M's prefill: 1093 -> 1237 tokens/s
-    # on two cores). A block's arithmetic is the same on either thread.
+    # only pay hand-offs (and a multithreaded GEMM may round by its thread count). BLAS
+    # has one thread, and where the step has two (linear.host_ways) the blocks, each
+    # writing its own rows, go two ways: every other one on a second Python thread. A
+    # block's arithmetic is the same on either thread.
     starts = range(0, T, QUERY_BLOCK)
     with blas_threads.limit(1):
         if len(starts) > 1 and host_ways() > 1:

@@ -13,23 +13,24 @@ what is stepped beside it: a server answers a request as it would answer it alon
 Without the compiled kernels everything is BLAS's (a row's sums then differ between GEMV and GEMM).
 
 Threads: when another process holds a core, a step split over two threads waits on it
-(a SmolLM2 token went from ~50 ms to ~570 ms under load), and on an idle machine two
-threads are faster. Which one wins is a property of the moment, not of the model, so
-steps choose by timing themselves (ThreadChoice): decode steps run on one thread, try two
-now and then, keep whichever was faster, and drop back at once when the wide setting
-turns slow; prefill layers, alike in cost, start wide and are the timed units. The thread
-count never changes a result (each output element is one thread's sum; OpenBLAS's output
-is bit-identical on 1 or 2 threads). The count goes to the pool doing the step's heavy
-work, the other pool gets one thread (`step_threads`: both spin-wait after a call and
-fight over the cores). The settings are restored after every step, so a program
-embedding frink keeps its own.
+(a decode token then takes ~10x as long), and on an idle machine two threads are faster.
+Which one wins is a property of the moment, not of the model, so steps choose by timing
+themselves (ThreadChoice): decode steps run on one thread, try two now and then, keep
+whichever was faster, and drop back at once when the wide setting turns slow; prefill
+layers, alike in cost, start wide and are the timed units. FRINK_THREADS=n fixes the count.
+The count never changes a result: it goes to the compiled kernels (each output element
+one thread's sum) and to the Python threads sharing a prompt product's tiles of W (cut
+from W's shape alone, each a BLAS call on one thread: quant.kernels); BLAS itself runs on
+one thread throughout a step (`step_threads`), since a multithreaded GEMM may round
+differently on another thread count. The settings are restored after every step, so a
+program embedding frink keeps its own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import lru_cache
 from typing import Any
@@ -38,6 +39,7 @@ import numpy as np
 
 from ..model.weights import Linear
 from ..quant import kernels
+from ..quant.blas import blas_threads
 from ..quant.blocks import QuantRows
 
 # Up to this many rows of a sequence go through the compiled small-batch product (quant.
@@ -113,14 +115,9 @@ Kernel = Callable[[np.ndarray, Any], np.ndarray]
 
 
 def _many(kernel: Kernel, x: np.ndarray, w: np.ndarray | QuantRows) -> np.ndarray:
-    """A prompt chunk's product. Where a prompt's products run on AMX tiles the step gave
-    its cores to the compiled kernels (`step_threads`); a weight the tiles do not take (f32,
-    F16, BF16) goes to BLAS, which gets them back for the call."""
-    on_tiles = isinstance(w, QuantRows) and all(kernels.on_tiles(p) for p in w.parts)
-    if on_tiles or not kernels.prompt_tiles():
-        return kernel(x, w)
-    with blas_threads.exactly(kernels.current_threads()), kernels.threads(1):
-        return kernel(x, w)
+    """A prompt chunk's product, on the step's threads (quant.kernels: the same bits on any
+    count)."""
+    return kernel(x, w)
 
 
 def _kernels(w: np.ndarray | QuantRows) -> tuple[Kernel, Kernel]:
@@ -128,13 +125,10 @@ def _kernels(w: np.ndarray | QuantRows) -> tuple[Kernel, Kernel]:
     if isinstance(w, QuantRows):
         return _blocks_few, _blocks_many
     if kernels.compiled() and w.dtype == np.float32 and w.flags.c_contiguous:
-        return kernels.matmul_f32, _blas
-    # No compiled kernels: BLAS for all (a row's sums then differ between GEMV and GEMM).
-    return _blas, _blas
-
-
-def _blas(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    return x @ w.T
+        return kernels.matmul_f32, kernels.gemm_f32
+    # No compiled kernels: BLAS's tiles for all (a row's sums then differ between a decode
+    # row and a prompt's rows).
+    return kernels.gemm_f32, kernels.gemm_f32
 
 
 def _blocks_few(x: np.ndarray, w: QuantRows) -> np.ndarray:
@@ -154,58 +148,6 @@ def _by_part(x: np.ndarray, w: QuantRows, kernel: Callable[..., np.ndarray]) -> 
     return y
 
 
-class BlasThreads:
-    """Limits the BLAS libraries NumPy loaded (through threadpoolctl, when installed)."""
-
-    def __init__(self) -> None:
-        self._libs: list[Any] | None = None
-
-    def _controllers(self) -> list[Any]:
-        if self._libs is None:
-            try:
-                from threadpoolctl import ThreadpoolController
-            except ImportError:  # an optional nicety: without it BLAS keeps its own setting
-                self._libs = []
-            else:
-                self._libs = [
-                    c for c in ThreadpoolController().lib_controllers if c.user_api == "blas"
-                ]
-        return self._libs
-
-    def current(self) -> int | None:
-        """BLAS's thread count now (None when no BLAS library can be asked)."""
-        counts = [c.get_num_threads() for c in self._controllers()]
-        return max((n for n in counts if n is not None), default=None)
-
-    def exactly(self, n: int) -> AbstractContextManager[None]:
-        """n BLAS threads inside the block, more or fewer than now."""
-        return self._set(n, lambda before: before != n)
-
-    def limit(self, n: int | None) -> AbstractContextManager[None]:
-        """At most n BLAS threads inside the block (None: leave BLAS as it is)."""
-        if n is None:
-            return nullcontext()
-        return self._set(n, lambda before: before > n)
-
-    @contextmanager
-    def _set(self, n: int, change: Callable[[int], bool]) -> Iterator[None]:
-        """n threads for each BLAS whose count `change` says to change; restored after."""
-        changed = []
-        for c in self._controllers():
-            before = c.get_num_threads()
-            if before is not None and change(before):
-                c.set_num_threads(n)
-                changed.append((c, before))
-        try:
-            yield
-        finally:
-            for c, before in changed:
-                c.set_num_threads(before)
-
-
-blas_threads = BlasThreads()
-
-
 def few_rows(rows: Sequence[int]) -> bool:
     """Whether every sequence of a step has few enough rows for the compiled product."""
     return all(n <= SMALL_ROWS for n in rows)
@@ -213,29 +155,22 @@ def few_rows(rows: Sequence[int]) -> bool:
 
 @contextmanager
 def step_threads(n: int | None, few: bool) -> Iterator[None]:
-    """n threads for a step's linears: the compiled kernels' (`few`: decode rows) or BLAS's
-    (prompt chunks), and one for the other pool. Both pools spin-wait on the cores after a
-    call, so two wide pools in one step fight: a SmolLM2 decode token with both at two
-    threads took 263 ms where either alone took 30 (quant.kernels). n None: BLAS's own."""
-    if few or kernels.prompt_tiles():
-        # (a prompt's products on AMX tiles run in the compiled kernels' pool too: BLAS is
-        # left attention's products: Gemma 3 270M's prefill ran 852 -> 1035 tokens/s with
-        # this split against BLAS wide beside the tiles)
-        wide = n if n is not None else blas_threads.current()
-        with blas_threads.limit(1), kernels.threads(wide):
-            yield
-    else:
-        with blas_threads.limit(n), kernels.threads(1):
-            yield
+    """n threads for a step (None: the calling thread's `kernels.threads`): the compiled
+    kernels' and the Python threads sharing a prompt product's tiles; BLAS one thread, so
+    that no product's rounding depends on the count (module note). `few` (every sequence's
+    rows go to the compiled kernels) is accepted for the callers' sake: both kinds of step
+    now split the same way."""
+    del few
+    wide = n if n is not None else kernels.current_threads()
+    with blas_threads.limit(1), kernels.threads(wide):
+        yield
 
 
 def host_ways() -> int:
-    """2 where a prompt step's NumPy work (attention's query blocks, the FFN's activation)
-    may go two ways now, else 1: its products run on AMX tiles, so the step's cores are
-    the compiled kernels' (`step_threads`) and BLAS, one thread, leaves the second core
-    idle between them. Without tiles OpenBLAS's wide workers spin on that core after each
-    GEMM: a second Python thread gained nothing there."""
-    return 2 if kernels.prompt_tiles() and kernels.current_threads() > 1 else 1
+    """How many ways (1 or 2) a prompt step's NumPy work (attention's query blocks) may go
+    now: two where the step has two threads or more. BLAS runs on one thread in a step, so
+    the second Python thread has the second core to itself."""
+    return 2 if kernels.current_threads() > 1 else 1
 
 
 @lru_cache(maxsize=1)
@@ -254,7 +189,8 @@ def both(first: Callable[[], object], second: Callable[[], object]) -> None:
 
 
 class ThreadChoice:
-    """Picks BLAS threads between 1 and BLAS's own count by timing the work they do.
+    """Picks a step's threads between 1 and the calling thread's `kernels.threads` by timing
+    the work they do (FRINK_THREADS, when set, is the choice).
 
     `choose()` before a unit of work (a decode step; a prefill layer), `record(n, seconds)`
     after it; units must be alike in cost. The current choice is kept while its running
@@ -278,8 +214,8 @@ class ThreadChoice:
         max_interval: int = 1024,
     ) -> None:
         self.fixed = fixed  # a thread count to use always (None: choose by timing)
-        self.current = 0 if start_wide else 1  # 0: BLAS's own count, once it is known
-        self.wide = 1  # BLAS's own thread count, read at each choice (a caller may cap it)
+        self.current = 0 if start_wide else 1  # 0: the wide count, once it is known
+        self.wide = 1  # the kernels' thread count, read at each choice (a caller may cap it)
         self.average: dict[int, float] = {}
         self._countdown = first_try
         self._base = self._interval = base_interval
@@ -294,7 +230,9 @@ class ThreadChoice:
     def choose(self) -> int:
         if self.fixed is not None:
             return self.fixed
-        self.wide = blas_threads.current() or 1
+        if kernels.FORCED_THREADS is not None:
+            return kernels.FORCED_THREADS
+        self.wide = kernels.current_threads()
         if self.current == 0:
             self.current = self.wide
         if self.wide <= 1:

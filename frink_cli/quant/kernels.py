@@ -3,6 +3,7 @@
     y = dots(x, w)              # a few rows of x (decode, a server's batch): fused dots
     y = matmul_f32(x, w32)      # a few rows of x times an f32 W (the host's decode rows)
     y = matmul(x, w)            # prefill: AMX int8 tiles, or tiles of W dequantized + BLAS
+    y = gemm_f32(x, w32)        # prefill times an f32 W: tiles of W + BLAS
     y = linear(x, w)            # whichever of the two suits x's row count
     a = dequantize_rows(w, start, stop, out=buf)   # rows as f32: gguf-py's values exactly
     a = take_rows(w, index, out=buf)               # by index (embeddings, expert rows)
@@ -32,37 +33,48 @@ multiplied by BLAS, never more than a tile of f32 at a time. `kernel_path()` say
 is running.
 
 Threads: the compiled kernels run on OpenMP threads, as many as `threads(n)` allows in
-the calling thread (all cores by default); frink's decoder times its BLAS threads per
-step (graph/linear.py) and gives these the same count. The count never changes a result:
-each output element is one row's sum, made by one thread in a fixed order. Both pools
-spin-wait after a call (OpenMP's workers briefly, OpenBLAS's for up to ~0.1 s), so on two
-cores a step should put its heavy work on one pool at a time: alternating a 2-thread
-kernel call with a 2-thread BLAS call measured 5-100x slower than either alone. `matmul`
-on BLAS therefore dequantizes its tiles on one thread and leaves the cores to BLAS; on
-AMX tiles the cores are the kernels' (graph/linear.py step_threads gives a prefill step's
-count to them then, and BLAS one).
+the calling thread (all cores by default; FRINK_THREADS=n sets the count outright, above
+the core count too). `matmul`'s and `gemm_f32`'s tiles over BLAS run on as many Python
+threads, each calling BLAS with one thread. The count never changes a result: each output
+element of the compiled kernels is one row's sum, made by one thread in a fixed order, and
+`matmul`'s tiles are cut from W's shape alone, each one a single-threaded BLAS call, so
+which thread runs a tile changes nothing. (A multithreaded GEMM does not promise that:
+OpenBLAS's Haswell kernels round differently on one and two threads, and 8-bit
+activations amplify such an ulp into a different token.)
 """
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
+from functools import lru_cache
 from types import ModuleType
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize as _gguf_dequantize
 
+from ..errors import FrinkError
+from .blas import blas_threads
 from .blocks import QuantMatrix
 
 # Up to this many rows of x go through dots, more through tiles + BLAS (a tile + BLAS
 # pays for its dequantization only when enough rows share it).
 SMALL_T = 16
-# matmul's default tile: this many f32 (4 MiB), so each BLAS call has enough columns of
+# matmul's largest tile: this many f32 (4 MiB), so each BLAS call has enough columns of
 # the product to run at GEMM speed while the tile stays in the last-level cache.
 TILE_ELEMS = 1 << 20
+# matmul cuts W into about this many tiles of rows, a multiple of TILE_ROW_STEP rows each
+# (more where a tile would pass TILE_ELEMS, fewer where it would drop under TILE_MIN_ROWS,
+# below which BLAS's per-call packing of x shows): enough for the threads to share, cut
+# from W's shape alone so the thread count never moves a tile's edges.
+TILE_COUNT = 8
+TILE_ROW_STEP = 32
+TILE_MIN_ROWS = 64
 # From this many rows of x, matmul's tiles multiply as x @ tile.T (see _numpy_matmul).
 FEW_ROWS_TILE = 64
 # The compiled module's type number for a plain f32 matrix (ggml's F32).
@@ -100,8 +112,20 @@ def _load_native() -> tuple[ModuleType | None, str]:
     return _native, f"native C ({_native.isa()})"
 
 
+def _forced_threads() -> int | None:
+    """FRINK_THREADS as a thread count (None when unset); one clear line when malformed."""
+    raw = os.environ.get("FRINK_THREADS", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or not 1 <= int(raw) <= 1024:
+        raise FrinkError(f"FRINK_THREADS must be a thread count from 1 to 1024: got {raw!r}")
+    return int(raw)
+
+
 _NATIVE, _WHY = _load_native()
-_MAX_THREADS = int(_NATIVE.max_threads()) if _NATIVE is not None else 1
+FORCED_THREADS = _forced_threads()
+_CORES = int(_NATIVE.max_threads()) if _NATIVE is not None else os.cpu_count() or 1
+_MAX_THREADS = FORCED_THREADS or _CORES
 _threads: ContextVar[int] = ContextVar("frink_kernel_threads", default=_MAX_THREADS)
 # Whether `dots` keeps x in f32 (else it rounds x to 8 bits per 32 columns where the ISA
 # has byte dot products, as llama.cpp does: ~1.6-2x faster decode, ~5e-3 relative error
@@ -224,26 +248,42 @@ def matmul_f32(x: np.ndarray, w: np.ndarray, out: np.ndarray | None = None) -> n
 def matmul(
     x: np.ndarray, w: QuantMatrix, tile_rows: int | None = None, out: np.ndarray | None = None
 ) -> np.ndarray:
-    """x [T, cols] @ W.T for many rows of x (prefill). With 8-bit activations on a CPU
-    with AMX (`prompt_tiles()`): the dots' products on int8 tiles, each row's the same bit
-    for bit alone or in any batch, on any thread count (tile_rows unused). Otherwise
-    tile_rows rows of W at a time are dequantized into one reusable f32 buffer and
-    multiplied by BLAS; with 8-bit activations x is first rounded as `dots` rounds it, so
-    a prompt's rows and its decode rows see the same x (a prompt resumed from a cache, or
-    fed in chunks, then differs from one fed whole only in float sums, as with exact
-    activations)."""
+    """x [T, cols] @ W.T for many rows of x (prefill). With 8-bit activations: `dots`
+    over blocks of x's rows (each block's codes stay in cache while W streams past), the
+    decode rows' own products, so that a row's product is the same bits whichever way it
+    comes (alone, in a batch, in a prompt or chunk of any length, resumed from a cache),
+    on any thread count; where the CPU has AMX (`prompt_tiles()`), the same codes'
+    products on int8 tiles, summed in another order (~1e-7 relative: a prompt's rows then
+    differ from decode rows in the last bits, never with the thread count).
+    With exact activations (or for F16/BF16 W): W cut into tiles of rows (tile_rows,
+    default `tile_rows_for` W's shape), each dequantized into a buffer and multiplied by
+    BLAS on one thread, the tiles shared by `threads()` threads: the same bits on any
+    thread count, but not those of `dots` (float sums in another order, ~1e-7 relative)."""
     x = _activations(x, w)
     y = _result(out, (x.shape[0], w.rows))
-    if _NATIVE is not None and _rounds_x(w) and on_tiles(w):
-        # AMX int8 tiles: the dots' own products (x's codes times W's codes).
-        if w.rows and x.shape[0]:
+    if _NATIVE is not None and _rounds_x(w):
+        if not (w.rows and x.shape[0]):
+            return y
+        if on_tiles(w):
+            # AMX int8 tiles: the dots' own products (x's codes times W's codes).
             _NATIVE.tiles(int(w.qtype), w.data, w.rows, w.cols, x, x.shape[0], y, _threads.get())
+            return y
+        step = dot_block_rows(w.cols)
+        for t0 in range(0, x.shape[0], step):
+            dots(x[t0 : t0 + step], w, out=y[t0 : t0 + step])
         return y
-    if _NATIVE is not None and _rounds_x(w) and x.shape[0]:
-        rounded = np.empty_like(x)
-        _NATIVE.round_x(int(w.qtype), x, x.shape[0], w.cols, rounded, _threads.get())
-        x = rounded
     return _numpy_matmul(x, w, tile_rows, y)
+
+
+# How many bytes of x's 8-bit codes one `dots` call of a prompt product holds: small enough
+# to stay in a core's L2 cache while every row of W is dotted with them.
+DOT_BLOCK_BYTES = 1 << 18
+
+
+def dot_block_rows(cols: int) -> int:
+    """The rows of x one `dots` call of a prompt product takes (a multiple of the
+    kernel's 4-row group, so every block but the last fills its groups)."""
+    return max(4, (DOT_BLOCK_BYTES // max(1, cols)) // 4 * 4)
 
 
 def _rounds_x(w: QuantMatrix) -> bool:
@@ -266,31 +306,101 @@ def linear(x: np.ndarray, w: QuantMatrix, out: np.ndarray | None = None) -> np.n
 def _numpy_matmul(
     x: np.ndarray, w: QuantMatrix, tile_rows: int | None, y: np.ndarray
 ) -> np.ndarray:
+    def tile(r0: int, r1: int, buf: np.ndarray) -> np.ndarray:
+        # One kernel thread: the tiles themselves are what the threads share.
+        with threads(1):
+            return dequantize_rows(w, r0, r1, out=buf[: r1 - r0])
+
+    return _tiled(x, w.rows, w.cols, tile, tile_rows, y)
+
+
+def gemm_f32(x: np.ndarray, w: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """x [T, cols] @ W.T for an f32 W [rows, cols] and many rows of x (a prompt): BLAS over
+    tiles of W's rows cut from W's shape alone, on `threads()` threads, BLAS on one each;
+    the same bits on any thread count."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"x must be [T, {w.shape[-1]}]: got {list(x.shape)}")
+    y = _result(out, (x.shape[0], w.shape[0]))
+
+    def tile(r0: int, r1: int, buf: np.ndarray) -> np.ndarray:
+        if w.dtype == np.float32:
+            return w[r0:r1]
+        buf[: r1 - r0] = w[r0:r1]
+        return buf[: r1 - r0]
+
+    return _tiled(x, w.shape[0], w.shape[1], tile, None, y)
+
+
+def tile_rows_for(rows: int, cols: int) -> int:
+    """The rows of W one tile of a prompt's product holds: W cut into about TILE_COUNT
+    tiles, within TILE_ELEMS f32 and at least TILE_MIN_ROWS rows (a tile may hold
+    more rows than W has). A function of W's shape only: where a tile's edges fall never
+    depends on the threads."""
+    per = -(-rows // TILE_COUNT)
+    per = -(-per // TILE_ROW_STEP) * TILE_ROW_STEP
+    return max(TILE_MIN_ROWS, min(per, TILE_ELEMS // max(1, cols)))
+
+
+TileSource = Callable[[int, int, np.ndarray], np.ndarray]
+
+
+def _tiled(
+    x: np.ndarray,
+    rows: int,
+    cols: int,
+    tile_of: TileSource,
+    tile_rows: int | None,
+    y: np.ndarray,
+) -> np.ndarray:
+    """y = x @ W.T, W given a tile of rows at a time by tile_of(r0, r1, buf) (f32 [r1 - r0,
+    cols], in buf or not), each tile one single-threaded BLAS product, the tiles shared by
+    `threads()` threads (this one and the pool's)."""
     if tile_rows is None:
-        tile_rows = max(16, TILE_ELEMS // w.cols)
+        tile_rows = tile_rows_for(rows, cols)
     if tile_rows < 1:
         raise ValueError(f"tile_rows must be positive: {tile_rows}")
-    n = min(tile_rows, w.rows)
-    buf = np.empty((n, w.cols), np.float32)
+    n = min(tile_rows, rows)
+    if n == 0 or x.shape[0] == 0:
+        return y
+    starts = range(0, rows, n)
     # For a few rows of x, tile @ x.T runs 2-3x faster in OpenBLAS than x @ tile.T; for a
-    # prompt's rows x @ tile.T is the faster (SmolLM2's layers at 512 rows: 0.68 s against
-    # 0.91). Either goes into a contiguous buffer, then is copied: a strided out (a column
-    # slice of y) would take numpy's slow path.
+    # prompt's rows x @ tile.T is the faster. Either goes into a contiguous buffer, then is
+    # copied: a strided out (a column slice of y) would take numpy's slow path.
     few = x.shape[0] < FEW_ROWS_TILE
-    prod = np.empty((n, x.shape[0]) if few else (x.shape[0], n), np.float32)
-    for r0 in range(0, w.rows, n):
-        r1 = min(w.rows, r0 + n)
-        # One kernel thread: its pool's idle workers spin-wait on the cores BLAS is about
-        # to use (a 2-thread 2048x2048 Q4_0 product at T = 8 took 27 ms, not 2).
-        with threads(1):
-            tile = dequantize_rows(w, r0, r1, out=buf[: r1 - r0])
-        if few:
-            np.matmul(tile, x.T, out=prod[: r1 - r0])
-            y[:, r0:r1] = prod[: r1 - r0].T
+    next_tile = itertools.count()  # (next() on it is atomic under the GIL)
+
+    def work() -> None:
+        buf = np.empty((n, cols), np.float32)
+        prod = np.empty((n, x.shape[0]) if few else (x.shape[0], n), np.float32)
+        while (i := next(next_tile)) < len(starts):
+            r0 = starts[i]
+            r1 = min(rows, r0 + n)
+            t = tile_of(r0, r1, buf)
+            if few:
+                np.matmul(t, x.T, out=prod[: r1 - r0])
+                y[:, r0:r1] = prod[: r1 - r0].T
+            else:
+                np.matmul(x, t.T, out=prod[:, : r1 - r0])
+                y[:, r0:r1] = prod[:, : r1 - r0]
+
+    ways = min(current_threads(), len(starts))
+    with blas_threads.limit(1):
+        if ways <= 1:
+            work()
         else:
-            np.matmul(x, tile.T, out=prod[:, : r1 - r0])
-            y[:, r0:r1] = prod[:, : r1 - r0]
+            others = [_tile_pool().submit(work) for _ in range(ways - 1)]
+            try:
+                work()
+            finally:
+                for f in others:
+                    f.result()
     return y
+
+
+@lru_cache(maxsize=1)
+def _tile_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max(1, _MAX_THREADS - 1), thread_name_prefix="frink-tiles")
 
 
 def dequantize_rows(

@@ -95,8 +95,7 @@ typedef void (*dot_rows_fn)(int, const uint8_t *, size_t, size_t, size_t, const 
 typedef void (*dot_rows_i8_fn)(int, const uint8_t *, size_t, size_t, size_t, const q8_row *,
                                int, int, float *, size_t);
 
-typedef void (*quantize_row_fn)(const float *, int, int, int8_t *, float *, float *, float *,
-                                float *);
+typedef void (*quantize_row_fn)(const float *, int, int, int8_t *, float *, float *, float *);
 
 /* A prompt's products by AMX int8 tiles (native_amx.h): which types they serve, each
  * thread's tile state taken and released, a panel of 16 rows of W unpacked, a panel times
@@ -331,7 +330,7 @@ static void quantize_x(const float *x, Py_ssize_t T, int cols, int scheme, int8_
     for (Py_ssize_t t = 0; t < T; t++) {
         int8_t *qt = q + (size_t)t * cols;
         float *dt = d + (size_t)t * nb, *st = sum + (size_t)t * 3 * nb, *s32 = st + 2 * nb;
-        K->quantize_row(x + (size_t)t * cols, cols, scheme, qt, dt, st, s32, NULL);
+        K->quantize_row(x + (size_t)t * cols, cols, scheme, qt, dt, st, s32);
         rows[t] = (q8_row){qt, dt, st, s32};
     }
 }
@@ -430,43 +429,6 @@ done:
     return ret;
 }
 
-/* round_x(qtype, x, T, cols, out): out = x as the 8-bit dots for qtype see it, q * dx, in
- * f32: what a prompt's rows are multiplied with when tiles of W go to BLAS, so that a
- * prompt and its decode rows round x alike (the Q8_1 types' min term aside, which reads
- * llama.cpp's half-rounded sum in the dots and the exact sum here). */
-static PyObject *py_round_x(PyObject *self, PyObject *args) {
-    (void)self;
-    int qt, nthreads;
-    Py_ssize_t T, cols;
-    Py_buffer x, out;
-    if (!PyArg_ParseTuple(args, "iy*nnw*i", &qt, &x, &T, &cols, &out, &nthreads)) return NULL;
-    PyObject *ret = NULL;
-    const size_t need = (size_t)T * (size_t)cols * sizeof(float);
-    const qtype_geometry *g = geometry(qt);
-    if (!K->quantize_row) {
-        PyErr_Format(PyExc_ValueError, "the %s kernels do not round x to 8 bits", K->name);
-        goto done;
-    }
-    if (!g || g->elems < 32 || T < 0 || cols <= 0 || cols % (x_scheme(qt) == X_Q8_K ? 256 : 32)) {
-        PyErr_Format(PyExc_ValueError, "no 8-bit rounding of [%zd, %zd] for type %d", T, cols, qt);
-        goto done;
-    }
-    if (check_len(&x, need, "x") || check_len(&out, need, "out")) goto done;
-    Py_BEGIN_ALLOW_THREADS;
-    const int scheme = x_scheme(qt);
-    const long n = (long)T;
-#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && n > 1)
-    for (long t = 0; t < n; t++)
-        K->quantize_row((const float *)x.buf + (size_t)t * cols, (int)cols, scheme, NULL, NULL,
-                        NULL, NULL, (float *)out.buf + (size_t)t * cols);
-    Py_END_ALLOW_THREADS;
-    ret = Py_NewRef(Py_None);
-done:
-    PyBuffer_Release(&x);
-    PyBuffer_Release(&out);
-    return ret;
-}
-
 /* Row t of x, rounded (its cols codes, its nf floats: quantize_row's scales and sums), put
  * where the tile products read it. Codes: tiles of 16 rows by 32 columns (AMX_PANEL_UNIT
  * bytes, row after row), the tiles of rows [16 i, 16 i + 16) run after run, then those of
@@ -534,7 +496,7 @@ static PyObject *py_tiles(PyObject *self, PyObject *args) {
 #endif
             float *dt = (float *)(row + cols);
             K->quantize_row((const float *)x.buf + (size_t)t * cols, (int)cols, scheme, row, dt,
-                            dt + nb, dt + 3 * nb, NULL);
+                            dt + nb, dt + 3 * nb);
             put_tile_row(row, dt, (int)cols, (int)xs, (size_t)t, q, xd);
         }
 #pragma omp parallel num_threads(nt) if (nt > 1 && npanels > 1)
@@ -618,9 +580,6 @@ static PyMethodDef METHODS[] = {
     {"dots", py_dots, METH_VARARGS,
      "dots(qtype, w, rows, cols, x f32, T, y f32, threads, exact): y[T, rows] = x @ W.T, "
      "x rounded to 8 bits per 32 columns unless exact (or the ISA has no 8-bit dots)"},
-    {"round_x", py_round_x, METH_VARARGS,
-     "round_x(qtype, x f32, T, cols, out f32, threads): x rounded to 8 bits as the dots "
-     "round it"},
     {"tiles", py_tiles, METH_VARARGS,
      "tiles(qtype, w, rows, cols, x f32, T, y f32, threads): y[T, rows] = x @ W.T by AMX "
      "int8 tiles, x rounded to 8 bits as dots round it"},

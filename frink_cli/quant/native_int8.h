@@ -63,7 +63,7 @@ static INLINE int ISA(hsum8i)(__m256i v) {
 }
 
 static void ISA(quantize_row)(const float *xt, int cols, int scheme, int8_t *qt, float *dt,
-                              float *st, float *s32, float *deq) {
+                              float *st, float *s32) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const int span = scheme == X_Q8_K ? 256 : 32;
     for (int b0 = 0; b0 < cols; b0 += span) {
@@ -99,12 +99,6 @@ static void ISA(quantize_row)(const float *xt, int cols, int scheme, int8_t *qt,
                                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
             const int s0 = ISA(hsum8i)(_mm256_add_epi32(i[0], i[1]));
             const int s1 = ISA(hsum8i)(_mm256_add_epi32(i[2], i[3]));
-            if (deq) { /* the rounded x as floats, q * dx (round_x) */
-                const __m256 vdx = _mm256_set1_ps(dx);
-                for (int k = 0; k < 4; k++)
-                    _mm256_storeu_ps(deq + 32 * b + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(i[k]), vdx));
-                continue;
-            }
             __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
             p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
             _mm256_storeu_si256((__m256i *)(qt + 32 * b), p);
