@@ -202,14 +202,14 @@ def _model_isas() -> list[str]:
 def test_smollm2_logits_do_not_depend_on_threads(smollm2_path: Path, isa: str) -> None:
     """SmolLM2 Q4_1: prompts of 1 to 512 tokens, each fed twice on a fresh cache and
     then decoded for four tokens, the same bytes on 1 to 4 threads."""
-    lengths = [1, 2, 17, 40, 100, 512] if isa not in ("base", "numpy") else [1, 40, 100]
+    lengths = [1, 17, 100, 512] if isa not in ("base", "numpy") else [1, 40]
     by_threads = {n: _digests(smollm2_path, isa, n, lengths, 2) for n in (1, 2, 4)}
     assert by_threads[1] == by_threads[2] == by_threads[4], by_threads
 
 
 def test_gemma3_logits_do_not_depend_on_threads(gemma3_path: Path) -> None:
     """Gemma 3 270M Q4_K_M (Q4_K, Q6_K, Q8_0 beside each other): the CPU's own kernels."""
-    lengths = [1, 40, 300]
+    lengths = [1, 120]
     by_threads = {n: _digests(gemma3_path, _runnable_isas()[0], n, lengths, 2) for n in (1, 2)}
     assert by_threads[1] == by_threads[2], by_threads
 
