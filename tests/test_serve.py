@@ -396,7 +396,8 @@ def _vanishing_client(server: Server, after_chunks: int) -> None:
     ).encode()
     s = socket.create_connection(("127.0.0.1", server.port), timeout=60)
     s.sendall(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\n"
         + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
         + body
     )
