@@ -50,7 +50,8 @@ _cap: contextvars.ContextVar[int] = contextvars.ContextVar(
     "chat_template_cap", default=DEFAULT_MAX_CHARS
 )
 # A %-format width or precision: "%999999999s" would build a huge string in one step.
-_FORMAT_NUMBER = re.compile(r"%[^a-zA-Z%]*")
+# (a mapping key, "%(name)9s", is skipped: its letters would end the spec early)
+_FORMAT_NUMBER = re.compile(r"%(?:\([^)]*\))?([^a-zA-Z%(]*)")
 _DIGITS = re.compile(r"\d+")
 
 
@@ -241,6 +242,15 @@ def _compile(template: str) -> Any:
     )
     env.filters["tojson"] = tojson
     env.filters = {k: _bounded(f) for k, f in env.filters.items()}
+    bounded_format = env.filters["format"]
+
+    def format_filter(value: Any, *args: Any, **kwargs: Any) -> Any:
+        # `"%999999999s"|format(x)`: the filter's own % builds the string in one C call.
+        if isinstance(value, str):
+            _check_format(value, star=True)
+        return bounded_format(value, *args, **kwargs)
+
+    env.filters["format"] = format_filter
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     env.globals["namespace"] = _Namespace

@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import traceback
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -819,6 +820,9 @@ def main() -> None:
     if hasattr(signal, "SIGPIPE"):
         # `frink run ... | head`: end quietly when the reader goes away, as cat does.
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # A corrupt model's overflow shows as NumPy RuntimeWarnings (with their source lines)
+    # before the NaN guard's one line says what it means; that line is the report.
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"frink_cli(\.|$)")
     # Ctrl-C is KeyboardInterrupt even where the parent started frink with SIGINT ignored
     # (a shell's background job), which would otherwise run on and exit 0.
     signal.signal(signal.SIGINT, signal.default_int_handler)

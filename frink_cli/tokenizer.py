@@ -1163,9 +1163,23 @@ def _chat_template_from_dir(d: Path, config: dict) -> str | None:
     if tmpl is None:
         tmpl = config.get("chat_template")
     if isinstance(tmpl, list):  # named templates: the default one
-        named = {t.get("name"): t.get("template") for t in tmpl if isinstance(t, dict)}
+        for i, t in enumerate(tmpl):
+            if not (
+                isinstance(t, dict)
+                and isinstance(t.get("name"), str)
+                and isinstance(t.get("template"), str)
+            ):
+                raise FrinkError(
+                    f"{d}: chat_template entry {i} is not a {{name, template}} pair of strings"
+                )
+        named = {t["name"]: t["template"] for t in tmpl}
         tmpl = named.get("default") or next(iter(named.values()), None)
-    return tmpl if isinstance(tmpl, str) else None
+    if tmpl is not None and not isinstance(tmpl, str):
+        raise FrinkError(
+            f"{d}: chat_template must be a string or a list of named templates "
+            f"(got {type(tmpl).__name__})"
+        )
+    return tmpl
 
 
 def _ids_of(v: Any) -> list[int]:
