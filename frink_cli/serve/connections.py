@@ -153,6 +153,22 @@ def protocol_class(limits: Limits, log_line: Callable[[str], None]) -> type[H11P
                 self._write_timer.cancel()
                 self._write_timer = None
 
+        def send_400_response(self, msg: str) -> None:
+            # h11 refused bytes after a request head was read (a bad chunk, say) while
+            # that request's app runs: its answer must not follow this 400 (h11 would
+            # raise in the app's send, a traceback), so the app sees its client gone.
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
+                if cycle.response_started:  # too late for a 400 on this connection
+                    self.transport.close()
+                    return
+            try:
+                super().send_400_response(msg)
+            except h11.LocalProtocolError:
+                self.transport.close()
+
         # --- the connection's state ---------------------------------------------------
 
         def _waiting_on_client(self) -> bool:
