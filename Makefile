@@ -24,7 +24,8 @@ help:
 	@echo "make test   install the test extra and run pytest (PYTEST_ARGS=... passes through)"
 	@echo "make test-fast  the same without the real-model tests (-m 'not real')"
 	@echo "make lint   ruff check, ruff format --check (package, tests, scripts), mypy (package)"
-	@echo "make fuzz   the hostile-input soak: 20,000+ seeded cases (FUZZ_CASES, FUZZ_SEED)"
+	@echo "make fuzz   the hostile-input soak: 20,000+ seeded cases and 2,000 hostile HTTP"
+	@echo "           clients against frink serve (FUZZ_CASES, FUZZ_HTTP_CASES, FUZZ_SEED)"
 	@echo "make clean  remove .venv and caches"
 
 $(PY):
@@ -59,9 +60,11 @@ test-fast: $(VENV)/.stamp-test
 
 # Not part of `make test`: tests/test_fuzz.py runs a CI-sized share of the same cases.
 FUZZ_CASES ?= 20000
+FUZZ_HTTP_CASES ?= 2000
 FUZZ_SEED  ?= 1
 fuzz: $(VENV)/.stamp-run
-	$(PY) scripts/fuzz_inputs.py --cases $(FUZZ_CASES) --seed $(FUZZ_SEED)
+	$(PY) scripts/fuzz_inputs.py --cases $(FUZZ_CASES) --http-cases $(FUZZ_HTTP_CASES) \
+		--seed $(FUZZ_SEED)
 
 # Every tool runs even when one fails, so one run reports all three; the status is theirs.
 LINT_PATHS := frink_cli tests scripts setup.py

@@ -23,6 +23,7 @@ import functools
 import json
 import logging
 import re
+import secrets
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -49,7 +50,8 @@ _cap: contextvars.ContextVar[int] = contextvars.ContextVar(
     "chat_template_cap", default=DEFAULT_MAX_CHARS
 )
 # A %-format width or precision: "%999999999s" would build a huge string in one step.
-_FORMAT_NUMBER = re.compile(r"%[^a-zA-Z%]*")
+# (a mapping key, "%(name)9s", is skipped: its letters would end the spec early)
+_FORMAT_NUMBER = re.compile(r"%(?:\([^)]*\))?([^a-zA-Z%(]*)")
 _DIGITS = re.compile(r"\d+")
 
 
@@ -240,6 +242,15 @@ def _compile(template: str) -> Any:
     )
     env.filters["tojson"] = tojson
     env.filters = {k: _bounded(f) for k, f in env.filters.items()}
+    bounded_format = env.filters["format"]
+
+    def format_filter(value: Any, *args: Any, **kwargs: Any) -> Any:
+        # `"%999999999s"|format(x)`: the filter's own % builds the string in one C call.
+        if isinstance(value, str):
+            _check_format(value, star=True)
+        return bounded_format(value, *args, **kwargs)
+
+    env.filters["format"] = format_filter
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     env.globals["namespace"] = _Namespace
@@ -371,7 +382,7 @@ def prompt_ids(
     """The ids a prompt becomes: raw text, or one user turn (after an optional system
     message) through the chat template (chat_ids)."""
     if raw:
-        _check_fits(tok, len(prompt), n_ctx)
+        check_fits(tok, len(prompt), n_ctx)
         return tok.encode(prompt)
     messages: list[dict] = []
     if system is not None:
@@ -380,7 +391,7 @@ def prompt_ids(
     return chat_ids(tok, messages, notes=notes, n_ctx=n_ctx)
 
 
-def _check_fits(tok: Tokenizer, n_chars: int, n_ctx: int | None) -> int | None:
+def check_fits(tok: Tokenizer, n_chars: int, n_ctx: int | None) -> int | None:
     """Refuse text that cannot fit n_ctx tokens before tokenizing it (a token spells at
     most `tok.max_token_chars` characters); the character limit, or None."""
     limit = None if n_ctx is None else n_ctx * max(tok.max_token_chars, 1)
@@ -398,13 +409,17 @@ def chat_ids(
     *,
     notes: list[str] | None = None,
     n_ctx: int | None = None,
+    parse_special: bool = False,
 ) -> list[int]:
     """The ids a conversation becomes through the model's chat template, ready for the
     assistant's next turn (messages: {"role", "content": str}).
 
-    Tokenized with special tokens parsed (the template writes them as text) and BOS added
-    per the model's policy unless the rendered text already starts with it (as llama.cpp's
-    chat path does).
+    Content is text: a control token's spelling inside a message ("<|im_end|>") is
+    tokenized as the characters it is, so a message cannot forge a turn; only the markers
+    the template itself writes are control tokens (transformers' split_special_tokens
+    applied to the messages alone). parse_special=True reads control tokens anywhere, as
+    llama.cpp does. BOS is added per the model's policy unless the rendered text already
+    starts with it (as llama.cpp's chat path does).
 
     With no chat template llama.cpp falls back to ChatML. frink uses a fallback format
     (configs/chat_templates/fallbacks.json: ChatML, Gemma's turns) only when the vocabulary
@@ -415,7 +430,7 @@ def chat_ids(
     With n_ctx, text that cannot fit n_ctx tokens is refused before it is tokenized, and
     the template's output is capped at that many characters.
     """
-    limit = _check_fits(tok, sum(len(str(m.get("content") or "")) for m in messages), n_ctx)
+    limit = check_fits(tok, sum(len(str(m.get("content") or "")) for m in messages), n_ctx)
     template = tok.chat_template
     if not template:
         found = fallback_template(tok)
@@ -430,14 +445,130 @@ def chat_ids(
         else:
             log.warning(note)
         if template is None:
-            return tok.encode("".join(str(m.get("content") or "") for m in messages))
+            joined = "".join(str(m.get("content") or "") for m in messages)
+            return tok.encode(joined, parse_special=parse_special)
+    controls = () if parse_special else _controls_in_content(tok, messages)
+    if not controls:
+        text = render_chat(
+            template,
+            messages,
+            bos_token=tok.bos_text,
+            eos_token=tok.eos_text,
+            add_generation_prompt=True,
+            max_chars=limit,
+        )
+        # Tokenizer.encode leaves BOS out when the text starts with the BOS token itself.
+        return tok.encode(text, add_special=True, parse_special=True)
+    return _content_as_text(tok, template, messages, limit)
+
+
+def _controls_in_content(tok: Tokenizer, messages: list[dict]) -> tuple[str, ...]:
+    """Whether any message's content spells one of the vocabulary's control tokens: the
+    vocabulary's control spellings if so, else ()."""
+    contents = [m["content"] for m in messages if isinstance(m.get("content"), str)]
+    texts = tok.control_texts
+    if any(t in c for c in contents for t in texts):
+        return texts
+    return ()
+
+
+def _content_as_text(
+    tok: Tokenizer, template: str, messages: list[dict], limit: int | None
+) -> list[int]:
+    """The ids of the rendered conversation with control tokens parsed only outside the
+    messages' content. Each content is rendered between two markers no message can hold
+    (a random nonce), so where the template put it is known; the text between the control
+    tokens the template wrote is then tokenized as plain text, as the plain path does.
+
+    A template that rewrites content (splits or slices it) loses the markers' pairing:
+    such a conversation is refused, since frink could not tell its text from the
+    template's markers."""
+    nonce = secrets.token_hex(8)
+    opening, closing = f"\ue000{nonce}\ue001", f"\ue002{nonce}\ue003"
+    marked = [
+        {**m, "content": f"{opening}{m['content']}{closing}"}
+        if isinstance(m.get("content"), str)
+        else m
+        for m in messages
+    ]
     text = render_chat(
         template,
-        messages,
+        marked,
         bos_token=tok.bos_text,
         eos_token=tok.eos_text,
         add_generation_prompt=True,
-        max_chars=limit,
+        max_chars=None if limit is None else limit + 64 * len(messages),
     )
-    # Tokenizer.encode leaves BOS out when the text starts with the BOS token itself.
-    return tok.encode(text, add_special=True, parse_special=True)
+    # (piece, is content) in order
+    segments: list[tuple[str, bool]] = []
+    at = 0
+    while True:
+        start = text.find(opening, at)
+        end = text.find(closing, at)
+        if start < 0 and end < 0:
+            segments.append((text[at:], False))
+            break
+        if start < 0 or end < start or text.find(opening, start + 1, end) >= 0:
+            raise FrinkError(
+                "a message holds the text of a control token and the chat template rewrites "
+                "message content, so that text cannot be kept apart from the template's own "
+                "markers; remove it from the message (or let control tokens in content act as "
+                "such: frink serve --parse-special)"
+            )
+        segments.append((text[at:start], False))
+        segments.append((text[start + len(opening) : end], True))
+        at = end + len(closing)
+    controls = tok.control_texts
+    pieces: list[str | int] = []  # plain text runs and the template's control token ids
+    run: list[str] = []
+    for segment, is_content in segments:
+        if is_content:
+            run.append(segment)
+            continue
+        for part in _split_controls(tok, segment, controls):
+            if isinstance(part, int):
+                pieces.append("".join(run))
+                run = []
+                pieces.append(part)
+            else:
+                run.append(part)
+    pieces.append("".join(run))
+    ids: list[int] = []
+    for p in pieces:
+        if isinstance(p, int):
+            ids.append(p)
+        elif p:
+            ids.extend(tok.encode(p, add_special=False, parse_special=False))
+    # BOS as Tokenizer.encode adds it: per the model's policy, unless already first.
+    if tok.add_bos and tok.bos_id is not None and not (ids and ids[0] == tok.bos_id):
+        ids.insert(0, tok.bos_id)
+    if tok.add_eos and tok.eos_id is not None and not (ids and ids[-1] == tok.eos_id):
+        ids.append(tok.eos_id)
+    return ids
+
+
+def _split_controls(tok: Tokenizer, text: str, controls: tuple[str, ...]) -> list[str | int]:
+    """`text` cut at the control tokens it spells (the longest at each place, as the
+    tokenizer's own partition takes them): plain pieces and control token ids."""
+    found = [c for c in controls if c in text]
+    out: list[str | int] = []
+    at = 0
+    while found:
+        best: tuple[int, int, str] | None = None  # (position, -length, spelling)
+        for c in found:
+            i = text.find(c, at)
+            if i >= 0 and (best is None or (i, -len(c)) < best[:2]):
+                best = (i, -len(c), c)
+        if best is None:
+            break
+        i, _, c = best
+        token = tok.token_id(c)
+        if token is None:  # (every control spelling is a vocabulary entry)
+            break
+        if i > at:
+            out.append(text[at:i])
+        out.append(token)
+        at = i + len(c)
+    if at < len(text):
+        out.append(text[at:])
+    return out

@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import traceback
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from . import interrupt
 from .backends import BACKEND_NAMES, check_backend_name
 from .channels import FINAL, ChannelSplit, is_harmony
-from .errors import FrinkError, printable
+from .errors import FrinkError, printable, terminal_text
 
 # The api (numpy, the model code) is imported lazily, per command: `frink --help` stays quick.
 
@@ -161,6 +162,13 @@ def _check_utf8(text: str, flag: str) -> str:
     return text
 
 
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
 def _check_range(name: str, value: float, lo: float | None = None, hi: float | None = None) -> None:
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         bounds = f">= {lo}" if hi is None else f"between {lo} and {hi}"
@@ -252,6 +260,9 @@ def run(
     # stderr with -v, and into the JSON output by name.
     channels: dict[str, list[str]] = {}
     out = sys.stdout
+    # On a terminal, a control sequence the model writes shows as its escape (it would
+    # drive the terminal); a pipe or file gets the text exactly.
+    shown = terminal_text if _is_terminal(out) else (lambda text: text)
     sampling = dict(
         temperature=temp,
         top_k=top_k,
@@ -269,7 +280,7 @@ def run(
             continue
         pieces.append(piece)
         if not as_json:
-            out.write(piece)
+            out.write(shown(piece))
             out.flush()
     peak = _peak_memory_mib()
     ledger = ledger_summary(m.decoder.backend)
@@ -596,6 +607,11 @@ def serve(
     api_key: str | None = typer.Option(
         None, "--api-key", help="require Authorization: Bearer KEY", envvar="FRINK_API_KEY"
     ),
+    api_key_file: Path | None = typer.Option(
+        None,
+        "--api-key-file",
+        help="read the API key from this file's first line (it stays out of `ps`)",
+    ),
     alias: str | None = typer.Option(None, "--alias", help="the model name clients see"),
     prefill_chunk: int = typer.Option(
         128, "--prefill-chunk", help="prompt rows fed per step beside the running streams"
@@ -603,6 +619,31 @@ def serve(
     queue: int = typer.Option(64, "--queue", help="requests waiting at most (then 503)"),
     max_body: int = typer.Option(
         8 << 20, "--max-body", help="largest request body in bytes (then 413)"
+    ),
+    timeout: float = typer.Option(
+        60.0,
+        "-to",
+        "--timeout",
+        help="seconds a client may leave a request body unsent or an answer unread "
+        "(then its connection closes); a request head gets min(10, this)",
+    ),
+    max_connections: int = typer.Option(
+        256,
+        "--max-connections",
+        help="open connections at most (kept below the file-descriptor limit); past it the "
+        "longest-idle one is closed",
+    ),
+    cors_origins: str = typer.Option(
+        "",
+        "--cors-origins",
+        help="comma-separated web origins (https://app.example) whose pages may call this "
+        "server ('*': any); other browser requests get a 403",
+    ),
+    parse_special: bool = typer.Option(
+        False,
+        "--parse-special",
+        help="read control tokens written in message content and prompts as control tokens "
+        "(llama-server's behaviour: a client's text can then forge chat turns)",
     ),
     backend: str = _backend_option("auto", "auto|numpy|metal|cuda"),
     verbose: bool = typer.Option(False, "-v", "--verbose"),
@@ -618,8 +659,10 @@ def serve(
     _check_range("--prefill-chunk", prefill_chunk, 1)
     _check_range("--queue", queue, 0)
     _check_range("--max-body", max_body, 1)
-    if api_key is not None and not api_key:
-        raise FrinkError("--api-key is empty")
+    _check_range("--timeout", timeout, 0.1, 86400)
+    _check_range("--max-connections", max_connections, 1)
+    api_key = _api_key(api_key, api_key_file)
+    origins = frozenset(o.strip().rstrip("/") for o in cors_origins.split(",") if o.strip())
     m = _load(model, backend)
     run_server(
         m,
@@ -633,8 +676,40 @@ def serve(
         max_queue=queue,
         max_body=max_body,
         announce=lambda line: err.print(f"frink: {printable(line)}", markup=False),
+        timeout=timeout,
+        max_connections=max_connections,
+        cors_origins=origins,
+        parse_special=parse_special,
     )
     err.print("frink: server stopped", markup=False)
+
+
+def _api_key(key: str | None, file: Path | None) -> str | None:
+    """The server's API key, from --api-key (or FRINK_API_KEY) or --api-key-file's first
+    line."""
+    if key is not None and file is not None:
+        raise FrinkError("give the API key with --api-key or --api-key-file, not both")
+    if file is not None:
+        try:
+            from .formats.jsonfile import open_regular
+
+            with open_regular(file) as f:
+                raw = f.read(4097)
+        except OSError as e:
+            raise FrinkError(f"cannot read --api-key-file {file}: {e.strerror or e}") from None
+        if len(raw) > 4096:
+            raise FrinkError(f"--api-key-file {file} is longer than 4096 bytes")
+        try:
+            key = raw.decode("utf-8").splitlines()[0].strip() if raw.strip() else ""
+        except UnicodeDecodeError:
+            raise FrinkError(f"--api-key-file {file} is not UTF-8 text") from None
+        if not key:
+            raise FrinkError(f"--api-key-file {file} is empty")
+    if key is not None:
+        if not key:
+            raise FrinkError("--api-key is empty")
+        _check_utf8(key, "--api-key")
+    return key
 
 
 @app.command()
@@ -745,6 +820,9 @@ def main() -> None:
     if hasattr(signal, "SIGPIPE"):
         # `frink run ... | head`: end quietly when the reader goes away, as cat does.
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # A corrupt model's overflow shows as NumPy RuntimeWarnings (with their source lines)
+    # before the NaN guard's one line says what it means; that line is the report.
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"frink_cli(\.|$)")
     # Ctrl-C is KeyboardInterrupt even where the parent started frink with SIGINT ignored
     # (a shell's background job), which would otherwise run on and exit 0.
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -20,3 +20,24 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+# Characters a terminal acts on rather than shows: C0/C1 controls (ESC starts a sequence
+# that can move the cursor, retitle the window, write the clipboard) and the bidirectional
+# overrides and isolates that reorder what is shown.
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def terminal_text(text: str) -> str:
+    """Model output made safe to show in a terminal: controls (but newline and tab) and
+    bidi overrides written as their escapes; everything else, joiners and non-ASCII
+    letters included, unchanged. Applied piece by piece to a stream, it gives the same
+    text as applied once to the whole."""
+    if text.isprintable():
+        return text
+    return "".join(
+        repr(c)[1:-1]
+        if (c in _BIDI or ((c < " " or "\x7f" <= c <= "\x9f") and c not in "\n\t"))
+        else c
+        for c in text
+    )

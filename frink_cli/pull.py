@@ -253,7 +253,11 @@ def _pip_reason(output: str) -> str:
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("ERROR:")]
     if errors:
-        return errors[-1].removeprefix("ERROR:").strip()
+        reason = errors[-1].removeprefix("ERROR:").strip()
+        # "ERROR: Exception:" heads pip's own traceback (a full disk, say), whose last
+        # line names the cause: "OSError: [Errno 28] No space left on device".
+        if reason != "Exception:" or lines[-1] == errors[-1]:
+            return reason
     return lines[-1] if lines else "no output (is the network or PyPI reachable?)"
 
 

@@ -5,6 +5,10 @@ client of `frink serve` would, to the same engine: the slot's cache still holds 
 conversation so far, so a turn feeds only its new message (the prompt cache). Answers
 stream as they are made. Ctrl-C stops the answer being written (what was written stays
 in the history) and the conversation goes on; end of input (Ctrl-D) or /exit ends it.
+
+What the model writes is shown through errors.terminal_text: a control sequence in its
+output (ESC, bidi overrides) shows as its escape and never drives the terminal; the
+history keeps the text as written. An answer cut by the full context says so.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from .chat import chat_ids
-from .errors import FrinkError, printable
+from .errors import FrinkError, printable, terminal_text
 from .sampling import SamplingParams
 from .serve.engine import Engine, Finish, Job
 
@@ -132,7 +136,7 @@ def _answer(
             if kind == "text":
                 assert isinstance(payload, str)
                 pieces.append(payload)
-                out.write(payload)
+                out.write(terminal_text(payload))
                 out.flush()
             elif kind == "reasoning":
                 continue
@@ -146,6 +150,11 @@ def _answer(
                     f"{payload.prompt_tokens} ({payload.cached_tokens} cached), first token "
                     f"{payload.first_token_seconds:.2f}s]"
                 )
+                if payload.reason == "length" and payload.completion_tokens < max_tokens:
+                    note(
+                        f"[the context of {engine.n_ctx} tokens is full: the answer was cut; "
+                        "/reset to start over, or raise -c/--ctx-size]"
+                    )
                 break
             else:
                 out.write("\n")

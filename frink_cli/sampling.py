@@ -44,6 +44,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     seed: int | None = None  # None or -1: a fresh random seed
+    # (token id, bias) pairs added to those tokens' logits before every other stage, as
+    # llama.cpp's logit-bias sampler heads its chain (OpenAI's logit_bias).
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         # Messages use the CLI's flag names, because that is where bad values come from.
@@ -78,6 +81,11 @@ class SamplingParams:
                 f"--repeat-last-n must be >= -1 (-1: whole history, 0: off; "
                 f"got {self.repeat_last_n})"
             )
+        for token, bias in self.logit_bias:
+            if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or token < 0:
+                raise FrinkError(f"logit bias: {token!r} is not a token id")
+            if not isinstance(bias, numbers.Real) or not math.isfinite(bias):
+                raise FrinkError(f"logit bias of token {token} must be a finite number")
         if self.seed is not None:
             if not isinstance(self.seed, (int, np.integer)) or isinstance(self.seed, bool):
                 raise FrinkError(f"--seed must be an integer (got {self.seed!r})")
@@ -237,7 +245,13 @@ class Sampler:
     def __init__(self, params: SamplingParams, n_vocab: int) -> None:
         if n_vocab <= 0:
             raise ValueError(f"n_vocab must be positive, got {n_vocab}")
+        if any(token >= n_vocab for token, _ in params.logit_bias):
+            raise FrinkError(f"logit bias: a token id is not in this vocabulary of {n_vocab}")
         self.params = params
+        self._bias: tuple[np.ndarray, np.ndarray] | None = None
+        if params.logit_bias:
+            ids, biases = zip(*params.logit_bias)
+            self._bias = (np.asarray(ids, np.int64), np.asarray(biases, np.float32))
         self.n_vocab = n_vocab
         seed = None if params.seed is None or params.seed == -1 else int(params.seed)
         self.rng = np.random.default_rng(seed)
@@ -247,7 +261,10 @@ class Sampler:
         if row.shape != (self.n_vocab,):
             raise ValueError(f"expected logits of shape ({self.n_vocab},), got {row.shape}")
         # astype copies, so the caller's logits are never modified.
-        return apply_penalties(row.astype(np.float32), history, self.params)
+        row = row.astype(np.float32)
+        if self._bias is not None:
+            np.add.at(row, self._bias[0], self._bias[1])  # (a repeated id adds each bias)
+        return apply_penalties(row, history, self.params)
 
     def _candidates(self, logits: np.ndarray, history: Sequence[int]) -> Candidates:
         row = self._penalised(logits, history)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import codecs
 import json
 import re
+import threading
 from collections.abc import Iterable, Sequence
 from heapq import heappop, heappush
 from pathlib import Path
@@ -475,6 +476,7 @@ class Tokenizer:
         self.eos_text: str | None = core.token_text(eos_id) if eos_id is not None else None
         self.source = source  # "gguf" | "hf", for notes and error messages
         self._max_token_chars: int | None = None
+        self._control_texts: tuple[str, ...] | None = None
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids for `text`, as llama_tokenize(text, add_special, parse_special).
@@ -528,6 +530,15 @@ class Tokenizer:
         """The id of the vocabulary entry spelled exactly `text`, if there is one."""
         return self._core.token_id(text)
 
+    @property
+    def control_texts(self) -> tuple[str, ...]:
+        """The spellings that encode(parse_special=True) reads as control tokens and
+        parse_special=False as plain text, longest first."""
+        if self._control_texts is None:
+            texts = {t for t in self._core.control_texts() if t}
+            self._control_texts = tuple(sorted(texts, key=lambda t: (-len(t), t)))
+        return self._control_texts
+
 
 class _Core(Protocol):
     """What a vocabulary source provides: the text between BOS/EOS, and pieces."""
@@ -543,6 +554,8 @@ class _Core(Protocol):
     def token_id(self, text: str) -> int | None: ...
 
     def max_token_chars(self) -> int: ...
+
+    def control_texts(self) -> list[str]: ...
 
 
 # ---------------------------------------------------------------------------------------
@@ -747,6 +760,9 @@ class _GgufCore(_Core):
 
     def max_token_chars(self) -> int:
         return max(map(len, self.tokens), default=1)
+
+    def control_texts(self) -> list[str]:
+        return [t for t, _, attr in self.special if attr & (_A_CONTROL | _A_UNKNOWN)]
 
     def token_id(self, text: str) -> int | None:
         return self.to_id.get(text)
@@ -1021,6 +1037,9 @@ class _HfCore(_Core):
         model = _json_of(tk.model)
         self.byte_fallback = bool(model.get("byte_fallback", False))
         self._pieces: dict[int, bytes] = {}
+        # encode_text switches the tokenizer's encode_special_tokens for one call: calls
+        # from several threads (a server's requests) must not see each other's setting.
+        self._encode_lock = threading.Lock()
 
     def make_control(self, ids: Iterable[int]) -> None:
         """Turn these tokens into special added tokens (llama.cpp's forced CONTROL type)."""
@@ -1056,15 +1075,16 @@ class _HfCore(_Core):
     def encode_text(self, text: str, parse_special: bool) -> list[int]:
         if not text:
             return []
-        if parse_special:
-            return list(self.tk.encode(text, add_special_tokens=False).ids)
-        # `tokenizers` then spells special added tokens as text; non-special added tokens
-        # are still split out, as llama.cpp does with user-defined tokens.
-        self.tk.encode_special_tokens = True
-        try:
-            return list(self.tk.encode(text, add_special_tokens=False).ids)
-        finally:
-            self.tk.encode_special_tokens = False
+        with self._encode_lock:
+            if parse_special:
+                return list(self.tk.encode(text, add_special_tokens=False).ids)
+            # `tokenizers` then spells special added tokens as text; non-special added
+            # tokens are still split out, as llama.cpp does with user-defined tokens.
+            self.tk.encode_special_tokens = True
+            try:
+                return list(self.tk.encode(text, add_special_tokens=False).ids)
+            finally:
+                self.tk.encode_special_tokens = False
 
     def piece(self, token_id: int) -> bytes:
         p = self._pieces.get(token_id)
@@ -1091,6 +1111,9 @@ class _HfCore(_Core):
 
     def max_token_chars(self) -> int:
         return max(map(len, self.tk.get_vocab(with_added_tokens=True)), default=1)
+
+    def control_texts(self) -> list[str]:
+        return [self.added_text[i] for i in self.special_ids if i in self.added_text]
 
     def token_id(self, text: str) -> int | None:
         return self.tk.token_to_id(text)
@@ -1140,9 +1163,23 @@ def _chat_template_from_dir(d: Path, config: dict) -> str | None:
     if tmpl is None:
         tmpl = config.get("chat_template")
     if isinstance(tmpl, list):  # named templates: the default one
-        named = {t.get("name"): t.get("template") for t in tmpl if isinstance(t, dict)}
+        for i, t in enumerate(tmpl):
+            if not (
+                isinstance(t, dict)
+                and isinstance(t.get("name"), str)
+                and isinstance(t.get("template"), str)
+            ):
+                raise FrinkError(
+                    f"{d}: chat_template entry {i} is not a {{name, template}} pair of strings"
+                )
+        named = {t["name"]: t["template"] for t in tmpl}
         tmpl = named.get("default") or next(iter(named.values()), None)
-    return tmpl if isinstance(tmpl, str) else None
+    if tmpl is not None and not isinstance(tmpl, str):
+        raise FrinkError(
+            f"{d}: chat_template must be a string or a list of named templates "
+            f"(got {type(tmpl).__name__})"
+        )
+    return tmpl
 
 
 def _ids_of(v: Any) -> list[int]:

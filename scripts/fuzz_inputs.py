@@ -10,7 +10,10 @@ every boundary; byte flips over the header, metadata and tensor-info regions; cr
 safetensors directories; hostile chat templates. `run_cases` runs them in-process and
 counts outcomes; tests/test_fuzz.py runs a CI-sized share, `make fuzz` the soak:
 
-    python scripts/fuzz_inputs.py [--cases N] [--seed S] [--out DIR]
+    python scripts/fuzz_inputs.py [--cases N] [--http-cases N] [--seed S]
+
+The HTTP family (scripts/fuzz_http.py) runs hostile clients against a real `frink serve`
+on this module's tiny model: no death, no 500, no stall of /health past a second.
 
 Needs numpy and frink only. Every case is reproducible from (seed, index).
 """
@@ -733,6 +736,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=int, default=20_000, help="total cases at least")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--http-cases", type=int, default=2000, help="hostile HTTP clients against frink serve"
+    )
     args = ap.parse_args()
     n_fixed = sum(1 for _ in cases(0, args.seed, Path(tempfile.gettempdir())))
     t0 = time.perf_counter()
@@ -744,6 +750,24 @@ def main() -> None:
     )
     for name, outcome, detail in bad[:20]:
         print(f"--- {outcome}: {name}\n{detail}")
+    if args.http_cases > 0:
+        import fuzz_http  # (a sibling: scripts/ is this script's own directory)
+
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="frink-fuzz-http-") as d:
+            model = Path(d) / "tiny.gguf"
+            model.write_bytes(base().encode())
+            http_counts, http_bad = fuzz_http.run_http_cases(
+                model, args.http_cases, args.seed, progress=True
+            )
+        print(
+            f"{sum(http_counts.values())} HTTP cases in {time.perf_counter() - t0:.0f} s "
+            f"(seed {args.seed}): ok {http_counts.get('ok', 0)}, "
+            + ", ".join(f"{k} {http_counts.get(k, 0)}" for k in fuzz_http.BAD)
+        )
+        for name, outcome, detail in http_bad[:20]:
+            print(f"--- {outcome}: {name}\n{detail}")
+        bad = bad + http_bad
     sys.exit(1 if bad else 0)
 
 

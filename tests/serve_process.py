@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -26,8 +27,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _limit_fds(n: int) -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+
+
 class Server:
-    def __init__(self, model: Path, *args: str) -> None:
+    def __init__(self, model: Path, *args: str, fd_limit: int | None = None) -> None:
+        """`frink serve MODEL ARGS...`; fd_limit: the child's RLIMIT_NOFILE (soft and
+        hard)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # Closed (and removed) in stop(): it outlives this constructor by design.
@@ -38,6 +45,7 @@ class Server:
             stderr=self._log,
             env=child_env(),
             start_new_session=True,
+            preexec_fn=None if fd_limit is None else lambda: _limit_fds(fd_limit),
         )
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:

@@ -267,3 +267,97 @@ def test_a_tensor_no_part_of_the_model_reads_is_refused_on_every_backend(
     with pytest.raises(FrinkError, match=r"does not use: blk\.1\.ffn_act\.scales"):
         frink_cli.load(bad["unused_tensor"], backend=backend)
     frink_cli.load(bad["valid"], backend=backend)  # the same file without it loads
+
+
+# --- issue 36's leftovers, on scripts/fuzz_inputs.py's tiny models -------------------------
+
+
+def test_overflowing_weights_are_one_line(tmp_path: Path) -> None:
+    """K weights of 3e38 overflow the attention scores: the NaN guard's line alone, with
+    no NumPy RuntimeWarning (and its source line) printed before it."""
+    F = load_script("fuzz_inputs")
+    k = F.base_tensors()[4][1].copy()
+    k[:] = 3e38
+    path = tmp_path / "overflow.gguf"
+    path.write_bytes(F._tensor(F.base(), "blk.0.attn_k.weight", arr=k).encode())
+    assert_error(frink("run", path, "-p", "hi", "-n", "2", "--temp", "0"), "non-finite")
+
+
+@pytest.mark.parametrize(
+    ("key", "vtype", "value"),
+    [
+        ("tokenizer.ggml.eos_token_id", "STR", "2"),
+        ("tokenizer.ggml.eos_token_id", "F32", 2.0),
+        ("tokenizer.ggml.eos_token_id", "BOOL", True),
+        ("tokenizer.ggml.model", "U32", 5),
+        ("tokenizer.ggml.model", "ARR", ("STR", ["llama"])),
+        ("tokenizer.chat_template", "ARR", ("STR", ["{{ 1 }}"])),
+    ],
+)
+def test_wrongly_typed_tokenizer_metadata_is_refused(
+    tmp_path: Path, key: str, vtype: str, value: object
+) -> None:
+    F = load_script("fuzz_inputs")
+    if isinstance(value, tuple):
+        value = (getattr(F, value[0]), value[1])
+    path = tmp_path / "typed.gguf"
+    path.write_bytes(F._with(F.base(), key, getattr(F, vtype), value).encode())
+    assert_error(frink("run", path, "-p", "hi", "-n", "2"), key)
+
+
+def _hf_dir(tmp_path: Path, **config: object) -> Path:
+    F = load_script("fuzz_inputs")
+    d = tmp_path / "hf"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({**F.LLAMA_CONFIG, **config}))
+    (d / "model.safetensors").write_bytes(F.safetensors_bytes(F.hf_tensors()))
+    return d
+
+
+@pytest.mark.parametrize(
+    "missing", ["factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"]
+)
+def test_llama3_rope_scaling_needs_its_fields(tmp_path: Path, missing: str) -> None:
+    rope = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    del rope[missing]
+    d = _hf_dir(tmp_path, rope_scaling=rope)
+    assert_error(frink("run", d, "-p", "hi", "-n", "2"), "llama3", missing)
+
+
+def test_llama3_rope_scaling_fields_are_checked(tmp_path: Path) -> None:
+    rope = {
+        "rope_type": "llama3",
+        "factor": "8",
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    d = _hf_dir(tmp_path, rope_scaling=rope)
+    assert_error(frink("run", d, "-p", "hi", "-n", "2"), "llama3", "factor")
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        [{"name": "default"}],
+        [{"name": "default", "template": 5}],
+        ["{{ messages }}"],
+        [{"template": "{{ 1 }}"}],
+        5,
+    ],
+)
+def test_malformed_hf_chat_template_is_refused(tmp_path: Path, template: object) -> None:
+    from tokenizers import Tokenizer, models
+
+    d = _hf_dir(tmp_path)
+    F = load_script("fuzz_inputs")
+    vocab = {t: i for i, t in enumerate(F.TOKENS)}
+    Tokenizer(models.WordLevel(vocab, unk_token="<unk>")).save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    assert_error(frink("run", d, "-p", "hi", "-n", "2"), "chat_template")

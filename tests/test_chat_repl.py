@@ -65,3 +65,44 @@ def test_chat_turns_interrupt_reset_and_eof(smollm2_path) -> None:
         child.close()
     assert child.exitstatus == 0, child.before
     assert "Traceback" not in (child.before or "")
+
+
+def test_chat_escapes_control_sequences_and_says_when_the_context_is_full(tmp_path) -> None:
+    """On scripts/fuzz_inputs.py's tiny model, every answer token forced (logit_bias) to
+    the ESC byte: the terminal gets "\\x1b" written out, never the byte; and the answer,
+    cut by the 32-token context before -n, ends with a note saying so."""
+    import io
+
+    from script_loader import load_script
+
+    from frink_cli import load
+    from frink_cli.repl import chat_loop
+    from frink_cli.sampling import SamplingParams
+
+    F = load_script("fuzz_inputs")
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(F.base().encode())
+    model = load(path, backend="numpy")
+    esc = model.tokenizer.token_id("<0x1B>")
+    out, notes = io.StringIO(), []
+    lines = iter(["hello"])
+
+    def read(prompt: str) -> str:
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    chat_loop(
+        model,
+        n_ctx=32,
+        params=SamplingParams(temperature=0, logit_bias=((esc, 100.0),)),
+        max_tokens=100,
+        system=None,
+        out=out,
+        note=notes.append,
+        read=read,
+    )
+    shown = out.getvalue()
+    assert "\x1b" not in shown and "\\x1b" in shown, repr(shown)
+    assert any("context of 32 tokens is full" in n for n in notes), notes

@@ -205,3 +205,30 @@ def test_info_shows_positions_and_decorations(
     d = one_json_object(frink("info", path, "--json"))
     assert d["positions"] == line["positions"]
     assert set(d["decoration_values"]) <= set(d["decorations"])
+
+
+def test_run_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    """`frink run ... | head -c 1`: SIGPIPE keeps its default action for the CLI (the
+    server ignores it while serving), so frink ends as cat does, saying nothing."""
+    import signal
+    import subprocess
+
+    from frink_subprocess import child_env, frink_command
+    from script_loader import load_script
+
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(load_script("fuzz_inputs").base().encode())
+    proc = subprocess.Popen(
+        [*frink_command(), "run", str(path), "-p", "hi", "-n", "60", "--temp", "0"]
+        + ["--raw", "-c", "64"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=child_env(),
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.read(1)
+    proc.stdout.close()  # the reader goes away, as head does
+    err = proc.stderr.read().decode()
+    code = proc.wait(60)
+    assert code in (0, -signal.SIGPIPE), (code, err)
+    assert "Traceback" not in err and "Broken pipe" not in err, err

@@ -6,8 +6,9 @@ scripts/fuzz_inputs.py, seeded: truncations at every structural boundary of a ti
 byte flips over its header, metadata and tensor-info regions, crafted GGUF headers for
 each check, crafted safetensors directories and configs, hostile chat templates. Most run
 in-process; a few go through the real CLI for what only a process shows: closed and full
-streams, Ctrl-C at random moments, memory on refused inputs. `make fuzz` runs the same
-generators for 20,000+ cases.
+streams, Ctrl-C at random moments, memory on refused inputs; and hostile HTTP clients
+against a real `frink serve` (scripts/fuzz_http.py). `make fuzz` runs the same generators
+for 20,000+ in-process cases and 2,000 HTTP ones.
 """
 
 from __future__ import annotations
@@ -51,6 +52,26 @@ def test_in_process_cases() -> None:
     print(f"\nfuzz (seed {SEED}): {sum(counts.values())} cases: {summary}")
     assert not bad, "\n".join(f"{o}: {n}\n{d}" for n, o, d in bad[:10])
     assert counts["clean refusal"] and counts["correct run"]
+
+
+# --- hostile HTTP clients -----------------------------------------------------------------
+
+N_HTTP = 300  # of `make fuzz`'s 2,000: about 20 s on 2 cores
+
+
+def test_http_clients(tmp_path: Path) -> None:
+    """A seeded share of scripts/fuzz_http.py's cases against a real `frink serve`:
+    malformed framing, drops at every stage, floods, surrogates, huge fields. No death,
+    no 500, /health within a second after every case, no traceback in the log."""
+    from script_loader import load_script
+
+    H = load_script("fuzz_http")
+    model = tmp_path / "tiny.gguf"
+    model.write_bytes(F.base().encode())
+    counts, bad = H.run_http_cases(model, N_HTTP, SEED)
+    print(f"\nhttp fuzz (seed {SEED}): {dict(counts)}")
+    assert not bad, "\n".join(f"{o}: {n}\n{d}" for n, o, d in bad[:10])
+    assert counts["ok"] == N_HTTP
 
 
 # --- through the CLI ----------------------------------------------------------------------

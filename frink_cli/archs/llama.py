@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..errors import FrinkError
 from ..formats.safetensors import HfModelType, Transform
 from .base import Arch, MetadataWriter, hf_sliding_window_note, hf_type
 
@@ -32,14 +33,35 @@ PERMUTE_K = Transform(lambda w, hp, shape: permute_rows(w, int(hp["num_key_value
 
 
 def llama3_rope_factors(rp: dict[str, Any], head_dim: int) -> np.ndarray | None:
-    """The rope_freqs tensor the converter generates for rope_type "llama3"."""
+    """The rope_freqs tensor the converter generates for rope_type "llama3".
+
+    The four fields that define the scaling are required, as transformers' rope check
+    requires them: a config missing one describes no particular model (the converter's
+    fallbacks are Llama 3.1's values, which another model's would not be)."""
     if rp.get("rope_type") != "llama3":
         return None
+
+    def field(name: str) -> float:
+        v = rp.get(name)
+        if v is None:
+            raise FrinkError(f"config.json: llama3 rope scaling without {name}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise FrinkError(
+                f"config.json: llama3 rope scaling's {name} must be a positive number "
+                f"(got {v!r:.40})"
+            )
+        return float(v)
+
     base = float(rp.get("rope_theta") or 10000.0)
-    factor = float(rp.get("factor", 8.0))
-    low = float(rp.get("low_freq_factor", 1.0))
-    high = float(rp.get("high_freq_factor", 4.0))
-    old_ctx = float(rp.get("original_max_position_embeddings", 8192))
+    factor = field("factor")
+    low = field("low_freq_factor")
+    high = field("high_freq_factor")
+    old_ctx = field("original_max_position_embeddings")
+    if high <= low:
+        raise FrinkError(
+            "config.json: llama3 rope scaling needs high_freq_factor > low_freq_factor "
+            f"(got {high:g} and {low:g})"
+        )
     freqs = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)))
     wavelen = 2 * math.pi / freqs.astype(np.float64)
     low_wavelen, high_wavelen = old_ctx / low, old_ctx / high

@@ -2,13 +2,21 @@
 
 Routes: POST /v1/chat/completions and /v1/completions (streamed as server-sent events or
 whole), GET /v1/models and /health; the same without /v1, as llama-server accepts them.
-Every failure is an OpenAI-shaped JSON error with its status (400 bad field, 401 key,
-404 model or route, 413 body, 503 queue full with Retry-After), and nothing a request
-sends can stop the server: a handler's own bug is a 500 for that request alone.
+Every failure is an OpenAI-shaped JSON error with its status (400 bad field, 401 key
+with WWW-Authenticate, 403 host or origin, 404 model or route, 408 a request too slow to
+arrive, 413 body, 503 queue full or shutting down, with Retry-After, 505 an HTTP version
+other than 1.0 and 1.1), and nothing a request sends can stop the server: a handler's own
+bug is a 500 for that request alone.
 
-Prompts are templated and tokenized off the event loop (a long prompt, or a template
-the sandbox stops after its deadline, must not stall other streams). A client that goes
-away cancels its job: its slot is free by the engine's next step.
+Before any route (_Gate): a server bound to a loopback address answers only requests
+whose Host names this machine (a web page cannot reach it through DNS rebinding), and a
+browser's cross-origin request only from an origin listed in --cors-origins (a page the
+user visits cannot drive it). No route redirects, so no header is reflected into one.
+
+A prompt's size is checked before any work on it, and parsing, templating and tokenizing
+run off the event loop (a long prompt, or a template the sandbox stops after its deadline,
+must not stall other streams or /health). A client that goes away cancels its job: its
+slot is free by the engine's next step; its request is logged as one quiet line.
 """
 
 from __future__ import annotations
@@ -29,13 +37,15 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..chat import chat_ids
+from ..chat import chat_ids, check_fits
 from ..errors import FrinkError, printable
 from . import openai
+from .connections import DROPPED
 from .engine import Engine, Finish, Job, QueueFull
 from .openai import ApiError
 
@@ -50,14 +60,28 @@ class ServerState:
     names: frozenset[str]  # the model names a request may ask for
     api_key: str | None = None
     max_body: int = 8 << 20
+    # Browser origins allowed to call (--cors-origins; "*": any). Others get a 403.
+    cors_origins: frozenset[str] = frozenset()
+    # Bound to a loopback address: only Host headers naming this machine are answered.
+    loopback: bool = True
+    bound_host: str = "127.0.0.1"
+    # Control tokens written in message content and prompts act as control tokens
+    # (--parse-special); otherwise they are text, as any other characters.
+    parse_special: bool = False
     log_line: Callable[[str], None] = field(
         default=lambda line: print(line, file=sys.stderr, flush=True)
     )
 
 
-def create_app(state: ServerState) -> Starlette:
+def create_app(
+    state: ServerState, on_startup: Callable[[asyncio.AbstractEventLoop], None] | None = None
+) -> ASGIApp:
+    """The server's ASGI app; on_startup is called with the event loop once it runs."""
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if on_startup is not None:
+            on_startup(asyncio.get_running_loop())
         worker = threading.Thread(target=state.engine.run, name="frink-engine", daemon=True)
         worker.start()
         try:
@@ -82,9 +106,112 @@ def create_app(state: ServerState) -> Starlette:
         state.log_line(f"{_client(request)} {request.method} {path} {status}")
         return _error(ApiError(status, f"{message}: {request.method} {path}", code=str(status)))
 
-    return Starlette(
+    app = Starlette(
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
     )
+    # "/v1/models/" would otherwise redirect to a URL built from the Host header.
+    app.router.redirect_slashes = False
+    return _Gate(app, state)
+
+
+# Host names that are this machine whatever the bound address (the port is not compared).
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+_HTTP_VERSIONS = ("1.0", "1.1")
+
+
+class _Gate:
+    """The checks every request passes before any route: HTTP version, Host, Origin; and
+    CORS headers on the answers to allowed origins."""
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        origin = headers.get("origin")
+        refusal = self._refusal(scope, headers, origin)
+        if refusal is not None:
+            request = Request(scope)
+            self.state.log_line(
+                f"{_client(request)} {printable(scope['method'])[:20]} "
+                f"{printable(scope['path'])[:200]} {refusal.status} {printable(refusal.message)}"
+            )
+            await _error(refusal)(scope, receive, send)
+            return
+        if origin is None:
+            await self.app(scope, receive, send)
+            return
+        cors = [
+            (b"access-control-allow-origin", origin.encode("latin-1")),
+            (b"vary", b"Origin"),
+        ]
+        if scope["method"] == "OPTIONS":  # a browser's preflight for an allowed origin
+            await Response(
+                status_code=204,
+                headers={
+                    "access-control-allow-origin": origin,
+                    "access-control-allow-methods": "GET, POST, OPTIONS",
+                    "access-control-allow-headers": "Authorization, Content-Type",
+                    "access-control-max-age": "600",
+                    "vary": "Origin",
+                },
+            )(scope, receive, send)
+            return
+
+        async def send_with_cors(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *cors]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_cors)
+
+    def _refusal(
+        self, scope: Scope, headers: dict[str, str], origin: str | None
+    ) -> ApiError | None:
+        version = scope.get("http_version", "1.1")
+        if version not in _HTTP_VERSIONS:
+            return ApiError(
+                505,
+                f"HTTP/{printable(version)[:10]} is not supported (HTTP/1.1 is)",
+                code="http_version_not_supported",
+            )
+        if self.state.loopback and not self._host_allowed(headers.get("host")):
+            return ApiError(
+                403,
+                f"Host {printable(headers.get('host', ''))[:100]!r} is not this machine: a "
+                "server bound to a loopback address answers only its own names "
+                "(frink serve --host to listen elsewhere)",
+                kind="permission_error",
+                code="host_not_allowed",
+            )
+        allowed = self.state.cors_origins
+        if origin is not None and "*" not in allowed and origin not in allowed:
+            return ApiError(
+                403,
+                f"Origin {printable(origin)[:100]!r} is not allowed (frink serve "
+                "--cors-origins lists the web origins that may call this server)",
+                kind="permission_error",
+                code="origin_not_allowed",
+            )
+        return None
+
+    def _host_allowed(self, host: str | None) -> bool:
+        if host is None:  # HTTP/1.0 may leave it out; no browser does
+            return True
+        if host.startswith("["):
+            name = host[1 : host.find("]")] if "]" in host else ""
+        else:
+            name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+        name = name.lower().rstrip(".")
+        if name in _LOOPBACK_NAMES or name == self.state.bound_host.strip("[]").lower():
+            return True
+        if name.endswith(".localhost"):
+            return True
+        parts = name.split(".")
+        return len(parts) == 4 and parts[0] == "127" and all(p.isdigit() for p in parts)
 
 
 def _client(request: Request) -> str:
@@ -92,8 +219,14 @@ def _client(request: Request) -> str:
 
 
 def _error(e: ApiError) -> JSONResponse:
-    headers = {"Retry-After": "1"} if e.status == 503 else None
-    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+    headers = {}
+    if e.status == 503:
+        headers["Retry-After"] = "1"
+    if e.status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="frink"'
+    if e.status in (408, 505):
+        headers["Connection"] = "close"
+    return JSONResponse(e.body(), status_code=e.status, headers=headers or None)
 
 
 class _Stream(StreamingResponse):
@@ -136,6 +269,10 @@ def _endpoint(state: ServerState, handler: Callable, public: bool = False) -> Ca
         except ApiError as e:
             response = _error(e)
             outcome.detail = printable(e.message)[:200]
+        except ClientDisconnect:  # gone mid-upload, or dropped by connections.py
+            dropped = request.scope.get("state", {}).get(DROPPED)
+            response = Response(status_code=408 if dropped else 499)
+            outcome.detail = dropped or "client disconnected"
         except Exception as e:  # noqa: BLE001 - a handler bug answers 500, the server lives
             log.exception("request failed")
             response = _error(
@@ -173,8 +310,14 @@ def _check_key(state: ServerState, request: Request) -> None:
         )
 
 
-async def _body(state: ServerState, request: Request) -> dict:
-    """The JSON object a request sent, read at most max_body bytes."""
+# Bodies larger than this are parsed off the event loop.
+_PARSE_INLINE_BYTES = 64 << 10
+
+
+async def _body(state: ServerState, request: Request, chat: bool) -> dict:
+    """The JSON object a request sent, read at most max_body bytes, checked as
+    openai.parse_body checks it, fields frink cannot honour refused by name, and the
+    model it names checked."""
     too_big = ApiError(
         413, f"request body exceeds {state.max_body} bytes", code="request_too_large"
     )
@@ -186,12 +329,11 @@ async def _body(state: ServerState, request: Request) -> dict:
         data += chunk
         if len(data) > state.max_body:
             raise too_big
-    try:
-        body = json.loads(data)
-    except (ValueError, RecursionError):
-        raise ApiError(400, "the body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object")
+    if len(data) > _PARSE_INLINE_BYTES:
+        body = await run_in_threadpool(openai.parse_body, bytes(data))
+    else:
+        body = openai.parse_body(bytes(data))
+    openai.refuse_unsupported(body, chat)
     model = body.get("model")
     if model is not None and (not isinstance(model, str) or model not in state.names):
         raise ApiError(
@@ -222,25 +364,36 @@ async def _models(state: ServerState, request: Request, o: _Outcome) -> Response
 
 
 async def _chat(state: ServerState, request: Request, o: _Outcome) -> Response:
-    body = await _body(state, request)
-    gen = openai.generation(body)
+    body = await _body(state, request, chat=True)
+    gen = openai.generation(body, vocab=state.model.n_vocab)
     msgs = openai.messages(body)
     tok = state.model.tokenizer
-    ids = await _tokenize(state, lambda: chat_ids(tok, msgs, notes=[], n_ctx=state.engine.n_ctx))
+    n_ctx = state.engine.n_ctx
+    # chat_ids refuses text that cannot fit n_ctx before rendering or tokenizing it.
+    ids = await _tokenize(
+        state,
+        lambda: chat_ids(tok, msgs, notes=[], n_ctx=n_ctx, parse_special=state.parse_special),
+    )
     return await _generate(state, request, o, ids, gen, chat=True)
 
 
 async def _complete(state: ServerState, request: Request, o: _Outcome) -> Response:
-    body = await _body(state, request)
-    if body.get("echo") or body.get("suffix"):
-        raise openai.bad("echo" if body.get("echo") else "suffix", "is not supported")
+    body = await _body(state, request, chat=False)
     # (16: the API's documented default)
-    gen = openai.generation(body, default_max_tokens=16, chat=False)
+    gen = openai.generation(body, default_max_tokens=16, chat=False, vocab=state.model.n_vocab)
     prompt = openai.completion_prompt(body)
     tok = state.model.tokenizer
+    n_ctx = state.engine.n_ctx
     if isinstance(prompt, str):
-        ids = await _tokenize(state, lambda: tok.encode(prompt))
+        if tok is not None:
+            try:
+                check_fits(tok, len(prompt), n_ctx)  # before any tokenizing
+            except FrinkError as e:
+                raise ApiError(400, str(e), code="context_length_exceeded") from None
+        parse = state.parse_special
+        ids = await _tokenize(state, lambda: tok.encode(prompt, parse_special=parse))
     else:
+        _check_context(len(prompt), n_ctx)
         n_vocab = state.model.n_vocab
         if not all(0 <= t < n_vocab for t in prompt):
             raise openai.bad("prompt", f"token ids must be in [0, {n_vocab})")
@@ -257,6 +410,16 @@ async def _tokenize(state: ServerState, make: Callable[[], list[int]]) -> list[i
         raise ApiError(400, str(e), code="invalid_prompt") from None
 
 
+def _check_context(n_tokens: int, n_ctx: int) -> None:
+    if n_tokens >= n_ctx:
+        raise ApiError(
+            400,
+            f"the prompt is {n_tokens} tokens, too long for this server's context of "
+            f"{n_ctx} (frink serve -c/--ctx-size)",
+            code="context_length_exceeded",
+        )
+
+
 async def _generate(
     state: ServerState,
     request: Request,
@@ -266,13 +429,7 @@ async def _generate(
     chat: bool,
 ) -> Response:
     engine = state.engine
-    if len(ids) >= engine.n_ctx:
-        raise ApiError(
-            400,
-            f"the prompt is {len(ids)} tokens, too long for this server's context of "
-            f"{engine.n_ctx} (frink serve -c/--ctx-size)",
-            code="context_length_exceeded",
-        )
+    _check_context(len(ids), engine.n_ctx)
     if gen.n > len(engine.slots):
         raise openai.bad("n", f"at most {len(engine.slots)} choices here (frink serve --parallel)")
     loop = asyncio.get_running_loop()
@@ -362,7 +519,7 @@ async def _generate(
                             return
                     else:
                         o.detail = printable(str(payload))[:200]
-                        yield _sse(ApiError(500, str(payload), kind="server_error").body())
+                        yield _sse(_failure(kind, payload).body())
                         yield "data: [DONE]\n\n"
                         return
             finally:
@@ -406,9 +563,16 @@ async def _generate(
                     ]
                     return JSONResponse(reply.whole(choices, usage()))
             else:
-                raise ApiError(500, str(payload), kind="server_error")
+                raise _failure(kind, payload)
     finally:
         _cancel(jobs)
+
+
+def _failure(kind: str, payload: object) -> ApiError:
+    """A job's failure event as an error: 503 when the server stopped it (a retry may
+    reach a server that is up again), else a 500."""
+    status = 503 if kind == "stopped" else 500
+    return ApiError(status, str(payload), kind="server_error")
 
 
 @dataclass

@@ -16,7 +16,8 @@ every answer, and a later job resumes from the longest saved point within its pr
 One thread (`run`) owns the decoder and every cache; submit() and cancel() are safe from
 any thread. A job reports through its `emit` callback, called on the engine's thread:
 ("text", str) pieces (each answer token's ("logprob", TokenLogprob) before its text, when
-the job asks), then ("done", Finish) or ("error", message). A job with `channels` on
+the job asks), then ("done", Finish), ("error", message), or ("stopped", message) when
+stop() ended it unfinished. A job with `channels` on
 a harmony model (gpt-oss) gets its final channel as "text" and the others (analysis,
 commentary) as ("reasoning", str) pieces.
 """
@@ -177,7 +178,7 @@ class Engine:
     # --- the engine's thread --------------------------------------------------------------
 
     def run(self) -> None:
-        """Step until stop(); every job still known then ends with an error event."""
+        """Step until stop(); every job still known then ends with a "stopped" event."""
         try:
             # A request's answer does not depend on what else is being served: every few
             # rows go through the one kernel whose sums ignore the batch (graph/linear.py).
@@ -202,7 +203,7 @@ class Engine:
             self._waiting.clear()
         for job in jobs:
             if not job.cancelled.is_set():
-                job.emit("error", "the server is shutting down")
+                job.emit("stopped", "the server is shutting down")
         for s in self.slots:
             s.job = None
 

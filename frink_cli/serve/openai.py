@@ -3,9 +3,14 @@ llama-server speak them.
 
 Requests are untrusted: every field frink reads is checked for type and range here, and
 a bad one is an ApiError (an OpenAI-shaped error body with its HTTP status) naming the
-field. Fields frink does not read are ignored, as llama-server ignores them; fields it
-cannot honour (echo, non-text content, more choices than the server's slots) are refused
-by name rather than silently dropped.
+field. A body's text must be valid Unicode (a lone surrogate such as "\ud800" is refused
+by its field's name), and a null field is the same as an absent one, as OpenAI takes it.
+Fields frink does not read are ignored, as llama-server ignores them; fields it cannot
+honour (UNSUPPORTED: tools, response_format, ...; non-text content; more choices than the
+server's slots) are refused by name rather than silently dropped.
+
+`logit_bias` is OpenAI's: token id -> a bias in [-100, 100] added to that token's logit
+before the sampler's other stages (sampling.SamplingParams.logit_bias).
 
 Log probabilities (chat's `logprobs` + `top_logprobs`, completions' `logprobs: k`) are
 the model's own: log softmax of the raw logits at each answer token, before temperature
@@ -15,6 +20,7 @@ model's reasoning tokens included (as vLLM's); an end-of-generation token has no
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
@@ -31,6 +37,9 @@ MAX_TOP_LOGPROBS = 20
 # The most choices (`n`) a request may ask for (OpenAI's limit; a server also holds them
 # to its --parallel slots, which decode them side by side).
 MAX_CHOICES = 128
+# The most tokens a request may bias (logit_bias entries).
+MAX_LOGIT_BIAS = 1024
+LOGIT_BIAS_RANGE = 100.0
 
 
 class ApiError(Exception):
@@ -65,6 +74,99 @@ class ApiError(Exception):
 
 def bad(param: str, message: str) -> ApiError:
     return ApiError(400, f"{param}: {message}", param=param)
+
+
+def parse_body(data: bytes) -> dict:
+    """A request body as the JSON object it must be: its text valid Unicode (a lone
+    surrogate, escaped or as raw bytes, is refused naming its field), null fields dropped
+    (null means absent)."""
+    try:
+        body = json.loads(data)
+    except UnicodeDecodeError:
+        raise ApiError(400, "the body is not UTF-8 text") from None
+    except (ValueError, RecursionError):
+        raise ApiError(400, "the body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    where = _invalid_text(body)
+    if where is not None:
+        raise bad(where, "is not valid Unicode text (it holds a lone surrogate such as \\ud800)")
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def _invalid_text(root: dict) -> str | None:
+    """The path of the first string (key or value) in `root` that is not valid Unicode
+    (a lone surrogate), or None. Iterative: the body may nest as deep as JSON allows."""
+    stack: list[tuple[str, Any]] = [("", root)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, str):
+            if not _valid(v):
+                return path or "body"
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                where = f"{path}.{k}" if path else str(k)
+                if not _valid(k):
+                    return f"{path}.<key>" if path else "<key>"
+                stack.append((where, x))
+        elif isinstance(v, list):
+            stack.extend((f"{path}[{i}]", x) for i, x in enumerate(v))
+    return None
+
+
+def _valid(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _not_none_or(*neutral: object) -> Callable[[Any], bool]:
+    """A field's check: refused unless falsy or one of these values."""
+    return lambda v: bool(v) and v not in neutral
+
+
+# Request fields frink cannot honour yet, refused by name: a client sending them expects
+# an answer that they shape, and a silent plain answer would be wrong. Lifting one is
+# deleting its line here once the feature works (tools and response_format: the agents
+# issue). Each: field -> (what it asks for, whether a value asks for it).
+UNSUPPORTED: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "tools": ("tool calls are not supported yet", _not_none_or()),
+    "tool_choice": ("tool calls are not supported yet", _not_none_or("none")),
+    "functions": ("function calls are not supported yet", _not_none_or()),
+    "function_call": ("function calls are not supported yet", _not_none_or("none")),
+    "response_format": (
+        "structured output is not supported yet (only plain text)",
+        lambda v: bool(v) and v != {"type": "text"},
+    ),
+    "audio": ("audio output is not supported", _not_none_or()),
+    "modalities": ("only text output is supported", lambda v: bool(v) and v != ["text"]),
+    "prediction": ("predicted outputs are not supported", _not_none_or()),
+    "web_search_options": ("web search is not supported", _not_none_or()),
+}
+# The text completions API's own.
+UNSUPPORTED_COMPLETION: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "echo": ("is not supported", _not_none_or()),
+    "suffix": ("is not supported", _not_none_or()),
+    "best_of": ("only 1 is supported", lambda v: v != 1),
+}
+
+
+def refuse_unsupported(body: dict, chat: bool) -> None:
+    """A 400 naming the first field of UNSUPPORTED (chat) or UNSUPPORTED_COMPLETION that
+    the body asks for."""
+    table = UNSUPPORTED if chat else {**UNSUPPORTED, **UNSUPPORTED_COMPLETION}
+    for name, (why, asks) in table.items():
+        if name in body:
+            try:
+                asked = asks(body[name])
+            except TypeError:  # an unhashable value compared with a neutral one
+                asked = True
+            if asked:
+                raise bad(name, why)
 
 
 @dataclass(frozen=True)
@@ -135,8 +237,44 @@ def logprobs(body: dict, chat: bool) -> int | None:
     return _integer(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)
 
 
-def generation(body: dict, default_max_tokens: int | None = None, chat: bool = True) -> Generation:
-    """The sampling and stopping fields shared by chat and text completions."""
+def logit_bias(body: dict, vocab: int | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `logit_bias`: {"token id": bias in [-100, 100]}, ids below `vocab`."""
+    v = body.get("logit_bias")
+    if v is None:
+        return ()
+    if not isinstance(v, dict):
+        raise bad("logit_bias", "must be an object mapping token ids to biases")
+    if len(v) > MAX_LOGIT_BIAS:
+        raise bad("logit_bias", f"at most {MAX_LOGIT_BIAS} tokens")
+    out = []
+    for key, bias in v.items():
+        ok = isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 12
+        token = int(key) if ok else -1
+        if token < 0 or (vocab is not None and token >= vocab):
+            limit = f" in [0, {vocab})" if vocab is not None else ""
+            raise bad("logit_bias", f"keys must be token ids{limit} (got {_show(key)})")
+        if (
+            isinstance(bias, bool)
+            or not isinstance(bias, (int, float))
+            or not math.isfinite(bias)
+            or abs(bias) > LOGIT_BIAS_RANGE
+        ):
+            raise bad(
+                "logit_bias",
+                f"token {token}: the bias must be a number in [-100, 100] (got {_show(bias)})",
+            )
+        out.append((token, float(bias)))
+    return tuple(out)
+
+
+def generation(
+    body: dict,
+    default_max_tokens: int | None = None,
+    chat: bool = True,
+    vocab: int | None = None,
+) -> Generation:
+    """The sampling and stopping fields shared by chat and text completions (`vocab`:
+    the model's vocabulary size, which logit_bias's ids must be below)."""
     n = _integer(body, "n", 1, 1, MAX_CHOICES) or 1
     top = logprobs(body, chat)
     max_tokens = _integer(body, "max_completion_tokens", None, 1, 1 << 30)
@@ -179,6 +317,7 @@ def generation(body: dict, default_max_tokens: int | None = None, chat: bool = T
             frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
             presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
             seed=None if seed is None or seed < 0 else seed,
+            logit_bias=logit_bias(body, vocab),
         )
     except FrinkError as e:  # the sampler's own checks, should a range above miss one
         raise ApiError(400, str(e)) from None

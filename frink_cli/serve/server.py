@@ -5,16 +5,25 @@ The socket is bound here, before uvicorn starts, so a port in use is one clean e
 the server gracefully: uvicorn finishes what it is sending, the engine ends every job
 still running with an error event, and the command then exits 0 rather than re-raising
 the signal.
+
+SIGPIPE is ignored while serving: `frink` restores its default action for `frink run |
+head`, and under it one write to a client that has gone (a reset connection) would kill
+the process. Ignored, the write fails with EPIPE and only that connection closes.
+Deadlines and the connection limit are connections.py's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ..errors import FrinkError
 from .app import ServerState, create_app
+from .connections import limits_for, protocol_class, quiet_accept_errors
 from .engine import Engine
 
 
@@ -51,6 +60,10 @@ def serve(
     max_queue: int,
     max_body: int,
     announce: Any,
+    timeout: float = 60.0,
+    max_connections: int = 256,
+    cors_origins: frozenset[str] = frozenset(),
+    parse_special: bool = False,
 ) -> None:
     import uvicorn
 
@@ -63,8 +76,20 @@ def serve(
         max_queue=max_queue,
     )
     model_id, names = model_names(model, alias)
-    state = ServerState(model, engine, model_id, names, api_key=api_key, max_body=max_body)
     sock = bind(host, port)
+    state = ServerState(
+        model,
+        engine,
+        model_id,
+        names,
+        api_key=api_key,
+        max_body=max_body,
+        cors_origins=cors_origins,
+        loopback=is_loopback(host),
+        bound_host=host,
+        parse_special=parse_special,
+    )
+    limits = limits_for(timeout, max_connections)
 
     class _Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
@@ -77,10 +102,13 @@ def serve(
             self._captured_signals.clear()
 
     config = uvicorn.Config(
-        create_app(state),
+        create_app(state, on_startup=lambda loop: quiet_accept_errors(loop, state.log_line)),
+        http=protocol_class(limits, state.log_line),
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=5,
+        timeout_keep_alive=limits.keep_alive,  # type: ignore[arg-type]
+        backlog=limits.accept_batch,
         lifespan="on",
     )
     where = sock.getsockname()
@@ -88,4 +116,31 @@ def serve(
         f"listening on http://{host}:{where[1]} (model {model_id}, {n_parallel} parallel "
         f"sequences of {n_ctx} tokens, backend {model.backend_name})"
     )
-    _Server(config).run(sockets=[sock])
+    with _sigpipe_ignored():
+        _Server(config).run(sockets=[sock])
+
+
+@contextlib.contextmanager
+def _sigpipe_ignored() -> Iterator[None]:
+    if not hasattr(signal, "SIGPIPE"):
+        yield
+        return
+    before = signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGPIPE, before)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a --host value) names only this machine: localhost or a loopback
+    address."""
+    import ipaddress
+
+    name = host.strip("[]").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
