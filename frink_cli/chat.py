@@ -260,11 +260,13 @@ def render_chat(
     eos_token: str | None,
     add_generation_prompt: bool = True,
     max_chars: int | None = None,
+    tools: list[dict] | None = None,
 ) -> str:
     """The prompt text `template` makes of `messages`, rendered the way transformers does.
 
-    max_chars caps the output and every value the template builds (DEFAULT_MAX_CHARS when
-    None); the render stops after TEMPLATE_SECONDS.
+    tools: OpenAI function tools, passed to the template as apply_chat_template(tools=...)
+    passes them. max_chars caps the output and every value the template builds
+    (DEFAULT_MAX_CHARS when None); the render stops after TEMPLATE_SECONDS.
     """
     from jinja2.exceptions import SecurityError, TemplateSyntaxError
 
@@ -283,7 +285,7 @@ def render_chat(
             return _collect(
                 compiled.generate(
                     messages=[dict(m) for m in messages],
-                    tools=None,
+                    tools=tools or None,
                     documents=None,
                     add_generation_prompt=add_generation_prompt,
                     bos_token=bos_token or "",
@@ -398,9 +400,12 @@ def chat_ids(
     *,
     notes: list[str] | None = None,
     n_ctx: int | None = None,
+    tools: list[dict] | None = None,
 ) -> list[int]:
     """The ids a conversation becomes through the model's chat template, ready for the
-    assistant's next turn (messages: {"role", "content": str}).
+    assistant's next turn (messages: {"role", "content": str}, plus an assistant's
+    "tool_calls" and a tool message's "tool_call_id" and "name"; `tools` go to the
+    template, see renders_tools).
 
     Tokenized with special tokens parsed (the template writes them as text) and BOS added
     per the model's policy unless the rendered text already starts with it (as llama.cpp's
@@ -438,6 +443,35 @@ def chat_ids(
         eos_token=tok.eos_text,
         add_generation_prompt=True,
         max_chars=limit,
+        tools=tools,
     )
     # Tokenizer.encode leaves BOS out when the text starts with the BOS token itself.
     return tok.encode(text, add_special=True, parse_special=True)
+
+
+_PROBE_TOOL = "frink_probe_tool_4f1c"
+
+
+@lru_cache(maxsize=8)
+def _renders_tools(template: str) -> bool:
+    probe = {
+        "type": "function",
+        "function": {"name": _PROBE_TOOL, "description": "", "parameters": {"type": "object"}},
+    }
+    try:
+        text = render_chat(
+            template,
+            [{"role": "user", "content": "hi"}],
+            bos_token="",
+            eos_token="",
+            tools=[probe],
+        )
+    except FrinkError:
+        return False
+    return _PROBE_TOOL in text
+
+
+def renders_tools(tok: Tokenizer) -> bool:
+    """Whether the model's own chat template shows the model the tools it is given (as
+    llama.cpp finds out: render it with a tool and look for the tool's name)."""
+    return bool(tok.chat_template) and _renders_tools(tok.chat_template)

@@ -195,9 +195,10 @@ class Constraint:
     was sampled from those allowed (an end-of-generation token included). `finished` is
     true once the grammar can only end: generation stops there without asking the model.
 
-    With `trigger` (llama.cpp's lazy grammar), generation is free until the text contains
-    the trigger; the grammar then constrains the text after it, and when the grammar is
-    done the constraint waits for the trigger again (several tool calls in one answer).
+    With `triggers` (llama.cpp's lazy grammar), generation is free until the text holds
+    one of them; the grammar then applies from that trigger on (the trigger's own text
+    is fed to it first, so the grammar spells the trigger too), and when the grammar is
+    done the constraint waits for a trigger again (several tool calls in one answer).
     """
 
     def __init__(
@@ -205,7 +206,7 @@ class Constraint:
         tok: Tokenizer,
         grammar: str | llguidance.LLMatcher,
         field: str = "grammar",
-        trigger: str | None = None,
+        triggers: Sequence[str] = (),
     ) -> None:
         import llguidance as llg
 
@@ -216,17 +217,17 @@ class Constraint:
         if self._matcher.is_error():
             raise GrammarError(field, _one_line(self._matcher.get_error()))
         self.field = field
-        self.trigger = trigger.encode() if trigger else None
-        self._active = trigger is None
-        self._seen = b""  # text since the last grammar ended, while waiting for the trigger
+        self.triggers = tuple(t.encode() for t in triggers)
+        self._active = not self.triggers
+        self._seen = b""  # text since the last grammar ended, while waiting for a trigger
         n = tok.n_vocab
         self._n_vocab = n
         self._bits = np.zeros((1, (n + 31) // 32), dtype=np.int32)
 
     def copy(self) -> Constraint:
         """An independent constraint in this one's state (another sequence's)."""
-        trigger = self.trigger.decode() if self.trigger else None
-        out = Constraint(self._tok, self._matcher.deep_copy(), self.field, trigger)
+        triggers = [t.decode() for t in self.triggers]
+        out = Constraint(self._tok, self._matcher.deep_copy(), self.field, triggers)
         out._active, out._seen = self._active, self._seen
         return out
 
@@ -238,7 +239,7 @@ class Constraint:
     @property
     def finished(self) -> bool:
         """The grammar can only end: nothing but end-of-generation may follow."""
-        return self.trigger is None and self._matcher.is_stopped()
+        return not self.triggers and self._matcher.is_stopped()
 
     def allowed(self) -> np.ndarray | None:
         """A bool row over the vocabulary of the tokens allowed next (None: any token)."""
@@ -256,34 +257,35 @@ class Constraint:
         """Advance past `token` (which allowed() allowed)."""
         if not self._active:
             self._wait_for_trigger(token)
-            return
-        if not self._matcher.consume_token(int(token)):
+        elif not self._matcher.consume_token(int(token)):
             raise GrammarError(self.field, _one_line(self._matcher.get_error() or "rejected"))
-        if self.trigger is not None and self._matcher.is_stopped():
+        if self.triggers and self._active and self._matcher.is_stopped():
             self._matcher.reset()
             self._active, self._seen = False, b""
 
     def _wait_for_trigger(self, token: int) -> None:
-        assert self.trigger is not None
-        self._seen += self._tok.token_bytes(int(token)) or self._tok.token_text(int(token)).encode()
-        at = self._seen.find(self.trigger)
-        if at < 0:
-            self._seen = self._seen[-len(self.trigger) :]
+        tok = self._tok
+        self._seen += tok.token_bytes(int(token)) or tok.token_text(int(token)).encode()
+        found = [at for at in (self._seen.find(t) for t in self.triggers) if at >= 0]
+        if not found:
+            self._seen = self._seen[-max(map(len, self.triggers)) :]
             return
-        rest = self._seen[at + len(self.trigger) :]
+        text = self._seen[min(found) :].decode("utf-8", "replace")
         self._active, self._seen = True, b""
-        if rest:  # the token went past the trigger: those bytes are the grammar's first
-            ids = self._tok.encode(rest.decode("utf-8", "replace"), add_special=False)
-            if self._matcher.try_consume_tokens(ids) != len(ids):
-                raise GrammarError(self.field, "the text after the trigger does not match")
+        # The trigger and anything after it, fed to the grammar (any tokenization of the
+        # same bytes is the same to it).
+        ids = tok.encode(text, add_special=False, parse_special=True)
+        if self._matcher.try_consume_tokens(ids) != len(ids):
+            raise GrammarError(self.field, "the text after the trigger does not match")
 
 
 def compile_constraint(
-    tok: Tokenizer, grammar: Grammar, trigger: str | None = None, copies: int = 1
+    tok: Tokenizer, grammar: Grammar, triggers: Sequence[str] = (), copies: int = 1
 ) -> list[Constraint]:
     """`copies` independent constraints for `grammar` on `tok`'s vocabulary (one per
-    sequence); GrammarError when it does not compile or llguidance cannot enforce it."""
-    first = Constraint(tok, grammar.llguidance(), grammar.field, trigger)
+    sequence), lazy when `triggers` are given; GrammarError when it does not compile or
+    llguidance cannot enforce it."""
+    first = Constraint(tok, grammar.llguidance(), grammar.field, triggers)
     return [first] + [first.copy() for _ in range(copies - 1)]
 
 

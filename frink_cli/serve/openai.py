@@ -327,14 +327,19 @@ class Reply:
         finish: str,
         reasoning: str = "",
         logprobs: list[TokenLogprob] | None = None,
+        tool_calls: list[dict] | None = None,
     ) -> dict:
         """One whole choice. reasoning: a harmony model's analysis channel, as llama-server
-        and vLLM return it (message.reasoning_content), when there was one."""
+        and vLLM return it (message.reasoning_content), when there was one. tool_calls:
+        the calls the answer made (serve/tools.py), content None when it made only those."""
         lp = self.logprobs(logprobs, index)
         if self.chat:
-            message = {"role": "assistant", "content": text}
+            message: dict = {"role": "assistant", "content": text}
             if reasoning:
                 message["reasoning_content"] = reasoning
+            if tool_calls:
+                message["tool_calls"] = tool_calls
+                message["content"] = text or None
             return {"index": index, "message": message, "logprobs": lp, "finish_reason": finish}
         return {"index": index, "text": text, "logprobs": lp, "finish_reason": finish}
 
@@ -350,9 +355,11 @@ class Reply:
         reasoning: str | None = None,
         logprobs: list[TokenLogprob] | None = None,
         index: int = 0,
+        tool_calls: list[dict] | None = None,
     ) -> dict:
         """A stream chunk of choice `index`; logprobs: those of its answer tokens since its
-        last chunk (None: not asked)."""
+        last chunk (None: not asked); tool_calls: tool-call deltas (index, id, name, then
+        argument fragments)."""
         lp = self.logprobs(logprobs, index)
         if self.chat:
             delta: dict = {}
@@ -360,6 +367,8 @@ class Reply:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
+            if tool_calls is not None:
+                delta["tool_calls"] = tool_calls
             if reasoning is not None:
                 delta["reasoning_content"] = reasoning
             choice: dict = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
