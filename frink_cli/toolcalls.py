@@ -99,19 +99,22 @@ def _partial_tail(text: str, marker: str) -> int:
 
 
 class _Content:
-    """Content as it may be sent: whitespace alone is held back (the newline before a
-    call is not an answer), and sent with the next text."""
+    """Content as it may be sent: trailing whitespace is held back (the newline before a
+    call is not part of the answer) and sent with the next text, so content is the same
+    however the text was split."""
 
     def __init__(self) -> None:
         self.held = ""
 
     def send(self, text: str) -> list[Event]:
         text = self.held + text
-        if not text.strip():
-            self.held = text
-            return []
-        self.held = ""
-        return [("content", text)]
+        body = text.rstrip()
+        self.held = text[len(body) :]
+        return [("content", body)] if body else []
+
+    def flush(self) -> list[Event]:
+        held, self.held = self.held, ""
+        return [("content", held)] if held else []
 
 
 def _parse_call(obj: Any, arguments_key: str = "arguments") -> ToolCall | None:
@@ -223,8 +226,8 @@ class _MarkedParser(Parser):
         if self.state != "content":  # the answer ended inside a call: a call if it parses
             opened = self.start if self.state == "tagged" else ""
             self.state = "content"
-            return self._call(text, opened, "")
-        return self.content.send(text) if text else []
+            return self._call(text, opened, "") + self.content.flush()
+        return (self.content.send(text) if text else []) + self.content.flush()
 
 
 class GenericFormat(ToolFormat):
