@@ -14,6 +14,7 @@ import numpy as np
 
 from .backends import select_backend
 from .chat import prompt_ids
+from .constraint import Constraint, Grammar, compile_constraint
 from .decoder import Decoder
 from .errors import FrinkError
 from .formats import Checkpoint, open_checkpoint
@@ -87,6 +88,34 @@ class Model:
         """Ids of `prompt`; with n_ctx, text that cannot fit is refused before tokenizing."""
         return prompt_ids(self._tok(), prompt, system=system, raw=raw, notes=notes, n_ctx=n_ctx)
 
+    def constraint(
+        self,
+        *,
+        json_schema: object = None,
+        grammar: str | None = None,
+        regex: str | None = None,
+    ) -> Constraint | None:
+        """The constraint for at most one of: a JSON schema (an object or JSON text;
+        True or {"type": "object"} for any object), a grammar (llama.cpp GBNF or
+        llguidance Lark), a regex. None when none is given; GrammarError (a FrinkError)
+        when it does not compile or asks for what llguidance cannot enforce."""
+        given = [
+            g
+            for g in (
+                Grammar.json_schema({} if json_schema is True else json_schema)
+                if json_schema is not None
+                else None,
+                Grammar("gbnf", grammar, "grammar") if grammar is not None else None,
+                Grammar("regex", regex, "regex") if regex is not None else None,
+            )
+            if g is not None
+        ]
+        if not given:
+            return None
+        if len(given) > 1:
+            raise FrinkError("give one of json_schema, grammar and regex, not several")
+        return compile_constraint(self._tok(), given[0])[0]
+
     def generate_ids(
         self,
         ids: list[int],
@@ -94,8 +123,10 @@ class Model:
         max_tokens: int = 128,
         n_ctx: int | None = None,
         stats: GenerationStats | None = None,
+        constraint: Constraint | None = None,
         **sampling,
     ) -> Iterator[int]:
+        """Yield generated token ids; `constraint` (Model.constraint) masks each step."""
         sampler = Sampler(SamplingParams(**sampling), self.n_vocab)
         eog = self.tokenizer.eog_ids if self.tokenizer else frozenset()
         return generate_tokens(
@@ -106,6 +137,7 @@ class Model:
             n_ctx=n_ctx or min(self.config.n_ctx_train, DEFAULT_CTX),
             eog_ids=eog,
             stats=stats,
+            constraint=constraint,
         )
 
     def generate(
@@ -117,14 +149,20 @@ class Model:
         system: str | None = None,
         n_ctx: int | None = None,
         stats: GenerationStats | None = None,
+        json_schema: object = None,
+        grammar: str | None = None,
+        regex: str | None = None,
         **sampling,
     ) -> Iterator[str]:
         """Yield the generated text piece by piece (whole UTF-8 characters only).
 
         A string prompt goes through prompt_ids (the chat template unless raw); token ids
         go in as they are, for a caller that made them with prompt_ids (to show its notes
-        or keep the ids). Sampling keywords are SamplingParams' fields."""
+        or keep the ids). Sampling keywords are SamplingParams' fields. At most one of
+        json_schema, grammar (GBNF or Lark) and regex constrains the output (see
+        Model.constraint); it is compiled before anything is generated."""
         tok = self._tok()
+        constraint = self.constraint(json_schema=json_schema, grammar=grammar, regex=regex)
         if isinstance(prompt, str):
             ids = self.prompt_ids(
                 prompt,
@@ -135,7 +173,9 @@ class Model:
         else:
             ids = list(prompt)
         stream = tok.stream()
-        tokens = self.generate_ids(ids, max_tokens=max_tokens, n_ctx=n_ctx, stats=stats, **sampling)
+        tokens = self.generate_ids(
+            ids, max_tokens=max_tokens, n_ctx=n_ctx, stats=stats, constraint=constraint, **sampling
+        )
         for token in tokens:
             piece = stream.push(token)
             if piece:

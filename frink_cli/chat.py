@@ -271,11 +271,13 @@ def render_chat(
     eos_token: str | None,
     add_generation_prompt: bool = True,
     max_chars: int | None = None,
+    tools: list[dict] | None = None,
 ) -> str:
     """The prompt text `template` makes of `messages`, rendered the way transformers does.
 
-    max_chars caps the output and every value the template builds (DEFAULT_MAX_CHARS when
-    None); the render stops after TEMPLATE_SECONDS.
+    tools: OpenAI function tools, passed to the template as apply_chat_template(tools=...)
+    passes them. max_chars caps the output and every value the template builds
+    (DEFAULT_MAX_CHARS when None); the render stops after TEMPLATE_SECONDS.
     """
     from jinja2.exceptions import SecurityError, TemplateSyntaxError
 
@@ -294,7 +296,7 @@ def render_chat(
             return _collect(
                 compiled.generate(
                     messages=[dict(m) for m in messages],
-                    tools=None,
+                    tools=tools or None,
                     documents=None,
                     add_generation_prompt=add_generation_prompt,
                     bos_token=bos_token or "",
@@ -410,9 +412,12 @@ def chat_ids(
     notes: list[str] | None = None,
     n_ctx: int | None = None,
     parse_special: bool = False,
+    tools: list[dict] | None = None,
 ) -> list[int]:
     """The ids a conversation becomes through the model's chat template, ready for the
-    assistant's next turn (messages: {"role", "content": str}).
+    assistant's next turn (messages: {"role", "content": str}, plus an assistant's
+    "tool_calls" and a tool message's "tool_call_id" and "name"; `tools` go to the
+    template, see renders_tools).
 
     Content is text: a control token's spelling inside a message ("<|im_end|>") is
     tokenized as the characters it is, so a message cannot forge a turn; only the markers
@@ -456,10 +461,11 @@ def chat_ids(
             eos_token=tok.eos_text,
             add_generation_prompt=True,
             max_chars=limit,
+            tools=tools,
         )
         # Tokenizer.encode leaves BOS out when the text starts with the BOS token itself.
         return tok.encode(text, add_special=True, parse_special=True)
-    return _content_as_text(tok, template, messages, limit)
+    return _content_as_text(tok, template, messages, limit, tools)
 
 
 def _controls_in_content(tok: Tokenizer, messages: list[dict]) -> tuple[str, ...]:
@@ -473,7 +479,11 @@ def _controls_in_content(tok: Tokenizer, messages: list[dict]) -> tuple[str, ...
 
 
 def _content_as_text(
-    tok: Tokenizer, template: str, messages: list[dict], limit: int | None
+    tok: Tokenizer,
+    template: str,
+    messages: list[dict],
+    limit: int | None,
+    tools: list[dict] | None = None,
 ) -> list[int]:
     """The ids of the rendered conversation with control tokens parsed only outside the
     messages' content. Each content is rendered between two markers no message can hold
@@ -498,6 +508,7 @@ def _content_as_text(
         eos_token=tok.eos_text,
         add_generation_prompt=True,
         max_chars=None if limit is None else limit + 64 * len(messages),
+        tools=tools,
     )
     # (piece, is content) in order
     segments: list[tuple[str, bool]] = []
@@ -572,3 +583,31 @@ def _split_controls(tok: Tokenizer, text: str, controls: tuple[str, ...]) -> lis
     if at < len(text):
         out.append(text[at:])
     return out
+
+
+_PROBE_TOOL = "frink_probe_tool_4f1c"
+
+
+@lru_cache(maxsize=8)
+def _renders_tools(template: str) -> bool:
+    probe = {
+        "type": "function",
+        "function": {"name": _PROBE_TOOL, "description": "", "parameters": {"type": "object"}},
+    }
+    try:
+        text = render_chat(
+            template,
+            [{"role": "user", "content": "hi"}],
+            bos_token="",
+            eos_token="",
+            tools=[probe],
+        )
+    except FrinkError:
+        return False
+    return _PROBE_TOOL in text
+
+
+def renders_tools(tok: Tokenizer) -> bool:
+    """Whether the model's own chat template shows the model the tools it is given (as
+    llama.cpp finds out: render it with a tool and look for the tool's name)."""
+    return bool(tok.chat_template) and _renders_tools(tok.chat_template)

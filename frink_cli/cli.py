@@ -175,6 +175,58 @@ def _check_range(name: str, value: float, lo: float | None = None, hi: float | N
         raise FrinkError(f"invalid value for {name}: {value} (must be {bounds})")
 
 
+def _read_grammar_file(path: Path, flag: str) -> str:
+    """A grammar or schema file's text, read no further than a grammar may be long."""
+    from .constraint import GRAMMAR_MAX_BYTES
+
+    try:
+        with open(path, "rb") as f:
+            data = f.read(GRAMMAR_MAX_BYTES + 1)
+    except OSError as e:
+        raise FrinkError(f"cannot read {flag} {path}: {e.strerror or e}") from None
+    if len(data) > GRAMMAR_MAX_BYTES:
+        raise FrinkError(f"{flag} {path} is larger than {GRAMMAR_MAX_BYTES} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise FrinkError(f"{flag} {path} is not UTF-8 text") from None
+
+
+def _constraint_args(
+    grammar: str | None,
+    grammar_file: Path | None,
+    json_schema: str | None,
+    json_schema_file: Path | None,
+    regex: str | None,
+) -> dict[str, Any]:
+    """Model.constraint's keywords from run's flags (at most one of them given)."""
+    given = [
+        flag
+        for flag, v in (
+            ("--grammar", grammar),
+            ("--grammar-file", grammar_file),
+            ("-j/--json-schema", json_schema),
+            ("--json-schema-file", json_schema_file),
+            ("--regex", regex),
+        )
+        if v is not None
+    ]
+    if len(given) > 1:
+        raise FrinkError(f"give one constraint, not {' and '.join(given)}")
+    if grammar_file is not None:
+        grammar = _read_grammar_file(grammar_file, "--grammar-file")
+    if json_schema is not None and not json_schema.lstrip().startswith(("{", "[", "t", "f")):
+        # llama.cpp's -j takes the schema itself; a path is taken too (FILE_OR_JSON).
+        json_schema_file = Path(json_schema)
+    if json_schema_file is not None:
+        json_schema = _read_grammar_file(json_schema_file, "--json-schema-file")
+    if grammar is not None:
+        _check_utf8(grammar, "--grammar")
+    if regex is not None:
+        _check_utf8(regex, "--regex")
+    return {"grammar": grammar, "json_schema": json_schema, "regex": regex}
+
+
 def _generated(
     m: Any,
     ids: list[int],
@@ -183,16 +235,28 @@ def _generated(
     n_ctx: int | None,
     stats: Any,
     sampling: dict[str, Any],
+    constraint: Any = None,
 ) -> Iterator[tuple[str, str]]:
     """(channel, text) as generated: every piece "final", except from a harmony model
-    (gpt-oss) in chat mode, whose messages are split by channel (channels.ChannelSplit)."""
+    (gpt-oss) in chat mode, whose messages are split by channel (channels.ChannelSplit).
+    `constraint` (Model.constraint) masks every generated token."""
     tok = m.tokenizer
     if raw or tok is None or not is_harmony(tok):
-        for piece in m.generate(ids, max_tokens=max_tokens, n_ctx=n_ctx, stats=stats, **sampling):
-            yield FINAL, piece
+        stream = tok.stream() if tok is not None else None
+        for token in m.generate_ids(
+            ids, max_tokens=max_tokens, n_ctx=n_ctx, stats=stats, constraint=constraint, **sampling
+        ):
+            piece = stream.push(token) if stream is not None else ""
+            if piece:
+                yield FINAL, piece
+        tail = stream.flush() if stream is not None else ""
+        if tail:
+            yield FINAL, tail
         return
     split = ChannelSplit(tok)
-    for token in m.generate_ids(ids, max_tokens=max_tokens, n_ctx=n_ctx, stats=stats, **sampling):
+    for token in m.generate_ids(
+        ids, max_tokens=max_tokens, n_ctx=n_ctx, stats=stats, constraint=constraint, **sampling
+    ):
         yield from split.push(token)
     yield from split.flush()
 
@@ -220,6 +284,25 @@ def run(
         None, "--system", help="system message for the chat template"
     ),
     raw: bool = typer.Option(False, "--raw", help="no chat template: the prompt goes in as-is"),
+    grammar: str | None = typer.Option(
+        None, "--grammar", help="constrain the output to a grammar (llama.cpp GBNF, or Lark)"
+    ),
+    grammar_file: Path | None = typer.Option(
+        None, "--grammar-file", help="read --grammar from a file"
+    ),
+    json_schema: str | None = typer.Option(
+        None,
+        "-j",
+        "--json-schema",
+        help="constrain the output to JSON valid under this schema (JSON text or a file); "
+        "'{}' for any JSON",
+    ),
+    json_schema_file: Path | None = typer.Option(
+        None, "-jf", "--json-schema-file", help="read --json-schema from a file"
+    ),
+    regex: str | None = typer.Option(
+        None, "--regex", help="constrain the output to match this regular expression"
+    ),
     backend: str = _backend_option("auto", "auto|numpy|metal|cuda"),
     as_json: bool = typer.Option(
         False, "--json", help="print one JSON object instead of streaming text"
@@ -246,8 +329,11 @@ def run(
     text_in = _read_prompt(prompt, file, ctx_size)
     if system is not None:
         _check_utf8(system, "--system")
+    constrain = _constraint_args(grammar, grammar_file, json_schema, json_schema_file, regex)
 
     m = _load(model, backend, quiet=as_json and not verbose, check_tensors=check_tensors)
+    # Compiled before the prompt runs: a grammar that does not compile stops here.
+    constraint = m.constraint(**constrain)
     n_ctx = ctx_size or min(m.config.n_ctx_train, 4096)
     notes: list[str] = []
     # The ids first (not a string into generate) so the template's notes show before the text.
@@ -272,7 +358,8 @@ def run(
         repeat_last_n=repeat_last_n,
         seed=None if seed < 0 else seed,
     )
-    for channel, piece in _generated(m, ids, raw, max_tokens, ctx_size or None, stats, sampling):
+    generated = _generated(m, ids, raw, max_tokens, ctx_size or None, stats, sampling, constraint)
+    for channel, piece in generated:
         if channel != FINAL:
             channels.setdefault(channel, []).append(piece)
             if _verbose and not as_json:

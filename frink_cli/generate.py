@@ -2,7 +2,8 @@
 
 Timings and counts land in a GenerationStats the caller owns, so the CLI's stats line and
 --json read the same numbers. Stops at an end-of-generation token (not yielded), at
-max_tokens, or when the context is full.
+max_tokens, when the context is full, or when a constraint's grammar can only end
+("grammar").
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .constraint import Constraint
 from .decoder import Decoder
 from .errors import FrinkError
 from .sampling import Sampler
@@ -57,6 +59,7 @@ def generate_tokens(
     n_ctx: int,
     eog_ids: frozenset[int] = frozenset(),
     stats: GenerationStats | None = None,
+    constraint: Constraint | None = None,
 ) -> Iterator[int]:
     stats = stats if stats is not None else GenerationStats()
     n_prompt = len(prompt_ids)
@@ -83,14 +86,20 @@ def generate_tokens(
     t0 = time.perf_counter()
     try:
         for i in range(max_tokens):
-            token = sampler.sample(logits, history)
+            allowed = constraint.allowed() if constraint is not None else None
+            token = sampler.sample(logits, history, allowed)
             if token in eog_ids:
                 stats.stop_reason = "eog"
                 return
+            if constraint is not None:
+                constraint.accept(token)
             history.append(token)
             stats.token_ids.append(token)
             stats.generated_tokens += 1
             yield token
+            if constraint is not None and constraint.finished:
+                stats.stop_reason = "grammar"
+                return
             if i == max_tokens - 1:
                 break  # the last token's own logits would never be read: no step for it
             if cache.n_past >= n_ctx:

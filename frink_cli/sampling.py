@@ -11,6 +11,11 @@ against llama.cpp's own samplers through llama-cpp-python.
 Only the random numbers differ: llama.cpp draws from std::mt19937, frink from NumPy's
 seeded Generator, so a seed reproduces frink's own runs, not llama.cpp's.
 
+A constraint (constraint.py: a grammar, a JSON schema, a forced tool call) comes in as
+an `allowed` row over the vocabulary and is the chain's first stage: the tokens it rules
+out never become candidates, so penalties, top-k, top-p, min-p and temperature all work
+on the allowed tokens alone (llama.cpp's grammar sampler has the same effect).
+
 Everything is vectorised over the vocabulary: a 262k-token vocabulary is sampled every
 decode step, and a Python loop over it would cost more than a small model's forward pass.
 """
@@ -266,9 +271,21 @@ class Sampler:
             np.add.at(row, self._bias[0], self._bias[1])  # (a repeated id adds each bias)
         return apply_penalties(row, history, self.params)
 
-    def _candidates(self, logits: np.ndarray, history: Sequence[int]) -> Candidates:
+    def _candidates(
+        self, logits: np.ndarray, history: Sequence[int], allowed: np.ndarray | None = None
+    ) -> Candidates:
         row = self._penalised(logits, history)
-        return Candidates(np.arange(self.n_vocab, dtype=np.int64), row)
+        if allowed is None:
+            return Candidates(np.arange(self.n_vocab, dtype=np.int64), row)
+        ids = np.flatnonzero(self._check_allowed(allowed))
+        return Candidates(ids, row[ids])
+
+    def _check_allowed(self, allowed: np.ndarray) -> np.ndarray:
+        if allowed.shape != (self.n_vocab,) or allowed.dtype != np.bool_:
+            raise ValueError(f"expected a bool mask of shape ({self.n_vocab},)")
+        if not allowed.any():
+            raise FrinkError("the constraint allows no token here (the grammar cannot go on)")
+        return allowed
 
     def stages(self) -> list[tuple[str, Stage]]:
         """The filter chain after penalties, in llama.cpp's order, as (name, stage)."""
@@ -280,9 +297,12 @@ class Sampler:
             ("temperature", lambda c: temperature(c, p.temperature)),
         ]
 
-    def trace(self, logits: np.ndarray, history: Sequence[int]) -> list[tuple[str, Candidates]]:
-        """The candidates after each stage, penalties first: for tests and diagnostics."""
-        c = self._candidates(logits, history)
+    def trace(
+        self, logits: np.ndarray, history: Sequence[int], allowed: np.ndarray | None = None
+    ) -> list[tuple[str, Candidates]]:
+        """The candidates after each stage, the constraint's mask and penalties first: for
+        tests and diagnostics."""
+        c = self._candidates(logits, history, allowed)
         out = [("penalties", c)]
         for name, stage in self.stages():
             c = stage(c)
@@ -290,10 +310,10 @@ class Sampler:
         return out
 
     def distribution(
-        self, logits: np.ndarray, history: Sequence[int]
+        self, logits: np.ndarray, history: Sequence[int], allowed: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """The final (token ids, probabilities) that a sample is drawn from."""
-        c = self.trace(logits, history)[-1][1]
+        c = self.trace(logits, history, allowed)[-1][1]
         return c.ids, self._final_probs(c)
 
     @staticmethod
@@ -302,14 +322,20 @@ class Sampler:
         e = np.exp(c.logits - c.logits.max(), dtype=np.float32).astype(np.float64)
         return e / e.sum()
 
-    def sample(self, logits: np.ndarray, history: Sequence[int]) -> int:
-        """The next token id."""
+    def sample(
+        self, logits: np.ndarray, history: Sequence[int], allowed: np.ndarray | None = None
+    ) -> int:
+        """The next token id, among the `allowed` ones when a constraint gives them (a
+        bool row over the vocabulary)."""
         if self.params.greedy:
             # Every filter keeps the best token, so greedy is the argmax after penalties
             # (the first of equals, as llama.cpp's greedy scan); skipping the sorts
             # matters on a large vocabulary.
-            return int(np.argmax(self._penalised(logits, history)))
-        c = self._candidates(logits, history)
+            row = self._penalised(logits, history)
+            if allowed is not None:
+                row[~self._check_allowed(allowed)] = -np.inf
+            return int(np.argmax(row))
+        c = self._candidates(logits, history, allowed)
         for _, stage in self.stages():
             c = stage(c)
         weights = np.cumsum(self._final_probs(c))

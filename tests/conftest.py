@@ -72,6 +72,12 @@ def smollm2_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen05_path() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct GGUF (qwen2 arch, 151k BPE, a chat template with tools)."""
+    return real_model("qwen2.5-coder-0.5b")
+
+
+@pytest.fixture(scope="session")
 def gemma3_path() -> Path:
     """Gemma 3 270M Q4_K_M GGUF (gemma3 arch, SPM vocab)."""
     return real_model("gemma3-270m")

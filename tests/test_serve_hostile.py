@@ -241,11 +241,8 @@ def test_null_is_an_absent_field(server: Server) -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-        ("tool_choice", "required"),
         ("functions", [{"name": "f", "parameters": {}}]),
         ("function_call", "auto"),
-        ("response_format", {"type": "json_object"}),
         ("audio", {"voice": "alloy", "format": "wav"}),
         ("modalities", ["text", "audio"]),
     ],

@@ -43,8 +43,10 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..chat import chat_ids, check_fits
+from ..constraint import Constraint, Grammar, GrammarError, compile_constraint
 from ..errors import FrinkError, printable
-from . import openai
+from ..toolcalls import Parser
+from . import openai, tools
 from .connections import DROPPED
 from .engine import Engine, Finish, Job, QueueFull
 from .openai import ApiError
@@ -368,13 +370,51 @@ async def _chat(state: ServerState, request: Request, o: _Outcome) -> Response:
     gen = openai.generation(body, vocab=state.model.n_vocab)
     msgs = openai.messages(body)
     tok = state.model.tokenizer
+    plan = tools.tool_plan(body, tok)
+    grammar = tools.output_grammar(body)
+    triggers: tuple[str, ...] = ()
+    if plan is not None:
+        if grammar is not None:
+            raise openai.bad(grammar.field.split(".")[0], "cannot be combined with tools")
+        grammar, triggers = plan.grammar()
+    msgs = tools.conversation(body, msgs)
+    if plan is not None:
+        msgs = plan.messages(msgs)
+    offered = plan.template_tools() if plan is not None else None
     n_ctx = state.engine.n_ctx
     # chat_ids refuses text that cannot fit n_ctx before rendering or tokenizing it.
     ids = await _tokenize(
         state,
-        lambda: chat_ids(tok, msgs, notes=[], n_ctx=n_ctx, parse_special=state.parse_special),
+        lambda: chat_ids(
+            tok, msgs, notes=[], n_ctx=n_ctx, parse_special=state.parse_special, tools=offered
+        ),
     )
-    return await _generate(state, request, o, ids, gen, chat=True)
+    constraints = await _constraints(state, grammar, triggers, gen.n)
+    return await _generate(
+        state,
+        request,
+        o,
+        ids,
+        gen,
+        chat=True,
+        constraints=constraints,
+        parsers=None if plan is None else [plan.format.parser() for _ in range(gen.n)],
+    )
+
+
+async def _constraints(
+    state: ServerState, grammar: Grammar | None, triggers: tuple[str, ...], n: int
+) -> list[Constraint] | None:
+    """n constraints for `grammar` (one per choice), compiled off the event loop."""
+    if grammar is None:
+        return None
+    tok = state.model.tokenizer
+    if tok is None:
+        raise openai.bad(grammar.field, "needs a model with a tokenizer")
+    try:
+        return await run_in_threadpool(compile_constraint, tok, grammar, triggers, n)
+    except GrammarError as e:
+        raise openai.bad(e.field, e.detail) from None
 
 
 async def _complete(state: ServerState, request: Request, o: _Outcome) -> Response:
@@ -398,7 +438,8 @@ async def _complete(state: ServerState, request: Request, o: _Outcome) -> Respon
         if not all(0 <= t < n_vocab for t in prompt):
             raise openai.bad("prompt", f"token ids must be in [0, {n_vocab})")
         ids = prompt
-    return await _generate(state, request, o, ids, gen, chat=False)
+    constraints = await _constraints(state, tools.output_grammar(body), (), gen.n)
+    return await _generate(state, request, o, ids, gen, chat=False, constraints=constraints)
 
 
 async def _tokenize(state: ServerState, make: Callable[[], list[int]]) -> list[int]:
@@ -427,7 +468,12 @@ async def _generate(
     ids: list[int],
     gen: openai.Generation,
     chat: bool,
+    constraints: list[Constraint] | None = None,
+    parsers: list[Parser] | None = None,
 ) -> Response:
+    """Run the request's n jobs and answer, streamed or whole. constraints: one per
+    choice (the grammar a request asked for); parsers: one per choice when the request
+    offered tools (its text goes through the model's tool-call parser)."""
     engine = state.engine
     _check_context(len(ids), engine.n_ctx)
     if gen.n > len(engine.slots):
@@ -455,6 +501,7 @@ async def _generate(
             cache_prompt=gen.cache_prompt,
             channels=chat,  # a harmony model's analysis goes to reasoning_content
             logprobs=gen.logprobs,
+            constraint=constraints[i] if constraints else None,
         )
         for i in range(gen.n)
     ]
@@ -468,7 +515,10 @@ async def _generate(
         _cancel(jobs)
         raise ApiError(400, str(e)) from None
     reply = openai.Reply(chat, state.model_id, _speller(state.model.tokenizer))
-    outs = [_Choice(gen.logprobs is not None) for _ in jobs]
+    outs = [
+        _Choice(gen.logprobs is not None, parser=parsers[i] if parsers else None)
+        for i in range(len(jobs))
+    ]
 
     def describe(finishes: list[Finish]) -> None:
         f = finishes[0]
@@ -503,12 +553,19 @@ async def _generate(
                     if kind == "logprob":
                         c.logprobs.append(payload)  # type: ignore[union-attr]
                     elif kind == "text":
-                        yield _sse(reply.chunk(payload, logprobs=c.sent(), index=i))
+                        if c.parser is None:
+                            yield _sse(reply.chunk(payload, logprobs=c.sent(), index=i))
+                        else:
+                            for chunk in _tool_chunks(reply, c, i, c.parser.push(payload)):
+                                yield _sse(chunk)
                     elif kind == "reasoning":
                         yield _sse(reply.chunk(None, reasoning=payload, index=i))
                     elif kind == "done":
                         c.finish = payload
-                        last = reply.chunk(None, payload.reason, logprobs=c.sent(), index=i)
+                        if c.parser is not None:
+                            for chunk in _tool_chunks(reply, c, i, c.parser.finish()):
+                                yield _sse(chunk)
+                        last = reply.chunk(None, c.reason(), logprobs=c.sent(), index=i)
                         tokens(last["choices"][0], c)
                         yield _sse(last)
                         if all(x.finish is not None for x in outs):
@@ -540,11 +597,13 @@ async def _generate(
             if kind == "logprob":
                 c.logprobs.append(payload)  # type: ignore[union-attr]
             elif kind == "text":
-                c.pieces.append(payload)
+                c.take(c.parser.push(payload) if c.parser is not None else [("content", payload)])
             elif kind == "reasoning":
                 c.reasoning.append(payload)
             elif kind == "done":
                 c.finish = payload
+                if c.parser is not None:
+                    c.take(c.parser.finish())
                 if all(x.finish is not None for x in outs):
                     finishes = [x.finish for x in outs if x.finish is not None]
                     describe(finishes)
@@ -553,9 +612,10 @@ async def _generate(
                             reply.choice(
                                 j,
                                 "".join(x.pieces),
-                                f.reason,
+                                x.reason(),
                                 "".join(x.reasoning),
                                 x.logprobs,
+                                tool_calls=[_call_body(k) for k in x.calls],
                             ),
                             x,
                         )
@@ -585,10 +645,25 @@ class _Choice:
     # Answer tokens' log probabilities not yet sent (None: the request asked for none).
     logprobs: list | None = None
     finish: Finish | None = None
+    parser: Parser | None = None  # the model's tool-call parser, when tools were offered
+    calls: list = field(default_factory=list)  # toolcalls.ToolCall, in order
 
     def __post_init__(self) -> None:
         if self.asked_logprobs:
             self.logprobs = []
+
+    def take(self, events: list) -> None:
+        """A tool-call parser's events: content text and completed calls."""
+        for kind, value in events:
+            if kind == "content":
+                self.pieces.append(value)
+            else:
+                self.calls.append(value)
+
+    def reason(self) -> str:
+        """finish_reason: "tool_calls" when the answer made calls, else the engine's."""
+        assert self.finish is not None
+        return "tool_calls" if self.calls else self.finish.reason
 
     def sent(self) -> list | None:
         """The log probabilities gathered since the last chunk, now sent."""
@@ -596,6 +671,32 @@ class _Choice:
             return None
         out, self.logprobs = self.logprobs, []
         return out
+
+
+def _call_body(call: Any) -> dict:
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
+
+
+def _tool_chunks(reply: openai.Reply, c: _Choice, index: int, events: list) -> list[dict]:
+    """Stream chunks for a tool-call parser's events: content as content; a call as
+    OpenAI streams one (its index, id and name first, then its arguments)."""
+    chunks = []
+    for kind, value in events:
+        if kind == "content":
+            chunks.append(reply.chunk(value, logprobs=c.sent(), index=index))
+            continue
+        k = len(c.calls)
+        c.calls.append(value)
+        head = {**_call_body(value), "index": k}
+        head["function"] = {"name": value.name, "arguments": ""}
+        chunks.append(reply.chunk(None, logprobs=c.sent(), index=index, tool_calls=[head]))
+        args = [{"index": k, "function": {"arguments": value.arguments}}]
+        chunks.append(reply.chunk(None, index=index, tool_calls=args))
+    return chunks
 
 
 def _cancel(jobs: list[Job]) -> None:

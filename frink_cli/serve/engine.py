@@ -34,6 +34,7 @@ import numpy as np
 
 from ..cache import CacheSnapshot, KvCache
 from ..channels import FINAL, ChannelSplit, is_harmony
+from ..constraint import Constraint
 from ..decoder import Decoder
 from ..errors import FrinkError
 from ..sampling import Sampler, SamplingParams, token_logprob
@@ -75,6 +76,9 @@ class Job:
     # None: no log probabilities; k: before each answer token's text, a ("logprob",
     # sampling.TokenLogprob) event with its k most likely alternatives.
     logprobs: int | None = None
+    # A grammar over the answer (constraint.py): its mask comes before every sampler
+    # stage, and the answer ends ("stop") when the grammar can only end.
+    constraint: Constraint | None = None
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -333,9 +337,17 @@ class Engine:
             return
         if r.first_token is None:
             r.first_token = time.perf_counter()
-        token = r.sampler.sample(logits, r.history)
-        if token in self.eog and not job.ignore_eos:
-            self._finish(r, "stop")
+        constraint = job.constraint
+        try:
+            allowed = constraint.allowed() if constraint is not None else None
+            token = r.sampler.sample(logits, r.history, allowed)
+            if token in self.eog and not job.ignore_eos:
+                self._finish(r, "stop")
+                return
+            if constraint is not None:
+                constraint.accept(token)
+        except FrinkError as e:  # a grammar that cannot go on
+            self._fail(r, str(e))
             return
         r.history.append(token)
         r.generated += 1
@@ -346,7 +358,7 @@ class Engine:
         )
         if piece:
             job.emit("text", piece)
-        if stopped:
+        if stopped or (constraint is not None and constraint.finished):
             self._finish(r, "stop")
         elif r.generated >= job.max_tokens or r.slot.cache.n_past >= self.n_ctx:
             # (the context must hold the token fed next, so a full one ends here)

@@ -6,7 +6,7 @@ a bad one is an ApiError (an OpenAI-shaped error body with its HTTP status) nami
 field. A body's text must be valid Unicode (a lone surrogate such as "\ud800" is refused
 by its field's name), and a null field is the same as an absent one, as OpenAI takes it.
 Fields frink does not read are ignored, as llama-server ignores them; fields it cannot
-honour (UNSUPPORTED: tools, response_format, ...; non-text content; more choices than the
+honour (UNSUPPORTED: functions, audio, ...; non-text content; more choices than the
 server's slots) are refused by name rather than silently dropped.
 
 `logit_bias` is OpenAI's: token id -> a bias in [-100, 100] added to that token's logit
@@ -134,13 +134,10 @@ def _not_none_or(*neutral: object) -> Callable[[Any], bool]:
 # deleting its line here once the feature works (tools and response_format: the agents
 # issue). Each: field -> (what it asks for, whether a value asks for it).
 UNSUPPORTED: dict[str, tuple[str, Callable[[Any], bool]]] = {
-    "tools": ("tool calls are not supported yet", _not_none_or()),
-    "tool_choice": ("tool calls are not supported yet", _not_none_or("none")),
-    "functions": ("function calls are not supported yet", _not_none_or()),
-    "function_call": ("function calls are not supported yet", _not_none_or("none")),
-    "response_format": (
-        "structured output is not supported yet (only plain text)",
-        lambda v: bool(v) and v != {"type": "text"},
+    "functions": ("the deprecated function calls are not supported: use tools", _not_none_or()),
+    "function_call": (
+        "the deprecated function calls are not supported: use tool_choice",
+        _not_none_or("none"),
     ),
     "audio": ("audio output is not supported", _not_none_or()),
     "modalities": ("only text output is supported", lambda v: bool(v) and v != ["text"]),
@@ -149,6 +146,8 @@ UNSUPPORTED: dict[str, tuple[str, Callable[[Any], bool]]] = {
 }
 # The text completions API's own.
 UNSUPPORTED_COMPLETION: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "tools": ("is a chat completions field (/v1/chat/completions)", _not_none_or()),
+    "tool_choice": ("is a chat completions field (/v1/chat/completions)", _not_none_or("none")),
     "echo": ("is not supported", _not_none_or()),
     "suffix": ("is not supported", _not_none_or()),
     "best_of": ("only 1 is supported", lambda v: v != 1),
@@ -466,14 +465,19 @@ class Reply:
         finish: str,
         reasoning: str = "",
         logprobs: list[TokenLogprob] | None = None,
+        tool_calls: list[dict] | None = None,
     ) -> dict:
         """One whole choice. reasoning: a harmony model's analysis channel, as llama-server
-        and vLLM return it (message.reasoning_content), when there was one."""
+        and vLLM return it (message.reasoning_content), when there was one. tool_calls:
+        the calls the answer made (serve/tools.py), content None when it made only those."""
         lp = self.logprobs(logprobs, index)
         if self.chat:
-            message = {"role": "assistant", "content": text}
+            message: dict = {"role": "assistant", "content": text}
             if reasoning:
                 message["reasoning_content"] = reasoning
+            if tool_calls:
+                message["tool_calls"] = tool_calls
+                message["content"] = text or None
             return {"index": index, "message": message, "logprobs": lp, "finish_reason": finish}
         return {"index": index, "text": text, "logprobs": lp, "finish_reason": finish}
 
@@ -489,9 +493,11 @@ class Reply:
         reasoning: str | None = None,
         logprobs: list[TokenLogprob] | None = None,
         index: int = 0,
+        tool_calls: list[dict] | None = None,
     ) -> dict:
         """A stream chunk of choice `index`; logprobs: those of its answer tokens since its
-        last chunk (None: not asked)."""
+        last chunk (None: not asked); tool_calls: tool-call deltas (index, id, name, then
+        argument fragments)."""
         lp = self.logprobs(logprobs, index)
         if self.chat:
             delta: dict = {}
@@ -499,6 +505,8 @@ class Reply:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
+            if tool_calls is not None:
+                delta["tool_calls"] = tool_calls
             if reasoning is not None:
                 delta["reasoning_content"] = reasoning
             choice: dict = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
