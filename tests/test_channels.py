@@ -144,7 +144,7 @@ class _Scripted:
     def __init__(self, params: object, n_vocab: int) -> None:
         self.left = list(self.script)
 
-    def sample(self, logits: object, history: object) -> int:
+    def sample(self, logits: object, history: object, allowed: object = None) -> int:
         return self.left.pop(0)
 
 
