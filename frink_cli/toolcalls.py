@@ -22,6 +22,7 @@ tokens never leaks into content.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -181,6 +182,12 @@ class HermesFormat(ToolFormat):
         return _MarkedParser(self.start, self.end, self.bare)
 
 
+# A bare call opens as `{"name"`, JSON's whitespace allowed inside (as llama.cpp reads
+# Llama's and Qwen's bare calls); a buffer's tail that may still become one is held back.
+_BARE = re.compile(r'\{\s*"name"')
+_BARE_PARTIAL = re.compile(r'\{\s*(?:"(?:n(?:a(?:m(?:e)?)?)?)?)?$')
+
+
 class _MarkedParser(Parser):
     """Calls between a start and an end marker, or bare JSON objects opening with
     `bare`, and content around them."""
@@ -203,7 +210,8 @@ class _MarkedParser(Parser):
         """The first opening marker in the buffer: (position, "tagged" | "bare")."""
         found = [(self.buf.find(self.start), "tagged")]
         if self.bare is not None:
-            found.append((self.buf.find(self.bare), "bare"))
+            m = _BARE.search(self.buf)
+            found.append((m.start() if m else -1, "bare"))
         found = [f for f in found if f[0] >= 0]
         return min(found) if found else (-1, "")
 
@@ -224,9 +232,10 @@ class _MarkedParser(Parser):
                         skip += len(self.buf[at + skip :]) - len(self.buf[at + skip :].lstrip())
                     self.buf, self.state = self.buf[at + skip :], kind
                     continue
-                keep = max(
-                    _partial_tail(self.buf, m) for m in (self.start, self.bare or self.start)
-                )
+                keep = _partial_tail(self.buf, self.start)
+                if self.bare is not None:
+                    m = _BARE_PARTIAL.search(self.buf)
+                    keep = max(keep, len(m.group()) if m else 0)
                 if len(self.buf) > keep:
                     out += self.content.send(self.buf[: len(self.buf) - keep])
                 self.buf = self.buf[len(self.buf) - keep :]

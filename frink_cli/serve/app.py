@@ -401,9 +401,7 @@ async def _chat(state: ServerState, request: Request, o: _Outcome) -> Response:
         gen,
         chat=True,
         constraints=constraints,
-        parsers=None
-        if plan is None or not plan.calls
-        else [plan.parser() for _ in range(gen.n)],
+        parsers=None if plan is None or not plan.calls else [plan.parser() for _ in range(gen.n)],
     )
 
 
