@@ -29,9 +29,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .constraint import Constraint, Grammar, compile_constraint
 from .errors import FrinkError
 from .quant import kernels
 from .report import checkpoint_facts
+from .sampling import Sampler, SamplingParams
 
 COMPARE_TARGETS = ("llama.cpp",)
 
@@ -44,25 +46,37 @@ class BenchTest:
     # Tokens already in the context when the clock starts (llama-bench's -d): filled,
     # untimed, before every run, so a test measures speed at that depth.
     n_depth: int = 0
+    # "" (ids fed as they are), "free" or "json": a generation test whose tokens are
+    # sampled (greedy) from the model's own logits each step, under a JSON-schema mask
+    # for "json" (--constrained): the same loop either way, so the rows' ratio is what
+    # the mask costs a decode token.
+    decode: str = ""
 
     @property
     def n_ctx(self) -> int:
-        return self.n_depth + self.n_prompt + self.n_gen
+        # (a sampled test steps one id, untimed, for its first token's logits)
+        return self.n_depth + self.n_prompt + self.n_gen + (1 if self.decode else 0)
 
     def warm_up(self) -> BenchTest:
         """The same test cut to one generated token (a prompt test stays whole)."""
         return self if self.n_prompt else replace(self, n_gen=1)
 
 
-def bench_tests(n_prompt: int, n_gen: int, n_depth: int = 0) -> list[BenchTest]:
+def bench_tests(
+    n_prompt: int, n_gen: int, n_depth: int = 0, constrained: bool = False
+) -> list[BenchTest]:
     """llama-bench's default pair: a prompt test and a generation test (0 skips one), each
-    at a depth of n_depth tokens already in the context."""
+    at a depth of n_depth tokens already in the context; with `constrained`, two more
+    generation tests: sampled free and sampled under a JSON schema."""
     at = f" @ d{n_depth}" if n_depth else ""
     tests = []
     if n_prompt > 0:
         tests.append(BenchTest(f"pp{n_prompt}{at}", n_prompt, 0, n_depth))
     if n_gen > 0:
         tests.append(BenchTest(f"tg{n_gen}{at}", 0, n_gen, n_depth))
+        if constrained:
+            for kind in ("free", "json"):
+                tests.append(BenchTest(f"tg{n_gen} {kind}{at}", 0, n_gen, n_depth, kind))
     if not tests:
         raise FrinkError("nothing to measure: -p/--n-prompt and -n/--n-gen are both 0")
     return tests
@@ -71,6 +85,7 @@ def bench_tests(n_prompt: int, n_gen: int, n_depth: int = 0) -> list[BenchTest]:
 @dataclass
 class Sample:
     seconds: float
+    mask_seconds: float = 0.0  # of which in the constraint (mask and advance)
     submissions: Counter[str] = field(default_factory=Counter)
     refusals: Counter[str] = field(default_factory=Counter)
     failures: Counter[str] = field(default_factory=Counter)
@@ -97,6 +112,16 @@ class FrinkRunner:
         self.name = model.backend_name
         self.decoder = model.decoder
         self.n_threads = n_threads
+        self._constraint: Constraint | None = None
+
+    def _fresh_constraint(self) -> Constraint:
+        """The bench schema's constraint in its start state (compiled once)."""
+        if self._constraint is None:
+            if self.model.tokenizer is None:
+                raise FrinkError("--constrained needs the model's tokenizer")
+            grammar = Grammar.json_schema(BENCH_SCHEMA, "--constrained")
+            self._constraint = compile_constraint(self.model.tokenizer, grammar)[0]
+        return self._constraint.copy()
 
     def threads(self, test: BenchTest) -> int:
         """Threads the test ran with (-t sets them)."""
@@ -120,24 +145,80 @@ class FrinkRunner:
         ledger = getattr(dec.backend, "ledger", None)
         if ledger is not None:
             ledger.reset()
-        t0 = time.perf_counter()
-        if test.n_prompt:
-            dec.step(ids[d : d + test.n_prompt], cache)
+        mask_seconds = 0.0
+        if test.decode:
+            seconds, mask_seconds = self._sampled(test, ids, cache)
         else:
-            for i in range(d, d + test.n_gen):
-                dec.step(ids[i : i + 1], cache)
-        seconds = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            if test.n_prompt:
+                dec.step(ids[d : d + test.n_prompt], cache)
+            else:
+                for i in range(d, d + test.n_gen):
+                    dec.step(ids[i : i + 1], cache)
+            seconds = time.perf_counter() - t0
         if ledger is None:
-            return Sample(seconds)
+            return Sample(seconds, mask_seconds)
         return Sample(
             seconds,
+            mask_seconds,
             Counter(ledger.submissions),
             Counter(ledger.refusals),
             Counter(getattr(ledger, "failures", {})),
         )
 
+    def _sampled(self, test: BenchTest, ids: np.ndarray, cache: Any) -> tuple[float, float]:
+        """(seconds, of which in the mask) for test.n_gen tokens each sampled greedily
+        from the model's logits, masked for a "json" test; a grammar that ends starts
+        again, so every token of the test is under it."""
+        dec = self.decoder
+        sampler = Sampler(SamplingParams(temperature=0.0), self.model.n_vocab)
+        constraint = self._fresh_constraint() if test.decode == "json" else None
+        d = test.n_depth
+        logits = dec.step(ids[d : d + 1], cache)[-1]  # untimed: the first token's logits
+        in_mask = 0.0
+        t0 = time.perf_counter()
+        for _ in range(test.n_gen):
+            allowed = None
+            if constraint is not None:
+                m0 = time.perf_counter()
+                allowed = constraint.allowed()
+                in_mask += time.perf_counter() - m0
+            token = sampler.sample(logits, (), allowed)
+            if constraint is not None:
+                m0 = time.perf_counter()
+                if token in self.model.tokenizer.eog_ids or constraint.finished:
+                    constraint = self._fresh_constraint()
+                else:
+                    constraint.accept(token)
+                in_mask += time.perf_counter() - m0
+            logits = dec.step(np.asarray([token]), cache)[-1]
+        return time.perf_counter() - t0, in_mask
+
     def close(self) -> None:
         pass
+
+
+# A JSON schema long enough that a greedy answer stays under it for a tg test (objects,
+# strings, numbers, enums, an array), restarting when it ends.
+BENCH_SCHEMA: dict = {
+    "type": "object",
+    "properties": {
+        "people": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 40},
+                    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                    "role": {"enum": ["admin", "user", "guest"]},
+                    "bio": {"type": "string", "maxLength": 200},
+                },
+                "required": ["name", "age", "role", "bio"],
+            },
+        }
+    },
+    "required": ["people"],
+}
 
 
 # Set (to anything): llama.cpp runs without its extra CPU buffer types (AMX, repacked
@@ -357,6 +438,10 @@ class BenchRow:
     samples_ts: list[float]
     peak_memory_mib: float | None = None
     ratio_vs_llama_cpp: float | None = None
+    # Sampled tests (--constrained): ms per token spent in the constraint, and the
+    # "json" row's speed over the "free" row's.
+    mask_ms_per_token: float | None = None
+    ratio_vs_free: float | None = None
     # Filled with --submissions (frink rows only; llama.cpp has no ledger). Decode rows
     # count per token, prefill rows per prefill, both averaged over the repetitions.
     submissions_per_token: float | None = None
@@ -367,6 +452,9 @@ class BenchRow:
 
     def to_dict(self, with_submissions: bool, with_compare: bool) -> dict[str, Any]:
         d = asdict(self)
+        for k in ("mask_ms_per_token", "ratio_vs_free"):
+            if d[k] is None:
+                d.pop(k)
         if not with_compare:
             d.pop("ratio_vs_llama_cpp")
         if not with_submissions:
@@ -420,6 +508,10 @@ def _row(
         ns,
         ts,
     )
+    if test.decode == "json":
+        row.mask_ms_per_token = (
+            sum(s.mask_seconds for s in samples) * 1e3 / (len(samples) * test.n_gen)
+        )
     if submissions and runner.runner == "frink":
         per = len(samples) * (test.n_gen or 1)
         kinds: Counter[str] = Counter()
@@ -450,10 +542,13 @@ def run_bench(
     n_threads: int | None = None,
     compare: str | None = None,
     submissions: bool = False,
+    constrained: bool = False,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
 ) -> list[BenchRow]:
-    """Measure `model` (a frink_cli.api.Model); rows in test order, frink's before llama.cpp's."""
+    """Measure `model` (a frink_cli.api.Model); rows in test order, frink's before
+    llama.cpp's. `constrained` adds the sampled free and JSON-schema generation tests
+    (frink only)."""
     if repetitions < 1:
         raise FrinkError(f"invalid value for -r/--repetitions: {repetitions} (must be >= 1)")
     if n_prompt < 0 or n_gen < 0 or n_depth < 0:
@@ -464,7 +559,11 @@ def run_bench(
         raise FrinkError(
             f"invalid value for --compare: {compare!r} (choose from {', '.join(COMPARE_TARGETS)})"
         )
-    tests = bench_tests(n_prompt, n_gen, n_depth)
+    if constrained and compare:
+        raise FrinkError("--constrained measures frink alone: leave out --compare")
+    if constrained and n_gen == 0:
+        raise FrinkError("--constrained needs a generation test (-n/--n-gen > 0)")
+    tests = bench_tests(n_prompt, n_gen, n_depth, constrained)
     n_ctx = max(t.n_ctx for t in tests)
     if n_ctx > model.config.n_ctx_train:
         raise FrinkError(
@@ -496,25 +595,34 @@ def run_bench(
             for t in tests:
                 say(f"{t.name}: warm-up (llama.cpp)")
                 runners[1].run(t.warm_up(), ids)
-        for t in tests:
-            samples: list[list[Sample]] = [[] for _ in runners]
+        # The sampled pair runs rep by rep alternately too: their ratio is the figure.
+        groups = [[t] for t in tests if not t.decode] + [[t for t in tests if t.decode]]
+        for group in (g for g in groups if g):
+            samples: dict[str, list[list[Sample]]] = {t.name: [[] for _ in runners] for t in group}
             for rep in range(repetitions):
                 # Alternating rep by rep keeps both runners under the same machine load.
-                for r, runner in enumerate(runners):
-                    s = runner.run(t, ids)
-                    samples[r].append(s)
-                    say(
-                        f"{t.name} rep {rep + 1}/{repetitions}: {runner.runner} "
-                        f"{(t.n_prompt + t.n_gen) / s.seconds:.1f} t/s"
-                    )
-            test_rows = [
-                _row(facts, runner, t, samples[r], submissions) for r, runner in enumerate(runners)
-            ]
-            test_rows[0].peak_memory_mib = frink_peak
-            if compare:
-                test_rows[1].peak_memory_mib = cpp_peak
-                test_rows[0].ratio_vs_llama_cpp = test_rows[0].avg_ts / test_rows[1].avg_ts
-            rows.extend(test_rows)
+                for t in group:
+                    for r, runner in enumerate(runners):
+                        s = runner.run(t, ids)
+                        samples[t.name][r].append(s)
+                        say(
+                            f"{t.name} rep {rep + 1}/{repetitions}: {runner.runner} "
+                            f"{(t.n_prompt + t.n_gen) / s.seconds:.1f} t/s"
+                        )
+            for t in group:
+                test_rows = [
+                    _row(facts, runner, t, samples[t.name][r], submissions)
+                    for r, runner in enumerate(runners)
+                ]
+                test_rows[0].peak_memory_mib = frink_peak
+                if compare:
+                    test_rows[1].peak_memory_mib = cpp_peak
+                    test_rows[0].ratio_vs_llama_cpp = test_rows[0].avg_ts / test_rows[1].avg_ts
+                rows.extend(test_rows)
+        free = {row.test.replace(" free", " json"): row for row in rows if " free" in row.test}
+        for row in rows:
+            if row.test in free:
+                row.ratio_vs_free = row.avg_ts / free[row.test].avg_ts
     finally:
         for runner in runners:
             runner.close()
@@ -580,6 +688,13 @@ def format_md(rows: list[BenchRow], submissions: bool = False) -> str:
         if submissions:
             cells.append(_ledger_cell(r))
         lines.append("| " + " | ".join(cells) + " |")
+    for r in rows:
+        if r.ratio_vs_free is not None and r.mask_ms_per_token is not None:
+            lines.append("")
+            lines.append(
+                f"{r.test}: {r.ratio_vs_free:.2f}x the free row's speed; the mask "
+                f"{r.mask_ms_per_token:.2f} ms of a {1e3 / r.avg_ts:.1f} ms token"
+            )
     peaks = [
         r.peak_memory_mib for r in rows if r.peak_memory_mib is not None and r.runner == "frink"
     ]

@@ -601,6 +601,11 @@ def bench(
     submissions: bool = typer.Option(
         False, "--submissions", help="add device submissions and refusals"
     ),
+    constrained: bool = typer.Option(
+        False,
+        "--constrained",
+        help="add generation sampled free and under a JSON schema (the mask's cost)",
+    ),
     as_json: bool = typer.Option(False, "--json", help="a JSON list of rows"),
     as_csv: bool = typer.Option(False, "--csv", help="CSV rows"),
     as_md: bool = typer.Option(False, "--md", help="a markdown table (the default)"),
@@ -624,6 +629,7 @@ def bench(
         n_threads=threads or None,
         compare=compare,
         submissions=submissions,
+        constrained=constrained,
         progress=lambda msg: err.print(f"[dim]{msg}[/dim]", markup=True),
     )
     if as_json:

@@ -118,6 +118,15 @@ class Grammar:
 _JSON_OPTIONS: JsonCompileOptions = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,8}"}
 
 
+def lark_json(schema: Any) -> str:
+    """A Lark rule body `%json {...}` for `schema`, with the JSON options every schema
+    here gets (bounded whitespace): inside Lark, llguidance reads them from the schema's
+    "x-guidance" key."""
+    if isinstance(schema, dict):
+        schema = {**schema, "x-guidance": _JSON_OPTIONS}
+    return "%json " + json.dumps(schema)
+
+
 def _limits() -> llguidance.LLParserLimits:
     import llguidance as llg
 

@@ -366,3 +366,38 @@ def test_blocked_prefill_matches_llama_cpp(tiny_model: Callable[[str], Any], nam
     dec.step(tokens[:100], cache)
     rest = dec.step(tokens[100:], cache, all_logits=True)
     assert np.abs(rest - want[100:]).max() <= REF_TOL
+
+
+@pytest.mark.real
+def test_constrained_rows_put_every_token_under_the_schema(
+    smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--constrained adds a free and a JSON-schema sampled generation row, alternated rep
+    by rep; the json row names the mask's time per token and its speed over the free
+    row's; every token of the json row was one the mask allowed (Constraint.accept
+    refuses any other: the run would fail)."""
+    from frink_cli.api import load
+
+    allowed_calls = []
+    real_allowed = B.Constraint.allowed
+
+    def counting(self: Any) -> Any:
+        mask = real_allowed(self)
+        allowed_calls.append(int(mask.sum()) if mask is not None else None)
+        return mask
+
+    monkeypatch.setattr(B.Constraint, "allowed", counting)
+    model = load(smollm2_path)
+    rows = B.run_bench(model, n_prompt=0, n_gen=6, repetitions=2, constrained=True)
+    assert [r.test for r in rows] == ["tg6", "tg6 free", "tg6 json"]
+    free, json_row = rows[1], rows[2]
+    assert free.mask_ms_per_token is None and free.ratio_vs_free is None
+    assert json_row.mask_ms_per_token is not None and json_row.mask_ms_per_token > 0
+    assert json_row.ratio_vs_free == pytest.approx(json_row.avg_ts / free.avg_ts)
+    # warm-up (1 token) + 2 reps of 6, each under a mask that narrows the vocabulary
+    assert len(allowed_calls) == 13
+    assert all(n is not None and 0 < n < 49152 for n in allowed_calls)
+    table = B.format_md(rows)
+    assert "tg6 json:" in table and "the free row's speed" in table
+    with pytest.raises(B.FrinkError, match="--constrained"):
+        B.run_bench(model, n_prompt=0, n_gen=4, constrained=True, compare="llama.cpp")

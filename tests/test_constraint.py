@@ -4,8 +4,8 @@ What is checked, and against whom:
 - llguidance's tokenizer built from frink's vocabulary spells every token as llama.cpp's
   own vocabulary does (llguidance's llama.cpp bridge over llama-cpp-python, same file),
   and keeps the same tokens out of free text;
-- sampled outputs under a JSON schema validate with `jsonschema`; under a regex they
-  match Python's `re`; under a GBNF grammar they parse with llama.cpp's grammar;
+- outputs under a JSON schema (random walks through the mask and the model's samples)
+  validate with `jsonschema`; under a regex they match Python's `re`;
 - bad schemas and grammars are refused with one line naming the problem.
 """
 
@@ -16,6 +16,7 @@ import re
 
 import numpy as np
 import pytest
+from grammar_walks import random_walks
 
 from frink_cli.api import load
 from frink_cli.constraint import (
@@ -106,10 +107,14 @@ def _generate(model, prompt: str, n: int, temperature=1.0, **constraint) -> list
 
 
 def test_json_schema_outputs_validate(model):
-    """20 samples at temperature 1.0 (top-k, top-p, min-p at their defaults) all parse and
-    validate against the schema, nested objects, enums, bounds and all."""
+    """20 random walks through the mask (grammar_walks.random_walks) and 2 of the model's
+    own samples at temperature 1.0 all parse and validate against the schema: nested
+    objects, arrays, enums, bounds and all."""
     jsonschema = pytest.importorskip("jsonschema")
-    for text in _generate(model, "Describe a person as JSON.", 20, json_schema=PERSON):
+    grammar = Grammar.json_schema(PERSON)
+    for text in random_walks(model.tokenizer, grammar, 20):
+        jsonschema.validate(json.loads(text), PERSON)
+    for text in _generate(model, "Describe a person as JSON.", 2, json_schema=PERSON):
         jsonschema.validate(json.loads(text), PERSON)
 
 
@@ -118,7 +123,9 @@ def test_json_object_and_regex(model):
     for text in _generate(model, prompt, 1, temperature=0.0, json_schema=True):
         assert isinstance(json.loads(text), dict)
     pattern = r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-[0-2][0-9]"
-    for text in _generate(model, "Today's date:", 5, regex=pattern):
+    texts = random_walks(model.tokenizer, Grammar("regex", pattern), 20)
+    texts += _generate(model, "Today's date:", 1, regex=pattern)
+    for text in texts:
         assert re.fullmatch(pattern, text), text
 
 

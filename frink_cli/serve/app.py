@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -373,10 +374,12 @@ async def _chat(state: ServerState, request: Request, o: _Outcome) -> Response:
     plan = tools.tool_plan(body, tok)
     grammar = tools.output_grammar(body)
     triggers: tuple[str, ...] = ()
-    if plan is not None:
+    if plan is not None and not plan.calls:
+        gen = dataclasses.replace(gen, params=plan.without_calls(gen.params, tok))
+    elif plan is not None:
         if grammar is not None:
             raise openai.bad(grammar.field.split(".")[0], "cannot be combined with tools")
-        grammar, triggers = plan.grammar()
+        grammar, triggers = plan.grammar(tok)
     msgs = tools.conversation(body, msgs)
     if plan is not None:
         msgs = plan.messages(msgs)
@@ -398,7 +401,7 @@ async def _chat(state: ServerState, request: Request, o: _Outcome) -> Response:
         gen,
         chat=True,
         constraints=constraints,
-        parsers=None if plan is None else [plan.format.parser() for _ in range(gen.n)],
+        parsers=None if plan is None or not plan.calls else [plan.parser() for _ in range(gen.n)],
     )
 
 

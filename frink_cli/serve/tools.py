@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..chat import renders_tools
 from ..constraint import Grammar
-from ..toolcalls import GenericFormat, ToolFormat, tool_format
+from ..sampling import SamplingParams
+from ..toolcalls import GenericFormat, Parser, ToolFormat, tool_format
 from .openai import _show, bad
 
 _NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
@@ -79,13 +80,27 @@ class ToolPlan:
     forced: bool  # required or named: a call from the first token
     parallel: bool
     format: ToolFormat
+    # False for tool_choice "none": the template still shows the tools (as llama.cpp
+    # renders them), but no call is parsed and the format's opening marker is banned.
+    calls: bool = True
 
     def template_tools(self) -> list[dict] | None:
         """The tools the chat template receives (None: the generic system prompt)."""
         return self.tools if self.format.native else None
 
-    def grammar(self) -> tuple[Grammar, tuple[str, ...]]:
-        return self.format.grammar(self.tools, self.forced, self.parallel)
+    def grammar(self, tok: Any = None) -> tuple[Grammar, tuple[str, ...]]:
+        return self.format.grammar(self.tools, self.forced, self.parallel, tok)
+
+    def parser(self) -> Parser:
+        """A parser for one answer's text."""
+        return self.format.parser(self.tools)
+
+    def without_calls(self, params: SamplingParams, tok: Any) -> SamplingParams:
+        """`params` with the format's opening markers banned (a bias of -100, OpenAI's
+        ban) where the vocabulary spells one as a single token; for tool_choice none."""
+        ids = [tok.token_id(m) for m in self.format.openers] if tok is not None else []
+        banned = tuple((i, -100.0) for i in ids if i is not None)
+        return replace(params, logit_bias=params.logit_bias + banned)
 
     def messages(self, msgs: list[dict]) -> list[dict]:
         """The conversation as the template receives it: native formats as they are; the
@@ -114,7 +129,8 @@ class ToolPlan:
 
 
 def tool_plan(body: dict, tok: Any) -> ToolPlan | None:
-    """The request's tools (None: none offered, or tool_choice "none")."""
+    """The request's tools (None: none offered, or tool_choice "none" on a template
+    without tools)."""
     tools = body.get("tools")
     choice = body.get("tool_choice")
     parallel = body.get("parallel_tool_calls", True)
@@ -148,8 +164,11 @@ def tool_plan(body: dict, tok: Any) -> ToolPlan | None:
             raise bad(f"{where}.function.description", "must be a string")
     if choice is None:
         choice = "auto" if tools else "none"
-    if choice == "none" or not tools:
+    if not tools:
         return None
+    fmt = tool_format(tok.chat_template if tok is not None else None, renders_tools(tok))
+    if choice == "none":
+        return ToolPlan(tools, False, False, fmt, calls=False) if fmt.native else None
     if isinstance(choice, dict):
         f = choice.get("function")
         name = f.get("name") if isinstance(f, dict) else None
@@ -165,7 +184,6 @@ def tool_plan(body: dict, tok: Any) -> ToolPlan | None:
         raise bad(
             "tool_choice", f"must be auto, none, required or a function (got {_show(choice)})"
         )
-    fmt = tool_format(tok.chat_template if tok is not None else None, renders_tools(tok))
     return ToolPlan(tools, forced, parallel and len(tools) >= 1, fmt)
 
 

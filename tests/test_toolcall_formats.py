@@ -1,0 +1,253 @@
+"""The tool-call formats (frink_cli/toolcalls.py) on the real chat templates.
+
+What is checked, and against whom:
+- detection: each template in llama.cpp's corpus (models/templates in the llama-cpp-python
+  sdist) and the templates frink ships or reads from the real models' GGUFs picks the
+  format its family writes (the generic one when a template shows no tools);
+- parsing: an assistant turn with calls, rendered by the family's own template (the
+  documented form, written by the template's authors, not by us), parses back into the
+  same calls, fed whole and split at every character;
+- grammars: 20 random walks through each format's forced-call grammar on a real vocabulary
+  parse into calls whose arguments validate (`jsonschema`) against the function's schema.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from grammar_walks import random_walks
+
+from frink_cli.chat import _renders_tools, render_chat
+from frink_cli.formats import open_checkpoint
+from frink_cli.tokenizer import load_tokenizer
+from frink_cli.toolcalls import (
+    GenericFormat,
+    HermesFormat,
+    Llama3Format,
+    MistralFormat,
+    QwenXmlFormat,
+    ToolFormat,
+    tool_format,
+)
+
+jsonschema = pytest.importorskip("jsonschema")
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 40},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "a": {"type": "integer", "minimum": -1000, "maximum": 1000},
+                "b": {"type": "integer", "minimum": -1000, "maximum": 1000},
+            },
+            "required": ["a", "b"],
+            "additionalProperties": False,
+        },
+    },
+}
+TOOLS = [WEATHER, ADD]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+# llama.cpp's template corpus: the format each family's template teaches.
+CORPUS = {
+    "Qwen-Qwen2.5-7B-Instruct.jinja": "hermes",
+    "Qwen-Qwen3-0.6B.jinja": "hermes",
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": "hermes",
+    "Qwen3-Coder.jinja": "qwen3_xml",
+    "Qwen3.5-4B.jinja": "qwen3_xml",
+    "meta-llama-Llama-3.1-8B-Instruct.jinja": "llama3",
+    "meta-llama-Llama-3.2-3B-Instruct.jinja": "llama3",
+    "meta-llama-Llama-3.3-70B-Instruct.jinja": "llama3",
+    "mistralai-Mistral-Nemo-Instruct-2407.jinja": "mistral",
+    "Mistral-Small-3.2-24B-Instruct-2506.jinja": "mistral",
+    "unsloth-mistral-Devstral-Small-2507.jinja": "mistral",
+    "google-gemma-2-2b-it.jinja": "generic",
+}
+
+
+@pytest.fixture(scope="module")
+def templates() -> Path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import llama_cpp_converter
+
+    return llama_cpp_converter.ensure_converter() / "models" / "templates"
+
+
+def _format(template: str) -> ToolFormat:
+    return tool_format(template, _renders_tools(template))
+
+
+@pytest.mark.parametrize(("name", "expected"), sorted(CORPUS.items()))
+def test_format_is_detected_from_the_template(templates, name, expected):
+    assert _format((templates / name).read_text()).name == expected
+
+
+def test_format_of_frinks_own_and_the_real_models_templates(smollm2_path, gemma3_path, qwen05_path):
+    """Qwen2.5-Coder's GGUF template teaches Hermes; SmolLM2's, Gemma 3's and the
+    fallbacks in configs/chat_templates show no tools: the generic format."""
+    expected = {qwen05_path: "hermes", smollm2_path: "generic", gemma3_path: "generic"}
+    for path, name in expected.items():
+        tok = load_tokenizer(open_checkpoint(path))
+        assert _format(tok.chat_template).name == name, path.name
+    shipped = Path(__file__).resolve().parents[1] / "configs" / "chat_templates"
+    for path in sorted(shipped.glob("*.jinja")):
+        assert _format(path.read_text()).name == "generic", path.name
+
+
+CALLS = [
+    ("get_weather", {"city": "Paris", "unit": "celsius"}),
+    ("add", {"a": 1, "b": -2}),
+]
+
+
+def _events(parser, pieces):
+    content, calls = "", []
+    for piece in [*pieces, None]:
+        for kind, value in parser.push(piece) if piece is not None else parser.finish():
+            if kind == "content":
+                content += value
+            else:
+                calls.append((value.name, json.loads(value.arguments)))
+    return content, calls
+
+
+# Where the assistant's turn ends in each family's rendering (end-of-turn markers).
+_TURN_ENDS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "</s>", "<|call|>", "<|end|>")
+
+
+def _rendered_turn(template: str, calls: list[tuple[str, dict]], content: str) -> str:
+    """The assistant turn the template writes for `calls` (the documented output)."""
+    user = [{"role": "user", "content": "What's the weather in Paris, and 1 + -2?"}]
+    tool_calls = [
+        {
+            "id": f"abc12345{i}",  # 9 characters: Mistral's templates insist
+            "type": "function",
+            "function": {"name": name, "arguments": args},
+        }
+        for i, (name, args) in enumerate(calls)
+    ]
+    turn = {"role": "assistant", "content": content, "tool_calls": tool_calls}
+    kw = dict(bos_token="<s>", eos_token="</s>", tools=TOOLS)
+    before = render_chat(template, user, add_generation_prompt=True, **kw)
+    whole = render_chat(template, [*user, turn], add_generation_prompt=False, **kw)
+    assert whole.startswith(before)
+    text = whole[len(before) :]
+    for end in _TURN_ENDS:
+        at = text.rfind(end)
+        if at >= 0:
+            text = text[:at]
+    return text.strip()
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Qwen-Qwen2.5-7B-Instruct.jinja",
+        "Qwen3-Coder.jinja",
+        "meta-llama-Llama-3.1-8B-Instruct.jinja",
+        "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+        "Mistral-Small-3.2-24B-Instruct-2506.jinja",
+    ],
+)
+def test_template_written_calls_parse_back_streamed_and_whole(templates, name):
+    template = (templates / name).read_text()
+    fmt = _format(template)
+    # Llama 3.x writes one call per turn.
+    calls = CALLS[:1] if fmt.name == "llama3" else CALLS
+    text = _rendered_turn(template, calls, "")
+    whole = _events(fmt.parser(TOOLS), [text])
+    assert whole == ("", calls), text
+    assert _events(fmt.parser(TOOLS), list(text)) == whole
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text", "content", "calls"),
+    [
+        (
+            Llama3Format(),
+            '<|python_tag|>{"name": "add", "parameters": {"a": 1, "b": -2}}',
+            "",
+            [("add", {"a": 1, "b": -2})],
+        ),
+        (Llama3Format(), "Paris is sunny {today}.", "Paris is sunny {today}.", []),
+        (
+            MistralFormat(),
+            'Checking.[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": -2}, '
+            '"id": "abcdefghi"}]',
+            "Checking.",
+            [("add", {"a": 1, "b": -2})],
+        ),
+        (
+            MistralFormat(named=True),
+            '[TOOL_CALLS]add[ARGS]{"a": 1, "b": -2}[TOOL_CALLS]get_weather[ARGS]'
+            '{"city": "Paris", "unit": "celsius"}',
+            "",
+            [("add", {"a": 1, "b": -2}), ("get_weather", {"city": "Paris", "unit": "celsius"})],
+        ),
+        (
+            QwenXmlFormat(),
+            "Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\n12 < 13 Main St\n"
+            "</parameter>\n<parameter=unit>\ncelsius\n</parameter>\n<parameter=days>\n3\n"
+            "</parameter>\n</function>\n</tool_call>",
+            "Sure.",
+            [("get_weather", {"city": "12 < 13 Main St", "unit": "celsius", "days": 3})],
+        ),
+    ],
+)
+def test_documented_outputs_parse_streamed_and_whole(fmt, text, content, calls):
+    whole = _events(fmt.parser(TOOLS), [text])
+    assert whole == (content, calls)
+    assert _events(fmt.parser(TOOLS), list(text)) == whole
+
+
+@pytest.fixture(scope="module")
+def qwen_tok(qwen05_path):
+    return load_tokenizer(open_checkpoint(qwen05_path))
+
+
+@pytest.mark.parametrize(
+    "fmt",
+    [HermesFormat(), QwenXmlFormat(), Llama3Format(), MistralFormat(), MistralFormat(True)],
+    ids=["hermes", "qwen3_xml", "llama3", "mistral", "mistral-args"],
+)
+def test_forced_call_grammar_writes_valid_calls(qwen_tok, fmt):
+    """Every walk through the forced grammar is one or more calls the format's own parser
+    reads back, each naming an offered tool with arguments valid against its schema."""
+    parallel = not isinstance(fmt, Llama3Format)
+    grammar, triggers = fmt.grammar(TOOLS, True, parallel, qwen_tok)
+    assert triggers == ()
+    _, auto_triggers = fmt.grammar(TOOLS, False, parallel, qwen_tok)
+    assert auto_triggers
+    for text in random_walks(qwen_tok, grammar, 20, cap=2000):
+        content, calls = _events(fmt.parser(TOOLS), [text])
+        assert calls and not content.strip(), text
+        for name, args in calls:
+            jsonschema.validate(args, SCHEMAS[name])
+
+
+def test_generic_format_is_for_templates_without_tools():
+    assert isinstance(tool_format("{{ messages }}", False), GenericFormat)
+    assert isinstance(tool_format(None, True), GenericFormat)
