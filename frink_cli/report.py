@@ -86,10 +86,11 @@ def positions(cfg: Any) -> str:
     nothing at all (no attention layer: a recurrent model reads order from its state)."""
     if all(cfg.layer_shape(i).mixer != "attention" for i in range(cfg.n_layer)):
         return "none (no attention layers)"
-    if cfg.no_rope:
+    decorations = cfg.decorations()
+    if decorations.get("no_rope"):
         return "none (NoPE: the attention layers rotate nothing)"
-    if cfg.alibi_bias is not None:
-        return f"alibi (max bias {cfg.alibi_bias:g}, no rope)"
+    if decorations.get("alibi_bias") is not None:
+        return f"alibi (max bias {decorations['alibi_bias']:g}, no rope)"
     text = f"rope {cfg.rope_type}, base {cfg.rope_base:g}, {cfg.rope_dim} dims"
     if cfg.rope_scale != 1.0:
         text += f", linear scale {cfg.rope_scale:g}"
@@ -107,8 +108,7 @@ def decoration_values(cfg: Any) -> dict[str, Any]:
     """The decorations that carry a number or a name (a multiplier, a softcap, a clamp),
     by field name; the flag-like ones are listed in "decorations" alone."""
     out = {}
-    for name in sorted(cfg.features()):
-        value = getattr(cfg, name)
+    for name, value in sorted(cfg.decorations().items()):
         if isinstance(value, (int, float, str)) and not isinstance(value, bool):
             out[name] = value
     return out
@@ -151,6 +151,8 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
                 "refusal": support[i],
             }
         )
+    blocks = cfg.ext.info()
+    sections = {name: blocks.get(name) for name in ("gdn", "mamba", "shortconv", "moe")}
     return {
         "path": str(path),
         "format": ckpt.format,
@@ -174,48 +176,8 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
         "layer_pattern": cfg.layer_pattern(),
         # n_head / n_head_kv / n_ff above are then the largest; "layers" has each one's.
         "per_layer_sizes": cfg.layer_sizes is not None,
-        "gdn": None
-        if cfg.gdn is None
-        else {
-            "layers": sum(cfg.gdn.layers),
-            "key_heads": cfg.gdn.n_k_heads,
-            "value_heads": cfg.gdn.n_v_heads,
-            "head_dim_k": cfg.gdn.head_dim_k,
-            "head_dim_v": cfg.gdn.head_dim_v,
-            "conv_kernel": cfg.gdn.conv_kernel,
-            "value_head_order": cfg.gdn.v_head_order,
-        },
-        "mamba": None
-        if cfg.mamba is None
-        else {
-            "d_inner": cfg.mamba.d_inner,
-            "d_state": cfg.mamba.d_state,
-            "dt_rank": cfg.mamba.dt_rank,
-            "conv_kernel": cfg.mamba.conv_kernel,
-            "dt_b_c_rms": cfg.mamba.dt_b_c_rms,
-            "n_group": cfg.mamba.n_group,
-        },
-        "shortconv": None
-        if cfg.shortconv is None
-        else {
-            "layers": sum(cfg.shortconv.layers),
-            "conv_kernel": cfg.shortconv.conv_kernel,
-        },
+        **sections,
         "recurrent_state_bytes": cfg.recurrent_state_bytes(),
-        "moe": None
-        if cfg.moe is None
-        else {
-            "layers": sum(cfg.moe.layers),
-            "experts": cfg.moe.n_expert,
-            "experts_used": cfg.moe.n_expert_used,
-            "expert_ff": cfg.moe.n_ff_exp,
-            "shared_ff": cfg.moe.n_ff_shexp,
-            "parallel_dense": cfg.moe.parallel_dense,
-            "norm_topk": cfg.moe.norm_topk,
-            "gating": cfg.moe.gating,
-            "expert_bias": cfg.moe.expert_bias,
-            "weights_scale": cfg.moe.weights_scale,
-        },
         "decorations": sorted(cfg.features()),
         "decoration_values": decoration_values(cfg),
         "tied_embeddings": cfg.tied_embeddings,

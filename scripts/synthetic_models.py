@@ -17,6 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from frink_cli.archs.alibi import AlibiConfig
+from frink_cli.archs.bitnet import BitnetConfig
+from frink_cli.archs.decoder import DecoderConfig
+from frink_cli.archs.gemma4 import Gemma4Config
+from frink_cli.archs.gpt_oss import GptOssConfig
+from frink_cli.archs.olmo2 import Olmo2Config
+from frink_cli.archs.talkie import TalkieConfig
 from frink_cli.model.config import ModelConfig
 from frink_cli.model.weights import LayerWeights, Linear, ModelWeights, map_layer
 from frink_cli.quant.blocks import QuantMatrix, QuantRows
@@ -107,17 +114,36 @@ def synthetic_config(
         sliding_window=None,
         swa_layers=(False,) * n_layer,
         ffn_act="silu",
-        qk_norm=kind == "qwen3",
-        post_attn_norm=False,
-        post_ffn_norm=False,
-        embd_scale=None,
-        final_logit_softcap=None,
-        attn_logit_softcap=None,
         tied_embeddings=False,
         has_rope_freqs=False,
     )
-    fields.update(overrides)
-    return ModelConfig(**fields)
+    core = {f.name for f in dataclasses.fields(ModelConfig)}
+    fields.update({k: v for k, v in overrides.items() if k in core})
+    ext = {"qk_norm": kind == "qwen3"}
+    ext.update({k: v for k, v in overrides.items() if k not in core})
+    return ModelConfig(**fields, ext=ext_config(**ext))
+
+
+def ext_config(**values: Any) -> DecoderConfig:
+    """The first architecture config class that has every field named (the decorations a
+    synthetic model switches on), with those values."""
+    for cls in EXT_CLASSES:
+        names = {f.name for f in dataclasses.fields(cls)}
+        if values.keys() <= names:
+            return cls(**values)
+    raise ValueError(f"no architecture config has all of {sorted(values)}")
+
+
+# Where synthetic_config finds a decoration: the shared decoder's, then the architectures'.
+EXT_CLASSES: tuple[type[DecoderConfig], ...] = (
+    DecoderConfig,
+    AlibiConfig,
+    Olmo2Config,
+    BitnetConfig,
+    TalkieConfig,
+    GptOssConfig,
+    Gemma4Config,
+)
 
 
 def synthetic_weights(
@@ -148,7 +174,9 @@ def synthetic_weights(
     # The LayerNorm families' shape (starcoder2, bloom): LayerNorm biases, biases on every
     # linear, and a plain FFN (up, not gate_up) when the config says so. Drawn only for
     # such configs, so the other kinds' weights stay as they were for a seed.
-    ln = cfg.layer_norm
+    ext = cfg.ext
+    assert isinstance(ext, DecoderConfig)
+    ln = ext.layer_norm
 
     def layer() -> LayerWeights:
         return LayerWeights(
@@ -157,17 +185,17 @@ def synthetic_weights(
                 mat(n_qkv, d),
                 (0.1 * rng.standard_normal(n_qkv, dtype=np.float32)) if qkv_bias else None,
             ),
-            q_norm=norm(hk) if cfg.qk_norm else None,
-            k_norm=norm(hk) if cfg.qk_norm else None,
+            q_norm=norm(hk) if ext.qk_norm else None,
+            k_norm=norm(hk) if ext.qk_norm else None,
             wo=Linear(mat(d, cfg.n_head * hv), bias(d) if ln else None),
-            post_attn_norm=norm(d) if cfg.post_attn_norm else None,
+            post_attn_norm=norm(d) if ext.post_attn_norm else None,
             ffn_norm=norm(d),
-            gate_up=None if cfg.plain_ffn else Linear(mat(2 * cfg.n_ff, d), None),
+            gate_up=None if ext.plain_ffn else Linear(mat(2 * cfg.n_ff, d), None),
             down=Linear(mat(d, cfg.n_ff), bias(d) if ln else None),
-            post_ffn_norm=norm(d) if cfg.post_ffn_norm else None,
+            post_ffn_norm=norm(d) if ext.post_ffn_norm else None,
             attn_norm_b=bias(d) if ln else None,
             ffn_norm_b=bias(d) if ln else None,
-            up=Linear(mat(cfg.n_ff, d), bias(cfg.n_ff) if ln else None) if cfg.plain_ffn else None,
+            up=Linear(mat(cfg.n_ff, d), bias(cfg.n_ff) if ln else None) if ext.plain_ffn else None,
         )
 
     if share_layers:

@@ -8,14 +8,17 @@ from another's in how they judge parity. Tests import these; scripts never do.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import frink_cli
 from frink_cli.decoder import Decoder
+from frink_cli.model.config import ModelConfig
 
 SOURCES = ("gguf", "hf")
 REFERENCES = ("logits_hf", "logits_llamacpp")
@@ -25,6 +28,17 @@ REF_TOL = 2e-3
 SELF_TOL = 1e-4
 # A decoration that matters moves the logits by at least this much (50x the parity bar).
 FAR = 0.1
+
+
+def configured(cfg: ModelConfig, **changes: Any) -> ModelConfig:
+    """cfg with fields changed, each where it lives: the core's on ModelConfig, the rest
+    on its architecture config (a decoration switched off, a block config replaced)."""
+    core = {f.name for f in dataclasses.fields(ModelConfig)}
+    ext = {k: v for k, v in changes.items() if k not in core}
+    if ext:
+        changes = {k: v for k, v in changes.items() if k in core}
+        changes["ext"] = dataclasses.replace(cfg.ext, **ext)
+    return dataclasses.replace(cfg, **changes)
 
 
 def _path(tiny_model: Callable, name: str, source: str) -> Path:

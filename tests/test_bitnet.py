@@ -54,6 +54,7 @@ from model_checks import (
     _path,
     _prefill_prefix_decode,
     _tokens,
+    configured,
 )
 
 import frink_cli
@@ -215,7 +216,7 @@ def test_each_decoration_moves_the_graph(variant: str, tiny_model: Callable) -> 
     w = m.decoder.host.w
     layers = [dataclasses.replace(lw, **weight_changes) for lw in w.layers]
     off = Decoder(
-        dataclasses.replace(m.config, **changes),
+        configured(m.config, **changes),
         ModelWeights(w.token_embd, w.output_norm, w.output, w.rope_freqs, layers),
     )
     tokens = np.asarray(_tokens(tiny_model, NAME))

@@ -37,6 +37,8 @@ from frink_subprocess import frink
 from script_loader import load_script
 
 import frink_cli
+from frink_cli.archs.alibi import AlibiConfig
+from frink_cli.archs.decoder import with_ext
 from frink_cli.backends import LaunchFailed, Refusal, Run, layer_support, select_backend
 from frink_cli.backends.cupy import CudaBackend, eligibility, make_cuda_backend
 from frink_cli.backends.cupy.ops import (
@@ -291,8 +293,7 @@ def test_emulated_alibi_attention_matches_reference(
     rng = np.random.default_rng(19)
     ref, emu = ReferenceOps(), KernelOps(np, emulated_launcher)
     T, H, Hkv, hd = 5, 6, 2, 16
-    cfg = dataclasses.replace(_base(), n_head=H, alibi_bias=8.0)
-    slopes = np.asarray(cfg.alibi_slopes(), np.float32)
+    slopes = np.asarray(AlibiConfig(alibi_bias=8.0).alibi_slopes(H), np.float32)
     qkv = _rand(rng, T, (H + 2 * Hkv) * hd)
     for P in (0, 140):
         kc, vc = _kv_cache(rng, qkv, P, H, Hkv, hd, hd)
@@ -359,9 +360,7 @@ def test_reference_alibi_is_the_host_attend(T: int) -> None:
 
     rng = np.random.default_rng(23)
     H, Hkv, hd, P = 8, 4, 16, 6
-    slopes = np.asarray(
-        dataclasses.replace(_base(), n_head=H, alibi_bias=8.0).alibi_slopes(), np.float32
-    )
+    slopes = np.asarray(AlibiConfig(alibi_bias=8.0).alibi_slopes(H), np.float32)
     qkv = _rand(rng, T, (H + 2 * Hkv) * hd)
     kc, vc = _kv_cache(rng, qkv, P, H, Hkv, hd, hd)
     got = ReferenceOps().attention(qkv, 0, kc, vc, P, H, Hkv, hd, hd, 0.3, None, slopes)
@@ -467,7 +466,7 @@ def _config_cases() -> dict[str, tuple[ModelConfig, str]]:
     fields = dataclasses.asdict(base)
     cases = {
         "activation": (dataclasses.replace(base, ffn_act="relu"), eligibility.ACTIVATION),
-        "attn_softcap": (dataclasses.replace(base, attn_logit_softcap=50.0), eligibility.SOFTCAP),
+        "attn_softcap": (with_ext(base, attn_logit_softcap=50.0), eligibility.SOFTCAP),
         "kv_widths": (dataclasses.replace(base, head_dim_v=32), eligibility.KV_WIDTHS),
         "head_dim": (
             dataclasses.replace(base, head_dim_k=512, head_dim_v=512, rope_dim=512),
@@ -485,7 +484,7 @@ def _config_cases() -> dict[str, tuple[ModelConfig, str]]:
     }
     if "attn_output_gate" in fields:
         cases["output_gate"] = (
-            dataclasses.replace(base, attn_output_gate=True),
+            with_ext(base, attn_output_gate=True),
             eligibility.OUTPUT_GATE,
         )
     return cases
@@ -500,9 +499,7 @@ def test_layer_refusals_are_named(case: str) -> None:
 
 def test_post_norms_geglu_and_windows_are_carried() -> None:
     cfg = dataclasses.replace(
-        _base(),
-        post_attn_norm=True,
-        post_ffn_norm=True,
+        with_ext(_base(), post_attn_norm=True, post_ffn_norm=True),
         ffn_act="gelu_tanh",
         sliding_window=8,
         swa_layers=(True, False),

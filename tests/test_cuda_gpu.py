@@ -120,7 +120,7 @@ def test_kernels_match_references(gpu_ops, shape: str, neox: bool) -> None:
     gpu_ops.clamp(b, 0.8)
     _close(cp.asnumpy(b), a, "clamp")
     slopes = np.asarray(
-        synthetic_config(n_head=H, n_head_kv=Hkv, alibi_bias=8.0).alibi_slopes(), np.float32
+        synthetic_config(n_head=H, n_head_kv=Hkv, alibi_bias=8.0).ext.alibi_slopes(H), np.float32
     )
     P = prefixes[-1]
     kc = np.zeros((Hkv, P + T, hd), np.float32)

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from model_checks import configured
 
 import frink_cli
 from frink_cli.decoder import Decoder
@@ -59,24 +60,23 @@ def test_references_agree(name: str, tiny_model: Callable) -> None:
 @pytest.mark.parametrize("name", FAMILIES)
 def test_config_reads_the_family(name: str, tiny_model: Callable) -> None:
     cfg = frink_cli.load(_path(tiny_model, name, "gguf")).config
-    assert cfg.layer_norm and cfg.plain_ffn and cfg.ffn_act == "gelu_tanh"
-    assert cfg.embd_norm == (name == "bloom")
-    assert cfg.alibi_bias == (None if name == "starcoder2" else 8.0)
-    assert cfg.clamp_kqv == (1.0 if name == "mpt" else None)
+    ext = cfg.ext
+    assert ext.layer_norm and ext.plain_ffn and cfg.ffn_act == "gelu_tanh"
+    assert getattr(ext, "embd_norm", False) == (name == "bloom")
+    assert getattr(ext, "alibi_bias", None) == (None if name == "starcoder2" else 8.0)
+    assert getattr(ext, "clamp_kqv", None) == (1.0 if name == "mpt" else None)
     assert {"layer_norm", "plain_ffn"} <= cfg.features()
 
 
 def test_alibi_slopes_are_ggmls() -> None:
     """ggml_soft_max_ext's slopes: m0^(h+1) for the first 2^floor(log2 H) heads, then odd
     powers of m1 (worked by hand for 8 heads and 6 heads at max bias 8)."""
-    from frink_cli.model.config import ModelConfig
+    from frink_cli.archs.alibi import AlibiConfig
 
-    fields = {f.name: None for f in dataclasses.fields(ModelConfig)}
-    cfg = ModelConfig(**dict(fields, n_head=8, alibi_bias=8.0))  # type: ignore[arg-type]
-    assert np.allclose(cfg.alibi_slopes(), [2.0 ** -(h + 1) for h in range(8)])
-    cfg6 = dataclasses.replace(cfg, n_head=6)
+    ext = AlibiConfig(alibi_bias=8.0)
+    assert np.allclose(ext.alibi_slopes(8), [2.0 ** -(h + 1) for h in range(8)])
     want = [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-1, 2.0**-3]
-    assert np.allclose(cfg6.alibi_slopes(), want)
+    assert np.allclose(ext.alibi_slopes(6), want)
 
 
 # --- numpy ------------------------------------------------------------------------------------
@@ -114,7 +114,7 @@ def test_each_new_field_moves_the_logits(
         # both halves instead (act(up) * up), which is what dropping the flag would mean.
         for lw in m.decoder.host.w.layers:
             lw.gate_up = dataclasses.replace(lw.up, w=np.concatenate([lw.up.w, lw.up.w]), b=None)
-    new = dataclasses.replace(cfg, **{field: off})
+    new = configured(cfg, **{field: off})
     m.decoder = Decoder(new, m.decoder.host.w, None)
     got = m.logits(tiny_model(name).ref["tokens"])
     assert _max_diff(got, tiny_model(name).ref["logits_llamacpp"]) > FAR

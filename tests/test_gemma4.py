@@ -37,6 +37,7 @@ from model_checks import (
     _max_diff,
     _path,
     _tokens,
+    configured,
 )
 
 import frink_cli
@@ -217,7 +218,7 @@ def test_each_decoration_moves_the_logits(
     w = dataclasses.replace(m.decoder.host.w, **model_changes)
     if layer_change is not None:
         w = dataclasses.replace(w, layers=[layer_change(lw) for lw in w.layers])
-    off = Decoder(dataclasses.replace(m.config, **changes), w)
+    off = Decoder(configured(m.config, **changes), w)
     tokens = np.asarray(_tokens(tiny_model, model))
     got = off.step(tokens, off.new_cache(len(tokens)), all_logits=True)
     for key in REFERENCES:

@@ -25,7 +25,6 @@ What is checked, per fixture:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import shutil
@@ -51,6 +50,7 @@ from model_checks import (
     _path,
     _prefill_prefix_decode,
     _tokens,
+    configured,
 )
 
 import frink_cli
@@ -274,7 +274,7 @@ def test_each_decoration_moves_the_graph(name: str, decoration: str, tiny_model:
     both references (so parity cannot pass with it dropped)."""
     field, neutral = DECORATIONS[decoration][4:]
     m = frink_cli.load(_path(tiny_model, name, "gguf"))
-    off = Decoder(dataclasses.replace(m.config, **{field: neutral}), m.decoder.host.w)
+    off = Decoder(configured(m.config, **{field: neutral}), m.decoder.host.w)
     tokens = np.asarray(_tokens(tiny_model, name))
     got = off.step(tokens, off.new_cache(len(tokens)), all_logits=True)
     for key in REFERENCES:
@@ -326,7 +326,7 @@ def test_shared_expert_matters(tiny_model: Callable, tmp_path: Path) -> None:
         drop=("_shexp",),
     )
     m = frink_cli.load(copy)
-    assert m.config.moe is not None and m.config.moe.n_ff_shexp == 0
+    assert m.config.ext.moe is not None and m.config.ext.moe.n_ff_shexp == 0
     got = m.logits(_tokens(tiny_model, "granitemoeshared"))
     for key in REFERENCES:
         assert _max_diff(got, tiny_model("granitemoeshared").ref[key]) > FAR, key

@@ -35,6 +35,7 @@ from model_checks import (
     _max_diff,
     _path,
     _tokens,
+    configured,
 )
 
 import frink_cli
@@ -254,7 +255,7 @@ CONFIG_VARIANTS: dict[str, tuple[str, dict]] = {
 def test_each_decoration_moves_the_graph(variant: str, tiny_model: Callable) -> None:
     name, change = CONFIG_VARIANTS[variant]
     m = frink_cli.load(_path(tiny_model, name, "gguf"))
-    off = Decoder(dataclasses.replace(m.config, **change), m.decoder.host.w)
+    off = Decoder(configured(m.config, **change), m.decoder.host.w)
     tokens = np.asarray(_tokens(tiny_model, name))
     got = off.step(tokens, off.new_cache(len(tokens)), all_logits=True)
     for key in REFERENCES:

@@ -28,6 +28,7 @@ import pytest
 from frink_subprocess import frink
 
 import frink_cli
+from frink_cli.archs.decoder import with_ext
 from frink_cli.cache import KvCache
 from frink_cli.decoder import Decoder
 from frink_cli.errors import FrinkError
@@ -77,11 +78,16 @@ def _formula_gdn(x: np.ndarray, w, cfg) -> tuple[np.ndarray, np.ndarray, np.ndar
     """One token at a time, straight from the definitions, in float64. Returns the block's
     outputs [T, n_embd], the final conv tail [K-1, conv_dim] and delta state [n_v, dk, dv]."""
     f = np.float64
-    n_k, n_v, dk, dv = cfg.gdn.n_k_heads, cfg.gdn.n_v_heads, cfg.gdn.head_dim_k, cfg.gdn.head_dim_v
-    K, C, eps = cfg.gdn.conv_kernel, cfg.gdn.conv_dim, cfg.norm_eps
+    n_k, n_v, dk, dv = (
+        cfg.ext.gdn.n_k_heads,
+        cfg.ext.gdn.n_v_heads,
+        cfg.ext.gdn.head_dim_k,
+        cfg.ext.gdn.head_dim_v,
+    )
+    K, C, eps = cfg.ext.gdn.conv_kernel, cfg.ext.gdn.conv_dim, cfg.norm_eps
     w_in, taps, w_out = w.in_proj.w.astype(f), w.conv.astype(f), w.out.w.astype(f)
     # Which key head value head h reads, by the architecture's convention.
-    if cfg.gdn.v_head_order == "tiled":
+    if cfg.ext.gdn.v_head_order == "tiled":
         key_head = [h % n_k for h in range(n_v)]
     else:
         key_head = [h // (n_v // n_k) for h in range(n_v)]
@@ -179,9 +185,9 @@ def test_wrong_value_head_order_breaks_parity(name: str, tiny_model: Callable) -
     as test_parity_tiny shows)."""
     tm = tiny_model(name)
     m = _load(tiny_model, name)
-    other = "grouped" if m.config.gdn.v_head_order == "tiled" else "tiled"
+    other = "grouped" if m.config.ext.gdn.v_head_order == "tiled" else "tiled"
     wrong = Decoder(
-        dataclasses.replace(m.config, gdn=dataclasses.replace(m.config.gdn, v_head_order=other)),
+        with_ext(m.config, gdn=dataclasses.replace(m.config.ext.gdn, v_head_order=other)),
         m.decoder.host.w,
     )
     tokens = tm.ref["tokens"]
@@ -190,15 +196,17 @@ def test_wrong_value_head_order_breaks_parity(name: str, tiny_model: Callable) -
 
 
 def test_value_head_order_follows_the_architecture(tiny_model: Callable) -> None:
-    assert _load(tiny_model, "qwen35").config.gdn.v_head_order == "tiled"
-    assert _load(tiny_model, "qwen3next").config.gdn.v_head_order == "grouped"
-    assert gdn_mod.key_head_of_value_head(_load(tiny_model, "qwen35").config).tolist() == [
+    assert _load(tiny_model, "qwen35").config.ext.gdn.v_head_order == "tiled"
+    assert _load(tiny_model, "qwen3next").config.ext.gdn.v_head_order == "grouped"
+    assert gdn_mod.key_head_of_value_head(_load(tiny_model, "qwen35").config.ext.gdn).tolist() == [
         0,
         1,
         0,
         1,
     ]
-    assert gdn_mod.key_head_of_value_head(_load(tiny_model, "qwen3next").config).tolist() == [
+    assert gdn_mod.key_head_of_value_head(
+        _load(tiny_model, "qwen3next").config.ext.gdn
+    ).tolist() == [
         0,
         0,
         1,

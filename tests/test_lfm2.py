@@ -51,6 +51,7 @@ from model_checks import (
 from script_loader import load_script
 
 import frink_cli
+from frink_cli.archs.decoder import with_ext
 from frink_cli.decoder import Decoder
 from frink_cli.errors import FrinkError
 from frink_cli.formats import open_checkpoint
@@ -527,8 +528,8 @@ def _variant(m: frink_cli.Model, name: str, variant: str) -> Decoder:
             for lw in layers
         ]
     elif variant == "softmax gating":
-        assert cfg.moe is not None
-        cfg = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, gating="softmax"))
+        assert cfg.ext.moe is not None
+        cfg = with_ext(cfg, moe=dataclasses.replace(cfg.ext.moe, gating="softmax"))
     else:
         raise AssertionError(variant)
     return Decoder(cfg, ModelWeights(w.token_embd, w.output_norm, w.output, None, layers))

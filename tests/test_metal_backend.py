@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 mx = pytest.importorskip("mlx.core")
+
+from model_checks import configured  # noqa: E402
 
 import frink_cli  # noqa: E402
 from frink_cli.backends import Refusal  # noqa: E402
@@ -118,7 +119,7 @@ def test_refused_layers_alternate_with_device_runs(tiny_model, monkeypatch, name
     ],
 )
 def test_every_refusal_is_named(tiny_model, change, reason):
-    cfg = replace(frink_cli.load(tiny_model("llama").gguf).config, **change)
+    cfg = configured(frink_cli.load(tiny_model("llama").gguf).config, **change)
     for layer in range(cfg.n_layer):
         assert reason in eligibility.layer_refusals(cfg, layer)
 

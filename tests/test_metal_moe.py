@@ -165,7 +165,7 @@ def test_quantized_moe_matches_host(quantized_copy, tiny_model, gather_calls, na
     dev = frink_cli.load(path, backend="metal")
     backend = dev.decoder.backend
     cfg = dev.config
-    n_moe = sum(cfg.moe.layers)
+    n_moe = sum(cfg.ext.moe.layers)
 
     # Resident in the file's own blocks: uint32 words, 32 weights a group, per expert.
     types = _types(kind)
@@ -179,7 +179,7 @@ def test_quantized_moe_matches_host(quantized_copy, tiny_model, gather_calls, na
     stacks = _expert_arrays(backend)
     assert len(stacks) == n_moe * (3 if kind.startswith("mixed") else 2)
     for s in stacks:
-        assert s.w.dtype == mx.uint32 and s.w.ndim == 3 and s.w.shape[0] == cfg.moe.n_expert
+        assert s.w.dtype == mx.uint32 and s.w.ndim == 3 and s.w.shape[0] == cfg.ext.moe.n_expert
         cols = s.w.shape[2] * 32 // s.bits
         assert s.scales.shape == (*s.w.shape[:2], cols // 32)
         if s.mode == "mxfp4":  # e8m0 exponent bytes, no biases
@@ -193,12 +193,12 @@ def test_quantized_moe_matches_host(quantized_copy, tiny_model, gather_calls, na
     if kind == "mixed-mxfp4":
         qkv = backend.layers[0].qkv  # q/k MXFP4 beside a Q8_0 v: one part per mode
         assert [p.mode for p in qkv.parts] == ["mxfp4", "affine"], qkv.parts
-    f32_bytes = n_moe * cfg.moe.n_expert * 3 * cfg.moe.n_ff_exp * cfg.n_embd * 4
+    f32_bytes = n_moe * cfg.ext.moe.n_expert * 3 * cfg.ext.moe.n_ff_exp * cfg.n_embd * 4
     held = sum(
         s.w.nbytes + s.scales.nbytes + (0 if s.biases is None else s.biases.nbytes) for s in stacks
     )
     assert held < 0.45 * f32_bytes  # 8-bit: 0.31 of f32 (scales and biases are f32)
-    if cfg.moe.n_ff_shexp:
+    if cfg.ext.moe.n_ff_shexp:
         assert backend.layers[-1].moe.gate_up_shexp.scales is not None
 
     ids = tiny_model(name).ref["tokens"][:24]  # 24 rows x top k >= 64: sorted by expert

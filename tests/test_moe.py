@@ -124,8 +124,13 @@ def test_qwen35moe_has_no_dense_ffn_width(tiny_model: Callable) -> None:
     gg = open_checkpoint(_path(tiny_model, "qwen35moe", "gguf"))
     assert "qwen35moe.feed_forward_length" not in gg.metadata
     cfg = config_from_checkpoint(gg)
-    assert cfg.n_ff == 0 and all(cfg.moe.layers)
-    assert (cfg.moe.n_expert, cfg.moe.n_expert_used, cfg.moe.n_ff_exp, cfg.moe.n_ff_shexp) == (
+    assert cfg.n_ff == 0 and all(cfg.ext.moe.layers)
+    assert (
+        cfg.ext.moe.n_expert,
+        cfg.ext.moe.n_expert_used,
+        cfg.ext.moe.n_ff_exp,
+        cfg.ext.moe.n_ff_shexp,
+    ) == (
         8,
         3,
         32,

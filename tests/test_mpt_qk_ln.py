@@ -33,6 +33,7 @@ from model_checks import (
     _decode_after_prefill,
     _max_diff,
     _prefill_prefix_decode,
+    configured,
 )
 from script_loader import load_script
 
@@ -76,7 +77,7 @@ def test_the_fixture_has_qk_layernorms(fixture: Any) -> None:
         for t in ("attn_q_norm", "attn_k_norm"):
             assert {f"blk.{i}.{t}.weight", f"blk.{i}.{t}.bias"} <= names
     cfg = frink_cli.load(fixture[0]).config
-    assert cfg.qk_norm_full and cfg.layer_norm and cfg.clamp_kqv == 1.0
+    assert cfg.ext.qk_norm_full and cfg.ext.layer_norm and cfg.ext.clamp_kqv == 1.0
     assert {"qk_norm_full", "layer_norm", "alibi_bias", "clamp_kqv"} <= cfg.features()
 
 
@@ -105,7 +106,7 @@ def test_each_piece_moves_the_logits(variant: str, fixture: Any) -> None:
     w = m.decoder.host.w
     cfg = m.config
     if variant == "no QK norm":
-        cfg = dataclasses.replace(cfg, qk_norm_full=False)
+        cfg = configured(cfg, qk_norm_full=False)
         changes: dict[str, Any] = {"q_norm": None, "k_norm": None}
     else:
         changes = {"q_norm_b": None, "k_norm_b": None}

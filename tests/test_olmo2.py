@@ -42,6 +42,7 @@ from model_checks import (
     _path,
     _prefill_prefix_decode,
     _tokens,
+    configured,
 )
 
 import frink_cli
@@ -173,7 +174,7 @@ def test_each_decoration_moves_the_graph(variant: str, tiny_model: Callable) -> 
     w = m.decoder.host.w
     layers = [dataclasses.replace(lw, **weight_changes(lw)) for lw in w.layers]
     off = Decoder(
-        dataclasses.replace(m.config, **changes),
+        configured(m.config, **changes),
         ModelWeights(w.token_embd, w.output_norm, w.output, w.rope_freqs, layers),
     )
     tokens = np.asarray(_tokens(tiny_model, NAME))

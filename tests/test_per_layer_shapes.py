@@ -29,6 +29,7 @@ from model_checks import (
     _cuda_models,
     _decode_after_prefill,
     _prefill_prefix_decode,
+    configured,
 )
 from script_loader import load_script
 
@@ -177,7 +178,7 @@ VARIANTS: dict[str, tuple[str, Any, dict[int, dict[str, Any]]]] = {
     # openelm's per-head Q and K norms.
     "openelm: no QK norms": (
         "openelm",
-        lambda c: dataclasses.replace(c, qk_norm=False),
+        lambda c: configured(c, qk_norm=False),
         {i: {"q_norm": None, "k_norm": None} for i in range(4)},
     ),
     # deci's linear-attention layer (wo on the normed input) dropped: the layer as a

@@ -31,6 +31,7 @@ from model_checks import (
     _cuda_models,
     _decode_after_prefill,
     _prefill_prefix_decode,
+    configured,
 )
 from script_loader import load_script
 
@@ -77,8 +78,8 @@ def test_the_fixture_is_llama_cpps_talkie(fixture: Any) -> None:
 def test_config_reads_the_decorations(fixture: Any) -> None:
     cfg = config_from_checkpoint(open_checkpoint(fixture[0]))
     assert {"embd_skip", "weightless_norms", "attn_q_gain", "proj_scales"} <= cfg.features()
-    assert cfg.logit_scale == pytest.approx(1 / _talkie.LOGIT_SCALE)  # frink's divides
-    assert cfg.rope_type == "neox" and not cfg.tied_embeddings and not cfg.qk_norm
+    assert cfg.ext.logit_scale == pytest.approx(1 / _talkie.LOGIT_SCALE)  # frink's divides
+    assert cfg.rope_type == "neox" and not cfg.tied_embeddings and not cfg.ext.qk_norm
     assert cfg.residual_width == 2 * N_EMBD
     assert cfg.norm_eps == pytest.approx(float(np.finfo(np.float32).eps))
 
@@ -131,7 +132,7 @@ def test_each_decoration_moves_the_graph(variant: str, fixture: Any) -> None:
     w = m.decoder.host.w
     layers = [dataclasses.replace(lw, **weight_changes(lw)) for lw in w.layers]
     off = Decoder(
-        dataclasses.replace(m.config, **changes),
+        configured(m.config, **changes),
         dataclasses.replace(w, layers=layers),
     )
     tokens = np.asarray(_tokens(ref))

@@ -18,6 +18,7 @@ GELU FFN, fused QKV (`attn_qkv`, rows [q | k | v]).
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -25,8 +26,11 @@ import numpy as np
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..formats.safetensors import HfModelType, Transform
-from ..model.config import ModelConfig
+from ..graph.blocks.attention import AttentionSpec
+from ..graph.ops import Array, Ops
+from ..model.config import LayerShape, ModelConfig
 from .base import MetadataWriter, f32, get
+from .decoder import DecoderConfig, with_ext
 from .starcoder2 import LayerNormArch
 
 
@@ -41,7 +45,38 @@ def unzip_bloom_qkv(w: np.ndarray, hp: dict[str, Any]) -> np.ndarray:
 UNZIP_BLOOM_QKV = Transform(lambda w, hp, shape: unzip_bloom_qkv(w, hp))
 
 
+@dataclass(frozen=True)
+class AlibiConfig(DecoderConfig):
+    """ALiBi instead of rope, optionally a clipped QKV and a LayerNorm on the embeddings."""
+
+    # Each head adds -slope_h * (query pos - key pos) to its scores, slopes from this max
+    # bias as llama.cpp (ggml_soft_max_ext) computes them.
+    alibi_bias: float | None = None
+    clamp_kqv: float | None = None  # the QKV projection's output clipped to [-c, c]
+    embd_norm: bool = False  # a LayerNorm on the looked-up embeddings (token_embd_norm)
+
+    def alibi_slopes(self, n_head: int) -> tuple[float, ...]:
+        """Per query head, its ALiBi slope: ggml's m0^(h+1) for the first 2^floor(log2 H)
+        heads, then m1^(2(h - n)+1) (as llama.cpp's soft_max_ext with max_bias)."""
+        assert self.alibi_bias is not None
+        n = 1 << (n_head.bit_length() - 1)  # 2^floor(log2(H))
+        m0 = 2.0 ** (-self.alibi_bias / n)
+        m1 = 2.0 ** (-(self.alibi_bias / 2.0) / n)
+        return tuple(m0 ** (h + 1) if h < n else m1 ** (2 * (h - n) + 1) for h in range(n_head))
+
+    def make_attention_spec(self, cfg: ModelConfig, shape: LayerShape) -> AttentionSpec:
+        spec = super().make_attention_spec(cfg, shape)
+        alibi = None if self.alibi_bias is None else self.alibi_slopes(cfg.n_head)
+        return dataclasses.replace(spec, rotates=alibi is None, alibi=alibi, clamp=self.clamp_kqv)
+
+    def embed(self, ops: Ops, cfg: ModelConfig, w: Any, x: Array, lookup: Any) -> Array:
+        if self.embd_norm:
+            x = ops.layer_norm(x, w.token_embd_norm, w.token_embd_norm_b, cfg.norm_eps)
+        return super().embed(ops, cfg, w, x, lookup)
+
+
 class Bloom(LayerNormArch):
+    ext_class = AlibiConfig
     name = "bloom"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
         "bloom": HfModelType(
@@ -87,10 +122,11 @@ class Bloom(LayerNormArch):
 
     def config(self, ckpt: Checkpoint) -> ModelConfig:
         cfg = super().config(ckpt)
-        return dataclasses.replace(cfg, alibi_bias=8.0, embd_norm=True)
+        return with_ext(cfg, alibi_bias=8.0, embd_norm=True)
 
 
 class Mpt(LayerNormArch):
+    ext_class = AlibiConfig
     name = "mpt"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
         "mpt": HfModelType(
@@ -150,6 +186,4 @@ class Mpt(LayerNormArch):
             raise FrinkError(f"{ckpt.path}: mpt with position embeddings is not supported")
         clamp = float(get(md, self.key("attention.clamp_kqv"), 0.0) or 0.0)
         qk_ln = "blk.0.attn_q_norm.weight" in names  # llama.cpp: present on every layer or none
-        return dataclasses.replace(
-            cfg, alibi_bias=max_bias, clamp_kqv=clamp or None, qk_norm_full=qk_ln
-        )
+        return with_ext(cfg, alibi_bias=max_bias, clamp_kqv=clamp or None, qk_norm_full=qk_ln)

@@ -21,7 +21,10 @@ import numpy as np
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..formats.safetensors import HfModelType, Kept, Plan, Transform, is_finite_number, is_uint
-from ..model.config import GdnConfig, LayerSizes, ModelConfig, MoeConfig, RopeScaling
+from ..graph.blocks.gdn import GdnConfig
+from ..graph.blocks.moe import MoeConfig
+from ..model.config import LayerSizes, ModelConfig, RopeScaling
+from .decoder import DecoderConfig
 
 # A composite turns several stored tensors into one GGUF tensor, or one into several: it
 # pops what it takes from `kept` and returns the plans it makes.
@@ -153,6 +156,10 @@ class Arch:
     zero_head_layers: ClassVar[bool] = False
     zero_ffn_layers: ClassVar[bool] = False
 
+    # The architecture's own config (archs/decoder.py's DecoderConfig or a subclass in the
+    # architecture's module): its fields and its layer.
+    ext_class: ClassVar[type[DecoderConfig]] = DecoderConfig
+
     # --- weight loading: where each layer's norms are stored ---------------------------
     # The pre-FFN norm's GGUF name (qwen35/qwen3next store it as post_attention_norm).
     ffn_norm_tensor: ClassVar[str] = "ffn_norm"
@@ -273,6 +280,8 @@ class Arch:
             raise FrinkError(
                 f"{ckpt.path}: model metadata is missing {arch}.feed_forward_length (or it is 0)"
             )
+        # A GDN hybrid's own block config, for its architecture config class.
+        extra: dict[str, Any] = {} if gdn is None else {"gdn": gdn}
         rope_base = float(get(md, key("rope.freq_base"), 10000.0))
         rope_base_swa = float(get(md, key("rope.freq_base_swa"), self.rope_base_swa or rope_base))
 
@@ -297,20 +306,22 @@ class Arch:
             sliding_window=sliding_window,
             swa_layers=tuple(swa_layers),
             ffn_act=self.ffn_act,
-            qk_norm=self.qk_norm,
-            post_attn_norm=self.post_attn_norm,
-            post_ffn_norm=self.post_ffn_norm,
-            embd_scale=self.embd_scale(n_embd),
-            final_logit_softcap=positive_or_none(get(md, key("final_logit_softcapping"))),
-            attn_logit_softcap=positive_or_none(get(md, key("attn_logit_softcapping"))),
             tied_embeddings="output.weight" not in names,
             has_rope_freqs="rope_freqs.weight" in names,
-            ffn_norm_tensor=self.ffn_norm_tensor,
-            attn_output_gate=self.attn_output_gate,
             rope_scaling=rope_scaling,
             layer_sizes=layer_sizes,
-            gdn=gdn,
-            moe=moe,
+            ext=self.ext_class(
+                qk_norm=self.qk_norm,
+                post_attn_norm=self.post_attn_norm,
+                post_ffn_norm=self.post_ffn_norm,
+                embd_scale=self.embd_scale(n_embd),
+                final_logit_softcap=positive_or_none(get(md, key("final_logit_softcapping"))),
+                attn_logit_softcap=positive_or_none(get(md, key("attn_logit_softcapping"))),
+                ffn_norm_tensor=self.ffn_norm_tensor,
+                attn_output_gate=self.attn_output_gate,
+                moe=moe,
+                **extra,
+            ),
         )
 
     def _layer_sizes(self, ckpt: Checkpoint, n_layer: int, n_tensors: int) -> LayerSizes:

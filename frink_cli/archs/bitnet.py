@@ -27,6 +27,7 @@ names the converter's tensor map knows (`self_attn.inner_attn_ln` / `mlp.ffn_lay
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -36,6 +37,18 @@ from ..formats import Checkpoint
 from ..formats.safetensors import HfModelType, Transform
 from ..model.config import ModelConfig
 from .base import HF_CORE_TENSORS, Arch, MetadataWriter, hf_type
+from .decoder import DecoderConfig, with_ext
+
+
+@dataclass(frozen=True)
+class BitnetConfig(DecoderConfig):
+    """BitNet's sub-norms: an RMSNorm on the attention output before o_proj (attn_sub_norm
+    [n_head*hd_v]) and on the FFN's gated activation before down (ffn_sub_norm [n_ff]):
+    the blocks apply them where the weights hold them."""
+
+    attn_sub_norm: bool = False
+    ffn_sub_norm: bool = False
+
 
 # The projections the converter ternarizes (its modify_tensors list).
 TERNARY_TENSORS = (
@@ -62,6 +75,7 @@ TERNARIZE = Transform(lambda w, hp, shape: ternarize(w))
 
 
 class Bitnet(Arch):
+    ext_class = BitnetConfig
     name = "bitnet"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
         "bitnet": hf_type(
@@ -92,7 +106,8 @@ class Bitnet(Arch):
 
     def config(self, ckpt: Checkpoint) -> ModelConfig:
         cfg = super().config(ckpt)
-        return dataclasses.replace(cfg, attn_sub_norm=True, ffn_sub_norm=True, tied_embeddings=True)
+        cfg = with_ext(cfg, attn_sub_norm=True, ffn_sub_norm=True)
+        return dataclasses.replace(cfg, tied_embeddings=True)
 
     def hf_transforms(self) -> dict[str, tuple[Transform, ...]]:
         return {f"blk.{{bid}}.{t}.weight": (TERNARIZE,) for t in TERNARY_TENSORS}

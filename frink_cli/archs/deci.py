@@ -23,17 +23,43 @@ Refused by name, not guessed:
 
 from __future__ import annotations
 
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..formats.safetensors import HfModelType
-from ..model.config import ModelConfig
+from ..graph.ops import Array, Ops
+from ..model.config import LayerShape, ModelConfig
 from .base import Arch
+from .decoder import DecoderConfig
+
+
+@dataclass(frozen=True)
+class DeciConfig(DecoderConfig):
+    """Per-layer sizes whose zeros shape the layer (llama.cpp's deci.cpp): no heads, no
+    attention (mixer "none"); heads without KV heads, "linear attention": wo on the normed
+    rows (mixer "linear"); no FFN width, no FFN."""
+
+    def mixer(
+        self,
+        ops: Ops,
+        cfg: ModelConfig,
+        shape: LayerShape,
+        w: Any,
+        h: Array,
+        pos: Any,
+        kv: Any,
+        rope: Any,
+    ) -> Array:
+        if shape.mixer == "linear":
+            return ops.linear(h, w.wo)
+        return super().mixer(ops, cfg, shape, w, h, pos, kv, rope)
 
 
 class Deci(Arch):
     name = "deci"
+    ext_class = DeciConfig
     hf_model_types: ClassVar[dict[str, HfModelType]] = {}
     per_layer_sizes = True
     zero_head_layers = True

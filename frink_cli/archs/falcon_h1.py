@@ -19,6 +19,7 @@ it (pre_ff_layernorm -> blk.N.ffn_norm).
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -26,10 +27,16 @@ import numpy as np
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..formats.safetensors import HfModelType, Transform
-from ..model.config import ModelConfig
+from ..graph.blocks.attention import attention
+from ..graph.blocks.mamba import mamba2
+from ..graph.blocks.norms import scaled
+from ..graph.ops import Array, Ops
+from ..model.config import LayerShape, ModelConfig
 from .base import Arch, MetadataWriter, hf_type
+from .decoder import with_ext
 from .mamba import (
     MAMBA2_TRANSFORMS,
+    MambaStackConfig,
     _groups,
     mamba2_hf_metadata,
     mamba2_mixer_tensors,
@@ -109,8 +116,31 @@ _TRANSFORMS: dict[str, tuple[Transform, ...]] = {
 }
 
 
+@dataclass(frozen=True)
+class FalconH1Config(MambaStackConfig):
+    """Every layer runs attention and a Mamba-2 mixer side by side on the same normed rows
+    (mixer "attention+mamba2"); the slot holds the K/V rows and the mamba state."""
+
+    def mixer(
+        self,
+        ops: Ops,
+        cfg: ModelConfig,
+        shape: LayerShape,
+        w: Any,
+        h: Array,
+        pos: Any,
+        kv: Any,
+        rope: Any,
+    ) -> Array:
+        if shape.mixer != "attention+mamba2":
+            return super().mixer(ops, cfg, shape, w, h, pos, kv, rope)
+        a = scaled(attention(ops, self.attention_spec(cfg, shape), w, h, pos, kv, rope), w.wo_scale)
+        return ops.add_(a, mamba2(ops, self._m(), cfg.norm_eps, w.mamba2, h, kv))
+
+
 class FalconH1(Arch):
     name = "falcon-h1"
+    ext_class = FalconH1Config
     rope_type = "neox"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
         "falcon_h1": hf_type(128000, 8192, **_DEFAULTS),
@@ -137,7 +167,7 @@ class FalconH1(Arch):
     def config(self, ckpt: Checkpoint) -> ModelConfig:
         cfg = super().config(ckpt)
         m = mamba2_ssm_config(self, ckpt, ssm_config(self, ckpt))
-        return dataclasses.replace(cfg, mamba=dataclasses.replace(m, parallel=True))
+        return with_ext(cfg, mamba=dataclasses.replace(m, parallel=True))
 
     def hf_transforms(self) -> dict[str, tuple[Transform, ...]]:
         return {**MAMBA2_TRANSFORMS, **_TRANSFORMS}

@@ -8,12 +8,16 @@ Not an architecture itself: qwen35.py and qwen3next.py subclass it.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from ..errors import FrinkError
 from ..formats.safetensors import HfModelType, Transform
+from ..graph.blocks.gdn import GdnConfig, gdn
+from ..graph.ops import Array, Ops
+from ..model.config import LayerShape, ModelConfig
 from .base import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, Arch, MetadataWriter, hf_type
+from .decoder import DecoderConfig
 from .transforms import ADD_ONE, NEG_EXP, SQUEEZE
 
 # Shared by every GDN hybrid's defaults (transformers' Qwen3NextConfig / Qwen3_5TextConfig).
@@ -40,7 +44,64 @@ def hf_text_type(defaults: dict[str, Any]) -> HfModelType:
     )
 
 
+@dataclass(frozen=True)
+class GdnHybridConfig(DecoderConfig):
+    """A decoder whose layers gdn.layers names are gated delta nets, not attention."""
+
+    gdn: GdnConfig | None = None
+
+    def layer_shape(self, cfg: ModelConfig, layer: int) -> LayerShape:
+        shape = super().layer_shape(cfg, layer)
+        return replace(shape, mixer="gdn") if self.is_recurrent(cfg, layer) else shape
+
+    def is_recurrent(self, cfg: ModelConfig, layer: int) -> bool:
+        return self.gdn is not None and self.gdn.layers[layer]
+
+    def info(self) -> dict[str, Any]:
+        g = self.gdn
+        if g is None:
+            return super().info()
+        return {
+            **super().info(),
+            "gdn": {
+                "layers": sum(g.layers),
+                "key_heads": g.n_k_heads,
+                "value_heads": g.n_v_heads,
+                "head_dim_k": g.head_dim_k,
+                "head_dim_v": g.head_dim_v,
+                "conv_kernel": g.conv_kernel,
+                "value_head_order": g.v_head_order,
+            },
+        }
+
+    def recurrent_shapes(
+        self, cfg: ModelConfig, layer: int
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        assert self.gdn is not None and self.gdn.layers[layer]  # asked of a GDN layer only
+        return self.gdn.state_shapes()
+
+    def recurrent_state_bytes(self, cfg: ModelConfig) -> int:
+        return 0 if self.gdn is None else self.gdn.state_bytes()
+
+    def mixer(
+        self,
+        ops: Ops,
+        cfg: ModelConfig,
+        shape: LayerShape,
+        w: Any,
+        h: Array,
+        pos: Any,
+        kv: Any,
+        rope: Any,
+    ) -> Array:
+        if shape.mixer == "gdn":
+            assert self.gdn is not None
+            return gdn(ops, self.gdn, cfg.norm_eps, w.gdn, h, kv)
+        return super().mixer(ops, cfg, shape, w, h, pos, kv, rope)
+
+
 class GdnHybrid(Arch):
+    ext_class = GdnHybridConfig
     rope_type = "neox"
     qk_norm = True
     attn_output_gate = True

@@ -39,8 +39,12 @@ import numpy as np
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..formats.safetensors import HfModelType
-from ..model.config import ModelConfig
+from ..graph.blocks.attention import AttentionSpec
+from ..graph.blocks.ffn import gated_ffn
+from ..graph.ops import Array, Ops
+from ..model.config import LayerShape, ModelConfig
 from .base import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, Arch, MetadataWriter, f32, get, multimodal
+from .decoder import DecoderConfig, decoder_ext, with_ext
 
 # The converter's frequency factor for the pairs proportional rope leaves unrotated.
 UNROTATED_FACTOR = 1e30
@@ -101,8 +105,122 @@ def _full_override(hp: dict[str, Any], key: str) -> Any:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class Gemma4Config(DecoderConfig):
+    """Gemma 4's additions to the decoder (see the module docstring)."""
+
+    # The sliding layers' head width (K = V) and rotated dims, where they differ from the
+    # full layers' head_dim_k / rope_dim (llama.cpp's n_embd_head_k_swa, n_rot_swa).
+    swa_head_dim: int | None = None
+    swa_rope_dim: int | None = None
+    rope_freqs_global_only: bool = False  # rope_freqs apply to the full layers only
+    v_norm: bool = False  # a weightless RMSNorm on each V head
+    # Layers from this index on reuse the K/V of the last earlier layer of their kind
+    # (llama.cpp: n_kv - 2 for sliding, n_kv - 1 for full layers). None: none share.
+    kv_shared_from: int | None = None
+    v_from_k: tuple[bool, ...] = ()  # per layer: no V projection, V = the raw K projection
+    # n_embd_per_layer columns per layer, computed once from the tokens and the scaled
+    # embeddings, ride beside the residual stream (rows are [stream | n_layer * n]); each
+    # layer adds its gated projection after its FFN. 0: none.
+    per_layer_embd: int = 0
+    layer_out_scale: bool = False  # a per-layer scalar multiplies each layer's output
+
+    def layer_shape(self, cfg: ModelConfig, layer: int) -> LayerShape:
+        shape = super().layer_shape(cfg, layer)
+        if not cfg.swa_layers[layer]:
+            return shape
+        hk = self.swa_head_dim or shape.head_dim_k
+        return dataclasses.replace(
+            shape,
+            head_dim_k=hk,
+            head_dim_v=self.swa_head_dim or shape.head_dim_v,
+            rope_dim=self.swa_rope_dim or shape.rope_dim,
+            no_rope_freqs=cfg.has_rope_freqs and self.rope_freqs_global_only,
+        )
+
+    def kv_source(self, cfg: ModelConfig, layer: int) -> int | None:
+        n_kv = self.kv_shared_from
+        if n_kv is None or layer < n_kv:
+            return None
+        return n_kv - (2 if cfg.swa_layers[layer] else 1)
+
+    def residual_width(self, cfg: ModelConfig) -> int:
+        return cfg.n_embd + cfg.n_layer * self.per_layer_embd
+
+    def make_attention_spec(self, cfg: ModelConfig, shape: LayerShape) -> AttentionSpec:
+        spec = super().make_attention_spec(cfg, shape)
+        v_from_k = bool(self.v_from_k) and self.v_from_k[shape.index]
+        return dataclasses.replace(spec, v_norm=self.v_norm, v_from_k=v_from_k)
+
+    def embed(self, ops: Ops, cfg: ModelConfig, w: Any, x: Array, lookup: Any) -> Array:
+        """The scaled embeddings x [T, n_embd] and, beside them, the per-layer inputs ->
+        [T, n_embd + n_layer * n]: each layer's n columns are
+
+            (rms_norm(proj . x / sqrt(n_embd)) + rows * sqrt(n)) / sqrt(2)
+
+        (the norm per layer's n columns; rows: the tokens' per_layer_token_embd rows), as
+        llama.cpp's project_per_layer_inputs and transformers' get_per_layer_inputs /
+        project_per_layer_inputs compute them."""
+        x = super().embed(ops, cfg, w, x, lookup)
+        n, L, T = self.per_layer_embd, cfg.n_layer, x.shape[0]
+        if not n:
+            return x
+        rows = lookup(w.per_layer_token_embd)
+        p = ops.scale_(ops.linear(x, w.per_layer_model_proj), cfg.n_embd**-0.5)
+        p = ops.rms_norm_(p.reshape(T, L, n), w.per_layer_proj_norm, cfg.norm_eps)
+        p = ops.add_(p.reshape(T, L * n), ops.scale_(rows, math.sqrt(n)))
+        return ops.concat([x, ops.scale_(p, 0.5**0.5)])
+
+    def layer(
+        self,
+        ops: Ops,
+        cfg: ModelConfig,
+        shape: LayerShape,
+        w: Any,
+        x: Array,
+        pos: Any,
+        kv: Any,
+        rope: Any,
+    ) -> Array:
+        """The decoder layer, then this layer's per-layer input (after the FFN's residual
+        add: x + post_norm(proj(act(gate(x)) * inp_l))) and its output scale."""
+        n = self.per_layer_embd
+        side = None
+        if n:
+            x, side = x[:, : cfg.n_embd], x[:, cfg.n_embd :]
+        out = super().layer(ops, cfg, shape, w, x, pos, kv, rope)
+        if side is not None:
+            i = shape.index
+            g = ops.act(ops.linear(out, w.ple_gate), cfg.ffn_act) * side[:, i * n : (i + 1) * n]
+            g = ops.rms_norm_(ops.linear(g, w.ple_proj), w.ple_post_norm, cfg.norm_eps)
+            out = ops.add_(out, g)
+        if w.out_scale is not None:
+            out = out * w.out_scale  # layer_output_scale [1]
+        return out if side is None else ops.concat([out, side])
+
+    def ffn(
+        self, ops: Ops, cfg: ModelConfig, shape: LayerShape, w: Any, x: Array, h: Array
+    ) -> Array:
+        """The MoE layer's FFN (llama.cpp's gemma4.cpp, transformers' Gemma4TextDecoderLayer
+        with enable_moe_block): the dense FFN on h = ffn_norm(x), post-normed, plus the
+        experts on pre_norm_2(x), post-normed; the router reads rms_norm(x) * scale /
+        sqrt(n_embd) (folded into one norm weight at load); softmax over the experts, top
+        k, renormalized, each weight times its expert's scale."""
+        if shape.ffn != "dense+moe":
+            return super().ffn(ops, cfg, shape, w, x, h)
+        m, e, eps = self.moe, w.moe, cfg.norm_eps
+        assert m is not None  # layer_shape says "dense+moe" only with a MoeConfig
+        dense = ops.rms_norm_(gated_ffn(ops, cfg.ffn_act, w, h, eps), e.dense_post_norm, eps)
+        r = ops.linear(ops.rms_norm(x, e.router_norm, eps), e.inp)
+        ids, weights = ops.route(r, m.n_expert_used, m.norm_topk, m.gating, None)
+        weights = weights * e.expert_scale[ids]
+        routed = ops.experts(ops.rms_norm(x, e.pre_norm, eps), ids, weights, e, cfg.ffn_act)
+        return ops.add_(dense, ops.rms_norm_(routed, e.post_norm, eps))
+
+
 class Gemma4(Arch):
     name = "gemma4"
+    ext_class = Gemma4Config
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
         "gemma4_text": _TEXT,
         "gemma4": multimodal(
@@ -162,13 +280,13 @@ class Gemma4(Arch):
     def config(self, ckpt: Checkpoint) -> ModelConfig:
         md, key = ckpt.metadata, self.key
         cfg = super().config(ckpt)
-        if cfg.moe is not None:
-            if not all(cfg.moe.layers):
+        moe = decoder_ext(cfg).moe
+        if moe is not None:
+            if not all(moe.layers):
                 raise FrinkError(f"{ckpt.path}: Gemma 4 MoE with dense-only layers")
             # Softmax over the experts, top k renormalized (llama.cpp's build_moe_ffn with
             # norm_w; transformers' Gemma4TextRouter).
-            moe = dataclasses.replace(cfg.moe, parallel_dense=True, norm_topk=True)
-            cfg = dataclasses.replace(cfg, moe=moe)
+            cfg = with_ext(cfg, moe=dataclasses.replace(moe, parallel_dense=True, norm_topk=True))
         names = set(ckpt.tensors.names())
         n = cfg.n_layer
         head_swa = int(get(md, key("attention.key_length_swa"), cfg.head_dim_k))
@@ -212,7 +330,7 @@ class Gemma4(Arch):
         scales = [f"blk.{layer}.layer_output_scale.weight" in names for layer in range(n)]
         if any(scales) and not all(scales):
             raise FrinkError(f"{ckpt.path}: layer_output_scale on some layers only")
-        return dataclasses.replace(
+        return with_ext(
             cfg,
             swa_head_dim=head_swa if head_swa != cfg.head_dim_k else None,
             swa_rope_dim=rope_swa if rope_swa != cfg.rope_dim else None,

@@ -47,8 +47,26 @@ from ..formats.safetensors import (
     read_stored,
 )
 from ..graph.ffn import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
-from ..model.config import ModelConfig
+from ..model.config import LayerShape, ModelConfig
 from .base import HF_CORE_TENSORS, Arch, Composite, MetadataWriter, hf_type
+from .decoder import DecoderConfig, decoder_ext, with_ext
+
+
+@dataclasses.dataclass(frozen=True)
+class GptOssConfig(DecoderConfig):
+    """A learned logit per query head joins each softmax and takes no value (attn_sinks
+    [n_head]: llama.cpp's ggml_soft_max_add_sinks, transformers' s_aux; the attention block
+    reads it from the weights), and the sliding-window layers keep the model's rope scaling
+    (llama.cpp's rope_freq_scale_train_swa = rope_freq_scale_train)."""
+
+    attn_sinks: bool = False
+    swa_rope_scaled: bool = False
+
+    def layer_shape(self, cfg: ModelConfig, layer: int) -> LayerShape:
+        shape = super().layer_shape(cfg, layer)
+        if self.swa_rope_scaled and cfg.swa_layers[layer]:
+            shape = dataclasses.replace(shape, rope_scale=cfg.rope_scale)
+        return shape
 
 
 def _read_transposed(st: StoredTensor, rows: slice | None) -> np.ndarray:
@@ -113,6 +131,7 @@ def split_experts(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
 
 
 class GptOss(Arch):
+    ext_class = GptOssConfig
     name = "gpt-oss"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
         "gpt_oss": dataclasses.replace(
@@ -159,9 +178,10 @@ class GptOss(Arch):
             raise FrinkError(
                 f"{ckpt.path}: model metadata is missing {self.key('attention.sliding_window')}"
             )
-        assert cfg.moe is not None  # moe_every_layer: base.config requires the experts
-        moe = dataclasses.replace(cfg.moe, norm_topk=True, biases=True, gating="softmax")
-        return dataclasses.replace(cfg, moe=moe, attn_sinks=True, swa_rope_scaled=True)
+        moe = decoder_ext(cfg).moe
+        assert moe is not None  # moe_every_layer: base.config requires the experts
+        moe = dataclasses.replace(moe, norm_topk=True, biases=True, gating="softmax")
+        return with_ext(cfg, moe=moe, attn_sinks=True, swa_rope_scaled=True)
 
     def hf_metadata(self, w: MetadataWriter, notes: list[str]) -> None:
         hp = w.hp

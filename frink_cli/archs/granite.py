@@ -46,6 +46,7 @@ from ..formats.safetensors import (
 )
 from ..model.config import ModelConfig
 from .base import Composite, MetadataWriter, get, hf_type
+from .decoder import decoder_ext, with_ext
 from .llama import Llama
 
 # transformers' Granite config defaults: every multiplier neutral.
@@ -77,7 +78,7 @@ class Granite(Llama):
             value = float(get(md, self.key(key), 0.0) or 0.0)
             return None if value in (0.0, 1.0) else value
 
-        return dataclasses.replace(
+        return with_ext(
             cfg,
             embd_scale=scale("embedding_scale"),
             residual_scale=scale("residual_scale"),
@@ -174,12 +175,13 @@ class GraniteMoe(Granite):
 
     def config(self, ckpt: Checkpoint) -> ModelConfig:
         cfg = super().config(ckpt)
-        if cfg.moe is None:
+        moe = decoder_ext(cfg).moe
+        if moe is None:
             return cfg
         # llama.cpp's granite graph: experts as wide as feed_forward_length, the top k
         # renormalized (build_moe_ffn norm_w = true), the shared expert added ungated.
-        moe = dataclasses.replace(cfg.moe, n_ff_exp=cfg.n_ff, norm_topk=True, shared_gate=False)
-        return dataclasses.replace(cfg, moe=moe)
+        moe = dataclasses.replace(moe, n_ff_exp=cfg.n_ff, norm_topk=True, shared_gate=False)
+        return with_ext(cfg, moe=moe)
 
     def hf_metadata(self, w: MetadataWriter, notes: list[str]) -> None:
         super().hf_metadata(w, notes)

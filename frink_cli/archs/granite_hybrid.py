@@ -19,16 +19,21 @@ mamba layers, context_length 2**20 and rope.scaling.finetuned false.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..formats.safetensors import HfModelType, Transform
-from ..model.config import MambaConfig, ModelConfig
+from ..graph.blocks.attention import AttentionSpec
+from ..graph.blocks.mamba import MambaConfig
+from ..model.config import LayerShape, ModelConfig
 from .base import MetadataWriter, _is_array, get, hf_type
+from .decoder import with_ext
 from .granite import _MULTIPLIERS, GraniteMoe
 from .mamba import (
     MAMBA2_TRANSFORMS,
+    MambaStackConfig,
     _groups,
     mamba2_hf_metadata,
     mamba2_mixer_tensors,
@@ -54,6 +59,19 @@ _DEFAULTS: dict[str, Any] = dict(
 )
 
 
+@dataclass(frozen=True)
+class GraniteHybridConfig(MambaStackConfig):
+    """Mamba-2 layers between attention layers that may rotate nothing (NoPE)."""
+
+    # The attention layers rotate nothing and see no positions (rope.scaling.finetuned
+    # false, llama.cpp's has_rope off).
+    no_rope: bool = False
+
+    def make_attention_spec(self, cfg: ModelConfig, shape: LayerShape) -> AttentionSpec:
+        spec = super().make_attention_spec(cfg, shape)
+        return dataclasses.replace(spec, rotates=not self.no_rope)
+
+
 class GraniteHybrid(GraniteMoe):
     name = "granitehybrid"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
@@ -62,6 +80,7 @@ class GraniteHybrid(GraniteMoe):
     hf_tensors = GraniteMoe.hf_tensors + _MIXER_MODULES
     hf_tensors_whole: ClassVar[tuple[tuple[str, str], ...]] = _MIXER_WHOLE
     zero_kv_recurrent = True
+    ext_class = GraniteHybridConfig
 
     def config(self, ckpt: Checkpoint) -> ModelConfig:
         cfg = super().config(ckpt)
@@ -80,7 +99,7 @@ class GraniteHybrid(GraniteMoe):
             mamba = dataclasses.replace(m, layers=recurrent)
         # llama.cpp: rope.scaling.finetuned is granite's rope switch, true when absent.
         rope = bool(get(md, key("rope.scaling.finetuned"), True))
-        return dataclasses.replace(cfg, mamba=mamba, no_rope=not rope)
+        return with_ext(cfg, mamba=mamba, no_rope=not rope)
 
     def hf_transforms(self) -> dict[str, tuple[Transform, ...]]:
         return {**super().hf_transforms(), **MAMBA2_TRANSFORMS}

@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..formats.safetensors import HfModelType, Kept, Plan, Transform
-from ..model.config import ModelConfig, ShortConvConfig
+from ..graph.blocks.shortconv import ShortConvConfig, shortconv
+from ..graph.ops import Array, Ops
+from ..model.config import LayerShape, ModelConfig
 from .base import Arch, Composite, MetadataWriter, f32, get, hf_type
+from .decoder import DecoderConfig, decoder_ext, with_ext
 from .moe import stack_per_expert
 from .transforms import SQUEEZE
 
@@ -53,7 +57,57 @@ _LFM2_DEFAULTS: dict[str, Any] = dict(
 _ALIASES = {"tie_embedding": "tie_word_embeddings", "block_ff_dim": "intermediate_size"}
 
 
+@dataclass(frozen=True)
+class Lfm2Config(DecoderConfig):
+    """Gated short convolutions on the layers shortconv.layers names (no KV heads), GQA
+    attention on the rest."""
+
+    shortconv: ShortConvConfig | None = None
+
+    def layer_shape(self, cfg: ModelConfig, layer: int) -> LayerShape:
+        shape = super().layer_shape(cfg, layer)
+        if self.is_recurrent(cfg, layer):
+            shape = dataclasses.replace(shape, mixer="shortconv", n_head=0, n_head_kv=0)
+        return shape
+
+    def is_recurrent(self, cfg: ModelConfig, layer: int) -> bool:
+        return self.shortconv is not None and self.shortconv.layers[layer]
+
+    def info(self) -> dict[str, Any]:
+        sc = self.shortconv
+        if sc is None:
+            return super().info()
+        section = {"layers": sum(sc.layers), "conv_kernel": sc.conv_kernel}
+        return {**super().info(), "shortconv": section}
+
+    def recurrent_shapes(
+        self, cfg: ModelConfig, layer: int
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        assert self.shortconv is not None
+        # The conv tail is the whole state: the second array is empty.
+        return (self.shortconv.conv_kernel - 1, cfg.n_embd), (0,)
+
+    def recurrent_state_bytes(self, cfg: ModelConfig) -> int:
+        return 0 if self.shortconv is None else self.shortconv.state_bytes(cfg.n_embd)
+
+    def mixer(
+        self,
+        ops: Ops,
+        cfg: ModelConfig,
+        shape: LayerShape,
+        w: Any,
+        h: Array,
+        pos: Any,
+        kv: Any,
+        rope: Any,
+    ) -> Array:
+        if shape.mixer == "shortconv":
+            return shortconv(ops, cfg.n_embd, w.shortconv, h, kv)
+        return super().mixer(ops, cfg, shape, w, h, pos, kv, rope)
+
+
 class Lfm2(Arch):
+    ext_class = Lfm2Config
     name = "lfm2"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
         "lfm2": HfModelType(defaults=dict(_LFM2_DEFAULTS), aliases=_ALIASES),
@@ -108,7 +162,7 @@ class Lfm2(Arch):
             raise FrinkError(
                 f"{ckpt.path}: a non-causal {self.name} (an embedding model) is not supported"
             )
-        moe = cfg.moe
+        moe = decoder_ext(cfg).moe
         if moe is not None:
             moe = dataclasses.replace(
                 moe,
@@ -118,7 +172,7 @@ class Lfm2(Arch):
                 norm_topk=bool(get(md, key("expert_weights_norm"), True)),
                 weights_scale=float(get(md, key("expert_weights_scale"), 0.0) or 1.0),
             )
-        return dataclasses.replace(
+        return with_ext(
             cfg,
             shortconv=ShortConvConfig(layers=conv_layers, conv_kernel=kernel),
             output_norm_tensor="token_embd_norm",

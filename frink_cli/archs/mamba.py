@@ -20,13 +20,17 @@ dt_bias as ssm_dt.bias and the gated norm's weight as [n_groups, d_inner / n_gro
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..formats.safetensors import HfModelType, Transform
-from ..model.config import MambaConfig, ModelConfig
+from ..graph.blocks.mamba import MambaConfig, mamba, mamba2
+from ..graph.ops import Array, Ops
+from ..model.config import LayerShape, ModelConfig
 from .base import Arch, MetadataWriter, f32, get
+from .decoder import DecoderConfig
 from .transforms import NEG_EXP, SQUEEZE, _reshape
 
 # Mamba-2's per-head A and D as the converter stores them, [n_head] -> [n_head, 1]; its gated
@@ -58,6 +62,80 @@ _MAMBA_DEFAULTS: dict[str, Any] = {
 }
 
 
+@dataclass(frozen=True)
+class MambaStackConfig(DecoderConfig):
+    """A stack whose mixers are Mamba-1 or Mamba-2 (all layers, or those mamba.layers
+    names in a hybrid stack)."""
+
+    # None: no layer is a mamba mixer (a hybrid file of attention layers only).
+    mamba: MambaConfig | None = None
+
+    def _m(self) -> MambaConfig:
+        assert self.mamba is not None  # asked only of a mamba layer
+        return self.mamba
+
+    def layer_shape(self, cfg: ModelConfig, layer: int) -> LayerShape:
+        shape = super().layer_shape(cfg, layer)
+        m = self.mamba
+        if m is None:
+            return shape
+        kind = "mamba2" if m.version2 else "mamba"
+        if m.parallel:
+            return replace(shape, mixer="attention+mamba2")
+        if m.layers is None:
+            shape = replace(shape, mixer=kind, n_head=0, n_head_kv=0, n_ff=0)
+        elif m.layers[layer]:
+            shape = replace(shape, mixer=kind, n_head=0, n_head_kv=0)
+        if shape.n_ff == 0 and shape.ffn == "dense":
+            shape = replace(shape, ffn="none")
+        return shape
+
+    def info(self) -> dict[str, Any]:
+        m = self.mamba
+        if m is None:
+            return super().info()
+        section = {
+            "d_inner": m.d_inner,
+            "d_state": m.d_state,
+            "dt_rank": m.dt_rank,
+            "conv_kernel": m.conv_kernel,
+            "dt_b_c_rms": m.dt_b_c_rms,
+            "n_group": m.n_group,
+        }
+        return {**super().info(), "mamba": section}
+
+    def attends(self, cfg: ModelConfig) -> bool:
+        return self.mamba is None  # a mamba layer has no heads to check
+
+    def is_recurrent(self, cfg: ModelConfig, layer: int) -> bool:
+        return self.mamba is not None and self.mamba.is_layer(layer)
+
+    def recurrent_shapes(
+        self, cfg: ModelConfig, layer: int
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return self._m().state_shapes()
+
+    def recurrent_state_bytes(self, cfg: ModelConfig) -> int:
+        return 0 if self.mamba is None else self.mamba.state_bytes(cfg.n_layer)
+
+    def mixer(
+        self,
+        ops: Ops,
+        cfg: ModelConfig,
+        shape: LayerShape,
+        w: Any,
+        h: Array,
+        pos: Any,
+        kv: Any,
+        rope: Any,
+    ) -> Array:
+        if shape.mixer == "mamba":
+            return mamba(ops, self._m(), cfg.norm_eps, w.mamba, h, kv)
+        if shape.mixer == "mamba2":
+            return mamba2(ops, self._m(), cfg.norm_eps, w.mamba2, h, kv)
+        return super().mixer(ops, cfg, shape, w, h, pos, kv, rope)
+
+
 def ssm_config(arch: Arch, ckpt: Checkpoint) -> MambaConfig:
     """The ssm.* keys llama.cpp's load_hparams reads, checked."""
     md, key = ckpt.metadata, arch.key
@@ -78,6 +156,7 @@ def ssm_config(arch: Arch, ckpt: Checkpoint) -> MambaConfig:
 
 class Mamba(Arch):
     name = "mamba"
+    ext_class = MambaStackConfig
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
         "mamba": HfModelType(defaults=dict(_MAMBA_DEFAULTS)),
         "falcon_mamba": HfModelType(defaults=dict(_MAMBA_DEFAULTS, vocab_size=65024)),
@@ -136,15 +215,9 @@ class Mamba(Arch):
             sliding_window=None,
             swa_layers=(False,) * n_layer,
             ffn_act="silu",
-            qk_norm=False,
-            post_attn_norm=False,
-            post_ffn_norm=False,
-            embd_scale=None,
-            final_logit_softcap=None,
-            attn_logit_softcap=None,
             tied_embeddings="output.weight" not in names,
             has_rope_freqs=False,
-            mamba=m,
+            ext=MambaStackConfig(mamba=m),
         )
 
     def hf_transforms(self) -> dict[str, tuple[Transform, ...]]:

@@ -15,17 +15,31 @@ layer global; the window layers' rope unscaled), though no HF olmo3 model_type i
 
 from __future__ import annotations
 
-import dataclasses
+from dataclasses import dataclass
 from typing import ClassVar
 
 from ..formats import Checkpoint
 from ..formats.safetensors import HfModelType
+from ..graph.ops import Array, Ops
 from ..model.config import ModelConfig
 from .base import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, Arch, hf_type
+from .decoder import DecoderConfig, with_ext
+
+
+@dataclass(frozen=True)
+class Olmo2Config(DecoderConfig):
+    """No pre-norms: each branch reads the residual stream itself (its post norms normalize
+    the branch outputs instead)."""
+
+    no_pre_norm: bool = False
+
+    def pre_norm(self, ops: Ops, cfg: ModelConfig, x: Array, w: Array, b: Array | None) -> Array:
+        return x if self.no_pre_norm else super().pre_norm(ops, cfg, x, w, b)
 
 
 class Olmo2(Arch):
     name = "olmo2"
+    ext_class = Olmo2Config
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
         "olmo2": hf_type(50304, 2048, rms_norm_eps=1e-5, attention_bias=False),
     }
@@ -43,4 +57,4 @@ class Olmo2(Arch):
     )
 
     def config(self, ckpt: Checkpoint) -> ModelConfig:
-        return dataclasses.replace(super().config(ckpt), no_pre_norm=True, qk_norm_full=True)
+        return with_ext(super().config(ckpt), no_pre_norm=True, qk_norm_full=True)

@@ -20,6 +20,7 @@ from ..formats import Checkpoint
 from ..formats.safetensors import HfModelType
 from ..model.config import ModelConfig
 from .base import HF_CORE_TENSORS, Arch, MetadataWriter, get, hf_type
+from .decoder import decoder_ext
 
 
 class LayerNormArch(Arch):
@@ -30,7 +31,8 @@ class LayerNormArch(Arch):
     def config(self, ckpt: Checkpoint) -> ModelConfig:
         cfg = super().config(ckpt)
         eps = float(get(ckpt.metadata, self.key("attention.layer_norm_epsilon"), required=True))
-        return dataclasses.replace(cfg, norm_eps=eps, layer_norm=True, plain_ffn=True)
+        ext = dataclasses.replace(decoder_ext(cfg), layer_norm=True, plain_ffn=True)
+        return dataclasses.replace(cfg, norm_eps=eps, ext=ext)
 
 
 class Starcoder2(LayerNormArch):

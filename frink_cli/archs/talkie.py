@@ -26,18 +26,74 @@ remote-code TalkieForCausalLM; transformers has no Talkie, so there is no HF-dir
 
 from __future__ import annotations
 
-import dataclasses
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..formats.safetensors import HfModelType
-from ..model.config import ModelConfig
+from ..graph.ops import Array, Ops
+from ..model.config import LayerShape, ModelConfig
 from .base import Arch, get
+from .decoder import DecoderConfig, with_ext
+
+
+@dataclass(frozen=True)
+class TalkieConfig(DecoderConfig):
+    """The skip stream, weightless norms, the per-head Q gain and the projection scales."""
+
+    # The layer norms, the final norm and the QK norms have no weight tensors (all ones:
+    # the loader fills them in, so every backend that reads the weights carries it).
+    weightless_norms: bool = False
+    # The looked-up embeddings are RMS-normed (weightless) into the residual stream, and
+    # that same normed embedding, times a per-layer scalar (layer_output_scale), is added
+    # into every layer's output. It rides beside the residual stream between layers: rows
+    # are [stream | skip], 2 * n_embd wide.
+    embd_skip: bool = False
+    # A per-head Q gain (attn_q_norm [n_head, 1]) after a weightless per-head RMSNorm of Q;
+    # K is RMS-normed per head with no weight.
+    attn_q_gain: bool = False
+    # The attention and FFN output projections' per-tensor scales (attn_output.scale,
+    # ffn_down.scale [1]).
+    proj_scales: bool = False
+
+    def residual_width(self, cfg: ModelConfig) -> int:
+        return 2 * cfg.n_embd if self.embd_skip else cfg.n_embd
+
+    def embed(self, ops: Ops, cfg: ModelConfig, w: Any, x: Array, lookup: Any) -> Array:
+        """The embeddings RMS-normed (w.token_embd_norm: ones) start both the residual
+        stream and the skip stream -> [T, 2*n_embd] rows [stream | skip]."""
+        x = super().embed(ops, cfg, w, x, lookup)
+        if not self.embd_skip:
+            return x
+        x = ops.rms_norm(x, w.token_embd_norm, cfg.norm_eps)
+        return ops.concat([x, x])
+
+    def layer(
+        self,
+        ops: Ops,
+        cfg: ModelConfig,
+        shape: LayerShape,
+        w: Any,
+        x: Array,
+        pos: Any,
+        kv: Any,
+        rope: Any,
+    ) -> Array:
+        """The decoder layer on the residual stream, then the skip stream times this layer's
+        scale [1] joins its output (llama.cpp's talkie.cpp: after the FFN's residual add)."""
+        if not self.embd_skip:
+            return super().layer(ops, cfg, shape, w, x, pos, kv, rope)
+        n = cfg.n_embd
+        x, skip = x[:, :n], x[:, n:]
+        out = super().layer(ops, cfg, shape, w, x, pos, kv, rope)
+        out = ops.add_(out, skip * w.skip_scale)
+        return ops.concat([out, skip])
 
 
 class Talkie(Arch):
     name = "talkie"
+    ext_class = TalkieConfig
     hf_model_types: ClassVar[dict[str, HfModelType]] = {}
     rope_type = "neox"
 
@@ -57,7 +113,7 @@ class Talkie(Arch):
             raise FrinkError(
                 f"{where}: bad model metadata ({self.key('logit_scale')} = {logit_scale})"
             )
-        return dataclasses.replace(
+        return with_ext(
             cfg,
             weightless_norms=True,
             embd_skip=True,

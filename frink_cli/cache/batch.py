@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import FrinkError
-from ..graph.layer import BatchSlot, SeqRows
+from ..graph.blocks.step import BatchSlot, SeqRows
 from .kv_cache import KvCache
 
 

@@ -60,10 +60,11 @@ def attention(
 ) -> np.ndarray:
     """x: normed hidden rows [T, n_embd] -> attention output [T, n_embd] (after o_proj): the
     composed block (graph/layer.py) on the host ops."""
+    from .blocks.attention import attention as attention_block
     from .host_ops import HOST_OPS
-    from .layer import attention_block
 
-    return attention_block(HOST_OPS, cfg, shape, w, x, positions, kv, rope)
+    spec = cfg.ext.attention_spec(cfg, shape)  # type: ignore[attr-defined]
+    return attention_block(HOST_OPS, spec, w, x, positions, kv, rope)
 
 
 def attend(

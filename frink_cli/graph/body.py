@@ -1,8 +1,8 @@
 """HostBody: the whole decoder stack in NumPy, layer by layer.
 
-The layer itself is composed once in graph/layer.py; here it runs over the host ops
-(graph/host_ops.py). `layer()` serves every kind of step; the decoder loop decides which
-layers run here and which on a backend.
+The layer is the architecture's composition (ModelConfig.ext: its embed, layer and head);
+here it runs over the host ops (graph/host_ops.py). `layer()` serves every kind of step;
+the decoder loop decides which layers run here and which on a backend.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import numpy as np
 from ..model.config import ModelConfig
 from ..model.weights import ModelWeights, embedding_rows
 from .host_ops import HOST_OPS
-from .layer import embed_norm, embed_per_layer, embed_skip, lm_head, scale_embeddings
-from .layer import layer as compose_layer
 from .rope import Rope, rope_factors
 
 _malloc_tuned = False
@@ -48,7 +46,7 @@ def keep_freed_memory() -> None:
 
 
 class HostBody:
-    """The layers, embedding and head on the host: the composition of graph/layer.py over
+    """The layers, embedding and head on the host: the architecture's composition over
     HostOps, with the per-layer rope tables built once."""
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights) -> None:
@@ -87,19 +85,12 @@ class HostBody:
 
     def embed(self, ids: np.ndarray) -> np.ndarray:
         x = embedding_rows(self.w.token_embd, ids)  # a copy: the residual stream is ours
-        x = embed_norm(HOST_OPS, self.cfg, self.w.token_embd_norm, self.w.token_embd_norm_b, x)
-        x = scale_embeddings(HOST_OPS, self.cfg, x)
-        if self.cfg.per_layer_embd:
-            w = self.w
-            assert w.per_layer_token_embd is not None  # load_weights reads it with the flag
-            rows = embedding_rows(w.per_layer_token_embd, ids)
-            x = embed_per_layer(
-                HOST_OPS, self.cfg, rows, w.per_layer_model_proj, w.per_layer_proj_norm, x
-            )
-        return embed_skip(HOST_OPS, self.cfg, self.w.token_embd_norm, x)
+        return self.cfg.ext.embed(
+            HOST_OPS, self.cfg, self.w, x, lambda table: embedding_rows(table, ids)
+        )
 
     def layer(self, layer: int, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray:
-        return compose_layer(
+        return self.cfg.ext.layer(
             HOST_OPS,
             self.cfg,
             self.shapes[layer],
@@ -112,4 +103,4 @@ class HostBody:
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         w = self.w
-        return lm_head(HOST_OPS, self.cfg, w.output_norm, w.output, x, w.output_norm_b)
+        return self.cfg.ext.head(HOST_OPS, self.cfg, w.output_norm, w.output, x, w.output_norm_b)

@@ -26,14 +26,14 @@ import numpy as np
 
 from ..model.config import ModelConfig
 from ..model.weights import GdnWeights
+from .blocks.gdn import GdnConfig
 
 CHUNK = 64  # tokens solved together in a prefill; transformers' chunk size too
 
 
-def key_head_of_value_head(cfg: ModelConfig) -> np.ndarray:
+def key_head_of_value_head(g: GdnConfig) -> np.ndarray:
     """[n_v] index of the key head each value head reads."""
-    assert cfg.gdn is not None  # asked only of a model with gated delta net layers
-    return np.asarray(cfg.gdn.key_heads(), dtype=np.intp)
+    return np.asarray(g.key_heads(), dtype=np.intp)
 
 
 def causal_conv(x: np.ndarray, tail: np.ndarray, taps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -119,7 +119,9 @@ def delta_rule_chunked(
 def gdn(x: np.ndarray, w: GdnWeights, cfg: ModelConfig, slot) -> np.ndarray:
     """x: normed rows [T, n_embd] -> block output [T, n_embd]: the composed block
     (graph/layer.py) on the host ops. `slot` holds the layer's recurrent state."""
+    from .blocks.gdn import gdn as gdn_block
     from .host_ops import HOST_OPS
-    from .layer import gdn_block
 
-    return gdn_block(HOST_OPS, cfg, w, x, slot)
+    g = getattr(cfg.ext, "gdn", None)
+    assert g is not None
+    return gdn_block(HOST_OPS, g, cfg.norm_eps, w, x, slot)

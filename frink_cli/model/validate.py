@@ -34,8 +34,8 @@ def validate_config(cfg: ModelConfig, where: str, ckpt: Checkpoint | None = None
     def bad(what: str, value: Any, expected: str) -> FrinkError:
         return FrinkError(f"{where}: bad model metadata ({what} = {value!r}; expected {expected})")
 
-    # A model without attention anywhere (Mamba-1) has no heads to count (all zero).
-    attends = cfg.mamba is None
+    # A model without attention anywhere has no heads to count (all zero).
+    attends = cfg.ext.attends(cfg)
     heads = (
         (
             ("head count", cfg.n_head),
@@ -82,11 +82,7 @@ def validate_config(cfg: ModelConfig, where: str, ckpt: Checkpoint | None = None
     ):
         if not (math.isfinite(real) and real > 0):
             raise bad(what, real, "a finite number > 0")
-    for what, optional in (
-        ("attention scale", cfg.attn_scale),
-        ("final logit softcap", cfg.final_logit_softcap),
-        ("attention logit softcap", cfg.attn_logit_softcap),
-    ):
+    for what, optional in (("attention scale", cfg.attn_scale), *cfg.ext.positive_values()):
         if optional is not None and not (math.isfinite(optional) and optional > 0):
             raise bad(what, optional, "a finite number > 0")
     if cfg.sliding_window is not None and not 0 < cfg.sliding_window <= _MAX_CTX:
@@ -102,13 +98,7 @@ def _check_sizes(cfg: ModelConfig, ckpt: Checkpoint, where: str) -> None:
     loaded, which allocate (fused) buffers from these sizes before they see a tensor."""
     names = ckpt.tensors.names()
     largest = max((math.prod(ckpt.tensors.info(n).shape) for n in names), default=0)
-    q_rows = cfg.n_head * cfg.head_dim_k * (2 if cfg.attn_output_gate else 1)
-    for what, rows in (
-        ("feed_forward_length", cfg.n_ff),
-        ("query width", q_rows),
-        ("key/value width", cfg.n_head_kv * max(cfg.head_dim_k, cfg.head_dim_v)),
-        ("expert feed_forward_length", cfg.moe.n_ff_exp if cfg.moe else 0),
-    ):
+    for what, rows in cfg.ext.matrix_rows(cfg):
         if rows * cfg.n_embd > largest:
             raise FrinkError(
                 f"{where}: bad model metadata ({what} {rows} x embedding {cfg.n_embd} is larger "

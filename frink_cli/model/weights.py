@@ -202,21 +202,21 @@ class LayerWeights:
     mamba: MambaWeights | None = None
     shortconv: ShortConvWeights | None = None
     mamba2: Mamba2Weights | None = None
-    # LayerNorm biases (cfg.layer_norm), where the file has them.
+    # LayerNorm biases (_ext(cfg).layer_norm), where the file has them.
     attn_norm_b: np.ndarray | None = None  # [n_embd]
     ffn_norm_b: np.ndarray | None = None  # [n_embd]
     # The full-width QK LayerNorms' biases (qk_norm_full with layer_norm: mpt's qk_ln).
     q_norm_b: np.ndarray | None = None  # [n_head*hd_k]
     k_norm_b: np.ndarray | None = None  # [n_head_kv*hd_k]
     up: Linear | None = None  # [n_ff, n_embd]: the plain (non-gated) FFN's up projection
-    attn_sub_norm: np.ndarray | None = None  # [n_head*hd_v] (cfg.attn_sub_norm, bitnet)
-    ffn_sub_norm: np.ndarray | None = None  # [n_ff] (cfg.ffn_sub_norm, bitnet)
+    attn_sub_norm: np.ndarray | None = None  # [n_head*hd_v] (_ext(cfg).attn_sub_norm, bitnet)
+    ffn_sub_norm: np.ndarray | None = None  # [n_ff] (_ext(cfg).ffn_sub_norm, bitnet)
     q_gain: np.ndarray | None = None  # [n_head, 1] talkie's per-head Q gain (attn_q_gain)
     wo_scale: np.ndarray | None = None  # [1] attn_output.scale (proj_scales)
     down_scale: np.ndarray | None = None  # [1] ffn_down.scale (proj_scales)
     skip_scale: np.ndarray | None = None  # [1] talkie's layer_output_scale (embd_skip)
-    attn_sinks: np.ndarray | None = None  # [n_head] the sink logits (cfg.attn_sinks, gpt-oss)
-    # gemma4's per-layer embedding (cfg.per_layer_embd = n): its gate [n, n_embd],
+    attn_sinks: np.ndarray | None = None  # [n_head] the sink logits (_ext(cfg).attn_sinks, gpt-oss)
+    # gemma4's per-layer embedding ((_ext(cfg).per_layer_embd or 0) = n): its gate [n, n_embd],
     # projection [n_embd, n] and post-norm [n_embd].
     ple_gate: Linear | None = None
     ple_proj: Linear | None = None
@@ -332,7 +332,7 @@ class ModelWeights:
     # LongRoPE's per-pair divisors (phi3 "rope_factors_long/short.weight"), or None.
     rope_factors_long: np.ndarray | None = None
     rope_factors_short: np.ndarray | None = None
-    # gemma4's per-layer embeddings (cfg.per_layer_embd): the token table [n_vocab,
+    # gemma4's per-layer embeddings ((_ext(cfg).per_layer_embd or 0)): the token table [n_vocab,
     # n_layer * n] (f32 or the file's blocks, rows dequantized on lookup), the projection of
     # the scaled embeddings [n_layer * n, n_embd] and its norm [n].
     per_layer_token_embd: np.ndarray | QuantRows | None = None
@@ -470,11 +470,13 @@ def load_weights(
         progress(1, total)
 
     # Hybrids store the pre-FFN norm under post_attention_norm: it is not a post norm there.
-    post_norm_name = None if cfg.ffn_norm_tensor == "post_attention_norm" else "post_attention_norm"
+    post_norm_name = (
+        None if _ext(cfg).ffn_norm_tensor == "post_attention_norm" else "post_attention_norm"
+    )
 
     def norm(name: str) -> np.ndarray:
         """A norm's weight [n_embd]: ones where the model's norms have none."""
-        return np.ones(d, np.float32) if cfg.weightless_norms else get(name, (d,))
+        return np.ones(d, np.float32) if _ext(cfg).weightless_norms else get(name, (d,))
 
     def load_layer(i: int) -> LayerWeights:
         p = f"blk.{i}."
@@ -482,7 +484,7 @@ def load_weights(
         # This layer's widths (per-layer head counts and FFN widths: cfg.layer_sizes; head
         # widths per layer kind: gemma4).
         n_head, n_ff, hk, hv = shape.n_head, shape.n_ff, shape.head_dim_k, shape.head_dim_v
-        nq = n_head * hk * (2 if cfg.attn_output_gate else 1)  # with a gate: its rows too
+        nq = n_head * hk * (2 if _ext(cfg).attn_output_gate else 1)  # with a gate: its rows too
         nk, nv = shape.n_head_kv * hk, shape.n_head_kv * hv
         shares_kv = shape.kv_source is not None  # gemma4: no K/V of its own
         qkv = wo = q_norm = k_norm = q_norm_b = k_norm_b = gdn = mamba = mamba2 = shortconv = None
@@ -503,27 +505,27 @@ def load_weights(
                 qkv = fused([(p + "attn_qkv", nq + nk + nv)], d)
             elif shares_kv:
                 qkv = fused([(p + "attn_q", nq)], d)
-            elif shape.v_from_k:
+            elif _v_from_k(cfg, i):
                 qkv = fused([(p + "attn_q", nq), (p + "attn_k", nk)], d)
             else:
                 qkv = fused([(p + "attn_q", nq), (p + "attn_k", nk), (p + "attn_v", nv)], d)
             # Per head, or (qk_norm_full) over the whole q / k projection width.
-            full = cfg.qk_norm_full
-            if cfg.attn_q_gain:
+            full = _ext(cfg).qk_norm_full
+            if _ext(cfg).attn_q_gain:
                 # talkie: weightless per-head Q and K norms; attn_q_norm is a gain per head.
                 q_norm = k_norm = np.ones(hk, np.float32)
             else:
                 q_norm = optional(
                     p + "attn_q_norm.weight",
                     (n_head * hk if full else hk,),
-                    required=cfg.qk_norm or full,
+                    required=_ext(cfg).qk_norm or full,
                 )
                 k_norm = optional(
                     p + "attn_k_norm.weight",
                     (nk if full else hk,),
-                    required=(cfg.qk_norm or full) and not shares_kv,
+                    required=(_ext(cfg).qk_norm or full) and not shares_kv,
                 )
-                if full and cfg.layer_norm:
+                if full and _ext(cfg).layer_norm:
                     q_norm_b = optional(p + "attn_q_norm.bias", (n_head * hk,))
                     k_norm_b = optional(p + "attn_k_norm.bias", (nk,))
             wo = fused([(p + "attn_output", d)], n_head * hv)
@@ -532,7 +534,7 @@ def load_weights(
             moe = _load_moe(p, cfg, get, ckpt, experts)
         if shape.ffn in ("moe", "none"):
             pass  # no dense FFN: a routed layer's experts (above), or deci's FFN-free layer
-        elif cfg.plain_ffn:
+        elif _ext(cfg).plain_ffn:
             up = fused([(p + "ffn_up", n_ff)], d)
             down = fused([(p + "ffn_down", d)], n_ff)
         else:
@@ -544,12 +546,12 @@ def load_weights(
             down = fused([(p + "ffn_down", d)], n_ff, bias=False)
         # Norms only where their branch is: an attention-free layer has no attn_norm and
         # an FFN-free one no ffn_norm (deci).
-        attn_norm = not cfg.no_pre_norm and shape.mixer != "none"
-        ffn_norm = not cfg.no_pre_norm and shape.ffn != "none"
-        ffn_norm_name = p + f"{cfg.ffn_norm_tensor}.weight"
-        if ffn_norm_name not in names and p + cfg.ffn_norm_tensor in names:
+        attn_norm = not _ext(cfg).no_pre_norm and shape.mixer != "none"
+        ffn_norm = not _ext(cfg).no_pre_norm and shape.ffn != "none"
+        ffn_norm_name = p + f"{_ext(cfg).ffn_norm_tensor}.weight"
+        if ffn_norm_name not in names and p + _ext(cfg).ffn_norm_tensor in names:
             # falcon-h1's converter writes it without a suffix (llama.cpp's loader asks so).
-            ffn_norm_name = p + cfg.ffn_norm_tensor
+            ffn_norm_name = p + _ext(cfg).ffn_norm_tensor
         return LayerWeights(
             attn_norm=norm(p + "attn_norm.weight") if attn_norm else None,
             qkv=qkv,
@@ -557,36 +559,38 @@ def load_weights(
             k_norm=k_norm,
             wo=wo,
             post_attn_norm=optional(
-                p + f"{post_norm_name}.weight", (d,), required=cfg.post_attn_norm
+                p + f"{post_norm_name}.weight", (d,), required=_ext(cfg).post_attn_norm
             )
             if post_norm_name
             else None,
             ffn_norm=norm(ffn_norm_name) if ffn_norm else None,
             gate_up=gate_up,
             down=down,
-            post_ffn_norm=optional(p + "post_ffw_norm.weight", (d,), required=cfg.post_ffn_norm),
+            post_ffn_norm=optional(
+                p + "post_ffw_norm.weight", (d,), required=_ext(cfg).post_ffn_norm
+            ),
             gdn=gdn,
             moe=moe,
             mamba=mamba,
             shortconv=shortconv,
             mamba2=mamba2,
             attn_norm_b=optional(p + "attn_norm.bias", (d,))
-            if cfg.layer_norm and attn_norm
+            if _ext(cfg).layer_norm and attn_norm
             else None,
-            ffn_norm_b=optional(p + f"{cfg.ffn_norm_tensor}.bias", (d,))
-            if cfg.layer_norm and ffn_norm
+            ffn_norm_b=optional(p + f"{_ext(cfg).ffn_norm_tensor}.bias", (d,))
+            if _ext(cfg).layer_norm and ffn_norm
             else None,
             q_norm_b=q_norm_b,
             k_norm_b=k_norm_b,
             up=up,
             attn_sub_norm=get(p + "attn_sub_norm.weight", (n_head * hv,))
-            if cfg.attn_sub_norm and qkv is not None
+            if _ext(cfg).attn_sub_norm and qkv is not None
             else None,
             ffn_sub_norm=get(p + "ffn_sub_norm.weight", (n_ff,))
-            if cfg.ffn_sub_norm and gate_up is not None
+            if _ext(cfg).ffn_sub_norm and gate_up is not None
             else None,
             attn_sinks=get(p + "attn_sinks.weight", (n_head,))
-            if cfg.attn_sinks and qkv is not None
+            if _ext(cfg).attn_sinks and qkv is not None
             else None,
             **_talkie_extras(p, cfg, get),
             **_gemma4_extras(p, cfg, get, fused),
@@ -597,17 +601,19 @@ def load_weights(
         tables (None where the model has none)."""
         return dict(
             **per_layer_tables(),
-            output_norm_b=optional("output_norm.bias", (d,)) if cfg.layer_norm else None,
-            token_embd_norm=optional("token_embd_norm.weight", (d,), required=cfg.embd_norm)
-            if cfg.embd_norm
+            output_norm_b=optional("output_norm.bias", (d,)) if _ext(cfg).layer_norm else None,
+            token_embd_norm=optional("token_embd_norm.weight", (d,), required=_ext(cfg).embd_norm)
+            if _ext(cfg).embd_norm
             else np.ones(d, np.float32)
-            if cfg.embd_skip
+            if _ext(cfg).embd_skip
             else None,
-            token_embd_norm_b=optional("token_embd_norm.bias", (d,)) if cfg.embd_norm else None,
+            token_embd_norm_b=optional("token_embd_norm.bias", (d,))
+            if _ext(cfg).embd_norm
+            else None,
         )
 
     def per_layer_tables() -> dict[str, Any]:
-        n = cfg.n_layer * cfg.per_layer_embd
+        n = cfg.n_layer * (_ext(cfg).per_layer_embd or 0)
         if not n:
             return {}
         blocks = in_blocks([("per_layer_token_embd", cfg.n_vocab)], n)
@@ -616,7 +622,9 @@ def load_weights(
             if blocks is None
             else blocks,
             per_layer_model_proj=fused([("per_layer_model_proj", n)], d, bias=False),
-            per_layer_proj_norm=get("per_layer_proj_norm.weight", (cfg.per_layer_embd,)),
+            per_layer_proj_norm=get(
+                "per_layer_proj_norm.weight", ((_ext(cfg).per_layer_embd or 0),)
+            ),
         )
 
     layers = LayerStore(cfg.n_layer, load_layer)
@@ -629,7 +637,7 @@ def load_weights(
 
         layers.on_load = report
     if lazy:
-        output_norm = norm(f"{cfg.output_norm_tensor}.weight")
+        output_norm = norm(f"{_ext(cfg).output_norm_tensor}.weight")
         return ModelWeights(
             token_embd,
             output_norm,
@@ -644,7 +652,7 @@ def load_weights(
     for i in range(cfg.n_layer):
         layers[i]
     layers.on_load = None
-    output_norm = norm(f"{cfg.output_norm_tensor}.weight")
+    output_norm = norm(f"{_ext(cfg).output_norm_tensor}.weight")
     if progress:
         progress(total, total)
     return ModelWeights(
@@ -673,6 +681,26 @@ def unread_tensors(ckpt: Checkpoint, weights: ModelWeights) -> list[str]:
     return sorted(set(ckpt.tensors.names()) - weights.tensors_read)
 
 
+class _Decorations:
+    """The architecture config's fields as the loader reads them, absent ones as None.
+    Transitional: the loader moves into the architectures (their load_layer)."""
+
+    def __init__(self, ext: Any) -> None:
+        self._ext = ext
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ext, name, None)
+
+
+def _ext(cfg: ModelConfig) -> Any:
+    return _Decorations(cfg.ext)
+
+
+def _v_from_k(cfg: ModelConfig, layer: int) -> bool:
+    v_from_k = _ext(cfg).v_from_k
+    return bool(v_from_k) and v_from_k[layer]
+
+
 # load_weights' tensor reader: (name, expected shape) -> the array, or FrinkError.
 _Get = Callable[[str, tuple[int, ...]], np.ndarray]
 # load_weights' fused(parts, in_dim, bias): a Linear over tensors' rows, in the file's
@@ -684,12 +712,12 @@ def _talkie_extras(p: str, cfg: ModelConfig, get: _Get) -> dict[str, Any]:
     """Layer p's per-head Q gain, projection scales and skip-stream scale, where the model
     has them (attn_q_gain, proj_scales, embd_skip)."""
     out: dict[str, Any] = {}
-    if cfg.attn_q_gain:
+    if _ext(cfg).attn_q_gain:
         out["q_gain"] = get(p + "attn_q_norm.weight", (cfg.n_head, 1))
-    if cfg.proj_scales:
+    if _ext(cfg).proj_scales:
         out["wo_scale"] = get(p + "attn_output.scale", (1,))
         out["down_scale"] = get(p + "ffn_down.scale", (1,))
-    if cfg.embd_skip:
+    if _ext(cfg).embd_skip:
         out["skip_scale"] = get(p + "layer_output_scale.weight", (1,))
     return out
 
@@ -698,18 +726,18 @@ def _gemma4_extras(p: str, cfg: ModelConfig, get: _Get, fused: _Fused) -> dict[s
     """Layer p's per-layer embedding weights and output scale, where the model has them
     (per_layer_embd, layer_out_scale)."""
     out: dict[str, Any] = {}
-    d, n = cfg.n_embd, cfg.per_layer_embd
+    d, n = cfg.n_embd, (_ext(cfg).per_layer_embd or 0)
     if n:
         out["ple_gate"] = fused([(p + "inp_gate", n)], d, bias=False)
         out["ple_proj"] = fused([(p + "proj", d)], n, bias=False)
         out["ple_post_norm"] = get(p + "post_norm.weight", (d,))
-    if cfg.layer_out_scale:
+    if _ext(cfg).layer_out_scale:
         out["out_scale"] = get(p + "layer_output_scale.weight", (1,))
     return out
 
 
 def _load_gdn(p: str, cfg: ModelConfig, get: _Get, names: set[str], fused: _Fused) -> GdnWeights:
-    gdn = cfg.gdn
+    gdn = _ext(cfg).gdn
     assert gdn is not None  # only a layer_shape with mixer "gdn" comes here
     d, n_k, n_v = cfg.n_embd, gdn.n_k_heads, gdn.n_v_heads
     conv_dim, value_dim = gdn.conv_dim, n_v * gdn.head_dim_v
@@ -740,7 +768,7 @@ def _load_gdn(p: str, cfg: ModelConfig, get: _Get, names: set[str], fused: _Fuse
 def _load_mamba(
     p: str, cfg: ModelConfig, get: _Get, names: set[str], fused: _Fused
 ) -> MambaWeights:
-    m = cfg.mamba
+    m = _ext(cfg).mamba
     assert m is not None  # only a layer_shape with mixer "mamba" comes here
     d, di, ds, r = cfg.n_embd, m.d_inner, m.d_state, m.dt_rank
     for name in ("ssm_in.bias", "ssm_out.bias"):
@@ -777,7 +805,7 @@ def _load_mamba(
 
 
 def _load_shortconv(p: str, cfg: ModelConfig, get: _Get, fused: _Fused) -> ShortConvWeights:
-    sc = cfg.shortconv
+    sc = _ext(cfg).shortconv
     assert sc is not None  # only a layer_shape with mixer "shortconv" comes here
     d = cfg.n_embd
 
@@ -794,7 +822,7 @@ def _load_shortconv(p: str, cfg: ModelConfig, get: _Get, fused: _Fused) -> Short
 def _load_mamba2(
     p: str, cfg: ModelConfig, get: _Get, names: set[str], fused: _Fused
 ) -> Mamba2Weights:
-    m = cfg.mamba
+    m = _ext(cfg).mamba
     assert m is not None and m.version2  # only a layer_shape with mixer "mamba2" comes here
     d, di, H, G = cfg.n_embd, m.d_inner, m.dt_rank, m.n_group
     for name in ("ssm_in.bias", "ssm_out.bias"):
@@ -829,7 +857,7 @@ _Experts = Callable[[list[tuple[str, int]], int, int], QuantExperts | None]
 def _load_moe(
     p: str, cfg: ModelConfig, get: _Get, ckpt: Checkpoint, experts: _Experts
 ) -> MoeWeights:
-    moe = cfg.moe
+    moe = _ext(cfg).moe
     assert moe is not None  # only a layer_shape with ffn "moe" or "dense+moe" comes here
     d, n_e, ff = cfg.n_embd, moe.n_expert, moe.n_ff_exp
     names = set(ckpt.tensors.names())

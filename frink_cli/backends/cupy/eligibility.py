@@ -152,6 +152,7 @@ CARRIED_SHAPE = frozenset(
         "head_dim_k",
         "head_dim_v",
         "rope_dim",
+        "index",
     }
 )
 
@@ -181,8 +182,8 @@ def layer_reasons(cfg: ModelConfig, layer: int) -> list[str]:
         (shape.ffn == "moe", MOE),
         (shape.ffn not in ("dense", "moe"), f"ffn {shape.ffn}"),
         (cfg.ffn_act not in ACT_CODES, ACTIVATION),
-        (bool(cfg.attn_logit_softcap), SOFTCAP),
-        (bool(getattr(cfg, "attn_output_gate", False)), OUTPUT_GATE),
+        (bool(cfg.decorations().get("attn_logit_softcap")), SOFTCAP),
+        (bool(cfg.decorations().get("attn_output_gate")), OUTPUT_GATE),
         (cfg.head_dim_k != cfg.head_dim_v, KV_WIDTHS),
         (
             (shape.head_dim_k, shape.head_dim_v, shape.rope_dim)
@@ -195,7 +196,11 @@ def layer_reasons(cfg: ModelConfig, layer: int) -> list[str]:
     ]
     reasons = [reason for refused, reason in checks if refused]
     known = CARRIED | OUTSIDE_THE_LAYERS | OTHER_LAYER_KINDS | LOAD_TIME | REFUSED_BY_NAME
-    return reasons + _unknown_fields(cfg, known) + _unknown_fields(shape, CARRIED_SHAPE)
+    core = [
+        r for r in _unknown_fields(cfg, known | cfg.decorations().keys()) if r != "ext not carried"
+    ]
+    unknown = [f"{name} not carried" for name in sorted(cfg.decorations().keys() - known)]
+    return reasons + core + unknown + _unknown_fields(shape, CARRIED_SHAPE)
 
 
 def layer_refusal(cfg: ModelConfig, layer: int) -> str | None:

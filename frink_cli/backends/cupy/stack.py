@@ -23,8 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from ...graph.layer import layer as compose_layer
-from ...graph.layer import lm_head
 from ...model.config import LayerShape, ModelConfig
 from ...model.weights import LayerWeights, Linear, map_layer
 from ...quant.blocks import QuantRows
@@ -127,7 +125,7 @@ def dense_stack(
     rows = []
     for w, shape, rope, (kc, vc) in zip(layers, shapes, rope_keys, kv):
         view = KvRows(kc, vc)
-        resid = compose_layer(ops, cfg, shape, w, resid, pos, view, rope)
+        resid = cfg.ext.layer(ops, cfg, shape, w, resid, pos, view, rope)
         assert view.rows is not None  # attention wrote the step's rows (every layer attends)
         rows.append(view.rows)
 
@@ -135,7 +133,7 @@ def dense_stack(
         main = resid
     else:
         last = resid if all_logits else resid[T - 1 :]
-        main = lm_head(ops, cfg, head.norm, head.output, last, head.norm_b)
+        main = cfg.ext.head(ops, cfg, head.norm, head.output, last, head.norm_b)
     # One device buffer for everything that comes back, so it comes back in one copy:
     # the hidden rows (or logits), then each layer's [T, K row | V row].
     main_size = main.size

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from ...graph.layer import BatchSlot, SeqRows, lm_head
-from ...graph.layer import layer as compose_layer
+from ...graph.blocks.step import BatchSlot, SeqRows
 from ...graph.rope import rope_factors, rope_frequencies
 from ...model.config import ModelConfig
 from ...model.weights import LayerWeights, MoeWeights, dequantized, map_layer
@@ -470,7 +469,7 @@ class MlxBackend(DeviceBackend):
                                 ]
                             )
                         )
-                        x = compose_layer(
+                        x = cfg.ext.layer(
                             MLX_OPS, cfg, self.shapes[i], layers[i], x, pos, view, ropes[i]
                         )
                         continue
@@ -488,7 +487,7 @@ class MlxBackend(DeviceBackend):
                             [SeqRows(st, p, a, b) for st, p, (a, b) in zip(sts, seqs, bounds)]
                         )
                     )
-                    x = compose_layer(
+                    x = cfg.ext.layer(
                         MLX_OPS, cfg, self.shapes[i], layers[i], x, pos, view, ropes[i]
                     )
                     for st in sts:
@@ -504,7 +503,7 @@ class MlxBackend(DeviceBackend):
                     norm, output, norm_b = self.head
                     # "last": each sequence's last row (where its next token comes from).
                     last = x if head == "all" else x[mx.array([b - 1 for _, b in bounds])]
-                    main = lm_head(MLX_OPS, cfg, norm, output, last, norm_b)
+                    main = cfg.ext.head(MLX_OPS, cfg, norm, output, last, norm_b)
                 return (mx.concatenate([main.reshape(-1)] + rows), *new_kv)
 
             fn = self._compiled[key] = mx.compile(forward)
@@ -638,11 +637,12 @@ class MlxBackend(DeviceBackend):
         gdn-run (its attention layers are the heads and tails folded into it), else a
         dense-run; "+batch" over several sequences; "+lm-head" when the head rode along."""
         recurrent = self._recurrent(range(run.start, run.stop))
+        mixers = {s.mixer for s in self.shapes}
         kind = (
             "mamba"
-            if self.cfg.mamba is not None
+            if mixers & {"mamba", "mamba2", "attention+mamba2"}
             else "shortconv"
-            if self.cfg.shortconv is not None
+            if "shortconv" in mixers
             else "gdn"
             if recurrent
             else "dense"

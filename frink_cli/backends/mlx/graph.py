@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from ...graph.blocks.moe import moe
 from ...graph.ffn import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 
 
@@ -439,7 +440,5 @@ MLX_OPS = MlxOps()
 
 
 def _moe(cfg, m: DeviceMoe, h: mx.array) -> mx.array:
-    """The composed MoE block (graph/layer.py) on MLX ops, for a look at its primitives."""
-    from ...graph.layer import moe_block
-
-    return moe_block(MLX_OPS, cfg, m, h)
+    """The MoE block (graph/blocks/moe.py) on MLX ops, for a look at its primitives."""
+    return moe(MLX_OPS, cfg.ext.moe, cfg.ffn_act, m, h)
