@@ -12,12 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
+from .archs import open_checkpoint
 from .backends import select_backend
 from .chat import prompt_ids
 from .constraint import Constraint, Grammar, compile_constraint
 from .decoder import Decoder
 from .errors import FrinkError
-from .formats import Checkpoint, open_checkpoint
+from .formats import Checkpoint
 from .generate import GenerationStats, generate_tokens
 from .model import ModelConfig, config_from_checkpoint, load_weights
 from .model.validate import check_tensors as scan_tensors

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .formats import Checkpoint, open_checkpoint
+from .archs import open_checkpoint
+from .formats import Checkpoint
 
 
 @dataclass(frozen=True)

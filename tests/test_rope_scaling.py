@@ -33,8 +33,8 @@ from model_checks import (
 )
 
 import frink_cli
+from frink_cli.archs import open_checkpoint
 from frink_cli.decoder import Decoder
-from frink_cli.formats import open_checkpoint
 from frink_cli.graph.rope import rope_frequencies
 from frink_cli.model import config_from_checkpoint
 from frink_cli.model.config import RopeScaling

@@ -24,9 +24,9 @@ import numpy as np
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType, Transform
 from ..model.config import ModelConfig
 from .base import MetadataWriter, f32, get
+from .hf_plan import HfModelType, Transform
 from .starcoder2 import LayerNormArch
 
 

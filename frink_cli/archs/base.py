@@ -20,8 +20,9 @@ import numpy as np
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType, Kept, Plan, Transform, is_finite_number, is_uint
+from ..formats.safetensors import is_uint
 from ..model.config import GdnConfig, LayerSizes, ModelConfig, MoeConfig, RopeScaling
+from .hf_plan import HfModelType, Kept, Plan, Transform, is_finite_number
 
 # A composite turns several stored tensors into one GGUF tensor, or one into several: it
 # pops what it takes from `kept` and returns the plans it makes.

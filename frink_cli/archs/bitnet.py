@@ -33,9 +33,9 @@ import numpy as np
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType, Transform
 from ..model.config import ModelConfig
 from .base import HF_CORE_TENSORS, Arch, MetadataWriter, hf_type
+from .hf_plan import HfModelType, Transform
 
 # The projections the converter ternarizes (its modify_tensors list).
 TERNARY_TENSORS = (

@@ -25,9 +25,9 @@ import numpy as np
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType, Transform
 from ..model.config import ModelConfig
 from .base import Arch, MetadataWriter, hf_type
+from .hf_plan import HfModelType, Transform
 from .mamba import (
     MAMBA2_TRANSFORMS,
     _groups,

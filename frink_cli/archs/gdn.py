@@ -12,8 +12,8 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from ..errors import FrinkError
-from ..formats.safetensors import HfModelType, Transform
 from .base import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, Arch, MetadataWriter, hf_type
+from .hf_plan import HfModelType, Transform
 from .transforms import ADD_ONE, NEG_EXP, SQUEEZE
 
 # Shared by every GDN hybrid's defaults (transformers' Qwen3NextConfig / Qwen3_5TextConfig).

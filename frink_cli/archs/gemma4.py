@@ -38,9 +38,9 @@ import numpy as np
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType
 from ..model.config import ModelConfig
 from .base import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, Arch, MetadataWriter, f32, get, multimodal
+from .hf_plan import HfModelType
 
 # The converter's frequency factor for the pairs proportional rope leaves unrotated.
 UNROTATED_FACTOR = 1e30

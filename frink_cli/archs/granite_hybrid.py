@@ -23,10 +23,10 @@ from typing import Any, ClassVar
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType, Transform
 from ..model.config import MambaConfig, ModelConfig
 from .base import MetadataWriter, _is_array, get, hf_type
 from .granite import _MULTIPLIERS, GraniteMoe
+from .hf_plan import HfModelType, Transform
 from .mamba import (
     MAMBA2_TRANSFORMS,
     _groups,

@@ -24,9 +24,9 @@ from typing import Any, ClassVar
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType, Transform
 from ..model.config import MambaConfig, ModelConfig
 from .base import Arch, MetadataWriter, f32, get
+from .hf_plan import HfModelType, Transform
 from .transforms import NEG_EXP, SQUEEZE, _reshape
 
 # Mamba-2's per-head A and D as the converter stores them, [n_head] -> [n_head, 1]; its gated

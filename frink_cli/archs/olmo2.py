@@ -19,9 +19,9 @@ import dataclasses
 from typing import ClassVar
 
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType
 from ..model.config import ModelConfig
 from .base import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, Arch, hf_type
+from .hf_plan import HfModelType
 
 
 class Olmo2(Arch):

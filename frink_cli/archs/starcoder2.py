@@ -17,9 +17,9 @@ import dataclasses
 from typing import ClassVar
 
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType
 from ..model.config import ModelConfig
 from .base import HF_CORE_TENSORS, Arch, MetadataWriter, get, hf_type
+from .hf_plan import HfModelType
 
 
 class LayerNormArch(Arch):
