@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .archs import open_checkpoint
+from .archs import config_from_checkpoint, open_checkpoint
 from .backends import select_backend
 from .chat import prompt_ids
 from .constraint import Constraint, Grammar, compile_constraint
@@ -20,7 +20,7 @@ from .decoder import Decoder
 from .errors import FrinkError
 from .formats import Checkpoint
 from .generate import GenerationStats, generate_tokens
-from .model import ModelConfig, config_from_checkpoint, load_weights
+from .model import ModelConfig, load_weights
 from .model.validate import check_tensors as scan_tensors
 from .model.weights import LayerStore, ModelWeights, unread_tensors
 from .sampling import Sampler, SamplingParams

@@ -33,12 +33,19 @@ from __future__ import annotations
 
 from .base import Arch
 from .checkpoint import open_checkpoint, read_hf_dir
-from .registry import arch_for, arch_for_model_type, supported_architectures, supported_model_types
+from .registry import (
+    arch_for,
+    arch_for_model_type,
+    config_from_checkpoint,
+    supported_architectures,
+    supported_model_types,
+)
 
 __all__ = [
     "Arch",
     "arch_for",
     "arch_for_model_type",
+    "config_from_checkpoint",
     "open_checkpoint",
     "read_hf_dir",
     "supported_architectures",

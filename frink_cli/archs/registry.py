@@ -1,7 +1,12 @@
-"""The registry: every supported architecture, one instance each, found by name."""
+"""The registry: every supported architecture, one instance each, found by name, and the
+ModelConfig a checkpoint gets from its architecture."""
 
 from __future__ import annotations
 
+from ..errors import FrinkError
+from ..formats import Checkpoint
+from ..model.config import ModelConfig
+from ..model.validate import validate_config
 from .alibi import Bloom, Mpt
 from .base import Arch
 from .bitnet import Bitnet
@@ -77,3 +82,21 @@ def supported_architectures() -> list[str]:
 
 def supported_model_types() -> list[str]:
     return sorted(_BY_MODEL_TYPE)
+
+
+def config_from_checkpoint(ckpt: Checkpoint) -> ModelConfig:
+    """The checkpoint's ModelConfig, read by its architecture's module (frink_cli/archs)."""
+    arch = arch_for(ckpt.arch)
+    if arch is None:
+        raise FrinkError(
+            f"{ckpt.path}: unknown architecture {ckpt.arch!r} "
+            f"(frink supports: {', '.join(supported_architectures())})"
+        )
+    try:
+        cfg = arch.config(ckpt)
+    except (ValueError, TypeError, ArithmeticError) as e:
+        # Metadata of the wrong type (a string where a count belongs, an array where a
+        # scalar does) is a corrupt file, not a bug: name the file and the complaint.
+        raise FrinkError(f"{ckpt.path}: bad model metadata ({e})") from e
+    validate_config(cfg, str(ckpt.path), ckpt)
+    return cfg
