@@ -14,7 +14,7 @@ differs from the plain llama-style decoder that `Arch` reads and converts:
   (call super().config(ckpt) and `dataclasses.replace` the fields you add, e.g. a
   multiplier read from your own GGUF key via `get(ckpt.metadata, self.key("..."))`);
 - the HF -> GGUF conversion, as llama.cpp's converter does it: `hf_tensors` (HF module
-  name pattern -> GGUF name; `{bid}` = layer index; start from `base.HF_CORE_TENSORS`),
+  name pattern -> GGUF name; `{bid}` = layer index; start from `hf.HF_CORE_TENSORS`),
   `hf_tensors_whole` (parameters without .weight/.bias), `hf_transforms()` (GGUF name
   pattern -> `Transform`s: real functions, see transforms.py), `hf_composites` (functions
   that split or stack tensors: moe.stacked_experts, qwen3next.unzip_qkvz),
@@ -22,7 +22,8 @@ differs from the plain llama-style decoder that `Arch` reads and converts:
   `hf_metadata(w, notes)` (extend with super(); write keys with w.u32/w.f32/w.flag/w.set).
 
 Variants subclass their base (qwen3moe from qwen3, qwen35moe from qwen35); pieces several
-architectures share live in base.py, transforms.py, moe.py and gdn.py, never copied.
+architectures share live in base.py (GGUF reading), hf.py and hf_plan.py (HF
+conversion), transforms.py, moe.py and gdn.py, never copied.
 
 Adding an architecture: write `archs/<name>.py` with its class (the module docstring says
 which llama.cpp src/models/*.cpp and transformers class it follows), then add the class

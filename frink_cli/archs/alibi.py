@@ -25,7 +25,8 @@ import numpy as np
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..model.config import ModelConfig
-from .base import MetadataWriter, f32, get
+from .base import get
+from .hf import MetadataWriter, f32
 from .hf_plan import HfModelType, Transform
 from .starcoder2 import LayerNormArch
 

@@ -34,7 +34,8 @@ import numpy as np
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..model.config import ModelConfig
-from .base import HF_CORE_TENSORS, Arch, MetadataWriter, hf_type
+from .base import Arch
+from .hf import HF_CORE_TENSORS, MetadataWriter, hf_type
 from .hf_plan import HfModelType, Transform
 
 # The projections the converter ternarizes (its modify_tensors list).

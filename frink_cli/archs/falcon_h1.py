@@ -26,7 +26,8 @@ import numpy as np
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..model.config import ModelConfig
-from .base import Arch, MetadataWriter, hf_type
+from .base import Arch
+from .hf import MetadataWriter, hf_type
 from .hf_plan import HfModelType, Transform
 from .mamba import (
     MAMBA2_TRANSFORMS,

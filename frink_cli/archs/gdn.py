@@ -12,7 +12,8 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from ..errors import FrinkError
-from .base import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, Arch, MetadataWriter, hf_type
+from .base import Arch
+from .hf import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, MetadataWriter, hf_type
 from .hf_plan import HfModelType, Transform
 from .transforms import ADD_ONE, NEG_EXP, SQUEEZE
 

@@ -39,7 +39,8 @@ import numpy as np
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..model.config import ModelConfig
-from .base import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, Arch, MetadataWriter, f32, get, multimodal
+from .base import Arch, get
+from .hf import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, MetadataWriter, f32, multimodal
 from .hf_plan import HfModelType
 
 # The converter's frequency factor for the pairs proportional rope leaves unrotated.

@@ -41,7 +41,8 @@ from ..formats import Checkpoint
 from ..formats.safetensors import StoredTensor, read_stored
 from ..graph.ffn import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from ..model.config import ModelConfig
-from .base import HF_CORE_TENSORS, Arch, Composite, MetadataWriter, hf_type
+from .base import Arch
+from .hf import HF_CORE_TENSORS, Composite, MetadataWriter, hf_type
 from .hf_plan import HfModelType, Kept, Plan, check_dtype
 
 

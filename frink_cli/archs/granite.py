@@ -39,7 +39,8 @@ from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..formats.safetensors import read_stored_half
 from ..model.config import ModelConfig
-from .base import Composite, MetadataWriter, get, hf_type
+from .base import get
+from .hf import Composite, MetadataWriter, hf_type
 from .hf_plan import HfModelType, Kept, Plan, check_dtype
 from .llama import Llama
 

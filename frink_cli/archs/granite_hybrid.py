@@ -24,8 +24,9 @@ from typing import Any, ClassVar
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..model.config import MambaConfig, ModelConfig
-from .base import MetadataWriter, _is_array, get, hf_type
+from .base import _is_array, get
 from .granite import _MULTIPLIERS, GraniteMoe
+from .hf import MetadataWriter, hf_type
 from .hf_plan import HfModelType, Transform
 from .mamba import (
     MAMBA2_TRANSFORMS,

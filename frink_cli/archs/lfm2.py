@@ -24,7 +24,8 @@ from typing import Any, ClassVar
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..model.config import ModelConfig, ShortConvConfig
-from .base import Arch, Composite, MetadataWriter, f32, get, hf_type
+from .base import Arch, get
+from .hf import Composite, MetadataWriter, f32, hf_type
 from .hf_plan import HfModelType, Kept, Plan, Transform
 from .moe import stack_per_expert
 from .transforms import SQUEEZE

@@ -14,7 +14,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import FrinkError
-from .base import Arch, MetadataWriter, hf_sliding_window_note, hf_type
+from .base import Arch
+from .hf import MetadataWriter, hf_sliding_window_note, hf_type
 from .hf_plan import HfModelType, Transform
 
 

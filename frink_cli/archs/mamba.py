@@ -25,7 +25,8 @@ from typing import Any, ClassVar
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..model.config import MambaConfig, ModelConfig
-from .base import Arch, MetadataWriter, f32, get
+from .base import Arch, get
+from .hf import MetadataWriter, f32
 from .hf_plan import HfModelType, Transform
 from .transforms import NEG_EXP, SQUEEZE, _reshape
 

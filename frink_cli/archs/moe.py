@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import FrinkError
 from ..formats.safetensors import StoredTensor, read_stored, read_stored_half
-from .base import MetadataWriter
+from .hf import MetadataWriter
 from .hf_plan import Kept, Plan, check_dtype
 
 HF_ROUTER: tuple[tuple[str, str], ...] = (

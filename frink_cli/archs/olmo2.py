@@ -20,7 +20,8 @@ from typing import ClassVar
 
 from ..formats import Checkpoint
 from ..model.config import ModelConfig
-from .base import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, Arch, hf_type
+from .base import Arch
+from .hf import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, hf_type
 from .hf_plan import HfModelType
 
 

@@ -21,7 +21,8 @@ import numpy as np
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..model.config import ModelConfig
-from .base import Arch, MetadataWriter, f32, hf_type
+from .base import Arch
+from .hf import MetadataWriter, f32, hf_type
 from .hf_plan import HfModelType
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from .base import Arch, MetadataWriter, hf_sliding_window_note, hf_type
+from .base import Arch
+from .hf import MetadataWriter, hf_sliding_window_note, hf_type
 from .hf_plan import HfModelType
 
 

@@ -18,7 +18,8 @@ from typing import ClassVar
 
 from ..formats import Checkpoint
 from ..model.config import ModelConfig
-from .base import HF_CORE_TENSORS, Arch, MetadataWriter, get, hf_type
+from .base import Arch, get
+from .hf import HF_CORE_TENSORS, MetadataWriter, hf_type
 from .hf_plan import HfModelType
 
 
