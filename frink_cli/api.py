@@ -12,14 +12,15 @@ from pathlib import Path
 
 import numpy as np
 
+from .archs import config_from_checkpoint, open_checkpoint
 from .backends import select_backend
 from .chat import prompt_ids
 from .constraint import Constraint, Grammar, compile_constraint
 from .decoder import Decoder
 from .errors import FrinkError
-from .formats import Checkpoint, open_checkpoint
+from .formats import Checkpoint
 from .generate import GenerationStats, generate_tokens
-from .model import ModelConfig, config_from_checkpoint, load_weights
+from .model import ModelConfig, load_weights
 from .model.validate import check_tensors as scan_tensors
 from .model.weights import LayerStore, ModelWeights, unread_tensors
 from .sampling import Sampler, SamplingParams

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .formats import Checkpoint, open_checkpoint
+from .archs import config_from_checkpoint, open_checkpoint
+from .formats import Checkpoint
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,6 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
     "auto" reports the host body."""
     from .backends import check_backend_name, layer_support
     from .graph.rowwise import path as rowwise_path
-    from .model import config_from_checkpoint
     from .quant.kernels import kernel_path
     from .tokenizer import load_tokenizer
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from frink_cli.archs import open_checkpoint
 from frink_cli.chat import chat_ids, prompt_ids, render_chat
 from frink_cli.errors import FrinkError
-from frink_cli.formats import open_checkpoint
 from frink_cli.tokenizer import Tokenizer, load_tokenizer
 
 

@@ -19,6 +19,7 @@ import pytest
 from grammar_walks import random_walks
 
 from frink_cli.api import load
+from frink_cli.archs import open_checkpoint
 from frink_cli.constraint import (
     GRAMMAR_MAX_BYTES,
     Grammar,
@@ -27,7 +28,6 @@ from frink_cli.constraint import (
     ll_tokenizer,
 )
 from frink_cli.errors import FrinkError
-from frink_cli.formats import open_checkpoint
 from frink_cli.generate import GenerationStats
 from frink_cli.sampling import Sampler, SamplingParams
 from frink_cli.tokenizer import load_tokenizer

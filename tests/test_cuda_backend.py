@@ -34,6 +34,7 @@ import nvrtc
 import pytest
 from cuda_emulator import EmulatedLauncher, build, compiler
 from frink_subprocess import frink
+from host_blocks import attention
 from script_loader import load_script
 
 import frink_cli
@@ -51,7 +52,6 @@ from frink_cli.backends.cupy.ops import (
 from frink_cli.cache import KvCache
 from frink_cli.decoder import Decoder
 from frink_cli.errors import FrinkError
-from frink_cli.graph.attention import attention
 from frink_cli.graph.ffn import glu, silu
 from frink_cli.graph.norms import rms_norm
 from frink_cli.graph.rope import Rope

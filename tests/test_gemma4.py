@@ -41,9 +41,8 @@ from model_checks import (
 )
 
 import frink_cli
+from frink_cli.archs import config_from_checkpoint, open_checkpoint
 from frink_cli.decoder import Decoder
-from frink_cli.formats import open_checkpoint
-from frink_cli.model import config_from_checkpoint
 
 NAME = "gemma4"
 MOE = "gemma4_moe"  # the 26B-A4B shape: a dense FFN beside the experts in every layer

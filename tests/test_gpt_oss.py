@@ -40,10 +40,9 @@ from model_checks import (
 )
 
 import frink_cli
+from frink_cli.archs import config_from_checkpoint, open_checkpoint
 from frink_cli.decoder import Decoder
-from frink_cli.formats import open_checkpoint
 from frink_cli.graph import ffn
-from frink_cli.model import config_from_checkpoint
 
 NAME = "gpt_oss"
 

@@ -23,18 +23,18 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import host_blocks
 import numpy as np
 import pytest
 from frink_subprocess import frink
 
 import frink_cli
+from frink_cli.archs import config_from_checkpoint, open_checkpoint
 from frink_cli.archs.decoder import with_ext
 from frink_cli.cache import KvCache
 from frink_cli.decoder import Decoder
 from frink_cli.errors import FrinkError
-from frink_cli.formats import open_checkpoint
 from frink_cli.graph import gdn as gdn_mod
-from frink_cli.model import config_from_checkpoint
 
 HYBRIDS = ("qwen35", "qwen35_vl", "qwen3next")
 REF_TOL = 2e-3
@@ -140,7 +140,7 @@ def test_gdn_block_and_state_match_per_token_formulas(name: str, tiny_model: Cal
     got = []
     start = 0
     for n in splits:
-        got.append(gdn_mod.gdn(x[start : start + n], w, cfg, cache.slot(layer)))
+        got.append(host_blocks.gdn(x[start : start + n], w, cfg, cache.slot(layer)))
         cache.commit(n)
         start += n
     want, want_tail, want_state = _formula_gdn(x, w, cfg)

@@ -45,10 +45,9 @@ from model_checks import (
 from script_loader import load_script
 
 import frink_cli
+from frink_cli.archs import config_from_checkpoint, open_checkpoint
 from frink_cli.decoder import Decoder
 from frink_cli.errors import FrinkError
-from frink_cli.formats import open_checkpoint
-from frink_cli.model import config_from_checkpoint
 from frink_cli.model.weights import ModelWeights
 
 NAMES = ("mamba", "falcon_mamba")

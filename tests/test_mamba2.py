@@ -43,11 +43,10 @@ from model_checks import (
 )
 
 import frink_cli
+from frink_cli.archs import config_from_checkpoint, open_checkpoint
 from frink_cli.decoder import Decoder
 from frink_cli.errors import FrinkError
-from frink_cli.formats import open_checkpoint
 from frink_cli.graph.host_ops import HostOps
-from frink_cli.model import config_from_checkpoint
 from frink_cli.model.weights import ModelWeights
 
 NAME = "mamba2"

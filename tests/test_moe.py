@@ -28,9 +28,9 @@ import pytest
 from frink_subprocess import frink
 
 import frink_cli
+from frink_cli.archs import config_from_checkpoint, open_checkpoint
 from frink_cli.errors import FrinkError
-from frink_cli.formats import TensorInfo, open_checkpoint
-from frink_cli.model import config_from_checkpoint
+from frink_cli.formats import TensorInfo
 
 MOE = ("qwen3moe", "qwen35moe", "qwen35moe_vl")
 REF_TOL = 2e-3

@@ -38,8 +38,8 @@ from model_checks import (
 from script_loader import load_script
 
 import frink_cli
+from frink_cli.archs import open_checkpoint
 from frink_cli.decoder import Decoder
-from frink_cli.formats import open_checkpoint
 
 load_script("make_tiny_models")  # make_tiny_mpt_qk_ln imports its siblings
 load_script("llama_cpp_converter")

@@ -32,8 +32,8 @@ from llama_quantize import quantized_with_references
 from script_loader import load_script
 
 import frink_cli
+from frink_cli.archs import open_checkpoint
 from frink_cli.errors import FrinkError
-from frink_cli.formats import open_checkpoint
 from frink_cli.formats.ggml_quants import dequantize_q1_0
 
 gguf = pytest.importorskip("gguf")

@@ -49,7 +49,7 @@ from llama_quantize import quantized_with_references
 from script_loader import load_script
 
 import frink_cli
-from frink_cli.formats import open_checkpoint
+from frink_cli.archs import open_checkpoint
 from frink_cli.quant import kernels
 from frink_cli.quant.blocks import KERNEL_TYPES
 

@@ -33,10 +33,9 @@ from model_checks import (
 )
 
 import frink_cli
+from frink_cli.archs import config_from_checkpoint, open_checkpoint
 from frink_cli.decoder import Decoder
-from frink_cli.formats import open_checkpoint
 from frink_cli.graph.rope import rope_frequencies
-from frink_cli.model import config_from_checkpoint
 from frink_cli.model.config import RopeScaling
 
 NAMES = ("llama_yarn", "qwen3_yarn", "phi3", "phi3_longrope")

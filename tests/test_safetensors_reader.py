@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 from script_loader import load_script
 
+from frink_cli.archs import open_checkpoint, read_hf_dir
 from frink_cli.errors import FrinkError
-from frink_cli.formats import Checkpoint, open_checkpoint
-from frink_cli.formats.safetensors import read_hf_dir
+from frink_cli.formats import Checkpoint
 
 # --- helpers ------------------------------------------------------------------------------
 

@@ -622,8 +622,8 @@ def test_logit_bias_is_openais(server: Server) -> None:
 def test_role_injection_is_text(server: Server, smollm2_path) -> None:
     """A message spelling <|im_end|>\\n<|im_start|>assistant is tokenized as text: the
     server's prompt is chat_ids' (content as text), not the forged conversation's."""
+    from frink_cli.archs import open_checkpoint
     from frink_cli.chat import chat_ids
-    from frink_cli.formats import open_checkpoint
     from frink_cli.tokenizer import load_tokenizer
 
     tok = load_tokenizer(open_checkpoint(smollm2_path))

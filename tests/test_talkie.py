@@ -36,10 +36,9 @@ from model_checks import (
 from script_loader import load_script
 
 import frink_cli
+from frink_cli.archs import config_from_checkpoint, open_checkpoint
 from frink_cli.decoder import Decoder
 from frink_cli.errors import FrinkError
-from frink_cli.formats import open_checkpoint
-from frink_cli.model import config_from_checkpoint
 
 load_script("make_tiny_models")  # make_tiny_talkie imports it as a sibling
 _talkie = load_script("make_tiny_talkie")

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from frink_cli.archs import open_checkpoint
 from frink_cli.errors import FrinkError
-from frink_cli.formats import Checkpoint, open_checkpoint
+from frink_cli.formats import Checkpoint
 from frink_cli.tokenizer import Tokenizer, load_tokenizer
 
 # Edge cases: whitespace runs (spaces, tabs, trailing, "\r\n", newline runs), scripts and

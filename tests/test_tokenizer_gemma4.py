@@ -15,8 +15,8 @@ import pytest
 from script_loader import load_script
 from test_tokenizer import COMBOS, Ref, _llama_ref, _mismatches
 
+from frink_cli.archs import open_checkpoint
 from frink_cli.chat import fallback_template, prompt_ids, render_chat
-from frink_cli.formats import open_checkpoint
 from frink_cli.tokenizer import Tokenizer, load_tokenizer
 
 pytest.importorskip("llama_cpp")

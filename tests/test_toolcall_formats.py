@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from grammar_walks import random_walks
 
+from frink_cli.archs import open_checkpoint
 from frink_cli.chat import _renders_tools, render_chat
-from frink_cli.formats import open_checkpoint
 from frink_cli.tokenizer import load_tokenizer
 from frink_cli.toolcalls import (
     GenericFormat,

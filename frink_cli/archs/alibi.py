@@ -25,12 +25,13 @@ import numpy as np
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType, Transform
 from ..graph.blocks.attention import AttentionSpec
 from ..graph.ops import Array, Ops
 from ..model.config import LayerShape, ModelConfig
-from .base import MetadataWriter, f32, get
+from .base import get
 from .decoder import DecoderConfig, with_ext
+from .hf import MetadataWriter, f32
+from .hf_plan import HfModelType, Transform
 from .starcoder2 import LayerNormArch
 
 

@@ -34,10 +34,11 @@ import numpy as np
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType, Transform
 from ..model.config import ModelConfig
-from .base import HF_CORE_TENSORS, Arch, MetadataWriter, hf_type
+from .base import Arch
 from .decoder import DecoderConfig, with_ext
+from .hf import HF_CORE_TENSORS, MetadataWriter, hf_type
+from .hf_plan import HfModelType, Transform
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,11 @@ from typing import Any, ClassVar
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType
 from ..graph.ops import Array, Ops
 from ..model.config import LayerShape, ModelConfig
 from .base import Arch
 from .decoder import DecoderConfig
+from .hf_plan import HfModelType
 
 
 @dataclass(frozen=True)

@@ -26,14 +26,15 @@ import numpy as np
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType, Transform
 from ..graph.blocks.attention import attention
 from ..graph.blocks.mamba import mamba2
 from ..graph.blocks.norms import scaled
 from ..graph.ops import Array, Ops
 from ..model.config import LayerShape, ModelConfig
-from .base import Arch, MetadataWriter, hf_type
+from .base import Arch
 from .decoder import with_ext
+from .hf import MetadataWriter, hf_type
+from .hf_plan import HfModelType, Transform
 from .mamba import (
     MAMBA2_TRANSFORMS,
     MambaStackConfig,

@@ -12,12 +12,13 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from ..errors import FrinkError
-from ..formats.safetensors import HfModelType, Transform
 from ..graph.blocks.gdn import GdnConfig, gdn
 from ..graph.ops import Array, Ops
 from ..model.config import LayerShape, ModelConfig
-from .base import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, Arch, MetadataWriter, hf_type
+from .base import Arch
 from .decoder import DecoderConfig
+from .hf import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, MetadataWriter, hf_type
+from .hf_plan import HfModelType, Transform
 from .transforms import ADD_ONE, NEG_EXP, SQUEEZE
 
 # Shared by every GDN hybrid's defaults (transformers' Qwen3NextConfig / Qwen3_5TextConfig).

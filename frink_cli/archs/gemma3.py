@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..errors import FrinkError
-from ..formats.safetensors import HfModelType, Transform
-from .base import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, Arch, MetadataWriter, f32, multimodal
+from .base import Arch
+from .hf import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, MetadataWriter, f32, multimodal
+from .hf_plan import HfModelType, Transform
 from .transforms import ADD_ONE
 
 

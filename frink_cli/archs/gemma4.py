@@ -38,13 +38,14 @@ import numpy as np
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType
 from ..graph.blocks.attention import AttentionSpec
 from ..graph.blocks.ffn import gated_ffn
 from ..graph.ops import Array, Ops
 from ..model.config import LayerShape, ModelConfig
-from .base import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, Arch, MetadataWriter, f32, get, multimodal
+from .base import Arch, get
 from .decoder import DecoderConfig, decoder_ext, with_ext
+from .hf import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, MetadataWriter, f32, multimodal
+from .hf_plan import HfModelType
 
 # The converter's frequency factor for the pairs proportional rope leaves unrotated.
 UNROTATED_FACTOR = 1e30

@@ -38,18 +38,13 @@ import numpy as np
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..formats.safetensors import (
-    HfModelType,
-    Kept,
-    Plan,
-    StoredTensor,
-    check_dtype,
-    read_stored,
-)
+from ..formats.safetensors import StoredTensor, read_stored
 from ..graph.ffn import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from ..model.config import LayerShape, ModelConfig
-from .base import HF_CORE_TENSORS, Arch, Composite, MetadataWriter, hf_type
+from .base import Arch
 from .decoder import DecoderConfig, decoder_ext, with_ext
+from .hf import HF_CORE_TENSORS, Composite, MetadataWriter, hf_type
+from .hf_plan import HfModelType, Kept, Plan, check_dtype
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,16 +37,12 @@ import numpy as np
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..formats.safetensors import (
-    HfModelType,
-    Kept,
-    Plan,
-    check_dtype,
-    read_stored_half,
-)
+from ..formats.safetensors import read_stored_half
 from ..model.config import ModelConfig
-from .base import Composite, MetadataWriter, get, hf_type
+from .base import get
 from .decoder import decoder_ext, with_ext
+from .hf import Composite, MetadataWriter, hf_type
+from .hf_plan import HfModelType, Kept, Plan, check_dtype
 from .llama import Llama
 
 # transformers' Granite config defaults: every multiplier neutral.

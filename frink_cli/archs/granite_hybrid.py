@@ -24,13 +24,14 @@ from typing import Any, ClassVar
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType, Transform
 from ..graph.blocks.attention import AttentionSpec
 from ..graph.blocks.mamba import MambaConfig
 from ..model.config import LayerShape, ModelConfig
-from .base import MetadataWriter, _is_array, get, hf_type
+from .base import _is_array, get
 from .decoder import with_ext
 from .granite import _MULTIPLIERS, GraniteMoe
+from .hf import MetadataWriter, hf_type
+from .hf_plan import HfModelType, Transform
 from .mamba import (
     MAMBA2_TRANSFORMS,
     MambaStackConfig,

@@ -24,12 +24,13 @@ from typing import Any, ClassVar
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType, Kept, Plan, Transform
 from ..graph.blocks.shortconv import ShortConvConfig, shortconv
 from ..graph.ops import Array, Ops
 from ..model.config import LayerShape, ModelConfig
-from .base import Arch, Composite, MetadataWriter, f32, get, hf_type
+from .base import Arch, get
 from .decoder import DecoderConfig, decoder_ext, with_ext
+from .hf import Composite, MetadataWriter, f32, hf_type
+from .hf_plan import HfModelType, Kept, Plan, Transform
 from .moe import stack_per_expert
 from .transforms import SQUEEZE
 

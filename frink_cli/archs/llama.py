@@ -14,8 +14,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import FrinkError
-from ..formats.safetensors import HfModelType, Transform
-from .base import Arch, MetadataWriter, hf_sliding_window_note, hf_type
+from .base import Arch
+from .hf import MetadataWriter, hf_sliding_window_note, hf_type
+from .hf_plan import HfModelType, Transform
 
 
 def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -25,12 +25,13 @@ from typing import Any, ClassVar
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType, Transform
 from ..graph.blocks.mamba import MambaConfig, mamba, mamba2
 from ..graph.ops import Array, Ops
 from ..model.config import LayerShape, ModelConfig
-from .base import Arch, MetadataWriter, f32, get
+from .base import Arch, get
 from .decoder import DecoderConfig
+from .hf import MetadataWriter, f32
+from .hf_plan import HfModelType, Transform
 from .transforms import NEG_EXP, SQUEEZE, _reshape
 
 # Mamba-2's per-head A and D as the converter stores them, [n_head] -> [n_head, 1]; its gated

@@ -13,15 +13,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import FrinkError
-from ..formats.safetensors import (
-    Kept,
-    Plan,
-    StoredTensor,
-    check_dtype,
-    read_stored,
-    read_stored_half,
-)
-from .base import MetadataWriter
+from ..formats.safetensors import StoredTensor, read_stored, read_stored_half
+from .hf import MetadataWriter
+from .hf_plan import Kept, Plan, check_dtype
 
 HF_ROUTER: tuple[tuple[str, str], ...] = (
     ("model.layers.{bid}.mlp.gate", "blk.{bid}.ffn_gate_inp"),

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType
 from ..graph.ops import Array, Ops
 from ..model.config import ModelConfig
-from .base import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, Arch, hf_type
+from .base import Arch
 from .decoder import DecoderConfig, with_ext
+from .hf import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, hf_type
+from .hf_plan import HfModelType
 
 
 @dataclass(frozen=True)

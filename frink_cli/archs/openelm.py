@@ -22,9 +22,9 @@ from typing import ClassVar
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType
 from ..model.config import ModelConfig
 from .base import Arch
+from .hf_plan import HfModelType
 
 
 class OpenElm(Arch):

@@ -20,9 +20,10 @@ import numpy as np
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType
 from ..model.config import ModelConfig
-from .base import Arch, MetadataWriter, f32, hf_type
+from .base import Arch
+from .hf import MetadataWriter, f32, hf_type
+from .hf_plan import HfModelType
 
 
 def _longrope(hp: dict[str, Any]) -> dict[str, Any] | None:

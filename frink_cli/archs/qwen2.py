@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ..formats.safetensors import HfModelType
-from .base import Arch, MetadataWriter, hf_sliding_window_note, hf_type
+from .base import Arch
+from .hf import MetadataWriter, hf_sliding_window_note, hf_type
+from .hf_plan import HfModelType
 
 
 class Qwen2(Arch):

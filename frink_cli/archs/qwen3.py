@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ..formats.safetensors import HfModelType
-from .base import HF_QK_NORM_TENSORS, hf_type
+from .hf import HF_QK_NORM_TENSORS, hf_type
+from .hf_plan import HfModelType
 from .qwen2 import Qwen2
 
 

@@ -16,9 +16,10 @@ import numpy as np
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType, Transform
-from .base import MetadataWriter, get, multimodal
+from .base import get
 from .gdn import HF_MTP_IGNORED, GdnHybrid, hf_text_type
+from .hf import MetadataWriter, multimodal
+from .hf_plan import HfModelType, Transform
 from .transforms import NEG_EXP, SQUEEZE
 
 

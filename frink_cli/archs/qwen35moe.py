@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ..formats.safetensors import HfModelType
-from .base import Composite, MetadataWriter, multimodal
 from .gdn import hf_text_type
+from .hf import Composite, MetadataWriter, multimodal
+from .hf_plan import HfModelType
 from .moe import HF_ROUTER, HF_SHARED_EXPERT, hf_moe_metadata, stacked_experts
 from .qwen35 import _VISION_IGNORED, _VISION_NOTE, Qwen35
 

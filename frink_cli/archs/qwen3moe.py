@@ -15,8 +15,8 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from ..errors import FrinkError
-from ..formats.safetensors import HfModelType
-from .base import Composite, MetadataWriter, hf_type
+from .hf import Composite, MetadataWriter, hf_type
+from .hf_plan import HfModelType
 from .moe import HF_ROUTER, hf_moe_metadata, stacked_experts
 from .qwen3 import Qwen3
 

@@ -17,9 +17,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import FrinkError
-from ..formats.safetensors import HfModelType, Kept, Plan, check_dtype, read_stored
-from .base import Composite, MetadataWriter
+from ..formats.safetensors import read_stored
 from .gdn import GdnHybrid, hf_text_type
+from .hf import Composite, MetadataWriter
+from .hf_plan import HfModelType, Kept, Plan, check_dtype
 from .moe import HF_ROUTER, HF_SHARED_EXPERT, hf_moe_metadata, stacked_experts
 
 

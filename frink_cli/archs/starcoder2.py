@@ -17,10 +17,11 @@ import dataclasses
 from typing import ClassVar
 
 from ..formats import Checkpoint
-from ..formats.safetensors import HfModelType
 from ..model.config import ModelConfig
-from .base import HF_CORE_TENSORS, Arch, MetadataWriter, get, hf_type
+from .base import Arch, get
 from .decoder import decoder_ext
+from .hf import HF_CORE_TENSORS, MetadataWriter, hf_type
+from .hf_plan import HfModelType
 
 
 class LayerNormArch(Arch):

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..formats.safetensors import Transform
+from .hf_plan import Transform
 
 
 def _add_one(w: np.ndarray, hp: dict[str, Any], shape: tuple[int, ...]) -> np.ndarray:

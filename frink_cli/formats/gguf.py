@@ -25,7 +25,7 @@ from gguf.constants import GGUFValueType
 from gguf.quants import dequantize
 
 from ..errors import FrinkError
-from . import Checkpoint, TensorInfo
+from .checkpoint import Checkpoint, TensorInfo
 from .ggml_quants import DEQUANTIZERS
 from .jsonfile import open_regular
 

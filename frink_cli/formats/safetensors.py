@@ -1,38 +1,29 @@
-"""A Hugging Face safetensors directory -> the same canonical Checkpoint a GGUF gives.
+"""A Hugging Face safetensors directory, read: tensor headers, shards, tensors and config.json.
 
-frink holds every model in GGUF's names and layouts, so that nothing downstream knows
-where weights came from. This reader therefore does at open/load time what llama.cpp's
-converter (convert_hf_to_gguf.py) does at conversion time: it renames tensors, writes
-the GGUF metadata keys from config.json, and applies the same per-tensor transforms
-(Q/K row permutation for llama, +1 on Gemma norms, ...). Which names, keys and
-transforms apply to which architecture is each architecture's own module (frink_cli/archs/);
-this module is the generic machinery: headers, shards, dtypes, config.json with its
-defaults, and applying an architecture's name map, transforms and composites.
+This module only reads. Turning what it reads into the canonical (GGUF-convention)
+Checkpoint, as llama.cpp's converter (convert_hf_to_gguf.py) does at conversion time
+(renaming tensors, writing the GGUF metadata keys from config.json, applying the
+per-tensor transforms), is the architectures' job: frink_cli/archs/hf_plan.py and each
+architecture's module.
 
 The safetensors header is parsed here rather than through the `safetensors` package:
 numpy has no bfloat16, and parsing ourselves lets every offset be checked against the
 file's length so a truncated download is a FrinkError naming the file, not a crash.
-Tensors are read lazily, one at a time, in load().
+Tensors are read lazily, one at a time, by `read_stored`.
 """
 
 from __future__ import annotations
 
 import math
-import re
 import struct
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..errors import FrinkError
-from . import Checkpoint, TensorInfo
 from .jsonfile import open_regular, parse_json, read_json
-
-if TYPE_CHECKING:  # only for hints: archs imports this module, not the other way round
-    from ..archs.base import Arch
 
 # The safetensors spec caps the JSON header at 100 MB; a larger length means a corrupt file.
 _MAX_HEADER = 100 * 1024 * 1024
@@ -166,15 +157,6 @@ def is_uint(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
-def is_finite_number(x: Any) -> bool:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return False
-    try:
-        return math.isfinite(float(x))
-    except OverflowError:  # an integer beyond float range
-        return False
-
-
 def _library_check(path: Path) -> None:
     """The safetensors library's own header validation, as a second opinion on ours."""
     try:
@@ -242,10 +224,11 @@ def _read_f32(stored: _Stored) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------
-# config.json -> normalized hyperparameters
+# config.json
 
 
-def _load_config(hf_dir: Path) -> dict[str, Any]:
+def load_config(hf_dir: Path) -> dict[str, Any]:
+    """The directory's config.json as a dict (FrinkError if absent or not an object)."""
     path = hf_dir / "config.json"
     if not path.is_file():
         raise FrinkError(f"{hf_dir}: not a model directory (no config.json)")
@@ -255,295 +238,15 @@ def _load_config(hf_dir: Path) -> dict[str, Any]:
     return cfg
 
 
-@dataclass(frozen=True)
-class HfModelType:
-    """How to read the config.json of one HF `model_type` (an architecture module holds one
-    per model_type it serves).
-
-    defaults: transformers' config defaults for keys a config.json may leave out (the
-    converter reads configs through AutoConfig, which fills them in). text_config: the
-    sub-config holding the language model of a multimodal checkpoint. strip: substrings
-    removed from tensor names (`language_model.`); ignore: name prefixes not read (vision
-    tower, MTP head), reported once as `ignored_note`. aliases: transformers' attribute_map.
-    """
-
-    defaults: Mapping[str, Any] = field(default_factory=dict)
-    text_config: str | None = None
-    strip: tuple[str, ...] = ()
-    ignore: tuple[str, ...] = ()
-    ignored_note: str = "ignored"
-    aliases: Mapping[str, str] = field(default_factory=dict)
-
-
-def _hparams(cfg: dict[str, Any], mt: HfModelType) -> dict[str, Any]:
-    """config.json with transformers' defaults filled in, text_config lifted, rope unified.
-
-    The converter reads config.json through transformers' AutoConfig, which supplies
-    defaults for absent keys; the model_type's defaults stand in for it.
-    """
-    hp: dict[str, Any] = dict(mt.defaults)
-    if mt.text_config:
-        # As the converter does: the text sub-config's keys override the top level's.
-        text = cfg.get(mt.text_config) or {}
-        hp.update({k: v for k, v in cfg.items() if k != mt.text_config})
-        hp.update(text)
-    else:
-        hp.update(cfg)
-
-    # transformers' attribute_map: a config may spell a key by another name.
-    for alias, name in mt.aliases.items():
-        if alias in hp:
-            hp[name] = hp.pop(alias)
-
-    for key in ("num_hidden_layers", "hidden_size", "num_attention_heads"):
-        if not is_uint(hp.get(key)) or hp[key] == 0:
-            raise FrinkError(f"config.json: missing or non-integer {key!r} (got {hp.get(key)!r})")
-    # Models whose every FFN is routed have no dense width; where a metadata entry needs
-    # it, its absence is reported there.
-    if "intermediate_size" in hp and not is_uint(hp["intermediate_size"]):
-        raise FrinkError("config.json: non-integer 'intermediate_size'")
-    for key in ("num_key_value_heads", "head_dim"):
-        if hp.get(key) is not None and (not is_uint(hp[key]) or hp[key] == 0):
-            raise FrinkError(f"config.json: {key!r} must be a positive integer, got {hp[key]!r}")
-    if hp.get("num_key_value_heads") is None:
-        hp["num_key_value_heads"] = hp["num_attention_heads"]
-    if hp.get("head_dim") is None:
-        hp["head_dim"] = hp["hidden_size"] // hp["num_attention_heads"]
-
-    # RoPE: transformers >= 5 writes `rope_parameters` (per layer type for Gemma 3);
-    # older configs carry `rope_theta` + `rope_scaling` (+ `rope_local_base_freq`).
-    rp = hp.get("rope_parameters") or hp.get("rope_scaling") or {}
-    if not isinstance(rp, dict):
-        raise FrinkError("config.json: rope_parameters / rope_scaling is not an object")
-    if "full_attention" in rp or "sliding_attention" in rp:
-        full = dict(rp.get("full_attention") or {})
-        swa = dict(rp.get("sliding_attention") or {})
-    else:
-        full = dict(rp)
-        swa = {}
-        if hp.get("rope_local_base_freq") is not None:
-            swa["rope_theta"] = hp["rope_local_base_freq"]
-    if full.get("rope_theta") is None:
-        full["rope_theta"] = hp.get("rope_theta")
-    if "rope_type" not in full and "type" in full:
-        full["rope_type"] = full["type"]
-    hp["rope_theta"] = full.get("rope_theta")
-    hp["rope_theta_swa"] = swa.get("rope_theta") if swa else hp.get("rope_local_base_freq")
-    hp["_rope_full"] = full
-    return hp
-
-
-# ---------------------------------------------------------------------------------------
-# applying an architecture's map: names, transforms, composites
-
-
-# What arch modules build plans from (archs/*.py): a stored tensor and its float32 reader.
+# What the HF planning builds from (archs/hf_plan.py): every stored tensor of a directory,
+# one stored tensor and its float32 reader, and the dtypes that reader takes.
 StoredTensor = _Stored
 read_stored = _read_f32
+index_dir = _index_dir
+READ_DTYPES = frozenset(_DTYPES)
 
 
 def read_stored_half(st: _Stored, i: int, axis: int) -> np.ndarray:
     """Half i (0 or 1) of a stored tensor cut in two along `axis`, as a contiguous array
     (a fused gate/up tensor's gate or up rows)."""
     return np.ascontiguousarray(np.split(_read_f32(st), 2, axis=axis)[i])
-
-
-# A composite's input: stripped HF name -> (name in the files, where it is stored).
-Kept = dict[str, tuple[str, _Stored]]
-
-
-@dataclass(frozen=True)
-class Transform:
-    """One step the converter applies to a tensor: `apply(w, hp, shape)` gives the new
-    array, `shape(shape, hp)` the shape it will have (known before anything is read).
-    hp: the normalized config.json (see _hparams); shape: the tensor's final shape."""
-
-    apply: Callable[[np.ndarray, dict[str, Any], tuple[int, ...]], np.ndarray]
-    shape: Callable[[tuple[int, ...], dict[str, Any]], tuple[int, ...]] = lambda s, hp: s
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How to produce one canonical tensor: its source, shape and transforms."""
-
-    source: _Stored | None  # None: generated (see `generate`)
-    shape: tuple[int, ...]
-    dtype: str
-    transforms: tuple[Transform, ...] = ()
-    generate: Callable[[], np.ndarray] | None = None
-
-
-def check_dtype(hf_name: str, st: _Stored) -> None:
-    if st.dtype not in _DTYPES:
-        raise FrinkError(
-            f"{st.file}: tensor {hf_name!r} has dtype {st.dtype}; only F32, F16 and BF16 are read"
-        )
-
-
-def _compile(pattern: str) -> re.Pattern[str]:
-    return re.compile(re.escape(pattern).replace(re.escape("{bid}"), r"(?P<bid>\d+)") + "$")
-
-
-def _fill(pattern: str, m: re.Match[str]) -> str:
-    bid = m.groupdict().get("bid")
-    return pattern.replace("{bid}", bid) if bid is not None else pattern
-
-
-class _NameMap:
-    """HF tensor name -> GGUF name, and GGUF name -> the transforms it gets, from an
-    architecture's patterns (`{bid}` = layer index)."""
-
-    def __init__(self, arch: Arch):
-        self._pairs = [(_compile(hf), gg) for hf, gg in arch.hf_tensors]
-        # Parameters with no .weight/.bias suffix (e.g. A_log), mapped by their whole name.
-        self._whole = [(_compile(hf), gg) for hf, gg in arch.hf_tensors_whole]
-        self._transforms = [(_compile(gg), tuple(ts)) for gg, ts in arch.hf_transforms().items()]
-
-    def gguf_name(self, hf_name: str) -> str | None:
-        for rx, gg in self._whole:
-            m = rx.match(hf_name)
-            if m:
-                return _fill(gg, m)
-        for suffix in (".weight", ".bias"):
-            if not hf_name.endswith(suffix):
-                continue
-            base = hf_name[: -len(suffix)]
-            for rx, gg in self._pairs:
-                m = rx.match(base)
-                if m:
-                    return _fill(gg, m) + suffix
-        return None
-
-    def transforms(self, gguf_name: str) -> tuple[Transform, ...]:
-        for rx, ts in self._transforms:
-            if rx.match(gguf_name):
-                return ts
-        return ()
-
-
-class SafetensorsSource:
-    """TensorSource over a safetensors directory; transforms are applied in load()."""
-
-    def __init__(self, plans: dict[str, Plan], hp: dict[str, Any]):
-        self._plans = plans
-        self._hp = hp
-
-    def names(self) -> list[str]:
-        return list(self._plans)
-
-    def info(self, name: str) -> TensorInfo:
-        p = self._plan(name)
-        return TensorInfo(name, p.shape, p.dtype)
-
-    def load(self, name: str) -> np.ndarray:
-        p = self._plan(name)
-        if p.generate is not None:
-            return p.generate()
-        assert p.source is not None
-        w = _read_f32(p.source)
-        for t in p.transforms:
-            w = t.apply(w, self._hp, p.shape)
-        return np.ascontiguousarray(w, dtype=np.float32)
-
-    def _plan(self, name: str) -> Plan:
-        try:
-            return self._plans[name]
-        except KeyError:
-            raise FrinkError(f"no tensor named {name!r} in this checkpoint") from None
-
-
-# ---------------------------------------------------------------------------------------
-
-
-def read_hf_dir(path: Path) -> Checkpoint:
-    """Open a Hugging Face model directory as a canonical (GGUF-convention) Checkpoint."""
-    # Imported here, not at the top: archs imports this module (its Plan, Transform and
-    # HfModelType types), so a top-level import would be a cycle. The direction is
-    # archs -> formats; the reader only looks the architecture up when it runs.
-    from ..archs import arch_for_model_type, supported_model_types
-
-    hf_dir = Path(path)
-    cfg = _load_config(hf_dir)
-    model_type = cfg.get("model_type")
-    arch = arch_for_model_type(model_type) if isinstance(model_type, str) else None
-    if arch is None:
-        raise FrinkError(
-            f"{hf_dir / 'config.json'}: unsupported architecture model_type={model_type!r} "
-            f"(supported: {', '.join(supported_model_types())})"
-        )
-    assert isinstance(model_type, str)
-    mt = arch.hf_model_types[model_type]
-    hp = _hparams(cfg, mt)
-    hp["_hf_dir"] = hf_dir  # for transforms that read beside the weights (vocab size)
-    notes: list[str] = []
-
-    stored = _index_dir(hf_dir)
-    # Every layer holds tensors: a layer count beyond the tensor count is a broken config,
-    # refused before anything loops over (or allocates per) layer.
-    if hp["num_hidden_layers"] > len(stored):
-        raise FrinkError(
-            f"{hf_dir / 'config.json'}: num_hidden_layers {hp['num_hidden_layers']} does not fit "
-            f"the directory's {len(stored)} tensors"
-        )
-    names = _NameMap(arch)
-    plans: dict[str, Plan] = {}
-    n_ignored = 0
-    kept: Kept = {}
-    for hf_name, st in stored.items():
-        if mt.ignore and hf_name.startswith(mt.ignore):
-            n_ignored += 1
-            continue
-        name = hf_name
-        for s in mt.strip:
-            name = name.replace(s, "")
-        # Buffers some exporters save; the converter skips them too.
-        if name.endswith((".rotary_emb.inv_freq", ".attention.masked_bias", ".attention.bias")):
-            continue
-        kept[name] = (hf_name, st)
-    # Tensors that become several GGUF tensors, or several that become one.
-    for composite in arch.hf_composites:
-        plans.update(composite(kept, hp))
-    for name, (hf_name, st) in kept.items():
-        gg = names.gguf_name(name)
-        if gg is None:
-            raise FrinkError(f"{st.file}: tensor {hf_name!r} has no GGUF name for {arch.name}")
-        if gg in plans:
-            raise FrinkError(f"{st.file}: tensor {hf_name!r} duplicates {gg!r}")
-        check_dtype(hf_name, st)
-        transforms = names.transforms(gg)
-        shape = st.shape
-        for t in transforms:
-            shape = t.shape(shape, hp)
-        plans[gg] = Plan(st, shape, st.dtype, transforms)
-    if n_ignored:
-        notes.append(f"{mt.ignored_note} ({n_ignored} tensors)")
-
-    if "token_embd.weight" not in plans:
-        raise FrinkError(f"{hf_dir}: no token embedding (model.embed_tokens.weight) found")
-    hp["n_vocab"] = plans["token_embd.weight"].shape[0]
-
-    # GGUF says "tied" by having no output.weight; transformers ties on the config flag.
-    if hp.get("tie_word_embeddings") and "output.weight" in plans:
-        del plans["output.weight"]
-        notes.append(
-            "tie_word_embeddings: lm_head.weight in the files ignored, output = token_embd"
-        )
-    elif not hp.get("tie_word_embeddings") and "output.weight" not in plans:
-        notes.append("no lm_head.weight although tie_word_embeddings is false: output = token_embd")
-
-    # Tensors the converter synthesizes from the config (e.g. llama3 rope factors).
-    extra = {
-        gg: Plan(None, data.shape, "F32", (), data.copy)
-        for gg, data in arch.hf_generated(hp).items()
-    }
-    plans = {**extra, **plans}
-
-    meta: dict[str, Any] = {"general.architecture": arch.name, **arch.hf_gguf_metadata(hp, notes)}
-    return Checkpoint(
-        path=hf_dir,
-        format="safetensors",
-        metadata=meta,
-        tensors=SafetensorsSource(plans, hp),
-        hf_dir=hf_dir,
-        notes=notes,
-    )

@@ -12,11 +12,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..model.config import LayerShape, ModelConfig
-from ..model.weights import LayerWeights
 from ..quant.blas import blas_threads
 from .linear import both, host_ways
-from .rope import Rope
 
 # Prefill queries are taken in blocks of this many rows, each against only the keys it can
 # see: a causal batch then computes ~9/16 of the full [T, S] score matrix at T = 512, and
@@ -47,24 +44,6 @@ def _causal_tail(n: int) -> np.ndarray:
     m = np.triu(np.full((n, n), -np.inf, np.float32), k=1)
     m.flags.writeable = False
     return m
-
-
-def attention(
-    x: np.ndarray,
-    w: LayerWeights,
-    cfg: ModelConfig,
-    shape: LayerShape,
-    rope: Rope,
-    positions: np.ndarray,
-    kv,
-) -> np.ndarray:
-    """x: normed hidden rows [T, n_embd] -> attention output [T, n_embd] (after o_proj): the
-    composed block (graph/layer.py) on the host ops."""
-    from .blocks.attention import attention as attention_block
-    from .host_ops import HOST_OPS
-
-    spec = cfg.ext.attention_spec(cfg, shape)  # type: ignore[attr-defined]
-    return attention_block(HOST_OPS, spec, w, x, positions, kv, rope)
 
 
 def attend(

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model.config import ModelConfig
-from ..model.weights import GdnWeights
 from .blocks.gdn import GdnConfig
 
 CHUNK = 64  # tokens solved together in a prefill; transformers' chunk size too
@@ -114,14 +112,3 @@ def delta_rule_chunked(
         to_end = np.exp(cum[:, -1:] - cum)[:, :, None]  # [H, C, 1]
         s = np.exp(cum[:, -1])[:, None, None] * s + (kc * to_end).transpose(0, 2, 1) @ u
     return o.transpose(1, 0, 2), s.astype(np.float32, copy=False)
-
-
-def gdn(x: np.ndarray, w: GdnWeights, cfg: ModelConfig, slot) -> np.ndarray:
-    """x: normed rows [T, n_embd] -> block output [T, n_embd]: the composed block
-    (graph/layer.py) on the host ops. `slot` holds the layer's recurrent state."""
-    from .blocks.gdn import gdn as gdn_block
-    from .host_ops import HOST_OPS
-
-    g = getattr(cfg.ext, "gdn", None)
-    assert g is not None
-    return gdn_block(HOST_OPS, g, cfg.norm_eps, w, x, slot)

@@ -1,6 +1,6 @@
 """The backend-neutral model: configuration, per-layer shapes, weights."""
 
-from .config import LayerShape, ModelConfig, config_from_checkpoint
+from .config import LayerShape, ModelConfig
 from .weights import LayerWeights, ModelWeights, load_weights
 
 __all__ = [
@@ -8,6 +8,5 @@ __all__ = [
     "LayerWeights",
     "ModelConfig",
     "ModelWeights",
-    "config_from_checkpoint",
     "load_weights",
 ]

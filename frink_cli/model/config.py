@@ -11,10 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..errors import FrinkError
-from ..formats import Checkpoint
-from .validate import validate_config
-
 
 @dataclass(frozen=True)
 class LayerShape:
@@ -327,25 +323,3 @@ class ModelConfig:
                 group = " ".join(f"{n} x{c}" for n, c in runs[:period])
                 return f"{group} (x{len(runs) // period})"
         return " ".join(f"{n} x{c}" for n, c in runs)
-
-
-def config_from_checkpoint(ckpt: Checkpoint) -> ModelConfig:
-    """The checkpoint's ModelConfig, read by its architecture's module (frink_cli/archs)."""
-    # Imported here: archs builds ModelConfig from this module, so a top-level import
-    # would be a cycle (archs -> model.config is the direction).
-    from ..archs import arch_for, supported_architectures
-
-    arch = arch_for(ckpt.arch)
-    if arch is None:
-        raise FrinkError(
-            f"{ckpt.path}: unknown architecture {ckpt.arch!r} "
-            f"(frink supports: {', '.join(supported_architectures())})"
-        )
-    try:
-        cfg = arch.config(ckpt)
-    except (ValueError, TypeError, ArithmeticError) as e:
-        # Metadata of the wrong type (a string where a count belongs, an array where a
-        # scalar does) is a corrupt file, not a bug: name the file and the complaint.
-        raise FrinkError(f"{ckpt.path}: bad model metadata ({e})") from e
-    validate_config(cfg, str(ckpt.path), ckpt)
-    return cfg
