@@ -103,7 +103,7 @@ def test_config_and_layer_shape(tiny_model: Callable) -> None:
     gg = config_from_checkpoint(open_checkpoint(_path(tiny_model, NAME, "gguf")))
     hf = config_from_checkpoint(open_checkpoint(_path(tiny_model, NAME, "hf")))
     assert hf == gg
-    m = gg.mamba
+    m = gg.ext.mamba
     assert m is not None and m.version2 and m.parallel
     assert (m.d_inner, m.d_state, m.dt_rank, m.n_group) == (128, 16, 8, 2)
     assert gg.rope_type == "neox" and gg.rope_base == 50000.0

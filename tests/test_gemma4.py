@@ -82,14 +82,14 @@ def test_config_reads_the_decorations(tiny_model: Callable) -> None:
     hf = config_from_checkpoint(open_checkpoint(_path(tiny_model, NAME, "hf")))
     assert hf == gg
     assert gg.swa_layers == SWA and gg.sliding_window == 6
-    assert gg.attn_scale == 1.0 and gg.v_norm and gg.layer_out_scale
-    assert gg.kv_shared_from == 5 and gg.per_layer_embd == 8
-    assert gg.final_logit_softcap == 3.0
+    assert gg.attn_scale == 1.0 and gg.ext.v_norm and gg.ext.layer_out_scale
+    assert gg.ext.kv_shared_from == 5 and gg.ext.per_layer_embd == 8
+    assert gg.ext.final_logit_softcap == 3.0
     shapes = [gg.layer_shape(i) for i in range(N_LAYER)]
     assert [s.head_dim_k for s in shapes] == [16 if swa else 32 for swa in SWA]
     assert [s.rope_dim for s in shapes] == [16 if swa else 32 for swa in SWA]
     assert [s.no_rope_freqs for s in shapes] == list(SWA)  # proportional rope: full only
-    assert [s.v_from_k for s in shapes] == [False, True, False, False, True, False, False]
+    assert list(gg.ext.v_from_k) == [False, True, False, False, True, False, False]
     # llama.cpp's rule: sliding layers reuse n_kv - 2, full ones n_kv - 1 (n_kv = 5).
     assert [s.kv_source for s in shapes] == [None] * 5 + [3, 4]
     assert gg.residual_width == 64 + N_LAYER * 8
@@ -231,17 +231,17 @@ def test_the_multimodal_dir_is_its_text_model(tiny_model: Callable) -> None:
     assert any("ignored" in n for n in hf.notes), hf.notes
     gg = config_from_checkpoint(open_checkpoint(_path(tiny_model, MM, "gguf")))
     assert config_from_checkpoint(hf) == gg
-    assert gg.per_layer_embd == 8 and gg.kv_shared_from == 5 and gg.swa_layers == SWA
+    assert gg.ext.per_layer_embd == 8 and gg.ext.kv_shared_from == 5 and gg.swa_layers == SWA
 
 
 def test_the_moe_variant_is_read_as_llama_cpp_reads_it(tiny_model: Callable) -> None:
     gg = config_from_checkpoint(open_checkpoint(_path(tiny_model, MOE, "gguf")))
     hf = config_from_checkpoint(open_checkpoint(_path(tiny_model, MOE, "hf")))
-    assert hf == gg and gg.moe is not None
-    assert gg.moe.parallel_dense and gg.moe.norm_topk and gg.moe.gating == "softmax"
-    assert (gg.moe.n_expert, gg.moe.n_expert_used, gg.moe.n_ff_exp) == (8, 2, 32)
+    assert hf == gg and gg.ext.moe is not None
+    assert gg.ext.moe.parallel_dense and gg.ext.moe.norm_topk and gg.ext.moe.gating == "softmax"
+    assert (gg.ext.moe.n_expert, gg.ext.moe.n_expert_used, gg.ext.moe.n_ff_exp) == (8, 2, 32)
     assert [gg.layer_shape(i).ffn for i in range(4)] == ["dense+moe"] * 4
-    assert gg.per_layer_embd == 0 and gg.kv_shared_from is None
+    assert gg.ext.per_layer_embd == 0 and gg.ext.kv_shared_from is None
     names = set(open_checkpoint(_path(tiny_model, MOE, "gguf")).tensors.names())
     for t in (
         "ffn_gate_inp.scale",

@@ -81,14 +81,14 @@ def test_config_reads_the_decorations(tiny_model: Callable) -> None:
     hf = config_from_checkpoint(open_checkpoint(_path(tiny_model, NAME, "hf")))
     assert hf == gg
     assert gg.swa_layers == (True, False, True) and gg.sliding_window == 6
-    assert gg.attn_sinks and gg.swa_rope_scaled and gg.ffn_act == "swiglu_oai"
-    assert gg.rope_type == "neox" and gg.ffn_norm_tensor == "post_attention_norm"
+    assert gg.ext.attn_sinks and gg.ext.swa_rope_scaled and gg.ffn_act == "swiglu_oai"
+    assert gg.rope_type == "neox" and gg.ext.ffn_norm_tensor == "post_attention_norm"
     assert gg.rope_scaling is not None and gg.rope_scaling.kind == "yarn"
     # Every layer, sliding or not, rotates with the YaRN scale (1 / factor 4).
     assert {gg.layer_shape(i).rope_scale for i in range(3)} == {0.25}
-    assert gg.moe is not None and all(gg.moe.layers) and gg.moe.biases
-    assert (gg.moe.n_expert, gg.moe.n_expert_used, gg.moe.n_ff_exp) == (8, 4, 32)
-    assert gg.moe.norm_topk and gg.moe.gating == "softmax"
+    assert gg.ext.moe is not None and all(gg.ext.moe.layers) and gg.ext.moe.biases
+    assert (gg.ext.moe.n_expert, gg.ext.moe.n_expert_used, gg.ext.moe.n_ff_exp) == (8, 4, 32)
+    assert gg.ext.moe.norm_topk and gg.ext.moe.gating == "softmax"
 
 
 def test_hf_dir_tensors_equal_the_converters(tiny_model: Callable) -> None:

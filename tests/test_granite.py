@@ -222,15 +222,15 @@ def test_config_reads_the_decorations(name: str, tiny_model: Callable) -> None:
         assert getattr(gg, field) == pytest.approx(value), field
     assert gg.rope_type == "norm"
     if name == "granite":
-        assert gg.moe is None
+        assert gg.ext.moe is None
         return
-    assert gg.moe is not None and all(gg.moe.layers)
-    assert (gg.moe.n_expert, gg.moe.n_ff_exp) == (8, 32)
-    assert gg.moe.n_expert_used == (3 if name == "granitemoeshared" else 2)
-    assert gg.moe.norm_topk is True
-    assert gg.moe.n_ff_shexp == (48 if name == "granitemoeshared" else 0)
+    assert gg.ext.moe is not None and all(gg.ext.moe.layers)
+    assert (gg.ext.moe.n_expert, gg.ext.moe.n_ff_exp) == (8, 32)
+    assert gg.ext.moe.n_expert_used == (3 if name == "granitemoeshared" else 2)
+    assert gg.ext.moe.norm_topk is True
+    assert gg.ext.moe.n_ff_shexp == (48 if name == "granitemoeshared" else 0)
     if name == "granitemoeshared":
-        assert gg.moe.shared_gate is False
+        assert gg.ext.moe.shared_gate is False
 
 
 @pytest.mark.parametrize("name", GRANITE)

@@ -111,11 +111,11 @@ def test_config_and_layer_shapes(name: str, tiny_model: Callable) -> None:
     gg = config_from_checkpoint(open_checkpoint(_path(tiny_model, name, "gguf")))
     hf = config_from_checkpoint(open_checkpoint(_path(tiny_model, name, "hf")))
     assert hf == gg
-    m = gg.mamba
+    m = gg.ext.mamba
     assert m is not None and m.version2
     assert (m.d_inner, m.d_state, m.dt_rank, m.n_group) == (128, 16, 8, 2)
-    assert gg.no_rope
-    assert (gg.embd_scale, gg.residual_scale, gg.logit_scale) == pytest.approx(
+    assert gg.ext.no_rope
+    assert (gg.ext.embd_scale, gg.ext.residual_scale, gg.ext.logit_scale) == pytest.approx(
         (12.0 if name == "granitehybrid_dense" else 0.35, 0.3, 8.0)
     )
     assert gg.attn_scale == pytest.approx(0.7)
@@ -127,11 +127,11 @@ def test_config_and_layer_shapes(name: str, tiny_model: Callable) -> None:
         assert shape.n_head_kv == (0 if kind == "mamba2" else 2)
         assert gg.is_recurrent(i) == (kind == "mamba2")
     if moe:
-        assert gg.moe is not None
-        assert (gg.moe.n_expert, gg.moe.n_expert_used, gg.moe.n_ff_exp) == (4, 2, 32)
-        assert (gg.moe.n_ff_shexp, gg.moe.shared_gate) == (48, False)
+        assert gg.ext.moe is not None
+        assert (gg.ext.moe.n_expert, gg.ext.moe.n_expert_used, gg.ext.moe.n_ff_exp) == (4, 2, 32)
+        assert (gg.ext.moe.n_ff_shexp, gg.ext.moe.shared_gate) == (48, False)
     else:
-        assert gg.moe is None and gg.n_ff == 48
+        assert gg.ext.moe is None and gg.n_ff == 48
     per_layer = 4 * (3 * (128 + 2 * 2 * 16) + 128 * 16)
     assert gg.recurrent_state_bytes() == len(_mamba_layers(name)) * per_layer
 

@@ -19,6 +19,7 @@ import pytest
 from model_checks import configured
 from script_loader import load_script
 
+from frink_cli.archs.decoder import DecoderConfig
 from frink_cli.backends import Refusal
 from frink_cli.backends.cupy.backend import CudaBackend
 from frink_cli.backends.cupy.ops import ReferenceOps
@@ -77,15 +78,15 @@ def test_each_decoration_moves_every_backend_alike(name: str) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class _FutureConfig(ModelConfig):
-    """A config with a decoration no backend knows yet."""
+class _FutureConfig(DecoderConfig):
+    """An architecture config with a decoration no backend knows yet."""
 
     attention_sinks: bool = False
 
 
 def test_an_unknown_decoration_is_refused_by_name_on_every_backend() -> None:
-    cfg = _FutureConfig(
-        **dataclasses.asdict(synthetic_config("llama", n_layer=2)), attention_sinks=True
+    cfg = dataclasses.replace(
+        synthetic_config("llama", n_layer=2), ext=_FutureConfig(attention_sinks=True)
     )
     assert "attention_sinks" in cfg.features()
     cuda = CudaBackend(cfg, ReferenceOps())

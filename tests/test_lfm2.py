@@ -151,10 +151,11 @@ def test_config_and_layer_shape(name: str, tiny_model: Callable) -> None:
     gg = config_from_checkpoint(open_checkpoint(_path(tiny_model, name, "gguf")))
     hf = config_from_checkpoint(open_checkpoint(_path(tiny_model, name, "hf")))
     assert hf == gg
-    sc = gg.shortconv
+    sc = gg.ext.shortconv
     assert sc is not None and sc.layers == CONV[name] and sc.conv_kernel == L_CACHE
     assert (gg.n_head, gg.n_head_kv, gg.head_dim_k, gg.n_ff) == (N_HEAD, N_KV, HEAD_DIM, N_FF[name])
-    assert gg.rope_type == "neox" and gg.qk_norm and gg.output_norm_tensor == "token_embd_norm"
+    assert gg.rope_type == "neox" and gg.ext.qk_norm
+    assert gg.ext.output_norm_tensor == "token_embd_norm"
     assert {"shortconv", "qk_norm", "output_norm_tensor"} <= gg.features()
     for i, conv in enumerate(CONV[name]):
         shape = gg.layer_shape(i)
@@ -168,7 +169,7 @@ def test_config_and_layer_shape(name: str, tiny_model: Callable) -> None:
     assert gg.layer_pattern() == PATTERN[name]
     assert gg.recurrent_state_bytes() == 4 * (L_CACHE - 1) * D * sum(CONV[name])
     if name == "lfm2moe":
-        moe = gg.moe
+        moe = gg.ext.moe
         assert moe is not None
         assert (moe.n_expert, moe.n_expert_used, moe.n_ff_exp) == (N_EXPERT, TOP_K, FF_EXP)
         assert (moe.gating, moe.expert_bias, moe.norm_topk, moe.weights_scale) == (
@@ -178,7 +179,7 @@ def test_config_and_layer_shape(name: str, tiny_model: Callable) -> None:
             1.0,
         )
     else:
-        assert gg.moe is None
+        assert gg.ext.moe is None
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -127,7 +127,7 @@ def test_config_and_layer_shape(name: str, tiny_model: Callable) -> None:
     gg = config_from_checkpoint(open_checkpoint(_path(tiny_model, name, "gguf")))
     hf = config_from_checkpoint(open_checkpoint(_path(tiny_model, name, "hf")))
     assert hf == gg
-    m = gg.mamba
+    m = gg.ext.mamba
     assert m is not None
     assert (m.d_inner, m.d_state, m.conv_kernel, m.dt_rank) == (D_INNER, D_STATE, D_CONV, DT_RANK)
     assert m.dt_b_c_rms == (name == "falcon_mamba")

@@ -118,7 +118,7 @@ def test_config_and_layer_shape(tiny_model: Callable) -> None:
     gg = config_from_checkpoint(open_checkpoint(_path(tiny_model, NAME, "gguf")))
     hf = config_from_checkpoint(open_checkpoint(_path(tiny_model, NAME, "hf")))
     assert hf == gg
-    m = gg.mamba
+    m = gg.ext.mamba
     assert m is not None and m.version2
     assert (m.d_inner, m.d_state, m.conv_kernel, m.dt_rank, m.n_group) == (
         D_INNER,

@@ -186,7 +186,7 @@ def test_qwen3moe_num_experts_spellings(tiny_model: Callable, tmp_path: Path) ->
     )
     a = config_from_checkpoint(open_checkpoint(tiny_model("qwen3moe").hf_dir))
     b = config_from_checkpoint(open_checkpoint(renamed))
-    assert a == b and a.moe.n_expert == 8
+    assert a == b and a.ext.moe.n_expert == 8
 
 
 def test_qwen3moe_norm_topk_prob(tiny_model: Callable, tmp_path: Path) -> None:

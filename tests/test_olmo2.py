@@ -111,8 +111,8 @@ def test_config_reads_the_decorations(tiny_model: Callable) -> None:
     gg = config_from_checkpoint(open_checkpoint(_path(tiny_model, NAME, "gguf")))
     hf = config_from_checkpoint(open_checkpoint(_path(tiny_model, NAME, "hf")))
     assert hf == gg
-    assert gg.no_pre_norm and gg.qk_norm_full and not gg.qk_norm
-    assert gg.post_attn_norm and gg.post_ffn_norm
+    assert gg.ext.no_pre_norm and gg.ext.qk_norm_full and not gg.ext.qk_norm
+    assert gg.ext.post_attn_norm and gg.ext.post_ffn_norm
     assert gg.rope_type == "neox" and not gg.tied_embeddings
     assert {"no_pre_norm", "qk_norm_full", "post_attn_norm", "post_ffn_norm"} <= gg.features()
 
