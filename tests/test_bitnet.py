@@ -115,7 +115,7 @@ def test_config_reads_the_decorations(tiny_model: Callable) -> None:
     gg = config_from_checkpoint(open_checkpoint(_path(tiny_model, NAME, "gguf")))
     hf = config_from_checkpoint(open_checkpoint(_path(tiny_model, NAME, "hf")))
     assert hf == gg
-    assert gg.attn_sub_norm and gg.ffn_sub_norm
+    assert gg.ext.attn_sub_norm and gg.ext.ffn_sub_norm
     assert gg.rope_type == "neox" and gg.tied_embeddings and gg.ffn_act == "silu"
     assert {"attn_sub_norm", "ffn_sub_norm"} <= gg.features()
 

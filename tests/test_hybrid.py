@@ -254,8 +254,8 @@ def test_hf_norm_topk_prob_false_is_carried(tiny_model: Callable, tmp_path: Path
     cfg = json.loads((dst / "config.json").read_text())
     cfg["norm_topk_prob"] = False
     (dst / "config.json").write_text(json.dumps(cfg))
-    assert config_from_checkpoint(open_checkpoint(src)).moe.norm_topk is True
-    assert config_from_checkpoint(open_checkpoint(dst)).moe.norm_topk is False
+    assert config_from_checkpoint(open_checkpoint(src)).ext.moe.norm_topk is True
+    assert config_from_checkpoint(open_checkpoint(dst)).ext.moe.norm_topk is False
 
 
 def test_hf_qwen3_5_ignores_the_vision_tower_with_a_note(tiny_model: Callable) -> None:

@@ -16,7 +16,6 @@ import dataclasses
 
 import numpy as np
 import pytest
-from model_checks import configured
 from script_loader import load_script
 
 from frink_cli.archs.decoder import DecoderConfig
@@ -65,7 +64,7 @@ def _logits(cfg: ModelConfig, backend=None) -> np.ndarray:  # type: ignore[no-un
 @pytest.mark.parametrize("name", sorted(DECORATIONS))
 def test_each_decoration_moves_every_backend_alike(name: str) -> None:
     base = synthetic_config("qwen3", n_layer=2)
-    cfg = configured(base, **DECORATIONS[name])
+    cfg = synthetic_config("qwen3", n_layer=2, **DECORATIONS[name])
     plain, host = _logits(base), _logits(cfg)
     assert np.abs(host - plain).max() > 1e-2, f"{name} changed nothing on the host"
     cuda = _logits(cfg, CudaBackend(cfg, ReferenceOps()))

@@ -441,7 +441,7 @@ def test_hf_router_options_are_carried(tiny_model: Callable, tmp_path: Path) -> 
     hf = _edited_hf(
         tiny_model, "lfm2moe", tmp_path, norm_topk_prob=False, routed_scaling_factor=2.5
     )
-    moe = config_from_checkpoint(open_checkpoint(hf)).moe
+    moe = config_from_checkpoint(open_checkpoint(hf)).ext.moe
     assert moe is not None and not moe.norm_topk and moe.weights_scale == 2.5
 
 

@@ -193,18 +193,20 @@ def test_qwen3moe_norm_topk_prob(tiny_model: Callable, tmp_path: Path) -> None:
     """transformers' Qwen3 MoE renormalizes the top-k router weights only with norm_topk_prob,
     which defaults to false; a GGUF has no such key and llama.cpp always renormalizes."""
     assert (
-        config_from_checkpoint(open_checkpoint(tiny_model("qwen3moe").hf_dir)).moe.norm_topk is True
+        config_from_checkpoint(open_checkpoint(tiny_model("qwen3moe").hf_dir)).ext.moe.norm_topk
+        is True
     )
     assert (
-        config_from_checkpoint(open_checkpoint(tiny_model("qwen3moe").gguf)).moe.norm_topk is True
+        config_from_checkpoint(open_checkpoint(tiny_model("qwen3moe").gguf)).ext.moe.norm_topk
+        is True
     )
     off = _hf_copy(tiny_model, "qwen3moe", tmp_path / "off", norm_topk_prob=False)
     unset = _hf_copy(tiny_model, "qwen3moe", tmp_path / "unset", norm_topk_prob=None)
-    assert config_from_checkpoint(open_checkpoint(off)).moe.norm_topk is False
-    assert config_from_checkpoint(open_checkpoint(unset)).moe.norm_topk is False
+    assert config_from_checkpoint(open_checkpoint(off)).ext.moe.norm_topk is False
+    assert config_from_checkpoint(open_checkpoint(unset)).ext.moe.norm_topk is False
     # Qwen3.5 MoE's router always renormalizes.
     assert (
-        config_from_checkpoint(open_checkpoint(tiny_model("qwen35moe").hf_dir)).moe.norm_topk
+        config_from_checkpoint(open_checkpoint(tiny_model("qwen35moe").hf_dir)).ext.moe.norm_topk
         is True
     )
 

@@ -39,6 +39,7 @@ import numpy as np
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..formats.safetensors import StoredTensor, read_stored
+from ..graph.blocks.attention import AttentionSpec
 from ..graph.ffn import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from ..model.config import LayerShape, ModelConfig
 from .base import Arch
@@ -56,6 +57,9 @@ class GptOssConfig(DecoderConfig):
 
     attn_sinks: bool = False
     swa_rope_scaled: bool = False
+
+    def make_attention_spec(self, cfg: ModelConfig, shape: LayerShape) -> AttentionSpec:
+        return dataclasses.replace(super().make_attention_spec(cfg, shape), sinks=self.attn_sinks)
 
     def layer_shape(self, cfg: ModelConfig, layer: int) -> LayerShape:
         shape = super().layer_shape(cfg, layer)

@@ -46,14 +46,15 @@ class AttentionSpec:
     v_norm: bool = False  # a weightless RMSNorm on each V head
     v_from_k: bool = False  # no V projection: V is the raw K projection, normed
     shares_kv: bool = False  # no K/V of its own: attends over another layer's rows
+    sinks: bool = False  # w.attn_sinks [n_head]: one more logit per head's softmax
 
 
 def attention(
     ops: Ops, spec: AttentionSpec, w: Any, h: Array, pos: Any, kv: Any, rope: Any
 ) -> Array:
     """Normed rows h [T, n_embd] -> attention output [T, n_embd] (after o_proj). w holds
-    qkv and wo, and the optional q_norm/k_norm (+ biases), attn_sub_norm, attn_sinks
-    [n_head] and q_gain [n_head, 1]."""
+    qkv and wo, and the optional q_norm/k_norm (+ biases), attn_sub_norm, q_gain [n_head, 1]
+    and (read when spec.sinks) attn_sinks [n_head]."""
     qkv = ops.linear(h, w.qkv)
     if spec.clamp:
         qkv = ops.clamp_(qkv, spec.clamp)
@@ -71,7 +72,7 @@ def attention(
         k = v = None
     else:
         q, k, v, gate = project_qkv(ops, spec, w, qkv, pos, rope)
-    out = attend(ops, spec, w.attn_sinks, q, k, v, pos, kv)
+    out = attend(ops, spec, w.attn_sinks if spec.sinks else None, q, k, v, pos, kv)
     if gate is not None:
         out = ops.sigmoid_mul_(out, gate)
     return ops.linear(optional_rms_norm_(ops, out, w.attn_sub_norm, spec.eps), w.wo)
