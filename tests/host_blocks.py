@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from frink_cli.graph.host_ops import HOST_OPS
+from frink_cli.backends.host.ops import HOST_OPS
+from frink_cli.backends.host.rope import Rope
 from frink_cli.graph.layer import attention_block, gdn_block
-from frink_cli.graph.rope import Rope
 from frink_cli.model.config import LayerShape, ModelConfig
 from frink_cli.model.weights import GdnWeights, LayerWeights
 

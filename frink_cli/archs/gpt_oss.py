@@ -39,7 +39,7 @@ import numpy as np
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..formats.safetensors import StoredTensor, read_stored
-from ..graph.ffn import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+from ..graph.ops import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from ..model.config import ModelConfig
 from .base import Arch
 from .hf import HF_CORE_TENSORS, Composite, MetadataWriter, hf_type

@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from ...graph.ffn import ACTIVATIONS
-from ...graph.norms import layer_norm
 from ...quant import kernels as host_kernels
 from ...quant.blocks import QuantMatrix, first_rows, row_bytes
 from ...resources import KERNELS_DIR
+from ..host.ffn import ACTIVATIONS
+from ..host.norms import layer_norm
 
 F32 = np.float32
 

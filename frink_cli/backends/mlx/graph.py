@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ...graph.ffn import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+from ...graph.ops import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 
 
 @dataclass
@@ -266,7 +266,7 @@ class MlxOps:
 
     def glu(self, h: mx.array, act: str) -> mx.array:
         n = h.shape[-1] // 2
-        if act == "swiglu_oai":  # gpt-oss's experts, as graph/ffn.py's swiglu_oai
+        if act == "swiglu_oai":  # gpt-oss's experts, as backends/host/ffn.py's swiglu_oai
             g = mx.minimum(h[..., :n], SWIGLU_OAI_LIMIT)
             u = mx.clip(h[..., n:], -SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT)
             return g * mx.sigmoid(SWIGLU_OAI_ALPHA * g) * (u + 1.0)

@@ -1,7 +1,7 @@
 """HostBody: the whole decoder stack in NumPy, layer by layer.
 
 The layer itself is composed once in graph/layer.py; here it runs over the host ops
-(graph/host_ops.py). `layer()` serves every kind of step; the decoder loop decides which
+(backends/host/ops.py). `layer()` serves every kind of step; the decoder loop decides which
 layers run here and which on a backend.
 """
 
@@ -12,12 +12,13 @@ import platform
 
 import numpy as np
 
-from ..model.config import ModelConfig
-from ..model.weights import ModelWeights, embedding_rows
-from .host_ops import HOST_OPS
-from .layer import embed_norm, embed_per_layer, embed_skip, lm_head, scale_embeddings
-from .layer import layer as compose_layer
-from .rope import Rope, rope_factors
+from ...graph.layer import embed_norm, embed_per_layer, embed_skip, lm_head, scale_embeddings
+from ...graph.layer import layer as compose_layer
+from ...graph.rope import rope_factors
+from ...model.config import ModelConfig
+from ...model.weights import ModelWeights, embedding_rows
+from .ops import HOST_OPS
+from .rope import Rope
 
 _malloc_tuned = False
 

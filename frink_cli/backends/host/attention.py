@@ -12,7 +12,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..quant.blas import blas_threads
+from ...quant.blas import blas_threads
 from .linear import both, host_ways
 
 # Prefill queries are taken in blocks of this many rows, each against only the keys it can

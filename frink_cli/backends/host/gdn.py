@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model.config import ModelConfig
+from ...model.config import ModelConfig
 
 CHUNK = 64  # tokens solved together in a prefill; transformers' chunk size too
 
