@@ -1,6 +1,6 @@
 """Builds frink's two compiled modules when frink is installed: the host kernels over GGUF
 blocks (frink_cli/quant/native.c -> frink_cli.quant._native) and the host body's row-wise
-ops (frink_cli/graph/rowwise.c -> frink_cli.graph._rowwise).
+ops (frink_cli/backends/host/rowwise.c -> frink_cli.backends.host._rowwise).
 
 Everything else about the package is in pyproject.toml. The build is optional: without a C
 compiler frink still installs and runs its NumPy paths (`frink info` names which runs).
@@ -21,7 +21,7 @@ BASE_FLAGS = ["-O3", "-ffp-contract=off", "-fno-strict-aliasing"]
 OPENMP = ["-fopenmp"]
 # Per module: the row-wise ops' loops select between computed values (exp's range), which
 # GCC vectorizes for AVX2 and SSE only when it may assume no FP traps (no value changes).
-OWN_FLAGS = {"frink_cli.graph._rowwise": ["-fno-trapping-math"]}
+OWN_FLAGS = {"frink_cli.backends.host._rowwise": ["-fno-trapping-math"]}
 
 
 class BuildNative(build_ext):
@@ -55,7 +55,11 @@ setup(
             ],
             optional=True,
         ),
-        Extension("frink_cli.graph._rowwise", sources=["frink_cli/graph/rowwise.c"], optional=True),
+        Extension(
+            "frink_cli.backends.host._rowwise",
+            sources=["frink_cli/backends/host/rowwise.c"],
+            optional=True,
+        ),
     ],
     cmdclass={"build_ext": BuildNative},
 )

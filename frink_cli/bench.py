@@ -127,7 +127,7 @@ class FrinkRunner:
         """Threads the test ran with (-t sets them)."""
         with kernels.threads(self.n_threads):
             n = kernels.current_threads()
-        # Decode rows: where the decoder's timed choice (graph/linear.py) settled.
+        # Decode rows: where the decoder's timed choice (backends/host/linear.py) settled.
         return min(n, self.decoder.decode_threads.current) if test.n_gen else n
 
     def run(self, test: BenchTest, ids: np.ndarray) -> Sample:

@@ -13,9 +13,9 @@ from typing import cast
 import numpy as np
 
 from .backends import Backend, HeadBackend, LaunchFailed, Refusal
+from .backends.host.body import HostBody
+from .backends.host.linear import ThreadChoice, few_rows, sequences, step_threads
 from .cache import KvCache, SeqBatch
-from .graph.body import HostBody
-from .graph.linear import ThreadChoice, few_rows, sequences, step_threads
 from .model.config import ModelConfig
 from .model.weights import LayerStore, ModelWeights
 
@@ -27,7 +27,7 @@ class Decoder:
         self.cfg = cfg
         self.host = HostBody(cfg, weights)
         self.backend = backend
-        # BLAS threads for one-row steps, chosen by timing them (graph/linear.py); and for
+        # BLAS threads for one-row steps, chosen by timing them (backends/host/linear.py); and for
         # prefill layers, per (kind of layer, batch size): a repeated prompt size (bench,
         # a server's fixed chunks) keeps what its earlier steps learned.
         self.decode_threads = ThreadChoice()

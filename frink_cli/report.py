@@ -121,7 +121,7 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
     predicate: no device, no weights needed). `backend` is a name from BACKEND_NAMES;
     "auto" reports the host body."""
     from .backends import check_backend_name, layer_support
-    from .graph.rowwise import path as rowwise_path
+    from .backends.host.rowwise import path as rowwise_path
     from .quant.kernels import kernel_path
     from .tokenizer import load_tokenizer
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from frink_cli.backends.host.ops import HOST_OPS
+from frink_cli.backends.host.rope import Rope
 from frink_cli.graph.blocks.attention import attention as attention_block
 from frink_cli.graph.blocks.gdn import gdn as gdn_block
-from frink_cli.graph.host_ops import HOST_OPS
-from frink_cli.graph.rope import Rope
 from frink_cli.model.config import LayerShape, ModelConfig
 from frink_cli.model.weights import GdnWeights, LayerWeights
 

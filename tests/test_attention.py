@@ -1,4 +1,4 @@
-"""The host body's attention core (graph/attention.py) against softmax attention written
+"""The host body's attention core (backends/host/attention.py) against softmax attention written
 out in float64: a decode row over short and long caches (its scores taken in chunks of
 keys past ROW_KEY_CHUNK), with grouped KV heads, a window, a soft cap and sinks; and a
 prompt's blocked rows, whose last row must be the decode row's answer."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from frink_cli.graph import attention as A
+from frink_cli.backends.host import attention as A
 
 
 def reference(q, K, V, positions, first, window=None, softcap=None, sinks=None):

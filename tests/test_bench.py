@@ -271,7 +271,7 @@ def test_compare_llama_cpp_needs_a_gguf(tiny_model: Callable[[str], Any]) -> Non
     )
 
 
-# --- the decode thread choice the benchmark numbers depend on (graph/linear.py) -------------
+# --- the decode thread choice the benchmark numbers depend on (backends/host/linear.py) ---
 
 
 def _drive(policy: Any, seconds: dict[int, float], steps: int) -> list[int]:
@@ -294,7 +294,7 @@ def two_threads(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_decode_threads_settle_on_the_faster_setting(two_threads: None) -> None:
-    from frink_cli.graph.linear import ThreadChoice
+    from frink_cli.backends.host.linear import ThreadChoice
 
     # Idle machine: two threads are faster, and stay chosen.
     chosen = _drive(ThreadChoice(), {1: 0.030, 2: 0.024}, 200)
@@ -306,7 +306,7 @@ def test_decode_threads_settle_on_the_faster_setting(two_threads: None) -> None:
 
 
 def test_decode_threads_leave_a_wide_setting_that_turns_slow(two_threads: None) -> None:
-    from frink_cli.graph.linear import ThreadChoice
+    from frink_cli.backends.host.linear import ThreadChoice
 
     p = ThreadChoice()
     _drive(p, {1: 0.030, 2: 0.024}, 50)
@@ -317,7 +317,7 @@ def test_decode_threads_leave_a_wide_setting_that_turns_slow(two_threads: None) 
 
 
 def test_decode_threads_fixed_and_single_blas(monkeypatch: pytest.MonkeyPatch) -> None:
-    from frink_cli.graph import linear
+    from frink_cli.backends.host import linear
 
     assert _drive(linear.ThreadChoice(fixed=2), {1: 0.01, 2: 1.0}, 20) == [2] * 20
     monkeypatch.setattr(linear.kernels, "current_threads", lambda: 1)
@@ -326,7 +326,7 @@ def test_decode_threads_fixed_and_single_blas(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_prefill_layers_start_wide_and_follow_the_faster(two_threads: None) -> None:
-    from frink_cli.graph.linear import ThreadChoice
+    from frink_cli.backends.host.linear import ThreadChoice
 
     idle = _drive(ThreadChoice.for_prefill(), {1: 0.012, 2: 0.007}, 30)
     assert idle[0] == 2 and idle[1] == 1 and idle[2:].count(2) >= 24
@@ -348,7 +348,7 @@ def test_blocked_prefill_matches_llama_cpp(tiny_model: Callable[[str], Any], nam
     pytest.importorskip("llama_cpp")
     make_tiny_models = load_script("make_tiny_models")
 
-    from frink_cli.graph import attention
+    from frink_cli.backends.host import attention
 
     tm = tiny_model(name)
     if tm.gguf is None:

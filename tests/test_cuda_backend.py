@@ -49,12 +49,12 @@ from frink_cli.backends.cupy.ops import (
     kernel_names,
     kernel_source,
 )
+from frink_cli.backends.host.ffn import glu, silu
+from frink_cli.backends.host.norms import rms_norm
+from frink_cli.backends.host.rope import Rope
 from frink_cli.cache import KvCache
 from frink_cli.decoder import Decoder
 from frink_cli.errors import FrinkError
-from frink_cli.graph.ffn import glu, silu
-from frink_cli.graph.norms import rms_norm
-from frink_cli.graph.rope import Rope
 from frink_cli.model.config import LayerShape, ModelConfig
 
 _synthetic = load_script("synthetic_models")
@@ -356,7 +356,7 @@ def test_references_are_the_host_body_blocks() -> None:
 def test_reference_alibi_is_the_host_attend(T: int) -> None:
     """The attention reference with ALiBi slopes equals the host body's attend (its
     blocked prefill and its decode row) on the same scaled queries and cache rows."""
-    from frink_cli.graph.attention import attend
+    from frink_cli.backends.host.attention import attend
 
     rng = np.random.default_rng(23)
     H, Hkv, hd, P = 8, 4, 16, 6
@@ -372,7 +372,7 @@ def test_reference_alibi_is_the_host_attend(T: int) -> None:
 
 @pytest.mark.parametrize("window", [None, 4])
 def test_reference_attention_is_the_host_attention_block(window: int | None) -> None:
-    """The attention reference over the cache (prefix + new rows) equals graph/attention.py
+    """The attention reference over the cache (prefix + new rows) equals backends/host/attention.py
     fed the same Q/K/V through a cache slot, with and without a sliding window."""
     cfg = synthetic_config(
         "qwen2", n_layer=1, sliding_window=window, swa_layers=(window is not None,)

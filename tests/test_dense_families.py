@@ -5,7 +5,7 @@ and the kernels of kernels/*.cu on the CPU emulator).
 Why: they bring four new pieces to the one layer graph -- LayerNorm with bias
 (ModelConfig.layer_norm), the plain GELU MLP (plain_ffn), ALiBi instead of rope
 (alibi_bias; bloom also normalizes its embeddings, embd_norm) and mpt's clamp_kqv -- each
-composed once in graph/layer.py over HostOps, MlxOps and CudaOps. The fixtures
+composed once (archs/decoder.py over graph/blocks) over HostOps, MlxOps and CudaOps. The fixtures
 (scripts/make_tiny_models.py) draw every bias and norm weight at random, so a dropped bias
 or a missing norm moves the logits far; the decoration tests below check that each new
 field matters by far more than the parity bar.

@@ -27,7 +27,7 @@ from frink_subprocess import child_env
 from gguf import GGMLQuantizationType as T
 from quant_weights import random_weights
 
-from frink_cli.graph import linear
+from frink_cli.backends.host import linear
 from frink_cli.quant import kernels
 from frink_cli.quant.blocks import KERNEL_TYPES, QuantRows
 

@@ -310,7 +310,7 @@ def test_batch_rows_equal_alone_bit_for_bit(name: str, tiny_model: Callable) -> 
     chunk beside a longer chunk and decode rows, then its decode rows beside 1..6 others
     (MoE experts included, whose row groups mix sequences). What a server relies on to
     answer a request as it would answer it alone."""
-    from frink_cli.graph.linear import SMALL_ROWS
+    from frink_cli.backends.host.linear import SMALL_ROWS
     from frink_cli.quant.kernels import compiled
 
     if not compiled():
@@ -354,7 +354,7 @@ def test_rope_of_a_batchs_rows_is_each_rows_own(layout: str) -> None:
     """A batched step's positions are one per sequence, not one run, even when the first
     and last are T - 1 apart ([44, 46, 45, 47, 48]: a table slice there rotated the second
     row by position 45, and a served answer drifted from its alone answer)."""
-    from frink_cli.graph.rope import Rope
+    from frink_cli.backends.host.rope import Rope
 
     rope = Rope(64, 10000.0, 1.0, layout)
     x = np.random.default_rng(0).standard_normal((5, 4, 64)).astype(np.float32)

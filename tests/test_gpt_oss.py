@@ -41,8 +41,8 @@ from model_checks import (
 
 import frink_cli
 from frink_cli.archs import config_from_checkpoint, open_checkpoint
+from frink_cli.backends.host import ffn
 from frink_cli.decoder import Decoder
-from frink_cli.graph import ffn
 
 NAME = "gpt_oss"
 

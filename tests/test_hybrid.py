@@ -31,10 +31,10 @@ from frink_subprocess import frink
 import frink_cli
 from frink_cli.archs import config_from_checkpoint, open_checkpoint
 from frink_cli.archs.decoder import with_ext
+from frink_cli.backends.host import gdn as gdn_mod
 from frink_cli.cache import KvCache
 from frink_cli.decoder import Decoder
 from frink_cli.errors import FrinkError
-from frink_cli.graph import gdn as gdn_mod
 
 HYBRIDS = ("qwen35", "qwen35_vl", "qwen3next")
 REF_TOL = 2e-3

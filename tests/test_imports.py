@@ -122,3 +122,8 @@ def test_model_and_graph_do_not_import_archs() -> None:
 
 def test_archs_do_not_import_a_backend() -> None:
     assert _violations(("archs",), ("backends",)) == []
+
+
+def test_graph_does_not_import_a_backend() -> None:
+    """graph/ is the interface and the composition; the NumPy ops are a backend (host/)."""
+    assert _violations(("graph",), ("backends",)) == []

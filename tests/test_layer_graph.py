@@ -1,6 +1,6 @@
 """The one layer graph: the composition's guarantees that no single model test states.
 
-- Every backend runs the SAME composition (graph/layer.py): a decoration switched on in
+- Every backend runs the SAME composition (the architecture's layer): a decoration set in
   the config moves the host body, the cuda stack (NumPy stand-in) and the metal graph
   alike, and each still agrees with the host body.
 - A decoration a backend does not carry is refused by name, never dropped.

@@ -470,9 +470,9 @@ def test_cuda_refuses_the_mamba_mixer_by_name(
 
 
 def test_a_long_prefill_scan_equals_token_steps() -> None:
-    """The host scan forms decays a chunk (graph.ssm.CHUNK tokens) at a time: a prompt
+    """The host scan forms decays a chunk (backends.host.ssm.CHUNK tokens) at a time: a prompt
     longer than several chunks gives what token-by-token steps give."""
-    from frink_cli.graph.ssm import CHUNK, selective_scan
+    from frink_cli.backends.host.ssm import CHUNK, selective_scan
 
     rng = np.random.default_rng(0)
     T = 2 * CHUNK + 22

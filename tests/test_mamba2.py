@@ -44,9 +44,9 @@ from model_checks import (
 
 import frink_cli
 from frink_cli.archs import config_from_checkpoint, open_checkpoint
+from frink_cli.backends.host.ops import HostOps
 from frink_cli.decoder import Decoder
 from frink_cli.errors import FrinkError
-from frink_cli.graph.host_ops import HostOps
 from frink_cli.model.weights import ModelWeights
 
 NAME = "mamba2"
@@ -302,7 +302,7 @@ def test_truncating_a_mamba2_cache_is_refused(tiny_model: Callable) -> None:
 def test_a_grouped_scan_across_chunks_equals_token_steps() -> None:
     """The host scan with Mamba-2's shapes (a per-channel scalar decay [d_inner, 1], B/C in
     groups) over a prompt longer than several chunks gives what token steps give."""
-    from frink_cli.graph.ssm import CHUNK, selective_scan
+    from frink_cli.backends.host.ssm import CHUNK, selective_scan
 
     rng = np.random.default_rng(0)
     T, di, G, ds = 2 * CHUNK + 22, 32, 4, 8

@@ -475,7 +475,7 @@ def test_host_keeps_the_files_blocks_and_batches_invariantly(
     file's bytes, no f32 copy), and a sequence's logits in a batch are its alone logits
     bit for bit: decode rows beside others, and its prompt beside a chunk long enough for
     the tiled GEMM (a server's answers rely on it)."""
-    from frink_cli.graph.linear import SMALL_ROWS
+    from frink_cli.backends.host.linear import SMALL_ROWS
     from frink_cli.quant.blocks import QuantRows
 
     if not kernels.compiled():

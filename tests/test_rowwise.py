@@ -1,4 +1,4 @@
-"""The host body's row-wise ops in C (frink_cli/graph/rowwise.c) against float64 math:
+"""The host body's row-wise ops in C (frink_cli/backends/host/rowwise.c) against float64 math:
 RMSNorm, rope in both layouts, the gated activations and the exp they use, on the views
 the layer graph hands them (heads inside a fused QKV row, ragged widths); and the NumPy
 path beside them, which runs where the C is not built."""
@@ -11,8 +11,8 @@ import shutil
 import numpy as np
 import pytest
 
-from frink_cli.graph import ffn, norms, rowwise
-from frink_cli.graph.rope import Rope
+from frink_cli.backends.host import ffn, norms, rowwise
+from frink_cli.backends.host.rope import Rope
 from frink_cli.quant import kernels
 
 needs_c = pytest.mark.skipif(not rowwise.compiled(), reason=rowwise.path())

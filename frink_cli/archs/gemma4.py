@@ -18,11 +18,11 @@ sliding-window layers with their own rope base, final logit softcap) with:
   the rows of layer n_kv - 2 (sliding) or n_kv - 1 (full), n_kv = n_layer - shared, as
   llama.cpp's reuse rule says (transformers: the last earlier layer of the same kind; the
   two agree when those layers are of those kinds, which the file must then say);
-- per-layer embeddings (embedding_length_per_layer_input > 0): graph/layer.py's
-  embed_per_layer and per_layer_input_block;
+- per-layer embeddings (embedding_length_per_layer_input > 0): Gemma4Config.embed and
+  Gemma4Config.layer;
 - a per-layer output scale (layer_output_scale [1], HF's layer_scalar);
 - the MoE variant (26B-A4B; HF enable_moe_block): every layer's dense FFN runs beside the
-  routed experts (ffn "dense+moe", graph/layer.py's dense_and_experts_block), the router
+  routed experts (ffn "dense+moe", Gemma4Config.ffn), the router
   reading the normed residual (ffn_gate_inp.scale), per-expert scales
   (ffn_down_exps.scale, HF's router.per_expert_scale), the experts' gate/up fused
   (ffn_gate_up_exps, HF's experts.gate_up_proj: gate rows then up rows).

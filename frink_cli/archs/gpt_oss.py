@@ -40,7 +40,7 @@ from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..formats.safetensors import StoredTensor, read_stored
 from ..graph.blocks.attention import AttentionSpec
-from ..graph.ffn import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+from ..graph.ops import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from ..model.config import LayerShape, ModelConfig
 from .base import Arch
 from .decoder import DecoderConfig, decoder_ext, with_ext

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # only for hints: base.py imports this module
 
 
 def is_finite_number(x: Any) -> bool:
+    """x is an int or float (not a bool) of finite value: a config.json number check."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return False
     try:

@@ -3,78 +3,19 @@
 The decoder loop asks the active backend, before touching any cache, for the longest run
 of layers it will take from layer l for this kind of step ("prefill" batch or "decode"
 row). The answer is a Run or a named Refusal; on a refusal the host body runs the layer.
-The NumPy host body itself is not a backend object: "numpy" means no backend, every
-layer on the host. Backends never import each other.
+The NumPy host backend (host/: HostOps and HostBody) is not a Backend object: "numpy"
+means no device backend, every layer on the host. Device backends never import each
+other; they may reuse the host's NumPy kernels as their reference (cupy's ReferenceOps).
+The protocol types live in protocol.py, which device backends import instead of this
+package (this package imports them lazily).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
-
-import numpy as np
-
 from ..errors import FrinkError
-from .ledger import Ledger
+from .protocol import Backend, HeadBackend, LaunchFailed, Refusal, Run
 
 BACKEND_NAMES = ("auto", "numpy", "metal", "cuda")
-
-
-@dataclass(frozen=True)
-class Refusal:
-    reason: str
-
-
-@dataclass(frozen=True)
-class Run:
-    start: int
-    stop: int  # exclusive
-
-
-class LaunchFailed(Exception):
-    """A run the backend admitted failed on the device. Raised before any cache row was
-    written; the decoder loop reports it (once per distinct message) and has the host body
-    run the same layers."""
-
-
-class Backend(Protocol):
-    name: str
-    ledger: Ledger
-
-    def bind(self, weights) -> None:
-        """Called once by the decoder with the loaded weights (upload what the device needs).
-        Read a layer to upload through model.weights.borrow_layer(weights.layers, i): a
-        layer store then loads it for the upload alone instead of keeping it on the host."""
-        ...
-
-    def resident_layers(self) -> set[int]:
-        """After bind(): the layers the device holds whole. The decoder drops the host
-        copies of these (the host body reloads one from the checkpoint if a launch fails
-        after admission) and loads every other layer at once."""
-        ...
-
-    def plan(
-        self, kind: str, layer: int, n_rows: int, cache, positions: np.ndarray | None = None
-    ) -> Run | Refusal: ...
-
-    def run(self, run: Run, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray: ...
-
-    def end_thread(self) -> None:
-        """The calling thread will run nothing more on this backend: free what the device
-        runtime keeps per thread (a thread that ends holding it can abort the process)."""
-        ...
-
-
-class HeadBackend(Backend, Protocol):
-    """A backend that can also run the lm head in a run's own submission (base.DeviceBackend
-    does); the decoder asks for it only where `runs_head` says the head is resident."""
-
-    @property
-    def runs_head(self) -> bool: ...
-
-    def run_head(
-        self, run: Run, x: np.ndarray, positions: np.ndarray, cache, all_rows: bool
-    ) -> np.ndarray: ...
 
 
 def check_backend_name(name: str, allowed: tuple[str, ...] = BACKEND_NAMES) -> str:
@@ -127,3 +68,16 @@ def layer_support(name: str, cfg) -> list[str | None]:
 
         return [", ".join(r) or None for r in (metal_refusals(cfg, i) for i in range(cfg.n_layer))]
     return [None] * cfg.n_layer
+
+
+__all__ = [
+    "BACKEND_NAMES",
+    "Backend",
+    "HeadBackend",
+    "LaunchFailed",
+    "Refusal",
+    "Run",
+    "check_backend_name",
+    "layer_support",
+    "select_backend",
+]

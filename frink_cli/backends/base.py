@@ -24,8 +24,8 @@ import numpy as np
 
 from ..model.config import ModelConfig
 from ..model.weights import ModelWeights, borrow_layer
-from . import LaunchFailed, Refusal, Run
 from .ledger import Ledger
+from .protocol import LaunchFailed, Refusal, Run
 
 NOT_RESIDENT = "weights not resident"
 MULTI_SEQUENCE = "multi-sequence step"

@@ -6,8 +6,9 @@ sequences stepping together cost little more than one (a server's throughput). E
 part of a layer that is row-wise (the linears, norms, FFN, MoE, the lm head) runs over
 the rows of all sequences at once; only a mixer's history (K/V rows, recurrent state)
 is per sequence. So the batch is, to the layer composition, one more kind of cache view:
-`BatchSlot.sequences` says which rows are whose, and graph/layer.py runs each mixer's
-per-sequence core once per sequence over its own rows (`each_sequence`).
+`BatchSlot.sequences` says which rows are whose, and the block library
+(graph/blocks/step.py) runs each mixer's per-sequence core once per sequence over its own
+rows (`each_sequence`).
 
 Sequence i's rows are rows [start_i, stop_i) of the step, in the order the caches were
 given, at positions n_past_i.. of its own cache. All caches share one context size (the

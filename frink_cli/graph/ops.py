@@ -1,8 +1,8 @@
 """The Ops interface: the primitives a layer is composed of, implemented once per backend.
 
-Why: the layer (graph/layer.py) is written ONCE over these ops; the NumPy host body
-(graph/host_ops.py), MLX (backends/mlx/ops.py, traced by mx.compile so a run of layers is
-still one submission) and CuPy (backends/cupy/ops.py: kernels/*.cu and cuBLAS) each
+Why: a layer (its architecture's, composed from graph/blocks) is written ONCE over these
+ops; the NumPy host body (backends/host/ops.py), MLX (backends/mlx/ops.py, traced by
+mx.compile so a run of layers is still one submission) and CuPy (backends/cupy/ops.py: kernels/*.cu and cuBLAS) each
 implement them. A decoration (a post-norm, a multiplier, a softcap, a gate) lives in the
 composition, never in a backend; a backend implements primitives, and only brings a new
 one when an architecture needs a new primitive.
@@ -28,6 +28,12 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 Array = Any
+
+# The "swiglu_oai" activation's constants, shared by every backend's implementation and
+# by the architecture that checks them: llama.cpp's ggml_swiglu_oai as its build_moe_ffn
+# hard-codes it.
+SWIGLU_OAI_ALPHA = 1.702
+SWIGLU_OAI_LIMIT = 7.0
 
 
 class Ops(Protocol):

@@ -231,8 +231,8 @@ def map_layer(
     moe: Callable[[MoeWeights], Any] | None = None,
 ) -> LayerWeights:
     """The layer's weights with every array and Linear converted by a backend (its upload):
-    the same dataclasses and fields, so the one composition (graph/layer.py) reads the
-    device copy as it reads the host's, and no backend lists a layer's fields. `moe`
+    the same dataclasses and fields, so the architecture's composition (ModelConfig.ext.layer)
+    reads the device copy as it reads the host's, and no backend lists a layer's fields. `moe`
     converts a whole MoE block where a backend holds its experts in a form of its own."""
 
     def convert(v: Any) -> Any:

@@ -1,6 +1,6 @@
 """How many threads the BLAS library NumPy loaded may use, scoped to a block.
 
-frink calls BLAS with one thread during a forward (graph/linear.py `step_threads`): a
+frink calls BLAS with one thread during a forward (backends/host/linear.py `step_threads`): a
 multithreaded GEMM splits its work by the thread count, and where that split moves a
 product's rounding (OpenBLAS's Haswell kernels do) the thread count would change the
 logits. The product's own threads come from frink's tiles instead (quant/kernels.py).

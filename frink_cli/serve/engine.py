@@ -185,7 +185,7 @@ class Engine:
         """Step until stop(); every job still known then ends with a "stopped" event."""
         try:
             # A request's answer does not depend on what else is being served: every few
-            # rows go through the one kernel whose sums ignore the batch (graph/linear.py).
+            # rows go through the one kernel whose sums ignore the batch (backends/host/linear.py).
             self._loop()
         finally:
             self.decoder.end_thread()

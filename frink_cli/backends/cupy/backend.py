@@ -25,9 +25,9 @@ import numpy as np
 from ...graph.rope import rope_factors, rope_frequencies
 from ...model.config import ModelConfig
 from ...model.weights import LayerWeights, ModelWeights
-from .. import Run
 from ..base import DeviceBackend
 from ..ledger import Ledger
+from ..protocol import Run
 from . import eligibility
 from .ops import CudaOps, CudaStep
 from .stack import DeviceHead, dense_stack, upload_head, upload_layer

@@ -84,7 +84,7 @@ CARRIED = frozenset(
         "has_rope_freqs",
         # YaRN / LongRoPE: the host-built cos/sin tables carry them (rope_frequencies).
         "rope_scaling",
-        # The composition's multipliers (graph/layer.py): scale ops between the kernels.
+        # The composition's multipliers (archs/decoder.py): scale ops between the kernels.
         "residual_scale",
         "logit_scale",
         # olmo2: branches read the residual stream (no pre-norm ops); full-width QK norm

@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from ...graph.ffn import ACTIVATIONS
-from ...graph.norms import layer_norm
 from ...quant import kernels as host_kernels
 from ...quant.blocks import QuantMatrix, first_rows, row_bytes
 from ...resources import KERNELS_DIR
+from ..host.ffn import ACTIVATIONS
+from ..host.norms import layer_norm
 
 F32 = np.float32
 
@@ -587,7 +587,7 @@ class KvRows:
 
 def _locate(view: Any) -> tuple[Any, int]:
     """(buf [T, stride], column offset) of a heads view [T, heads, hd] that sits inside a
-    contiguous row buffer -- how the composition's QKV views (graph/layer.py) reach the
+    contiguous row buffer -- how the composition's QKV views (graph/blocks/attention.py) reach the
     kernels, which normalize, rotate and attend in place at an offset."""
     root = view
     while root.base is not None:

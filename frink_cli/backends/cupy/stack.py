@@ -10,9 +10,9 @@ download (one submission in the ledger). Nothing is written to the host cache he
 backend pushes the K/V rows only after the whole run has come back, so a run that fails
 part way leaves every host cache as it was.
 
-The layer is the one composition (graph/layer.py) over CudaOps (ops.py) and its array
-module: NumPy on CI, CuPy on a GPU; this module only holds the resident weights and packs
-what comes back into one download.
+The layer is the architecture's composition (ModelConfig.ext.layer) over CudaOps (ops.py)
+and its array module: NumPy on CI, CuPy on a GPU; this module only holds the resident
+weights and packs what comes back into one download.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def dense_stack(
     head: DeviceHead | None = None,
     all_logits: bool = False,
 ) -> StackOutput:
-    """Run `layers` (the composition of graph/layer.py over the kernels) on the hidden rows
+    """Run `layers` (the architecture's composition over the kernels) on the hidden rows
     x [T, n_embd] (host) at positions pos.n_prefix.. .
 
     shapes[i], rope_keys[i]: layer i's LayerShape and its key into pos.tables (cos/sin at

@@ -30,8 +30,8 @@ from ...graph.rope import rope_factors, rope_frequencies
 from ...model.config import ModelConfig
 from ...model.weights import LayerWeights, MoeWeights, dequantized, map_layer
 from ...quant.blocks import QuantRows
-from .. import Run
 from ..base import DeviceBackend
+from ..protocol import Run
 from . import graph
 from .eligibility import layer_refusals
 from .graph import MLX_OPS

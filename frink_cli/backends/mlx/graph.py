@@ -1,6 +1,6 @@
 """The MLX side of the layer graph: resident weight types and the ops (MlxOps).
 
-The layer itself is composed once in graph/layer.py; MlxOps only builds lazy MLX
+The layer is the architecture's composition (ModelConfig.ext.layer); MlxOps only builds lazy MLX
 expressions for its primitives, and the backend traces a whole run of layers (and the lm
 head) through the composition with mx.compile and evaluates it once. K/V live in
 fixed-capacity mirrors, written with slice_update at a position held in an array, and the
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from ...graph.blocks.moe import moe
-from ...graph.ffn import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+from ...graph.ops import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 
 
 @dataclass
@@ -267,7 +267,7 @@ class MlxOps:
 
     def glu(self, h: mx.array, act: str) -> mx.array:
         n = h.shape[-1] // 2
-        if act == "swiglu_oai":  # gpt-oss's experts, as graph/ffn.py's swiglu_oai
+        if act == "swiglu_oai":  # gpt-oss's experts, as backends/host/ffn.py's swiglu_oai
             g = mx.minimum(h[..., :n], SWIGLU_OAI_LIMIT)
             u = mx.clip(h[..., n:], -SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT)
             return g * mx.sigmoid(SWIGLU_OAI_ALPHA * g) * (u + 1.0)

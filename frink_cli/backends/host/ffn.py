@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...graph.ops import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from . import rowwise
 
 _SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
@@ -19,12 +20,6 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 
 ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
-
-
-# gpt-oss's experts (act "swiglu_oai"): llama.cpp's ggml_swiglu_oai with the constants its
-# build_moe_ffn hard-codes, as transformers' GptOssExperts._apply_gate computes it.
-SWIGLU_OAI_ALPHA = 1.702
-SWIGLU_OAI_LIMIT = 7.0
 
 
 def swiglu_oai(gate: np.ndarray, up: np.ndarray) -> np.ndarray:

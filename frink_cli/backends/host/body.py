@@ -1,7 +1,7 @@
 """HostBody: the whole decoder stack in NumPy, layer by layer.
 
 The layer is the architecture's composition (ModelConfig.ext: its embed, layer and head);
-here it runs over the host ops (graph/host_ops.py). `layer()` serves every kind of step;
+here it runs over the host ops (backends/host/ops.py). `layer()` serves every kind of step;
 the decoder loop decides which layers run here and which on a backend.
 """
 
@@ -12,10 +12,11 @@ import platform
 
 import numpy as np
 
-from ..model.config import ModelConfig
-from ..model.weights import ModelWeights, embedding_rows
-from .host_ops import HOST_OPS
-from .rope import Rope, rope_factors
+from ...graph.rope import rope_factors
+from ...model.config import ModelConfig
+from ...model.weights import ModelWeights, embedding_rows
+from .ops import HOST_OPS
+from .rope import Rope
 
 _malloc_tuned = False
 

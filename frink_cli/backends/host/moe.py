@@ -2,7 +2,7 @@
 optional selection bias: lfm2moe), the top n_expert_used per row, optionally renormalized
 (norm_topk_prob), as llama.cpp's build_moe_ffn with softmax / sigmoid gating and
 exp_probs_b, and transformers' Qwen3MoeSparseMoeBlock / Lfm2MoeTopKRouter compute it.
-The block is composed in graph/layer.py (moe_block); the experts run in HostOps.experts.
+The block is composed in graph/blocks/moe.py; the experts run in HostOps.experts.
 """
 
 from __future__ import annotations

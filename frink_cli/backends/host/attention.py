@@ -1,8 +1,8 @@
 """The host body's attention core: softmax(q K^T + mask) V over the rows a KV cache holds.
 
 The block around it (QKV split, QK norms, rope, output gate, o_proj) is composed once in
-graph/layer.py; this module is what HostOps.attention runs: blocked causal prefill and a
-mask-free decode row. GQA maps query head h to KV head h // (n_head / n_head_kv), as
+graph/blocks/attention.py; this module is what HostOps.attention runs: blocked causal
+prefill and a mask-free decode row. GQA maps query head h to KV head h // (n_head / n_head_kv), as
 llama.cpp does.
 """
 
@@ -12,7 +12,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..quant.blas import blas_threads
+from ...quant.blas import blas_threads
 from .linear import both, host_ways
 
 # Prefill queries are taken in blocks of this many rows, each against only the keys it can

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..model.weights import Linear, MoeWeights
+from ...model.weights import Linear, MoeWeights
 from .attention import attend
 from .ffn import ACTIVATIONS, glu, glu_
 from .gdn import causal_conv, delta_rule_chunked, delta_rule_steps, l2_normalize
@@ -156,8 +156,8 @@ class HostOps:
         owner = _row_owner(x.shape[0])
         for e in np.unique(ids):
             rows, slot = np.nonzero(ids == e)
-            # Each sequence's rows of this expert as it would multiply them alone (graph.
-            # linear.product): rows are ascending, so a sequence's are consecutive.
+            # Each sequence's rows of this expert as it would multiply them alone
+            # (linear.product): rows are ascending, so a sequence's are consecutive.
             seq = None
             if owner is not None:
                 seq = np.unique(owner[rows], return_counts=True)[1].tolist()

@@ -1,7 +1,7 @@
 """Mamba's selective scan on the host: the recurrence at the heart of the mamba mixers.
 
 Why its own module: the scan is a primitive (Ops.selective_scan), not a block; the block
-(conv, projections, gates) is composed once in graph/layer.py. Per token t and channel i,
+(conv, projections, gates) is composed once in graph/blocks/mamba.py. Per token t and channel i,
 with the state h [d_inner, d_state] (the Mamba paper's discretization, as llama.cpp's
 ggml_ssm_scan and transformers' MambaMixer slow path compute it):
 

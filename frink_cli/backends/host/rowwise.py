@@ -1,6 +1,6 @@
 """The host body's row-wise ops in C (rowwise.c, compiled when frink is installed): RMSNorm,
 rope and the gated activations, each one pass over its rows on the product kernels'
-threads. graph/norms.py, rope.py and ffn.py call these first and run their NumPy when
+threads. norms.py, rope.py and ffn.py here call these first and run their NumPy when
 they return None: arrays the C does not take (not float32, more than 3 dims, a strided
 last dim), or no compiled module (no compiler at install, or FRINK_NO_NATIVE=1).
 `path()` says which runs; `frink info` shows it.
@@ -17,7 +17,7 @@ from types import ModuleType
 
 import numpy as np
 
-from ..quant import kernels
+from ...quant import kernels
 
 F32 = np.float32
 # The activations rowwise.c has, by its numbers.

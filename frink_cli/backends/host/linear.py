@@ -37,10 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from ..model.weights import Linear
-from ..quant import kernels
-from ..quant.blas import blas_threads
-from ..quant.blocks import QuantRows
+from ...model.weights import Linear
+from ...quant import kernels
+from ...quant.blas import blas_threads
+from ...quant.blocks import QuantRows
 
 # Up to this many rows of a sequence go through the compiled small-batch product (quant.
 # kernels.matmul_f32), more through BLAS: a decode row, a server's batch of them, a short

@@ -1,4 +1,4 @@
-/* frink_cli.graph._rowwise: the host body's row-wise ops in C, each one pass over its rows.
+/* frink_cli.backends.host._rowwise: the host body's row-wise ops in C, each one pass over its rows.
  *
  * Why: a prompt's norms, rotations and gated activations are a dozen NumPy passes each
  * (one per ufunc, every one over megabytes, on one thread). On Gemma 3 270M they were a
@@ -11,7 +11,7 @@
  *
  * The arithmetic is llama.cpp's where it defines it: RMSNorm sums x^2 in double and scales
  * by 1 / sqrtf(mean + eps), then by the weight (ggml_rms_norm, then ggml_mul); rope is
- * x cos - y sin, y cos + x sin, each product rounded (graph/rope.py's NumPy does the same
+ * x cos - y sin, y cos + x sin, each product rounded (rope.py's NumPy does the same
  * operations). The activations are written with exp alone: silu(g) = g / (1 + e^-g), and
  * gelu_tanh(g) = 0.5 g (1 + tanh(u)) = g / (1 + e^(-2u)), u = sqrt(2/pi) (g + 0.044715 g^3),
  * which is also well conditioned where tanh(u) is near -1. exp_f32 is Cephes' expf

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .blocks.gdn import GdnConfig
+from ...graph.blocks.gdn import GdnConfig
 
 CHUNK = 64  # tokens solved together in a prefill; transformers' chunk size too
 
