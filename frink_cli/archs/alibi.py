@@ -27,7 +27,7 @@ from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..graph.blocks.attention import AttentionSpec
 from ..graph.ops import Array, Ops
-from ..model.config import LayerShape, ModelConfig
+from ..model.config import HeadPlan, LayerShape, ModelConfig
 from .base import get
 from .decoder import DecoderConfig, with_ext
 from .hf import MetadataWriter, f32
@@ -69,6 +69,10 @@ class AlibiConfig(DecoderConfig):
         spec = super().make_attention_spec(cfg, shape)
         alibi = None if self.alibi_bias is None else self.alibi_slopes(cfg.n_head)
         return dataclasses.replace(spec, rotates=alibi is None, alibi=alibi, clamp=self.clamp_kqv)
+
+    def head_plan(self, cfg: ModelConfig) -> HeadPlan:
+        plan = super().head_plan(cfg)
+        return dataclasses.replace(plan, embd_norm="layer_norm" if self.embd_norm else "")
 
     def embed(self, ops: Ops, cfg: ModelConfig, w: Any, x: Array, lookup: Any) -> Array:
         if self.embd_norm:

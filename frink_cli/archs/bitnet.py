@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..model.config import ModelConfig
+from ..model.config import LayerPlan, LayerShape, ModelConfig
 from .base import Arch
 from .decoder import DecoderConfig, with_ext
 from .hf import HF_CORE_TENSORS, MetadataWriter, hf_type
@@ -49,6 +49,10 @@ class BitnetConfig(DecoderConfig):
 
     attn_sub_norm: bool = False
     ffn_sub_norm: bool = False
+
+    def layer_plan(self, cfg: ModelConfig, shape: LayerShape) -> LayerPlan:
+        plan = super().layer_plan(cfg, shape)
+        return dataclasses.replace(plan, sub_norms=self.attn_sub_norm or self.ffn_sub_norm)
 
 
 # The projections the converter ternarizes (its modify_tensors list).

@@ -14,19 +14,20 @@ DecoderConfig in its own module and overrides the step it changes: `mixer`, `ffn
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, TypeVar
 
 from ..graph.blocks.attention import AttentionSpec, attention
 from ..graph.blocks.ffn import gated_ffn, plain_ffn
 from ..graph.blocks.moe import MoeConfig, moe
 from ..graph.blocks.norms import norm, optional_rms_norm_, scaled
 from ..graph.ops import Array, Ops
-from ..model.config import ArchConfig, LayerShape, ModelConfig
+from ..model.config import ArchConfig, HeadPlan, LayerPlan, LayerShape, ModelConfig
 
 # Per-layer attention specs, made once per (architecture config, layer shape) and kept
 # with both, so an entry is only ever found for the very objects it was made from.
 _SPECS: dict[tuple[int, int], tuple[ArchConfig, LayerShape, ModelConfig, AttentionSpec]] = {}
 _MAX_SPECS = 4096
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +82,21 @@ class DecoderConfig(ArchConfig):
                 "weights_scale": m.weights_scale,
             }
         }
+
+    def layer_plan(self, cfg: ModelConfig, shape: LayerShape) -> LayerPlan:
+        qk = "full" if self.qk_norm_full else "head" if self.qk_norm else ""
+        return LayerPlan(
+            ffn_norm=self.ffn_norm_tensor,
+            norm_biases=self.layer_norm,
+            post_attn_norm=self.post_attn_norm,
+            post_ffn_norm=self.post_ffn_norm,
+            q_gate=self.attn_output_gate,
+            qk_norm=qk,
+            plain_ffn=self.plain_ffn,
+        )
+
+    def head_plan(self, cfg: ModelConfig) -> HeadPlan:
+        return HeadPlan(output_norm=self.output_norm_tensor, norm_biases=self.layer_norm)
 
     def positive_values(self) -> list[tuple[str, float | None]]:
         return [
@@ -234,3 +250,8 @@ def decoder_ext(cfg: ModelConfig) -> DecoderConfig:
     """cfg's architecture config, typed as the decoder's (every architecture's is one)."""
     assert isinstance(cfg.ext, DecoderConfig)
     return cfg.ext
+
+
+def extended(cls: type[T], base: Any, **extra: Any) -> T:
+    """An instance of cls (a subclass of base's dataclass) with base's fields and extra."""
+    return cls(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)}, **extra)

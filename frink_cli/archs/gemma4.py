@@ -41,9 +41,12 @@ from ..formats import Checkpoint
 from ..graph.blocks.attention import AttentionSpec
 from ..graph.blocks.ffn import gated_ffn
 from ..graph.ops import Array, Ops
-from ..model.config import LayerShape, ModelConfig
+from ..model.config import LayerPlan, LayerShape, ModelConfig
+from ..model.linear import Linear
+from ..model.weights import LayerWeights, TensorReader
+from ..quant.blocks import QuantRows
 from .base import Arch, get
-from .decoder import DecoderConfig, decoder_ext, with_ext
+from .decoder import DecoderConfig, decoder_ext, extended, with_ext
 from .hf import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, MetadataWriter, f32, multimodal
 from .hf_plan import HfModelType
 
@@ -106,6 +109,28 @@ def _full_override(hp: dict[str, Any], key: str) -> Any:
     return None
 
 
+@dataclasses.dataclass
+class Gemma4LayerWeights(LayerWeights):
+    """A layer's weights with its per-layer input's gate [n, n_embd], projection [n_embd, n]
+    and post-norm [n_embd] (None without per-layer inputs), and its output scale [1]."""
+
+    ple_gate: Linear | None = None
+    ple_proj: Linear | None = None
+    ple_post_norm: np.ndarray | None = None
+    out_scale: np.ndarray | None = None
+
+
+@dataclasses.dataclass
+class Gemma4HeadWeights:
+    """The per-layer inputs' tables: the token table [n_vocab, n_layer * n] (f32 or the
+    file's blocks, rows dequantized on lookup), the projection of the scaled embeddings
+    [n_layer * n, n_embd] and its norm [n]."""
+
+    per_layer_token_embd: np.ndarray | QuantRows
+    per_layer_model_proj: Linear
+    per_layer_proj_norm: np.ndarray
+
+
 @dataclasses.dataclass(frozen=True)
 class Gemma4Config(DecoderConfig):
     """Gemma 4's additions to the decoder (see the module docstring)."""
@@ -139,6 +164,31 @@ class Gemma4Config(DecoderConfig):
             no_rope_freqs=cfg.has_rope_freqs and self.rope_freqs_global_only,
         )
 
+    def layer_plan(self, cfg: ModelConfig, shape: LayerShape) -> LayerPlan:
+        v_from_k = bool(self.v_from_k) and self.v_from_k[shape.index]
+        return dataclasses.replace(super().layer_plan(cfg, shape), v_from_k=v_from_k)
+
+    def read_layer(self, r: TensorReader, cfg: ModelConfig, layer: int, base: Any) -> Any:
+        p, d, n = f"blk.{layer}.", cfg.n_embd, self.per_layer_embd
+        extra: dict[str, Any] = {}
+        if n:
+            extra["ple_gate"] = r.linear([(p + "inp_gate", n)], d, bias=False)
+            extra["ple_proj"] = r.linear([(p + "proj", d)], n, bias=False)
+            extra["ple_post_norm"] = r.get(p + "post_norm.weight", (d,))
+        if self.layer_out_scale:
+            extra["out_scale"] = r.get(p + "layer_output_scale.weight", (1,))
+        return extended(Gemma4LayerWeights, base, **extra)
+
+    def read_head(self, r: TensorReader, cfg: ModelConfig) -> Gemma4HeadWeights | None:
+        n = cfg.n_layer * self.per_layer_embd
+        if not n:
+            return None
+        return Gemma4HeadWeights(
+            per_layer_token_embd=r.table("per_layer_token_embd", cfg.n_vocab, n),
+            per_layer_model_proj=r.linear([("per_layer_model_proj", n)], cfg.n_embd, bias=False),
+            per_layer_proj_norm=r.get("per_layer_proj_norm.weight", (self.per_layer_embd,)),
+        )
+
     def kv_source(self, cfg: ModelConfig, layer: int) -> int | None:
         n_kv = self.kv_shared_from
         if n_kv is None or layer < n_kv:
@@ -166,9 +216,10 @@ class Gemma4Config(DecoderConfig):
         n, L, T = self.per_layer_embd, cfg.n_layer, x.shape[0]
         if not n:
             return x
-        rows = lookup(w.per_layer_token_embd)
-        p = ops.scale_(ops.linear(x, w.per_layer_model_proj), cfg.n_embd**-0.5)
-        p = ops.rms_norm_(p.reshape(T, L, n), w.per_layer_proj_norm, cfg.norm_eps)
+        tables = w.arch
+        rows = lookup(tables.per_layer_token_embd)
+        p = ops.scale_(ops.linear(x, tables.per_layer_model_proj), cfg.n_embd**-0.5)
+        p = ops.rms_norm_(p.reshape(T, L, n), tables.per_layer_proj_norm, cfg.norm_eps)
         p = ops.add_(p.reshape(T, L * n), ops.scale_(rows, math.sqrt(n)))
         return ops.concat([x, ops.scale_(p, 0.5**0.5)])
 

@@ -41,7 +41,7 @@ from ..formats import Checkpoint
 from ..formats.safetensors import StoredTensor, read_stored
 from ..graph.blocks.attention import AttentionSpec
 from ..graph.ops import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
-from ..model.config import LayerShape, ModelConfig
+from ..model.config import LayerPlan, LayerShape, ModelConfig
 from .base import Arch
 from .decoder import DecoderConfig, decoder_ext, with_ext
 from .hf import HF_CORE_TENSORS, Composite, MetadataWriter, hf_type
@@ -60,6 +60,9 @@ class GptOssConfig(DecoderConfig):
 
     def make_attention_spec(self, cfg: ModelConfig, shape: LayerShape) -> AttentionSpec:
         return dataclasses.replace(super().make_attention_spec(cfg, shape), sinks=self.attn_sinks)
+
+    def layer_plan(self, cfg: ModelConfig, shape: LayerShape) -> LayerPlan:
+        return dataclasses.replace(super().layer_plan(cfg, shape), sinks=self.attn_sinks)
 
     def layer_shape(self, cfg: ModelConfig, layer: int) -> LayerShape:
         shape = super().layer_shape(cfg, layer)

@@ -15,12 +15,12 @@ layer global; the window layers' rope unscaled), though no HF olmo3 model_type i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from ..formats import Checkpoint
 from ..graph.ops import Array, Ops
-from ..model.config import ModelConfig
+from ..model.config import LayerPlan, LayerShape, ModelConfig
 from .base import Arch
 from .decoder import DecoderConfig, with_ext
 from .hf import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, hf_type
@@ -33,6 +33,10 @@ class Olmo2Config(DecoderConfig):
     the branch outputs instead)."""
 
     no_pre_norm: bool = False
+
+    def layer_plan(self, cfg: ModelConfig, shape: LayerShape) -> LayerPlan:
+        plan = super().layer_plan(cfg, shape)
+        return replace(plan, pre_norms=not self.no_pre_norm)
 
     def pre_norm(self, ops: Ops, cfg: ModelConfig, x: Array, w: Array, b: Array | None) -> Array:
         return x if self.no_pre_norm else super().pre_norm(ops, cfg, x, w, b)

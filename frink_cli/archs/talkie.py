@@ -26,16 +26,26 @@ remote-code TalkieForCausalLM; transformers has no Talkie, so there is no HF-dir
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
+
+import numpy as np
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..graph.ops import Array, Ops
-from ..model.config import LayerShape, ModelConfig
+from ..model.config import HeadPlan, LayerPlan, LayerShape, ModelConfig
+from ..model.weights import LayerWeights, TensorReader
 from .base import Arch, get
-from .decoder import DecoderConfig, with_ext
+from .decoder import DecoderConfig, extended, with_ext
 from .hf_plan import HfModelType
+
+
+@dataclass
+class TalkieLayerWeights(LayerWeights):
+    """A layer's weights with its skip-stream scale [1] (layer_output_scale)."""
+
+    skip_scale: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,28 @@ class TalkieConfig(DecoderConfig):
     # The attention and FFN output projections' per-tensor scales (attn_output.scale,
     # ffn_down.scale [1]).
     proj_scales: bool = False
+
+    def layer_plan(self, cfg: ModelConfig, shape: LayerShape) -> LayerPlan:
+        return replace(
+            super().layer_plan(cfg, shape),
+            weightless=self.weightless_norms,
+            qk_norm="weightless" if self.attn_q_gain else "",
+            q_gain=self.attn_q_gain,
+            proj_scales=self.proj_scales,
+        )
+
+    def head_plan(self, cfg: ModelConfig) -> HeadPlan:
+        return replace(
+            super().head_plan(cfg),
+            weightless=self.weightless_norms,
+            embd_norm="ones" if self.embd_skip else "",
+        )
+
+    def read_layer(self, r: TensorReader, cfg: ModelConfig, layer: int, base: Any) -> Any:
+        if not self.embd_skip:
+            return base
+        scale = r.get(f"blk.{layer}.layer_output_scale.weight", (1,))
+        return extended(TalkieLayerWeights, base, skip_scale=scale)
 
     def residual_width(self, cfg: ModelConfig) -> int:
         return 2 * cfg.n_embd if self.embd_skip else cfg.n_embd

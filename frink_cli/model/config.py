@@ -9,7 +9,10 @@ says what layer l is, so the host body, the caches and every backend ask one pla
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .reader import TensorReader
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,41 @@ class LayerSizes:
     n_head: tuple[int, ...]
     n_head_kv: tuple[int, ...]
     n_ff: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """Which of a layer's tensors its architecture reads, in block terms (the weights
+    loader follows it; ArchConfig.layer_plan makes it)."""
+
+    pre_norms: bool = True  # attn_norm / ffn_norm (False: each branch reads x itself)
+    ffn_norm: str = "ffn_norm"  # the pre-FFN norm's tensor name
+    norm_biases: bool = False  # LayerNorms: each norm's .bias where the file has one
+    weightless: bool = False  # the norms have no tensors: ones
+    post_attn_norm: bool = False  # post_attention_norm required (else read if present)
+    post_ffn_norm: bool = False  # post_ffw_norm required (else read if present)
+    q_gate: bool = False  # the query rows carry an output gate per head
+    # The QK norms: "" (read if present), "head" (required, per head), "full" (required,
+    # over the whole projection width, with biases when norm_biases) or "weightless".
+    qk_norm: str = ""
+    sub_norms: bool = False  # attn_sub_norm and ffn_sub_norm
+    sinks: bool = False  # attn_sinks
+    q_gain: bool = False  # attn_q_norm as a per-head gain [n_head, 1]
+    proj_scales: bool = False  # attn_output.scale and ffn_down.scale
+    plain_ffn: bool = False  # ffn_up + ffn_down, no gate
+    v_from_k: bool = False  # no V projection
+
+
+@dataclass(frozen=True)
+class HeadPlan:
+    """Which of the head's and embedding's tensors an architecture reads."""
+
+    output_norm: str = "output_norm"  # the final norm's tensor name
+    norm_biases: bool = False  # output_norm.bias where the file has it
+    weightless: bool = False  # the final norm is ones
+    # A norm on the looked-up embeddings: "" none, "layer_norm" (token_embd_norm with its
+    # bias), "ones" (weightless).
+    embd_norm: str = ""
 
 
 @dataclass(frozen=True)
@@ -184,6 +222,31 @@ class ArchConfig:
             ("query width", cfg.n_head * cfg.head_dim_k),
             ("key/value width", cfg.n_head_kv * max(cfg.head_dim_k, cfg.head_dim_v)),
         ]
+
+    # --- the weights: what the loader reads for this architecture --------------------
+    def layer_plan(self, cfg: ModelConfig, shape: LayerShape) -> LayerPlan:
+        """Which of layer shape.index's tensors exist, in block terms."""
+        return LayerPlan()
+
+    def head_plan(self, cfg: ModelConfig) -> HeadPlan:
+        return HeadPlan()
+
+    def read_layer(self, r: TensorReader, cfg: ModelConfig, layer: int, base: Any) -> Any:
+        """The layer's weights: `base` (the blocks' LayerWeights, as the plan said) with
+        the architecture's own tensors added (a LayerWeights subclass of its module)."""
+        return base
+
+    def read_head(self, r: TensorReader, cfg: ModelConfig) -> Any:
+        """The architecture's own head tensors (ModelWeights.arch), or None."""
+        return None
+
+    def block(self, name: str) -> Any:
+        """The architecture's config of block `name` ("gdn", "mamba", "moe", ...), which a
+        layer of that block's kind needs."""
+        value = getattr(self, name, None)
+        if value is None:
+            raise ValueError(f"{type(self).__name__} has no {name} block config")
+        return value
 
     # --- the composition (archs/): Ops, weights and rows in, rows out -----------------
     def embed(self, ops: Any, cfg: ModelConfig, w: Any, x: Any, lookup: Any) -> Any:
