@@ -192,7 +192,7 @@ class WindowKv(AttentionKv):
 
 
 class SharedKv:
-    """A KV-sharing layer's slot (gemma4's shared_kv_layers): the rows of another layer's
+    """A KV-sharing layer's slot (ModelConfig.kv_source): the rows of another layer's
     slot, read and never written. The source layer runs earlier in every step, so by the
     time this layer attends the source holds this step's rows too; staging, committing
     and truncating are the source's (this slot has nothing of its own to move)."""

@@ -25,15 +25,15 @@ def layer_slot(cfg: ModelConfig, layer: int, n_ctx: int, windowed: bool = True) 
     if cfg.is_recurrent(layer) and shape.mixer != "attention+mamba2":
         return RecurrentState(cfg, layer)
     # The layer's own KV heads (per-layer sizes); 0 for a layer that attends to nothing
-    # (deci's "none" and "linear" mixers): its slot then holds no rows at all.
+    # (the "none" and "linear" mixers): its slot then holds no rows at all.
     window, n_kv = shape.window, shape.n_head_kv
     kv: AttentionKv
-    hk, hv = shape.head_dim_k, shape.head_dim_v  # the layer's own (gemma4: per kind)
+    hk, hv = shape.head_dim_k, shape.head_dim_v  # the layer's own
     if windowed and window is not None and window < n_ctx:
         kv = WindowKv(n_kv, hk, hv, n_ctx, window)
     else:
         kv = AttentionKv(n_kv, hk, hv, n_ctx)
-    if shape.mixer == "attention+mamba2":  # falcon-h1: K/V rows and mamba state
+    if shape.mixer == "attention+mamba2":  # K/V rows and mamba state
         return ParallelSlot(kv, RecurrentState(cfg, layer))
     return kv
 
@@ -58,7 +58,7 @@ class KvCache:
         self.slots: list = []
         for layer in range(cfg.n_layer):
             source = cfg.kv_source(layer)
-            # A KV-sharing layer (gemma4) reads an earlier layer's slot: one set of rows.
+            # A KV-sharing layer reads an earlier layer's slot: one set of rows.
             self.slots.append(
                 SharedKv(self.slots[source])
                 if source is not None

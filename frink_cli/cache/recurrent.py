@@ -1,4 +1,4 @@
-"""A recurrent layer's state (a gated delta net: qwen35, qwen3next; a Mamba-1/2 mixer): no K/V
+"""A recurrent layer's state (a gated delta net, a Mamba-1/2 mixer, a short conv): no K/V
 rows, but the conv tail (the last kernel-1 conv inputs) and the recurrence's state (the
 delta-rule matrices, or the selective scan's [d_inner, d_state]), zero at sequence start.
 
@@ -80,7 +80,7 @@ class RecurrentState:
 
 
 class ParallelSlot:
-    """A layer whose attention and recurrent mixer run side by side (falcon-h1): its K/V
+    """A layer whose attention and recurrent mixer run side by side: its K/V
     rows and its recurrent state, one slot to the composition (the attention op reads the
     rows, the mamba block the state), staged, committed and rolled back together. Truncation
     is refused as the recurrent state refuses it."""

@@ -117,7 +117,7 @@ class Ops(Protocol):
         softmax(scale q K^T (softcapped) + causal/window mask) V over every visible row for
         q [T, H, hk] (GQA: query head h reads KV head h // (H / Hkv)) -> [T, H * hv].
         alibi: per query head, its slope: -slope_h * (q pos - k pos) joins the scores.
-        sinks [H]: per query head, one more logit in its softmax, with no value (gpt-oss)."""
+        sinks [H]: per query head, one more logit in its softmax, with no value."""
         ...
 
     # --- gated delta net -------------------------------------------------------------------
@@ -168,5 +168,5 @@ class Ops(Protocol):
     def experts(self, x: Array, ids: Array, weights: Array, moe: Any, act: str) -> Array:
         """sum_j weights[:, j] * down_e(act(gate_e(x)) * up_e(x)) for e = ids[:, j], over the
         backend's resident expert stacks in `moe` -> [T, n_embd]; with the experts' biases
-        (moe.gate_up_exps_b, moe.down_exps_b: gpt-oss) added to their gate/up and down rows."""
+        (moe.gate_up_exps_b, moe.down_exps_b) added to their gate/up and down rows."""
         ...

@@ -20,7 +20,7 @@ from .reader import TensorReader
 
 @dataclass
 class GdnWeights:
-    """A gated delta net layer (qwen35/qwen3next linear attention)."""
+    """A gated delta net layer (linear attention with a recurrent state)."""
 
     # [conv_dim + value_dim + 2*n_v, n_embd]: the conv input (q, k: n_k heads each, v: n_v
     # heads), then z (the output gate), then beta and alpha (one row per value head).
@@ -44,7 +44,7 @@ class MambaWeights:
     a: np.ndarray  # [d_inner, d_state] -exp(A_log), as the converter stores it
     d: np.ndarray  # [d_inner] the skip (D) term
     out: Linear  # [n_embd, d_inner]
-    # RMSNorm weights for dt [dt_rank], B and C [d_state] (Falcon-Mamba's are weightless:
+    # RMSNorm weights for dt [dt_rank], B and C [d_state] (weightless ones:
     # ones); None when the model norms none of them.
     dt_norm: np.ndarray | None = None
     b_norm: np.ndarray | None = None
@@ -53,7 +53,7 @@ class MambaWeights:
 
 @dataclass
 class ShortConvWeights:
-    """An LFM2 short-conv mixer (llama.cpp's shortconv.* tensors, [out, in] layouts)."""
+    """A short-conv mixer (llama.cpp's shortconv.* tensors, [out, in] layouts)."""
 
     in_proj: Linear  # [3*n_embd, n_embd]: B rows, then C, then x
     conv: np.ndarray  # [n_embd, L_cache] depthwise causal conv taps, oldest first
@@ -70,7 +70,7 @@ class Mamba2Weights:
     dt_bias: np.ndarray  # [n_head]
     a: np.ndarray  # [n_head] -exp(A_log), as the converter stores it (its [n_head, 1])
     d: np.ndarray  # [n_head] the skip (D) term
-    # [G, d_inner / G] the gated grouped RMSNorm's weight; None: no norm (falcon-h1 with
+    # [G, d_inner / G] the gated grouped RMSNorm's weight; None: no norm (a model with
     # mamba_rms_norm false, where llama.cpp's graph skips it)
     norm: np.ndarray | None
     out: Linear  # [n_embd, d_inner]
@@ -91,11 +91,11 @@ class MoeWeights:
     down_shexp: Linear | None  # [n_embd, n_ff_shexp]
     # [n_expert] the expert-selection bias (exp_probs_b; MoeConfig.expert_bias), or None.
     probs_b: np.ndarray | None = None
-    # The experts' biases (MoeConfig.biases, gpt-oss), or None: [n_expert, 2*n_ff_exp]
+    # The experts' biases (MoeConfig.biases), or None: [n_expert, 2*n_ff_exp]
     # (gate, then up) and [n_expert, n_embd].
     gate_up_exps_b: np.ndarray | None = None
     down_exps_b: np.ndarray | None = None
-    # gemma4's MoE beside the dense FFN (MoeConfig.parallel_dense), or None: the router's
+    # The MoE beside a dense FFN (MoeConfig.parallel_dense), or None: the router's
     # RMSNorm weight [n_embd] (ffn_gate_inp.scale / sqrt(n_embd)), the per-expert weight
     # scales [n_expert] (ffn_down_exps.scale), the experts' pre- and post-norms and the
     # dense branch's post-norm [n_embd].
@@ -107,14 +107,14 @@ class MoeWeights:
 
 
 def read_gdn(r: TensorReader, p: str, d: int, gdn: GdnConfig) -> GdnWeights:
-    """Layer p's gated delta net (its ssm_* tensors; qwen3next's ssm_ba unzipped)."""
+    """Layer p's gated delta net (its ssm_* tensors; a fused ssm_ba unzipped)."""
     n_k, n_v = gdn.n_k_heads, gdn.n_v_heads
     conv_dim, value_dim = gdn.conv_dim, n_v * gdn.head_dim_v
     qkv_gate = [(p + "attn_qkv", conv_dim), (p + "attn_gate", value_dim)]
     if r.has(p + "ssm_ba.weight"):
-        # qwen3next keeps beta and alpha in one matrix, grouped by key head: for each of the
+        # A file may keep beta and alpha in one matrix, grouped by key head: for each of the
         # n_k groups, its n_v / n_k beta rows then as many alpha rows. Unzip into all betas
-        # then all alphas, value head g*r + j (grouped order, as the rest of qwen3next).
+        # then all alphas, value head g*r + j (grouped order, as the rest of such a model).
         ba = r.get(p + "ssm_ba.weight", (2 * n_v, d)).reshape(n_k, 2, n_v // n_k, d)
         beta, alpha = ba[:, 0].reshape(n_v, d), ba[:, 1].reshape(n_v, d)
         in_proj = Linear(
@@ -193,7 +193,7 @@ def read_mamba2(r: TensorReader, p: str, d: int, m: MambaConfig) -> Mamba2Weight
     has_norm = r.has(p + "ssm_norm.weight")
     if not has_norm and not m.parallel:
         # llama.cpp's graph skips the norm when absent, but its loader requires it (but for
-        # falcon-h1's).
+        # a mixer beside attention).
         raise FrinkError(f"{p}ssm_norm.weight: missing (mamba2's gated grouped norm)")
     conv_dim = m.conv_dim
 
@@ -233,7 +233,7 @@ def read_moe(r: TensorReader, p: str, d: int, moe: MoeConfig) -> MoeWeights:
     inp = [r.get(p + "ffn_gate_inp.weight", (n_e, d))]
     inp_sources = [p + "ffn_gate_inp.weight"]
     router_b = gate_up_b = down_b = None
-    if moe.biases:  # gpt-oss: the router's and every expert's
+    if moe.biases:  # the router's and every expert's
         router_b = r.get(p + "ffn_gate_inp.bias", (n_e,))
         gate_up_b = np.concatenate([r.get(name + ".bias", (n_e, n)) for name, n in parts], axis=1)
         down_b = r.get(p + "ffn_down_exps.bias", (n_e, d))
@@ -263,7 +263,7 @@ def read_moe(r: TensorReader, p: str, d: int, moe: MoeConfig) -> MoeWeights:
         None if router_b is None else np.concatenate([router_b, np.zeros(rows - n_e, np.float32)])
     )
     parallel: dict[str, np.ndarray] = {}
-    if moe.parallel_dense:  # gemma4
+    if moe.parallel_dense:
         parallel = dict(
             router_norm=r.get(p + "ffn_gate_inp.scale", (d,)) * np.float32(d**-0.5),
             expert_scale=r.get(p + "ffn_down_exps.scale", (n_e,)),

@@ -55,7 +55,7 @@ class RopeScaling:
     kind "yarn": ext_factor 1 blends interpolated (position * 1/factor) and extrapolated
     angles per pair over the ramp between the beta_fast/beta_slow correction dims, and cos/sin
     are multiplied by get_mscale(factor) = 1 + 0.1 ln(factor) (times attn_factor).
-    kind "longrope" (phi3): per-pair frequency divisors, the long ones when the context is
+    kind "longrope": per-pair frequency divisors, the long ones when the context is
     longer than orig_ctx (llama.cpp's n_ctx_seq > n_ctx_orig_yarn), else the short ones;
     cos/sin multiplied by attn_factor. kind "attn" : only attn_factor (rope.scaling.attn_factor
     on a model with no other scaling)."""
@@ -75,13 +75,13 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class LayerSizes:
-    """Per-layer head counts and FFN widths (openelm, deci: llama.cpp's n_head_arr,
+    """Per-layer head counts and FFN widths (llama.cpp's n_head_arr,
     n_head_kv_arr, n_ff_arr from array-valued GGUF keys). Present only when they vary;
     ModelConfig's n_head / n_head_kv / n_ff then hold the largest of each, and every
     per-layer reader (the composition, the weights, the caches, the backends) asks
     layer_shape(l).
 
-    deci's zero entries, as llama.cpp's deci.cpp reads them: n_head 0 is an attention-free
+    Zero entries, as llama.cpp reads them: n_head 0 is an attention-free
     layer (mixer "none"), n_head > 0 with n_head_kv 0 a "linear attention" layer (mixer
     "linear": wo on the normed input), n_ff 0 an FFN-free layer (ffn "none")."""
 

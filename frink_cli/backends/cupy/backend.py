@@ -148,7 +148,7 @@ class CudaBackend(DeviceBackend):
         for i in layers:
             slot = cache.slot(i)
             if m.k[i] is None:
-                n_kv = cfg.layer_shape(i).n_head_kv  # per layer (openelm: layer_sizes)
+                n_kv = cfg.layer_shape(i).n_head_kv  # per layer (layer_sizes)
                 m.k[i] = xp.empty((n_kv, m.rows, cfg.head_dim_k), F32)
                 m.v[i] = xp.empty((n_kv, m.rows, cfg.head_dim_v), F32)
             if m.version[i] == slot.version and m.length[i] >= n:

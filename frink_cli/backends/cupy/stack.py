@@ -114,7 +114,7 @@ def dense_stack(
     xp = ops.xp
     T, d = x.shape
     hk, hv = cfg.head_dim_k, cfg.head_dim_v
-    # Each layer's own KV heads (per-layer sizes: openelm), and where its rows sit in the
+    # Each layer's own KV heads (per-layer sizes), and where its rows sit in the
     # one buffer that comes back.
     n_kv = [s.n_head_kv for s in shapes]
     widths = [h * (hk + hv) for h in n_kv]

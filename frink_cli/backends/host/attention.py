@@ -100,7 +100,7 @@ def attend(
         if n_rows > 1:  # (one query sees every key in [lo, hi))
             s4 = scores.reshape(Hkv, n_rows, g, hi - lo)
             # The causal tail alone where no key in [lo, hi) is out of any query's window
-            # (every window-512 layer of a 512-token Gemma prompt): the full mask's
+            # (every window layer of a prompt no longer than its window): the full mask's
             # build and add cost a window layer ~2x the rest of its softmax.
             if run and (window is None or last - lo < window):
                 s4[..., hi - lo - n_rows :] += _causal_tail(n_rows)[:, None, :]

@@ -27,7 +27,7 @@ def keep_freed_memory() -> None:
     A prefill's temporaries (scores, gate/up rows: megabytes each) are allocated and freed
     every layer. glibc hands blocks that size back to the kernel on free (mmap, or a heap
     trim), so the next layer's first touch of every page faults again: ~10,000 page faults
-    and ~8% of a SmolLM2 pp512 here, ~40% of the attention core's time. Kept, the pages
+    and a measurable share of a prefill (docs/performance.md). Kept, the pages
     are reused warm. Larger blocks (a 262k-row embedding being dequantized at load) are
     still returned. Process-wide and glibc only; elsewhere a no-op.
     """

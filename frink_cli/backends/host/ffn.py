@@ -81,7 +81,7 @@ def glu_(h: np.ndarray, act: str) -> np.ndarray:
         gate *= up
         return gate
     # A prompt's rows a few at a time, so the activation's passes (up to nine) over a chunk
-    # stay in cache: Gemma 3's [512, 2048] gates 2.2 -> 1.5 ms, the same values bit for bit
+    # stay in cache (docs/performance.md), the same values bit for bit
     # (each element's operations are the same).
     for r in range(0, gate.shape[0], _GLU_CHUNK_ROWS):
         g = gate[r : r + _GLU_CHUNK_ROWS]

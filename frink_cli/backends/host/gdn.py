@@ -1,4 +1,4 @@
-"""The gated delta net (GDN) block: the linear-attention layers of Qwen3.5 and Qwen3-Next.
+"""The gated delta net (GDN) block: linear-attention layers with a recurrent state.
 
 Per layer it keeps a recurrent state instead of K/V rows, on the cache's layer slot:
   - the conv tail: the last kernel-1 inputs of a depthwise causal conv over q/k/v;
@@ -15,9 +15,9 @@ together as one triangular system (the WY/UT form), which is exact algebra, not 
 approximation -- tests check it against the per-token loop.
 
 Value heads may outnumber key heads. Which key head value head h reads is data: "tiled"
-(h % n_k; qwen35 GGUFs, whose converter reorders value heads for ggml's broadcast) or
-"grouped" (h // (n_v / n_k); HF checkpoints, and qwen3next everywhere). The HF reader applies
-the converter's reorder for qwen35, so the order follows the architecture alone.
+(h % n_k; files whose converter reorders value heads for ggml's broadcast) or
+"grouped" (h // (n_v / n_k); HF checkpoints). The HF reader applies
+the converter's reorder where it has one, so the order follows the architecture alone.
 """
 
 from __future__ import annotations

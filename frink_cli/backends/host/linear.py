@@ -3,7 +3,7 @@ threads they get.
 
 Which kernel: a sequence's few rows (up to SMALL_ROWS: a decode row, a short prompt) go
 through the compiled small-batch product (quant.kernels.matmul_f32, C), a prompt's
-chunk through BLAS's GEMM. On SmolLM2's matrices, streamed from memory, the kernel reads
+chunk through BLAS's GEMM. On small models' matrices, streamed from memory, the kernel reads
 f32 weights at ~21 GB/s on one core and ~28 on two where OpenBLAS's GEMV reads ~12 and
 ~21 (its column-major GEMV ~18 on one), and 8 rows take it 0.5x OpenBLAS's GEMM time
 (which packs W first): a decode token ~1.3x faster, a server's batch of eight ~2x. Its

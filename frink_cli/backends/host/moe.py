@@ -1,5 +1,5 @@
 """The MoE router on the host: softmax over all experts (or a sigmoid per expert, with an
-optional selection bias: lfm2moe), the top n_expert_used per row, optionally renormalized
+optional selection bias), the top n_expert_used per row, optionally renormalized
 (norm_topk_prob), as llama.cpp's build_moe_ffn with softmax / sigmoid gating and
 exp_probs_b, and transformers' Qwen3MoeSparseMoeBlock / Lfm2MoeTopKRouter compute it.
 The block is composed in graph/blocks/moe.py; the experts run in HostOps.experts.
@@ -23,7 +23,7 @@ def route(
     else:
         p = np.exp(logits - logits.max(axis=-1, keepdims=True))
         p /= p.sum(axis=-1, keepdims=True)
-    # The bias moves the selection only (DeepSeek V3's, lfm2moe's expert bias).
+    # The bias moves the selection only (llama.cpp's exp_probs_b).
     select = p if bias is None else p + bias
     # Highest score first; ties (measure zero for real weights) go to the lower id.
     ids = np.argsort(-select, axis=-1, kind="stable")[:, :k]

@@ -57,7 +57,7 @@ class _Mirror:
         self.version = [-1] * n_layer
         # Recurrent layers: the host state arrays the device state was made from / made.
         self.host_state: list[tuple | None] = [None] * n_layer
-        # Layers with attention and a mamba mixer side by side (falcon-h1): the device conv
+        # Layers with attention and a mamba mixer side by side: the device conv
         # tail and scan state beside the K/V mirror in k / v.
         self.rec: list[tuple[mx.array, mx.array] | None] = [None] * n_layer
 
@@ -310,7 +310,7 @@ class MlxBackend(DeviceBackend):
             factors = rope_factors(cfg, *self._weights_rope, n_ctx)
             ropes = []
             for s in self.shapes:
-                f = None if s.no_rope_freqs else factors  # gemma4's sliding layers: none
+                f = None if s.no_rope_freqs else factors  # a layer the factors skip
                 if f is None and cfg.rope_scaling is None:
                     freqs, base, scale, mscale = None, s.rope_base, s.rope_scale, 1.0
                 else:
@@ -404,7 +404,7 @@ class MlxBackend(DeviceBackend):
         m.length[layer], m.version[layer] = n, slot.version
 
     def _shares_kv(self, layer: int) -> bool:
-        """A KV-sharing layer (gemma4): no device state of its own."""
+        """A KV-sharing layer: no device state of its own."""
         return self.shapes[layer].kv_source is not None
 
     def _recurrent(self, layers: range) -> bool:
@@ -632,7 +632,7 @@ class MlxBackend(DeviceBackend):
         return at
 
     def _kind(self, run: Run, head: str | None, batch: bool = False) -> str:
-        """Ledger tag: a run of mamba layers is a mamba-run; of an LFM2 model, a
+        """Ledger tag: a run of mamba layers is a mamba-run; of a model with short convs, a
         shortconv-run (its attention layers folded in); a run holding GDN layers is a
         gdn-run (its attention layers are the heads and tails folded into it), else a
         dense-run; "+batch" over several sequences; "+lm-head" when the head rode along."""

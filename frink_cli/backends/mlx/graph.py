@@ -118,11 +118,11 @@ class DeviceMoe:
     gate_up_exps: list[DeviceExperts]  # [E, 2 ff, d] as one stack, or gate then up stacks
     down_exps: DeviceExperts  # [E, d, ff]
     down_shexp: DeviceLinear | None  # [d, ff_sh]
-    probs_b: mx.array | None = None  # [E] the expert-selection bias (lfm2moe), or None
-    # The experts' biases (gpt-oss): [E, 2 ff] (gate, then up) and [E, d], or None.
+    probs_b: mx.array | None = None  # [E] the expert-selection bias, or None
+    # The experts' biases: [E, 2 ff] (gate, then up) and [E, d], or None.
     gate_up_exps_b: mx.array | None = None
     down_exps_b: mx.array | None = None
-    # gemma4's MoE beside the dense FFN: as the host's MoeWeights fields of these names.
+    # The MoE beside a dense FFN: as the host's MoeWeights fields of these names.
     router_norm: mx.array | None = None
     expert_scale: mx.array | None = None
     pre_norm: mx.array | None = None
@@ -188,7 +188,7 @@ class LayerState:
         self, a: mx.array, b: mx.array, c: mx.array | None = None, d: mx.array | None = None
     ) -> None:
         self.a, self.b = a, b
-        # A layer with attention and a mamba mixer side by side (falcon-h1): its K/V mirror
+        # A layer with attention and a mamba mixer side by side: its K/V mirror
         # is (a, b) and its conv tail and scan state (c, d).
         self.c, self.d = c, d
         self.rows: tuple[mx.array, mx.array] | None = None
@@ -267,7 +267,7 @@ class MlxOps:
 
     def glu(self, h: mx.array, act: str) -> mx.array:
         n = h.shape[-1] // 2
-        if act == "swiglu_oai":  # gpt-oss's experts, as backends/host/ffn.py's swiglu_oai
+        if act == "swiglu_oai":  # as backends/host/ffn.py's swiglu_oai
             g = mx.minimum(h[..., :n], SWIGLU_OAI_LIMIT)
             u = mx.clip(h[..., n:], -SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT)
             return g * mx.sigmoid(SWIGLU_OAI_ALPHA * g) * (u + 1.0)
