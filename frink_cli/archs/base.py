@@ -110,66 +110,24 @@ class Arch(HfConversion):
 
     def config(self, ckpt: Checkpoint) -> ModelConfig:
         """ModelConfig from the checkpoint's canonical metadata and tensor names."""
-        md, arch, key = ckpt.metadata, self.name, self.key
+        md, key = ckpt.metadata, self.key
         # block_count includes any multi-token-prediction (NextN) blocks stored after the
         # trunk; like llama.cpp's main pass, frink runs the trunk only.
         n_layer = int(get(md, key("block_count"), required=True)) - int(
             get(md, key("nextn_predict_layers"), 0)
         )
         n_embd = int(get(md, key("embedding_length"), required=True))
-        hybrid = self.gdn_v_head_order is not None or self.zero_kv_recurrent
         names = set(ckpt.tensors.names())
-        layer_sizes = None
-        if self.per_layer_sizes:
-            layer_sizes = self._layer_sizes(ckpt, n_layer, len(names))
-            n_head, n_head_kv, n_ff = (max(v) for v in dataclasses.astuple(layer_sizes))
-            # llama.cpp sizes heads from layer 0 (hparams.n_head() is n_head(0)).
-            head_dim_default = n_embd // layer_sizes.n_head[0] if layer_sizes.n_head[0] else 0
-            if all(len(set(v)) == 1 for v in dataclasses.astuple(layer_sizes)):
-                layer_sizes = None  # every layer alike: the model's own sizes say it all
-        else:
-            n_head = _per_layer_int(
-                get(md, key("attention.head_count"), required=True), "head_count", hybrid
-            )
-            n_head_kv = _per_layer_int(
-                get(md, key("attention.head_count_kv"), n_head), "head_count_kv", hybrid
-            )
-            if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
-                raise FrinkError(f"bad head counts: {n_head} query heads, {n_head_kv} KV heads")
-            head_dim_default = n_embd // n_head
-            # A model whose every FFN is routed (qwen35moe) may have no dense FFN width at
-            # all; 0 here, and required below only if some layer is dense.
-            n_ff = _per_layer_int(get(md, key("feed_forward_length"), 0), "feed_forward_length")
+        n_head, n_head_kv, n_ff, head_dim_default, layer_sizes = self._heads(
+            ckpt, n_layer, n_embd, names
+        )
         head_dim_k = int(get(md, key("attention.key_length"), head_dim_default))
         head_dim_v = int(get(md, key("attention.value_length"), head_dim_k))
-
-        # Every layer holds at least one tensor, so a block count above the tensor count is
-        # a corrupt header; checking here keeps per-layer lists (swa_layers, info) from
-        # allocating billions of entries.
-        if not 0 < n_layer <= len(names):
-            raise FrinkError(
-                f"{ckpt.path}: block_count {n_layer} does not fit the file's {len(names)} tensors"
-            )
-        # feed_forward_length may be 0 (or absent) where every FFN is routed: checked below.
-        sizes = {
-            "embedding_length": n_embd,
-            "attention.key_length": head_dim_k,
-            "attention.value_length": head_dim_v,
-            "feed_forward_length": n_ff or 1,
-        }
-        for what, value in sizes.items():
-            if value <= 0:
-                raise FrinkError(f"{ckpt.path}: bad model metadata ({arch}.{what} = {value})")
-        if "token_embd.weight" not in names:
-            raise FrinkError(f"{ckpt.path}: no token_embd.weight tensor")
-        n_vocab = ckpt.tensors.info("token_embd.weight").shape[0]
-
+        self._check_sizes(ckpt, n_layer, names, n_embd, head_dim_k, head_dim_v, n_ff)
         rope_scale, rope_scaling = self._rope_scaling(ckpt, names)
-
         sliding_window = get(md, key("attention.sliding_window"))
         sliding_window = int(sliding_window) if sliding_window else None
         swa_layers = self._swa_layers(md, n_layer) if sliding_window else [False] * n_layer
-
         attn_scale = float(
             get(
                 md,
@@ -177,10 +135,6 @@ class Arch(HfConversion):
                 self.attn_scale_default(n_layer, n_embd, n_head, head_dim_k),
             )
         )
-
-        def positive_or_none(v: Any) -> float | None:
-            return float(v) if v else None
-
         if self.attn_output_gate and head_dim_k != head_dim_v:
             # The gate has one value per query dim and multiplies the attention output per dim.
             raise FrinkError(
@@ -189,23 +143,10 @@ class Arch(HfConversion):
             )
         rope_dim = int(get(md, key("rope.dimension_count"), head_dim_k))
         self.check_metadata(ckpt, rope_dim)
-        gdn = self._gdn_config(ckpt, n_layer) if self.gdn_v_head_order is not None else None
-        has_moe = bool(get(md, key("expert_count"), 0))
-        moe = self._moe_config(ckpt, n_layer, n_ff, names) if has_moe else None
-        if self.moe_every_layer and moe is None:
-            raise FrinkError(f"{ckpt.path}: model metadata is missing {arch}.expert_count")
-        routed = moe.layers if moe is not None else ()
-        if n_ff <= 0 and not (routed and all(routed)):
-            raise FrinkError(
-                f"{ckpt.path}: model metadata is missing {arch}.feed_forward_length (or it is 0)"
-            )
-        # A GDN hybrid's own block config, for its architecture config class.
-        extra: dict[str, Any] = {} if gdn is None else {"gdn": gdn}
+        ext = self._ext_config(ckpt, n_layer, n_embd, n_ff, names)
         rope_base = float(get(md, key("rope.freq_base"), 10000.0))
-        rope_base_swa = float(get(md, key("rope.freq_base_swa"), self.rope_base_swa or rope_base))
-
         return ModelConfig(
-            arch=arch,
+            arch=self.name,
             n_layer=n_layer,
             n_embd=n_embd,
             n_head=n_head,
@@ -213,14 +154,16 @@ class Arch(HfConversion):
             head_dim_k=head_dim_k,
             head_dim_v=head_dim_v,
             n_ff=n_ff,
-            n_vocab=n_vocab,
+            n_vocab=ckpt.tensors.info("token_embd.weight").shape[0],
             n_ctx_train=int(get(md, key("context_length"), 4096)),
             norm_eps=float(get(md, key("attention.layer_norm_rms_epsilon"), 1e-5)),
             rope_type=self.rope_type,
             rope_dim=rope_dim,
             rope_base=rope_base,
             rope_scale=rope_scale,
-            rope_base_swa=rope_base_swa,
+            rope_base_swa=float(
+                get(md, key("rope.freq_base_swa"), self.rope_base_swa or rope_base)
+            ),
             attn_scale=attn_scale,
             sliding_window=sliding_window,
             swa_layers=tuple(swa_layers),
@@ -229,18 +172,102 @@ class Arch(HfConversion):
             has_rope_freqs="rope_freqs.weight" in names,
             rope_scaling=rope_scaling,
             layer_sizes=layer_sizes,
-            ext=self.ext_class(
-                qk_norm=self.qk_norm,
-                post_attn_norm=self.post_attn_norm,
-                post_ffn_norm=self.post_ffn_norm,
-                embd_scale=self.embd_scale(n_embd),
-                final_logit_softcap=positive_or_none(get(md, key("final_logit_softcapping"))),
-                attn_logit_softcap=positive_or_none(get(md, key("attn_logit_softcapping"))),
-                ffn_norm_tensor=self.ffn_norm_tensor,
-                attn_output_gate=self.attn_output_gate,
-                moe=moe,
-                **extra,
-            ),
+            ext=ext,
+        )
+
+    def _heads(
+        self, ckpt: Checkpoint, n_layer: int, n_embd: int, names: set[str]
+    ) -> tuple[int, int, int, int, LayerSizes | None]:
+        """(n_head, n_head_kv, n_ff, the default head width, per-layer sizes or None): the
+        largest of each where they vary per layer."""
+        md, key = ckpt.metadata, self.key
+        if self.per_layer_sizes:
+            sizes = self._layer_sizes(ckpt, n_layer, len(names))
+            n_head, n_head_kv, n_ff = (max(v) for v in dataclasses.astuple(sizes))
+            # llama.cpp sizes heads from layer 0 (hparams.n_head() is n_head(0)).
+            head_dim = n_embd // sizes.n_head[0] if sizes.n_head[0] else 0
+            if all(len(set(v)) == 1 for v in dataclasses.astuple(sizes)):
+                return n_head, n_head_kv, n_ff, head_dim, None  # every layer alike
+            return n_head, n_head_kv, n_ff, head_dim, sizes
+        hybrid = self.gdn_v_head_order is not None or self.zero_kv_recurrent
+        n_head = _per_layer_int(
+            get(md, key("attention.head_count"), required=True), "head_count", hybrid
+        )
+        n_head_kv = _per_layer_int(
+            get(md, key("attention.head_count_kv"), n_head), "head_count_kv", hybrid
+        )
+        if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
+            raise FrinkError(f"bad head counts: {n_head} query heads, {n_head_kv} KV heads")
+        # A model whose every FFN is routed may have no dense FFN width at all; 0 here, and
+        # required (_ext_config) only if some layer is dense.
+        n_ff = _per_layer_int(get(md, key("feed_forward_length"), 0), "feed_forward_length")
+        return n_head, n_head_kv, n_ff, n_embd // n_head, None
+
+    def _check_sizes(
+        self,
+        ckpt: Checkpoint,
+        n_layer: int,
+        names: set[str],
+        n_embd: int,
+        head_dim_k: int,
+        head_dim_v: int,
+        n_ff: int,
+    ) -> None:
+        """Refuse sizes no model has, before anything is sized from them."""
+        # Every layer holds at least one tensor, so a block count above the tensor count is
+        # a corrupt header; checking here keeps per-layer lists (swa_layers, info) from
+        # allocating billions of entries.
+        if not 0 < n_layer <= len(names):
+            raise FrinkError(
+                f"{ckpt.path}: block_count {n_layer} does not fit the file's {len(names)} tensors"
+            )
+        # feed_forward_length may be 0 (or absent) where every FFN is routed: checked later.
+        sizes = {
+            "embedding_length": n_embd,
+            "attention.key_length": head_dim_k,
+            "attention.value_length": head_dim_v,
+            "feed_forward_length": n_ff or 1,
+        }
+        for what, value in sizes.items():
+            if value <= 0:
+                raise FrinkError(f"{ckpt.path}: bad model metadata ({self.name}.{what} = {value})")
+        if "token_embd.weight" not in names:
+            raise FrinkError(f"{ckpt.path}: no token_embd.weight tensor")
+
+    def _ext_config(
+        self, ckpt: Checkpoint, n_layer: int, n_embd: int, n_ff: int, names: set[str]
+    ) -> DecoderConfig:
+        """The architecture's own config (ext_class): the decorations its class states,
+        the softcaps its file states, its GDN and MoE block configs."""
+        md, key = ckpt.metadata, self.key
+        gdn = self._gdn_config(ckpt, n_layer) if self.gdn_v_head_order is not None else None
+        has_moe = bool(get(md, key("expert_count"), 0))
+        moe = self._moe_config(ckpt, n_layer, n_ff, names) if has_moe else None
+        if self.moe_every_layer and moe is None:
+            raise FrinkError(f"{ckpt.path}: model metadata is missing {self.name}.expert_count")
+        routed = moe.layers if moe is not None else ()
+        if n_ff <= 0 and not (routed and all(routed)):
+            raise FrinkError(
+                f"{ckpt.path}: model metadata is missing {self.name}.feed_forward_length "
+                "(or it is 0)"
+            )
+
+        def positive_or_none(v: Any) -> float | None:
+            return float(v) if v else None
+
+        # A GDN hybrid's own block config, for its architecture config class.
+        extra: dict[str, Any] = {} if gdn is None else {"gdn": gdn}
+        return self.ext_class(
+            qk_norm=self.qk_norm,
+            post_attn_norm=self.post_attn_norm,
+            post_ffn_norm=self.post_ffn_norm,
+            embd_scale=self.embd_scale(n_embd),
+            final_logit_softcap=positive_or_none(get(md, key("final_logit_softcapping"))),
+            attn_logit_softcap=positive_or_none(get(md, key("attn_logit_softcapping"))),
+            ffn_norm_tensor=self.ffn_norm_tensor,
+            attn_output_gate=self.attn_output_gate,
+            moe=moe,
+            **extra,
         )
 
     def _layer_sizes(self, ckpt: Checkpoint, n_layer: int, n_tensors: int) -> LayerSizes:
