@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
+from ..graph.blocks.step import At
 from ..graph.ops import Array, Ops
 from ..model.config import LayerShape, ModelConfig
 from .base import Arch
@@ -42,19 +43,11 @@ class DeciConfig(DecoderConfig):
     rows (mixer "linear"); no FFN width, no FFN."""
 
     def mixer(
-        self,
-        ops: Ops,
-        cfg: ModelConfig,
-        shape: LayerShape,
-        w: Any,
-        h: Array,
-        pos: Any,
-        kv: Any,
-        rope: Any,
+        self, ops: Ops, cfg: ModelConfig, shape: LayerShape, w: Any, h: Array, at: At
     ) -> Array:
         if shape.mixer == "linear":
             return ops.linear(h, w.wo)
-        return super().mixer(ops, cfg, shape, w, h, pos, kv, rope)
+        return super().mixer(ops, cfg, shape, w, h, at)
 
 
 class Deci(Arch):

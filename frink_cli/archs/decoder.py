@@ -8,7 +8,7 @@ library (graph/blocks), and the decorations several of them share.
 
 An architecture with more (a side stream, another mixer, a second FFN) subclasses
 DecoderConfig in its own module and overrides the step it changes: `mixer`, `ffn`,
-`pre_norm`, `attention_spec`, `embed`, `layer` or `head`.
+`pre_norm`, `make_attention_spec`, `embed`, `compose` or `head`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from ..graph.blocks.attention import AttentionSpec, attention
 from ..graph.blocks.ffn import gated_ffn, plain_ffn
 from ..graph.blocks.moe import MoeConfig, moe
 from ..graph.blocks.norms import norm, optional_rms_norm_, scaled
+from ..graph.blocks.step import At
 from ..graph.ops import Array, Ops
 from ..model.config import ArchConfig, HeadPlan, LayerPlan, LayerShape, ModelConfig
 
@@ -129,6 +130,11 @@ class DecoderConfig(ArchConfig):
         kv: Any,
         rope: Any,
     ) -> Array:
+        return self.compose(ops, cfg, shape, w, x, At(pos, kv, rope))
+
+    def compose(
+        self, ops: Ops, cfg: ModelConfig, shape: LayerShape, w: Any, x: Array, at: At
+    ) -> Array:
         """x [T, n_embd] (left as it was) -> the layer's output rows, a new array (x itself
         from a layer with neither branch)."""
         # x_ours: x is an array this layer made (so the FFN's residual add may overwrite
@@ -136,7 +142,7 @@ class DecoderConfig(ArchConfig):
         x_ours = shape.mixer != "none"
         if x_ours:
             h = self.pre_norm(ops, cfg, x, w.attn_norm, w.attn_norm_b)
-            a = self.mixer(ops, cfg, shape, w, h, pos, kv, rope)
+            a = self.mixer(ops, cfg, shape, w, h, at)
             # a is ours: adding x into it leaves the caller's x as it was.
             x = ops.add_(self.branch_out(ops, cfg, a, w.post_attn_norm), x)
         if shape.ffn == "none":
@@ -161,22 +167,14 @@ class DecoderConfig(ArchConfig):
         return y
 
     def mixer(
-        self,
-        ops: Ops,
-        cfg: ModelConfig,
-        shape: LayerShape,
-        w: Any,
-        h: Array,
-        pos: Any,
-        kv: Any,
-        rope: Any,
+        self, ops: Ops, cfg: ModelConfig, shape: LayerShape, w: Any, h: Array, at: At
     ) -> Array:
         """The normed rows h -> the mixer branch's output (attention here; an architecture
         with other mixers overrides this for its kinds)."""
         if shape.mixer != "attention":
             raise ValueError(f"{cfg.arch}: mixer {shape.mixer} has no block")
         spec = self.attention_spec(cfg, shape)
-        return scaled(attention(ops, spec, w, h, pos, kv, rope), w.wo_scale)
+        return scaled(attention(ops, spec, w, h, *at), w.wo_scale)
 
     def ffn(
         self, ops: Ops, cfg: ModelConfig, shape: LayerShape, w: Any, x: Array, h: Array

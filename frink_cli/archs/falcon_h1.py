@@ -29,6 +29,7 @@ from ..formats import Checkpoint
 from ..graph.blocks.attention import attention
 from ..graph.blocks.mamba import mamba2
 from ..graph.blocks.norms import scaled
+from ..graph.blocks.step import At
 from ..graph.ops import Array, Ops
 from ..model.config import LayerShape, ModelConfig
 from .base import Arch
@@ -123,20 +124,12 @@ class FalconH1Config(MambaStackConfig):
     (mixer "attention+mamba2"); the slot holds the K/V rows and the mamba state."""
 
     def mixer(
-        self,
-        ops: Ops,
-        cfg: ModelConfig,
-        shape: LayerShape,
-        w: Any,
-        h: Array,
-        pos: Any,
-        kv: Any,
-        rope: Any,
+        self, ops: Ops, cfg: ModelConfig, shape: LayerShape, w: Any, h: Array, at: At
     ) -> Array:
         if shape.mixer != "attention+mamba2":
-            return super().mixer(ops, cfg, shape, w, h, pos, kv, rope)
-        a = scaled(attention(ops, self.attention_spec(cfg, shape), w, h, pos, kv, rope), w.wo_scale)
-        return ops.add_(a, mamba2(ops, self._m(), cfg.norm_eps, w.mamba2, h, kv))
+            return super().mixer(ops, cfg, shape, w, h, at)
+        a = scaled(attention(ops, self.attention_spec(cfg, shape), w, h, *at), w.wo_scale)
+        return ops.add_(a, mamba2(ops, self._m(), cfg.norm_eps, w.mamba2, h, at.kv))
 
 
 class FalconH1(Arch):

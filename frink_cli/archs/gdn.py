@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from ..errors import FrinkError
 from ..graph.blocks.gdn import GdnConfig, gdn
+from ..graph.blocks.step import At
 from ..graph.ops import Array, Ops
 from ..model.config import LayerShape, ModelConfig
 from .base import Arch
@@ -85,20 +86,12 @@ class GdnHybridConfig(DecoderConfig):
         return 0 if self.gdn is None else self.gdn.state_bytes()
 
     def mixer(
-        self,
-        ops: Ops,
-        cfg: ModelConfig,
-        shape: LayerShape,
-        w: Any,
-        h: Array,
-        pos: Any,
-        kv: Any,
-        rope: Any,
+        self, ops: Ops, cfg: ModelConfig, shape: LayerShape, w: Any, h: Array, at: At
     ) -> Array:
         if shape.mixer == "gdn":
             assert self.gdn is not None
-            return gdn(ops, self.gdn, cfg.norm_eps, w.gdn, h, kv)
-        return super().mixer(ops, cfg, shape, w, h, pos, kv, rope)
+            return gdn(ops, self.gdn, cfg.norm_eps, w.gdn, h, at.kv)
+        return super().mixer(ops, cfg, shape, w, h, at)
 
 
 class GdnHybrid(Arch):

@@ -40,6 +40,7 @@ from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..graph.blocks.attention import AttentionSpec
 from ..graph.blocks.ffn import gated_ffn
+from ..graph.blocks.step import At
 from ..graph.ops import Array, Ops
 from ..model.config import LayerPlan, LayerShape, ModelConfig
 from ..model.linear import Linear
@@ -223,16 +224,8 @@ class Gemma4Config(DecoderConfig):
         p = ops.add_(p.reshape(T, L * n), ops.scale_(rows, math.sqrt(n)))
         return ops.concat([x, ops.scale_(p, 0.5**0.5)])
 
-    def layer(
-        self,
-        ops: Ops,
-        cfg: ModelConfig,
-        shape: LayerShape,
-        w: Any,
-        x: Array,
-        pos: Any,
-        kv: Any,
-        rope: Any,
+    def compose(
+        self, ops: Ops, cfg: ModelConfig, shape: LayerShape, w: Any, x: Array, at: At
     ) -> Array:
         """The decoder layer, then this layer's per-layer input (after the FFN's residual
         add: x + post_norm(proj(act(gate(x)) * inp_l))) and its output scale."""
@@ -240,7 +233,7 @@ class Gemma4Config(DecoderConfig):
         side = None
         if n:
             x, side = x[:, : cfg.n_embd], x[:, cfg.n_embd :]
-        out = super().layer(ops, cfg, shape, w, x, pos, kv, rope)
+        out = super().compose(ops, cfg, shape, w, x, at)
         if side is not None:
             i = shape.index
             g = ops.act(ops.linear(out, w.ple_gate), cfg.ffn_act) * side[:, i * n : (i + 1) * n]

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..graph.blocks.shortconv import ShortConvConfig, shortconv
+from ..graph.blocks.step import At
 from ..graph.ops import Array, Ops
 from ..model.config import LayerShape, ModelConfig
 from .base import Arch, get
@@ -92,19 +93,11 @@ class Lfm2Config(DecoderConfig):
         return 0 if self.shortconv is None else self.shortconv.state_bytes(cfg.n_embd)
 
     def mixer(
-        self,
-        ops: Ops,
-        cfg: ModelConfig,
-        shape: LayerShape,
-        w: Any,
-        h: Array,
-        pos: Any,
-        kv: Any,
-        rope: Any,
+        self, ops: Ops, cfg: ModelConfig, shape: LayerShape, w: Any, h: Array, at: At
     ) -> Array:
         if shape.mixer == "shortconv":
-            return shortconv(ops, cfg.n_embd, w.shortconv, h, kv)
-        return super().mixer(ops, cfg, shape, w, h, pos, kv, rope)
+            return shortconv(ops, cfg.n_embd, w.shortconv, h, at.kv)
+        return super().mixer(ops, cfg, shape, w, h, at)
 
 
 class Lfm2(Arch):

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..graph.blocks.mamba import MambaConfig, mamba, mamba2
+from ..graph.blocks.step import At
 from ..graph.ops import Array, Ops
 from ..model.config import LayerShape, ModelConfig
 from .base import Arch, get
@@ -120,21 +121,13 @@ class MambaStackConfig(DecoderConfig):
         return 0 if self.mamba is None else self.mamba.state_bytes(cfg.n_layer)
 
     def mixer(
-        self,
-        ops: Ops,
-        cfg: ModelConfig,
-        shape: LayerShape,
-        w: Any,
-        h: Array,
-        pos: Any,
-        kv: Any,
-        rope: Any,
+        self, ops: Ops, cfg: ModelConfig, shape: LayerShape, w: Any, h: Array, at: At
     ) -> Array:
         if shape.mixer == "mamba":
-            return mamba(ops, self._m(), cfg.norm_eps, w.mamba, h, kv)
+            return mamba(ops, self._m(), cfg.norm_eps, w.mamba, h, at.kv)
         if shape.mixer == "mamba2":
-            return mamba2(ops, self._m(), cfg.norm_eps, w.mamba2, h, kv)
-        return super().mixer(ops, cfg, shape, w, h, pos, kv, rope)
+            return mamba2(ops, self._m(), cfg.norm_eps, w.mamba2, h, at.kv)
+        return super().mixer(ops, cfg, shape, w, h, at)
 
 
 def ssm_config(arch: Arch, ckpt: Checkpoint) -> MambaConfig:

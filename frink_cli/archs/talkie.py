@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
+from ..graph.blocks.step import At
 from ..graph.ops import Array, Ops
 from ..model.config import HeadPlan, LayerPlan, LayerShape, ModelConfig
 from ..model.weights import LayerWeights, TensorReader
@@ -101,24 +102,16 @@ class TalkieConfig(DecoderConfig):
         x = ops.rms_norm(x, w.token_embd_norm, cfg.norm_eps)
         return ops.concat([x, x])
 
-    def layer(
-        self,
-        ops: Ops,
-        cfg: ModelConfig,
-        shape: LayerShape,
-        w: Any,
-        x: Array,
-        pos: Any,
-        kv: Any,
-        rope: Any,
+    def compose(
+        self, ops: Ops, cfg: ModelConfig, shape: LayerShape, w: Any, x: Array, at: At
     ) -> Array:
         """The decoder layer on the residual stream, then the skip stream times this layer's
         scale [1] joins its output (llama.cpp's talkie.cpp: after the FFN's residual add)."""
         if not self.embd_skip:
-            return super().layer(ops, cfg, shape, w, x, pos, kv, rope)
+            return super().compose(ops, cfg, shape, w, x, at)
         n = cfg.n_embd
         x, skip = x[:, :n], x[:, n:]
-        out = super().layer(ops, cfg, shape, w, x, pos, kv, rope)
+        out = super().compose(ops, cfg, shape, w, x, at)
         out = ops.add_(out, skip * w.skip_scale)
         return ops.concat([out, skip])
 

@@ -6,9 +6,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..ops import Array, Ops
+
+
+class At(NamedTuple):
+    """Where a layer runs in this step, as the backend gives it: the positions (`pos`, the
+    backend's step context), the layer's cache view (`kv`) and its rope (`rope`)."""
+
+    pos: Any
+    kv: Any
+    rope: Any
 
 
 @dataclass(frozen=True)
