@@ -22,10 +22,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
-from conformance_table import TABLE, TINY_SPECS, Arch
+from conformance_table import TABLE, TINY_SPECS, Arch, Off, switched_off
 from conftest import TINY_MODEL_NAMES
 from model_checks import (
+    FAR,
     REF_TOL,
+    REFERENCES,
     SELF_TOL,
     SOURCES,
     _against_references,
@@ -33,11 +35,14 @@ from model_checks import (
     _assert_one_submission_per_token,
     _compare,
     _decode_after_prefill,
+    _max_diff,
     _path,
 )
 
 import frink_cli
 from frink_cli.archs import open_checkpoint
+from frink_cli.backends.cupy.eligibility import layer_reasons
+from frink_cli.decoder import Decoder
 from frink_cli.errors import FrinkError
 
 STEPS = pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
@@ -72,6 +77,10 @@ METAL_DECODE = _cases(lambda a: a.metal.decode if a.metal else ())
 METAL_PER_TOKEN = _cases(lambda a: a.metal.per_token if a.metal else ())
 CUDA = _cases(lambda a: a.cuda.fixtures if a.cuda else ())
 FIRST = _cases(lambda a: a.fixtures[:1])
+RECURRENT = _cases(lambda a: a.fixtures[:1] if a.refuses_truncation else ())
+DECORATIONS = [
+    pytest.param(a, off, id=f"{off.fixture}-{off.name}") for a in TABLE for off in a.decorations
+]
 
 
 _NO_LOGITS = np.empty(0, np.float32)
@@ -325,14 +334,20 @@ def test_metal_one_submission_per_token(entry: Arch, name: str, loaded: Callable
 @STEPS
 @pytest.mark.parametrize(("entry", "name"), CUDA)
 def test_cuda_standing_in_matches_references(
-    entry: Arch, name: str, step: bool, tiny_model: Callable, run: Callable
+    entry: Arch, name: str, step: bool, tiny_model: Callable, loaded: Callable, run: Callable
 ) -> None:
     """`load(path, backend="cuda")`: both references; every layer on the stack, or every
-    refusal for the entry's stated reason (the host body ran those layers)."""
+    refusal for the entry's stated reason (the host body ran those layers), or every layer
+    refused by that reason and nothing run on the device."""
     assert entry.cuda is not None
     r = run(name, "gguf", "cuda", step)
     _against_references(r.logits, tiny_model(name).ref, f"{name} cuda-numpy({step=})")
-    if entry.cuda.refused is None:
+    if entry.cuda.every_layer:
+        cfg = loaded(name, "gguf", "cuda").config
+        for i in range(cfg.n_layer):
+            assert entry.cuda.every_layer in layer_reasons(cfg, i), i
+        assert r.total == 0 and not r.failures, (r.submissions, r.failures)
+    elif entry.cuda.refused is None:
         _assert_ran_everything(r, f"{name} cuda-numpy")
     else:
         assert not r.failures, r.failures
@@ -367,3 +382,57 @@ def test_truncation_is_refused_or_works(
     assert all(not s.any() for s in cache.delta_state if s is not None)
     assert all(not s.any() for s in cache.conv_state if s is not None)
     np.testing.assert_array_equal(m.decoder.step(tokens, cache), first)
+
+
+@pytest.mark.parametrize(("entry", "name"), RECURRENT)
+def test_a_failed_step_leaves_the_recurrent_state_untouched(
+    entry: Arch, name: str, tiny_model: Callable, loaded: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New state is staged and committed only with the step: a step that dies in the last
+    layer, after the others ran, leaves every layer's conv tail and recurrent state as they
+    were, and the step then runs as if it had never been tried."""
+    m = loaded(name, "gguf", "numpy")
+    tokens = [int(t) for t in tiny_model(name).ref["tokens"][:10]]
+    clean = m.decoder.new_cache(32)
+    m.decoder.step(np.asarray(tokens[:8]), clean)
+    want = m.decoder.step(np.asarray(tokens[8:]), clean)
+
+    cache = m.decoder.new_cache(32)
+    m.decoder.step(np.asarray(tokens[:8]), cache)
+    states = (cache.conv_state, cache.delta_state)
+    before = [[None if s is None else s.copy() for s in kind] for kind in states]
+    host = m.decoder.host
+    real_layer = host.layer
+
+    def failing(layer, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if layer == m.config.n_layer - 1:
+            raise RuntimeError("simulated failure in the last layer")
+        return real_layer(layer, *args, **kwargs)
+
+    monkeypatch.setattr(host, "layer", failing)
+    with pytest.raises(RuntimeError):
+        m.decoder.step(np.asarray(tokens[8:]), cache)
+    monkeypatch.setattr(host, "layer", real_layer)
+    for was, now in zip(before, (cache.conv_state, cache.delta_state)):
+        for s0, s1 in zip(was, now):
+            assert (s0 is None and s1 is None) or np.array_equal(s0, s1)
+    assert cache.n_past == 8
+    np.testing.assert_array_equal(m.decoder.step(np.asarray(tokens[8:]), cache), want)
+
+
+# --- every listed decoration matters --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("entry", "off"), DECORATIONS)
+def test_each_decoration_moves_the_logits(
+    entry: Arch, off: Off, tiny_model: Callable, loaded: Callable
+) -> None:
+    """The graph honours each decoration: switched off (or replaced by its neighbour), the
+    logits land far from both references, so parity cannot pass without it."""
+    m = loaded(off.fixture, "gguf", "numpy")
+    dec = Decoder(*switched_off(m.config, m.decoder.host.w, off))
+    ref = tiny_model(off.fixture).ref
+    tokens = np.asarray(ref["tokens"])
+    got = dec.step(tokens, dec.new_cache(len(tokens)), all_logits=True)
+    for key in REFERENCES:
+        assert _max_diff(got, ref[key]) > FAR, f"{off.name} still matches {key}"
