@@ -65,7 +65,10 @@ class Metal:
 
     `kinds`: the only submission kinds its ledger may show (empty: not checked).
     `chunked`: a batch of the fixture's tokens is one submission per 64-row chunk and a
-    stepped run one per token."""
+    stepped run one per token. `state`: the cache fields (conv_state, delta_state, k, v)
+    the device hands back to the host cache at commit, equal to the host body's after
+    `state_run` = (tokens, of them prefilled as one batch, context) on `state_fixtures`, and
+    so are the last logits; `state_in_every_layer`: every layer holds them."""
 
     fixtures: tuple[str, ...]
     per_token: tuple[str, ...] = ()
@@ -73,6 +76,10 @@ class Metal:
     generate: bool = False
     kinds: frozenset[str] = frozenset()
     chunked: bool = False
+    state: tuple[str, ...] = ()
+    state_fixtures: tuple[str, ...] = ()
+    state_run: tuple[int, int, int] = (20, 16, 32)
+    state_in_every_layer: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,11 +87,20 @@ class Cuda:
     """`load(path, backend="cuda")` with NumPy standing in for CuPy, batched and stepped,
     against both references; nothing failed. `refused`: every refusal carries this reason
     (the host body runs those layers); `every_layer`: every layer is refused for this reason
-    and the device runs nothing; neither: the device ran and refused nothing."""
+    and the device runs nothing; neither: the device ran and refused nothing.
+
+    `emulated`: fixtures whose stack runs on kernels/*.cu on the CPU emulator over
+    `emulated_run` = (tokens, 0: all; where the second prefill starts): a prefill, a prefill
+    over the cached prefix and four decode steps give the host body's logits and both
+    references', each run one submission with the lm head in it. `stack`: likewise with
+    NumPy standing in for CuPy (all the tokens, the second prefill from token 17)."""
 
     fixtures: tuple[str, ...]
     refused: str | None = None
     every_layer: str = ""
+    emulated: tuple[str, ...] = ()
+    emulated_run: tuple[int, int] = (24, 9)
+    stack: tuple[str, ...] = ()
 
 
 LayerChange = Callable[[Any], Mapping[str, Any]]
@@ -326,21 +342,21 @@ TABLE: tuple[Arch, ...] = (
         "llama",
         ("llama", "llama_q", "llama_tied", "mistral", "llama_yarn"),
         metal=Metal(("llama_yarn",)),
-        cuda=Cuda(("llama_yarn",)),
+        cuda=Cuda(("llama_yarn",), emulated=("llama_yarn",), emulated_run=(0, 40)),
     ),
     Arch("qwen2", ("qwen2",)),
     Arch(
         "qwen3",
         ("qwen3", "qwen3_q", "qwen3_yarn"),
         metal=Metal(("qwen3_yarn",)),
-        cuda=Cuda(("qwen3_yarn",)),
+        cuda=Cuda(("qwen3_yarn",), emulated=("qwen3_yarn",), emulated_run=(0, 40)),
     ),
     Arch("gemma3", ("gemma3_text", "gemma3")),
     Arch(
         "phi3",
         ("phi3", "phi3_longrope"),
         metal=Metal(("phi3", "phi3_longrope")),
-        cuda=Cuda(("phi3", "phi3_longrope")),
+        cuda=Cuda(("phi3", "phi3_longrope"), emulated=("phi3_longrope",), emulated_run=(0, 40)),
     ),
     Arch(
         "starcoder2",
@@ -356,7 +372,7 @@ TABLE: tuple[Arch, ...] = (
         greedy_min=1,
         converter=Converter(),
         metal=Metal(("olmo2",), per_token=("olmo2",), decode=("olmo2",)),
-        cuda=Cuda(("olmo2",)),
+        cuda=Cuda(("olmo2",), emulated=("olmo2",), stack=("olmo2",)),
         decorations=_OLMO2_OFF,
     ),
     Arch(
@@ -364,7 +380,7 @@ TABLE: tuple[Arch, ...] = (
         ("bitnet",),
         converter=Converter(),
         metal=Metal(("bitnet",), per_token=("bitnet",)),
-        cuda=Cuda(("bitnet",)),
+        cuda=Cuda(("bitnet",), emulated=("bitnet",), emulated_run=(16, 6)),
         decorations=_BITNET_OFF,
     ),
     Arch(
@@ -373,7 +389,7 @@ TABLE: tuple[Arch, ...] = (
         greedy_min=1,
         converter=Converter(rel_tol=1e-6),
         metal=Metal(("granite",), per_token=("granite",), decode=("granite",)),
-        cuda=Cuda(("granite",)),
+        cuda=Cuda(("granite",), emulated=("granite",), stack=("granite",)),
         decorations=_granite_off("granite"),
     ),
     Arch(
@@ -448,6 +464,9 @@ TABLE: tuple[Arch, ...] = (
             decode=("mamba", "falcon_mamba"),
             generate=True,
             kinds=_MAMBA_RUN,
+            state=("delta_state", "conv_state"),
+            state_fixtures=("mamba",),
+            state_in_every_layer=True,
         ),
         refuses_truncation="mamba selective scan",
         decorations=_MAMBA_OFF,
@@ -459,7 +478,15 @@ TABLE: tuple[Arch, ...] = (
         converter=_ULP_A,
         cuda=Cuda(("mamba2",), every_layer="mixer mamba2"),
         metal=Metal(
-            ("mamba2",), per_token=("mamba2",), decode=("mamba2",), generate=True, kinds=_MAMBA_RUN
+            ("mamba2",),
+            per_token=("mamba2",),
+            decode=("mamba2",),
+            generate=True,
+            kinds=_MAMBA_RUN,
+            state=("delta_state", "conv_state"),
+            state_fixtures=("mamba2",),
+            state_run=(80, 72, 96),
+            state_in_every_layer=True,
         ),
         refuses_truncation=_MAMBA2_SCAN,
         decorations=_MAMBA2_OFF,
@@ -476,6 +503,8 @@ TABLE: tuple[Arch, ...] = (
             generate=True,
             kinds=frozenset({"shortconv-run+lm-head"}),
             chunked=True,
+            state=("conv_state",),
+            state_fixtures=("lfm2",),
         ),
         refuses_truncation="short conv",
         decorations=_LFM2_OFF,
@@ -492,6 +521,8 @@ TABLE: tuple[Arch, ...] = (
             generate=True,
             kinds=frozenset({"shortconv-run+lm-head"}),
             chunked=True,
+            state=("conv_state",),
+            state_fixtures=("lfm2moe",),
         ),
         refuses_truncation="short conv",
         decorations=_LFM2MOE_OFF,
@@ -523,6 +554,9 @@ TABLE: tuple[Arch, ...] = (
             decode=("granitehybrid", "granitehybrid_dense"),
             generate=True,
             kinds=_MAMBA_RUN,
+            state=("delta_state", "conv_state"),
+            state_fixtures=("granitehybrid",),
+            state_run=(80, 72, 96),
         ),
         refuses_truncation=_MAMBA2_SCAN,
         decorations=_GRANITEHYBRID_OFF,
@@ -539,6 +573,10 @@ TABLE: tuple[Arch, ...] = (
             decode=("falcon_h1", "falcon_h1_norm"),
             generate=True,
             kinds=_MAMBA_RUN,
+            state=("delta_state", "conv_state", "k", "v"),
+            state_fixtures=("falcon_h1",),
+            state_run=(80, 72, 96),
+            state_in_every_layer=True,
         ),
         refuses_truncation=_MAMBA2_SCAN,
     ),

@@ -42,14 +42,9 @@ import pytest
 from conftest import fixture_cache_root
 from llama_quantize import llama_quantize
 from model_checks import (
-    REFERENCES,
-    SELF_TOL,
     _against_references,
     _assert_device_ran,
-    _cuda_models,
-    _max_diff,
     _path,
-    _prefill_prefix_decode,
     _tokens,
 )
 
@@ -147,32 +142,6 @@ def test_per_tensor_scales_are_refused_by_name(tiny_model: Callable, tmp_path: P
     writer.close()
     with pytest.raises(FrinkError, match=r"blk\.0\.attn_q\.scale"):
         frink_cli.load(tmp_path / "scaled.gguf")
-
-
-# --- cuda: NumPy standing in for CuPy, and the kernels on the CPU emulator -----------------------
-
-
-def test_cuda_emulated_kernel_stack_equals_host_body(
-    tiny_model: Callable,
-    emulated_launcher: Any,  # noqa: F811 - the fixture imported above
-) -> None:
-    """The sub-norms as the rms_norm kernel on the CPU emulator: the host body's logits,
-    and both references'."""
-    from frink_cli.backends.cupy.ops import KernelOps
-
-    host, dev = _cuda_models(
-        _path(tiny_model, NAME, "gguf"), lambda: KernelOps(np, emulated_launcher)
-    )
-    tokens = _tokens(tiny_model, NAME)[:16]
-    want = _prefill_prefix_decode(host, tokens, split=6)
-    got = _prefill_prefix_decode(dev, tokens, split=6)
-    assert _max_diff(got, want) <= SELF_TOL
-    _against_references(
-        got, {k: tiny_model(NAME).ref[k][:16] for k in REFERENCES}, "bitnet emulated"
-    )
-    ledger = dev.decoder.backend.ledger
-    assert ledger.submissions == {"prefill-stack+lm-head": 2, "decode-stack+lm-head": 4}
-    assert not ledger.refusals and not ledger.failures
 
 
 # --- the ternary types, written by llama.cpp's quantizer -----------------------------------------

@@ -34,14 +34,17 @@ from model_checks import (
     _assert_greedy_matches_llamacpp,
     _assert_one_submission_per_token,
     _compare,
+    _cuda_models,
     _decode_after_prefill,
     _max_diff,
     _path,
+    _prefill_prefix_decode,
 )
 
 import frink_cli
 from frink_cli.archs import open_checkpoint
 from frink_cli.backends.cupy.eligibility import layer_reasons
+from frink_cli.backends.cupy.ops import KernelOps
 from frink_cli.decoder import Decoder
 from frink_cli.errors import FrinkError
 
@@ -75,7 +78,10 @@ CONVERTED = _cases(_converter)
 METAL = _cases(_metal)
 METAL_DECODE = _cases(lambda a: a.metal.decode if a.metal else ())
 METAL_PER_TOKEN = _cases(lambda a: a.metal.per_token if a.metal else ())
+METAL_STATE = _cases(lambda a: a.metal.state_fixtures if a.metal else ())
 CUDA = _cases(lambda a: a.cuda.fixtures if a.cuda else ())
+CUDA_EMULATED = _cases(lambda a: a.cuda.emulated if a.cuda else ())
+CUDA_STACK = _cases(lambda a: a.cuda.stack if a.cuda else ())
 FIRST = _cases(lambda a: a.fixtures[:1])
 RECURRENT = _cases(lambda a: a.fixtures[:1] if a.refuses_truncation else ())
 DECORATIONS = [
@@ -328,6 +334,40 @@ def test_metal_one_submission_per_token(entry: Arch, name: str, loaded: Callable
     _assert_one_submission_per_token(m)
 
 
+@pytest.mark.parametrize(("entry", "name"), METAL_STATE)
+def test_metal_state_equals_the_host_bodys(
+    entry: Arch, name: str, tiny_model: Callable, loaded: Callable
+) -> None:
+    """After a prompt (past metal's 64-row chunk where the run is long) and decode steps,
+    the state the device hands back to the host cache at commit is the host body's, and so
+    are the last logits."""
+    metal = entry.metal
+    assert metal is not None
+    n, split, n_ctx = metal.state_run
+    tokens = [int(t) for t in tiny_model(name).ref["tokens"][:n]]
+    dev = loaded(name, "gguf", "metal")
+    dev.decoder.backend.ledger.reset()
+    caches, last = [], []
+    for m in (loaded(name, "gguf", "numpy"), dev):
+        cache = m.decoder.new_cache(n_ctx)
+        out = m.decoder.step(np.asarray(tokens[:split]), cache)
+        for t in tokens[split:]:
+            out = m.decoder.step(np.asarray([t]), cache)
+        caches.append(cache)
+        last.append(out)
+    for field in metal.state:
+        host, device = getattr(caches[0], field), getattr(caches[1], field)
+        assert [a is None for a in host] == [b is None for b in device], field
+        held = [a is not None for a in host]
+        assert all(held) if metal.state_in_every_layer else any(held), field
+        for a, b in zip(host, device):
+            if a is not None:
+                assert a.shape == b.shape, field
+                np.testing.assert_allclose(b, a, rtol=0, atol=1e-5, err_msg=field)
+    assert _max_diff(last[0], last[1]) <= SELF_TOL
+    _assert_ran_everything(_recorded(dev.decoder.backend.ledger), f"{name} metal")
+
+
 # --- cuda: NumPy standing in for CuPy -------------------------------------------------------------
 
 
@@ -352,6 +392,43 @@ def test_cuda_standing_in_matches_references(
     else:
         assert not r.failures, r.failures
         assert set(r.refusals) == {entry.cuda.refused}, r.refusals
+
+
+def _assert_stack_equals_host(
+    host: frink_cli.Model, dev: frink_cli.Model, tokens: list[int], split: int
+) -> np.ndarray:
+    """The cuda stack's logits over a prefill, a prefill over the cached prefix and four
+    decode steps are the host body's, each run one submission with the lm head in it."""
+    want = _prefill_prefix_decode(host, tokens, split=split)
+    got = _prefill_prefix_decode(dev, tokens, split=split)
+    assert _max_diff(got, want) <= SELF_TOL
+    ledger = dev.decoder.backend.ledger
+    assert ledger.submissions == {"prefill-stack+lm-head": 2, "decode-stack+lm-head": 4}
+    assert not ledger.refusals and not ledger.failures
+    return got
+
+
+@pytest.mark.parametrize(("entry", "name"), CUDA_STACK)
+def test_cuda_numpy_stack_equals_host_body(entry: Arch, name: str, tiny_model: Callable) -> None:
+    host, dev = _cuda_models(_path(tiny_model, name, "gguf"))
+    _assert_stack_equals_host(host, dev, [int(t) for t in tiny_model(name).ref["tokens"]], 17)
+
+
+@pytest.mark.parametrize(("entry", "name"), CUDA_EMULATED)
+def test_cuda_emulated_kernel_stack_equals_host_body(
+    entry: Arch, name: str, tiny_model: Callable, emulated_launcher: Any
+) -> None:
+    """kernels/*.cu on the CPU emulator: the host body's logits, and (its rows being the
+    fixture tokens' first positions, in order) both references'."""
+    assert entry.cuda is not None
+    n, split = entry.cuda.emulated_run
+    host, dev = _cuda_models(
+        _path(tiny_model, name, "gguf"), lambda: KernelOps(np, emulated_launcher)
+    )
+    ref = tiny_model(name).ref
+    n = n or len(ref["tokens"])
+    got = _assert_stack_equals_host(host, dev, [int(t) for t in ref["tokens"][:n]], split)
+    _against_references(got, {k: ref[k][:n] for k in REFERENCES}, f"{name} emulated")
 
 
 # --- the cache: truncation ------------------------------------------------------------------------

@@ -28,9 +28,9 @@ from frink_subprocess import frink
 from model_checks import (
     FAR,
     REFERENCES,
-    _assert_device_ran,
     _max_diff,
     _path,
+    _split_against_stepped,
     _tokens,
 )
 
@@ -106,17 +106,7 @@ def test_info_shows_the_model(tiny_model: Callable) -> None:
 def test_prefill_is_exact_against_stepping(tiny_model: Callable) -> None:
     m = frink_cli.load(_path(tiny_model, NAME, "gguf"))
     tokens = _tokens(tiny_model, NAME)
-    dec = m.decoder
-    stepped = dec.new_cache(96)
-    want = np.concatenate([dec.step(np.asarray([t]), stepped) for t in tokens])
-    split = dec.new_cache(96)
-    got = np.concatenate(
-        [
-            dec.step(np.asarray(tokens[:13]), split, all_logits=True),
-            dec.step(np.asarray(tokens[13:75]), split, all_logits=True),
-            *[dec.step(np.asarray([t]), split) for t in tokens[75:]],
-        ]
-    )
+    got, want, split, stepped = _split_against_stepped(m, tokens, (13, 75), 96)
     assert _max_diff(got, want) <= 1e-4
     for i in range(N_LAYER):
         a, b = split.delta_state[i], stepped.delta_state[i]
@@ -206,32 +196,3 @@ def test_norm_before_gate_is_refused_by_name(tiny_model: Callable, tmp_path: Pat
     (hf / "config.json").write_text(json.dumps(dict(cfg, mamba_norm_before_gate=True)))
     with pytest.raises(FrinkError, match="mamba_norm_before_gate"):
         frink_cli.load(hf)
-
-
-# --- metal (MLX; its CPU device on Linux) ---------------------------------------------------------
-
-
-def test_metal_state_equals_the_host_bodys(tiny_model: Callable) -> None:
-    """After a prompt past metal's 64-row chunk and decode steps, the device's K/V rows and
-    mamba states (back on the host cache at commit) are the host body's."""
-    pytest.importorskip("mlx.core")
-    path = _path(tiny_model, NAME, "gguf")
-    host, dev = frink_cli.load(path), frink_cli.load(path, backend="metal")
-    tokens = _tokens(tiny_model, NAME)
-    caches = []
-    for m in (host, dev):
-        cache = m.decoder.new_cache(96)
-        m.decoder.step(np.asarray(tokens[:72]), cache)
-        for t in tokens[72:]:
-            m.decoder.step(np.asarray([t]), cache)
-        caches.append(cache)
-    for i in range(N_LAYER):
-        for a, b in (
-            (caches[0].delta_state[i], caches[1].delta_state[i]),
-            (caches[0].conv_state[i], caches[1].conv_state[i]),
-            (caches[0].k[i], caches[1].k[i]),
-            (caches[0].v[i], caches[1].v[i]),
-        ):
-            assert a is not None and b is not None and a.shape == b.shape
-            np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
-    _assert_device_ran(dev, f"{NAME} metal")

@@ -39,12 +39,10 @@ import pytest
 from model_checks import (
     FAR,
     REFERENCES,
-    SELF_TOL,
     _against_references,
     _cuda_models,
     _max_diff,
     _path,
-    _prefill_prefix_decode,
     _tokens,
 )
 
@@ -268,42 +266,6 @@ def test_cuda_refuses_granitemoe_layers_by_the_moe_name_alone(
     # The same layers with a dense FFN (granite's) are taken whole.
     dense = config_from_checkpoint(open_checkpoint(_path(tiny_model, "granite", "gguf")))
     assert eligibility.layer_refusals(dense) == [None] * dense.n_layer
-
-
-def test_cuda_numpy_stack_equals_host_body(tiny_model: Callable) -> None:
-    """granite on the dense stack (NumPy references for the kernels): the host body's logits
-    over a prefill, a second prefill over the cached prefix and decode steps, each one
-    submission with the lm head in it."""
-    host, dev = _cuda_models(_path(tiny_model, "granite", "gguf"))
-    tokens = _tokens(tiny_model, "granite")
-    want = _prefill_prefix_decode(host, tokens, split=17)
-    got = _prefill_prefix_decode(dev, tokens, split=17)
-    assert _max_diff(got, want) <= SELF_TOL
-    ledger = dev.decoder.backend.ledger
-    assert ledger.submissions == {"prefill-stack+lm-head": 2, "decode-stack+lm-head": 4}
-    assert not ledger.refusals and not ledger.failures
-
-
-def test_cuda_emulated_kernel_stack_equals_host_body(
-    tiny_model: Callable, emulated_launcher
-) -> None:
-    """granite with kernels/*.cu run on the CPU emulator: the host body's logits."""
-    from frink_cli.backends.cupy.ops import KernelOps
-
-    host, dev = _cuda_models(
-        _path(tiny_model, "granite", "gguf"), lambda: KernelOps(np, emulated_launcher)
-    )
-    tokens = _tokens(tiny_model, "granite")[:24]
-    want = _prefill_prefix_decode(host, tokens, split=9)
-    got = _prefill_prefix_decode(dev, tokens, split=9)
-    assert _max_diff(got, want) <= SELF_TOL
-    # Its rows are positions 0..23 of the fixture tokens, so the references judge them too.
-    _against_references(
-        got, {k: tiny_model("granite").ref[k][:24] for k in REFERENCES}, "granite emulated"
-    )
-    ledger = dev.decoder.backend.ledger
-    assert ledger.submissions == {"prefill-stack+lm-head": 2, "decode-stack+lm-head": 4}
-    assert not ledger.refusals and not ledger.failures
 
 
 @pytest.mark.parametrize("name", MOE)

@@ -28,9 +28,9 @@ from model_checks import (
     FAR,
     REFERENCES,
     _against_references,
-    _assert_device_ran,
     _max_diff,
     _path,
+    _split_against_stepped,
     _tokens,
 )
 
@@ -133,17 +133,7 @@ def test_prefill_is_exact_against_stepping(name: str, tiny_model: Callable) -> N
     decode rows, gives the logits and the mamba states of the same tokens stepped."""
     m = frink_cli.load(_path(tiny_model, name, "gguf"))
     tokens = _tokens(tiny_model, name)
-    dec = m.decoder
-    stepped = dec.new_cache(96)
-    want = np.concatenate([dec.step(np.asarray([t]), stepped) for t in tokens])
-    split = dec.new_cache(96)
-    got = np.concatenate(
-        [
-            dec.step(np.asarray(tokens[:13]), split, all_logits=True),
-            dec.step(np.asarray(tokens[13:75]), split, all_logits=True),
-            *[dec.step(np.asarray([t]), split) for t in tokens[75:]],
-        ]
-    )
+    got, want, split, stepped = _split_against_stepped(m, tokens, (13, 75), 96)
     assert _max_diff(got, want) <= 1e-4
     for i in _mamba_layers(name):
         a, b = split.delta_state[i], stepped.delta_state[i]
@@ -185,35 +175,6 @@ def test_the_shared_expert_and_the_gated_norm_matter(tiny_model: Callable) -> No
 
 def _zeroed(lin):  # type: ignore[no-untyped-def]
     return dataclasses.replace(lin, w=np.zeros_like(lin.w))
-
-
-# --- metal (MLX; its CPU device on Linux) ---------------------------------------------------------
-
-
-def test_metal_state_equals_the_host_bodys(tiny_model: Callable) -> None:
-    """After a prompt past metal's 64-row chunk and decode steps, the device's mamba states
-    and K/V rows, back on the host cache at commit, are the host body's."""
-    pytest.importorskip("mlx.core")
-    path = _path(tiny_model, "granitehybrid", "gguf")
-    host, dev = frink_cli.load(path), frink_cli.load(path, backend="metal")
-    tokens = _tokens(tiny_model, "granitehybrid")
-    caches, last = [], []
-    for m in (host, dev):
-        cache = m.decoder.new_cache(96)
-        m.decoder.step(np.asarray(tokens[:72]), cache)
-        for t in tokens[72:]:
-            out = m.decoder.step(np.asarray([t]), cache)
-        caches.append(cache)
-        last.append(out)
-    for i in _mamba_layers("granitehybrid"):
-        for a, b in (
-            (caches[0].delta_state[i], caches[1].delta_state[i]),
-            (caches[0].conv_state[i], caches[1].conv_state[i]),
-        ):
-            assert a is not None and b is not None
-            np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
-    assert _max_diff(last[0], last[1]) <= 1e-4
-    _assert_device_ran(dev, "granitehybrid metal")
 
 
 # --- cuda: what it does not carry, refused by name ------------------------------------------------

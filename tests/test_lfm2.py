@@ -32,19 +32,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import fixture_cache_root
 from frink_subprocess import frink
-from llama_quantize import llama_quantize
 from model_checks import (
     REF_TOL,
     _against_references,
     _assert_device_ran,
     _compare,
+    _last_logits,
     _max_diff,
     _path,
+    _split_against_stepped,
     _tokens,
+    q8_0_requant,
 )
-from script_loader import load_script
 
 import frink_cli
 from frink_cli.archs import config_from_checkpoint, open_checkpoint
@@ -261,12 +261,7 @@ def test_state_after_a_prompt_matches_the_formula_loop(
     tokens = _tokens(tiny_model, name)[:20]
     want_logits, want_conv = _formula_loop(name, tiny_model, tokens)
     m = frink_cli.load(_path(tiny_model, name, "gguf"))
-    cache = m.decoder.new_cache(32)
-    if step:
-        for tok in tokens:
-            last = m.decoder.step(np.asarray([tok]), cache)[-1]
-    else:
-        last = m.decoder.step(np.asarray(tokens), cache)[-1]
+    last, cache = _last_logits(m, tokens, 32, step)
     assert np.max(np.abs(last - want_logits)) <= 1e-4
     for i, conv in enumerate(cache.conv_state):
         if not CONV[name][i]:
@@ -283,18 +278,7 @@ def test_prefill_is_exact_against_stepping(name: str, tiny_model: Callable) -> N
     the logits and conv tails of the same tokens stepped one at a time."""
     m = frink_cli.load(_path(tiny_model, name, "gguf"))
     tokens = _tokens(tiny_model, name)
-    dec = m.decoder
-    stepped = dec.new_cache(len(tokens))
-    want = np.concatenate([dec.step(np.asarray([t]), stepped) for t in tokens])
-    split = dec.new_cache(len(tokens))
-    got = np.concatenate(
-        [
-            dec.step(np.asarray(tokens[:13]), split, all_logits=True),
-            dec.step(np.asarray(tokens[13:14]), split, all_logits=True),
-            dec.step(np.asarray(tokens[14:60]), split, all_logits=True),
-            *[dec.step(np.asarray([t]), split) for t in tokens[60:]],
-        ]
-    )
+    got, want, split, stepped = _split_against_stepped(m, tokens, (13, 14, 60))
     assert _max_diff(got, want) <= 1e-4
     for a, b in zip(split.conv_state, stepped.conv_state):
         assert (a is None) == (b is None)
@@ -387,31 +371,6 @@ def test_what_lfm2_files_may_say_but_frink_refuses(
         frink_cli.load(path)
 
 
-# --- metal (MLX; its CPU device on Linux) ---------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_metal_conv_state_equals_the_host_bodys(name: str, tiny_model: Callable) -> None:
-    """The device's conv tails come back to the host cache at commit: after a prompt and
-    decode steps they are the host body's."""
-    pytest.importorskip("mlx.core")
-    path = _path(tiny_model, name, "gguf")
-    host, dev = frink_cli.load(path), frink_cli.load(path, backend="metal")
-    tokens = _tokens(tiny_model, name)[:20]
-    caches = []
-    for m in (host, dev):
-        cache = m.decoder.new_cache(32)
-        m.decoder.step(np.asarray(tokens[:16]), cache)
-        for t in tokens[16:]:
-            m.decoder.step(np.asarray([t]), cache)
-        caches.append(cache)
-    for a, b in zip(caches[0].conv_state, caches[1].conv_state):
-        assert (a is None) == (b is None)
-        if a is not None:
-            np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
-    _assert_device_ran(dev, f"{name} metal")
-
-
 # --- cuda: the mixer refused by name --------------------------------------------------------------
 
 
@@ -438,8 +397,6 @@ def test_cuda_refuses_the_short_conv_by_name(
 
 # --- quantized: Q8_0 matrices (llama.cpp's quantizer) ---------------------------------------------
 
-_make_tiny = load_script("make_tiny_models")
-_Q8_0, _FTYPE_Q8_0, _FTYPE_F32 = 8, 7, 0  # ggml's Q8_0 type; llama.cpp's file types
 # Top-2 margin of llama.cpp's quantized run from which its argmax is compared. Its 8-bit
 # activations move these logits by up to 0.25 (lfm2; lfm2moe: 0.9, where one flips a close
 # router choice), mostly by hundredths: most positions keep a margin above this.
@@ -452,29 +409,7 @@ def q8(request: pytest.FixtureRequest, tiny_model: Callable) -> tuple[str, Path,
     embedding; the conv taps and vectors stay F32), and llama.cpp's logits on it and on its
     own F32 requant of it (cached beside the tiny models)."""
     name = request.param
-    src = _path(tiny_model, name, "gguf")
-    stamp = json.loads((src.parent / "stamp.json").read_text())
-    root = fixture_cache_root() / "quant" / name
-    root.mkdir(parents=True, exist_ok=True)
-    key = json.dumps({"fixture": stamp["spec"], "v": 1})
-    if (root / "key.json").is_file() and (root / "key.json").read_text() != key:
-        for f in root.iterdir():
-            f.unlink()
-    (root / "key.json").write_text(key)
-    path, f32, npz = (root / f"Q8_0{s}" for s in (".gguf", ".f32.gguf", ".npz"))
-    if not path.is_file():
-        llama_quantize(src, path, _Q8_0, False, _FTYPE_Q8_0)
-    if not f32.is_file():
-        llama_quantize(path, f32, -1, False, _FTYPE_F32)
-    tokens = tiny_model(name).ref["tokens"]
-    if not npz.is_file():
-        np.savez(
-            npz,
-            quantized=_make_tiny.llama_cpp_logits(path, tokens),
-            f32=_make_tiny.llama_cpp_logits(f32, tokens),
-        )
-    with np.load(npz) as z:
-        return name, path, {k: z[k] for k in z.files}
+    return (name, *q8_0_requant(tiny_model, name))
 
 
 @pytest.mark.parametrize("backend", ["numpy", "metal"])

@@ -31,9 +31,10 @@ from frink_subprocess import frink
 from model_checks import (
     FAR,
     REFERENCES,
-    _assert_device_ran,
+    _last_logits,
     _max_diff,
     _path,
+    _split_against_stepped,
     _tokens,
 )
 
@@ -183,12 +184,7 @@ def test_state_after_a_prompt_matches_the_ssd_loop(step: bool, tiny_model: Calla
     tokens = _tokens(tiny_model, NAME)[:70]  # past one 64-token scan chunk
     want_logits, want_conv, want_h = _ssd_loop(tiny_model, tokens)
     m = frink_cli.load(_path(tiny_model, NAME, "gguf"))
-    cache = m.decoder.new_cache(80)
-    if step:
-        for tok in tokens:
-            last = m.decoder.step(np.asarray([tok]), cache)[-1]
-    else:
-        last = m.decoder.step(np.asarray(tokens), cache)[-1]
+    last, cache = _last_logits(m, tokens, 80, step)
     assert np.max(np.abs(last - want_logits)) <= 1e-4
     for i in range(N_LAYER):
         conv, state = cache.conv_state[i], cache.delta_state[i]
@@ -204,17 +200,7 @@ def test_prefill_is_exact_against_stepping(tiny_model: Callable) -> None:
     decode rows, gives the logits and state of the same tokens stepped one at a time."""
     m = frink_cli.load(_path(tiny_model, NAME, "gguf"))
     tokens = _tokens(tiny_model, NAME)
-    dec = m.decoder
-    stepped = dec.new_cache(96)
-    want = np.concatenate([dec.step(np.asarray([t]), stepped) for t in tokens])
-    split = dec.new_cache(96)
-    got = np.concatenate(
-        [
-            dec.step(np.asarray(tokens[:13]), split, all_logits=True),
-            dec.step(np.asarray(tokens[13:75]), split, all_logits=True),
-            *[dec.step(np.asarray([t]), split) for t in tokens[75:]],
-        ]
-    )
+    got, want, split, stepped = _split_against_stepped(m, tokens, (13, 75), 96)
     assert _max_diff(got, want) <= 1e-5
     for a, b in zip(split.delta_state, stepped.delta_state):
         assert a is not None and b is not None
@@ -272,29 +258,3 @@ def test_the_grouped_norm_matters(
     got = m.decoder.step(tokens, m.decoder.new_cache(len(tokens)), all_logits=True)
     for key in REFERENCES:
         assert _max_diff(got, tiny_model(NAME).ref[key]) > FAR, f"norm {norm} matches {key}"
-
-
-# --- metal (MLX; its CPU device on Linux) ---------------------------------------------------------
-
-
-def test_metal_state_equals_the_host_bodys(tiny_model: Callable) -> None:
-    """After a prompt longer than metal's 64-row prefill chunk and decode steps, the
-    device's conv tail and scan state (back on the host cache at commit) are the host's."""
-    pytest.importorskip("mlx.core")
-    path = _path(tiny_model, NAME, "gguf")
-    host, dev = frink_cli.load(path), frink_cli.load(path, backend="metal")
-    tokens = _tokens(tiny_model, NAME)
-    caches = []
-    for m in (host, dev):
-        cache = m.decoder.new_cache(96)
-        m.decoder.step(np.asarray(tokens[:72]), cache)
-        for t in tokens[72:]:
-            m.decoder.step(np.asarray([t]), cache)
-        caches.append(cache)
-    for a, b in zip(caches[0].delta_state, caches[1].delta_state):
-        assert a is not None and b is not None
-        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
-    for a, b in zip(caches[0].conv_state, caches[1].conv_state):
-        assert a is not None and b is not None
-        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
-    _assert_device_ran(dev, f"{NAME} metal")

@@ -23,18 +23,9 @@ stack carried. The helpers are test_granite.py's (the same bar, written once).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-import numpy as np
 from model_checks import (
-    REFERENCES,
-    SELF_TOL,
-    _against_references,
-    _cuda_models,
-    _max_diff,
     _path,
-    _prefill_prefix_decode,
-    _tokens,
 )
 
 from frink_cli.archs import config_from_checkpoint, open_checkpoint
@@ -79,40 +70,3 @@ def test_config_reads_the_decorations(tiny_model: Callable) -> None:
     assert gg.ext.post_attn_norm and gg.ext.post_ffn_norm
     assert gg.rope_type == "neox" and not gg.tied_embeddings
     assert {"no_pre_norm", "qk_norm_full", "post_attn_norm", "post_ffn_norm"} <= gg.features()
-
-
-# --- cuda: NumPy standing in for CuPy, and the kernels on the CPU emulator -----------------------
-
-
-def test_cuda_numpy_stack_equals_host_body(tiny_model: Callable) -> None:
-    host, dev = _cuda_models(_path(tiny_model, NAME, "gguf"))
-    tokens = _tokens(tiny_model, NAME)
-    want = _prefill_prefix_decode(host, tokens, split=17)
-    got = _prefill_prefix_decode(dev, tokens, split=17)
-    assert _max_diff(got, want) <= SELF_TOL
-    ledger = dev.decoder.backend.ledger
-    assert ledger.submissions == {"prefill-stack+lm-head": 2, "decode-stack+lm-head": 4}
-    assert not ledger.refusals and not ledger.failures
-
-
-def test_cuda_emulated_kernel_stack_equals_host_body(
-    tiny_model: Callable,
-    emulated_launcher: Any,  # noqa: F811 - the fixture imported above
-) -> None:
-    """olmo2 with kernels/*.cu on the CPU emulator (the full-width QK norm is the rms_norm
-    kernel over whole q / k rows): the host body's logits, and both references'."""
-    from frink_cli.backends.cupy.ops import KernelOps
-
-    host, dev = _cuda_models(
-        _path(tiny_model, NAME, "gguf"), lambda: KernelOps(np, emulated_launcher)
-    )
-    tokens = _tokens(tiny_model, NAME)[:24]
-    want = _prefill_prefix_decode(host, tokens, split=9)
-    got = _prefill_prefix_decode(dev, tokens, split=9)
-    assert _max_diff(got, want) <= SELF_TOL
-    _against_references(
-        got, {k: tiny_model(NAME).ref[k][:24] for k in REFERENCES}, "olmo2 emulated"
-    )
-    ledger = dev.decoder.backend.ledger
-    assert ledger.submissions == {"prefill-stack+lm-head": 2, "decode-stack+lm-head": 4}
-    assert not ledger.refusals and not ledger.failures

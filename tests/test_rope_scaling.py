@@ -24,12 +24,8 @@ import pytest
 from model_checks import (
     FAR,
     REFERENCES,
-    SELF_TOL,
-    _against_references,
-    _cuda_models,
     _max_diff,
     _path,
-    _prefill_prefix_decode,
     _tokens,
 )
 
@@ -126,29 +122,3 @@ def test_yarn_frequencies_follow_ggml() -> None:
     assert inv[0] == pytest.approx(plain[0])  # beta_fast: pair 0 rotates as trained
     assert inv[-1] == pytest.approx(plain[-1] / 8)  # beta_slow: the last pair interpolated
     assert mscale == pytest.approx(1 + 0.1 * np.log(8))
-
-
-# --- cuda: NumPy standing in for CuPy, and the kernels on the CPU emulator -----------------------
-
-
-@pytest.mark.parametrize("name", SCALED)
-def test_cuda_emulated_kernels_match_references(
-    name: str,
-    tiny_model: Callable,
-    emulated_launcher,
-) -> None:
-    """The kernels of kernels/*.cu on the CPU emulator, fed YaRN / LongRoPE tables: the host
-    body's logits over a prefill, a prefill over the cached prefix and decode steps, and the
-    references' (the context, 80 > 32, takes LongRoPE's long factors as theirs did)."""
-    from frink_cli.backends.cupy.ops import KernelOps
-
-    host, dev = _cuda_models(
-        _path(tiny_model, name, "gguf"), lambda: KernelOps(np, emulated_launcher)
-    )
-    tokens = _tokens(tiny_model, name)
-    want = _prefill_prefix_decode(host, tokens, split=40)
-    got = _prefill_prefix_decode(dev, tokens, split=40)
-    assert _max_diff(got, want) <= SELF_TOL
-    _against_references(got, tiny_model(name).ref, f"{name} emulated")
-    ledger = dev.decoder.backend.ledger
-    assert ledger.total() > 0 and not ledger.refusals and not ledger.failures
