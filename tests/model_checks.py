@@ -25,7 +25,7 @@ from frink_cli.model.config import ModelConfig
 
 SOURCES = ("gguf", "hf")
 REFERENCES = ("logits_hf", "logits_llamacpp")
-# Against an external reference (as test_parity_tiny.py).
+# Against an external reference (as test_conformance.py).
 REF_TOL = 2e-3
 # frink against itself (a backend against the host body).
 SELF_TOL = 1e-4

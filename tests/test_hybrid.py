@@ -3,7 +3,7 @@
 Its shared checks (references, GGUF vs HF dir, greedy, converter, metal, cuda, truncation,
 decorations) are its tests/conformance_table.py entry; here is only what is its own.
 
-Why: test_parity_tiny.py already holds frink's logits against transformers and llama.cpp
+Why: test_conformance.py already holds frink's logits against transformers and llama.cpp
 on the tiny hybrids (every position, batched and step by step, GGUF and HF dir). What it
 cannot see on its own:
   - the decode path after a batched prefill, where recurrent state is handed from the
@@ -161,7 +161,7 @@ def test_chunked_delta_rule_equals_per_token_steps(chunk: int) -> None:
 def test_wrong_value_head_order_breaks_parity(name: str, tiny_model: Callable) -> None:
     """The fixtures have 4 value heads on 2 key heads, so the two conventions differ: with
     the other order the logits move far from llama.cpp's (and with the right one they match,
-    as test_parity_tiny shows)."""
+    as test_conformance shows)."""
     tm = tiny_model(name)
     m = _load(tiny_model, name)
     other = "grouped" if m.config.ext.gdn.v_head_order == "tiled" else "tiled"

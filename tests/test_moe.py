@@ -4,7 +4,7 @@ Qwen3.5 MoE (`qwen35moe`, e.g. Qwen3.5-35B-A3B), beyond plain parity.
 Its shared checks (references, GGUF vs HF dir, greedy, converter, metal, cuda, truncation,
 decorations) are its tests/conformance_table.py entry; here is only what is its own.
 
-Why: test_parity_tiny.py already holds frink's logits against transformers and llama.cpp on
+Why: test_conformance.py already holds frink's logits against transformers and llama.cpp on
 the tiny models (every position, GGUF and HF dir, batched and step by step). What it cannot
 see on its own:
   - the decode path after a batched prefill, checked against llama.cpp's own greedy decode
