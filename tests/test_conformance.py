@@ -9,10 +9,12 @@ leaves room for summation order, not for a missing decoration; frink against its
 
 The checks, per table entry: the references agree; frink from the GGUF and from the HF dir,
 batched and stepped, matches both; llama.cpp's greedy run is reproduced; the HF reader gives
-the converter's tensors and metadata; metal takes every layer and submits once per decode
-token; cuda (NumPy standing in for CuPy) runs or refuses with the stated reason; a cache
-holding recurrent state refuses truncation. A model is loaded once per (fixture, source,
-backend) and its logits computed once per run kind, shared between the checks.
+the converter's tensors and metadata; metal takes every layer, submits once per decode token
+and hands back the host body's state; cuda (NumPy standing in for CuPy, and the kernels on
+the CPU emulator of tests/cuda_emulator.py) runs or refuses with the stated reason; a cache
+holding recurrent state refuses truncation and survives a failed step, any other truncates;
+each listed decoration switched off moves the logits far from both references. A model is
+loaded once per (fixture, source, backend) and its logits computed once per run kind.
 """
 
 from __future__ import annotations
