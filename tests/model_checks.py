@@ -15,6 +15,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import fixture_cache_root
+from llama_quantize import quantized_with_references
+from script_loader import load_script
 
 import frink_cli
 from frink_cli.decoder import Decoder
@@ -22,7 +25,7 @@ from frink_cli.model.config import ModelConfig
 
 SOURCES = ("gguf", "hf")
 REFERENCES = ("logits_hf", "logits_llamacpp")
-# Against an external reference (as test_parity_tiny.py).
+# Against an external reference (as test_conformance.py).
 REF_TOL = 2e-3
 # frink against itself (a backend against the host body).
 SELF_TOL = 1e-4
@@ -162,3 +165,57 @@ def _prefill_prefix_decode(
     for t in tokens[second:]:
         out.append(dec.step(np.asarray([t]), cache))
     return np.concatenate(out)
+
+
+_Q8_0 = 8  # ggml's Q8_0 type
+
+
+def q8_0_requant(tiny_model: Callable, name: str) -> tuple[Path, dict[str, np.ndarray]]:
+    """(the fixture quantized to Q8_0 by llama.cpp, llama.cpp's logits over the fixture
+    tokens on it ("quantized") and on its own F32 requant of it ("f32")), cached beside the
+    tiny models and rebuilt when the fixture changes."""
+    make_tiny = load_script("make_tiny_models")
+    path, _, ref = quantized_with_references(
+        _path(tiny_model, name, "gguf"),
+        fixture_cache_root() / "quant" / f"{name}.q8_0",
+        "Q8_0",
+        _Q8_0,
+        False,
+        tiny_model(name).ref["tokens"],
+        make_tiny.llama_cpp_logits,
+    )
+    return path, ref
+
+
+def _last_logits(
+    model: frink_cli.Model, tokens: list[int], n_ctx: int, step: bool
+) -> tuple[np.ndarray, Any]:
+    """(the last row's logits of `tokens` run as one batch, or one token at a time with
+    `step`, through a new cache of n_ctx rows; that cache)."""
+    cache = model.decoder.new_cache(n_ctx)
+    if step:
+        for tok in tokens:
+            last = model.decoder.step(np.asarray([tok]), cache)[-1]
+    else:
+        last = model.decoder.step(np.asarray(tokens), cache)[-1]
+    return last, cache
+
+
+def _split_against_stepped(
+    model: frink_cli.Model, tokens: list[int], cuts: tuple[int, ...], n_ctx: int = 0
+) -> tuple[np.ndarray, np.ndarray, Any, Any]:
+    """(logits of `tokens` prefilled in parts cut at `cuts`, the rest one token at a time;
+    logits of the same tokens stepped one at a time; the split run's cache; the stepped
+    run's cache), both caches `n_ctx` rows (default: the tokens)."""
+    dec = model.decoder
+    n_ctx = n_ctx or len(tokens)
+    stepped = dec.new_cache(n_ctx)
+    want = np.concatenate([dec.step(np.asarray([t]), stepped) for t in tokens])
+    split = dec.new_cache(n_ctx)
+    bounds = (0, *cuts)
+    parts = [
+        dec.step(np.asarray(tokens[a:b]), split, all_logits=True)
+        for a, b in zip(bounds, bounds[1:])
+    ]
+    parts += [dec.step(np.asarray([t]), split) for t in tokens[cuts[-1] :]]
+    return np.concatenate(parts), want, split, stepped

@@ -340,7 +340,7 @@ def test_prefill_layers_start_wide_and_follow_the_faster(two_threads: None) -> N
 # prefill that continues a cached prefix, each checked against llama.cpp on the same GGUF.
 
 LONG = 150
-REF_TOL = 2e-3  # as tests/test_parity_tiny.py: f32 summation-order room, no more
+REF_TOL = 2e-3  # as tests/test_conformance.py: f32 summation-order room, no more
 
 
 @pytest.mark.parametrize("name", ["llama", "gemma3_text", "qwen2"])

@@ -1,10 +1,13 @@
 """BitNet b1.58 (`bitnet`) against transformers and llama.cpp, on every backend.
 
+Its shared checks (references, GGUF vs HF dir, greedy, converter, metal, cuda, truncation,
+decorations) are its tests/conformance_table.py entry; here is only what is its own.
+
 Why: BitNet adds two decorations to the llama block -- an RMSNorm on the attention output
 before o_proj (`attn_sub_norm`) and one on the FFN's gated activation before ffn_down
 (`ffn_sub_norm`) -- and ternary weights, which published files store as TQ1_0 / TQ2_0.
 
-The fixture (scripts/make_tiny_models.py, _BITNET): transformers' BitNetForCausalLM with
+The fixture (scripts/tiny_specs.py, _BITNET): transformers' BitNetForCausalLM with
 every projection ternary without zeros (sign * c, c f16-exact per tensor), a fixed point of
 the converter's ternarization (s = mean|W| = c) and of TQ1_0/TQ2_0 (block scale max|W| =
 c), so transformers, the F32 GGUF and its TQ requants all hold the same weights; SiLU, the
@@ -29,7 +32,6 @@ the converter's code itself.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -40,28 +42,15 @@ import pytest
 from conftest import fixture_cache_root
 from llama_quantize import llama_quantize
 from model_checks import (
-    FAR,
-    REF_TOL,
-    REFERENCES,
-    SELF_TOL,
-    SOURCES,
     _against_references,
     _assert_device_ran,
-    _assert_one_submission_per_token,
-    _compare,
-    _cuda_models,
-    _max_diff,
     _path,
-    _prefill_prefix_decode,
     _tokens,
-    configured,
 )
 
 import frink_cli
 from frink_cli.archs import config_from_checkpoint, open_checkpoint
-from frink_cli.decoder import Decoder
 from frink_cli.errors import FrinkError
-from frink_cli.model.weights import ModelWeights
 
 NAME = "bitnet"
 N_LAYER, N_EMBD, N_FF = 2, 256, 512
@@ -73,13 +62,6 @@ TOP1_SLACK = 1  # positions
 
 
 # --- the fixture itself ---------------------------------------------------------------------------
-
-
-def test_references_agree(tiny_model: Callable) -> None:
-    """transformers and llama.cpp compute the same BitNet (else neither can judge frink)."""
-    ref = tiny_model(NAME).ref
-    assert "logits_llamacpp" in ref, "llama.cpp's converter made no GGUF"
-    _compare(ref["logits_llamacpp"], ref["logits_hf"], REF_TOL, "llama.cpp vs transformers")
 
 
 def test_the_converter_wrote_bitnet(tiny_model: Callable) -> None:
@@ -101,16 +83,6 @@ def test_the_converter_wrote_bitnet(tiny_model: Callable) -> None:
 # --- the host body (numpy) ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
-@pytest.mark.parametrize("source", SOURCES)
-def test_numpy_matches_references(source: str, step: bool, tiny_model: Callable) -> None:
-    m = frink_cli.load(_path(tiny_model, NAME, source))
-    got = m.logits(_tokens(tiny_model, NAME), step=step)
-    _against_references(
-        got, tiny_model(NAME).ref, f"numpy({source}, {'step' if step else 'batch'})"
-    )
-
-
 def test_config_reads_the_decorations(tiny_model: Callable) -> None:
     gg = config_from_checkpoint(open_checkpoint(_path(tiny_model, NAME, "gguf")))
     hf = config_from_checkpoint(open_checkpoint(_path(tiny_model, NAME, "hf")))
@@ -118,27 +90,6 @@ def test_config_reads_the_decorations(tiny_model: Callable) -> None:
     assert gg.ext.attn_sub_norm and gg.ext.ffn_sub_norm
     assert gg.rope_type == "neox" and gg.tied_embeddings and gg.ffn_act == "silu"
     assert {"attn_sub_norm", "ffn_sub_norm"} <= gg.features()
-
-
-def test_hf_dir_tensors_equal_the_converters(tiny_model: Callable) -> None:
-    hf = open_checkpoint(_path(tiny_model, NAME, "hf"))
-    gg = open_checkpoint(_path(tiny_model, NAME, "gguf"))
-    assert sorted(hf.tensors.names()) == sorted(gg.tensors.names())
-    for n in gg.tensors.names():
-        assert np.array_equal(hf.tensors.load(n), gg.tensors.load(n)), n
-
-
-def test_hf_dir_metadata_matches_the_converters(tiny_model: Callable) -> None:
-    hf = open_checkpoint(_path(tiny_model, NAME, "hf")).metadata
-    gg = open_checkpoint(_path(tiny_model, NAME, "gguf")).metadata
-    assert hf["general.architecture"] == NAME
-    for key, value in gg.items():
-        if key.startswith(f"{NAME}."):
-            assert key in hf, f"{key} missing from the HF dir's metadata"
-            if isinstance(value, float):
-                assert hf[key] == pytest.approx(value), key
-            else:
-                assert list(np.atleast_1d(hf[key])) == list(np.atleast_1d(value)), key
 
 
 def _converter_weight_quant() -> Callable[[Any], Any]:
@@ -191,102 +142,6 @@ def test_per_tensor_scales_are_refused_by_name(tiny_model: Callable, tmp_path: P
     writer.close()
     with pytest.raises(FrinkError, match=r"blk\.0\.attn_q\.scale"):
         frink_cli.load(tmp_path / "scaled.gguf")
-
-
-# --- every decoration matters ---------------------------------------------------------------------
-
-_ONES = {"attn_sub_norm": np.ones(N_EMBD, np.float32), "ffn_sub_norm": np.ones(N_FF, np.float32)}
-# name -> (ModelConfig changes, per-layer weight changes).
-VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "no attn sub-norm": ({"attn_sub_norm": False}, {"attn_sub_norm": None}),
-    "no ffn sub-norm": ({"ffn_sub_norm": False}, {"ffn_sub_norm": None}),
-    # Weightless: the norms' own weights are read.
-    "weightless attn sub-norm": ({}, {"attn_sub_norm": _ONES["attn_sub_norm"]}),
-    "weightless ffn sub-norm": ({}, {"ffn_sub_norm": _ONES["ffn_sub_norm"]}),
-    # transformers' default activation, not the one llama.cpp runs.
-    "gelu for silu": ({"ffn_act": "gelu_tanh"}, {}),
-}
-
-
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_each_decoration_moves_the_graph(variant: str, tiny_model: Callable) -> None:
-    changes, weight_changes = VARIANTS[variant]
-    m = frink_cli.load(_path(tiny_model, NAME, "gguf"))
-    w = m.decoder.host.w
-    layers = [dataclasses.replace(lw, **weight_changes) for lw in w.layers]
-    off = Decoder(
-        configured(m.config, **changes),
-        ModelWeights(w.token_embd, w.output_norm, w.output, w.rope_freqs, layers),
-    )
-    tokens = np.asarray(_tokens(tiny_model, NAME))
-    got = off.step(tokens, off.new_cache(len(tokens)), all_logits=True)
-    for key in REFERENCES:
-        assert _max_diff(got, tiny_model(NAME).ref[key]) > FAR, f"{variant} still matches {key}"
-
-
-# --- metal (MLX; its CPU device on Linux) ---------------------------------------------------------
-
-
-@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
-@pytest.mark.parametrize("source", SOURCES)
-def test_metal_matches_references(source: str, step: bool, tiny_model: Callable) -> None:
-    pytest.importorskip("mlx.core")
-    m = frink_cli.load(_path(tiny_model, NAME, source), backend="metal")
-    assert m.backend_name == "metal"
-    got = m.logits(_tokens(tiny_model, NAME), step=step)
-    _against_references(
-        got, tiny_model(NAME).ref, f"metal({source}, {'step' if step else 'batch'})"
-    )
-    _assert_device_ran(m, "bitnet metal")
-
-
-def test_metal_one_submission_per_token(tiny_model: Callable) -> None:
-    pytest.importorskip("mlx.core")
-    m = frink_cli.load(_path(tiny_model, NAME, "gguf"), backend="metal")
-    _assert_one_submission_per_token(m)
-
-
-# --- cuda: NumPy standing in for CuPy, and the kernels on the CPU emulator -----------------------
-
-
-@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
-def test_cuda_standing_in_matches_references(
-    step: bool, tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
-    m = frink_cli.load(_path(tiny_model, NAME, "gguf"), backend="cuda")
-    assert m.backend_name == "cuda"
-    got = m.logits(_tokens(tiny_model, NAME), step=step)
-    _against_references(got, tiny_model(NAME).ref, f"cuda-numpy({'step' if step else 'batch'})")
-    ledger = m.decoder.backend.ledger
-    assert ledger.total() > 0 and not ledger.refusals and not ledger.failures, (
-        dict(ledger.submissions),
-        dict(ledger.refusals),
-        dict(ledger.failures),
-    )
-
-
-def test_cuda_emulated_kernel_stack_equals_host_body(
-    tiny_model: Callable,
-    emulated_launcher: Any,  # noqa: F811 - the fixture imported above
-) -> None:
-    """The sub-norms as the rms_norm kernel on the CPU emulator: the host body's logits,
-    and both references'."""
-    from frink_cli.backends.cupy.ops import KernelOps
-
-    host, dev = _cuda_models(
-        _path(tiny_model, NAME, "gguf"), lambda: KernelOps(np, emulated_launcher)
-    )
-    tokens = _tokens(tiny_model, NAME)[:16]
-    want = _prefill_prefix_decode(host, tokens, split=6)
-    got = _prefill_prefix_decode(dev, tokens, split=6)
-    assert _max_diff(got, want) <= SELF_TOL
-    _against_references(
-        got, {k: tiny_model(NAME).ref[k][:16] for k in REFERENCES}, "bitnet emulated"
-    )
-    ledger = dev.decoder.backend.ledger
-    assert ledger.submissions == {"prefill-stack+lm-head": 2, "decode-stack+lm-head": 4}
-    assert not ledger.refusals and not ledger.failures
 
 
 # --- the ternary types, written by llama.cpp's quantizer -----------------------------------------

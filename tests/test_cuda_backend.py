@@ -7,7 +7,7 @@ Why each part:
   (1e-4) over a prefill, a second prefill over a cached prefix and decode steps (each
   decode token one submission, the lm head in it), on tiny llama, qwen2, qwen3 and gemma3
   models (the host body itself is held to llama.cpp and transformers by
-  test_parity_tiny.py); gemma3's local layers keep a sliding window of 6 over 40 tokens.
+  test_conformance.py); gemma3's local layers keep a sliding window of 6 over 40 tokens.
 - The device KV cache re-syncs from the host cache whenever the host rows changed behind
   it (a failed launch the host body covered, a truncation and a rewrite).
 - With the kernels themselves (kernels/*.cu compiled against tests/kernel_emu for the CPU)
@@ -143,7 +143,7 @@ def test_api_load_with_backend_cuda_standing_in(
 ) -> None:
     """`load(path, backend="cuda")`, the path the CLI takes, with FRINK_CUDA_ARRAY_MODULE:
     the stack's logits against transformers' and llama.cpp's own (2e-3, as
-    test_parity_tiny.py holds the host body) and the same argmax everywhere."""
+    test_conformance.py holds the host body) and the same argmax everywhere."""
     monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
     tm = tiny_model(name)
     m = frink_cli.load(tm.gguf, backend="cuda")

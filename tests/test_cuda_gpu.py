@@ -5,7 +5,7 @@ device) against the host body. Marked `gpu`; skipped without CuPy and a GPU.
 Why these and not the tiny fixtures: the GPU machine can download nothing and has no
 llama.cpp to make fixtures, so models are random and built in memory
 (scripts/synthetic_models.py). The host body they are compared with is itself held to
-llama.cpp and transformers by test_parity_tiny.py, and the same stack code is held to the
+llama.cpp and transformers by test_conformance.py, and the same stack code is held to the
 host body on CI with NumPy standing in (test_cuda_backend.py). Run all of it, plus a pp512
 timing, with scripts/gpu_check.sh.
 """

@@ -1,5 +1,8 @@
 """Falcon-H1 (`falcon-h1`: FalconH1ForCausalLM) against transformers and llama.cpp.
 
+Its shared checks (references, GGUF vs HF dir, greedy, converter, metal, cuda, truncation,
+decorations) are its tests/conformance_table.py entry; here is only what is its own.
+
 Why: the first layer with two mixers side by side: attention and a Mamba-2 mixer read the
 same normed rows and their outputs are summed (mixer "attention+mamba2"), so one layer's
 cache slot holds K/V rows and a recurrent state together, and the metal backend carries
@@ -24,17 +27,10 @@ import pytest
 from frink_subprocess import frink
 from model_checks import (
     FAR,
-    PREFILL_CHUNK,
-    REF_TOL,
     REFERENCES,
-    SOURCES,
-    _against_references,
-    _assert_device_ran,
-    _assert_greedy_matches_llamacpp,
-    _assert_one_submission_per_token,
-    _compare,
     _max_diff,
     _path,
+    _split_against_stepped,
     _tokens,
 )
 
@@ -53,17 +49,6 @@ N_LAYER = 3
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_references_agree(name: str, tiny_model: Callable) -> None:
-    """transformers (its torch path: no mamba-ssm kernels here) and llama.cpp compute the
-    same model (else neither can judge frink)."""
-    ref = tiny_model(name).ref
-    assert "logits_llamacpp" in ref, "llama.cpp's converter made no GGUF"
-    _compare(ref["logits_llamacpp"], ref["logits_hf"], REF_TOL, "llama.cpp vs transformers")
-    assert ref["greedy_llamacpp"].shape[0] >= 24
-    assert len(ref["tokens"]) > 64
-
-
-@pytest.mark.parametrize("name", NAMES)
 def test_the_converter_wrote_falcon_h1(name: str, tiny_model: Callable) -> None:
     ckpt = open_checkpoint(_path(tiny_model, name, "gguf"))
     md = ckpt.metadata
@@ -78,25 +63,6 @@ def test_the_converter_wrote_falcon_h1(name: str, tiny_model: Callable) -> None:
 
 
 # --- the host body (numpy) ------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
-@pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("name", NAMES)
-def test_numpy_matches_references(name: str, source: str, step: bool, tiny_model: Callable) -> None:
-    m = frink_cli.load(_path(tiny_model, name, source))
-    got = m.logits(_tokens(tiny_model, name), step=step)
-    _against_references(
-        got, tiny_model(name).ref, f"{name} numpy({source}, {'step' if step else 'batch'})"
-    )
-
-
-@pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("name", NAMES)
-def test_numpy_greedy_matches_llamacpp(name: str, source: str, tiny_model: Callable) -> None:
-    ref = tiny_model(name).ref
-    m = frink_cli.load(_path(tiny_model, name, source))
-    _assert_greedy_matches_llamacpp(m, ref, "decode", min_steps=24, min_prompt=PREFILL_CHUNK + 1)
 
 
 def test_config_and_layer_shape(tiny_model: Callable) -> None:
@@ -120,34 +86,6 @@ def test_config_and_layer_shape(tiny_model: Callable) -> None:
     assert gg.layer_pattern() == "ATTN+MAMBA2 x3"
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_hf_dir_tensors_equal_the_converters(name: str, tiny_model: Callable) -> None:
-    """The HF reader folds the multipliers into the weights as the converter does, in the
-    same f32 order: the same tensors (A's exp aside, an ulp apart between NumPy and torch)."""
-    hf = open_checkpoint(_path(tiny_model, name, "hf"))
-    gg = open_checkpoint(_path(tiny_model, name, "gguf"))
-    assert sorted(hf.tensors.names()) == sorted(gg.tensors.names())
-    for n in gg.tensors.names():
-        a, b = hf.tensors.load(n), gg.tensors.load(n)
-        assert a.shape == b.shape, n
-        if n.endswith(".ssm_a"):
-            np.testing.assert_allclose(a, b, rtol=2.5e-7, atol=0, err_msg=n)
-        else:
-            assert np.array_equal(a, b), n
-
-
-def test_hf_dir_metadata_matches_the_converters(tiny_model: Callable) -> None:
-    hf = open_checkpoint(_path(tiny_model, NAME, "hf")).metadata
-    gg = open_checkpoint(_path(tiny_model, NAME, "gguf")).metadata
-    for key, value in gg.items():
-        if key.startswith("falcon-h1."):
-            assert key in hf, f"{key} missing from the HF dir's metadata"
-            if isinstance(value, float):
-                assert hf[key] == pytest.approx(value), key
-            else:
-                assert list(np.atleast_1d(hf[key])) == list(np.atleast_1d(value)), key
-
-
 def test_info_shows_the_model(tiny_model: Callable) -> None:
     result = frink("info", _path(tiny_model, NAME, "gguf"))
     assert result.returncode == 0, result.describe()
@@ -168,17 +106,7 @@ def test_info_shows_the_model(tiny_model: Callable) -> None:
 def test_prefill_is_exact_against_stepping(tiny_model: Callable) -> None:
     m = frink_cli.load(_path(tiny_model, NAME, "gguf"))
     tokens = _tokens(tiny_model, NAME)
-    dec = m.decoder
-    stepped = dec.new_cache(96)
-    want = np.concatenate([dec.step(np.asarray([t]), stepped) for t in tokens])
-    split = dec.new_cache(96)
-    got = np.concatenate(
-        [
-            dec.step(np.asarray(tokens[:13]), split, all_logits=True),
-            dec.step(np.asarray(tokens[13:75]), split, all_logits=True),
-            *[dec.step(np.asarray([t]), split) for t in tokens[75:]],
-        ]
-    )
+    got, want, split, stepped = _split_against_stepped(m, tokens, (13, 75), 96)
     assert _max_diff(got, want) <= 1e-4
     for i in range(N_LAYER):
         a, b = split.delta_state[i], stepped.delta_state[i]
@@ -187,52 +115,6 @@ def test_prefill_is_exact_against_stepping(tiny_model: Callable) -> None:
         n = len(tokens)  # the K/V rows beside the state
         np.testing.assert_allclose(split.k[i][:, :n], stepped.k[i][:, :n], rtol=0, atol=1e-5)
         assert np.abs(split.k[i][:, n - 1]).max() > 1e-2
-
-
-def test_truncating_is_refused(tiny_model: Callable) -> None:
-    m = frink_cli.load(_path(tiny_model, NAME, "gguf"))
-    tokens = _tokens(tiny_model, NAME)[:12]
-    cache = m.decoder.new_cache(32)
-    first = m.decoder.step(np.asarray(tokens), cache)
-    assert cache.has_recurrent_state
-    with pytest.raises(FrinkError, match="mamba2 selective scan"):
-        cache.truncate(len(tokens) - 1)
-    assert cache.n_past == len(tokens)
-    cache.truncate(0)
-    assert all(not s.any() for s in cache.delta_state if s is not None)
-    np.testing.assert_array_equal(m.decoder.step(np.asarray(tokens), cache), first)
-
-
-def test_a_failed_step_leaves_the_slot_untouched(
-    tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A step that dies in the last layer, after the others wrote their K/V rows and staged
-    their mamba state, leaves every slot as it was; the step then runs as if never tried."""
-    m = frink_cli.load(_path(tiny_model, NAME, "gguf"))
-    tokens = _tokens(tiny_model, NAME)[:10]
-    clean = m.decoder.new_cache(32)
-    m.decoder.step(np.asarray(tokens[:8]), clean)
-    want = m.decoder.step(np.asarray(tokens[8:]), clean)
-
-    cache = m.decoder.new_cache(32)
-    m.decoder.step(np.asarray(tokens[:8]), cache)
-    before = [(c.copy(), s.copy()) for c, s in zip(cache.conv_state, cache.delta_state)]
-    host = m.decoder.host
-    real_layer = host.layer
-
-    def failing(layer, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if layer == m.config.n_layer - 1:
-            raise RuntimeError("simulated failure in the last layer")
-        return real_layer(layer, *args, **kwargs)
-
-    monkeypatch.setattr(host, "layer", failing)
-    with pytest.raises(RuntimeError):
-        m.decoder.step(np.asarray(tokens[8:]), cache)
-    monkeypatch.setattr(host, "layer", real_layer)
-    for (c0, s0), c1, s1 in zip(before, cache.conv_state, cache.delta_state):
-        assert np.array_equal(c0, c1) and np.array_equal(s0, s1)
-    assert cache.n_past == 8
-    np.testing.assert_array_equal(m.decoder.step(np.asarray(tokens[8:]), cache), want)
 
 
 # --- every piece matters --------------------------------------------------------------------------
@@ -314,81 +196,3 @@ def test_norm_before_gate_is_refused_by_name(tiny_model: Callable, tmp_path: Pat
     (hf / "config.json").write_text(json.dumps(dict(cfg, mamba_norm_before_gate=True)))
     with pytest.raises(FrinkError, match="mamba_norm_before_gate"):
         frink_cli.load(hf)
-
-
-# --- metal (MLX; its CPU device on Linux) ---------------------------------------------------------
-
-
-@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
-@pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("name", NAMES)
-def test_metal_matches_references(name: str, source: str, step: bool, tiny_model: Callable) -> None:
-    pytest.importorskip("mlx.core")
-    m = frink_cli.load(_path(tiny_model, name, source), backend="metal")
-    assert m.backend_name == "metal"
-    got = m.logits(_tokens(tiny_model, name), step=step)
-    _against_references(
-        got, tiny_model(name).ref, f"{name} metal({source}, {'step' if step else 'batch'})"
-    )
-    _assert_device_ran(m, f"{name} metal")
-    assert set(m.decoder.backend.ledger.submissions) == {"mamba-run+lm-head"}
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_metal_greedy_matches_llamacpp(name: str, tiny_model: Callable) -> None:
-    pytest.importorskip("mlx.core")
-    ref = tiny_model(name).ref
-    m = frink_cli.load(_path(tiny_model, name, "gguf"), backend="metal")
-    _assert_greedy_matches_llamacpp(m, ref, "metal decode", min_prompt=PREFILL_CHUNK + 1)
-    _assert_device_ran(m, f"{name} metal")
-
-
-def test_metal_one_submission_per_token(tiny_model: Callable) -> None:
-    pytest.importorskip("mlx.core")
-    m = frink_cli.load(_path(tiny_model, NAME, "gguf"), backend="metal")
-    _assert_one_submission_per_token(m)
-
-
-def test_metal_state_equals_the_host_bodys(tiny_model: Callable) -> None:
-    """After a prompt past metal's 64-row chunk and decode steps, the device's K/V rows and
-    mamba states (back on the host cache at commit) are the host body's."""
-    pytest.importorskip("mlx.core")
-    path = _path(tiny_model, NAME, "gguf")
-    host, dev = frink_cli.load(path), frink_cli.load(path, backend="metal")
-    tokens = _tokens(tiny_model, NAME)
-    caches = []
-    for m in (host, dev):
-        cache = m.decoder.new_cache(96)
-        m.decoder.step(np.asarray(tokens[:72]), cache)
-        for t in tokens[72:]:
-            m.decoder.step(np.asarray([t]), cache)
-        caches.append(cache)
-    for i in range(N_LAYER):
-        for a, b in (
-            (caches[0].delta_state[i], caches[1].delta_state[i]),
-            (caches[0].conv_state[i], caches[1].conv_state[i]),
-            (caches[0].k[i], caches[1].k[i]),
-            (caches[0].v[i], caches[1].v[i]),
-        ):
-            assert a is not None and b is not None and a.shape == b.shape
-            np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
-    _assert_device_ran(dev, f"{NAME} metal")
-
-
-# --- cuda: the mixer refused by name --------------------------------------------------------------
-
-
-def test_cuda_refuses_the_parallel_mixer_by_name(
-    tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from frink_cli.backends.cupy.eligibility import layer_reasons
-
-    path = _path(tiny_model, NAME, "gguf")
-    cfg = config_from_checkpoint(open_checkpoint(path))
-    for i in range(cfg.n_layer):
-        assert "mixer attention+mamba2" in layer_reasons(cfg, i)
-    monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
-    m = frink_cli.load(path, backend="cuda")
-    got = m.logits(_tokens(tiny_model, NAME))
-    _against_references(got, tiny_model(NAME).ref, f"{NAME} cuda (host body)")
-    assert m.decoder.backend.ledger.total() == 0

@@ -1,5 +1,8 @@
 """Gemma 4 (`gemma4`; HF `gemma4_text`) against transformers and llama.cpp.
 
+Its shared checks (references, GGUF vs HF dir, greedy, converter, metal, cuda, truncation,
+decorations) are its tests/conformance_table.py entry; here is only what is its own.
+
 Why: Gemma 4's layers go further from llama's than any other family here -- sliding and full
 layers with their own head widths and KV head counts, a weightless V norm and V = K where a
 full layer has no v_proj, proportional rope (a quarter of the full layers' head rotates,
@@ -24,25 +27,14 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 from model_checks import (
-    FAR,
-    REF_TOL,
-    REFERENCES,
-    SOURCES,
     _against_references,
-    _assert_device_ran,
-    _assert_greedy_matches_llamacpp,
-    _assert_one_submission_per_token,  # noqa: I001 - tests/ on the path, as conftest's
-    _compare,
-    _decode_after_prefill,
     _max_diff,
     _path,
     _tokens,
-    configured,
 )
 
 import frink_cli
 from frink_cli.archs import config_from_checkpoint, open_checkpoint
-from frink_cli.decoder import Decoder
 
 NAME = "gemma4"
 MOE = "gemma4_moe"  # the 26B-A4B shape: a dense FFN beside the experts in every layer
@@ -50,14 +42,6 @@ MM = "gemma4_mm"  # Gemma4ForConditionalGeneration (as released): towers ignored
 MODELS = (NAME, MOE, MM)
 N_LAYER = 7
 SWA = (True, False, True, True, False, True, False)
-
-
-@pytest.mark.parametrize("model", MODELS)
-def test_references_agree(model: str, tiny_model: Callable) -> None:
-    ref = tiny_model(model).ref
-    assert "logits_llamacpp" in ref, "llama.cpp's converter made no GGUF"
-    _compare(ref["logits_llamacpp"], ref["logits_hf"], REF_TOL, "llama.cpp vs transformers")
-    assert ref["greedy_llamacpp"].shape[0] == 24
 
 
 def test_the_converter_wrote_gemma4(tiny_model: Callable) -> None:
@@ -95,53 +79,7 @@ def test_config_reads_the_decorations(tiny_model: Callable) -> None:
     assert gg.residual_width == 64 + N_LAYER * 8
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_hf_dir_tensors_equal_the_converters(model: str, tiny_model: Callable) -> None:
-    """Names, shapes and values, the generated rope_freqs and the layer scalars included."""
-    hf = open_checkpoint(_path(tiny_model, model, "hf"))
-    gg = open_checkpoint(_path(tiny_model, model, "gguf"))
-    assert sorted(hf.tensors.names()) == sorted(gg.tensors.names())
-    for n in gg.tensors.names():
-        a, b = hf.tensors.load(n), gg.tensors.load(n)
-        assert a.shape == b.shape, n
-        assert np.array_equal(a, b), n
-
-
-@pytest.mark.parametrize("model", MODELS)
-def test_hf_dir_metadata_matches_the_converters(model: str, tiny_model: Callable) -> None:
-    hf = open_checkpoint(_path(tiny_model, model, "hf")).metadata
-    gg = open_checkpoint(_path(tiny_model, model, "gguf")).metadata
-    for key, value in gg.items():
-        if not key.startswith("gemma4."):  # (both models are gemma4 files)
-            continue
-        have = hf.get(key)
-        assert have is not None, f"{key} missing from the HF dir's metadata"
-        if isinstance(value, float):
-            assert have == pytest.approx(value), key
-        else:
-            assert list(np.atleast_1d(have)) == list(np.atleast_1d(value)), key
-
-
 # --- the host body (numpy) ------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
-@pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("model", MODELS)
-def test_numpy_matches_references(
-    model: str, source: str, step: bool, tiny_model: Callable
-) -> None:
-    m = frink_cli.load(_path(tiny_model, model, source))
-    got = m.logits(_tokens(tiny_model, model), step=step)
-    assert got.shape[0] > 6 * m.config.sliding_window  # well past the window
-    _against_references(got, tiny_model(model).ref, f"numpy({source}, {step=})")
-
-
-@pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("model", MODELS)
-def test_numpy_greedy_matches_llamacpp(model: str, source: str, tiny_model: Callable) -> None:
-    m = frink_cli.load(_path(tiny_model, model, source))
-    _assert_greedy_matches_llamacpp(m, tiny_model(model).ref, f"{source} greedy", min_steps=24)
 
 
 @pytest.mark.parametrize("backend", ["numpy", "metal"])
@@ -170,58 +108,6 @@ def test_two_sequences_batched_equal_each_alone(
 
 
 # --- every decoration matters ---------------------------------------------------------------------
-
-
-def _moe_ones(field: str) -> Callable:
-    """A layer's weights with one of its MoE vectors set to ones (that factor off)."""
-
-    def change(lw):
-        v = getattr(lw.moe, field)
-        ones = np.ones_like(v) * (v.shape[0] ** -0.5 if field == "router_norm" else 1.0)
-        return dataclasses.replace(lw, moe=dataclasses.replace(lw.moe, **{field: ones}))
-
-    return change
-
-
-# name -> (config changes, per-layer weight changes, model weight changes)
-OFF: dict[str, tuple[dict, Callable | None, dict]] = {
-    "v_norm": ({"v_norm": False}, None, {}),
-    "per_layer_embd": ({"per_layer_embd": 0}, None, {}),
-    "layer_out_scale": (
-        {"layer_out_scale": False},
-        lambda lw: dataclasses.replace(lw, out_scale=None),
-        {},
-    ),
-    "proportional_rope": ({}, None, {"rope_freqs": None}),
-    "sliding_window": ({"sliding_window": None}, None, {}),
-    "final_softcap": ({"final_logit_softcap": None}, None, {}),
-    "attn_scale": ({"attn_scale": 0.25}, None, {}),
-    # the MoE variant's own (gemma4_moe)
-    "router_scale": ({}, _moe_ones("router_norm"), {}),
-    "expert_scale": ({}, _moe_ones("expert_scale"), {}),
-    "experts_pre_norm": ({}, _moe_ones("pre_norm"), {}),
-}
-CASES = [(NAME, k) for k in OFF if k not in ("router_scale", "expert_scale", "experts_pre_norm")]
-CASES += [
-    (MOE, k)
-    for k in ("v_norm", "layer_out_scale", "router_scale", "expert_scale", "experts_pre_norm")
-]
-
-
-@pytest.mark.parametrize(("model", "decoration"), CASES)
-def test_each_decoration_moves_the_logits(
-    model: str, decoration: str, tiny_model: Callable
-) -> None:
-    changes, layer_change, model_changes = OFF[decoration]
-    m = frink_cli.load(_path(tiny_model, model, "gguf"))
-    w = dataclasses.replace(m.decoder.host.w, **model_changes)
-    if layer_change is not None:
-        w = dataclasses.replace(w, layers=[layer_change(lw) for lw in w.layers])
-    off = Decoder(configured(m.config, **changes), w)
-    tokens = np.asarray(_tokens(tiny_model, model))
-    got = off.step(tokens, off.new_cache(len(tokens)), all_logits=True)
-    for key in REFERENCES:
-        assert _max_diff(got, tiny_model(model).ref[key]) > FAR, f"{decoration} off matches {key}"
 
 
 def test_the_multimodal_dir_is_its_text_model(tiny_model: Callable) -> None:
@@ -264,41 +150,6 @@ def test_kv_sharing_reads_the_source_layers_rows(tiny_model: Callable) -> None:
     assert cache.k[5] is cache.k[3] or np.array_equal(cache.k[5], cache.k[3])
     assert cache.k[1].shape == (1, cache.k[1].shape[1], 32)  # a full layer: 1 KV head of 32
     assert cache.k[0].shape[0] == 2 and cache.k[0].shape[2] == 16  # sliding: 2 heads of 16
-
-
-# --- metal (MLX; its CPU device on Linux) ---------------------------------------------------------
-
-
-@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
-@pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("model", MODELS)
-def test_metal_matches_references(
-    model: str, source: str, step: bool, tiny_model: Callable
-) -> None:
-    pytest.importorskip("mlx.core")
-    m = frink_cli.load(_path(tiny_model, model, source), backend="metal")
-    assert m.backend_name == "metal"
-    got = m.logits(_tokens(tiny_model, model), step=step)
-    _against_references(got, tiny_model(model).ref, f"metal({source}, {step=})")
-    _assert_device_ran(m, f"{model} metal")
-
-
-@pytest.mark.parametrize("model", MODELS)
-def test_metal_decode_after_prefill_matches_llamacpp(model: str, tiny_model: Callable) -> None:
-    pytest.importorskip("mlx.core")
-    ref = tiny_model(model).ref
-    m = frink_cli.load(_path(tiny_model, model, "gguf"), backend="metal")
-    got = _decode_after_prefill(m, ref)
-    _compare(got, ref["greedy_logits_llamacpp"], REF_TOL, "metal decode steps")
-    _assert_device_ran(m, f"{model} metal")
-
-
-@pytest.mark.parametrize("model", MODELS)
-def test_metal_one_submission_per_token(model: str, tiny_model: Callable) -> None:
-    pytest.importorskip("mlx.core")
-    _assert_one_submission_per_token(
-        frink_cli.load(_path(tiny_model, model, "gguf"), backend="metal")
-    )
 
 
 # --- cuda: the layers are refused by name, the host body answers ----------------------------------

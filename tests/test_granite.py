@@ -1,6 +1,9 @@
 """IBM Granite 3.x (`granite`, `granitemoe`; GraniteMoeShared is GGUF `granitemoe` with a
 shared expert) against transformers and llama.cpp, on every backend.
 
+Its shared checks (references, GGUF vs HF dir, greedy, converter, metal, cuda, truncation,
+decorations) are its tests/conformance_table.py entry; here is only what is its own.
+
 Why: Granite is the llama layer plus four multipliers and (granitemoe) a sparse MoE with an
 optional ungated shared expert -- the proof that a new architecture is one module over the
 one layer graph (issue 10). The fixtures (scripts/make_tiny_models.py) draw every multiplier
@@ -35,32 +38,21 @@ import numpy as np
 import pytest
 from model_checks import (
     FAR,
-    REF_TOL,
     REFERENCES,
-    SELF_TOL,
-    SOURCES,
     _against_references,
-    _assert_device_ran,
-    _assert_greedy_matches_llamacpp,
-    _assert_one_submission_per_token,  # noqa: I001 - tests/ on the path, as conftest's
-    _compare,
     _cuda_models,
-    _decode_after_prefill,
     _max_diff,
     _path,
-    _prefill_prefix_decode,
     _tokens,
-    configured,
 )
 
 import frink_cli
 from frink_cli.archs import config_from_checkpoint, open_checkpoint
-from frink_cli.decoder import Decoder
 
 GRANITE = ("granite", "granitemoe", "granitemoeshared")
 MOE = ("granitemoe", "granitemoeshared")
 
-# The fixture's multipliers (scripts/make_tiny_models.py, _GRANITE), as each source spells
+# The fixture's multipliers (scripts/tiny_specs.py, _GRANITE), as each source spells
 # them, with the value that switches each off. head_dim is 64 / 4 = 16.
 HEAD_DIM = 16
 DECORATIONS = {
@@ -138,15 +130,6 @@ def _gguf_copy(
 
 
 @pytest.mark.parametrize("name", GRANITE)
-def test_references_agree(name: str, tiny_model: Callable) -> None:
-    """transformers and llama.cpp compute the same Granite (else neither can judge frink)."""
-    ref = tiny_model(name).ref
-    assert "logits_llamacpp" in ref, f"{name}: llama.cpp's converter made no GGUF"
-    _compare(ref["logits_llamacpp"], ref["logits_hf"], REF_TOL, "llama.cpp vs transformers")
-    assert ref["greedy_logits_llamacpp"].shape[0] == ref["greedy_llamacpp"].shape[0] > 0
-
-
-@pytest.mark.parametrize("name", GRANITE)
 def test_the_converter_wrote_granite(name: str, tiny_model: Callable) -> None:
     """What llama.cpp's converter makes of each HF class: arch, multipliers, tensor names
     (the fused input_linear split into gate and up stacks; GraniteMoeShared is granitemoe
@@ -187,27 +170,6 @@ def test_the_converter_wrote_granite(name: str, tiny_model: Callable) -> None:
 # --- the host body (numpy) ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
-@pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("name", GRANITE)
-def test_numpy_matches_references(name: str, source: str, step: bool, tiny_model: Callable) -> None:
-    m = frink_cli.load(_path(tiny_model, name, source))
-    got = m.logits(_tokens(tiny_model, name), step=step)
-    _against_references(
-        got, tiny_model(name).ref, f"{name} numpy({source}, {'step' if step else 'batch'})"
-    )
-
-
-@pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("name", GRANITE)
-def test_numpy_decode_after_prefill_matches_llamacpp(
-    name: str, source: str, tiny_model: Callable
-) -> None:
-    ref = tiny_model(name).ref
-    m = frink_cli.load(_path(tiny_model, name, source))
-    _assert_greedy_matches_llamacpp(m, ref, f"{name} decode steps")
-
-
 @pytest.mark.parametrize("name", GRANITE)
 def test_config_reads_the_decorations(name: str, tiny_model: Callable) -> None:
     """Both sources give the same ModelConfig, with every multiplier and the MoE as
@@ -234,53 +196,7 @@ def test_config_reads_the_decorations(name: str, tiny_model: Callable) -> None:
         assert gg.ext.moe.shared_gate is False
 
 
-@pytest.mark.parametrize("name", GRANITE)
-def test_hf_dir_tensors_equal_the_converters(name: str, tiny_model: Callable) -> None:
-    """Every canonical tensor read from the HF dir is the converter's: same names, shapes,
-    values (Q/K permuted, input_linear split into gate/up, stacks per kind)."""
-    hf = open_checkpoint(_path(tiny_model, name, "hf"))
-    gg = open_checkpoint(_path(tiny_model, name, "gguf"))
-    assert sorted(hf.tensors.names()) == sorted(gg.tensors.names())
-    for n in gg.tensors.names():
-        a, b = hf.tensors.load(n), gg.tensors.load(n)
-        assert a.shape == b.shape, n
-        assert np.array_equal(a, b) or np.abs(a - b).max() <= 1e-6 * max(1.0, np.abs(b).max()), n
-
-
-@pytest.mark.parametrize("name", GRANITE)
-def test_hf_dir_metadata_matches_the_converters(name: str, tiny_model: Callable) -> None:
-    hf = open_checkpoint(_path(tiny_model, name, "hf")).metadata
-    gg = open_checkpoint(_path(tiny_model, name, "gguf")).metadata
-    arch = gg["general.architecture"]
-    assert hf["general.architecture"] == arch
-    for key, value in gg.items():
-        if not key.startswith(f"{arch}."):
-            continue
-        have = hf.get(key)
-        assert have is not None, f"{key} missing from the HF dir's metadata"
-        if isinstance(value, float):
-            assert have == pytest.approx(value), key
-        else:
-            assert list(np.atleast_1d(have)) == list(np.atleast_1d(value)), key
-
-
 # --- every decoration matters ---------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("decoration", list(DECORATIONS))
-@pytest.mark.parametrize("name", GRANITE)
-def test_each_decoration_moves_the_graph(name: str, decoration: str, tiny_model: Callable) -> None:
-    """The graph honours each ModelConfig decoration: switched off, the logits land far from
-    both references (so parity cannot pass with it dropped)."""
-    field, neutral = DECORATIONS[decoration][4:]
-    m = frink_cli.load(_path(tiny_model, name, "gguf"))
-    off = Decoder(configured(m.config, **{field: neutral}), m.decoder.host.w)
-    tokens = np.asarray(_tokens(tiny_model, name))
-    got = off.step(tokens, off.new_cache(len(tokens)), all_logits=True)
-    for key in REFERENCES:
-        assert _max_diff(got, tiny_model(name).ref[key]) > FAR, (
-            f"{field}={neutral} still matches {key}"
-        )
 
 
 @pytest.mark.parametrize("decoration", list(DECORATIONS))
@@ -332,73 +248,7 @@ def test_shared_expert_matters(tiny_model: Callable, tmp_path: Path) -> None:
         assert _max_diff(got, tiny_model("granitemoeshared").ref[key]) > FAR, key
 
 
-# --- metal (MLX; its CPU device on Linux) ---------------------------------------------------------
-
-
-@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
-@pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("name", GRANITE)
-def test_metal_matches_references(name: str, source: str, step: bool, tiny_model: Callable) -> None:
-    pytest.importorskip("mlx.core")
-    m = frink_cli.load(_path(tiny_model, name, source), backend="metal")
-    assert m.backend_name == "metal"
-    got = m.logits(_tokens(tiny_model, name), step=step)
-    _against_references(
-        got, tiny_model(name).ref, f"{name} metal({source}, {'step' if step else 'batch'})"
-    )
-    _assert_device_ran(m, f"{name} metal")
-
-
-@pytest.mark.parametrize("name", GRANITE)
-def test_metal_decode_after_prefill_matches_llamacpp(name: str, tiny_model: Callable) -> None:
-    pytest.importorskip("mlx.core")
-    ref = tiny_model(name).ref
-    m = frink_cli.load(_path(tiny_model, name, "gguf"), backend="metal")
-    _compare(
-        _decode_after_prefill(m, ref),
-        ref["greedy_logits_llamacpp"],
-        REF_TOL,
-        f"{name} metal decode steps",
-    )
-    _assert_device_ran(m, f"{name} metal")
-
-
-@pytest.mark.parametrize("name", GRANITE)
-def test_metal_one_submission_per_token(name: str, tiny_model: Callable) -> None:
-    pytest.importorskip("mlx.core")
-    m = frink_cli.load(_path(tiny_model, name, "gguf"), backend="metal")
-    _assert_one_submission_per_token(m)
-
-
 # --- cuda: NumPy standing in for CuPy, and the kernels on the CPU emulator -----------------------
-
-
-@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
-@pytest.mark.parametrize("name", GRANITE)
-def test_cuda_standing_in_matches_references(
-    name: str, step: bool, tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`load(path, backend="cuda")` with NumPy for CuPy: both references, batch and step.
-    granite runs on the stack whole; every granitemoe layer is refused by the MoE name (the
-    host body runs it) and the answer is still both references'."""
-    from frink_cli.backends.cupy import eligibility
-
-    monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
-    m = frink_cli.load(_path(tiny_model, name, "gguf"), backend="cuda")
-    assert m.backend_name == "cuda"
-    got = m.logits(_tokens(tiny_model, name), step=step)
-    _against_references(
-        got, tiny_model(name).ref, f"{name} cuda-numpy({'step' if step else 'batch'})"
-    )
-    ledger = m.decoder.backend.ledger
-    assert not ledger.failures, dict(ledger.failures)
-    if name in MOE:
-        assert set(ledger.refusals) == {eligibility.MOE}, dict(ledger.refusals)
-    else:
-        assert ledger.total() > 0 and not ledger.refusals, (
-            dict(ledger.submissions),
-            dict(ledger.refusals),
-        )
 
 
 @pytest.mark.parametrize("name", MOE)
@@ -416,42 +266,6 @@ def test_cuda_refuses_granitemoe_layers_by_the_moe_name_alone(
     # The same layers with a dense FFN (granite's) are taken whole.
     dense = config_from_checkpoint(open_checkpoint(_path(tiny_model, "granite", "gguf")))
     assert eligibility.layer_refusals(dense) == [None] * dense.n_layer
-
-
-def test_cuda_numpy_stack_equals_host_body(tiny_model: Callable) -> None:
-    """granite on the dense stack (NumPy references for the kernels): the host body's logits
-    over a prefill, a second prefill over the cached prefix and decode steps, each one
-    submission with the lm head in it."""
-    host, dev = _cuda_models(_path(tiny_model, "granite", "gguf"))
-    tokens = _tokens(tiny_model, "granite")
-    want = _prefill_prefix_decode(host, tokens, split=17)
-    got = _prefill_prefix_decode(dev, tokens, split=17)
-    assert _max_diff(got, want) <= SELF_TOL
-    ledger = dev.decoder.backend.ledger
-    assert ledger.submissions == {"prefill-stack+lm-head": 2, "decode-stack+lm-head": 4}
-    assert not ledger.refusals and not ledger.failures
-
-
-def test_cuda_emulated_kernel_stack_equals_host_body(
-    tiny_model: Callable, emulated_launcher
-) -> None:
-    """granite with kernels/*.cu run on the CPU emulator: the host body's logits."""
-    from frink_cli.backends.cupy.ops import KernelOps
-
-    host, dev = _cuda_models(
-        _path(tiny_model, "granite", "gguf"), lambda: KernelOps(np, emulated_launcher)
-    )
-    tokens = _tokens(tiny_model, "granite")[:24]
-    want = _prefill_prefix_decode(host, tokens, split=9)
-    got = _prefill_prefix_decode(dev, tokens, split=9)
-    assert _max_diff(got, want) <= SELF_TOL
-    # Its rows are positions 0..23 of the fixture tokens, so the references judge them too.
-    _against_references(
-        got, {k: tiny_model("granite").ref[k][:24] for k in REFERENCES}, "granite emulated"
-    )
-    ledger = dev.decoder.backend.ledger
-    assert ledger.submissions == {"prefill-stack+lm-head": 2, "decode-stack+lm-head": 4}
-    assert not ledger.refusals and not ledger.failures
 
 
 @pytest.mark.parametrize("name", MOE)

@@ -1,6 +1,9 @@
 """Hybrid recurrent models (Qwen3.5 `qwen35`, Qwen3-Next `qwen3next`) beyond plain parity.
 
-Why: test_parity_tiny.py already holds frink's logits against transformers and llama.cpp
+Its shared checks (references, GGUF vs HF dir, greedy, converter, metal, cuda, truncation,
+decorations) are its tests/conformance_table.py entry; here is only what is its own.
+
+Why: test_conformance.py already holds frink's logits against transformers and llama.cpp
 on the tiny hybrids (every position, batched and step by step, GGUF and HF dir). What it
 cannot see on its own:
   - the decode path after a batched prefill, where recurrent state is handed from the
@@ -36,7 +39,6 @@ from frink_cli.cache import KvCache
 from frink_cli.decoder import Decoder
 from frink_cli.errors import FrinkError
 
-HYBRIDS = ("qwen35", "qwen35_vl", "qwen3next")
 REF_TOL = 2e-3
 
 
@@ -46,29 +48,6 @@ def _load(tiny_model: Callable, name: str, source: str = "gguf") -> frink_cli.ap
     if path is None:
         pytest.skip(f"{name}: no GGUF")
     return frink_cli.load(path)
-
-
-# --- decode after prefill, against llama.cpp --------------------------------------------------
-
-
-@pytest.mark.parametrize("name", HYBRIDS)
-def test_decode_after_prefill_matches_llamacpp_greedy(name: str, tiny_model: Callable) -> None:
-    """Prompt as one batch, then one token at a time: each step's logits against
-    llama.cpp's decode steps, and frink's greedy tokens equal llama.cpp's."""
-    ref = tiny_model(name).ref
-    prompt = [int(t) for t in ref["greedy_prompt"]]
-    want_tokens = ref["greedy_llamacpp"].tolist()
-    want = ref["greedy_logits_llamacpp"]
-    m = _load(tiny_model, name)
-    dec = m.decoder
-    cache = dec.new_cache(len(prompt) + len(want_tokens))
-    got = [dec.step(np.asarray(prompt), cache)[-1]]
-    for t in want_tokens[:-1]:
-        got.append(dec.step(np.asarray([t]), cache)[-1])
-    diff = float(np.max(np.abs(np.stack(got) - want)))
-    assert diff <= REF_TOL, f"{name}: decode logits differ from llama.cpp by {diff:.3g}"
-    generated = list(m.generate_ids(prompt, max_tokens=len(want_tokens), temperature=0.0))
-    assert generated == want_tokens
 
 
 # --- the gated delta net against its formulas --------------------------------------------------
@@ -182,7 +161,7 @@ def test_chunked_delta_rule_equals_per_token_steps(chunk: int) -> None:
 def test_wrong_value_head_order_breaks_parity(name: str, tiny_model: Callable) -> None:
     """The fixtures have 4 value heads on 2 key heads, so the two conventions differ: with
     the other order the logits move far from llama.cpp's (and with the right one they match,
-    as test_parity_tiny shows)."""
+    as test_conformance shows)."""
     tm = tiny_model(name)
     m = _load(tiny_model, name)
     other = "grouped" if m.config.ext.gdn.v_head_order == "tiled" else "tiled"
@@ -214,38 +193,6 @@ def test_value_head_order_follows_the_architecture(tiny_model: Callable) -> None
     ]
 
 
-@pytest.mark.parametrize("name", HYBRIDS)
-def test_hf_dir_tensors_equal_the_converters(name: str, tiny_model: Callable) -> None:
-    """Every canonical tensor read from the HF directory is the one llama.cpp's converter
-    wrote into the GGUF: same names, shapes and values."""
-    tm = tiny_model(name)
-    if tm.gguf is None:
-        pytest.skip(f"{name}: no GGUF")
-    hf, gg = open_checkpoint(tm.hf_dir), open_checkpoint(tm.gguf)
-    assert sorted(hf.tensors.names()) == sorted(gg.tensors.names())
-    for n in gg.tensors.names():
-        a, b = hf.tensors.load(n), gg.tensors.load(n)
-        assert a.shape == b.shape, n
-        assert np.array_equal(a, b) or np.abs(a - b).max() <= 1e-6 * max(1.0, np.abs(b).max()), n
-
-
-@pytest.mark.parametrize("name", HYBRIDS)
-def test_hf_dir_metadata_matches_the_converters(name: str, tiny_model: Callable) -> None:
-    tm = tiny_model(name)
-    hf, gg = open_checkpoint(tm.hf_dir).metadata, open_checkpoint(tm.gguf).metadata
-    arch = gg["general.architecture"]
-    assert hf["general.architecture"] == arch
-    for key, value in gg.items():
-        if not key.startswith(f"{arch}.") or key.endswith(".full_attention_interval"):
-            continue  # the converter writes the default interval even when layer_types differ
-        have = hf.get(key)
-        assert have is not None, f"{key} missing from the HF dir's metadata"
-        if isinstance(value, float):
-            assert have == pytest.approx(value), key
-        else:
-            assert list(np.atleast_1d(have)) == list(np.atleast_1d(value)), key
-
-
 def test_hf_norm_topk_prob_false_is_carried(tiny_model: Callable, tmp_path: Path) -> None:
     """transformers renormalizes the top-k router weights only with norm_topk_prob."""
     src = tiny_model("qwen3next").hf_dir
@@ -270,65 +217,6 @@ def test_imrope_sections_that_need_a_fourth_position_are_refused(tiny_model: Cal
     ckpt.metadata["qwen35.rope.dimension_sections"] = [1, 1, 0, 1]
     with pytest.raises(FrinkError, match="dimension_sections"):
         config_from_checkpoint(ckpt)
-
-
-# --- the cache ------------------------------------------------------------------------------------
-
-
-def test_truncating_a_recurrent_cache_is_refused(tiny_model: Callable) -> None:
-    m = _load(tiny_model, "qwen35")
-    tokens = tiny_model("qwen35").ref["tokens"][:12]
-    cache = m.decoder.new_cache(32)
-    first = m.decoder.step(np.asarray(tokens), cache)
-    assert cache.has_recurrent_state
-    with pytest.raises(FrinkError, match="cannot be rolled back"):
-        cache.truncate(len(tokens) - 1)
-    assert cache.n_past == len(tokens)  # refused before anything changed
-    cache.truncate(len(tokens))  # to where it is: nothing to roll back
-    cache.truncate(0)  # back to the start: the state is zero again, as in a new context
-    assert all(not s.any() for s in cache.delta_state if s is not None)
-    np.testing.assert_array_equal(m.decoder.step(np.asarray(tokens), cache), first)
-
-
-def test_dense_cache_still_truncates(tiny_model: Callable) -> None:
-    m = _load(tiny_model, "llama")
-    cache = m.decoder.new_cache(16)
-    m.decoder.step(np.arange(6), cache)
-    assert not cache.has_recurrent_state
-    cache.truncate(3)
-    assert cache.n_past == 3
-
-
-def test_a_failed_step_leaves_the_recurrent_state_untouched(
-    tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """New state is staged and only committed with the step: a step that dies after some
-    GDN layers ran must not leave them advanced."""
-    m = _load(tiny_model, "qwen35")
-    tokens = [int(t) for t in tiny_model("qwen35").ref["tokens"][:10]]
-    clean = m.decoder.new_cache(32)
-    m.decoder.step(np.asarray(tokens[:8]), clean)
-    want = m.decoder.step(np.asarray(tokens[8:]), clean)
-
-    cache = m.decoder.new_cache(32)
-    m.decoder.step(np.asarray(tokens[:8]), cache)
-    before = [s.copy() for s in cache.delta_state if s is not None]
-    host = m.decoder.host
-    real_layer = host.layer
-
-    def failing(layer, *args, **kwargs):
-        if layer == m.config.n_layer - 1:
-            raise RuntimeError("simulated failure in the last layer")
-        return real_layer(layer, *args, **kwargs)
-
-    monkeypatch.setattr(host, "layer", failing)
-    with pytest.raises(RuntimeError):
-        m.decoder.step(np.asarray(tokens[8:]), cache)
-    monkeypatch.setattr(host, "layer", real_layer)
-    after = [s for s in cache.delta_state if s is not None]
-    assert all(np.array_equal(a, b) for a, b in zip(before, after))
-    assert cache.n_past == 8
-    np.testing.assert_array_equal(m.decoder.step(np.asarray(tokens[8:]), cache), want)
 
 
 # --- what a user sees ----------------------------------------------------------------------------

@@ -1,6 +1,9 @@
 """Liquid LFM2 (`lfm2`: Lfm2ForCausalLM) and LFM2-MoE (`lfm2moe`) against transformers and
 llama.cpp.
 
+Its shared checks (references, GGUF vs HF dir, greedy, converter, metal, cuda, truncation,
+decorations) are its tests/conformance_table.py entry; here is only what is its own.
+
 Why: LFM2 brings a third recurrent mixer, the gated short convolution (in_proj -> B, C, x;
 y = C * conv(B * x), a causal depthwise conv without bias; out_proj), whose state is the
 conv tail alone, mixed with attention layers that norm each query and key head (RMSNorm).
@@ -22,7 +25,6 @@ per decode token, its conv tails the host's; `cuda` refuses the mixer by name.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 from collections.abc import Callable
@@ -30,32 +32,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import fixture_cache_root
 from frink_subprocess import frink
-from llama_quantize import llama_quantize
 from model_checks import (
-    FAR,
-    PREFILL_CHUNK,
     REF_TOL,
-    REFERENCES,
-    SOURCES,
     _against_references,
     _assert_device_ran,
-    _assert_greedy_matches_llamacpp,
-    _assert_one_submission_per_token,
     _compare,
+    _last_logits,
     _max_diff,
     _path,
+    _split_against_stepped,
     _tokens,
+    q8_0_requant,
 )
-from script_loader import load_script
 
 import frink_cli
 from frink_cli.archs import config_from_checkpoint, open_checkpoint
-from frink_cli.archs.decoder import with_ext
-from frink_cli.decoder import Decoder
 from frink_cli.errors import FrinkError
-from frink_cli.model.weights import ModelWeights
 
 NAMES = ("lfm2", "lfm2moe")
 D, N_HEAD, N_KV, HEAD_DIM, L_CACHE = 64, 4, 2, 16, 3
@@ -73,16 +66,6 @@ N_DENSE, N_EXPERT, TOP_K, FF_EXP = 2, 8, 3, 32
 
 
 # --- the fixtures themselves ----------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_references_agree(name: str, tiny_model: Callable) -> None:
-    """transformers and llama.cpp compute the same model (else neither can judge frink)."""
-    ref = tiny_model(name).ref
-    assert "logits_llamacpp" in ref, "llama.cpp's converter made no GGUF"
-    _compare(ref["logits_llamacpp"], ref["logits_hf"], REF_TOL, "llama.cpp vs transformers")
-    assert ref["greedy_llamacpp"].shape[0] >= 24
-    assert len(ref["tokens"]) > 64  # past metal's recurrent prefill chunk
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -123,27 +106,6 @@ def test_the_converter_wrote_lfm2(name: str, tiny_model: Callable) -> None:
 # --- the host body (numpy) ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
-@pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("name", NAMES)
-def test_numpy_matches_references(name: str, source: str, step: bool, tiny_model: Callable) -> None:
-    m = frink_cli.load(_path(tiny_model, name, source))
-    got = m.logits(_tokens(tiny_model, name), step=step)
-    _against_references(
-        got, tiny_model(name).ref, f"{name} numpy({source}, {'step' if step else 'batch'})"
-    )
-
-
-@pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("name", NAMES)
-def test_numpy_greedy_matches_llamacpp(name: str, source: str, tiny_model: Callable) -> None:
-    """The prompt as one batch, then 24 decode steps: llama.cpp's logits at every step and
-    its greedy tokens."""
-    ref = tiny_model(name).ref
-    m = frink_cli.load(_path(tiny_model, name, source))
-    _assert_greedy_matches_llamacpp(m, ref, "decode", min_steps=24, min_prompt=PREFILL_CHUNK + 1)
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_config_and_layer_shape(name: str, tiny_model: Callable) -> None:
     """Both sources give the same ModelConfig: the conv layers from head_count_kv, the
@@ -180,34 +142,6 @@ def test_config_and_layer_shape(name: str, tiny_model: Callable) -> None:
         )
     else:
         assert gg.ext.moe is None
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_hf_dir_tensors_equal_the_converters(name: str, tiny_model: Callable) -> None:
-    """The HF reader's map (the squeezed conv kernel, embedding_norm as token_embd_norm, the
-    experts stacked per kind, expert_bias as exp_probs_b.bias) gives exactly the tensors
-    llama.cpp's converter wrote."""
-    hf = open_checkpoint(_path(tiny_model, name, "hf"))
-    gg = open_checkpoint(_path(tiny_model, name, "gguf"))
-    assert sorted(hf.tensors.names()) == sorted(gg.tensors.names())
-    for n in gg.tensors.names():
-        a, b = hf.tensors.load(n), gg.tensors.load(n)
-        assert a.shape == b.shape, n
-        assert np.array_equal(a, b), n
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_hf_dir_metadata_matches_the_converters(name: str, tiny_model: Callable) -> None:
-    hf = open_checkpoint(_path(tiny_model, name, "hf")).metadata
-    gg = open_checkpoint(_path(tiny_model, name, "gguf")).metadata
-    assert hf["general.architecture"] == name
-    for key, value in gg.items():
-        if key.startswith(f"{name}."):
-            assert key in hf, f"{key} missing from the HF dir's metadata"
-            if isinstance(value, float):
-                assert hf[key] == pytest.approx(value), key
-            else:
-                assert list(np.atleast_1d(hf[key])) == list(np.atleast_1d(value)), key
 
 
 def test_info_shows_the_model(tiny_model: Callable) -> None:
@@ -327,12 +261,7 @@ def test_state_after_a_prompt_matches_the_formula_loop(
     tokens = _tokens(tiny_model, name)[:20]
     want_logits, want_conv = _formula_loop(name, tiny_model, tokens)
     m = frink_cli.load(_path(tiny_model, name, "gguf"))
-    cache = m.decoder.new_cache(32)
-    if step:
-        for tok in tokens:
-            last = m.decoder.step(np.asarray([tok]), cache)[-1]
-    else:
-        last = m.decoder.step(np.asarray(tokens), cache)[-1]
+    last, cache = _last_logits(m, tokens, 32, step)
     assert np.max(np.abs(last - want_logits)) <= 1e-4
     for i, conv in enumerate(cache.conv_state):
         if not CONV[name][i]:
@@ -349,70 +278,12 @@ def test_prefill_is_exact_against_stepping(name: str, tiny_model: Callable) -> N
     the logits and conv tails of the same tokens stepped one at a time."""
     m = frink_cli.load(_path(tiny_model, name, "gguf"))
     tokens = _tokens(tiny_model, name)
-    dec = m.decoder
-    stepped = dec.new_cache(len(tokens))
-    want = np.concatenate([dec.step(np.asarray([t]), stepped) for t in tokens])
-    split = dec.new_cache(len(tokens))
-    got = np.concatenate(
-        [
-            dec.step(np.asarray(tokens[:13]), split, all_logits=True),
-            dec.step(np.asarray(tokens[13:14]), split, all_logits=True),
-            dec.step(np.asarray(tokens[14:60]), split, all_logits=True),
-            *[dec.step(np.asarray([t]), split) for t in tokens[60:]],
-        ]
-    )
+    got, want, split, stepped = _split_against_stepped(m, tokens, (13, 14, 60))
     assert _max_diff(got, want) <= 1e-4
     for a, b in zip(split.conv_state, stepped.conv_state):
         assert (a is None) == (b is None)
         if a is not None:
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
-
-
-def test_truncating_a_short_conv_cache_is_refused(tiny_model: Callable) -> None:
-    m = frink_cli.load(_path(tiny_model, "lfm2", "gguf"))
-    tokens = _tokens(tiny_model, "lfm2")[:12]
-    cache = m.decoder.new_cache(32)
-    first = m.decoder.step(np.asarray(tokens), cache)
-    assert cache.has_recurrent_state
-    with pytest.raises(FrinkError, match="short conv"):
-        cache.truncate(len(tokens) - 1)
-    assert cache.n_past == len(tokens)  # refused before anything changed
-    cache.truncate(len(tokens))  # to where it is: nothing to roll back
-    cache.truncate(0)  # back to the start: the state is zero again
-    assert all(not s.any() for s in cache.conv_state if s is not None)
-    np.testing.assert_array_equal(m.decoder.step(np.asarray(tokens), cache), first)
-
-
-def test_a_failed_step_leaves_the_conv_state_untouched(
-    tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The new conv tails are staged and committed only with the step: a step that dies in
-    the last layer, after the others ran, leaves every tail as it was."""
-    m = frink_cli.load(_path(tiny_model, "lfm2", "gguf"))
-    tokens = _tokens(tiny_model, "lfm2")[:10]
-    clean = m.decoder.new_cache(32)
-    m.decoder.step(np.asarray(tokens[:8]), clean)
-    want = m.decoder.step(np.asarray(tokens[8:]), clean)
-
-    cache = m.decoder.new_cache(32)
-    m.decoder.step(np.asarray(tokens[:8]), cache)
-    before = [None if c is None else c.copy() for c in cache.conv_state]
-    host = m.decoder.host
-    real_layer = host.layer
-
-    def failing(layer, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if layer == m.config.n_layer - 1:
-            raise RuntimeError("simulated failure in the last layer")
-        return real_layer(layer, *args, **kwargs)
-
-    monkeypatch.setattr(host, "layer", failing)
-    with pytest.raises(RuntimeError):
-        m.decoder.step(np.asarray(tokens[8:]), cache)
-    monkeypatch.setattr(host, "layer", real_layer)
-    for c0, c1 in zip(before, cache.conv_state):
-        assert (c0 is None and c1 is None) or np.array_equal(c0, c1)
-    assert cache.n_past == 8
-    np.testing.assert_array_equal(m.decoder.step(np.asarray(tokens[8:]), cache), want)
 
 
 def _edited_hf(tiny_model: Callable, name: str, tmp_path: Path, **changes: object) -> Path:
@@ -500,120 +371,6 @@ def test_what_lfm2_files_may_say_but_frink_refuses(
         frink_cli.load(path)
 
 
-# --- every piece of the block matters -------------------------------------------------------------
-
-
-def _variant(m: frink_cli.Model, name: str, variant: str) -> Decoder:
-    cfg, w = m.config, m.decoder.host.w
-    layers = list(w.layers)
-    if variant == "no QK norm":
-        layers = [
-            dataclasses.replace(lw, q_norm=None, k_norm=None) if lw.q_norm is not None else lw
-            for lw in layers
-        ]
-    elif variant == "no conv (identity taps)":
-        taps = np.zeros((D, L_CACHE), np.float32)
-        taps[:, -1] = 1.0
-        layers = [
-            dataclasses.replace(lw, shortconv=dataclasses.replace(lw.shortconv, conv=taps))
-            if lw.shortconv is not None
-            else lw
-            for lw in layers
-        ]
-    elif variant == "no expert bias":
-        layers = [
-            dataclasses.replace(lw, moe=dataclasses.replace(lw.moe, probs_b=None))
-            if lw.moe is not None
-            else lw
-            for lw in layers
-        ]
-    elif variant == "softmax gating":
-        assert cfg.ext.moe is not None
-        cfg = with_ext(cfg, moe=dataclasses.replace(cfg.ext.moe, gating="softmax"))
-    else:
-        raise AssertionError(variant)
-    return Decoder(cfg, ModelWeights(w.token_embd, w.output_norm, w.output, None, layers))
-
-
-VARIANTS = {
-    "no QK norm": "lfm2",
-    "no conv (identity taps)": "lfm2",
-    "no expert bias": "lfm2moe",
-    "softmax gating": "lfm2moe",
-}
-
-
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_each_piece_moves_the_graph(variant: str, tiny_model: Callable) -> None:
-    name = VARIANTS[variant]
-    m = frink_cli.load(_path(tiny_model, name, "gguf"))
-    off = _variant(m, name, variant)
-    tokens = np.asarray(_tokens(tiny_model, name))
-    got = off.step(tokens, off.new_cache(len(tokens)), all_logits=True)
-    for key in REFERENCES:
-        assert _max_diff(got, tiny_model(name).ref[key]) > FAR, f"{variant} still matches {key}"
-
-
-# --- metal (MLX; its CPU device on Linux) ---------------------------------------------------------
-
-
-@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
-@pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("name", NAMES)
-def test_metal_matches_references(name: str, source: str, step: bool, tiny_model: Callable) -> None:
-    pytest.importorskip("mlx.core")
-    m = frink_cli.load(_path(tiny_model, name, source), backend="metal")
-    assert m.backend_name == "metal"
-    tokens = _tokens(tiny_model, name)
-    got = m.logits(tokens, step=step)
-    _against_references(
-        got, tiny_model(name).ref, f"{name} metal({source}, {'step' if step else 'batch'})"
-    )
-    _assert_device_ran(m, f"{name} metal")
-    ledger = m.decoder.backend.ledger
-    assert set(ledger.submissions) == {"shortconv-run+lm-head"}
-    # A batch of 80 rows is two 64-row chunks; stepped, one submission per token.
-    assert ledger.total() == (len(tokens) if step else 2)
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_metal_greedy_matches_llamacpp(name: str, tiny_model: Callable) -> None:
-    pytest.importorskip("mlx.core")
-    ref = tiny_model(name).ref
-    m = frink_cli.load(_path(tiny_model, name, "gguf"), backend="metal")
-    _assert_greedy_matches_llamacpp(m, ref, "metal decode", min_prompt=PREFILL_CHUNK + 1)
-    _assert_device_ran(m, f"{name} metal")
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_metal_one_submission_per_token(name: str, tiny_model: Callable) -> None:
-    pytest.importorskip("mlx.core")
-    m = frink_cli.load(_path(tiny_model, name, "gguf"), backend="metal")
-    _assert_one_submission_per_token(m)
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_metal_conv_state_equals_the_host_bodys(name: str, tiny_model: Callable) -> None:
-    """The device's conv tails come back to the host cache at commit: after a prompt and
-    decode steps they are the host body's."""
-    pytest.importorskip("mlx.core")
-    path = _path(tiny_model, name, "gguf")
-    host, dev = frink_cli.load(path), frink_cli.load(path, backend="metal")
-    tokens = _tokens(tiny_model, name)[:20]
-    caches = []
-    for m in (host, dev):
-        cache = m.decoder.new_cache(32)
-        m.decoder.step(np.asarray(tokens[:16]), cache)
-        for t in tokens[16:]:
-            m.decoder.step(np.asarray([t]), cache)
-        caches.append(cache)
-    for a, b in zip(caches[0].conv_state, caches[1].conv_state):
-        assert (a is None) == (b is None)
-        if a is not None:
-            np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
-    _assert_device_ran(dev, f"{name} metal")
-
-
 # --- cuda: the mixer refused by name --------------------------------------------------------------
 
 
@@ -640,8 +397,6 @@ def test_cuda_refuses_the_short_conv_by_name(
 
 # --- quantized: Q8_0 matrices (llama.cpp's quantizer) ---------------------------------------------
 
-_make_tiny = load_script("make_tiny_models")
-_Q8_0, _FTYPE_Q8_0, _FTYPE_F32 = 8, 7, 0  # ggml's Q8_0 type; llama.cpp's file types
 # Top-2 margin of llama.cpp's quantized run from which its argmax is compared. Its 8-bit
 # activations move these logits by up to 0.25 (lfm2; lfm2moe: 0.9, where one flips a close
 # router choice), mostly by hundredths: most positions keep a margin above this.
@@ -654,29 +409,7 @@ def q8(request: pytest.FixtureRequest, tiny_model: Callable) -> tuple[str, Path,
     embedding; the conv taps and vectors stay F32), and llama.cpp's logits on it and on its
     own F32 requant of it (cached beside the tiny models)."""
     name = request.param
-    src = _path(tiny_model, name, "gguf")
-    stamp = json.loads((src.parent / "stamp.json").read_text())
-    root = fixture_cache_root() / "quant" / name
-    root.mkdir(parents=True, exist_ok=True)
-    key = json.dumps({"fixture": stamp["spec"], "v": 1})
-    if (root / "key.json").is_file() and (root / "key.json").read_text() != key:
-        for f in root.iterdir():
-            f.unlink()
-    (root / "key.json").write_text(key)
-    path, f32, npz = (root / f"Q8_0{s}" for s in (".gguf", ".f32.gguf", ".npz"))
-    if not path.is_file():
-        llama_quantize(src, path, _Q8_0, False, _FTYPE_Q8_0)
-    if not f32.is_file():
-        llama_quantize(path, f32, -1, False, _FTYPE_F32)
-    tokens = tiny_model(name).ref["tokens"]
-    if not npz.is_file():
-        np.savez(
-            npz,
-            quantized=_make_tiny.llama_cpp_logits(path, tokens),
-            f32=_make_tiny.llama_cpp_logits(f32, tokens),
-        )
-    with np.load(npz) as z:
-        return name, path, {k: z[k] for k in z.files}
+    return (name, *q8_0_requant(tiny_model, name))
 
 
 @pytest.mark.parametrize("backend", ["numpy", "metal"])

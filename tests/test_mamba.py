@@ -1,5 +1,8 @@
 """Mamba-1 (`mamba`: MambaForCausalLM, and Falcon-Mamba) against transformers and llama.cpp.
 
+Its shared checks (references, GGUF vs HF dir, greedy, converter, metal, cuda, truncation,
+decorations) are its tests/conformance_table.py entry; here is only what is its own.
+
 Why: Mamba is the first architecture with neither attention nor an FFN: every layer is a
 selective state-space mixer (conv, x/dt projections, the selective scan, a SiLU gate) whose
 recurrent state (conv tail + scan state [d_inner, d_state]) rides on the layer's cache
@@ -17,38 +20,28 @@ decode token; `cuda` refuses the mixer by name (the host body runs it).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import fixture_cache_root
 from frink_subprocess import frink
-from llama_quantize import llama_quantize
 from model_checks import (
-    FAR,
-    PREFILL_CHUNK,
     REF_TOL,
-    REFERENCES,
-    SOURCES,
-    _against_references,
     _assert_device_ran,
-    _assert_greedy_matches_llamacpp,
-    _assert_one_submission_per_token,
     _compare,
+    _last_logits,
     _max_diff,
     _path,
+    _split_against_stepped,
     _tokens,
+    q8_0_requant,
 )
-from script_loader import load_script
 
 import frink_cli
 from frink_cli.archs import config_from_checkpoint, open_checkpoint
-from frink_cli.decoder import Decoder
 from frink_cli.errors import FrinkError
-from frink_cli.model.weights import ModelWeights
 
 NAMES = ("mamba", "falcon_mamba")
 N_LAYER = {"mamba": 3, "falcon_mamba": 2}
@@ -71,15 +64,6 @@ MIXER_TENSORS = {
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_references_agree(name: str, tiny_model: Callable) -> None:
-    """transformers and llama.cpp compute the same model (else neither can judge frink)."""
-    ref = tiny_model(name).ref
-    assert "logits_llamacpp" in ref, "llama.cpp's converter made no GGUF"
-    _compare(ref["logits_llamacpp"], ref["logits_hf"], REF_TOL, "llama.cpp vs transformers")
-    assert ref["greedy_llamacpp"].shape[0] >= 24
-
-
-@pytest.mark.parametrize("name", NAMES)
 def test_the_converter_wrote_mamba(name: str, tiny_model: Callable) -> None:
     """What llama.cpp's converter makes of MambaForCausalLM / FalconMambaForCausalLM: the
     `mamba` architecture, the ssm_* tensors per layer and nothing of attention or FFN."""
@@ -97,27 +81,6 @@ def test_the_converter_wrote_mamba(name: str, tiny_model: Callable) -> None:
 
 
 # --- the host body (numpy) ------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
-@pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("name", NAMES)
-def test_numpy_matches_references(name: str, source: str, step: bool, tiny_model: Callable) -> None:
-    m = frink_cli.load(_path(tiny_model, name, source))
-    got = m.logits(_tokens(tiny_model, name), step=step)
-    _against_references(
-        got, tiny_model(name).ref, f"{name} numpy({source}, {'step' if step else 'batch'})"
-    )
-
-
-@pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("name", NAMES)
-def test_numpy_greedy_matches_llamacpp(name: str, source: str, tiny_model: Callable) -> None:
-    """The prompt as one batch, then 24 decode steps: llama.cpp's logits at every step and
-    its greedy tokens."""
-    ref = tiny_model(name).ref
-    m = frink_cli.load(_path(tiny_model, name, source))
-    _assert_greedy_matches_llamacpp(m, ref, "decode", min_steps=24, min_prompt=PREFILL_CHUNK + 1)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -139,37 +102,6 @@ def test_config_and_layer_shape(name: str, tiny_model: Callable) -> None:
     assert gg.layer_pattern() == f"MAMBA x{N_LAYER[name]}"
     per_layer = 4 * ((D_CONV - 1) * D_INNER + D_INNER * D_STATE)
     assert gg.recurrent_state_bytes() == N_LAYER[name] * per_layer
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_hf_dir_tensors_equal_the_converters(name: str, tiny_model: Callable) -> None:
-    """The HF reader's map (A = -exp(A_log), the squeezed conv kernel, tied or not) gives
-    the tensors llama.cpp's converter wrote: exactly, but for A, whose exp NumPy and torch
-    round apart by an ulp."""
-    hf = open_checkpoint(_path(tiny_model, name, "hf"))
-    gg = open_checkpoint(_path(tiny_model, name, "gguf"))
-    assert sorted(hf.tensors.names()) == sorted(gg.tensors.names())
-    for n in gg.tensors.names():
-        a, b = hf.tensors.load(n), gg.tensors.load(n)
-        assert a.shape == b.shape, n
-        if n.endswith(".ssm_a"):
-            np.testing.assert_allclose(a, b, rtol=2.5e-7, atol=0, err_msg=n)
-        else:
-            assert np.array_equal(a, b), n
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_hf_dir_metadata_matches_the_converters(name: str, tiny_model: Callable) -> None:
-    hf = open_checkpoint(_path(tiny_model, name, "hf")).metadata
-    gg = open_checkpoint(_path(tiny_model, name, "gguf")).metadata
-    assert hf["general.architecture"] == "mamba"
-    for key, value in gg.items():
-        if key.startswith("mamba."):
-            assert key in hf, f"{key} missing from the HF dir's metadata"
-            if isinstance(value, float):
-                assert hf[key] == pytest.approx(value), key
-            else:
-                assert list(np.atleast_1d(hf[key])) == list(np.atleast_1d(value)), key
 
 
 def test_info_shows_the_model(tiny_model: Callable) -> None:
@@ -261,12 +193,7 @@ def test_state_after_a_prompt_matches_the_papers_loop(
     tokens = _tokens(tiny_model, name)[:20]
     want_logits, want_conv, want_h = _paper_loop(name, tiny_model, tokens)
     m = frink_cli.load(_path(tiny_model, name, "gguf"))
-    cache = m.decoder.new_cache(32)
-    if step:
-        for tok in tokens:
-            last = m.decoder.step(np.asarray([tok]), cache)[-1]
-    else:
-        last = m.decoder.step(np.asarray(tokens), cache)[-1]
+    last, cache = _last_logits(m, tokens, 32, step)
     assert np.max(np.abs(last - want_logits)) <= 1e-4
     for i in range(N_LAYER[name]):
         conv, state = cache.conv_state[i], cache.delta_state[i]
@@ -283,70 +210,11 @@ def test_prefill_is_exact_against_stepping(name: str, tiny_model: Callable) -> N
     same tokens stepped one at a time."""
     m = frink_cli.load(_path(tiny_model, name, "gguf"))
     tokens = _tokens(tiny_model, name)
-    dec = m.decoder
-    stepped = dec.new_cache(len(tokens))
-    want = np.concatenate([dec.step(np.asarray([t]), stepped) for t in tokens])
-    split = dec.new_cache(len(tokens))
-    got = np.concatenate(
-        [
-            dec.step(np.asarray(tokens[:13]), split, all_logits=True),
-            dec.step(np.asarray(tokens[13:30]), split, all_logits=True),
-            *[dec.step(np.asarray([t]), split) for t in tokens[30:]],
-        ]
-    )
+    got, want, split, stepped = _split_against_stepped(m, tokens, (13, 30))
     assert _max_diff(got, want) <= 1e-5
     for a, b in zip(split.delta_state, stepped.delta_state):
         assert a is not None and b is not None
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
-
-
-def test_truncating_a_mamba_cache_is_refused(tiny_model: Callable) -> None:
-    m = frink_cli.load(_path(tiny_model, "mamba", "gguf"))
-    tokens = _tokens(tiny_model, "mamba")[:12]
-    cache = m.decoder.new_cache(32)
-    first = m.decoder.step(np.asarray(tokens), cache)
-    assert cache.has_recurrent_state
-    with pytest.raises(FrinkError, match="mamba selective scan"):
-        cache.truncate(len(tokens) - 1)
-    assert cache.n_past == len(tokens)  # refused before anything changed
-    cache.truncate(len(tokens))  # to where it is: nothing to roll back
-    cache.truncate(0)  # back to the start: the state is zero again
-    assert all(not s.any() for s in cache.delta_state if s is not None)
-    assert all(not s.any() for s in cache.conv_state if s is not None)
-    np.testing.assert_array_equal(m.decoder.step(np.asarray(tokens), cache), first)
-
-
-def test_a_failed_step_leaves_the_mamba_state_untouched(
-    tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The new state is staged and committed only with the step: a step that dies in the
-    last layer, after the others ran, leaves every layer's conv tail and scan state as it
-    was, and the step then runs as if it had never been tried."""
-    m = frink_cli.load(_path(tiny_model, "mamba", "gguf"))
-    tokens = _tokens(tiny_model, "mamba")[:10]
-    clean = m.decoder.new_cache(32)
-    m.decoder.step(np.asarray(tokens[:8]), clean)
-    want = m.decoder.step(np.asarray(tokens[8:]), clean)
-
-    cache = m.decoder.new_cache(32)
-    m.decoder.step(np.asarray(tokens[:8]), cache)
-    before = [(c.copy(), s.copy()) for c, s in zip(cache.conv_state, cache.delta_state)]
-    host = m.decoder.host
-    real_layer = host.layer
-
-    def failing(layer, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if layer == m.config.n_layer - 1:
-            raise RuntimeError("simulated failure in the last layer")
-        return real_layer(layer, *args, **kwargs)
-
-    monkeypatch.setattr(host, "layer", failing)
-    with pytest.raises(RuntimeError):
-        m.decoder.step(np.asarray(tokens[8:]), cache)
-    monkeypatch.setattr(host, "layer", real_layer)
-    for (c0, s0), c1, s1 in zip(before, cache.conv_state, cache.delta_state):
-        assert np.array_equal(c0, c1) and np.array_equal(s0, s1)
-    assert cache.n_past == 8
-    np.testing.assert_array_equal(m.decoder.step(np.asarray(tokens[8:]), cache), want)
 
 
 def test_hf_use_bias_is_refused_by_name(tiny_model: Callable, tmp_path: Path) -> None:
@@ -361,112 +229,7 @@ def test_hf_use_bias_is_refused_by_name(tiny_model: Callable, tmp_path: Path) ->
         frink_cli.load(hf)
 
 
-# --- every piece of the block matters -------------------------------------------------------------
-
-
-def _zeros_like(field: str) -> Callable[[object], dict]:
-    return lambda mw: {field: np.zeros_like(getattr(mw, field))}
-
-
-VARIANTS: dict[str, tuple[str, Callable[[object], dict]]] = {
-    "no dt/B/C norms": ("falcon_mamba", lambda mw: dict(dt_norm=None, b_norm=None, c_norm=None)),
-    "no D skip": ("mamba", _zeros_like("d")),
-    "no conv bias": ("mamba", _zeros_like("conv_b")),
-}
-
-
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_each_piece_moves_the_graph(variant: str, tiny_model: Callable) -> None:
-    name, change = VARIANTS[variant]
-    m = frink_cli.load(_path(tiny_model, name, "gguf"))
-    w = m.decoder.host.w
-    layers = [
-        dataclasses.replace(lw, mamba=dataclasses.replace(lw.mamba, **change(lw.mamba)))
-        for lw in w.layers
-    ]
-    off = Decoder(m.config, ModelWeights(w.token_embd, w.output_norm, w.output, None, layers))
-    tokens = np.asarray(_tokens(tiny_model, name))
-    got = off.step(tokens, off.new_cache(len(tokens)), all_logits=True)
-    for key in REFERENCES:
-        assert _max_diff(got, tiny_model(name).ref[key]) > FAR, f"{variant} still matches {key}"
-
-
-# --- metal (MLX; its CPU device on Linux) ---------------------------------------------------------
-
-
-@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
-@pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("name", NAMES)
-def test_metal_matches_references(name: str, source: str, step: bool, tiny_model: Callable) -> None:
-    pytest.importorskip("mlx.core")
-    m = frink_cli.load(_path(tiny_model, name, source), backend="metal")
-    assert m.backend_name == "metal"
-    got = m.logits(_tokens(tiny_model, name), step=step)
-    _against_references(
-        got, tiny_model(name).ref, f"{name} metal({source}, {'step' if step else 'batch'})"
-    )
-    _assert_device_ran(m, f"{name} metal")
-    assert set(m.decoder.backend.ledger.submissions) == {"mamba-run+lm-head"}
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_metal_greedy_matches_llamacpp(name: str, tiny_model: Callable) -> None:
-    pytest.importorskip("mlx.core")
-    ref = tiny_model(name).ref
-    m = frink_cli.load(_path(tiny_model, name, "gguf"), backend="metal")
-    _assert_greedy_matches_llamacpp(m, ref, "metal decode", min_prompt=PREFILL_CHUNK + 1)
-    _assert_device_ran(m, f"{name} metal")
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_metal_one_submission_per_token(name: str, tiny_model: Callable) -> None:
-    pytest.importorskip("mlx.core")
-    m = frink_cli.load(_path(tiny_model, name, "gguf"), backend="metal")
-    _assert_one_submission_per_token(m)
-
-
-def test_metal_state_equals_the_host_bodys(tiny_model: Callable) -> None:
-    """The device's conv tail and scan state come back to the host cache at commit: after a
-    prompt and decode steps they are the host body's."""
-    pytest.importorskip("mlx.core")
-    path = _path(tiny_model, "mamba", "gguf")
-    host, dev = frink_cli.load(path), frink_cli.load(path, backend="metal")
-    tokens = _tokens(tiny_model, "mamba")[:20]
-    caches = []
-    for m in (host, dev):
-        cache = m.decoder.new_cache(32)
-        m.decoder.step(np.asarray(tokens[:16]), cache)
-        for t in tokens[16:]:
-            m.decoder.step(np.asarray([t]), cache)
-        caches.append(cache)
-    for a, b in zip(caches[0].delta_state, caches[1].delta_state):
-        assert a is not None and b is not None
-        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
-    for a, b in zip(caches[0].conv_state, caches[1].conv_state):
-        assert a is not None and b is not None
-        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
-    _assert_device_ran(dev, "mamba metal")
-
-
 # --- cuda: the mixer refused by name --------------------------------------------------------------
-
-
-def test_cuda_refuses_the_mamba_mixer_by_name(
-    tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The cuda stack carries no mamba primitive: each layer is refused by the mixer's name
-    and the host body runs it, still matching both references."""
-    from frink_cli.backends.cupy.eligibility import layer_reasons
-
-    path = _path(tiny_model, "mamba", "gguf")
-    cfg = config_from_checkpoint(open_checkpoint(path))
-    for i in range(cfg.n_layer):
-        assert "mixer mamba" in layer_reasons(cfg, i)
-    monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
-    m = frink_cli.load(path, backend="cuda")
-    got = m.logits(_tokens(tiny_model, "mamba"))
-    _against_references(got, tiny_model("mamba").ref, "mamba cuda (host body)")
-    assert m.decoder.backend.ledger.total() == 0
 
 
 def test_a_long_prefill_scan_equals_token_steps() -> None:
@@ -493,38 +256,13 @@ def test_a_long_prefill_scan_equals_token_steps() -> None:
 
 # --- quantized: Q8_0 matrices (llama.cpp's quantizer) ---------------------------------------------
 
-_make_tiny = load_script("make_tiny_models")
-_Q8_0, _FTYPE_Q8_0, _FTYPE_F32 = 8, 7, 0  # ggml's Q8_0 type; llama.cpp's file types
-
 
 @pytest.fixture(scope="module")
 def q8(tiny_model: Callable) -> tuple[Path, dict[str, np.ndarray]]:
     """The mamba fixture quantized to Q8_0 by llama.cpp (ssm_in, ssm_x, ssm_out and the
     embedding; ssm_dt falls back to F16, the conv and vectors stay F32), and llama.cpp's
     logits on it and on its own F32 requant of it (cached beside the tiny models)."""
-    src = _path(tiny_model, "mamba", "gguf")
-    stamp = json.loads((src.parent / "stamp.json").read_text())
-    root = fixture_cache_root() / "quant" / "mamba"
-    root.mkdir(parents=True, exist_ok=True)
-    key = json.dumps({"fixture": stamp["spec"], "v": 1})
-    if (root / "key.json").is_file() and (root / "key.json").read_text() != key:
-        for f in root.iterdir():
-            f.unlink()
-    (root / "key.json").write_text(key)
-    path, f32, npz = (root / f"Q8_0{s}" for s in (".gguf", ".f32.gguf", ".npz"))
-    if not path.is_file():
-        llama_quantize(src, path, _Q8_0, False, _FTYPE_Q8_0)
-    if not f32.is_file():
-        llama_quantize(path, f32, -1, False, _FTYPE_F32)
-    tokens = tiny_model("mamba").ref["tokens"]
-    if not npz.is_file():
-        np.savez(
-            npz,
-            quantized=_make_tiny.llama_cpp_logits(path, tokens),
-            f32=_make_tiny.llama_cpp_logits(f32, tokens),
-        )
-    with np.load(npz) as z:
-        return path, {k: z[k] for k in z.files}
+    return q8_0_requant(tiny_model, "mamba")
 
 
 @pytest.mark.parametrize("backend", ["numpy", "metal"])

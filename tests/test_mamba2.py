@@ -1,5 +1,8 @@
 """Mamba-2 (`mamba2`: Mamba2ForCausalLM) against transformers and llama.cpp.
 
+Its shared checks (references, GGUF vs HF dir, greedy, converter, metal, cuda, truncation,
+decorations) are its tests/conformance_table.py entry; here is only what is its own.
+
 Why: Mamba-2's SSD mixer differs from Mamba-1's in every part around the scan: one fused
 in_proj (z, x, B, C, dt), a conv over x, B and C together, a per-head scalar decay and dt,
 B and C shared by groups of heads, and a gated RMSNorm per group before out_proj. frink
@@ -19,7 +22,6 @@ device on Linux) with the device having run every layer, one submission per deco
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable
 
@@ -28,26 +30,17 @@ import pytest
 from frink_subprocess import frink
 from model_checks import (
     FAR,
-    PREFILL_CHUNK,
-    REF_TOL,
     REFERENCES,
-    SOURCES,
-    _against_references,
-    _assert_device_ran,
-    _assert_greedy_matches_llamacpp,
-    _assert_one_submission_per_token,
-    _compare,
+    _last_logits,
     _max_diff,
     _path,
+    _split_against_stepped,
     _tokens,
 )
 
 import frink_cli
 from frink_cli.archs import config_from_checkpoint, open_checkpoint
 from frink_cli.backends.host.ops import HostOps
-from frink_cli.decoder import Decoder
-from frink_cli.errors import FrinkError
-from frink_cli.model.weights import ModelWeights
 
 NAME = "mamba2"
 N_LAYER, D_MODEL, D_INNER, D_STATE, D_CONV = 3, 64, 128, 16, 4
@@ -69,16 +62,6 @@ MIXER_TENSORS = {
 # --- the fixture itself ---------------------------------------------------------------------------
 
 
-def test_references_agree(tiny_model: Callable) -> None:
-    """transformers (its torch path: no mamba-ssm kernels here) and llama.cpp compute the
-    same model (else neither can judge frink)."""
-    ref = tiny_model(NAME).ref
-    assert "logits_llamacpp" in ref, "llama.cpp's converter made no GGUF"
-    _compare(ref["logits_llamacpp"], ref["logits_hf"], REF_TOL, "llama.cpp vs transformers")
-    assert ref["greedy_llamacpp"].shape[0] >= 24
-    assert len(ref["tokens"]) > 64  # past the host scan's and metal's prefill chunk
-
-
 def test_the_converter_wrote_mamba2(tiny_model: Callable) -> None:
     ckpt = open_checkpoint(_path(tiny_model, NAME, "gguf"))
     md = ckpt.metadata
@@ -95,23 +78,6 @@ def test_the_converter_wrote_mamba2(tiny_model: Callable) -> None:
 
 
 # --- the host body (numpy) ------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
-@pytest.mark.parametrize("source", SOURCES)
-def test_numpy_matches_references(source: str, step: bool, tiny_model: Callable) -> None:
-    m = frink_cli.load(_path(tiny_model, NAME, source))
-    got = m.logits(_tokens(tiny_model, NAME), step=step)
-    _against_references(
-        got, tiny_model(NAME).ref, f"{NAME} numpy({source}, {'step' if step else 'batch'})"
-    )
-
-
-@pytest.mark.parametrize("source", SOURCES)
-def test_numpy_greedy_matches_llamacpp(source: str, tiny_model: Callable) -> None:
-    ref = tiny_model(NAME).ref
-    m = frink_cli.load(_path(tiny_model, NAME, source))
-    _assert_greedy_matches_llamacpp(m, ref, "decode", min_steps=24, min_prompt=PREFILL_CHUNK + 1)
 
 
 def test_config_and_layer_shape(tiny_model: Callable) -> None:
@@ -135,35 +101,6 @@ def test_config_and_layer_shape(tiny_model: Callable) -> None:
     assert gg.layer_pattern() == f"MAMBA2 x{N_LAYER}"
     per_layer = 4 * ((D_CONV - 1) * CONV_DIM + D_INNER * D_STATE)
     assert gg.recurrent_state_bytes() == N_LAYER * per_layer
-
-
-def test_hf_dir_tensors_equal_the_converters(tiny_model: Callable) -> None:
-    """The HF reader's map (A = -exp(A_log) and D as [n_head, 1], dt_bias as ssm_dt.bias, the
-    norm per group, the squeezed conv kernel) gives the tensors llama.cpp's converter wrote:
-    exactly, but for A, whose exp NumPy and torch round apart by an ulp."""
-    hf = open_checkpoint(_path(tiny_model, NAME, "hf"))
-    gg = open_checkpoint(_path(tiny_model, NAME, "gguf"))
-    assert sorted(hf.tensors.names()) == sorted(gg.tensors.names())
-    for n in gg.tensors.names():
-        a, b = hf.tensors.load(n), gg.tensors.load(n)
-        assert a.shape == b.shape, n
-        if n.endswith(".ssm_a"):
-            np.testing.assert_allclose(a, b, rtol=2.5e-7, atol=0, err_msg=n)
-        else:
-            assert np.array_equal(a, b), n
-
-
-def test_hf_dir_metadata_matches_the_converters(tiny_model: Callable) -> None:
-    hf = open_checkpoint(_path(tiny_model, NAME, "hf")).metadata
-    gg = open_checkpoint(_path(tiny_model, NAME, "gguf")).metadata
-    assert hf["general.architecture"] == "mamba2"
-    for key, value in gg.items():
-        if key.startswith("mamba2."):
-            assert key in hf, f"{key} missing from the HF dir's metadata"
-            if isinstance(value, float):
-                assert hf[key] == pytest.approx(value), key
-            else:
-                assert list(np.atleast_1d(hf[key])) == list(np.atleast_1d(value)), key
 
 
 def test_info_shows_the_model(tiny_model: Callable) -> None:
@@ -247,12 +184,7 @@ def test_state_after_a_prompt_matches_the_ssd_loop(step: bool, tiny_model: Calla
     tokens = _tokens(tiny_model, NAME)[:70]  # past one 64-token scan chunk
     want_logits, want_conv, want_h = _ssd_loop(tiny_model, tokens)
     m = frink_cli.load(_path(tiny_model, NAME, "gguf"))
-    cache = m.decoder.new_cache(80)
-    if step:
-        for tok in tokens:
-            last = m.decoder.step(np.asarray([tok]), cache)[-1]
-    else:
-        last = m.decoder.step(np.asarray(tokens), cache)[-1]
+    last, cache = _last_logits(m, tokens, 80, step)
     assert np.max(np.abs(last - want_logits)) <= 1e-4
     for i in range(N_LAYER):
         conv, state = cache.conv_state[i], cache.delta_state[i]
@@ -268,35 +200,11 @@ def test_prefill_is_exact_against_stepping(tiny_model: Callable) -> None:
     decode rows, gives the logits and state of the same tokens stepped one at a time."""
     m = frink_cli.load(_path(tiny_model, NAME, "gguf"))
     tokens = _tokens(tiny_model, NAME)
-    dec = m.decoder
-    stepped = dec.new_cache(96)
-    want = np.concatenate([dec.step(np.asarray([t]), stepped) for t in tokens])
-    split = dec.new_cache(96)
-    got = np.concatenate(
-        [
-            dec.step(np.asarray(tokens[:13]), split, all_logits=True),
-            dec.step(np.asarray(tokens[13:75]), split, all_logits=True),
-            *[dec.step(np.asarray([t]), split) for t in tokens[75:]],
-        ]
-    )
+    got, want, split, stepped = _split_against_stepped(m, tokens, (13, 75), 96)
     assert _max_diff(got, want) <= 1e-5
     for a, b in zip(split.delta_state, stepped.delta_state):
         assert a is not None and b is not None
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
-
-
-def test_truncating_a_mamba2_cache_is_refused(tiny_model: Callable) -> None:
-    m = frink_cli.load(_path(tiny_model, NAME, "gguf"))
-    tokens = _tokens(tiny_model, NAME)[:12]
-    cache = m.decoder.new_cache(32)
-    first = m.decoder.step(np.asarray(tokens), cache)
-    assert cache.has_recurrent_state
-    with pytest.raises(FrinkError, match="mamba2 selective scan"):
-        cache.truncate(len(tokens) - 1)
-    assert cache.n_past == len(tokens)  # refused before anything changed
-    cache.truncate(0)  # back to the start: the state is zero again
-    assert all(not s.any() for s in cache.delta_state if s is not None)
-    np.testing.assert_array_equal(m.decoder.step(np.asarray(tokens), cache), first)
 
 
 def test_a_grouped_scan_across_chunks_equals_token_steps() -> None:
@@ -328,38 +236,6 @@ def test_a_grouped_scan_across_chunks_equals_token_steps() -> None:
 # --- every piece of the block matters -------------------------------------------------------------
 
 
-def _variant(name: str) -> Callable[[object], dict]:
-    zeros = {
-        "no D skip": "d",
-        "no conv bias": "conv_b",
-        "no dt bias": "dt_bias",
-    }
-    if name in zeros:
-        field = zeros[name]
-        return lambda mw: {field: np.zeros_like(getattr(mw, field))}
-    if name == "no gated norm weight":
-        return lambda mw: {"norm": np.ones_like(mw.norm)}
-    raise KeyError(name)
-
-
-@pytest.mark.parametrize(
-    "variant", ["no D skip", "no conv bias", "no dt bias", "no gated norm weight"]
-)
-def test_each_piece_moves_the_graph(variant: str, tiny_model: Callable) -> None:
-    m = frink_cli.load(_path(tiny_model, NAME, "gguf"))
-    w = m.decoder.host.w
-    change = _variant(variant)
-    layers = [
-        dataclasses.replace(lw, mamba2=dataclasses.replace(lw.mamba2, **change(lw.mamba2)))
-        for lw in w.layers
-    ]
-    off = Decoder(m.config, ModelWeights(w.token_embd, w.output_norm, w.output, None, layers))
-    tokens = np.asarray(_tokens(tiny_model, NAME))
-    got = off.step(tokens, off.new_cache(len(tokens)), all_logits=True)
-    for key in REFERENCES:
-        assert _max_diff(got, tiny_model(NAME).ref[key]) > FAR, f"{variant} still matches {key}"
-
-
 @pytest.mark.parametrize("norm", ["none", "whole width"])
 def test_the_grouped_norm_matters(
     norm: str, tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
@@ -382,76 +258,3 @@ def test_the_grouped_norm_matters(
     got = m.decoder.step(tokens, m.decoder.new_cache(len(tokens)), all_logits=True)
     for key in REFERENCES:
         assert _max_diff(got, tiny_model(NAME).ref[key]) > FAR, f"norm {norm} matches {key}"
-
-
-# --- metal (MLX; its CPU device on Linux) ---------------------------------------------------------
-
-
-@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
-@pytest.mark.parametrize("source", SOURCES)
-def test_metal_matches_references(source: str, step: bool, tiny_model: Callable) -> None:
-    pytest.importorskip("mlx.core")
-    m = frink_cli.load(_path(tiny_model, NAME, source), backend="metal")
-    assert m.backend_name == "metal"
-    got = m.logits(_tokens(tiny_model, NAME), step=step)
-    _against_references(
-        got, tiny_model(NAME).ref, f"{NAME} metal({source}, {'step' if step else 'batch'})"
-    )
-    _assert_device_ran(m, f"{NAME} metal")
-    assert set(m.decoder.backend.ledger.submissions) == {"mamba-run+lm-head"}
-
-
-def test_metal_greedy_matches_llamacpp(tiny_model: Callable) -> None:
-    pytest.importorskip("mlx.core")
-    ref = tiny_model(NAME).ref
-    m = frink_cli.load(_path(tiny_model, NAME, "gguf"), backend="metal")
-    _assert_greedy_matches_llamacpp(m, ref, "metal decode", min_prompt=PREFILL_CHUNK + 1)
-    _assert_device_ran(m, f"{NAME} metal")
-
-
-def test_metal_one_submission_per_token(tiny_model: Callable) -> None:
-    pytest.importorskip("mlx.core")
-    m = frink_cli.load(_path(tiny_model, NAME, "gguf"), backend="metal")
-    _assert_one_submission_per_token(m)
-
-
-def test_metal_state_equals_the_host_bodys(tiny_model: Callable) -> None:
-    """After a prompt longer than metal's 64-row prefill chunk and decode steps, the
-    device's conv tail and scan state (back on the host cache at commit) are the host's."""
-    pytest.importorskip("mlx.core")
-    path = _path(tiny_model, NAME, "gguf")
-    host, dev = frink_cli.load(path), frink_cli.load(path, backend="metal")
-    tokens = _tokens(tiny_model, NAME)
-    caches = []
-    for m in (host, dev):
-        cache = m.decoder.new_cache(96)
-        m.decoder.step(np.asarray(tokens[:72]), cache)
-        for t in tokens[72:]:
-            m.decoder.step(np.asarray([t]), cache)
-        caches.append(cache)
-    for a, b in zip(caches[0].delta_state, caches[1].delta_state):
-        assert a is not None and b is not None
-        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
-    for a, b in zip(caches[0].conv_state, caches[1].conv_state):
-        assert a is not None and b is not None
-        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
-    _assert_device_ran(dev, f"{NAME} metal")
-
-
-# --- cuda: the mixer refused by name --------------------------------------------------------------
-
-
-def test_cuda_refuses_the_mamba2_mixer_by_name(
-    tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from frink_cli.backends.cupy.eligibility import layer_reasons
-
-    path = _path(tiny_model, NAME, "gguf")
-    cfg = config_from_checkpoint(open_checkpoint(path))
-    for i in range(cfg.n_layer):
-        assert "mixer mamba2" in layer_reasons(cfg, i)
-    monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
-    m = frink_cli.load(path, backend="cuda")
-    got = m.logits(_tokens(tiny_model, NAME))
-    _against_references(got, tiny_model(NAME).ref, f"{NAME} cuda (host body)")
-    assert m.decoder.backend.ledger.total() == 0

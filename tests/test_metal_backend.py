@@ -1,6 +1,6 @@
 """The metal (MLX) backend against the host body, on MLX's CPU device.
 
-The host body is itself held to transformers and llama.cpp (test_parity_tiny.py); here
+The host body is itself held to transformers and llama.cpp (test_conformance.py); here
 the backend must compute the same model as the host body: logits within 1e-3 and the same
 argmax over a prefill and 32 greedy decode steps, one device submission per token when
 every layer is eligible, every refusal named and the result still right.

@@ -5,7 +5,7 @@ the shared expert and attention projections) requantized by gguf-py into Q8_0 / 
 Q4_1 / MXFP4 blocks, so the backend's resident-quantized path (MLX's affine and mxfp4
 modes) is what runs. The host body
 dequantizes those same blocks, and the host body itself is held to transformers and
-llama.cpp elsewhere (test_parity_tiny.py, test_moe.py), so the bar here is the two
+llama.cpp elsewhere (test_conformance.py, test_moe.py), so the bar here is the two
 computing one model: logits within 1e-4 over a prefill and greedy decode steps, one
 submission per decode token, the expert stacks held as the file's blocks on the device,
 and every expert product a gather_qmm / gather_mm on the resident stack (never a gather

@@ -1,7 +1,10 @@
 """Sparse-MoE architectures users run today: Qwen3 MoE (`qwen3moe`, e.g. Qwen3-30B-A3B) and
 Qwen3.5 MoE (`qwen35moe`, e.g. Qwen3.5-35B-A3B), beyond plain parity.
 
-Why: test_parity_tiny.py already holds frink's logits against transformers and llama.cpp on
+Its shared checks (references, GGUF vs HF dir, greedy, converter, metal, cuda, truncation,
+decorations) are its tests/conformance_table.py entry; here is only what is its own.
+
+Why: test_conformance.py already holds frink's logits against transformers and llama.cpp on
 the tiny models (every position, GGUF and HF dir, batched and step by step). What it cannot
 see on its own:
   - the decode path after a batched prefill, checked against llama.cpp's own greedy decode
@@ -32,7 +35,6 @@ from frink_cli.archs import config_from_checkpoint, open_checkpoint
 from frink_cli.errors import FrinkError
 from frink_cli.formats import TensorInfo
 
-MOE = ("qwen3moe", "qwen35moe", "qwen35moe_vl")
 REF_TOL = 2e-3
 
 
@@ -58,64 +60,7 @@ def _hf_copy(tiny_model: Callable, name: str, tmp_path: Path, **changes) -> Path
     return dst
 
 
-# --- decode after prefill, against llama.cpp --------------------------------------------------
-
-
-@pytest.mark.parametrize("source", ["gguf", "hf"])
-@pytest.mark.parametrize("name", ["qwen3moe", "qwen35moe"])
-def test_decode_after_prefill_matches_llamacpp_greedy(
-    name: str, source: str, tiny_model: Callable
-) -> None:
-    """Prompt as one batch, then one token at a time: each step's logits against llama.cpp's
-    decode steps, and frink's greedy tokens equal llama.cpp's."""
-    ref = tiny_model(name).ref
-    prompt = [int(t) for t in ref["greedy_prompt"]]
-    want_tokens = ref["greedy_llamacpp"].tolist()
-    m = frink_cli.load(_path(tiny_model, name, source))
-    dec = m.decoder
-    cache = dec.new_cache(len(prompt) + len(want_tokens))
-    got = [dec.step(np.asarray(prompt), cache)[-1]]
-    for t in want_tokens[:-1]:
-        got.append(dec.step(np.asarray([t]), cache)[-1])
-    diff = float(np.max(np.abs(np.stack(got) - ref["greedy_logits_llamacpp"])))
-    assert diff <= REF_TOL, f"{name}: decode logits differ from llama.cpp by {diff:.3g}"
-    assert list(m.generate_ids(prompt, max_tokens=len(want_tokens), temperature=0.0)) == want_tokens
-
-
 # --- the HF reader against the converter --------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", MOE)
-def test_hf_dir_tensors_equal_the_converters(name: str, tiny_model: Callable) -> None:
-    """Every canonical tensor read from the HF directory is the one llama.cpp's converter
-    wrote into the GGUF (stacked experts, value-head reorder, +1 norms...): same names,
-    shapes and values."""
-    hf, gg = (
-        open_checkpoint(_path(tiny_model, name, "hf")),
-        open_checkpoint(_path(tiny_model, name, "gguf")),
-    )
-    assert sorted(hf.tensors.names()) == sorted(gg.tensors.names())
-    for n in gg.tensors.names():
-        a, b = hf.tensors.load(n), gg.tensors.load(n)
-        assert a.shape == b.shape, n
-        assert np.array_equal(a, b) or np.abs(a - b).max() <= 1e-6 * max(1.0, np.abs(b).max()), n
-
-
-@pytest.mark.parametrize("name", MOE)
-def test_hf_dir_metadata_matches_the_converters(name: str, tiny_model: Callable) -> None:
-    hf = open_checkpoint(_path(tiny_model, name, "hf")).metadata
-    gg = open_checkpoint(_path(tiny_model, name, "gguf")).metadata
-    arch = gg["general.architecture"]
-    assert hf["general.architecture"] == arch == name.removesuffix("_vl")
-    for key, value in gg.items():
-        if not key.startswith(f"{arch}.") or key.endswith(".full_attention_interval"):
-            continue  # the converter writes the default interval even when layer_types differ
-        have = hf.get(key)
-        assert have is not None, f"{key} missing from the HF dir's metadata"
-        if isinstance(value, float):
-            assert have == pytest.approx(value), key
-        else:
-            assert list(np.atleast_1d(have)) == list(np.atleast_1d(value)), key
 
 
 def test_qwen35moe_has_no_dense_ffn_width(tiny_model: Callable) -> None:

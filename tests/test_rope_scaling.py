@@ -1,6 +1,9 @@
 """YaRN (llama, qwen3) and LongRoPE (phi3), and the phi3 architecture, against transformers
 and llama.cpp on every backend.
 
+Its shared checks (references, GGUF vs HF dir, greedy, converter, metal, cuda, truncation,
+decorations) are its tests/conformance_table.py entry; here is only what is its own.
+
 Why: most long-context checkpoints scale their rope, and a scaling that is read but not
 applied only shows past the original context. The fixtures (scripts/make_tiny_models.py)
 set original_max_position_embeddings = 32 and run 72 tokens: YaRN x8 (llama) and x4
@@ -21,14 +24,8 @@ import pytest
 from model_checks import (
     FAR,
     REFERENCES,
-    SELF_TOL,
-    SOURCES,
-    _against_references,
-    _assert_device_ran,
-    _cuda_models,
     _max_diff,
     _path,
-    _prefill_prefix_decode,
     _tokens,
 )
 
@@ -49,15 +46,6 @@ def test_references_agree_past_the_original_context(name: str, tiny_model: Calla
     assert _max_diff(ref["logits_llamacpp"], ref["logits_hf"]) <= 2e-3
     if name in SCALED:
         assert len(ref["tokens"]) > 2 * 32
-
-
-@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
-@pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("name", NAMES)
-def test_numpy_matches_references(name: str, source: str, step: bool, tiny_model: Callable) -> None:
-    m = frink_cli.load(_path(tiny_model, name, source))
-    got = m.logits(_tokens(tiny_model, name), step=step)
-    _against_references(got, tiny_model(name).ref, f"{name} numpy({source}, step={step})")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -134,61 +122,3 @@ def test_yarn_frequencies_follow_ggml() -> None:
     assert inv[0] == pytest.approx(plain[0])  # beta_fast: pair 0 rotates as trained
     assert inv[-1] == pytest.approx(plain[-1] / 8)  # beta_slow: the last pair interpolated
     assert mscale == pytest.approx(1 + 0.1 * np.log(8))
-
-
-# --- metal (MLX; its CPU device on Linux) ---------------------------------------------------------
-
-
-@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
-@pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("name", NAMES)
-def test_metal_matches_references(name: str, source: str, step: bool, tiny_model: Callable) -> None:
-    pytest.importorskip("mlx.core")
-    m = frink_cli.load(_path(tiny_model, name, source), backend="metal")
-    assert m.backend_name == "metal"
-    got = m.logits(_tokens(tiny_model, name), step=step)
-    _against_references(got, tiny_model(name).ref, f"{name} metal({source}, step={step})")
-    _assert_device_ran(m, f"{name} metal")
-
-
-# --- cuda: NumPy standing in for CuPy, and the kernels on the CPU emulator -----------------------
-
-
-@pytest.mark.parametrize("step", [False, True], ids=["batch", "step"])
-@pytest.mark.parametrize("name", NAMES)
-def test_cuda_standing_in_matches_references(
-    name: str, step: bool, tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
-    m = frink_cli.load(_path(tiny_model, name, "gguf"), backend="cuda")
-    assert m.backend_name == "cuda"
-    got = m.logits(_tokens(tiny_model, name), step=step)
-    _against_references(got, tiny_model(name).ref, f"{name} cuda-numpy(step={step})")
-    ledger = m.decoder.backend.ledger
-    assert ledger.total() > 0 and not ledger.refusals and not ledger.failures, (
-        dict(ledger.submissions),
-        dict(ledger.refusals),
-    )
-
-
-@pytest.mark.parametrize("name", SCALED)
-def test_cuda_emulated_kernels_match_references(
-    name: str,
-    tiny_model: Callable,
-    emulated_launcher,
-) -> None:
-    """The kernels of kernels/*.cu on the CPU emulator, fed YaRN / LongRoPE tables: the host
-    body's logits over a prefill, a prefill over the cached prefix and decode steps, and the
-    references' (the context, 80 > 32, takes LongRoPE's long factors as theirs did)."""
-    from frink_cli.backends.cupy.ops import KernelOps
-
-    host, dev = _cuda_models(
-        _path(tiny_model, name, "gguf"), lambda: KernelOps(np, emulated_launcher)
-    )
-    tokens = _tokens(tiny_model, name)
-    want = _prefill_prefix_decode(host, tokens, split=40)
-    got = _prefill_prefix_decode(dev, tokens, split=40)
-    assert _max_diff(got, want) <= SELF_TOL
-    _against_references(got, tiny_model(name).ref, f"{name} emulated")
-    ledger = dev.decoder.backend.ledger
-    assert ledger.total() > 0 and not ledger.refusals and not ledger.failures
