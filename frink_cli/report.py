@@ -128,7 +128,7 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
     check_backend_name(backend)
     ckpt = open_checkpoint(path)
     cfg = config_from_checkpoint(ckpt)
-    support = layer_support(backend, cfg)
+    support = layer_support(backend, cfg, ckpt)
     backend_label = "numpy" if backend == "auto" else backend
     tok = load_tokenizer(ckpt)
     facts = checkpoint_facts(ckpt)

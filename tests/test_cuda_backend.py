@@ -28,6 +28,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import nvrtc
@@ -39,8 +40,10 @@ from script_loader import load_script
 
 import frink_cli
 from frink_cli.archs.alibi import AlibiConfig
-from frink_cli.archs.decoder import with_ext
+from frink_cli.archs.decoder import DecoderConfig, with_ext
+from frink_cli.archs.gdn import GdnHybridConfig
 from frink_cli.backends import LaunchFailed, Refusal, Run, layer_support, select_backend
+from frink_cli.backends.capability import trace_refusals
 from frink_cli.backends.cupy import CudaBackend, eligibility, make_cuda_backend
 from frink_cli.backends.cupy.ops import (
     KERNEL_FILES,
@@ -55,6 +58,9 @@ from frink_cli.backends.host.rope import Rope
 from frink_cli.cache import KvCache
 from frink_cli.decoder import Decoder
 from frink_cli.errors import FrinkError
+from frink_cli.graph.blocks.gdn import GdnConfig
+from frink_cli.graph.blocks.moe import MoeConfig
+from frink_cli.graph.trace import OpCall, model_traces
 from frink_cli.model.config import LayerShape, ModelConfig
 
 _synthetic = load_script("synthetic_models")
@@ -449,21 +455,18 @@ class _ShapedConfig(ModelConfig):
         return dataclasses.replace(s, mixer=self.forced_mixer, ffn=self.forced_ffn)
 
 
-@dataclasses.dataclass(frozen=True)
-class _PostNormEpsConfig(ModelConfig):
-    """A config with a decoration this version of ModelConfig does not have: a post-norm
-    eps of its own. The stack carries post norms at norm_eps only, so it must refuse."""
-
-    post_norm_eps: float | None = None
-
-
 def _base() -> ModelConfig:
     return synthetic_config("llama", n_layer=2)
 
 
+def _gdn_config(base: ModelConfig) -> ModelConfig:
+    """base with every layer a gated delta net."""
+    gdn = GdnConfig((True,) * base.n_layer, 4, 2, 2, 16, 16)
+    return dataclasses.replace(base, ext=GdnHybridConfig(gdn=gdn))
+
+
 def _config_cases() -> dict[str, tuple[ModelConfig, str]]:
     base = _base()
-    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
     cases = {
         "activation": (dataclasses.replace(base, ffn_act="relu"), eligibility.ACTIVATION),
         "attn_softcap": (with_ext(base, attn_logit_softcap=50.0), eligibility.SOFTCAP),
@@ -474,13 +477,8 @@ def _config_cases() -> dict[str, tuple[ModelConfig, str]]:
         ),
         "rope_dims": (dataclasses.replace(base, rope_dim=15), eligibility.ROPE_DIMS),
         "rope_type": (dataclasses.replace(base, rope_type="mrope"), eligibility.ROPE_TYPE),
-        "gdn": (_ShapedConfig(**fields, forced_mixer="gdn"), "mixer gdn"),
-        "moe": (_ShapedConfig(**fields, forced_ffn="moe"), eligibility.MOE),
-        "other_ffn": (_ShapedConfig(**fields, forced_ffn="none"), "ffn none"),
-        "post_norm_eps": (
-            _PostNormEpsConfig(**fields, post_norm_eps=1e-6),
-            "post_norm_eps not carried",
-        ),
+        "gdn": (_gdn_config(base), "softplus: not implemented"),
+        "moe": (with_ext(base, moe=MoeConfig((True, True), 4, 2, 32)), eligibility.MOE),
     }
     cases["output_gate"] = (with_ext(base, attn_output_gate=True), eligibility.OUTPUT_GATE)
     return cases
@@ -504,21 +502,33 @@ def test_post_norms_geglu_and_windows_are_carried() -> None:
     assert eligibility.layer_refusals(cfg) == [None, None]
 
 
-def test_every_config_field_is_classified() -> None:
-    """The exhaustiveness rule itself: a field outside the lists is refused unless neutral."""
-    known = (
-        eligibility.CARRIED
-        | eligibility.OUTSIDE_THE_LAYERS
-        | eligibility.OTHER_LAYER_KINDS
-        | eligibility.LOAD_TIME
-        | eligibility.REFUSED_BY_NAME
-    )
-    # The architecture config's fields are classified through cfg.decorations().
-    unknown = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in known | {"ext"}]
-    cfg = _base()
-    for name in unknown:  # tolerated only while neutral
-        assert eligibility._neutral(getattr(cfg, name)), name
-    assert set(cfg.ext.decorations()) <= known
+def test_a_layer_without_an_ffn_is_carried() -> None:
+    """No call of an attention-only layer is refused (it writes its K/V rows)."""
+    base = _base()
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+    assert eligibility.layer_refusals(_ShapedConfig(**fields, forced_ffn="none")) == [None] * 2
+
+
+@dataclasses.dataclass(frozen=True)
+class _NewOpConfig(DecoderConfig):
+    """An architecture whose layer calls a primitive no backend has declared yet."""
+
+    def layer(self, ops: Any, cfg: ModelConfig, shape: LayerShape, w: Any, *rest: Any) -> Any:
+        x = ops.fancy_op(rest[0])
+        return super().layer(ops, cfg, shape, w, x, *rest[1:])
+
+
+def test_an_op_a_backend_does_not_declare_is_refused_by_its_name() -> None:
+    """Capabilities by tracing: the recorded call of an op a backend's table lacks refuses
+    the layer, the reason naming the op; one its predicate refuses names the argument."""
+    cfg = dataclasses.replace(_base(), ext=_NewOpConfig())
+    assert [c.op for c in model_traces(cfg)[0]][:2] == ["fancy_op", "rms_norm"]
+    assert eligibility.layer_reasons(cfg, 0) == ["fancy_op: not implemented"]
+    assert layer_support("metal", cfg) == ["fancy_op: not implemented"] * 2
+    table = {"fancy_op": lambda call: "shape" if call.shapes[0] != (1, 64) else None}
+    assert trace_refusals(table, [OpCall("fancy_op", ((1, 64),))]) == []
+    assert trace_refusals(table, [OpCall("fancy_op", ((2, 64),))]) == ["fancy_op: shape"]
+    assert trace_refusals({}, [OpCall("attention")]) == ["attention: not implemented"]
 
 
 def test_gemma3_is_carried(tiny_model: Callable) -> None:

@@ -73,8 +73,8 @@ def test_metal_releases_held_layers_keeps_refused_ones(tiny_model, monkeypatch):
 
     real = eligibility.layer_refusals
 
-    def refuse_odd(cfg, layer):
-        return real(cfg, layer) + (["forced for test"] if layer % 2 else [])
+    def refuse_odd(cfg, layer, source=None):
+        return real(cfg, layer, source) + (["forced for test"] if layer % 2 else [])
 
     monkeypatch.setattr("frink_cli.backends.mlx.backend.layer_refusals", refuse_odd)
     tm = tiny_model("qwen3")

@@ -93,8 +93,8 @@ def test_refused_layers_alternate_with_device_runs(tiny_model, monkeypatch, name
     tm = tiny_model(name)
     real = eligibility.layer_refusals
 
-    def refuse_odd(cfg, layer):
-        return real(cfg, layer) + (["forced for test"] if layer % 2 else [])
+    def refuse_odd(cfg, layer, source=None):
+        return real(cfg, layer, source) + (["forced for test"] if layer % 2 else [])
 
     monkeypatch.setattr(eligibility, "layer_refusals", refuse_odd)
     monkeypatch.setattr("frink_cli.backends.mlx.backend.layer_refusals", refuse_odd)
@@ -113,9 +113,9 @@ def test_refused_layers_alternate_with_device_runs(tiny_model, monkeypatch, name
 @pytest.mark.parametrize(
     "change, reason",
     [
-        (dict(attn_logit_softcap=30.0), "attention logit softcap"),
-        (dict(head_dim_v=8), "V width differs from K width"),
-        (dict(ffn_act="relu"), "activation relu"),
+        (dict(attn_logit_softcap=30.0), "attention: softcap"),
+        (dict(head_dim_v=8), "attention: K/V widths differ"),
+        (dict(ffn_act="relu"), "glu: act"),
     ],
 )
 def test_every_refusal_is_named(tiny_model, change, reason):
@@ -129,7 +129,7 @@ def test_refused_model_runs_on_host_and_stays_correct(tiny_model, monkeypatch):
     tm = tiny_model("llama")
     monkeypatch.setattr(
         "frink_cli.backends.mlx.backend.layer_refusals",
-        lambda cfg, layer: ["attention logit softcap"],
+        lambda cfg, layer, source=None: ["attention: softcap"],
     )
     dev = frink_cli.load(tm.gguf, backend="metal")
     plan = dev.decoder.backend.plan("decode", 0, 1, dev.decoder.new_cache(8))
@@ -187,7 +187,8 @@ def test_parity_command_on_real_quantized_model(smollm2_path):
 
 def _refuse_every_layer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        "frink_cli.backends.mlx.backend.layer_refusals", lambda cfg, layer: ["forced for test"]
+        "frink_cli.backends.mlx.backend.layer_refusals",
+        lambda cfg, layer, source=None: ["forced for test"],
     )
 
 

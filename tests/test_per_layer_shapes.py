@@ -341,14 +341,15 @@ def test_cuda_standing_in_matches_llamacpp(
     else:
         assert refused == {
             0: None,
-            1: "mixer linear",
-            2: "mixer none",
-            3: "mixer none",
+            1: eligibility.NO_KV_ROWS,
+            2: eligibility.NO_KV_ROWS,
+            3: eligibility.NO_KV_ROWS,
             4: None,
             5: None,
         }
-        assert "ffn none" in eligibility.layer_reasons(m.config, 3)
-        assert set(ledger.refusals) == {"mixer linear", "mixer none"}
+        # Layer 3 has neither branch: no call at all, and no K/V rows for the stack.
+        assert eligibility.layer_reasons(m.config, 3) == [eligibility.NO_KV_ROWS]
+        assert set(ledger.refusals) == {eligibility.NO_KV_ROWS}
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -37,11 +37,13 @@ def select_backend(name: str, cfg, checkpoint=None) -> Backend | None:
     if name == "auto":
         from .cupy import cuda_available, layer_refusals, make_cuda_backend
 
-        if any(r is None for r in layer_refusals(cfg)) and cuda_available():
-            return make_cuda_backend(cfg)
+        if any(r is None for r in layer_refusals(cfg, checkpoint)) and cuda_available():
+            return make_cuda_backend(cfg, checkpoint=checkpoint)
         from .mlx import metal_gpu_available
 
-        if metal_gpu_available() and any(r is None for r in layer_support("metal", cfg)):
+        if metal_gpu_available() and any(
+            r is None for r in layer_support("metal", cfg, checkpoint)
+        ):
             from .mlx import make_metal_backend
 
             return make_metal_backend(cfg, checkpoint)
@@ -49,25 +51,24 @@ def select_backend(name: str, cfg, checkpoint=None) -> Backend | None:
     if name == "cuda":
         from .cupy import make_cuda_backend
 
-        return make_cuda_backend(cfg)
+        return make_cuda_backend(cfg, checkpoint=checkpoint)
     from .mlx import make_metal_backend
 
     return make_metal_backend(cfg, checkpoint)
 
 
-def layer_support(name: str, cfg) -> list[str | None]:
+def layer_support(name: str, cfg, source=None) -> list[str | None]:
     """Per layer, None if backend `name` takes it (prefill and decode steps), else every reason
-    it does not, from the backend's own predicate; needs no device. The host body takes
-    every layer."""
+    it does not, from the backend's own predicate over the layer's trace; needs no device.
+    source: what the traces read the weights from (graph/trace.py: the checkpoint, the
+    weights, or None for the shapes the config implies). The host body takes every layer."""
     if name == "cuda":
-        from .cupy.eligibility import layer_reasons
-
-        return [", ".join(r) or None for r in (layer_reasons(cfg, i) for i in range(cfg.n_layer))]
-    if name == "metal":
-        from .mlx.eligibility import layer_refusals as metal_refusals
-
-        return [", ".join(r) or None for r in (metal_refusals(cfg, i) for i in range(cfg.n_layer))]
-    return [None] * cfg.n_layer
+        from .cupy.eligibility import layer_reasons as reasons
+    elif name == "metal":
+        from .mlx.eligibility import layer_refusals as reasons
+    else:
+        return [None] * cfg.n_layer
+    return [", ".join(reasons(cfg, i, source)) or None for i in range(cfg.n_layer)]
 
 
 __all__ = [

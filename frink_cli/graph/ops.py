@@ -25,9 +25,11 @@ Conventions every implementation keeps:
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+# What the blocks hold (each backend's own array type); `Ops[A]` is typed over it.
 Array = Any
+A = TypeVar("A")
 
 # The "swiglu_oai" activation's constants, shared by every backend's implementation and
 # by the architecture that checks them: llama.cpp's ggml_swiglu_oai as its build_moe_ffn
@@ -36,83 +38,85 @@ SWIGLU_OAI_ALPHA = 1.702
 SWIGLU_OAI_LIMIT = 7.0
 
 
-class Ops(Protocol):
+class Ops(Protocol[A]):
+    """The primitives over the backend's array type A (host: Ops[np.ndarray])."""
+
     # --- linear algebra and elementwise ----------------------------------------------------
-    def linear(self, x: Array, w: Any) -> Array:
+    def linear(self, x: A, w: Any) -> A:
         """x [T, in] @ W.T (+ bias) -> [T, out], a new array."""
         ...
 
-    def rms_norm(self, x: Array, w: Array, eps: float) -> Array:
+    def rms_norm(self, x: A, w: A | None, eps: float) -> A:
         """RMSNorm over the last axis into a new array (x is left as it was); w None:
         weightless (Mamba-2's grouped norm multiplies by its [G, width] weight after)."""
         ...
 
-    def rms_norm_(self, x: Array, w: Array, eps: float) -> Array:
+    def rms_norm_(self, x: A, w: A | None, eps: float) -> A:
         """RMSNorm over the last axis; may overwrite x (a [T, heads, hd] view works too)."""
         ...
 
-    def layer_norm(self, x: Array, w: Array, b: Array | None, eps: float) -> Array:
+    def layer_norm(self, x: A, w: A, b: A | None, eps: float) -> A:
         """LayerNorm over the last axis into a new array: (x - mean) / sqrt(var + eps) * w
         (+ b), as llama.cpp's ggml_norm then its weight and bias."""
         ...
 
-    def clamp_(self, x: Array, c: float) -> Array:
+    def clamp_(self, x: A, c: float) -> A:
         """x clipped to [-c, c]; may overwrite x."""
         ...
 
-    def add_(self, x: Array, y: Array) -> Array:
+    def add_(self, x: A, y: A) -> A:
         """x + y; may overwrite x."""
         ...
 
-    def concat(self, parts: list[Array], axis: int = -1) -> Array:
+    def concat(self, parts: list[A], axis: int = -1) -> A:
         """The arrays side by side along `axis` (the last: columns; 0: the rows of a
         multi-sequence step's sequences, one after another), a new array."""
         ...
 
-    def scale_(self, x: Array, s: float) -> Array:
+    def scale_(self, x: A, s: float) -> A:
         """x * s; may overwrite x."""
         ...
 
-    def softcap_(self, x: Array, cap: float) -> Array:
+    def softcap_(self, x: A, cap: float) -> A:
         """cap * tanh(x / cap); may overwrite x."""
         ...
 
-    def glu(self, h: Array, act: str) -> Array:
+    def glu(self, h: A, act: str) -> A:
         """act(gate) * up over rows [..., gate | up]; may overwrite h."""
         ...
 
-    def act(self, x: Array, act: str) -> Array:
+    def act(self, x: A, act: str) -> A:
         """act(x) into a new array ("silu" | "gelu_tanh")."""
         ...
 
-    def sigmoid(self, x: Array) -> Array: ...
+    def sigmoid(self, x: A) -> A: ...
 
-    def sigmoid_mul_(self, x: Array, gate: Array) -> Array:
+    def sigmoid_mul_(self, x: A, gate: A) -> A:
         """x * sigmoid(gate); may overwrite x."""
         ...
 
-    def index(self, values: tuple[int, ...]) -> Array:
+    def index(self, values: tuple[int, ...]) -> A:
         """A constant index array (cached: asked once per layer per step)."""
         ...
 
     # --- attention -------------------------------------------------------------------------
-    def rope_(self, x: Array, pos: Any, rope: Any) -> Array:
+    def rope_(self, x: A, pos: Any, rope: Any) -> A:
         """Rotate x [T, heads, head_dim] at the step's positions; may overwrite x."""
         ...
 
     def attention(
         self,
-        q: Array,
-        k: Array,
-        v: Array,
+        q: A,
+        k: A,
+        v: A,
         kv: Any,
         pos: Any,
         window: int | None,
         scale: float,
         softcap: float | None,
         alibi: tuple[float, ...] | None = None,
-        sinks: Array | None = None,
-    ) -> Array:
+        sinks: A | None = None,
+    ) -> A:
         """Write the new rows k [T, Hkv, hk], v [T, Hkv, hv] to the cache view kv, then
         softmax(scale q K^T (softcapped) + causal/window mask) V over every visible row for
         q [T, H, hk] (GQA: query head h reads KV head h // (H / Hkv)) -> [T, H * hv].
@@ -121,28 +125,24 @@ class Ops(Protocol):
         ...
 
     # --- gated delta net -------------------------------------------------------------------
-    def causal_conv(self, x: Array, tail: Array, taps: Array) -> tuple[Array, Array]:
+    def causal_conv(self, x: A, tail: A, taps: A) -> tuple[A, A]:
         """Depthwise causal conv of x [T, C] after `tail` [K-1, C], taps [C, K] oldest first
         -> (out [T, C], the new tail: the last K-1 inputs)."""
         ...
 
-    def l2_norm(self, x: Array, eps: float) -> Array:
+    def l2_norm(self, x: A, eps: float) -> A:
         """x / sqrt(sum(x^2) + eps) over the last axis."""
         ...
 
-    def softplus(self, x: Array) -> Array: ...
+    def softplus(self, x: A) -> A: ...
 
-    def delta_rule(
-        self, q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array
-    ) -> tuple[Array, Array]:
+    def delta_rule(self, q: A, k: A, v: A, g: A, beta: A, state: A) -> tuple[A, A]:
         """The gated delta rule over T tokens: q, k [T, H, dk]; v [T, H, dv]; log decay g and
         beta [T, H]; state [H, dk, dv] (not modified) -> (o [T, H, dv], the new state)."""
         ...
 
     # --- mamba (selective state space) ------------------------------------------------------
-    def selective_scan(
-        self, x: Array, dt: Array, a: Array, b: Array, c: Array, state: Array
-    ) -> tuple[Array, Array]:
+    def selective_scan(self, x: A, dt: A, a: A, b: A, c: A, state: A) -> tuple[A, A]:
         """Mamba's scan over T tokens, per channel i: h = exp(dt[i] A[i]) h + dt[i] x[i] B;
         y[i] = h[i] . C. x, dt (softplus-ed) [T, d_inner]; a [d_inner, d_state] (Mamba-1) or
         [d_inner, 1] (Mamba-2's per-head scalar, broadcast over the state); b, c
@@ -153,19 +153,19 @@ class Ops(Protocol):
     # --- mixture of experts ----------------------------------------------------------------
     def route(
         self,
-        logits: Array,
+        logits: A,
         k: int,
         renormalize: bool,
         gating: str = "softmax",
-        bias: Array | None = None,
-    ) -> tuple[Array, Array]:
+        bias: A | None = None,
+    ) -> tuple[A, A]:
         """Router over [T, n_expert] logits -> (expert ids [T, k], weights [T, k]): the
         probabilities are softmax(logits) or (gating "sigmoid") sigmoid(logits); the top k
         is taken over probabilities + bias [n_expert] when given, highest first; the weights
         are the unbiased probabilities of the chosen, renormalized to sum to 1 when asked."""
         ...
 
-    def experts(self, x: Array, ids: Array, weights: Array, moe: Any, act: str) -> Array:
+    def experts(self, x: A, ids: A, weights: A, moe: Any, act: str) -> A:
         """sum_j weights[:, j] * down_e(act(gate_e(x)) * up_e(x)) for e = ids[:, j], over the
         backend's resident expert stacks in `moe` -> [T, n_embd]; with the experts' biases
         (moe.gate_up_exps_b, moe.down_exps_b) added to their gate/up and down rows."""

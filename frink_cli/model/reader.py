@@ -32,17 +32,34 @@ _FILL_CHUNK_BYTES = 32 << 20
 Parts = list[tuple[str, int]]
 
 
-class TensorReader:
-    """One checkpoint's tensors, read by name and expected shape."""
+def placeholder(shape: tuple[int, ...]) -> np.ndarray:
+    """A read-only f32 array of `shape` that holds no memory (zero strides): a meta read."""
+    return np.broadcast_to(np.float32(0), shape)
 
-    def __init__(self, ckpt: Checkpoint) -> None:
-        self.ckpt = ckpt
-        self.names = set(ckpt.tensors.names())
+
+class TensorReader:
+    """One checkpoint's tensors, read by name and expected shape.
+
+    meta=True reads no tensor data (what a trace of the layers needs, graph/trace.py): every
+    tensor is a placeholder() of its expected shape and nothing is kept in blocks. With a
+    checkpoint the names and shapes are still checked against it; with ckpt None every
+    tensor a plan requires is taken as present with its expected shape and every optional
+    one as absent."""
+
+    def __init__(self, ckpt: Checkpoint | None, meta: bool = False) -> None:
+        if ckpt is None and not meta:
+            raise ValueError("a TensorReader without a checkpoint reads only meta")
+        self.ckpt: Checkpoint = ckpt  # type: ignore[assignment]  # None: meta only
+        self.meta = meta
+        self.names = set(ckpt.tensors.names()) if ckpt is not None else set()
         self.read: set[str] = set()  # every tensor checked and loaded so far
         # Weights stay in the file's blocks where the host multiplies them as they are: a
         # GGUF file (its blocks readable) and the compiled kernels.
         self.host_blocks = (
-            hasattr(ckpt.tensors, "blocks") and kernels.compiled() and not _F32_WEIGHTS
+            not meta
+            and hasattr(self.ckpt.tensors, "blocks")
+            and kernels.compiled()
+            and not _F32_WEIGHTS
         )
 
     def has(self, name: str) -> bool:
@@ -51,6 +68,8 @@ class TensorReader:
     def check(self, name: str, shape: tuple[int, ...]) -> None:
         """The tensor exists with exactly this shape (recorded as read), else FrinkError."""
         self.read.add(name)
+        if self.ckpt is None:
+            return  # meta, without a file: every tensor asked for is taken as declared
         if name not in self.names:
             raise FrinkError(f"{self.ckpt.path}: missing tensor {name}")
         info = self.ckpt.tensors.info(name)
@@ -63,7 +82,7 @@ class TensorReader:
     def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         """The tensor as f32, checked."""
         self.check(name, shape)
-        return self.ckpt.tensors.load(name)
+        return placeholder(shape) if self.meta else self.ckpt.tensors.load(name)
 
     def optional(
         self, name: str, shape: tuple[int, ...], required: bool = False
@@ -114,7 +133,11 @@ class TensorReader:
 
     def experts(self, parts: Parts, n_expert: int, in_dim: int) -> QuantExperts | None:
         """Expert stacks [n_expert, rows, in_dim] as the file's blocks, stacked along rows
-        (None: f32 at load)."""
+        (None: f32 at load; meta: one placeholder stack)."""
+        if self.meta:
+            for name, rows in parts:
+                self.check(name + ".weight", (n_expert, rows, in_dim))
+            return placeholder((n_expert, sum(rows for _, rows in parts), in_dim))  # type: ignore[return-value]
         if not self._kernel_typed(parts):
             return None
         stacks = []
@@ -127,7 +150,11 @@ class TensorReader:
     def linear(self, parts: Parts, in_dim: int, bias: bool = True) -> Linear:
         """Rows of several tensors stacked into one matrix; biases zero-filled if partial."""
         w: np.ndarray | QuantRows | None = self.in_blocks(parts, in_dim)
-        if w is None:
+        if w is None and self.meta:
+            for name, rows in parts:
+                self.check(name + ".weight", (rows, in_dim))
+            w = placeholder((sum(rows for _, rows in parts), in_dim))
+        elif w is None:
             # Every part's shape checked before the matrix is allocated: sizes come from the
             # metadata, which may be hostile (a head width of 2^40).
             for name, rows in parts:

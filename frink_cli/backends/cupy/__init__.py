@@ -1,6 +1,7 @@
 """The cuda backend: CuPy's dense prefill stack on NVIDIA GPUs (`--backend cuda`).
 
-Layout: eligibility.py (what it takes: one predicate per kind of work), stack.py (the run
+Layout: eligibility.py (what it takes: one predicate per kind of work), capabilities.py
+(the ops it implements, asked of each layer's trace), stack.py (the run
 of layers, written once against an array module and an ops table), ops.py (NumPy
 references and kernel launches), backend.py (plan/run for the decoder loop); kernels in
 the repository's kernels/*.cu. This module picks the array module: CuPy on a GPU, or
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import FrinkError
+from ...formats import Checkpoint
 from ...model.config import ModelConfig
 from .backend import CudaBackend
 from .eligibility import layer_refusal, layer_refusals
@@ -130,18 +132,22 @@ def tensor_format(
 
 
 def make_cuda_backend(
-    cfg: ModelConfig, array_module: str | None = None, weight_dtype: str | None = None
+    cfg: ModelConfig,
+    array_module: str | None = None,
+    weight_dtype: str | None = None,
+    checkpoint: Checkpoint | None = None,
 ) -> CudaBackend:
     """The cuda backend for a model; FrinkError (one line) when it cannot run here.
 
     array_module: "cupy" (default) or "numpy" (the stack's orchestration on the CPU with the
     NumPy references: no GPU needed); default from FRINK_CUDA_ARRAY_MODULE.
     weight_dtype: "float32" (default) or "float16" GEMM operands; default from FRINK_CUDA_DTYPE.
+    checkpoint: the model's file, which the layers' traces read the tensor shapes from.
     """
     array_module = array_module or os.environ.get(ARRAY_MODULE_ENV) or "cupy"
     weight_dtype = weight_dtype_setting(weight_dtype)
     if array_module == "numpy":
-        return CudaBackend(cfg, ReferenceOps(), weight_dtype)
+        return CudaBackend(cfg, ReferenceOps(), weight_dtype, source=checkpoint)
     if array_module != "cupy":
         raise FrinkError(f"{ARRAY_MODULE_ENV}={array_module!r}: choose cupy or numpy")
-    return CudaBackend(cfg, cupy_kernel_ops(), weight_dtype)
+    return CudaBackend(cfg, cupy_kernel_ops(), weight_dtype, source=checkpoint)

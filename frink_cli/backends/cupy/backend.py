@@ -1,14 +1,14 @@
 """CudaBackend: the decoder loop's view of the dense stack.
 
-plan() answers from eligibility.py alone, before any cache or device memory is touched:
-the longest run of consecutive eligible layers from `layer`, or a named refusal. run()
-takes the run in one stack call over the layers' device KV caches, then pushes each
-layer's K/V rows into the host cache (the authoritative one) through its slots. A run
-that reaches the last layer can bring the logits back instead of the hidden rows
-(run_head), so a decode token whose every layer is carried is one submission. Anything
-that goes wrong inside the stack is a launch failure: it is raised as LaunchFailed before
-a single host cache row is written, and the decoder loop has the host body run the same
-layers.
+plan() answers from eligibility.py alone (over the layers' traces, graph/trace.py), before
+any cache or device memory is touched: the longest run of consecutive eligible layers from
+`layer`, or a named refusal. run() takes the run in one stack call over the layers' device
+KV caches, then pushes each layer's K/V rows into the host cache (the authoritative one)
+through its slots. A run that reaches the last layer can bring the logits back instead of
+the hidden rows (run_head), so a decode token whose every layer is carried is one
+submission. Anything that goes wrong inside the stack is a launch failure: it is raised as
+LaunchFailed before a single host cache row is written, and the decoder loop has the host
+body run the same layers.
 
 The device KV cache is a per-sequence mirror of the host cache, kept resident so decode
 rows and later prompt chunks do not upload the prefix again. It re-syncs a layer from the
@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ...graph.rope import rope_factors, rope_frequencies
+from ...graph.trace import Source
 from ...model.config import ModelConfig
 from ...model.weights import LayerWeights, ModelWeights
 from ..base import DeviceBackend
@@ -64,8 +65,16 @@ class CudaBackend(DeviceBackend):
     name = "cuda"
 
     def __init__(
-        self, cfg: ModelConfig, ops: Any, weight_dtype: Any = F32, ledger: Ledger | None = None
+        self,
+        cfg: ModelConfig,
+        ops: Any,
+        weight_dtype: Any = F32,
+        ledger: Ledger | None = None,
+        source: Source = None,
     ) -> None:
+        """source: what the layers' traces read the weights from (the checkpoint, when
+        there is one; else the shapes the config implies)."""
+        self.source = source
         self.ops = ops  # the kernel table (ops.py): ReferenceOps or KernelOps
         self.weight_dtype = np.dtype(weight_dtype)
         self.device_errors = _device_errors()
@@ -96,7 +105,7 @@ class CudaBackend(DeviceBackend):
     # -- load ----------------------------------------------------------------------------
 
     def layer_reasons(self, layer: int) -> list[str]:
-        return eligibility.layer_reasons(self.cfg, layer)
+        return eligibility.layer_reasons(self.cfg, layer, self.source)
 
     def prepare(self, weights: ModelWeights) -> None:
         self._weights_rope = (

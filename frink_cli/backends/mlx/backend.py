@@ -98,7 +98,7 @@ class MlxBackend(DeviceBackend):
         self._compiled: dict[tuple, object] = {}
 
     def layer_reasons(self, layer: int) -> list[str]:
-        return layer_refusals(self.cfg, layer)
+        return layer_refusals(self.cfg, layer, self.checkpoint)
 
     @property
     def refusals(self) -> list[list[str]]:

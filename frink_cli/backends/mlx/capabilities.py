@@ -1,0 +1,65 @@
+"""The ops the MLX graphs implement (backends/mlx/graph.py's MlxOps), with the arguments
+they carry: what `layer_refusals` asks of each layer's trace. Importing it never imports
+MLX, so `frink info --backend metal` answers anywhere.
+
+Every primitive of the block library is traced into the compiled graph; attention is
+SDPA over the device mirror (windows, ALiBi, sinks, KV sharing) without a logit softcap
+and with V heads as wide as K's; the activations are SiLU and GELU-tanh, gated or not,
+and SwiGLU-OAI gated.
+"""
+
+from __future__ import annotations
+
+from ...graph.trace import OpCall
+from ..capability import Capabilities, supported
+
+CARRIED_ACTIVATIONS = ("silu", "gelu_tanh", "swiglu_oai")
+PLAIN_ACTIVATIONS = ("silu", "gelu_tanh")
+
+
+def _gated(call: OpCall) -> str | None:
+    return None if call["act"] in CARRIED_ACTIVATIONS else "act"
+
+
+def _plain(call: OpCall) -> str | None:
+    return None if call["act"] in PLAIN_ACTIVATIONS else "act"
+
+
+def _attention(call: OpCall) -> str | None:
+    if call["softcap"]:
+        return "softcap"
+    if call["own_kv"] and call["head_dim_k"] != call["head_dim_v"]:
+        return "K/V widths differ"
+    return None
+
+
+MLX_OPS: Capabilities = {
+    **dict.fromkeys(
+        (
+            "linear",
+            "rms_norm",
+            "rms_norm_",
+            "layer_norm",
+            "clamp_",
+            "add_",
+            "concat",
+            "scale_",
+            "softcap_",
+            "sigmoid",
+            "sigmoid_mul_",
+            "index",
+            "rope_",
+            "causal_conv",
+            "l2_norm",
+            "softplus",
+            "delta_rule",
+            "selective_scan",
+            "route",
+        ),
+        supported,
+    ),
+    "glu": _gated,
+    "act": _plain,
+    "experts": _gated,
+    "attention": _attention,
+}
