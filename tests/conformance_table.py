@@ -336,6 +336,8 @@ _QWEN_HYBRID = Converter(skip_suffixes=(".full_attention_interval",), rel_tol=1e
 _MAMBA_RUN = frozenset({"mamba-run+lm-head"})
 _ROLLBACK = "cannot be rolled back"
 _MAMBA2_SCAN = "mamba2 selective scan"
+# The first op the cuda stack does not implement in every mamba-family layer.
+_NO_SCAN = "selective_scan: not implemented"
 
 TABLE: tuple[Arch, ...] = (
     Arch(
@@ -457,7 +459,7 @@ TABLE: tuple[Arch, ...] = (
         greedy_min=LONG_GREEDY,
         greedy_prompt_min=PREFILL_CHUNK + 1,
         converter=_ULP_A,
-        cuda=Cuda(("mamba",), every_layer="mixer mamba"),
+        cuda=Cuda(("mamba",), every_layer=_NO_SCAN),
         metal=Metal(
             ("mamba", "falcon_mamba"),
             per_token=("mamba", "falcon_mamba"),
@@ -476,7 +478,7 @@ TABLE: tuple[Arch, ...] = (
         ("mamba2",),
         **_RECURRENT,
         converter=_ULP_A,
-        cuda=Cuda(("mamba2",), every_layer="mixer mamba2"),
+        cuda=Cuda(("mamba2",), every_layer=_NO_SCAN),
         metal=Metal(
             ("mamba2",),
             per_token=("mamba2",),
@@ -565,7 +567,7 @@ TABLE: tuple[Arch, ...] = (
         "falcon-h1",
         ("falcon_h1", "falcon_h1_norm"),
         **_RECURRENT,
-        cuda=Cuda(("falcon_h1",), every_layer="mixer attention+mamba2"),
+        cuda=Cuda(("falcon_h1",), every_layer=_NO_SCAN),
         converter=Converter(ulp_suffixes=(".ssm_a",)),
         metal=Metal(
             ("falcon_h1", "falcon_h1_norm"),

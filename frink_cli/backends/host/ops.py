@@ -32,10 +32,10 @@ class HostOps:
     def linear(self, x: np.ndarray, w: Linear) -> np.ndarray:
         return linear(x, w)
 
-    def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    def rms_norm(self, x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
         return rms_norm(x, w, eps)
 
-    def rms_norm_(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    def rms_norm_(self, x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
         return rms_norm(x, w, eps, out=x)
 
     def layer_norm(

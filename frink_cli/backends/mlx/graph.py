@@ -235,7 +235,7 @@ class MlxOps:
     def linear(self, x: mx.array, w: DeviceLinear) -> mx.array:
         return w(x)
 
-    def rms_norm(self, x: mx.array, w: mx.array, eps: float) -> mx.array:
+    def rms_norm(self, x: mx.array, w: mx.array | None, eps: float) -> mx.array:
         return mx.fast.rms_norm(x, w, eps)
 
     rms_norm_ = rms_norm
