@@ -133,7 +133,7 @@ def test_refused_model_runs_on_host_and_stays_correct(tiny_model, monkeypatch):
     )
     dev = frink_cli.load(tm.gguf, backend="metal")
     plan = dev.decoder.backend.plan("decode", 0, 1, dev.decoder.new_cache(8))
-    assert plan == Refusal("attention logit softcap")
+    assert plan == Refusal("attention: softcap")
     got = dev.logits(tm.ref["tokens"])
     assert np.abs(got - tm.ref["logits_llamacpp"]).max() <= 2e-3
     assert dev.decoder.backend.ledger.total() == 0

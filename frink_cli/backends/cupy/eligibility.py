@@ -53,6 +53,7 @@ HEAD_DIM = "attention: head dim > 256"
 ROPE_DIMS = "rope_: dims (odd or > head dim)"
 ROPE_TYPE = "rope_: layout"
 NO_WEIGHT = "rms_norm_: no weight"
+SHARED_KV = "attention: no K/V of its own"
 
 
 def layer_reasons(cfg: ModelConfig, layer: int, source: Source = None) -> list[str]:
