@@ -29,7 +29,7 @@ from ..base import DeviceBackend
 from ..ledger import Ledger
 from ..protocol import Run
 from . import eligibility
-from .ops import CudaOps, CudaStep
+from .cuda_ops import CudaOps, CudaStep
 from .stack import DeviceHead, dense_stack, upload_head, upload_layer
 
 F32 = np.float32
@@ -66,7 +66,7 @@ class CudaBackend(DeviceBackend):
     def __init__(
         self, cfg: ModelConfig, ops: Any, weight_dtype: Any = F32, ledger: Ledger | None = None
     ) -> None:
-        self.ops = ops  # the kernel table (ops.py): ReferenceOps or KernelOps
+        self.ops = ops  # the kernel table: ReferenceOps or KernelOps (ops.py)
         self.weight_dtype = np.dtype(weight_dtype)
         self.device_errors = _device_errors()
         super().__init__(cfg, ledger)
