@@ -75,7 +75,7 @@ class CudaBackend(DeviceBackend):
         """source: what the layers' traces read the weights from (the checkpoint, when
         there is one; else the shapes the config implies)."""
         self.source = source
-        self.ops = ops  # the kernel table (reference_ops.py / kernel_ops.py): ReferenceOps or KernelOps
+        self.ops = ops  # the kernel table: ReferenceOps or KernelOps
         self.weight_dtype = np.dtype(weight_dtype)
         self.device_errors = _device_errors()
         super().__init__(cfg, ledger)
