@@ -1,4 +1,5 @@
-"""gpt-oss's harmony output, split into its channels as the tokens arrive.
+"""gpt-oss's harmony output, split into its channels as the tokens arrive (ChannelSplit), and
+a model's generation as (channel, text) pairs (generated_channels).
 
 After the prompt's `<|start|>assistant`, a harmony model writes messages of the form
 `<|channel|>NAME<|message|>TEXT<|end|>`, each later one opened by
@@ -10,6 +11,9 @@ Text outside any message (a model that skips the header) counts as final.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
 
 from .tokenizer import StreamDecoder, Tokenizer
 
@@ -75,3 +79,37 @@ class ChannelSplit:
         tail = self._stream.flush() if self.state == "text" else ""
         self._stream = self.tok.stream()
         return [(self.channel, tail)] if tail else []
+
+
+def generated_channels(
+    m: Any,
+    ids: list[int],
+    raw: bool,
+    max_tokens: int,
+    n_ctx: int | None,
+    stats: Any,
+    sampling: dict[str, Any],
+    constraint: Any = None,
+) -> Iterator[tuple[str, str]]:
+    """(channel, text) as generated: every piece "final", except from a harmony model
+    (gpt-oss) in chat mode, whose messages are split by channel (channels.ChannelSplit).
+    `constraint` (Model.constraint) masks every generated token."""
+    tok = m.tokenizer
+    if raw or tok is None or not is_harmony(tok):
+        stream = tok.stream() if tok is not None else None
+        for token in m.generate_ids(
+            ids, max_tokens=max_tokens, n_ctx=n_ctx, stats=stats, constraint=constraint, **sampling
+        ):
+            piece = stream.push(token) if stream is not None else ""
+            if piece:
+                yield FINAL, piece
+        tail = stream.flush() if stream is not None else ""
+        if tail:
+            yield FINAL, tail
+        return
+    split = ChannelSplit(tok)
+    for token in m.generate_ids(
+        ids, max_tokens=max_tokens, n_ctx=n_ctx, stats=stats, constraint=constraint, **sampling
+    ):
+        yield from split.push(token)
+    yield from split.flush()

@@ -18,7 +18,9 @@ device or it made no submission. Only MATCH and DRIFT are a passing check (`ok`)
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -190,3 +192,28 @@ def verdict(r: ParityReport) -> tuple[str, str]:
     if all(r.step_top1_agree) and max(r.step_kl) < r.kl_bar:
         return "MATCH", f"{bar}; the device ran {n_device} of {len(r.layer_on_backend)} layers"
     return "DRIFT", bar
+
+
+def print_report(r: ParityReport, write: Callable[[str], Any]) -> None:
+    """`frink parity`'s text of a report through `write`: the run, each layer's largest
+    difference and where it ran, the prefill and decode comparisons, the device's
+    submissions, any failures, and the verdict."""
+    write(
+        f"backend {r.backend}: {r.n_prompt} prompt tokens, {r.steps} decode steps, "
+        f"{'quantized' if r.quantized else 'unquantized'} weights (KL bar {r.kl_bar:g})\n"
+    )
+    for i, (d, on) in enumerate(zip(r.layer_max_abs, r.layer_on_backend)):
+        write(f"  layer {i:<3} {'device' if on else 'host  '}  max|d| {d:.3g}\n")
+    write(f"prefill logits max|d| {r.prefill_logits_max_abs:.3g}\n")
+    write(
+        f"decode: max KL {max(r.step_kl):.3g}, top-1 agreement "
+        f"{sum(r.step_top1_agree)}/{len(r.step_top1_agree)}\n"
+    )
+    write(
+        f"submissions: prefill {r.submissions_prefill}, per decode token "
+        f"{r.submissions_per_decode_token:.2f}; by kind {r.submissions_by_kind}; "
+        f"refusals {r.refusals}\n"
+    )
+    for message, n in r.failures.items():
+        write(f"FAILED x{n}: {message}\n")
+    write(f"verdict: {r.verdict} ({r.why})\n")

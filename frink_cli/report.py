@@ -1,5 +1,5 @@
 """What a model file is, as data: the facts `frink info` prints and `frink bench` labels its
-rows with.
+rows with; and `frink info`'s text of them (print_info).
 
 Why a module of its own: the report is library work (open the checkpoint, read its config
 and tokenizer, ask a backend's eligibility predicate) that the CLI only prints, and bench
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .archs import config_from_checkpoint, open_checkpoint
+from .errors import printable
 from .formats import Checkpoint
 
 
@@ -218,3 +220,171 @@ def ledger_summary(backend: Any) -> dict[str, Any] | None:
         "refusals": dict(sorted(ledger.refusals.items())),
         "failures": dict(ledger.failures),
     }
+
+
+# --- `frink info`'s text ---------------------------------------------------------------------
+
+
+def print_info(d: dict[str, Any], write: Callable[[str], Any]) -> None:
+    """Write `frink info`'s text through `write`: describe()'s data `d`, one fact a line
+    (labels padded to 16 columns), then one line per layer and the notes. Text read from the
+    file (the model's name, notes) is escaped with errors.printable."""
+
+    def line(label: str, text: str) -> None:
+        write(f"{label + ':':<16}{text}\n")
+
+    size = f"{d['file_bytes'] / 1e6:.1f} MB"
+    line("model", f"{printable(str(d['name'] or Path(d['path']).name))} ({d['format']}, {size})")
+    line("architecture", f"{d['architecture']}, {d['parameters'] / 1e6:.1f}M parameters")
+    line("tensor types", ", ".join(f"{k} x{v}" for k, v in sorted(d["tensor_types"].items())))
+    line("layers", f"{d['n_layer']} ({d['layer_pattern']})")
+    _print_sizes(d, line)
+    line("positions", d["positions"])
+    values = d["decoration_values"]
+    decorations = [
+        f"{name} {values[name]:g}" if isinstance(values.get(name), float) else name
+        for name in d["decorations"]
+    ]
+    line("decorations", ", ".join(decorations) or "none")
+    _print_mixers(d, line)
+    line("context", str(d["context_length"]))
+    t = d["tokenizer"]
+    if t is None:
+        line("tokenizer", "none")
+    else:
+        line(
+            "tokenizer",
+            f"{t['model']}, {t['n_vocab']} tokens, bos {t['bos_id']}, eos {t['eos_id']}",
+        )
+    line("chat template", "yes" if d["chat_template"] else "no")
+    _print_backends(d, line, write)
+    for s in d["layers"]:
+        write(_layer_line(d, s))
+    for note in d["notes"]:
+        write(f"note: {printable(note)}\n")
+
+
+def _print_sizes(d: dict[str, Any], line: Callable[[str, str], None]) -> None:
+    """The embedding and attention lines, or a mamba stack's mixer sizes."""
+    moe, mb = d["moe"], d["mamba"]
+    # Where every FFN is routed the dense width is unused (or absent): say so instead.
+    all_routed = moe and moe["layers"] == d["n_layer"]
+    ffn_width = "routed" if all_routed and not moe["parallel_dense"] else d["n_ff"]
+    window = f", sliding window {d['sliding_window']}" if d["sliding_window"] else ""
+    heads = f"{d['n_head']} heads, {d['n_head_kv']} KV heads, head dim {d['head_dim']}"
+    if d["per_layer_sizes"]:  # the largest of each: every layer's own are listed below
+        heads = f"up to {heads} (per layer below)"
+        ffn_width = f"up to {ffn_width}"
+    # A pure mamba stack has no attention, no FFN, no rope: the mixer's sizes instead.
+    hybrid = mb and any(s["mixer"] not in ("mamba", "mamba2") for s in d["layers"])
+    if mb and not hybrid:
+        line("embedding", f"{d['n_embd']}, vocab {d['n_vocab']}")
+    else:
+        line("embedding", f"{d['n_embd']}, ffn {ffn_width} ({d['ffn_act']}), vocab {d['n_vocab']}")
+        line("attention", heads + window)
+    if not mb:
+        return
+    norms = ", RMSNorm on dt/B/C" if mb["dt_b_c_rms"] else ""
+    if mb["n_group"]:
+        sizes = (
+            f"{mb['dt_rank']} heads x {mb['d_inner'] // mb['dt_rank']}, {mb['n_group']} B/C groups"
+        )
+        label = "mamba2"
+    else:
+        sizes, label = f"dt rank {mb['dt_rank']}", "mamba"
+    line(
+        label,
+        f"inner {mb['d_inner']}, state {mb['d_state']}, {sizes}, conv {mb['conv_kernel']}{norms}",
+    )
+    _recurrent(d, line, "conv + scan")
+
+
+def _recurrent(d: dict[str, Any], line: Callable[[str, str], None], what: str) -> None:
+    state_kib = d["recurrent_state_bytes"] / 1024
+    line("recurrent", f"{state_kib:.1f} KiB state per sequence (f32 {what})")
+
+
+def _print_mixers(d: dict[str, Any], line: Callable[[str, str], None]) -> None:
+    """The gated deltanet, short conv and experts lines, for the models that have them."""
+    g, sc, moe = d["gdn"], d["shortconv"], d["moe"]
+    if g:
+        line(
+            "gated deltanet",
+            f"{g['layers']} layers, {g['key_heads']} key / {g['value_heads']} value heads"
+            f" x {g['head_dim_k']}/{g['head_dim_v']}, conv {g['conv_kernel']},"
+            f" value heads {g['value_head_order']}",
+        )
+        _recurrent(d, line, "conv + delta")
+    if sc:
+        line("short conv", f"{sc['layers']} layers, conv {sc['conv_kernel']} over {d['n_embd']}")
+        _recurrent(d, line, "conv tail")
+    if moe:
+        shared = f", shared expert ffn {moe['shared_ff']}" if moe["shared_ff"] else ""
+        gating = ""
+        if moe["gating"] != "softmax" or moe["expert_bias"]:
+            gating = f", {moe['gating']} router" + (" + expert bias" if moe["expert_bias"] else "")
+        line(
+            "experts",
+            f"{moe['experts']}, top {moe['experts_used']}, expert ffn {moe['expert_ff']}"
+            f"{shared}{gating}",
+        )
+
+
+def _print_backends(
+    d: dict[str, Any], line: Callable[[str, str], None], write: Callable[[str], Any]
+) -> None:
+    """The host's kernels and tensor formats, and the chosen backend's share of the layers."""
+    host = d["host"]
+    line("host kernels", host["kernels"])
+    line("host rowwise", host["rowwise"])
+    for dtype, how in host["tensor_formats"].items():
+        write(f"  {dtype:<6} -> {how}\n")
+    be = d["backend"]["name"]
+    if be != "numpy":
+        taken = d["backend"]["layers_taken"]
+        rest = "(prefill and decode; the host body runs the rest)"
+        line("backend", f"{be} takes {taken} of {d['n_layer']} layers {rest}")
+        for dtype, how in d["backend"]["tensor_formats"].items():
+            write(f"  {dtype:<6} -> {how}\n")
+
+
+def _layer_line(d: dict[str, Any], s: dict[str, Any]) -> str:
+    """One layer's line: its mixer, its FFN and, under a device backend, where it runs."""
+    be, moe = d["backend"]["name"], d["moe"]
+    where = ""
+    if be != "numpy":
+        where = f"  [{be}]" if s["refusal"] is None else f"  [host ({s['refusal']})]"
+    if s["ffn"] == "moe":
+        ffn = f"moe ffn {moe['experts']}x{moe['expert_ff']}"
+    elif s["ffn"] == "dense+moe":
+        ffn = f"dense ffn {s['n_ff']} + moe ffn {moe['experts']}x{moe['expert_ff']}"
+    elif s["ffn"] == "none":
+        ffn = "no ffn"
+    else:
+        ffn = f"{s['ffn']} ffn {s['n_ff']}"
+    return f"  blk.{s['layer']:<3} {_mixer_text(d, s)} + {ffn}{where}\n"
+
+
+def _mixer_text(d: dict[str, Any], s: dict[str, Any]) -> str:
+    """A layer's mixer as `frink info` names it, with its sizes."""
+    g, mb, sc = d["gdn"], d["mamba"], d["shortconv"]
+    mixer = s["mixer"]
+    if mixer == "gdn":
+        return f"gdn ({g['key_heads']}k/{g['value_heads']}v x {g['head_dim_k']})"
+    if mixer == "mamba":
+        return f"mamba ({mb['d_inner']} x {mb['d_state']})"
+    if mixer == "shortconv":
+        return f"shortconv (conv {sc['conv_kernel']})"
+    if mixer == "mamba2":
+        return f"mamba2 ({mb['dt_rank']} heads, {mb['d_inner']} x {mb['d_state']})"
+    if mixer == "none":
+        return "no attention"
+    if mixer == "linear":
+        return f"linear (wo only, {s['n_head']}q)"
+    win = f" window {s['window']}" if s["window"] else ""
+    # The layer's own head counts (they differ per layer in openelm and deci).
+    shape = f"{s['n_head']}q/{s['n_head_kv']}kv x {s['head_dim']}"
+    if s.get("kv_source") is not None:  # gemma4's KV sharing
+        shape += f", K/V of blk.{s['kv_source']}"
+    where_pos = "alibi" if d["positions"].startswith("alibi") else f"rope {s['rope_base']:g}"
+    return f"{mixer} ({shape}, {where_pos}{win})"

@@ -226,7 +226,7 @@ def test_reasoning_goes_where_llama_server_puts_it() -> None:
 
 def test_frink_run_splits_a_harmony_answer_unless_raw() -> None:
     """What `frink run` prints from: (channel, text) pairs, final on stdout."""
-    from frink_cli.cli import _generated
+    from frink_cli.channels import generated_channels as _generated
 
     tok = _Vocab(WORDS)
     script = tok.ids(

@@ -26,6 +26,7 @@ from cuda_emulator import EmulatedLauncher
 from gguf import GGMLQuantizationType as T
 from quant_weights import assert_close, random_weights, reference
 
+from frink_cli.backends.cupy import gemm as cuda_gemm
 from frink_cli.backends.cupy import ops as cuda_ops
 from frink_cli.backends.cupy.ops import (
     DeviceQuant,
@@ -122,7 +123,7 @@ def test_emulated_fused_product_in_both_paths(
 ) -> None:
     """Up to GEMV_MAX_X rows: gemv; more: tiles (forced to several per part here) dequantized
     into one reusable buffer, then GEMM in the operand type; the NumPy references agree."""
-    monkeypatch.setattr(cuda_ops, "QUANT_TILE_ELEMS", 8 * 512)
+    monkeypatch.setattr(cuda_gemm, "QUANT_TILE_ELEMS", 8 * 512)
     w, ref = _fused(dtype)
     x = np.random.default_rng(12).standard_normal((n, 512)).astype(np.float32)
     emu = KernelOps(np, emulated_launcher)

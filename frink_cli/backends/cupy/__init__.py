@@ -2,8 +2,10 @@
 
 Layout: eligibility.py (what it takes: one predicate per kind of work), capabilities.py
 (the ops it implements, asked of each layer's trace), stack.py (the run
-of layers, written once against an array module and an ops table), ops.py (NumPy
-references and kernel launches), backend.py (plan/run for the decoder loop); kernels in
+of layers, written once against an array module and an ops table), gemm.py (the GEMMs
+over dense or quantized device weights), reference_ops.py (NumPy references),
+kernel_ops.py (kernel launches), cuda_ops.py (the Ops interface over either; ops.py
+gathers all four), backend.py (plan/run for the decoder loop); kernels in
 the repository's kernels/*.cu. This module picks the array module: CuPy on a GPU, or
 NumPy standing in for it (FRINK_CUDA_ARRAY_MODULE=numpy; tests and CI, which have no GPU,
 run the whole backend that way). Importing it never imports CuPy.
@@ -22,7 +24,8 @@ from ...formats import Checkpoint
 from ...model.config import ModelConfig
 from .backend import CudaBackend
 from .eligibility import layer_refusal, layer_refusals
-from .ops import KERNEL_FILES, KernelOps, ReferenceOps, kernel_names, kernel_source
+from .kernel_ops import KERNEL_FILES, KernelOps, kernel_names, kernel_source
+from .reference_ops import ReferenceOps
 
 __all__ = [
     "CudaBackend",

@@ -30,7 +30,7 @@ from ..base import DeviceBackend
 from ..ledger import Ledger
 from ..protocol import Run
 from . import eligibility
-from .ops import CudaOps, CudaStep
+from .cuda_ops import CudaOps, CudaStep
 from .stack import DeviceHead, dense_stack, upload_head, upload_layer
 
 F32 = np.float32
@@ -75,7 +75,7 @@ class CudaBackend(DeviceBackend):
         """source: what the layers' traces read the weights from (the checkpoint, when
         there is one; else the shapes the config implies)."""
         self.source = source
-        self.ops = ops  # the kernel table (ops.py): ReferenceOps or KernelOps
+        self.ops = ops  # the kernel table: ReferenceOps or KernelOps
         self.weight_dtype = np.dtype(weight_dtype)
         self.device_errors = _device_errors()
         super().__init__(cfg, ledger)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ...graph.trace import OpCall
 from ..capability import Capabilities, supported
-from .ops import ACT_CODES
+from .kernel_ops import ACT_CODES
 
 # Shared-memory bounds of kernels/attention.cu (FRINK_MAX_HEAD_DIM; 2 dims per thread of 128).
 MAX_HEAD_DIM = 256

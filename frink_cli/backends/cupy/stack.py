@@ -10,7 +10,7 @@ download (one submission in the ledger). Nothing is written to the host cache he
 backend pushes the K/V rows only after the whole run has come back, so a run that fails
 part way leaves every host cache as it was.
 
-The layer is the architecture's composition (ModelConfig.ext.layer) over CudaOps (ops.py)
+The layer is the architecture's composition (ModelConfig.ext.layer) over CudaOps (cuda_ops.py)
 and its array module: NumPy on CI, CuPy on a GPU; this module only holds the resident
 weights and packs what comes back into one download.
 """
@@ -26,7 +26,8 @@ import numpy as np
 from ...model.config import LayerShape, ModelConfig
 from ...model.weights import LayerWeights, Linear, map_layer
 from ...quant.blocks import QuantRows
-from .ops import CudaOps, CudaStep, DeviceQuant, DeviceQuantPart, KvRows
+from .cuda_ops import CudaOps, CudaStep, KvRows
+from .gemm import DeviceQuant, DeviceQuantPart
 
 F32 = np.float32
 
