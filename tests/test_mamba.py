@@ -106,7 +106,7 @@ def test_config_and_layer_shape(name: str, tiny_model: Callable) -> None:
 
 def test_info_shows_the_model(tiny_model: Callable) -> None:
     """`frink info`: the mixer's sizes and state instead of attention and rope lines, each
-    layer a mamba mixer; metal takes every layer, cuda none (refused by the mixer's name)."""
+    layer a mamba mixer; metal takes every layer, cuda none (refused by the scan op it lacks)."""
     result = frink("info", _path(tiny_model, "falcon_mamba", "gguf"))
     assert result.returncode == 0, result.describe()
     out = result.stdout
@@ -119,7 +119,8 @@ def test_info_shows_the_model(tiny_model: Callable) -> None:
     assert "metal takes 3 of 3 layers" in metal.stdout, metal.describe()
     cuda = frink("info", _path(tiny_model, "mamba", "gguf"), "--backend", "cuda", "--json")
     data = json.loads(cuda.stdout)
-    assert [e["refusal"] for e in data["layers"]] == ["mixer mamba, ffn none"] * 3
+    refusals = [e["refusal"] for e in data["layers"]]
+    assert len(refusals) == 3 and all("selective_scan: not implemented" in r for r in refusals)
     assert data["mamba"] == {
         "d_inner": 128,
         "d_state": 16,

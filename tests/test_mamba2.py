@@ -115,7 +115,9 @@ def test_info_shows_the_model(tiny_model: Callable) -> None:
     assert "metal takes 3 of 3 layers" in metal.stdout, metal.describe()
     cuda = frink("info", _path(tiny_model, NAME, "gguf"), "--backend", "cuda", "--json")
     data = json.loads(cuda.stdout)
-    assert [e["refusal"] for e in data["layers"]] == ["mixer mamba2, ffn none"] * N_LAYER
+    refusals = [e["refusal"] for e in data["layers"]]
+    assert len(refusals) == N_LAYER
+    assert all("selective_scan: not implemented" in r for r in refusals), refusals
     assert data["mamba"]["n_group"] == N_GROUP
 
 

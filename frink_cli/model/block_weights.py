@@ -190,11 +190,6 @@ def read_mamba2(r: TensorReader, p: str, d: int, m: MambaConfig) -> Mamba2Weight
         if r.has(p + name):
             # HF use_bias: llama.cpp's mamba2 graph has no such bias.
             raise FrinkError(f"{p}{name}: mamba2 in/out projection biases are not supported")
-    has_norm = r.has(p + "ssm_norm.weight")
-    if not has_norm and not m.parallel:
-        # llama.cpp's graph skips the norm when absent, but its loader requires it (but for
-        # a mixer beside attention).
-        raise FrinkError(f"{p}ssm_norm.weight: missing (mamba2's gated grouped norm)")
     conv_dim = m.conv_dim
 
     def linear(name: str, shape: tuple[int, int]) -> Linear:
@@ -207,7 +202,9 @@ def read_mamba2(r: TensorReader, p: str, d: int, m: MambaConfig) -> Mamba2Weight
         dt_bias=r.get(p + "ssm_dt.bias", (H,)),
         a=r.get(p + "ssm_a", (H, 1)).reshape(H),
         d=r.get(p + "ssm_d", (H, 1)).reshape(H),
-        norm=r.get(p + "ssm_norm.weight", (G, di // G)) if has_norm else None,
+        # llama.cpp's graph skips the norm when absent, but its loader requires it (but
+        # for a mixer beside attention).
+        norm=r.optional(p + "ssm_norm.weight", (G, di // G), required=not m.parallel),
         out=linear("ssm_out", (d, di)),
     )
 
