@@ -78,24 +78,23 @@ def test_each_decoration_moves_every_backend_alike(name: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class _FutureConfig(DecoderConfig):
-    """An architecture config with a decoration no backend knows yet."""
+    """An architecture whose FFN calls a primitive no backend has declared yet."""
 
-    attention_sinks: bool = False
+    def ffn(self, ops, cfg, shape, w, x, h):  # type: ignore[no-untyped-def]
+        return super().ffn(ops, cfg, shape, w, x, ops.future_op(h))
 
 
-def test_an_unknown_decoration_is_refused_by_name_on_every_backend() -> None:
-    cfg = dataclasses.replace(
-        synthetic_config("llama", n_layer=2), ext=_FutureConfig(attention_sinks=True)
-    )
-    assert "attention_sinks" in cfg.features()
+def test_an_unknown_op_is_refused_by_name_on_every_backend() -> None:
+    """A backend plans by the layer's trace: a run of layers calling an op it does not
+    declare is refused, the reason naming that op, before any state is touched."""
+    cfg = dataclasses.replace(synthetic_config("llama", n_layer=2), ext=_FutureConfig())
     cuda = CudaBackend(cfg, ReferenceOps())
-    assert cuda.plan("decode", 0, 1, KvCache(cfg, 8)) == Refusal("attention_sinks not carried")
+    refused = Refusal("future_op: not implemented")
+    assert cuda.plan("decode", 0, 1, KvCache(cfg, 8)) == refused
     pytest.importorskip("mlx.core")
     from frink_cli.backends.mlx.backend import MlxBackend
 
-    assert MlxBackend(cfg).plan("decode", 0, 1, KvCache(cfg, 8)) == Refusal(
-        "attention_sinks not carried"
-    )
+    assert MlxBackend(cfg).plan("decode", 0, 1, KvCache(cfg, 8)) == refused
 
 
 class _BuggyOps(ReferenceOps):
