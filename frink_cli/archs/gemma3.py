@@ -78,7 +78,30 @@ _TEXT = HfModelType(
 )
 
 
-class Gemma3(Arch):
+# The sandwich norms around attention and the FFN (the FFN's pre-norm is ffn_norm).
+GEMMA_NORM_TENSORS: tuple[tuple[str, str], ...] = (
+    ("model.layers.{bid}.post_attention_layernorm", "blk.{bid}.post_attention_norm"),
+    ("model.layers.{bid}.pre_feedforward_layernorm", "blk.{bid}.ffn_norm"),
+    ("model.layers.{bid}.post_feedforward_layernorm", "blk.{bid}.post_ffw_norm"),
+)
+
+
+class GemmaArch(Arch):
+    """What Gemma 3 and Gemma 4 share: neox rope, GeGLU (tanh), QK norm, the sandwich
+    norms, and embeddings scaled by sqrt(n_embd)."""
+
+    rope_type = "neox"
+    ffn_act = "gelu_tanh"
+    qk_norm = True
+    post_attn_norm = True
+    post_ffn_norm = True
+    hf_tensors = HF_CORE_TENSORS + HF_QK_NORM_TENSORS + GEMMA_NORM_TENSORS
+
+    def embd_scale(self, n_embd: int) -> float | None:
+        return math.sqrt(n_embd)
+
+
+class Gemma3(GemmaArch):
     name = "gemma3"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
         "gemma3_text": _TEXT,
@@ -94,25 +117,8 @@ class Gemma3(Arch):
             what="vision tower and multimodal projector weights",
         ),
     }
-    rope_type = "neox"
-    ffn_act = "gelu_tanh"
-    qk_norm = True
-    post_attn_norm = True
-    post_ffn_norm = True
     swa_pattern = 6
     rope_base_swa = 10000.0
-    hf_tensors = (
-        HF_CORE_TENSORS
-        + HF_QK_NORM_TENSORS
-        + (
-            ("model.layers.{bid}.post_attention_layernorm", "blk.{bid}.post_attention_norm"),
-            ("model.layers.{bid}.pre_feedforward_layernorm", "blk.{bid}.ffn_norm"),
-            ("model.layers.{bid}.post_feedforward_layernorm", "blk.{bid}.post_ffw_norm"),
-        )
-    )
-
-    def embd_scale(self, n_embd: int) -> float | None:
-        return math.sqrt(n_embd)
 
     def attn_scale_default(self, n_layer: int, n_embd: int, n_head: int, head_dim_k: int) -> float:
         if n_layer == 62:

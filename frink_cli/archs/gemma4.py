@@ -46,9 +46,10 @@ from ..model.config import LayerPlan, LayerShape, ModelConfig
 from ..model.linear import Linear
 from ..model.weights import LayerWeights, TensorReader
 from ..quant.blocks import QuantRows
-from .base import Arch, get
+from .base import get
 from .decoder import DecoderConfig, decoder_ext, extended, with_ext
-from .hf import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, MetadataWriter, f32, multimodal
+from .gemma3 import GemmaArch
+from .hf import MetadataWriter, f32, multimodal
 from .hf_plan import HfModelType
 
 # The converter's frequency factor for the pairs proportional rope leaves unrotated.
@@ -263,7 +264,7 @@ class Gemma4Config(DecoderConfig):
         return ops.add_(dense, ops.rms_norm_(routed, e.post_norm, eps))
 
 
-class Gemma4(Arch):
+class Gemma4(GemmaArch):
     name = "gemma4"
     ext_class = Gemma4Config
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
@@ -283,30 +284,18 @@ class Gemma4(Arch):
             what="vision and audio towers and their embedders",
         ),
     }
-    rope_type = "neox"
-    ffn_act = "gelu_tanh"
-    qk_norm = True
-    post_attn_norm = True
-    post_ffn_norm = True
     per_layer_sizes = True  # head_count_kv per layer kind; FFN width double on shared layers
-    hf_tensors = (
-        HF_CORE_TENSORS
-        + HF_QK_NORM_TENSORS
-        + (
-            ("model.layers.{bid}.post_attention_layernorm", "blk.{bid}.post_attention_norm"),
-            ("model.layers.{bid}.pre_feedforward_layernorm", "blk.{bid}.ffn_norm"),
-            ("model.layers.{bid}.post_feedforward_layernorm", "blk.{bid}.post_ffw_norm"),
-            ("model.embed_tokens_per_layer", "per_layer_token_embd"),
-            ("model.per_layer_model_projection", "per_layer_model_proj"),
-            ("model.per_layer_projection_norm", "per_layer_proj_norm"),
-            ("model.layers.{bid}.per_layer_input_gate", "blk.{bid}.inp_gate"),
-            ("model.layers.{bid}.per_layer_projection", "blk.{bid}.proj"),
-            ("model.layers.{bid}.post_per_layer_input_norm", "blk.{bid}.post_norm"),
-            ("model.layers.{bid}.router.proj", "blk.{bid}.ffn_gate_inp"),
-            ("model.layers.{bid}.pre_feedforward_layernorm_2", "blk.{bid}.pre_ffw_norm_2"),
-            ("model.layers.{bid}.post_feedforward_layernorm_1", "blk.{bid}.post_ffw_norm_1"),
-            ("model.layers.{bid}.post_feedforward_layernorm_2", "blk.{bid}.post_ffw_norm_2"),
-        )
+    hf_tensors = GemmaArch.hf_tensors + (
+        ("model.embed_tokens_per_layer", "per_layer_token_embd"),
+        ("model.per_layer_model_projection", "per_layer_model_proj"),
+        ("model.per_layer_projection_norm", "per_layer_proj_norm"),
+        ("model.layers.{bid}.per_layer_input_gate", "blk.{bid}.inp_gate"),
+        ("model.layers.{bid}.per_layer_projection", "blk.{bid}.proj"),
+        ("model.layers.{bid}.post_per_layer_input_norm", "blk.{bid}.post_norm"),
+        ("model.layers.{bid}.router.proj", "blk.{bid}.ffn_gate_inp"),
+        ("model.layers.{bid}.pre_feedforward_layernorm_2", "blk.{bid}.pre_ffw_norm_2"),
+        ("model.layers.{bid}.post_feedforward_layernorm_1", "blk.{bid}.post_ffw_norm_1"),
+        ("model.layers.{bid}.post_feedforward_layernorm_2", "blk.{bid}.post_ffw_norm_2"),
     )
     hf_tensors_whole = (
         ("model.layers.{bid}.layer_scalar", "blk.{bid}.layer_output_scale.weight"),
@@ -315,9 +304,6 @@ class Gemma4(Arch):
         ("model.layers.{bid}.experts.gate_up_proj", "blk.{bid}.ffn_gate_up_exps.weight"),
         ("model.layers.{bid}.experts.down_proj", "blk.{bid}.ffn_down_exps.weight"),
     )
-
-    def embd_scale(self, n_embd: int) -> float | None:
-        return math.sqrt(n_embd)
 
     def attn_scale_default(self, n_layer: int, n_embd: int, n_head: int, head_dim_k: int) -> float:
         return 1.0  # llama.cpp's f_attention_scale for gemma4 (transformers' scaling 1.0)

@@ -252,6 +252,8 @@ static INLINE float ISA(finish_i8)(__m256 acc, float off) {
         }                                                                                      \
     }
 
+/* The types the int8 paths take, BODY given each one's head, i8 unit, block elements and
+ * bytes: the dot rows below and the AMX panels (native_amx.h) both switch on this table. */
 #define EACH_I8_TYPE(BODY)                                                                     \
     switch (qt) {                                                                              \
     case QT_Q4_0: ROWS_OF_TYPE(head_q4_0, i8_q4_0, 32, 18, BODY) break;                        \
@@ -276,4 +278,3 @@ static void ISA(dot_rows_i8)(int qt, const uint8_t *w, size_t rb, size_t r0, siz
 }
 
 #undef I8_BODY
-#undef EACH_I8_TYPE

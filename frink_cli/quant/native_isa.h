@@ -166,6 +166,7 @@ static void ISA(dot_rows)(int qt, const uint8_t *w, size_t rb, size_t r0, size_t
 
 #undef EACH_RUN
 #undef ROWS_OF_TYPE
+#undef EACH_I8_TYPE
 #undef EACH_TYPE
 #undef DEQ_BODY
 #undef DOT_BODY
