@@ -58,22 +58,36 @@ def _layer_is_swa(hp: dict[str, Any]) -> list[bool]:
     return [(i + 1) % int(period) != 0 for i in range(n)]
 
 
+# The multimodal checkpoint's vision tower and projector (not read).
+_TOWERS = (
+    "vision_tower.",
+    "multi_modal_projector.",
+    "vision_model.",
+    "model.vision_tower.",
+    "model.multi_modal_projector.",
+)
+
+# The config defaults Gemma3TextConfig and Gemma4TextConfig share.
+GEMMA_DEFAULTS: dict[str, Any] = {
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-6,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "final_logit_softcapping": None,
+    "tie_word_embeddings": True,
+}
+
 _TEXT = HfModelType(
     defaults={
+        **GEMMA_DEFAULTS,
         "vocab_size": 262208,
-        "max_position_embeddings": 131072,
-        "rms_norm_eps": 1e-6,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 4,
-        "head_dim": 256,
         "rope_theta": 1000000.0,
         "rope_local_base_freq": 10000.0,
         "sliding_window": 4096,
         "sliding_window_pattern": 6,
         "query_pre_attn_scalar": 256,
-        "final_logit_softcapping": None,
         "attn_logit_softcapping": None,
-        "tie_word_embeddings": True,
     }
 )
 
@@ -105,17 +119,7 @@ class Gemma3(GemmaArch):
     name = "gemma3"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
         "gemma3_text": _TEXT,
-        "gemma3": multimodal(
-            _TEXT,
-            ignore=(
-                "vision_tower.",
-                "multi_modal_projector.",
-                "vision_model.",
-                "model.vision_tower.",
-                "model.multi_modal_projector.",
-            ),
-            what="vision tower and multimodal projector weights",
-        ),
+        "gemma3": multimodal(_TEXT, _TOWERS, "vision tower and multimodal projector weights"),
     }
     swa_pattern = 6
     rope_base_swa = 10000.0

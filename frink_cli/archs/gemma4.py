@@ -48,29 +48,31 @@ from ..model.weights import LayerWeights, TensorReader
 from ..quant.blocks import QuantRows
 from .base import get
 from .decoder import DecoderConfig, decoder_ext, extended, with_ext
-from .gemma3 import GemmaArch
+from .gemma3 import GEMMA_DEFAULTS, GemmaArch
 from .hf import MetadataWriter, f32, multimodal
 from .hf_plan import HfModelType
+
+# The multimodal checkpoint's towers and their embedders (not read), at the top level or
+# under model.
+_TOWERS = tuple(
+    root + part
+    for root in ("", "model.")
+    for part in ("vision_tower.", "audio_tower.", "embed_vision.", "embed_audio.")
+)
 
 # The converter's frequency factor for the pairs proportional rope leaves unrotated.
 UNROTATED_FACTOR = 1e30
 
 _TEXT = HfModelType(
     defaults={
+        **GEMMA_DEFAULTS,
         "vocab_size": 262144,
-        "max_position_embeddings": 131072,
-        "rms_norm_eps": 1e-6,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 4,
-        "head_dim": 256,
         "sliding_window": 512,
-        "final_logit_softcapping": None,
         "hidden_size_per_layer_input": 256,
         "num_kv_shared_layers": 0,
         "attention_k_eq_v": False,
         "use_double_wide_mlp": False,
         "enable_moe_block": False,
-        "tie_word_embeddings": True,
         "rope_parameters": {
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
             "full_attention": {
@@ -269,20 +271,7 @@ class Gemma4(GemmaArch):
     ext_class = Gemma4Config
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
         "gemma4_text": _TEXT,
-        "gemma4": multimodal(
-            _TEXT,
-            ignore=(
-                "vision_tower.",
-                "audio_tower.",
-                "embed_vision.",
-                "embed_audio.",
-                "model.vision_tower.",
-                "model.audio_tower.",
-                "model.embed_vision.",
-                "model.embed_audio.",
-            ),
-            what="vision and audio towers and their embedders",
-        ),
+        "gemma4": multimodal(_TEXT, _TOWERS, "vision and audio towers and their embedders"),
     }
     per_layer_sizes = True  # head_count_kv per layer kind; FFN width double on shared layers
     hf_tensors = GemmaArch.hf_tensors + (
