@@ -34,33 +34,18 @@ from ..graph.ops import Array, Ops
 from ..model.config import LayerShape, ModelConfig
 from .base import Arch
 from .decoder import with_ext
-from .hf import MetadataWriter, hf_type
+from .hf import HF_ATTENTION_TENSORS, MetadataWriter, hf_type
 from .hf_plan import HfModelType, Transform
-from .mamba import (
-    MAMBA2_TRANSFORMS,
-    MambaStackConfig,
-    _groups,
-    mamba2_hf_metadata,
-    mamba2_mixer_tensors,
-    mamba2_ssm_config,
-    ssm_config,
-)
-
-_MIXER_MODULES, _MIXER_WHOLE = mamba2_mixer_tensors("model.layers.{bid}.mamba.")
+from .mamba import MAMBA2_TRANSFORMS, MambaStackConfig
+from .mamba_hybrid import MAMBA_DEFAULTS, MIXER_MODULES, MIXER_WHOLE, mamba2_config, mamba2_metadata
 
 F32 = np.float32
 
 # transformers' FalconH1Config defaults.
 _DEFAULTS: dict[str, Any] = dict(
+    **MAMBA_DEFAULTS,
     mamba_d_ssm=1024,
-    mamba_n_heads=128,
     mamba_d_head="auto",
-    mamba_n_groups=1,
-    mamba_d_state=256,
-    mamba_d_conv=4,
-    mamba_expand=2,
-    mamba_conv_bias=True,
-    mamba_proj_bias=False,
     mamba_norm_before_gate=True,
     mamba_rms_norm=False,
     projectors_bias=False,
@@ -143,25 +128,21 @@ class FalconH1(Arch):
         ("model.embed_tokens", "token_embd"),
         ("model.final_layernorm", "output_norm"),
         ("lm_head", "output"),
-        ("model.layers.{bid}.input_layernorm", "blk.{bid}.attn_norm"),
-        ("model.layers.{bid}.self_attn.q_proj", "blk.{bid}.attn_q"),
-        ("model.layers.{bid}.self_attn.k_proj", "blk.{bid}.attn_k"),
-        ("model.layers.{bid}.self_attn.v_proj", "blk.{bid}.attn_v"),
-        ("model.layers.{bid}.self_attn.o_proj", "blk.{bid}.attn_output"),
+        *HF_ATTENTION_TENSORS,
         ("model.layers.{bid}.feed_forward.gate_proj", "blk.{bid}.ffn_gate"),
         ("model.layers.{bid}.feed_forward.up_proj", "blk.{bid}.ffn_up"),
         ("model.layers.{bid}.feed_forward.down_proj", "blk.{bid}.ffn_down"),
-        *_MIXER_MODULES,
+        *MIXER_MODULES,
     )
     hf_tensors_whole: ClassVar[tuple[tuple[str, str], ...]] = (
-        *_MIXER_WHOLE,
+        *MIXER_WHOLE,
         ("model.layers.{bid}.pre_ff_layernorm.weight", "blk.{bid}.ffn_norm"),
     )
 
     def config(self, ckpt: Checkpoint) -> ModelConfig:
         cfg = super().config(ckpt)
-        m = mamba2_ssm_config(self, ckpt, ssm_config(self, ckpt))
-        return with_ext(cfg, mamba=dataclasses.replace(m, parallel=True))
+        m = dataclasses.replace(mamba2_config(self, ckpt), parallel=True)
+        return with_ext(cfg, mamba=m)
 
     def hf_transforms(self) -> dict[str, tuple[Transform, ...]]:
         return {**MAMBA2_TRANSFORMS, **_TRANSFORMS}
@@ -170,7 +151,7 @@ class FalconH1(Arch):
         # As the converter's FalconH1Model (over Mamba2Model) writes them.
         super().hf_metadata(w, notes)
         hp = w.hp
-        for flag in ("mamba_proj_bias", "projectors_bias", "attention_bias", "mlp_bias"):
+        for flag in ("projectors_bias", "attention_bias", "mlp_bias"):
             if hp.get(flag):
                 raise FrinkError(
                     f"config.json: {flag} is not supported for falcon-h1: llama.cpp's graph "
@@ -188,14 +169,7 @@ class FalconH1(Arch):
         d_head = inner // heads if d_head in (None, "auto") else int(d_head)
         if inner % d_head:
             raise FrinkError(f"config.json: mamba_d_ssm {inner} is not a multiple of {d_head}")
-        mamba2_hf_metadata(
-            w,
-            conv=int(hp.get("mamba_d_conv") or 4),
-            inner=inner,
-            state=int(hp.get("mamba_d_state") or 256),
-            n_heads=inner // d_head,
-            groups=_groups(hp),
-        )
+        mamba2_metadata(w, inner, inner // d_head)
         for key in ("mlp_multipliers", "ssm_multipliers"):
             _check_list(hp, key, 2 if key == "mlp_multipliers" else 5)
 

@@ -58,61 +58,71 @@ def _layer_is_swa(hp: dict[str, Any]) -> list[bool]:
     return [(i + 1) % int(period) != 0 for i in range(n)]
 
 
+# The multimodal checkpoint's vision tower and projector (not read).
+_TOWERS = (
+    "vision_tower.",
+    "multi_modal_projector.",
+    "vision_model.",
+    "model.vision_tower.",
+    "model.multi_modal_projector.",
+)
+
+# The config defaults Gemma3TextConfig and Gemma4TextConfig share.
+GEMMA_DEFAULTS: dict[str, Any] = {
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-6,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "final_logit_softcapping": None,
+    "tie_word_embeddings": True,
+}
+
 _TEXT = HfModelType(
     defaults={
+        **GEMMA_DEFAULTS,
         "vocab_size": 262208,
-        "max_position_embeddings": 131072,
-        "rms_norm_eps": 1e-6,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 4,
-        "head_dim": 256,
         "rope_theta": 1000000.0,
         "rope_local_base_freq": 10000.0,
         "sliding_window": 4096,
         "sliding_window_pattern": 6,
         "query_pre_attn_scalar": 256,
-        "final_logit_softcapping": None,
         "attn_logit_softcapping": None,
-        "tie_word_embeddings": True,
     }
 )
 
 
-class Gemma3(Arch):
-    name = "gemma3"
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "gemma3_text": _TEXT,
-        "gemma3": multimodal(
-            _TEXT,
-            ignore=(
-                "vision_tower.",
-                "multi_modal_projector.",
-                "vision_model.",
-                "model.vision_tower.",
-                "model.multi_modal_projector.",
-            ),
-            what="vision tower and multimodal projector weights",
-        ),
-    }
+# The sandwich norms around attention and the FFN (the FFN's pre-norm is ffn_norm).
+GEMMA_NORM_TENSORS: tuple[tuple[str, str], ...] = (
+    ("model.layers.{bid}.post_attention_layernorm", "blk.{bid}.post_attention_norm"),
+    ("model.layers.{bid}.pre_feedforward_layernorm", "blk.{bid}.ffn_norm"),
+    ("model.layers.{bid}.post_feedforward_layernorm", "blk.{bid}.post_ffw_norm"),
+)
+
+
+class GemmaArch(Arch):
+    """What Gemma 3 and Gemma 4 share: neox rope, GeGLU (tanh), QK norm, the sandwich
+    norms, and embeddings scaled by sqrt(n_embd)."""
+
     rope_type = "neox"
     ffn_act = "gelu_tanh"
     qk_norm = True
     post_attn_norm = True
     post_ffn_norm = True
-    swa_pattern = 6
-    rope_base_swa = 10000.0
-    hf_tensors = (
-        HF_CORE_TENSORS
-        + HF_QK_NORM_TENSORS
-        + (
-            ("model.layers.{bid}.post_attention_layernorm", "blk.{bid}.post_attention_norm"),
-            ("model.layers.{bid}.pre_feedforward_layernorm", "blk.{bid}.ffn_norm"),
-            ("model.layers.{bid}.post_feedforward_layernorm", "blk.{bid}.post_ffw_norm"),
-        )
-    )
+    hf_tensors = HF_CORE_TENSORS + HF_QK_NORM_TENSORS + GEMMA_NORM_TENSORS
 
     def embd_scale(self, n_embd: int) -> float | None:
         return math.sqrt(n_embd)
+
+
+class Gemma3(GemmaArch):
+    name = "gemma3"
+    hf_model_types: ClassVar[dict[str, HfModelType]] = {
+        "gemma3_text": _TEXT,
+        "gemma3": multimodal(_TEXT, _TOWERS, "vision tower and multimodal projector weights"),
+    }
+    swa_pattern = 6
+    rope_base_swa = 10000.0
 
     def attn_scale_default(self, n_layer: int, n_embd: int, n_head: int, head_dim_k: int) -> float:
         if n_layer == 62:

@@ -46,30 +46,33 @@ from ..model.config import LayerPlan, LayerShape, ModelConfig
 from ..model.linear import Linear
 from ..model.weights import LayerWeights, TensorReader
 from ..quant.blocks import QuantRows
-from .base import Arch, get
+from .base import get
 from .decoder import DecoderConfig, decoder_ext, extended, with_ext
-from .hf import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, MetadataWriter, f32, multimodal
+from .gemma3 import GEMMA_DEFAULTS, GemmaArch
+from .hf import MetadataWriter, f32, multimodal
 from .hf_plan import HfModelType
+
+# The multimodal checkpoint's towers and their embedders (not read), at the top level or
+# under model.
+_TOWERS = tuple(
+    root + part
+    for root in ("", "model.")
+    for part in ("vision_tower.", "audio_tower.", "embed_vision.", "embed_audio.")
+)
 
 # The converter's frequency factor for the pairs proportional rope leaves unrotated.
 UNROTATED_FACTOR = 1e30
 
 _TEXT = HfModelType(
     defaults={
+        **GEMMA_DEFAULTS,
         "vocab_size": 262144,
-        "max_position_embeddings": 131072,
-        "rms_norm_eps": 1e-6,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 4,
-        "head_dim": 256,
         "sliding_window": 512,
-        "final_logit_softcapping": None,
         "hidden_size_per_layer_input": 256,
         "num_kv_shared_layers": 0,
         "attention_k_eq_v": False,
         "use_double_wide_mlp": False,
         "enable_moe_block": False,
-        "tie_word_embeddings": True,
         "rope_parameters": {
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
             "full_attention": {
@@ -263,50 +266,25 @@ class Gemma4Config(DecoderConfig):
         return ops.add_(dense, ops.rms_norm_(routed, e.post_norm, eps))
 
 
-class Gemma4(Arch):
+class Gemma4(GemmaArch):
     name = "gemma4"
     ext_class = Gemma4Config
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
         "gemma4_text": _TEXT,
-        "gemma4": multimodal(
-            _TEXT,
-            ignore=(
-                "vision_tower.",
-                "audio_tower.",
-                "embed_vision.",
-                "embed_audio.",
-                "model.vision_tower.",
-                "model.audio_tower.",
-                "model.embed_vision.",
-                "model.embed_audio.",
-            ),
-            what="vision and audio towers and their embedders",
-        ),
+        "gemma4": multimodal(_TEXT, _TOWERS, "vision and audio towers and their embedders"),
     }
-    rope_type = "neox"
-    ffn_act = "gelu_tanh"
-    qk_norm = True
-    post_attn_norm = True
-    post_ffn_norm = True
     per_layer_sizes = True  # head_count_kv per layer kind; FFN width double on shared layers
-    hf_tensors = (
-        HF_CORE_TENSORS
-        + HF_QK_NORM_TENSORS
-        + (
-            ("model.layers.{bid}.post_attention_layernorm", "blk.{bid}.post_attention_norm"),
-            ("model.layers.{bid}.pre_feedforward_layernorm", "blk.{bid}.ffn_norm"),
-            ("model.layers.{bid}.post_feedforward_layernorm", "blk.{bid}.post_ffw_norm"),
-            ("model.embed_tokens_per_layer", "per_layer_token_embd"),
-            ("model.per_layer_model_projection", "per_layer_model_proj"),
-            ("model.per_layer_projection_norm", "per_layer_proj_norm"),
-            ("model.layers.{bid}.per_layer_input_gate", "blk.{bid}.inp_gate"),
-            ("model.layers.{bid}.per_layer_projection", "blk.{bid}.proj"),
-            ("model.layers.{bid}.post_per_layer_input_norm", "blk.{bid}.post_norm"),
-            ("model.layers.{bid}.router.proj", "blk.{bid}.ffn_gate_inp"),
-            ("model.layers.{bid}.pre_feedforward_layernorm_2", "blk.{bid}.pre_ffw_norm_2"),
-            ("model.layers.{bid}.post_feedforward_layernorm_1", "blk.{bid}.post_ffw_norm_1"),
-            ("model.layers.{bid}.post_feedforward_layernorm_2", "blk.{bid}.post_ffw_norm_2"),
-        )
+    hf_tensors = GemmaArch.hf_tensors + (
+        ("model.embed_tokens_per_layer", "per_layer_token_embd"),
+        ("model.per_layer_model_projection", "per_layer_model_proj"),
+        ("model.per_layer_projection_norm", "per_layer_proj_norm"),
+        ("model.layers.{bid}.per_layer_input_gate", "blk.{bid}.inp_gate"),
+        ("model.layers.{bid}.per_layer_projection", "blk.{bid}.proj"),
+        ("model.layers.{bid}.post_per_layer_input_norm", "blk.{bid}.post_norm"),
+        ("model.layers.{bid}.router.proj", "blk.{bid}.ffn_gate_inp"),
+        ("model.layers.{bid}.pre_feedforward_layernorm_2", "blk.{bid}.pre_ffw_norm_2"),
+        ("model.layers.{bid}.post_feedforward_layernorm_1", "blk.{bid}.post_ffw_norm_1"),
+        ("model.layers.{bid}.post_feedforward_layernorm_2", "blk.{bid}.post_ffw_norm_2"),
     )
     hf_tensors_whole = (
         ("model.layers.{bid}.layer_scalar", "blk.{bid}.layer_output_scale.weight"),
@@ -315,9 +293,6 @@ class Gemma4(Arch):
         ("model.layers.{bid}.experts.gate_up_proj", "blk.{bid}.ffn_gate_up_exps.weight"),
         ("model.layers.{bid}.experts.down_proj", "blk.{bid}.ffn_down_exps.weight"),
     )
-
-    def embd_scale(self, n_embd: int) -> float | None:
-        return math.sqrt(n_embd)
 
     def attn_scale_default(self, n_layer: int, n_embd: int, n_head: int, head_dim_k: int) -> float:
         return 1.0  # llama.cpp's f_attention_scale for gemma4 (transformers' scaling 1.0)

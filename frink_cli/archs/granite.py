@@ -42,7 +42,7 @@ from ..model.config import ModelConfig
 from .base import get
 from .decoder import decoder_ext, with_ext
 from .hf import Composite, MetadataWriter, hf_type
-from .hf_plan import HfModelType, Kept, Plan, check_dtype
+from .hf_plan import HfModelType, Kept, Plan, pop_matching
 from .llama import Llama
 
 # transformers' Granite config defaults: every multiplier neutral.
@@ -115,11 +115,7 @@ def split_fused_glu(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
     fused = re.compile(
         r"model\.layers\.(\d+)\.(block_sparse_moe|shared_mlp)\.input_linear\.weight$"
     )
-    for name in [n for n in kept if fused.match(n)]:
-        m = fused.match(name)
-        assert m is not None
-        hf_name, st = kept.pop(name)
-        check_dtype(hf_name, st)
+    for m, hf_name, st in pop_matching(kept, fused):
         bid, routed = m.group(1), m.group(2) == "block_sparse_moe"
         ff = int(hp["intermediate_size"] if routed else hp.get("shared_intermediate_size") or 0)
         if len(st.shape) != (3 if routed else 2) or st.shape[-2] != 2 * ff:
@@ -138,11 +134,7 @@ def split_fused_glu(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
             )
     if not has_experts:
         down = re.compile(r"model\.layers\.(\d+)\.shared_mlp\.output_linear\.weight$")
-        for name in [n for n in kept if down.match(n)]:
-            m = down.match(name)
-            assert m is not None
-            hf_name, st = kept.pop(name)
-            check_dtype(hf_name, st)
+        for m, _, st in pop_matching(kept, down):
             plans[f"blk.{m.group(1)}.ffn_down.weight"] = Plan(st, st.shape, st.dtype, ())
     return plans
 

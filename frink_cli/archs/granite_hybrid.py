@@ -32,30 +32,15 @@ from .decoder import with_ext
 from .granite import _MULTIPLIERS, GraniteMoe
 from .hf import MetadataWriter, hf_type
 from .hf_plan import HfModelType, Transform
-from .mamba import (
-    MAMBA2_TRANSFORMS,
-    MambaStackConfig,
-    _groups,
-    mamba2_hf_metadata,
-    mamba2_mixer_tensors,
-    mamba2_ssm_config,
-    ssm_config,
-)
-
-_MIXER_MODULES, _MIXER_WHOLE = mamba2_mixer_tensors("model.layers.{bid}.mamba.")
+from .mamba import MAMBA2_TRANSFORMS, MambaStackConfig
+from .mamba_hybrid import MAMBA_DEFAULTS, MIXER_MODULES, MIXER_WHOLE, mamba2_config, mamba2_metadata
 
 # transformers' GraniteMoeHybridConfig defaults.
 _DEFAULTS: dict[str, Any] = dict(
     num_local_experts=8,
     num_experts_per_tok=2,
     shared_intermediate_size=1024,
-    mamba_n_heads=128,
-    mamba_n_groups=1,
-    mamba_d_state=256,
-    mamba_d_conv=4,
-    mamba_expand=2,
-    mamba_conv_bias=True,
-    mamba_proj_bias=False,
+    **MAMBA_DEFAULTS,
     **_MULTIPLIERS,
 )
 
@@ -78,8 +63,8 @@ class GraniteHybrid(GraniteMoe):
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
         "granitemoehybrid": hf_type(32000, 2048, **_DEFAULTS),
     }
-    hf_tensors = GraniteMoe.hf_tensors + _MIXER_MODULES
-    hf_tensors_whole: ClassVar[tuple[tuple[str, str], ...]] = _MIXER_WHOLE
+    hf_tensors = GraniteMoe.hf_tensors + MIXER_MODULES
+    hf_tensors_whole: ClassVar[tuple[tuple[str, str], ...]] = MIXER_WHOLE
     zero_kv_recurrent = True
     ext_class = GraniteHybridConfig
 
@@ -96,8 +81,7 @@ class GraniteHybrid(GraniteMoe):
         recurrent = tuple(int(v) == 0 for v in kv)
         mamba: MambaConfig | None = None
         if any(recurrent):
-            m = mamba2_ssm_config(self, ckpt, ssm_config(self, ckpt))
-            mamba = dataclasses.replace(m, layers=recurrent)
+            mamba = dataclasses.replace(mamba2_config(self, ckpt), layers=recurrent)
         # llama.cpp: rope.scaling.finetuned is granite's rope switch, true when absent.
         rope = bool(get(md, key("rope.scaling.finetuned"), True))
         return with_ext(cfg, mamba=mamba, no_rope=not rope)
@@ -124,19 +108,7 @@ class GraniteHybrid(GraniteMoe):
         attn = [t in ("attention", "full_attention") for t in types]
         d = int(hp["hidden_size"])
         inner = int(hp.get("mamba_expand") or 2) * d
-        if hp.get("mamba_proj_bias"):
-            raise FrinkError(
-                "config.json: mamba_proj_bias (in_proj/out_proj biases) is not supported: "
-                "llama.cpp's mamba2 graph has no such bias"
-            )
-        mamba2_hf_metadata(
-            w,
-            conv=int(hp.get("mamba_d_conv") or 4),
-            inner=inner,
-            state=int(hp.get("mamba_d_state") or 256),
-            n_heads=int(hp.get("mamba_n_heads") or 128),
-            groups=_groups(hp),
-        )
+        mamba2_metadata(w, inner, int(hp.get("mamba_n_heads") or 128))
         kv = int(hp.get("num_key_value_heads") or hp["num_attention_heads"])
         w.set("attention.head_count_kv", [kv if a else 0 for a in attn])
         if hp.get("attn_rotary_emb"):

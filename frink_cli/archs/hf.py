@@ -22,17 +22,21 @@ from .hf_plan import HfModelType, Kept, Plan, Transform, is_finite_number
 # pops what it takes from `kept` and returns the plans it makes.
 Composite = Callable[[Kept, dict[str, Any]], dict[str, Plan]]
 
-# HF module name -> GGUF name, without .weight/.bias ({bid} = layer index). Every
-# architecture here names these the same way.
-HF_CORE_TENSORS: tuple[tuple[str, str], ...] = (
-    ("model.embed_tokens", "token_embd"),
-    ("model.norm", "output_norm"),
-    ("lm_head", "output"),
+# HF module name -> GGUF name, without .weight/.bias ({bid} = layer index). The llama-style
+# attention: its input norm and projections.
+HF_ATTENTION_TENSORS: tuple[tuple[str, str], ...] = (
     ("model.layers.{bid}.input_layernorm", "blk.{bid}.attn_norm"),
     ("model.layers.{bid}.self_attn.q_proj", "blk.{bid}.attn_q"),
     ("model.layers.{bid}.self_attn.k_proj", "blk.{bid}.attn_k"),
     ("model.layers.{bid}.self_attn.v_proj", "blk.{bid}.attn_v"),
     ("model.layers.{bid}.self_attn.o_proj", "blk.{bid}.attn_output"),
+)
+# The llama-style names of the whole stack; every architecture here names these the same way.
+HF_CORE_TENSORS: tuple[tuple[str, str], ...] = (
+    ("model.embed_tokens", "token_embd"),
+    ("model.norm", "output_norm"),
+    ("lm_head", "output"),
+    *HF_ATTENTION_TENSORS,
     ("model.layers.{bid}.mlp.gate_proj", "blk.{bid}.ffn_gate"),
     ("model.layers.{bid}.mlp.up_proj", "blk.{bid}.ffn_up"),
     ("model.layers.{bid}.mlp.down_proj", "blk.{bid}.ffn_down"),

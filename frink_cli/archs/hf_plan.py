@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -147,6 +147,19 @@ def check_dtype(hf_name: str, st: StoredTensor) -> None:
         raise FrinkError(
             f"{st.file}: tensor {hf_name!r} has dtype {st.dtype}; only F32, F16 and BF16 are read"
         )
+
+
+def pop_matching(
+    kept: Kept, pattern: re.Pattern[str]
+) -> Iterator[tuple[re.Match[str], str, StoredTensor]]:
+    """Each kept tensor whose name `pattern` matches, popped from `kept` with its dtype
+    checked: (the match, its HF name, the stored tensor)."""
+    for name in [n for n in kept if pattern.match(n)]:
+        m = pattern.match(name)
+        assert m is not None  # the names were picked by this match
+        hf_name, st = kept.pop(name)
+        check_dtype(hf_name, st)
+        yield m, hf_name, st
 
 
 def _compile(pattern: str) -> re.Pattern[str]:

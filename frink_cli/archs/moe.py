@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import FrinkError
 from ..formats.safetensors import StoredTensor, read_stored, read_stored_half
 from .hf import MetadataWriter
-from .hf_plan import Kept, Plan, check_dtype
+from .hf_plan import Kept, Plan, check_dtype, pop_matching
 
 HF_ROUTER: tuple[tuple[str, str], ...] = (
     ("model.layers.{bid}.mlp.gate", "blk.{bid}.ffn_gate_inp"),
@@ -89,11 +89,7 @@ def _fused_experts(kept: Kept) -> dict[str, Plan]:
     """transformers' fused in-memory experts (gate_up_proj [E, 2*ff, d], down_proj)."""
     plans: dict[str, Plan] = {}
     fused = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up|down)_proj(\.weight)?$")
-    for name in [n for n in kept if fused.match(n)]:
-        m = fused.match(name)
-        assert m is not None
-        hf_name, st = kept.pop(name)
-        check_dtype(hf_name, st)
+    for m, hf_name, st in pop_matching(kept, fused):
         bid = m.group(1)
         if m.group(2) == "down":
             plans[f"blk.{bid}.ffn_down_exps.weight"] = Plan(st, st.shape, st.dtype, ())

@@ -20,7 +20,7 @@ from ..errors import FrinkError
 from ..formats.safetensors import read_stored
 from .gdn import GdnHybrid, hf_text_type
 from .hf import Composite, MetadataWriter
-from .hf_plan import HfModelType, Kept, Plan, check_dtype
+from .hf_plan import HfModelType, Kept, Plan, pop_matching
 from .moe import HF_ROUTER, HF_SHARED_EXPERT, hf_moe_metadata, stacked_experts
 
 
@@ -41,11 +41,7 @@ def unzip_qkvz(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
     hk, hv = int(hp["linear_key_head_dim"]), int(hp["linear_value_head_dim"])
     r = n_v // n_k
     group = 2 * hk + 2 * r * hv
-    for name in [n for n in kept if rx.match(n)]:
-        hf_name, st = kept.pop(name)
-        check_dtype(hf_name, st)
-        m = rx.match(name)
-        assert m is not None  # the names were picked by this match
+    for m, hf_name, st in pop_matching(kept, rx):
         bid = m.group(1)
         if len(st.shape) != 2 or st.shape[0] != n_k * group:
             raise FrinkError(

@@ -124,22 +124,7 @@ static void ISA(amx_panel)(int qt, const uint8_t *w, size_t rb, size_t rows, siz
         memset(sc, 0, runs * AMX_TILE * sizeof(float));
         memset(k, 0, runs * AMX_TILE * sizeof(float));
     }
-    switch (qt) {
-    case QT_Q4_0: ROWS_OF_TYPE(head_q4_0, i8_q4_0, 32, 18, PANEL_BODY) break;
-    case QT_Q4_1: ROWS_OF_TYPE(head_q4_1, i8_q4_1, 32, 20, PANEL_BODY) break;
-    case QT_Q5_0: ROWS_OF_TYPE(head_q5_0, i8_q5_0, 32, 22, PANEL_BODY) break;
-    case QT_Q5_1: ROWS_OF_TYPE(head_q5_1, i8_q5_1, 32, 24, PANEL_BODY) break;
-    case QT_Q8_0: ROWS_OF_TYPE(head_q8_0, i8_q8_0, 32, 34, PANEL_BODY) break;
-    case QT_Q2_K: ROWS_OF_TYPE(head_q2_k, i8_q2_k, 256, 84, PANEL_BODY) break;
-    case QT_Q3_K: ROWS_OF_TYPE(head_q3_k, i8_q3_k, 256, 110, PANEL_BODY) break;
-    case QT_Q4_K: ROWS_OF_TYPE(head_k, i8_q4_k, 256, 144, PANEL_BODY) break;
-    case QT_Q5_K: ROWS_OF_TYPE(head_k, i8_q5_k, 256, 176, PANEL_BODY) break;
-    case QT_Q6_K: ROWS_OF_TYPE(head_q6_k, i8_q6_k, 256, 210, PANEL_BODY) break;
-    case QT_IQ4_NL: ROWS_OF_TYPE(head_iq4_nl, i8_iq4_nl, 32, 18, PANEL_BODY) break;
-    case QT_IQ4_XS: ROWS_OF_TYPE(head_iq4_xs, i8_iq4_xs, 256, 136, PANEL_BODY) break;
-    case QT_MXFP4: ROWS_OF_TYPE(head_mxfp4, i8_mxfp4, 32, 17, PANEL_BODY) break;
-    default: break;
-    }
+    EACH_I8_TYPE(PANEL_BODY)
 }
 #undef PANEL_BODY
 

@@ -252,21 +252,13 @@ static INLINE float ISA(finish_i8)(__m256 acc, float off) {
         }                                                                                      \
     }
 
+/* The types the int8 paths take, BODY given each one's head, i8 unit, block elements and
+ * bytes: the dot rows below and the AMX panels (native_amx.h) both switch on this table. */
+#define I8_CASE(QT, HEAD, NAME, ELEMS, NBYTES, BODY)                                           \
+    case QT: ROWS_OF_TYPE(HEAD, i8_##NAME, ELEMS, NBYTES, BODY) break;
 #define EACH_I8_TYPE(BODY)                                                                     \
     switch (qt) {                                                                              \
-    case QT_Q4_0: ROWS_OF_TYPE(head_q4_0, i8_q4_0, 32, 18, BODY) break;                        \
-    case QT_Q4_1: ROWS_OF_TYPE(head_q4_1, i8_q4_1, 32, 20, BODY) break;                        \
-    case QT_Q5_0: ROWS_OF_TYPE(head_q5_0, i8_q5_0, 32, 22, BODY) break;                        \
-    case QT_Q5_1: ROWS_OF_TYPE(head_q5_1, i8_q5_1, 32, 24, BODY) break;                        \
-    case QT_Q8_0: ROWS_OF_TYPE(head_q8_0, i8_q8_0, 32, 34, BODY) break;                        \
-    case QT_Q2_K: ROWS_OF_TYPE(head_q2_k, i8_q2_k, 256, 84, BODY) break;                       \
-    case QT_Q3_K: ROWS_OF_TYPE(head_q3_k, i8_q3_k, 256, 110, BODY) break;                      \
-    case QT_Q4_K: ROWS_OF_TYPE(head_k, i8_q4_k, 256, 144, BODY) break;                         \
-    case QT_Q5_K: ROWS_OF_TYPE(head_k, i8_q5_k, 256, 176, BODY) break;                         \
-    case QT_Q6_K: ROWS_OF_TYPE(head_q6_k, i8_q6_k, 256, 210, BODY) break;                      \
-    case QT_IQ4_NL: ROWS_OF_TYPE(head_iq4_nl, i8_iq4_nl, 32, 18, BODY) break;                  \
-    case QT_IQ4_XS: ROWS_OF_TYPE(head_iq4_xs, i8_iq4_xs, 256, 136, BODY) break;                \
-    case QT_MXFP4: ROWS_OF_TYPE(head_mxfp4, i8_mxfp4, 32, 17, BODY) break;                     \
+    I8_TYPES(I8_CASE, BODY)                                                                    \
     default: break;                                                                            \
     }
 
@@ -276,4 +268,3 @@ static void ISA(dot_rows_i8)(int qt, const uint8_t *w, size_t rb, size_t r0, siz
 }
 
 #undef I8_BODY
-#undef EACH_I8_TYPE

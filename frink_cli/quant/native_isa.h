@@ -53,21 +53,30 @@ static INLINE vf ISA(vload)(const float *p) {
         }                                                                                      \
     }
 
+/* The block types with an int8 form (native_int8.h): X(type, head, name, block elements,
+ * block bytes, BODY) for each; the type's units are unit_<name> and i8_<name>. */
+#define I8_TYPES(X, BODY)                                                                      \
+    X(QT_Q4_0, head_q4_0, q4_0, 32, 18, BODY)                                                  \
+    X(QT_Q4_1, head_q4_1, q4_1, 32, 20, BODY)                                                  \
+    X(QT_Q5_0, head_q5_0, q5_0, 32, 22, BODY)                                                  \
+    X(QT_Q5_1, head_q5_1, q5_1, 32, 24, BODY)                                                  \
+    X(QT_Q8_0, head_q8_0, q8_0, 32, 34, BODY)                                                  \
+    X(QT_Q2_K, head_q2_k, q2_k, 256, 84, BODY)                                                 \
+    X(QT_Q3_K, head_q3_k, q3_k, 256, 110, BODY)                                                \
+    X(QT_Q4_K, head_k, q4_k, 256, 144, BODY)                                                   \
+    X(QT_Q5_K, head_k, q5_k, 256, 176, BODY)                                                   \
+    X(QT_Q6_K, head_q6_k, q6_k, 256, 210, BODY)                                                \
+    X(QT_IQ4_NL, head_iq4_nl, iq4_nl, 32, 18, BODY)                                            \
+    X(QT_IQ4_XS, head_iq4_xs, iq4_xs, 256, 136, BODY)                                          \
+    X(QT_MXFP4, head_mxfp4, mxfp4, 32, 17, BODY)
+
+#define UNIT_CASE(QT, HEAD, NAME, ELEMS, NBYTES, BODY)                                         \
+    case QT: ROWS_OF_TYPE(HEAD, unit_##NAME, ELEMS, NBYTES, BODY) break;
+
+/* Every type: BODY given its head, f32 unit, block elements and bytes. */
 #define EACH_TYPE(BODY)                                                                        \
     switch (qt) {                                                                              \
-    case QT_Q4_0: ROWS_OF_TYPE(head_q4_0, unit_q4_0, 32, 18, BODY) break;                      \
-    case QT_Q4_1: ROWS_OF_TYPE(head_q4_1, unit_q4_1, 32, 20, BODY) break;                      \
-    case QT_Q5_0: ROWS_OF_TYPE(head_q5_0, unit_q5_0, 32, 22, BODY) break;                      \
-    case QT_Q5_1: ROWS_OF_TYPE(head_q5_1, unit_q5_1, 32, 24, BODY) break;                      \
-    case QT_Q8_0: ROWS_OF_TYPE(head_q8_0, unit_q8_0, 32, 34, BODY) break;                      \
-    case QT_Q2_K: ROWS_OF_TYPE(head_q2_k, unit_q2_k, 256, 84, BODY) break;                     \
-    case QT_Q3_K: ROWS_OF_TYPE(head_q3_k, unit_q3_k, 256, 110, BODY) break;                    \
-    case QT_Q4_K: ROWS_OF_TYPE(head_k, unit_q4_k, 256, 144, BODY) break;                       \
-    case QT_Q5_K: ROWS_OF_TYPE(head_k, unit_q5_k, 256, 176, BODY) break;                       \
-    case QT_Q6_K: ROWS_OF_TYPE(head_q6_k, unit_q6_k, 256, 210, BODY) break;                    \
-    case QT_IQ4_NL: ROWS_OF_TYPE(head_iq4_nl, unit_iq4_nl, 32, 18, BODY) break;                \
-    case QT_IQ4_XS: ROWS_OF_TYPE(head_iq4_xs, unit_iq4_xs, 256, 136, BODY) break;              \
-    case QT_MXFP4: ROWS_OF_TYPE(head_mxfp4, unit_mxfp4, 32, 17, BODY) break;                   \
+    I8_TYPES(UNIT_CASE, BODY)                                                                  \
     case QT_F16: ROWS_OF_TYPE(head_none, unit_f16, 32, 64, BODY) break;                        \
     case QT_BF16: ROWS_OF_TYPE(head_none, unit_bf16, 32, 64, BODY) break;                      \
     case QT_F32: ROWS_OF_TYPE(head_none, unit_f32, 32, 128, BODY) break;                       \
@@ -166,7 +175,11 @@ static void ISA(dot_rows)(int qt, const uint8_t *w, size_t rb, size_t r0, size_t
 
 #undef EACH_RUN
 #undef ROWS_OF_TYPE
+#undef EACH_I8_TYPE
+#undef I8_CASE
 #undef EACH_TYPE
+#undef UNIT_CASE
+#undef I8_TYPES
 #undef DEQ_BODY
 #undef DOT_BODY
 #undef NC

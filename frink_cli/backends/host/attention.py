@@ -8,6 +8,7 @@ llama.cpp does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 
 import numpy as np
@@ -89,11 +90,7 @@ def attend(
         assert lo >= first, "the cache no longer holds keys this query sees"
         qb = qg[:, r0:r1].reshape(Hkv, n_rows * g, hk)
         scores = np.matmul(qb, K[:, lo - first : hi - first].transpose(0, 2, 1))  # [Hkv, Tb * g, n]
-        if softcap:
-            c = np.float32(softcap)
-            scores /= c
-            np.tanh(scores, out=scores)
-            scores *= c
+        _softcap_(scores, softcap)
         if head_slopes is not None:
             dist = (pos[:, None] - np.arange(lo, hi)[None, :]).astype(np.float32)
             scores.reshape(Hkv, n_rows, g, hi - lo)[...] -= head_slopes * dist[None, :, None, :]
@@ -106,23 +103,25 @@ def attend(
                 s4[..., hi - lo - n_rows :] += _causal_tail(n_rows)[:, None, :]
             else:
                 s4 += attention_mask(pos, hi, window, lo)[:, None, :]
-        if head_sinks is None:
-            scores -= scores.max(axis=-1, keepdims=True)
-            np.exp(scores, out=scores)
-            # Normalized after the PV product: hv columns to divide instead of n.
-            total = scores.sum(axis=-1, keepdims=True)
-        else:
-            total = _exp_with_sinks_(scores.reshape(Hkv, n_rows, g, hi - lo), head_sinks)
-            total = total.reshape(Hkv, n_rows * g, 1)
+        # Normalized after the PV product: hv columns to divide instead of n.
+        total = _exp_(scores.reshape(Hkv, n_rows, g, hi - lo), head_sinks)
+        total = total.reshape(Hkv, n_rows * g, 1)
         ob = out[:, r0:r1].reshape(Hkv, n_rows * g, hv)
         np.matmul(scores, V[:, lo - first : hi - first], out=ob)
         ob /= total
 
-    # The blocks' GEMMs are small ([Tb * g, hk] x [hk, n]); split over BLAS threads they
-    # only pay hand-offs (and a multithreaded GEMM may round by its thread count). BLAS
-    # has one thread, and where the step has two (linear.host_ways) the blocks, each
-    # writing its own rows, go two ways: every other one on a second Python thread. A
-    # block's arithmetic is the same on either thread.
+    _each_block(block, T)
+    return out.transpose(1, 0, 2, 3).reshape(T, H * hv)
+
+
+def _each_block(block: Callable[[int], None], T: int) -> None:
+    """block(r0) for each query block's first row r0 of T rows.
+
+    The blocks' GEMMs are small ([Tb * g, hk] x [hk, n]); split over BLAS threads they
+    only pay hand-offs (and a multithreaded GEMM may round by its thread count). BLAS
+    has one thread, and where the step has two (linear.host_ways) the blocks, each
+    writing its own rows, go two ways: every other one on a second Python thread. A
+    block's arithmetic is the same on either thread."""
     starts = range(0, T, QUERY_BLOCK)
     with blas_threads.limit(1):
         if len(starts) > 1 and host_ways() > 1:
@@ -135,7 +134,6 @@ def attend(
         else:
             for r0 in starts:
                 block(r0)
-    return out.transpose(1, 0, 2, 3).reshape(T, H * hv)
 
 
 def _attend_row(
@@ -165,21 +163,32 @@ def _attend_row(
         for a in range(0, n, ROW_KEY_CHUNK):
             b = min(n, a + ROW_KEY_CHUNK)
             np.matmul(qg, Kr[:, a:b].transpose(0, 2, 1), out=scores[:, :, a:b])
+    _softcap_(scores, softcap)
+    if slopes is not None:
+        dist = (pos - np.arange(lo, pos + 1)).astype(np.float32)  # [n]
+        scores -= slopes.reshape(Hkv, H // Hkv, 1) * dist
+    head_sinks = sinks.reshape(Hkv, H // Hkv, 1).astype(np.float32) if sinks is not None else None
+    scores /= _exp_(scores, head_sinks)
+    return np.matmul(scores, Vr).reshape(1, H * hv)
+
+
+def _softcap_(scores: np.ndarray, softcap: float | None) -> None:
+    """scores = softcap * tanh(scores / softcap) in place (nothing without a softcap)."""
     if softcap:
         c = np.float32(softcap)
         scores /= c
         np.tanh(scores, out=scores)
         scores *= c
-    if slopes is not None:
-        dist = (pos - np.arange(lo, pos + 1)).astype(np.float32)  # [n]
-        scores -= slopes.reshape(Hkv, H // Hkv, 1) * dist
-    if sinks is None:
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
-    else:
-        scores /= _exp_with_sinks_(scores, sinks.reshape(Hkv, H // Hkv, 1).astype(np.float32))
-    return np.matmul(scores, Vr).reshape(1, H * hv)
+
+
+def _exp_(scores: np.ndarray, sinks: np.ndarray | None) -> np.ndarray:
+    """exp(scores - row max) in place; returns the softmax denominators (with the heads'
+    sinks, broadcast against scores, where given)."""
+    if sinks is not None:
+        return _exp_with_sinks_(scores, sinks)
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    return scores.sum(axis=-1, keepdims=True)
 
 
 def _exp_with_sinks_(scores: np.ndarray, sinks: np.ndarray) -> np.ndarray:

@@ -112,3 +112,12 @@ def delta_rule_chunked(
         to_end = np.exp(cum[:, -1:] - cum)[:, :, None]  # [H, C, 1]
         s = np.exp(cum[:, -1])[:, None, None] * s + (kc * to_end).transpose(0, 2, 1) @ u
     return o.transpose(1, 0, 2), s.astype(np.float32, copy=False)
+
+
+def delta_rule(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, state: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The recurrence (delta_rule_steps' arguments and results): a decode row token by
+    token, a prefill batch in chunks."""
+    rule = delta_rule_steps if q.shape[0] == 1 else delta_rule_chunked
+    return rule(q, k, v, g, beta, state)

@@ -15,12 +15,13 @@ import numpy as np
 from ...model.weights import Linear, MoeWeights
 from .attention import attend
 from .ffn import ACTIVATIONS, glu, glu_
-from .gdn import causal_conv, delta_rule_chunked, delta_rule_steps, l2_normalize
+from .gdn import causal_conv, l2_normalize
+from .gdn import delta_rule as _delta_rule
 from .linear import linear, product, row_sequences
-from .moe import route
+from .moe import route as _route
 from .norms import layer_norm, rms_norm
 from .rope import Rope
-from .ssm import selective_scan
+from .ssm import selective_scan as _selective_scan
 
 F32 = np.float32
 
@@ -114,38 +115,10 @@ class HostOps:
     def softplus(self, x: np.ndarray) -> np.ndarray:
         return np.logaddexp(F32(0.0), x)
 
-    def delta_rule(
-        self,
-        q: np.ndarray,
-        k: np.ndarray,
-        v: np.ndarray,
-        g: np.ndarray,
-        beta: np.ndarray,
-        state: np.ndarray,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        rule = delta_rule_steps if q.shape[0] == 1 else delta_rule_chunked
-        return rule(q, k, v, g, beta, state)
-
-    def selective_scan(
-        self,
-        x: np.ndarray,
-        dt: np.ndarray,
-        a: np.ndarray,
-        b: np.ndarray,
-        c: np.ndarray,
-        state: np.ndarray,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        return selective_scan(x, dt, a, b, c, state)
-
-    def route(
-        self,
-        logits: np.ndarray,
-        k: int,
-        renormalize: bool,
-        gating: str = "softmax",
-        bias: np.ndarray | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        return route(logits, k, renormalize, gating, bias)
+    # The kernels whose arguments are the op's own, called as they are.
+    delta_rule = staticmethod(_delta_rule)
+    selective_scan = staticmethod(_selective_scan)
+    route = staticmethod(_route)
 
     def experts(
         self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, moe: MoeWeights, act: str

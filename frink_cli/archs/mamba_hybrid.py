@@ -1,0 +1,56 @@
+"""What the hybrid Mamba-2 architectures (falcon-h1, granitehybrid) share: the mixer's HF
+tensors under model.layers.N.mamba., transformers' mamba_* config defaults, the ssm.* GGUF
+metadata the converter writes from those keys, and the mixer's config read back from GGUF.
+
+Both converters (FalconH1Model, GraniteHybridModel) go through Mamba2Model for the mixer,
+so its names, transforms (mamba.MAMBA2_TRANSFORMS) and keys are the same in both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import FrinkError
+from ..formats import Checkpoint
+from ..graph.blocks.mamba import MambaConfig
+from .base import Arch
+from .hf import MetadataWriter
+from .mamba import _groups, mamba2_hf_metadata, mamba2_mixer_tensors, mamba2_ssm_config, ssm_config
+
+MIXER_MODULES, MIXER_WHOLE = mamba2_mixer_tensors("model.layers.{bid}.mamba.")
+
+# transformers' mamba_* defaults, the same in FalconH1Config and GraniteMoeHybridConfig.
+MAMBA_DEFAULTS: dict[str, Any] = dict(
+    mamba_n_heads=128,
+    mamba_n_groups=1,
+    mamba_d_state=256,
+    mamba_d_conv=4,
+    mamba_expand=2,
+    mamba_conv_bias=True,
+    mamba_proj_bias=False,
+)
+
+
+def mamba2_config(arch: Arch, ckpt: Checkpoint) -> MambaConfig:
+    """The Mamba-2 mixer's ssm.* keys, checked (llama.cpp's load_hparams)."""
+    return mamba2_ssm_config(arch, ckpt, ssm_config(arch, ckpt))
+
+
+def mamba2_metadata(w: MetadataWriter, inner: int, n_heads: int) -> None:
+    """The ssm.* keys from the mamba_* config keys (`inner` channels in `n_heads` heads);
+    the mixer's in_proj/out_proj biases (mamba_proj_bias) are refused, as llama.cpp's
+    mamba2 graph has none."""
+    hp = w.hp
+    if hp.get("mamba_proj_bias"):
+        raise FrinkError(
+            "config.json: mamba_proj_bias (in_proj/out_proj biases) is not supported: "
+            "llama.cpp's mamba2 graph has no such bias"
+        )
+    mamba2_hf_metadata(
+        w,
+        conv=int(hp.get("mamba_d_conv") or 4),
+        inner=inner,
+        state=int(hp.get("mamba_d_state") or 256),
+        n_heads=n_heads,
+        groups=_groups(hp),
+    )
