@@ -235,7 +235,7 @@ def _generate_and_print(
 ) -> None:
     """`frink run` after the prompt: the answer streamed to stdout then the stats line on
     stderr, or (as_json) one JSON object on stdout."""
-    from .bench import peak_memory_mib  # bench.py says why it is not ru_maxrss
+    from .bench import peak_memory_mib  # bench/cases.py says why it is not ru_maxrss
     from .generate import GenerationStats
     from .report import ledger_summary
 
