@@ -16,6 +16,9 @@ from ..errors import FrinkError
 
 @dataclass(frozen=True)
 class BenchTest:
+    """One test of llama-bench's kind: n_prompt tokens as one batch or n_gen one at a time,
+    after n_depth tokens already in the context."""
+
     name: str  # "pp512" | "tg128" | "tg128 @ d4096"
     n_prompt: int
     n_gen: int
@@ -60,6 +63,8 @@ def bench_tests(
 
 @dataclass
 class Sample:
+    """One timed repetition of a test, with the device ledger's counts over it."""
+
     seconds: float
     mask_seconds: float = 0.0  # of which in the constraint (mask and advance)
     submissions: Counter[str] = field(default_factory=Counter)

@@ -86,11 +86,13 @@ def format_md(rows: list[BenchRow], submissions: bool = False) -> str:
 
 
 def format_json(rows: list[BenchRow], submissions: bool) -> str:
+    """The rows as a JSON list, one object a row (BenchRow.to_dict)."""
     compare = any(r.runner == "llama.cpp" for r in rows)
     return json.dumps([r.to_dict(submissions, compare) for r in rows], indent=2) + "\n"
 
 
 def format_csv(rows: list[BenchRow], submissions: bool) -> str:
+    """The rows as CSV, a header of every key any row has; lists and dicts as JSON cells."""
     compare = any(r.runner == "llama.cpp" for r in rows)
     dicts = [r.to_dict(submissions, compare) for r in rows]
     fields: list[str] = []

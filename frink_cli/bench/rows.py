@@ -17,6 +17,8 @@ from .cases import BenchTest, Runner, Sample
 
 @dataclass
 class ModelFacts:
+    """The model columns of every row."""
+
     desc: str  # "llama 135M Q4_1"
     filename: str
     size_bytes: int
@@ -61,6 +63,8 @@ def _human_params(n: int) -> str:
 
 @dataclass
 class BenchRow:
+    """One test's result for one runner: llama-bench's JSON row, plus frink's columns."""
+
     model: str
     model_filename: str
     model_size: int
