@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,6 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .backends import BACKEND_NAMES, check_backend_name
-from .channels import FINAL, generated_channels
 from .cli_checks import (
     check_range,
     check_ranges,
@@ -28,7 +26,8 @@ from .cli_checks import (
     read_prompt,
 )
 from .cli_exit import CliState, err, run_app
-from .errors import FrinkError, printable, terminal_text
+from .cli_run import generate_and_print
+from .errors import FrinkError, printable
 
 # The api (numpy, the model code) is imported lazily, per command: `frink --help` stays quick.
 
@@ -141,11 +140,24 @@ _PARSE_SPECIAL = typer.Option(
 )
 
 
-def _is_terminal(stream: Any) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError, OSError):
-        return False
+def _sampling(
+    temp: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float, seed: int
+) -> dict[str, Any]:
+    """The sampling flags `run` and `chat` share, as SamplingParams' fields (seed < 0: a
+    fresh random seed)."""
+    return dict(
+        temperature=temp,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repeat_penalty=repeat_penalty,
+        seed=None if seed < 0 else seed,
+    )
+
+
+def _n_ctx(m: Any, ctx_size: int) -> int:
+    """The context -c/--ctx-size asks for: 0 is the model's own, capped at 4096."""
+    return ctx_size or min(m.config.n_ctx_train, 4096)
 
 
 @app.command()
@@ -204,133 +216,15 @@ def run(
     m = _load(model, backend, quiet=as_json and not verbose, check_tensors=check_tensors)
     # Compiled before the prompt runs: a grammar that does not compile stops here.
     constraint = m.constraint(**constrain)
-    n_ctx = ctx_size or min(m.config.n_ctx_train, 4096)
+    n_ctx = _n_ctx(m, ctx_size)
     notes: list[str] = []
     # The ids first (not a string into generate) so the template's notes show before the text.
     ids = m.prompt_ids(text_in, raw=raw, system=system, notes=notes, n_ctx=n_ctx)
     for note in notes:
         err.print(f"note: {printable(note)}", style="dim", markup=False)
-    sampling = dict(
-        temperature=temp,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        repeat_penalty=repeat_penalty,
-        repeat_last_n=repeat_last_n,
-        seed=None if seed < 0 else seed,
-    )
-    _generate_and_print(m, ids, raw, max_tokens, ctx_size, sampling, constraint, as_json, verbose)
-
-
-def _generate_and_print(
-    m: Any,
-    ids: list[int],
-    raw: bool,
-    max_tokens: int,
-    ctx_size: int,
-    sampling: dict[str, Any],
-    constraint: Any,
-    as_json: bool,
-    verbose: bool,
-) -> None:
-    """`frink run` after the prompt: the answer streamed to stdout then the stats line on
-    stderr, or (as_json) one JSON object on stdout."""
-    from .bench import peak_memory_mib  # bench.py says why it is not ru_maxrss
-    from .generate import GenerationStats
-    from .report import ledger_summary
-
-    stats = GenerationStats()
-    n_ctx_arg = ctx_size or None
-    generated = generated_channels(m, ids, raw, max_tokens, n_ctx_arg, stats, sampling, constraint)
-    pieces, channels = _stream(generated, as_json, verbose)
-    peak = peak_memory_mib()
-    ledger = ledger_summary(m.decoder.backend)
-    if as_json:
-        result = _run_result(m, ids, stats, pieces, channels, peak, ledger)
-        sys.stdout.write(json.dumps(result, ensure_ascii=False) + "\n")
-        return
-    sys.stdout.write("\n")
-    sys.stdout.flush()
-    _print_run_stats(m, stats, peak, ledger, verbose)
-
-
-def _stream(
-    generated: Iterator[tuple[str, str]], as_json: bool, verbose: bool
-) -> tuple[list[str], dict[str, list[str]]]:
-    """Write the answer to stdout as it comes (unless as_json) and collect it: (the final
-    channel's pieces, the other channels' pieces by name)."""
-    pieces: list[str] = []
-    # gpt-oss's harmony channels: the final one is the answer (stdout); the others go to
-    # stderr with -v, and into the JSON output by name.
-    channels: dict[str, list[str]] = {}
-    out = sys.stdout
-    # On a terminal, a control sequence the model writes shows as its escape (it would
-    # drive the terminal); a pipe or file gets the text exactly.
-    shown = terminal_text if _is_terminal(out) else (lambda text: text)
-    for channel, piece in generated:
-        if channel != FINAL:
-            channels.setdefault(channel, []).append(piece)
-            if verbose and not as_json:
-                err.print(printable(piece), style="dim", markup=False, highlight=False, end="")
-            continue
-        pieces.append(piece)
-        if not as_json:
-            out.write(shown(piece))
-            out.flush()
-    return pieces, channels
-
-
-def _run_result(
-    m: Any,
-    ids: list[int],
-    stats: Any,
-    pieces: list[str],
-    channels: dict[str, list[str]],
-    peak: float,
-    ledger: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """`frink run --json`'s object."""
-    return {
-        "text": "".join(pieces),
-        "model": str(m.checkpoint.path),
-        "backend": m.backend_name,
-        "prompt_tokens": stats.prompt_tokens,
-        "prompt_ids": list(map(int, ids)),
-        "token_ids": list(map(int, stats.token_ids)),
-        "stop_reason": stats.stop_reason,
-        **({"channels": {k: "".join(v) for k, v in channels.items()}} if channels else {}),
-        "timings": {
-            "prompt_seconds": stats.prompt_seconds,
-            "prompt_tokens_per_second": stats.prompt_tps,
-            "generate_seconds": stats.generate_seconds,
-            "generated_tokens": stats.generated_tokens,
-            "generate_tokens_per_second": stats.generate_tps,
-        },
-        "peak_memory_mib": peak,
-        "device": ledger,
-    }
-
-
-def _print_run_stats(
-    m: Any, stats: Any, peak: float, ledger: dict[str, Any] | None, verbose: bool
-) -> None:
-    """`frink run`'s stats line on stderr, and with -v the device ledger's."""
-    err.print(
-        f"[dim]prompt: {stats.prompt_tokens} tokens, {stats.prompt_tps:.1f} tok/s | "
-        f"generated: {stats.generated_tokens} tokens, {stats.generate_tps:.1f} tok/s | "
-        f"peak memory: {peak:.0f} MiB | backend: {m.backend_name}[/dim]"
-    )
-    if ledger is not None and verbose:
-        err.print(
-            f"[dim]device: {ledger['submissions']} submissions ("
-            + ", ".join(f"{k} {v}" for k, v in ledger["by_kind"].items())
-            + ")"
-            + "".join(f" | refused x{v}: {k}" for k, v in ledger["refusals"].items())
-            + "".join(f" | FAILED x{v}: {k}" for k, v in ledger["failures"].items())
-            + "[/dim]",
-            markup=True,
-            highlight=False,
-        )
+    sampling = _sampling(temp, top_k, top_p, min_p, repeat_penalty, seed)
+    sampling["repeat_last_n"] = repeat_last_n
+    generate_and_print(m, ids, raw, max_tokens, ctx_size, sampling, constraint, as_json, verbose)
 
 
 @app.command()
@@ -441,18 +335,11 @@ def chat(
     check_range("-n/--max-tokens", max_tokens, 1)
     if system is not None:
         check_utf8(system, "--system")
-    params = SamplingParams(
-        temperature=temp,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        repeat_penalty=repeat_penalty,
-        seed=None if seed < 0 else seed,
-    )
+    params = SamplingParams(**_sampling(temp, top_k, top_p, min_p, repeat_penalty, seed))
     m = _load(model, backend)
     chat_loop(
         m,
-        n_ctx=ctx_size or min(m.config.n_ctx_train, 4096),
+        n_ctx=_n_ctx(m, ctx_size),
         params=params,
         max_tokens=max_tokens,
         system=system,
@@ -516,7 +403,7 @@ def serve(
         host=host,
         port=port,
         n_parallel=parallel,
-        n_ctx=ctx_size or min(m.config.n_ctx_train, 4096),
+        n_ctx=_n_ctx(m, ctx_size),
         api_key=api_key,
         alias=alias,
         prefill_chunk=prefill_chunk,

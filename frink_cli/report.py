@@ -14,13 +14,17 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .archs import config_from_checkpoint, open_checkpoint
 from .errors import printable
 from .formats import Checkpoint
+from .model.config import ModelConfig
+
+if TYPE_CHECKING:
+    from .tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -134,25 +138,6 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
     backend_label = "numpy" if backend == "auto" else backend
     tok = load_tokenizer(ckpt)
     facts = checkpoint_facts(ckpt)
-    layers = []
-    for i in range(cfg.n_layer):
-        s = cfg.layer_shape(i)
-        layers.append(
-            {
-                "layer": i,
-                "mixer": s.mixer,
-                "ffn": s.ffn,
-                "n_head": s.n_head,
-                "n_head_kv": s.n_head_kv,
-                "n_ff": s.n_ff,
-                "head_dim": s.head_dim_k,
-                "kv_source": s.kv_source,
-                "window": s.window,
-                "rope_base": s.rope_base,
-                "backend": backend_label if support[i] is None else "host",
-                "refusal": support[i],
-            }
-        )
     blocks = cfg.ext.info()
     sections = {name: blocks.get(name) for name in ("gdn", "mamba", "shortconv", "moe")}
     return {
@@ -183,17 +168,9 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
         "decorations": sorted(cfg.features()),
         "decoration_values": decoration_values(cfg),
         "tied_embeddings": cfg.tied_embeddings,
-        "tokenizer": None
-        if tok is None
-        else {
-            "model": ckpt.metadata.get("tokenizer.ggml.model", "tokenizer.json"),
-            "n_vocab": tok.n_vocab,
-            "bos_id": tok.bos_id,
-            "eos_id": tok.eos_id,
-            "add_bos": tok.add_bos,
-        },
+        "tokenizer": None if tok is None else _tokenizer_facts(ckpt, tok),
         "chat_template": tok is not None and tok.chat_template is not None,
-        "layers": layers,
+        "layers": _layer_rows(cfg, support, backend_label),
         "host": {
             "kernels": kernel_path(),
             "rowwise": rowwise_path(),
@@ -205,6 +182,44 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
             "tensor_formats": tensor_formats(backend_label, facts.tensor_types, ckpt.format),
         },
         "notes": ckpt.notes,
+    }
+
+
+def _layer_rows(
+    cfg: ModelConfig, support: list[str | None], backend_label: str
+) -> list[dict[str, Any]]:
+    """Per layer, its shape and who runs it: `backend_label`, or the host with the
+    backend's refusal (support[i], None where the backend takes the layer)."""
+    layers = []
+    for i in range(cfg.n_layer):
+        s = cfg.layer_shape(i)
+        layers.append(
+            {
+                "layer": i,
+                "mixer": s.mixer,
+                "ffn": s.ffn,
+                "n_head": s.n_head,
+                "n_head_kv": s.n_head_kv,
+                "n_ff": s.n_ff,
+                "head_dim": s.head_dim_k,
+                "kv_source": s.kv_source,
+                "window": s.window,
+                "rope_base": s.rope_base,
+                "backend": backend_label if support[i] is None else "host",
+                "refusal": support[i],
+            }
+        )
+    return layers
+
+
+def _tokenizer_facts(ckpt: Checkpoint, tok: Tokenizer) -> dict[str, Any]:
+    """The report's tokenizer section: its model, vocabulary size and BOS/EOS policy."""
+    return {
+        "model": ckpt.metadata.get("tokenizer.ggml.model", "tokenizer.json"),
+        "n_vocab": tok.n_vocab,
+        "bos_id": tok.bos_id,
+        "eos_id": tok.eos_id,
+        "add_bos": tok.add_bos,
     }
 
 

@@ -709,11 +709,11 @@ def cases(n_random: int, seed: int, work: Path) -> Iterator[Case]:
 
 def run_cases(n_random: int, seed: int, progress: bool = False) -> tuple[Counter, list]:
     """Counts per outcome, and the (case, outcome, detail) of every bad one."""
-    from frink_cli import chat
+    from frink_cli import chat_template
 
     # Hostile templates meet the deadline by design; its length does not change the outcome,
     # only how long the soak takes.
-    chat.TEMPLATE_SECONDS = 1.0
+    chat_template.TEMPLATE_SECONDS = 1.0
     counts: Counter = Counter()
     bad: list = []
     work = Path(tempfile.mkdtemp(prefix="frink-fuzz-"))
@@ -726,7 +726,7 @@ def run_cases(n_random: int, seed: int, progress: bool = False) -> tuple[Counter
             if progress and k % 1000 == 0:
                 print(f"{k} cases: {dict(counts)}", file=sys.stderr, flush=True)
             if k % 200 == 0:
-                chat._compile.cache_clear()
+                chat_template._compile.cache_clear()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return counts, bad

@@ -22,6 +22,8 @@ import frink_cli
 from frink_cli import bench as B
 from frink_cli.backends import Refusal, Run
 from frink_cli.backends.ledger import Ledger
+from frink_cli.constraint import Constraint
+from frink_cli.errors import FrinkError
 
 ROW_KEYS = {"test", "n_prompt", "n_gen", "backend", "avg_ts", "stddev_ts", "samples_ts"}
 
@@ -379,14 +381,14 @@ def test_constrained_rows_put_every_token_under_the_schema(
     from frink_cli.api import load
 
     allowed_calls = []
-    real_allowed = B.Constraint.allowed
+    real_allowed = Constraint.allowed
 
     def counting(self: Any) -> Any:
         mask = real_allowed(self)
         allowed_calls.append(int(mask.sum()) if mask is not None else None)
         return mask
 
-    monkeypatch.setattr(B.Constraint, "allowed", counting)
+    monkeypatch.setattr(Constraint, "allowed", counting)
     model = load(smollm2_path)
     rows = B.run_bench(model, n_prompt=0, n_gen=6, repetitions=2, constrained=True)
     assert [r.test for r in rows] == ["tg6", "tg6 free", "tg6 json"]
@@ -399,5 +401,5 @@ def test_constrained_rows_put_every_token_under_the_schema(
     assert all(n is not None and 0 < n < 49152 for n in allowed_calls)
     table = B.format_md(rows)
     assert "tg6 json:" in table and "the free row's speed" in table
-    with pytest.raises(B.FrinkError, match="--constrained"):
+    with pytest.raises(FrinkError, match="--constrained"):
         B.run_bench(model, n_prompt=0, n_gen=4, constrained=True, compare="llama.cpp")

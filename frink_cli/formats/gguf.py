@@ -397,6 +397,10 @@ def _check_kind(
 
 
 def read_gguf(path: Path) -> Checkpoint:
+    """The GGUF file at `path` as a Checkpoint: its metadata (every value's kind checked
+    against what llama.cpp expects of the key) and its tensors, mapped, each one's bytes
+    checked to lie whole and alone inside the file; a FrinkError naming the fault for a
+    file that is not a well-formed GGUF."""
     with open_regular(path) as f:
         try:
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -416,7 +420,16 @@ def read_gguf(path: Path) -> Checkpoint:
     n_tensors = cur.scalar("<Q", "tensor count")
     n_kv = cur.scalar("<Q", "metadata count")
     cur.need(n_kv * 12 + n_tensors * 24, "the header's metadata and tensor table")
+    metadata = _read_metadata(cur, path, n_kv)
+    infos = _read_tensor_table(cur, path, n_tensors)
+    entries = _place_tensors(cur, path, metadata, infos)
+    return Checkpoint(
+        path=path, format="gguf", metadata=metadata, tensors=GgufTensors(path, buf, entries, fd)
+    )
 
+
+def _read_metadata(cur: _Cursor, path: Path, n_kv: int) -> dict[str, Any]:
+    """The n_kv metadata pairs at the cursor, each value's kind checked for its key."""
     metadata: dict[str, Any] = {}
     types: dict[str, tuple[GGUFValueType, GGUFValueType | None]] = {}
     for _ in range(n_kv):
@@ -433,7 +446,14 @@ def read_gguf(path: Path) -> Checkpoint:
     arch = metadata["general.architecture"]
     for key, (vtype, etype) in types.items():
         _check_kind(path, metadata, key, vtype, etype, arch if isinstance(arch, str) else None)
+    return metadata
 
+
+_TensorInfo = tuple[str, list[int], GGMLQuantizationType, int]  # name, ne, type, offset
+
+
+def _read_tensor_table(cur: _Cursor, path: Path, n_tensors: int) -> list[_TensorInfo]:
+    """The n_tensors entries of the tensor table at the cursor."""
     infos = []
     seen: set[str] = set()
     for _ in range(n_tensors):
@@ -445,7 +465,7 @@ def read_gguf(path: Path) -> Checkpoint:
         if not 1 <= n_dims <= _MAX_DIMS:
             raise FrinkError(f"{path}: corrupt GGUF file (tensor {name} has {n_dims} dimensions)")
         cur.need(8 * n_dims, f"tensor {name}")
-        ne = list(struct.unpack_from(f"<{n_dims}Q", buf, cur.pos))
+        ne = list(struct.unpack_from(f"<{n_dims}Q", cur.buf, cur.pos))
         cur.pos += 8 * n_dims
         raw_type = cur.scalar("<I", f"tensor {name}")
         offset = cur.scalar("<Q", f"tensor {name}")
@@ -454,7 +474,15 @@ def read_gguf(path: Path) -> Checkpoint:
         except ValueError:
             raise FrinkError(f"{path}: tensor {name} has unknown tensor type {raw_type}") from None
         infos.append((name, ne, qtype, offset))
+    return infos
 
+
+def _place_tensors(
+    cur: _Cursor, path: Path, metadata: dict[str, Any], infos: list[_TensorInfo]
+) -> dict[str, tuple]:
+    """Per tensor (type, shape, start, n_bytes) in the file, the data section starting at
+    the first multiple of the alignment past the cursor; refused unless each tensor's bytes
+    are aligned, whole blocks, inside the file, and shared with no other tensor."""
     alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)  # a uint: checked above
     if alignment <= 0 or alignment & (alignment - 1):
         raise FrinkError(f"{path}: corrupt GGUF file (alignment {alignment})")
@@ -488,6 +516,4 @@ def read_gguf(path: Path) -> Checkpoint:
             raise FrinkError(
                 f"{path}: corrupt GGUF file (tensors {first} and {second} share bytes)"
             )
-    return Checkpoint(
-        path=path, format="gguf", metadata=metadata, tensors=GgufTensors(path, buf, entries, fd)
-    )
+    return entries

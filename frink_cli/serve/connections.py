@@ -98,167 +98,191 @@ def _raw_response(status: int, reason: str, message: str, extra: str = "") -> by
 DROPPED = "frink.dropped"
 
 
-def protocol_class(limits: Limits, log_line: Callable[[str], None]) -> type[H11Protocol]:
-    """A uvicorn HTTP protocol class keeping `limits`; refusals are logged through
-    log_line (at most one line a second)."""
-    open_now: set[_Conn] = set()
-    last_refusal_log = [float("-inf")]
-    refused = [0]
+class _Pool:
+    """One server's open connections, its limits, and its refusals' log (at most one line
+    a second, through log_line)."""
 
-    class _Conn(H11Protocol):
-        _timer: asyncio.TimerHandle | None = None
-        _write_timer: asyncio.TimerHandle | None = None
-        _waiting_since = 0.0  # since when the server has been waiting for a request head
-        _last_data = 0.0
+    def __init__(self, limits: Limits, log_line: Callable[[str], None]) -> None:
+        self.limits = limits
+        self.log_line = log_line
+        self.open: set[Connection] = set()
+        self.last_refusal_log = float("-inf")
+        self.refused = 0
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._waiting_since = self._last_data = self.loop.time()
-            open_now.add(self)
-            if len(open_now) > limits.max_connections:
-                victim = min(
-                    (c for c in open_now if c is not self and c._waiting_on_client()),
-                    key=lambda c: c._waited_since(),
-                    default=None,
-                )
-                if victim is None:
-                    self._refuse()
-                    return
-                victim._drop("the server needed its connection for a newer client")
-            self._arm()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            open_now.discard(self)
-            self._cancel_timers()
-            super().connection_lost(exc)
-
-        def data_received(self, data: bytes) -> None:
-            self._last_data = self.loop.time()
-            super().data_received(data)
-            self._arm()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._waiting_since = self.loop.time()
-            self._arm()
-
-        def pause_writing(self) -> None:
-            super().pause_writing()
-            if self._write_timer is None:
-                self._write_timer = self.loop.call_later(limits.timeout, self._write_stalled)
-
-        def resume_writing(self) -> None:
-            super().resume_writing()
-            if self._write_timer is not None:
-                self._write_timer.cancel()
-                self._write_timer = None
-
-        def send_400_response(self, msg: str) -> None:
-            # h11 refused bytes after a request head was read (a bad chunk, say) while
-            # that request's app runs: its answer must not follow this 400 (h11 would
-            # raise in the app's send, a traceback), so the app sees its client gone.
-            cycle = self.cycle
-            if cycle is not None and not cycle.response_complete:
-                cycle.disconnected = True
-                cycle.message_event.set()
-                if cycle.response_started:  # too late for a 400 on this connection
-                    self.transport.close()
-                    return
-            try:
-                super().send_400_response(msg)
-            except h11.LocalProtocolError:
-                self.transport.close()
-
-        # --- the connection's state ---------------------------------------------------
-
-        def _waiting_on_client(self) -> bool:
-            """Whether the server waits for this client's bytes: a request head (idle or
-            partial) or a request body not yet complete."""
-            return not self.transport.is_closing() and self.conn.their_state in (
-                h11.IDLE,
-                h11.SEND_BODY,
+    def note_refusal(self, now: float) -> None:
+        """Count one refused connection; log the count if a second has passed since the
+        last line."""
+        self.refused += 1
+        if now - self.last_refusal_log >= 1.0:
+            self.last_refusal_log = now
+            self.log_line(
+                f"refused {self.refused} connection(s): {self.limits.max_connections} open, all "
+                "busy (frink serve --max-connections)"
             )
+            self.refused = 0
 
-        def _waited_since(self) -> float:
-            return self._waiting_since if self.conn.their_state is h11.IDLE else self._last_data
 
-        def _deadline(self) -> float | None:
-            if not self._waiting_on_client():
-                return None
-            if self.conn.their_state is h11.IDLE:
-                return self._waiting_since + limits.header_timeout
-            return self._last_data + limits.timeout
+class Connection(H11Protocol):
+    """uvicorn's h11 protocol with the head, body and write deadlines and the connection
+    limit of its `pool` (a server's; protocol_class binds one)."""
 
-        def _arm(self) -> None:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            deadline = self._deadline()
-            if deadline is not None:
-                self._timer = self.loop.call_at(deadline, self._expire)
+    pool: _Pool
+    _timer: asyncio.TimerHandle | None = None
+    _write_timer: asyncio.TimerHandle | None = None
+    _waiting_since = 0.0  # since when the server has been waiting for a request head
+    _last_data = 0.0
 
-        def _cancel_timers(self) -> None:
-            for t in (self._timer, self._write_timer):
-                if t is not None:
-                    t.cancel()
-            self._timer = self._write_timer = None
-
-        def _expire(self) -> None:
-            self._timer = None
-            deadline = self._deadline()
-            if deadline is None:
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._waiting_since = self._last_data = self.loop.time()
+        self.pool.open.add(self)
+        if len(self.pool.open) > self.pool.limits.max_connections:
+            victim = min(
+                (c for c in self.pool.open if c is not self and c._waiting_on_client()),
+                key=lambda c: c._waited_since(),
+                default=None,
+            )
+            if victim is None:
+                self._refuse()
                 return
-            if self.loop.time() < deadline:  # moved on since it was armed
-                self._arm()
-                return
-            what = "request head" if self.conn.their_state is h11.IDLE else "request body"
-            seconds = limits.header_timeout if what == "request head" else limits.timeout
-            self._drop(f"no {what} within {seconds:g} s (frink serve --timeout)")
+            victim._drop("the server needed its connection for a newer client")
+        self._arm()
 
-        def _drop(self, why: str) -> None:
-            """Close a connection waiting on its client: a partial request gets a 408
-            first; a request whose body was still coming sees its client gone, with `why`
-            for its log line."""
-            cycle = self.cycle
-            partial = self.conn.their_state is h11.SEND_BODY or bool(self.conn.trailing_data[0])
-            if cycle is not None and not cycle.response_complete:
-                cycle.scope["state"][DROPPED] = why
-            if partial and (cycle is None or not cycle.response_started):
-                self.transport.write(_raw_response(408, "Request Timeout", why))
-            if cycle is not None and not cycle.response_complete:
-                cycle.disconnected = True
-                cycle.message_event.set()
-            self.transport.close()
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.pool.open.discard(self)
+        self._cancel_timers()
+        super().connection_lost(exc)
 
-        def _write_stalled(self) -> None:
+    def data_received(self, data: bytes) -> None:
+        self._last_data = self.loop.time()
+        super().data_received(data)
+        self._arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._waiting_since = self.loop.time()
+        self._arm()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.pool.limits.timeout, self._write_stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
             self._write_timer = None
-            if self.flow.write_paused and not self.transport.is_closing():
-                if self.cycle is not None and not self.cycle.response_complete:
-                    self.cycle.scope["state"][DROPPED] = (
-                        f"the client read nothing for {limits.timeout:g} s (frink serve --timeout)"
-                    )
-                self.transport.abort()
 
-        def _refuse(self) -> None:
-            open_now.discard(self)
-            refused[0] += 1
-            now = self.loop.time()
-            if now - last_refusal_log[0] >= 1.0:
-                last_refusal_log[0] = now
-                log_line(
-                    f"refused {refused[0]} connection(s): {limits.max_connections} open, all "
-                    "busy (frink serve --max-connections)"
-                )
-                refused[0] = 0
-            self.transport.write(
-                _raw_response(
-                    503,
-                    "Service Unavailable",
-                    f"server busy: {limits.max_connections} connections open; retry later",
-                    "retry-after: 1\r\n",
-                )
-            )
+    def send_400_response(self, msg: str) -> None:
+        # h11 refused bytes after a request head was read (a bad chunk, say) while
+        # that request's app runs: its answer must not follow this 400 (h11 would
+        # raise in the app's send, a traceback), so the app sees its client gone.
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()
+            if cycle.response_started:  # too late for a 400 on this connection
+                self.transport.close()
+                return
+        try:
+            super().send_400_response(msg)
+        except h11.LocalProtocolError:
             self.transport.close()
+
+    # --- the connection's state ---------------------------------------------------
+
+    def _waiting_on_client(self) -> bool:
+        """Whether the server waits for this client's bytes: a request head (idle or
+        partial) or a request body not yet complete."""
+        return not self.transport.is_closing() and self.conn.their_state in (
+            h11.IDLE,
+            h11.SEND_BODY,
+        )
+
+    def _waited_since(self) -> float:
+        return self._waiting_since if self.conn.their_state is h11.IDLE else self._last_data
+
+    def _deadline(self) -> float | None:
+        if not self._waiting_on_client():
+            return None
+        if self.conn.their_state is h11.IDLE:
+            return self._waiting_since + self.pool.limits.header_timeout
+        return self._last_data + self.pool.limits.timeout
+
+    def _arm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        deadline = self._deadline()
+        if deadline is not None:
+            self._timer = self.loop.call_at(deadline, self._expire)
+
+    def _cancel_timers(self) -> None:
+        for t in (self._timer, self._write_timer):
+            if t is not None:
+                t.cancel()
+        self._timer = self._write_timer = None
+
+    def _expire(self) -> None:
+        self._timer = None
+        deadline = self._deadline()
+        if deadline is None:
+            return
+        if self.loop.time() < deadline:  # moved on since it was armed
+            self._arm()
+            return
+        what = "request head" if self.conn.their_state is h11.IDLE else "request body"
+        seconds = (
+            self.pool.limits.header_timeout if what == "request head" else self.pool.limits.timeout
+        )
+        self._drop(f"no {what} within {seconds:g} s (frink serve --timeout)")
+
+    def _drop(self, why: str) -> None:
+        """Close a connection waiting on its client: a partial request gets a 408
+        first; a request whose body was still coming sees its client gone, with `why`
+        for its log line."""
+        cycle = self.cycle
+        partial = self.conn.their_state is h11.SEND_BODY or bool(self.conn.trailing_data[0])
+        if cycle is not None and not cycle.response_complete:
+            cycle.scope["state"][DROPPED] = why
+        if partial and (cycle is None or not cycle.response_started):
+            self.transport.write(_raw_response(408, "Request Timeout", why))
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()
+        self.transport.close()
+
+    def _write_stalled(self) -> None:
+        self._write_timer = None
+        if self.flow.write_paused and not self.transport.is_closing():
+            if self.cycle is not None and not self.cycle.response_complete:
+                self.cycle.scope["state"][DROPPED] = (
+                    f"the client read nothing for {self.pool.limits.timeout:g} s "
+                    "(frink serve --timeout)"
+                )
+            self.transport.abort()
+
+    def _refuse(self) -> None:
+        self.pool.open.discard(self)
+        self.pool.note_refusal(self.loop.time())
+        self.transport.write(
+            _raw_response(
+                503,
+                "Service Unavailable",
+                f"server busy: {self.pool.limits.max_connections} connections open; retry later",
+                "retry-after: 1\r\n",
+            )
+        )
+        self.transport.close()
+
+
+def protocol_class(limits: Limits, log_line: Callable[[str], None]) -> type[H11Protocol]:
+    """A uvicorn HTTP protocol class keeping `limits` over the connections it makes;
+    refusals are logged through log_line (at most one line a second)."""
+
+    class _Conn(Connection):
+        pool = _Pool(limits, log_line)
 
     return _Conn
 

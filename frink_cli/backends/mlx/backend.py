@@ -19,7 +19,6 @@ lm head reads each sequence's last row, all in one traced graph.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -28,14 +27,13 @@ import numpy as np
 from ...graph.blocks.step import BatchSlot, SeqRows
 from ...graph.rope import rope_factors, rope_frequencies
 from ...model.config import ModelConfig
-from ...model.weights import LayerWeights, MoeWeights, dequantized, map_layer
-from ...quant.blocks import QuantRows
+from ...model.weights import LayerWeights
 from ..base import DeviceBackend
 from ..protocol import Run
 from . import graph
 from .eligibility import layer_refusals
 from .graph import MLX_OPS
-from .quant import QUANTIZED_TYPES, NotExact, Quantized, device_format, quantized_stack
+from .upload import WeightUpload
 
 _MIN_CAPACITY = 256
 # Rows per prefill submission. A GDN layer's recurrence is unrolled row by row in the
@@ -83,7 +81,7 @@ def _state_rows(
     )
 
 
-class MlxBackend(DeviceBackend):
+class MlxBackend(WeightUpload, DeviceBackend):
     name = "metal"
     runs_batches = True
 
@@ -108,186 +106,6 @@ class MlxBackend(DeviceBackend):
     def layers(self) -> list[LayerWeights | None]:
         """Per layer, its resident weights, or None where the host body runs it."""
         return [self.resident.get(i) for i in range(self.cfg.n_layer)]
-
-    # --- upload -------------------------------------------------------------------------
-
-    def _source_names(self) -> set[str]:
-        if self._names is None:
-            self._names = (
-                set(self.checkpoint.tensors.names()) if self.checkpoint is not None else set()
-            )
-        return self._names
-
-    def _quantized(self, names: list[str]) -> Quantized | None:
-        """The tensors `names` stacked along their output rows (axis -2; a 1-D tensor is one
-        row), kept in the file's own blocks; None unless they all exist with one type one of
-        MLX's quantized layouts holds exactly (quant.py), every block of them included."""
-        src = self.checkpoint.tensors if self.checkpoint is not None else None
-        if (
-            src is None
-            or not names
-            or not hasattr(src, "raw")
-            or not set(names) <= self._source_names()
-        ):
-            return None
-        dtypes = {src.info(n).dtype for n in names}
-        if len(dtypes) != 1 or not dtypes <= set(QUANTIZED_TYPES):
-            return None
-        dtype = dtypes.pop()
-        parts = []
-        for n in names:
-            try:
-                parts.append(quantized_stack(src.raw(n)[2], dtype, tuple(src.info(n).shape)))
-            except NotExact as e:
-                # The whole fused matrix goes dense: its parts are one matmul.
-                for m in names:
-                    self._not_exact[m] = f"f32 (dequantized at load: {n} has {e})"
-                return None
-        if len({p.w.ndim for p in parts}) != 1:
-            return None
-        for n in names:
-            self.tensor_held[n] = device_format(dtype)
-        self.tensor_choice[dtype] = device_format(dtype)
-        if len(parts) == 1:
-            return parts[0]
-        biases = [p.biases for p in parts if p.biases is not None]
-        return Quantized(
-            np.concatenate([p.w for p in parts], axis=-2),
-            np.concatenate([p.scales for p in parts], axis=-2),
-            np.concatenate(biases, axis=-2) if biases else None,
-            parts[0].bits,
-            parts[0].mode,
-        )
-
-    @staticmethod
-    def _resident(q: Quantized) -> tuple[mx.array, mx.array, mx.array | None]:
-        """(w, scales, biases) of `q` as device arrays (no biases in mxfp4)."""
-        return mx.array(q.w), mx.array(q.scales), None if q.biases is None else mx.array(q.biases)
-
-    def _dense_kind(self, names: list[str]) -> str | None:
-        """The one source type of `names` ("mixed" when they differ), recorded as held dense;
-        None when they are not all source tensors."""
-        if self.checkpoint is None or not names or not set(names) <= self._source_names():
-            return None
-        dtypes = [self.checkpoint.tensors.info(n).dtype for n in names]
-        kind = dtypes[0] if len(set(dtypes)) == 1 else "mixed"
-        for n, d in zip(names, dtypes):
-            # A type that maps onto MLX's format but sits in a mixed fused matrix goes dense,
-            # as does one whose blocks MLX would not reproduce.
-            how = self._not_exact.get(n) or (
-                device_format(d)
-                if d not in QUANTIZED_TYPES or kind == d
-                else "f32 (dequantized at load; fused with other types)"
-            )
-            self.tensor_choice.setdefault(d, how)
-            self.tensor_held[n] = how
-        return kind
-
-    def _linear(
-        self, names: list[str], host: np.ndarray | QuantRows, bias: np.ndarray | None
-    ) -> graph.DeviceLinear:
-        """Device copy of a (fused) host Linear; quantized when every source tensor maps.
-        Sources of different types (a Q4_K_M file's Q4_K q/k beside a Q6_K v) become parts,
-        each held by its own rule from its rows of the host's fused matrix (neighbours of one
-        type share a part: q/k Q4_K is one matmul beside v's)."""
-        b = mx.array(bias) if bias is not None else None
-        src = self.checkpoint.tensors if self.checkpoint is not None else None
-        if (
-            len(names) > 1
-            and src is not None
-            and set(names) <= self._source_names()
-            and len({src.info(n).dtype for n in names}) > 1
-        ):
-            dense = dequantized(host)
-            parts, o = [], 0
-            for _, run in itertools.groupby(names, key=lambda n: src.info(n).dtype):
-                group = list(run)
-                rows = sum(int(np.prod(src.info(n).shape[:-1])) for n in group)  # 1-D: one row
-                parts.append(self._linear(group, dense[o : o + rows], None))
-                o += rows
-            assert o == dense.shape[0], (names, o, dense.shape)
-            return graph.DeviceLinear(None, bias=b, parts=tuple(parts), sources=tuple(names))
-        q = self._quantized(names)
-        if q is not None:
-            return graph.DeviceLinear(
-                *self._resident(q), q.bits, b, sources=tuple(names), mode=q.mode
-            )
-        kind = self._dense_kind(names)  # None: no single source tensor to map
-        dense = dequantized(host)  # the host's f32, or its blocks dequantized
-        if kind == "F16":
-            w = mx.array(dense.astype(np.float16))
-        elif kind == "BF16":
-            w = mx.array(dense).astype(mx.bfloat16)
-        else:
-            w = mx.array(dense)
-        return graph.DeviceLinear(w, bias=b, sources=tuple(names))
-
-    def _experts(self, names: list[str], dense: Callable[[], np.ndarray]) -> graph.DeviceExperts:
-        """A resident expert stack [E, out, in] from the tensors `names` (several: stacked
-        along out, as the host fused them): the file's blocks when they map, else dense in
-        the file's float type, else the host's f32 (`dense()`: made only then, the host's
-        stack may be in blocks)."""
-        q = self._quantized(names)
-        if q is not None:
-            return graph.DeviceExperts(*self._resident(q), q.bits, q.mode)
-        kind = self._dense_kind(names)
-        w = np.ascontiguousarray(dense())
-        if kind in ("F16", "BF16") and mx.default_device() != mx.gpu:
-            # MLX's CPU gather_mm multiplies f32 only (0.32: "Currently only supports
-            # float32"); the CPU device is the Linux correctness path, so hold f32 there.
-            for n in names:
-                self.tensor_held[n] = "f32 (MLX's CPU gather_mm is f32 only)"
-            return graph.DeviceExperts(mx.array(w))
-        if kind == "F16":
-            return graph.DeviceExperts(mx.array(w.astype(np.float16)))
-        if kind == "BF16":
-            return graph.DeviceExperts(mx.array(w).astype(mx.bfloat16))
-        return graph.DeviceExperts(mx.array(w))
-
-    def _moe(self, p: str, e: MoeWeights) -> graph.DeviceMoe:
-        ff = e.gate_up_exps.shape[1] // 2  # gate rows, then up rows
-
-        def gate_up_rows(r0: int, r1: int) -> Callable[[], np.ndarray]:
-            return lambda: dequantized(e.gate_up_exps)[:, r0:r1]
-
-        names = self._source_names()
-        if p + "ffn_gate_up_exps.weight" in names:
-            gate_up = [self._experts([p + "ffn_gate_up_exps.weight"], gate_up_rows(0, 2 * ff))]
-        else:
-            gn, un = p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"
-            src = self.checkpoint.tensors if self.checkpoint is not None else None
-            if src is not None and {gn, un} <= names and src.info(gn).dtype != src.info(un).dtype:
-                # Different types (a mixed-quant file): two stacks, each held by its own rule.
-                gate_up = [
-                    self._experts([gn], gate_up_rows(0, ff)),
-                    self._experts([un], gate_up_rows(ff, 2 * ff)),
-                ]
-            else:
-                gate_up = [self._experts([gn, un], gate_up_rows(0, 2 * ff))]
-        down = self._experts([p + "ffn_down_exps.weight"], lambda: dequantized(e.down_exps))
-        inp = self._linear(list(e.inp.sources), e.inp.w, e.inp.b)
-        down_shexp = None
-        if e.down_shexp is not None:
-            d = e.down_shexp
-            down_shexp = self._linear(list(d.sources), d.w, d.b)
-
-        def opt(a: np.ndarray | None) -> mx.array | None:
-            return None if a is None else mx.array(a)
-
-        return graph.DeviceMoe(
-            inp,
-            gate_up,
-            down,
-            down_shexp,
-            opt(e.probs_b),
-            gate_up_exps_b=opt(e.gate_up_exps_b),
-            down_exps_b=opt(e.down_exps_b),
-            router_norm=opt(e.router_norm),
-            expert_scale=opt(e.expert_scale),
-            pre_norm=opt(e.pre_norm),
-            post_norm=opt(e.post_norm),
-            dense_post_norm=opt(e.dense_post_norm),
-        )
 
     def prepare(self, weights) -> None:
         cfg = self.cfg
@@ -325,25 +143,6 @@ class MlxBackend(DeviceBackend):
                 )
             self._ropes[long] = ropes
         return self._ropes[long]
-
-    def upload_layer(self, i: int, lw: LayerWeights) -> LayerWeights:
-        """The layer's weights resident (model.weights.map_layer: the host's fields), each
-        Linear by the rule of its source tensors, the MoE experts as gathered stacks."""
-        return map_layer(
-            lw,
-            mx.array,
-            lambda lin: self._linear(list(lin.sources), lin.w, lin.b),
-            moe=lambda e: self._moe(f"blk.{i}.", e),
-        )
-
-    def upload_head(self, weights) -> tuple[mx.array, graph.DeviceLinear, mx.array | None]:
-        out = weights.output
-        norm_b = weights.output_norm_b
-        return (
-            mx.array(weights.output_norm),
-            self._linear(list(out.sources), out.w, out.b),
-            mx.array(norm_b) if norm_b is not None else None,
-        )
 
     def end_thread(self) -> None:
         # MLX gives each thread that evaluates its own stream and worker; one still alive
@@ -439,65 +238,16 @@ class MlxBackend(DeviceBackend):
         key = (run.start, run.stop, counts, capacities, head, id(ropes))
         fn = self._compiled.get(key)
         if fn is None:
-            cfg, layers = self.cfg, self.resident
+            cfg = self.cfg
             bounds = list(
                 zip(itertools.accumulate(counts, initial=0), itertools.accumulate(counts))
             )
-            one = len(counts) == 1
 
             def forward(x, positions, starts, *kv):
                 seqs = [
                     graph.StepContext(positions[a:b], starts[j]) for j, (a, b) in enumerate(bounds)
                 ]
-                # One sequence: the history ops and rope_ read its own context; several: the
-                # composition runs each history op per sequence (BatchSlot).
-                pos = seqs[0] if one else graph.RowPositions(positions)
-                new_kv, rows = [], []
-                at = 0
-                states: dict[int, list[graph.LayerState]] = {}
-                for i in range(run.start, run.stop):
-                    source = self.shapes[i].kv_source
-                    if source is not None:
-                        # KV sharing: the source layer's states, this step's rows in them.
-                        view = (
-                            states[source][0]
-                            if one
-                            else BatchSlot(
-                                [
-                                    SeqRows(st, p, a, b)
-                                    for st, p, (a, b) in zip(states[source], seqs, bounds)
-                                ]
-                            )
-                        )
-                        x = cfg.ext.layer(
-                            MLX_OPS, cfg, self.shapes[i], layers[i], x, pos, view, ropes[i]
-                        )
-                        continue
-                    w = 4 if self._parallel(i) else 2
-                    sts = [
-                        graph.LayerState(*kv[at + j * w : at + (j + 1) * w])
-                        for j in range(len(counts))
-                    ]
-                    states[i] = sts
-                    at += w * len(counts)
-                    view = (
-                        sts[0]
-                        if one
-                        else BatchSlot(
-                            [SeqRows(st, p, a, b) for st, p, (a, b) in zip(sts, seqs, bounds)]
-                        )
-                    )
-                    x = cfg.ext.layer(
-                        MLX_OPS, cfg, self.shapes[i], layers[i], x, pos, view, ropes[i]
-                    )
-                    for st in sts:
-                        new_kv += st.arrays()
-                        # Attention: the new K/V rows; a gated delta net: its new tail and
-                        # state (a parallel layer: its K/V rows, then its new tail and state).
-                        kr, vr = st.rows if st.rows is not None else (st.a, st.b)
-                        rows += [kr.reshape(-1), vr.reshape(-1)]
-                        if st.c is not None and st.d is not None:
-                            rows += [st.c.reshape(-1), st.d.reshape(-1)]
+                x, new_kv, rows = self._trace_layers(run, x, positions, seqs, bounds, kv, ropes)
                 main = x
                 if head is not None:
                     norm, output, norm_b = self.head
@@ -508,6 +258,61 @@ class MlxBackend(DeviceBackend):
 
             fn = self._compiled[key] = mx.compile(forward)
         return fn
+
+    def _trace_layers(
+        self,
+        run: Run,
+        x,
+        positions,
+        seqs: list,
+        bounds: list[tuple[int, int]],
+        kv: tuple,
+        ropes: list[graph.DeviceRope],
+    ) -> tuple:
+        """Layers [run.start, run.stop) over the rows x, traced: (x after them, each layer's
+        new state arrays per sequence, the flat rows the host caches take: attention's new
+        K/V rows, a recurrent layer's new tail and state). kv holds each layer's state
+        arrays per sequence, in order; seqs and bounds are each sequence's StepContext and
+        row range."""
+        cfg, layers = self.cfg, self.resident
+        one = len(seqs) == 1
+        # One sequence: the history ops and rope_ read its own context; several: the
+        # composition runs each history op per sequence (BatchSlot).
+        pos = seqs[0] if one else graph.RowPositions(positions)
+        new_kv: list = []
+        rows: list = []
+        at = 0
+        states: dict[int, list[graph.LayerState]] = {}
+        for i in range(run.start, run.stop):
+            source = self.shapes[i].kv_source
+            if source is not None:
+                # KV sharing: the source layer's states, this step's rows in them.
+                view = self._view(states[source], seqs, bounds)
+                x = cfg.ext.layer(MLX_OPS, cfg, self.shapes[i], layers[i], x, pos, view, ropes[i])
+                continue
+            w = 4 if self._parallel(i) else 2
+            sts = [graph.LayerState(*kv[at + j * w : at + (j + 1) * w]) for j in range(len(seqs))]
+            states[i] = sts
+            at += w * len(seqs)
+            view = self._view(sts, seqs, bounds)
+            x = cfg.ext.layer(MLX_OPS, cfg, self.shapes[i], layers[i], x, pos, view, ropes[i])
+            for st in sts:
+                new_kv += st.arrays()
+                # Attention: the new K/V rows; a gated delta net: its new tail and
+                # state (a parallel layer: its K/V rows, then its new tail and state).
+                kr, vr = st.rows if st.rows is not None else (st.a, st.b)
+                rows += [kr.reshape(-1), vr.reshape(-1)]
+                if st.c is not None and st.d is not None:
+                    rows += [st.c.reshape(-1), st.d.reshape(-1)]
+        return x, new_kv, rows
+
+    @staticmethod
+    def _view(sts: list[graph.LayerState], seqs: list, bounds: list[tuple[int, int]]):
+        """What a layer's history ops read: the one sequence's state, or each sequence's
+        rows in its own state (BatchSlot)."""
+        if len(sts) == 1:
+            return sts[0]
+        return BatchSlot([SeqRows(st, p, a, b) for st, p, (a, b) in zip(sts, seqs, bounds)])
 
     def launch(
         self, run: Run, x: np.ndarray, positions: np.ndarray, cache, head: str | None
@@ -530,17 +335,7 @@ class MlxBackend(DeviceBackend):
             chunks = [[_Part(0, o, min(size, T - o))] for o in range(0, T, size)]
         mirrors = [self._mirror(c, c.n_past + n) for c, n in zip(caches, counts)]
         # This launch's device state per (sequence, layer), carried chunk to chunk.
-        state: dict[tuple[int, int], tuple[mx.array, ...]] = {}
-        for i in layers:
-            for j, (c, m) in enumerate(zip(caches, mirrors)):
-                if self._shares_kv(i):
-                    state[j, i] = ()  # no state of its own: its source's, in the run
-                    continue
-                self._sync_layer(m, c, i)
-                dk, dv = m.k[i], m.v[i]
-                assert dk is not None and dv is not None  # _sync_layer has just uploaded them
-                rec = m.rec[i] if self._parallel(i) else None
-                state[j, i] = (dk, dv) if rec is None else (dk, dv, *rec)
+        state = self._device_state(layers, caches, mirrors)
         staged = []
         row = 0
         for parts in chunks:
@@ -590,6 +385,25 @@ class MlxBackend(DeviceBackend):
                     m.k[i], m.v[i] = state[j, i][0], state[j, i][1]
                     m.length[i], m.version[i] = c.n_past + counts[j], c.slot(i).version
         return np.concatenate(outputs) if len(outputs) > 1 else outputs[0]
+
+    def _device_state(
+        self, layers: range, caches: list, mirrors: list[_Mirror]
+    ) -> dict[tuple[int, int], tuple[mx.array, ...]]:
+        """Per (sequence, layer) the device state a run starts from, each mirror brought up
+        to its host cache first: K/V (and a parallel layer's tail and state), a recurrent
+        layer's tail and state, nothing for a KV-sharing layer (its source's, in the run)."""
+        state: dict[tuple[int, int], tuple[mx.array, ...]] = {}
+        for i in layers:
+            for j, (c, m) in enumerate(zip(caches, mirrors)):
+                if self._shares_kv(i):
+                    state[j, i] = ()  # no state of its own: its source's, in the run
+                    continue
+                self._sync_layer(m, c, i)
+                dk, dv = m.k[i], m.v[i]
+                assert dk is not None and dv is not None  # _sync_layer has just uploaded them
+                rec = m.rec[i] if self._parallel(i) else None
+                state[j, i] = (dk, dv) if rec is None else (dk, dv, *rec)
+        return state
 
     def _write_back(
         self,

@@ -1,0 +1,135 @@
+"""frink's side of `frink bench`: the decoder loop timed as llama-bench times llama.cpp,
+with the backend's ledger read around each sample; the sampled (free / JSON-schema) tests."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from ..constraint import Constraint, Grammar, compile_constraint
+from ..errors import FrinkError
+from ..quant import kernels
+from ..sampling import Sampler, SamplingParams
+from .cases import BenchTest, Sample
+
+
+class FrinkRunner:
+    """frink's decoder loop, with the active backend's ledger read around each sample."""
+
+    runner = "frink"
+
+    def __init__(self, model: Any, n_threads: int) -> None:
+        self.model = model
+        self.name = model.backend_name
+        self.decoder = model.decoder
+        self.n_threads = n_threads
+        self._constraint: Constraint | None = None
+
+    def _fresh_constraint(self) -> Constraint:
+        """The bench schema's constraint in its start state (compiled once)."""
+        if self._constraint is None:
+            if self.model.tokenizer is None:
+                raise FrinkError("--constrained needs the model's tokenizer")
+            grammar = Grammar.json_schema(BENCH_SCHEMA, "--constrained")
+            self._constraint = compile_constraint(self.model.tokenizer, grammar)[0]
+        return self._constraint.copy()
+
+    def threads(self, test: BenchTest) -> int:
+        """Threads the test ran with (-t sets them)."""
+        with kernels.threads(self.n_threads):
+            n = kernels.current_threads()
+        # Decode rows: where the decoder's timed choice (backends/host/linear.py) settled.
+        return min(n, self.decoder.decode_threads.current) if test.n_gen else n
+
+    def run(self, test: BenchTest, ids: np.ndarray) -> Sample:
+        with kernels.threads(self.n_threads):
+            return self._run(test, ids)
+
+    def _run(self, test: BenchTest, ids: np.ndarray) -> Sample:
+        dec = self.decoder
+        d = test.n_depth
+        # The context exists before the clock starts, as llama.cpp's does.
+        cache = dec.new_cache(test.n_ctx)
+        cache.reserve(test.n_ctx)
+        if d:
+            dec.step(ids[:d], cache)
+        ledger = getattr(dec.backend, "ledger", None)
+        if ledger is not None:
+            ledger.reset()
+        mask_seconds = 0.0
+        if test.decode:
+            seconds, mask_seconds = self._sampled(test, ids, cache)
+        else:
+            t0 = time.perf_counter()
+            if test.n_prompt:
+                dec.step(ids[d : d + test.n_prompt], cache)
+            else:
+                for i in range(d, d + test.n_gen):
+                    dec.step(ids[i : i + 1], cache)
+            seconds = time.perf_counter() - t0
+        if ledger is None:
+            return Sample(seconds, mask_seconds)
+        return Sample(
+            seconds,
+            mask_seconds,
+            Counter(ledger.submissions),
+            Counter(ledger.refusals),
+            Counter(getattr(ledger, "failures", {})),
+        )
+
+    def _sampled(self, test: BenchTest, ids: np.ndarray, cache: Any) -> tuple[float, float]:
+        """(seconds, of which in the mask) for test.n_gen tokens each sampled greedily
+        from the model's logits, masked for a "json" test; a grammar that ends starts
+        again, so every token of the test is under it."""
+        dec = self.decoder
+        sampler = Sampler(SamplingParams(temperature=0.0), self.model.n_vocab)
+        constraint = self._fresh_constraint() if test.decode == "json" else None
+        d = test.n_depth
+        logits = dec.step(ids[d : d + 1], cache)[-1]  # untimed: the first token's logits
+        in_mask = 0.0
+        t0 = time.perf_counter()
+        for _ in range(test.n_gen):
+            allowed = None
+            if constraint is not None:
+                m0 = time.perf_counter()
+                allowed = constraint.allowed()
+                in_mask += time.perf_counter() - m0
+            token = sampler.sample(logits, (), allowed)
+            if constraint is not None:
+                m0 = time.perf_counter()
+                if token in self.model.tokenizer.eog_ids or constraint.finished:
+                    constraint = self._fresh_constraint()
+                else:
+                    constraint.accept(token)
+                in_mask += time.perf_counter() - m0
+            logits = dec.step(np.asarray([token]), cache)[-1]
+        return time.perf_counter() - t0, in_mask
+
+    def close(self) -> None:
+        pass
+
+
+# A JSON schema long enough that a greedy answer stays under it for a tg test (objects,
+# strings, numbers, enums, an array), restarting when it ends.
+BENCH_SCHEMA: dict = {
+    "type": "object",
+    "properties": {
+        "people": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 40},
+                    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                    "role": {"enum": ["admin", "user", "guest"]},
+                    "bio": {"type": "string", "maxLength": 200},
+                },
+                "required": ["name", "age", "role", "bio"],
+            },
+        }
+    },
+    "required": ["people"],
+}
