@@ -1,4 +1,4 @@
-"""The tool-call formats (frink_cli/toolcalls.py) on the real chat templates.
+"""The tool-call formats (frink_cli/toolcalls/) on the real chat templates.
 
 What is checked, and against whom:
 - detection: each template in llama.cpp's corpus (models/templates in the llama-cpp-python

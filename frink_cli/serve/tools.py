@@ -5,7 +5,7 @@ engine and the chat template take.
   `grammar` and `json_schema` fields become one constraint.Grammar;
 - `tools`, `tool_choice`, `parallel_tool_calls` become a ToolPlan: the tools the chat
   template sees, the constraint and its lazy triggers, and a parser per choice
-  (frink_cli/toolcalls.py);
+  (frink_cli/toolcalls/);
 - an assistant message's `tool_calls` and a `tool` message's `tool_call_id` are kept for
   the template, each tool message matched to a call before it.
 
