@@ -33,6 +33,12 @@ class ToolCall:
     arguments: str  # JSON text of an object, as OpenAI's API carries it
     id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:24])
 
+    @property
+    def args(self) -> dict:
+        """The arguments as parsed JSON (a parser only makes calls whose arguments are
+        a JSON object)."""
+        return json.loads(self.arguments)
+
 
 # An event of a parser: ("content", str) or ("call", ToolCall).
 Event = tuple[str, Any]
