@@ -24,7 +24,10 @@ from frink_cli.archs import open_checkpoint
 from frink_cli.chat import _renders_tools, render_chat
 from frink_cli.tokenizer import load_tokenizer
 from frink_cli.toolcalls import (
+    Gemma4Format,
     GenericFormat,
+    GraniteFormat,
+    HarmonyFormat,
     HermesFormat,
     Llama3Format,
     MistralFormat,
@@ -85,6 +88,11 @@ CORPUS = {
     "Mistral-Small-3.2-24B-Instruct-2506.jinja": "mistral",
     "unsloth-mistral-Devstral-Small-2507.jinja": "mistral",
     "google-gemma-2-2b-it.jinja": "generic",
+    "openai-gpt-oss-120b.jinja": "generic",
+    "ibm-granite-granite-3.3-2B-Instruct.jinja": "granite",
+    "ibm-granite-granite-4.0.jinja": "hermes",
+    "google-gemma-4-31B-it.jinja": "gemma4",
+    "google-gemma-4-31B-it-interleaved.jinja": "gemma4",
 }
 
 
@@ -135,7 +143,15 @@ def _events(parser, pieces):
 
 
 # Where the assistant's turn ends in each family's rendering (end-of-turn markers).
-_TURN_ENDS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "</s>", "<|call|>", "<|end|>")
+_TURN_ENDS = (
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "</s>",
+    "<|call|>",
+    "<|end|>",
+    "<|end_of_text|>",
+)
 
 
 def _rendered_turn(template: str, calls: list[tuple[str, dict]], content: str) -> str:
@@ -170,13 +186,17 @@ def _rendered_turn(template: str, calls: list[tuple[str, dict]], content: str) -
         "meta-llama-Llama-3.1-8B-Instruct.jinja",
         "mistralai-Mistral-Nemo-Instruct-2407.jinja",
         "Mistral-Small-3.2-24B-Instruct-2506.jinja",
+        "openai-gpt-oss-120b.jinja",
     ],
 )
 def test_template_written_calls_parse_back_streamed_and_whole(templates, name):
     template = (templates / name).read_text()
     fmt = _format(template)
-    # Llama 3.x writes one call per turn.
-    calls = CALLS[:1] if fmt.name == "llama3" else CALLS
+    if name.startswith("openai-gpt-oss"):
+        assert HarmonyFormat().matches(template)
+        fmt = HarmonyFormat()
+    # Llama 3.x writes one call per turn; gpt-oss's template one call per message.
+    calls = CALLS[:1] if fmt.name in ("llama3", "harmony") else CALLS
     text = _rendered_turn(template, calls, "")
     whole = _events(fmt.parser(TOOLS), [text])
     assert whole == ("", calls), text
@@ -223,6 +243,109 @@ def test_documented_outputs_parse_streamed_and_whole(fmt, text, content, calls):
     assert _events(fmt.parser(TOOLS), list(text)) == whole
 
 
+def test_granite_calls_as_its_template_asks_parse_streamed_and_whole(templates):
+    """Granite 3's template does not render past calls; its system prompt asks for
+    `<|tool_call|>` and a JSON list: that answer, rendered as the assistant's turn."""
+    template = (templates / "ibm-granite-granite-3.3-2B-Instruct.jinja").read_text()
+    fmt = _format(template)
+    answer = "<|tool_call|>" + json.dumps([{"name": n, "arguments": a} for n, a in CALLS])
+    assert "<|tool_call|> followed by a JSON list" in template
+    text = _rendered_turn(template, [], answer)
+    assert text == answer
+    whole = _events(fmt.parser(TOOLS), [text])
+    assert whole == ("", CALLS)
+    assert _events(fmt.parser(TOOLS), list(text)) == whole
+
+
+# gpt-oss as OpenAI's harmony guide shows it: reasoning, then a call in the commentary
+# channel (the answer after the prompt's `<|start|>assistant`).
+HARMONY_CALL = (
+    "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
+    "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+    '{"city":"Paris","unit":"celsius"}<|call|>'
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "content", "calls"),
+    [
+        (HARMONY_CALL, "", [("get_weather", {"city": "Paris", "unit": "celsius"})]),
+        (
+            "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final"
+            "<|message|>It is 1 + -2 = -1.<|return|>",
+            "It is 1 + -2 = -1.",
+            [],
+        ),
+        ("<|channel|>final<|message|>Sunny, {today}.", "Sunny, {today}.", []),
+    ],
+)
+def test_harmony_documented_outputs_parse_streamed_and_whole(text, content, calls):
+    fmt = HarmonyFormat()
+    whole = _events(fmt.parser(TOOLS), [text])
+    assert whole == (content, calls)
+    assert _events(fmt.parser(TOOLS), list(text)) == whole
+
+
+def test_gemma4_template_written_calls_parse_back_streamed_and_whole(templates):
+    """Gemma 4's generation prompt holds an empty thought channel its rendering of a past
+    turn does not, and a turn with calls runs on into the tool responses: the calls are
+    the text after the model's turn opens, up to the first response."""
+    template = (templates / "google-gemma-4-31B-it.jinja").read_text()
+    fmt = _format(template)
+    user = [{"role": "user", "content": "What's the weather in Paris, and 1 + -2?"}]
+    calls = [
+        {"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": a}}
+        for i, (n, a) in enumerate(CALLS)
+    ]
+    turn = {"role": "assistant", "content": "", "tool_calls": calls}
+    whole = render_chat(template, [*user, turn], bos_token="<bos>", eos_token="", tools=TOOLS)
+    text = whole[whole.rindex("<|turn>model\n") + len("<|turn>model\n") :]
+    text = text.split("<|tool_response>")[0]
+    assert text.startswith("<|tool_call>call:get_weather{"), text
+    parsed = _events(fmt.parser(TOOLS), [text])
+    assert parsed == ("", CALLS), text
+    assert _events(fmt.parser(TOOLS), list(text)) == parsed
+
+
+# Gemma 4 as its template writes a call (keys sorted, strings in <|"|> quotes), and nested
+# values, a JSON-quoted string and a call that is not one.
+@pytest.mark.parametrize(
+    ("text", "content", "calls"),
+    [
+        (
+            'Checking.<|tool_call>call:get_weather{city:<|"|>Paris, "FR"<|"|>,'
+            'unit:<|"|>celsius<|"|>}<tool_call|><|tool_call>call:add{a:1,b:-2}<tool_call|>',
+            "Checking.",
+            [
+                ("get_weather", {"city": 'Paris, "FR"', "unit": "celsius"}),
+                ("add", {"a": 1, "b": -2}),
+            ],
+        ),
+        (
+            '<|tool_call>call:plan{days:[{<|"|>day<|"|>:1,ok:true}],note:"x",skip:null}'
+            "<tool_call|>",
+            "",
+            [("plan", {"days": [{"day": 1, "ok": True}], "note": "x", "skip": None})],
+        ),
+        ("<|tool_call>call:add{a:1,<tool_call|>", "<|tool_call>call:add{a:1,<tool_call|>", []),
+    ],
+)
+def test_gemma4_outputs_parse_streamed_and_whole(text, content, calls):
+    fmt = Gemma4Format()
+    whole = _events(fmt.parser(TOOLS), [text])
+    assert whole == (content, calls)
+    assert _events(fmt.parser(TOOLS), list(text)) == whole
+
+
+def test_granite_content_before_a_call_and_a_partial_marker():
+    fmt = GraniteFormat()
+    text = 'Let me check.<|tool_call|>[{"name": "add", "arguments": {"a": 1, "b": -2}}]'
+    assert _events(fmt.parser(TOOLS), [text]) == ("Let me check.", [("add", {"a": 1, "b": -2})])
+    assert _events(fmt.parser(TOOLS), list(text)) == _events(fmt.parser(TOOLS), [text])
+    plain = "No tool needed: <|tool_ is not a call."
+    assert _events(fmt.parser(TOOLS), list(plain)) == (plain, [])
+
+
 @pytest.fixture(scope="module")
 def qwen_tok(qwen05_path):
     return load_tokenizer(open_checkpoint(qwen05_path))
@@ -230,8 +353,26 @@ def qwen_tok(qwen05_path):
 
 @pytest.mark.parametrize(
     "fmt",
-    [HermesFormat(), QwenXmlFormat(), Llama3Format(), MistralFormat(), MistralFormat(True)],
-    ids=["hermes", "qwen3_xml", "llama3", "mistral", "mistral-args"],
+    [
+        HermesFormat(),
+        QwenXmlFormat(),
+        Llama3Format(),
+        MistralFormat(),
+        MistralFormat(True),
+        GraniteFormat(),
+        HarmonyFormat(),
+        Gemma4Format(),
+    ],
+    ids=[
+        "hermes",
+        "qwen3_xml",
+        "llama3",
+        "mistral",
+        "mistral-args",
+        "granite",
+        "harmony",
+        "gemma4",
+    ],
 )
 def test_forced_call_grammar_writes_valid_calls(qwen_tok, fmt):
     """Every walk through the forced grammar is one or more calls the format's own parser

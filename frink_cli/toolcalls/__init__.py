@@ -7,7 +7,10 @@ template's format. This package's names are the ones importers use.
 
 from .core import Event, Parser, ToolCall, ToolFormat, call_schema
 from .detect import FORMATS, tool_format
+from .gemma4 import Gemma4Format
 from .generic import GenericFormat
+from .granite import GraniteFormat
+from .harmony import HarmonyFormat
 from .hermes import HermesFormat
 from .llama3 import Llama3Format
 from .mistral import MistralFormat
@@ -16,7 +19,10 @@ from .qwen_xml import QwenXmlFormat
 __all__ = [
     "FORMATS",
     "Event",
+    "Gemma4Format",
     "GenericFormat",
+    "GraniteFormat",
+    "HarmonyFormat",
     "HermesFormat",
     "Llama3Format",
     "MistralFormat",

@@ -4,14 +4,20 @@ and llama.cpp pick theirs)."""
 from __future__ import annotations
 
 from .core import ToolFormat
+from .gemma4 import Gemma4Format
 from .generic import GenericFormat
+from .granite import GraniteFormat
 from .hermes import HermesFormat
 from .llama3 import Llama3Format
 from .mistral import MistralFormat
 from .qwen_xml import QwenXmlFormat
 
 # In the order they are tried: Qwen's XML templates also write Hermes' <tool_call>.
+# HarmonyFormat is not among them yet: a call is a commentary message, which the serve
+# engine's channel split sends as reasoning, so gpt-oss keeps the generic format there.
 FORMATS: tuple[ToolFormat, ...] = (
+    GraniteFormat(),
+    Gemma4Format(),
     QwenXmlFormat(),
     HermesFormat(),
     MistralFormat(),
