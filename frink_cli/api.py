@@ -249,8 +249,9 @@ class Model:
         parser = plan.parser() if plan is not None and plan.calls else None
         events: list[Event] = []
         stream = tok.stream()
+        spell = plan.spelled(tok) if plan is not None else frozenset()
         pieces = [
-            stream.push(t)
+            stream.push(t) + (stream.flush() + tok.token_text(t) if t in spell else "")
             for t in self._generate_ids(ids, params, max_tokens, ctx, stats, constraint)
         ]
         pieces.append(stream.flush())

@@ -13,46 +13,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from tool_defs import SCHEMAS, TOOLS, WEATHER
 
 from frink_cli.api import load
 from frink_cli.errors import FrinkError
 
 jsonschema = pytest.importorskip("jsonschema")
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 40},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "a": {"type": "integer", "minimum": -1000000, "maximum": 1000000},
-                "b": {"type": "integer", "minimum": -1000000, "maximum": 1000000},
-            },
-            "required": ["a", "b"],
-            "additionalProperties": False,
-        },
-    },
-}
-TOOLS = [WEATHER, ADD]
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 QUESTION = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 
 

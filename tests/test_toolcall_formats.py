@@ -35,6 +35,7 @@ from frink_cli.toolcalls import (
     ToolFormat,
     tool_format,
 )
+from frink_cli.toolcalls.plan import ToolPlan
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -203,6 +204,15 @@ def test_template_written_calls_parse_back_streamed_and_whole(templates, name):
     assert _events(fmt.parser(TOOLS), list(text)) == whole
 
 
+# gpt-oss as OpenAI's harmony guide shows it: reasoning, then a call in the commentary
+# channel (the answer after the prompt's `<|start|>assistant`).
+HARMONY_CALL = (
+    "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
+    "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+    '{"city":"Paris","unit":"celsius"}<|call|>'
+)
+
+
 @pytest.mark.parametrize(
     ("fmt", "text", "content", "calls"),
     [
@@ -235,6 +245,46 @@ def test_template_written_calls_parse_back_streamed_and_whole(templates, name):
             "Sure.",
             [("get_weather", {"city": "12 < 13 Main St", "unit": "celsius", "days": 3})],
         ),
+        # gpt-oss (a call after its reasoning, as OpenAI's harmony guide shows; a final
+        # answer); Gemma 4 (as its template writes calls, nested values, a JSON-quoted
+        # string, a call that is not one).
+        (
+            HarmonyFormat(),
+            HARMONY_CALL,
+            "",
+            [("get_weather", {"city": "Paris", "unit": "celsius"})],
+        ),
+        (
+            HarmonyFormat(),
+            "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final"
+            "<|message|>It is 1 + -2 = -1.<|return|>",
+            "It is 1 + -2 = -1.",
+            [],
+        ),
+        (HarmonyFormat(), "<|channel|>final<|message|>Sunny, {today}.", "Sunny, {today}.", []),
+        (
+            Gemma4Format(),
+            'Checking.<|tool_call>call:get_weather{city:<|"|>Paris, "FR"<|"|>,'
+            'unit:<|"|>celsius<|"|>}<tool_call|><|tool_call>call:add{a:1,b:-2}<tool_call|>',
+            "Checking.",
+            [
+                ("get_weather", {"city": 'Paris, "FR"', "unit": "celsius"}),
+                ("add", {"a": 1, "b": -2}),
+            ],
+        ),
+        (
+            Gemma4Format(),
+            '<|tool_call>call:plan{days:[{<|"|>day<|"|>:1,ok:true}],note:"x",skip:null}'
+            "<tool_call|>",
+            "",
+            [("plan", {"days": [{"day": 1, "ok": True}], "note": "x", "skip": None})],
+        ),
+        (
+            Gemma4Format(),
+            "<|tool_call>call:add{a:1,<tool_call|>",
+            "<|tool_call>call:add{a:1,<tool_call|>",
+            [],
+        ),
     ],
 )
 def test_documented_outputs_parse_streamed_and_whole(fmt, text, content, calls):
@@ -257,35 +307,6 @@ def test_granite_calls_as_its_template_asks_parse_streamed_and_whole(templates):
     assert _events(fmt.parser(TOOLS), list(text)) == whole
 
 
-# gpt-oss as OpenAI's harmony guide shows it: reasoning, then a call in the commentary
-# channel (the answer after the prompt's `<|start|>assistant`).
-HARMONY_CALL = (
-    "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
-    "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
-    '{"city":"Paris","unit":"celsius"}<|call|>'
-)
-
-
-@pytest.mark.parametrize(
-    ("text", "content", "calls"),
-    [
-        (HARMONY_CALL, "", [("get_weather", {"city": "Paris", "unit": "celsius"})]),
-        (
-            "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final"
-            "<|message|>It is 1 + -2 = -1.<|return|>",
-            "It is 1 + -2 = -1.",
-            [],
-        ),
-        ("<|channel|>final<|message|>Sunny, {today}.", "Sunny, {today}.", []),
-    ],
-)
-def test_harmony_documented_outputs_parse_streamed_and_whole(text, content, calls):
-    fmt = HarmonyFormat()
-    whole = _events(fmt.parser(TOOLS), [text])
-    assert whole == (content, calls)
-    assert _events(fmt.parser(TOOLS), list(text)) == whole
-
-
 def test_gemma4_template_written_calls_parse_back_streamed_and_whole(templates):
     """Gemma 4's generation prompt holds an empty thought channel its rendering of a past
     turn does not, and a turn with calls runs on into the tool responses: the calls are
@@ -305,36 +326,6 @@ def test_gemma4_template_written_calls_parse_back_streamed_and_whole(templates):
     parsed = _events(fmt.parser(TOOLS), [text])
     assert parsed == ("", CALLS), text
     assert _events(fmt.parser(TOOLS), list(text)) == parsed
-
-
-# Gemma 4 as its template writes a call (keys sorted, strings in <|"|> quotes), and nested
-# values, a JSON-quoted string and a call that is not one.
-@pytest.mark.parametrize(
-    ("text", "content", "calls"),
-    [
-        (
-            'Checking.<|tool_call>call:get_weather{city:<|"|>Paris, "FR"<|"|>,'
-            'unit:<|"|>celsius<|"|>}<tool_call|><|tool_call>call:add{a:1,b:-2}<tool_call|>',
-            "Checking.",
-            [
-                ("get_weather", {"city": 'Paris, "FR"', "unit": "celsius"}),
-                ("add", {"a": 1, "b": -2}),
-            ],
-        ),
-        (
-            '<|tool_call>call:plan{days:[{<|"|>day<|"|>:1,ok:true}],note:"x",skip:null}'
-            "<tool_call|>",
-            "",
-            [("plan", {"days": [{"day": 1, "ok": True}], "note": "x", "skip": None})],
-        ),
-        ("<|tool_call>call:add{a:1,<tool_call|>", "<|tool_call>call:add{a:1,<tool_call|>", []),
-    ],
-)
-def test_gemma4_outputs_parse_streamed_and_whole(text, content, calls):
-    fmt = Gemma4Format()
-    whole = _events(fmt.parser(TOOLS), [text])
-    assert whole == (content, calls)
-    assert _events(fmt.parser(TOOLS), list(text)) == whole
 
 
 def test_granite_content_before_a_call_and_a_partial_marker():
@@ -392,3 +383,24 @@ def test_forced_call_grammar_writes_valid_calls(qwen_tok, fmt):
 def test_generic_format_is_for_templates_without_tools():
     assert isinstance(tool_format("{{ messages }}", False), GenericFormat)
     assert isinstance(tool_format(None, True), GenericFormat)
+
+
+def test_plan_spells_the_markers_that_are_control_tokens():
+    """A marker the vocabulary holds as a control token (no bytes) is spelled for the
+    parser; one that is text already, or absent, is not; with no calls parsed, none."""
+
+    class Vocab:
+        ids = {"[TOOL_CALLS]": 5, "[ARGS]": 6, "<tool_call>": 7}
+
+        def token_id(self, text):
+            return self.ids.get(text)
+
+        def token_bytes(self, i):
+            return b"<tool_call>" if i == 7 else b""
+
+    mistral = ToolPlan(TOOLS, True, True, MistralFormat(named=True))
+    assert mistral.spelled(Vocab()) == frozenset({5, 6})
+    assert ToolPlan(TOOLS, True, True, HermesFormat()).spelled(Vocab()) == frozenset()
+    assert (
+        ToolPlan(TOOLS, False, False, mistral.format, calls=False).spelled(Vocab()) == frozenset()
+    )

@@ -78,16 +78,18 @@ async def generate(
     chat: bool,
     constraints: list[Constraint] | None = None,
     parsers: list[Parser] | None = None,
+    spell: frozenset[int] = frozenset(),
 ) -> Response:
     """Run the request's n jobs and answer, streamed or whole. constraints: one per
     choice (the grammar a request asked for); parsers: one per choice when the request
-    offered tools (its text goes through the model's tool-call parser). `tok` spells
+    offered tools (its text goes through the model's tool-call parser), with `spell`
+    the control tokens its text spells for the parser. `tok` spells
     tokens for log probabilities (None: a model without a tokenizer)."""
     check_context(len(ids), engine.n_ctx)
     if gen.n > len(engine.slots):
         raise openai.bad("n", f"at most {len(engine.slots)} choices here (frink serve --parallel)")
     run = _Run(engine, gen, chat, o)
-    run.submit(ids, constraints)
+    run.submit(ids, constraints, spell)
     run.reply = openai.Reply(chat, model_id, _speller(tok))
     run.outs = [
         _Choice(gen.logprobs is not None, parser=parsers[i] if parsers else None)
@@ -119,7 +121,9 @@ class _Run:
 
         return emit
 
-    def submit(self, ids: list[int], constraints: list[Constraint] | None) -> None:
+    def submit(
+        self, ids: list[int], constraints: list[Constraint] | None, spell: frozenset[int]
+    ) -> None:
         """Queue one job per choice; a full queue is a 503, a refused job a 400."""
         gen, engine = self.gen, self.engine
         self.jobs = [
@@ -134,6 +138,7 @@ class _Run:
                 channels=self.chat,  # a harmony model's analysis goes to reasoning_content
                 logprobs=gen.logprobs,
                 constraint=constraints[i] if constraints else None,
+                spell=spell,
             )
             for i in range(gen.n)
         ]

@@ -373,6 +373,7 @@ async def _chat(state: ServerState, request: Request, o: Outcome) -> Response:
         chat=True,
         constraints=constraints,
         parsers=None if plan is None or not plan.calls else [plan.parser() for _ in range(gen.n)],
+        spell=plan.spelled(tok) if plan is not None else frozenset(),
     )
 
 

@@ -77,6 +77,15 @@ def call_schema(tools: list[dict], arguments_key: str = "arguments") -> dict:
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
+def call_list_schema(tools: list[dict], parallel: bool) -> dict:
+    """The JSON schema of a list of calls of `tools`: at least one, and one at most
+    unless `parallel`."""
+    calls: dict = {"type": "array", "items": call_schema(tools), "minItems": 1}
+    if not parallel:
+        calls["maxItems"] = 1
+    return calls
+
+
 class ToolFormat:
     """How one family writes calls: its name, whether it needs the generic system prompt,
     the constraint for a call, and a fresh parser per answer."""
@@ -89,6 +98,12 @@ class ToolFormat:
     def openers(self) -> tuple[str, ...]:
         """The markers that open a call (tool_choice none bans those that are tokens)."""
         return (self.marker,) if self.marker else ()
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """Every marker the parser reads (a vocabulary may hold one as a control token,
+        which the answer's text must then spell for the parser)."""
+        return self.openers
 
     def matches(self, template: str) -> bool:
         """Whether a chat template teaches this format (its markers are in it)."""

@@ -24,6 +24,7 @@ class Gemma4Format(ToolFormat):
     name = "gemma4"
     start, end = "<|tool_call>", "<tool_call|>"
     marker = start
+    markers = (start, end, QUOTE)
 
     def matches(self, template: str) -> bool:
         return "<|tool_call>call:" in template

@@ -8,7 +8,15 @@ import json
 from typing import Any
 
 from ..constraint import Grammar, lark_json
-from .core import Event, MarkedParser, Parser, ToolFormat, call_schema, literal, parse_call
+from .core import (
+    Event,
+    MarkedParser,
+    Parser,
+    ToolFormat,
+    call_list_schema,
+    literal,
+    parse_call,
+)
 
 
 class GraniteFormat(ToolFormat):
@@ -18,10 +26,8 @@ class GraniteFormat(ToolFormat):
     def grammar(
         self, tools: list[dict], forced: bool, parallel: bool, tok: Any = None
     ) -> tuple[Grammar, tuple[str, ...]]:
-        calls: dict = {"type": "array", "items": call_schema(tools), "minItems": 1}
-        if not parallel:
-            calls["maxItems"] = 1
-        lark = f"start: {literal(self.marker, tok)} {lark_json(calls)}"
+        calls = lark_json(call_list_schema(tools, parallel))
+        lark = f"start: {literal(self.marker, tok)} {calls}"
         return Grammar("lark", lark, "tools"), () if forced else (self.marker,)
 
     def parser(self, tools: list[dict] | None = None) -> Parser:

@@ -19,6 +19,7 @@ class HermesFormat(ToolFormat):
     start, end = "<tool_call>", "</tool_call>"
     bare = '{"name"'
     marker = start
+    markers = (start, end)
 
     def grammar(
         self, tools: list[dict], forced: bool, parallel: bool, tok: Any = None

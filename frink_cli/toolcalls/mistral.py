@@ -13,7 +13,7 @@ from .core import (
     Parser,
     ToolCall,
     ToolFormat,
-    call_schema,
+    call_list_schema,
     literal,
     parse_call,
     partial_tail,
@@ -34,6 +34,7 @@ class MistralFormat(ToolFormat):
 
     name = "mistral"
     marker = "[TOOL_CALLS]"
+    markers = (marker, "[ARGS]", "[CALL_ID]")
 
     def __init__(self, named: bool = False) -> None:
         self.named = named  # the [ARGS] form
@@ -52,10 +53,7 @@ class MistralFormat(ToolFormat):
             repeat = "+" if parallel else ""
             lark = f"start: call{repeat}\ncall: {start} ({options})"
         else:
-            calls: dict = {"type": "array", "items": call_schema(tools), "minItems": 1}
-            if not parallel:
-                calls["maxItems"] = 1
-            lark = f"start: {start} {lark_json(calls)}"
+            lark = f"start: {start} {lark_json(call_list_schema(tools, parallel))}"
         return Grammar("lark", lark, "tools"), () if forced else (self.marker,)
 
     def parser(self, tools: list[dict] | None = None) -> Parser:

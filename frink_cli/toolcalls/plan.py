@@ -47,6 +47,14 @@ class ToolPlan:
         """A parser for one answer's text."""
         return self.format.parser(self.tools)
 
+    def spelled(self, tok: Any) -> frozenset[int]:
+        """The ids of the format's markers that are control tokens (they spell no text),
+        which the answer's text must spell for the parser; none when no call is parsed."""
+        if tok is None or not self.calls:
+            return frozenset()
+        ids = (tok.token_id(m) for m in self.format.markers)
+        return frozenset(i for i in ids if i is not None and not tok.token_bytes(i))
+
     def without_calls(self, params: SamplingParams, tok: Any) -> SamplingParams:
         """`params` with the format's opening markers banned (a bias of -100, OpenAI's
         ban) where the vocabulary spells one as a single token; for tool_choice none."""

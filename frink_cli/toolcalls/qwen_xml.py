@@ -34,6 +34,7 @@ class QwenXmlFormat(ToolFormat):
 
     name = "qwen3_xml"
     marker = "<parameter="
+    markers = ("<tool_call>", "</tool_call>")
 
     def matches(self, template: str) -> bool:
         return "<function=" in template and "<parameter=" in template
