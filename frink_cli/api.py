@@ -1,4 +1,4 @@
-"""The Python API: load a model file, then tokenize, score and generate.
+"""The Python API: load a model file, then tokenize, score, generate and chat (with tools).
 
 `load()` is the one path from a file to a runnable model, used by the CLI, the tests and
 anyone embedding frink: open the checkpoint, read its config, load and fuse weights, build
@@ -8,13 +8,14 @@ the tokenizer, pick the backend.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .archs import config_from_checkpoint, open_checkpoint
 from .backends import select_backend
-from .chat import prompt_ids
+from .chat import chat_ids, prompt_ids
 from .constraint import Constraint, Grammar, compile_constraint
 from .decoder import Decoder
 from .errors import FrinkError
@@ -25,8 +26,19 @@ from .model.validate import check_tensors as scan_tensors
 from .model.weights import LayerStore, ModelWeights, unread_tensors
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer, load_tokenizer
+from .toolcalls import Event, ToolCall
+from .toolcalls.plan import CHOICES, ToolPlan, tool_plan
 
 DEFAULT_CTX = 4096
+
+
+@dataclass
+class ChatReply:
+    """One assistant turn: its text (content outside tool calls) and the calls it made,
+    in order (ToolCall: name, arguments as JSON text and as parsed JSON (.args), id)."""
+
+    text: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 class Model:
@@ -128,7 +140,19 @@ class Model:
         **sampling,
     ) -> Iterator[int]:
         """Yield generated token ids; `constraint` (Model.constraint) masks each step."""
-        sampler = Sampler(SamplingParams(**sampling), self.n_vocab)
+        params = SamplingParams(**sampling)
+        return self._generate_ids(ids, params, max_tokens, n_ctx, stats, constraint)
+
+    def _generate_ids(
+        self,
+        ids: list[int],
+        params: SamplingParams,
+        max_tokens: int,
+        n_ctx: int | None,
+        stats: GenerationStats | None,
+        constraint: Constraint | None,
+    ) -> Iterator[int]:
+        sampler = Sampler(params, self.n_vocab)
         eog = self.tokenizer.eog_ids if self.tokenizer else frozenset()
         return generate_tokens(
             self.decoder,
@@ -184,6 +208,90 @@ class Model:
         tail = stream.flush()
         if tail:
             yield tail
+
+    def chat(
+        self,
+        messages: list[dict],
+        *,
+        tools: list[dict] | None = None,
+        tool_choice: str | dict | None = None,
+        parallel_tool_calls: bool = True,
+        max_tokens: int = 512,
+        n_ctx: int | None = None,
+        stats: GenerationStats | None = None,
+        **sampling,
+    ) -> ChatReply:
+        """The assistant's next turn for `messages` (OpenAI-shaped: role and content; an
+        assistant's tool_calls with arguments as objects and a tool message's
+        tool_call_id and name, as the chat template reads them), through the model's
+        chat template, which is shown `tools` (OpenAI function tools).
+
+        The answer's calls are parsed in the format the template teaches
+        (frink_cli/toolcalls/). tool_choice: "auto" (the default with tools; once the
+        model opens a call its arguments are constrained), "none", "required", or one
+        tool, by name or as {"type": "function", "function": {"name": ...}}: "required"
+        and a named tool put the call under the constrained decoder, so it is valid
+        against the tool's parameters schema. A bad tools or tool_choice value is a
+        FrinkError. Sampling keywords are SamplingParams' fields."""
+        tok = self._tok()
+        plan = _tool_plan(tools, tool_choice, parallel_tool_calls, tok)
+        params = SamplingParams(**sampling)
+        constraint = None
+        if plan is not None and not plan.calls:
+            params = plan.without_calls(params, tok)
+        elif plan is not None:
+            grammar, triggers = plan.grammar(tok)
+            constraint = compile_constraint(tok, grammar, triggers)[0]
+        ctx = n_ctx or min(self.config.n_ctx_train, DEFAULT_CTX)
+        msgs = plan.messages(list(messages)) if plan is not None else list(messages)
+        offered = plan.template_tools() if plan is not None else None
+        ids = chat_ids(tok, msgs, n_ctx=ctx, tools=offered)
+        parser = plan.parser() if plan is not None and plan.calls else None
+        events: list[Event] = []
+        stream = tok.stream()
+        spell = plan.spelled(tok) if plan is not None else frozenset()
+        pieces = [
+            stream.push(t) + (stream.flush() + tok.token_text(t) if t in spell else "")
+            for t in self._generate_ids(ids, params, max_tokens, ctx, stats, constraint)
+        ]
+        pieces.append(stream.flush())
+        for piece in pieces:
+            if piece:
+                events += parser.push(piece) if parser is not None else [("content", piece)]
+        if parser is not None:
+            events += parser.finish()
+        text = "".join(v for k, v in events if k == "content")
+        return ChatReply(text, [v for k, v in events if k == "call"])
+
+
+def _tool_plan(
+    tools: list[dict] | None, choice: str | dict | None, parallel: bool, tok: Tokenizer
+) -> ToolPlan | None:
+    """Model.chat's tools and tool_choice, checked, as a ToolPlan (None: no tools)."""
+    if not tools:
+        if choice not in (None, "none"):
+            raise FrinkError("tool_choice needs tools")
+        return None
+    names = []
+    for i, t in enumerate(tools):
+        f = t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str):
+            raise FrinkError(f"tools[{i}] is not a function tool with a name")
+        if f.get("parameters") is not None and not isinstance(f["parameters"], dict):
+            raise FrinkError(f"tools[{i}].function.parameters must be a JSON schema object")
+        names.append(f["name"])
+    if len(set(names)) < len(names):
+        raise FrinkError("tools: a function name is defined twice")
+    if choice is None or choice in CHOICES:
+        return tool_plan(tools, choice or "auto", parallel, tok)
+    f = choice.get("function") if isinstance(choice, dict) else None
+    name = f.get("name") if isinstance(f, dict) else choice
+    if not isinstance(name, str) or name not in names:
+        raise FrinkError(
+            f"tool_choice must be auto, none, required or the name of one of the tools "
+            f"(got {name!r})"
+        )
+    return tool_plan(tools, "required", parallel, tok, name=name)
 
 
 def _refuse_unread_tensors(ckpt: Checkpoint, weights: ModelWeights) -> None:

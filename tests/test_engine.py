@@ -257,6 +257,20 @@ def test_stop_text(pieces: list[bytes], stops, sent: str, stopped: bool) -> None
     assert hit == stopped
 
 
+def test_stop_text_spells_the_control_tokens_it_is_given() -> None:
+    """A tool-call marker that is a control token (no bytes of its own) is written by its
+    name, so the tool-call parser sees it; other control tokens stay silent."""
+
+    class Named(_Bytes):
+        def token_text(self, t: int) -> str:
+            return "[TOOL_CALLS]" if t == 1 else "</s>"
+
+    pieces = [b"Sure.", b"", b'[{"name": "f"}]', b""]
+    s = StopText(Named(pieces), (), frozenset({1}))  # type: ignore[arg-type]
+    out = "".join(s.push(i)[0] for i in range(len(pieces))) + s.flush()
+    assert out == 'Sure.[TOOL_CALLS][{"name": "f"}]'
+
+
 @pytest.mark.parametrize("name", ["granitehybrid", "lfm2", "falcon_h1"])
 def test_metal_engine_steps_are_one_submission_each(name: str, tiny_model: Callable) -> None:
     """On metal the engine's every step (a batch of decode rows and prompt chunks, or one

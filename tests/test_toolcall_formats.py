@@ -1,4 +1,4 @@
-"""The tool-call formats (frink_cli/toolcalls.py) on the real chat templates.
+"""The tool-call formats (frink_cli/toolcalls/) on the real chat templates.
 
 What is checked, and against whom:
 - detection: each template in llama.cpp's corpus (models/templates in the llama-cpp-python
@@ -24,7 +24,10 @@ from frink_cli.archs import open_checkpoint
 from frink_cli.chat import _renders_tools, render_chat
 from frink_cli.tokenizer import load_tokenizer
 from frink_cli.toolcalls import (
+    Gemma4Format,
     GenericFormat,
+    GraniteFormat,
+    HarmonyFormat,
     HermesFormat,
     Llama3Format,
     MistralFormat,
@@ -32,6 +35,7 @@ from frink_cli.toolcalls import (
     ToolFormat,
     tool_format,
 )
+from frink_cli.toolcalls.plan import ToolPlan
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -85,6 +89,11 @@ CORPUS = {
     "Mistral-Small-3.2-24B-Instruct-2506.jinja": "mistral",
     "unsloth-mistral-Devstral-Small-2507.jinja": "mistral",
     "google-gemma-2-2b-it.jinja": "generic",
+    "openai-gpt-oss-120b.jinja": "generic",
+    "ibm-granite-granite-3.3-2B-Instruct.jinja": "granite",
+    "ibm-granite-granite-4.0.jinja": "hermes",
+    "google-gemma-4-31B-it.jinja": "gemma4",
+    "google-gemma-4-31B-it-interleaved.jinja": "gemma4",
 }
 
 
@@ -135,7 +144,15 @@ def _events(parser, pieces):
 
 
 # Where the assistant's turn ends in each family's rendering (end-of-turn markers).
-_TURN_ENDS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "</s>", "<|call|>", "<|end|>")
+_TURN_ENDS = (
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "</s>",
+    "<|call|>",
+    "<|end|>",
+    "<|end_of_text|>",
+)
 
 
 def _rendered_turn(template: str, calls: list[tuple[str, dict]], content: str) -> str:
@@ -170,17 +187,30 @@ def _rendered_turn(template: str, calls: list[tuple[str, dict]], content: str) -
         "meta-llama-Llama-3.1-8B-Instruct.jinja",
         "mistralai-Mistral-Nemo-Instruct-2407.jinja",
         "Mistral-Small-3.2-24B-Instruct-2506.jinja",
+        "openai-gpt-oss-120b.jinja",
     ],
 )
 def test_template_written_calls_parse_back_streamed_and_whole(templates, name):
     template = (templates / name).read_text()
     fmt = _format(template)
-    # Llama 3.x writes one call per turn.
-    calls = CALLS[:1] if fmt.name == "llama3" else CALLS
+    if name.startswith("openai-gpt-oss"):
+        assert HarmonyFormat().matches(template)
+        fmt = HarmonyFormat()
+    # Llama 3.x writes one call per turn; gpt-oss's template one call per message.
+    calls = CALLS[:1] if fmt.name in ("llama3", "harmony") else CALLS
     text = _rendered_turn(template, calls, "")
     whole = _events(fmt.parser(TOOLS), [text])
     assert whole == ("", calls), text
     assert _events(fmt.parser(TOOLS), list(text)) == whole
+
+
+# gpt-oss as OpenAI's harmony guide shows it: reasoning, then a call in the commentary
+# channel (the answer after the prompt's `<|start|>assistant`).
+HARMONY_CALL = (
+    "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
+    "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+    '{"city":"Paris","unit":"celsius"}<|call|>'
+)
 
 
 @pytest.mark.parametrize(
@@ -215,12 +245,96 @@ def test_template_written_calls_parse_back_streamed_and_whole(templates, name):
             "Sure.",
             [("get_weather", {"city": "12 < 13 Main St", "unit": "celsius", "days": 3})],
         ),
+        # gpt-oss (a call after its reasoning, as OpenAI's harmony guide shows; a final
+        # answer); Gemma 4 (as its template writes calls, nested values, a JSON-quoted
+        # string, a call that is not one).
+        (
+            HarmonyFormat(),
+            HARMONY_CALL,
+            "",
+            [("get_weather", {"city": "Paris", "unit": "celsius"})],
+        ),
+        (
+            HarmonyFormat(),
+            "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final"
+            "<|message|>It is 1 + -2 = -1.<|return|>",
+            "It is 1 + -2 = -1.",
+            [],
+        ),
+        (HarmonyFormat(), "<|channel|>final<|message|>Sunny, {today}.", "Sunny, {today}.", []),
+        (
+            Gemma4Format(),
+            'Checking.<|tool_call>call:get_weather{city:<|"|>Paris, "FR"<|"|>,'
+            'unit:<|"|>celsius<|"|>}<tool_call|><|tool_call>call:add{a:1,b:-2}<tool_call|>',
+            "Checking.",
+            [
+                ("get_weather", {"city": 'Paris, "FR"', "unit": "celsius"}),
+                ("add", {"a": 1, "b": -2}),
+            ],
+        ),
+        (
+            Gemma4Format(),
+            '<|tool_call>call:plan{days:[{<|"|>day<|"|>:1,ok:true}],note:"x",skip:null}'
+            "<tool_call|>",
+            "",
+            [("plan", {"days": [{"day": 1, "ok": True}], "note": "x", "skip": None})],
+        ),
+        (
+            Gemma4Format(),
+            "<|tool_call>call:add{a:1,<tool_call|>",
+            "<|tool_call>call:add{a:1,<tool_call|>",
+            [],
+        ),
     ],
 )
 def test_documented_outputs_parse_streamed_and_whole(fmt, text, content, calls):
     whole = _events(fmt.parser(TOOLS), [text])
     assert whole == (content, calls)
     assert _events(fmt.parser(TOOLS), list(text)) == whole
+
+
+def test_granite_calls_as_its_template_asks_parse_streamed_and_whole(templates):
+    """Granite 3's template does not render past calls; its system prompt asks for
+    `<|tool_call|>` and a JSON list: that answer, rendered as the assistant's turn."""
+    template = (templates / "ibm-granite-granite-3.3-2B-Instruct.jinja").read_text()
+    fmt = _format(template)
+    answer = "<|tool_call|>" + json.dumps([{"name": n, "arguments": a} for n, a in CALLS])
+    assert "<|tool_call|> followed by a JSON list" in template
+    text = _rendered_turn(template, [], answer)
+    assert text == answer
+    whole = _events(fmt.parser(TOOLS), [text])
+    assert whole == ("", CALLS)
+    assert _events(fmt.parser(TOOLS), list(text)) == whole
+
+
+def test_gemma4_template_written_calls_parse_back_streamed_and_whole(templates):
+    """Gemma 4's generation prompt holds an empty thought channel its rendering of a past
+    turn does not, and a turn with calls runs on into the tool responses: the calls are
+    the text after the model's turn opens, up to the first response."""
+    template = (templates / "google-gemma-4-31B-it.jinja").read_text()
+    fmt = _format(template)
+    user = [{"role": "user", "content": "What's the weather in Paris, and 1 + -2?"}]
+    calls = [
+        {"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": a}}
+        for i, (n, a) in enumerate(CALLS)
+    ]
+    turn = {"role": "assistant", "content": "", "tool_calls": calls}
+    whole = render_chat(template, [*user, turn], bos_token="<bos>", eos_token="", tools=TOOLS)
+    text = whole[whole.rindex("<|turn>model\n") + len("<|turn>model\n") :]
+    text = text.split("<|tool_response>")[0]
+    assert text.startswith("<|tool_call>call:get_weather{"), text
+    parsed = _events(fmt.parser(TOOLS), [text])
+    assert parsed == ("", CALLS), text
+    assert _events(fmt.parser(TOOLS), list(text)) == parsed
+
+
+def test_granite_content_before_a_call_and_a_partial_marker():
+    fmt = GraniteFormat()
+    text = 'Let me check.<|tool_call|>[{"name": "add", "arguments": {"a": 1, "b": -2}}]'
+    assert _events(fmt.parser(TOOLS), [text]) == ("Let me check.", [("add", {"a": 1, "b": -2})])
+    assert _events(fmt.parser(TOOLS), list(text)) == _events(fmt.parser(TOOLS), [text])
+    plain = "No tool needed: <|tool_ is not a call."
+    assert _events(fmt.parser(TOOLS), list(plain)) == (plain, [])
 
 
 @pytest.fixture(scope="module")
@@ -230,8 +344,26 @@ def qwen_tok(qwen05_path):
 
 @pytest.mark.parametrize(
     "fmt",
-    [HermesFormat(), QwenXmlFormat(), Llama3Format(), MistralFormat(), MistralFormat(True)],
-    ids=["hermes", "qwen3_xml", "llama3", "mistral", "mistral-args"],
+    [
+        HermesFormat(),
+        QwenXmlFormat(),
+        Llama3Format(),
+        MistralFormat(),
+        MistralFormat(True),
+        GraniteFormat(),
+        HarmonyFormat(),
+        Gemma4Format(),
+    ],
+    ids=[
+        "hermes",
+        "qwen3_xml",
+        "llama3",
+        "mistral",
+        "mistral-args",
+        "granite",
+        "harmony",
+        "gemma4",
+    ],
 )
 def test_forced_call_grammar_writes_valid_calls(qwen_tok, fmt):
     """Every walk through the forced grammar is one or more calls the format's own parser
@@ -251,3 +383,24 @@ def test_forced_call_grammar_writes_valid_calls(qwen_tok, fmt):
 def test_generic_format_is_for_templates_without_tools():
     assert isinstance(tool_format("{{ messages }}", False), GenericFormat)
     assert isinstance(tool_format(None, True), GenericFormat)
+
+
+def test_plan_spells_the_markers_that_are_control_tokens():
+    """A marker the vocabulary holds as a control token (no bytes) is spelled for the
+    parser; one that is text already, or absent, is not; with no calls parsed, none."""
+
+    class Vocab:
+        ids = {"[TOOL_CALLS]": 5, "[ARGS]": 6, "<tool_call>": 7}
+
+        def token_id(self, text):
+            return self.ids.get(text)
+
+        def token_bytes(self, i):
+            return b"<tool_call>" if i == 7 else b""
+
+    mistral = ToolPlan(TOOLS, True, True, MistralFormat(named=True))
+    assert mistral.spelled(Vocab()) == frozenset({5, 6})
+    assert ToolPlan(TOOLS, True, True, HermesFormat()).spelled(Vocab()) == frozenset()
+    assert (
+        ToolPlan(TOOLS, False, False, mistral.format, calls=False).spelled(Vocab()) == frozenset()
+    )

@@ -20,46 +20,12 @@ from collections.abc import Iterator
 
 import pytest
 from serve_process import Server
+from tool_defs import SCHEMAS, TOOLS
 
 from frink_cli.toolcalls import GenericFormat, HermesFormat
 
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 40},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "a": {"type": "integer", "minimum": -1000000, "maximum": 1000000},
-                "b": {"type": "integer", "minimum": -1000000, "maximum": 1000000},
-            },
-            "required": ["a", "b"],
-            "additionalProperties": False,
-        },
-    },
-}
-TOOLS = [WEATHER, ADD]
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
 def _events(parser, pieces):

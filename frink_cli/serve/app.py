@@ -22,10 +22,8 @@ slot is free by the engine's next step; its request is logged as one quiet line.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import hmac
-import json
 import logging
 import sys
 import threading
@@ -39,17 +37,17 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..chat import chat_ids, check_fits
 from ..constraint import Constraint, Grammar, GrammarError, compile_constraint
 from ..errors import FrinkError, printable
-from ..toolcalls import Parser
-from . import openai, tools
+from . import answer, openai, tools
+from .answer import Outcome, Stream, check_context
 from .connections import DROPPED
-from .engine import Engine, Finish, Job, QueueFull
+from .engine import Engine
 from .openai import ApiError
 
 log = logging.getLogger("frink.serve")
@@ -232,39 +230,10 @@ def _error(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=headers or None)
 
 
-class _Stream(StreamingResponse):
-    """Server-sent events whose generator is closed, and the request logged, the moment
-    the stream ends: done, or its client gone (a send fails). Closing the generator
-    cancels the job, so the slot is free by the engine's next step."""
-
-    on_close: Callable[[], None] | None = None
-
-    def __init__(self, events: AsyncIterator[str]) -> None:
-        super().__init__(
-            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
-        self._events = events
-
-    async def stream_response(self, send: Any) -> None:
-        try:
-            await super().stream_response(send)
-        finally:
-            await self._events.aclose()  # type: ignore[attr-defined]
-            if self.on_close is not None:
-                self.on_close()
-
-
-@dataclass
-class _Outcome:
-    """What the request line in the log says beyond the status."""
-
-    detail: str = ""
-
-
 def _endpoint(state: ServerState, handler: Callable, public: bool = False) -> Callable:
     async def call(request: Request) -> Response:
         t0 = time.perf_counter()
-        outcome = _Outcome()
+        outcome = Outcome()
         try:
             if not public:
                 _check_key(state, request)
@@ -282,7 +251,7 @@ def _endpoint(state: ServerState, handler: Callable, public: bool = False) -> Ca
                 ApiError(500, f"internal error: {type(e).__name__}", kind="server_error")
             )
             outcome.detail = printable(f"{type(e).__name__}: {e}")[:200]
-        if isinstance(response, _Stream):
+        if isinstance(response, Stream):
             response.on_close = lambda: _log(state, request, 200, t0, outcome)
         else:
             _log(state, request, response.status_code, t0, outcome)
@@ -291,7 +260,7 @@ def _endpoint(state: ServerState, handler: Callable, public: bool = False) -> Ca
     return call
 
 
-def _log(state: ServerState, request: Request, status: int, t0: float, o: _Outcome) -> None:
+def _log(state: ServerState, request: Request, status: int, t0: float, o: Outcome) -> None:
     path = printable(request.url.path)[:200]
     line = f"{_client(request)} {request.method} {path} {status} {time.perf_counter() - t0:.2f}s"
     state.log_line(line + (f" {o.detail}" if o.detail else ""))
@@ -349,7 +318,7 @@ async def _body(state: ServerState, request: Request, chat: bool) -> dict:
     return body
 
 
-async def _health(state: ServerState, request: Request, o: _Outcome) -> Response:
+async def _health(state: ServerState, request: Request, o: Outcome) -> Response:
     e = state.engine
     return JSONResponse(
         {
@@ -361,12 +330,12 @@ async def _health(state: ServerState, request: Request, o: _Outcome) -> Response
     )
 
 
-async def _models(state: ServerState, request: Request, o: _Outcome) -> Response:
+async def _models(state: ServerState, request: Request, o: Outcome) -> Response:
     m = {"id": state.model_id, "object": "model", "created": 0, "owned_by": "frink"}
     return JSONResponse({"object": "list", "data": [m]})
 
 
-async def _chat(state: ServerState, request: Request, o: _Outcome) -> Response:
+async def _chat(state: ServerState, request: Request, o: Outcome) -> Response:
     body = await _body(state, request, chat=True)
     gen = openai.generation(body, vocab=state.model.n_vocab)
     msgs = openai.messages(body)
@@ -393,8 +362,10 @@ async def _chat(state: ServerState, request: Request, o: _Outcome) -> Response:
         ),
     )
     constraints = await _constraints(state, grammar, triggers, gen.n)
-    return await _generate(
-        state,
+    return await answer.generate(
+        state.engine,
+        state.model_id,
+        tok,
         request,
         o,
         ids,
@@ -402,6 +373,7 @@ async def _chat(state: ServerState, request: Request, o: _Outcome) -> Response:
         chat=True,
         constraints=constraints,
         parsers=None if plan is None or not plan.calls else [plan.parser() for _ in range(gen.n)],
+        spell=plan.spelled(tok) if plan is not None else frozenset(),
     )
 
 
@@ -420,7 +392,7 @@ async def _constraints(
         raise openai.bad(e.field, e.detail) from None
 
 
-async def _complete(state: ServerState, request: Request, o: _Outcome) -> Response:
+async def _complete(state: ServerState, request: Request, o: Outcome) -> Response:
     body = await _body(state, request, chat=False)
     # (16: the API's documented default)
     gen = openai.generation(body, default_max_tokens=16, chat=False, vocab=state.model.n_vocab)
@@ -436,13 +408,15 @@ async def _complete(state: ServerState, request: Request, o: _Outcome) -> Respon
         parse = state.parse_special
         ids = await _tokenize(state, lambda: tok.encode(prompt, parse_special=parse))
     else:
-        _check_context(len(prompt), n_ctx)
+        check_context(len(prompt), n_ctx)
         n_vocab = state.model.n_vocab
         if not all(0 <= t < n_vocab for t in prompt):
             raise openai.bad("prompt", f"token ids must be in [0, {n_vocab})")
         ids = prompt
     constraints = await _constraints(state, tools.output_grammar(body), (), gen.n)
-    return await _generate(state, request, o, ids, gen, chat=False, constraints=constraints)
+    return await answer.generate(
+        state.engine, state.model_id, tok, request, o, ids, gen, False, constraints
+    )
 
 
 async def _tokenize(state: ServerState, make: Callable[[], list[int]]) -> list[int]:
@@ -452,274 +426,3 @@ async def _tokenize(state: ServerState, make: Callable[[], list[int]]) -> list[i
         return await run_in_threadpool(make)
     except FrinkError as e:  # a prompt too long to tokenize, a template that failed
         raise ApiError(400, str(e), code="invalid_prompt") from None
-
-
-def _check_context(n_tokens: int, n_ctx: int) -> None:
-    if n_tokens >= n_ctx:
-        raise ApiError(
-            400,
-            f"the prompt is {n_tokens} tokens, too long for this server's context of "
-            f"{n_ctx} (frink serve -c/--ctx-size)",
-            code="context_length_exceeded",
-        )
-
-
-async def _generate(
-    state: ServerState,
-    request: Request,
-    o: _Outcome,
-    ids: list[int],
-    gen: openai.Generation,
-    chat: bool,
-    constraints: list[Constraint] | None = None,
-    parsers: list[Parser] | None = None,
-) -> Response:
-    """Run the request's n jobs and answer, streamed or whole. constraints: one per
-    choice (the grammar a request asked for); parsers: one per choice when the request
-    offered tools (its text goes through the model's tool-call parser)."""
-    engine = state.engine
-    _check_context(len(ids), engine.n_ctx)
-    if gen.n > len(engine.slots):
-        raise openai.bad("n", f"at most {len(engine.slots)} choices here (frink serve --parallel)")
-    loop = asyncio.get_running_loop()
-    # (choice index, kind, payload) from every choice's job, in the order they happen.
-    events: asyncio.Queue[tuple[int, str, Any]] = asyncio.Queue()
-
-    def emitter(index: int) -> Callable[[str, object], None]:
-        def emit(kind: str, payload: object) -> None:
-            # A closed loop (the server going down) has nobody left to tell.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(events.put_nowait, (index, kind, payload))
-
-        return emit
-
-    jobs = [
-        Job(
-            prompt=ids,
-            params=gen.choice_params(i),
-            max_tokens=gen.max_tokens if gen.max_tokens is not None else engine.n_ctx,
-            stop=gen.stop,
-            emit=emitter(i),
-            ignore_eos=gen.ignore_eos,
-            cache_prompt=gen.cache_prompt,
-            channels=chat,  # a harmony model's analysis goes to reasoning_content
-            logprobs=gen.logprobs,
-            constraint=constraints[i] if constraints else None,
-        )
-        for i in range(gen.n)
-    ]
-    try:
-        for job in jobs:
-            engine.submit(job)
-    except QueueFull as e:
-        _cancel(jobs)
-        raise ApiError(503, f"server busy: {e}; retry later", kind="server_error") from None
-    except FrinkError as e:
-        _cancel(jobs)
-        raise ApiError(400, str(e)) from None
-    reply = openai.Reply(chat, state.model_id, _speller(state.model.tokenizer))
-    outs = [
-        _Choice(gen.logprobs is not None, parser=parsers[i] if parsers else None)
-        for i in range(len(jobs))
-    ]
-
-    def describe(finishes: list[Finish]) -> None:
-        f = finishes[0]
-        o.detail = (
-            f"prompt={f.prompt_tokens} cached={f.cached_tokens} "
-            f"completion={sum(x.completion_tokens for x in finishes)}"
-            f" ttft={f.first_token_seconds:.3f}s finish={f.reason}"
-            + (f" n={len(finishes)}" if len(finishes) > 1 else "")
-        )
-
-    def usage() -> dict:
-        done = [c.finish for c in outs if c.finish is not None]
-        return openai.usage(
-            done[0].prompt_tokens, sum(f.completion_tokens for f in done), done[0].cached_tokens
-        )
-
-    def tokens(choice: dict, c: _Choice) -> dict:
-        if gen.return_tokens and c.finish is not None:
-            choice["tokens"] = list(c.finish.tokens)
-        return choice
-
-    if gen.stream:
-
-        async def sse() -> AsyncIterator[str]:
-            try:
-                if chat:  # the assistant's role comes first, as OpenAI's streams start
-                    for i in range(len(jobs)):
-                        yield _sse(reply.chunk("", first=True, index=i))
-                while True:
-                    i, kind, payload = await events.get()
-                    c = outs[i]
-                    if kind == "logprob":
-                        c.logprobs.append(payload)  # type: ignore[union-attr]
-                    elif kind == "text":
-                        if c.parser is None:
-                            yield _sse(reply.chunk(payload, logprobs=c.sent(), index=i))
-                        else:
-                            for chunk in _tool_chunks(reply, c, i, c.parser.push(payload)):
-                                yield _sse(chunk)
-                    elif kind == "reasoning":
-                        yield _sse(reply.chunk(None, reasoning=payload, index=i))
-                    elif kind == "done":
-                        c.finish = payload
-                        if c.parser is not None:
-                            for chunk in _tool_chunks(reply, c, i, c.parser.finish()):
-                                yield _sse(chunk)
-                        last = reply.chunk(None, c.reason(), logprobs=c.sent(), index=i)
-                        tokens(last["choices"][0], c)
-                        yield _sse(last)
-                        if all(x.finish is not None for x in outs):
-                            describe([x.finish for x in outs if x.finish is not None])
-                            if gen.include_usage:
-                                yield _sse(reply.usage_chunk(usage()))
-                            yield "data: [DONE]\n\n"
-                            return
-                    else:
-                        o.detail = printable(str(payload))[:200]
-                        yield _sse(_failure(kind, payload).body())
-                        yield "data: [DONE]\n\n"
-                        return
-            finally:
-                _cancel(jobs)  # a client gone mid-stream; a no-op once the jobs are done
-
-        return _Stream(sse())
-
-    try:
-        while True:
-            try:
-                i, kind, payload = await asyncio.wait_for(events.get(), 0.25)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    o.detail = "client disconnected"
-                    return Response(status_code=499)
-                continue
-            c = outs[i]
-            if kind == "logprob":
-                c.logprobs.append(payload)  # type: ignore[union-attr]
-            elif kind == "text":
-                c.take(c.parser.push(payload) if c.parser is not None else [("content", payload)])
-            elif kind == "reasoning":
-                c.reasoning.append(payload)
-            elif kind == "done":
-                c.finish = payload
-                if c.parser is not None:
-                    c.take(c.parser.finish())
-                if all(x.finish is not None for x in outs):
-                    finishes = [x.finish for x in outs if x.finish is not None]
-                    describe(finishes)
-                    choices = [
-                        tokens(
-                            reply.choice(
-                                j,
-                                "".join(x.pieces),
-                                x.reason(),
-                                "".join(x.reasoning),
-                                x.logprobs,
-                                tool_calls=[_call_body(k) for k in x.calls],
-                            ),
-                            x,
-                        )
-                        for j, (x, f) in enumerate(zip(outs, finishes))
-                    ]
-                    return JSONResponse(reply.whole(choices, usage()))
-            else:
-                raise _failure(kind, payload)
-    finally:
-        _cancel(jobs)
-
-
-def _failure(kind: str, payload: object) -> ApiError:
-    """A job's failure event as an error: 503 when the server stopped it (a retry may
-    reach a server that is up again), else a 500."""
-    status = 503 if kind == "stopped" else 500
-    return ApiError(status, str(payload), kind="server_error")
-
-
-@dataclass
-class _Choice:
-    """What one choice of a request has produced so far."""
-
-    asked_logprobs: bool
-    pieces: list[str] = field(default_factory=list)
-    reasoning: list[str] = field(default_factory=list)
-    # Answer tokens' log probabilities not yet sent (None: the request asked for none).
-    logprobs: list | None = None
-    finish: Finish | None = None
-    parser: Parser | None = None  # the model's tool-call parser, when tools were offered
-    calls: list = field(default_factory=list)  # toolcalls.ToolCall, in order
-
-    def __post_init__(self) -> None:
-        if self.asked_logprobs:
-            self.logprobs = []
-
-    def take(self, events: list) -> None:
-        """A tool-call parser's events: content text and completed calls."""
-        for kind, value in events:
-            if kind == "content":
-                self.pieces.append(value)
-            else:
-                self.calls.append(value)
-
-    def reason(self) -> str:
-        """finish_reason: "tool_calls" when the answer made calls, else the engine's."""
-        assert self.finish is not None
-        return "tool_calls" if self.calls else self.finish.reason
-
-    def sent(self) -> list | None:
-        """The log probabilities gathered since the last chunk, now sent."""
-        if self.logprobs is None:
-            return None
-        out, self.logprobs = self.logprobs, []
-        return out
-
-
-def _call_body(call: Any) -> dict:
-    return {
-        "id": call.id,
-        "type": "function",
-        "function": {"name": call.name, "arguments": call.arguments},
-    }
-
-
-def _tool_chunks(reply: openai.Reply, c: _Choice, index: int, events: list) -> list[dict]:
-    """Stream chunks for a tool-call parser's events: content as content; a call as
-    OpenAI streams one (its index, id and name first, then its arguments)."""
-    chunks = []
-    for kind, value in events:
-        if kind == "content":
-            chunks.append(reply.chunk(value, logprobs=c.sent(), index=index))
-            continue
-        k = len(c.calls)
-        c.calls.append(value)
-        head = {**_call_body(value), "index": k}
-        head["function"] = {"name": value.name, "arguments": ""}
-        chunks.append(reply.chunk(None, logprobs=c.sent(), index=index, tool_calls=[head]))
-        args = [{"index": k, "function": {"arguments": value.arguments}}]
-        chunks.append(reply.chunk(None, index=index, tool_calls=args))
-    return chunks
-
-
-def _cancel(jobs: list[Job]) -> None:
-    for job in jobs:
-        job.cancel()  # a no-op once a job is done
-
-
-def _speller(tok: Any) -> openai.Spell:
-    """Token id -> (text, bytes) for log probabilities: the bytes the token adds to text
-    (a piece of a UTF-8 character shows as U+FFFD in the text, whole in the bytes), or a
-    control token's own name ("<|im_end|>"), which adds none."""
-    if tok is None:
-        return lambda token: ("", b"")
-
-    def spell(token: int) -> tuple[str, bytes]:
-        raw = tok.token_bytes(token)
-        return (raw.decode("utf-8", errors="replace") if raw else tok.token_text(token)), raw
-
-    return spell
-
-
-def _sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"

@@ -79,6 +79,8 @@ class Job:
     # A grammar over the answer (constraint.py): its mask comes before every sampler
     # stage, and the answer ends ("stop") when the grammar can only end.
     constraint: Constraint | None = None
+    # Control tokens the answer's text spells by name (a tool-call format's markers).
+    spell: frozenset[int] = frozenset()
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -232,7 +234,7 @@ class Engine:
                 job=job,
                 slot=slot,
                 sampler=Sampler(job.params, self.decoder.cfg.n_vocab),
-                text=StopText(self.tok, job.stop),
+                text=StopText(self.tok, job.stop, job.spell),
                 pending=job.prompt[cached:],
                 history=list(job.prompt),
                 cached=cached,

@@ -12,16 +12,26 @@ from ..tokenizer import Tokenizer
 
 
 class StopText:
-    def __init__(self, tok: Tokenizer | None, stops: tuple[str, ...]) -> None:
+    def __init__(
+        self, tok: Tokenizer | None, stops: tuple[str, ...], spell: frozenset[int] = frozenset()
+    ) -> None:
         # Without a tokenizer (a model served on token ids alone) there is no text.
+        self._tok = tok
         self._utf8 = tok.stream() if tok is not None else None
+        # Control tokens written as their names (a tool-call format's markers).
+        self._spell = spell
         self.stops = tuple(s for s in stops if s)
         self._held = ""
         self.stopped = False
 
     def push(self, token: int) -> tuple[str, bool]:
         """The text that can be sent now, and whether a stop string was reached."""
-        return self.push_text(self._utf8.push(token) if self._utf8 is not None else "")
+        if self._utf8 is None or self._tok is None:
+            return self.push_text("")
+        piece = self._utf8.push(token)
+        if token in self._spell:
+            piece += self._utf8.flush() + self._tok.token_text(token)
+        return self.push_text(piece)
 
     def push_text(self, piece: str) -> tuple[str, bool]:
         """push() for text decoded elsewhere (a harmony answer's final channel)."""

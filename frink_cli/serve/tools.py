@@ -3,9 +3,9 @@ engine and the chat template take.
 
 - `response_format` (json_schema with `strict`, json_object, text) and llama-server's
   `grammar` and `json_schema` fields become one constraint.Grammar;
-- `tools`, `tool_choice`, `parallel_tool_calls` become a ToolPlan: the tools the chat
-  template sees, the constraint and its lazy triggers, and a parser per choice
-  (frink_cli/toolcalls.py);
+- `tools`, `tool_choice`, `parallel_tool_calls` are checked and become a ToolPlan
+  (frink_cli/toolcalls/plan.py): the tools the chat template sees, the constraint and
+  its lazy triggers, and a parser per choice;
 - an assistant message's `tool_calls` and a `tool` message's `tool_call_id` are kept for
   the template, each tool message matched to a call before it.
 
@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, replace
 from typing import Any
 
-from ..chat import renders_tools
 from ..constraint import Grammar
-from ..sampling import SamplingParams
-from ..toolcalls import GenericFormat, Parser, ToolFormat, tool_format
+from ..toolcalls.plan import CHOICES, ToolPlan
+from ..toolcalls.plan import tool_plan as plan_tools
 from .openai import _show, bad
 
 _NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
@@ -72,62 +70,6 @@ def output_grammar(body: dict) -> Grammar | None:
     return found[0] if found else None
 
 
-@dataclass(frozen=True)
-class ToolPlan:
-    """What a request's tools mean for this model."""
-
-    tools: list[dict]  # the tools offered (only the named one when tool_choice names it)
-    forced: bool  # required or named: a call from the first token
-    parallel: bool
-    format: ToolFormat
-    # False for tool_choice "none": the template still shows the tools (as llama.cpp
-    # renders them), but no call is parsed and the format's opening marker is banned.
-    calls: bool = True
-
-    def template_tools(self) -> list[dict] | None:
-        """The tools the chat template receives (None: the generic system prompt)."""
-        return self.tools if self.format.native else None
-
-    def grammar(self, tok: Any = None) -> tuple[Grammar, tuple[str, ...]]:
-        return self.format.grammar(self.tools, self.forced, self.parallel, tok)
-
-    def parser(self) -> Parser:
-        """A parser for one answer's text."""
-        return self.format.parser(self.tools)
-
-    def without_calls(self, params: SamplingParams, tok: Any) -> SamplingParams:
-        """`params` with the format's opening markers banned (a bias of -100, OpenAI's
-        ban) where the vocabulary spells one as a single token; for tool_choice none."""
-        ids = [tok.token_id(m) for m in self.format.openers] if tok is not None else []
-        banned = tuple((i, -100.0) for i in ids if i is not None)
-        return replace(params, logit_bias=params.logit_bias + banned)
-
-    def messages(self, msgs: list[dict]) -> list[dict]:
-        """The conversation as the template receives it: native formats as they are; the
-        generic one with the tools in a system message and past calls as JSON text."""
-        if self.format.native:
-            return msgs
-        out = []
-        for m in msgs:
-            if m["role"] == "assistant" and m.get("tool_calls"):
-                calls = [
-                    {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
-                    for c in m["tool_calls"]
-                ]
-                out.append({"role": "assistant", "content": json.dumps({"tool_calls": calls})})
-            elif m["role"] == "tool":
-                reply = {"tool_response": {"name": m.get("name", ""), "content": m["content"]}}
-                out.append({"role": "user", "content": json.dumps(reply, ensure_ascii=False)})
-            else:
-                out.append(m)
-        prompt = GenericFormat.system_prompt(self.tools, self.forced, self.parallel)
-        if out and out[0]["role"] == "system":
-            out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + prompt}
-        else:
-            out.insert(0, {"role": "system", "content": prompt})
-        return out
-
-
 def tool_plan(body: dict, tok: Any) -> ToolPlan | None:
     """The request's tools (None: none offered, or tool_choice "none" on a template
     without tools)."""
@@ -166,9 +108,6 @@ def tool_plan(body: dict, tok: Any) -> ToolPlan | None:
         choice = "auto" if tools else "none"
     if not tools:
         return None
-    fmt = tool_format(tok.chat_template if tok is not None else None, renders_tools(tok))
-    if choice == "none":
-        return ToolPlan(tools, False, False, fmt, calls=False) if fmt.native else None
     if isinstance(choice, dict):
         f = choice.get("function")
         name = f.get("name") if isinstance(f, dict) else None
@@ -176,15 +115,12 @@ def tool_plan(body: dict, tok: Any) -> ToolPlan | None:
             raise bad("tool_choice", 'must be auto, none, required or {"type": "function", ...}')
         if name not in names:
             raise bad("tool_choice", f"no tool named {_show(name)} in tools")
-        tools = [t for t in tools if t["function"]["name"] == name]
-        forced = True
-    elif choice in ("auto", "required"):
-        forced = choice == "required"
-    else:
+        return plan_tools(tools, "required", parallel, tok, name=name)
+    if choice not in CHOICES:
         raise bad(
             "tool_choice", f"must be auto, none, required or a function (got {_show(choice)})"
         )
-    return ToolPlan(tools, forced, parallel and len(tools) >= 1, fmt)
+    return plan_tools(tools, choice, parallel, tok)
 
 
 def conversation(body: dict, msgs: list[dict]) -> list[dict]:
