@@ -3,9 +3,10 @@
 Why: a layer (its architecture's, composed from graph/blocks) is written ONCE over these
 ops; the NumPy host body (backends/host/ops.py), MLX (backends/mlx/graph.py, traced by
 mx.compile so a run of layers is still one submission) and CuPy (backends/cupy/cuda_ops.py:
-kernels/*.cu and cuBLAS) each implement them, and graph/trace.py records them. A decoration (a post-norm, a multiplier, a
-softcap, a gate) lives in the composition, never in a backend; a backend implements
-primitives, and only brings a new one when an architecture needs a new primitive.
+kernels/*.cu and cuBLAS) each implement them, and graph/trace.py records them. A
+decoration (a post-norm, a multiplier, a softcap, a gate) lives in the composition, never
+in a backend; a backend implements primitives, and only brings a new one when an
+architecture needs a new primitive.
 
 Conventions every implementation keeps:
 - Arrays are the backend's own (np.ndarray, mx.array, cupy.ndarray). Plain slicing,
