@@ -37,7 +37,7 @@ def select_backend(name: str, cfg, checkpoint=None) -> Backend | None:
     if name == "auto":
         from .cupy import cuda_available, layer_refusals, make_cuda_backend
 
-        if any(r is None for r in layer_refusals(cfg, checkpoint)) and cuda_available():
+        if cuda_available() and any(r is None for r in layer_refusals(cfg, checkpoint)):
             return make_cuda_backend(cfg, checkpoint=checkpoint)
         from .mlx import metal_gpu_available
 
