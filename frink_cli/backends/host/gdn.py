@@ -8,7 +8,7 @@ For each token t, per value head (q and k are those of the key head it reads):
   beta = sigmoid(W_b x);  g = -exp(A_log) * softplus(W_a x + dt_bias)   (a log decay, <= 0)
   S = exp(g) S;  S += k (beta (v - S^T k))^T;  o = S^T q
   out = W_out (rmsnorm(o) * silu(W_z x))
-as transformers' Qwen3_5GatedDeltaNet / Qwen3NextGatedDeltaNet and llama.cpp's
+as transformers' gated delta net mixers and llama.cpp's
 delta-net-base.cpp compute it. A decode row takes that step once. A prefill batch takes
 the same recurrence in chunks of CHUNK tokens: within a chunk the updates are solved
 together as one triangular system (the WY/UT form), which is exact algebra, not an

@@ -1,7 +1,7 @@
 """The MoE router on the host: softmax over all experts (or a sigmoid per expert, with an
 optional selection bias), the top n_expert_used per row, optionally renormalized
 (norm_topk_prob), as llama.cpp's build_moe_ffn with softmax / sigmoid gating and
-exp_probs_b, and transformers' Qwen3MoeSparseMoeBlock / Lfm2MoeTopKRouter compute it.
+exp_probs_b, and transformers' sparse MoE blocks and top-k routers compute it.
 The block is composed in graph/blocks/moe.py; the experts run in HostOps.experts.
 """
 

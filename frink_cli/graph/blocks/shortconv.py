@@ -1,5 +1,5 @@
-"""The gated short convolution (llama.cpp's build_shortconv_block, transformers'
-Lfm2ShortConv)."""
+"""The gated short convolution (llama.cpp's build_shortconv_block; the architectures
+that use it name their references)."""
 
 from __future__ import annotations
 
