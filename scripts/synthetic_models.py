@@ -17,13 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from frink_cli.archs.alibi import AlibiConfig
-from frink_cli.archs.bitnet import BitnetConfig
 from frink_cli.archs.decoder import DecoderConfig
-from frink_cli.archs.gemma4 import Gemma4Config
-from frink_cli.archs.gpt_oss import GptOssConfig
-from frink_cli.archs.olmo2 import Olmo2Config
-from frink_cli.archs.talkie import TalkieConfig
+from frink_cli.archs.registry import registered_archs
 from frink_cli.model.config import ModelConfig
 from frink_cli.model.weights import LayerWeights, Linear, ModelWeights, map_layer
 from frink_cli.quant.blocks import QuantMatrix, QuantRows
@@ -134,15 +129,18 @@ def ext_config(**values: Any) -> DecoderConfig:
     raise ValueError(f"no architecture config has all of {sorted(values)}")
 
 
-# Where synthetic_config finds a decoration: the shared decoder's, then the architectures'.
-EXT_CLASSES: tuple[type[DecoderConfig], ...] = (
-    DecoderConfig,
-    AlibiConfig,
-    Olmo2Config,
-    BitnetConfig,
-    TalkieConfig,
-    GptOssConfig,
-    Gemma4Config,
+def _fields(cls: type) -> int:
+    return len(dataclasses.fields(cls))
+
+
+# Where synthetic_config finds a decoration: the shared decoder's, then every registered
+# architecture's config, the smallest first (so the most general class that has the fields
+# wins). Derived from the registry: adding an architecture adds nothing here.
+EXT_CLASSES: tuple[type[DecoderConfig], ...] = (DecoderConfig,) + tuple(
+    sorted(
+        {a.ext_class for a in registered_archs()} - {DecoderConfig},
+        key=lambda c: (_fields(c), c.__name__),
+    )
 )
 
 

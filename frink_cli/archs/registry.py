@@ -76,6 +76,11 @@ def arch_for_model_type(model_type: str) -> Arch | None:
     return _BY_MODEL_TYPE.get(model_type)
 
 
+def registered_archs() -> tuple[Arch, ...]:
+    """Every registered architecture, in registry order."""
+    return _ARCHS
+
+
 def supported_architectures() -> list[str]:
     return sorted(_BY_NAME)
 
