@@ -37,8 +37,8 @@ class ChannelSplit:
 
     `calls` (a chat request that offered tools): a message addressed to a function (a
     header with `to=functions.NAME`, after `<|start|>` or `<|channel|>`) is passed on
-    whole as "final" text, its markers spelled -- `<|start|>ROLE<|channel|>HEADER
-    <|message|>ARGS<|call|>` -- for the harmony tool-call parser (toolcalls/harmony.py);
+    as "final" text, its markers spelled -- `<|start|>ROLE<|channel|>HEADER<|message|>`
+    and everything after it -- for the harmony tool-call parser (toolcalls/harmony.py);
     at the answer's start, text that may still become such a recipient is held back."""
 
     def __init__(self, tok: Tokenizer, calls: bool = False) -> None:
@@ -49,7 +49,7 @@ class ChannelSplit:
         self._role = ids["<|start|>"]
         self._channel = ids["<|channel|>"]
         self._message = ids["<|message|>"]
-        self._ends = {ids[m]: m for m in _MESSAGE_END if ids[m] is not None}
+        self._ends = {ids[m] for m in _MESSAGE_END if ids[m] is not None}
         self.calls = calls
         # "lead" (calls only: the answer's first text, maybe a recipient) | "role" |
         # "header" | "text"
@@ -61,18 +61,22 @@ class ChannelSplit:
         self._stream: StreamDecoder = tok.stream()
 
     def push(self, token_id: int) -> list[tuple[str, str]]:
+        if self._call:
+            return self._call_text(token_id)
         if token_id == self._role:
-            out = self._close("<|end|>")
+            out = self._close()
             self.state, self._roles = "role", []
             return out
         if token_id == self._channel:
-            out = self._close("<|end|>")
+            if self.state == "header":  # `to=functions.X<|channel|>...`: the recipient first
+                self._roles += self._header
+            out = self._close()
             self.state, self._header = "header", []
             return out
         if token_id == self._message and self.state == "header":
             return self._open()
         if token_id in self._ends:
-            out = self._close(self._ends[token_id])
+            out = self._close()
             self.state, self.channel, self._roles = "role", FINAL, []
             return out
         if self.state == "header":
@@ -113,15 +117,19 @@ class ChannelSplit:
         self.channel = words[0] if words else FINAL
         return []
 
-    def _close(self, end: str = "") -> list[tuple[str, str]]:
-        """The open message's held text; a call's also its `end` marker, spelled."""
+    def _call_text(self, token_id: int) -> list[tuple[str, str]]:
+        """A token after a call's head: text, a control token spelled. A call is the
+        answer's last message (`<|call|>` ends generation), and the parser reads where
+        its JSON ends (a marker's text may be inside a string of it)."""
+        piece = self._stream.push(token_id)
+        if self.tok.token_bytes(token_id):
+            return [(FINAL, piece)] if piece else []
+        return [(FINAL, piece + self._stream.flush() + self.tok.token_text(token_id))]
+
+    def _close(self) -> list[tuple[str, str]]:
         tail = self._stream.flush() if self.state == "text" else ""
         self._stream = self.tok.stream()
-        out = [(self.channel, tail)] if tail else []
-        if self._call and end:
-            out.append((FINAL, end))
-            self._call = False
-        return out
+        return [(self.channel, tail)] if tail else []
 
 
 def generated_channels(

@@ -55,12 +55,13 @@ class HarmonyFormat(ToolFormat):
             for t in tools
         )
         call = f'"{self.marker}" ({options})'
-        spelled = f'{channel} "commentary" (" " {constrain}? "json")?'
-        rules = [f'header: " "? ({constrain} "json" | {spelled})?']
+        own = f'" "? ({constrain} "json")?'
         if forced:  # the model's own spelling, from the first token
             head = f'start: {channel} "commentary " call'
-            return Grammar("lark", "\n".join([head, "call: " + call, *rules]), "tools"), ()
-        lark = "\n".join([f"start: {call}", *rules])
+            lark = "\n".join([head, "call: " + call, f"header: {own}"])
+            return Grammar("lark", lark, "tools"), ()
+        spelled = f'{channel} "commentary" (" " {constrain}? "json")?'
+        lark = "\n".join([f"start: {call}", f'header: {own} | " "? {spelled}'])
         return Grammar("lark", lark, "tools"), (self.marker,)
 
     def parser(self, tools: list[dict] | None = None) -> Parser:
@@ -97,7 +98,8 @@ class HarmonyFormat(ToolFormat):
 class _HarmonyParser(Parser):
     """States: "lead" (the answer's first text: a recipient, or content), "out" (text
     outside any message: content), "header" (from `<|start|>` or `<|channel|>` to
-    `<|message|>`), then the message's body: "final", "call" or "skip"."""
+    `<|message|>`), then the message's body: "final", "call" or "skip", and "after" a
+    call's JSON object, up to its end marker."""
 
     def __init__(self) -> None:
         self.buf = ""
@@ -133,7 +135,15 @@ class _HarmonyParser(Parser):
                 self._open(self.buf[:at])
                 self.buf = self.buf[at + len(_HEADER_END) :]
                 continue
+            if self.state == "call" and self.buf.lstrip()[:1] == "{":
+                if not self._call_json(out):
+                    return out
+                continue
             found = [(self.buf.find(e), e) for e in _ENDS if e in self.buf]
+            if self.state == "after" and not found:  # what follows a call's JSON: dropped
+                keep = max(partial_tail(self.buf, e) for e in _ENDS)
+                self.buf = self.buf[len(self.buf) - keep :]
+                return out
             if not found:
                 if self.state == "final":
                     keep = max(partial_tail(self.buf, e) for e in _ENDS)
@@ -144,6 +154,20 @@ class _HarmonyParser(Parser):
             out += self._close(self.buf[:at])
             self.buf = self.buf[at + (0 if end == "<|start|>" else len(end)) :]
             self.state = "out"
+
+    def _call_json(self, out: list[Event]) -> bool:
+        """A call's arguments, once their JSON object is whole (a marker's text inside one
+        of its strings is part of it): the call out, True; False while incomplete."""
+        body = self.buf.lstrip()
+        try:
+            args, end = json.JSONDecoder().raw_decode(body)
+        except ValueError:
+            return False
+        if not isinstance(args, dict):
+            return False  # not a call: its text, at its end marker
+        out.append(("call", ToolCall(self.name, json.dumps(args, ensure_ascii=False))))
+        self.buf, self.state = body[end:], "after"
+        return True
 
     def _open(self, header: str) -> None:
         """The message whose header (the text before <|message|>) this is."""
