@@ -121,10 +121,10 @@ class ChannelSplit:
         """A token after a call's head: text, a control token spelled. A call is the
         answer's last message (`<|call|>` ends generation), and the parser reads where
         its JSON ends (a marker's text may be inside a string of it)."""
-        piece = self._stream.push(token_id)
         if self.tok.token_bytes(token_id):
+            piece = self._stream.push(token_id)
             return [(FINAL, piece)] if piece else []
-        return [(FINAL, piece + self._stream.flush() + self.tok.token_text(token_id))]
+        return [(FINAL, self._stream.flush() + self.tok.token_text(token_id))]
 
     def _close(self) -> list[tuple[str, str]]:
         tail = self._stream.flush() if self.state == "text" else ""

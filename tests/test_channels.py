@@ -11,6 +11,7 @@ elsewhere).
 from __future__ import annotations
 
 from frink_cli.channels import FINAL, ChannelSplit, is_harmony
+from frink_cli.toolcalls import HarmonyFormat
 
 MARKERS = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"]
 
@@ -36,6 +37,12 @@ class _Vocab:
     def decode(self, ids: list[int]) -> str:
         return "".join(self.words[i] for i in ids)
 
+    def token_bytes(self, i: int) -> bytes:
+        return b"" if self.words[i] in MARKERS else self.words[i].encode()
+
+    def token_text(self, i: int) -> str:
+        return self.words[i]
+
     def stream(self) -> _Stream:
         return _Stream(self)
 
@@ -43,8 +50,8 @@ class _Vocab:
         return [self.words.index(t) for t in text]
 
 
-def _split(tok: _Vocab, tokens: list[str]) -> dict[str, str]:
-    split = ChannelSplit(tok)  # type: ignore[arg-type]
+def _split(tok: _Vocab, tokens: list[str], calls: bool = False) -> dict[str, str]:
+    split = ChannelSplit(tok, calls=calls)  # type: ignore[arg-type]
     out: dict[str, str] = {}
     for t in tok.ids(tokens):
         for channel, text in split.push(t):
@@ -119,6 +126,55 @@ def test_tool_call_header() -> None:
         ],
     )
     assert got == {"commentary": "{}"}
+
+
+CALL_AFTER_REASONING = [
+    "<|channel|>",
+    "analysis",
+    "<|message|>",
+    "User",
+    " asks",
+    "<|end|>",
+    "<|start|>",
+    "assistant",
+    "<|channel|>",
+    "commentary",
+    " to=functions.get",
+    "<|constrain|>",
+    "json",
+    "<|message|>",
+    "{}",
+    "<|call|>",
+]
+
+
+def _parsed(text: str) -> tuple[str, list[tuple[str, dict]]]:
+    """The harmony parser's content and calls for `text`, fed one character at a time."""
+    parser = HarmonyFormat().parser()
+    events = [e for ch in text for e in parser.push(ch)] + parser.finish()
+    content = "".join(v for k, v in events if k == "content")
+    return content, [(v.name, v.args) for k, v in events if k == "call"]
+
+
+def test_with_tools_a_call_goes_to_the_parser_spelled() -> None:
+    """With tools offered, a message addressed to a function is passed on whole, markers
+    spelled, and the harmony parser reads the call from it; the reasoning stays."""
+    got = _split(_Vocab(WORDS), CALL_AFTER_REASONING, calls=True)
+    head = "<|start|>assistant<|channel|>commentary to=functions.get<|constrain|>json"
+    assert got == {"analysis": "User asks", FINAL: head + "<|message|>{}<|call|>"}
+    assert _parsed(got[FINAL]) == ("", [("get", {})])
+
+
+def test_with_tools_the_recipient_may_come_first() -> None:
+    """`to=functions.NAME<|channel|>commentary ...` right after the prompt's
+    `<|start|>assistant` (the template's spelling of a past call) is a call too; an answer
+    that only starts like a recipient is content."""
+    tokens = [" to=functions.get", "<|channel|>", "commentary", "json", "<|message|>", "{}"]
+    got = _split(_Vocab(WORDS), tokens, calls=True)
+    assert got == {FINAL: "<|start|> to=functions.get<|channel|>commentaryjson<|message|>{}"}
+    assert _parsed(got[FINAL]) == ("", [("get", {})])
+    plain = ["4", " is", " the", " answer"]
+    assert _split(_Vocab(WORDS), plain, calls=True) == {FINAL: "4 is the answer"}
 
 
 def test_no_header_is_the_answer() -> None:

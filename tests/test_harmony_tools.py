@@ -132,7 +132,9 @@ def _check(calls: list[tuple[str, str]]) -> None:
 )
 def test_forced_call_whole_and_streamed(server, choice):
     client = _client(server)
-    kw = dict(model="gpt-oss-harmony", messages=QUESTION, tools=TOOLS, tool_choice=choice, max_tokens=300)
+    kw = dict(
+        model="gpt-oss-harmony", messages=QUESTION, tools=TOOLS, tool_choice=choice, max_tokens=300
+    )
     whole = client.chat.completions.create(temperature=0, **kw).choices[0]
     assert whole.finish_reason == "tool_calls", whole
     calls = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
@@ -174,7 +176,11 @@ def test_the_call_and_its_result_go_back_as_gpt_oss_writes_them(server, gpt_oss_
     ]
     plan = ToolPlan(TOOLS, False, True, HarmonyFormat())
     text = render_chat(
-        gpt_oss_template, plan.messages(msgs), add_generation_prompt=True, bos_token="", eos_token=""
+        gpt_oss_template,
+        plan.messages(msgs),
+        add_generation_prompt=True,
+        bos_token="",
+        eos_token="",
     )
     assert (
         '<|start|>assistant to=functions.add<|channel|>commentary json<|message|>{"a": 1}'
@@ -191,7 +197,13 @@ def test_the_call_and_its_result_go_back_as_gpt_oss_writes_them(server, gpt_oss_
             "role": "assistant",
             "content": None,
             "tool_calls": [
-                {**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
+                {
+                    **c,
+                    "function": {
+                        **c["function"],
+                        "arguments": json.dumps(c["function"]["arguments"]),
+                    },
+                }
                 for c in calls
             ],
         },
@@ -199,7 +211,12 @@ def test_the_call_and_its_result_go_back_as_gpt_oss_writes_them(server, gpt_oss_
         {"role": "tool", "tool_call_id": "c2", "content": "sunny"},
     ]
     reply = _client(server).chat.completions.create(
-        model="gpt-oss-harmony", messages=wire, tools=TOOLS, tool_choice="none", max_tokens=4, temperature=0
+        model="gpt-oss-harmony",
+        messages=wire,
+        tools=TOOLS,
+        tool_choice="none",
+        max_tokens=4,
+        temperature=0,
     )
     assert reply.choices[0].finish_reason in ("stop", "length")
     assert not reply.choices[0].message.tool_calls

@@ -259,6 +259,16 @@ HARMONY_CALL = (
             [],
         ),
         (HarmonyFormat(), "<|channel|>final<|message|>Sunny, {today}.", "Sunny, {today}.", []),
+        # (serve's channel split passes the final channel's text plain, a call spelled;
+        # a marker's text inside a string of the arguments is part of the string)
+        (
+            HarmonyFormat(),
+            "Let me check.<|start|>assistant<|channel|>commentary to=functions.get_weather "
+            '<|constrain|>json<|message|>{"city": "a<|end|>b", "unit": "celsius"}<|call|>',
+            "Let me check.",
+            [("get_weather", {"city": "a<|end|>b", "unit": "celsius"})],
+        ),
+        (HarmonyFormat(), "to do: <|channel|> is a marker", "to do: <|channel|> is a marker", []),
         (
             Gemma4Format(),
             'Checking.<|tool_call>call:get_weather{city:<|"|>Paris, "FR"<|"|>,'

@@ -87,7 +87,9 @@ class HarmonyFormat(ToolFormat):
                 if r["role"] == "tool"
             }
             for k, call in enumerate(calls):
-                out.append({**m, "content": m.get("content") if k == 0 else "", "tool_calls": [call]})
+                out.append(
+                    {**m, "content": m.get("content") if k == 0 else "", "tool_calls": [call]}
+                )
                 j = results.get(call.get("id"))
                 if j is not None and j not in answered:
                     out.append(msgs[j])
@@ -196,10 +198,9 @@ class _HarmonyParser(Parser):
 
     def finish(self) -> list[Event]:
         text, self.buf = self.buf, ""
-        if self.state in ("lead", "out"):  # text outside any message counts as final
+        if self.state in ("lead", "out", "header"):
+            # text outside any message counts as final; an unfinished header is text too
             out = self.content.send(text)
-        elif self.state == "header":  # an unfinished header is not text, unless unmarked
-            out = self.content.send(text) if text.strip() and "<|" not in text else []
         else:
             out = self._close(text)
         self.state = "lead"

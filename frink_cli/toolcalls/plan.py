@@ -64,7 +64,8 @@ class ToolPlan:
 
     def messages(self, msgs: list[dict]) -> list[dict]:
         """The conversation as the template receives it: native formats as their family
-        takes it (ToolFormat.conversation); the generic one with the tools in a system message and past calls as JSON text."""
+        takes it (ToolFormat.conversation); the generic one with the tools in a system
+        message and past calls as JSON text."""
         if self.format.native:
             return self.format.conversation(msgs)
         out = []
