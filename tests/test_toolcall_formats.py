@@ -411,3 +411,85 @@ def test_plan_spells_the_markers_that_are_control_tokens():
     assert (
         ToolPlan(TOOLS, False, False, mistral.format, calls=False).spelled(Vocab()) == frozenset()
     )
+
+
+PLAN = {
+    "type": "function",
+    "function": {
+        "name": "plan",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "days": {
+                    "type": "array",
+                    "items": {"type": "integer", "minimum": 1, "maximum": 7},
+                    "minItems": 2,
+                    "maxItems": 3,
+                },
+                "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 1},
+            },
+            "required": ["days", "tags"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def _accepts(tok, grammar, text: str) -> bool:
+    """Whether the constraint lets `text` be written whole and then end."""
+    from frink_cli.constraint import compile_constraint
+
+    c = compile_constraint(tok, grammar)[0]
+    for t in tok.encode(text, add_special=False, parse_special=False):
+        allowed = c.allowed()
+        if allowed is not None and not allowed[t]:
+            return False
+        c.accept(t)
+    return c.finished
+
+
+def test_gemma4_grammar_keeps_min_and_max_items(qwen_tok):
+    """Gemma 4's own array syntax holds minItems and maxItems: too few or too many values
+    cannot be written, and every random walk validates against the schema."""
+    fmt = Gemma4Format()
+    grammar, _ = fmt.grammar([PLAN], True, False, qwen_tok)
+    q = '<|"|>'
+
+    def call(days: str, tags: str) -> str:
+        return f"<|tool_call>call:plan{{days:[{days}],tags:[{tags}]}}<tool_call|>"
+
+    assert _accepts(qwen_tok, grammar, call("1,2", ""))
+    assert _accepts(qwen_tok, grammar, call("1,2,3", f"{q}a{q}"))
+    assert not _accepts(qwen_tok, grammar, call("1", ""))
+    assert not _accepts(qwen_tok, grammar, call("1,2,3,4", ""))
+    assert not _accepts(qwen_tok, grammar, call("1,2", f"{q}a{q},{q}b{q}"))
+    schema = PLAN["function"]["parameters"]
+    for text in random_walks(qwen_tok, grammar, 20, cap=2000):
+        content, calls = _events(fmt.parser([PLAN]), [text])
+        assert calls and not content.strip(), text
+        for _, args in calls:
+            jsonschema.validate(args, schema)
+
+
+@pytest.mark.parametrize(
+    ("prop", "named"),
+    [
+        ({"type": "string", "pattern": "^a"}, "'pattern'"),
+        ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "'uniqueItems'"),
+        ({"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 2}, "minItems"),
+        ({"type": "array", "items": {"type": "integer"}, "minItems": -1}, "minItems"),
+    ],
+)
+def test_gemma4_refuses_what_its_syntax_cannot_enforce(prop, named):
+    from frink_cli.constraint import GrammarError
+
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "parameters": {"type": "object", "properties": {"x": prop}, "required": ["x"]},
+        },
+    }
+    with pytest.raises(GrammarError, match=named) as e:
+        Gemma4Format().grammar([tool], True, False)
+    assert "function f: parameters.x" in str(e.value)
