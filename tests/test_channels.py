@@ -267,6 +267,43 @@ def test_engine_sends_the_final_channel_as_text_and_the_rest_as_reasoning(
         assert (got["text"], got["reasoning"]) == want
 
 
+def test_engine_passes_a_call_on_as_text_when_tools_were_offered(tiny_model, monkeypatch) -> None:
+    """Job.tool_calls: the call's message comes as "text" (spelled for the parser), the
+    reasoning before it as "reasoning"."""
+    import queue
+    import threading
+
+    from model_checks import _path
+
+    import frink_cli
+    from frink_cli.sampling import SamplingParams
+    from frink_cli.serve import engine as engine_mod
+
+    tok = _Vocab(WORDS)
+    tok.eog_ids = frozenset(tok.ids(["<|return|>", "<|call|>"]))
+    _Scripted.script = tok.ids(CALL_AFTER_REASONING)
+    monkeypatch.setattr(engine_mod, "Sampler", _Scripted)
+    m = frink_cli.load(_path(tiny_model, "qwen3", "gguf"))
+    e = engine_mod.Engine(m.decoder, tok, n_ctx=64)  # type: ignore[arg-type]
+    t = threading.Thread(target=e.run, daemon=True)
+    t.start()
+    events: queue.Queue = queue.Queue()
+    emit = lambda k, p: events.put((k, p))  # noqa: E731
+    e.submit(
+        engine_mod.Job([1, 2, 3], SamplingParams(), 32, (), emit, channels=True, tool_calls=True)
+    )
+    got: dict[str, str] = {"text": "", "reasoning": ""}
+    while True:
+        kind, payload = events.get(timeout=60)
+        if kind == "done":
+            break
+        got[kind] += payload
+    e.stop()
+    t.join(30)
+    assert got["reasoning"] == "User asks"
+    assert _parsed(got["text"]) == ("", [("get", {})])
+
+
 def test_reasoning_goes_where_llama_server_puts_it() -> None:
     """message.reasoning_content (whole) and delta.reasoning_content (stream), as llama-server
     and vLLM return gpt-oss's analysis; absent when there was none."""

@@ -220,3 +220,15 @@ def test_the_call_and_its_result_go_back_as_gpt_oss_writes_them(server, gpt_oss_
     )
     assert reply.choices[0].finish_reason in ("stop", "length")
     assert not reply.choices[0].message.tool_calls
+
+
+def test_python_api_reads_the_call_too(harmony_gguf):
+    """Model.chat spells the harmony markers for the same parser."""
+    import frink_cli
+
+    m = frink_cli.load(harmony_gguf)
+    reply = m.chat(
+        QUESTION, tools=TOOLS, tool_choice="required", max_tokens=300, n_ctx=4096, temperature=0
+    )
+    _check([(c.name, c.arguments) for c in reply.tool_calls])
+    assert not reply.text
