@@ -111,32 +111,7 @@ def test_reasoning_then_answer() -> None:
     assert got == {"analysis": "User asks 2+2.", FINAL: "4 is the answer."}
 
 
-def test_tool_call_header() -> None:
-    got = _split(
-        _Vocab(WORDS),
-        [
-            "<|channel|>",
-            "commentary",
-            " to=functions.get",
-            "<|constrain|>",
-            "json",
-            "<|message|>",
-            "{}",
-            "<|call|>",
-        ],
-    )
-    assert got == {"commentary": "{}"}
-
-
-CALL_AFTER_REASONING = [
-    "<|channel|>",
-    "analysis",
-    "<|message|>",
-    "User",
-    " asks",
-    "<|end|>",
-    "<|start|>",
-    "assistant",
+CALL = [
     "<|channel|>",
     "commentary",
     " to=functions.get",
@@ -146,6 +121,16 @@ CALL_AFTER_REASONING = [
     "{}",
     "<|call|>",
 ]
+REASONING = ["<|channel|>", "analysis", "<|message|>", "User", " asks", "<|end|>"]
+REASONING_THEN_ANSWER = [
+    *REASONING,
+    *["<|start|>", "assistant", "<|channel|>", "final", "<|message|>", "4", "."],
+]
+CALL_AFTER_REASONING = [*REASONING, "<|start|>", "assistant", *CALL]
+
+
+def test_tool_call_header() -> None:
+    assert _split(_Vocab(WORDS), CALL) == {"commentary": "{}"}
 
 
 def _parsed(text: str) -> tuple[str, list[tuple[str, dict]]]:
@@ -204,9 +189,9 @@ class _Scripted:
         return self.left.pop(0)
 
 
-def test_engine_sends_the_final_channel_as_text_and_the_rest_as_reasoning(
-    tiny_model, monkeypatch
-) -> None:
+def _engine_events(tiny_model, monkeypatch, tok: _Vocab, script: list[str], **job) -> dict:
+    """What the engine sends for a scripted answer: the "text" and the "reasoning" of a
+    Job with `job`'s fields (the tiny qwen3 model computes, the script samples)."""
     import queue
     import threading
 
@@ -216,82 +201,15 @@ def test_engine_sends_the_final_channel_as_text_and_the_rest_as_reasoning(
     from frink_cli.sampling import SamplingParams
     from frink_cli.serve import engine as engine_mod
 
-    tok = _Vocab(WORDS)
-    tok.eog_ids = frozenset(tok.ids(["<|return|>"]))  # as the harmony vocabulary has it
-    _Scripted.script = tok.ids(
-        [
-            "<|channel|>",
-            "analysis",
-            "<|message|>",
-            "User",
-            " asks",
-            "<|end|>",
-            "<|start|>",
-            "assistant",
-            "<|channel|>",
-            "final",
-            "<|message|>",
-            "4",
-            ".",
-            "<|return|>",
-        ]
-    )
-    monkeypatch.setattr(engine_mod, "Sampler", _Scripted)
-    m = frink_cli.load(_path(tiny_model, "qwen3", "gguf"))
-    whole = "<|channel|>analysis<|message|>User asks<|end|><|start|>assistant<|channel|>final"
-    for channels, want in ((True, ("4.", "User asks")), (False, (whole + "<|message|>4.", ""))):
-        e = engine_mod.Engine(m.decoder, tok, n_ctx=64)  # type: ignore[arg-type]
-        t = threading.Thread(target=e.run, daemon=True)
-        t.start()
-        events: queue.Queue = queue.Queue()
-        e.submit(
-            engine_mod.Job(
-                [1, 2, 3],
-                SamplingParams(),
-                32,
-                (),
-                lambda k, p, events=events: events.put((k, p)),
-                channels=channels,
-            )
-        )
-        got: dict[str, str] = {"text": "", "reasoning": ""}
-        while True:
-            kind, payload = events.get(timeout=60)
-            if kind == "done":
-                break
-            got[kind] += payload
-        e.stop()
-        t.join(30)
-        # Without channels (a completion) every token's text goes out, the stand-in
-        # vocabulary's markers included.
-        assert (got["text"], got["reasoning"]) == want
-
-
-def test_engine_passes_a_call_on_as_text_when_tools_were_offered(tiny_model, monkeypatch) -> None:
-    """Job.tool_calls: the call's message comes as "text" (spelled for the parser), the
-    reasoning before it as "reasoning"."""
-    import queue
-    import threading
-
-    from model_checks import _path
-
-    import frink_cli
-    from frink_cli.sampling import SamplingParams
-    from frink_cli.serve import engine as engine_mod
-
-    tok = _Vocab(WORDS)
-    tok.eog_ids = frozenset(tok.ids(["<|return|>", "<|call|>"]))
-    _Scripted.script = tok.ids(CALL_AFTER_REASONING)
+    _Scripted.script = tok.ids(script)
     monkeypatch.setattr(engine_mod, "Sampler", _Scripted)
     m = frink_cli.load(_path(tiny_model, "qwen3", "gguf"))
     e = engine_mod.Engine(m.decoder, tok, n_ctx=64)  # type: ignore[arg-type]
     t = threading.Thread(target=e.run, daemon=True)
     t.start()
     events: queue.Queue = queue.Queue()
-    emit = lambda k, p: events.put((k, p))  # noqa: E731
-    e.submit(
-        engine_mod.Job([1, 2, 3], SamplingParams(), 32, (), emit, channels=True, tool_calls=True)
-    )
+    emit = lambda kind, payload: events.put((kind, payload))  # noqa: E731
+    e.submit(engine_mod.Job([1, 2, 3], SamplingParams(), 32, (), emit, **job))
     got: dict[str, str] = {"text": "", "reasoning": ""}
     while True:
         kind, payload = events.get(timeout=60)
@@ -300,6 +218,31 @@ def test_engine_passes_a_call_on_as_text_when_tools_were_offered(tiny_model, mon
         got[kind] += payload
     e.stop()
     t.join(30)
+    return got
+
+
+def test_engine_sends_the_final_channel_as_text_and_the_rest_as_reasoning(
+    tiny_model, monkeypatch
+) -> None:
+    tok = _Vocab(WORDS)
+    tok.eog_ids = frozenset(tok.ids(["<|return|>"]))  # as the harmony vocabulary has it
+    script = [*REASONING_THEN_ANSWER, "<|return|>"]
+    whole = "<|channel|>analysis<|message|>User asks<|end|><|start|>assistant<|channel|>final"
+    for channels, want in ((True, ("4.", "User asks")), (False, (whole + "<|message|>4.", ""))):
+        got = _engine_events(tiny_model, monkeypatch, tok, script, channels=channels)
+        # Without channels (a completion) every token's text goes out, the stand-in
+        # vocabulary's markers included.
+        assert (got["text"], got["reasoning"]) == want
+
+
+def test_engine_passes_a_call_on_as_text_when_tools_were_offered(tiny_model, monkeypatch) -> None:
+    """Job.tool_calls: the call's message comes as "text" (spelled for the parser), the
+    reasoning before it as "reasoning"."""
+    tok = _Vocab(WORDS)
+    tok.eog_ids = frozenset(tok.ids(["<|return|>", "<|call|>"]))
+    got = _engine_events(
+        tiny_model, monkeypatch, tok, CALL_AFTER_REASONING, channels=True, tool_calls=True
+    )
     assert got["reasoning"] == "User asks"
     assert _parsed(got["text"]) == ("", [("get", {})])
 
@@ -322,23 +265,7 @@ def test_frink_run_splits_a_harmony_answer_unless_raw() -> None:
     from frink_cli.channels import generated_channels as _generated
 
     tok = _Vocab(WORDS)
-    script = tok.ids(
-        [
-            "<|channel|>",
-            "analysis",
-            "<|message|>",
-            "User",
-            " asks",
-            "<|end|>",
-            "<|start|>",
-            "assistant",
-            "<|channel|>",
-            "final",
-            "<|message|>",
-            "4",
-            ".",
-        ]
-    )
+    script = tok.ids(REASONING_THEN_ANSWER)
 
     class Model:
         tokenizer = tok
