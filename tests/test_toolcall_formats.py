@@ -493,3 +493,32 @@ def test_gemma4_refuses_what_its_syntax_cannot_enforce(prop, named):
     with pytest.raises(GrammarError, match=named) as e:
         Gemma4Format().grammar([tool], True, False)
     assert "function f: parameters.x" in str(e.value)
+
+
+def test_harmony_auto_grammar_wakes_at_a_call_not_at_its_words(qwen_tok):
+    """With tool_choice auto, the grammar applies from a message addressed to a function
+    (`<|channel|>commentary to=functions.` or `<|start|>assistant to=functions.`), not at
+    the recipient's words inside the reasoning; once awake, the arguments follow the
+    schema."""
+    from frink_cli.constraint import compile_constraint
+
+    grammar, triggers = HarmonyFormat().grammar(TOOLS, False, True, qwen_tok)
+    prose = "<|channel|>analysis<|message|>Use to=functions.add.<|end|><|start|>assistant"
+    for call, valid in (
+        ('<|channel|>commentary to=functions.add <|constrain|>json<|message|>{"a":1,"b":2}', 1),
+        ('<|channel|>commentary to=functions.add <|constrain|>json<|message|>{"a":"x"', 0),
+        ('<|start|>assistant to=functions.add<|channel|>commentary json<|message|>{"a":1', 1),
+    ):
+        c = compile_constraint(qwen_tok, grammar, triggers)[0]
+        for t in qwen_tok.encode(prose, add_special=False, parse_special=False):
+            assert c.allowed() is None
+            c.accept(t)
+        ok, woke = True, False
+        for t in qwen_tok.encode(call, add_special=False, parse_special=False):
+            allowed = c.allowed()
+            woke = woke or allowed is not None
+            if allowed is not None and not allowed[t]:
+                ok = False
+                break
+            c.accept(t)
+        assert woke and ok == bool(valid), call

@@ -23,6 +23,7 @@ from .core import Content, Event, Parser, ToolCall, ToolFormat, literal, partial
 _HEADER_END = "<|message|>"
 _ENDS = ("<|end|>", "<|call|>", "<|return|>", "<|start|>")
 _OPENS = ("<|start|>", "<|channel|>")
+_AUTO_OPENS = ("<|channel|>commentary ", "<|start|>assistant ")
 _LEAD = "to="  # the answer's first text may be the recipient of its first message
 _RECIPIENT = re.compile(r"to=functions\.([^\s<]+)")
 _CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
@@ -60,9 +61,12 @@ class HarmonyFormat(ToolFormat):
             head = f'start: {channel} "commentary " call'
             lark = "\n".join([head, "call: " + call, f"header: {own}"])
             return Grammar("lark", lark, "tools"), ()
+        # auto: from where a message opens addressed to a function (its channel, or its
+        # role with the recipient first), never at the words in another message's text
         spelled = f'{channel} "commentary" (" " {constrain}? "json")?'
-        lark = "\n".join([f"start: {call}", f'header: {own} | " "? {spelled}'])
-        return Grammar("lark", lark, "tools"), (self.marker,)
+        head = f'start: ({channel} "commentary " | {literal("<|start|>", tok)} "assistant ") call'
+        lark = "\n".join([head, "call: " + call, f'header: {own} | " "? {spelled}'])
+        return Grammar("lark", lark, "tools"), tuple(o + self.marker for o in _AUTO_OPENS)
 
     def parser(self, tools: list[dict] | None = None) -> Parser:
         return _HarmonyParser()
