@@ -493,6 +493,10 @@ def test_gemma4_refuses_what_its_syntax_cannot_enforce(prop, named):
     with pytest.raises(GrammarError, match=named) as e:
         Gemma4Format().grammar([tool], True, False)
     assert "function f: parameters.x" in str(e.value)
+    params = {"type": "object", "properties": {}, "required": ["y"]}
+    tool["function"]["parameters"] = params
+    with pytest.raises(GrammarError, match="required 'y' has no schema"):
+        Gemma4Format().grammar([tool], True, False)
 
 
 def test_harmony_auto_grammar_wakes_at_a_call_not_at_its_words(qwen_tok):

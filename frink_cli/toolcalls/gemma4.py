@@ -70,9 +70,11 @@ class _Rules:
 
     def _check(self, schema: dict, kind: str) -> None:
         """Refuse a keyword of `schema` (written as `kind`) the grammar would not enforce."""
-        for key in sorted(set(schema) - _ENFORCED[kind] - _NOTES):
+        unknown = sorted(set(schema) - _ENFORCED[kind] - _NOTES)
+        if unknown:
             raise GrammarError(
-                "tools", f"{self.where} uses {key!r}, which Gemma 4's call syntax cannot enforce"
+                "tools",
+                f"{self.where} uses {unknown[0]!r}, which Gemma 4's call syntax cannot enforce",
             )
 
     def _rule(self, body: str) -> str:
@@ -125,6 +127,9 @@ class _Rules:
         commas only between those written."""
         props = sorted((schema.get("properties") or {}).items())
         required = set(schema.get("required") or ())
+        unlisted = sorted(required - {key for key, _ in props})
+        if unlisted:  # only listed properties are ever written
+            raise GrammarError("tools", f"{self.where}: required {unlisted[0]!r} has no schema")
         first, rest = "", ""  # the rules for "the pairs from i on", before and after a pair
         where = self.where
         for key, sub in reversed(props):
