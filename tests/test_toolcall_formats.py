@@ -89,7 +89,7 @@ CORPUS = {
     "Mistral-Small-3.2-24B-Instruct-2506.jinja": "mistral",
     "unsloth-mistral-Devstral-Small-2507.jinja": "mistral",
     "google-gemma-2-2b-it.jinja": "generic",
-    "openai-gpt-oss-120b.jinja": "generic",
+    "openai-gpt-oss-120b.jinja": "harmony",
     "ibm-granite-granite-3.3-2B-Instruct.jinja": "granite",
     "ibm-granite-granite-4.0.jinja": "hermes",
     "google-gemma-4-31B-it.jinja": "gemma4",
@@ -193,9 +193,6 @@ def _rendered_turn(template: str, calls: list[tuple[str, dict]], content: str) -
 def test_template_written_calls_parse_back_streamed_and_whole(templates, name):
     template = (templates / name).read_text()
     fmt = _format(template)
-    if name.startswith("openai-gpt-oss"):
-        assert HarmonyFormat().matches(template)
-        fmt = HarmonyFormat()
     # Llama 3.x writes one call per turn; gpt-oss's template one call per message.
     calls = CALLS[:1] if fmt.name in ("llama3", "harmony") else CALLS
     text = _rendered_turn(template, calls, "")
@@ -262,6 +259,16 @@ HARMONY_CALL = (
             [],
         ),
         (HarmonyFormat(), "<|channel|>final<|message|>Sunny, {today}.", "Sunny, {today}.", []),
+        # (serve's channel split passes the final channel's text plain, a call spelled;
+        # a marker's text inside a string of the arguments is part of the string)
+        (
+            HarmonyFormat(),
+            "Let me check.<|start|>assistant<|channel|>commentary to=functions.get_weather "
+            '<|constrain|>json<|message|>{"city": "a<|end|>b", "unit": "celsius"}<|call|>',
+            "Let me check.",
+            [("get_weather", {"city": "a<|end|>b", "unit": "celsius"})],
+        ),
+        (HarmonyFormat(), "to do: <|channel|> is a marker", "to do: <|channel|> is a marker", []),
         (
             Gemma4Format(),
             'Checking.<|tool_call>call:get_weather{city:<|"|>Paris, "FR"<|"|>,'
@@ -404,3 +411,118 @@ def test_plan_spells_the_markers_that_are_control_tokens():
     assert (
         ToolPlan(TOOLS, False, False, mistral.format, calls=False).spelled(Vocab()) == frozenset()
     )
+
+
+PLAN = {
+    "type": "function",
+    "function": {
+        "name": "plan",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "days": {
+                    "type": "array",
+                    "items": {"type": "integer", "minimum": 1, "maximum": 7},
+                    "minItems": 2,
+                    "maxItems": 3,
+                },
+                "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 1},
+            },
+            "required": ["days", "tags"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def _accepts(tok, grammar, text: str) -> bool:
+    """Whether the constraint lets `text` be written whole and then end."""
+    from frink_cli.constraint import compile_constraint
+
+    c = compile_constraint(tok, grammar)[0]
+    for t in tok.encode(text, add_special=False, parse_special=False):
+        allowed = c.allowed()
+        if allowed is not None and not allowed[t]:
+            return False
+        c.accept(t)
+    return c.finished
+
+
+def test_gemma4_grammar_keeps_min_and_max_items(qwen_tok):
+    """Gemma 4's own array syntax holds minItems and maxItems: too few or too many values
+    cannot be written, and every random walk validates against the schema."""
+    fmt = Gemma4Format()
+    grammar, _ = fmt.grammar([PLAN], True, False, qwen_tok)
+    q = '<|"|>'
+
+    def call(days: str, tags: str) -> str:
+        return f"<|tool_call>call:plan{{days:[{days}],tags:[{tags}]}}<tool_call|>"
+
+    assert _accepts(qwen_tok, grammar, call("1,2", ""))
+    assert _accepts(qwen_tok, grammar, call("1,2,3", f"{q}a{q}"))
+    assert not _accepts(qwen_tok, grammar, call("1", ""))
+    assert not _accepts(qwen_tok, grammar, call("1,2,3,4", ""))
+    assert not _accepts(qwen_tok, grammar, call("1,2", f"{q}a{q},{q}b{q}"))
+    schema = PLAN["function"]["parameters"]
+    for text in random_walks(qwen_tok, grammar, 20, cap=2000):
+        content, calls = _events(fmt.parser([PLAN]), [text])
+        assert calls and not content.strip(), text
+        for _, args in calls:
+            jsonschema.validate(args, schema)
+
+
+@pytest.mark.parametrize(
+    ("prop", "named"),
+    [
+        ({"type": "string", "pattern": "^a"}, "'pattern'"),
+        ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "'uniqueItems'"),
+        ({"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 2}, "minItems"),
+        ({"type": "array", "items": {"type": "integer"}, "minItems": -1}, "minItems"),
+    ],
+)
+def test_gemma4_refuses_what_its_syntax_cannot_enforce(prop, named):
+    from frink_cli.constraint import GrammarError
+
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "parameters": {"type": "object", "properties": {"x": prop}, "required": ["x"]},
+        },
+    }
+    with pytest.raises(GrammarError, match=named) as e:
+        Gemma4Format().grammar([tool], True, False)
+    assert "function f: parameters.x" in str(e.value)
+    params = {"type": "object", "properties": {}, "required": ["y"]}
+    tool["function"]["parameters"] = params
+    with pytest.raises(GrammarError, match="required 'y' has no schema"):
+        Gemma4Format().grammar([tool], True, False)
+
+
+def test_harmony_auto_grammar_wakes_at_a_call_not_at_its_words(qwen_tok):
+    """With tool_choice auto, the grammar applies from a message addressed to a function
+    (`<|channel|>commentary to=functions.` or `<|start|>assistant to=functions.`), not at
+    the recipient's words inside the reasoning; once awake, the arguments follow the
+    schema."""
+    from frink_cli.constraint import compile_constraint
+
+    grammar, triggers = HarmonyFormat().grammar(TOOLS, False, True, qwen_tok)
+    prose = "<|channel|>analysis<|message|>Use to=functions.add.<|end|><|start|>assistant"
+    for call, valid in (
+        ('<|channel|>commentary to=functions.add <|constrain|>json<|message|>{"a":1,"b":2}', 1),
+        ('<|channel|>commentary to=functions.add <|constrain|>json<|message|>{"a":"x"', 0),
+        ('<|start|>assistant to=functions.add<|channel|>commentary json<|message|>{"a":1', 1),
+    ):
+        c = compile_constraint(qwen_tok, grammar, triggers)[0]
+        for t in qwen_tok.encode(prose, add_special=False, parse_special=False):
+            assert c.allowed() is None
+            c.accept(t)
+        ok, woke = True, False
+        for t in qwen_tok.encode(call, add_special=False, parse_special=False):
+            allowed = c.allowed()
+            woke = woke or allowed is not None
+            if allowed is not None and not allowed[t]:
+                ok = False
+                break
+            c.accept(t)
+        assert woke and ok == bool(valid), call

@@ -89,7 +89,7 @@ async def generate(
     if gen.n > len(engine.slots):
         raise openai.bad("n", f"at most {len(engine.slots)} choices here (frink serve --parallel)")
     run = _Run(engine, gen, chat, o)
-    run.submit(ids, constraints, spell)
+    run.submit(ids, constraints, spell, calls=parsers is not None)
     run.reply = openai.Reply(chat, model_id, _speller(tok))
     run.outs = [
         _Choice(gen.logprobs is not None, parser=parsers[i] if parsers else None)
@@ -122,9 +122,14 @@ class _Run:
         return emit
 
     def submit(
-        self, ids: list[int], constraints: list[Constraint] | None, spell: frozenset[int]
+        self,
+        ids: list[int],
+        constraints: list[Constraint] | None,
+        spell: frozenset[int],
+        calls: bool = False,
     ) -> None:
-        """Queue one job per choice; a full queue is a 503, a refused job a 400."""
+        """Queue one job per choice (`calls`: its text goes through a tool-call parser); a
+        full queue is a 503, a refused job a 400."""
         gen, engine = self.gen, self.engine
         self.jobs = [
             Job(
@@ -139,6 +144,7 @@ class _Run:
                 logprobs=gen.logprobs,
                 constraint=constraints[i] if constraints else None,
                 spell=spell,
+                tool_calls=calls,
             )
             for i in range(gen.n)
         ]

@@ -348,7 +348,10 @@ async def _chat(state: ServerState, request: Request, o: Outcome) -> Response:
     elif plan is not None:
         if grammar is not None:
             raise openai.bad(grammar.field.split(".")[0], "cannot be combined with tools")
-        grammar, triggers = plan.grammar(tok)
+        try:
+            grammar, triggers = plan.grammar(tok)
+        except GrammarError as e:  # a schema feature the format's syntax cannot enforce
+            raise openai.bad(e.field, e.detail) from None
     msgs = tools.conversation(body, msgs)
     if plan is not None:
         msgs = plan.messages(msgs)

@@ -19,7 +19,8 @@ any thread. A job reports through its `emit` callback, called on the engine's th
 the job asks), then ("done", Finish), ("error", message), or ("stopped", message) when
 stop() ended it unfinished. A job with `channels` on
 a harmony model (gpt-oss) gets its final channel as "text" and the others (analysis,
-commentary) as ("reasoning", str) pieces.
+commentary) as ("reasoning", str) pieces; with `tool_calls` too, a message addressed to
+a function comes as "text", its markers spelled, for the tool-call parser.
 """
 
 from __future__ import annotations
@@ -81,6 +82,9 @@ class Job:
     constraint: Constraint | None = None
     # Control tokens the answer's text spells by name (a tool-call format's markers).
     spell: frozenset[int] = frozenset()
+    # Tools were offered (with `channels`): a harmony call is passed on as "text", spelled
+    # for the tool-call parser (channels.ChannelSplit's `calls`), not as reasoning.
+    tool_calls: bool = False
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -238,7 +242,7 @@ class Engine:
                 pending=job.prompt[cached:],
                 history=list(job.prompt),
                 cached=cached,
-                split=ChannelSplit(self.tok)
+                split=ChannelSplit(self.tok, calls=job.tool_calls)
                 if job.channels and self.tok is not None and is_harmony(self.tok)
                 else None,
             )

@@ -122,6 +122,11 @@ class ToolFormat:
         formats whose arguments are not JSON)."""
         raise NotImplementedError
 
+    def conversation(self, msgs: list[dict]) -> list[dict]:
+        """The conversation as this family's template takes it (past calls and tool
+        results included): as it is, unless the family writes them otherwise."""
+        return msgs
+
 
 class Parser:
     def push(self, text: str) -> list[Event]:

@@ -7,15 +7,15 @@ from .core import ToolFormat
 from .gemma4 import Gemma4Format
 from .generic import GenericFormat
 from .granite import GraniteFormat
+from .harmony import HarmonyFormat
 from .hermes import HermesFormat
 from .llama3 import Llama3Format
 from .mistral import MistralFormat
 from .qwen_xml import QwenXmlFormat
 
 # In the order they are tried: Qwen's XML templates also write Hermes' <tool_call>.
-# HarmonyFormat is not among them yet: a call is a commentary message, which the serve
-# engine's channel split sends as reasoning, so gpt-oss keeps the generic format there.
 FORMATS: tuple[ToolFormat, ...] = (
+    HarmonyFormat(),
     GraniteFormat(),
     Gemma4Format(),
     QwenXmlFormat(),

@@ -63,10 +63,11 @@ class ToolPlan:
         return replace(params, logit_bias=params.logit_bias + banned)
 
     def messages(self, msgs: list[dict]) -> list[dict]:
-        """The conversation as the template receives it: native formats as they are; the
-        generic one with the tools in a system message and past calls as JSON text."""
+        """The conversation as the template receives it: native formats as their family
+        takes it (ToolFormat.conversation); the generic one with the tools in a system
+        message and past calls as JSON text."""
         if self.format.native:
-            return msgs
+            return self.format.conversation(msgs)
         out = []
         for m in msgs:
             if m["role"] == "assistant" and m.get("tool_calls"):
