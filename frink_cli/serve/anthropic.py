@@ -40,7 +40,7 @@ from ..errors import printable
 from ..toolcalls import Parser, ToolCall
 from . import answer, anthropic_request, prepare
 from .answer import Outcome, Run, Stream
-from .endpoints import endpoint, error_headers, read_body
+from .endpoints import check_model, endpoint, error_headers, read_body
 from .engine import Finish
 from .openai import ApiError
 
@@ -92,13 +92,7 @@ async def _conversation(
 ) -> tuple[dict, list[dict], ToolPlan | None]:
     """The request's body, its conversation for the chat template, and its tool plan."""
     body = await read_body(state, request)
-    model = body.get("model")
-    if model is not None and (not isinstance(model, str) or model not in state.names):
-        raise ApiError(
-            404,
-            f"model: {printable(str(model))[:100]!r} is not served here (this server has "
-            f"{state.model_id!r})",
-        )
+    check_model(state, body)
     msgs = anthropic_request.messages(body)
     return body, msgs, anthropic_request.plan(body, state.model.tokenizer)
 

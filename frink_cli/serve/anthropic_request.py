@@ -15,31 +15,19 @@ as are `metadata` and fields frink does not read.
 from __future__ import annotations
 
 import json
-import math
 import re
 from typing import Any
 
 from ..errors import FrinkError
 from ..sampling import SamplingParams
 from ..toolcalls.plan import ToolPlan, tool_plan
-from .openai import MAX_STOPS, ApiError, Generation, _show, bad
+from .openai import MAX_STOPS, ApiError, Generation, _number, _show, bad
 from .tools import MAX_TOOLS
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 # Blocks an assistant may send back that frink leaves out of the prompt.
 _DROPPED = ("thinking", "redacted_thinking")
-
-
-def _number(body: dict, name: str, lo: float, hi: float) -> float | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise bad(name, f"must be a number (got {_show(v)})")
-    if not lo <= v <= hi:
-        raise bad(name, f"must be between {lo:g} and {hi:g} (got {v:g})")
-    return float(v)
 
 
 def generation(body: dict) -> Generation:
@@ -66,13 +54,11 @@ def generation(body: dict) -> Generation:
     metadata = body.get("metadata", {})
     if not isinstance(metadata, dict):
         raise bad("metadata", "must be an object")
-    temperature = _number(body, "temperature", 0.0, 1.0)
-    top_p = _number(body, "top_p", 0.0, 1.0)
     try:
         params = SamplingParams(
-            temperature=1.0 if temperature is None else temperature,
+            temperature=_number(body, "temperature", 1.0, 0.0, 1.0),
             top_k=top_k,
-            top_p=1.0 if top_p is None else top_p,
+            top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
             min_p=0.0,
         )
     except FrinkError as e:  # the sampler's own checks, should a range above miss one
@@ -243,7 +229,7 @@ def _function(t: Any, where: str) -> dict:
         raise bad(f"{where}.input_schema", "must be a JSON schema object")
     if desc is not None and not isinstance(desc, str):
         raise bad(f"{where}.description", "must be a string")
-    f = {"name": name, "parameters": schema, **({"description": desc} if desc else {})}
+    f = {"name": name, **({"description": desc} if desc else {}), "parameters": schema}
     return {"type": "function", "function": f}
 
 

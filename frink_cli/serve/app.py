@@ -42,7 +42,7 @@ from ..chat import check_fits
 from ..errors import FrinkError, printable
 from . import answer, anthropic, openai, prepare, tools
 from .answer import Outcome, check_context
-from .endpoints import client, endpoint, openai_error, read_body
+from .endpoints import check_model, client, endpoint, openai_error, read_body
 from .engine import Engine
 from .openai import ApiError
 
@@ -218,15 +218,7 @@ async def _body(state: ServerState, request: Request, chat: bool) -> dict:
     refused by name, and the model it names checked."""
     body = await read_body(state, request)
     openai.refuse_unsupported(body, chat)
-    model = body.get("model")
-    if model is not None and (not isinstance(model, str) or model not in state.names):
-        raise ApiError(
-            404,
-            f"model {printable(str(model))[:100]!r} is not served here (this server has "
-            f"{state.model_id!r})",
-            code="model_not_found",
-            param="model",
-        )
+    check_model(state, body)
     return body
 
 

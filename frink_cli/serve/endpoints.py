@@ -137,3 +137,16 @@ async def read_body(state: ServerState, request: Request) -> dict:
     if len(data) > _PARSE_INLINE_BYTES:
         return await run_in_threadpool(openai.parse_body, bytes(data))
     return openai.parse_body(bytes(data))
+
+
+def check_model(state: ServerState, body: dict) -> None:
+    """A 404 unless the body's `model` (when given) is one this server serves."""
+    model = body.get("model")
+    if model is not None and (not isinstance(model, str) or model not in state.names):
+        raise ApiError(
+            404,
+            f"model {printable(str(model))[:100]!r} is not served here (this server has "
+            f"{state.model_id!r})",
+            code="model_not_found",
+            param="model",
+        )
