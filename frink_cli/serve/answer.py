@@ -85,11 +85,7 @@ async def generate(
     offered tools (its text goes through the model's tool-call parser), with `spell`
     the control tokens its text spells for the parser. `tok` spells
     tokens for log probabilities (None: a model without a tokenizer)."""
-    check_context(len(ids), engine.n_ctx)
-    if gen.n > len(engine.slots):
-        raise openai.bad("n", f"at most {len(engine.slots)} choices here (frink serve --parallel)")
-    run = _Run(engine, gen, chat, o)
-    run.submit(ids, constraints, spell, calls=parsers is not None)
+    run = start(engine, gen, chat, o, ids, constraints, spell, calls=parsers is not None)
     run.reply = openai.Reply(chat, model_id, _speller(tok))
     run.outs = [
         _Choice(gen.logprobs is not None, parser=parsers[i] if parsers else None)
@@ -100,7 +96,29 @@ async def generate(
     return await run.whole(request)
 
 
-class _Run:
+def start(
+    engine: Engine,
+    gen: openai.Generation,
+    chat: bool,
+    o: Outcome,
+    ids: list[int],
+    constraints: list[Constraint] | None = None,
+    spell: frozenset[int] = frozenset(),
+    calls: bool = False,
+) -> Run:
+    """A request's n jobs queued on the engine once the prompt fits the context and the
+    choices the slots (400s otherwise; a full queue is a 503); `calls`: their text goes
+    through a tool-call parser (Run.submit). The caller reads their
+    events (run.events, run.next_event) and must cancel the jobs if it stops early."""
+    check_context(len(ids), engine.n_ctx)
+    if gen.n > len(engine.slots):
+        raise openai.bad("n", f"at most {len(engine.slots)} choices here (frink serve --parallel)")
+    run = Run(engine, gen, chat, o)
+    run.submit(ids, constraints, spell, calls=calls)
+    return run
+
+
+class Run:
     """One request's jobs, the events they send (in the order they happen) and what each
     choice has produced so far."""
 
@@ -160,14 +178,20 @@ class _Run:
 
     def describe(self) -> None:
         """The request's log detail, once every choice is done."""
-        finishes = [x.finish for x in self.outs if x.finish is not None]
-        f = finishes[0]
-        self.o.detail = (
-            f"prompt={f.prompt_tokens} cached={f.cached_tokens} "
-            f"completion={sum(x.completion_tokens for x in finishes)}"
-            f" ttft={f.first_token_seconds:.3f}s finish={f.reason}"
-            + (f" n={len(finishes)}" if len(finishes) > 1 else "")
-        )
+        describe(self.o, [x.finish for x in self.outs if x.finish is not None])
+
+    def cancel(self) -> None:
+        _cancel(self.jobs)
+
+    async def next_event(self, request: Request) -> tuple[int, str, Any] | None:
+        """The next event of any choice: (choice index, kind, payload); None when the
+        request's client has gone (checked every quarter second while waiting)."""
+        while True:
+            try:
+                return await asyncio.wait_for(self.events.get(), 0.25)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    return None
 
     def usage(self) -> dict:
         done = [c.finish for c in self.outs if c.finish is not None]
@@ -192,7 +216,7 @@ class _Run:
                 i, kind, payload = await self.events.get()
                 if kind not in ("logprob", "text", "reasoning", "done"):
                     self.o.detail = printable(str(payload))[:200]
-                    yield _sse(_failure(kind, payload).body())
+                    yield _sse(failure(kind, payload).body())
                     yield "data: [DONE]\n\n"
                     return
                 for chunk in self._chunks(i, kind, payload):
@@ -228,13 +252,11 @@ class _Run:
         """The answer as one JSON response, once every choice is done."""
         try:
             while True:
-                try:
-                    i, kind, payload = await asyncio.wait_for(self.events.get(), 0.25)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        self.o.detail = "client disconnected"
-                        return Response(status_code=499)
-                    continue
+                event = await self.next_event(request)
+                if event is None:
+                    self.o.detail = "client disconnected"
+                    return Response(status_code=499)
+                i, kind, payload = event
                 c = self.outs[i]
                 if kind == "logprob":
                     c.logprobs.append(payload)  # type: ignore[union-attr]
@@ -250,7 +272,7 @@ class _Run:
                     if all(x.finish is not None for x in self.outs):
                         return self._whole_response()
                 else:
-                    raise _failure(kind, payload)
+                    raise failure(kind, payload)
         finally:
             _cancel(self.jobs)
 
@@ -273,7 +295,18 @@ class _Run:
         return JSONResponse(self.reply.whole(choices, self.usage()))
 
 
-def _failure(kind: str, payload: object) -> ApiError:
+def describe(o: Outcome, finishes: list[Finish]) -> None:
+    """A request's log detail from its choices' finishes."""
+    f = finishes[0]
+    o.detail = (
+        f"prompt={f.prompt_tokens} cached={f.cached_tokens} "
+        f"completion={sum(x.completion_tokens for x in finishes)}"
+        f" ttft={f.first_token_seconds:.3f}s finish={f.reason}"
+        + (f" n={len(finishes)}" if len(finishes) > 1 else "")
+    )
+
+
+def failure(kind: str, payload: object) -> ApiError:
     """A job's failure event as an error: 503 when the server stopped it (a retry may
     reach a server that is up again), else a 500."""
     status = 503 if kind == "stopped" else 500

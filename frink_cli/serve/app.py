@@ -1,12 +1,13 @@
 """The HTTP face of `frink serve`: an OpenAI-compatible API over the engine, on Starlette.
 
 Routes: POST /v1/chat/completions and /v1/completions (streamed as server-sent events or
-whole), GET /v1/models and /health; the same without /v1, as llama-server accepts them.
-Every failure is an OpenAI-shaped JSON error with its status (400 bad field, 401 key
-with WWW-Authenticate, 403 host or origin, 404 model or route, 408 a request too slow to
-arrive, 413 body, 503 queue full or shutting down, with Retry-After, 505 an HTTP version
-other than 1.0 and 1.1), and nothing a request sends can stop the server: a handler's own
-bug is a 500 for that request alone.
+whole), GET /v1/models and /health; the same without /v1, as llama-server accepts them;
+and Anthropic's POST /v1/messages and /v1/messages/count_tokens (anthropic.py, whose
+errors are in Anthropic's shape). Every other failure is an OpenAI-shaped JSON error with
+its status (400 bad field, 401 key with WWW-Authenticate, 403 host or origin, 404 model
+or route, 408 a request too slow to arrive, 413 body, 503 queue full or shutting down,
+with Retry-After, 505 an HTTP version other than 1.0 and 1.1), and nothing a request
+sends can stop the server: a handler's own bug is a 500 for that request alone.
 
 Before any route (_Gate): a server bound to a loopback address answers only requests
 whose Host names this machine (a web page cannot reach it through DNS rebinding), and a
@@ -22,12 +23,8 @@ slot is free by the engine's next step; its request is logged as one quiet line.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import hmac
-import logging
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -36,21 +33,18 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..chat import chat_ids, check_fits
-from ..constraint import Constraint, Grammar, GrammarError, compile_constraint
+from ..chat import check_fits
 from ..errors import FrinkError, printable
-from . import answer, openai, tools
-from .answer import Outcome, Stream, check_context
-from .connections import DROPPED
+from . import answer, anthropic, openai, prepare, tools
+from .answer import Outcome, check_context
+from .endpoints import check_model, client, endpoint, openai_error, read_body
 from .engine import Engine
 from .openai import ApiError
-
-log = logging.getLogger("frink.serve")
 
 
 @dataclass
@@ -94,18 +88,21 @@ def create_app(
     routes = []
     for prefix in ("/v1", ""):
         routes += [
-            Route(f"{prefix}/chat/completions", _endpoint(state, _chat), methods=["POST"]),
-            Route(f"{prefix}/completions", _endpoint(state, _complete), methods=["POST"]),
-            Route(f"{prefix}/models", _endpoint(state, _models), methods=["GET"]),
+            Route(f"{prefix}/chat/completions", endpoint(state, _chat), methods=["POST"]),
+            Route(f"{prefix}/completions", endpoint(state, _complete), methods=["POST"]),
+            Route(f"{prefix}/models", endpoint(state, _models), methods=["GET"]),
         ]
-    routes.append(Route("/health", _endpoint(state, _health, public=True), methods=["GET"]))
+    routes.append(Route("/health", endpoint(state, _health, public=True), methods=["GET"]))
+    routes += anthropic.routes(state)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)
         message = {404: "no such route", 405: "method not allowed"}.get(status, "HTTP error")
         path = printable(request.url.path)[:200]
-        state.log_line(f"{_client(request)} {request.method} {path} {status}")
-        return _error(ApiError(status, f"{message}: {request.method} {path}", code=str(status)))
+        state.log_line(f"{client(request)} {request.method} {path} {status}")
+        return openai_error(
+            ApiError(status, f"{message}: {request.method} {path}", code=str(status))
+        )
 
     app = Starlette(
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
@@ -137,10 +134,10 @@ class _Gate:
         if refusal is not None:
             request = Request(scope)
             self.state.log_line(
-                f"{_client(request)} {printable(scope['method'])[:20]} "
+                f"{client(request)} {printable(scope['method'])[:20]} "
                 f"{printable(scope['path'])[:200]} {refusal.status} {printable(refusal.message)}"
             )
-            await _error(refusal)(scope, receive, send)
+            await openai_error(refusal)(scope, receive, send)
             return
         if origin is None:
             await self.app(scope, receive, send)
@@ -155,7 +152,8 @@ class _Gate:
                 headers={
                     "access-control-allow-origin": origin,
                     "access-control-allow-methods": "GET, POST, OPTIONS",
-                    "access-control-allow-headers": "Authorization, Content-Type",
+                    "access-control-allow-headers": "Authorization, Content-Type, X-Api-Key, "
+                    "Anthropic-Version",
                     "access-control-max-age": "600",
                     "vary": "Origin",
                 },
@@ -215,106 +213,12 @@ class _Gate:
         return len(parts) == 4 and parts[0] == "127" and all(p.isdigit() for p in parts)
 
 
-def _client(request: Request) -> str:
-    return f"{request.client.host}:{request.client.port}" if request.client else "-"
-
-
-def _error(e: ApiError) -> JSONResponse:
-    headers = {}
-    if e.status == 503:
-        headers["Retry-After"] = "1"
-    if e.status == 401:
-        headers["WWW-Authenticate"] = 'Bearer realm="frink"'
-    if e.status in (408, 505):
-        headers["Connection"] = "close"
-    return JSONResponse(e.body(), status_code=e.status, headers=headers or None)
-
-
-def _endpoint(state: ServerState, handler: Callable, public: bool = False) -> Callable:
-    async def call(request: Request) -> Response:
-        t0 = time.perf_counter()
-        outcome = Outcome()
-        try:
-            if not public:
-                _check_key(state, request)
-            response = await handler(state, request, outcome)
-        except ApiError as e:
-            response = _error(e)
-            outcome.detail = printable(e.message)[:200]
-        except ClientDisconnect:  # gone mid-upload, or dropped by connections.py
-            dropped = request.scope.get("state", {}).get(DROPPED)
-            response = Response(status_code=408 if dropped else 499)
-            outcome.detail = dropped or "client disconnected"
-        except Exception as e:  # noqa: BLE001 - a handler bug answers 500, the server lives
-            log.exception("request failed")
-            response = _error(
-                ApiError(500, f"internal error: {type(e).__name__}", kind="server_error")
-            )
-            outcome.detail = printable(f"{type(e).__name__}: {e}")[:200]
-        if isinstance(response, Stream):
-            response.on_close = lambda: _log(state, request, 200, t0, outcome)
-        else:
-            _log(state, request, response.status_code, t0, outcome)
-        return response
-
-    return call
-
-
-def _log(state: ServerState, request: Request, status: int, t0: float, o: Outcome) -> None:
-    path = printable(request.url.path)[:200]
-    line = f"{_client(request)} {request.method} {path} {status} {time.perf_counter() - t0:.2f}s"
-    state.log_line(line + (f" {o.detail}" if o.detail else ""))
-
-
-def _check_key(state: ServerState, request: Request) -> None:
-    if state.api_key is None:
-        return
-    auth = request.headers.get("authorization", "")
-    scheme, _, key = auth.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        key.strip().encode(), state.api_key.encode()
-    ):
-        raise ApiError(
-            401,
-            "a valid API key is required (Authorization: Bearer KEY)",
-            kind="authentication_error",
-            code="invalid_api_key",
-        )
-
-
-# Bodies larger than this are parsed off the event loop.
-_PARSE_INLINE_BYTES = 64 << 10
-
-
 async def _body(state: ServerState, request: Request, chat: bool) -> dict:
-    """The JSON object a request sent, read at most max_body bytes, checked as
-    openai.parse_body checks it, fields frink cannot honour refused by name, and the
-    model it names checked."""
-    too_big = ApiError(
-        413, f"request body exceeds {state.max_body} bytes", code="request_too_large"
-    )
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > state.max_body:
-        raise too_big
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > state.max_body:
-            raise too_big
-    if len(data) > _PARSE_INLINE_BYTES:
-        body = await run_in_threadpool(openai.parse_body, bytes(data))
-    else:
-        body = openai.parse_body(bytes(data))
+    """The JSON object a request sent (endpoints.read_body), fields frink cannot honour
+    refused by name, and the model it names checked."""
+    body = await read_body(state, request)
     openai.refuse_unsupported(body, chat)
-    model = body.get("model")
-    if model is not None and (not isinstance(model, str) or model not in state.names):
-        raise ApiError(
-            404,
-            f"model {printable(str(model))[:100]!r} is not served here (this server has "
-            f"{state.model_id!r})",
-            code="model_not_found",
-            param="model",
-        )
+    check_model(state, body)
     return body
 
 
@@ -339,60 +243,22 @@ async def _chat(state: ServerState, request: Request, o: Outcome) -> Response:
     body = await _body(state, request, chat=True)
     gen = openai.generation(body, vocab=state.model.n_vocab)
     msgs = openai.messages(body)
-    tok = state.model.tokenizer
-    plan = tools.tool_plan(body, tok)
+    plan = tools.tool_plan(body, state.model.tokenizer)
     grammar = tools.output_grammar(body)
-    triggers: tuple[str, ...] = ()
-    if plan is not None and not plan.calls:
-        gen = dataclasses.replace(gen, params=plan.without_calls(gen.params, tok))
-    elif plan is not None:
-        if grammar is not None:
-            raise openai.bad(grammar.field.split(".")[0], "cannot be combined with tools")
-        try:
-            grammar, triggers = plan.grammar(tok)
-        except GrammarError as e:  # a schema feature the format's syntax cannot enforce
-            raise openai.bad(e.field, e.detail) from None
-    msgs = tools.conversation(body, msgs)
-    if plan is not None:
-        msgs = plan.messages(msgs)
-    offered = plan.template_tools() if plan is not None else None
-    n_ctx = state.engine.n_ctx
-    # chat_ids refuses text that cannot fit n_ctx before rendering or tokenizing it.
-    ids = await _tokenize(
-        state,
-        lambda: chat_ids(
-            tok, msgs, notes=[], n_ctx=n_ctx, parse_special=state.parse_special, tools=offered
-        ),
-    )
-    constraints = await _constraints(state, grammar, triggers, gen.n)
+    job = await prepare.chat_job(state, tools.conversation(body, msgs), gen, plan, grammar)
     return await answer.generate(
         state.engine,
         state.model_id,
-        tok,
+        state.model.tokenizer,
         request,
         o,
-        ids,
-        gen,
+        job.ids,
+        job.gen,
         chat=True,
-        constraints=constraints,
-        parsers=None if plan is None or not plan.calls else [plan.parser() for _ in range(gen.n)],
-        spell=plan.spelled(tok) if plan is not None else frozenset(),
+        constraints=job.constraints,
+        parsers=job.parsers,
+        spell=job.spell,
     )
-
-
-async def _constraints(
-    state: ServerState, grammar: Grammar | None, triggers: tuple[str, ...], n: int
-) -> list[Constraint] | None:
-    """n constraints for `grammar` (one per choice), compiled off the event loop."""
-    if grammar is None:
-        return None
-    tok = state.model.tokenizer
-    if tok is None:
-        raise openai.bad(grammar.field, "needs a model with a tokenizer")
-    try:
-        return await run_in_threadpool(compile_constraint, tok, grammar, triggers, n)
-    except GrammarError as e:
-        raise openai.bad(e.field, e.detail) from None
 
 
 async def _complete(state: ServerState, request: Request, o: Outcome) -> Response:
@@ -409,23 +275,14 @@ async def _complete(state: ServerState, request: Request, o: Outcome) -> Respons
             except FrinkError as e:
                 raise ApiError(400, str(e), code="context_length_exceeded") from None
         parse = state.parse_special
-        ids = await _tokenize(state, lambda: tok.encode(prompt, parse_special=parse))
+        ids = await prepare.tokenize(state, lambda: tok.encode(prompt, parse_special=parse))
     else:
         check_context(len(prompt), n_ctx)
         n_vocab = state.model.n_vocab
         if not all(0 <= t < n_vocab for t in prompt):
             raise openai.bad("prompt", f"token ids must be in [0, {n_vocab})")
         ids = prompt
-    constraints = await _constraints(state, tools.output_grammar(body), (), gen.n)
+    constraints = await prepare.constraints(state, tools.output_grammar(body), (), gen.n)
     return await answer.generate(
         state.engine, state.model_id, tok, request, o, ids, gen, False, constraints
     )
-
-
-async def _tokenize(state: ServerState, make: Callable[[], list[int]]) -> list[int]:
-    if state.model.tokenizer is None:
-        raise ApiError(400, "this model has no tokenizer: send token ids to /v1/completions")
-    try:
-        return await run_in_threadpool(make)
-    except FrinkError as e:  # a prompt too long to tokenize, a template that failed
-        raise ApiError(400, str(e), code="invalid_prompt") from None

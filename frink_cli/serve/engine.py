@@ -58,6 +58,7 @@ class Finish:
     cached_tokens: int  # prompt tokens reused from a slot's cache
     first_token_seconds: float  # submit -> first sampled token
     tokens: tuple[int, ...] = ()  # the answer's ids (end-of-generation token excluded)
+    stop_sequence: str | None = None  # the stop string that ended it, if one did
 
 
 @dataclass
@@ -397,7 +398,8 @@ class Engine:
                 r.job.emit("text", tail)
         first = (r.first_token or time.perf_counter()) - r.job.submitted
         answer = tuple(r.history[len(r.job.prompt) :])
-        r.job.emit("done", Finish(reason, len(r.job.prompt), r.generated, r.cached, first, answer))
+        done = Finish(reason, len(r.job.prompt), r.generated, r.cached, first, answer, r.text.hit)
+        r.job.emit("done", done)
         self._release(r.slot)
 
     def _fail(self, r: _Running, message: str) -> None:

@@ -23,6 +23,7 @@ class StopText:
         self.stops = tuple(s for s in stops if s)
         self._held = ""
         self.stopped = False
+        self.hit: str | None = None  # the stop string reached
 
     def push(self, token: int) -> tuple[str, bool]:
         """The text that can be sent now, and whether a stop string was reached."""
@@ -39,8 +40,9 @@ class StopText:
         if not self.stops:
             self._held = ""
             return text, False
-        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, s) for s in self.stops if (i := text.find(s)) >= 0]
+        if found:
+            cut, self.hit = min(found, key=lambda f: f[0])
             self._held = ""
             self.stopped = True
             return text[:cut], True
