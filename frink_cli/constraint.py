@@ -171,11 +171,32 @@ class _Vocabulary:
             special.append(i)
         self.tokens = tokens
         self.special_token_ids = special
+        self._by_bytes: dict[bytes, int] = {}
 
     def __call__(self, text: bytes) -> list[int]:
-        return self._tok.encode(
+        """Tokens spelling exactly `text` (llguidance forces them): frink's own tokenization
+        where it does, else the longest token at each byte (an SPM vocabulary's space
+        prefix would otherwise put a space the grammar does not allow in front)."""
+        ids = self._tok.encode(
             text.decode("utf-8", errors="replace"), add_special=False, parse_special=False
         )
+        if b"".join(self.tokens[i] for i in ids) == text:
+            return ids
+        if not self._by_bytes:
+            special = set(self.special_token_ids)
+            for i, raw in enumerate(self.tokens):
+                if i not in special:
+                    self._by_bytes.setdefault(raw, i)
+        longest = max(map(len, self._by_bytes))
+        out, at = [], 0
+        while at < len(text):
+            for n in range(min(longest, len(text) - at), 0, -1):
+                found = self._by_bytes.get(text[at : at + n])
+                if found is not None:
+                    out.append(found)
+                    break
+            at += n  # a byte no token spells is skipped: the matcher then reports it
+        return out
 
 
 def ll_tokenizer(tok: Tokenizer) -> llguidance.LLTokenizer:

@@ -12,8 +12,9 @@ sockets, and counts how each ended; the server's log must hold no traceback at t
 Cases, chosen per index from the seed: malformed framing (request lines, versions,
 headers, lengths, chunking), connections dropped at every stage (mid-head, mid-body,
 mid-answer; closed or reset), floods of idle and trickling connections, JSON with lone
-surrogates, nulls, wrong types and unsupported fields, huge fields and bodies, and plain
-valid requests (which must get a 200). Loopback only; bounded in count and time (every
+surrogates, nulls, wrong types and unsupported fields, huge fields and bodies, bad input
+on the constrained and tool routes (each a 400 naming its field), and plain valid
+requests (which must get a 200). Loopback only; bounded in count and time (every
 socket has a timeout, every case a fixed size).
 """
 
@@ -390,6 +391,119 @@ def huge_case(rng: random.Random) -> tuple[str, Case]:
     return f"huge {len(data)} bytes", huge
 
 
+def _nested_schema(depth: int) -> str:
+    """A placeholder for a schema nested `depth` deep, spelled into the body's JSON by
+    _body_bytes (json.dumps cannot write one)."""
+    return f"<schema nested {depth} deep>"
+
+
+def _body_bytes(body: dict) -> bytes:
+    raw = json.dumps(body).encode()
+    for depth in (10_000, 600):
+        deep = b'{"type": "object", "properties": {"a": ' * depth + b"{}" + b"}}" * depth
+        raw = raw.replace(json.dumps(_nested_schema(depth)).encode(), deep)
+    return raw
+
+
+def _bad_schema(rng: random.Random) -> object:
+    """A JSON schema llguidance cannot compile, or one past the size or depth bounds."""
+    r = rng.random()
+    if r < 0.2:  # nested 10,000 deep: past the JSON reader's depth, or llguidance's
+        return _nested_schema(rng.choice([10_000, 600]))
+    if r < 0.35:  # larger than constraint.GRAMMAR_MAX_BYTES
+        n = rng.choice([12_000, 40_000])
+        return {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(n)}}
+    return rng.choice(
+        [
+            {"type": "nonsense"},
+            {"type": 5},
+            {"type": "object", "properties": []},
+            {"$ref": "#/$defs/missing"},
+            {"type": "string", "pattern": "a(b"},
+            {"type": "object", "dependentSchemas": {}},
+            {"type": "integer", "minimum": "x"},
+            {"enum": []},
+            7,
+            "schema",
+        ]
+    )
+
+
+_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+_NOT_FUNCTIONS = [
+    {},
+    "f",
+    [],
+    {"type": "retrieval"},
+    {"type": "function"},
+    {"type": "function", "function": "f"},
+    {"type": "function", "function": {"name": "no spaces allowed"}},
+    {"type": "function", "function": {"name": "f", "parameters": "object"}},
+]
+_BAD_GRAMMARS = ['root ::= "a" undefined_rule', "root ::= (", "", "root ::= [", "x" * 300_000,
+                 'root ::= "unterminated', "start: foo", "\x00\x01"]  # fmt: skip
+
+
+def _constrained_request(rng: random.Random) -> tuple[str, dict, str]:
+    """(path, body, the field its 400 must name) for one hostile constrained or tool
+    request."""
+    chat = rng.random() < 0.7
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    body: dict = chat_body(rng) if chat else {"prompt": "hi", "max_tokens": 3}
+    kind = rng.randrange(6 if chat else 2)
+    if kind == 0:
+        schema = _bad_schema(rng)
+        if rng.random() < 0.5:
+            body["json_schema"] = schema
+            return path, body, "json_schema"
+        body["response_format"] = {"type": "json_schema", "json_schema": {"schema": schema}}
+        return path, body, "response_format"
+    if kind == 1:
+        body["grammar"] = rng.choice(_BAD_GRAMMARS)
+        return path, body, "grammar"
+    if kind == 2:
+        body["tools"] = [_TOOL]
+        body["tool_choice"] = rng.choice(
+            [{"type": "function", "function": {"name": "g"}}, "sometimes", {"type": "function"}]
+        )
+        return path, body, "tool_choice"
+    if kind == 3:
+        body["messages"].append({"role": "tool", "tool_call_id": "call_1", "content": "42"})
+        if rng.random() < 0.5:  # a call, but with another id
+            call = {"id": "call_2", "type": "function", "function": {"name": "f"}}
+            body["messages"].insert(1, {"role": "assistant", "tool_calls": [call]})
+        return path, body, "messages"
+    if kind == 4:
+        body["tools"] = rng.choice([[_TOOL, rng.choice(_NOT_FUNCTIONS)], {"f": _TOOL}, "f"])
+        return path, body, "tools"
+    body["tools"] = [_TOOL]
+    body["response_format"] = {"type": "json_object"}
+    return path, body, "response_format"
+
+
+def constrained_case(rng: random.Random) -> tuple[str, Case]:
+    """Bad input on the constrained and tool routes: invalid, huge and 10,000-deep
+    schemas, grammars that do not compile, an unknown tool in tool_choice, a tool message
+    answering no call, tools that are not functions. Each must be a 400 in the API's
+    error shape whose message and param name the field."""
+    path, body, field = _constrained_request(rng)
+    data = request("POST", path, _body_bytes(body))
+
+    def refused(port: int) -> list[int]:
+        with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_S) as s:
+            s.sendall(data)
+            raw = _read(s)
+        status = _status(raw)
+        try:
+            error = json.loads(raw.partition(b"\r\n\r\n")[2])["error"]
+            named = str(error["param"]).startswith(field) and field in error["message"]
+        except (ValueError, KeyError, TypeError):
+            named = False
+        return [status if status == 400 and named else -2]
+
+    return f"constrained {path} {field}", refused
+
+
 def valid_case(rng: random.Random) -> tuple[str, Case]:
     path = rng.choice(["/v1/chat/completions", "/v1/completions", "/v1/models", "/health"])
     if path == "/v1/chat/completions":
@@ -411,7 +525,8 @@ def valid_case(rng: random.Random) -> tuple[str, Case]:
 FAMILIES: list[tuple[float, Callable[[random.Random], tuple[str, Case]]]] = [
     (0.30, framing_case),
     (0.25, drop_case),
-    (0.25, json_case),
+    (0.20, json_case),
+    (0.05, constrained_case),
     (0.08, valid_case),
     (0.07, huge_case),
     (0.05, flood_case),

@@ -33,10 +33,18 @@ _SDIST_PREFIX = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
 # the gguf-py/ it puts on sys.path ahead of any installed gguf (the installed one may be older
 # than the converter expects). LICENSE travels with the code we run.
 # models/templates/: the chat templates llama.cpp ships (Google's Gemma 4 template, for
-# tests/test_chat.py's check of the gemma4 fallback).
-_WANTED = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "LICENSE", "models/templates/")
+# tests/test_chat.py's check of the gemma4 fallback). grammars/: llama.cpp's GBNF grammars
+# (tests/test_gbnf_corpus.py).
+_WANTED = (
+    "convert_hf_to_gguf.py",
+    "conversion/",
+    "gguf-py/",
+    "LICENSE",
+    "models/templates/",
+    "grammars/",
+)
 # Renamed when _WANTED grows, so an extraction made without the new files is redone.
-_STAMP = ".frink-extracted-2"
+_STAMP = ".frink-extracted-3"
 _CHILD_FLAG = "--_frink_child"
 
 

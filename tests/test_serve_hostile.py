@@ -277,6 +277,24 @@ def test_completions_refuse_their_unsupported_fields(server: Server, field: str,
     assert e.value.body["param"] == field
 
 
+def test_a_forced_grammar_on_a_space_prefix_vocabulary(server: Server) -> None:
+    """The tiny model's SPM vocabulary adds a space prefix: the bytes a grammar forces are
+    still spelled exactly (once a 500: llguidance was handed " b" for "b")."""
+    r = _client(server).completions.create(
+        model="tiny", prompt="hi", max_tokens=3, extra_body={"grammar": 'root ::= "b"'}
+    )
+    assert r.choices[0].text == "b"
+
+
+def test_a_schema_nested_10000_deep_is_a_400_naming_its_field(server: Server) -> None:
+    deep = '{"type": "object", "properties": {"a": ' * 10_000 + "{}" + "}}" * 10_000
+    body = '{"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"schema": '
+    status, _, answer = _exchange(
+        server, _request("POST", "/v1/completions", (body + deep + "}}}").encode())
+    )
+    assert status == 400 and _json(answer)["error"]["param"] == "response_format", answer
+
+
 def test_logit_bias_moves_the_greedy_token(server: Server) -> None:
     c = _client(server)
 

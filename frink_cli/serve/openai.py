@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -84,7 +85,12 @@ def parse_body(data: bytes) -> dict:
         body = json.loads(data)
     except UnicodeDecodeError:
         raise ApiError(400, "the body is not UTF-8 text") from None
-    except (ValueError, RecursionError):
+    except RecursionError:
+        field = _deepest_field(data)
+        if field is None:
+            raise ApiError(400, "the body is nested too deeply") from None
+        raise bad(field, "is nested too deeply") from None
+    except ValueError:
         raise ApiError(400, "the body is not valid JSON") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object")
@@ -92,6 +98,31 @@ def parse_body(data: bytes) -> dict:
     if where is not None:
         raise bad(where, "is not valid Unicode text (it holds a lone surrogate such as \\ud800)")
     return {k: v for k, v in body.items() if v is not None}
+
+
+# A JSON text's strings and brackets: enough to follow its nesting without parsing it.
+_JSON_NESTING = re.compile(rb'"(?:[^"\\]|\\.)*"|[][{}]')
+
+
+def _deepest_field(data: bytes) -> str | None:
+    """The top-level field under which the JSON object `data` nests deepest (None: no
+    field nests), found without the recursion that json.loads ran out of."""
+    depth = deepest = 0
+    key = field = None
+    for m in _JSON_NESTING.finditer(data):
+        t = m.group()
+        if t[:1] == b'"':
+            # At depth 1 the last string before a bracket is that value's key.
+            key = t if depth == 1 else key
+        elif t in (b"[", b"{"):
+            depth += 1
+            if depth > deepest:
+                deepest, field = depth, key
+        else:
+            depth -= 1
+    if field is None:
+        return None
+    return field[1:-1].decode("utf-8", "replace")[:64]
 
 
 def _invalid_text(root: dict) -> str | None:
