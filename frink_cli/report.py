@@ -21,6 +21,7 @@ import numpy as np
 from .archs import config_from_checkpoint, open_checkpoint
 from .errors import printable
 from .formats import Checkpoint
+from .graph.trace import OpCall, model_traces
 from .model.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -170,7 +171,7 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
         "tied_embeddings": cfg.tied_embeddings,
         "tokenizer": None if tok is None else _tokenizer_facts(ckpt, tok),
         "chat_template": tok is not None and tok.chat_template is not None,
-        "layers": _layer_rows(cfg, support, backend_label),
+        "layers": _layer_rows(cfg, support, backend_label, model_traces(cfg, ckpt)),
         "host": {
             "kernels": kernel_path(),
             "rowwise": rowwise_path(),
@@ -186,10 +187,12 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
 
 
 def _layer_rows(
-    cfg: ModelConfig, support: list[str | None], backend_label: str
+    cfg: ModelConfig, support: list[str | None], backend_label: str, traces: list[list[OpCall]]
 ) -> list[dict[str, Any]]:
-    """Per layer, its shape and who runs it: `backend_label`, or the host with the
-    backend's refusal (support[i], None where the backend takes the layer)."""
+    """Per layer, its shape, whether its composition rotates anything (its trace has a
+    rope_: false on a NoPE or ALiBi layer, whatever rope_base the shape carries) and who
+    runs it: `backend_label`, or the host with the backend's refusal (support[i], None where
+    the backend takes the layer)."""
     layers = []
     for i in range(cfg.n_layer):
         s = cfg.layer_shape(i)
@@ -205,6 +208,7 @@ def _layer_rows(
                 "kv_source": s.kv_source,
                 "window": s.window,
                 "rope_base": s.rope_base,
+                "rotates": any(call.op == "rope_" for call in traces[i]),
                 "backend": backend_label if support[i] is None else "host",
                 "refusal": support[i],
             }
@@ -401,5 +405,8 @@ def _mixer_text(d: dict[str, Any], s: dict[str, Any]) -> str:
     shape = f"{s['n_head']}q/{s['n_head_kv']}kv x {s['head_dim']}"
     if s.get("kv_source") is not None:  # gemma4's KV sharing
         shape += f", K/V of blk.{s['kv_source']}"
-    where_pos = "alibi" if d["positions"].startswith("alibi") else f"rope {s['rope_base']:g}"
+    if s["rotates"]:
+        where_pos = f"rope {s['rope_base']:g}"
+    else:
+        where_pos = "alibi" if d["positions"].startswith("alibi") else "no rope"
     return f"{mixer} ({shape}, {where_pos}{win})"

@@ -207,6 +207,35 @@ def test_info_shows_positions_and_decorations(
     assert set(d["decoration_values"]) <= set(d["decorations"])
 
 
+@pytest.mark.parametrize("name", ["granitehybrid", "llama"])
+def test_info_layer_lines_rotate_as_the_metadata_says(
+    tiny_model: Callable[[str], Any], name: str
+) -> None:
+    """Each attention layer's line names a rope base only where the file turns rope on, as
+    gguf-py reads its metadata: granitehybrid's rope.scaling.finetuned false is NoPE (llama.cpp's
+    has_rope off: "no rope" on every attention layer), llama rotates by its rope.freq_base."""
+    from gguf import GGUFReader
+
+    path = tiny_model(name).gguf
+    if path is None:
+        pytest.skip(f"llama.cpp's converter made no GGUF of the tiny {name}")
+    reader = GGUFReader(path)
+
+    def meta(key: str) -> Any:
+        found = reader.get_field(f"{name}.{key}")
+        return None if found is None else found.contents()
+
+    rotates = meta("rope.scaling.finetuned") is not False  # true when absent, as llama.cpp
+    want = f"rope {meta('rope.freq_base'):g}" if rotates else "no rope"
+    out = ok(frink("info", path)).stdout
+    lines = [ln for ln in out.splitlines() if re.match(r"\s+blk\.\d+\s+attention \(", ln)]
+    assert lines, out
+    for ln in lines:
+        assert want in ln and ("rope " in ln) == rotates, ln
+    rows = one_json_object(frink("info", path, "--json"))["layers"]
+    assert [r["rotates"] for r in rows if r["mixer"] == "attention"] == [rotates] * len(lines)
+
+
 def test_run_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     """`frink run ... | head -c 1`: SIGPIPE keeps its default action for the CLI (the
     server ignores it while serving), so frink ends as cat does, saying nothing."""

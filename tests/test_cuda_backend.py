@@ -47,6 +47,7 @@ from frink_cli.backends.capability import trace_refusals
 from frink_cli.backends.cupy import CudaBackend, eligibility, make_cuda_backend
 from frink_cli.backends.cupy.ops import (
     KERNEL_FILES,
+    AttentionGeometry,
     KernelOps,
     ReferenceOps,
     kernel_names,
@@ -233,7 +234,7 @@ def test_emulated_kernels_match_references(
     for P in (0, 300) if qk_norm else (0, 5):
         for window in (None, 3, 140):
             kc, vc = _kv_cache(rng, qkv, P, H, Hkv, hd, hd)
-            args = (qkv, 0, kc, vc, P, H, Hkv, hd, hd, 0.17, window)
+            args = (qkv, 0, kc, vc, AttentionGeometry(P, H, Hkv, hd, hd, 0.17, window))
             _assert_close(
                 emu.attention(*args),
                 ref.attention(*args),
@@ -244,7 +245,7 @@ def test_emulated_kernels_match_references(
     # Head dims past one thread each (128 threads): the kernel's second accumulator.
     wide = _rand(rng, 3, (2 + 2) * 192)
     kc, vc = _kv_cache(rng, wide, 130, 2, 1, 192, 192)
-    args = (wide, 0, kc, vc, 130, 2, 1, 192, 192, 0.07, None)
+    args = (wide, 0, kc, vc, AttentionGeometry(130, 2, 1, 192, 192, 0.07, None))
     _assert_close(emu.attention(*args), ref.attention(*args), 1e-5, "attention, head dim 192")
 
     gu = _rand(rng, T, 2 * 40)
@@ -303,7 +304,7 @@ def test_emulated_alibi_attention_matches_reference(
     qkv = _rand(rng, T, (H + 2 * Hkv) * hd)
     for P in (0, 140):
         kc, vc = _kv_cache(rng, qkv, P, H, Hkv, hd, hd)
-        args = (qkv, 0, kc, vc, P, H, Hkv, hd, hd, 0.25, window)
+        args = (qkv, 0, kc, vc, AttentionGeometry(P, H, Hkv, hd, hd, 0.25, window))
         want = ref.attention(*args, slopes)
         _assert_close(emu.attention(*args, slopes), want, 1e-5, f"alibi, prefix {P}")
         # The slopes matter: without them the answer moves far.
@@ -369,7 +370,9 @@ def test_reference_alibi_is_the_host_attend(T: int) -> None:
     slopes = np.asarray(AlibiConfig(alibi_bias=8.0).alibi_slopes(H), np.float32)
     qkv = _rand(rng, T, (H + 2 * Hkv) * hd)
     kc, vc = _kv_cache(rng, qkv, P, H, Hkv, hd, hd)
-    got = ReferenceOps().attention(qkv, 0, kc, vc, P, H, Hkv, hd, hd, 0.3, None, slopes)
+    got = ReferenceOps().attention(
+        qkv, 0, kc, vc, AttentionGeometry(P, H, Hkv, hd, hd, 0.3), slopes
+    )
     q = qkv[:, : H * hd].reshape(T, H, hd) * np.float32(0.3)
     S = P + T
     want = attend(q, kc[:, :S], vc[:, :S], 0, np.arange(P, S), None, None, slopes)
@@ -398,7 +401,9 @@ def test_reference_attention_is_the_host_attention_block(window: int | None) -> 
     H, Hkv, hd = cfg.n_head, cfg.n_head_kv, cfg.head_dim_k
     # The host block appended the new rows to the cache: the state the stack attends over.
     kc, vc = cache.k[0][:, : P + T].copy(), cache.v[0][:, : P + T].copy()
-    att = ReferenceOps().attention(qkv, 0, kc, vc, P, H, Hkv, hd, hd, cfg.attn_scale, window)
+    att = ReferenceOps().attention(
+        qkv, 0, kc, vc, AttentionGeometry(P, H, Hkv, hd, hd, cfg.attn_scale, window)
+    )
     np.testing.assert_allclose(att @ w.wo.w.T, want, rtol=0, atol=1e-5)
 
 

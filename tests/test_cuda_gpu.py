@@ -19,7 +19,12 @@ from quant_weights import assert_close, random_weights, reference
 from script_loader import load_script
 
 from frink_cli.backends.cupy import CudaBackend, cuda_available, cupy_kernel_ops
-from frink_cli.backends.cupy.ops import GEMV_MAX_X, DeviceQuantPart, ReferenceOps
+from frink_cli.backends.cupy.ops import (
+    GEMV_MAX_X,
+    AttentionGeometry,
+    DeviceQuantPart,
+    ReferenceOps,
+)
 from frink_cli.decoder import Decoder
 from frink_cli.quant import kernels
 from frink_cli.quant.blocks import KERNEL_TYPES
@@ -99,8 +104,9 @@ def test_kernels_match_references(gpu_ops, shape: str, neox: bool) -> None:
         vc[:, P : P + T] = qkv[:, (H + Hkv) * hd :].reshape(T, Hkv, hd).transpose(1, 0, 2)
         scale = 1.0 / np.sqrt(hd)
         for window in (None, 7, 300):
-            want = ref.attention(qkv, 0, kc, vc, P, H, Hkv, hd, hd, scale, window)
-            got = gpu_ops.attention(dev(qkv), 0, dev(kc), dev(vc), P, H, Hkv, hd, hd, scale, window)
+            geo = AttentionGeometry(P, H, Hkv, hd, hd, scale, window)
+            want = ref.attention(qkv, 0, kc, vc, geo)
+            got = gpu_ops.attention(dev(qkv), 0, dev(kc), dev(vc), geo)
             _close(cp.asnumpy(got), want, f"attention, prefix {P}, window {window}")
 
     gu = r(T, 2 * 1536)
@@ -129,10 +135,9 @@ def test_kernels_match_references(gpu_ops, shape: str, neox: bool) -> None:
     kc[:, P:] = qkv[:, H * hd : (H + Hkv) * hd].reshape(T, Hkv, hd).transpose(1, 0, 2)
     vc[:, P:] = qkv[:, (H + Hkv) * hd :].reshape(T, Hkv, hd).transpose(1, 0, 2)
     scale = 1.0 / np.sqrt(hd)
-    want = ref.attention(qkv, 0, kc, vc, P, H, Hkv, hd, hd, scale, None, slopes)
-    got = gpu_ops.attention(
-        dev(qkv), 0, dev(kc), dev(vc), P, H, Hkv, hd, hd, scale, None, dev(slopes)
-    )
+    geo = AttentionGeometry(P, H, Hkv, hd, hd, scale)
+    want = ref.attention(qkv, 0, kc, vc, geo, slopes)
+    got = gpu_ops.attention(dev(qkv), 0, dev(kc), dev(vc), geo, dev(slopes))
     _close(cp.asnumpy(got), want, f"attention with ALiBi, prefix {P}")
     y, bias = r(T, stride), r(stride)
     a, b = y + bias, dev(y)

@@ -20,7 +20,7 @@ from .base import Arch
 from .decoder import DecoderConfig
 from .hf import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, MetadataWriter, hf_type
 from .hf_plan import HfModelType, Transform
-from .transforms import ADD_ONE, NEG_EXP, SQUEEZE
+from .transforms import NEG_EXP, ONE_CENTERED_NORMS, SQUEEZE, add_one
 
 # Shared by every GDN hybrid's defaults (transformers' Qwen3NextConfig / Qwen3_5TextConfig).
 HF_GDN_DEFAULTS = {
@@ -118,15 +118,7 @@ class GdnHybrid(Arch):
 
     def hf_transforms(self) -> dict[str, tuple[Transform, ...]]:
         # Norms +1 except the delta net's gated norm (ssm_norm), which scales by w.
-        norms = (
-            "output_norm",
-            "blk.{bid}.attn_norm",
-            "blk.{bid}.post_attention_norm",
-            "blk.{bid}.attn_q_norm",
-            "blk.{bid}.attn_k_norm",
-        )
-        out: dict[str, tuple[Transform, ...]] = {f"{n}.weight": (ADD_ONE,) for n in norms}
-        return out | {
+        return add_one(ONE_CENTERED_NORMS) | {
             "blk.{bid}.ssm_a": (NEG_EXP,),
             "blk.{bid}.ssm_conv1d.weight": (SQUEEZE,),
         }

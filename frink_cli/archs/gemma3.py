@@ -18,7 +18,7 @@ from ..errors import FrinkError
 from .base import Arch
 from .hf import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, MetadataWriter, f32, multimodal
 from .hf_plan import HfModelType, Transform
-from .transforms import ADD_ONE
+from .transforms import ONE_CENTERED_NORMS, add_one
 
 
 def _n_vocab_real(hf_dir: Path, rows: int) -> int:
@@ -132,17 +132,8 @@ class Gemma3(GemmaArch):
         return super().attn_scale_default(n_layer, n_embd, n_head, head_dim_k)
 
     def hf_transforms(self) -> dict[str, tuple[Transform, ...]]:
-        norms = (
-            "output_norm",
-            "blk.{bid}.attn_norm",
-            "blk.{bid}.attn_q_norm",
-            "blk.{bid}.attn_k_norm",
-            "blk.{bid}.post_attention_norm",
-            "blk.{bid}.ffn_norm",
-            "blk.{bid}.post_ffw_norm",
-        )
-        out: dict[str, tuple[Transform, ...]] = {"token_embd.weight": (TRUNCATE_VOCAB,)}
-        return out | {f"{n}.weight": (ADD_ONE,) for n in norms}
+        norms = (*ONE_CENTERED_NORMS, "blk.{bid}.ffn_norm", "blk.{bid}.post_ffw_norm")
+        return {"token_embd.weight": (TRUNCATE_VOCAB,), **add_one(norms)}
 
     def hf_metadata(self, w: MetadataWriter, notes: list[str]) -> None:
         super().hf_metadata(w, notes)

@@ -26,11 +26,34 @@ Conventions every implementation keeps:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-# What the blocks hold (each backend's own array type); `Ops[A]` is typed over it.
+# An array where the block's backend is not named (the architectures' hooks take Ops[Any]).
 Array = Any
-A = TypeVar("A")
+
+
+class ArrayLike(Protocol):
+    """What the composition does to a backend's arrays directly (np.ndarray, mx.array and
+    cupy.ndarray all have it): read the shape, reshape, slice or index, `*` and `+`. The
+    results are Any: the three libraries type them differently (MLX and CuPy not at all),
+    so what a block checks is its calls into Ops, whose arrays are all A."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def reshape(self) -> Callable[..., Any]: ...
+
+    def __getitem__(self, key: Any) -> Any: ...
+
+    def __mul__(self, other: Any) -> Any: ...
+
+    def __add__(self, other: Any) -> Any: ...
+
+
+# The backend's array type: every block is generic over it, `ops: Ops[A]`.
+A = TypeVar("A", bound=ArrayLike)
 
 # The "swiglu_oai" activation's constants, shared by every backend's implementation and
 # by the architecture that checks them: llama.cpp's ggml_swiglu_oai as its build_moe_ffn
@@ -108,8 +131,8 @@ class Ops(Protocol[A]):
     def attention(
         self,
         q: A,
-        k: A,
-        v: A,
+        k: A | None,
+        v: A | None,
         kv: Any,
         pos: Any,
         window: int | None,
@@ -122,7 +145,9 @@ class Ops(Protocol[A]):
         softmax(scale q K^T (softcapped) + causal/window mask) V over every visible row for
         q [T, H, hk] (GQA: query head h reads KV head h // (H / Hkv)) -> [T, H * hv].
         alibi: per query head, its slope: -slope_h * (q pos - k pos) joins the scores.
-        sinks [H]: per query head, one more logit in its softmax, with no value."""
+        sinks [H]: per query head, one more logit in its softmax, with no value.
+        k and v None: a KV-sharing layer's queries, over the rows its source layer wrote
+        (kv is that layer's slot, read-only)."""
         ...
 
     # --- gated delta net -------------------------------------------------------------------

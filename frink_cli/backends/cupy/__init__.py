@@ -1,14 +1,14 @@
 """The cuda backend: CuPy's dense prefill stack on NVIDIA GPUs (`--backend cuda`).
 
 Layout: eligibility.py (what it takes: one predicate per kind of work), capabilities.py
-(the ops it implements, asked of each layer's trace), stack.py (the run
-of layers, written once against an array module and an ops table), gemm.py (the GEMMs
-over dense or quantized device weights), reference_ops.py (NumPy references),
-kernel_ops.py (kernel launches), cuda_ops.py (the Ops interface over either; ops.py
-gathers all four), backend.py (plan/run for the decoder loop); kernels in
-the repository's kernels/*.cu. This module picks the array module: CuPy on a GPU, or
-NumPy standing in for it (FRINK_CUDA_ARRAY_MODULE=numpy; tests and CI, which have no GPU,
-run the whole backend that way). Importing it never imports CuPy.
+(the ops it implements, asked of each layer's trace), stack.py (the run of layers, written
+once against an array module and an ops table), gemm.py (the GEMMs over dense or quantized
+device weights), geometry.py (what the attention kernel is told besides its buffers),
+reference_ops.py (NumPy references), kernel_ops.py (kernel launches), cuda_ops.py (the Ops
+interface over either; ops.py gathers them all), backend.py (plan/run for the decoder
+loop); kernels in the repository's kernels/*.cu. This module picks the array module: CuPy
+on a GPU, or NumPy standing in for it (FRINK_CUDA_ARRAY_MODULE=numpy; tests and CI, which
+have no GPU, run the whole backend that way). Importing it never imports CuPy.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from .gemm import F32
+from .geometry import AttentionGeometry
 
 
 class CudaStep:
@@ -176,9 +177,8 @@ class CudaOps:
             if alibi not in self._slopes:
                 self._slopes[alibi] = self.k.to_device(np.asarray(alibi, dtype=F32))
             slopes = self._slopes[alibi]
-        return self.k.attention(
-            buf, q_off, kv.k_cache, kv.v_cache, P, H, Hkv, hk, hv, scale, window, slopes
-        )
+        geo = AttentionGeometry(P, H, Hkv, hk, hv, scale, window)
+        return self.k.attention(buf, q_off, kv.k_cache, kv.v_cache, geo, slopes)
 
     def _refused(self, *args: Any) -> Any:
         raise NotImplementedError(

@@ -17,6 +17,7 @@ import numpy as np
 
 from ...resources import KERNELS_DIR
 from .gemm import F32, GEMV_LANES, GEMV_MAX_X, GEMV_ROWS, DeviceQuantPart, GemmOps
+from .geometry import AttentionGeometry
 
 KERNEL_FILES = (
     "rms_norm.cu",
@@ -207,25 +208,19 @@ class KernelOps(GemmOps):
         q_off: int,
         k_cache: Any,
         v_cache: Any,
-        n_prefix: int,
-        n_head: int,
-        n_head_kv: int,
-        head_dim: int,
-        head_dim_v: int,
-        scale: float,
-        window: int | None,
-        slopes: Any | None = None,
+        geo: AttentionGeometry,
+        slopes: Any = None,
     ) -> Any:
         self._check(qkv, k_cache, v_cache, *(() if slopes is None else (slopes,)))
-        if slopes is not None and slopes.shape != (n_head,):
-            raise ValueError(f"ALiBi slopes {slopes.shape} for {n_head} heads")
+        if slopes is not None and slopes.shape != (geo.n_head,):
+            raise ValueError(f"ALiBi slopes {slopes.shape} for {geo.n_head} heads")
         T, stride = qkv.shape
-        if k_cache.shape[1] != v_cache.shape[1] or n_prefix + T > k_cache.shape[1]:
-            raise ValueError(f"KV cache of {k_cache.shape[1]} rows cannot hold {n_prefix + T}")
-        out = self.xp.empty((T, n_head * head_dim_v), F32)
+        if k_cache.shape[1] != v_cache.shape[1] or geo.n_prefix + T > k_cache.shape[1]:
+            raise ValueError(f"KV cache of {k_cache.shape[1]} rows cannot hold {geo.n_prefix + T}")
+        out = self.xp.empty((T, geo.out_width), F32)
         self.launch(
             "causal_gqa_attention_f32",
-            T * n_head,
+            T * geo.n_head,
             ATTN_THREADS,
             (
                 qkv,
@@ -234,16 +229,16 @@ class KernelOps(GemmOps):
                 k_cache,
                 v_cache,
                 _i64(k_cache.shape[1]),
-                _i32(n_prefix),
+                _i32(geo.n_prefix),
                 out,
-                _i64(n_head * head_dim_v),
+                _i64(geo.out_width),
                 _i32(T),
-                _i32(n_head),
-                _i32(n_head_kv),
-                _i32(head_dim),
-                _i32(head_dim_v),
-                F32(scale),
-                _i32(window or 0),
+                _i32(geo.n_head),
+                _i32(geo.n_head_kv),
+                _i32(geo.head_dim),
+                _i32(geo.head_dim_v),
+                F32(geo.scale),
+                _i32(geo.window or 0),
                 # Without ALiBi the kernel never reads the slopes; qkv stands in for them.
                 qkv if slopes is None else slopes,
                 _i32(slopes is not None),

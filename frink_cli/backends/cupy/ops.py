@@ -1,6 +1,7 @@
 """The CUDA stack's op tables, gathered: the stack (stack.py) is written once against an
 `ops` table and its array module `xp`.
 
+- geometry.py: AttentionGeometry, what the attention kernel is told besides its buffers;
 - gemm.py: the GEMMs over dense or quantized device weights (DeviceQuant, DeviceQuantPart);
 - reference_ops.py: `ReferenceOps`, the NumPy reference of every kernel;
 - kernel_ops.py: `KernelOps`, launches of kernels/*.cu (CuPy or the CPU emulator);
@@ -22,6 +23,7 @@ from .gemm import (
     DeviceQuantPart,
     GemmOps,
 )
+from .geometry import AttentionGeometry
 from .kernel_ops import (
     ACT_CODES,
     ATTN_THREADS,
@@ -48,6 +50,7 @@ __all__ = [
     "MAX_BLOCKS",
     "QUANT_TILE_ELEMS",
     "ROW_THREADS",
+    "AttentionGeometry",
     "CudaOps",
     "CudaStep",
     "DeviceQuant",

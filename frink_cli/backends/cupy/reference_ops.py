@@ -14,6 +14,7 @@ from ...quant.blocks import QuantMatrix
 from ..host.ffn import ACTIVATIONS
 from ..host.norms import layer_norm
 from .gemm import F32, DeviceQuantPart, GemmOps
+from .geometry import AttentionGeometry
 
 
 def _heads(buf: np.ndarray, offset: int, heads: int, head_dim: int) -> np.ndarray:
@@ -85,42 +86,35 @@ class ReferenceOps(GemmOps):
         q_off: int,
         k_cache: np.ndarray,
         v_cache: np.ndarray,
-        n_prefix: int,
-        n_head: int,
-        n_head_kv: int,
-        head_dim: int,
-        head_dim_v: int,
-        scale: float,
-        window: int | None,
+        geo: AttentionGeometry,
         slopes: np.ndarray | None = None,
     ) -> np.ndarray:
-        """causal_gqa_attention_f32: new rows t = 0..T-1 at positions n_prefix + t over
+        """causal_gqa_attention_f32: new rows t = 0..T-1 at positions geo.n_prefix + t over
         the cache rows 0..n_prefix + t (the new rows' K/V already written there), or the
         last `window` of them. k_cache/v_cache [n_head_kv, rows, hd]; returns
         [T, n_head * head_dim_v]. slopes [n_head]: ALiBi, head h's score against position
         j gets -slopes[h] * (its position - j)."""
-        T = qkv.shape[0]
-        S = n_prefix + T
-        H, Hkv, g = n_head, n_head_kv, n_head // n_head_kv
-        q = qkv[:, q_off : q_off + H * head_dim].reshape(T, H, head_dim)
+        T, hd, hv = qkv.shape[0], geo.head_dim, geo.head_dim_v
+        S = geo.n_prefix + T
+        H, Hkv = geo.n_head, geo.n_head_kv
+        g = H // Hkv
+        q = qkv[:, q_off : q_off + H * hd].reshape(T, H, hd)
         K, V = k_cache[:, :S], v_cache[:, :S]  # [Hkv, S, hd]
-        qg = (q * F32(scale)).transpose(1, 0, 2).reshape(Hkv, g * T, head_dim)
+        qg = (q * F32(geo.scale)).transpose(1, 0, 2).reshape(Hkv, g * T, hd)
         scores = (qg @ K.transpose(0, 2, 1)).reshape(Hkv, g, T, S)
-        pos = n_prefix + np.arange(T)
+        pos = geo.n_prefix + np.arange(T)
         if slopes is not None:
             dist = (pos[:, None] - np.arange(S)[None, :]).astype(F32)  # [T, S]
             scores -= slopes.reshape(Hkv, g, 1, 1) * dist
         visible = np.arange(S)[None, :] <= pos[:, None]
-        if window is not None:
-            visible &= pos[:, None] - np.arange(S)[None, :] < window
+        if geo.window is not None:
+            visible &= pos[:, None] - np.arange(S)[None, :] < geo.window
         scores += np.where(visible, F32(0.0), F32(-np.inf))
         scores -= scores.max(axis=-1, keepdims=True)
         np.exp(scores, out=scores)
         scores /= scores.sum(axis=-1, keepdims=True)
         out = scores.reshape(Hkv, g * T, S) @ V
-        return np.ascontiguousarray(
-            out.reshape(H, T, head_dim_v).transpose(1, 0, 2).reshape(T, H * head_dim_v)
-        )
+        return np.ascontiguousarray(out.reshape(H, T, hv).transpose(1, 0, 2).reshape(T, H * hv))
 
     def glu(self, gu: np.ndarray, n_ff: int, act: str) -> np.ndarray:
         """glu_f32: act(gate) * up over [T, 2*n_ff] (gate columns first); act is "silu" or

@@ -88,8 +88,8 @@ class HostOps:
     def attention(
         self,
         q: np.ndarray,
-        k: np.ndarray,
-        v: np.ndarray,
+        k: np.ndarray | None,
+        v: np.ndarray | None,
         kv: Any,
         pos: np.ndarray,
         window: int | None,

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..ops import Array, Ops
+from ..ops import A, Ops
 from .norms import norm, optional_rms_norm_
 from .step import each_sequence
 
@@ -49,9 +49,7 @@ class AttentionSpec:
     sinks: bool = False  # w.attn_sinks [n_head]: one more logit per head's softmax
 
 
-def attention(
-    ops: Ops, spec: AttentionSpec, w: Any, h: Array, pos: Any, kv: Any, rope: Any
-) -> Array:
+def attention(ops: Ops[A], spec: AttentionSpec, w: Any, h: A, pos: Any, kv: Any, rope: Any) -> A:
     """Normed rows h [T, n_embd] -> attention output [T, n_embd] (after o_proj). w holds
     qkv and wo, and the optional q_norm/k_norm (+ biases), attn_sub_norm, q_gain [n_head, 1]
     and (read when spec.sinks) attn_sinks [n_head]."""
@@ -59,8 +57,8 @@ def attention(
     if spec.clamp:
         qkv = ops.clamp_(qkv, spec.clamp)
     gate = None
-    k: Array | None
-    v: Array | None
+    k: A | None
+    v: A | None
     if spec.shares_kv:
         # Queries only; the keys and values are the rows the source layer wrote, this step's
         # included (its slot is this layer's, read-only).
@@ -79,19 +77,19 @@ def attention(
 
 
 def attend(
-    ops: Ops,
+    ops: Ops[A],
     spec: AttentionSpec,
-    sinks: Array | None,
-    q: Array,
-    k: Array | None,
-    v: Array | None,
+    sinks: A | None,
+    q: A,
+    k: A | None,
+    v: A | None,
     pos: Any,
     kv: Any,
-) -> Array:
+) -> A:
     """The rows q [T, H, hk], k, v (None: a KV-sharing layer's) attended over the cache,
     per sequence of the step -> [T, H * hv]."""
 
-    def core(kv: Any, pos: Any, q: Array, k: Array, v: Array) -> Array:
+    def core(kv: Any, pos: Any, q: A, k: A | None, v: A | None) -> A:
         return ops.attention(
             q, k, v, kv, pos, spec.window, spec.scale, spec.softcap, alibi=spec.alibi, sinks=sinks
         )
@@ -100,8 +98,8 @@ def attend(
 
 
 def project_qkv(
-    ops: Ops, spec: AttentionSpec, w: Any, qkv: Array, pos: Any, rope: Any
-) -> tuple[Array, Array, Array, Array | None]:
+    ops: Ops[A], spec: AttentionSpec, w: Any, qkv: A, pos: Any, rope: Any
+) -> tuple[A, A, A, A | None]:
     """The fused QKV rows -> q [T, H, hk], k [T, Hkv, hk], v [T, Hkv, hv] (normed and
     rotated as the spec says) and the output gate rows (or None)."""
     T = qkv.shape[0]
@@ -143,9 +141,7 @@ def project_qkv(
     return q, k, v, gate
 
 
-def _full_width_qk_norm(
-    ops: Ops, spec: AttentionSpec, w: Any, q: Array, k: Array
-) -> tuple[Array, Array]:
+def _full_width_qk_norm(ops: Ops[A], spec: AttentionSpec, w: Any, q: A, k: A) -> tuple[A, A]:
     """q [T, H, hd] and k [T, Hkv, hd] each normalized over all their heads at once (one
     norm per row of the whole projection), before the split into heads is used."""
     T, H, hd = q.shape

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..ops import Array, Ops
+from ..ops import A, Ops
 from .step import each_sequence
 
 
@@ -52,7 +52,7 @@ class GdnConfig:
         return 4 * per_layer * sum(self.layers)
 
 
-def gdn(ops: Ops, g_cfg: GdnConfig, eps: float, w: Any, h: Array, slot: Any) -> Array:
+def gdn(ops: Ops[A], g_cfg: GdnConfig, eps: float, w: Any, h: A, slot: Any) -> A:
     """Per token t and value head:
 
         q, k, v = split(silu(conv(W_qkv h)));  q, k L2-normalized, q scaled by 1/sqrt(hd_k)
@@ -75,7 +75,7 @@ def gdn(ops: Ops, g_cfg: GdnConfig, eps: float, w: Any, h: Array, slot: Any) -> 
     beta = ops.sigmoid(b)
     g = w.a * ops.softplus(a + w.dt_bias)
 
-    def recur(slot: Any, _pos: Any, conv_in: Array, g: Array, beta: Array) -> Array:
+    def recur(slot: Any, _pos: Any, conv_in: A, g: A, beta: A) -> A:
         t = conv_in.shape[0]
         tail, state = slot.recurrent_state()
         c, new_tail = ops.causal_conv(conv_in, tail, w.conv)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..ops import Array, Ops
+from ..ops import A, Ops
 from .step import each_sequence
 
 
@@ -56,7 +56,7 @@ class MambaConfig:
         return 4 * per_layer * n
 
 
-def mamba(ops: Ops, m: MambaConfig, eps: float, w: Any, h: Array, slot: Any) -> Array:
+def mamba(ops: Ops[A], m: MambaConfig, eps: float, w: Any, h: A, slot: Any) -> A:
     """Mamba-1's selective state-space mixer (llama.cpp's build_mamba_layer, transformers'
     MambaMixer), over normed rows h [T, n_embd]:
 
@@ -71,7 +71,7 @@ def mamba(ops: Ops, m: MambaConfig, eps: float, w: Any, h: Array, slot: Any) -> 
     di, ds, r = m.d_inner, m.d_state, m.dt_rank
     xz = ops.linear(h, w.in_proj)
 
-    def scan(slot: Any, _pos: Any, xz: Array) -> Array:
+    def scan(slot: Any, _pos: Any, xz: A) -> A:
         tail, state = slot.recurrent_state()
         x, new_tail = ops.causal_conv(xz[:, :di], tail, w.conv)
         x = ops.act(ops.add_(x, w.conv_b), "silu")
@@ -89,7 +89,7 @@ def mamba(ops: Ops, m: MambaConfig, eps: float, w: Any, h: Array, slot: Any) -> 
     return ops.linear(each_sequence(ops, slot, None, scan, xz), w.out)
 
 
-def mamba2(ops: Ops, m: MambaConfig, eps: float, w: Any, h: Array, slot: Any) -> Array:
+def mamba2(ops: Ops[A], m: MambaConfig, eps: float, w: Any, h: A, slot: Any) -> A:
     """Mamba-2's SSD mixer (llama.cpp's build_mamba2_layer, transformers' Mamba2Mixer), over
     normed rows h [T, n_embd], with n_head heads of head_dim channels and G groups:
 
@@ -110,7 +110,7 @@ def mamba2(ops: Ops, m: MambaConfig, eps: float, w: Any, h: Array, slot: Any) ->
     heads = ops.index(tuple(i // head_dim for i in range(di)))  # each channel's head
     dt = ops.softplus(ops.add_(proj[:, di + conv_dim :], w.dt_bias))[:, heads]
 
-    def scan(slot: Any, _pos: Any, conv_in: Array, dt: Array) -> Array:
+    def scan(slot: Any, _pos: Any, conv_in: A, dt: A) -> A:
         t = conv_in.shape[0]
         tail, state = slot.recurrent_state()
         xbc, new_tail = ops.causal_conv(conv_in, tail, w.conv)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..ops import Array, Ops
+from ..ops import A, Ops
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class MoeConfig:
     parallel_dense: bool = False
 
 
-def moe(ops: Ops, m: MoeConfig, act: str, w: Any, h: Array) -> Array:
+def moe(ops: Ops[A], m: MoeConfig, act: str, w: Any, h: A) -> A:
     """Softmax (or sigmoid) router, top k (over probabilities plus the expert bias, when
     the model has one), the chosen weights renormalized when norm_topk and multiplied by
     weights_scale; each chosen expert's gated FFN weighted by its weight; plus the shared

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..ops import Array, Ops
+from ..ops import A, Ops
 from .step import each_sequence
 
 
@@ -24,7 +24,7 @@ class ShortConvConfig:
         return 4 * (self.conv_kernel - 1) * n_embd * sum(self.layers)
 
 
-def shortconv(ops: Ops, n_embd: int, w: Any, h: Array, slot: Any) -> Array:
+def shortconv(ops: Ops[A], n_embd: int, w: Any, h: A, slot: Any) -> A:
     """Normed rows h [T, n_embd]:
 
         B, C, x = split(W_in h);  y = C * conv(B * x);  out = W_out y
@@ -34,7 +34,7 @@ def shortconv(ops: Ops, n_embd: int, w: Any, h: Array, slot: Any) -> Array:
     d = n_embd
     bcx = ops.linear(h, w.in_proj)
 
-    def conv(slot: Any, _pos: Any, bx: Array) -> Array:
+    def conv(slot: Any, _pos: Any, bx: A) -> A:
         tail, state = slot.recurrent_state()
         y, new_tail = ops.causal_conv(bx, tail, w.conv)
         slot.set_recurrent_state(new_tail, state)

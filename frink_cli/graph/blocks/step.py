@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..ops import Array, Ops
+from ..ops import A, Ops
 
 
 class At(NamedTuple):
@@ -40,9 +40,7 @@ class BatchSlot:
         self.sequences = sequences
 
 
-def each_sequence(
-    ops: Ops, kv: Any, pos: Any, core: Callable[..., Array], *rows: Array | None
-) -> Array:
+def each_sequence(ops: Ops[A], kv: Any, pos: Any, core: Callable[..., A], *rows: A | None) -> A:
     """core(kv, pos, *rows) -> its output rows: a mixer's part that reads or writes the
     sequence's history (K/V rows, recurrent state). Over a multi-sequence step (a
     BatchSlot) it runs once per sequence, on that sequence's rows, slot and positions, and
