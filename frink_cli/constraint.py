@@ -239,10 +239,18 @@ class Constraint:
         triggers: Sequence[str] = (),
     ) -> None:
         import llguidance as llg
+        from llguidance.numpy import fill_next_token_bitmask
 
         self._tok = tok
+        n = tok.n_vocab
+        self._n_vocab = n
+        self._bits = np.zeros((1, (n + 31) // 32), dtype=np.int32)
         if isinstance(grammar, str):
             grammar = llg.LLMatcher(ll_tokenizer(tok), grammar, limits=_limits(), log_level=0)
+            # A grammar that compiles yet derives no string (root ::= x, x ::= x) fails on
+            # its first mask: computed here, so it is refused before generation starts.
+            if not grammar.is_error():
+                fill_next_token_bitmask(grammar, self._bits)
         self._matcher = grammar
         if self._matcher.is_error():
             raise GrammarError(field, _one_line(self._matcher.get_error()))
@@ -250,9 +258,6 @@ class Constraint:
         self.triggers = tuple(t.encode() for t in triggers)
         self._active = not self.triggers
         self._seen = b""  # text since the last grammar ended, while waiting for a trigger
-        n = tok.n_vocab
-        self._n_vocab = n
-        self._bits = np.zeros((1, (n + 31) // 32), dtype=np.int32)
 
     def copy(self) -> Constraint:
         """An independent constraint in this one's state (another sequence's)."""

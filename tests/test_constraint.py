@@ -154,6 +154,7 @@ def test_greedy_under_a_mask_is_the_best_allowed_token(model):
         (Grammar("json_schema", "{not json", "json_schema"), "json_schema"),
         (Grammar("json_schema", '{"$ref": "#/$defs/missing"}'), "missing"),
         (Grammar("gbnf", 'root ::= "a" undefined_rule'), "undefined_rule"),
+        (Grammar("gbnf", "root ::= x\nx ::= x"), "grammar"),  # derives no string
         (Grammar("lark", "start: foo"), "foo"),
         (Grammar("regex", "a(b", "regex"), "unclosed group"),
         (Grammar("gbnf", "x" * (GRAMMAR_MAX_BYTES + 1)), "larger than"),
