@@ -29,16 +29,15 @@ from .openai import ApiError
 
 
 class Stream(StreamingResponse):
-    """Server-sent events whose generator is closed, and the request logged, the moment
-    the stream ends: done, or its client gone (a send fails). Closing the generator
-    cancels the job, so the slot is free by the engine's next step."""
+    """A streamed answer (server-sent events, or another API's `media_type`) whose
+    generator is closed, and the request logged, the moment the stream ends: done, or its
+    client gone (a send fails). Closing the generator cancels the job, so the slot is
+    free by the engine's next step."""
 
     on_close: Callable[[], None] | None = None
 
-    def __init__(self, events: AsyncIterator[str]) -> None:
-        super().__init__(
-            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
+    def __init__(self, events: AsyncIterator[str], media_type: str = "text/event-stream") -> None:
+        super().__init__(events, media_type=media_type, headers={"Cache-Control": "no-cache"})
         self._events = events
 
     async def stream_response(self, send: Any) -> None:
@@ -85,11 +84,7 @@ async def generate(
     offered tools (its text goes through the model's tool-call parser), with `spell`
     the control tokens its text spells for the parser. `tok` spells
     tokens for log probabilities (None: a model without a tokenizer)."""
-    check_context(len(ids), engine.n_ctx)
-    if gen.n > len(engine.slots):
-        raise openai.bad("n", f"at most {len(engine.slots)} choices here (frink serve --parallel)")
-    run = _Run(engine, gen, chat, o)
-    run.submit(ids, constraints, spell)
+    run = start(engine, gen, chat, o, ids, constraints, spell)
     run.reply = openai.Reply(chat, model_id, _speller(tok))
     run.outs = [
         _Choice(gen.logprobs is not None, parser=parsers[i] if parsers else None)
@@ -100,7 +95,27 @@ async def generate(
     return await run.whole(request)
 
 
-class _Run:
+def start(
+    engine: Engine,
+    gen: openai.Generation,
+    chat: bool,
+    o: Outcome,
+    ids: list[int],
+    constraints: list[Constraint] | None = None,
+    spell: frozenset[int] = frozenset(),
+) -> Run:
+    """Check the prompt against the context and the choices against the slots, and queue
+    one job per choice (`chat`: a harmony model's analysis comes as "reasoning"). The
+    caller reads the run's events (next_event) and cancels it when done."""
+    check_context(len(ids), engine.n_ctx)
+    if gen.n > len(engine.slots):
+        raise openai.bad("n", f"at most {len(engine.slots)} choices here (frink serve --parallel)")
+    run = Run(engine, gen, chat, o)
+    run.submit(ids, constraints, spell)
+    return run
+
+
+class Run:
     """One request's jobs, the events they send (in the order they happen) and what each
     choice has produced so far."""
 
@@ -152,16 +167,23 @@ class _Run:
             _cancel(self.jobs)
             raise ApiError(400, str(e)) from None
 
+    def cancel(self) -> None:
+        """Cancel every job (a no-op for those done)."""
+        _cancel(self.jobs)
+
+    async def next_event(self, request: Request) -> tuple[int, str, Any] | None:
+        """The next (choice index, kind, payload) event; None once the client has gone
+        (checked every quarter second while waiting)."""
+        while True:
+            try:
+                return await asyncio.wait_for(self.events.get(), 0.25)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    return None
+
     def describe(self) -> None:
         """The request's log detail, once every choice is done."""
-        finishes = [x.finish for x in self.outs if x.finish is not None]
-        f = finishes[0]
-        self.o.detail = (
-            f"prompt={f.prompt_tokens} cached={f.cached_tokens} "
-            f"completion={sum(x.completion_tokens for x in finishes)}"
-            f" ttft={f.first_token_seconds:.3f}s finish={f.reason}"
-            + (f" n={len(finishes)}" if len(finishes) > 1 else "")
-        )
+        self.o.detail = detail([x.finish for x in self.outs if x.finish is not None])
 
     def usage(self) -> dict:
         done = [c.finish for c in self.outs if c.finish is not None]
@@ -186,7 +208,7 @@ class _Run:
                 i, kind, payload = await self.events.get()
                 if kind not in ("logprob", "text", "reasoning", "done"):
                     self.o.detail = printable(str(payload))[:200]
-                    yield _sse(_failure(kind, payload).body())
+                    yield _sse(failure(kind, payload).body())
                     yield "data: [DONE]\n\n"
                     return
                 for chunk in self._chunks(i, kind, payload):
@@ -222,13 +244,11 @@ class _Run:
         """The answer as one JSON response, once every choice is done."""
         try:
             while True:
-                try:
-                    i, kind, payload = await asyncio.wait_for(self.events.get(), 0.25)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        self.o.detail = "client disconnected"
-                        return Response(status_code=499)
-                    continue
+                event = await self.next_event(request)
+                if event is None:
+                    self.o.detail = "client disconnected"
+                    return Response(status_code=499)
+                i, kind, payload = event
                 c = self.outs[i]
                 if kind == "logprob":
                     c.logprobs.append(payload)  # type: ignore[union-attr]
@@ -244,7 +264,7 @@ class _Run:
                     if all(x.finish is not None for x in self.outs):
                         return self._whole_response()
                 else:
-                    raise _failure(kind, payload)
+                    raise failure(kind, payload)
         finally:
             _cancel(self.jobs)
 
@@ -267,7 +287,18 @@ class _Run:
         return JSONResponse(self.reply.whole(choices, self.usage()))
 
 
-def _failure(kind: str, payload: object) -> ApiError:
+def detail(finishes: list[Finish]) -> str:
+    """A finished request's log detail: its tokens, time to first token and finish."""
+    f = finishes[0]
+    return (
+        f"prompt={f.prompt_tokens} cached={f.cached_tokens} "
+        f"completion={sum(x.completion_tokens for x in finishes)}"
+        f" ttft={f.first_token_seconds:.3f}s finish={f.reason}"
+        + (f" n={len(finishes)}" if len(finishes) > 1 else "")
+    )
+
+
+def failure(kind: str, payload: object) -> ApiError:
     """A job's failure event as an error: 503 when the server stopped it (a retry may
     reach a server that is up again), else a 500."""
     status = 503 if kind == "stopped" else 500

@@ -22,7 +22,6 @@ slot is free by the engine's next step; its request is logged as one quiet line.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hmac
 import logging
 import sys
@@ -41,10 +40,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..chat import chat_ids, check_fits
-from ..constraint import Constraint, Grammar, GrammarError, compile_constraint
+from ..chat import check_fits
 from ..errors import FrinkError, printable
-from . import answer, openai, tools
+from . import answer, metrics, ollama, openai, prepare, tools
 from .answer import Outcome, Stream, check_context
 from .connections import DROPPED
 from .engine import Engine
@@ -99,6 +97,8 @@ def create_app(
             Route(f"{prefix}/models", _endpoint(state, _models), methods=["GET"]),
         ]
     routes.append(Route("/health", _endpoint(state, _health, public=True), methods=["GET"]))
+    routes += ollama.routes(state, _endpoint)
+    routes += metrics.routes(state, _endpoint)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)
@@ -230,7 +230,15 @@ def _error(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=headers or None)
 
 
-def _endpoint(state: ServerState, handler: Callable, public: bool = False) -> Callable:
+def _endpoint(
+    state: ServerState,
+    handler: Callable,
+    public: bool = False,
+    shape: Callable[[ApiError], Response] = _error,
+) -> Callable:
+    """The route's handler with the key checked (unless public), the request logged, and
+    every failure answered as `shape` writes an ApiError (OpenAI's error by default)."""
+
     async def call(request: Request) -> Response:
         t0 = time.perf_counter()
         outcome = Outcome()
@@ -239,7 +247,7 @@ def _endpoint(state: ServerState, handler: Callable, public: bool = False) -> Ca
                 _check_key(state, request)
             response = await handler(state, request, outcome)
         except ApiError as e:
-            response = _error(e)
+            response = shape(e)
             outcome.detail = printable(e.message)[:200]
         except ClientDisconnect:  # gone mid-upload, or dropped by connections.py
             dropped = request.scope.get("state", {}).get(DROPPED)
@@ -247,7 +255,7 @@ def _endpoint(state: ServerState, handler: Callable, public: bool = False) -> Ca
             outcome.detail = dropped or "client disconnected"
         except Exception as e:  # noqa: BLE001 - a handler bug answers 500, the server lives
             log.exception("request failed")
-            response = _error(
+            response = shape(
                 ApiError(500, f"internal error: {type(e).__name__}", kind="server_error")
             )
             outcome.detail = printable(f"{type(e).__name__}: {e}")[:200]
@@ -282,29 +290,10 @@ def _check_key(state: ServerState, request: Request) -> None:
         )
 
 
-# Bodies larger than this are parsed off the event loop.
-_PARSE_INLINE_BYTES = 64 << 10
-
-
 async def _body(state: ServerState, request: Request, chat: bool) -> dict:
-    """The JSON object a request sent, read at most max_body bytes, checked as
-    openai.parse_body checks it, fields frink cannot honour refused by name, and the
-    model it names checked."""
-    too_big = ApiError(
-        413, f"request body exceeds {state.max_body} bytes", code="request_too_large"
-    )
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > state.max_body:
-        raise too_big
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > state.max_body:
-            raise too_big
-    if len(data) > _PARSE_INLINE_BYTES:
-        body = await run_in_threadpool(openai.parse_body, bytes(data))
-    else:
-        body = openai.parse_body(bytes(data))
+    """The JSON object a request sent (prepare.read_json), fields frink cannot honour
+    refused by name, and the model it names checked."""
+    body = await prepare.read_json(state, request)
     openai.refuse_unsupported(body, chat)
     model = body.get("model")
     if model is not None and (not isinstance(model, str) or model not in state.names):
@@ -325,6 +314,7 @@ async def _health(state: ServerState, request: Request, o: Outcome) -> Response:
             "status": "ok",
             "slots_processing": e.busy,
             "slots_idle": len(e.slots) - e.busy,
+            "slots_total": len(e.slots),
             "requests_waiting": e.waiting,
         }
     )
@@ -338,58 +328,20 @@ async def _models(state: ServerState, request: Request, o: Outcome) -> Response:
 async def _chat(state: ServerState, request: Request, o: Outcome) -> Response:
     body = await _body(state, request, chat=True)
     gen = openai.generation(body, vocab=state.model.n_vocab)
-    msgs = openai.messages(body)
-    tok = state.model.tokenizer
-    plan = tools.tool_plan(body, tok)
-    grammar = tools.output_grammar(body)
-    triggers: tuple[str, ...] = ()
-    if plan is not None and not plan.calls:
-        gen = dataclasses.replace(gen, params=plan.without_calls(gen.params, tok))
-    elif plan is not None:
-        if grammar is not None:
-            raise openai.bad(grammar.field.split(".")[0], "cannot be combined with tools")
-        grammar, triggers = plan.grammar(tok)
-    msgs = tools.conversation(body, msgs)
-    if plan is not None:
-        msgs = plan.messages(msgs)
-    offered = plan.template_tools() if plan is not None else None
-    n_ctx = state.engine.n_ctx
-    # chat_ids refuses text that cannot fit n_ctx before rendering or tokenizing it.
-    ids = await _tokenize(
-        state,
-        lambda: chat_ids(
-            tok, msgs, notes=[], n_ctx=n_ctx, parse_special=state.parse_special, tools=offered
-        ),
-    )
-    constraints = await _constraints(state, grammar, triggers, gen.n)
+    work = await prepare.chat_work(state, body, gen)
     return await answer.generate(
         state.engine,
         state.model_id,
-        tok,
+        state.model.tokenizer,
         request,
         o,
-        ids,
-        gen,
+        work.ids,
+        work.gen,
         chat=True,
-        constraints=constraints,
-        parsers=None if plan is None or not plan.calls else [plan.parser() for _ in range(gen.n)],
-        spell=plan.spelled(tok) if plan is not None else frozenset(),
+        constraints=work.constraints,
+        parsers=work.parsers,
+        spell=work.spell,
     )
-
-
-async def _constraints(
-    state: ServerState, grammar: Grammar | None, triggers: tuple[str, ...], n: int
-) -> list[Constraint] | None:
-    """n constraints for `grammar` (one per choice), compiled off the event loop."""
-    if grammar is None:
-        return None
-    tok = state.model.tokenizer
-    if tok is None:
-        raise openai.bad(grammar.field, "needs a model with a tokenizer")
-    try:
-        return await run_in_threadpool(compile_constraint, tok, grammar, triggers, n)
-    except GrammarError as e:
-        raise openai.bad(e.field, e.detail) from None
 
 
 async def _complete(state: ServerState, request: Request, o: Outcome) -> Response:
@@ -406,23 +358,14 @@ async def _complete(state: ServerState, request: Request, o: Outcome) -> Respons
             except FrinkError as e:
                 raise ApiError(400, str(e), code="context_length_exceeded") from None
         parse = state.parse_special
-        ids = await _tokenize(state, lambda: tok.encode(prompt, parse_special=parse))
+        ids = await prepare.tokenize(state, lambda: tok.encode(prompt, parse_special=parse))
     else:
         check_context(len(prompt), n_ctx)
         n_vocab = state.model.n_vocab
         if not all(0 <= t < n_vocab for t in prompt):
             raise openai.bad("prompt", f"token ids must be in [0, {n_vocab})")
         ids = prompt
-    constraints = await _constraints(state, tools.output_grammar(body), (), gen.n)
+    constraints = await prepare.constraints(state, tools.output_grammar(body), (), gen.n)
     return await answer.generate(
         state.engine, state.model_id, tok, request, o, ids, gen, False, constraints
     )
-
-
-async def _tokenize(state: ServerState, make: Callable[[], list[int]]) -> list[int]:
-    if state.model.tokenizer is None:
-        raise ApiError(400, "this model has no tokenizer: send token ids to /v1/completions")
-    try:
-        return await run_in_threadpool(make)
-    except FrinkError as e:  # a prompt too long to tokenize, a template that failed
-        raise ApiError(400, str(e), code="invalid_prompt") from None
