@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from script_loader import load_script
-from serve_process import Server
+from serve_process import Server, clean_stop, fuzz_base_model
 from tool_defs import SCHEMAS, WEATHER
 
 ollama = pytest.importorskip("ollama")
@@ -35,31 +35,18 @@ def _client(server: Server) -> ollama.Client:
     return ollama.Client(host=server.url, headers=AUTH)
 
 
-def _stop(s: Server) -> None:
-    code = s.stop()
-    log = s.log()
-    assert code == 0, log
-    assert "Traceback" not in log, log
-
-
 # --- the tiny model: keys, shapes, errors ----------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("ollama") / "tiny.gguf"
-    path.write_bytes(F.base().encode())
-    return path
+    return fuzz_base_model(tmp_path_factory.mktemp("ollama"))
 
 
 @pytest.fixture(scope="module")
 def tiny(tiny_path: Path) -> Iterator[Server]:
-    s = Server(tiny_path, "--api-key", KEY, "-np", "2", "--backend", "numpy")
-    try:
+    with clean_stop(Server(tiny_path, "--api-key", KEY, "-np", "2", "--backend", "numpy")) as s:
         yield s
-        _stop(s)
-    finally:
-        s.close()
 
 
 ROUTES = [
@@ -228,12 +215,10 @@ def test_show_unknown_model_is_404(tiny):
 
 @pytest.fixture(scope="module")
 def qwen(qwen05_path) -> Iterator[Server]:
-    s = Server(qwen05_path, "--api-key", KEY, "-np", "2", "-c", "2048", "--backend", "numpy")
-    try:
+    with clean_stop(
+        Server(qwen05_path, "--api-key", KEY, "-np", "2", "-c", "2048", "--backend", "numpy")
+    ) as s:
         yield s
-        _stop(s)
-    finally:
-        s.close()
 
 
 def _name(server: Server) -> str:

@@ -1,12 +1,13 @@
 """The HTTP face of `frink serve`: an OpenAI-compatible API over the engine, on Starlette.
 
 Routes: POST /v1/chat/completions and /v1/completions (streamed as server-sent events or
-whole), GET /v1/models and /health; the same without /v1, as llama-server accepts them.
-Every failure is an OpenAI-shaped JSON error with its status (400 bad field, 401 key
-with WWW-Authenticate, 403 host or origin, 404 model or route, 408 a request too slow to
-arrive, 413 body, 503 queue full or shutting down, with Retry-After, 505 an HTTP version
-other than 1.0 and 1.1), and nothing a request sends can stop the server: a handler's own
-bug is a 500 for that request alone.
+whole), GET /v1/models and /health; the same without /v1, as llama-server accepts them;
+and the routes other modules expose (Ollama's /api/*: ollama.py; /metrics: metrics.py).
+Every failure is an OpenAI-shaped JSON error (another API's routes: its own shape) with
+its status (400 bad field, 401 key with WWW-Authenticate, 403 host or origin, 404 model or
+route, 408 a request too slow to arrive, 413 body, 503 queue full or shutting down, with
+Retry-After, 505 an HTTP version other than 1.0 and 1.1), and nothing a request sends can
+stop the server: a handler's own bug is a 500 for that request alone.
 
 Before any route (_Gate): a server bound to a loopback address answers only requests
 whose Host names this machine (a web page cannot reach it through DNS rebinding), and a
