@@ -180,6 +180,7 @@ BAD_GENERATE = [
     ({"model": "tiny", "prompt": "a", "raw": "yes"}, 400, "raw"),
     ({"model": "tiny", "prompt": "a", "options": {"seed": "x"}}, 400, "options.seed"),
     ({"model": "tiny", "prompt": "a " * 200}, 400, "context"),  # longer than the context
+    ({"model": "tiny", "prompt": "a " * 200, "raw": True}, 400, "context"),
 ]
 
 

@@ -41,8 +41,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..chat import check_fits
-from ..errors import FrinkError, printable
+from ..errors import printable
 from . import answer, metrics, ollama, openai, prepare, tools
 from .answer import Outcome, Stream, check_context
 from .connections import DROPPED
@@ -353,13 +352,7 @@ async def _complete(state: ServerState, request: Request, o: Outcome) -> Respons
     tok = state.model.tokenizer
     n_ctx = state.engine.n_ctx
     if isinstance(prompt, str):
-        if tok is not None:
-            try:
-                check_fits(tok, len(prompt), n_ctx)  # before any tokenizing
-            except FrinkError as e:
-                raise ApiError(400, str(e), code="context_length_exceeded") from None
-        parse = state.parse_special
-        ids = await prepare.tokenize(state, lambda: tok.encode(prompt, parse_special=parse))
+        ids = await prepare.tokenize_text(state, prompt)
     else:
         check_context(len(prompt), n_ctx)
         n_vocab = state.model.n_vocab

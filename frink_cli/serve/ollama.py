@@ -30,8 +30,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .. import __version__
-from ..chat import check_fits
-from ..errors import FrinkError, printable
+from ..errors import printable
 from ..toolcalls import Parser
 from . import answer, ollama_fields, ollama_models, openai, prepare, tools
 from .answer import Outcome, Run, Stream
@@ -134,16 +133,9 @@ async def _generate(state: ServerState, request: Request, o: Outcome) -> Respons
     if not prompt and not context:
         reply = _Reply(state.model_id, False, None, t0)
         return JSONResponse({**reply.head(), "response": "", "done": True, "done_reason": "load"})
-    tok = state.model.tokenizer
     spell: frozenset[int] = frozenset()
     if ollama_fields.flag(raw, "raw"):
-        if tok is not None:
-            try:
-                check_fits(tok, len(prompt), state.engine.n_ctx)  # before any tokenizing
-            except FrinkError as e:
-                raise ApiError(400, str(e)) from None
-        parse = state.parse_special
-        ids = await prepare.tokenize(state, lambda: tok.encode(prompt, parse_special=parse))
+        ids = await prepare.tokenize_text(state, prompt)
         constraints = await prepare.constraints(state, tools.output_grammar(body), (), 1)
     else:
         work = await prepare.chat_work(state, {**body, "messages": msgs}, gen)

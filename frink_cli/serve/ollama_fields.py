@@ -80,10 +80,10 @@ def ollama_name(e: ApiError) -> ApiError:
     return e
 
 
-def _refuse(body: dict, fields: tuple[str, ...], why: str) -> None:
-    for name in fields:
-        if body.get(name):
-            raise bad(name, why)
+def _refuse(body: dict, name: str, why: str, where: str = "") -> None:
+    """A 400 when `body` gives `name` a value (one frink cannot honour)."""
+    if body.get(name):
+        raise bad(f"{where}.{name}" if where else name, why)
 
 
 def _stream(body: dict) -> bool:
@@ -132,7 +132,7 @@ def output_format(body: dict) -> dict:
 
 def chat_body(body: dict) -> dict:
     """An /api/chat request as an OpenAI chat request."""
-    _refuse(body, ("template",), "custom templates are not supported")
+    _refuse(body, "template", "is not supported (the model's own chat template is used)")
     tools = body.get("tools")
     out = {**sampling(body), **output_format(body), "messages": _messages(body.get("messages"))}
     if tools is not None:
@@ -142,9 +142,9 @@ def chat_body(body: dict) -> dict:
 
 def generate_messages(body: dict) -> list[dict]:
     """A templated /api/generate request's conversation: its `system`, then its prompt."""
-    _refuse(body, ("images",), "images are not supported")
-    _refuse(body, ("suffix",), "fill-in-the-middle (suffix) is not supported")
-    _refuse(body, ("template",), "custom templates are not supported")
+    _refuse(body, "images", "are not supported (no image input)")
+    _refuse(body, "suffix", "is not supported (no fill-in-the-middle)")
+    _refuse(body, "template", "is not supported (the model's own chat template is used)")
     system = body.get("system")
     if system is not None and not isinstance(system, str):
         raise bad("system", "must be a string")
@@ -188,7 +188,7 @@ def _messages(msgs: Any) -> list[dict]:
             raise bad(where, "must be an object with a role and content")
         if m.get("role") not in _ROLES:
             raise bad(f"{where}.role", f"must be one of {', '.join(_ROLES)}")
-        _refuse(m, ("images",), f"{where}: images are not supported")
+        _refuse(m, "images", "are not supported (no image input)", where)
         content = m.get("content")
         if content is not None and not isinstance(content, str):
             raise bad(f"{where}.content", "must be a string")

@@ -2,7 +2,8 @@
 whatever the transport's shapes (OpenAI's, Ollama's, ...):
 
 - read_json: the body, read at most --max-body bytes, as the JSON object it must be;
-- tokenize and constraints: tokenizing and compiling a grammar, off the event loop;
+- tokenize, tokenize_text and constraints: tokenizing (a text prompt refused by its
+  length first) and compiling a grammar, off the event loop;
 - chat_work: a chat request in OpenAI's field names (messages, tools, tool_choice,
   response_format, ...) turned into the prompt ids, the tool plan's constraint and
   parsers, and the control tokens the answer must spell. Another API translates its
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
-from ..chat import chat_ids
+from ..chat import chat_ids, check_fits
 from ..constraint import Constraint, Grammar, GrammarError, compile_constraint
 from ..errors import FrinkError
 from ..toolcalls import Parser
@@ -63,6 +64,19 @@ async def tokenize(state: ServerState, make: Callable[[], list[int]]) -> list[in
         return await run_in_threadpool(make)
     except FrinkError as e:  # a prompt too long to tokenize, a template that failed
         raise ApiError(400, str(e), code="invalid_prompt") from None
+
+
+async def tokenize_text(state: ServerState, text: str) -> list[int]:
+    """A prompt's ids as the text is (no template); refused by its length before any
+    tokenizing when it cannot fit the context."""
+    tok = state.model.tokenizer
+    if tok is not None:
+        try:
+            check_fits(tok, len(text), state.engine.n_ctx)
+        except FrinkError as e:
+            raise ApiError(400, str(e), code="context_length_exceeded") from None
+    parse = state.parse_special
+    return await tokenize(state, lambda: tok.encode(text, parse_special=parse))
 
 
 async def constraints(
