@@ -12,10 +12,10 @@ sockets, and counts how each ended; the server's log must hold no traceback at t
 Cases, chosen per index from the seed: malformed framing (request lines, versions,
 headers, lengths, chunking), connections dropped at every stage (mid-head, mid-body,
 mid-answer; closed or reset), floods of idle and trickling connections, JSON with lone
-surrogates, nulls, wrong types and unsupported fields, huge fields and bodies, bad input
-on the constrained and tool routes (each a 400 naming its field), and plain valid
-requests (which must get a 200). Loopback only; bounded in count and time (every
-socket has a timeout, every case a fixed size).
+surrogates, nulls, wrong types and unsupported fields (on the OpenAI and Ollama routes),
+huge fields and bodies, bad input on the constrained and tool routes (each a 400 naming
+its field), and plain valid requests (which must get a 200). Loopback only; bounded in
+count and time (every socket has a timeout, every case a fixed size).
 """
 
 from __future__ import annotations
@@ -158,6 +158,23 @@ def chat_body(rng: random.Random, stream: bool | None = None, **extra: object) -
         "stream": rng.random() < 0.5 if stream is None else stream,
         **extra,
     }
+
+
+def ollama_body(rng: random.Random, path: str, stream: bool | None = None) -> dict:
+    """An Ollama /api/chat or /api/generate request for the fuzz model ("tiny")."""
+    body: dict = {
+        "model": "tiny",
+        "options": {"num_predict": rng.randint(1, 8), "temperature": rng.choice([0, 0.8])},
+        "stream": rng.random() < 0.5 if stream is None else stream,
+    }
+    if path == "/api/chat":
+        body["messages"] = chat_body(rng)["messages"]
+    else:
+        body["prompt"] = rng.choice(["hello", "hi", ""])
+    return body
+
+
+OLLAMA = ("/api/chat", "/api/generate")
 
 
 # ---------------------------------------------------------------------------------------
@@ -334,14 +351,21 @@ _FIELDS = [
     "stop", "n", "stream", "stream_options", "presence_penalty", "frequency_penalty",
     "logprobs", "top_logprobs", "model", "logit_bias", "tools", "response_format",
     "functions", "echo", "suffix", "best_of", "ignore_eos", "return_tokens", "cache_prompt",
+    "options", "format", "raw", "context", "images", "system", "template", "keep_alive",
+    "think",
 ]  # fmt: skip
 
 
 def json_case(rng: random.Random) -> tuple[str, Case]:
     """A well-framed request whose JSON is hostile: surrogates, nulls, wrong types,
     unsupported fields, depth."""
-    path = rng.choice(["/v1/chat/completions", "/v1/completions"])
-    body = chat_body(rng, stream=False) if "chat" in path else {"prompt": "hi", "max_tokens": 3}
+    path = rng.choice(["/v1/chat/completions", "/v1/completions", *OLLAMA])
+    if path in OLLAMA:
+        body = ollama_body(rng, path, stream=False)
+    elif path == "/v1/chat/completions":
+        body = chat_body(rng, stream=False)
+    else:
+        body = {"prompt": "hi", "max_tokens": 3}
     for f in rng.sample(_FIELDS, rng.randint(0, 4)):
         body[f] = _random_value(rng)
     raw = json.dumps(body).encode()
@@ -505,8 +529,11 @@ def constrained_case(rng: random.Random) -> tuple[str, Case]:
 
 
 def valid_case(rng: random.Random) -> tuple[str, Case]:
-    path = rng.choice(["/v1/chat/completions", "/v1/completions", "/v1/models", "/health"])
-    if path == "/v1/chat/completions":
+    paths = ["/v1/chat/completions", "/v1/completions", "/v1/models", "/health", *OLLAMA]
+    path = rng.choice([*paths, "/api/tags", "/api/version", "/api/ps", "/metrics"])
+    if path in OLLAMA:
+        data = request("POST", path, json.dumps(ollama_body(rng, path)).encode())
+    elif path == "/v1/chat/completions":
         data = request("POST", path, json.dumps(chat_body(rng)).encode())
     elif path == "/v1/completions":
         body = {"prompt": "hello", "max_tokens": rng.randint(1, 8), "stream": rng.random() < 0.5}

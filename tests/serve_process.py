@@ -14,9 +14,11 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from frink_subprocess import child_env, frink_command
+from script_loader import load_script
 
 START_TIMEOUT_S = 120
 
@@ -99,3 +101,25 @@ class Server:
     def close(self) -> None:
         self.stop()
         self._log.close()
+
+
+@contextlib.contextmanager
+def clean_stop(server: Server) -> Iterator[Server]:
+    """`server` for a fixture to yield: when the fixture ends, it must stop with status 0
+    and no traceback in its log; it is closed either way."""
+    try:
+        yield server
+        code = server.stop()
+        log = server.log()
+        assert code == 0, log
+        assert "Traceback" not in log, log
+    finally:
+        server.close()
+
+
+def fuzz_base_model(directory: Path) -> Path:
+    """scripts/fuzz_inputs.py's base model (a one-layer llama with a tokenizer and a chat
+    template, context 64), written as directory/tiny.gguf."""
+    path = directory / "tiny.gguf"
+    path.write_bytes(load_script("fuzz_inputs").base().encode())
+    return path

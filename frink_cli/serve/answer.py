@@ -29,16 +29,15 @@ from .openai import ApiError
 
 
 class Stream(StreamingResponse):
-    """Server-sent events whose generator is closed, and the request logged, the moment
-    the stream ends: done, or its client gone (a send fails). Closing the generator
-    cancels the job, so the slot is free by the engine's next step."""
+    """A streamed answer (server-sent events, or another API's `media_type`) whose
+    generator is closed, and the request logged, the moment the stream ends: done, or its
+    client gone (a send fails). Closing the generator cancels the job, so the slot is
+    free by the engine's next step."""
 
     on_close: Callable[[], None] | None = None
 
-    def __init__(self, events: AsyncIterator[str]) -> None:
-        super().__init__(
-            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
+    def __init__(self, events: AsyncIterator[str], media_type: str = "text/event-stream") -> None:
+        super().__init__(events, media_type=media_type, headers={"Cache-Control": "no-cache"})
         self._events = events
 
     async def stream_response(self, send: Any) -> None:

@@ -2,12 +2,13 @@
 
 Routes: POST /v1/chat/completions and /v1/completions (streamed as server-sent events or
 whole), GET /v1/models and /health; the same without /v1, as llama-server accepts them;
-and Anthropic's POST /v1/messages and /v1/messages/count_tokens (anthropic.py, whose
-errors are in Anthropic's shape). Every other failure is an OpenAI-shaped JSON error with
-its status (400 bad field, 401 key with WWW-Authenticate, 403 host or origin, 404 model
-or route, 408 a request too slow to arrive, 413 body, 503 queue full or shutting down,
-with Retry-After, 505 an HTTP version other than 1.0 and 1.1), and nothing a request
-sends can stop the server: a handler's own bug is a 500 for that request alone.
+and Anthropic's POST /v1/messages and /v1/messages/count_tokens (anthropic.py), Ollama's
+/api/* (ollama.py) and /metrics (metrics.py); another API's routes answer in its own error
+shape. Every other failure is an OpenAI-shaped JSON error with its status (400 bad field,
+401 key with WWW-Authenticate, 403 host or origin, 404 model or route, 408 a request too
+slow to arrive, 413 body, 503 queue full or shutting down, with Retry-After, 505 an HTTP
+version other than 1.0 and 1.1), and nothing a request sends can stop the server: a
+handler's own bug is a 500 for that request alone.
 
 Before any route (_Gate): a server bound to a loopback address answers only requests
 whose Host names this machine (a web page cannot reach it through DNS rebinding), and a
@@ -38,9 +39,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..chat import check_fits
-from ..errors import FrinkError, printable
-from . import answer, anthropic, openai, prepare, tools
+from ..errors import printable
+from . import answer, anthropic, metrics, ollama, openai, prepare, tools
 from .answer import Outcome, check_context
 from .endpoints import check_model, client, endpoint, openai_error, read_body
 from .engine import Engine
@@ -94,6 +94,8 @@ def create_app(
         ]
     routes.append(Route("/health", endpoint(state, _health, public=True), methods=["GET"]))
     routes += anthropic.routes(state)
+    routes += ollama.routes(state, endpoint)
+    routes += metrics.routes(state, endpoint)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)
@@ -229,6 +231,7 @@ async def _health(state: ServerState, request: Request, o: Outcome) -> Response:
             "status": "ok",
             "slots_processing": e.busy,
             "slots_idle": len(e.slots) - e.busy,
+            "slots_total": len(e.slots),
             "requests_waiting": e.waiting,
         }
     )
@@ -242,10 +245,7 @@ async def _models(state: ServerState, request: Request, o: Outcome) -> Response:
 async def _chat(state: ServerState, request: Request, o: Outcome) -> Response:
     body = await _body(state, request, chat=True)
     gen = openai.generation(body, vocab=state.model.n_vocab)
-    msgs = openai.messages(body)
-    plan = tools.tool_plan(body, state.model.tokenizer)
-    grammar = tools.output_grammar(body)
-    job = await prepare.chat_job(state, tools.conversation(body, msgs), gen, plan, grammar)
+    job = await prepare.openai_chat_job(state, body, gen)
     return await answer.generate(
         state.engine,
         state.model_id,
@@ -269,13 +269,7 @@ async def _complete(state: ServerState, request: Request, o: Outcome) -> Respons
     tok = state.model.tokenizer
     n_ctx = state.engine.n_ctx
     if isinstance(prompt, str):
-        if tok is not None:
-            try:
-                check_fits(tok, len(prompt), n_ctx)  # before any tokenizing
-            except FrinkError as e:
-                raise ApiError(400, str(e), code="context_length_exceeded") from None
-        parse = state.parse_special
-        ids = await prepare.tokenize(state, lambda: tok.encode(prompt, parse_special=parse))
+        ids = await prepare.tokenize_text(state, prompt)
     else:
         check_context(len(prompt), n_ctx)
         n_vocab = state.model.n_vocab

@@ -21,6 +21,9 @@ stop() ended it unfinished. A job with `channels` on
 a harmony model (gpt-oss) gets its final channel as "text" and the others (analysis,
 commentary) as ("reasoning", str) pieces; with `tool_calls` too, a message addressed to
 a function comes as "text", its markers spelled, for the tool-call parser.
+
+An Observer (the server's metrics) hears of every finished job, on the engine's thread,
+once per job: nothing is measured per token.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -59,6 +63,15 @@ class Finish:
     first_token_seconds: float  # submit -> first sampled token
     tokens: tuple[int, ...] = ()  # the answer's ids (end-of-generation token excluded)
     stop_sequence: str | None = None  # the stop string that ended it, if one did
+    decode_seconds: float = 0.0  # first sampled token -> the end of the answer
+
+
+class Observer(Protocol):
+    """What the engine tells about its jobs (serve/metrics.py)."""
+
+    def finished(self, finish: Finish) -> None:
+        """A job ended with its answer (not a failed or cancelled one). Called on the
+        engine's thread between steps: it must be cheap and must not raise."""
 
 
 @dataclass
@@ -152,6 +165,7 @@ class Engine:
         self._lock = threading.Condition()
         self._stopping = False
         self.steps = 0  # forwards run (for tests and the bench)
+        self.observer: Observer | None = None
 
     # --- any thread -----------------------------------------------------------------------
 
@@ -185,6 +199,12 @@ class Engine:
     @property
     def waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def cells_used(self) -> int:
+        """KV cache cells holding a position, over every slot (a finished job's cells stay
+        for the next prompt that shares its prefix). Read from any thread: a snapshot."""
+        return sum(s.cache.n_past for s in self.slots)
 
     # --- the engine's thread --------------------------------------------------------------
 
@@ -396,9 +416,21 @@ class Engine:
             tail = r.text.flush()
             if tail:
                 r.job.emit("text", tail)
-        first = (r.first_token or time.perf_counter()) - r.job.submitted
+        now = time.perf_counter()
+        first = r.first_token or now
         answer = tuple(r.history[len(r.job.prompt) :])
-        done = Finish(reason, len(r.job.prompt), r.generated, r.cached, first, answer, r.text.hit)
+        done = Finish(
+            reason,
+            len(r.job.prompt),
+            r.generated,
+            r.cached,
+            first - r.job.submitted,
+            answer,
+            r.text.hit,
+            now - first,
+        )
+        if self.observer is not None:  # first: counted before the client hears of it
+            self.observer.finished(done)
         r.job.emit("done", done)
         self._release(r.slot)
 

@@ -1,6 +1,8 @@
 """A chat request made ready for the engine, whatever API it came through (OpenAI's chat
-completions, Anthropic's messages): the conversation with its tools rendered by the chat
-template into prompt ids, and the constraints and tool-call parsers its choices run with.
+completions, Anthropic's messages, Ollama's chat): the conversation with its tools rendered
+by the chat template into prompt ids, and the constraints and tool-call parsers its choices
+run with. openai_chat_job takes a body in OpenAI's field names (an API may translate its
+request into them, as Ollama's does); tokenize_text a prompt used as it is (no template).
 
 The caller checks its own fields first and hands over the conversation in the chat
 template's shape (role, text content; an assistant's tool_calls with arguments as
@@ -18,12 +20,12 @@ from typing import TYPE_CHECKING
 
 from starlette.concurrency import run_in_threadpool
 
-from ..chat import chat_ids
+from ..chat import chat_ids, check_fits
 from ..constraint import Constraint, Grammar, GrammarError, compile_constraint
 from ..errors import FrinkError
 from ..toolcalls import Parser
 from ..toolcalls.plan import ToolPlan
-from . import openai
+from . import openai, tools
 from .openai import ApiError
 
 if TYPE_CHECKING:
@@ -84,6 +86,27 @@ async def chat_job(
         [plan.parser() for _ in range(gen.n)] if plan is not None and calls else None,
         plan.spelled(tok) if plan is not None else frozenset(),
     )
+
+
+async def openai_chat_job(state: ServerState, body: dict, gen: openai.Generation) -> ChatJob:
+    """chat_job for a body in OpenAI's field names: messages (with their tool calls and
+    results), tools, tool_choice and response_format."""
+    plan = tools.tool_plan(body, state.model.tokenizer)
+    msgs = tools.conversation(body, openai.messages(body))
+    return await chat_job(state, msgs, gen, plan, tools.output_grammar(body))
+
+
+async def tokenize_text(state: ServerState, text: str) -> list[int]:
+    """A prompt's ids as the text is (no template); refused by its length before any
+    tokenizing when it cannot fit the context."""
+    tok = state.model.tokenizer
+    if tok is not None:
+        try:
+            check_fits(tok, len(text), state.engine.n_ctx)
+        except FrinkError as e:
+            raise ApiError(400, str(e), code="context_length_exceeded") from None
+    parse = state.parse_special
+    return await tokenize(state, lambda: tok.encode(text, parse_special=parse))
 
 
 async def constraints(
