@@ -84,7 +84,7 @@ class Decoder:
             positions = cache.positions()
         else:
             positions = np.arange(cache.n_past, cache.n_past + T)
-        x = self.host.embed(ids)
+        x = self.host.embed(ids, positions)
         kind = "batch" if batch else "decode" if T == 1 else "prefill"
         choices = None
         # Prompt rows are timed layer by layer; a batch of decode rows (one per sequence)

@@ -252,7 +252,8 @@ class ArchConfig:
     def embed(self, ops: Any, cfg: ModelConfig, w: Any, x: Any, lookup: Any) -> Any:
         """The looked-up embedding rows x [T, n_embd] (ours to overwrite) -> the rows the
         first layer reads [T, residual_width]. lookup(table) gives the step's rows of
-        another per-token table."""
+        another per-token table; lookup(table, by_position=True) the rows at the step's
+        positions (a learned position table)."""
         raise NotImplementedError
 
     def layer(

@@ -84,11 +84,16 @@ class HostBody:
             self._ropes[long] = [ropes[key] for key in keys]
         return self._ropes[long]
 
-    def embed(self, ids: np.ndarray) -> np.ndarray:
+    def embed(self, ids: np.ndarray, positions: np.ndarray | None = None) -> np.ndarray:
+        """The rows the first layer reads for tokens `ids` at `positions` (default 0, 1, ...:
+        a fresh sequence)."""
         x = embedding_rows(self.w.token_embd, ids)  # a copy: the residual stream is ours
-        return self.cfg.ext.embed(
-            HOST_OPS, self.cfg, self.w, x, lambda table: embedding_rows(table, ids)
-        )
+        at = np.arange(len(ids)) if positions is None else np.asarray(positions)
+
+        def lookup(table: np.ndarray, by_position: bool = False) -> np.ndarray:
+            return embedding_rows(table, at if by_position else ids)
+
+        return self.cfg.ext.embed(HOST_OPS, self.cfg, self.w, x, lookup)
 
     def layer(self, layer: int, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray:
         return self.cfg.ext.layer(
