@@ -62,6 +62,9 @@ class BertConfig(DecoderConfig):
 
     n_token_types: int = 2
 
+    def embeds_only(self) -> bool:
+        return True
+
     def layer_plan(self, cfg: ModelConfig, shape: LayerShape) -> LayerPlan:
         return dataclasses.replace(
             super().layer_plan(cfg, shape), pre_norms=False, norm_biases=True, plain_ffn=True

@@ -204,6 +204,11 @@ class ArchConfig:
         """The architecture's block configs for `frink info --json`, by section name."""
         return {}
 
+    def embeds_only(self) -> bool:
+        """The model has no LM head: its last layer's rows are pooled into embeddings (an
+        encoder), never turned into logits."""
+        return False
+
     def attends(self, cfg: ModelConfig) -> bool:
         """Some layer has attention heads (validate_config checks their counts)."""
         return True
