@@ -113,8 +113,12 @@ class Model:
         """A text's ids as embed() feeds them (special tokens added), cut to embed_ctx when
         truncate (the end token kept), else refused when longer."""
         tok = self._tok()
-        ids = tok.encode(text, add_special=True)
-        return self._fit(ids, truncate, tok.eos_id if tok.add_eos else None)
+        # Wrapped whatever the text holds (a text starting with "[CLS]" still gets its own),
+        # as the HF tokenizer's post-processor wraps it.
+        bos = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
+        eos = [tok.eos_id] if tok.add_eos and tok.eos_id is not None else []
+        ids = bos + tok.encode(text, add_special=False) + eos
+        return self._fit(ids, truncate, eos[0] if eos else None)
 
     def _fit(self, ids: list[int], truncate: bool, end: int | None = None) -> list[int]:
         n = self.embed_ctx

@@ -1,0 +1,195 @@
+"""Embeddings against their references: all-MiniLM-L6-v2 against sentence-transformers on
+the same folder, a tiny random BERT against transformers' BertModel (hidden states) and,
+as sentence-transformers folders with other pooling and Dense modules, against
+sentence-transformers again."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from frink_cli import api
+from frink_cli.errors import FrinkError
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+st = pytest.importorskip("sentence_transformers")
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+
+
+def corpus() -> list[str]:
+    """50 varied texts: short, long (past MiniLM's 256 tokens), punctuation, unicode,
+    numbers, whitespace."""
+    base = [
+        "Hello world",
+        "a",
+        "",
+        "   ",
+        "The quick brown fox jumps over the lazy dog.",
+        "What is the capital of France?",
+        "Paris is the capital and most populous city of France.",
+        "!!!???...;;;:::",
+        "e-mail: someone@example.com, web: https://example.org/path?q=1&r=2",
+        "3.14159 2.71828 1.41421 -0.5e10 42",
+        "1234567890" * 5,
+        "Ünïcödé tëxt with àccents",
+        "日本語のテキストです。東京は日本の首都です。",
+        "Русский текст: быстрая коричневая лиса.",
+        "Emoji: 😀🎉🚀 ☃ ♥",
+        "Tabs\tand\nnewlines\r\nmixed",
+        "UPPER CASE SHOUTING TEXT",
+        "mIxEd CaSe WoRdS",
+        "C'est la vie, n'est-ce pas?",
+        "def f(x): return x ** 2  # python code",
+        "SELECT * FROM users WHERE id = 7;",
+        "The mitochondria is the powerhouse of the cell.",
+        "I love machine learning and natural language processing.",
+        "Embeddings map text to vectors in a high-dimensional space.",
+        "العربية نص قصير",
+        "한국어 문장입니다.",
+        "Ελληνικά κείμενο",
+        "[CLS] [SEP] [MASK] literal special tokens",
+        "supercalifragilisticexpialidocious antidisestablishmentarianism",
+        "a b c d e f g h i j k l m n o p q r s t u v w x y z",
+        "The year 2024 had 366 days; 2023 had 365.",
+        "$100.00 + €50,25 = ?",
+        "(parentheses) [brackets] {braces} <angles>",
+        "\"quoted\" 'single' `backtick`",
+        "one two three four five six seven eight nine ten " * 3,
+        "A long sentence about nothing in particular, " * 40,
+        "Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 60,
+    ]
+    more = [f"Sentence number {i} talks about topic {i * 7 % 13}." for i in range(50 - len(base))]
+    texts = base + more
+    assert len(texts) == 50
+    return texts
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    return (a64 * b64).sum(1) / np.linalg.norm(a64, axis=1) / np.linalg.norm(b64, axis=1)
+
+
+# --- the real model -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def minilm(minilm_path: Path) -> api.Model:
+    return api.load(minilm_path)
+
+
+def test_minilm_matches_sentence_transformers(minilm: api.Model, minilm_path: Path) -> None:
+    texts = corpus()
+    ref = st.SentenceTransformer(str(minilm_path), device="cpu").encode(texts)
+    # The long texts are cut at max_seq_length (256) as sentence-transformers cuts them.
+    got = minilm.embed(texts, truncate=True)
+    assert got.shape == ref.shape == (50, 384)
+    assert cosines(got, ref).min() >= 0.99999
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+
+
+def test_minilm_batch_is_each_alone(minilm: api.Model) -> None:
+    texts = ["short", "a somewhat longer text than the first one", "mid length text"]
+    together = minilm.embed(texts)
+    for i, t in enumerate(texts):
+        np.testing.assert_array_equal(together[i], minilm.embed([t])[0])
+
+
+def test_minilm_refuses_a_long_input_unless_truncated(minilm: api.Model) -> None:
+    long = "word " * 400
+    with pytest.raises(FrinkError, match="longer than the model's 256"):
+        minilm.embed([long])
+    ids = minilm.embed_tokens(long, truncate=True)
+    assert len(ids) == 256 and ids[0] == 101 and ids[-1] == 102
+
+
+def test_minilm_token_ids_input(minilm: api.Model) -> None:
+    ids = minilm.embed_tokens("Hello world")
+    np.testing.assert_array_equal(minilm.embed_ids([ids]), minilm.embed(["Hello world"]))
+
+
+def test_minilm_has_no_logits(minilm: api.Model) -> None:
+    with pytest.raises(FrinkError, match="embedding model"):
+        minilm.logits([101, 102])
+
+
+# --- a tiny random BERT -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory: pytest.TempPathFactory, minilm_path: Path) -> Path:
+    """A random 2-layer BertModel (LayerNorms and biases drawn away from their defaults,
+    so a dropped one fails) with MiniLM's WordPiece vocabulary, saved as safetensors."""
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(
+        vocab_size=30522,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=96,
+        max_position_embeddings=64,
+        layer_norm_eps=1e-12,
+    )
+    model = transformers.BertModel(cfg, add_pooling_layer=True).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm.weight" in name:
+                p.copy_(1.0 + 0.5 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.2 * torch.randn_like(p))
+    d = tmp_path_factory.mktemp("tiny-bert")
+    model.save_pretrained(d, safe_serialization=True)
+    for f in TOKENIZER_FILES:
+        shutil.copy(minilm_path / f, d / f)
+    return d
+
+
+TINY_TEXTS = ["Hello world", "a", "", "Tiny random BERT, bidirectional attention: 1 2 3!"]
+
+
+def test_tiny_bert_hidden_states_match_transformers(tiny_bert: Path) -> None:
+    ref_model = transformers.BertModel.from_pretrained(tiny_bert).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(tiny_bert)
+    m = api.load(tiny_bert)
+    seqs = [m.embed_tokens(t) for t in TINY_TEXTS]
+    rows = m.decoder.hidden_batch([np.asarray(s) for s in seqs])
+    for text, ids, got in zip(TINY_TEXTS, seqs, rows):
+        enc = tok(text, return_tensors="pt")
+        assert enc["input_ids"][0].tolist() == ids
+        with torch.no_grad():
+            ref = ref_model(**enc).last_hidden_state[0].numpy()
+        np.testing.assert_allclose(got, ref, atol=2e-4, rtol=0)
+
+
+def _st_folder(base: Path, out: Path, pooling: str, dense: bool, normalize: bool) -> Path:
+    models = st.models
+    word = models.Transformer(str(base), max_seq_length=48)
+    dim = getattr(word, "get_embedding_dimension", word.get_word_embedding_dimension)()
+    modules = [word, models.Pooling(dim, pooling_mode=pooling)]
+    if dense:
+        torch.manual_seed(1)
+        modules.append(models.Dense(64, 24, bias=True, activation_function=torch.nn.Tanh()))
+    if normalize:
+        modules.append(models.Normalize())
+    st.SentenceTransformer(modules=modules, device="cpu").save(str(out))
+    return out
+
+
+@pytest.mark.parametrize(
+    "pooling,dense,normalize",
+    [("cls", True, True), ("lasttoken", False, False), ("mean", True, False)],
+)
+def test_tiny_sentence_transformers_folders(
+    tiny_bert: Path, tmp_path: Path, pooling: str, dense: bool, normalize: bool
+) -> None:
+    folder = _st_folder(tiny_bert, tmp_path / "st", pooling, dense, normalize)
+    ref = st.SentenceTransformer(str(folder), device="cpu").encode(TINY_TEXTS)
+    m = api.load(folder)
+    got = m.embed(TINY_TEXTS)
+    assert got.shape == ref.shape
+    assert cosines(got, ref).min() >= 0.99999
+    np.testing.assert_allclose(got, ref, atol=2e-4, rtol=1e-3)
