@@ -17,6 +17,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .backends import BACKEND_NAMES, check_backend_name
+from .cli_embed import embed
 from .cli_checks import (
     check_range,
     check_ranges,
@@ -473,6 +474,9 @@ def models() -> None:
 
     for name, desc, path in list_models():
         sys.stdout.write(f"{name:<16} {desc}  [{path if path else 'not fetched'}]\n")
+
+
+app.command()(embed)
 
 
 def main() -> None:

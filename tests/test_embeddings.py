@@ -5,11 +5,20 @@ sentence-transformers again."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+
+from frink_subprocess import child_env, frink_command
+from serve_process import Server
 
 from frink_cli import api
 from frink_cli.errors import FrinkError
@@ -193,3 +202,118 @@ def test_tiny_sentence_transformers_folders(
     assert got.shape == ref.shape
     assert cosines(got, ref).min() >= 0.99999
     np.testing.assert_allclose(got, ref, atol=2e-4, rtol=1e-3)
+
+
+# --- the CLI and the server -----------------------------------------------------------------
+
+
+def test_cli_embed_json(minilm: api.Model, minilm_path: Path) -> None:
+    texts = ["Hello world", "Second text."]
+    out = subprocess.run(
+        [*frink_command(), "embed", str(minilm_path), *texts, "--json"],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=300,
+        check=True,
+    )
+    data = json.loads(out.stdout)
+    got = np.array([d["embedding"] for d in data["data"]], np.float32)
+    np.testing.assert_allclose(got, minilm.embed(texts), atol=1e-6)
+    plain = subprocess.run(
+        [*frink_command(), "embed", str(minilm_path), texts[0]],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=300,
+        check=True,
+    )
+    np.testing.assert_allclose(
+        np.array(plain.stdout.split(), np.float32), got[0], rtol=1e-6, atol=1e-7
+    )
+
+
+@pytest.fixture(scope="module")
+def server(minilm_path: Path) -> Iterator[Server]:
+    s = Server(minilm_path)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def test_route_with_the_openai_client(server: Server, minilm: api.Model) -> None:
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+    texts = ["The first text.", "Another, longer text about embeddings."]
+    r = client.embeddings.create(model=server_model(client), input=texts)
+    got = np.array([d.embedding for d in r.data], np.float32)
+    np.testing.assert_allclose(got, minilm.embed(texts), atol=1e-6)
+    assert [d.index for d in r.data] == [0, 1]
+    n_tokens = sum(len(minilm.embed_tokens(t)) for t in texts)
+    assert r.usage.prompt_tokens == r.usage.total_tokens == n_tokens
+    # The client asks for base64 by default when numpy is there; float explicitly.
+    f = client.embeddings.create(model=server_model(client), input=texts[0], encoding_format="float")
+    np.testing.assert_allclose(np.array(f.data[0].embedding, np.float32), got[0], atol=1e-6)
+    # Token ids, one list and a list of lists.
+    ids = minilm.embed_tokens(texts[0])
+    one = client.embeddings.create(model=server_model(client), input=ids)
+    many = client.embeddings.create(model=server_model(client), input=[ids, ids])
+    np.testing.assert_allclose(np.array(one.data[0].embedding), got[0], atol=1e-6)
+    assert len(many.data) == 2
+    # Matryoshka: the first 64 values, renormalized.
+    cut = client.embeddings.create(model=server_model(client), input=texts[0], dimensions=64)
+    v = np.array(cut.data[0].embedding)
+    assert v.shape == (64,)
+    np.testing.assert_allclose(v, got[0][:64] / np.linalg.norm(got[0][:64]), atol=1e-6)
+
+
+def server_model(client: Any) -> str:
+    return client.models.list().data[0].id
+
+
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"input": []}, "input"),
+        ({"input": 7}, "input"),
+        ({"input": ["a", 1]}, "input"),
+        ({"input": [[]]}, "input"),
+        ({"input": [[1, "x"]]}, "input"),
+        ({"input": [10**9]}, "input"),
+        ({"input": ["x"] * 10_000}, "input"),
+        ({"input": "word " * 400}, "input"),
+        ({"input": "a", "encoding_format": "int8"}, "encoding_format"),
+        ({"input": "a", "dimensions": 0}, "dimensions"),
+        ({"input": "a", "dimensions": 10_000}, "dimensions"),
+        ({"input": "a", "truncate": "yes"}, "truncate"),
+        ({"input": "a", "frobnicate": 1}, "frobnicate"),
+        ({}, "input"),
+    ],
+)
+def test_route_refuses_bad_input(server: Server, body: dict, param: str) -> None:
+    req = urllib.request.Request(
+        server.url + "/v1/embeddings",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=120)
+    assert e.value.code == 400
+    err = json.loads(e.value.read())["error"]
+    assert err["param"] == param and err["type"] == "invalid_request_error"
+
+
+def test_route_truncates_when_asked(server: Server, minilm: api.Model) -> None:
+    body = {"input": "word " * 400, "truncate": True}
+    req = urllib.request.Request(
+        server.url + "/v1/embeddings",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=120) as r:
+        data = json.loads(r.read())
+    assert data["usage"]["prompt_tokens"] == 256
+    np.testing.assert_allclose(
+        data["data"][0]["embedding"], minilm.embed(["word " * 400], truncate=True)[0], atol=1e-6
+    )

@@ -44,7 +44,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..chat import chat_ids, check_fits
 from ..constraint import Constraint, Grammar, GrammarError, compile_constraint
 from ..errors import FrinkError, printable
-from . import answer, openai, tools
+from . import answer, embeddings, openai, tools
 from .answer import Outcome, Stream, check_context
 from .connections import DROPPED
 from .engine import Engine
@@ -98,6 +98,7 @@ def create_app(
             Route(f"{prefix}/completions", _endpoint(state, _complete), methods=["POST"]),
             Route(f"{prefix}/models", _endpoint(state, _models), methods=["GET"]),
         ]
+    routes += embeddings.routes(lambda handler: _endpoint(state, handler), _body)
     routes.append(Route("/health", _endpoint(state, _health, public=True), methods=["GET"]))
 
     async def http_error(request: Request, exc: Exception) -> Response:
