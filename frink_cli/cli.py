@@ -17,7 +17,6 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .backends import BACKEND_NAMES, check_backend_name
-from .cli_embed import embed
 from .cli_checks import (
     check_range,
     check_ranges,
@@ -26,6 +25,7 @@ from .cli_checks import (
     read_api_key,
     read_prompt,
 )
+from .cli_embed import embed
 from .cli_exit import CliState, err, run_app
 from .cli_run import generate_and_print
 from .errors import FrinkError, printable

@@ -17,7 +17,9 @@ from .cli_exit import CliState
 
 def embed(
     ctx: typer.Context,
-    model: str = typer.Argument(..., help="GGUF file, HF / sentence-transformers directory or model name"),
+    model: str = typer.Argument(
+        ..., help="GGUF file, HF / sentence-transformers directory or model name"
+    ),
     texts: list[str] = typer.Argument(..., help="the texts to embed"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object (OpenAI's shape)"),
     truncate: bool = typer.Option(

@@ -15,7 +15,7 @@ own rows, so nothing pads and nothing leaks between inputs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ POOLINGS = ("mean", "cls", "last")
 GGUF_POOLING = {1: "mean", 2: "cls", 3: "last"}
 # Inputs per forward: a batch's rows share one step; more inputs run in several.
 BATCH = 32
-_ACTIVATIONS = {
+_ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "torch.nn.modules.linear.Identity": lambda x: x,
     "torch.nn.modules.activation.Tanh": np.tanh,
 }
@@ -171,7 +171,7 @@ def _dense(where: Path) -> Dense:
 
 def embed_ids(decoder: Any, seqs: Sequence[Sequence[int]], plan: EmbedPlan) -> np.ndarray:
     """Token id sequences -> their embeddings [len(seqs), dim], BATCH inputs per forward."""
-    out = []
+    out: list[np.ndarray] = []
     for i in range(0, len(seqs), BATCH):
         chunk = [np.asarray(s, dtype=np.int64) for s in seqs[i : i + BATCH]]
         out.extend(plan.apply(rows) for rows in decoder.hidden_batch(chunk))

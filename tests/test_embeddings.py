@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from frink_subprocess import child_env, frink_command
 from serve_process import Server
 
@@ -27,7 +26,12 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 st = pytest.importorskip("sentence_transformers")
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "special_tokens_map.json",
+)
 
 
 def corpus() -> list[str]:
@@ -253,7 +257,9 @@ def test_route_with_the_openai_client(server: Server, minilm: api.Model) -> None
     n_tokens = sum(len(minilm.embed_tokens(t)) for t in texts)
     assert r.usage.prompt_tokens == r.usage.total_tokens == n_tokens
     # The client asks for base64 by default when numpy is there; float explicitly.
-    f = client.embeddings.create(model=server_model(client), input=texts[0], encoding_format="float")
+    f = client.embeddings.create(
+        model=server_model(client), input=texts[0], encoding_format="float"
+    )
     np.testing.assert_allclose(np.array(f.data[0].embedding, np.float32), got[0], atol=1e-6)
     # Token ids, one list and a list of lists.
     ids = minilm.embed_tokens(texts[0])

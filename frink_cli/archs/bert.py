@@ -191,5 +191,6 @@ class Bert(Arch):
             raise FrinkError(f"{ckpt.path}: a causal bert is not supported")
         eps = float(get(md, self.key("attention.layer_norm_epsilon"), required=True))
         n_types = ckpt.tensors.info("token_types.weight").shape[0]
+        assert isinstance(cfg.ext, BertConfig)  # ext_class
         ext = dataclasses.replace(cfg.ext, layer_norm=True, plain_ffn=True, n_token_types=n_types)
         return dataclasses.replace(cfg, norm_eps=eps, ext=ext)

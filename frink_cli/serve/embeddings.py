@@ -60,8 +60,7 @@ def routes(endpoint: Callable[[Handler], Any], read_body: BodyReader) -> list[Ro
         return await run_in_threadpool(answer, state, req, lock)
 
     return [
-        Route(f"{prefix}/embeddings", endpoint(handler), methods=["POST"])
-        for prefix in ("/v1", "")
+        Route(f"{prefix}/embeddings", endpoint(handler), methods=["POST"]) for prefix in ("/v1", "")
     ]
 
 

@@ -25,7 +25,9 @@ def gelu(x: np.ndarray) -> np.ndarray:
     at the values that matter), rounded to f32."""
     z = np.abs(x.astype(np.float64)) / np.sqrt(2.0)
     t = 1.0 / (1.0 + 0.3275911 * z)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    poly = t * (
+        0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429)))
+    )
     erf = np.copysign(1.0 - poly * np.exp(-z * z), x)
     return (0.5 * x * (1.0 + erf)).astype(np.float32)
 
