@@ -104,6 +104,11 @@ class Model:
                 self._embed_plan = default_plan(encoder, pooling)
         return self._embed_plan
 
+    @embed_plan.setter
+    def embed_plan(self, plan: EmbedPlan) -> None:
+        """Pool otherwise (llama-server's --pooling: EmbedPlan(pooling="mean"))."""
+        self._embed_plan = plan
+
     @property
     def embed_ctx(self) -> int:
         """The longest input embed() takes, in tokens (special tokens included)."""

@@ -69,15 +69,16 @@ class Decoder:
 
     def hidden_batch(self, seqs: list[np.ndarray]) -> list[np.ndarray]:
         """Several sequences, each from a fresh cache, in one forward -> each one's last
-        layer rows [len(seq), n_embd] (an embedding's input). A sequence attends only over
-        its own rows, so none is padded and none sees another."""
+        layer rows [len(seq), n_embd] as the head reads them (final norm: an embedding's
+        input). A sequence attends only over its own rows: none is padded, none sees
+        another."""
         n_ctx = max(len(s) for s in seqs)
         if len(seqs) == 1:
-            return [self.hidden(seqs[0], self.new_cache(n_ctx))]
+            return [self.host.final_norm(self.hidden(seqs[0], self.new_cache(n_ctx)))]
         batch = SeqBatch([self.new_cache(n_ctx) for _ in seqs], [len(s) for s in seqs])
         with step_threads(None, few_rows(batch.counts)), sequences(batch.counts):
             x, _ = self._forward(np.concatenate(seqs), batch, None)
-        x = x[:, : self.cfg.n_embd]
+            x = self.host.final_norm(x)
         return [x[a:b] for a, b in zip(batch.starts, batch.stops)]
 
     def _forward(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -16,10 +17,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import fixture_cache_root
 from frink_subprocess import child_env, frink_command
 from serve_process import Server
 
 from frink_cli import api
+from frink_cli.embedding import EmbedPlan
 from frink_cli.errors import FrinkError
 
 torch = pytest.importorskip("torch")
@@ -179,7 +182,7 @@ def test_tiny_bert_hidden_states_match_transformers(tiny_bert: Path) -> None:
 
 
 def _st_folder(base: Path, out: Path, pooling: str, dense: bool, normalize: bool) -> Path:
-    models = st.models
+    models = pytest.importorskip("sentence_transformers.models")
     word = models.Transformer(str(base), max_seq_length=48)
     dim = getattr(word, "get_embedding_dimension", word.get_word_embedding_dimension)()
     modules = [word, models.Pooling(dim, pooling_mode=pooling)]
@@ -323,3 +326,37 @@ def test_route_truncates_when_asked(server: Server, minilm: api.Model) -> None:
     np.testing.assert_allclose(
         data["data"][0]["embedding"], minilm.embed(["word " * 400], truncate=True)[0], atol=1e-6
     )
+
+
+# --- a decoder's embeddings -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_decoder_pooling_matches_llama_cpp(smollm2_path: Path, pooling: str) -> None:
+    """A generative model's embeddings (llama-server's --pooling last / mean): its final
+    normed rows pooled and normalized, against llama.cpp's embedding mode on the same F32
+    file."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    f32 = fixture_cache_root() / "real" / "smollm2-f32.gguf"
+    if not f32.exists():
+        f32.parent.mkdir(parents=True, exist_ok=True)
+        script = Path(__file__).resolve().parent.parent / "scripts" / "dequantize_gguf.py"
+        subprocess.run([sys.executable, str(script), str(smollm2_path), str(f32)], check=True)
+    texts = ["Hello world", "The quick brown fox jumps over the lazy dog.", "1 + 1 = 2"]
+    m = api.load(f32)
+    m.embed_plan = EmbedPlan(pooling=pooling)
+    got = m.embed(texts)
+    code = {"last": llama_cpp.LLAMA_POOLING_TYPE_LAST, "mean": llama_cpp.LLAMA_POOLING_TYPE_MEAN}
+    llm = llama_cpp.Llama(
+        model_path=str(f32),
+        embedding=True,
+        pooling_type=code[pooling],
+        n_ctx=128,
+        type_k=0,
+        type_v=0,
+        n_threads=2,
+        verbose=False,
+    )
+    assert [m.embed_tokens(t) for t in texts] == [llm.tokenize(t.encode()) for t in texts]
+    ref = np.array(llm.embed(texts, normalize=True), np.float32)
+    assert cosines(got, ref).min() >= 0.9999

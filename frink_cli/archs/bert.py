@@ -110,6 +110,11 @@ class BertConfig(DecoderConfig):
         f = plain_ffn(ops, cfg.ffn_act, w, h)
         return ops.layer_norm(ops.add_(f, h), w.out_norm, w.out_norm_b, cfg.norm_eps)
 
+    def final_norm(
+        self, ops: Ops, cfg: ModelConfig, output_norm: Array, x: Array, output_norm_b: Array | None
+    ) -> Array:
+        return x  # post-norm: the last layer's rows are normed already
+
     def head(
         self,
         ops: Ops,

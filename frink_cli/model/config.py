@@ -275,6 +275,14 @@ class ArchConfig:
         """x [T, residual_width] (left as it was) -> the layer's output rows."""
         raise NotImplementedError
 
+    def final_norm(
+        self, ops: Any, cfg: ModelConfig, output_norm: Any, x: Any, output_norm_b: Any
+    ) -> Any:
+        """The last layer's rows -> the rows [T, n_embd] the head reads (its final norm):
+        what a decoder's embeddings pool, as llama.cpp pools them. An encoder's rows are
+        its embeddings' input as they are."""
+        raise NotImplementedError
+
     def head(
         self,
         ops: Any,

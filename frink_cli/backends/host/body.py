@@ -107,6 +107,11 @@ class HostBody:
             self.ropes_for(cache.n_ctx)[layer],
         )
 
+    def final_norm(self, x: np.ndarray) -> np.ndarray:
+        """The last layer's rows as the head reads them (ModelConfig.ext.final_norm)."""
+        w = self.w
+        return self.cfg.ext.final_norm(HOST_OPS, self.cfg, w.output_norm, x, w.output_norm_b)
+
     def logits(self, x: np.ndarray) -> np.ndarray:
         w = self.w
         return self.cfg.ext.head(HOST_OPS, self.cfg, w.output_norm, w.output, x, w.output_norm_b)
