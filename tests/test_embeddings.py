@@ -360,3 +360,23 @@ def test_decoder_pooling_matches_llama_cpp(smollm2_path: Path, pooling: str) -> 
     assert [m.embed_tokens(t) for t in texts] == [llm.tokenize(t.encode()) for t in texts]
     ref = np.array(llm.embed(texts, normalize=True), np.float32)
     assert cosines(got, ref).min() >= 0.9999
+
+
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 3}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ],
+)
+def test_an_encoder_refuses_to_generate(server: Server, path: str, body: dict) -> None:
+    req = urllib.request.Request(
+        server.url + path,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=120)
+    assert e.value.code == 400
+    assert "only embeds" in json.loads(e.value.read())["error"]["message"]
+    assert server.get("/health")[0] == 200

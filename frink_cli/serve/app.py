@@ -98,7 +98,10 @@ def create_app(
             Route(f"{prefix}/completions", _endpoint(state, _complete), methods=["POST"]),
             Route(f"{prefix}/models", _endpoint(state, _models), methods=["GET"]),
         ]
-    routes += embeddings.routes(lambda handler: _endpoint(state, handler), _body)
+    routes += embeddings.routes(
+        lambda handler: _endpoint(state, handler),
+        lambda st, request, chat: _body(st, request, chat, generates=False),
+    )
     routes.append(Route("/health", _endpoint(state, _health, public=True), methods=["GET"]))
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -287,10 +290,10 @@ def _check_key(state: ServerState, request: Request) -> None:
 _PARSE_INLINE_BYTES = 64 << 10
 
 
-async def _body(state: ServerState, request: Request, chat: bool) -> dict:
+async def _body(state: ServerState, request: Request, chat: bool, generates: bool = True) -> dict:
     """The JSON object a request sent, read at most max_body bytes, checked as
     openai.parse_body checks it, fields frink cannot honour refused by name, and the
-    model it names checked."""
+    model it names checked (and, for a route that generates, that the model can)."""
     too_big = ApiError(
         413, f"request body exceeds {state.max_body} bytes", code="request_too_large"
     )
@@ -316,6 +319,8 @@ async def _body(state: ServerState, request: Request, chat: bool) -> dict:
             code="model_not_found",
             param="model",
         )
+    if generates and state.model.config.ext.embeds_only():
+        raise ApiError(400, "this model only embeds: use /v1/embeddings", param="model")
     return body
 
 
