@@ -18,6 +18,7 @@ from .backends import select_backend
 from .chat import chat_ids, prompt_ids
 from .constraint import Constraint, Grammar, compile_constraint
 from .decoder import Decoder
+from .embedding import EmbedPlan, default_plan, embed_ids, read_plan
 from .errors import FrinkError
 from .formats import Checkpoint
 from .generate import GenerationStats, generate_tokens
@@ -55,6 +56,7 @@ class Model:
         self.decoder = decoder
         self.tokenizer = tokenizer
         self.backend_name = backend_name
+        self._embed_plan: EmbedPlan | None = None
 
     @property
     def n_vocab(self) -> int:
@@ -88,6 +90,65 @@ class Model:
         if not step:
             return self.decoder.step(ids, cache, all_logits=True)
         return np.concatenate([self.decoder.step(ids[i : i + 1], cache) for i in range(len(ids))])
+
+    @property
+    def embed_plan(self) -> EmbedPlan:
+        """How embed() pools: the folder's sentence-transformers modules, the GGUF's
+        pooling_type, else mean (an encoder) or the last token (a decoder)."""
+        if self._embed_plan is None:
+            encoder = self.config.ext.embeds_only()
+            if self.checkpoint.hf_dir is not None:
+                self._embed_plan = read_plan(Path(self.checkpoint.hf_dir), encoder)
+            else:
+                pooling = self.checkpoint.metadata.get(f"{self.config.arch}.pooling_type")
+                self._embed_plan = default_plan(encoder, pooling)
+        return self._embed_plan
+
+    @embed_plan.setter
+    def embed_plan(self, plan: EmbedPlan) -> None:
+        """Pool otherwise (llama-server's --pooling: EmbedPlan(pooling="mean"))."""
+        self._embed_plan = plan
+
+    @property
+    def embed_ctx(self) -> int:
+        """The longest input embed() takes, in tokens (special tokens included)."""
+        return self.embed_plan.max_len or self.config.n_ctx_train
+
+    def embed_tokens(self, text: str, truncate: bool = False) -> list[int]:
+        """A text's ids as embed() feeds them (special tokens added), cut to embed_ctx when
+        truncate (the end token kept), else refused when longer."""
+        tok = self._tok()
+        # Wrapped whatever the text holds (a text starting with "[CLS]" still gets its own),
+        # as the HF tokenizer's post-processor wraps it.
+        bos = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
+        eos = [tok.eos_id] if tok.add_eos and tok.eos_id is not None else []
+        ids = bos + tok.encode(text, add_special=False) + eos
+        return self._fit(ids, truncate, eos[0] if eos else None)
+
+    def _fit(self, ids: list[int], truncate: bool, end: int | None = None) -> list[int]:
+        n = self.embed_ctx
+        if not ids:
+            raise FrinkError("an input to embed has no tokens")
+        if len(ids) <= n:
+            return ids
+        if not truncate:
+            raise FrinkError(f"an input of {len(ids)} tokens is longer than the model's {n}")
+        return ids[: n - 1] + [end] if end is not None and ids[-1] == end else ids[:n]
+
+    def embed(self, texts: str | Sequence[str], truncate: bool = False) -> np.ndarray:
+        """Texts -> their embeddings [len(texts), dim] (f32; unit length where the model
+        normalizes), all inputs batched through one forward per BATCH."""
+        if isinstance(texts, str):
+            texts = [texts]
+        return self.embed_ids([self.embed_tokens(t, truncate) for t in texts], truncate)
+
+    def embed_ids(self, seqs: Sequence[Sequence[int]], truncate: bool = False) -> np.ndarray:
+        """Token id sequences (fed as they are) -> their embeddings [len(seqs), dim]."""
+        fitted = []
+        for s in seqs:
+            self._check_ids(np.asarray(s, dtype=np.int64))
+            fitted.append(self._fit(list(s), truncate))
+        return embed_ids(self.decoder, fitted, self.embed_plan)
 
     def prompt_ids(
         self,

@@ -25,6 +25,7 @@ from .cli_checks import (
     read_api_key,
     read_prompt,
 )
+from .cli_embed import embed
 from .cli_exit import CliState, err, run_app
 from .cli_run import generate_and_print
 from .errors import FrinkError, printable
@@ -473,6 +474,9 @@ def models() -> None:
 
     for name, desc, path in list_models():
         sys.stdout.write(f"{name:<16} {desc}  [{path if path else 'not fetched'}]\n")
+
+
+app.command()(embed)
 
 
 def main() -> None:

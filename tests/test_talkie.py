@@ -146,7 +146,7 @@ def test_embedding_not_normed_moves_the_graph(fixture: Any) -> None:
     path, ref = fixture
     dec = frink_cli.load(path).decoder
     table = dec.host.w.token_embd
-    dec.host.embed = lambda ids: np.concatenate([table[ids], table[ids]], axis=-1)  # type: ignore[method-assign]
+    dec.host.embed = lambda ids, positions=None: np.concatenate([table[ids], table[ids]], axis=-1)  # type: ignore[method-assign]
     tokens = np.asarray(_tokens(ref))
     got = dec.step(tokens, dec.new_cache(len(tokens)), all_logits=True)
     assert float(np.max(np.abs(got - ref["logits_llamacpp"]))) > FAR

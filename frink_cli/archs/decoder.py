@@ -216,6 +216,14 @@ class DecoderConfig(ArchConfig):
             shares_kv=shape.kv_source is not None,
         )
 
+    def final_norm(
+        self, ops: Ops, cfg: ModelConfig, output_norm: Array, x: Array, output_norm_b: Array | None
+    ) -> Array:
+        """The residual stream's columns of x, normed as the head reads them."""
+        if cfg.residual_width != cfg.n_embd:
+            x = x[:, : cfg.n_embd]
+        return norm(ops, self.layer_norm, x, output_norm, output_norm_b, cfg.norm_eps)
+
     def head(
         self,
         ops: Ops,
@@ -228,9 +236,7 @@ class DecoderConfig(ArchConfig):
         """Final norm (a LayerNorm with its bias when layer_norm), output projection, then
         the logits divided by logit_scale and softcapped, where the model says. The rows'
         first n_embd columns are the residual stream (a side stream may ride after)."""
-        if cfg.residual_width != cfg.n_embd:
-            x = x[:, : cfg.n_embd]
-        h = norm(ops, self.layer_norm, x, output_norm, output_norm_b, cfg.norm_eps)
+        h = self.final_norm(ops, cfg, output_norm, x, output_norm_b)
         logits = ops.linear(h, output)
         if self.logit_scale is not None:
             logits = ops.scale_(logits, 1.0 / self.logit_scale)

@@ -9,6 +9,7 @@ from ..model.config import ModelConfig
 from ..model.validate import validate_config
 from .alibi import Bloom, Mpt
 from .base import Arch
+from .bert import Bert
 from .bitnet import Bitnet
 from .deci import Deci
 from .falcon_h1 import FalconH1
@@ -61,6 +62,7 @@ _ARCHS: tuple[Arch, ...] = (
     GraniteHybrid(),
     FalconH1(),
     GptOss(),
+    Bert(),
 )
 _BY_NAME: dict[str, Arch] = {a.name: a for a in _ARCHS}
 _BY_MODEL_TYPE: dict[str, Arch] = {mt: a for a in _ARCHS for mt in a.hf_model_types}

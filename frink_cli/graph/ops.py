@@ -140,6 +140,7 @@ class Ops(Protocol[A]):
         softcap: float | None,
         alibi: tuple[float, ...] | None = None,
         sinks: A | None = None,
+        causal: bool = True,
     ) -> A:
         """Write the new rows k [T, Hkv, hk], v [T, Hkv, hv] to the cache view kv, then
         softmax(scale q K^T (softcapped) + causal/window mask) V over every visible row for
@@ -147,7 +148,9 @@ class Ops(Protocol[A]):
         alibi: per query head, its slope: -slope_h * (q pos - k pos) joins the scores.
         sinks [H]: per query head, one more logit in its softmax, with no value.
         k and v None: a KV-sharing layer's queries, over the rows its source layer wrote
-        (kv is that layer's slot, read-only)."""
+        (kv is that layer's slot, read-only).
+        causal False: bidirectional, every row the cache holds is visible to every query
+        (an encoder's mask; no window)."""
         ...
 
     # --- gated delta net -------------------------------------------------------------------

@@ -150,6 +150,7 @@ class TraceOps:
         softcap: float | None,
         alibi: tuple[float, ...] | None = None,
         sinks: Any = None,
+        causal: bool = True,
     ) -> np.ndarray:
         T, H, hk = np.shape(q)
         hv = np.shape(v)[-1] if v is not None else kv.head_dim_v
@@ -163,6 +164,7 @@ class TraceOps:
             alibi=alibi is not None,
             sinks=sinks is not None,
             own_kv=k is not None and v is not None,
+            causal=causal,
         )
         return placeholder((T, H * hv))
 

@@ -204,6 +204,11 @@ class ArchConfig:
         """The architecture's block configs for `frink info --json`, by section name."""
         return {}
 
+    def embeds_only(self) -> bool:
+        """The model has no LM head: its last layer's rows are pooled into embeddings (an
+        encoder), never turned into logits."""
+        return False
+
     def attends(self, cfg: ModelConfig) -> bool:
         """Some layer has attention heads (validate_config checks their counts)."""
         return True
@@ -252,7 +257,8 @@ class ArchConfig:
     def embed(self, ops: Any, cfg: ModelConfig, w: Any, x: Any, lookup: Any) -> Any:
         """The looked-up embedding rows x [T, n_embd] (ours to overwrite) -> the rows the
         first layer reads [T, residual_width]. lookup(table) gives the step's rows of
-        another per-token table."""
+        another per-token table; lookup(table, by_position=True) the rows at the step's
+        positions (a learned position table)."""
         raise NotImplementedError
 
     def layer(
@@ -267,6 +273,14 @@ class ArchConfig:
         rope: Any,
     ) -> Any:
         """x [T, residual_width] (left as it was) -> the layer's output rows."""
+        raise NotImplementedError
+
+    def final_norm(
+        self, ops: Any, cfg: ModelConfig, output_norm: Any, x: Any, output_norm_b: Any
+    ) -> Any:
+        """The last layer's rows -> the rows [T, n_embd] the head reads (its final norm):
+        what a decoder's embeddings pool, as llama.cpp pools them. An encoder's rows are
+        its embeddings' input as they are."""
         raise NotImplementedError
 
     def head(

@@ -40,7 +40,7 @@ from ..errors import printable
 from ..toolcalls import Parser, ToolCall
 from . import answer, anthropic_request, prepare
 from .answer import Outcome, Run, Stream
-from .endpoints import check_model, endpoint, error_headers, read_body
+from .endpoints import check_generates, check_model, endpoint, error_headers, read_body
 from .engine import Finish
 from .openai import ApiError
 
@@ -93,6 +93,7 @@ async def _conversation(
     """The request's body, its conversation for the chat template, and its tool plan."""
     body = await read_body(state, request)
     check_model(state, body)
+    check_generates(state)
     msgs = anthropic_request.messages(body)
     return body, msgs, anthropic_request.plan(body, state.model.tokenizer)
 

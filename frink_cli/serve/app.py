@@ -40,9 +40,9 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import printable
-from . import answer, anthropic, metrics, ollama, openai, prepare, tools
+from . import answer, anthropic, embeddings, metrics, ollama, openai, prepare, tools
 from .answer import Outcome, check_context
-from .endpoints import check_model, client, endpoint, openai_error, read_body
+from .endpoints import check_generates, check_model, client, endpoint, openai_error, read_body
 from .engine import Engine
 from .openai import ApiError
 
@@ -96,6 +96,10 @@ def create_app(
     routes += anthropic.routes(state)
     routes += ollama.routes(state, endpoint)
     routes += metrics.routes(state, endpoint)
+    routes += embeddings.routes(
+        lambda handler: endpoint(state, handler),
+        lambda st, request, chat: _body(st, request, chat, generates=False),
+    )
 
     async def http_error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)
@@ -215,12 +219,15 @@ class _Gate:
         return len(parts) == 4 and parts[0] == "127" and all(p.isdigit() for p in parts)
 
 
-async def _body(state: ServerState, request: Request, chat: bool) -> dict:
+async def _body(state: ServerState, request: Request, chat: bool, generates: bool = True) -> dict:
     """The JSON object a request sent (endpoints.read_body), fields frink cannot honour
-    refused by name, and the model it names checked."""
+    refused by name, and the model it names checked (and, for a route that generates,
+    that the model can)."""
     body = await read_body(state, request)
     openai.refuse_unsupported(body, chat)
     check_model(state, body)
+    if generates:
+        check_generates(state)
     return body
 
 

@@ -150,3 +150,10 @@ def check_model(state: ServerState, body: dict) -> None:
             code="model_not_found",
             param="model",
         )
+
+
+def check_generates(state: ServerState) -> None:
+    """A 400 when the served model only embeds (an encoder): it cannot answer a route that
+    generates."""
+    if state.model.config.ext.embeds_only():
+        raise ApiError(400, "this model only embeds: use /v1/embeddings", param="model")

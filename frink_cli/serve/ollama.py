@@ -34,7 +34,7 @@ from ..errors import printable
 from ..toolcalls import Parser
 from . import answer, ollama_fields, ollama_models, openai, prepare, tools
 from .answer import Outcome, Run, Stream
-from .endpoints import read_body
+from .endpoints import check_generates, read_body
 from .engine import Finish
 from .ollama_models import ModelFacts
 from .openai import ApiError
@@ -110,6 +110,7 @@ def _check_model(state: ServerState, name: Any) -> None:
 async def _request(state: ServerState, request: Request) -> dict:
     body = await read_body(state, request)
     _check_model(state, body.get("model"))
+    check_generates(state)
     return body
 
 

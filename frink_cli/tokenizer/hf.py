@@ -197,6 +197,10 @@ def load_hf(d: Path) -> Tokenizer | None:
     except Exception as e:  # noqa: BLE001 - any parse failure is a bad file
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise FrinkError(f"{path}: cannot load tokenizer ({first})") from None
+    # A tokenizer.json may carry padding and truncation for a training batch (BERT's: pad
+    # and cut to 128); transformers sets both per call, and frink wants each text's own ids.
+    tk.no_padding()
+    tk.no_truncation()
     core = HfVocab(tk)
     config = _read_json(d / "tokenizer_config.json")
     model_cfg = _read_json(d / "config.json")
@@ -219,6 +223,10 @@ def load_hf(d: Path) -> Tokenizer | None:
     full = tk.encode("a", add_special_tokens=True).ids
     k = _find_sub(full, plain)
     prefix, suffix = (full[:k], full[k + len(plain) :]) if k >= 0 else ([], [])
+    # No BOS/EOS named, but the post-processor wraps a text in one token each (BERT's [CLS]
+    # and [SEP]): those are its BOS and EOS, as llama.cpp's bert vocabulary has them.
+    if bos_id is None and eos_id is None and len(prefix) == 1 and len(suffix) == 1:
+        bos_id, eos_id = prefix[0], suffix[0]
     add_bos = config.get("add_bos_token")
     if not isinstance(add_bos, bool):
         add_bos = bos_id is not None and prefix[-1:] == [bos_id]

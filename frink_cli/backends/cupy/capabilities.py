@@ -42,6 +42,8 @@ def _rope(call: OpCall) -> str | None:
 
 
 def _attention(call: OpCall) -> str | None:
+    if call["causal"] is False:
+        return "bidirectional"
     if call["softcap"]:
         return "softcap"
     if call["sinks"]:

@@ -160,7 +160,10 @@ class CudaOps:
         softcap: float | None,
         alibi: tuple[float, ...] | None = None,
         sinks: Any | None = None,
+        causal: bool = True,
     ) -> Any:
+        if not causal:
+            raise NotImplementedError("bidirectional attention (eligibility refuses it)")
         if softcap:
             raise NotImplementedError("attention logit softcap (eligibility refuses it)")
         if sinks is not None:

@@ -57,12 +57,18 @@ def attend(
     softcap: float | None,
     slopes: np.ndarray | None = None,
     sinks: np.ndarray | None = None,
+    causal: bool = True,
 ) -> np.ndarray:
     """softmax(q K^T + mask) V for scaled queries q [T, H, hk] at `positions` over keys
     K [Hkv, S, hk] and values V [Hkv, S, hv], key row j at position first + j (a window
     cache holds no rows before its window); returns [T, H * hv]. slopes [H]: ALiBi, each
     head's scores get -slope_h * (query position - key position). sinks [H]: each head's
-    sink logit joins its softmax's denominator (and its max), with no value."""
+    sink logit joins its softmax's denominator (and its max), with no value. causal False:
+    no mask at all, every key row is visible to every query (an encoder; no window)."""
+    if not causal:
+        # Every query "stands" after the last key: the causal arithmetic with nothing hidden.
+        assert window is None, "bidirectional attention has no window"
+        positions = np.full(len(positions), first + K.shape[1] - 1)
     T, H, hk = q.shape
     Hkv, hv = K.shape[0], V.shape[2]
     g = H // Hkv

@@ -84,11 +84,16 @@ class HostBody:
             self._ropes[long] = [ropes[key] for key in keys]
         return self._ropes[long]
 
-    def embed(self, ids: np.ndarray) -> np.ndarray:
+    def embed(self, ids: np.ndarray, positions: np.ndarray | None = None) -> np.ndarray:
+        """The rows the first layer reads for tokens `ids` at `positions` (default 0, 1, ...:
+        a fresh sequence)."""
         x = embedding_rows(self.w.token_embd, ids)  # a copy: the residual stream is ours
-        return self.cfg.ext.embed(
-            HOST_OPS, self.cfg, self.w, x, lambda table: embedding_rows(table, ids)
-        )
+        at = np.arange(len(ids)) if positions is None else np.asarray(positions)
+
+        def lookup(table: np.ndarray, by_position: bool = False) -> np.ndarray:
+            return embedding_rows(table, at if by_position else ids)
+
+        return self.cfg.ext.embed(HOST_OPS, self.cfg, self.w, x, lookup)
 
     def layer(self, layer: int, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray:
         return self.cfg.ext.layer(
@@ -101,6 +106,11 @@ class HostBody:
             cache.slot(layer),
             self.ropes_for(cache.n_ctx)[layer],
         )
+
+    def final_norm(self, x: np.ndarray) -> np.ndarray:
+        """The last layer's rows as the head reads them (ModelConfig.ext.final_norm)."""
+        w = self.w
+        return self.cfg.ext.final_norm(HOST_OPS, self.cfg, w.output_norm, x, w.output_norm_b)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         w = self.w

@@ -97,12 +97,13 @@ class HostOps:
         softcap: float | None,
         alibi: tuple[float, ...] | None = None,
         sinks: np.ndarray | None = None,
+        causal: bool = True,
     ) -> np.ndarray:
         # The rows this step's queries see: [Hkv, S, hk], [Hkv, S, hv], row j at first + j.
         first, K, V = kv.append(k, v)
         q *= F32(scale)  # q is a view into this step's own QKV rows
         slopes = _slopes(alibi) if alibi is not None else None
-        return attend(q, K, V, first, pos, window, softcap, slopes, sinks)
+        return attend(q, K, V, first, pos, window, softcap, slopes, sinks, causal)
 
     def causal_conv(
         self, x: np.ndarray, tail: np.ndarray, taps: np.ndarray

@@ -315,7 +315,10 @@ class MlxOps:
         softcap: float | None,
         alibi: tuple[float, ...] | None = None,
         sinks: mx.array | None = None,
+        causal: bool = True,
     ) -> mx.array:
+        if not causal:
+            raise ValueError("bidirectional attention not carried")  # eligibility refuses it
         if softcap:
             raise ValueError("attention logit softcap not carried")  # eligibility refuses it first
         T, H, _ = q.shape

@@ -47,6 +47,8 @@ class AttentionSpec:
     v_from_k: bool = False  # no V projection: V is the raw K projection, normed
     shares_kv: bool = False  # no K/V of its own: attends over another layer's rows
     sinks: bool = False  # w.attn_sinks [n_head]: one more logit per head's softmax
+    # False: bidirectional (an encoder): every row of the sequence is visible to every query.
+    causal: bool = True
 
 
 def attention(ops: Ops[A], spec: AttentionSpec, w: Any, h: A, pos: Any, kv: Any, rope: Any) -> A:
@@ -91,7 +93,17 @@ def attend(
 
     def core(kv: Any, pos: Any, q: A, k: A | None, v: A | None) -> A:
         return ops.attention(
-            q, k, v, kv, pos, spec.window, spec.scale, spec.softcap, alibi=spec.alibi, sinks=sinks
+            q,
+            k,
+            v,
+            kv,
+            pos,
+            spec.window,
+            spec.scale,
+            spec.softcap,
+            alibi=spec.alibi,
+            sinks=sinks,
+            causal=spec.causal,
         )
 
     return each_sequence(ops, kv, pos, core, q, k, v)

@@ -1,0 +1,47 @@
+"""`frink embed MODEL TEXT...`: each text's embedding on stdout, one line of numbers per
+text, or (--json) one object in the shape of OpenAI's embeddings response.
+
+Its imports stay light (the api's are taken when the command runs): `frink --help` stays
+quick.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import typer
+
+from .cli_exit import CliState
+
+
+def embed(
+    ctx: typer.Context,
+    model: str = typer.Argument(
+        ..., help="GGUF file, HF / sentence-transformers directory or model name"
+    ),
+    texts: list[str] = typer.Argument(..., help="the texts to embed"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON object (OpenAI's shape)"),
+    truncate: bool = typer.Option(
+        False, "--truncate", help="cut inputs longer than the model takes (else refused)"
+    ),
+    verbose: bool = typer.Option(False, "-v", "--verbose"),
+) -> None:
+    """Embed texts: pooled as the model folder says (sentence-transformers modules.json)."""
+    ctx.ensure_object(CliState).verbose = verbose
+    from .api import load
+    from .pull import resolve_model_arg
+
+    path = resolve_model_arg(model)
+    m = load(path)
+    vectors = m.embed(texts, truncate=truncate)
+    if as_json:
+        data = [
+            {"object": "embedding", "index": i, "embedding": v.tolist()}
+            for i, v in enumerate(vectors)
+        ]
+        out = {"object": "list", "model": path.name, "data": data}
+        sys.stdout.write(json.dumps(out) + "\n")
+        return
+    for v in vectors:
+        sys.stdout.write(" ".join(f"{x:.8g}" for x in v.tolist()) + "\n")
