@@ -362,21 +362,100 @@ def test_decoder_pooling_matches_llama_cpp(smollm2_path: Path, pooling: str) -> 
     assert cosines(got, ref).min() >= 0.9999
 
 
+_USER_HI = [{"role": "user", "content": "hi"}]
+
+
 @pytest.mark.parametrize(
     "path,body",
     [
         ("/v1/completions", {"prompt": "hi", "max_tokens": 3}),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/chat/completions", {"messages": _USER_HI}),
+        ("/v1/messages", {"max_tokens": 3, "messages": _USER_HI}),
+        ("/api/chat", {"messages": _USER_HI}),
+        ("/api/generate", {"prompt": "hi"}),
     ],
 )
 def test_an_encoder_refuses_to_generate(server: Server, path: str, body: dict) -> None:
+    status, answer = _post(server, path, {**body, "model": _served_name(server)})
+    assert status == 400
+    error = answer["error"]  # each API's own shape: OpenAI's and Anthropic's an object
+    assert "only embeds" in (error if isinstance(error, str) else error["message"])
+    assert server.get("/health")[0] == 200
+
+
+def _post(server: Server, path: str, body: Any) -> tuple[int, Any]:
     req = urllib.request.Request(
         server.url + path,
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )
-    with pytest.raises(urllib.error.HTTPError) as e:
-        urllib.request.urlopen(req, timeout=120)
-    assert e.value.code == 400
-    assert "only embeds" in json.loads(e.value.read())["error"]["message"]
-    assert server.get("/health")[0] == 200
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+# --- Ollama's embedding routes, through the official client ---------------------------------
+
+
+def test_ollama_embed_matches_sentence_transformers(
+    server: Server, minilm: api.Model, minilm_path: Path
+) -> None:
+    ollama = pytest.importorskip("ollama")
+    client = ollama.Client(host=server.url)
+    texts = [t for t in corpus() if t.strip()][:12]
+    r = client.embed(model=_served_name(server), input=texts)
+    got = np.array(r.embeddings, np.float32)
+    ref = st.SentenceTransformer(str(minilm_path), device="cpu").encode(texts)
+    assert got.shape == ref.shape
+    assert cosines(got, ref).min() >= 0.99999
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)  # as Ollama's
+    assert r.prompt_eval_count == sum(len(minilm.embed_tokens(t, True)) for t in texts)
+    one = client.embed(model=_served_name(server), input=texts[0])
+    np.testing.assert_allclose(one.embeddings[0], got[0], atol=1e-6)
+    legacy = client.embeddings(model=_served_name(server), prompt=texts[0])
+    np.testing.assert_allclose(legacy.embedding, ref[0], atol=1e-5)
+    cut = client.embed(model=_served_name(server), input=texts[0], dimensions=32)
+    v = np.array(cut.embeddings[0])
+    np.testing.assert_allclose(v, got[0][:32] / np.linalg.norm(got[0][:32]), atol=1e-6)
+    assert client.show(_served_name(server)).capabilities == ["embedding"]
+
+
+def test_ollama_embed_truncates_unless_told_not_to(server: Server, minilm: api.Model) -> None:
+    ollama = pytest.importorskip("ollama")
+    client = ollama.Client(host=server.url)
+    long = "word " * 400
+    r = client.embed(model=_served_name(server), input=long)
+    assert r.prompt_eval_count == 256
+    np.testing.assert_allclose(r.embeddings[0], minilm.embed([long], truncate=True)[0], atol=1e-6)
+    with pytest.raises(ollama.ResponseError) as e:
+        client.embed(model=_served_name(server), input=long, truncate=False)
+    assert e.value.status_code == 400 and "256" in e.value.error
+    assert client.embed(model=_served_name(server), input=[]).embeddings == []
+
+
+@pytest.mark.parametrize(
+    "path,body,field",
+    [
+        ("/api/embed", {"input": 7}, "input"),
+        ("/api/embed", {"input": ["a", 1]}, "input"),
+        ("/api/embed", {"input": ["a", ""]}, "input"),
+        ("/api/embed", {"input": ["x"] * 10_000}, "input"),
+        ("/api/embed", {"input": "a", "truncate": "yes"}, "truncate"),
+        ("/api/embed", {"input": "a", "dimensions": 0}, "dimensions"),
+        ("/api/embed", {"input": "a", "dimensions": 10_000}, "dimensions"),
+        ("/api/embed", {"input": "a", "options": []}, "options"),
+        ("/api/embeddings", {"prompt": ["a"]}, "prompt"),
+    ],
+)
+def test_ollama_embed_refuses_bad_input(server: Server, path: str, body: dict, field: str) -> None:
+    status, answer = _post(server, path, {"model": _served_name(server), **body})
+    assert status == 400
+    assert set(answer) == {"error"} and answer["error"].startswith(field)
+    status, answer = _post(server, path, {**body, "model": "nope"})
+    assert status in (400, 404) and set(answer) == {"error"}
+
+
+def _served_name(server: Server) -> str:
+    return server.get("/v1/models")[1]["data"][0]["id"]

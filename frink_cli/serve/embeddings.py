@@ -33,6 +33,9 @@ MAX_INPUTS = 2048
 FORMATS = ("float", "base64")
 _FIELDS = frozenset({"input", "model", "encoding_format", "dimensions", "user", "truncate"})
 
+# One embedding forward at a time in this process (every route's, whatever API).
+_LOCK = threading.Lock()
+
 Handler = Callable[[Any, Request, Any], Awaitable[Response]]
 BodyReader = Callable[[Any, Request, bool], Awaitable[dict]]
 
@@ -52,12 +55,11 @@ def routes(endpoint: Callable[[Handler], Any], read_body: BodyReader) -> list[Ro
     """The routes, each handler wrapped by `endpoint` (the app's key check, errors and
     log) and reading its body with `read_body` (the app's size limit, JSON and model
     checks)."""
-    lock = threading.Lock()
 
     async def handler(state: Any, request: Request, outcome: Any) -> Response:
         body = await read_body(state, request, True)
         req = parse(body, state.model.n_vocab)
-        return await run_in_threadpool(answer, state, req, lock)
+        return await run_in_threadpool(answer, state, req)
 
     return [
         Route(f"{prefix}/embeddings", endpoint(handler), methods=["POST"]) for prefix in ("/v1", "")
@@ -115,24 +117,35 @@ def _token_ids(ids: list, n_vocab: int) -> list[int]:
     return list(ids)
 
 
-def answer(state: Any, req: EmbeddingRequest, lock: threading.Lock) -> Response:
-    """Run the model over the request's inputs -> OpenAI's embeddings response."""
+def embed(
+    state: Any,
+    texts: list[str] | None,
+    ids: list[list[int]] | None,
+    truncate: bool,
+    dimensions: int | None = None,
+) -> tuple[np.ndarray, int]:
+    """The served model's vectors of `texts` (or of token id lists `ids`), one row each,
+    and the tokens they took. Runs the model (call it off the event loop). `dimensions`:
+    the first n values renormalized; a 400 naming `input` or `dimensions` when the model
+    cannot take an input or n exceeds its width."""
     model = state.model
     try:
-        with lock:
-            if req.texts is not None:
-                seqs = [model.embed_tokens(t, req.truncate) for t in req.texts]
-            else:
-                assert req.ids is not None
-                seqs = req.ids
-            vectors = model.embed_ids(seqs, req.truncate)
+        with _LOCK:
+            seqs = [model.embed_tokens(t, truncate) for t in texts] if texts is not None else ids
+            assert seqs is not None
+            vectors = model.embed_ids(seqs, truncate)
     except FrinkError as e:
         raise ApiError(400, str(e), param="input", code="invalid_input") from None
-    if req.dimensions is not None:
-        if req.dimensions > vectors.shape[1]:
+    if dimensions is not None:
+        if dimensions > vectors.shape[1]:
             raise bad("dimensions", f"must be at most the model's {vectors.shape[1]}")
-        vectors = normalized(vectors[:, : req.dimensions])
-    n_tokens = sum(len(s) for s in seqs)
+        vectors = normalized(vectors[:, :dimensions])
+    return vectors, sum(len(s) for s in seqs)
+
+
+def answer(state: Any, req: EmbeddingRequest) -> Response:
+    """Run the model over the request's inputs -> OpenAI's embeddings response."""
+    vectors, n_tokens = embed(state, req.texts, req.ids, req.truncate, req.dimensions)
     data = [
         {"object": "embedding", "index": i, "embedding": _encoded(v, req.encoding_format)}
         for i, v in enumerate(vectors)

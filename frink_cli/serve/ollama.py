@@ -1,6 +1,6 @@
 """Ollama's API, the part clients use: POST /api/chat and /api/generate (NDJSON streamed
 by default, whole with `stream: false`), GET /api/tags, POST /api/show, GET /api/version,
-GET /api/ps. Embeddings (/api/embed) are not here.
+GET /api/ps, and the embedding routes /api/embed and /api/embeddings (ollama_embed.py).
 
 Requests are translated into the OpenAI field names (ollama_fields.py) and run through
 the same checks, chat template, tool plan and constrained decoder as /v1/chat/completions
@@ -32,7 +32,7 @@ from starlette.routing import Route
 from .. import __version__
 from ..errors import printable
 from ..toolcalls import Parser
-from . import answer, ollama_fields, ollama_models, openai, prepare, tools
+from . import answer, ollama_embed, ollama_fields, ollama_models, openai, prepare, tools
 from .answer import Outcome, Run, Stream
 from .endpoints import check_generates, read_body
 from .engine import Finish
@@ -82,6 +82,14 @@ def routes(state: ServerState, endpoint: Callable[..., Callable]) -> list[Route]
     async def version(state: ServerState, request: Request, o: Outcome) -> Response:
         return JSONResponse({"version": __version__})
 
+    def embedding(answer: Callable) -> Callable:
+        async def handler(state: ServerState, request: Request, o: Outcome) -> Response:
+            body = await read_body(state, request)
+            _check_model(state, body.get("model"))
+            return await answer(state, body)
+
+        return handler
+
     def route(path: str, handler: Callable, method: str) -> Route:
         return Route(path, endpoint(state, handler, shape=error), methods=[method])
 
@@ -92,6 +100,8 @@ def routes(state: ServerState, endpoint: Callable[..., Callable]) -> list[Route]
         route("/api/show", show, "POST"),
         route("/api/version", version, "GET"),
         route("/api/ps", ps, "GET"),
+        route("/api/embed", embedding(ollama_embed.embed), "POST"),
+        route("/api/embeddings", embedding(ollama_embed.embeddings_legacy), "POST"),
     ]
 
 

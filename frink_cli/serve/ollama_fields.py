@@ -169,8 +169,8 @@ def context_ids(body: dict, n_vocab: int) -> list[int]:
     return list(ctx)
 
 
-def flag(body: dict, name: str) -> bool:
-    v = body.get(name, False)
+def flag(body: dict, name: str, default: bool = False) -> bool:
+    v = body.get(name, default)
     if not isinstance(v, bool):
         raise bad(name, "must be true or false")
     return v

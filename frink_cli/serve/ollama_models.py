@@ -64,7 +64,11 @@ def model_facts(model: Any, name: str) -> ModelFacts:
         if isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= _MAX_INFO_TEXT)
     }
     tok = model.tokenizer
-    capabilities = ["completion", "tools"]
+    # Ollama's names: an encoder only embeds; a decoder also embeds (its pooled rows).
+    if model.config.ext.embeds_only():
+        capabilities = ["embedding"]
+    else:
+        capabilities = ["completion", "tools", "embedding"]
     if tok is not None and is_harmony(tok):
         capabilities.append("thinking")
     return ModelFacts(
