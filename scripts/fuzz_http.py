@@ -12,7 +12,9 @@ sockets, and counts how each ended; the server's log must hold no traceback at t
 Cases, chosen per index from the seed: malformed framing (request lines, versions,
 headers, lengths, chunking), connections dropped at every stage (mid-head, mid-body,
 mid-answer; closed or reset), floods of idle and trickling connections, JSON with lone
-surrogates, nulls, wrong types and unsupported fields (on the OpenAI and Ollama routes),
+surrogates, nulls, wrong types and unsupported fields (on the OpenAI, Anthropic and Ollama
+routes), hostile content blocks and fields on /v1/messages (each a 400 in Anthropic's
+shape), hostile inputs on /v1/embeddings and /api/embed,
 huge fields and bodies, bad input on the constrained and tool routes (each a 400 naming
 its field), and plain valid requests (which must get a 200). Loopback only; bounded in
 count and time (every socket has a timeout, every case a fixed size).
@@ -176,6 +178,17 @@ def ollama_body(rng: random.Random, path: str, stream: bool | None = None) -> di
 
 
 OLLAMA = ("/api/chat", "/api/generate")
+
+
+def anthropic_body(rng: random.Random, stream: bool | None = None) -> dict:
+    """An Anthropic /v1/messages request for the fuzz model."""
+    return {
+        "model": "tiny",
+        "max_tokens": rng.randint(1, 8),
+        "messages": chat_body(rng)["messages"],
+        "temperature": rng.choice([0, 0.8]),
+        "stream": rng.random() < 0.5 if stream is None else stream,
+    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -361,9 +374,11 @@ _FIELDS = [
 def json_case(rng: random.Random) -> tuple[str, Case]:
     """A well-framed request whose JSON is hostile: surrogates, nulls, wrong types,
     unsupported fields, depth."""
-    path = rng.choice(["/v1/chat/completions", "/v1/completions", *OLLAMA])
+    path = rng.choice(["/v1/chat/completions", "/v1/completions", "/v1/messages", *OLLAMA])
     if path in OLLAMA:
         body = ollama_body(rng, path, stream=False)
+    elif path == "/v1/messages":
+        body = anthropic_body(rng, stream=False)
     elif path == "/v1/chat/completions":
         body = chat_body(rng, stream=False)
     else:
@@ -532,9 +547,11 @@ def constrained_case(rng: random.Random) -> tuple[str, Case]:
 
 def valid_case(rng: random.Random) -> tuple[str, Case]:
     paths = ["/v1/chat/completions", "/v1/completions", "/v1/models", "/health", *OLLAMA]
-    path = rng.choice([*paths, "/api/tags", "/api/version", "/api/ps", "/metrics"])
+    path = rng.choice([*paths, "/v1/messages", "/api/tags", "/api/version", "/api/ps", "/metrics"])
     if path in OLLAMA:
         data = request("POST", path, json.dumps(ollama_body(rng, path)).encode())
+    elif path == "/v1/messages":
+        data = request("POST", path, json.dumps(anthropic_body(rng)).encode())
     elif path == "/v1/chat/completions":
         data = request("POST", path, json.dumps(chat_body(rng)).encode())
     elif path == "/v1/completions":
@@ -551,9 +568,63 @@ def valid_case(rng: random.Random) -> tuple[str, Case]:
     return f"valid {path}", valid
 
 
+_BAD_BLOCKS: list[Any] = [
+    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}},
+    {"type": "nonsense"},
+    {"type": "text"},
+    {"type": "text", "text": 5},
+    {"type": "tool_result", "tool_use_id": "toolu_x", "content": "r"},
+    {"type": "tool_use", "id": "t", "name": "f", "input": "not an object"},
+    {"type": "thinking"},
+    "a string, not a block",
+    7,
+    None,
+]
+_BAD_MESSAGE_FIELDS: list[tuple[str, list[Any]]] = [
+    ("max_tokens", [0, -1, "8", 10**12, None, 2.5]),
+    ("system", [5, [{"type": "image"}], [{"type": "text"}], {"a": 1}]),
+    ("tool_choice", [{"type": "tool"}, {"type": "nope"}, "auto", {"type": "tool", "name": "x"}]),
+    ("messages", [[], [{"role": "system", "content": "x"}], [{"role": "user"}], "hi"]),
+    ("tools", [[{"name": "no spaces"}], [{}], {"f": 1}, [{"name": "f", "input_schema": 3}]]),
+    ("stop_sequences", ["x", [1], [None]]),
+    ("temperature", [-1, 3, "hot"]),
+    ("top_k", [-5, "k", 1.5]),
+    ("metadata", ["m", [1]]),
+]
+
+
+def anthropic_case(rng: random.Random) -> tuple[str, Case]:
+    """/v1/messages with one hostile part (an unknown, malformed or image content block, a
+    bad max_tokens, system, tool_choice, messages, tools, or sampling field): each must be
+    a 400 in Anthropic's error shape, {"type": "error", "error": {"type", "message"}}."""
+    body = anthropic_body(rng, stream=rng.random() < 0.3)
+    if rng.random() < 0.4:
+        body["messages"] = [{"role": "user", "content": [rng.choice(_BAD_BLOCKS)]}]
+        what = "content block"
+    else:
+        what, values = rng.choice(_BAD_MESSAGE_FIELDS)
+        body[what] = rng.choice(values)
+    data = request("POST", "/v1/messages", json.dumps(body).encode())
+
+    def refused(port: int) -> list[int]:
+        with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_S) as s:
+            s.sendall(data)
+            raw = _read(s)
+        status = _status(raw)
+        try:
+            answer = json.loads(raw.partition(b"\r\n\r\n")[2])
+            shaped = answer["type"] == "error" and isinstance(answer["error"]["message"], str)
+            shaped = shaped and answer["error"]["type"] == "invalid_request_error"
+        except (ValueError, KeyError, TypeError):
+            shaped = False
+        return [status if status == 400 and shaped else -2]
+
+    return f"anthropic {what} {json.dumps(body)[:60]!r}", refused
+
+
 def embed_case(rng: random.Random) -> tuple[str, Case]:
-    """/v1/embeddings with a hostile or valid `input` and options: each must be answered
-    200 or refused 400, never a 500."""
+    """/v1/embeddings or Ollama's /api/embed with a hostile or valid `input` and options:
+    each must be answered 200 or refused 400, never a 500."""
     inputs: list[Any] = [
         "hello",
         ["a", "b"],
@@ -577,14 +648,18 @@ def embed_case(rng: random.Random) -> tuple[str, Case]:
     ):
         if rng.random() < 0.3:
             body[name] = rng.choice(values)
+    path = rng.choice(["/v1/embeddings", "/api/embed"])
+    if path == "/api/embed":
+        body["model"] = "tiny"
+        body.pop("encoding_format", None)
     raw = json.dumps(body).encode()
     what = raw[:80].decode("utf-8", "replace")
 
     def embed(port: int) -> list[int]:
-        statuses = _send(port, request("POST", "/v1/embeddings", raw))
+        statuses = _send(port, request("POST", path, raw))
         return [s if s in (200, 400, 413, 503) else -2 for s in statuses] or [-2]
 
-    return f"embeddings {what!r}", embed
+    return f"embeddings {path} {what!r}", embed
 
 
 FAMILIES: list[tuple[float, Callable[[random.Random], tuple[str, Case]]]] = [
@@ -596,6 +671,7 @@ FAMILIES: list[tuple[float, Callable[[random.Random], tuple[str, Case]]]] = [
     (0.07, huge_case),
     (0.05, flood_case),
     (0.05, embed_case),
+    (0.05, anthropic_case),
 ]
 
 
