@@ -530,19 +530,11 @@ def constrained_case(rng: random.Random) -> tuple[str, Case]:
     path, body, field = _constrained_request(rng)
     data = request("POST", path, _body_bytes(body))
 
-    def refused(port: int) -> list[int]:
-        with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_S) as s:
-            s.sendall(data)
-            raw = _read(s)
-        status = _status(raw)
-        try:
-            error = json.loads(raw.partition(b"\r\n\r\n")[2])["error"]
-            named = str(error["param"]).startswith(field) and field in error["message"]
-        except (ValueError, KeyError, TypeError):
-            named = False
-        return [status if status == 400 and named else -2]
+    def named(error: Any) -> bool:
+        error = error["error"]
+        return str(error["param"]).startswith(field) and field in error["message"]
 
-    return f"constrained {path} {field}", refused
+    return f"constrained {path} {field}", lambda port: _refused(port, data, named)
 
 
 def valid_case(rng: random.Random) -> tuple[str, Case]:
@@ -606,20 +598,28 @@ def anthropic_case(rng: random.Random) -> tuple[str, Case]:
         body[what] = rng.choice(values)
     data = request("POST", "/v1/messages", json.dumps(body).encode())
 
-    def refused(port: int) -> list[int]:
-        with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_S) as s:
-            s.sendall(data)
-            raw = _read(s)
-        status = _status(raw)
-        try:
-            answer = json.loads(raw.partition(b"\r\n\r\n")[2])
-            shaped = answer["type"] == "error" and isinstance(answer["error"]["message"], str)
-            shaped = shaped and answer["error"]["type"] == "invalid_request_error"
-        except (ValueError, KeyError, TypeError):
-            shaped = False
-        return [status if status == 400 and shaped else -2]
+    def shaped(answer: Any) -> bool:
+        error = answer["error"]
+        return (
+            answer["type"] == "error"
+            and error["type"] == "invalid_request_error"
+            and (isinstance(error["message"], str))
+        )
 
-    return f"anthropic {what} {json.dumps(body)[:60]!r}", refused
+    return f"anthropic {what} {json.dumps(body)[:60]!r}", lambda port: _refused(port, data, shaped)
+
+
+def _refused(port: int, data: bytes, good: Callable[[Any], bool]) -> list[int]:
+    """[400] when `data` is refused with a 400 whose JSON body `good` accepts, else [-2]."""
+    with socket.create_connection(("127.0.0.1", port), timeout=SOCKET_S) as s:
+        s.sendall(data)
+        raw = _read(s)
+    try:
+        ok = good(json.loads(raw.partition(b"\r\n\r\n")[2]))
+    except (ValueError, KeyError, TypeError):
+        ok = False
+    status = _status(raw)
+    return [status if status == 400 and ok else -2]
 
 
 def embed_case(rng: random.Random) -> tuple[str, Case]:

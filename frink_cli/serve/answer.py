@@ -397,3 +397,34 @@ def _speller(tok: Any) -> openai.Spell:
 
 def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+# The events a job's answer is made of; any other ends it (failure).
+ANSWER_EVENTS = ("logprob", "text", "reasoning", "done")
+
+
+async def one_whole(
+    run: Run,
+    request: Request,
+    o: Outcome,
+    feed: Callable[[str, Any], object],
+    body: Callable[[], dict],
+) -> Response:
+    """A one-job run's answer as one JSON response, in another API's shape: each event fed
+    to `feed` (kind, payload), then `body()` once done. A 499 when the client has gone; the
+    job's failure raised as an ApiError; the job cancelled on the way out."""
+    try:
+        while True:
+            event = await run.next_event(request)
+            if event is None:
+                o.detail = "client disconnected"
+                return Response(status_code=499)
+            _, kind, payload = event
+            if kind not in ANSWER_EVENTS:
+                raise failure(kind, payload)
+            feed(kind, payload)
+            if kind == "done":
+                describe(o, [payload])
+                return JSONResponse(body())
+    finally:
+        run.cancel()

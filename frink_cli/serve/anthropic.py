@@ -59,7 +59,6 @@ _ERROR_TYPES = {
     529: "overloaded_error",
 }
 # The engine events an answer is made of; any other kind is a job's failure.
-_EVENTS = ("text", "reasoning", "logprob", "done")
 
 
 def routes(state: ServerState) -> list[Route]:
@@ -122,26 +121,7 @@ async def _messages(state: ServerState, request: Request, o: Outcome) -> Respons
     message = Message(state.model_id, len(job.ids), job.parsers[0] if job.parsers else None)
     if gen.stream:
         return Stream(_stream(run, message, o))
-    return await _whole(run, message, request, o)
-
-
-async def _whole(run: Run, message: Message, request: Request, o: Outcome) -> Response:
-    """The answer as one message, once its job is done."""
-    try:
-        while True:
-            event = await run.next_event(request)
-            if event is None:
-                o.detail = "client disconnected"
-                return Response(status_code=499)
-            _, kind, payload = event
-            if kind not in _EVENTS:
-                raise answer.failure(kind, payload)
-            message.events(kind, payload)
-            if kind == "done":
-                answer.describe(o, [payload])
-                return JSONResponse(message.body())
-    finally:
-        run.cancel()
+    return await answer.one_whole(run, request, o, message.events, message.body)
 
 
 async def _stream(run: Run, message: Message, o: Outcome) -> AsyncIterator[str]:
@@ -155,7 +135,7 @@ async def _stream(run: Run, message: Message, o: Outcome) -> AsyncIterator[str]:
             except asyncio.TimeoutError:
                 yield _sse("ping", {"type": "ping"})
                 continue
-            if kind not in _EVENTS:
+            if kind not in answer.ANSWER_EVENTS:
                 o.detail = printable(str(payload))[:200]
                 yield _sse("error", error_body(answer.failure(kind, payload))[1])
                 return

@@ -258,24 +258,7 @@ class _Reply:
 async def _respond(run: Run, reply: _Reply, request: Request, o: Outcome, stream: bool) -> Response:
     if stream:
         return Stream(_lines(run, reply, o), media_type=_NDJSON)
-    try:
-        while True:
-            event = await run.next_event(request)
-            if event is None:
-                o.detail = "client disconnected"
-                return Response(status_code=499)
-            _, kind, payload = event
-            if kind not in _EVENTS:
-                raise answer.failure(kind, payload)
-            reply.feed(kind, payload)
-            if kind == "done":
-                answer.describe(o, [payload])
-                return JSONResponse(reply.last(whole=True))
-    finally:
-        run.cancel()
-
-
-_EVENTS = ("logprob", "text", "reasoning", "done")
+    return await answer.one_whole(run, request, o, reply.feed, lambda: reply.last(whole=True))
 
 
 async def _lines(run: Run, reply: _Reply, o: Outcome) -> AsyncIterator[str]:
@@ -283,7 +266,7 @@ async def _lines(run: Run, reply: _Reply, o: Outcome) -> AsyncIterator[str]:
     try:
         while True:
             _, kind, payload = await run.events.get()
-            if kind not in _EVENTS:
+            if kind not in answer.ANSWER_EVENTS:
                 o.detail = printable(str(payload))[:200]
                 yield _line({"error": answer.failure(kind, payload).message})
                 return
