@@ -115,17 +115,6 @@ class BertConfig(DecoderConfig):
     ) -> Array:
         return x  # post-norm: the last layer's rows are normed already
 
-    def head(
-        self,
-        ops: Ops,
-        cfg: ModelConfig,
-        output_norm: Array,
-        output: Any,
-        x: Array,
-        output_norm_b: Array | None = None,
-    ) -> Array:
-        raise FrinkError(f"{cfg.arch} is an embedding model: it has no logits (use embed)")
-
 
 class Bert(Arch):
     name = "bert"
@@ -179,11 +168,7 @@ class Bert(Arch):
                 f"config.json: bert position_embedding_type "
                 f"{hp.get('position_embedding_type')!r} (only absolute)"
             )
-        w.u32("block_count", "num_hidden_layers")
-        w.u32("context_length", "max_position_embeddings")
-        w.u32("embedding_length", "hidden_size")
-        w.u32("feed_forward_length", "intermediate_size")
-        w.u32("attention.head_count", "num_attention_heads")
+        w.sizes()
         w.u32("attention.head_count_kv", "num_attention_heads")
         w.f32("attention.layer_norm_epsilon", "layer_norm_eps")
         w.set("attention.causal", False)

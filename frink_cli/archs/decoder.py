@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, TypeVar
 
+from ..errors import FrinkError
 from ..graph.blocks.attention import AttentionSpec, attention
 from ..graph.blocks.ffn import gated_ffn, plain_ffn
 from ..graph.blocks.moe import MoeConfig, moe
@@ -235,7 +236,10 @@ class DecoderConfig(ArchConfig):
     ) -> Array:
         """Final norm (a LayerNorm with its bias when layer_norm), output projection, then
         the logits divided by logit_scale and softcapped, where the model says. The rows'
-        first n_embd columns are the residual stream (a side stream may ride after)."""
+        first n_embd columns are the residual stream (a side stream may ride after). An
+        embedding-only model (ext.embeds_only) has no head: a FrinkError."""
+        if cfg.ext.embeds_only():
+            raise FrinkError(f"{cfg.arch} is an embedding model: it has no logits (use embed)")
         h = self.final_norm(ops, cfg, output_norm, x, output_norm_b)
         logits = ops.linear(h, output)
         if self.logit_scale is not None:

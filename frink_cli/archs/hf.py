@@ -81,6 +81,14 @@ class MetadataWriter:
         if value is not None:
             self.set(key, f32(value))
 
+    def sizes(self, ffn_optional: bool = False) -> None:
+        """The shape keys every converter writes first: layers, context, widths, heads."""
+        self.u32("block_count", "num_hidden_layers")
+        self.u32("context_length", "max_position_embeddings")
+        self.u32("embedding_length", "hidden_size")
+        self.u32("feed_forward_length", "intermediate_size", optional=ffn_optional)
+        self.u32("attention.head_count", "num_attention_heads")
+
     def flag(self, key: str, src: str) -> None:
         self.set(key, self._value(src, False, lambda v: isinstance(v, bool), "true or false"))
 
@@ -122,11 +130,7 @@ class HfConversion:
     def hf_metadata(self, w: MetadataWriter, notes: list[str]) -> None:
         """Write the GGUF metadata keys (w.hp: the normalized config). Extend with super();
         append to `notes` what the user should know (a config setting not applied)."""
-        w.u32("block_count", "num_hidden_layers")
-        w.u32("context_length", "max_position_embeddings")
-        w.u32("embedding_length", "hidden_size")
-        w.u32("feed_forward_length", "intermediate_size", optional=not self.hf_needs_ffn_width)
-        w.u32("attention.head_count", "num_attention_heads")
+        w.sizes(ffn_optional=not self.hf_needs_ffn_width)
         w.u32("attention.head_count_kv", "num_key_value_heads")
         w.u32("attention.key_length", "head_dim")
         w.u32("attention.value_length", "head_dim")
