@@ -185,7 +185,11 @@ def test_tiny_model_info_works_and_run_names_the_missing_tokenizer(
         ("mpt", "alibi (max bias 8, no rope)", "alibi_bias 8, clamp_kqv 1, layer_norm, plain_ffn"),
         ("granite", "rope norm, base 30000", "embd_scale 0.35, logit_scale 8, residual_scale 0.22"),
         ("llama_yarn", "yarn x8 (original context 32)", "rope_scaling"),
-        ("olmo2", "rope neox", "no_pre_norm, post_attn_norm, post_ffn_norm, qk_norm_full"),
+        (
+            "gemma3",
+            "rope neox, base 200000",
+            "embd_scale 8, post_attn_norm, post_ffn_norm, qk_norm",
+        ),
     ],
 )
 def test_info_shows_positions_and_decorations(
