@@ -25,7 +25,7 @@ from .cli_checks import (
     read_api_key,
     read_prompt,
 )
-from .cli_embed import embed
+from .cli_embed import POOLING_OPTION, embed
 from .cli_exit import CliState, err, run_app
 from .cli_run import generate_and_print
 from .errors import FrinkError, printable
@@ -380,10 +380,12 @@ def serve(
     cors_origins: str = _CORS_ORIGINS,
     parse_special: bool = _PARSE_SPECIAL,
     backend: str = _BACKEND,
+    pooling: str | None = POOLING_OPTION,
     verbose: bool = _VERBOSE,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, with continuous batching."""
     _begin(ctx, verbose)
+    from .embedding import check_pooling, with_pooling
     from .serve.server import serve as run_server
 
     check_ranges(
@@ -396,9 +398,11 @@ def serve(
         ("--timeout", timeout, 0.1, 86400),
         ("--max-connections", max_connections, 1, None),
     )
+    check_pooling(pooling)
     api_key = read_api_key(api_key, api_key_file)
     origins = frozenset(o.strip().rstrip("/") for o in cors_origins.split(",") if o.strip())
     m = _load(model, backend)
+    m.embed_plan = with_pooling(m.embed_plan, pooling)
     run_server(
         m,
         host=host,

@@ -14,6 +14,12 @@ import typer
 
 from .cli_exit import CliState
 
+POOLING_OPTION = typer.Option(
+    None,
+    "--pooling",
+    help="pool embeddings by mean|cls|last (default: as the model says; llama-server's flag)",
+)
+
 
 def embed(
     ctx: typer.Context,
@@ -25,15 +31,20 @@ def embed(
     truncate: bool = typer.Option(
         False, "--truncate", help="cut inputs longer than the model takes (else refused)"
     ),
+    pooling: str | None = POOLING_OPTION,
     verbose: bool = typer.Option(False, "-v", "--verbose"),
 ) -> None:
-    """Embed texts: pooled as the model folder says (sentence-transformers modules.json)."""
+    """Embed texts: pooled as the model folder says (sentence-transformers modules.json,
+    a GGUF's pooling_type) unless --pooling says otherwise."""
     ctx.ensure_object(CliState).verbose = verbose
     from .api import load
+    from .embedding import check_pooling, with_pooling
     from .pull import resolve_model_arg
 
+    check_pooling(pooling)
     path = resolve_model_arg(model)
     m = load(path)
+    m.embed_plan = with_pooling(m.embed_plan, pooling)
     vectors = m.embed(texts, truncate=truncate)
     if as_json:
         data = [

@@ -15,6 +15,7 @@ own rows, so nothing pads and nothing leaks between inputs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +88,19 @@ def default_plan(encoder: bool, pooling_type: Any = None) -> EmbedPlan:
     if pooling_type is not None and int(pooling_type) in GGUF_POOLING:
         return EmbedPlan(pooling=GGUF_POOLING[int(pooling_type)])
     return EmbedPlan(pooling="mean" if encoder else "last")
+
+
+def check_pooling(pooling: str | None) -> None:
+    """A FrinkError naming the option and the choices unless `pooling` is None or one of
+    POOLINGS (llama-server's --pooling)."""
+    if pooling is not None and pooling not in POOLINGS:
+        raise FrinkError(f"--pooling {pooling!r}: one of {', '.join(POOLINGS)}")
+
+
+def with_pooling(plan: EmbedPlan, pooling: str | None) -> EmbedPlan:
+    """`plan` pooled by `pooling` instead (mean, cls or last); None keeps it."""
+    check_pooling(pooling)
+    return plan if pooling is None else dataclasses.replace(plan, pooling=pooling)
 
 
 def read_plan(folder: Path, encoder: bool) -> EmbedPlan:

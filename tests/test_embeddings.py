@@ -360,6 +360,31 @@ def test_decoder_pooling_matches_llama_cpp(smollm2_path: Path, pooling: str) -> 
     assert [m.embed_tokens(t) for t in texts] == [llm.tokenize(t.encode()) for t in texts]
     ref = np.array(llm.embed(texts, normalize=True), np.float32)
     assert cosines(got, ref).min() >= 0.9999
+    # The same through `frink embed --pooling` (llama-server's flag, also on frink serve).
+    out = subprocess.run(
+        [*frink_command(), "embed", str(f32), *texts, "--pooling", pooling, "--json"],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=300,
+        check=True,
+    )
+    cli = np.array([d["embedding"] for d in json.loads(out.stdout)["data"]], np.float32)
+    assert cosines(cli, ref).min() >= 0.9999
+
+
+@pytest.mark.parametrize("command", ["embed", "serve"])
+def test_an_unknown_pooling_is_one_line(command: str, tmp_path: Path) -> None:
+    args = [str(tmp_path / "missing.gguf"), *(["text"] if command == "embed" else [])]
+    out = subprocess.run(
+        [*frink_command(), command, *args, "--pooling", "rank"],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=120,
+    )
+    assert out.returncode != 0
+    assert out.stderr.strip() == "frink: error: --pooling 'rank': one of mean, cls, last"
 
 
 _USER_HI = [{"role": "user", "content": "hi"}]
