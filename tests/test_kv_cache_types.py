@@ -189,3 +189,28 @@ def test_metal_half_mirror_gives_the_host_greedy_tokens(tiny_model, kind):
     # The device wrote its rows back through the host slot: the same rows, to rounding.
     for layer in range(host.config.n_layer):
         np.testing.assert_allclose(hc.v[layer], dc.v[layer], rtol=2e-2, atol=1e-3)
+
+
+# --- the serve prompt cache ----------------------------------------------------------------------
+
+
+def test_serve_prompt_cache_keeps_the_cache_type(tiny_model):
+    """The engine's slots are caches of the model's type, and a resumed prompt (its prefix
+    kept in f16 rows) answers as a fresh engine of the same type does."""
+    from test_engine import _engine, _others, _run, _stop
+
+    m = frink_cli.load(tiny_model("llama").gguf, cache_type_k="f16", cache_type_v="f16")
+    first, more = (p.tolist() for p in _others(m.n_vocab, [20, 6], seed=2))
+    e, t = _engine(m, n_parallel=1, n_ctx=96)
+    try:
+        assert e.slots[0].cache.types == CacheTypes("f16", "f16")
+        answer = _run(e, [first], 8)[0][0]
+        got, finished = _run(e, [first + answer + more], 8)[0]
+    finally:
+        _stop(e, t)
+    assert finished.cached_tokens == len(first) + len(answer) - 1
+    fresh = _engine(m, n_parallel=1, n_ctx=96)
+    try:
+        assert _run(fresh[0], [first + answer + more], 8)[0][0] == got
+    finally:
+        _stop(*fresh)
