@@ -59,7 +59,7 @@ def _round_trip(kind: str, x: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("kind", CACHE_TYPES)
 def test_stored_rows_are_gguf_py_round_trip(kind):
     k, v = _rows(0, 12, 3, 64), _rows(1, 12, 3, 128)
-    kv = AttentionKv(3, 64, 128, 40, CacheTypes(kind, kind))
+    kv = AttentionKv(3, 64, 128, 40, types=CacheTypes(kind, kind))
     kv.append(k[:7], v[:7])  # a prefill, then decode rows
     kv.commit(7)
     for t in range(7, 12):

@@ -51,6 +51,7 @@ class AttentionKv:
         head_dim_k: int,
         head_dim_v: int,
         n_ctx: int,
+        *,
         types: CacheTypes = F32_CACHE,
     ) -> None:
         check_width(types.k, head_dim_k, OPTION_K)
@@ -200,17 +201,10 @@ class WindowKv(AttentionKv):
     failed step leaves the committed rows intact; commit() then trims to the window and
     shrinks a buffer a long batch grew."""
 
-    def __init__(
-        self,
-        n_head_kv: int,
-        head_dim_k: int,
-        head_dim_v: int,
-        n_ctx: int,
-        window: int,
-        types: CacheTypes = F32_CACHE,
-    ) -> None:
-        self.window = window
-        super().__init__(n_head_kv, head_dim_k, head_dim_v, n_ctx, types)
+    def __init__(self, *dims: int, types: CacheTypes = F32_CACHE) -> None:
+        """dims: AttentionKv's (n_head_kv, head_dim_k, head_dim_v, n_ctx), then the window."""
+        *shape, self.window = dims
+        super().__init__(*shape, types=types)
 
     def commit(self, n_past: int) -> None:
         super().commit(n_past)

@@ -37,9 +37,9 @@ def layer_slot(
     kv: AttentionKv
     hk, hv = shape.head_dim_k, shape.head_dim_v  # the layer's own
     if windowed and window is not None and window < n_ctx:
-        kv = WindowKv(n_kv, hk, hv, n_ctx, window, types)
+        kv = WindowKv(n_kv, hk, hv, n_ctx, window, types=types)
     else:
-        kv = AttentionKv(n_kv, hk, hv, n_ctx, types)
+        kv = AttentionKv(n_kv, hk, hv, n_ctx, types=types)
     if shape.mixer == "attention+mamba2":  # K/V rows and mamba state
         return ParallelSlot(kv, RecurrentState(cfg, layer))
     return kv
