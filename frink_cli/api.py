@@ -15,6 +15,8 @@ import numpy as np
 
 from .archs import config_from_checkpoint, open_checkpoint
 from .backends import select_backend
+from .cache.kv_cache import check_cache_types
+from .cache.kv_types import DEFAULT_CACHE_TYPE, CacheTypes
 from .chat import chat_ids, prompt_ids
 from .constraint import Constraint, Grammar, compile_constraint
 from .decoder import Decoder
@@ -372,19 +374,26 @@ def load(
     backend: str = "numpy",
     progress: Callable[[int, int], None] | None = None,
     check_tensors: bool = False,
+    cache_type_k: str = DEFAULT_CACHE_TYPE,
+    cache_type_v: str = DEFAULT_CACHE_TYPE,
 ) -> Model:
-    """check_tensors: scan every weight for NaN/Inf first (llama.cpp's --check-tensors)."""
+    """check_tensors: scan every weight for NaN/Inf first (llama.cpp's --check-tensors).
+    cache_type_k / cache_type_v: how every cache of the model stores its K and V rows
+    (llama.cpp's -ctk / -ctv: f32, f16, bf16, q8_0, q4_0; f32 by default); an unknown type,
+    or one the backend cannot hold, is a FrinkError before anything loads."""
+    types = CacheTypes(cache_type_k, cache_type_v)
     ckpt = open_checkpoint(path)
     cfg = config_from_checkpoint(ckpt)
     if check_tensors:
         scan_tensors(ckpt)
     # Before the (slow) weight load, so an unavailable backend is refused at once.
-    chosen = select_backend(backend, cfg, ckpt)
+    check_cache_types(cfg, types)
+    chosen = select_backend(backend, cfg, ckpt, types)
     tokenizer = load_tokenizer(ckpt)
     # With a backend, layers load as its bind() uploads them and the decoder then keeps
     # host copies only of those the backend does not hold (model/weights.py).
     weights = load_weights(ckpt, cfg, progress, lazy=chosen is not None)
-    decoder = Decoder(cfg, weights, chosen)
+    decoder = Decoder(cfg, weights, chosen, types)
     _refuse_unread_tensors(ckpt, weights)
     if chosen is not None and progress:
         # load_weights' layers are a LayerStore (the decoder checks the same way).

@@ -17,6 +17,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .backends import BACKEND_NAMES, check_backend_name
+from .cache.kv_types import CACHE_TYPES, DEFAULT_CACHE_TYPE, OPTION_K, OPTION_V, check_cache_type
 from .cli_checks import (
     check_range,
     check_ranges,
@@ -46,14 +47,23 @@ def _begin(ctx: typer.Context, verbose: bool) -> None:
     ctx.ensure_object(CliState).verbose = verbose
 
 
-def _load(model_arg: str | None, backend: str, quiet: bool = False, check_tensors: bool = False):
+def _load(
+    model_arg: str | None,
+    backend: str,
+    quiet: bool = False,
+    check_tensors: bool = False,
+    cache_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE),
+):
+    """The model, loaded with a progress bar on a terminal; cache_types: -ctk and -ctv."""
     from .api import load
     from .pull import resolve_model_arg
 
     path = resolve_model_arg(model_arg)
+    ctk, ctv = cache_types
+    opts: dict[str, Any] = dict(check_tensors=check_tensors, cache_type_k=ctk, cache_type_v=ctv)
     # No bar when stderr is a pipe or file: there it is only noise (rich leaves a blank line).
     if quiet or not err.is_terminal:
-        return load(path, backend=backend, check_tensors=check_tensors)
+        return load(path, backend=backend, **opts)
     with Progress(
         TextColumn("[dim]loading {task.description}"),
         BarColumn(),
@@ -67,7 +77,7 @@ def _load(model_arg: str | None, backend: str, quiet: bool = False, check_tensor
         def report(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
 
-        return load(path, backend=backend, progress=report, check_tensors=check_tensors)
+        return load(path, backend=backend, progress=report, **opts)
 
 
 def _backend_option(default: str, help: str, choices: tuple[str, ...] = BACKEND_NAMES) -> Any:
@@ -83,6 +93,27 @@ def _backend_option(default: str, help: str, choices: tuple[str, ...] = BACKEND_
     return typer.Option(default, "--backend", help=help, callback=check)
 
 
+def _cache_type_option(option: str) -> Any:
+    """-ctk/--cache-type-k or -ctv/--cache-type-v, checked as it is parsed."""
+
+    def check(value: str) -> str:
+        try:
+            return check_cache_type(value, option)
+        except FrinkError as e:
+            raise typer.BadParameter(str(e)) from None
+
+    short, long = option.split("/")
+    which = "K" if long.endswith("k") else "V"
+    return typer.Option(
+        DEFAULT_CACHE_TYPE,
+        short,
+        long,
+        help=f"KV cache type for {which}: {'|'.join(CACHE_TYPES)} (stored rows rounded as "
+        "llama.cpp rounds them)",
+        callback=check,
+    )
+
+
 # The options several commands share, one definition each.
 _MODEL = typer.Argument(None, help="GGUF file, HF directory or model name")
 _VERBOSE = typer.Option(False, "-v", "--verbose")
@@ -90,6 +121,8 @@ _BACKEND = _backend_option("auto", "auto|numpy|metal|cuda")
 _CTX_SIZE = typer.Option(
     0, "-c", "--ctx-size", help="context size (0: the model's, capped at 4096)"
 )
+_CACHE_TYPE_K = _cache_type_option(OPTION_K)
+_CACHE_TYPE_V = _cache_type_option(OPTION_V)
 _TEMP = typer.Option(0.8, "--temp", help="temperature; 0 is greedy")
 _TOP_K = typer.Option(40, "--top-k")
 _TOP_P = typer.Option(0.95, "--top-p")
@@ -172,6 +205,8 @@ def run(
     file: Path | None = typer.Option(None, "-f", "--file", help="read the prompt from a file"),
     max_tokens: int = typer.Option(256, "-n", "--max-tokens", help="tokens to generate at most"),
     ctx_size: int = _CTX_SIZE,
+    cache_type_k: str = _CACHE_TYPE_K,
+    cache_type_v: str = _CACHE_TYPE_V,
     temp: float = _TEMP,
     top_k: int = _TOP_K,
     top_p: float = _TOP_P,
@@ -214,7 +249,13 @@ def run(
         check_utf8(system, "--system")
     constrain = constraint_args(grammar, grammar_file, json_schema, json_schema_file, regex)
 
-    m = _load(model, backend, quiet=as_json and not verbose, check_tensors=check_tensors)
+    m = _load(
+        model,
+        backend,
+        quiet=as_json and not verbose,
+        check_tensors=check_tensors,
+        cache_types=(cache_type_k, cache_type_v),
+    )
     # Compiled before the prompt runs: a grammar that does not compile stops here.
     constraint = m.constraint(**constrain)
     n_ctx = _n_ctx(m, ctx_size)
@@ -261,6 +302,8 @@ def bench(
     n_depth: int = typer.Option(
         0, "-d", "--n-depth", help="tokens already in the context for each test (untimed)"
     ),
+    cache_type_k: str = _CACHE_TYPE_K,
+    cache_type_v: str = _CACHE_TYPE_V,
     repetitions: int = typer.Option(3, "-r", "--repetitions", help="timed repetitions per test"),
     threads: int = typer.Option(
         0, "-t", "--threads", help="threads for llama.cpp and frink (0: all cores)"
@@ -289,7 +332,7 @@ def bench(
     if as_json + as_csv + as_md > 1:
         raise FrinkError("choose one output format: --json, --csv or --md")
     check_range("-t/--threads", threads, 0)
-    m = _load(model, backend)
+    m = _load(model, backend, cache_types=(cache_type_k, cache_type_v))
     rows = B.run_bench(
         m,
         n_prompt=n_prompt,
@@ -315,6 +358,8 @@ def chat(
     ctx: typer.Context,
     model: str | None = _MODEL,
     ctx_size: int = _CTX_SIZE,
+    cache_type_k: str = _CACHE_TYPE_K,
+    cache_type_v: str = _CACHE_TYPE_V,
     max_tokens: int = typer.Option(1024, "-n", "--max-tokens", help="tokens per answer at most"),
     system: str | None = typer.Option(None, "--system", help="system message"),
     temp: float = _TEMP,
@@ -337,7 +382,7 @@ def chat(
     if system is not None:
         check_utf8(system, "--system")
     params = SamplingParams(**_sampling(temp, top_k, top_p, min_p, repeat_penalty, seed))
-    m = _load(model, backend)
+    m = _load(model, backend, cache_types=(cache_type_k, cache_type_v))
     chat_loop(
         m,
         n_ctx=_n_ctx(m, ctx_size),
@@ -359,6 +404,8 @@ def serve(
     ctx_size: int = typer.Option(
         0, "-c", "--ctx-size", help="context per sequence (0: the model's, capped at 4096)"
     ),
+    cache_type_k: str = _CACHE_TYPE_K,
+    cache_type_v: str = _CACHE_TYPE_V,
     api_key: str | None = typer.Option(
         None, "--api-key", help="require Authorization: Bearer KEY", envvar="FRINK_API_KEY"
     ),
@@ -401,7 +448,7 @@ def serve(
     check_pooling(pooling)
     api_key = read_api_key(api_key, api_key_file)
     origins = frozenset(o.strip().rstrip("/") for o in cors_origins.split(",") if o.strip())
-    m = _load(model, backend)
+    m = _load(model, backend, cache_types=(cache_type_k, cache_type_v))
     m.embed_plan = with_pooling(m.embed_plan, pooling)
     run_server(
         m,
@@ -435,6 +482,8 @@ def parity(
         0, "--tokens", help="N seeded synthetic token ids instead of a prompt"
     ),
     steps: int = typer.Option(32, "--steps", help="greedy decode steps compared after the prefill"),
+    cache_type_k: str = _CACHE_TYPE_K,
+    cache_type_v: str = _CACHE_TYPE_V,
     as_json: bool = typer.Option(False, "--json"),
     verbose: bool = _VERBOSE,
 ) -> None:
@@ -446,7 +495,7 @@ def parity(
     check_range("--tokens", n_tokens, 0)
     if prompt is not None and n_tokens:
         raise FrinkError("give --prompt or --tokens, not both")
-    m = _load(model, backend, quiet=as_json)
+    m = _load(model, backend, quiet=as_json, cache_types=(cache_type_k, cache_type_v))
     if n_tokens or prompt is None:
         rng = np.random.default_rng(0)
         ids = rng.integers(0, m.config.n_vocab, size=n_tokens or 16).tolist()

@@ -16,15 +16,21 @@ from .backends import Backend, HeadBackend, LaunchFailed, Refusal
 from .backends.host.body import HostBody
 from .backends.host.linear import ThreadChoice, few_rows, sequences, step_threads
 from .cache import KvCache, SeqBatch
+from .cache.kv_types import F32_CACHE, CacheTypes
 from .model.config import ModelConfig
 from .model.weights import LayerStore, ModelWeights
 
 
 class Decoder:
     def __init__(
-        self, cfg: ModelConfig, weights: ModelWeights, backend: Backend | None = None
+        self,
+        cfg: ModelConfig,
+        weights: ModelWeights,
+        backend: Backend | None = None,
+        cache_types: CacheTypes = F32_CACHE,
     ) -> None:
         self.cfg = cfg
+        self.cache_types = cache_types  # every cache new_cache makes
         self.host = HostBody(cfg, weights)
         self.backend = backend
         # BLAS threads for one-row steps, chosen by timing them (backends/host/linear.py); and for
@@ -58,7 +64,7 @@ class Decoder:
             self.backend.end_thread()
 
     def new_cache(self, n_ctx: int) -> KvCache:
-        return KvCache(self.cfg, n_ctx)
+        return KvCache(self.cfg, n_ctx, types=self.cache_types)
 
     def hidden(self, ids: np.ndarray, cache: KvCache) -> np.ndarray:
         """Run new tokens `ids` at the cache's next positions; the last layer's output."""

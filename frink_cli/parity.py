@@ -119,7 +119,8 @@ def _check_parity(model, ids: list[int], steps: int) -> ParityReport:
     backend = dec.backend
     if backend is None:
         raise ValueError("parity needs a model loaded with an accelerated backend")
-    host = Decoder(dec.cfg, dec.host.w)  # the same weights, no backend
+    # The same weights and cache types, no backend.
+    host = Decoder(dec.cfg, dec.host.w, cache_types=dec.cache_types)
     tensors = model.checkpoint.tensors
     quantized = any(tensors.info(n).dtype not in UNQUANTIZED for n in tensors.names())
     report = ParityReport(

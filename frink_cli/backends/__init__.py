@@ -12,6 +12,7 @@ package (this package imports them lazily).
 
 from __future__ import annotations
 
+from ..cache.kv_types import F32_CACHE, CacheTypes
 from ..errors import FrinkError
 from .protocol import Backend, HeadBackend, LaunchFailed, Refusal, Run
 
@@ -26,35 +27,59 @@ def check_backend_name(name: str, allowed: tuple[str, ...] = BACKEND_NAMES) -> s
     return name
 
 
-def select_backend(name: str, cfg, checkpoint=None) -> Backend | None:
+def cache_type_refusal(name: str, types: CacheTypes) -> str | None:
+    """Why backend `name` cannot hold a KV cache of `types` (one line naming the option and
+    what the backend carries), or None; needs no device. The host body carries them all."""
+    if name == "cuda":
+        from .cupy.capabilities import KV_CACHE_TYPES
+    elif name == "metal":
+        from .mlx.capabilities import KV_CACHE_TYPES
+    else:
+        return None
+    return types.refusal(KV_CACHE_TYPES, name)
+
+
+def select_backend(
+    name: str, cfg, checkpoint=None, cache_types: CacheTypes = F32_CACHE
+) -> Backend | None:
     """None means the host body runs everything. "auto" is cuda when CuPy sees a GPU and the
     stack takes at least one layer of the model; else metal when MLX runs on a Metal GPU
     and takes a layer (MLX's CPU device on Linux is a correctness path, slower than NumPy,
-    so auto never picks it); else the host body."""
+    so auto never picks it); else the host body. Either is passed over by auto, and refused
+    by name (FrinkError), when it cannot hold `cache_types`."""
     check_backend_name(name)
     if name == "numpy":
         return None
     if name == "auto":
         from .cupy import cuda_available, layer_refusals, make_cuda_backend
 
-        if cuda_available() and any(r is None for r in layer_refusals(cfg, checkpoint)):
+        if (
+            cache_type_refusal("cuda", cache_types) is None
+            and cuda_available()
+            and any(r is None for r in layer_refusals(cfg, checkpoint))
+        ):
             return make_cuda_backend(cfg, checkpoint=checkpoint)
         from .mlx import metal_gpu_available
 
-        if metal_gpu_available() and any(
-            r is None for r in layer_support("metal", cfg, checkpoint)
+        if (
+            cache_type_refusal("metal", cache_types) is None
+            and metal_gpu_available()
+            and any(r is None for r in layer_support("metal", cfg, checkpoint))
         ):
             from .mlx import make_metal_backend
 
-            return make_metal_backend(cfg, checkpoint)
+            return make_metal_backend(cfg, checkpoint, cache_types)
         return None
+    refusal = cache_type_refusal(name, cache_types)
+    if refusal is not None:
+        raise FrinkError(refusal)
     if name == "cuda":
         from .cupy import make_cuda_backend
 
         return make_cuda_backend(cfg, checkpoint=checkpoint)
     from .mlx import make_metal_backend
 
-    return make_metal_backend(cfg, checkpoint)
+    return make_metal_backend(cfg, checkpoint, cache_types)
 
 
 def layer_support(name: str, cfg, source=None) -> list[str | None]:
@@ -78,6 +103,7 @@ __all__ = [
     "LaunchFailed",
     "Refusal",
     "Run",
+    "cache_type_refusal",
     "check_backend_name",
     "layer_support",
     "select_backend",

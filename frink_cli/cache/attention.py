@@ -7,6 +7,10 @@ positions [first, end): [first, n_past) committed, [n_past, end) staged by the s
 flight. A step writes its rows after the committed ones; they become committed at commit(),
 and rollback() (the next step's check_room) forgets them, so a step that fails leaves the
 committed rows as they were.
+
+Rows are stored as the slot's cache types say (kv_types.py: rounded once, as they are
+written); a slot of a non-f32 type hands its readers `Coded` rows, decoded by the reader a
+block of keys at a time.
 """
 
 from __future__ import annotations
@@ -14,6 +18,19 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import FrinkError
+from .kv_types import (
+    F32_CACHE,
+    OPTION_K,
+    OPTION_V,
+    CacheTypes,
+    Coded,
+    Rows,
+    check_width,
+    decode,
+    encode,
+    stored_dtype,
+    stored_width,
+)
 
 F32 = np.float32
 # Rows a full-attention buffer starts with; it doubles (up to the context) as it fills, so
@@ -28,8 +45,20 @@ class AttentionKv:
     """A full-attention layer's rows: every position from 0, grown geometrically up to the
     context."""
 
-    def __init__(self, n_head_kv: int, head_dim_k: int, head_dim_v: int, n_ctx: int) -> None:
+    def __init__(
+        self,
+        n_head_kv: int,
+        head_dim_k: int,
+        head_dim_v: int,
+        n_ctx: int,
+        *,
+        types: CacheTypes = F32_CACHE,
+    ) -> None:
+        check_width(types.k, head_dim_k, OPTION_K)
+        check_width(types.v, head_dim_v, OPTION_V)
         self.n_ctx = n_ctx
+        self.types = types
+        self.widths = (head_dim_k, head_dim_v)
         self.n_past = 0  # positions before this are committed
         self.base = 0  # the position buffer row 0 holds
         self.first = 0  # the first position held
@@ -39,19 +68,18 @@ class AttentionKv:
         # failed launch) changes it, and the mirror re-syncs. Lengths alone cannot tell:
         # truncate, then rewrite, gives the same length.
         self.version = 0
-        self._k = np.zeros((n_head_kv, 0, head_dim_k), F32)
-        self._v = np.zeros((n_head_kv, 0, head_dim_v), F32)
+        self._k = np.zeros((n_head_kv, 0, stored_width(types.k, head_dim_k)), stored_dtype(types.k))
+        self._v = np.zeros((n_head_kv, 0, stored_width(types.v, head_dim_v)), stored_dtype(types.v))
         self._move(0, 0, self._initial_rows())
 
     # --- the protocol ------------------------------------------------------------------------
 
-    def append(self, k: np.ndarray, v: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    def append(self, k: np.ndarray, v: np.ndarray) -> tuple[int, Rows, Rows]:
         """Write k [T, Hkv, hd_k], v [T, Hkv, hd_v] at the next positions (the host ops);
         return (first, K [Hkv, S, hd_k], V [Hkv, S, hd_v]): every row this step's queries
         may see, row j at position first + j."""
         end = self.write(self.n_past, k, v)
-        a, b = self.first - self.base, end - self.base
-        return self.first, self._k[:, a:b], self._v[:, a:b]
+        return self.first, *self.rows(self.first - self.base, end - self.base)
 
     def write(self, start: int, k: np.ndarray, v: np.ndarray) -> int:
         """Write rows at positions start.. (a backend pushing its rows back); return the end.
@@ -64,16 +92,29 @@ class AttentionKv:
         stop = start + k.shape[0]
         self._room(start, stop)
         a, b = start - self.base, stop - self.base
-        self._k[:, a:b] = k.transpose(1, 0, 2)
-        self._v[:, a:b] = v.transpose(1, 0, 2)
+        self._k[:, a:b] = encode(self.types.k, k.transpose(1, 0, 2))
+        self._v[:, a:b] = encode(self.types.v, v.transpose(1, 0, 2))
         self.end = stop
         self.version += 1
         return stop
 
-    def held(self) -> tuple[int, np.ndarray, np.ndarray]:
-        """(first, K, V) of the committed rows, row j at position first + j; read-only."""
-        a, b = self.first - self.base, self.n_past - self.base
-        return self.first, self._k[:, a:b], self._v[:, a:b]
+    def held(self) -> tuple[int, Rows, Rows]:
+        """(first, K, V) of the committed rows, row j at position first + j; read-only
+        (`Coded` rows where the cache type is not f32)."""
+        return self.first, *self.rows(self.first - self.base, self.n_past - self.base)
+
+    def rows(self, a: int, b: int) -> tuple[Rows, Rows]:
+        """Buffer rows [a, b) of K and V: f32 views, or `Coded` views of a stored type."""
+        return self._as_rows(self._k[:, a:b], 0), self._as_rows(self._v[:, a:b], 1)
+
+    def _as_rows(self, data: np.ndarray, which: int) -> Rows:
+        kind = self.types.k if which == 0 else self.types.v
+        return data if kind == "f32" else Coded(data, kind, self.widths[which])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the K and V buffers take."""
+        return self._k.nbytes + self._v.nbytes
 
     def reserve(self, end: int) -> None:
         """Make room for positions up to `end` now, so the step's writes never reallocate."""
@@ -96,13 +137,16 @@ class AttentionKv:
     def by_position(self) -> tuple[np.ndarray, np.ndarray]:
         """K, V indexed by position (row i holds position i), for tests and debugging: the
         buffers themselves when they start at position 0, else a copy in which positions
-        no longer held read as zero."""
+        no longer held read as zero.
+        (Rows of a non-f32 type are decoded to f32.)"""
+        kinds = (self.types.k, self.types.v)
         if self.base == 0:
-            return self._k, self._v
+            return decode(kinds[0], self._k), decode(kinds[1], self._v)
         out = []
-        for buf in (self._k, self._v):
-            dense = np.zeros((buf.shape[0], self.end, buf.shape[2]), F32)
-            dense[:, self.first : self.end] = buf[:, self.first - self.base : self.end - self.base]
+        for kind, buf in zip(kinds, (self._k, self._v)):
+            rows = decode(kind, buf[:, self.first - self.base : self.end - self.base])
+            dense = np.zeros((buf.shape[0], self.end, rows.shape[2]), F32)
+            dense[:, self.first : self.end] = rows
             out.append(dense)
         return out[0], out[1]
 
@@ -141,7 +185,7 @@ class AttentionKv:
             if rows == buf.shape[1]:
                 buf[:, : b - a] = buf[:, a:b]  # NumPy copies overlapping ranges safely
             else:
-                new = np.zeros((buf.shape[0], rows, buf.shape[2]), F32)
+                new = np.zeros((buf.shape[0], rows, buf.shape[2]), buf.dtype)
                 new[:, : b - a] = buf[:, a:b]
                 setattr(self, name, new)
         self.base, self.first, self.end = lo, max(self.first, lo), min(self.end, hi)
@@ -157,11 +201,10 @@ class WindowKv(AttentionKv):
     failed step leaves the committed rows intact; commit() then trims to the window and
     shrinks a buffer a long batch grew."""
 
-    def __init__(
-        self, n_head_kv: int, head_dim_k: int, head_dim_v: int, n_ctx: int, window: int
-    ) -> None:
-        self.window = window
-        super().__init__(n_head_kv, head_dim_k, head_dim_v, n_ctx)
+    def __init__(self, *dims: int, types: CacheTypes = F32_CACHE) -> None:
+        """dims: AttentionKv's (n_head_kv, head_dim_k, head_dim_v, n_ctx), then the window."""
+        *shape, self.window = dims
+        super().__init__(*shape, types=types)
 
     def commit(self, n_past: int) -> None:
         super().commit(n_past)
@@ -212,14 +255,21 @@ class SharedKv:
     def version(self) -> int:
         return self.source.version
 
-    def append(self, k: None, v: None) -> tuple[int, np.ndarray, np.ndarray]:
+    @property
+    def types(self) -> CacheTypes:
+        return self.source.types
+
+    @property
+    def nbytes(self) -> int:
+        return 0  # the source's rows
+
+    def append(self, k: None, v: None) -> tuple[int, Rows, Rows]:
         """(first, K, V) of every row the source holds, this step's staged ones included."""
         assert k is None and v is None, "a KV-sharing layer writes no rows"
         s = self.source
-        a, b = s.first - s.base, s.end - s.base
-        return s.first, s._k[:, a:b], s._v[:, a:b]
+        return s.first, *s.rows(s.first - s.base, s.end - s.base)
 
-    def held(self) -> tuple[int, np.ndarray, np.ndarray]:
+    def held(self) -> tuple[int, Rows, Rows]:
         return self.source.held()
 
     def by_position(self) -> tuple[np.ndarray, np.ndarray]:

@@ -15,12 +15,19 @@ import numpy as np
 from ..errors import FrinkError
 from ..model.config import ModelConfig
 from .attention import AttentionKv, SharedKv, WindowKv
+from .kv_types import F32_CACHE, OPTION_K, OPTION_V, CacheTypes, check_width
 from .protocol import KvSlot, LayerSlot, RecurrentSlot
 from .recurrent import ParallelSlot, RecurrentState
 
 
-def layer_slot(cfg: ModelConfig, layer: int, n_ctx: int, windowed: bool = True) -> LayerSlot:
-    """The cache slot layer `layer` needs."""
+def layer_slot(
+    cfg: ModelConfig,
+    layer: int,
+    n_ctx: int,
+    windowed: bool = True,
+    types: CacheTypes = F32_CACHE,
+) -> LayerSlot:
+    """The cache slot layer `layer` needs, its K/V rows stored as `types` say."""
     shape = cfg.layer_shape(layer)
     if cfg.is_recurrent(layer) and shape.mixer != "attention+mamba2":
         return RecurrentState(cfg, layer)
@@ -30,12 +37,24 @@ def layer_slot(cfg: ModelConfig, layer: int, n_ctx: int, windowed: bool = True) 
     kv: AttentionKv
     hk, hv = shape.head_dim_k, shape.head_dim_v  # the layer's own
     if windowed and window is not None and window < n_ctx:
-        kv = WindowKv(n_kv, hk, hv, n_ctx, window)
+        kv = WindowKv(n_kv, hk, hv, n_ctx, window, types=types)
     else:
-        kv = AttentionKv(n_kv, hk, hv, n_ctx)
+        kv = AttentionKv(n_kv, hk, hv, n_ctx, types=types)
     if shape.mixer == "attention+mamba2":  # K/V rows and mamba state
         return ParallelSlot(kv, RecurrentState(cfg, layer))
     return kv
+
+
+def check_cache_types(cfg: ModelConfig, types: CacheTypes) -> None:
+    """FrinkError (one line) if an attention layer's head widths cannot be stored as
+    `types` (q8_0 / q4_0 rows are whole blocks of 32): asked at load, before any cache."""
+    for layer in range(cfg.n_layer):
+        shape = cfg.layer_shape(layer)
+        if cfg.is_recurrent(layer) and shape.mixer != "attention+mamba2":
+            continue
+        if shape.n_head_kv:
+            check_width(types.k, shape.head_dim_k, OPTION_K)
+            check_width(types.v, shape.head_dim_v, OPTION_V)
 
 
 @dataclass(frozen=True)
@@ -49,11 +68,19 @@ class CacheSnapshot:
 
 
 class KvCache:
-    """`windowed=False` keeps every row of sliding-window layers too (a reference for tests)."""
+    """`windowed=False` keeps every row of sliding-window layers too (a reference for tests);
+    `types`: the K and V cache types (kv_types.py), f32 unless asked."""
 
-    def __init__(self, cfg: ModelConfig, n_ctx: int, windowed: bool = True) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        n_ctx: int,
+        windowed: bool = True,
+        types: CacheTypes = F32_CACHE,
+    ) -> None:
         self.cfg = cfg
         self.n_ctx = n_ctx
+        self.types = types
         self.n_past = 0
         self.slots: list = []
         for layer in range(cfg.n_layer):
@@ -62,8 +89,15 @@ class KvCache:
             self.slots.append(
                 SharedKv(self.slots[source])
                 if source is not None
-                else layer_slot(cfg, layer, n_ctx, windowed)
+                else layer_slot(cfg, layer, n_ctx, windowed, types)
             )
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes the attention layers' K/V buffers take now (they grow as the cache fills;
+        reserve(n_ctx) first for a full context's)."""
+        kv = [s.kv if isinstance(s, ParallelSlot) else s for s in self.slots]
+        return sum(s.nbytes for s in kv if isinstance(s, (AttentionKv, SharedKv)))
 
     @property
     def has_recurrent_state(self) -> bool:

@@ -12,6 +12,8 @@ from typing import Protocol
 
 import numpy as np
 
+from .kv_types import Rows
+
 
 class LayerSlot(Protocol):
     n_past: int  # positions before this are committed
@@ -35,14 +37,15 @@ class KvSlot(LayerSlot, Protocol):
     first: int  # the first position held (later than 0 once a window has slid)
     version: int  # a count of writes: a device mirror re-syncs when it changes
 
-    def append(self, k: np.ndarray, v: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    def append(self, k: np.ndarray, v: np.ndarray) -> tuple[int, Rows, Rows]:
         """Write the step's rows at n_past..; (first, K, V) of every row its queries see."""
 
     def write(self, start: int, k: np.ndarray, v: np.ndarray) -> int:
         """Write rows at positions start.. (a backend pushing its rows back); the end."""
 
-    def held(self) -> tuple[int, np.ndarray, np.ndarray]:
-        """(first, K [Hkv, n, hd_k], V [Hkv, n, hd_v]) of the committed rows."""
+    def held(self) -> tuple[int, Rows, Rows]:
+        """(first, K [Hkv, n, hd_k], V [Hkv, n, hd_v]) of the committed rows (f32, or a
+        cache type's `Coded` rows)."""
 
 
 class RecurrentSlot(LayerSlot, Protocol):

@@ -106,6 +106,11 @@ class ParallelSlot:
         return int(self.kv.version)
 
     @property
+    def types(self) -> Any:
+        """The K/V rows' cache types (kv_types.CacheTypes)."""
+        return self.kv.types
+
+    @property
     def conv(self) -> np.ndarray:
         return self.state.conv
 
@@ -113,14 +118,14 @@ class ParallelSlot:
     def delta(self) -> np.ndarray:
         return self.state.delta
 
-    def append(self, k: np.ndarray, v: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    def append(self, k: np.ndarray, v: np.ndarray) -> tuple[int, Any, Any]:
         first, K, V = self.kv.append(k, v)
         return first, K, V
 
     def write(self, start: int, k: np.ndarray, v: np.ndarray) -> int:
         return int(self.kv.write(start, k, v))
 
-    def held(self) -> tuple[int, np.ndarray, np.ndarray]:
+    def held(self) -> tuple[int, Any, Any]:
         first, K, V = self.kv.held()
         return first, K, V
 

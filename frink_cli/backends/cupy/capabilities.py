@@ -17,6 +17,8 @@ from .kernel_ops import ACT_CODES
 
 # Shared-memory bounds of kernels/attention.cu (FRINK_MAX_HEAD_DIM; 2 dims per thread of 128).
 MAX_HEAD_DIM = 256
+# The KV cache types (-ctk/-ctv) its device cache holds: f32 rows only.
+KV_CACHE_TYPES: tuple[str, ...] = ("f32",)
 ROPE_LAYOUTS = ("norm", "neox")
 
 

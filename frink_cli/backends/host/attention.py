@@ -4,6 +4,9 @@ The block around it (QKV split, QK norms, rope, output gate, o_proj) is composed
 graph/blocks/attention.py; this module is what HostOps.attention runs: blocked causal
 prefill and a mask-free decode row. GQA maps query head h to KV head h // (n_head / n_head_kv), as
 llama.cpp does.
+
+K and V may be a cache type's stored rows (cache/kv_types.py's `Coded`): a decode row
+decodes them ROW_KEY_CHUNK keys at a time, a prefill batch the rows it sees once per step.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from ...cache.kv_types import Coded, as_f32
 from ...quant.blas import blas_threads
 from .linear import both, host_ways
 
@@ -49,8 +53,8 @@ def _causal_tail(n: int) -> np.ndarray:
 
 def attend(
     q: np.ndarray,
-    K: np.ndarray,
-    V: np.ndarray,
+    K: np.ndarray | Coded,
+    V: np.ndarray | Coded,
     first: int,
     positions: np.ndarray,
     window: int | None,
@@ -63,17 +67,19 @@ def attend(
     K [Hkv, S, hk] and values V [Hkv, S, hv], key row j at position first + j (a window
     cache holds no rows before its window); returns [T, H * hv]. slopes [H]: ALiBi, each
     head's scores get -slope_h * (query position - key position). sinks [H]: each head's
-    sink logit joins its softmax's denominator (and its max), with no value. causal False:
-    no mask at all, every key row is visible to every query (an encoder; no window)."""
+    sink logit joins its softmax's denominator (and its max), with no value. K, V: f32
+    rows or a cache type's `Coded` rows. causal False: no mask at all, every key row is
+    visible to every query (an encoder; no window)."""
     if not causal:
         # Every query "stands" after the last key: the causal arithmetic with nothing hidden.
         assert window is None, "bidirectional attention has no window"
         positions = np.full(len(positions), first + K.shape[1] - 1)
     T, H, hk = q.shape
-    Hkv, hv = K.shape[0], V.shape[2]
-    g = H // Hkv
     if T == 1:
         return _attend_row(q, K, V, first, int(positions[0]), window, softcap, slopes, sinks)
+    K, V = as_f32(K), as_f32(V)  # a prefill step's rows, decoded once for all its blocks
+    Hkv, hv = K.shape[0], V.shape[2]
+    g = H // Hkv
     # [Hkv, 1, g, 1]: head kvh * g + j's slope, against scores [Hkv, Tb, g, n].
     head_slopes = slopes.reshape(Hkv, 1, g, 1) if slopes is not None else None
     head_sinks = sinks.reshape(Hkv, 1, g, 1).astype(np.float32) if sinks is not None else None
@@ -144,8 +150,8 @@ def _each_block(block: Callable[[int], None], T: int) -> None:
 
 def _attend_row(
     q: np.ndarray,
-    K: np.ndarray,
-    V: np.ndarray,
+    K: np.ndarray | Coded,
+    V: np.ndarray | Coded,
     first: int,
     pos: int,
     window: int | None,
@@ -163,19 +169,25 @@ def _attend_row(
     Kr, Vr = K[:, lo - first : pos + 1 - first], V[:, lo - first : pos + 1 - first]
     qg, n = q.reshape(Hkv, H // Hkv, hk), Kr.shape[1]
     if n <= ROW_KEY_CHUNK:
-        scores = np.matmul(qg, Kr.transpose(0, 2, 1))  # [Hkv, g, n]
+        scores = np.matmul(qg, as_f32(Kr).transpose(0, 2, 1))  # [Hkv, g, n]
     else:
         scores = np.empty((Hkv, H // Hkv, n), np.float32)
         for a in range(0, n, ROW_KEY_CHUNK):
             b = min(n, a + ROW_KEY_CHUNK)
-            np.matmul(qg, Kr[:, a:b].transpose(0, 2, 1), out=scores[:, :, a:b])
+            np.matmul(qg, as_f32(Kr[:, a:b]).transpose(0, 2, 1), out=scores[:, :, a:b])
     _softcap_(scores, softcap)
     if slopes is not None:
         dist = (pos - np.arange(lo, pos + 1)).astype(np.float32)  # [n]
         scores -= slopes.reshape(Hkv, H // Hkv, 1) * dist
     head_sinks = sinks.reshape(Hkv, H // Hkv, 1).astype(np.float32) if sinks is not None else None
     scores /= _exp_(scores, head_sinks)
-    return np.matmul(scores, Vr).reshape(1, H * hv)
+    if isinstance(Vr, np.ndarray):
+        return np.matmul(scores, Vr).reshape(1, H * hv)
+    out = np.matmul(scores[:, :, :ROW_KEY_CHUNK], Vr[:, :ROW_KEY_CHUNK].f32())
+    for a in range(ROW_KEY_CHUNK, n, ROW_KEY_CHUNK):  # stored rows, decoded a chunk at a time
+        b = min(n, a + ROW_KEY_CHUNK)
+        out += np.matmul(scores[:, :, a:b], Vr[:, a:b].f32())
+    return out.reshape(1, H * hv)
 
 
 def _softcap_(scores: np.ndarray, softcap: float | None) -> None:

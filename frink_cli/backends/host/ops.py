@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ...cache.kv_types import round_queries_
 from ...model.weights import Linear, MoeWeights
 from .attention import attend
 from .ffn import ACTIVATIONS, glu, glu_
@@ -101,6 +102,7 @@ class HostOps:
     ) -> np.ndarray:
         # The rows this step's queries see: [Hkv, S, hk], [Hkv, S, hv], row j at first + j.
         first, K, V = kv.append(k, v)
+        round_queries_(kv.types.k, q)  # as llama.cpp rounds them against a quantized K
         q *= F32(scale)  # q is a view into this step's own QKV rows
         slopes = _slopes(alibi) if alibi is not None else None
         return attend(q, K, V, first, pos, window, softcap, slopes, sinks, causal)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+from ...cache.kv_types import F32_CACHE, CacheTypes
 from ...errors import FrinkError
 from ...paths import cache_dir
 
@@ -27,13 +28,14 @@ def metal_gpu_available() -> bool:
     return mx.default_device() == mx.gpu
 
 
-def make_metal_backend(cfg, checkpoint=None):
+def make_metal_backend(cfg, checkpoint=None, cache_types: CacheTypes = F32_CACHE):
+    """The metal backend; its K/V mirrors hold f16 or bf16 rows where `cache_types` say."""
     if not mlx_available():
         raise FrinkError("backend 'metal' needs MLX: pip install 'frink[mlx]'")
     _keep_jit_cache_at_home()
     from .backend import MlxBackend
 
-    return MlxBackend(cfg, checkpoint)
+    return MlxBackend(cfg, checkpoint, cache_types)
 
 
 def _keep_jit_cache_at_home() -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from ...cache.kv_types import F32_CACHE, CacheTypes, as_f32
 from ...graph.blocks.step import BatchSlot, SeqRows
 from ...graph.rope import rope_factors, rope_frequencies
 from ...model.config import ModelConfig
@@ -85,8 +86,11 @@ class MlxBackend(WeightUpload, DeviceBackend):
     name = "metal"
     runs_batches = True
 
-    def __init__(self, cfg: ModelConfig, checkpoint=None) -> None:
+    def __init__(
+        self, cfg: ModelConfig, checkpoint=None, cache_types: CacheTypes = F32_CACHE
+    ) -> None:
         self.checkpoint = checkpoint
+        self.cache_types = cache_types  # f32, f16 or bf16 mirrors (capabilities.py)
         super().__init__(cfg)
         self.tensor_choice: dict[str, str] = {}  # per source type: how the device holds it
         self.tensor_held: dict[str, str] = {}  # per source tensor the device holds: how
@@ -191,16 +195,22 @@ class MlxBackend(WeightUpload, DeviceBackend):
         if m.length[layer] == n and m.version[layer] == slot.version:
             return
         shape = self.shapes[layer]
-        n_kv = shape.n_head_kv  # the layer's own (0: it attends to nothing)
-        k = np.zeros((1, n_kv, m.capacity, shape.head_dim_k), np.float32)
-        v = np.zeros((1, n_kv, m.capacity, shape.head_dim_v), np.float32)
-        # The mirror is indexed by position. A window layer's slot no longer holds the rows
-        # before its window: they stay zero here, hidden by the window mask.
         first, hk, hv = slot.held()
-        k[0, :, first:n] = hk
-        v[0, :, first:n] = hv
-        m.k[layer], m.v[layer] = mx.array(k), mx.array(v)
+        types = self.cache_types
+        m.k[layer] = self._upload(hk, types.k, shape.head_dim_k, first, n, m.capacity)
+        m.v[layer] = self._upload(hv, types.v, shape.head_dim_v, first, n, m.capacity)
         m.length[layer], m.version[layer] = n, slot.version
+
+    @staticmethod
+    def _upload(rows, kind: str, width: int, first: int, n: int, capacity: int) -> mx.array:
+        """A slot's held rows (positions first..n) as a mirror [1, Hkv, capacity, width] of
+        cache type `kind`. The mirror is indexed by position: a window layer's slot no longer
+        holds the rows before its window, and they stay zero here, hidden by the window mask."""
+        f16 = kind == "f16"
+        buf = np.zeros((1, rows.shape[0], capacity, width), np.float16 if f16 else np.float32)
+        buf[0, :, first:n] = rows.data if f16 else as_f32(rows)  # f16: the stored rows
+        # bf16: exact (the rows are bf16 values already).
+        return mx.array(buf).astype(mx.bfloat16) if kind == "bf16" else mx.array(buf)
 
     def _shares_kv(self, layer: int) -> bool:
         """A KV-sharing layer: no device state of its own."""

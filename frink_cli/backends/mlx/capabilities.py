@@ -13,6 +13,8 @@ from __future__ import annotations
 from ...graph.trace import OpCall
 from ..capability import Capabilities, supported
 
+# The KV cache types (-ctk/-ctv) its mirrors hold; q8_0 / q4_0 rows it cannot read.
+KV_CACHE_TYPES: tuple[str, ...] = ("f32", "f16", "bf16")
 CARRIED_ACTIVATIONS = ("silu", "gelu_tanh", "swiglu_oai")
 PLAIN_ACTIVATIONS = ("silu", "gelu_tanh")
 

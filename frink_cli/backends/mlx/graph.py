@@ -325,10 +325,12 @@ class MlxOps:
         if k is not None and v is not None:
             k4, v4 = _heads_first(k), _heads_first(v)
             at = pos.start.reshape(1)
-            kv.a = mx.slice_update(kv.a, k4, at, axes=(2,))
-            kv.b = mx.slice_update(kv.b, v4, at, axes=(2,))
+            # Rounded to the mirror's cache type (f16 / bf16) as the host cache rounds them.
+            kv.a = mx.slice_update(kv.a, k4.astype(kv.a.dtype), at, axes=(2,))
+            kv.b = mx.slice_update(kv.b, v4.astype(kv.b.dtype), at, axes=(2,))
             kv.rows = (k4[0], v4[0])
         # (else a KV-sharing layer: kv is its source layer's state, this step's rows in it)
+        keys, values = kv.a.astype(q.dtype), kv.b.astype(q.dtype)  # (no-ops for f32)
         mask = attention_mask(pos.positions, kv.a.shape[2], window)
         if alibi is not None:
             # ALiBi folded into the additive mask: [H, T, capacity], -slope_h * (p - j).
@@ -336,7 +338,7 @@ class MlxOps:
             slopes = mx.array(alibi, dtype=mx.float32)[:, None, None]
             mask = mask[None] - slopes * dist.astype(mx.float32)[None]
         o = mx.fast.scaled_dot_product_attention(
-            _heads_first(q), kv.a, kv.b, scale=scale, mask=mask, sinks=sinks
+            _heads_first(q), keys, values, scale=scale, mask=mask, sinks=sinks
         )
         return o[0].transpose(1, 0, 2).reshape(T, -1)
 
