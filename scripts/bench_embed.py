@@ -105,11 +105,16 @@ def main() -> None:
         n_threads=os.cpu_count() or 1,
         verbose=False,
     )
-    ours, ref, ratio = interleaved(
-        lambda: model.embed(texts), lambda: llm.embed(texts, normalize=True), args.repeats
-    )
-    a = model.embed(texts).astype(np.float64)
-    b = np.array(llm.embed(texts, normalize=True), np.float64)
+    last: dict[str, np.ndarray] = {}  # each side's latest embeddings, compared at the end
+
+    def frink_side() -> None:
+        last["frink"] = model.embed(texts).astype(np.float64)
+
+    def llama_side() -> None:
+        last["llama"] = np.array(llm.embed(texts, normalize=True), np.float64)
+
+    ours, ref, ratio = interleaved(frink_side, llama_side, args.repeats)
+    a, b = last["frink"], last["llama"]
     cos = ((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min()
     print(f"machine: {platform.machine()} {platform.processor() or '?'}, {os.cpu_count()} CPUs")
     print(f"model: {path.name}; {len(texts)} texts, {n_tok} tokens; min cosine {cos:.7f}")
