@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from frink_subprocess import child_env, frink_command
+from model_checks import cosines
 
 from frink_cli import api
 
@@ -65,11 +66,6 @@ TOKEN_TEXTS = EMBED_TEXTS + [
     "ÀÉÎÕÜ àéîõü ÇçÑñ Øø Åå Ææ",
     "hello-world_foo.bar/baz\\qux",
 ]
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    return (a64 * b64).sum(1) / np.linalg.norm(a64, axis=1) / np.linalg.norm(b64, axis=1)
 
 
 @pytest.fixture(scope="module")
