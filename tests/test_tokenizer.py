@@ -504,7 +504,7 @@ _TINY_BPE = {
 @pytest.mark.parametrize(
     "md, needle",
     [
-        ({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": ["a"]}, "'bert'"),
+        ({"tokenizer.ggml.model": "t5", "tokenizer.ggml.tokens": ["a"]}, "'t5'"),
         ({**_TINY_BPE, "tokenizer.ggml.pre": "no-such-pre"}, "no-such-pre"),
         ({**_TINY_BPE, "tokenizer.ggml.pre": "kimi-k2"}, "kimi-k2"),
         (

@@ -26,7 +26,6 @@ import numpy as np
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..graph.blocks.attention import AttentionSpec
-from ..graph.blocks.ffn import plain_ffn
 from ..graph.blocks.step import At
 from ..graph.ops import Array, Ops
 from ..model.config import HeadPlan, LayerPlan, LayerShape, ModelConfig
@@ -52,22 +51,24 @@ class BertLayerWeights(LayerWeights):
 class BertHead:
     """The embedding tables beside the token embeddings (ModelWeights.arch)."""
 
-    position_embd: np.ndarray  # [n_ctx_train, n_embd]
+    position_embd: np.ndarray | None  # [n_ctx_train, n_embd]; None where rope positions
     token_types: np.ndarray  # [n_token_types, n_embd]
 
 
 @dataclass(frozen=True)
 class BertConfig(DecoderConfig):
-    """The post-norm encoder layer; n_token_types: rows of the token-type table."""
+    """The post-norm encoder layer; n_token_types: rows of the token-type table;
+    learned_positions: a position table added to the embeddings (else rope in attention)."""
 
     n_token_types: int = 2
+    learned_positions: bool = True
 
     def embeds_only(self) -> bool:
         return True
 
     def layer_plan(self, cfg: ModelConfig, shape: LayerShape) -> LayerPlan:
         return dataclasses.replace(
-            super().layer_plan(cfg, shape), pre_norms=False, norm_biases=True, plain_ffn=True
+            super().layer_plan(cfg, shape), pre_norms=False, norm_biases=True
         )
 
     def head_plan(self, cfg: ModelConfig) -> HeadPlan:
@@ -86,28 +87,34 @@ class BertConfig(DecoderConfig):
 
     def read_head(self, r: TensorReader, cfg: ModelConfig) -> BertHead:
         d = cfg.n_embd
+        pos = None
+        if self.learned_positions:
+            pos = r.get("position_embd.weight", (cfg.n_ctx_train, d))
         return BertHead(
-            position_embd=r.get("position_embd.weight", (cfg.n_ctx_train, d)),
+            position_embd=pos,
             token_types=r.get("token_types.weight", (self.n_token_types, d)),
         )
 
     def make_attention_spec(self, cfg: ModelConfig, shape: LayerShape) -> AttentionSpec:
         spec = super().make_attention_spec(cfg, shape)
-        return dataclasses.replace(spec, rotates=False, causal=False)
+        return dataclasses.replace(spec, rotates=not self.learned_positions, causal=False)
 
     def embed(self, ops: Ops, cfg: ModelConfig, w: Any, x: Array, lookup: Any) -> Array:
-        """Token rows + position rows + token type 0's row, then the embedding LayerNorm."""
-        x = ops.add_(x, lookup(w.arch.position_embd, by_position=True))
+        """Token rows + position rows (where the model has a table) + token type 0's row,
+        then the embedding LayerNorm."""
+        if w.arch.position_embd is not None:
+            x = ops.add_(x, lookup(w.arch.position_embd, by_position=True))
         x = x + w.arch.token_types[0]
         return ops.layer_norm(x, w.token_embd_norm, w.token_embd_norm_b, cfg.norm_eps)
 
     def compose(
         self, ops: Ops, cfg: ModelConfig, shape: LayerShape, w: Any, x: Array, at: At
     ) -> Array:
-        """x (left as it was) -> LayerNorm(h + FFN(h)), h = LayerNorm(x + attention(x))."""
+        """x (left as it was) -> LayerNorm(h + FFN(h)), h = LayerNorm(x + attention(x));
+        the FFN is the decoder's (plain here, gated where plain_ffn is off)."""
         a = self.mixer(ops, cfg, shape, w, x, at)
         h = ops.layer_norm(ops.add_(a, x), w.attn_out_norm, w.attn_out_norm_b, cfg.norm_eps)
-        f = plain_ffn(ops, cfg.ffn_act, w, h)
+        f = self.ffn(ops, cfg, shape, w, h, h)
         return ops.layer_norm(ops.add_(f, h), w.out_norm, w.out_norm_b, cfg.norm_eps)
 
     def final_norm(

@@ -21,6 +21,7 @@ from .granite_hybrid import GraniteHybrid
 from .lfm2 import Lfm2, Lfm2Moe
 from .llama import Llama
 from .mamba import Mamba, Mamba2
+from .nomic_bert import NomicBert
 from .olmo2 import Olmo2
 from .openelm import OpenElm
 from .phi3 import Phi3
@@ -63,6 +64,7 @@ _ARCHS: tuple[Arch, ...] = (
     FalconH1(),
     GptOss(),
     Bert(),
+    NomicBert(),
 )
 _BY_NAME: dict[str, Arch] = {a.name: a for a in _ARCHS}
 _BY_MODEL_TYPE: dict[str, Arch] = {mt: a for a in _ARCHS for mt in a.hf_model_types}

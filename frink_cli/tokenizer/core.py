@@ -61,6 +61,8 @@ class Tokenizer:
         add_eos: bool,
         chat_template: str | None,
         source: str,
+        sep_id: int | None = None,
+        add_sep: bool = False,
     ) -> None:
         self._core = core
         self.n_vocab: int = core.n_vocab
@@ -69,6 +71,8 @@ class Tokenizer:
         self.eog_ids: frozenset[int] = frozenset(eog_ids)
         self.add_bos = bool(add_bos) and bos_id is not None
         self.add_eos = bool(add_eos) and eos_id is not None
+        self.sep_id = sep_id  # a BERT vocabulary's [SEP], appended after EOS when add_sep
+        self.add_sep = bool(add_sep) and sep_id is not None
         self.chat_template = chat_template
         self.bos_text: str | None = core.token_text(bos_id) if bos_id is not None else None
         self.eos_text: str | None = core.token_text(eos_id) if eos_id is not None else None
@@ -91,6 +95,8 @@ class Tokenizer:
                 ids.insert(0, bos)
             if self.add_eos and eos is not None and not (ids and ids[-1] == eos):
                 ids.append(eos)
+            if self.add_sep and self.sep_id is not None:  # always, as llama_tokenize does
+                ids.append(self.sep_id)
         return ids
 
     def token_bytes(self, token_id: int) -> bytes:

@@ -24,6 +24,7 @@ from .special import (
     TYPE_TO_ATTR,
     drop_non_eog,
 )
+from .wpm import WordPiece
 
 if TYPE_CHECKING:
     from ..formats import Checkpoint
@@ -62,16 +63,16 @@ def load_gguf(ckpt: Checkpoint) -> Tokenizer | None:
     if model is None or model in ("none", "no_vocab"):
         return None
     where = str(ckpt.path)
-    if model not in ("gpt2", "llama", "gemma4"):
+    if model not in ("gpt2", "llama", "gemma4", "bert"):
         raise FrinkError(
             f"{where}: tokenizer model '{model}' is not supported (frink reads "
-            "'gpt2' byte-level BPE, 'gemma4' SentencePiece-style BPE and 'llama' "
-            "SentencePiece vocabularies)"
+            "'gpt2' byte-level BPE, 'gemma4' SentencePiece-style BPE, 'llama' "
+            "SentencePiece and 'bert' WordPiece vocabularies)"
         )
     if "tokenizer.ggml.tokens" not in md:
         raise FrinkError(f"{where}: GGUF has no tokenizer.ggml.tokens")
     tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(md["tokenizer.ggml.tokens"])]
-    kind = "spm" if model == "llama" else "bpe"
+    kind = {"llama": "spm", "bert": "wpm"}.get(model, "bpe")
     pre_family, flags = _pre_tokenizer(ckpt, model, where) if kind == "bpe" else ("default", {})
     ids, add_bos, add_eos, add_space_prefix = _special_policy(md, model, flags, len(tokens))
     to_id = {t: i for i, t in enumerate(tokens)}
@@ -90,6 +91,7 @@ def load_gguf(ckpt: Checkpoint) -> Tokenizer | None:
         regexes = None if escape else PRE_REGEXES[pre_family]
         ignore_merges = flags.get("ignore_merges", False)
         bpe = build_bpe(to_id, list(merges), regexes, ignore_merges, ckpt.notes)
+    wpm = _wordpiece(md, tokens, ids["unk"]) if kind == "wpm" else None
     core = GgufVocab(
         tokens,
         to_id,
@@ -100,8 +102,10 @@ def load_gguf(ckpt: Checkpoint) -> Tokenizer | None:
         ids["unk"],
         bpe,
         escape_whitespace=escape,
+        wpm=wpm,
     )
     template = md.get("tokenizer.chat_template")
+    sep_id, add_sep = _separator(md, model, len(tokens))
     return Tokenizer(
         core,
         bos_id=ids["bos"],
@@ -111,7 +115,28 @@ def load_gguf(ckpt: Checkpoint) -> Tokenizer | None:
         add_eos=add_eos,
         chat_template=str(template) if template else None,
         source="gguf",
+        sep_id=sep_id,
+        add_sep=add_sep,
     )
+
+
+def _wordpiece(md: dict[str, Any], tokens: list[str], unk_id: int | None) -> WordPiece:
+    """A "bert" vocabulary's WordPiece with its BertNormalizer options: lowercase (default
+    on), strip_accents (default: as lowercase), as llama_vocab::impl::load reads them."""
+    lowercase = bool(md.get("tokenizer.ggml.normalizer.lowercase", True))
+    strip = bool(md.get("tokenizer.ggml.normalizer.strip_accents", lowercase))
+    return WordPiece(tokens, unk_id, lowercase, strip)
+
+
+def _separator(md: dict[str, Any], model: str, n: int) -> tuple[int | None, bool]:
+    """(the separator id, whether encode appends it): "bert" vocabularies end a text with
+    [SEP] (id 102 unless the file's seperator_token_id says otherwise; add_sep_token may
+    turn it off); no other model has one."""
+    if model != "bert":
+        return None, False
+    sep = md.get("tokenizer.ggml.seperator_token_id", 102)
+    sep_id = int(sep) if sep is not None and 0 <= int(sep) < n else None
+    return sep_id, bool(md.get("tokenizer.ggml.add_sep_token", True))
 
 
 def _pre_tokenizer(ckpt: Checkpoint, model: str, where: str) -> tuple[str, dict[str, bool]]:
@@ -140,6 +165,9 @@ def _special_policy(
     if model == "llama":
         ids: dict[str, int | None] = {"bos": 1, "eos": 2, "unk": 0}
         add_bos, add_space_prefix = True, True
+    elif model == "bert":  # [CLS] first; [SEP] is appended as the separator (_separator)
+        ids = {"bos": 101, "eos": None, "unk": 100}
+        add_bos, add_space_prefix = True, False
     elif model == "gemma4":  # no default ids
         ids = {"bos": None, "eos": None, "unk": None}
         add_bos, add_space_prefix = False, False

@@ -5,7 +5,8 @@ then encodes the text between them by the vocabulary's kind:
 - "bpe" byte-level: a `tokenizers` BPE built by `build_bpe` behind the pre-tokenizer regexes;
 - "bpe" with escaped whitespace (Gemma 4): the same BPE on raw UTF-8 with byte fallback,
   per line and per newline run;
-- "spm" SentencePiece: spm.py's score-driven merges.
+- "spm" SentencePiece: spm.py's score-driven merges;
+- "wpm" BERT WordPiece: wpm.py's greedy longest match over normalized words.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from .core import Core
 from .pretokenizers import LINES_OR_NEWLINES
 from .special import A_BYTE, A_CONTROL, A_LSTRIP, A_NORMAL, A_RSTRIP, A_UNKNOWN, A_USER_DEFINED
 from .spm import spm_tokenize
+from .wpm import WordPiece
 
 _ISSPACE = " \t\n\v\f\r"  # C isspace() in the "C" locale, what llama.cpp's lstrip/rstrip use
 
@@ -36,11 +38,13 @@ class GgufVocab(Core):
         unk_id: int | None,
         bpe: Any | None,
         escape_whitespace: bool = False,
+        wpm: WordPiece | None = None,
     ) -> None:
         self.tokens = tokens
         self.attrs = attrs
         self.scores = scores
-        self.kind = kind  # "spm" | "bpe"
+        self.kind = kind  # "spm" | "bpe" | "wpm"
+        self._wpm = wpm  # the WordPiece encoder of a "wpm" vocabulary
         self.add_space_prefix = add_space_prefix
         self.unk_id = unk_id
         self.n_vocab = len(tokens)
@@ -101,7 +105,10 @@ class GgufVocab(Core):
                 ids.append(frag)
                 prev_special = True
                 continue
-            if self.kind == "spm":
+            if self.kind == "wpm":
+                assert self._wpm is not None  # load_gguf builds one for every "wpm" vocabulary
+                self._wpm.encode(frag, ids)
+            elif self.kind == "spm":
                 if self.add_space_prefix and prev_special:
                     frag = " " + frag
                 self._spm(frag.replace(" ", "\u2581"), ids)
@@ -144,7 +151,7 @@ class GgufVocab(Core):
         elif attr & A_USER_DEFINED:
             p = text.encode("utf-8", "surrogateescape")
         elif attr & A_NORMAL:
-            if self.kind == "spm" or self.escape_whitespace:
+            if self.kind in ("spm", "wpm") or self.escape_whitespace:
                 p = text.replace("\u2581", " ").encode("utf-8", "surrogateescape")
             else:
                 p = byte_level_decode(text)
