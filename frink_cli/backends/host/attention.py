@@ -1,9 +1,17 @@
 """The host body's attention core: softmax(q K^T + mask) V over the rows a KV cache holds.
 
 The block around it (QKV split, QK norms, rope, output gate, o_proj) is composed once in
-graph/blocks/attention.py; this module is what HostOps.attention runs: blocked causal
-prefill and a mask-free decode row. GQA maps query head h to KV head h // (n_head / n_head_kv), as
-llama.cpp does.
+graph/blocks/attention.py; this module is what HostOps.attention runs. GQA maps query head h
+to KV head h // (n_head / n_head_kv), as llama.cpp does.
+
+Which code: the compiled row-wise ops' attention (rowwise.attend) where built, each query
+row and head computed alone in one fixed order, so that a row's output does not depend on
+the rows beside it: a prompt fed whole or in chunks, resumed from a cache, or stepped
+beside other sequences gives each row the same bits (with 8-bit activations an ulp here
+becomes a different code in the next layer's products and grows into different logits).
+Else NumPy's: blocked causal prefill over BLAS and a mask-free decode row, whose sums run
+in orders that depend on the block's shape (a prompt's rows then differ in the last bits
+with how it is chunked).
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from functools import lru_cache
 import numpy as np
 
 from ...quant.blas import blas_threads
+from . import rowwise
 from .linear import both, host_ways
 
 # Prefill queries are taken in blocks of this many rows, each against only the keys it can
@@ -63,6 +72,9 @@ def attend(
     cache holds no rows before its window); returns [T, H * hv]. slopes [H]: ALiBi, each
     head's scores get -slope_h * (query position - key position). sinks [H]: each head's
     sink logit joins its softmax's denominator (and its max), with no value."""
+    out = rowwise.attend(q, K, V, first, positions, window, softcap, slopes, sinks)
+    if out is not None:
+        return out
     T, H, hk = q.shape
     Hkv, hv = K.shape[0], V.shape[2]
     g = H // Hkv
