@@ -25,6 +25,8 @@ import numpy as np
 import pytest
 from frink_subprocess import child_env
 from gguf import GGMLQuantizationType as T
+from isa_variants import ISAS
+from isa_variants import runnable_isas as _runnable_isas
 from quant_weights import random_weights
 
 from frink_cli.backends.host import linear
@@ -36,22 +38,6 @@ THREADS = (1, 2, 3, 4)
 # (up to SMALL_T), a prompt's blocks of dots, BLAS's tiles as tile @ x.T (under
 # FEW_ROWS_TILE) and as x @ tile.T.
 ROWS = (1, 3, 16, 17, 40, 63, 64, 65, 200)
-ISAS = ("avx512+amx", "avx512", "avx2", "base")
-
-
-def _runnable_isas() -> list[str]:
-    native = kernels._NATIVE
-    if native is None:
-        return []
-    runnable = []
-    for name in ISAS:
-        try:
-            before = native.use_isa(name)
-        except ValueError:
-            continue
-        native.use_isa(before)
-        runnable.append(name)
-    return runnable
 
 
 @pytest.fixture(params=[*ISAS, "numpy"])
