@@ -182,9 +182,9 @@ PROMPTS = [
 def test_serve_concurrent_greedy_is_alone(
     smollm2_path: Path, isa: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """8 concurrent greedy chat requests to `frink serve` (16 tokens, prompts resumed from
-    the slots' caches as by default) get exactly the tokens and log probabilities the same
-    8 get sent one at a time."""
+    """8 greedy chat requests to `frink serve` (16 tokens): sent one at a time with their
+    prompts computed afresh, then one at a time again (each prompt resumed from the slot
+    that answered it), then all 8 at once: the same tokens and log probabilities each time."""
     reason = unrunnable_reason(isa)
     if reason:
         pytest.skip(reason)
@@ -197,7 +197,7 @@ def test_serve_concurrent_greedy_is_alone(
     monkeypatch.delenv("FRINK_EXACT_ACTIVATIONS", raising=False)
     server = Server(smollm2_path, "-np", "8", "-c", "2048", "--backend", "numpy")
 
-    def answer(prompt: str) -> list[tuple[str, float]]:
+    def answer(prompt: str, cache_prompt: bool = True) -> list[tuple[str, float]]:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
         r = client.chat.completions.create(
             model="SmolLM2-135M-Instruct.Q4_1",
@@ -205,11 +205,13 @@ def test_serve_concurrent_greedy_is_alone(
             temperature=0,
             max_tokens=16,
             logprobs=True,
+            extra_body={"cache_prompt": cache_prompt},
         )
         return [(c.token, c.logprob) for c in r.choices[0].logprobs.content]
 
     try:
-        alone = [answer(p) for p in PROMPTS]
+        fresh = [answer(p, cache_prompt=False) for p in PROMPTS]
+        resumed = [answer(p) for p in PROMPTS]
         together: dict[int, list[tuple[str, float]]] = {}
 
         def one(i: int) -> None:
@@ -220,8 +222,12 @@ def test_serve_concurrent_greedy_is_alone(
             t.start()
         for t in threads:
             t.join(300)
-        differ = [i for i in range(len(PROMPTS)) if together.get(i) != alone[i]]
-        assert not differ, [(PROMPTS[i], alone[i], together.get(i)) for i in differ]
+        for name, got in (
+            ("resumed", resumed),
+            ("concurrent", [together.get(i) for i in range(8)]),
+        ):
+            differ = [(PROMPTS[i], fresh[i], got[i]) for i in range(8) if got[i] != fresh[i]]
+            assert not differ, f"{name} answers differ from the fresh ones alone: {differ}"
     finally:
         server.stop()
         server.close()

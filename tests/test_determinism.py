@@ -101,9 +101,9 @@ def test_f32_products_do_not_depend_on_threads(kernel_path: str) -> None:
 
 
 def test_tiles_are_cut_from_the_weights_shape_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where a prompt product's tiles of W fall (exact activations: BLAS over dequantized
-    tiles) is a function of W's shape: the thread count, which decides only who multiplies
-    a tile, never moves an edge."""
+    """Where a prompt product's tiles of W fall (without the compiled kernels: BLAS over
+    dequantized tiles) is a function of W's shape: the thread count, which decides only
+    who multiplies a tile, never moves an edge."""
     seen = []
     real = kernels.dequantize_rows
 
@@ -113,6 +113,7 @@ def test_tiles_are_cut_from_the_weights_shape_alone(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(kernels, "dequantize_rows", spy)
     monkeypatch.setattr(kernels, "_MAX_THREADS", 4)
+    monkeypatch.setattr(kernels, "_NATIVE", None)
     w = random_weights(T.Q4_0, 1000, 256, seed=4)
     x = np.ones((80, 256), np.float32)
     edges = []
