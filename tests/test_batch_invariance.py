@@ -22,16 +22,13 @@ probabilities it gives each alone.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from frink_subprocess import child_env
-from isa_variants import ISAS, unrunnable_reason
+from isa_variants import ISAS, child_json, unrunnable_reason
 from model_checks import _path, q8_0_requant
 
 # The AMX variant multiplies a prompt's rows on int8 tiles, in another f32 order than the
@@ -126,15 +123,7 @@ def _check(model: Path, isa: str, ids: tuple[int, int] = (5, 200)) -> None:
     for key in ("FRINK_EXACT_ACTIVATIONS", "FRINK_NO_NATIVE", "FRINK_THREADS"):
         env.pop(key, None)
     cuts = "1" if isa in CUTS_KEEP_BITS else "0"
-    r = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(model), str(ids[0]), str(ids[1]), cuts],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = child_json(_CHILD, [str(model), str(ids[0]), str(ids[1]), cuts], env, 900)
     assert f"({isa}," in out["path"], out["path"]
     differ = {k: v for k, v in out["rows"].items() if any(d is not None for d in v)}
     # Each entry: per row (the prompt's last, then the decode rows) None where the bytes are
@@ -167,14 +156,14 @@ def test_smollm2(smollm2_path: Path, isa: str) -> None:
 
 
 PROMPTS = [
-    "Name a colour.",
-    "What is the capital of Italy?",
-    "Write one sentence about cats.",
-    "Count from one to five.",
-    "What is 3 times 4?",
-    "Say hello in French.",
-    "Name a planet.",
-    "What do bees make?",
+    "Name a fruit.",
+    "What is the capital of Spain?",
+    "Write one sentence about dogs.",
+    "Count from six to nine.",
+    "What is 7 plus 5?",
+    "Say goodbye in German.",
+    "Name an ocean.",
+    "What do cows drink?",
 ]
 
 

@@ -16,8 +16,6 @@ answer to the same request.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +23,7 @@ import numpy as np
 import pytest
 from frink_subprocess import child_env
 from gguf import GGMLQuantizationType as T
-from isa_variants import ISAS
+from isa_variants import ISAS, child_json
 from isa_variants import runnable_isas as _runnable_isas
 from quant_weights import random_weights
 
@@ -168,15 +166,7 @@ def _digests(model: Path, isa: str, threads: int, lengths: list[int], reps: int)
         env["FRINK_NO_NATIVE"] = "1"
     else:
         env["FRINK_NATIVE_ISA"] = isa
-    r = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(model), json.dumps(lengths), str(reps)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = child_json(_CHILD, [str(model), json.dumps(lengths), str(reps)], env, 600)
     assert (isa == "numpy") == out["path"].startswith("numpy"), out["path"]
     return dict(out["digests"])
 

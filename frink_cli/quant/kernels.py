@@ -2,8 +2,8 @@
 
     y = dots(x, w)              # a few rows of x (decode, a server's batch): fused dots
     y = matmul_f32(x, w32)      # a few rows of x times an f32 W (the host's decode rows)
-    y = matmul(x, w)            # prefill: AMX int8 tiles, or tiles of W dequantized + BLAS
-    y = gemm_f32(x, w32)        # prefill times an f32 W: tiles of W + BLAS
+    y = matmul(x, w)            # prefill: dots over blocks of rows, or AMX int8 tiles
+    y = gemm_f32(x, w32)        # prefill times an f32 W without the compiled kernels: BLAS
     y = linear(x, w)            # whichever of the two suits x's row count
     a = dequantize_rows(w, start, stop, out=buf)   # rows as f32: gguf-py's values exactly
     a = take_rows(w, index, out=buf)               # by index (embeddings, expert rows)
@@ -26,11 +26,12 @@ activations multiplies x's 8-bit codes by W's codes on the tiles (native_amx.h):
 a prompt's rows; `prompt_tiles()` says whether it does.
 
 `dots` makes each row's sums in one order whatever rows are beside it, so a row's
-product is the same bit for bit alone or in any batch (a server's answers rely on it).
-Without the compiled module (no compiler at install time, or
-FRINK_NO_NATIVE=1) every function still works: tiles of rows dequantized by gguf-py,
-multiplied by BLAS, never more than a tile of f32 at a time. `kernel_path()` says which
-is running.
+product is the same bit for bit alone or in any batch (a server's answers rely on it);
+`matmul` and `matmul_f32` give a prompt's rows those same sums (AMX tiles apart), so a
+prompt cut into other chunks keeps its bits too. Without the compiled module (no
+compiler at install time, or FRINK_NO_NATIVE=1) every function still works: tiles of rows
+dequantized by gguf-py, multiplied by BLAS, never more than a tile of f32 at a time.
+`kernel_path()` says which is running.
 
 Threads: the compiled kernels run on OpenMP threads, as many as `threads(n)` allows in
 the calling thread (all cores by default; FRINK_THREADS=n sets the count outright, above

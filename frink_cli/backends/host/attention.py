@@ -72,7 +72,7 @@ def attend(
     cache holds no rows before its window); returns [T, H * hv]. slopes [H]: ALiBi, each
     head's scores get -slope_h * (query position - key position). sinks [H]: each head's
     sink logit joins its softmax's denominator (and its max), with no value."""
-    out = rowwise.attend(q, K, V, first, positions, window, softcap, slopes, sinks)
+    out = rowwise.attend(q, K, V, first, positions, (window, softcap, slopes, sinks))
     if out is not None:
         return out
     T, H, hk = q.shape

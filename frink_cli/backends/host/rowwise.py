@@ -90,16 +90,18 @@ def glu(h: np.ndarray, act: str) -> np.ndarray | None:
     return out
 
 
+# An attention's decorations, as attention.attend takes them: (window, softcap, ALiBi slopes
+# [H], sink logits [H]), each None where absent.
+Decorations = tuple[int | None, float | None, np.ndarray | None, np.ndarray | None]
+
+
 def attend(
     q: np.ndarray,
     K: np.ndarray,
     V: np.ndarray,
     first: int,
     positions: np.ndarray,
-    window: int | None,
-    softcap: float | None,
-    slopes: np.ndarray | None,
-    sinks: np.ndarray | None,
+    extra: Decorations,
 ) -> np.ndarray | None:
     """softmax(q K^T + mask) V as attention.attend takes it ([T, H, hk] scaled queries, keys
     [Hkv, S, hk] and values [Hkv, S, hv], key row j at position first + j), each query row
@@ -108,20 +110,14 @@ def attend(
     where the C does not take the arrays (then attention.py's NumPy runs)."""
     if _C is None or not all(_takes(a) and a.ndim == 3 for a in (q, K, V)):
         return None
+    window, softcap, slopes, sinks = extra
     T, H, _ = q.shape
     out = np.empty((T, H, V.shape[2]), F32)
+    pos = np.ascontiguousarray(positions, dtype=np.int64)
+    vectors = [None if a is None else np.ascontiguousarray(a, dtype=F32) for a in (slopes, sinks)]
+    threads = kernels.current_threads()
     _C.attend(
-        q,
-        K,
-        V,
-        int(first),
-        np.ascontiguousarray(positions, dtype=np.int64),
-        int(window or 0),
-        float(softcap or 0.0),
-        None if slopes is None else np.ascontiguousarray(slopes, dtype=F32),
-        None if sinks is None else np.ascontiguousarray(sinks, dtype=F32),
-        out,
-        kernels.current_threads(),
+        q, K, V, int(first), pos, int(window or 0), float(softcap or 0), *vectors, out, threads
     )
     return out.reshape(T, H * V.shape[2])
 
