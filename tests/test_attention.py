@@ -1,7 +1,9 @@
 """The host body's attention core (backends/host/attention.py) against softmax attention written
 out in float64: a decode row over short and long caches (its scores taken in chunks of
-keys past ROW_KEY_CHUNK), with grouped KV heads, a window, a soft cap and sinks; and a
-prompt's blocked rows, whose last row must be the decode row's answer."""
+keys past ROW_KEY_CHUNK), with grouped KV heads, a window, a soft cap, ALiBi slopes and
+sinks; and a prompt's blocked rows, whose last row must be the decode row's answer. Each
+on both paths: the compiled row-wise ops' (rowwise.attend) and NumPy's. The compiled one
+also gives a row the same bits alone, in a prompt, or in a prompt cut anywhere."""
 
 from __future__ import annotations
 
@@ -9,9 +11,20 @@ import numpy as np
 import pytest
 
 from frink_cli.backends.host import attention as A
+from frink_cli.backends.host import rowwise
 
 
-def reference(q, K, V, positions, first, window=None, softcap=None, sinks=None):
+@pytest.fixture(autouse=True, params=["native", "numpy"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test on the compiled attention (where built) and on NumPy's."""
+    if request.param == "numpy":
+        monkeypatch.setattr(rowwise, "_C", None)
+    elif not rowwise.compiled():
+        pytest.skip(f"no compiled row-wise ops: {rowwise.path()}")
+    return str(request.param)
+
+
+def reference(q, K, V, positions, first, window=None, softcap=None, sinks=None, slopes=None):
     """softmax(q K^T) V per query row and head in float64, key j at position first + j."""
     T, H, hk = q.shape
     Hkv, S, hv = V.shape
@@ -26,6 +39,8 @@ def reference(q, K, V, positions, first, window=None, softcap=None, sinks=None):
             s = K[h // g].astype(np.float64) @ q[t, h].astype(np.float64)
             if softcap:
                 s = np.tanh(s / softcap) * softcap
+            if slopes is not None:
+                s = s - slopes[h] * (p - keys)
             s = np.where(seen, s, -np.inf)
             m = s.max() if sinks is None else max(s.max(), sinks[h])
             w = np.exp(s - m)
@@ -46,7 +61,7 @@ def test_a_decode_row_is_softmax_attention(n: int, heads: tuple[int, int, int]) 
     np.testing.assert_allclose(got, reference(q, K, V, [n - 1], 0), rtol=2e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize("decoration", ["window", "softcap", "sinks"])
+@pytest.mark.parametrize("decoration", ["window", "softcap", "sinks", "slopes"])
 def test_a_long_decode_row_keeps_its_decorations(decoration: str) -> None:
     rng = np.random.default_rng(3)
     # (a cache without a window holds every key from position 0)
@@ -61,10 +76,11 @@ def test_a_long_decode_row_keeps_its_decorations(decoration: str) -> None:
         kw["softcap"] = 5.0
     if decoration == "sinks":
         kw["sinks"] = rng.standard_normal(Hkv * g).astype(np.float32)
-    got = A.attend(
-        q, K, V, first, np.array([pos]), kw.get("window"), kw.get("softcap"), None, kw.get("sinks")
-    )
-    want = reference(q, K, V, [pos], first, kw.get("window"), kw.get("softcap"), kw.get("sinks"))
+    if decoration == "slopes":
+        kw["slopes"] = (0.5 ** np.arange(1, Hkv * g + 1)).astype(np.float32)
+    w, c, sk, sl = kw.get("window"), kw.get("softcap"), kw.get("sinks"), kw.get("slopes")
+    got = A.attend(q, K, V, first, np.array([pos]), w, c, sl, sk)
+    want = reference(q, K, V, [pos], first, w, c, sk, sl)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
@@ -80,3 +96,27 @@ def test_a_prompts_last_row_is_the_decode_rows_answer() -> None:
     want = reference(q[-4:], K, V, np.arange(T - 4, T), 0)
     np.testing.assert_allclose(prompt[-4:], want, rtol=2e-5, atol=2e-6)
     np.testing.assert_allclose(row, want[-1:], rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("decoration", ["none", "window", "softcap", "sinks", "slopes"])
+def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(path: str, decoration: str) -> None:
+    """Compiled: each row of a prompt is the same bits as the row alone (a decode row) and as
+    the row in any cut of the prompt (a prompt resumed from a cache, fed in chunks)."""
+    if path != "native":
+        pytest.skip("NumPy's sums follow the block's shape")
+    rng = np.random.default_rng(11)
+    Hkv, g, hk, T = 2, 3, 64, 150
+    K = rng.standard_normal((Hkv, T, hk)).astype(np.float32)
+    V = rng.standard_normal((Hkv, T, hk)).astype(np.float32)
+    q = (rng.standard_normal((T, Hkv * g, hk)) * 0.125).astype(np.float32)
+    args = {
+        "window": (70, None, None, None),
+        "softcap": (None, 3.0, None, None),
+        "sinks": (None, None, None, rng.standard_normal(Hkv * g).astype(np.float32)),
+        "slopes": (None, None, (0.5 ** np.arange(1, 7)).astype(np.float32), None),
+    }.get(decoration, (None, None, None, None))
+    whole = A.attend(q, K, V, 0, np.arange(T), *args)
+    for t0, t1 in ((0, 1), (3, 4), (0, 17), (17, 90), (149, 150), (64, 150)):
+        np.testing.assert_array_equal(
+            A.attend(q[t0:t1], K, V, 0, np.arange(t0, t1), *args), whole[t0:t1]
+        )

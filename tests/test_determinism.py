@@ -16,8 +16,6 @@ answer to the same request.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +23,8 @@ import numpy as np
 import pytest
 from frink_subprocess import child_env
 from gguf import GGMLQuantizationType as T
+from isa_variants import ISAS, child_json
+from isa_variants import runnable_isas as _runnable_isas
 from quant_weights import random_weights
 
 from frink_cli.backends.host import linear
@@ -36,22 +36,6 @@ THREADS = (1, 2, 3, 4)
 # (up to SMALL_T), a prompt's blocks of dots, BLAS's tiles as tile @ x.T (under
 # FEW_ROWS_TILE) and as x @ tile.T.
 ROWS = (1, 3, 16, 17, 40, 63, 64, 65, 200)
-ISAS = ("avx512+amx", "avx512", "avx2", "base")
-
-
-def _runnable_isas() -> list[str]:
-    native = kernels._NATIVE
-    if native is None:
-        return []
-    runnable = []
-    for name in ISAS:
-        try:
-            before = native.use_isa(name)
-        except ValueError:
-            continue
-        native.use_isa(before)
-        runnable.append(name)
-    return runnable
 
 
 @pytest.fixture(params=[*ISAS, "numpy"])
@@ -115,9 +99,9 @@ def test_f32_products_do_not_depend_on_threads(kernel_path: str) -> None:
 
 
 def test_tiles_are_cut_from_the_weights_shape_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where a prompt product's tiles of W fall (exact activations: BLAS over dequantized
-    tiles) is a function of W's shape: the thread count, which decides only who multiplies
-    a tile, never moves an edge."""
+    """Where a prompt product's tiles of W fall (without the compiled kernels: BLAS over
+    dequantized tiles) is a function of W's shape: the thread count, which decides only
+    who multiplies a tile, never moves an edge."""
     seen = []
     real = kernels.dequantize_rows
 
@@ -127,6 +111,7 @@ def test_tiles_are_cut_from_the_weights_shape_alone(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(kernels, "dequantize_rows", spy)
     monkeypatch.setattr(kernels, "_MAX_THREADS", 4)
+    monkeypatch.setattr(kernels, "_NATIVE", None)
     w = random_weights(T.Q4_0, 1000, 256, seed=4)
     x = np.ones((80, 256), np.float32)
     edges = []
@@ -181,15 +166,7 @@ def _digests(model: Path, isa: str, threads: int, lengths: list[int], reps: int)
         env["FRINK_NO_NATIVE"] = "1"
     else:
         env["FRINK_NATIVE_ISA"] = isa
-    r = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(model), json.dumps(lengths), str(reps)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = child_json(_CHILD, [str(model), json.dumps(lengths), str(reps)], env, 600)
     assert (isa == "numpy") == out["path"].startswith("numpy"), out["path"]
     return dict(out["digests"])
 

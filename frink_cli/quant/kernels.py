@@ -2,8 +2,8 @@
 
     y = dots(x, w)              # a few rows of x (decode, a server's batch): fused dots
     y = matmul_f32(x, w32)      # a few rows of x times an f32 W (the host's decode rows)
-    y = matmul(x, w)            # prefill: AMX int8 tiles, or tiles of W dequantized + BLAS
-    y = gemm_f32(x, w32)        # prefill times an f32 W: tiles of W + BLAS
+    y = matmul(x, w)            # prefill: dots over blocks of rows, or AMX int8 tiles
+    y = gemm_f32(x, w32)        # prefill times an f32 W without the compiled kernels: BLAS
     y = linear(x, w)            # whichever of the two suits x's row count
     a = dequantize_rows(w, start, stop, out=buf)   # rows as f32: gguf-py's values exactly
     a = take_rows(w, index, out=buf)               # by index (embeddings, expert rows)
@@ -26,11 +26,12 @@ activations multiplies x's 8-bit codes by W's codes on the tiles (native_amx.h):
 a prompt's rows; `prompt_tiles()` says whether it does.
 
 `dots` makes each row's sums in one order whatever rows are beside it, so a row's
-product is the same bit for bit alone or in any batch (a server's answers rely on it).
-Without the compiled module (no compiler at install time, or
-FRINK_NO_NATIVE=1) every function still works: tiles of rows dequantized by gguf-py,
-multiplied by BLAS, never more than a tile of f32 at a time. `kernel_path()` says which
-is running.
+product is the same bit for bit alone or in any batch (a server's answers rely on it);
+`matmul` and `matmul_f32` give a prompt's rows those same sums (AMX tiles apart), so a
+prompt cut into other chunks keeps its bits too. Without the compiled module (no
+compiler at install time, or FRINK_NO_NATIVE=1) every function still works: tiles of rows
+dequantized by gguf-py, multiplied by BLAS, never more than a tile of f32 at a time.
+`kernel_path()` says which is running.
 
 Threads: the compiled kernels run on OpenMP threads, as many as `threads(n)` allows in
 the calling thread (all cores by default; FRINK_THREADS=n sets the count outright, above
@@ -228,10 +229,11 @@ def dots(x: np.ndarray, w: QuantMatrix, out: np.ndarray | None = None) -> np.nda
 
 
 def matmul_f32(x: np.ndarray, w: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """x [T, cols] @ W.T for an f32 W [rows, cols] (C-contiguous) and a few rows of x, read
-    straight from W: for one row as fast as BLAS's GEMV, for 2-16 rows ~2x faster than its
-    GEMM (which packs W), and each row's sums made in one order whatever T is, so a row's
-    product never depends on the rows beside it (the server's batches rely on it)."""
+    """x [T, cols] @ W.T for an f32 W [rows, cols] (C-contiguous), read straight from W
+    (blocks of x's rows for a prompt): for one row as fast as BLAS's GEMV, for 2-16 rows
+    ~2x faster than its GEMM (which packs W), and each row's sums made in one order
+    whatever T is, so a row's product never depends on the rows beside it or on how a
+    prompt is chunked (the server's batches rely on it)."""
     if w.dtype != np.float32 or w.ndim != 2 or not w.flags.c_contiguous:
         raise ValueError(f"w must be a C-contiguous float32 matrix: got {w.dtype} {w.shape}")
     x = np.ascontiguousarray(x, dtype=np.float32)
@@ -241,38 +243,41 @@ def matmul_f32(x: np.ndarray, w: np.ndarray, out: np.ndarray | None = None) -> n
     if _NATIVE is None:
         np.matmul(x, w.T, out=y)
     elif w.shape[0] and x.shape[0]:
-        _NATIVE.dots(_F32, w, w.shape[0], w.shape[1], x, x.shape[0], y, _threads.get(), True)
+        step = dot_block_rows(4 * w.shape[1])
+        for t0 in range(0, x.shape[0], step):
+            xb, yb = x[t0 : t0 + step], y[t0 : t0 + step]
+            _NATIVE.dots(_F32, w, w.shape[0], w.shape[1], xb, len(xb), yb, _threads.get(), True)
     return y
 
 
 def matmul(
     x: np.ndarray, w: QuantMatrix, tile_rows: int | None = None, out: np.ndarray | None = None
 ) -> np.ndarray:
-    """x [T, cols] @ W.T for many rows of x (prefill). With 8-bit activations: `dots`
-    over blocks of x's rows (each block's codes stay in cache while W streams past), the
-    decode rows' own products, so that a row's product is the same bits whichever way it
-    comes (alone, in a batch, in a prompt or chunk of any length, resumed from a cache),
-    on any thread count; where the CPU has AMX (`prompt_tiles()`), the same codes'
-    products on int8 tiles, summed in another order (~1e-7 relative: a prompt's rows then
-    differ from decode rows in the last bits, never with the thread count).
-    With exact activations (or for F16/BF16 W): W cut into tiles of rows (tile_rows,
-    default `tile_rows_for` W's shape), each dequantized into a buffer and multiplied by
-    BLAS on one thread, the tiles shared by `threads()` threads: the same bits on any
-    thread count, but not those of `dots` (float sums in another order, ~1e-7 relative)."""
+    """x [T, cols] @ W.T for many rows of x (prefill). Compiled: `dots` over blocks of x's
+    rows (each block's codes, or f32 rows, stay in cache while W streams past), the decode
+    rows' own products, so that a row's product is the same bits whichever way it comes
+    (alone, in a batch, in a prompt or chunk of any length, resumed from a cache), on any
+    thread count, with 8-bit or exact activations and for every type; where the CPU has AMX
+    (`prompt_tiles()`), the 8-bit codes' products on int8 tiles, summed in another order
+    (~1e-7 relative: a prompt's rows then differ from decode rows in the last bits, never
+    with the thread count). Without the compiled module: W cut into tiles of rows
+    (tile_rows, default `tile_rows_for` W's shape), each dequantized into a buffer and
+    multiplied by BLAS on one thread, the tiles shared by `threads()` threads: the same
+    bits on any thread count, but not those of `dots` (float sums in another order)."""
     x = _activations(x, w)
     y = _result(out, (x.shape[0], w.rows))
-    if _NATIVE is not None and _rounds_x(w):
-        if not (w.rows and x.shape[0]):
-            return y
-        if on_tiles(w):
-            # AMX int8 tiles: the dots' own products (x's codes times W's codes).
-            _NATIVE.tiles(int(w.qtype), w.data, w.rows, w.cols, x, x.shape[0], y, _threads.get())
-            return y
-        step = dot_block_rows(w.cols)
-        for t0 in range(0, x.shape[0], step):
-            dots(x[t0 : t0 + step], w, out=y[t0 : t0 + step])
+    if _NATIVE is None:
+        return _numpy_matmul(x, w, tile_rows, y)
+    if not (w.rows and x.shape[0]):
         return y
-    return _numpy_matmul(x, w, tile_rows, y)
+    if _rounds_x(w) and on_tiles(w):
+        # AMX int8 tiles: the dots' own products (x's codes times W's codes).
+        _NATIVE.tiles(int(w.qtype), w.data, w.rows, w.cols, x, x.shape[0], y, _threads.get())
+        return y
+    step = dot_block_rows(w.cols if _rounds_x(w) else 4 * w.cols)
+    for t0 in range(0, x.shape[0], step):
+        dots(x[t0 : t0 + step], w, out=y[t0 : t0 + step])
+    return y
 
 
 # How many bytes of x's 8-bit codes one `dots` call of a prompt product holds: small enough
@@ -280,10 +285,11 @@ def matmul(
 DOT_BLOCK_BYTES = 1 << 18
 
 
-def dot_block_rows(cols: int) -> int:
-    """The rows of x one `dots` call of a prompt product takes (a multiple of the
-    kernel's 4-row group, so every block but the last fills its groups)."""
-    return max(4, (DOT_BLOCK_BYTES // max(1, cols)) // 4 * 4)
+def dot_block_rows(row_bytes: int) -> int:
+    """The rows of x one `dots` call of a prompt product takes, for rows of x of row_bytes
+    each as the kernel reads them (8-bit codes or f32): a multiple of the kernel's 4-row
+    group, so every block but the last fills its groups."""
+    return max(4, (DOT_BLOCK_BYTES // max(1, row_bytes)) // 4 * 4)
 
 
 def _rounds_x(w: QuantMatrix) -> bool:

@@ -1,12 +1,22 @@
 """The host body's attention core: softmax(q K^T + mask) V over the rows a KV cache holds.
 
 The block around it (QKV split, QK norms, rope, output gate, o_proj) is composed once in
-graph/blocks/attention.py; this module is what HostOps.attention runs: blocked causal
-prefill and a mask-free decode row. GQA maps query head h to KV head h // (n_head / n_head_kv), as
-llama.cpp does.
+graph/blocks/attention.py; this module is what HostOps.attention runs. GQA maps query head h
+to KV head h // (n_head / n_head_kv), as llama.cpp does.
 
-K and V may be a cache type's stored rows (cache/kv_types.py's `Coded`): a decode row
-decodes them ROW_KEY_CHUNK keys at a time, a prefill batch the rows it sees once per step.
+Which code: the compiled row-wise ops' attention (rowwise.attend) where built and the
+cache holds f32 rows, each query row and head computed alone in one fixed order, so that
+a row's output does not depend on the rows beside it: a prompt fed whole or in chunks,
+resumed from a cache, or stepped beside other sequences gives each row the same bits (with
+8-bit activations an ulp here becomes a different code in the next layer's products and
+grows into different logits). Else NumPy's: blocked causal prefill over BLAS and a
+mask-free decode row, whose sums run in orders that depend on the block's shape (a
+prompt's rows then differ in the last bits with how it is chunked).
+
+K and V may be a cache type's stored rows (cache/kv_types.py's `Coded`): NumPy's path
+then decodes them, a decode row ROW_KEY_CHUNK keys at a time, a prefill batch the rows it
+sees once per step. (So a 16-bit or quantized cache is not yet batch-invariant: that
+wants the C attention reading the stored rows.)
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ import numpy as np
 
 from ...cache.kv_types import Coded, as_f32
 from ...quant.blas import blas_threads
+from . import rowwise
 from .linear import both, host_ways
 
 # Prefill queries are taken in blocks of this many rows, each against only the keys it can
@@ -74,6 +85,10 @@ def attend(
         # Every query "stands" after the last key: the causal arithmetic with nothing hidden.
         assert window is None, "bidirectional attention has no window"
         positions = np.full(len(positions), first + K.shape[1] - 1)
+    if not isinstance(K, Coded) and not isinstance(V, Coded):
+        out = rowwise.attend(q, K, V, first, positions, (window, softcap, slopes, sinks))
+        if out is not None:
+            return out
     T, H, hk = q.shape
     if T == 1:
         return _attend_row(q, K, V, first, int(positions[0]), window, softcap, slopes, sinks)

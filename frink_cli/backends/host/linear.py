@@ -2,15 +2,19 @@
 threads they get.
 
 Which kernel: a sequence's few rows (up to SMALL_ROWS: a decode row, a short prompt) go
-through the compiled small-batch product (quant.kernels.matmul_f32, C), a prompt's
-chunk through BLAS's GEMM. On small models' matrices, streamed from memory, the kernel reads
-f32 weights at ~21 GB/s on one core and ~28 on two where OpenBLAS's GEMV reads ~12 and
-~21 (its column-major GEMV ~18 on one), and 8 rows take it 0.5x OpenBLAS's GEMM time
+through the compiled small-batch product (quant.kernels.matmul_f32 / dots, C), a prompt's
+chunk through the same kernels over blocks of its rows (quant.kernels.matmul; AMX int8
+tiles where the CPU has them). On small models' matrices, streamed from memory, the kernel
+reads f32 weights at ~21 GB/s on one core and ~28 on two where OpenBLAS's GEMV reads ~12
+and ~21 (its column-major GEMV ~18 on one), and 8 rows take it 0.5x OpenBLAS's GEMM time
 (which packs W first): a decode token ~1.3x faster, a server's batch of eight ~2x. Its
-sums run in one order for any row count, and a batched step multiplies each sequence's
-rows as it would alone (`product`, `sequences`), so a sequence's numbers never depend on
-what is stepped beside it: a server answers a request as it would answer it alone.
-Without the compiled kernels everything is BLAS's (a row's sums then differ between GEMV and GEMM).
+sums run in one order for any row count, so a row's product is the same bits in a decode
+step, a prompt, or a prompt cut into other chunks (docs/performance.md has what that costs
+a prompt of f32 or 16-bit weights against BLAS's GEMM), and a batched step multiplies each
+sequence's rows as it would alone (`product`, `sequences`), so a sequence's numbers never
+depend on what is stepped beside it: a server answers a request as it would answer it
+alone. Without the compiled kernels everything is BLAS's (a row's sums then differ between
+GEMV and GEMM, and with the prompt's chunking).
 
 Threads: when another process holds a core, a step split over two threads waits on it
 (a decode token then takes ~10x as long), and on an idle machine two threads are faster.
@@ -84,9 +88,9 @@ def product(
     step's, when x has all its rows; else x is one sequence). A sequence with up to
     SMALL_ROWS rows is multiplied by the compiled kernel, whose sums do not depend on
     the rows beside them, so all such rows share one call (one pass over W for a whole
-    decode batch); a longer one (a prompt chunk) is one BLAS GEMM of its own rows (over
-    tiles of W dequantized, for blocks), as it would be alone. So a server's answer does
-    not change with what else it is serving."""
+    decode batch); a longer one (a prompt chunk) is one product of its own rows (the same
+    kernel over blocks of rows, or AMX tiles; BLAS without the compiled kernels), as it
+    would be alone. So a server's answer does not change with what else it is serving."""
     if rows is None:
         rows = _sequences.get()
         if rows is None or sum(rows) != x.shape[0]:
@@ -125,7 +129,8 @@ def _kernels(w: np.ndarray | QuantRows) -> tuple[Kernel, Kernel]:
     if isinstance(w, QuantRows):
         return _blocks_few, _blocks_many
     if kernels.compiled() and w.dtype == np.float32 and w.flags.c_contiguous:
-        return kernels.matmul_f32, kernels.gemm_f32
+        # One kernel for every row count: a prompt's rows get a decode row's sums.
+        return kernels.matmul_f32, kernels.matmul_f32
     # No compiled kernels: BLAS's tiles for all (a row's sums then differ between a decode
     # row and a prompt's rows).
     return kernels.gemm_f32, kernels.gemm_f32

@@ -336,6 +336,158 @@ fail_h:
     return NULL;
 }
 
+/* -- attention ----------------------------------------------------------------------------- */
+
+/* a . b over n floats: 8 lanes, each summing every 8th product in order, added as a tree, then
+ * the last n % 8 products one by one. One order for every n, row and instruction set. */
+static inline float dot_lanes(const float *a, const float *b, Py_ssize_t n) {
+    float lane[8] = {0};
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) lane[l] += a[i + l] * b[i + l];
+    float s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+typedef struct {
+    rows_of q, k, v, out;
+    float softcap;      /* 0: none */
+    const float *slopes; /* [H] or NULL */
+    const float *sinks;  /* [H] or NULL */
+} attend_args;
+
+/* One query row's head against keys [j0, j0 + n) of its KV head kvh (key i at distance
+ * n - 1 - i from the query): softmax(q k^T) v into out, the scores in s [n]. Each key's score
+ * is dot_lanes, the denominator a sum of 8 lanes in key order, each output element a sum in
+ * key order normalized last: the same bits whatever rows or chunk the query came in. */
+VECTORIZED
+static void attend_head(const attend_args *A, const float *q, Py_ssize_t kvh, Py_ssize_t j0,
+                        Py_ssize_t n, Py_ssize_t h, float *s, float *out) {
+    const Py_ssize_t hk = A->k.n, hv = A->v.n, base = kvh * A->k.b + j0;
+    for (Py_ssize_t i = 0; i < n; i++) s[i] = dot_lanes(q, row_at(&A->k, base + i), hk);
+    if (A->softcap != 0.0f)
+        for (Py_ssize_t i = 0; i < n; i++) s[i] = A->softcap * tanhf(s[i] / A->softcap);
+    if (A->slopes)
+        for (Py_ssize_t i = 0; i < n; i++) s[i] -= A->slopes[h] * (float)(n - 1 - i);
+    float m = A->sinks ? A->sinks[h] : -INFINITY;
+    for (Py_ssize_t i = 0; i < n; i++) m = s[i] > m ? s[i] : m;
+    for (Py_ssize_t i = 0; i < n; i++) s[i] = exp_f32(s[i] - m);
+    float lane[8] = {0};
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) lane[l] += s[i + l];
+    float total = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    for (; i < n; i++) total += s[i];
+    if (A->sinks) total += exp_f32(A->sinks[h] - m);
+    for (Py_ssize_t d = 0; d < hv; d++) out[d] = 0.0f;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        const float e = s[j], *vr = row_at(&A->v, base + j);
+        for (Py_ssize_t d = 0; d < hv; d++) out[d] += e * vr[d];
+    }
+    for (Py_ssize_t d = 0; d < hv; d++) out[d] /= total;
+}
+
+/* An optional float32 [n] argument (None: NULL), held in view. */
+static int optional_vector(PyObject *o, Py_ssize_t n, const char *what, Py_buffer *view,
+                           const float **p) {
+    *p = NULL;
+    if (o == Py_None) return 0;
+    if (PyObject_GetBuffer(o, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)) return -1;
+    if (!view->format || strcmp(view->format, "f") || view->ndim != 1 || view->shape[0] != n) {
+        PyErr_Format(PyExc_ValueError, "%s must be float32 [%zd]", what, n);
+        PyBuffer_Release(view);
+        view->obj = NULL;
+        return -1;
+    }
+    *p = (const float *)view->buf;
+    return 0;
+}
+
+/* Checks every shape and each query's keys against the cache; the longest key run, or -1. */
+static Py_ssize_t attend_check(const attend_args *A, const int64_t *p, Py_ssize_t first,
+                               Py_ssize_t window) {
+    const Py_ssize_t T = A->q.a, H = A->q.b, Hkv = A->k.a, S = A->k.b;
+    if (A->q.view.ndim != 3 || A->k.view.ndim != 3 || A->v.view.ndim != 3 ||
+        A->out.view.ndim != 3 || Hkv < 1 || H % Hkv || A->k.n != A->q.n || A->v.a != Hkv ||
+        A->v.b != S || A->out.a != T || A->out.b != H || A->out.n != A->v.n) {
+        PyErr_SetString(PyExc_ValueError,
+                        "attend takes q [T, H, hk], K [Hkv, S, hk], V [Hkv, S, hv], out [T, H, hv]");
+        return -1;
+    }
+    Py_ssize_t most = 0;
+    for (Py_ssize_t t = 0; t < T; t++) {
+        const Py_ssize_t lo = window > 0 && p[t] - window + 1 > 0 ? p[t] - window + 1 : 0;
+        if (lo < first || p[t] + 1 - first > S) {
+            PyErr_Format(PyExc_ValueError, "the cache's rows [%zd, %zd) miss keys position %lld sees",
+                         first, first + S, (long long)p[t]);
+            return -1;
+        }
+        most = p[t] + 1 - lo > most ? p[t] + 1 - lo : most;
+    }
+    return most;
+}
+
+static PyObject *py_attend(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *qo, *ko, *vo, *po, *so, *sko, *oo;
+    Py_ssize_t first, window;
+    int threads;
+    attend_args A;
+    memset(&A, 0, sizeof A);
+    if (!PyArg_ParseTuple(args, "OOOnOnfOOOi", &qo, &ko, &vo, &first, &po, &window, &A.softcap,
+                          &so, &sko, &oo, &threads))
+        return NULL;
+    Py_buffer pos = {0}, slopes = {0}, sinks = {0};
+    PyObject *ret = NULL;
+    float *scratch = NULL;
+    if (get_rows(qo, 0, "q", &A.q) || get_rows(ko, 0, "K", &A.k) || get_rows(vo, 0, "V", &A.v) ||
+        get_rows(oo, 1, "out", &A.out) || PyObject_GetBuffer(po, &pos, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT))
+        goto done;
+    if (pos.ndim != 1 || pos.itemsize != 8 || !pos.format ||
+        (strcmp(pos.format, "q") && strcmp(pos.format, "l")) || pos.shape[0] != A.q.a) {
+        PyErr_Format(PyExc_ValueError, "positions must be int64 [%zd]", A.q.a);
+        goto done;
+    }
+    if (optional_vector(so, A.q.b, "slopes", &slopes, &A.slopes) ||
+        optional_vector(sko, A.q.b, "sinks", &sinks, &A.sinks))
+        goto done;
+    const int64_t *p = (const int64_t *)pos.buf;
+    const Py_ssize_t most = attend_check(&A, p, first, window);
+    if (most < 0) goto done;
+    const Py_ssize_t T = A.q.a, H = A.q.b, g = H / A.k.a, items = T * H;
+    const int nt = threads_for(items * most * (A.q.n + A.v.n), threads);
+    scratch = PyMem_RawMalloc((size_t)nt * (size_t)(most > 0 ? most : 1) * sizeof(float));
+    if (!scratch) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+#pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1)
+    for (Py_ssize_t it = 0; it < items; it++) {
+#ifdef _OPENMP
+        float *s = scratch + (size_t)omp_get_thread_num() * (size_t)most;
+#else
+        float *s = scratch;
+#endif
+        const Py_ssize_t t = it / H, h = it % H;
+        const Py_ssize_t lo = window > 0 && p[t] - window + 1 > 0 ? p[t] - window + 1 : 0;
+        attend_head(&A, row_at(&A.q, it), h / g, lo - first, p[t] + 1 - lo, h, s, row_at(&A.out, it));
+    }
+    Py_END_ALLOW_THREADS
+    ret = Py_NewRef(Py_None);
+done:
+    PyMem_RawFree(scratch);
+    if (sinks.obj) PyBuffer_Release(&sinks);
+    if (slopes.obj) PyBuffer_Release(&slopes);
+    if (pos.obj) PyBuffer_Release(&pos);
+    release(&A.out);
+    release(&A.v);
+    release(&A.k);
+    release(&A.q);
+    return ret;
+}
+
 /* -- exp, for tests ------------------------------------------------------------------------ */
 
 VECTORIZED
@@ -371,6 +523,9 @@ static PyMethodDef METHODS[] = {
      "rope(x, cos, sin, pos int64, neox, threads): x's rows at pos[t] rotated in place"},
     {"glu", py_glu, METH_VARARGS,
      "glu(h, act (0 silu, 1 gelu_tanh), out, threads): out = act(gate) * up, h = [gate | up]"},
+    {"attend", py_attend, METH_VARARGS,
+     "attend(q, K, V, first, pos int64, window (0 none), softcap (0 none), slopes | None, "
+     "sinks | None, out, threads): softmax(q K^T) V per query row and head, each row alone"},
     {"exp", py_exp, METH_VARARGS, "exp(x, out): the e^x the activations use"},
     {NULL, NULL, 0, NULL},
 };

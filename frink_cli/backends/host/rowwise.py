@@ -1,8 +1,8 @@
 """The host body's row-wise ops in C (rowwise.c, compiled when frink is installed): RMSNorm,
-rope and the gated activations, each one pass over its rows on the product kernels'
-threads. norms.py, rope.py and ffn.py here call these first and run their NumPy when
-they return None: arrays the C does not take (not float32, more than 3 dims, a strided
-last dim), or no compiled module (no compiler at install, or FRINK_NO_NATIVE=1).
+rope, the gated activations and attention, each one pass over its rows on the product
+kernels' threads. norms.py, rope.py, ffn.py and attention.py here call these first and
+run their NumPy when they return None: arrays the C does not take (not float32, more than
+3 dims, a strided last dim), or no compiled module (no compiler at install, or FRINK_NO_NATIVE=1).
 `path()` says which runs; `frink info` shows it.
 
 The C computes what the NumPy computes, as llama.cpp does, to within float rounding (a
@@ -88,6 +88,38 @@ def glu(h: np.ndarray, act: str) -> np.ndarray | None:
     out = np.empty((h.shape[0], h.shape[1] // 2), F32)
     _C.glu(h, GLU_ACTS[act], out, kernels.current_threads())
     return out
+
+
+# An attention's decorations, as attention.attend takes them: (window, softcap, ALiBi slopes
+# [H], sink logits [H]), each None where absent.
+Decorations = tuple[int | None, float | None, np.ndarray | None, np.ndarray | None]
+
+
+def attend(
+    q: np.ndarray,
+    K: np.ndarray,
+    V: np.ndarray,
+    first: int,
+    positions: np.ndarray,
+    extra: Decorations,
+) -> np.ndarray | None:
+    """softmax(q K^T + mask) V as attention.attend takes it ([T, H, hk] scaled queries, keys
+    [Hkv, S, hk] and values [Hkv, S, hv], key row j at position first + j), each query row
+    and head on its own in one fixed order: a row's output is the same bits whatever rows,
+    chunk or batch it comes in, on any thread count and instruction set. [T, H * hv]; None
+    where the C does not take the arrays (then attention.py's NumPy runs)."""
+    if _C is None or not all(_takes(a) and a.ndim == 3 for a in (q, K, V)):
+        return None
+    window, softcap, slopes, sinks = extra
+    T, H, _ = q.shape
+    out = np.empty((T, H, V.shape[2]), F32)
+    pos = np.ascontiguousarray(positions, dtype=np.int64)
+    vectors = [None if a is None else np.ascontiguousarray(a, dtype=F32) for a in (slopes, sinks)]
+    threads = kernels.current_threads()
+    _C.attend(
+        q, K, V, int(first), pos, int(window or 0), float(softcap or 0), *vectors, out, threads
+    )
+    return out.reshape(T, H * V.shape[2])
 
 
 def exp(x: np.ndarray) -> np.ndarray:

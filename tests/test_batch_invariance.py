@@ -1,0 +1,222 @@
+"""A row's logits are the same bits whatever else is in its step, on every kernel ISA.
+
+Why: a server steps many sequences together, feeds a prompt in chunks beside other
+sequences' decode rows, and resumes a prompt from a slot's cached prefix. Each of those
+puts a sequence's rows through the host in other company and other cuts than it gets alone.
+Any sum whose order depends on that company (a GEMM over a block's shape, a softmax over
+the block's keys) moves the row's last bits; with 8-bit activations such an ulp rounds a
+code the other way in the next layer and grows into logits 0.6 apart, and a near-tie
+greedy token flips: 2 of 8 concurrent SmolLM2 answers differed from their solo runs.
+
+So each check runs one sequence alone (its prompt whole, then greedy decode rows) and the
+same sequence in mixed steps, and asks for the same bytes at every row:
+  - beside other sequences' prompts, then beside their decode rows;
+  - its decode rows beside another sequence's prompt chunk;
+  - its prompt cut in two (a resumed prefix), the second part beside others' decode rows;
+on a dense, a MoE and a hybrid (recurrent) tiny fixture and the real SmolLM2, in a child
+process per forced ISA (FRINK_NATIVE_ISA is read at import), each variant this CPU lacks
+skipped by name. And `frink serve` answers 8 concurrent greedy requests (prompts resumed
+from the slots' caches as a server does by default) with exactly the tokens and log
+probabilities it gives each alone.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from frink_subprocess import child_env
+from isa_variants import ISAS, child_json, unrunnable_reason
+from model_checks import _path, q8_0_requant
+
+# The AMX variant multiplies a prompt's rows on int8 tiles, in another f32 order than the
+# decode rows' dots: its rows keep their bits beside other sequences, not across a prompt's
+# cut (docs/performance.md); the checks that cut a prompt leave it out.
+CUTS_KEEP_BITS = ("avx512", "avx2", "base")
+
+_CHILD = r"""
+import json, sys
+import numpy as np
+from frink_cli.api import load
+from frink_cli.quant import kernels
+
+path, lo, hi, cut_checks = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+dec = load(path).decoder
+rng = np.random.default_rng(7)
+A, B, C = (rng.integers(lo, hi, n) for n in (40, 33, 5))
+N = 3  # greedy decode rows after the prompt
+
+
+def row(lg):
+    return lg[-1]
+
+
+def greedy(lg):
+    return np.array([int(lg.argmax())])
+
+
+def alone():
+    c = dec.new_cache(128)
+    out = [row(dec.step(A, c))]
+    for _ in range(N):
+        out.append(row(dec.step(greedy(out[-1]), c)))
+    return out
+
+
+def beside_sequences():
+    cA, cB, cC = (dec.new_cache(128) for _ in range(3))
+    lg = dec.step_batch([(A, cA), (B, cB), (C, cC)])
+    out = [lg[0]]
+    for _ in range(N):
+        lg = dec.step_batch(
+            [(greedy(out[-1]), cA), (greedy(lg[1]), cB), (greedy(lg[2]), cC)]
+        )
+        out.append(lg[0])
+    return out
+
+
+def beside_a_prompt_chunk():
+    cA = dec.new_cache(128)
+    out = [row(dec.step(A, cA))]
+    for i in range(N):
+        chunk = B[: 5 + 12 * i]  # 5, 17, 29 rows: the decode kernel's and the prompt's
+        out.append(dec.step_batch([(greedy(out[-1]), cA), (chunk, dec.new_cache(128))])[0])
+    return out
+
+
+def cut_prompt(cut):
+    cA, cB = dec.new_cache(128), dec.new_cache(128)
+    dec.step(A[:cut], cA)
+    lg = dec.step_batch([(A[cut:], cA), (B, cB)])
+    out = [lg[0]]
+    tb = greedy(lg[1])
+    for _ in range(N):
+        lg = dec.step_batch([(greedy(out[-1]), cA), (tb, cB)])
+        out.append(lg[0])
+        tb = greedy(lg[1])
+    return out
+
+
+ref = alone()
+checks = {"beside other sequences": beside_sequences()}
+checks["beside a prompt chunk"] = beside_a_prompt_chunk()
+if cut_checks:
+    for cut in (3, 17, 30):
+        checks[f"prompt cut at {cut}"] = cut_prompt(cut)
+report = {}
+for name, rows in checks.items():
+    report[name] = [
+        None if np.array_equal(a, b) else float(np.abs(a - b).max()) for a, b in zip(ref, rows)
+    ]
+print(json.dumps({"path": kernels.kernel_path(), "rows": report}))
+"""
+
+
+def _check(model: Path, isa: str, ids: tuple[int, int] = (5, 200)) -> None:
+    reason = unrunnable_reason(isa)
+    if reason:
+        pytest.skip(reason)
+    env = child_env()
+    env["FRINK_NATIVE_ISA"] = isa
+    for key in ("FRINK_EXACT_ACTIVATIONS", "FRINK_NO_NATIVE", "FRINK_THREADS"):
+        env.pop(key, None)
+    cuts = "1" if isa in CUTS_KEEP_BITS else "0"
+    out = child_json(_CHILD, [str(model), str(ids[0]), str(ids[1]), cuts], env, 900)
+    assert f"({isa}," in out["path"], out["path"]
+    differ = {k: v for k, v in out["rows"].items() if any(d is not None for d in v)}
+    # Each entry: per row (the prompt's last, then the decode rows) None where the bytes are
+    # the row's alone, else the largest difference.
+    assert not differ, f"{out['path']}: rows differ from the sequence alone: {differ}"
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_dense_f32_fixture(tiny_model: Callable, isa: str) -> None:
+    """The tiny llama (f32 weights: the f32 product kernel, prompt rows and decode rows)."""
+    _check(_path(tiny_model, "llama", "gguf"), isa)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_moe_fixture(tiny_model: Callable, isa: str) -> None:
+    """The tiny LFM2-MoE in Q8_0 (8-bit activations; experts grouped by row; conv state)."""
+    _check(q8_0_requant(tiny_model, "lfm2moe")[0], isa)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_hybrid_fixture(tiny_model: Callable, isa: str) -> None:
+    """The tiny LFM2 in Q8_0: short-conv layers (a recurrent tail) beside attention."""
+    _check(q8_0_requant(tiny_model, "lfm2")[0], isa)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_smollm2(smollm2_path: Path, isa: str) -> None:
+    """The real SmolLM2-135M Q4_1, the model the symptom was seen on."""
+    _check(smollm2_path, isa, (200, 20000))
+
+
+PROMPTS = [
+    "Name a fruit.",
+    "What is the capital of Spain?",
+    "Write one sentence about dogs.",
+    "Count from six to nine.",
+    "What is 7 plus 5?",
+    "Say goodbye in German.",
+    "Name an ocean.",
+    "What do cows drink?",
+]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_serve_concurrent_greedy_is_alone(
+    smollm2_path: Path, isa: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """8 greedy chat requests to `frink serve` (16 tokens): sent one at a time with their
+    prompts computed afresh, then one at a time again (each prompt resumed from the slot
+    that answered it), then all 8 at once: the same tokens and log probabilities each time."""
+    reason = unrunnable_reason(isa)
+    if reason:
+        pytest.skip(reason)
+    if isa not in CUTS_KEEP_BITS:
+        pytest.skip(f"{isa}: a prompt's rows on AMX tiles differ from its decode rows' dots")
+    openai = pytest.importorskip("openai")
+    from serve_process import Server
+
+    monkeypatch.setenv("FRINK_NATIVE_ISA", isa)
+    monkeypatch.delenv("FRINK_EXACT_ACTIVATIONS", raising=False)
+    server = Server(smollm2_path, "-np", "8", "-c", "2048", "--backend", "numpy")
+
+    def answer(prompt: str, cache_prompt: bool = True) -> list[tuple[str, float]]:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+        r = client.chat.completions.create(
+            model="SmolLM2-135M-Instruct.Q4_1",
+            messages=[{"role": "user", "content": prompt}],
+            temperature=0,
+            max_tokens=16,
+            logprobs=True,
+            extra_body={"cache_prompt": cache_prompt},
+        )
+        return [(c.token, c.logprob) for c in r.choices[0].logprobs.content]
+
+    try:
+        fresh = [answer(p, cache_prompt=False) for p in PROMPTS]
+        resumed = [answer(p) for p in PROMPTS]
+        together: dict[int, list[tuple[str, float]]] = {}
+
+        def one(i: int) -> None:
+            together[i] = answer(PROMPTS[i])
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        for name, got in (
+            ("resumed", resumed),
+            ("concurrent", [together.get(i) for i in range(8)]),
+        ):
+            differ = [(PROMPTS[i], fresh[i], got[i]) for i in range(8) if got[i] != fresh[i]]
+            assert not differ, f"{name} answers differ from the fresh ones alone: {differ}"
+    finally:
+        server.stop()
+        server.close()
