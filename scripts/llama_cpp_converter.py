@@ -34,7 +34,8 @@ _SDIST_PREFIX = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
 # than the converter expects). LICENSE travels with the code we run.
 # models/templates/: the chat templates llama.cpp ships (Google's Gemma 4 template, for
 # tests/test_chat.py's check of the gemma4 fallback). grammars/: llama.cpp's GBNF grammars
-# (tests/test_gbnf_corpus.py).
+# (tests/test_gbnf_corpus.py). models/ggml-vocab-*: llama.cpp's tokenizer suite, vocabulary
+# files with their test inputs and expected ids (tests/test_tokenizer_suite.py).
 _WANTED = (
     "convert_hf_to_gguf.py",
     "conversion/",
@@ -42,9 +43,10 @@ _WANTED = (
     "LICENSE",
     "models/templates/",
     "grammars/",
+    "models/ggml-vocab-",
 )
 # Renamed when _WANTED grows, so an extraction made without the new files is redone.
-_STAMP = ".frink-extracted-3"
+_STAMP = ".frink-extracted-4"
 _CHILD_FLAG = "--_frink_child"
 
 
