@@ -125,15 +125,26 @@ __device__ void frink_run_iq4_nl(const unsigned char* row, int run, int valid, f
     }
 }
 
-// MXFP4 [e][qs 16]: Q4_0's nibble order, w = level[nibble] * 2^(e - 128) (normal for e >= 2,
-// the subnormals 2^-127 and 2^-128 for e = 1, 0).
+// level * 2^(e - 128), exactly as gguf-py gives it, without subnormal arithmetic: a GPU may
+// flush subnormal operands and results to zero, and e = 0, 1 scales are subnormal. A subnormal
+// result's bits are its value in units of 2^-149; a normal one is a product of normal
+// operands 2^32 too large, then its exponent field lowered by 32.
+__device__ float frink_mxfp4_weight(int level, unsigned int e) {
+    if (e >= 2) return __fmul_rn((float)level, __uint_as_float((e - 1u) << 23));
+    const unsigned int mag = (unsigned int)(level < 0 ? -level : level);
+    unsigned int bits = mag << (e + 21u);
+    if (bits >= 0x800000u)
+        bits = __float_as_uint(__fmul_rn((float)mag, __uint_as_float((e + 31u) << 23))) - (32u << 23);
+    return __uint_as_float(bits | (level < 0 ? 0x80000000u : 0u));
+}
+
+// MXFP4 [e][qs 16]: Q4_0's nibble order, w = level[nibble] * 2^(e - 128).
 __device__ void frink_run_mxfp4(const unsigned char* row, int run, int valid, float* w) {
     const unsigned char* p = row + 17LL * run;
     const unsigned int e = p[0];
-    const float d = __uint_as_float(e >= 2 ? (e - 1u) << 23 : 0x00400000u >> (1u - e));
     for (int l = 0; l < 16; l++) {
-        w[l] = __fmul_rn((float)FRINK_MXFP4_LEVEL[p[1 + l] & 15], d);
-        w[l + 16] = __fmul_rn((float)FRINK_MXFP4_LEVEL[p[1 + l] >> 4], d);
+        w[l] = frink_mxfp4_weight(FRINK_MXFP4_LEVEL[p[1 + l] & 15], e);
+        w[l + 16] = frink_mxfp4_weight(FRINK_MXFP4_LEVEL[p[1 + l] >> 4], e);
     }
 }
 

@@ -10,12 +10,15 @@ anything about NVRTC, CuPy or the hardware: those are the gpu-marked tests' job.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 _HERE = Path(__file__).resolve().parent
 _REPO = _HERE.parent
@@ -77,6 +80,17 @@ class EmulatedLauncher:
         if isinstance(arg, np.float32):
             return ctypes.c_float, ctypes.c_float(float(arg))
         raise TypeError(f"kernel argument of type {type(arg).__name__}: pass an exact C type")
+
+    @contextlib.contextmanager
+    def flushing_subnormals(self) -> Iterator[None]:
+        """Launches inside run with subnormals flushed to zero (DAZ and FTZ), as on a GPU
+        compiled with -ftz=true; skips the test where the CPU has no such mode."""
+        if not self.lib.emu_set_flush_subnormals(1):
+            pytest.skip("this CPU has no flush-to-zero mode to emulate a GPU's")
+        try:
+            yield
+        finally:
+            self.lib.emu_set_flush_subnormals(0)
 
     def __call__(self, kernel: str, grid: int, block: int, args: tuple) -> None:
         if not 1 <= block <= 1024 or grid < 1:

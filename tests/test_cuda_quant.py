@@ -83,6 +83,26 @@ def test_emulated_dequantize_is_gguf_py(qtype: str, emulated_launcher: EmulatedL
         assert np.array_equal(half.view(np.uint16)[~nan], ref16.view(np.uint16)[~nan]), qtype
 
 
+def test_emulated_mxfp4_subnormal_scales_survive_a_flushing_gpu(
+    emulated_launcher: EmulatedLauncher,
+) -> None:
+    """MXFP4 blocks with e = 0 and 1 have subnormal scales (2^-128, 2^-127): their weights are
+    gguf-py's exact subnormals even where the device flushes subnormal arithmetic to zero
+    (the H100 did, before the kernel built them from integers). A product with such a weight
+    (gemv) may still flush: its terms are below 2^-120 of the activations, far under any
+    tolerance."""
+    w = random_weights(T.MXFP4, 16, 256, seed=7)
+    data = np.array(w.data).reshape(-1, 17)
+    data[:, 0] = np.arange(len(data)) % 4  # e = 0, 1 (subnormal scales) and 2, 3
+    w = QuantMatrix(data.reshape(w.data.shape), T.MXFP4, w.rows, w.cols)
+    want = reference(w)
+    assert (want != 0).any() and (np.abs(want[want != 0]) < np.finfo(np.float32).tiny).any()
+    emu = KernelOps(np, emulated_launcher)
+    with emulated_launcher.flushing_subnormals():
+        got = emu.dequantize(_part(w), 0, w.rows, np.float32)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 @pytest.mark.parametrize("qtype", TYPES)
 def test_emulated_gemv_is_dequantize_then_matmul(
     qtype: str, emulated_launcher: EmulatedLauncher

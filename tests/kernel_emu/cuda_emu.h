@@ -15,6 +15,9 @@
 #include <math.h>
 #include <thread>
 #include <vector>
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;
@@ -43,6 +46,11 @@ inline float __fsub_rn(float a, float b) { return a - b; }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 
+// When set, every emulated thread runs with subnormal operands and results flushed to zero
+// (x86's DAZ and FTZ), as a GPU does under -ftz=true: a kernel must not depend on
+// subnormal arithmetic where the host gives exact subnormals.
+inline bool emu_flush_subnormals = false;
+
 // One std::thread per thread of a block, made once per launch: each runs its thread of every
 // block in turn, the blocks one after another, a barrier between them so that no block's
 // shared memory is touched by the next before all its threads are done.
@@ -57,6 +65,9 @@ void emu_launch(void (*kernel)(P...), unsigned grid, unsigned block, A... args) 
     for (unsigned i = 0; i < block; ++i) {
         threads.emplace_back([=, &bar] {
             threadIdx = dim3{i, 1, 1};
+#if defined(__SSE__)
+            if (emu_flush_subnormals) _mm_setcsr(_mm_getcsr() | 0x8040u);
+#endif
             for (unsigned b = 0; b < grid; ++b) {
                 blockIdx = dim3{b, 1, 1};
                 kernel(args...);

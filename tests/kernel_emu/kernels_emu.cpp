@@ -15,6 +15,15 @@
     }
 #define EMU_UNPACK(...) __VA_ARGS__
 
+extern "C" int emu_set_flush_subnormals(int on) {
+#if defined(__SSE__)
+    emu_flush_subnormals = on != 0;
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 EMU_ENTRY(rms_norm_f32,
           (const float* x, float* y, const float* w, int n_rows, int dim, int group,
            long long x_stride, long long y_stride, float eps),
