@@ -28,6 +28,14 @@ from .model import ModelConfig, load_weights
 from .model.validate import check_tensors as scan_tensors
 from .model.weights import LayerStore, ModelWeights, unread_tensors
 from .sampling import Sampler, SamplingParams
+from .speculative import (
+    Drafter,
+    ModelDrafter,
+    NgramDrafter,
+    SpecParams,
+    check_same_vocab,
+    speculative_tokens,
+)
 from .tokenizer import Tokenizer, load_tokenizer
 from .toolcalls import Event, ToolCall
 from .toolcalls.plan import CHOICES, ToolPlan, tool_plan
@@ -58,6 +66,8 @@ class Model:
         self.decoder = decoder
         self.tokenizer = tokenizer
         self.backend_name = backend_name
+        # Speculative decoding (Model.speculate): its settings and the draft model, if any.
+        self.speculation: tuple[SpecParams, Model | None] | None = None
         self._embed_plan: EmbedPlan | None = None
 
     @property
@@ -208,6 +218,21 @@ class Model:
         params = SamplingParams(**sampling)
         return self._generate_ids(ids, params, max_tokens, n_ctx, stats, constraint)
 
+    def speculate(self, params: SpecParams | None, draft: Model | None = None) -> None:
+        """Decode speculatively from now on (None: plainly again): drafts from `draft`, a
+        smaller model with this one's vocabulary (FrinkError naming it otherwise), or by
+        prompt lookup without one. A generation under a constraint decodes plainly."""
+        if params is not None and draft is not None:
+            name = str(draft.checkpoint.path)
+            if draft.n_vocab != self.n_vocab:
+                raise FrinkError(
+                    f"draft model {name}: {draft.n_vocab} token embeddings, the target's "
+                    f"{self.n_vocab}; speculative decoding needs the same vocabulary"
+                )
+            if self.tokenizer is not None or draft.tokenizer is not None:
+                check_same_vocab(self._tok(), draft._tok(), name)
+        self.speculation = None if params is None else (params, draft)
+
     def _generate_ids(
         self,
         ids: list[int],
@@ -219,12 +244,29 @@ class Model:
     ) -> Iterator[int]:
         sampler = Sampler(params, self.n_vocab)
         eog = self.tokenizer.eog_ids if self.tokenizer else frozenset()
+        n_ctx = n_ctx or min(self.config.n_ctx_train, DEFAULT_CTX)
+        if self.speculation is not None and constraint is None:
+            spec, draft = self.speculation
+            drafter: Drafter = NgramDrafter(spec)
+            if draft is not None:
+                drafter = ModelDrafter(draft.decoder, n_ctx, spec)
+            return speculative_tokens(
+                self.decoder,
+                ids,
+                sampler,
+                drafter,
+                spec,
+                max_tokens=max_tokens,
+                n_ctx=n_ctx,
+                eog_ids=eog,
+                stats=stats,
+            )
         return generate_tokens(
             self.decoder,
             ids,
             sampler,
             max_tokens=max_tokens,
-            n_ctx=n_ctx or min(self.config.n_ctx_train, DEFAULT_CTX),
+            n_ctx=n_ctx,
             eog_ids=eog,
             stats=stats,
             constraint=constraint,

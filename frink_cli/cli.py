@@ -29,6 +29,7 @@ from .cli_checks import (
 from .cli_embed import POOLING_OPTION, embed
 from .cli_exit import CliState, err, run_app
 from .cli_run import generate_and_print
+from .cli_spec import DRAFT_MAX, DRAFT_MIN, DRAFT_MODEL, DRAFT_P_MIN, SPEC, spec_kind, spec_params
 from .errors import FrinkError, printable
 
 # The api (numpy, the model code) is imported lazily, per command: `frink --help` stays quick.
@@ -230,10 +231,17 @@ def run(
     check_tensors: bool = typer.Option(
         False, "--check-tensors", help="scan every weight for NaN/Inf at load"
     ),
+    spec: str | None = SPEC,
+    draft_model: str | None = DRAFT_MODEL,
+    draft_max: int = DRAFT_MAX,
+    draft_min: int = DRAFT_MIN,
+    draft_p_min: float = DRAFT_P_MIN,
     verbose: bool = _VERBOSE,
 ) -> None:
     """Generate text from a prompt."""
     _begin(ctx, verbose)
+    kind = spec_kind(spec, draft_model)
+    speculation = spec_params(draft_max, draft_min, draft_p_min) if kind else None
     check_ranges(
         ("-n/--max-tokens", max_tokens, 0, None),
         ("-c/--ctx-size", ctx_size, 0, None),
@@ -258,6 +266,13 @@ def run(
     )
     # Compiled before the prompt runs: a grammar that does not compile stops here.
     constraint = m.constraint(**constrain)
+    if speculation is not None:
+        draft = None
+        if kind == "draft":
+            draft = _load(draft_model, backend, quiet=as_json and not verbose)
+        m.speculate(speculation, draft)
+        if constraint is not None:
+            err.print("note: speculative decoding is off under a constraint", style="dim")
     n_ctx = _n_ctx(m, ctx_size)
     notes: list[str] = []
     # The ids first (not a string into generate) so the template's notes show before the text.

@@ -108,6 +108,17 @@ def _run_result(
             "generated_tokens": stats.generated_tokens,
             "generate_tokens_per_second": stats.generate_tps,
         },
+        **(
+            {
+                "speculation": {
+                    "drafted_tokens": stats.drafted_tokens,
+                    "accepted_tokens": stats.accepted_tokens,
+                    "acceptance": stats.acceptance,
+                }
+            }
+            if m.speculation is not None
+            else {}
+        ),
         "peak_memory_mib": peak,
         "device": ledger,
     }
@@ -122,6 +133,11 @@ def _print_run_stats(
         f"generated: {stats.generated_tokens} tokens, {stats.generate_tps:.1f} tok/s | "
         f"peak memory: {peak:.0f} MiB | backend: {m.backend_name}[/dim]"
     )
+    if m.speculation is not None:
+        err.print(
+            f"[dim]speculation: {stats.accepted_tokens} of {stats.drafted_tokens} drafted "
+            f"tokens accepted ({100 * stats.acceptance:.0f}%)[/dim]"
+        )
     if ledger is not None and verbose:
         err.print(
             f"[dim]device: {ledger['submissions']} submissions ("

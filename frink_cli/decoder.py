@@ -63,8 +63,9 @@ class Decoder:
         if self.backend is not None:
             self.backend.end_thread()
 
-    def new_cache(self, n_ctx: int) -> KvCache:
-        return KvCache(self.cfg, n_ctx, types=self.cache_types)
+    def new_cache(self, n_ctx: int, rewind: int = 0) -> KvCache:
+        """An empty cache of n_ctx positions that can step back rewind + 1 tokens."""
+        return KvCache(self.cfg, n_ctx, types=self.cache_types, rewind=rewind)
 
     def hidden(self, ids: np.ndarray, cache: KvCache) -> np.ndarray:
         """Run new tokens `ids` at the cache's next positions; the last layer's output."""

@@ -28,6 +28,13 @@ class GenerationStats:
     generate_seconds: float = 0.0
     stop_reason: str = ""
     token_ids: list[int] = field(default_factory=list)
+    # Speculative decoding (speculative.py): tokens drafted, and how many the target kept.
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
     @property
     def prompt_tps(self) -> float:
@@ -38,7 +45,7 @@ class GenerationStats:
         return self.generated_tokens / self.generate_seconds if self.generate_seconds else 0.0
 
 
-def _finite(logits: np.ndarray) -> np.ndarray:
+def finite_logits(logits: np.ndarray) -> np.ndarray:
     """The NaN guard: sampling from non-finite logits yields garbage (greedy picks token 0
     or nothing), so stop and say what usually causes it."""
     if not np.isfinite(logits).all():
@@ -50,18 +57,9 @@ def _finite(logits: np.ndarray) -> np.ndarray:
     return logits
 
 
-def generate_tokens(
-    decoder: Decoder,
-    prompt_ids: Sequence[int],
-    sampler: Sampler,
-    *,
-    max_tokens: int,
-    n_ctx: int,
-    eog_ids: frozenset[int] = frozenset(),
-    stats: GenerationStats | None = None,
-    constraint: Constraint | None = None,
-) -> Iterator[int]:
-    stats = stats if stats is not None else GenerationStats()
+def check_prompt(decoder: Decoder, prompt_ids: Sequence[int], n_ctx: int) -> None:
+    """FrinkError (one line) for a prompt that cannot start a generation: empty, as long
+    as the context, or holding ids outside the model's embedding."""
     n_prompt = len(prompt_ids)
     if n_prompt == 0:
         raise FrinkError("empty prompt: nothing to condition on (the model adds no BOS)")
@@ -77,10 +75,26 @@ def generate_tokens(
             f"prompt token id {bad} is outside the model's {n_vocab} embedding rows "
             "(the tokenizer does not match the weights)"
         )
+
+
+def generate_tokens(
+    decoder: Decoder,
+    prompt_ids: Sequence[int],
+    sampler: Sampler,
+    *,
+    max_tokens: int,
+    n_ctx: int,
+    eog_ids: frozenset[int] = frozenset(),
+    stats: GenerationStats | None = None,
+    constraint: Constraint | None = None,
+) -> Iterator[int]:
+    stats = stats if stats is not None else GenerationStats()
+    check_prompt(decoder, prompt_ids, n_ctx)
+    n_prompt = len(prompt_ids)
     cache = decoder.new_cache(n_ctx)
     history = list(prompt_ids)
     t0 = time.perf_counter()
-    logits = _finite(decoder.step(np.asarray(prompt_ids), cache)[-1])
+    logits = finite_logits(decoder.step(np.asarray(prompt_ids), cache)[-1])
     stats.prompt_tokens = n_prompt
     stats.prompt_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -105,7 +119,7 @@ def generate_tokens(
             if cache.n_past >= n_ctx:
                 stats.stop_reason = "context"
                 return
-            logits = _finite(decoder.step(np.asarray([token]), cache)[-1])
+            logits = finite_logits(decoder.step(np.asarray([token]), cache)[-1])
         stats.stop_reason = "length"
     finally:
         stats.generate_seconds = time.perf_counter() - t0

@@ -102,6 +102,25 @@ def nomic_path() -> Path:
         pytest.skip(f"nomic-embed-text-v1.5 cannot be downloaded: {e}")
 
 
+def f32_copy(src: Path, name: str) -> Path:
+    """An F32 copy of the GGUF `src` (scripts/dequantize_gguf.py) in the fixture cache's
+    real/ as NAME-f32.gguf, made once per machine (written aside, then renamed)."""
+    out = fixture_cache_root() / "real" / f"{name}-f32.gguf"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        part = out.with_name(f"{out.name}.{os.getpid()}.part")
+        script = Path(__file__).resolve().parent.parent / "scripts" / "dequantize_gguf.py"
+        subprocess.run([sys.executable, str(script), str(src), str(part)], check=True)
+        part.replace(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_f32(smollm2_path: Path) -> Path:
+    """SmolLM2-135M-Instruct dequantized to F32: where llama.cpp's greedy text is exact."""
+    return f32_copy(smollm2_path, "smollm2")
+
+
 # --- tiny random models -------------------------------------------------------------------
 
 
@@ -177,7 +196,7 @@ def tiny_model(tiny_models: Path) -> Callable[[str], TinyModel]:
     return get
 
 
-_REAL_FIXTURES = {"smollm2_path", "gemma3_path", "nomic_path"}
+_REAL_FIXTURES = {"smollm2_path", "smollm2_f32", "gemma3_path", "nomic_path"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

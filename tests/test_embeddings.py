@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -17,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import fixture_cache_root
 from frink_subprocess import child_env, frink_command
 from model_checks import cosines
 from serve_process import Server
@@ -328,16 +326,12 @@ def test_route_truncates_when_asked(server: Server, minilm: api.Model) -> None:
 
 
 @pytest.mark.parametrize("pooling", ["last", "mean"])
-def test_decoder_pooling_matches_llama_cpp(smollm2_path: Path, pooling: str) -> None:
+def test_decoder_pooling_matches_llama_cpp(smollm2_f32: Path, pooling: str) -> None:
     """A generative model's embeddings (llama-server's --pooling last / mean): its final
     normed rows pooled and normalized, against llama.cpp's embedding mode on the same F32
     file."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    f32 = fixture_cache_root() / "real" / "smollm2-f32.gguf"
-    if not f32.exists():
-        f32.parent.mkdir(parents=True, exist_ok=True)
-        script = Path(__file__).resolve().parent.parent / "scripts" / "dequantize_gguf.py"
-        subprocess.run([sys.executable, str(script), str(smollm2_path), str(f32)], check=True)
+    f32 = smollm2_f32
     texts = ["Hello world", "The quick brown fox jumps over the lazy dog.", "1 + 1 = 2"]
     m = api.load(f32)
     m.embed_plan = EmbedPlan(pooling=pooling)

@@ -79,13 +79,6 @@ def test_stored_rows_are_gguf_py_round_trip(kind):
 # --- logits against llama.cpp ----------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def smollm2_f32(smollm2_path):
-    from test_real_models import _f32_copy
-
-    return _f32_copy(smollm2_path, "smollm2")
-
-
 @pytest.mark.parametrize("kind", ["f16", "q8_0"])
 def test_real_logits_follow_llama_cpp_with_the_same_cache_type(smollm2_f32, kind, monkeypatch):
     llama_cpp = pytest.importorskip("llama_cpp")

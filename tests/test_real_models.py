@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import fixture_cache_root
+from conftest import f32_copy
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -37,17 +37,6 @@ N_GEN = 40
 # llama.cpp's CPU GELU goes through an f16 lookup table (ggml-cpu vec.h, GGML_GELU_FP16);
 # frink's is exact, as transformers' is. Over Gemma's 18 layers that leaves ~1e-2.
 F32_TOLERANCE = {"smollm2": 2e-3, "gemma3": 2e-2}
-
-
-def _f32_copy(src: Path, name: str) -> Path:
-    out = fixture_cache_root() / "real" / f"{name}-f32.gguf"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [sys.executable, str(REPO / "scripts" / "dequantize_gguf.py"), str(src), str(out)],
-            check=True,
-        )
-    return out
 
 
 @pytest.fixture(scope="module", params=["smollm2", "gemma3"])
@@ -112,7 +101,7 @@ def test_f32_copy_logits_match_llama_cpp(real):
     import frink_cli
 
     name, src = real
-    f32 = _f32_copy(src, name)
+    f32 = f32_copy(src, name)
     llm = _llama(f32)
     toks = llm.tokenize(" ".join(PROMPTS).encode(), add_bos=True, special=True)
     llm.eval(toks)
@@ -125,7 +114,7 @@ def test_f32_copy_logits_match_llama_cpp(real):
 
 def test_f32_copy_greedy_text_matches_llama_cpp(real):
     name, src = real
-    f32 = _f32_copy(src, name)
+    f32 = f32_copy(src, name)
     llm = _llama(f32)
     frink = Path(sys.executable).parent / "frink"
     lengths = []

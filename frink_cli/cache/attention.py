@@ -193,7 +193,9 @@ class AttentionKv:
 
 class WindowKv(AttentionKv):
     """A sliding-window layer's rows: once committed, at most the last `window` positions
-    (one more than the next query sees, so a cache can still step back one token).
+    (one more than the next query sees, so a cache can still step back one token), plus
+    `rewind` more, so that a cache can step back rewind + 1 tokens (speculative decoding
+    takes back the drafted tokens the target rejected).
 
     A step still writes all its rows (a prefill batch longer than the window attends over
     the committed rows plus its own T), so in flight the buffer may hold window + T rows.
@@ -201,14 +203,15 @@ class WindowKv(AttentionKv):
     failed step leaves the committed rows intact; commit() then trims to the window and
     shrinks a buffer a long batch grew."""
 
-    def __init__(self, *dims: int, types: CacheTypes = F32_CACHE) -> None:
+    def __init__(self, *dims: int, types: CacheTypes = F32_CACHE, rewind: int = 0) -> None:
         """dims: AttentionKv's (n_head_kv, head_dim_k, head_dim_v, n_ctx), then the window."""
         *shape, self.window = dims
+        self.rewind = rewind
         super().__init__(*shape, types=types)
 
     def commit(self, n_past: int) -> None:
         super().commit(n_past)
-        self.first = max(self.first, n_past - self.window)
+        self.first = max(self.first, n_past - self.window - self.rewind)
         if self._k.shape[1] > self._initial_rows():
             self._move(self.first, n_past, self._initial_rows())
 
@@ -222,13 +225,13 @@ class WindowKv(AttentionKv):
         )
 
     def _initial_rows(self) -> int:
-        return min(self.n_ctx, self.window + WINDOW_SLACK)
+        return min(self.n_ctx, self.window + self.rewind + WINDOW_SLACK)
 
     def _keep_from(self, start: int) -> int:
         # Queries at or after the committed position see positions from n_past - window + 1;
-        # the one before is kept too, as commit keeps it, so a step that fails leaves the
-        # held rows exactly as they were.
-        return max(self.first, min(start, self.n_past) - self.window)
+        # the one before is kept too (and `rewind` more), as commit keeps them, so a step
+        # that fails leaves the held rows exactly as they were.
+        return max(self.first, min(start, self.n_past) - self.window - self.rewind)
 
     def _capacity(self, need: int) -> int:
         return max(need, self._initial_rows())

@@ -26,8 +26,10 @@ def layer_slot(
     n_ctx: int,
     windowed: bool = True,
     types: CacheTypes = F32_CACHE,
+    rewind: int = 0,
 ) -> LayerSlot:
-    """The cache slot layer `layer` needs, its K/V rows stored as `types` say."""
+    """The cache slot layer `layer` needs, its K/V rows stored as `types` say; a sliding
+    window keeps `rewind` rows more, so the cache can step back rewind + 1 tokens."""
     shape = cfg.layer_shape(layer)
     if cfg.is_recurrent(layer) and shape.mixer != "attention+mamba2":
         return RecurrentState(cfg, layer)
@@ -37,7 +39,7 @@ def layer_slot(
     kv: AttentionKv
     hk, hv = shape.head_dim_k, shape.head_dim_v  # the layer's own
     if windowed and window is not None and window < n_ctx:
-        kv = WindowKv(n_kv, hk, hv, n_ctx, window, types=types)
+        kv = WindowKv(n_kv, hk, hv, n_ctx, window, types=types, rewind=rewind)
     else:
         kv = AttentionKv(n_kv, hk, hv, n_ctx, types=types)
     if shape.mixer == "attention+mamba2":  # K/V rows and mamba state
@@ -69,7 +71,9 @@ class CacheSnapshot:
 
 class KvCache:
     """`windowed=False` keeps every row of sliding-window layers too (a reference for tests);
-    `types`: the K and V cache types (kv_types.py), f32 unless asked."""
+    `types`: the K and V cache types (kv_types.py), f32 unless asked; `rewind`: how many
+    tokens beyond one the cache must be able to step back (truncate) through sliding
+    windows."""
 
     def __init__(
         self,
@@ -77,6 +81,7 @@ class KvCache:
         n_ctx: int,
         windowed: bool = True,
         types: CacheTypes = F32_CACHE,
+        rewind: int = 0,
     ) -> None:
         self.cfg = cfg
         self.n_ctx = n_ctx
@@ -89,7 +94,7 @@ class KvCache:
             self.slots.append(
                 SharedKv(self.slots[source])
                 if source is not None
-                else layer_slot(cfg, layer, n_ctx, windowed, types)
+                else layer_slot(cfg, layer, n_ctx, windowed, types, rewind)
             )
 
     @property

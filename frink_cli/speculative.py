@@ -1,0 +1,279 @@
+"""Speculative decoding: draft several tokens cheaply, verify them in one target step.
+
+Decode on a CPU streams every weight once per token; a step of k + 1 rows costs little more
+than a step of one, so k drafted tokens that the target agrees with come almost free.
+
+Drafters (`Drafter`):
+- `NgramDrafter` (prompt lookup, llama.cpp's `--spec-type ngram`): the history's last
+  n tokens (n from `ngram_max` down to `ngram_min`) found earlier in the history; the tokens
+  that followed them there are the draft. It needs no second model and pays where the
+  answer repeats the prompt (code edits, quoting, extraction).
+- `ModelDrafter` (llama.cpp's `-md`): a smaller model with the target's vocabulary, greedy,
+  its own cache kept in step with the history; it stops drafting when its best token's
+  probability falls below `p_min` (llama.cpp's `--draft-p-min`).
+
+Verification (`speculative_tokens`): the target runs the drafted tokens in one step with
+logits for every row. Greedy: a drafted token is kept while it is the target's own pick,
+so the output is plain decoding's token for token (the host body's rows are batch
+invariant: a row's logits do not depend on the rows beside it). Sampling: speculative
+rejection sampling with a point-mass draft: the draft x is kept with probability p(x) under
+the sampler's final distribution p, else a token is drawn from p with x removed, so each
+output token is distributed exactly as plain sampling's. After the first rejected draft
+the target's own token is emitted; when every draft is kept, so is one more (the bonus).
+
+Caches go back to the last kept token: attention rows are truncated (sliding windows keep
+`draft_max` rows more for it); a model with recurrent layers is restored from a snapshot
+taken before the verify step, and the kept tokens fed again.
+A constraint (grammar, schema) is not combined with speculation: the caller decodes plainly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from .cache.kv_cache import CacheSnapshot, KvCache
+from .decoder import Decoder
+from .errors import FrinkError
+from .generate import GenerationStats, check_prompt, finite_logits
+from .sampling import Sampler
+from .tokenizer import Tokenizer
+
+SPEC_TYPES = ("draft", "ngram")
+
+
+@dataclass(frozen=True)
+class SpecParams:
+    """How much to draft (llama.cpp's --draft-max / --draft-min / --draft-p-min), and the
+    n-gram sizes prompt lookup matches."""
+
+    draft_max: int = 16
+    draft_min: int = 0
+    p_min: float = 0.75
+    ngram_min: int = 2
+    ngram_max: int = 4
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.draft_max <= 256:
+            raise FrinkError(f"--draft-max must be 1..256, got {self.draft_max}")
+        if not 0 <= self.draft_min <= self.draft_max:
+            raise FrinkError(
+                f"--draft-min must be 0..--draft-max ({self.draft_max}), got {self.draft_min}"
+            )
+        if not 0.0 <= self.p_min <= 1.0:
+            raise FrinkError(f"--draft-p-min must be in [0, 1], got {self.p_min}")
+        if not 1 <= self.ngram_min <= self.ngram_max <= 64:
+            raise FrinkError(
+                f"n-gram sizes must satisfy 1 <= min <= max <= 64, got {self.ngram_min}.."
+                f"{self.ngram_max}"
+            )
+
+
+class Drafter(Protocol):
+    def draft(self, history: Sequence[int], n: int) -> list[int]:
+        """At most n tokens likely to follow `history` (every token so far)."""
+
+
+class NgramDrafter:
+    """Prompt lookup: the continuation of the latest earlier occurrence of the history's
+    longest suffix of ngram_max..ngram_min tokens."""
+
+    def __init__(self, params: SpecParams) -> None:
+        self.sizes = range(params.ngram_max, params.ngram_min - 1, -1)
+
+    def draft(self, history: Sequence[int], n: int) -> list[int]:
+        h = np.asarray(history, dtype=np.int64)
+        end = len(h)
+        for size in self.sizes:
+            if n <= 0 or end <= size:
+                continue
+            key = h[end - size :]
+            # Starts of earlier occurrences (the suffix itself excluded), latest first.
+            starts = np.flatnonzero(h[: end - size] == key[0])
+            for j in starts[::-1]:
+                if np.array_equal(h[j : j + size], key):
+                    return [int(t) for t in h[j + size : j + size + n]]
+        return []
+
+
+class ModelDrafter:
+    """Greedy drafts from a smaller model, its cache kept in step with the history."""
+
+    def __init__(self, decoder: Decoder, n_ctx: int, params: SpecParams) -> None:
+        self.decoder = decoder
+        self.n_ctx = n_ctx
+        self.params = params
+        self.cache: KvCache | None = None
+        self.fed: list[int] = []  # the tokens the cache holds, in order
+        self._snap: CacheSnapshot | None = None  # recurrent drafts: at the history's end
+
+    def draft(self, history: Sequence[int], n: int) -> list[int]:
+        if n <= 0:
+            return []
+        logits = self._catch_up(history)
+        drafted: list[int] = []
+        while True:
+            tok = int(np.argmax(logits))
+            if self.params.p_min > 0 and _top_probability(logits) < self.params.p_min:
+                break
+            drafted.append(tok)
+            if len(drafted) == n:
+                break
+            logits = self.decoder.step(np.asarray([tok]), self._cache())[-1]
+            self.fed.append(tok)
+        return drafted
+
+    def _cache(self) -> KvCache:
+        if self.cache is None:
+            self.cache = self.decoder.new_cache(self.n_ctx, rewind=self.params.draft_max)
+        return self.cache
+
+    def _catch_up(self, history: Sequence[int]) -> np.ndarray:
+        """Feed what the cache lacks of `history` (at least its last token); its logits."""
+        cache = self._cache()
+        keep = 0
+        for a, b in zip(self.fed, history):
+            if a != b:
+                break
+            keep += 1
+        keep = min(keep, len(history) - 1)
+        if keep < len(self.fed):
+            if not cache.has_recurrent_state:
+                cache.truncate(keep)
+            elif self._snap is not None and self._snap.n_past <= keep:
+                cache.restore(self._snap)
+                keep = self._snap.n_past
+            else:
+                self.cache = cache = self.decoder.new_cache(self.n_ctx, self.params.draft_max)
+                keep = 0
+        logits = self.decoder.step(np.asarray(history[keep:]), cache)[-1]
+        self.fed = list(history)
+        self._snap = cache.snapshot() if cache.has_recurrent_state else None
+        return logits
+
+
+def _top_probability(logits: np.ndarray) -> float:
+    z = logits.astype(np.float64)
+    e = np.exp(z - z.max())
+    return float(e.max() / e.sum())
+
+
+def check_same_vocab(target: Tokenizer, draft: Tokenizer, draft_name: str) -> None:
+    """FrinkError naming the draft model unless its tokens are the target's, id for id."""
+    if draft.n_vocab != target.n_vocab:
+        raise FrinkError(
+            f"draft model {draft_name}: its vocabulary has {draft.n_vocab} tokens, the "
+            f"target's {target.n_vocab}; speculative decoding needs the same vocabulary"
+        )
+    for i in range(target.n_vocab):
+        if draft.token_bytes(i) != target.token_bytes(i) or (
+            draft.token_text(i) != target.token_text(i)
+        ):
+            raise FrinkError(
+                f"draft model {draft_name}: token {i} is {draft.token_text(i)!r}, the "
+                f"target's is {target.token_text(i)!r}; speculative decoding needs the same "
+                "vocabulary"
+            )
+
+
+def verify(sampler: Sampler, logits: np.ndarray, history: Sequence[int], proposed: int) -> int:
+    """The token the target emits where `proposed` was drafted: proposed itself when kept.
+    Greedy: the target's pick. Sampling: proposed with probability p(proposed), else a draw
+    from p without it (speculative rejection sampling against a point-mass draft)."""
+    if sampler.params.greedy:
+        return sampler.sample(logits, history)
+    ids, probs = sampler.distribution(logits, history)
+    hit = np.flatnonzero(ids == proposed)
+    p = float(probs[hit[0]]) if hit.size else 0.0
+    if sampler.rng.random() < p:
+        return proposed
+    rest = probs.copy()
+    if hit.size:
+        rest[hit[0]] = 0.0
+    weights = np.cumsum(rest)
+    if weights[-1] <= 0.0:  # p was 1 but for rounding: nothing else can be drawn
+        return proposed
+    # side="right": the first candidate whose running mass passes u, never the removed one.
+    i = int(np.searchsorted(weights, sampler.rng.random() * weights[-1], side="right"))
+    return int(ids[min(i, len(ids) - 1)])
+
+
+def speculative_tokens(
+    decoder: Decoder,
+    prompt_ids: Sequence[int],
+    sampler: Sampler,
+    drafter: Drafter,
+    params: SpecParams,
+    *,
+    max_tokens: int,
+    n_ctx: int,
+    eog_ids: frozenset[int] = frozenset(),
+    stats: GenerationStats | None = None,
+) -> Iterator[int]:
+    """generate_tokens' contract (the same stops and stats), decoding speculatively;
+    stats also count the drafted tokens and the ones kept."""
+    stats = stats if stats is not None else GenerationStats()
+    check_prompt(decoder, prompt_ids, n_ctx)
+    cache = decoder.new_cache(n_ctx, rewind=params.draft_max)
+    history = list(prompt_ids)
+    t0 = time.perf_counter()
+    pending = finite_logits(decoder.step(np.asarray(prompt_ids), cache)[-1])
+    stats.prompt_tokens = len(prompt_ids)
+    stats.prompt_seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    try:
+        while True:
+            room = min(
+                params.draft_max,
+                max_tokens - stats.generated_tokens - 1,
+                n_ctx - cache.n_past - 1,
+            )
+            least = max(params.draft_min, 1)
+            draft = drafter.draft(history, room) if room >= least else []
+            if len(draft) < least:
+                draft = []
+            n_before = cache.n_past
+            snap = cache.snapshot() if draft and cache.has_recurrent_state else None
+            rows = [pending]
+            if draft:
+                rows += list(decoder.step(np.asarray(draft), cache, all_logits=True))
+                stats.drafted_tokens += len(draft)
+            kept = 0
+            for i, row in enumerate(rows):
+                proposed = draft[i] if i < len(draft) else None
+                row = finite_logits(row)
+                if proposed is None:
+                    tok = sampler.sample(row, history)
+                else:
+                    tok = verify(sampler, row, history, proposed)
+                if tok in eog_ids:
+                    stats.stop_reason = "eog"
+                    return
+                history.append(tok)
+                stats.token_ids.append(tok)
+                stats.generated_tokens += 1
+                yield tok
+                if tok != proposed:
+                    break
+                kept += 1
+            stats.accepted_tokens += kept
+            if stats.generated_tokens >= max_tokens:
+                break  # the last token's own logits would never be read: no step for it
+            feed = [history[-1]]
+            if kept < len(draft):  # take back the rejected drafts
+                if snap is not None:  # recurrent layers: the state before the drafts, then
+                    cache.restore(snap)  # the kept ones again
+                    feed = draft[:kept] + feed
+                else:
+                    cache.truncate(n_before + kept)
+            if cache.n_past + len(feed) > n_ctx:
+                stats.stop_reason = "context"
+                return
+            pending = decoder.step(np.asarray(feed), cache)[-1]
+        stats.stop_reason = "length"
+    finally:
+        stats.generate_seconds = time.perf_counter() - t0

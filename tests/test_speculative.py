@@ -1,0 +1,211 @@
+"""Speculative decoding (frink_cli/speculative.py): greedy output is llama.cpp's greedy run,
+token for token, whatever is drafted; sampling keeps the sampler's distribution; a draft
+model with another vocabulary and bad flags are refused by name.
+
+The tiny fixtures' references hold llama.cpp's own greedy continuation of a prompt, so a
+speculative run is checked against llama.cpp directly, on every kind of cache a layer can
+have: full attention, sliding windows (taken back through `rewind`), recurrent states
+(restored from a snapshot) and both side by side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from frink_subprocess import frink
+from test_cli import one_json_object
+
+import frink_cli
+from frink_cli.generate import GenerationStats
+from frink_cli.sampling import Sampler, SamplingParams
+from frink_cli.speculative import (
+    ModelDrafter,
+    NgramDrafter,
+    SpecParams,
+    speculative_tokens,
+    verify,
+)
+
+# Full attention (granite), sliding windows of 6 with sinks and MoE (gpt_oss), sliding and
+# global layers (gemma4), gated delta net (qwen35), mamba, short convolutions (lfm2),
+# attention beside mamba2 in one layer (falcon_h1).
+FIXTURES = ["granite", "gpt_oss", "gemma4", "qwen35", "mamba", "lfm2", "falcon_h1"]
+# Drafting from the model itself: every draft is the target's own greedy pick only where
+# a k-row step gives a row what a one-row step gives it (batch invariance).
+INVARIANT = ["granite", "gpt_oss", "gemma4", "lfm2", "mamba"]
+
+
+class ScriptedDrafter:
+    """Drafts llama.cpp's greedy continuation with every third token wrong, so each round
+    keeps some drafts, rejects one and takes the target's caches back."""
+
+    def __init__(self, prompt: Sequence[int], want: Sequence[int], n_vocab: int) -> None:
+        self.prompt, self.want, self.n_vocab = len(prompt), list(want), n_vocab
+
+    def draft(self, history: Sequence[int], n: int) -> list[int]:
+        at = len(history) - self.prompt
+        out = self.want[at : at + n]
+        return [(t + 1) % self.n_vocab if (at + j) % 3 == 2 else t for j, t in enumerate(out)]
+
+
+def _reference(tiny_model, name: str) -> tuple[frink_cli.Model, list[int], list[int]]:
+    fx = tiny_model(name)
+    model = frink_cli.load(fx.gguf)
+    return model, [int(t) for t in fx.ref["greedy_prompt"]], fx.ref["greedy_llamacpp"].tolist()
+
+
+def _run(model, prompt, want, drafter, params, **sampling) -> tuple[list[int], GenerationStats]:
+    stats = GenerationStats()
+    sampler = Sampler(SamplingParams(temperature=0.0, **sampling), model.n_vocab)
+    out = list(
+        speculative_tokens(
+            model.decoder,
+            prompt,
+            sampler,
+            drafter,
+            params,
+            max_tokens=len(want),
+            n_ctx=len(prompt) + len(want) + 8,
+            stats=stats,
+        )
+    )
+    return out, stats
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_rejected_drafts_leave_llama_cpp_greedy_run(tiny_model, name: str) -> None:
+    model, prompt, want = _reference(tiny_model, name)
+    params = SpecParams(draft_max=5)
+    out, stats = _run(model, prompt, want, ScriptedDrafter(prompt, want, model.n_vocab), params)
+    assert out == want
+    assert 0 < stats.accepted_tokens < stats.drafted_tokens, (stats.accepted_tokens, stats)
+
+
+@pytest.mark.parametrize("name", INVARIANT)
+def test_the_model_drafting_for_itself_is_always_right(tiny_model, name: str) -> None:
+    model, prompt, want = _reference(tiny_model, name)
+    params = SpecParams(draft_max=4, p_min=0.0)
+    drafter = ModelDrafter(model.decoder, len(prompt) + len(want) + 8, params)
+    out, stats = _run(model, prompt, want, drafter, params)
+    assert out == want
+    assert stats.drafted_tokens > 0 and stats.accepted_tokens == stats.drafted_tokens
+
+
+@pytest.mark.parametrize("name", ["granite", "qwen35"])
+def test_ngram_drafting_gives_llama_cpp_greedy_run(tiny_model, name: str) -> None:
+    model, prompt, want = _reference(tiny_model, name)
+    params = SpecParams(draft_max=8, ngram_min=1, ngram_max=3)
+    out, stats = _run(model, prompt, want, NgramDrafter(params), params)
+    assert out == want
+    assert stats.drafted_tokens > 0
+
+
+def test_ngram_drafter_continues_the_latest_match() -> None:
+    d = NgramDrafter(SpecParams(ngram_min=2, ngram_max=3))
+    history = [1, 2, 3, 9, 9, 1, 2, 3, 4, 5, 7, 2, 3]
+    assert d.draft(history, 3) == [4, 5, 7]  # "2 3" last seen before 4 5 7
+    assert d.draft([5, 6, 7], 4) == []
+    assert d.draft(history, 0) == []
+
+
+def test_verification_keeps_the_sampler_distribution() -> None:
+    """Speculative rejection sampling against a point-mass draft: the emitted token is
+    distributed as the sampler's final distribution, whichever token was drafted (one the
+    sampler may pick, and one it never picks)."""
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal(50).astype(np.float32) * 2
+    params = SamplingParams(temperature=0.9, top_k=8, top_p=0.95, min_p=0.0, seed=1)
+    ids, probs = Sampler(params, 50).distribution(logits, [])
+    want = np.zeros(50)
+    want[ids] = probs
+    n = 40000
+    for proposed in (int(ids[1]), int(np.argmin(logits))):
+        sampler = Sampler(params, 50)
+        got = np.bincount([verify(sampler, logits, [], proposed) for _ in range(n)], minlength=50)
+        tv = 0.5 * np.abs(got / n - want).sum()
+        assert tv < 0.015, (proposed, tv)
+        assert got[want == 0].sum() == 0
+
+
+@pytest.mark.real
+def test_a_real_draft_with_other_tokens_is_refused(smollm2_path, gemma3_path) -> None:
+    r = frink("run", smollm2_path, "-p", "hi", "-n", "2", "-md", gemma3_path)
+    assert r.returncode != 0 and len(r.lines()) == 1, r.describe()
+    assert "draft model" in r.stderr and "same vocabulary" in r.stderr, r.describe()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--spec", "lookahead"), "--spec: unknown type 'lookahead'"),
+        (("--spec", "draft"), "--spec draft needs -md/--draft-model"),
+        (("--spec", "ngram", "--draft-max", "0"), "--draft-max must be 1..256"),
+        (("--spec", "ngram", "--draft-min", "20"), "--draft-min must be 0..--draft-max"),
+        (("--spec", "ngram", "--draft-p-min", "2"), "--draft-p-min must be in [0, 1]"),
+    ],
+)
+def test_bad_speculation_flags_get_one_line(tiny_model, args, message: str) -> None:
+    r = frink("run", tiny_model("granite").gguf, "-p", "hi", "-n", "2", *args)
+    assert r.returncode != 0 and len(r.lines()) == 1, r.describe()
+    assert message in r.stderr, r.describe()
+
+
+PROMPTS = [
+    "Rename the variable x to count in: x = 0\nfor i in range(10):\n    x += i\nprint(x)",
+    "Repeat after me: the quick brown fox jumps over the lazy dog.",
+    "List the numbers from 1 to 12, separated by commas.",
+    "Write a haiku about autumn leaves.",
+    "What is the capital of France? Answer in one sentence.",
+    'Fix the typo: "Teh cat sat on teh mat and teh dog sat on teh rug."',
+    "Translate to French: good morning, my friend.",
+    "def add(a, b):\n    return a + b\n\nRewrite add to also accept a third argument c.",
+]
+
+
+@pytest.mark.real
+def test_real_smollm2_speculation_is_plain_greedy(smollm2_path, smollm2_f32) -> None:
+    """On the real SmolLM2 (F32 target), 8 prompts: prompt lookup and the Q4_1 file as a
+    draft model each give plain greedy decoding's tokens, and both draft something."""
+    target = frink_cli.load(smollm2_f32)
+    draft = frink_cli.load(smollm2_path)
+    totals = {"ngram": [0, 0], "draft": [0, 0]}
+    for text in PROMPTS:
+        ids = target.prompt_ids(text)
+        target.speculate(None)
+        plain = list(target.generate_ids(ids, max_tokens=24, temperature=0.0))
+        for kind, d in (("ngram", None), ("draft", draft)):
+            target.speculate(SpecParams(p_min=0.5), d)
+            stats = GenerationStats()
+            got = list(target.generate_ids(ids, max_tokens=24, temperature=0.0, stats=stats))
+            assert got == plain, (kind, text)
+            totals[kind][0] += stats.drafted_tokens
+            totals[kind][1] += stats.accepted_tokens
+    for kind, (drafted, accepted) in totals.items():
+        assert drafted > 0 and accepted > 0, (kind, drafted, accepted)
+
+
+@pytest.mark.real
+def test_run_reports_speculation(smollm2_path) -> None:
+    data = one_json_object(
+        frink(
+            "run",
+            smollm2_path,
+            "-p",
+            PROMPTS[1],
+            "-n",
+            "16",
+            "--temp",
+            "0",
+            "--spec",
+            "ngram",
+            "--json",
+        )
+    )
+    spec = data["speculation"]
+    assert spec["drafted_tokens"] >= spec["accepted_tokens"] >= 0
+    plain = one_json_object(
+        frink("run", smollm2_path, "-p", PROMPTS[1], "-n", "16", "--temp", "0", "--json")
+    )
+    assert data["token_ids"] == plain["token_ids"]
