@@ -233,6 +233,16 @@ class Model:
                 check_same_vocab(self._tok(), draft._tok(), name)
         self.speculation = None if params is None else (params, draft)
 
+    def drafter(self, n_ctx: int) -> Drafter | None:
+        """A fresh drafter for one generation of at most n_ctx tokens (Model.speculate's),
+        or None when this model decodes plainly."""
+        if self.speculation is None:
+            return None
+        spec, draft = self.speculation
+        if draft is None:
+            return NgramDrafter(spec)
+        return ModelDrafter(draft.decoder, n_ctx, spec)
+
     def _generate_ids(
         self,
         ids: list[int],
@@ -245,17 +255,14 @@ class Model:
         sampler = Sampler(params, self.n_vocab)
         eog = self.tokenizer.eog_ids if self.tokenizer else frozenset()
         n_ctx = n_ctx or min(self.config.n_ctx_train, DEFAULT_CTX)
-        if self.speculation is not None and constraint is None:
-            spec, draft = self.speculation
-            drafter: Drafter = NgramDrafter(spec)
-            if draft is not None:
-                drafter = ModelDrafter(draft.decoder, n_ctx, spec)
+        drafter = self.drafter(n_ctx)
+        if self.speculation is not None and drafter is not None and constraint is None:
             return speculative_tokens(
                 self.decoder,
                 ids,
                 sampler,
                 drafter,
-                spec,
+                self.speculation[0],
                 max_tokens=max_tokens,
                 n_ctx=n_ctx,
                 eog_ids=eog,

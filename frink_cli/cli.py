@@ -335,19 +335,29 @@ def bench(
         "--constrained",
         help="add generation sampled free and under a JSON schema (the mask's cost)",
     ),
+    spec: str | None = SPEC,
+    draft_model: str | None = DRAFT_MODEL,
+    draft_max: int = DRAFT_MAX,
+    draft_min: int = DRAFT_MIN,
+    draft_p_min: float = DRAFT_P_MIN,
     as_json: bool = typer.Option(False, "--json", help="a JSON list of rows"),
     as_csv: bool = typer.Option(False, "--csv", help="CSV rows"),
     as_md: bool = typer.Option(False, "--md", help="a markdown table (the default)"),
     verbose: bool = _VERBOSE,
 ) -> None:
-    """Measure prompt and generation speed, llama-bench style."""
+    """Measure prompt and generation speed, llama-bench style; with --spec / -md, greedy
+    generation from a code-edit prompt, plain against speculative."""
     _begin(ctx, verbose)
     from . import bench as B
 
     if as_json + as_csv + as_md > 1:
         raise FrinkError("choose one output format: --json, --csv or --md")
     check_range("-t/--threads", threads, 0)
+    kind = spec_kind(spec, draft_model)
+    speculation = spec_params(draft_max, draft_min, draft_p_min) if kind else None
     m = _load(model, backend, cache_types=(cache_type_k, cache_type_v))
+    if speculation is not None:
+        m.speculate(speculation, _load(draft_model, backend) if kind == "draft" else None)
     rows = B.run_bench(
         m,
         n_prompt=n_prompt,

@@ -403,3 +403,30 @@ def test_constrained_rows_put_every_token_under_the_schema(
     assert "tg6 json:" in table and "the free row's speed" in table
     with pytest.raises(FrinkError, match="--constrained"):
         B.run_bench(model, n_prompt=0, n_gen=4, constrained=True, compare="llama.cpp")
+
+
+@pytest.mark.real
+def test_speculative_rows_pair_plain_and_drafted_greedy(smollm2_path: Path) -> None:
+    """--spec adds a plain greedy and a speculative greedy generation row from the code-edit
+    prompt, alternated rep by rep; the spec row names its acceptance and its speed over the
+    greedy row's; both generate the same tokens (greedy speculation is exact)."""
+    from frink_cli.api import load
+    from frink_cli.bench.cases import SPEC_PROMPT
+    from frink_cli.speculative import SpecParams
+
+    model = load(smollm2_path)
+    model.speculate(SpecParams())
+    rows = B.run_bench(model, n_prompt=0, n_gen=24, repetitions=1)
+    assert [r.test for r in rows] == ["tg24", "tg24 greedy", "tg24 spec"]
+    greedy, spec = rows[1], rows[2]
+    assert greedy.acceptance is None and greedy.ratio_vs_greedy is None
+    assert spec.acceptance is not None and 0 < spec.acceptance <= 1
+    assert spec.ratio_vs_greedy == pytest.approx(spec.avg_ts / greedy.avg_ts)
+    assert "tg24 spec:" in B.format_md(rows) and "accepted" in B.format_md(rows)
+    ids = model.prompt_ids(SPEC_PROMPT)
+    drafted = list(model.generate_ids(ids, max_tokens=24, temperature=0.0))
+    model.speculate(None)
+    assert drafted == list(model.generate_ids(ids, max_tokens=24, temperature=0.0))
+    model.speculate(SpecParams())
+    with pytest.raises(FrinkError, match="--spec / -md measure frink alone"):
+        B.run_bench(model, n_prompt=0, n_gen=4, compare="llama.cpp")

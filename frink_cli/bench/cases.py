@@ -28,7 +28,9 @@ class BenchTest:
     # "" (ids fed as they are), "free" or "json": a generation test whose tokens are
     # sampled (greedy) from the model's own logits each step, under a JSON-schema mask
     # for "json" (--constrained): the same loop either way, so the rows' ratio is what
-    # the mask costs a decode token.
+    # the mask costs a decode token. "greedy" or "spec" (--spec / -md): n_gen tokens
+    # generated greedily from SPEC_PROMPT (end-of-generation ignored), plainly or
+    # speculatively: their ratio is what speculation gains.
     decode: str = ""
 
     @property
@@ -42,11 +44,16 @@ class BenchTest:
 
 
 def bench_tests(
-    n_prompt: int, n_gen: int, n_depth: int = 0, constrained: bool = False
+    n_prompt: int,
+    n_gen: int,
+    n_depth: int = 0,
+    constrained: bool = False,
+    speculative: bool = False,
 ) -> list[BenchTest]:
     """llama-bench's default pair: a prompt test and a generation test (0 skips one), each
     at a depth of n_depth tokens already in the context; with `constrained`, two more
-    generation tests: sampled free and sampled under a JSON schema."""
+    generation tests: sampled free and sampled under a JSON schema; with `speculative`,
+    greedy generation from SPEC_PROMPT, plain and speculative."""
     at = f" @ d{n_depth}" if n_depth else ""
     tests = []
     if n_prompt > 0:
@@ -56,6 +63,9 @@ def bench_tests(
         if constrained:
             for kind in ("free", "json"):
                 tests.append(BenchTest(f"tg{n_gen} {kind}{at}", 0, n_gen, n_depth, kind))
+        if speculative:
+            for kind in ("greedy", "spec"):
+                tests.append(BenchTest(f"tg{n_gen} {kind}", 0, n_gen, 0, kind))
     if not tests:
         raise FrinkError("nothing to measure: -p/--n-prompt and -n/--n-gen are both 0")
     return tests
@@ -70,6 +80,8 @@ class Sample:
     submissions: Counter[str] = field(default_factory=Counter)
     refusals: Counter[str] = field(default_factory=Counter)
     failures: Counter[str] = field(default_factory=Counter)
+    drafted: int = 0  # speculative tests: tokens drafted, and how many were kept
+    accepted: int = 0
 
 
 class Runner(Protocol):
@@ -100,3 +112,32 @@ def peak_memory_mib() -> float:
     # ru_maxrss is KiB on Linux, bytes on macOS.
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
+
+
+# The speculative tests' prompt: a code edit whose answer repeats most of the prompt, the
+# case prompt lookup is for (and where a draft model agrees with its target most).
+SPEC_PROMPT = """Rename the function `calc` to `order_total` and its parameter `q` to \
+`quantity` everywhere in this code. Reply with the whole code and nothing else.
+
+```python
+PRICES = {"apple": 0.5, "pear": 0.75, "plum": 0.4}
+
+
+def calc(item, q):
+    if item not in PRICES:
+        raise KeyError(f"unknown item: {item}")
+    if q < 0:
+        raise ValueError("q must not be negative")
+    price = PRICES[item] * q
+    if q >= 10:
+        price = price * 0.9
+    return round(price, 2)
+
+
+def receipt(order):
+    lines = []
+    for item, q in order.items():
+        lines.append(f"{item:>8} x{q:<3} {calc(item, q):8.2f}")
+    lines.append(f"{'total':>8}      {sum(calc(i, q) for i, q in order.items()):8.2f}")
+    return "\\n".join(lines)
+```"""

@@ -1,5 +1,6 @@
 """frink's side of `frink bench`: the decoder loop timed as llama-bench times llama.cpp,
-with the backend's ledger read around each sample; the sampled (free / JSON-schema) tests."""
+with the backend's ledger read around each sample; the sampled (free / JSON-schema) tests
+and the greedy pair (plain / speculative) from the bench's code-edit prompt."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import numpy as np
 
 from ..constraint import Constraint, Grammar, compile_constraint
 from ..errors import FrinkError
+from ..generate import GenerationStats, generate_tokens
 from ..quant import kernels
 from ..sampling import Sampler, SamplingParams
-from .cases import BenchTest, Sample
+from ..speculative import speculative_tokens
+from .cases import SPEC_PROMPT, BenchTest, Sample
 
 
 class FrinkRunner:
@@ -49,6 +52,8 @@ class FrinkRunner:
             return self._run(test, ids)
 
     def _run(self, test: BenchTest, ids: np.ndarray) -> Sample:
+        if test.decode in ("greedy", "spec"):
+            return self._generated(test)
         dec = self.decoder
         d = test.n_depth
         # The context exists before the clock starts, as llama.cpp's does.
@@ -107,6 +112,39 @@ class FrinkRunner:
                 in_mask += time.perf_counter() - m0
             logits = dec.step(np.asarray([token]), cache)[-1]
         return time.perf_counter() - t0, in_mask
+
+    def _generated(self, test: BenchTest) -> Sample:
+        """test.n_gen tokens generated greedily from SPEC_PROMPT (end-of-generation does
+        not stop them), plainly ("greedy") or speculatively ("spec"); the prompt is not
+        timed."""
+        if self.model.tokenizer is None:
+            raise FrinkError("--spec / -md in bench needs the model's tokenizer")
+        ids = self.model.prompt_ids(SPEC_PROMPT)
+        n_ctx = len(ids) + test.n_gen + 1
+        sampler = Sampler(SamplingParams(temperature=0.0), self.model.n_vocab)
+        stats = GenerationStats()
+        drafter = self.model.drafter(n_ctx) if test.decode == "spec" else None
+        if drafter is not None:
+            spec = self.model.speculation[0]
+            tokens = speculative_tokens(
+                self.decoder,
+                ids,
+                sampler,
+                drafter,
+                spec,
+                max_tokens=test.n_gen,
+                n_ctx=n_ctx,
+                stats=stats,
+            )
+        else:
+            tokens = generate_tokens(
+                self.decoder, ids, sampler, max_tokens=test.n_gen, n_ctx=n_ctx, stats=stats
+            )
+        for _ in tokens:
+            pass
+        return Sample(
+            stats.generate_seconds, drafted=stats.drafted_tokens, accepted=stats.accepted_tokens
+        )
 
     def close(self) -> None:
         pass

@@ -72,6 +72,12 @@ def format_md(rows: list[BenchRow], submissions: bool = False) -> str:
                 f"{r.test}: {r.ratio_vs_free:.2f}x the free row's speed; the mask "
                 f"{r.mask_ms_per_token:.2f} ms of a {1e3 / r.avg_ts:.1f} ms token"
             )
+        if r.ratio_vs_greedy is not None and r.acceptance is not None:
+            lines.append("")
+            lines.append(
+                f"{r.test}: {r.ratio_vs_greedy:.2f}x plain greedy decoding's speed; "
+                f"{100 * r.acceptance:.0f}% of drafted tokens accepted"
+            )
     peaks = [
         r.peak_memory_mib for r in rows if r.peak_memory_mib is not None and r.runner == "frink"
     ]

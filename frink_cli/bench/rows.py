@@ -88,6 +88,10 @@ class BenchRow:
     # "json" row's speed over the "free" row's.
     mask_ms_per_token: float | None = None
     ratio_vs_free: float | None = None
+    # Speculative tests (--spec / -md): drafted tokens the target kept, and the "spec"
+    # row's speed over the plain "greedy" row's.
+    acceptance: float | None = None
+    ratio_vs_greedy: float | None = None
     # Filled with --submissions (frink rows only; llama.cpp has no ledger). Decode rows
     # count per token, prefill rows per prefill, both averaged over the repetitions.
     submissions_per_token: float | None = None
@@ -98,7 +102,7 @@ class BenchRow:
 
     def to_dict(self, with_submissions: bool, with_compare: bool) -> dict[str, Any]:
         d = asdict(self)
-        for k in ("mask_ms_per_token", "ratio_vs_free"):
+        for k in ("mask_ms_per_token", "ratio_vs_free", "acceptance", "ratio_vs_greedy"):
             if d[k] is None:
                 d.pop(k)
         if not with_compare:
@@ -158,6 +162,9 @@ def bench_row(
         row.mask_ms_per_token = (
             sum(s.mask_seconds for s in samples) * 1e3 / (len(samples) * test.n_gen)
         )
+    if test.decode == "spec":
+        drafted = sum(s.drafted for s in samples)
+        row.acceptance = sum(s.accepted for s in samples) / drafted if drafted else 0.0
     if submissions and runner.runner == "frink":
         per = len(samples) * (test.n_gen or 1)
         kinds: Counter[str] = Counter()

@@ -26,6 +26,7 @@ def _check_args(
     n_depth: int,
     compare: str | None,
     constrained: bool,
+    speculative: bool = False,
 ) -> None:
     """A FrinkError naming the option for any argument run_bench cannot measure with."""
     if repetitions < 1:
@@ -42,6 +43,10 @@ def _check_args(
         raise FrinkError("--constrained measures frink alone: leave out --compare")
     if constrained and n_gen == 0:
         raise FrinkError("--constrained needs a generation test (-n/--n-gen > 0)")
+    if speculative and compare:
+        raise FrinkError("--spec / -md measure frink alone: leave out --compare")
+    if speculative and n_gen == 0:
+        raise FrinkError("--spec / -md need a generation test (-n/--n-gen > 0)")
 
 
 def _group_rows(
@@ -88,9 +93,11 @@ def run_bench(
 ) -> list[BenchRow]:
     """Measure `model` (a frink_cli.api.Model); rows in test order, frink's before
     llama.cpp's. `constrained` adds the sampled free and JSON-schema generation tests
-    (frink only)."""
-    _check_args(repetitions, n_prompt, n_gen, n_depth, compare, constrained)
-    tests = bench_tests(n_prompt, n_gen, n_depth, constrained)
+    (frink only); a model set to speculate (Model.speculate) adds greedy generation, plain
+    and speculative (frink only)."""
+    speculative = model.speculation is not None
+    _check_args(repetitions, n_prompt, n_gen, n_depth, compare, constrained, speculative)
+    tests = bench_tests(n_prompt, n_gen, n_depth, constrained, speculative)
     n_ctx = max(t.n_ctx for t in tests)
     if n_ctx > model.config.n_ctx_train:
         raise FrinkError(
@@ -123,8 +130,12 @@ def run_bench(
             for t in tests:
                 say(f"{t.name}: warm-up (llama.cpp)")
                 runners[1].run(t.warm_up(), ids)
-        # The sampled pair runs rep by rep alternately too: their ratio is the figure.
-        groups = [[t] for t in tests if not t.decode] + [[t for t in tests if t.decode]]
+        # Each pair (sampled free / json; greedy / spec) runs rep by rep alternately too:
+        # their ratio is the figure.
+        groups = [[t] for t in tests if not t.decode] + [
+            [t for t in tests if t.decode in pair]
+            for pair in (("free", "json"), ("greedy", "spec"))
+        ]
         for group in (g for g in groups if g):
             rows.extend(_group_rows(group, runners, ids, repetitions, say, facts, submissions))
     finally:
@@ -139,4 +150,8 @@ def run_bench(
     for row in rows:
         if row.test in free:
             row.ratio_vs_free = row.avg_ts / free[row.test].avg_ts
+    greedy = {row.test.replace(" greedy", " spec"): row for row in rows if " greedy" in row.test}
+    for row in rows:
+        if row.test in greedy:
+            row.ratio_vs_greedy = row.avg_ts / greedy[row.test].avg_ts
     return rows
