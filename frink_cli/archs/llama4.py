@@ -87,16 +87,6 @@ class Llama4Config(DecoderConfig):
             return spec
         return dataclasses.replace(spec, rotates=False, temperature=self.temperature)
 
-    def info(self) -> dict[str, Any]:
-        nope = f"every {self.no_rope_step}th layer" if self.no_rope_step else "none"
-        return {
-            **super().info(),
-            "chunked_attention": self.chunk,
-            "nope_layers": nope,
-            "attn_temperature": self.temperature,
-            "qk_l2_norm": self.qk_l2_norm,
-        }
-
 
 def _transposed(st: StoredTensor, half: int | None) -> np.ndarray:
     """A stored [E, a, b] tensor (or half `half` of its last axis) as [E, b, a]."""
