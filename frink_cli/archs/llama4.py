@@ -177,8 +177,8 @@ class Llama4(Llama):
         want = tuple((i + 1) % step == 0 for i in range(cfg.n_layer))
         if moe.layers != want:
             raise FrinkError(
-                f"{ckpt.path}: the routed layers (with ffn_gate_inp) are not every "
-                f"{key('interleave_moe_layer_step')} = {step}th layer"
+                f"{ckpt.path}: the routed layers (with ffn_gate_inp) do not follow "
+                f"{key('interleave_moe_layer_step')} = {step}"
             )
         # The shared expert is as wide as an expert; sigmoid weights, not renormalized,
         # applied to the experts' inputs.
@@ -245,14 +245,18 @@ def _hf_layer_patterns(hp: dict[str, Any], n: int) -> None:
     rope = [int((i + 1) % interval != 0) for i in range(n)]
     if hp.get("no_rope_layers") and list(hp["no_rope_layers"]) != rope:
         raise FrinkError(
-            f"config.json: no_rope_layers is not every {interval}th layer (not supported)"
+            f"config.json: no_rope_layers does not follow no_rope_layer_interval {interval} "
+            "(not supported)"
         )
     types = ["chunked_attention" if r else "full_attention" for r in rope]
     if hp.get("layer_types") and list(hp["layer_types"]) != types:
         raise FrinkError("config.json: layer_types must be chunked on the rope layers only")
     moe_layers = list(range(step - 1, n, step))
     if hp.get("moe_layers") is not None and list(hp["moe_layers"]) != moe_layers:
-        raise FrinkError(f"config.json: moe_layers is not every {step}th layer (not supported)")
+        raise FrinkError(
+            f"config.json: moe_layers does not follow interleave_moe_layer_step {step} "
+            "(not supported)"
+        )
 
 
 def _step(ckpt: Checkpoint, name: str, default: int | None) -> int:
