@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from conformance_table import Off, switched_off
 from model_checks import REF_TOL, _compare
+from safetensors.numpy import load_file, save_file
 from script_loader import load_script
 
 import frink_cli
@@ -156,3 +157,28 @@ def test_hf_configs_llamacpp_has_no_graph_for_are_refused(
     (hf / "config.json").write_text(json.dumps(dict(cfg, **change)))
     with pytest.raises(FrinkError, match=match):
         frink_cli.load(hf)
+
+
+def test_multimodal_checkpoint_reads_its_language_model(
+    tiny_model: Callable, tmp_path: Path
+) -> None:
+    """HF model_type llama4 (Llama4ForConditionalGeneration, as Llama 4 is released): the
+    text config under text_config, the weights under language_model., the vision model
+    ignored; the same logits as the text model's."""
+    tm = tiny_model("llama4")
+    hf = Path(shutil.copytree(tm.hf_dir, tmp_path / "hf"))
+    text = json.loads((hf / "config.json").read_text())
+    text.pop("architectures", None)
+    cfg = {
+        "model_type": "llama4",
+        "architectures": ["Llama4ForConditionalGeneration"],
+        "text_config": text,
+        "vision_config": {"hidden_size": 32},
+    }
+    (hf / "config.json").write_text(json.dumps(cfg))
+    for f in hf.glob("*.safetensors"):
+        weights = {"language_model." + k: v for k, v in load_file(f).items()}
+        weights["vision_model.patch_embedding.weight"] = np.zeros((2, 2), np.float32)
+        save_file(weights, str(f), metadata={"format": "pt"})
+    got = frink_cli.load(hf).logits([int(t) for t in tm.ref["tokens"]])
+    _compare(got, tm.ref["logits_hf"], REF_TOL, "llama4 multimodal checkpoint vs transformers")
