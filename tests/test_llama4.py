@@ -110,6 +110,19 @@ def test_chunk_cache_keeps_the_current_chunk(chunked: tuple) -> None:
     _compare(got, ref["logits_hf"][-2:], REF_TOL, "after a step back")
 
 
+def test_sequences_in_different_chunks_batched(chunked: tuple) -> None:
+    """Two sequences decoded in one step, at positions 13 and 21 (chunks 1 and 2): each
+    row attends within its own sequence's chunk."""
+    m, ref = chunked
+    dec = m.decoder
+    tokens = np.asarray(ref["tokens"])
+    a, b = dec.new_cache(len(tokens)), dec.new_cache(len(tokens))
+    dec.step(tokens[:13], a)
+    dec.step(tokens[:21], b)
+    got = dec.step_batch([(tokens[13:14], a), (tokens[21:22], b)])
+    _compare(got, ref["logits_hf"][[13, 21]], REF_TOL, "two sequences in one step")
+
+
 _FUZZ = load_script("fuzz_inputs")
 _NAMED = {
     "llama4_chunk_zero": "llama4.attention.chunk_size = 0",
