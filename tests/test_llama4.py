@@ -123,6 +123,43 @@ def test_sequences_in_different_chunks_batched(chunked: tuple) -> None:
     _compare(got, ref["logits_hf"][[13, 21]], REF_TOL, "two sequences in one step")
 
 
+def test_chunk_slot_after_a_long_prefill_and_many_decode_steps() -> None:
+    """On its own: after a batch of 300 rows and 1000 decode steps the slot holds the
+    current chunk (and the previous chunk's last row), the same rows as a full slot, and a
+    step that fails leaves it as it was."""
+    rng = np.random.default_rng(0)
+
+    def rows(n: int) -> tuple[np.ndarray, np.ndarray]:
+        return rng.standard_normal((n, 2, 4), np.float32), rng.standard_normal(
+            (n, 2, 4), np.float32
+        )
+
+    slot, full = ChunkKv(2, 4, 4, 4096, CHUNK), AttentionKv(2, 4, 4, 4096)
+    k, v = rows(300)
+    for s in (slot, full):
+        assert s.append(k, v)[0] == 0
+        s.commit(300)
+    for n in range(301, 1301):
+        k, v = rows(1)
+        first = slot.append(k, v)[0]
+        assert first <= (n - 1) // CHUNK * CHUNK  # every key the new query sees is there
+        full.append(k, v)
+        slot.commit(n)
+        full.commit(n)
+        assert slot.held()[0] == (n - 1) // CHUNK * CHUNK
+    first, K, V = slot.held()
+    _, fk, fv = full.held()
+    np.testing.assert_array_equal(K, fk[:, first:])
+    np.testing.assert_array_equal(V, fv[:, first:])
+    assert slot._k.shape[1] <= CHUNK + 128  # the buffer shrank back after the long batch
+    slot.rollback()
+    slot.reserve(1300 + 500)
+    slot.append(*rows(500))
+    slot.rollback()
+    assert slot.held()[0] == first and slot.n_past == 1300
+    np.testing.assert_array_equal(slot.held()[1], K)
+
+
 _FUZZ = load_script("fuzz_inputs")
 _NAMED = {
     "llama4_chunk_zero": "llama4.attention.chunk_size = 0",
