@@ -207,6 +207,7 @@ def _layer_rows(
                 "head_dim": s.head_dim_k,
                 "kv_source": s.kv_source,
                 "window": s.window,
+                "chunk": s.chunk,
                 "rope_base": s.rope_base,
                 "rotates": any(call.op == "rope_" for call in traces[i]),
                 "backend": backend_label if support[i] is None else "host",
@@ -342,6 +343,8 @@ def _print_mixers(d: dict[str, Any], line: Callable[[str, str], None]) -> None:
         gating = ""
         if moe["gating"] != "softmax" or moe["expert_bias"]:
             gating = f", {moe['gating']} router" + (" + expert bias" if moe["expert_bias"] else "")
+        if moe.get("weights_before"):
+            gating += ", weights on the expert inputs"
         line(
             "experts",
             f"{moe['experts']}, top {moe['experts_used']}, expert ffn {moe['expert_ff']}"
@@ -401,6 +404,8 @@ def _mixer_text(d: dict[str, Any], s: dict[str, Any]) -> str:
     if mixer == "linear":
         return f"linear (wo only, {s['n_head']}q)"
     win = f" window {s['window']}" if s["window"] else ""
+    if s.get("chunk"):  # chunked local attention (its cache keeps the current chunk)
+        win += f" chunk {s['chunk']}"
     # The layer's own head counts (they differ per layer in openelm and deci).
     shape = f"{s['n_head']}q/{s['n_head_kv']}kv x {s['head_dim']}"
     if s.get("kv_source") is not None:  # gemma4's KV sharing

@@ -292,7 +292,36 @@ def crafted_ggufs() -> dict[str, bytes]:
             "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}",
         ),
     }
-    return {k: v.encode() for k, v in cases.items()}
+    return {k: v.encode() for k, v in {**cases, **llama4_ggufs()}.items()}
+
+
+def llama4_base() -> Gguf:
+    """The base model as a one-layer llama4 (its FFN dense: experts every 2nd layer)."""
+    kvs = [(k.replace("llama.", "llama4.", 1), t, v) for k, t, v in base_kvs()]
+    kvs[0] = ("general.architecture", STR, "llama4")
+    kvs += [
+        ("llama4.expert_count", U32, 4),
+        ("llama4.expert_used_count", U32, 1),
+        ("llama4.interleave_moe_layer_step", U32, 2),
+    ]
+    return Gguf(kvs, base_tensors())
+
+
+def llama4_ggufs() -> dict[str, Gguf]:
+    """llama4's own metadata, each field zero, huge or not a number (and the valid base)."""
+    g = llama4_base()
+    return {
+        "llama4_valid": g,
+        "llama4_chunk_zero": _with(g, "llama4.attention.chunk_size", U32, 0),
+        "llama4_chunk_huge": _with(g, "llama4.attention.chunk_size", U32, 2**32 - 1),
+        "llama4_no_chunks": _with(g, "llama4.attention.sliding_window", U32, 0),
+        "llama4_moe_step_zero": _with(g, "llama4.interleave_moe_layer_step", U32, 0),
+        "llama4_moe_step_huge": _with(g, "llama4.interleave_moe_layer_step", U32, 2**32 - 1),
+        "llama4_nope_step_zero": _with(g, "llama4.no_rope_layer_step", U32, 0),
+        "llama4_nope_step_huge": _with(g, "llama4.no_rope_layer_step", U32, 2**32 - 1),
+        "llama4_floor_zero": _with(g, "llama4.attention.temperature_floor_scale", F32, 0.0),
+        "llama4_temp_nan": _with(g, "llama4.attention.temperature_scale", F32, float("nan")),
+    }
 
 
 def empty_tokens_gguf(n: int = 2_000_000) -> bytes:

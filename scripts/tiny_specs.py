@@ -1223,3 +1223,54 @@ SPECS: dict[str, TinySpec] = {
         ),
     ]
 }
+
+
+# --- Llama 4 ---------------------------------------------------------------------------
+# 4 layers: 0-2 rope (chunked, L2-normed Q/K), 3 NoPE (global, attention temperature);
+# experts (4, top 2, sigmoid weights on their inputs, a shared expert) on layers 1 and 3,
+# dense FFNs 128 wide on 0 and 2. llama.cpp 0.3.36 hard-codes chunk 8192, floor_scale 8192
+# and attn_scale 0.1, so the fixture checked against it carries those (its 40 tokens sit in
+# one chunk, with temperature 1); llama4_chunked sets chunk 8, floor_scale 4, attn_scale
+# 0.5 (40 tokens: five chunks, temperatures up to 2.2), which only transformers honours.
+_LLAMA4: dict[str, Any] = dict(
+    _COMMON,
+    num_hidden_layers=4,
+    head_dim=16,
+    intermediate_size=32,
+    intermediate_size_mlp=128,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    interleave_moe_layer_step=2,
+    no_rope_layer_interval=4,
+    use_qk_norm=True,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+    attention_chunk_size=8192,
+    floor_scale=8192,
+    attn_scale=0.1,
+    attn_temperature_tuning=True,
+    tie_word_embeddings=False,
+    pad_token_id=0,
+)
+
+_LLAMA4_SPECS = [
+    TinySpec(
+        "llama4",
+        "Llama4ForCausalLM",
+        "Llama4TextConfig",
+        _LLAMA4,
+        seed=131,
+        greedy=24,
+        notes="3 chunked rope layers + 1 NoPE layer, MoE (4 experts, top 2) + shared "
+        "expert every 2nd layer, llama.cpp's chunk / temperature constants",
+    ),
+    TinySpec(
+        "llama4_chunked",
+        "Llama4ForCausalLM",
+        "Llama4TextConfig",
+        dict(_LLAMA4, attention_chunk_size=8, floor_scale=4, attn_scale=0.5),
+        seed=132,
+        notes="llama4 with chunk 8, floor_scale 4, attn_scale 0.5: transformers only",
+    ),
+]
+SPECS.update({s.name: s for s in _LLAMA4_SPECS})

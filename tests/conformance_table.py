@@ -23,6 +23,7 @@ from model_checks import configured
 from script_loader import load_script
 
 from frink_cli.backends.cupy import eligibility
+from frink_cli.backends.cupy.capabilities import CHUNKED
 from frink_cli.model.config import ModelConfig
 from frink_cli.model.weights import ModelWeights
 
@@ -183,7 +184,9 @@ class Arch:
     least this long. `past_window`: the reference sequence runs more than 6 sliding windows.
     `refuses_truncation`: a cache holding the architecture's recurrent state refuses to
     truncate, with an error matching this; empty: the cache truncates anywhere.
-    `decorations`: the decorations that can be switched off, each with how (see Off)."""
+    `decorations`: the decorations that can be switched off, each with how (see Off).
+    `transformers_only`: fixtures whose settings llama.cpp does not read (it hard-codes
+    them), checked against transformers by the architecture's own test file, not here."""
 
     arch: str
     fixtures: tuple[str, ...]
@@ -197,6 +200,7 @@ class Arch:
     cuda: Cuda | None = None
     refuses_truncation: str = ""
     decorations: tuple[Off, ...] = ()
+    transformers_only: tuple[str, ...] = ()
 
     def greedy_fixtures(self) -> tuple[str, ...]:
         """The fixtures whose greedy run is checked (their spec records one)."""
@@ -284,6 +288,23 @@ _GPT_OSS_OFF = (
         "expert_gate_up_bias", "gpt_oss", layer=in_block("moe", lambda m: {"gate_up_exps_b": None})
     ),
     Off("expert_down_bias", "gpt_oss", layer=in_block("moe", lambda m: {"down_exps_b": None})),
+)
+# Llama 4 (the chunk and the temperature are switched off in tests/test_llama4.py, on
+# llama4_chunked: llama.cpp's constants leave both idle on a 40-token sequence).
+_LLAMA4_OFF = (
+    Off("qk_l2_norm", "llama4", layer=lambda lw: {"q_norm": None, "k_norm": None}),
+    Off("nope_layers", "llama4", {"no_rope_step": 0}),
+    Off(
+        "expert_weights_before",
+        "llama4",
+        lambda cfg: {"moe": dataclasses.replace(cfg.ext.moe, weights_before=False)},
+    ),
+    Off(
+        "sigmoid_router",
+        "llama4",
+        lambda cfg: {"moe": dataclasses.replace(cfg.ext.moe, gating="softmax")},
+    ),
+    Off("shared_expert", "llama4", layer=in_block("moe", lambda m: {"down_shexp": None})),
 )
 _GRANITEHYBRID_OFF = (
     Off("no residual multiplier", "granitehybrid", {"residual_scale": None}),
@@ -444,6 +465,16 @@ TABLE: tuple[Arch, ...] = (
         greedy_sources=("gguf",),
         converter=_QWEN_HYBRID,
         refuses_truncation=_ROLLBACK,
+    ),
+    Arch(
+        "llama4",
+        ("llama4",),
+        greedy_min=LONG_GREEDY,
+        converter=Converter(),
+        metal=Metal(("llama4",), per_token=("llama4",), decode=("llama4",), generate=True),
+        cuda=Cuda(("llama4",), every_layer="attention: " + CHUNKED),
+        decorations=_LLAMA4_OFF,
+        transformers_only=("llama4_chunked",),
     ),
     Arch("qwen3moe", ("qwen3moe",), greedy_min=1, converter=_QWEN_HYBRID),
     Arch(

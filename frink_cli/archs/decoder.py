@@ -82,6 +82,7 @@ class DecoderConfig(ArchConfig):
                 "gating": m.gating,
                 "expert_bias": m.expert_bias,
                 "weights_scale": m.weights_scale,
+                "weights_before": m.weights_before,
             }
         }
 

@@ -20,6 +20,7 @@ from .granite import Granite, GraniteMoe
 from .granite_hybrid import GraniteHybrid
 from .lfm2 import Lfm2, Lfm2Moe
 from .llama import Llama
+from .llama4 import Llama4
 from .mamba import Mamba, Mamba2
 from .nomic_bert import NomicBert
 from .olmo2 import Olmo2
@@ -37,6 +38,7 @@ from .talkie import Talkie
 # The registry: every supported architecture, one instance each.
 _ARCHS: tuple[Arch, ...] = (
     Llama(),
+    Llama4(),
     Qwen2(),
     Qwen3(),
     Qwen3Moe(),

@@ -1,5 +1,6 @@
-"""An attention layer's K/V rows: AttentionKv (every row, full attention) and WindowKv (a
-sliding-window layer's last `window` rows).
+"""An attention layer's K/V rows: AttentionKv (every row, full attention), WindowKv (a
+sliding-window layer's last `window` rows) and ChunkKv (a chunked-attention layer's
+current chunk).
 
 Rows are stored per KV head, [n_head_kv, capacity, head_dim], so attention reads the held
 rows as one view with no copy. Buffer row r holds position `base + r`; the held rows are
@@ -203,24 +204,32 @@ class WindowKv(AttentionKv):
     failed step leaves the committed rows intact; commit() then trims to the window and
     shrinks a buffer a long batch grew."""
 
+    kind = "sliding window"
+
     def __init__(self, *dims: int, types: CacheTypes = F32_CACHE, rewind: int = 0) -> None:
         """dims: AttentionKv's (n_head_kv, head_dim_k, head_dim_v, n_ctx), then the window."""
         *shape, self.window = dims
         self.rewind = rewind
         super().__init__(*shape, types=types)
 
+    def seen_from(self, p: int) -> int:
+        """The first position the query at p sees."""
+        return max(0, p - self.window + 1)
+
     def commit(self, n_past: int) -> None:
         super().commit(n_past)
-        self.first = max(self.first, n_past - self.window - self.rewind)
+        # What the next query sees, and the one before it (a step back stays possible),
+        # and `rewind` queries before that.
+        self.first = max(self.first, self.seen_from(max(0, n_past - 1 - self.rewind)))
         if self._k.shape[1] > self._initial_rows():
             self._move(self.first, n_past, self._initial_rows())
 
     def truncation_refusal(self, n_past: int) -> str | None:
-        # The query at n_past sees positions from n_past - window + 1: they must still be here.
-        if n_past == 0 or self.first <= max(0, n_past - self.window + 1):
+        # The query at n_past sees positions from seen_from(n_past): they must still be here.
+        if n_past == 0 or self.first <= self.seen_from(n_past):
             return None
         return (
-            f"its sliding window of {self.window} holds positions {self.first}.. only, and the "
+            f"its {self.kind} of {self.window} holds positions {self.first}.. only, and the "
             "rows before them are gone"
         )
 
@@ -228,13 +237,25 @@ class WindowKv(AttentionKv):
         return min(self.n_ctx, self.window + self.rewind + WINDOW_SLACK)
 
     def _keep_from(self, start: int) -> int:
-        # Queries at or after the committed position see positions from n_past - window + 1;
-        # the one before is kept too (and `rewind` more), as commit keeps them, so a step
-        # that fails leaves the held rows exactly as they were.
-        return max(self.first, min(start, self.n_past) - self.window - self.rewind)
+        # Queries at or after the committed position see what the query there sees; the one
+        # before is kept too (and `rewind` more), as commit keeps them, so a step that fails
+        # leaves the held rows exactly as they were.
+        return max(self.first, self.seen_from(max(0, min(start, self.n_past) - 1 - self.rewind)))
 
     def _capacity(self, need: int) -> int:
         return max(need, self._initial_rows())
+
+
+class ChunkKv(WindowKv):
+    """A chunked-attention layer's rows (Llama 4): the query at p sees only the positions
+    of its own chunk, [p // chunk * chunk, p], so once committed the slot holds the
+    current chunk (and the previous one while the next query opens a new chunk, so a
+    cache can still step back one token). `window` is the chunk size."""
+
+    kind = "attention chunk"
+
+    def seen_from(self, p: int) -> int:
+        return p // self.window * self.window
 
 
 class SharedKv:

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import FrinkError
 from ..model.config import ModelConfig
-from .attention import AttentionKv, SharedKv, WindowKv
+from .attention import AttentionKv, ChunkKv, SharedKv, WindowKv
 from .kv_types import F32_CACHE, OPTION_K, OPTION_V, CacheTypes, check_width
 from .protocol import KvSlot, LayerSlot, RecurrentSlot
 from .recurrent import ParallelSlot, RecurrentState
@@ -40,6 +40,8 @@ def layer_slot(
     hk, hv = shape.head_dim_k, shape.head_dim_v  # the layer's own
     if windowed and window is not None and window < n_ctx:
         kv = WindowKv(n_kv, hk, hv, n_ctx, window, types=types, rewind=rewind)
+    elif windowed and shape.chunk is not None and shape.chunk < n_ctx:
+        kv = ChunkKv(n_kv, hk, hv, n_ctx, shape.chunk, types=types, rewind=rewind)
     else:
         kv = AttentionKv(n_kv, hk, hv, n_ctx, types=types)
     if shape.mixer == "attention+mamba2":  # K/V rows and mamba state

@@ -141,6 +141,8 @@ class Ops(Protocol[A]):
         alibi: tuple[float, ...] | None = None,
         sinks: A | None = None,
         causal: bool = True,
+        chunk: int | None = None,
+        temperature: tuple[float, float] | None = None,
     ) -> A:
         """Write the new rows k [T, Hkv, hk], v [T, Hkv, hv] to the cache view kv, then
         softmax(scale q K^T (softcapped) + causal/window mask) V over every visible row for
@@ -150,7 +152,10 @@ class Ops(Protocol[A]):
         k and v None: a KV-sharing layer's queries, over the rows its source layer wrote
         (kv is that layer's slot, read-only).
         causal False: bidirectional, every row the cache holds is visible to every query
-        (an encoder's mask; no window)."""
+        (an encoder's mask; no window).
+        chunk: the query at p sees only keys at [p // chunk * chunk, p] (no window with it).
+        temperature (floor_scale, s): the query at p is first multiplied by
+        log(floor((p + 1) / floor_scale) + 1) * s + 1."""
         ...
 
     # --- gated delta net -------------------------------------------------------------------

@@ -45,6 +45,9 @@ class LayerShape:
     # kv_source wrote for this step and before (None: its own K/V).
     kv_source: int | None = None
     index: int = 0  # the layer's place in the stack
+    # Chunked local attention: the query at p sees only the keys of its own chunk,
+    # positions [p // chunk * chunk, p] (None: no chunks).
+    chunk: int | None = None
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,10 @@ def _rope(call: OpCall) -> str | None:
     return "dims (odd or > head dim)" if dims % 2 == 1 or dims > head_dim else None
 
 
+# Llama 4's chunked local attention and its attention temperature (NoPE layers).
+CHUNKED = "chunked attention / attention temperature"
+
+
 def _attention(call: OpCall) -> str | None:
     if call["causal"] is False:
         return "bidirectional"
@@ -50,6 +54,8 @@ def _attention(call: OpCall) -> str | None:
         return "softcap"
     if call["sinks"]:
         return "sinks"
+    if call["chunk"] or call["temperature"]:
+        return CHUNKED
     if not call["own_kv"]:
         return "no K/V of its own"
     if call["head_dim_k"] != call["head_dim_v"]:

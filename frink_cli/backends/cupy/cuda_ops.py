@@ -161,7 +161,11 @@ class CudaOps:
         alibi: tuple[float, ...] | None = None,
         sinks: Any | None = None,
         causal: bool = True,
+        chunk: int | None = None,
+        temperature: tuple[float, float] | None = None,
     ) -> Any:
+        if chunk is not None or temperature is not None:
+            raise NotImplementedError("chunked attention / temperature (eligibility refuses it)")
         if not causal:
             raise NotImplementedError("bidirectional attention (eligibility refuses it)")
         if softcap:

@@ -141,6 +141,41 @@ def attend(
     return out.transpose(1, 0, 2, 3).reshape(T, H * hv)
 
 
+def attend_chunked(
+    q: np.ndarray,
+    K: np.ndarray | Coded,
+    V: np.ndarray | Coded,
+    first: int,
+    positions: np.ndarray,
+    chunk: int,
+    extra: tuple[float | None, np.ndarray | None, np.ndarray | None],
+) -> np.ndarray:
+    """`attend` with chunked local attention: the query at p sees only the keys at
+    [p // chunk * chunk, p]. The queries are taken by chunk, each group causally over the
+    contiguous key rows from its chunk's start, as positions counted from there (a row's
+    arithmetic is attend's over that range, whatever rows beside it). extra: (softcap,
+    slopes, sinks) as attend takes them."""
+    softcap, slopes, sinks = extra
+    starts = positions // chunk * chunk
+    out = np.empty((q.shape[0], q.shape[1] * V.shape[2]), np.float32)
+    for start in np.unique(starts):
+        rows = np.nonzero(starts == start)[0]
+        lo = int(start) - first
+        assert lo >= 0, "the cache no longer holds keys this query sees"
+        # Positions counted from the chunk's start (the keys before it do not exist for
+        # these rows; nothing in attend depends on where the range starts but the mask).
+        rel = positions[rows] - start
+        out[rows] = attend(q[rows], K[:, lo:], V[:, lo:], 0, rel, None, softcap, slopes, sinks)
+    return out
+
+
+def temperature_factors(positions: np.ndarray, floor_scale: float, scale: float) -> np.ndarray:
+    """Llama 4's attention temperature per query position p (f32 [T]):
+    log(floor((p + 1) / floor_scale) + 1) * scale + 1."""
+    p = positions.astype(np.float64)
+    return (np.log(np.floor((p + 1.0) / floor_scale) + 1.0) * scale + 1.0).astype(np.float32)
+
+
 def _each_block(block: Callable[[int], None], T: int) -> None:
     """block(r0) for each query block's first row r0 of T rows.
 

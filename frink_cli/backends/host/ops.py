@@ -14,7 +14,7 @@ import numpy as np
 
 from ...cache.kv_types import round_queries_
 from ...model.weights import Linear, MoeWeights
-from .attention import attend
+from .attention import attend, attend_chunked, temperature_factors
 from .ffn import ACTIVATIONS, glu, glu_
 from .gdn import causal_conv, l2_normalize
 from .gdn import delta_rule as _delta_rule
@@ -99,12 +99,18 @@ class HostOps:
         alibi: tuple[float, ...] | None = None,
         sinks: np.ndarray | None = None,
         causal: bool = True,
+        chunk: int | None = None,
+        temperature: tuple[float, float] | None = None,
     ) -> np.ndarray:
         # The rows this step's queries see: [Hkv, S, hk], [Hkv, S, hv], row j at first + j.
         first, K, V = kv.append(k, v)
+        if temperature is not None:
+            q *= temperature_factors(pos, *temperature)[:, None, None]
         round_queries_(kv.types.k, q)  # as llama.cpp rounds them against a quantized K
         q *= F32(scale)  # q is a view into this step's own QKV rows
         slopes = _slopes(alibi) if alibi is not None else None
+        if chunk is not None:
+            return attend_chunked(q, K, V, first, pos, chunk, (softcap, slopes, sinks))
         return attend(q, K, V, first, pos, window, softcap, slopes, sinks, causal)
 
     def causal_conv(

@@ -212,12 +212,18 @@ class LayerState:
         return [self.a, self.b, self.c, self.d]
 
 
-def attention_mask(positions: mx.array, capacity: int, window: int | None) -> mx.array:
+def attention_mask(
+    positions: mx.array, capacity: int, window: int | None, chunk: int | None = None
+) -> mx.array:
+    """Additive mask [T, capacity]: key j visible to the query at p if j <= p, and within
+    the window (p - j < window) or the query's chunk (j // chunk == p // chunk)."""
     kv = mx.arange(capacity)[None, :]
     p = positions[:, None]
     visible = kv <= p
     if window is not None:
         visible = visible & (p - kv < window)
+    if chunk is not None:
+        visible = visible & (kv // chunk == p // chunk)
     return mx.where(visible, mx.array(0.0, mx.float32), mx.array(-mx.inf, mx.float32))
 
 
@@ -316,6 +322,8 @@ class MlxOps:
         alibi: tuple[float, ...] | None = None,
         sinks: mx.array | None = None,
         causal: bool = True,
+        chunk: int | None = None,
+        temperature: tuple[float, float] | None = None,
     ) -> mx.array:
         if not causal:
             raise ValueError("bidirectional attention not carried")  # eligibility refuses it
@@ -331,7 +339,11 @@ class MlxOps:
             kv.rows = (k4[0], v4[0])
         # (else a KV-sharing layer: kv is its source layer's state, this step's rows in it)
         keys, values = kv.a.astype(q.dtype), kv.b.astype(q.dtype)  # (no-ops for f32)
-        mask = attention_mask(pos.positions, kv.a.shape[2], window)
+        mask = attention_mask(pos.positions, kv.a.shape[2], window, chunk)
+        if temperature is not None:
+            floor_scale, t = temperature
+            p = pos.positions.astype(mx.float32)
+            q = q * (mx.log(mx.floor((p + 1.0) / floor_scale) + 1.0) * t + 1.0)[:, None, None]
         if alibi is not None:
             # ALiBi folded into the additive mask: [H, T, capacity], -slope_h * (p - j).
             dist = pos.positions[:, None] - mx.arange(kv.a.shape[2])[None, :]

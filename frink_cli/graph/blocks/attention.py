@@ -8,7 +8,8 @@ None):
     qkv = W_qkv h  (clipped to [-clamp, clamp])
     q, k, v split into heads; Q/K normed per head or over the whole width; V normed
     q, k rotated (unless the spec says nothing rotates: ALiBi or NoPE); q times a per-head
-    gain; attend over the cache (window, softcap, ALiBi slopes, sink logits)
+    gain; attend over the cache (window or chunk, temperature, softcap, ALiBi slopes, sink
+    logits)
     out = W_o (sub_norm(out * sigmoid(gate)))
 """
 
@@ -49,6 +50,12 @@ class AttentionSpec:
     sinks: bool = False  # w.attn_sinks [n_head]: one more logit per head's softmax
     # False: bidirectional (an encoder): every row of the sequence is visible to every query.
     causal: bool = True
+    # Chunked local attention: keys visible only within the query's chunk of this many
+    # positions (None: no chunks).
+    chunk: int | None = None
+    # Attention temperature (floor_scale, scale): q at position p times
+    # log(floor((p + 1) / floor_scale) + 1) * scale + 1 (None: none).
+    temperature: tuple[float, float] | None = None
 
 
 def attention(ops: Ops[A], spec: AttentionSpec, w: Any, h: A, pos: Any, kv: Any, rope: Any) -> A:
@@ -104,6 +111,8 @@ def attend(
             alibi=spec.alibi,
             sinks=sinks,
             causal=spec.causal,
+            chunk=spec.chunk,
+            temperature=spec.temperature,
         )
 
     return each_sequence(ops, kv, pos, core, q, k, v)

@@ -36,13 +36,17 @@ class MoeConfig:
     # The layer's dense FFN runs beside the experts, each branch with its own norms (ffn
     # "dense+moe"; the architecture composes it).
     parallel_dense: bool = False
+    # Each chosen expert's input is the row times its weight, the expert's output then
+    # added unweighted (llama.cpp's weight_before_ffn, Llama 4).
+    weights_before: bool = False
 
 
 def moe(ops: Ops[A], m: MoeConfig, act: str, w: Any, h: A) -> A:
     """Softmax (or sigmoid) router, top k (over probabilities plus the expert bias, when
     the model has one), the chosen weights renormalized when norm_topk and multiplied by
     weights_scale; each chosen expert's gated FFN weighted by its weight; plus the shared
-    expert, scaled by sigmoid(its gate row) when shared_gate. Same arithmetic as llama.cpp's
+    expert, scaled by sigmoid(its gate row) when shared_gate. With weights_before, each
+    chosen expert reads the row times its weight instead. Same arithmetic as llama.cpp's
     build_moe_ffn with softmax or sigmoid gating and exp_probs_b.
 
     w.inp fuses everything that reads h: the router rows, then (with a gated shared
@@ -52,11 +56,26 @@ def moe(ops: Ops[A], m: MoeConfig, act: str, w: Any, h: A) -> A:
     ids, weights = ops.route(r[:, :E], m.n_expert_used, m.norm_topk, m.gating, w.probs_b)
     if m.weights_scale != 1.0:
         weights = ops.scale_(weights, m.weights_scale)
-    out = ops.experts(h, ids, weights, w, act)
+    if m.weights_before:
+        out = _weighted_inputs(ops, m, act, w, h, ids, weights)
+    else:
+        out = ops.experts(h, ids, weights, w, act)
     if w.down_shexp is not None:
         first = E + 1 if m.shared_gate else E
         shared = ops.linear(ops.glu(r[:, first:], act), w.down_shexp)
         if m.shared_gate:
             shared = ops.sigmoid_mul_(shared, r[:, E : E + 1])
         out = ops.add_(out, shared)
+    return out
+
+
+def _weighted_inputs(ops: Ops[A], m: MoeConfig, act: str, w: Any, h: A, ids: A, weights: A) -> A:
+    """sum_j FFN_{ids[:, j]}(h * weights[:, j]): each chosen expert on its weighted row,
+    one experts call per choice j (an expert's output then weighted by 1)."""
+    out = None
+    for j in range(m.n_expert_used):
+        wj = weights[:, j : j + 1]
+        y = ops.experts(h * wj, ids[:, j : j + 1], wj * 0.0 + 1.0, w, act)
+        out = y if out is None else ops.add_(out, y)
+    assert out is not None  # n_expert_used > 0
     return out
