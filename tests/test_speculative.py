@@ -209,3 +209,107 @@ def test_run_reports_speculation(smollm2_path) -> None:
         frink("run", smollm2_path, "-p", PROMPTS[1], "-n", "16", "--temp", "0", "--json")
     )
     assert data["token_ids"] == plain["token_ids"]
+
+
+class Corrupting:
+    """A drafter whose every third token is wrong: drafts to reject, in every round."""
+
+    def __init__(self, inner, n_vocab: int) -> None:
+        self.inner, self.n_vocab = inner, n_vocab
+
+    def draft(self, history: Sequence[int], n: int) -> list[int]:
+        out = self.inner.draft(history, n)
+        return [(t + 1) % self.n_vocab if j % 3 == 2 else t for j, t in enumerate(out)]
+
+
+@pytest.mark.parametrize("name", ["granite", "gpt_oss", "gemma4"])
+def test_serve_engine_speculates_per_job_and_answers_as_plain(tiny_model, name: str) -> None:
+    """8 concurrent greedy jobs on an engine that drafts for each (the model drafting for
+    itself, every third draft corrupted): llama.cpp's greedy run comes out of the first,
+    every job's answer is what a plain engine gives it, and drafts were kept and rejected."""
+    from test_engine import _engine, _others, _run, _stop
+
+    model, prompt, want = _reference(tiny_model, name)
+    params = SpecParams(draft_max=4, p_min=0.0)
+
+    def drafter(n_ctx: int) -> Corrupting:
+        return Corrupting(ModelDrafter(model.decoder, n_ctx, params), model.n_vocab)
+
+    prompts = [prompt] + [p.tolist() for p in _others(model.n_vocab, [3, 9, 17, 30, 41, 5, 12])]
+    plain, t = _engine(model, n_parallel=8, n_ctx=128, prefill_chunk=16)
+    try:
+        want_all = [tokens for tokens, _ in _run(plain, prompts, len(want))]
+    finally:
+        _stop(plain, t)
+    spec, t = _engine(
+        model, n_parallel=8, n_ctx=128, prefill_chunk=16, drafter=drafter, spec=params
+    )
+    try:
+        got = [tokens for tokens, _ in _run(spec, prompts, len(want))]
+    finally:
+        _stop(spec, t)
+    assert got[0] == want
+    assert got == want_all
+    assert 0 < spec.accepted < spec.drafted, (spec.accepted, spec.drafted)
+
+
+def test_serve_engine_decodes_a_recurrent_model_plainly(tiny_model) -> None:
+    from test_engine import _engine, _run, _stop
+
+    model, prompt, want = _reference(tiny_model, "qwen35")
+    params = SpecParams(p_min=0.0)
+    e, t = _engine(model, n_ctx=64, drafter=lambda n: NgramDrafter(params), spec=params)
+    try:
+        assert e.drafter is None
+        assert _run(e, [prompt], len(want))[0][0] == want
+    finally:
+        _stop(e, t)
+    assert e.drafted == 0
+
+
+@pytest.mark.real
+def test_real_serve_with_prompt_lookup_answers_as_plain(smollm2_path) -> None:
+    """`frink serve --spec ngram` on the real SmolLM2, 4 concurrent greedy chats through the
+    official openai client: every answer is the plain server's."""
+    import concurrent.futures
+    import urllib.request
+
+    import openai
+    from serve_process import Server, clean_stop
+
+    def answers(*args: str) -> list[str]:
+        with clean_stop(Server(smollm2_path, "--alias", "m", "-np", "4", *args)) as s:
+            client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+
+            def chat(text: str) -> str:
+                r = client.chat.completions.create(
+                    model="m",
+                    messages=[{"role": "user", "content": text}],
+                    max_tokens=24,
+                    temperature=0,
+                )
+                return r.choices[0].message.content or ""
+
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                out = list(pool.map(chat, PROMPTS[:4]))
+            metrics = urllib.request.urlopen(s.url + "/metrics", timeout=30).read().decode()
+            drafted[args != ()] = _counter(metrics, "frink_spec_draft_tokens_total")
+            accepted[args != ()] = _counter(metrics, "frink_spec_accepted_tokens_total")
+            return out
+
+    drafted: dict[bool, float] = {}
+    accepted: dict[bool, float] = {}
+    assert answers("--spec", "ngram") == answers()
+    assert drafted[True] > 0 and 0 < accepted[True] <= drafted[True]
+    assert drafted[False] == accepted[False] == 0
+
+
+def _counter(text: str, name: str) -> float:
+    """A counter's value in Prometheus's text format, read by prometheus_client's parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return sample.value
+    raise AssertionError(f"{name} not in /metrics")

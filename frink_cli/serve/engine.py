@@ -24,6 +24,12 @@ a function comes as "text", its markers spelled, for the tool-call parser.
 
 An Observer (the server's metrics) hears of every finished job, on the engine's thread,
 once per job: nothing is measured per token.
+
+With a `drafter` (speculative.py: `frink serve --spec ngram` or `-md`), each decoding job
+without a constraint feeds its next token and a draft in its step, and keeps the drafts the
+target agrees with (speculative.verify): greedy answers are the plain ones token for token,
+sampled ones keep their distribution. Models with recurrent layers decode plainly: their
+state cannot be taken back to a kept draft within a step.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from ..constraint import Constraint
 from ..decoder import Decoder
 from ..errors import FrinkError
 from ..sampling import Sampler, SamplingParams, token_logprob
+from ..speculative import Drafter, SpecParams, verify
 from ..tokenizer import Tokenizer
 from .stops import StopText
 
@@ -64,6 +71,8 @@ class Finish:
     tokens: tuple[int, ...] = ()  # the answer's ids (end-of-generation token excluded)
     stop_sequence: str | None = None  # the stop string that ended it, if one did
     decode_seconds: float = 0.0  # first sampled token -> the end of the answer
+    drafted_tokens: int = 0  # speculative decoding: tokens drafted for the answer
+    accepted_tokens: int = 0  # and how many of them the target kept
 
 
 class Observer(Protocol):
@@ -129,6 +138,9 @@ class _Running:
     first_token: float | None = None
     next_id: int | None = None  # the sampled token the next step feeds
     split: ChannelSplit | None = None  # a harmony chat answer's channels (Job.channels)
+    drafter: Drafter | None = None  # speculative decoding's, for this job alone
+    drafted: int = 0
+    accepted: int = 0
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -150,7 +162,11 @@ class Engine:
         n_ctx: int = 4096,
         prefill_chunk: int = 128,
         max_queue: int = 64,
+        drafter: Callable[[int], Drafter | None] | None = None,
+        spec: SpecParams | None = None,
     ) -> None:
+        """drafter(n_ctx): a fresh drafter for one job (Model.drafter), with `spec` its
+        settings; None: plain decoding."""
         if n_parallel < 1 or prefill_chunk < 1 or max_queue < 0:
             raise FrinkError("--parallel, --prefill-chunk must be >= 1 and --queue >= 0")
         self.decoder = decoder
@@ -159,8 +175,12 @@ class Engine:
         self.n_ctx = n_ctx
         self.prefill_chunk = prefill_chunk
         self.max_queue = max_queue
-        self.slots = [_Slot(decoder.new_cache(n_ctx)) for _ in range(n_parallel)]
+        self.spec = spec if drafter is not None else None
+        self.rewind = self.spec.draft_max if self.spec is not None else 0
+        self.slots = [_Slot(self._new_cache()) for _ in range(n_parallel)]
         self.recurrent = self.slots[0].cache.has_recurrent_state
+        self.drafter = drafter if not self.recurrent else None
+        self.drafted = self.accepted = 0  # speculative decoding's tokens, all jobs together
         self._waiting: deque[Job] = deque()
         self._lock = threading.Condition()
         self._stopping = False
@@ -266,6 +286,9 @@ class Engine:
                 split=ChannelSplit(self.tok, calls=job.tool_calls)
                 if job.channels and self.tok is not None and is_harmony(self.tok)
                 else None,
+                drafter=self.drafter(self.n_ctx)
+                if self.drafter is not None and job.constraint is None
+                else None,
             )
 
     def _reuse(self, slot: _Slot, prompt: list[int]) -> int:
@@ -322,7 +345,7 @@ class Engine:
         budget = self.prefill_chunk
         for r in running:
             if r.next_id is not None:
-                feeds.append((r, [r.next_id]))
+                feeds.append((r, [r.next_id, *self._draft(r)]))
         for r in sorted(running, key=lambda r: r.job.submitted):
             if r.next_id is None and r.pending and budget > 0:
                 # A whole chunk or none (the oldest prompt always gets one): a prompt is cut
@@ -334,17 +357,22 @@ class Engine:
                 feeds.append((r, take))
         if not feeds:
             return
+        drafting = [r.next_id is not None and len(ids) > 1 for r, ids in feeds]
         try:
-            logits = self.decoder.step_batch(
-                [(np.asarray(ids, dtype=np.int64), r.slot.cache) for r, ids in feeds]
+            logits = self.decoder.step_batch_rows(
+                [(np.asarray(ids, dtype=np.int64), r.slot.cache) for r, ids in feeds], drafting
             )
         except Exception as e:  # noqa: BLE001 - one bad step must not take the server down
             for r, _ in feeds:
                 self._fail(r, f"generation failed: {type(e).__name__}: {e}")
             return
         self.steps += 1
-        for (r, ids), row in zip(feeds, logits):
+        for (r, ids), rows, drafted in zip(feeds, logits, drafting):
             r.slot.tokens.extend(ids)
+            if drafted:
+                self._verify(r, ids[1:], rows)
+                continue
+            row = rows[-1]
             if r.next_id is None:
                 del r.pending[: len(ids)]
                 if r.pending:
@@ -354,7 +382,55 @@ class Engine:
             r.next_id = None
             self._advance(r, row)
 
-    def _advance(self, r: _Running, logits: np.ndarray) -> None:
+    def _draft(self, r: _Running) -> list[int]:
+        """The tokens to verify after r's next one: none without a drafter, or where the
+        answer or the context has no room for them."""
+        if r.drafter is None or self.spec is None:
+            return []
+        room = min(
+            self.spec.draft_max,
+            r.job.max_tokens - r.generated - 1,
+            self.n_ctx - r.slot.cache.n_past - 2,
+        )
+        least = max(self.spec.draft_min, 1)
+        draft = r.drafter.draft(r.history, room) if room >= least else []
+        return draft if len(draft) >= least else []
+
+    def _verify(self, r: _Running, draft: list[int], rows: np.ndarray) -> None:
+        """rows: the logits after r's next token and after each drafted one. The tokens the
+        target emits (the kept drafts, then its own), the cache taken back to them."""
+        history = list(r.history)
+        tokens: list[int] = []
+        for i, row in enumerate(rows):
+            proposed = draft[i] if i < len(draft) else None
+            if proposed is None:
+                tok = r.sampler.sample(row, history)
+            else:
+                tok = verify(r.sampler, row, history, proposed)
+            tokens.append(tok)
+            history.append(tok)
+            if tok != proposed:
+                break
+        kept = len(tokens) - 1
+        self.drafted += len(draft)
+        self.accepted += kept
+        r.drafted += len(draft)
+        r.accepted += kept
+        keep = r.slot.cache.n_past - len(draft) + kept
+        r.slot.cache.truncate(keep)
+        del r.slot.tokens[keep:]
+        for tok, row in zip(tokens, rows):
+            r.next_id = None
+            self._advance(r, row, tok)
+            if r.next_id is None:  # the answer ended (or failed, or was cancelled)
+                return
+
+    def _new_cache(self) -> KvCache:
+        return self.decoder.new_cache(self.n_ctx, rewind=self.rewind)
+
+    def _advance(self, r: _Running, logits: np.ndarray, chosen: int | None = None) -> None:
+        """The job's next token (sampled from logits, or `chosen` by verification) sent on,
+        or its answer ended."""
         job = r.job
         if job.cancelled.is_set():
             self._release(r.slot)
@@ -367,7 +443,7 @@ class Engine:
         constraint = job.constraint
         try:
             allowed = constraint.allowed() if constraint is not None else None
-            token = r.sampler.sample(logits, r.history, allowed)
+            token = r.sampler.sample(logits, r.history, allowed) if chosen is None else chosen
             if token in self.eog and not job.ignore_eos:
                 self._finish(r, "stop")
                 return
@@ -428,6 +504,8 @@ class Engine:
             answer,
             r.text.hit,
             now - first,
+            r.drafted,
+            r.accepted,
         )
         if self.observer is not None:  # first: counted before the client hears of it
             self.observer.finished(done)
@@ -436,7 +514,7 @@ class Engine:
 
     def _fail(self, r: _Running, message: str) -> None:
         # The cache may hold a half-written step: that slot starts over.
-        r.slot.cache = self.decoder.new_cache(self.n_ctx)
+        r.slot.cache = self._new_cache()
         r.slot.tokens.clear()
         r.slot.snapshots.clear()
         if not r.job.cancelled.is_set():

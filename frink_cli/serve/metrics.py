@@ -50,6 +50,14 @@ class Metrics:
         self.finished_requests = Counter(
             "frink_requests_finished", "Finished requests by finish reason", ["reason"], registry=r
         )
+        self.drafted_tokens = Counter(
+            "frink_spec_draft_tokens", "Speculative decoding: tokens drafted", registry=r
+        )
+        self.accepted_tokens = Counter(
+            "frink_spec_accepted_tokens",
+            "Speculative decoding: drafted tokens the target kept",
+            registry=r,
+        )
         self.ttft = Histogram(
             "frink_time_to_first_token_seconds",
             "Submit to first sampled token, per request",
@@ -77,6 +85,8 @@ class Metrics:
         self.prompt_tokens.inc(finish.prompt_tokens)
         self.generated_tokens.inc(finish.completion_tokens)
         self.finished_requests.labels(finish.reason).inc()
+        self.drafted_tokens.inc(finish.drafted_tokens)
+        self.accepted_tokens.inc(finish.accepted_tokens)
         self.ttft.observe(finish.first_token_seconds)
         if finish.completion_tokens > 1:
             self.tpot.observe(finish.decode_seconds / (finish.completion_tokens - 1))

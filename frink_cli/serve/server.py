@@ -67,6 +67,7 @@ def serve(
 ) -> None:
     import uvicorn
 
+    spec = model.speculation[0] if model.speculation is not None else None
     engine = Engine(
         model.decoder,
         model.tokenizer,
@@ -74,7 +75,11 @@ def serve(
         n_ctx=n_ctx,
         prefill_chunk=prefill_chunk,
         max_queue=max_queue,
+        drafter=model.drafter if spec is not None else None,
+        spec=spec,
     )
+    if spec is not None and engine.drafter is None:
+        announce("speculative decoding is off: recurrent layers cannot take back a draft")
     model_id, names = model_names(model, alias)
     sock = bind(host, port)
     state = ServerState(
