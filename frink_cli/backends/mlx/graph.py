@@ -229,9 +229,7 @@ def _heads_first(x: mx.array) -> mx.array:
     return x.transpose(1, 0, 2)[None]
 
 
-def _top_k(
-    p: mx.array, select: mx.array, k: int, renormalize: bool
-) -> tuple[mx.array, mx.array]:
+def _top_k(p: mx.array, select: mx.array, k: int, renormalize: bool) -> tuple[mx.array, mx.array]:
     """The k best selection scores' ids [T, k] and their probabilities (renormalized)."""
     ids = mx.argsort(-select, axis=-1)[:, :k]
     wts = mx.take_along_axis(p, ids, axis=-1)
