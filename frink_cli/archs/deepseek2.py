@@ -31,6 +31,7 @@ from ..model.config import LayerShape, ModelConfig
 from ..model.weights import LayerWeights, Linear, TensorReader
 from .base import Arch, get
 from .decoder import DecoderConfig, decoder_ext, extended, with_ext
+from .deepseek2_hf import DeepseekHf
 
 _GATING = {1: "softmax", 2: "sigmoid"}
 
@@ -129,7 +130,7 @@ class Deepseek2Config(DecoderConfig):
         return mla_attention(ops, self.mla, w, h, *at)
 
 
-class Deepseek2(Arch):
+class Deepseek2(DeepseekHf, Arch):
     name = "deepseek2"
     ext_class = Deepseek2Config
 
