@@ -90,10 +90,10 @@ class Deepseek2Config(DecoderConfig):
         a = self.mla
         if a is not None:
             rows += [
-                ("query width", a.n_head * (a.head_dim_nope + a.rope_dim)),
+                ("key_length_mla x heads", a.n_head * (a.head_dim_nope + a.rope_dim)),
                 ("kv_lora_rank + rope dim", a.kv_lora_rank + a.rope_dim),
                 ("q_lora_rank", a.q_lora_rank),
-                ("value width", a.n_head * a.head_dim_v),
+                ("value_length_mla x heads", a.n_head * a.head_dim_v),
             ]
         return rows
 
