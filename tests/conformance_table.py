@@ -621,6 +621,15 @@ TABLE: tuple[Arch, ...] = (
         greedy_min=LONG_GREEDY,
         converter=Converter(),
         cuda=Cuda(("deepseek_v3",), every_layer="head_matmul: not implemented"),
+        metal=Metal(
+            ("deepseek_v3", "deepseek_v2_lite"),
+            per_token=("deepseek_v3", "deepseek_v2_lite"),
+            decode=("deepseek_v3", "deepseek_v2_lite"),
+            generate=True,
+            state=("k",),
+            state_fixtures=("deepseek_v3",),
+            state_in_every_layer=True,
+        ),
         decorations=_DEEPSEEK2_OFF,
     ),
 )

@@ -46,13 +46,13 @@ def test_the_cache_holds_the_latent_and_the_rope_key_per_token(
     assert per_token_layer == KV_LORA + ROPE
     full = N_HEAD * (NOPE + ROPE + V)
     assert full == 176 and full / per_token_layer == pytest.approx(4.4)
-    # A run writes [latent | k_pe] rows there; the values are a view of their latent part.
+    # A run writes [latent | k_pe] rows there, read back as the keys and the values.
     run = m.decoder.new_cache(n_ctx)
     m.decoder.step(tokens[:12], run)
     for slot in run.slots:
         k, v = slot.by_position()
-        assert k.shape[0::2] == (1, KV_LORA + ROPE) and np.shares_memory(k, v)
-        assert np.array_equal(v, k[..., :KV_LORA]) and np.all(np.any(k[0, :12] != 0, axis=-1))
+        assert k.shape[0::2] == (1, KV_LORA + ROPE) and v is k
+        assert np.all(np.any(k[0, :12] != 0, axis=-1))
 
 
 def test_info_names_the_latent_cache_and_the_groups(tiny_model: Callable) -> None:

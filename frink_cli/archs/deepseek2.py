@@ -59,8 +59,9 @@ class Deepseek2Config(DecoderConfig):
     yarn_mscale: float | None = None
 
     def layer_shape(self, cfg: ModelConfig, layer: int) -> LayerShape:
+        # The attention's values are its keys' rows (graph/blocks/mla.py): V as wide as K.
         shape = super().layer_shape(cfg, layer)
-        return dataclasses.replace(shape, mixer="mla")
+        return dataclasses.replace(shape, mixer="mla", head_dim_v=shape.head_dim_k)
 
     def info(self) -> dict[str, Any]:
         out = super().info()

@@ -37,8 +37,8 @@ def layer_slot(
     window, n_kv = shape.window, shape.n_head_kv
     kv: AttentionKv
     hk, hv = shape.head_dim_k, shape.head_dim_v  # the layer's own
-    if shape.mixer == "mla":  # [latent | k_pe] rows; the values are their latent part
-        return LatentKv(hk, hv, n_ctx, types=types)
+    if shape.mixer == "mla":  # [latent | k_pe] rows, the values the same rows
+        return LatentKv(hk, n_ctx, types=types)
     if windowed and window is not None and window < n_ctx:
         kv = WindowKv(n_kv, hk, hv, n_ctx, window, types=types)
     else:

@@ -6,13 +6,14 @@ rotated key part k_pe (rope_dim wide) shared by every head:
     q = W_q h,  or  W_qb rms(W_qa h)                       [T, H, nope + rope]
     [c | k_pe] = W_kva h;  c = rms(c);  k_pe, q_pe rotated
     q_abs[h] = W_UK[h] q_nope[h]                            [T, H, kv_lora]
-    softmax(scale [q_abs | q_pe] . [c | k_pe]) c            (MQA: one KV head)
+    softmax(scale [q_abs | q_pe] . [c | k_pe]) c            (MQA: one KV head, V = K)
     out[h] = W_UV[h] (the above);  W_o out
 
 which equals attention with per-head keys [W_UK[h]^T c | k_pe] and values W_UV[h]^T c (the
 expanded form transformers runs), as llama.cpp's deepseek2 graph runs it for every batch.
-The cache holds [c | k_pe] per token (kv_lora_rank + rope_dim values); the value rows are
-its first kv_lora_rank columns (cache/latent.py).
+The cache holds [c | k_pe] per token (kv_lora_rank + rope_dim values) and the attention
+reads those rows as its values too (cache/latent.py); of its output only the latent
+columns are kept, so every backend's attention runs with K and V of one width.
 """
 
 from __future__ import annotations
@@ -55,12 +56,13 @@ def mla_attention(ops: Ops[A], m: MlaConfig, w: Any, h: A, pos: Any, kv: Any, ro
     k_pe = ops.rope_(ops.concat([ckv[:, c:]]).reshape(T, 1, r), pos, rope)
     q_abs = ops.head_matmul(q[..., :nope], w.k_b)  # [T, H, kv_lora]
     query = ops.concat([q_abs, q_pe])
-    key = ops.concat([latent, k_pe.reshape(T, r)]).reshape(T, 1, c + r)
-    value = latent.reshape(T, 1, c)
+    row = ops.concat([latent, k_pe.reshape(T, r)]).reshape(T, 1, c + r)
 
     def core(kv: Any, pos: Any, q: A, k: A | None, v: A | None) -> A:
         return ops.attention(q, k, v, kv, pos, None, m.scale, None)
 
-    out = each_sequence(ops, kv, pos, core, query, key, value)  # [T, H * kv_lora]
-    out = ops.head_matmul(out.reshape(T, H, c), w.v_b)  # [T, H, v]
+    # The values are the whole rows (V = K, one buffer); of each head's output only the
+    # latent columns are kept.
+    out = each_sequence(ops, kv, pos, core, query, row, row)  # [T, H * (kv_lora + rope)]
+    out = ops.head_matmul(out.reshape(T, H, c + r)[..., :c], w.v_b)  # [T, H, v]
     return ops.linear(out.reshape(T, H * m.head_dim_v), w.wo)
