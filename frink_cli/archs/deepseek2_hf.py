@@ -54,7 +54,7 @@ def _split_kv_b(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
 
 def _count(hp: dict[str, Any], key: str) -> int:
     """config.json's hp[key], which must be a non-negative integer."""
-    value = hp.get(key)
+    value: Any = hp.get(key)
     if not is_uint(value):
         raise FrinkError(f"config.json: {key!r} must be a non-negative integer, got {value!r}")
     return int(value)
