@@ -1,6 +1,6 @@
 """Per-layer caches behind one protocol (protocol.py): full-attention K/V, a sliding-window
-K/V that keeps only its window, and gated-delta-net recurrent state; KvCache holds one slot
-per layer and the sequence's length."""
+K/V that keeps only its window, an MLA layer's latent rows (latent.py), and gated-delta-net
+recurrent state; KvCache holds one slot per layer and the sequence's length."""
 
 from .attention import AttentionKv, WindowKv
 from .batch import BatchSlot, SeqBatch
