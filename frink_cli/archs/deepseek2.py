@@ -215,7 +215,7 @@ class Deepseek2(DeepseekHf, Arch):
             sc, attn_factor=sc.attn_factor / (1.0 + 0.1 * math.log(sc.factor))
         )
         cfg = dataclasses.replace(cfg, attn_scale=base * m * m, rope_scaling=rope)
-        return cfg, m * m
+        return cfg, (m * m if m != 1.0 else None)
 
     def _moe(self, ckpt: Checkpoint, cfg: ModelConfig) -> MoeConfig | None:
         """The routed experts as llama.cpp's deepseek2 reads them (None: no MoE layer)."""
