@@ -92,7 +92,7 @@ def host_formats(fmt: str, types: Any) -> dict[str, str]:
 def positions(cfg: Any) -> str:
     """How the model knows where a token is, in words: ALiBi, rope with its scaling, or
     nothing at all (no attention layer: a recurrent model reads order from its state)."""
-    if all(cfg.layer_shape(i).mixer != "attention" for i in range(cfg.n_layer)):
+    if all(cfg.layer_shape(i).mixer not in ("attention", "mla") for i in range(cfg.n_layer)):
         return "none (no attention layers)"
     decorations = cfg.decorations()
     if decorations.get("no_rope"):
@@ -140,7 +140,7 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
     tok = load_tokenizer(ckpt)
     facts = checkpoint_facts(ckpt)
     blocks = cfg.ext.info()
-    sections = {name: blocks.get(name) for name in ("gdn", "mamba", "shortconv", "moe")}
+    sections = {name: blocks.get(name) for name in ("gdn", "mamba", "shortconv", "moe", "mla")}
     return {
         "path": str(path),
         "format": ckpt.format,
@@ -345,11 +345,31 @@ def _print_mixers(d: dict[str, Any], line: Callable[[str, str], None]) -> None:
             gating = f", {moe['gating']} router" + (" + expert bias" if moe["expert_bias"] else "")
         if moe.get("weights_before"):
             gating += ", weights on the expert inputs"
+        groups = ""
+        if moe.get("groups", 1) > 1:
+            groups = f", top {moe['groups_used']} of {moe['groups']} expert groups"
         line(
             "experts",
             f"{moe['experts']}, top {moe['experts_used']}, expert ffn {moe['expert_ff']}"
-            f"{shared}{gating}",
+            f"{shared}{gating}{groups}",
         )
+    if d["mla"]:
+        _print_mla(d["mla"], line)
+
+
+def _print_mla(a: dict[str, Any], line: Callable[[str, str], None]) -> None:
+    """Multi-head latent attention's sizes and what its cache holds per token."""
+    q = f"q_lora {a['q_lora_rank']}" if a["q_lora_rank"] else "plain wq"
+    line(
+        "latent attn",
+        f"kv_lora {a['kv_lora_rank']}, {q}, head dims nope {a['head_dim_nope']} + rope "
+        f"{a['rope_dim']}, v {a['head_dim_v']}",
+    )
+    line(
+        "cache",
+        f"{a['cache']}: {a['cache_floats_per_token']} floats per token per layer "
+        f"(full K/V: {a['full_kv_floats_per_token']})",
+    )
 
 
 def _print_backends(

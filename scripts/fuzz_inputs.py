@@ -324,6 +324,118 @@ def llama4_ggufs() -> dict[str, Gguf]:
     }
 
 
+# --- deepseek2 (issue 31): MLA and grouped-routing metadata --------------------------------
+DS_KV_LORA, DS_Q_LORA, DS_ROPE, DS_NOPE, DS_V, DS_EXPERTS, DS_FF_EXP = 16, 16, 4, 4, 8, 4, 8
+
+
+def deepseek2_base() -> Gguf:
+    """A valid two-layer deepseek2 (a dense layer, then 4 experts in 2 groups with a
+    shared expert and a selection bias; MLA with q_lora_rank) on the base's tokenizer."""
+    rng = np.random.default_rng(1)
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, np.float32)
+
+    arch = "deepseek2"
+    kvs = [(k.replace("llama.", f"{arch}."), t, v) for k, t, v in base_kvs()]
+    kvs = [kv for kv in kvs if not kv[0].endswith((".block_count", ".rope.dimension_count"))]
+    kvs[0] = ("general.architecture", STR, arch)
+    kvs += [
+        (f"{arch}.block_count", U32, 2),
+        (f"{arch}.rope.dimension_count", U32, DS_ROPE),
+        (f"{arch}.attention.head_count_kv", U32, 1),
+        (f"{arch}.attention.key_length", U32, DS_KV_LORA + DS_ROPE),
+        (f"{arch}.attention.value_length", U32, DS_KV_LORA),
+        (f"{arch}.attention.key_length_mla", U32, DS_NOPE + DS_ROPE),
+        (f"{arch}.attention.value_length_mla", U32, DS_V),
+        (f"{arch}.attention.kv_lora_rank", U32, DS_KV_LORA),
+        (f"{arch}.attention.q_lora_rank", U32, DS_Q_LORA),
+        (f"{arch}.leading_dense_block_count", U32, 1),
+        (f"{arch}.expert_count", U32, DS_EXPERTS),
+        (f"{arch}.expert_used_count", U32, 2),
+        (f"{arch}.expert_group_count", U32, 2),
+        (f"{arch}.expert_group_used_count", U32, 1),
+        (f"{arch}.expert_gating_func", U32, 2),
+        (f"{arch}.expert_feed_forward_length", U32, DS_FF_EXP),
+        (f"{arch}.expert_shared_count", U32, 1),
+        (f"{arch}.expert_weights_scale", F32, 2.5),
+        (f"{arch}.expert_weights_norm", BOOL, True),
+    ]
+    kvs = [kv for kv in kvs if kv[0] != f"{arch}.attention.head_count_kv"] + [
+        (f"{arch}.attention.head_count_kv", U32, 1)
+    ]
+    nq = N_HEAD * (DS_NOPE + DS_ROPE)
+    t = {"token_embd.weight": w(N_VOCAB, N_EMBD), "output_norm.weight": ones(N_EMBD)}
+    for i in range(2):
+        p = f"blk.{i}."
+        t |= {
+            p + "attn_norm.weight": ones(N_EMBD),
+            p + "attn_q_a.weight": w(DS_Q_LORA, N_EMBD),
+            p + "attn_q_a_norm.weight": ones(DS_Q_LORA),
+            p + "attn_q_b.weight": w(nq, DS_Q_LORA),
+            p + "attn_kv_a_mqa.weight": w(DS_KV_LORA + DS_ROPE, N_EMBD),
+            p + "attn_kv_a_norm.weight": ones(DS_KV_LORA),
+            p + "attn_k_b.weight": w(N_HEAD, DS_KV_LORA, DS_NOPE),
+            p + "attn_v_b.weight": w(N_HEAD, DS_V, DS_KV_LORA),
+            p + "attn_output.weight": w(N_EMBD, N_HEAD * DS_V),
+            p + "ffn_norm.weight": ones(N_EMBD),
+        }
+    t |= {
+        "blk.0.ffn_gate.weight": w(N_FF, N_EMBD),
+        "blk.0.ffn_up.weight": w(N_FF, N_EMBD),
+        "blk.0.ffn_down.weight": w(N_EMBD, N_FF),
+        "blk.1.ffn_gate_inp.weight": w(DS_EXPERTS, N_EMBD),
+        "blk.1.exp_probs_b.bias": w(DS_EXPERTS),
+        "blk.1.ffn_gate_exps.weight": w(DS_EXPERTS, DS_FF_EXP, N_EMBD),
+        "blk.1.ffn_up_exps.weight": w(DS_EXPERTS, DS_FF_EXP, N_EMBD),
+        "blk.1.ffn_down_exps.weight": w(DS_EXPERTS, N_EMBD, DS_FF_EXP),
+        "blk.1.ffn_gate_shexp.weight": w(DS_FF_EXP, N_EMBD),
+        "blk.1.ffn_up_shexp.weight": w(DS_FF_EXP, N_EMBD),
+        "blk.1.ffn_down_shexp.weight": w(N_EMBD, DS_FF_EXP),
+    }
+    return Gguf(kvs, [(k, v, 0, None) for k, v in t.items()])
+
+
+def deepseek2_hostile() -> dict[str, tuple[bytes, str]]:
+    """deepseek2 files with one MLA or routing field made hostile -> (file, the name the
+    refusal must carry)."""
+    g = deepseek2_base()
+    key = "deepseek2."
+    cases: dict[str, tuple[Gguf, str]] = {
+        "kv_lora_zero": (_with(g, key + "attention.kv_lora_rank", U32, 0), "kv_lora_rank"),
+        "kv_lora_huge": (_with(g, key + "attention.kv_lora_rank", U32, 2**31), "kv_lora_rank"),
+        "q_lora_huge": (_with(g, key + "attention.q_lora_rank", U32, 2**31), "q_lora_rank"),
+        "key_mla_zero": (_with(g, key + "attention.key_length_mla", U32, 0), "key_length_mla"),
+        "key_mla_huge": (
+            _with(g, key + "attention.key_length_mla", U32, 2**31),
+            "key_length_mla",
+        ),
+        "value_mla_huge": (
+            _with(g, key + "attention.value_length_mla", U32, 2**31),
+            "value",
+        ),
+        "groups_not_dividing": (_with(g, key + "expert_group_count", U32, 3), "expert_group_count"),
+        "groups_zero_size": (_with(g, key + "expert_group_count", U32, 4), "expert_group_count"),
+        "groups_used_over": (
+            _with(g, key + "expert_group_used_count", U32, 3),
+            "expert_group_used_count",
+        ),
+        "shared_count_huge": (
+            _with(g, key + "expert_shared_count", U32, 2**31),
+            "expert_shared_count",
+        ),
+        "gating_unknown": (_with(g, key + "expert_gating_func", U32, 7), "expert_gating_func"),
+        "dense_lead_mismatch": (
+            _with(g, key + "leading_dense_block_count", U32, 2),
+            "leading_dense_block_count",
+        ),
+    }
+    return {k: (v.encode(), why) for k, (v, why) in cases.items()}
+
+
 def empty_tokens_gguf(n: int = 2_000_000) -> bytes:
     """Many empty token strings in a small file: memory must follow the file, not the count."""
     return _with(base(), "tokenizer.ggml.tokens", ARR, (STR, [""] * n)).encode()
@@ -668,6 +780,9 @@ def cases(n_random: int, seed: int, work: Path) -> Iterator[Case]:
         yield _gguf_case("crafted", name, data, work)
     for name, files in crafted_hf().items():
         yield _hf_case(name, files, work)
+    yield _gguf_case("deepseek2", "valid", deepseek2_base().encode(), work)
+    for name, (data, _) in deepseek2_hostile().items():
+        yield _gguf_case("deepseek2", name, data, work)
     for i, t in enumerate(HOSTILE_TEMPLATES):
         yield _template_case(f"hostile {i}", t)
 

@@ -540,6 +540,90 @@ _GPT_OSS: dict[str, Any] = dict(
     tie_word_embeddings=False,
 )
 
+# --- deepseek2 (issue 31): multi-head latent attention, grouped MoE routing, YaRN mscale ---
+# V3-style: the Q low-rank path (q_a -> norm -> q_b), sigmoid scoring with the selection
+# bias and 4 groups of 2 experts (top 2 groups), a leading dense layer, YaRN x4 with
+# mscale_all_dim (the softmax scale moves too); K (nope + rope) and V head widths differ.
+_DEEPSEEK_MLA: dict[str, Any] = dict(
+    _COMMON,
+    num_key_value_heads=4,
+    num_hidden_layers=3,
+    kv_lora_rank=32,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=16,
+    v_head_dim=20,
+    moe_intermediate_size=32,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+)
+_DEEPSEEK_V3: dict[str, Any] = dict(
+    _DEEPSEEK_MLA,
+    q_lora_rank=48,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    n_group=4,
+    topk_group=2,
+    routed_scaling_factor=2.5,
+    norm_topk_prob=True,
+    rope_interleave=True,
+    rope_parameters={
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    },
+)
+# V2-Lite-style: plain wq (no q_lora_rank), softmax scoring, no groups, no renormalization.
+# 26 layers: llama.cpp reads no q_lora_rank only for its "lite" layer counts (26, 27).
+_DEEPSEEK_V2_LITE: dict[str, Any] = dict(
+    _DEEPSEEK_MLA,
+    num_hidden_layers=26,
+    q_lora_rank=None,
+    n_routed_experts=8,
+    num_experts_per_tok=3,
+    n_group=1,
+    topk_group=1,
+    topk_method="greedy",
+    routed_scaling_factor=1.5,
+    norm_topk_prob=False,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+)
+_DEEPSEEK_SPECS = [
+    TinySpec(
+        "deepseek_v3",
+        "DeepseekV3ForCausalLM",
+        "DeepseekV3Config",
+        _DEEPSEEK_V3,
+        seed=131,
+        buffer_overrides={"e_score_correction_bias": (0.0, 0.05)},
+        # As released configs state them (transformers' class has no such field; llama.cpp's
+        # converter writes the gating function only from scoring_func).
+        config_overrides={"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
+        greedy=24,
+        notes="MLA with q_lora_rank (kv_lora 32, rope 8, nope 16, v 20), 1 dense + 2 MoE "
+        "layers (8 experts top 2 in 4 groups top 2, sigmoid + selection bias, x2.5, "
+        "renormalized), a shared expert, YaRN x4 with mscale_all_dim 1",
+    ),
+    TinySpec(
+        "deepseek_v2_lite",
+        "DeepseekV2ForCausalLM",
+        "DeepseekV2Config",
+        _DEEPSEEK_V2_LITE,
+        seed=132,
+        config_overrides={"scoring_func": "softmax"},
+        greedy=24,
+        notes="MLA without q_lora_rank, 1 dense + 25 MoE layers (8 experts top 3, softmax, "
+        "x1.5, not renormalized), a shared expert",
+    ),
+]
+
+
 SPECS: dict[str, TinySpec] = {
     s.name: s
     for s in [
@@ -1222,6 +1306,8 @@ SPECS: dict[str, TinySpec] = {
             "routed from the normed residual; no per-layer embeddings, no KV sharing",
         ),
     ]
+    # deepseek2 (issue 31)
+    + _DEEPSEEK_SPECS
 }
 
 

@@ -172,6 +172,38 @@ def _router_ones(moe: Any) -> Mapping[str, Any]:
     return {"router_norm": np.ones_like(moe.router_norm) * moe.router_norm.shape[0] ** -0.5}
 
 
+# --- deepseek2 (issue 31) -------------------------------------------------------------------
+def _moe(**changes: Any) -> Callable[[ModelConfig], Mapping[str, Any]]:
+    return lambda cfg: {"moe": dataclasses.replace(cfg.ext.moe, **changes)}
+
+
+_DEEPSEEK2_OFF = (
+    Off(
+        "no yarn softmax mscale",
+        "deepseek_v3",
+        lambda cfg: {
+            "mla": dataclasses.replace(cfg.ext.mla, scale=cfg.ext.mla.scale / cfg.ext.yarn_mscale)
+        },
+    ),
+    Off("no yarn", "deepseek_v3", {"rope_scaling": None, "rope_scale": 1.0}),
+    Off("no expert groups", "deepseek_v3", _moe(n_group=1, topk_group=1)),
+    Off("no selection bias", "deepseek_v3", layer=in_block("moe", lambda m: {"probs_b": None})),
+    Off("no routed scaling", "deepseek_v3", _moe(weights_scale=1.0)),
+    Off("no renormalization", "deepseek_v3", _moe(norm_topk=False)),
+    Off("softmax for sigmoid", "deepseek_v3", _moe(gating="softmax")),
+    Off("no shared expert", "deepseek_v3", layer=in_block("moe", lambda m: {"down_shexp": None})),
+    Off("no q_a norm", "deepseek_v3", layer=lambda lw: {"q_a_norm": np.ones_like(lw.q_a_norm)}),
+    Off("no kv_a norm", "deepseek_v3", layer=lambda lw: {"kv_a_norm": np.ones_like(lw.kv_a_norm)}),
+    Off("no routed scaling", "deepseek_v2_lite", _moe(weights_scale=1.0)),
+    Off("sigmoid for softmax", "deepseek_v2_lite", _moe(gating="sigmoid")),
+    Off(
+        "no shared expert",
+        "deepseek_v2_lite",
+        layer=in_block("moe", lambda m: {"down_shexp": None}),
+    ),
+)
+
+
 @dataclass(frozen=True)
 class Arch:
     """One architecture's row of the conformance table.
@@ -612,5 +644,23 @@ TABLE: tuple[Arch, ...] = (
             state_in_every_layer=True,
         ),
         refuses_truncation=_MAMBA2_SCAN,
+    ),
+    # deepseek2 (issue 31)
+    Arch(
+        "deepseek2",
+        ("deepseek_v3", "deepseek_v2_lite"),
+        greedy_min=LONG_GREEDY,
+        converter=Converter(),
+        cuda=Cuda(("deepseek_v3",), every_layer="head_matmul: not implemented"),
+        metal=Metal(
+            ("deepseek_v3", "deepseek_v2_lite"),
+            per_token=("deepseek_v3", "deepseek_v2_lite"),
+            decode=("deepseek_v3", "deepseek_v2_lite"),
+            generate=True,
+            state=("k",),
+            state_fixtures=("deepseek_v3",),
+            state_in_every_layer=True,
+        ),
+        decorations=_DEEPSEEK2_OFF,
     ),
 )

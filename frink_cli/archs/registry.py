@@ -12,6 +12,7 @@ from .base import Arch
 from .bert import Bert
 from .bitnet import Bitnet
 from .deci import Deci
+from .deepseek2 import Deepseek2
 from .falcon_h1 import FalconH1
 from .gemma3 import Gemma3
 from .gemma4 import Gemma4
@@ -61,6 +62,8 @@ _ARCHS: tuple[Arch, ...] = (
     Mamba(),
     Lfm2(),
     Lfm2Moe(),
+    # deepseek2 (issue 31)
+    Deepseek2(),
     Mamba2(),
     GraniteHybrid(),
     FalconH1(),

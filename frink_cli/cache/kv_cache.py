@@ -16,6 +16,7 @@ from ..errors import FrinkError
 from ..model.config import ModelConfig
 from .attention import AttentionKv, ChunkKv, SharedKv, WindowKv
 from .kv_types import F32_CACHE, OPTION_K, OPTION_V, CacheTypes, check_width
+from .latent import LatentKv, check_latent_types
 from .protocol import KvSlot, LayerSlot, RecurrentSlot
 from .recurrent import ParallelSlot, RecurrentState
 
@@ -38,6 +39,8 @@ def layer_slot(
     window, n_kv = shape.window, shape.n_head_kv
     kv: AttentionKv
     hk, hv = shape.head_dim_k, shape.head_dim_v  # the layer's own
+    if shape.mixer == "mla":  # [latent | k_pe] rows, the values the same rows
+        return LatentKv(hk, n_ctx, types=types)
     if windowed and window is not None and window < n_ctx:
         kv = WindowKv(n_kv, hk, hv, n_ctx, window, types=types, rewind=rewind)
     elif windowed and shape.chunk is not None and shape.chunk < n_ctx:
@@ -56,7 +59,9 @@ def check_cache_types(cfg: ModelConfig, types: CacheTypes) -> None:
         shape = cfg.layer_shape(layer)
         if cfg.is_recurrent(layer) and shape.mixer != "attention+mamba2":
             continue
-        if shape.n_head_kv:
+        if shape.mixer == "mla":
+            check_latent_types(types)
+        elif shape.n_head_kv:
             check_width(types.k, shape.head_dim_k, OPTION_K)
             check_width(types.v, shape.head_dim_v, OPTION_V)
 

@@ -158,6 +158,11 @@ class Ops(Protocol[A]):
         log(floor((p + 1) / floor_scale) + 1) * s + 1."""
         ...
 
+    def head_matmul(self, x: A, w: A) -> A:
+        """Per head, a matrix times the head's rows: x [T, H, a], w [H, b, a] ->
+        [T, H, b] (MLA's absorbed key and value projections)."""
+        ...
+
     # --- gated delta net -------------------------------------------------------------------
     def causal_conv(self, x: A, tail: A, taps: A) -> tuple[A, A]:
         """Depthwise causal conv of x [T, C] after `tail` [K-1, C], taps [C, K] oldest first
@@ -197,6 +202,22 @@ class Ops(Protocol[A]):
         probabilities are softmax(logits) or (gating "sigmoid") sigmoid(logits); the top k
         is taken over probabilities + bias [n_expert] when given, highest first; the weights
         are the unbiased probabilities of the chosen, renormalized to sum to 1 when asked."""
+        ...
+
+    def route_grouped(
+        self,
+        logits: A,
+        k: int,
+        renormalize: bool,
+        gating: str,
+        bias: A | None,
+        n_group: int,
+        topk_group: int,
+    ) -> tuple[A, A]:
+        """route() with the experts in n_group consecutive groups: each group scored by
+        the sum of its two best selection scores (probabilities + bias), the top
+        topk_group groups kept and the top k taken over their experts only (DeepSeek V3's
+        grouped routing, llama.cpp's n_expert_groups / n_group_used)."""
         ...
 
     def experts(self, x: A, ids: A, weights: A, moe: Any, act: str) -> A:

@@ -201,6 +201,24 @@ class TraceOps:
         rows = (np.shape(logits)[0], k)
         return np.zeros(rows, np.int64), placeholder(rows)
 
+    def route_grouped(
+        self,
+        logits: Any,
+        k: int,
+        renormalize: bool,
+        gating: str,
+        bias: Any,
+        n_group: int,
+        topk_group: int,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        self._record("route_grouped", (logits,), k=k, gating=gating, bias=bias is not None)
+        rows = (np.shape(logits)[0], k)
+        return np.zeros(rows, np.int64), placeholder(rows)
+
+    def head_matmul(self, x: Any, w: Any) -> np.ndarray:
+        self._record("head_matmul", (x, w))
+        return placeholder((*np.shape(x)[:2], np.shape(w)[1]))
+
     def experts(self, x: Any, ids: Any, weights: Any, moe: Any, act: str) -> np.ndarray:
         biases = getattr(moe, "gate_up_exps_b", None) is not None
         return self._same("experts", x, ids, weights, act=act, biases=biases)

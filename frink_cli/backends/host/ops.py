@@ -20,6 +20,7 @@ from .gdn import causal_conv, l2_normalize
 from .gdn import delta_rule as _delta_rule
 from .linear import linear, product, row_sequences
 from .moe import route as _route
+from .moe import route_grouped as _route_grouped
 from .norms import layer_norm, rms_norm
 from .rope import Rope
 from .ssm import selective_scan as _selective_scan
@@ -113,6 +114,9 @@ class HostOps:
             return attend_chunked(q, K, V, first, pos, chunk, (softcap, slopes, sinks))
         return attend(q, K, V, first, pos, window, softcap, slopes, sinks, causal)
 
+    def head_matmul(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return np.matmul(x.transpose(1, 0, 2), w.transpose(0, 2, 1)).transpose(1, 0, 2)
+
     def causal_conv(
         self, x: np.ndarray, tail: np.ndarray, taps: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -128,6 +132,7 @@ class HostOps:
     delta_rule = staticmethod(_delta_rule)
     selective_scan = staticmethod(_selective_scan)
     route = staticmethod(_route)
+    route_grouped = staticmethod(_route_grouped)
 
     def experts(
         self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, moe: MoeWeights, act: str

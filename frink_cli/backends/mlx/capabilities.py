@@ -59,6 +59,8 @@ MLX_OPS: Capabilities = {
             "delta_rule",
             "selective_scan",
             "route",
+            "route_grouped",
+            "head_matmul",
         ),
         supported,
     ),

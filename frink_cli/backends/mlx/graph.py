@@ -235,6 +235,15 @@ def _heads_first(x: mx.array) -> mx.array:
     return x.transpose(1, 0, 2)[None]
 
 
+def _top_k(p: mx.array, select: mx.array, k: int, renormalize: bool) -> tuple[mx.array, mx.array]:
+    """The k best selection scores' ids [T, k] and their probabilities (renormalized)."""
+    ids = mx.argsort(-select, axis=-1)[:, :k]
+    wts = mx.take_along_axis(p, ids, axis=-1)
+    if renormalize:
+        wts = wts / wts.sum(axis=-1, keepdims=True)
+    return ids, wts
+
+
 class MlxOps:
     """The Ops interface (graph/ops.py) as lazy MLX expressions, traced by mx.compile."""
 
@@ -421,11 +430,29 @@ class MlxOps:
     ) -> tuple[mx.array, mx.array]:
         p = mx.sigmoid(logits) if gating == "sigmoid" else mx.softmax(logits, axis=-1)
         select = p if bias is None else p + bias  # the bias moves the selection only
-        ids = mx.argsort(-select, axis=-1)[:, :k]  # [T, k]
-        wts = mx.take_along_axis(p, ids, axis=-1)
-        if renormalize:
-            wts = wts / wts.sum(axis=-1, keepdims=True)
-        return ids, wts
+        return _top_k(p, select, k, renormalize)
+
+    def route_grouped(
+        self,
+        logits: mx.array,
+        k: int,
+        renormalize: bool,
+        gating: str,
+        bias: mx.array | None,
+        n_group: int,
+        topk_group: int,
+    ) -> tuple[mx.array, mx.array]:
+        p = mx.sigmoid(logits) if gating == "sigmoid" else mx.softmax(logits, axis=-1)
+        select = p if bias is None else p + bias
+        T, E = select.shape
+        # Each group's score: the sum of its two best; the topk_group best groups kept.
+        score = mx.sort(select.reshape(T, n_group, E // n_group), axis=-1)[..., -2:].sum(-1)
+        floor = mx.sort(score, axis=-1)[:, n_group - topk_group][:, None]
+        keep = mx.repeat(score >= floor, E // n_group, axis=-1)
+        return _top_k(p, mx.where(keep, select, -mx.inf), k, renormalize)
+
+    def head_matmul(self, x: mx.array, w: mx.array) -> mx.array:
+        return mx.matmul(x.transpose(1, 0, 2), w.transpose(0, 2, 1)).transpose(1, 0, 2)
 
     def experts(
         self, x: mx.array, ids: mx.array, wts: mx.array, m: DeviceMoe, act: str

@@ -39,21 +39,37 @@ class MoeConfig:
     # Each chosen expert's input is the row times its weight, the expert's output then
     # added unweighted (llama.cpp's weight_before_ffn, Llama 4).
     weights_before: bool = False
+    # Grouped routing (DeepSeek V3): the experts in n_group consecutive groups, the top k
+    # taken over the topk_group best groups only (llama.cpp's n_expert_groups /
+    # n_group_used); 1 / 1: no groups.
+    n_group: int = 1
+    topk_group: int = 1
+
+    @property
+    def grouped(self) -> bool:
+        """Grouped routing changes the selection (some group is left out)."""
+        return self.n_group > 1 and self.topk_group < self.n_group
 
 
 def moe(ops: Ops[A], m: MoeConfig, act: str, w: Any, h: A) -> A:
     """Softmax (or sigmoid) router, top k (over probabilities plus the expert bias, when
-    the model has one), the chosen weights renormalized when norm_topk and multiplied by
-    weights_scale; each chosen expert's gated FFN weighted by its weight; plus the shared
-    expert, scaled by sigmoid(its gate row) when shared_gate. With weights_before, each
-    chosen expert reads the row times its weight instead. Same arithmetic as llama.cpp's
-    build_moe_ffn with softmax or sigmoid gating and exp_probs_b.
+    the model has one; within the best groups when grouped), the chosen weights
+    renormalized when norm_topk and multiplied by weights_scale; each chosen expert's gated
+    FFN weighted by its weight; plus the shared expert, scaled by sigmoid(its gate row)
+    when shared_gate. With weights_before, each chosen expert reads the row times its
+    weight instead. Same arithmetic as llama.cpp's build_moe_ffn with softmax or sigmoid
+    gating, exp_probs_b and expert groups.
 
     w.inp fuses everything that reads h: the router rows, then (with a gated shared
     expert) its gate row, then the shared expert's gate/up rows."""
     E = m.n_expert
     r = ops.linear(h, w.inp)
-    ids, weights = ops.route(r[:, :E], m.n_expert_used, m.norm_topk, m.gating, w.probs_b)
+    if m.grouped:
+        ids, weights = ops.route_grouped(
+            r[:, :E], m.n_expert_used, m.norm_topk, m.gating, w.probs_b, m.n_group, m.topk_group
+        )
+    else:
+        ids, weights = ops.route(r[:, :E], m.n_expert_used, m.norm_topk, m.gating, w.probs_b)
     if m.weights_scale != 1.0:
         weights = ops.scale_(weights, m.weights_scale)
     if m.weights_before:
