@@ -141,6 +141,7 @@ class Ops(Protocol[A]):
         alibi: tuple[float, ...] | None = None,
         sinks: A | None = None,
         causal: bool = True,
+        bias: A | None = None,
     ) -> A:
         """Write the new rows k [T, Hkv, hk], v [T, Hkv, hv] to the cache view kv, then
         softmax(scale q K^T (softcapped) + causal/window mask) V over every visible row for
@@ -150,7 +151,9 @@ class Ops(Protocol[A]):
         k and v None: a KV-sharing layer's queries, over the rows its source layer wrote
         (kv is that layer's slot, read-only).
         causal False: bidirectional, every row the cache holds is visible to every query
-        (an encoder's mask; no window)."""
+        (an encoder's mask), or with a window those with |query - key position| < window.
+        bias [H, 2c + 1] (odd width): a relative-position score bias, head h's score for a
+        key at d = key - query position gets bias[h, clip(d + c, 0, 2c)]."""
         ...
 
     # --- gated delta net -------------------------------------------------------------------

@@ -151,6 +151,7 @@ class TraceOps:
         alibi: tuple[float, ...] | None = None,
         sinks: Any = None,
         causal: bool = True,
+        bias: Any = None,
     ) -> np.ndarray:
         T, H, hk = np.shape(q)
         hv = np.shape(v)[-1] if v is not None else kv.head_dim_v
@@ -165,6 +166,7 @@ class TraceOps:
             sinks=sinks is not None,
             own_kv=k is not None and v is not None,
             causal=causal,
+            bias=bias is not None,
         )
         return placeholder((T, H * hv))
 

@@ -46,6 +46,8 @@ def _rope(call: OpCall) -> str | None:
 def _attention(call: OpCall) -> str | None:
     if call["causal"] is False:
         return "bidirectional"
+    if call["bias"]:
+        return "relative bias"
     if call["softcap"]:
         return "softcap"
     if call["sinks"]:

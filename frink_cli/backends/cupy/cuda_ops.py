@@ -161,9 +161,12 @@ class CudaOps:
         alibi: tuple[float, ...] | None = None,
         sinks: Any | None = None,
         causal: bool = True,
+        bias: Any | None = None,
     ) -> Any:
-        if not causal:
-            raise NotImplementedError("bidirectional attention (eligibility refuses it)")
+        if not causal or bias is not None:
+            raise NotImplementedError(
+                "bidirectional attention, relative bias (eligibility refuses them)"
+            )
         if softcap:
             raise NotImplementedError("attention logit softcap (eligibility refuses it)")
         if sinks is not None:

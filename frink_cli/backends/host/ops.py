@@ -99,13 +99,14 @@ class HostOps:
         alibi: tuple[float, ...] | None = None,
         sinks: np.ndarray | None = None,
         causal: bool = True,
+        bias: np.ndarray | None = None,
     ) -> np.ndarray:
         # The rows this step's queries see: [Hkv, S, hk], [Hkv, S, hv], row j at first + j.
         first, K, V = kv.append(k, v)
         round_queries_(kv.types.k, q)  # as llama.cpp rounds them against a quantized K
         q *= F32(scale)  # q is a view into this step's own QKV rows
         slopes = _slopes(alibi) if alibi is not None else None
-        return attend(q, K, V, first, pos, window, softcap, slopes, sinks, causal)
+        return attend(q, K, V, first, pos, window, softcap, slopes, sinks, causal, bias)
 
     def causal_conv(
         self, x: np.ndarray, tail: np.ndarray, taps: np.ndarray

@@ -316,9 +316,11 @@ class MlxOps:
         alibi: tuple[float, ...] | None = None,
         sinks: mx.array | None = None,
         causal: bool = True,
+        bias: mx.array | None = None,
     ) -> mx.array:
-        if not causal:
-            raise ValueError("bidirectional attention not carried")  # eligibility refuses it
+        if not causal or bias is not None:
+            # eligibility refuses both
+            raise ValueError("bidirectional attention and a relative bias not carried")
         if softcap:
             raise ValueError("attention logit softcap not carried")  # eligibility refuses it first
         T, H, _ = q.shape
