@@ -44,10 +44,10 @@ def _rope(call: OpCall) -> str | None:
 
 
 def _attention(call: OpCall) -> str | None:
-    if call["causal"] is False:
-        return "bidirectional"
     if call["bias"]:
         return "relative bias"
+    if call["causal"] is False:
+        return "bidirectional"
     if call["softcap"]:
         return "softcap"
     if call["sinks"]:

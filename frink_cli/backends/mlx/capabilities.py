@@ -28,10 +28,10 @@ def _plain(call: OpCall) -> str | None:
 
 
 def _attention(call: OpCall) -> str | None:
-    if call["causal"] is False:
-        return "bidirectional"
     if call["bias"]:
         return "relative bias"
+    if call["causal"] is False:
+        return "bidirectional"
     if call["softcap"]:
         return "softcap"
     if call["own_kv"] and call["head_dim_k"] != call["head_dim_v"]:
