@@ -204,3 +204,49 @@ def test_llama_cpp_has_no_mpnet() -> None:
     sources = [p.read_text(errors="replace") for p in root.rglob("*.py")]
     assert len(sources) > 10
     assert not any("MPNet" in s for s in sources)
+
+
+# --- EmbeddingGemma as a GGUF: llama.cpp's converter and its embedding mode ------------------
+
+
+@pytest.fixture(scope="module")
+def gemma_gguf(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny EmbeddingGemma folder converted by llama.cpp's converter (its EmbeddingGemma
+    class, arch gemma-embedding), the Dense modules written as dense_2 / dense_3."""
+    conv = load_script("llama_cpp_converter")
+    out = tmp_path_factory.mktemp("gemma-gguf") / "embeddinggemma.gguf"
+    try:
+        return conv.convert(
+            folders["embeddinggemma"], out, extra_args=("--sentence-transformers-dense-modules",)
+        )
+    except Exception as e:  # noqa: BLE001 - no converter sources here
+        pytest.skip(f"llama.cpp's converter did not run: {e}")
+
+
+def test_gguf_matches_llama_cpp_and_the_folder(
+    gemma_gguf: Path, folders: dict[str, Path], references: dict[str, np.ndarray]
+) -> None:
+    """The GGUF (no vocabulary: ids from the folder's tokenizer) against llama.cpp's embedding
+    mode on the same file, and against sentence-transformers on the folder."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    hf, gg = api.load(folders["embeddinggemma"]), api.load(gemma_gguf)
+    assert gg.config.arch == "gemma-embedding"
+    assert len(gg.embed_plan.dense) == 2
+    seqs = [hf.embed_tokens(t) for t in TEXTS]
+    got = gg.embed_ids(seqs)
+    llm = llama_cpp.Llama(
+        model_path=str(gemma_gguf),
+        embedding=True,
+        pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN,
+        n_ctx=512,
+        n_batch=512,
+        n_ubatch=512,
+        n_threads=2,
+        verbose=False,
+    )
+    # The file has no vocabulary: embed() tokenizes each input, here an index into seqs.
+    llm.tokenize = lambda text, *a, **k: list(seqs[int(text)])
+    ref = np.array(llm.embed([str(i) for i in range(len(seqs))], normalize=True), np.float32)
+    assert cosines(got, ref).min() >= 0.9999
+    np.testing.assert_allclose(got, ref, atol=5e-4, rtol=0)
+    assert cosines(got, references["embeddinggemma"]).min() >= 0.9999

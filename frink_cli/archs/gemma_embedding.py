@@ -21,10 +21,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..graph.blocks.attention import AttentionSpec
 from ..model.config import LayerShape, ModelConfig
+from ..model.reader import TensorReader
 from .base import get
 from .decoder import DecoderConfig, with_ext
 from .gemma3 import Gemma3
@@ -40,6 +43,23 @@ class EmbeddingGemmaConfig(DecoderConfig):
 
     def embeds_only(self) -> bool:
         return True
+
+    def read_head(self, r: TensorReader, cfg: ModelConfig) -> tuple[np.ndarray, ...]:
+        """A GGUF's Dense matrices after pooling (llama.cpp's dense_2, then dense_3), each
+        [out, in], where the converter wrote them (--sentence-transformers-dense-modules);
+        an HF folder's Dense modules are its modules.json's (embedding.py)."""
+        out: list[np.ndarray] = []
+        width = cfg.n_embd
+        for name in ("dense_2.weight", "dense_3.weight"):
+            if not r.has(name):
+                break
+            rows = r.ckpt.tensors.info(name).shape[0]
+            out.append(r.get(name, (rows, width)))
+            width = rows
+        return tuple(out)
+
+    def pooled_dense(self, head: Any) -> list[Any]:
+        return list(head or ())
 
     def make_attention_spec(self, cfg: ModelConfig, shape: LayerShape) -> AttentionSpec:
         spec = super().make_attention_spec(cfg, shape)
