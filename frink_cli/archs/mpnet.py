@@ -131,19 +131,16 @@ class Mpnet(Bert):
             ignored_note="the pooler, the masked-LM head and position_ids not read",
         ),
     }
-    hf_tensors: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("embeddings.word_embeddings", "token_embd"),
-        ("embeddings.position_embeddings", "position_embd"),
-        ("embeddings.LayerNorm", "token_embd_norm"),
+    # BERT's names but for its attention and token types, which MPNet has its own way.
+    hf_tensors: ClassVar[tuple[tuple[str, str], ...]] = tuple(
+        (hf, gg) for hf, gg in Bert.hf_tensors if "attention" not in hf and "token_type" not in hf
+    ) + (
         ("encoder.relative_attention_bias", "attn_rel_b"),
         ("encoder.layer.{bid}.attention.attn.q", "blk.{bid}.attn_q"),
         ("encoder.layer.{bid}.attention.attn.k", "blk.{bid}.attn_k"),
         ("encoder.layer.{bid}.attention.attn.v", "blk.{bid}.attn_v"),
         ("encoder.layer.{bid}.attention.attn.o", "blk.{bid}.attn_output"),
         ("encoder.layer.{bid}.attention.LayerNorm", "blk.{bid}.attn_output_norm"),
-        ("encoder.layer.{bid}.intermediate.dense", "blk.{bid}.ffn_up"),
-        ("encoder.layer.{bid}.output.dense", "blk.{bid}.ffn_down"),
-        ("encoder.layer.{bid}.output.LayerNorm", "blk.{bid}.layer_output_norm"),
     )
 
     def hf_metadata(self, w: MetadataWriter, notes: list[str]) -> None:
