@@ -150,15 +150,31 @@ def test_info_names_the_decorations(family: str, names: tuple, folders: dict[str
         assert name in line
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_devices_refuse_the_layers_by_name(family: str, folders: dict[str, Path]) -> None:
+def test_cuda_refuses_the_layers_by_name(folders: dict[str, Path]) -> None:
     from frink_cli.backends.cupy import eligibility as cuda
-    from frink_cli.backends.mlx import eligibility as metal
 
-    cfg = api.load(folders[family]).config
-    want = "relative bias" if family == "mpnet" else "bidirectional"
-    assert all(r is not None and want in r for r in cuda.layer_refusals(cfg))
-    assert any(want in r for r in metal.layer_refusals(cfg, 0))
+    for family, want in (("mpnet", "relative bias"), ("embeddinggemma", "bidirectional")):
+        cfg = api.load(folders[family]).config
+        assert all(r is not None and want in r for r in cuda.layer_refusals(cfg))
+
+
+def test_metal_carries_embeddinggemma_and_refuses_mpnet_by_name(folders: dict[str, Path]) -> None:
+    """MLX (on its CPU device here): EmbeddingGemma's bidirectional, symmetric-window layers
+    in one submission, as the host computes them; MPNet's relative bias refused by name, so
+    the host runs it."""
+    pytest.importorskip("mlx.core")
+    import frink_cli
+
+    for family in FAMILIES:
+        host = api.load(folders[family])
+        dev = frink_cli.load(folders[family], backend="metal")
+        ledger = dev.decoder.backend.ledger
+        np.testing.assert_allclose(dev.embed(TEXTS), host.embed(TEXTS), atol=1e-5, rtol=0)
+        if family == "mpnet":
+            assert not ledger.submissions
+            assert set(ledger.refusals) == {"attention: relative bias"}
+        else:
+            assert ledger.total() >= 1 and not ledger.refusals and not ledger.failures
 
 
 def _hostile(folder: Path, tmp_path: Path, **changes: object) -> Path:

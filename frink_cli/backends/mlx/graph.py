@@ -212,12 +212,22 @@ class LayerState:
         return [self.a, self.b, self.c, self.d]
 
 
-def attention_mask(positions: mx.array, capacity: int, window: int | None) -> mx.array:
+def attention_mask(
+    positions: mx.array, capacity: int, window: int | None, causal: bool = True
+) -> mx.array:
+    """Additive mask [T, capacity]: causal, key k visible to the query at p if k <= p (and
+    p - k < window); bidirectional (an encoder's step holds its whole sequence), every key
+    up to the step's last position (and |p - k| < window)."""
     kv = mx.arange(capacity)[None, :]
     p = positions[:, None]
-    visible = kv <= p
-    if window is not None:
-        visible = visible & (p - kv < window)
+    if causal:
+        visible = kv <= p
+        if window is not None:
+            visible = visible & (p - kv < window)
+    else:
+        visible = kv <= mx.max(positions)
+        if window is not None:
+            visible = visible & (mx.abs(p - kv) < window)
     return mx.where(visible, mx.array(0.0, mx.float32), mx.array(-mx.inf, mx.float32))
 
 
@@ -318,9 +328,8 @@ class MlxOps:
         causal: bool = True,
         bias: mx.array | None = None,
     ) -> mx.array:
-        if not causal or bias is not None:
-            # eligibility refuses both
-            raise ValueError("bidirectional attention and a relative bias not carried")
+        if bias is not None:
+            raise ValueError("a relative attention bias not carried")  # eligibility refuses it
         if softcap:
             raise ValueError("attention logit softcap not carried")  # eligibility refuses it first
         T, H, _ = q.shape
@@ -333,7 +342,7 @@ class MlxOps:
             kv.rows = (k4[0], v4[0])
         # (else a KV-sharing layer: kv is its source layer's state, this step's rows in it)
         keys, values = kv.a.astype(q.dtype), kv.b.astype(q.dtype)  # (no-ops for f32)
-        mask = attention_mask(pos.positions, kv.a.shape[2], window)
+        mask = attention_mask(pos.positions, kv.a.shape[2], window, causal)
         if alibi is not None:
             # ALiBi folded into the additive mask: [H, T, capacity], -slope_h * (p - j).
             dist = pos.positions[:, None] - mx.arange(kv.a.shape[2])[None, :]
