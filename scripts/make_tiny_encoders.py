@@ -24,8 +24,19 @@ TOKENIZER_FILES = (
     "vocab.txt",
     "special_tokens_map.json",
 )
-# The borrowed BERT vocabulary's [CLS], [SEP] and [PAD]: the models' bos / eos / pad ids.
-SPECIAL_IDS = {"bos_token_id": 101, "eos_token_id": 102, "pad_token_id": 0}
+# What both models share: the borrowed BERT vocabulary (its [CLS], [SEP] and [PAD] as the
+# bos / eos / pad ids), 64-wide rows in 4 heads, and weights drawn 10x transformers'
+# default (0.02 leaves attention near uniform, so a dropped mask or bias would hardly show).
+SHARED = {
+    "vocab_size": 30522,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_attention_heads": 4,
+    "initializer_range": 0.2,
+    "bos_token_id": 101,
+    "eos_token_id": 102,
+    "pad_token_id": 0,
+}
 # Past MPNet's exact buckets (< 8) and its max_distance (128); past the Gemma window.
 MAX_SEQ = 400
 GEMMA_WINDOW = 8  # config.json's sliding_window: keys with |q - k| <= 4 on the local layers
@@ -70,15 +81,7 @@ def make_mpnet(vocab_dir: Path, out: Path) -> Path:
 
     torch.manual_seed(0)
     cfg = transformers.MPNetConfig(
-        vocab_size=30522,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=96,
-        max_position_embeddings=514,
-        layer_norm_eps=1e-5,
-        initializer_range=0.2,  # (transformers' 0.02 leaves attention near uniform)
-        **SPECIAL_IDS,
+        num_hidden_layers=2, max_position_embeddings=514, layer_norm_eps=1e-5, **SHARED
     )
     model = transformers.MPNetModel(cfg).eval()
     _draw(model)
@@ -95,11 +98,7 @@ def make_embedding_gemma(vocab_dir: Path, out: Path) -> Path:
 
     torch.manual_seed(1)
     cfg = transformers.Gemma3TextConfig(
-        vocab_size=30522,
-        hidden_size=64,
-        intermediate_size=96,
         num_hidden_layers=6,
-        num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=16,
         query_pre_attn_scalar=16,
@@ -109,8 +108,7 @@ def make_embedding_gemma(vocab_dir: Path, out: Path) -> Path:
         rms_norm_eps=1e-6,
         hidden_activation="gelu_pytorch_tanh",
         use_bidirectional_attention=True,
-        initializer_range=0.2,
-        **SPECIAL_IDS,
+        **SHARED,
     )
     model = transformers.Gemma3TextModel(cfg).eval()
     _draw(model)
