@@ -113,7 +113,8 @@ class Model:
                 self._embed_plan = read_plan(Path(self.checkpoint.hf_dir), encoder)
             else:
                 pooling = self.checkpoint.metadata.get(f"{self.config.arch}.pooling_type")
-                self._embed_plan = default_plan(encoder, pooling)
+                dense = self.config.ext.pooled_dense(self.decoder.host.w.arch)
+                self._embed_plan = default_plan(encoder, pooling, dense)
         return self._embed_plan
 
     @embed_plan.setter

@@ -32,8 +32,9 @@ POOLINGS = ("mean", "cls", "last")
 GGUF_POOLING = {1: "mean", 2: "cls", 3: "last"}
 # Inputs per forward: a batch's rows share one step; more inputs run in several.
 BATCH = 32
+IDENTITY = "torch.nn.modules.linear.Identity"
 _ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "torch.nn.modules.linear.Identity": lambda x: x,
+    IDENTITY: lambda x: x,
     "torch.nn.modules.activation.Tanh": np.tanh,
 }
 
@@ -82,12 +83,18 @@ def normalized(v: np.ndarray) -> np.ndarray:
     return (v / np.maximum(n, 1e-12)).astype(np.float32)
 
 
-def default_plan(encoder: bool, pooling_type: Any = None) -> EmbedPlan:
+def default_plan(
+    encoder: bool, pooling_type: Any = None, dense: Sequence[np.ndarray] = ()
+) -> EmbedPlan:
     """The plan of a model with no sentence-transformers modules: a GGUF pooling_type where
-    given, else mean for an encoder and the last token for a decoder; normalized."""
+    given, else mean for an encoder and the last token for a decoder; then the GGUF's Dense
+    matrices (no bias, identity), in order; normalized."""
     if pooling_type is not None and int(pooling_type) in GGUF_POOLING:
-        return EmbedPlan(pooling=GGUF_POOLING[int(pooling_type)])
-    return EmbedPlan(pooling="mean" if encoder else "last")
+        pooling = GGUF_POOLING[int(pooling_type)]
+    else:
+        pooling = "mean" if encoder else "last"
+    layers = [Dense(np.asarray(m, np.float32), None, IDENTITY) for m in dense]
+    return EmbedPlan(pooling=pooling, dense=layers)
 
 
 def check_pooling(pooling: str | None) -> None:

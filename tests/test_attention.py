@@ -24,23 +24,39 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     return str(request.param)
 
 
-def reference(q, K, V, positions, first, window=None, softcap=None, sinks=None, slopes=None):
-    """softmax(q K^T) V per query row and head in float64, key j at position first + j."""
+def reference(
+    q,
+    K,
+    V,
+    positions,
+    first,
+    window=None,
+    softcap=None,
+    sinks=None,
+    slopes=None,
+    causal=True,
+    bias=None,
+):
+    """softmax(q K^T) V per query row and head in float64, key j at position first + j
+    (causal False: every key, or |p - k| < window; bias [H, 2c + 1] by k - p + c, clipped)."""
     T, H, hk = q.shape
     Hkv, S, hv = V.shape
     g = H // Hkv
     out = np.zeros((T, H, hv))
     for t, p in enumerate(positions):
         keys = np.arange(S) + first
-        seen = keys <= p
+        seen = keys <= p if causal else np.ones(S, bool)
         if window is not None:
-            seen &= p - keys < window
+            seen &= (p - keys < window) if causal else (np.abs(p - keys) < window)
         for h in range(H):
             s = K[h // g].astype(np.float64) @ q[t, h].astype(np.float64)
             if softcap:
                 s = np.tanh(s / softcap) * softcap
             if slopes is not None:
                 s = s - slopes[h] * (p - keys)
+            if bias is not None:
+                c = (bias.shape[1] - 1) // 2
+                s = s + bias[h, np.clip(keys - p + c, 0, 2 * c)]
             s = np.where(seen, s, -np.inf)
             m = s.max() if sinks is None else max(s.max(), sinks[h])
             w = np.exp(s - m)
@@ -120,3 +136,59 @@ def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(path: str, decoration: 
         np.testing.assert_array_equal(
             A.attend(q[t0:t1], K, V, 0, np.arange(t0, t1), *args), whole[t0:t1]
         )
+
+
+def _encoder_case(rng: np.random.Generator, T: int) -> tuple[np.ndarray, ...]:
+    Hkv, g, hk = 2, 2, 32
+    K = rng.standard_normal((Hkv, T, hk)).astype(np.float32)
+    V = rng.standard_normal((Hkv, T, hk)).astype(np.float32)
+    q = (rng.standard_normal((T, Hkv * g, hk)) * 0.2).astype(np.float32)
+    bias = rng.standard_normal((Hkv * g, 2 * 9 + 1)).astype(np.float32)
+    return q, K, V, bias
+
+
+@pytest.mark.parametrize("window", [None, 1, 7, 500])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_bidirectional_rows_with_a_symmetric_window_and_a_relative_bias(
+    window: int | None, with_bias: bool
+) -> None:
+    """causal False: each query sees keys on both sides (|p - k| < window with a window);
+    a relative bias table [H, 2c + 1] joins the scores by key - query position, its edge
+    columns for every farther key (T = 150 > 2 * 9 + 1 crosses them)."""
+    rng = np.random.default_rng(5)
+    T = 150
+    q, K, V, table = _encoder_case(rng, T)
+    bias = table if with_bias else None
+    got = A.attend(q, K, V, 0, np.arange(T), window, None, causal=False, bias=bias)
+    want = reference(q, K, V, np.arange(T), 0, window, causal=False, bias=bias)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+def test_a_causal_row_takes_a_relative_bias() -> None:
+    rng = np.random.default_rng(6)
+    q, K, V, bias = _encoder_case(rng, 90)
+    got = A.attend(q, K, V, 0, np.arange(90), 30, None, bias=bias)
+    want = reference(q, K, V, np.arange(90), 0, 30, bias=bias)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+def test_a_bidirectional_rows_bits_do_not_depend_on_the_rows_beside_it(path: str) -> None:
+    """Compiled: a query row over the whole sequence (window, bias) is the same bits asked
+    alone or among any other rows."""
+    if path != "native":
+        pytest.skip("NumPy's sums follow the block's shape")
+    rng = np.random.default_rng(12)
+    T = 120
+    q, K, V, bias = _encoder_case(rng, T)
+    kw: dict = {"causal": False, "bias": bias}
+    whole = A.attend(q, K, V, 0, np.arange(T), 20, None, **kw)
+    for t0, t1 in ((0, 1), (3, 4), (0, 17), (17, 90), (119, 120)):
+        got = A.attend(q[t0:t1], K, V, 0, np.arange(t0, t1), 20, None, **kw)
+        np.testing.assert_array_equal(got, whole[t0:t1])
+
+
+def test_a_bias_of_even_width_is_refused() -> None:
+    rng = np.random.default_rng(7)
+    q, K, V, bias = _encoder_case(rng, 10)
+    with pytest.raises(ValueError, match="attention bias"):
+        A.attend(q, K, V, 0, np.arange(10), None, None, causal=False, bias=bias[:, 1:])

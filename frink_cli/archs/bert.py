@@ -52,16 +52,19 @@ class BertHead:
     """The embedding tables beside the token embeddings (ModelWeights.arch)."""
 
     position_embd: np.ndarray | None  # [n_ctx_train, n_embd]; None where rope positions
-    token_types: np.ndarray  # [n_token_types, n_embd]
+    token_types: np.ndarray | None  # [n_token_types, n_embd]; None where the model has none
 
 
 @dataclass(frozen=True)
 class BertConfig(DecoderConfig):
-    """The post-norm encoder layer; n_token_types: rows of the token-type table;
-    learned_positions: a position table added to the embeddings (else rope in attention)."""
+    """The post-norm encoder layer; n_token_types: rows of the token-type table (0: none);
+    learned_positions: a position table added to the embeddings (else rope in attention);
+    position_offset: the table's row for position 0 (RoBERTa-style tables start after
+    their padding row)."""
 
     n_token_types: int = 2
     learned_positions: bool = True
+    position_offset: int = 0
 
     def embeds_only(self) -> bool:
         return True
@@ -87,24 +90,25 @@ class BertConfig(DecoderConfig):
 
     def read_head(self, r: TensorReader, cfg: ModelConfig) -> BertHead:
         d = cfg.n_embd
-        pos = None
+        pos = types = None
         if self.learned_positions:
-            pos = r.get("position_embd.weight", (cfg.n_ctx_train, d))
-        return BertHead(
-            position_embd=pos,
-            token_types=r.get("token_types.weight", (self.n_token_types, d)),
-        )
+            off = self.position_offset
+            pos = r.get("position_embd.weight", (cfg.n_ctx_train + off, d))[off:]
+        if self.n_token_types:
+            types = r.get("token_types.weight", (self.n_token_types, d))
+        return BertHead(position_embd=pos, token_types=types)
 
     def make_attention_spec(self, cfg: ModelConfig, shape: LayerShape) -> AttentionSpec:
         spec = super().make_attention_spec(cfg, shape)
         return dataclasses.replace(spec, rotates=not self.learned_positions, causal=False)
 
     def embed(self, ops: Ops, cfg: ModelConfig, w: Any, x: Array, lookup: Any) -> Array:
-        """Token rows + position rows (where the model has a table) + token type 0's row,
-        then the embedding LayerNorm."""
+        """Token rows + position rows (where the model has a table) + token type 0's row
+        (where it has a type table), then the embedding LayerNorm."""
         if w.arch.position_embd is not None:
             x = ops.add_(x, lookup(w.arch.position_embd, by_position=True))
-        x = x + w.arch.token_types[0]
+        if w.arch.token_types is not None:
+            x = x + w.arch.token_types[0]
         return ops.layer_norm(x, w.token_embd_norm, w.token_embd_norm_b, cfg.norm_eps)
 
     def compose(

@@ -37,7 +37,7 @@ def read_hf_dir(path: Path) -> Checkpoint:
     hf_dir = Path(path)
     cfg = load_config(hf_dir)
     model_type = cfg.get("model_type")
-    arch = arch_for_model_type(model_type) if isinstance(model_type, str) else None
+    arch = arch_for_model_type(model_type, cfg) if isinstance(model_type, str) else None
     if arch is None:
         raise FrinkError(
             f"{hf_dir / 'config.json'}: unsupported architecture model_type={model_type!r} "

@@ -124,6 +124,11 @@ class Gemma3(GemmaArch):
     swa_pattern = 6
     rope_base_swa = 10000.0
 
+    @classmethod
+    def hf_claims(cls, config: dict[str, Any]) -> bool:
+        # A bidirectional gemma3_text is EmbeddingGemma (archs/gemma_embedding.py).
+        return config.get("use_bidirectional_attention") is not True
+
     def attn_scale_default(self, n_layer: int, n_embd: int, n_head: int, head_dim_k: int) -> float:
         if n_layer == 62:
             # Gemma 3 27B scales by n_embd / n_head (its query_pre_attn_scalar), as

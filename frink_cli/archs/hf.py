@@ -106,6 +106,13 @@ class HfConversion:
     # HF config.json model_type -> how to read that config (several may share one arch).
     hf_model_types: ClassVar[dict[str, HfModelType]] = {}
 
+    @classmethod
+    def hf_claims(cls, config: dict[str, Any]) -> bool:
+        """Whether this architecture serves a config.json of one of its model_types (where
+        two share a model_type, the config's flags choose: gemma3_text's bidirectional
+        attention is gemma-embedding's)."""
+        return True
+
     hf_tensors: ClassVar[tuple[tuple[str, str], ...]] = HF_CORE_TENSORS + (
         ("model.layers.{bid}.post_attention_layernorm", "blk.{bid}.ffn_norm"),
     )

@@ -3,6 +3,8 @@ ModelConfig a checkpoint gets from its architecture."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..model.config import ModelConfig
@@ -16,6 +18,7 @@ from .deepseek2 import Deepseek2
 from .falcon_h1 import FalconH1
 from .gemma3 import Gemma3
 from .gemma4 import Gemma4
+from .gemma_embedding import GemmaEmbedding
 from .gpt_oss import GptOss
 from .granite import Granite, GraniteMoe
 from .granite_hybrid import GraniteHybrid
@@ -23,6 +26,7 @@ from .lfm2 import Lfm2, Lfm2Moe
 from .llama import Llama
 from .llama4 import Llama4
 from .mamba import Mamba, Mamba2
+from .mpnet import Mpnet
 from .nomic_bert import NomicBert
 from .olmo2 import Olmo2
 from .openelm import OpenElm
@@ -70,9 +74,15 @@ _ARCHS: tuple[Arch, ...] = (
     GptOss(),
     Bert(),
     NomicBert(),
+    Mpnet(),
+    GemmaEmbedding(),
 )
 _BY_NAME: dict[str, Arch] = {a.name: a for a in _ARCHS}
-_BY_MODEL_TYPE: dict[str, Arch] = {mt: a for a in _ARCHS for mt in a.hf_model_types}
+# model_type -> the architectures serving it, asked in registry order (Arch.hf_claims).
+_BY_MODEL_TYPE: dict[str, list[Arch]] = {}
+for _arch in _ARCHS:
+    for _mt in _arch.hf_model_types:
+        _BY_MODEL_TYPE.setdefault(_mt, []).append(_arch)
 
 
 def arch_for(name: str) -> Arch | None:
@@ -80,9 +90,13 @@ def arch_for(name: str) -> Arch | None:
     return _BY_NAME.get(name)
 
 
-def arch_for_model_type(model_type: str) -> Arch | None:
-    """The architecture an HF config.json model_type names, or None."""
-    return _BY_MODEL_TYPE.get(model_type)
+def arch_for_model_type(model_type: str, config: dict[str, Any] | None = None) -> Arch | None:
+    """The architecture an HF config.json model_type names (of several, the first that
+    claims `config`), or None."""
+    for arch in _BY_MODEL_TYPE.get(model_type, ()):
+        if config is None or arch.hf_claims(config):
+            return arch
+    return None
 
 
 def registered_archs() -> tuple[Arch, ...]:

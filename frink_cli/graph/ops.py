@@ -143,6 +143,7 @@ class Ops(Protocol[A]):
         causal: bool = True,
         chunk: int | None = None,
         temperature: tuple[float, float] | None = None,
+        bias: A | None = None,
     ) -> A:
         """Write the new rows k [T, Hkv, hk], v [T, Hkv, hv] to the cache view kv, then
         softmax(scale q K^T (softcapped) + causal/window mask) V over every visible row for
@@ -152,10 +153,12 @@ class Ops(Protocol[A]):
         k and v None: a KV-sharing layer's queries, over the rows its source layer wrote
         (kv is that layer's slot, read-only).
         causal False: bidirectional, every row the cache holds is visible to every query
-        (an encoder's mask; no window).
+        (an encoder's mask), or with a window those with |query - key position| < window.
         chunk: the query at p sees only keys at [p // chunk * chunk, p] (no window with it).
         temperature (floor_scale, s): the query at p is first multiplied by
-        log(floor((p + 1) / floor_scale) + 1) * s + 1."""
+        log(floor((p + 1) / floor_scale) + 1) * s + 1.
+        bias [H, 2c + 1] (odd width): a relative-position score bias, head h's score for a
+        key at d = key - query position gets bias[h, clip(d + c, 0, 2c)]."""
         ...
 
     def head_matmul(self, x: A, w: A) -> A:

@@ -153,6 +153,7 @@ class TraceOps:
         causal: bool = True,
         chunk: int | None = None,
         temperature: tuple[float, float] | None = None,
+        bias: Any = None,
     ) -> np.ndarray:
         T, H, hk = np.shape(q)
         hv = np.shape(v)[-1] if v is not None else kv.head_dim_v
@@ -169,6 +170,7 @@ class TraceOps:
             causal=causal,
             chunk=chunk,
             temperature=temperature is not None,
+            bias=bias is not None,
         )
         return placeholder((T, H * hv))
 

@@ -248,6 +248,12 @@ class ArchConfig:
         """The architecture's own head tensors (ModelWeights.arch), or None."""
         return None
 
+    def pooled_dense(self, head: Any) -> list[Any]:
+        """The matrices [out, in] a GGUF embedding model applies, in order and without
+        bias or activation, to its pooled rows (llama.cpp's dense_2 / dense_3), from
+        read_head's result; none by default."""
+        return []
+
     def block(self, name: str) -> Any:
         """The architecture's config of block `name` ("gdn", "mamba", "moe", ...), which a
         layer of that block's kind needs."""

@@ -48,6 +48,8 @@ CHUNKED = "chunked attention / attention temperature"
 
 
 def _attention(call: OpCall) -> str | None:
+    if call["bias"]:
+        return "relative bias"
     if call["causal"] is False:
         return "bidirectional"
     if call["softcap"]:

@@ -163,11 +163,14 @@ class CudaOps:
         causal: bool = True,
         chunk: int | None = None,
         temperature: tuple[float, float] | None = None,
+        bias: Any | None = None,
     ) -> Any:
         if chunk is not None or temperature is not None:
             raise NotImplementedError("chunked attention / temperature (eligibility refuses it)")
-        if not causal:
-            raise NotImplementedError("bidirectional attention (eligibility refuses it)")
+        if not causal or bias is not None:
+            raise NotImplementedError(
+                "bidirectional attention, relative bias (eligibility refuses them)"
+            )
         if softcap:
             raise NotImplementedError("attention logit softcap (eligibility refuses it)")
         if sinks is not None:

@@ -62,6 +62,23 @@ def _causal_tail(n: int) -> np.ndarray:
     return m
 
 
+def key_ranges(
+    positions: np.ndarray, first: int, n_keys: int, window: int | None, causal: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per query, the key positions [lo, hi) it sees over a cache whose rows hold positions
+    [first, first + n_keys). Causal: [p - window + 1, p] (from 0 without a window).
+    Bidirectional: every row (an encoder's sequence), or with a window the symmetric
+    |p - k| < window, cut to the rows held."""
+    p = np.asarray(positions, dtype=np.int64)
+    if causal:
+        lo = np.maximum(p - window + 1, 0) if window is not None else np.zeros_like(p)
+        return lo, p + 1
+    end = first + n_keys
+    if window is None:
+        return np.full_like(p, first), np.full_like(p, end)
+    return np.maximum(p - window + 1, first), np.minimum(p + window, end)
+
+
 def attend(
     q: np.ndarray,
     K: np.ndarray | Coded,
@@ -73,22 +90,30 @@ def attend(
     slopes: np.ndarray | None = None,
     sinks: np.ndarray | None = None,
     causal: bool = True,
+    bias: np.ndarray | None = None,
 ) -> np.ndarray:
     """softmax(q K^T + mask) V for scaled queries q [T, H, hk] at `positions` over keys
     K [Hkv, S, hk] and values V [Hkv, S, hv], key row j at position first + j (a window
     cache holds no rows before its window); returns [T, H * hv]. slopes [H]: ALiBi, each
     head's scores get -slope_h * (query position - key position). sinks [H]: each head's
     sink logit joins its softmax's denominator (and its max), with no value. K, V: f32
-    rows or a cache type's `Coded` rows. causal False: no mask at all, every key row is
-    visible to every query (an encoder; no window)."""
-    if not causal:
-        # Every query "stands" after the last key: the causal arithmetic with nothing hidden.
-        assert window is None, "bidirectional attention has no window"
-        positions = np.full(len(positions), first + K.shape[1] - 1)
+    rows or a cache type's `Coded` rows. causal False: bidirectional, every key row is
+    visible to every query, or with a window those with |query - key position| < window.
+    bias [H, 2c + 1] (odd width): head h's score for a key at distance d = key - query
+    position gets bias[h, clip(d + c, 0, 2c)] (a relative-position bias whose edge columns
+    stand for every farther distance)."""
+    if bias is not None and (
+        bias.ndim != 2 or bias.shape[0] != q.shape[1] or bias.shape[1] % 2 == 0
+    ):
+        raise ValueError(f"attention bias must be [{q.shape[1]}, odd], not {bias.shape}")
+    keys = key_ranges(positions, first, K.shape[1], window, causal)
+    extra = (softcap, slopes, sinks, bias)
     if not isinstance(K, Coded) and not isinstance(V, Coded):
-        out = rowwise.attend(q, K, V, first, positions, (window, softcap, slopes, sinks))
+        out = rowwise.attend(q, K, V, first, positions, keys, extra)
         if out is not None:
             return out
+    if not causal or bias is not None:
+        return _attend_ranges(q, as_f32(K), as_f32(V), first, positions, keys, extra)
     T, H, hk = q.shape
     if T == 1:
         return _attend_row(q, K, V, first, int(positions[0]), window, softcap, slopes, sinks)
@@ -174,6 +199,54 @@ def temperature_factors(positions: np.ndarray, floor_scale: float, scale: float)
     log(floor((p + 1) / floor_scale) + 1) * scale + 1."""
     p = positions.astype(np.float64)
     return (np.log(np.floor((p + 1.0) / floor_scale) + 1.0) * scale + 1.0).astype(np.float32)
+
+
+def _attend_ranges(
+    q: np.ndarray,
+    K: np.ndarray,
+    V: np.ndarray,
+    first: int,
+    positions: np.ndarray,
+    keys: tuple[np.ndarray, np.ndarray],
+    extra: rowwise.Decorations,
+) -> np.ndarray:
+    """NumPy's attend where each query t sees the keys at positions [lo[t], hi[t]) of any
+    shape (bidirectional, symmetric windows) and the scores may carry a relative bias:
+    each block of QUERY_BLOCK rows against the keys any of its rows sees, the rest masked."""
+    softcap, slopes, sinks, bias = extra
+    T, H, hk = q.shape
+    Hkv, hv = K.shape[0], V.shape[2]
+    g = H // Hkv
+    lo_all, hi_all = keys
+    pos = np.asarray(positions, dtype=np.int64)
+    out = np.empty((T, H, hv), np.float32)
+    head_sinks = sinks.reshape(1, H, 1).astype(np.float32) if sinks is not None else None
+
+    def block(r0: int) -> None:
+        r1 = min(T, r0 + QUERY_BLOCK)
+        p, lo, hi = pos[r0:r1, None], lo_all[r0:r1, None], hi_all[r0:r1, None]
+        a, b = int(lo.min()), int(hi.max())
+        kp = np.arange(a, b)[None, :]  # [1, n] key positions
+        qb = q[r0:r1].reshape(r1 - r0, Hkv, g, hk)
+        scores = np.einsum("tkgd,ksd->tkgs", qb, K[:, a - first : b - first]).reshape(
+            r1 - r0, H, b - a
+        )
+        _softcap_(scores, softcap)
+        if slopes is not None:
+            scores -= slopes[None, :, None] * (p - kp).astype(np.float32)[:, None, :]
+        if bias is not None:
+            c = (bias.shape[1] - 1) // 2
+            cols = np.clip(kp - p + c, 0, 2 * c)  # [Tb, n]
+            scores += bias[:, cols].transpose(1, 0, 2)
+        scores += np.where((kp >= lo) & (kp < hi), np.float32(0), np.float32(-np.inf))[:, None, :]
+        total = _exp_(scores, head_sinks)
+        o = np.einsum(
+            "tkgs,ksd->tkgd", scores.reshape(r1 - r0, Hkv, g, b - a), V[:, a - first : b - first]
+        )
+        out[r0:r1] = o.reshape(r1 - r0, H, hv) / total
+
+    _each_block(block, T)
+    return out.reshape(T, H * hv)
 
 
 def _each_block(block: Callable[[int], None], T: int) -> None:

@@ -102,6 +102,7 @@ class HostOps:
         causal: bool = True,
         chunk: int | None = None,
         temperature: tuple[float, float] | None = None,
+        bias: np.ndarray | None = None,
     ) -> np.ndarray:
         # The rows this step's queries see: [Hkv, S, hk], [Hkv, S, hv], row j at first + j.
         first, K, V = kv.append(k, v)
@@ -112,7 +113,7 @@ class HostOps:
         slopes = _slopes(alibi) if alibi is not None else None
         if chunk is not None:
             return attend_chunked(q, K, V, first, pos, chunk, (softcap, slopes, sinks))
-        return attend(q, K, V, first, pos, window, softcap, slopes, sinks, causal)
+        return attend(q, K, V, first, pos, window, softcap, slopes, sinks, causal, bias)
 
     def head_matmul(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         return np.matmul(x.transpose(1, 0, 2), w.transpose(0, 2, 1)).transpose(1, 0, 2)

@@ -352,24 +352,36 @@ static inline float dot_lanes(const float *a, const float *b, Py_ssize_t n) {
 
 typedef struct {
     rows_of q, k, v, out;
-    float softcap;      /* 0: none */
+    float softcap;       /* 0: none */
     const float *slopes; /* [H] or NULL */
     const float *sinks;  /* [H] or NULL */
+    const float *bias;   /* [H, 2 * center + 1] or NULL: a score bias by key - query position */
+    Py_ssize_t center;   /* the bias table's column for key position == query position */
 } attend_args;
 
-/* One query row's head against keys [j0, j0 + n) of its KV head kvh (key i at distance
- * n - 1 - i from the query): softmax(q k^T) v into out, the scores in s [n]. Each key's score
- * is dot_lanes, the denominator a sum of 8 lanes in key order, each output element a sum in
- * key order normalized last: the same bits whatever rows or chunk the query came in. */
+/* One query row's head against keys [j0, j0 + n) of its KV head kvh, key i at distance
+ * d0 - i from the query (query position minus key position): softmax(q k^T) v into out, the
+ * scores in s [n]. Each key's score is dot_lanes, the denominator a sum of 8 lanes in key
+ * order, each output element a sum in key order normalized last: the same bits whatever rows
+ * or chunk the query came in. The bias column of key i is center - d0 + i, clipped to the
+ * table (its edge columns stand for every farther distance). */
 VECTORIZED
 static void attend_head(const attend_args *A, const float *q, Py_ssize_t kvh, Py_ssize_t j0,
-                        Py_ssize_t n, Py_ssize_t h, float *s, float *out) {
+                        Py_ssize_t n, Py_ssize_t d0, Py_ssize_t h, float *s, float *out) {
     const Py_ssize_t hk = A->k.n, hv = A->v.n, base = kvh * A->k.b + j0;
     for (Py_ssize_t i = 0; i < n; i++) s[i] = dot_lanes(q, row_at(&A->k, base + i), hk);
     if (A->softcap != 0.0f)
         for (Py_ssize_t i = 0; i < n; i++) s[i] = A->softcap * tanhf(s[i] / A->softcap);
     if (A->slopes)
-        for (Py_ssize_t i = 0; i < n; i++) s[i] -= A->slopes[h] * (float)(n - 1 - i);
+        for (Py_ssize_t i = 0; i < n; i++) s[i] -= A->slopes[h] * (float)(d0 - i);
+    if (A->bias) {
+        const Py_ssize_t last = 2 * A->center;
+        const float *row = A->bias + h * (last + 1);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const Py_ssize_t c = A->center - d0 + i;
+            s[i] += row[c < 0 ? 0 : c > last ? last : c];
+        }
+    }
     float m = A->sinks ? A->sinks[h] : -INFINITY;
     for (Py_ssize_t i = 0; i < n; i++) m = s[i] > m ? s[i] : m;
     for (Py_ssize_t i = 0; i < n; i++) s[i] = exp_f32(s[i] - m);
@@ -404,9 +416,10 @@ static int optional_vector(PyObject *o, Py_ssize_t n, const char *what, Py_buffe
     return 0;
 }
 
-/* Checks every shape and each query's keys against the cache; the longest key run, or -1. */
-static Py_ssize_t attend_check(const attend_args *A, const int64_t *p, Py_ssize_t first,
-                               Py_ssize_t window) {
+/* Checks every shape and each query's key range [lo, hi) against the cache; the longest
+ * range, or -1. */
+static Py_ssize_t attend_check(const attend_args *A, const int64_t *lo, const int64_t *hi,
+                               Py_ssize_t first) {
     const Py_ssize_t T = A->q.a, H = A->q.b, Hkv = A->k.a, S = A->k.b;
     if (A->q.view.ndim != 3 || A->k.view.ndim != 3 || A->v.view.ndim != 3 ||
         A->out.view.ndim != 3 || Hkv < 1 || H % Hkv || A->k.n != A->q.n || A->v.a != Hkv ||
@@ -417,43 +430,63 @@ static Py_ssize_t attend_check(const attend_args *A, const int64_t *p, Py_ssize_
     }
     Py_ssize_t most = 0;
     for (Py_ssize_t t = 0; t < T; t++) {
-        const Py_ssize_t lo = window > 0 && p[t] - window + 1 > 0 ? p[t] - window + 1 : 0;
-        if (lo < first || p[t] + 1 - first > S) {
-            PyErr_Format(PyExc_ValueError, "the cache's rows [%zd, %zd) miss keys position %lld sees",
-                         first, first + S, (long long)p[t]);
+        if (lo[t] < first || hi[t] <= lo[t] || hi[t] - first > S) {
+            PyErr_Format(PyExc_ValueError, "the cache's rows [%zd, %zd) miss keys [%lld, %lld)",
+                         first, first + S, (long long)lo[t], (long long)hi[t]);
             return -1;
         }
-        most = p[t] + 1 - lo > most ? p[t] + 1 - lo : most;
+        most = hi[t] - lo[t] > most ? hi[t] - lo[t] : most;
     }
     return most;
 }
 
+/* An int64 [n] argument, held in view. */
+static int int64_vector(PyObject *o, Py_ssize_t n, const char *what, Py_buffer *view) {
+    if (PyObject_GetBuffer(o, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)) return -1;
+    if (view->ndim != 1 || view->itemsize != 8 || !view->format ||
+        (strcmp(view->format, "q") && strcmp(view->format, "l")) || view->shape[0] != n) {
+        PyErr_Format(PyExc_ValueError, "%s must be int64 [%zd]", what, n);
+        return -1;
+    }
+    return 0;
+}
+
+/* The bias table: None, or float32 [H, 2 * center + 1]. */
+static int bias_table(PyObject *o, Py_ssize_t H, Py_buffer *view, attend_args *A) {
+    A->bias = NULL;
+    if (o == Py_None) return 0;
+    if (PyObject_GetBuffer(o, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)) return -1;
+    if (!view->format || strcmp(view->format, "f") || view->ndim != 2 || view->shape[0] != H ||
+        view->shape[1] != 2 * A->center + 1 || A->center < 0) {
+        PyErr_Format(PyExc_ValueError, "bias must be float32 [%zd, 2 * center + 1]", H);
+        return -1;
+    }
+    A->bias = (const float *)view->buf;
+    return 0;
+}
+
 static PyObject *py_attend(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *qo, *ko, *vo, *po, *so, *sko, *oo;
-    Py_ssize_t first, window;
+    PyObject *qo, *ko, *vo, *po, *loo, *hio, *so, *sko, *bo, *oo;
+    Py_ssize_t first;
     int threads;
     attend_args A;
     memset(&A, 0, sizeof A);
-    if (!PyArg_ParseTuple(args, "OOOnOnfOOOi", &qo, &ko, &vo, &first, &po, &window, &A.softcap,
-                          &so, &sko, &oo, &threads))
+    if (!PyArg_ParseTuple(args, "OOOnOOOfOOOnOi", &qo, &ko, &vo, &first, &po, &loo, &hio,
+                          &A.softcap, &so, &sko, &bo, &A.center, &oo, &threads))
         return NULL;
-    Py_buffer pos = {0}, slopes = {0}, sinks = {0};
+    Py_buffer pos = {0}, lov = {0}, hiv = {0}, slopes = {0}, sinks = {0}, bias = {0};
     PyObject *ret = NULL;
     float *scratch = NULL;
     if (get_rows(qo, 0, "q", &A.q) || get_rows(ko, 0, "K", &A.k) || get_rows(vo, 0, "V", &A.v) ||
-        get_rows(oo, 1, "out", &A.out) || PyObject_GetBuffer(po, &pos, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT))
+        get_rows(oo, 1, "out", &A.out) || int64_vector(po, A.q.a, "positions", &pos) ||
+        int64_vector(loo, A.q.a, "lo", &lov) || int64_vector(hio, A.q.a, "hi", &hiv) ||
+        optional_vector(so, A.q.b, "slopes", &slopes, &A.slopes) ||
+        optional_vector(sko, A.q.b, "sinks", &sinks, &A.sinks) || bias_table(bo, A.q.b, &bias, &A))
         goto done;
-    if (pos.ndim != 1 || pos.itemsize != 8 || !pos.format ||
-        (strcmp(pos.format, "q") && strcmp(pos.format, "l")) || pos.shape[0] != A.q.a) {
-        PyErr_Format(PyExc_ValueError, "positions must be int64 [%zd]", A.q.a);
-        goto done;
-    }
-    if (optional_vector(so, A.q.b, "slopes", &slopes, &A.slopes) ||
-        optional_vector(sko, A.q.b, "sinks", &sinks, &A.sinks))
-        goto done;
-    const int64_t *p = (const int64_t *)pos.buf;
-    const Py_ssize_t most = attend_check(&A, p, first, window);
+    const int64_t *p = (const int64_t *)pos.buf, *lo = (const int64_t *)lov.buf,
+                  *hi = (const int64_t *)hiv.buf;
+    const Py_ssize_t most = attend_check(&A, lo, hi, first);
     if (most < 0) goto done;
     const Py_ssize_t T = A.q.a, H = A.q.b, g = H / A.k.a, items = T * H;
     const int nt = threads_for(items * most * (A.q.n + A.v.n), threads);
@@ -471,16 +504,16 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
         float *s = scratch;
 #endif
         const Py_ssize_t t = it / H, h = it % H;
-        const Py_ssize_t lo = window > 0 && p[t] - window + 1 > 0 ? p[t] - window + 1 : 0;
-        attend_head(&A, row_at(&A.q, it), h / g, lo - first, p[t] + 1 - lo, h, s, row_at(&A.out, it));
+        attend_head(&A, row_at(&A.q, it), h / g, lo[t] - first, hi[t] - lo[t], p[t] - lo[t], h, s,
+                    row_at(&A.out, it));
     }
     Py_END_ALLOW_THREADS
     ret = Py_NewRef(Py_None);
 done:
     PyMem_RawFree(scratch);
-    if (sinks.obj) PyBuffer_Release(&sinks);
-    if (slopes.obj) PyBuffer_Release(&slopes);
-    if (pos.obj) PyBuffer_Release(&pos);
+    Py_buffer *views[] = {&bias, &sinks, &slopes, &hiv, &lov, &pos};
+    for (size_t i = 0; i < sizeof views / sizeof *views; i++)
+        if (views[i]->obj) PyBuffer_Release(views[i]);
     release(&A.out);
     release(&A.v);
     release(&A.k);
@@ -524,8 +557,9 @@ static PyMethodDef METHODS[] = {
     {"glu", py_glu, METH_VARARGS,
      "glu(h, act (0 silu, 1 gelu_tanh), out, threads): out = act(gate) * up, h = [gate | up]"},
     {"attend", py_attend, METH_VARARGS,
-     "attend(q, K, V, first, pos int64, window (0 none), softcap (0 none), slopes | None, "
-     "sinks | None, out, threads): softmax(q K^T) V per query row and head, each row alone"},
+     "attend(q, K, V, first, pos int64, lo int64, hi int64, softcap (0 none), slopes | None, "
+     "sinks | None, bias | None, center, out, threads): softmax(q K^T + bias) V per query row "
+     "and head over its keys [lo, hi), each row alone"},
     {"exp", py_exp, METH_VARARGS, "exp(x, out): the e^x the activations use"},
     {NULL, NULL, 0, NULL},
 };

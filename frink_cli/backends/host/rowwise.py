@@ -90,9 +90,10 @@ def glu(h: np.ndarray, act: str) -> np.ndarray | None:
     return out
 
 
-# An attention's decorations, as attention.attend takes them: (window, softcap, ALiBi slopes
-# [H], sink logits [H]), each None where absent.
-Decorations = tuple[int | None, float | None, np.ndarray | None, np.ndarray | None]
+# An attention's decorations, as attention.attend takes them: (softcap, ALiBi slopes [H], sink
+# logits [H], a relative score bias [H, 2c + 1] by key - query position + c), each None where
+# absent.
+Decorations = tuple[float | None, np.ndarray | None, np.ndarray | None, np.ndarray | None]
 
 
 def attend(
@@ -101,23 +102,27 @@ def attend(
     V: np.ndarray,
     first: int,
     positions: np.ndarray,
+    keys: tuple[np.ndarray, np.ndarray],
     extra: Decorations,
 ) -> np.ndarray | None:
-    """softmax(q K^T + mask) V as attention.attend takes it ([T, H, hk] scaled queries, keys
-    [Hkv, S, hk] and values [Hkv, S, hv], key row j at position first + j), each query row
-    and head on its own in one fixed order: a row's output is the same bits whatever rows,
-    chunk or batch it comes in, on any thread count and instruction set. [T, H * hv]; None
-    where the C does not take the arrays (then attention.py's NumPy runs)."""
+    """softmax(q K^T + bias) V as attention.attend takes it ([T, H, hk] scaled queries, keys
+    [Hkv, S, hk] and values [Hkv, S, hv], key row j at position first + j), query t over
+    the keys at positions [lo[t], hi[t]) (keys = (lo, hi)), each query row and head on its
+    own in one fixed order: a row's output is the same bits whatever rows, chunk or batch
+    it comes in, on any thread count and instruction set. [T, H * hv]; None where the C
+    does not take the arrays (then attention.py's NumPy runs)."""
     if _C is None or not all(_takes(a) and a.ndim == 3 for a in (q, K, V)):
         return None
-    window, softcap, slopes, sinks = extra
+    softcap, slopes, sinks, bias = extra
     T, H, _ = q.shape
     out = np.empty((T, H, V.shape[2]), F32)
-    pos = np.ascontiguousarray(positions, dtype=np.int64)
+    pos, lo, hi = (np.ascontiguousarray(a, dtype=np.int64) for a in (positions, *keys))
     vectors = [None if a is None else np.ascontiguousarray(a, dtype=F32) for a in (slopes, sinks)]
+    table = None if bias is None else np.ascontiguousarray(bias, dtype=F32)
+    center = 0 if table is None else (table.shape[-1] - 1) // 2
     threads = kernels.current_threads()
     _C.attend(
-        q, K, V, int(first), pos, int(window or 0), float(softcap or 0), *vectors, out, threads
+        q, K, V, int(first), pos, lo, hi, float(softcap or 0), *vectors, table, center, out, threads
     )
     return out.reshape(T, H * V.shape[2])
 

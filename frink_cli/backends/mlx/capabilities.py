@@ -3,8 +3,9 @@ they carry: what `layer_refusals` asks of each layer's trace. Importing it never
 MLX, so `frink info --backend metal` answers anywhere.
 
 Every primitive of the block library is traced into the compiled graph; attention is
-SDPA over the device mirror (windows, ALiBi, sinks, KV sharing) without a logit softcap
-and with V heads as wide as K's; the activations are SiLU and GELU-tanh, gated or not,
+SDPA over the device mirror (windows, ALiBi, sinks, KV sharing, bidirectional with a
+symmetric window) without a logit softcap, a relative score bias, or V heads narrower or
+wider than K's; the activations are SiLU and GELU-tanh, gated or not,
 and SwiGLU-OAI gated.
 """
 
@@ -28,8 +29,8 @@ def _plain(call: OpCall) -> str | None:
 
 
 def _attention(call: OpCall) -> str | None:
-    if call["causal"] is False:
-        return "bidirectional"
+    if call["bias"]:
+        return "relative bias"
     if call["softcap"]:
         return "softcap"
     if call["own_kv"] and call["head_dim_k"] != call["head_dim_v"]:

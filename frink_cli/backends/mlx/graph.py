@@ -213,15 +213,26 @@ class LayerState:
 
 
 def attention_mask(
-    positions: mx.array, capacity: int, window: int | None, chunk: int | None = None
+    positions: mx.array,
+    capacity: int,
+    window: int | None,
+    causal: bool = True,
+    chunk: int | None = None,
 ) -> mx.array:
-    """Additive mask [T, capacity]: key j visible to the query at p if j <= p, and within
-    the window (p - j < window) or the query's chunk (j // chunk == p // chunk)."""
+    """Additive mask [T, capacity]: causal, key k visible to the query at p if k <= p (and
+    p - k < window, and k in p's chunk: k // chunk == p // chunk); bidirectional (an
+    encoder's step holds its whole sequence), every key up to the step's last position (and
+    |p - k| < window)."""
     kv = mx.arange(capacity)[None, :]
     p = positions[:, None]
-    visible = kv <= p
-    if window is not None:
-        visible = visible & (p - kv < window)
+    if causal:
+        visible = kv <= p
+        if window is not None:
+            visible = visible & (p - kv < window)
+    else:
+        visible = kv <= mx.max(positions)
+        if window is not None:
+            visible = visible & (mx.abs(p - kv) < window)
     if chunk is not None:
         visible = visible & (kv // chunk == p // chunk)
     return mx.where(visible, mx.array(0.0, mx.float32), mx.array(-mx.inf, mx.float32))
@@ -333,9 +344,10 @@ class MlxOps:
         causal: bool = True,
         chunk: int | None = None,
         temperature: tuple[float, float] | None = None,
+        bias: mx.array | None = None,
     ) -> mx.array:
-        if not causal:
-            raise ValueError("bidirectional attention not carried")  # eligibility refuses it
+        if bias is not None:
+            raise ValueError("a relative attention bias not carried")  # eligibility refuses it
         if softcap:
             raise ValueError("attention logit softcap not carried")  # eligibility refuses it first
         T, H, _ = q.shape
@@ -348,7 +360,7 @@ class MlxOps:
             kv.rows = (k4[0], v4[0])
         # (else a KV-sharing layer: kv is its source layer's state, this step's rows in it)
         keys, values = kv.a.astype(q.dtype), kv.b.astype(q.dtype)  # (no-ops for f32)
-        mask = attention_mask(pos.positions, kv.a.shape[2], window, chunk)
+        mask = attention_mask(pos.positions, kv.a.shape[2], window, causal, chunk)
         if temperature is not None:
             floor_scale, t = temperature
             p = pos.positions.astype(mx.float32)

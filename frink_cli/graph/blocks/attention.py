@@ -48,7 +48,8 @@ class AttentionSpec:
     v_from_k: bool = False  # no V projection: V is the raw K projection, normed
     shares_kv: bool = False  # no K/V of its own: attends over another layer's rows
     sinks: bool = False  # w.attn_sinks [n_head]: one more logit per head's softmax
-    # False: bidirectional (an encoder): every row of the sequence is visible to every query.
+    # False: bidirectional (an encoder): every row of the sequence is visible to every query
+    # (with a window: those with |query - key position| < window).
     causal: bool = True
     # Chunked local attention: keys visible only within the query's chunk of this many
     # positions (None: no chunks).
@@ -56,12 +57,14 @@ class AttentionSpec:
     # Attention temperature (floor_scale, scale): q at position p times
     # log(floor((p + 1) / floor_scale) + 1) * scale + 1 (None: none).
     temperature: tuple[float, float] | None = None
+    # w.attn_rel_bias [n_head, 2c + 1]: a score bias by key - query position (MPNet's buckets)
+    rel_bias: bool = False
 
 
 def attention(ops: Ops[A], spec: AttentionSpec, w: Any, h: A, pos: Any, kv: Any, rope: Any) -> A:
     """Normed rows h [T, n_embd] -> attention output [T, n_embd] (after o_proj). w holds
     qkv and wo, and the optional q_norm/k_norm (+ biases), attn_sub_norm, q_gain [n_head, 1]
-    and (read when spec.sinks) attn_sinks [n_head]."""
+    and (read when the spec says) attn_sinks [n_head] and attn_rel_bias [n_head, 2c + 1]."""
     qkv = ops.linear(h, w.qkv)
     if spec.clamp:
         qkv = ops.clamp_(qkv, spec.clamp)
@@ -79,7 +82,7 @@ def attention(ops: Ops[A], spec: AttentionSpec, w: Any, h: A, pos: Any, kv: Any,
         k = v = None
     else:
         q, k, v, gate = project_qkv(ops, spec, w, qkv, pos, rope)
-    out = attend(ops, spec, w.attn_sinks if spec.sinks else None, q, k, v, pos, kv)
+    out = attend(ops, spec, w, q, k, v, pos, kv)
     if gate is not None:
         out = ops.sigmoid_mul_(out, gate)
     return ops.linear(optional_rms_norm_(ops, out, w.attn_sub_norm, spec.eps), w.wo)
@@ -88,7 +91,7 @@ def attention(ops: Ops[A], spec: AttentionSpec, w: Any, h: A, pos: Any, kv: Any,
 def attend(
     ops: Ops[A],
     spec: AttentionSpec,
-    sinks: A | None,
+    w: Any,
     q: A,
     k: A | None,
     v: A | None,
@@ -96,7 +99,10 @@ def attend(
     kv: Any,
 ) -> A:
     """The rows q [T, H, hk], k, v (None: a KV-sharing layer's) attended over the cache,
-    per sequence of the step -> [T, H * hv]."""
+    per sequence of the step -> [T, H * hv]; w holds the sinks and the relative bias the
+    spec reads."""
+    sinks = w.attn_sinks if spec.sinks else None
+    rel_bias = w.attn_rel_bias if spec.rel_bias else None
 
     def core(kv: Any, pos: Any, q: A, k: A | None, v: A | None) -> A:
         return ops.attention(
@@ -113,6 +119,7 @@ def attend(
             causal=spec.causal,
             chunk=spec.chunk,
             temperature=spec.temperature,
+            bias=rel_bias,
         )
 
     return each_sequence(ops, kv, pos, core, q, k, v)
