@@ -27,6 +27,7 @@ from .generate import GenerationStats, generate_tokens
 from .model import ModelConfig, load_weights
 from .model.validate import check_tensors as scan_tensors
 from .model.weights import LayerStore, ModelWeights, unread_tensors
+from .quant.kernels import check_isa
 from .sampling import Sampler, SamplingParams
 from .speculative import (
     Drafter,
@@ -432,7 +433,9 @@ def load(
     """check_tensors: scan every weight for NaN/Inf first (llama.cpp's --check-tensors).
     cache_type_k / cache_type_v: how every cache of the model stores its K and V rows
     (llama.cpp's -ctk / -ctv: f32, f16, bf16, q8_0, q4_0; f32 by default); an unknown type,
-    or one the backend cannot hold, is a FrinkError before anything loads."""
+    or one the backend cannot hold, is a FrinkError before anything loads, as is a forced
+    kernel variant (FRINK_NATIVE_ISA) this CPU cannot run."""
+    check_isa()
     types = CacheTypes(cache_type_k, cache_type_v)
     ckpt = open_checkpoint(path)
     cfg = config_from_checkpoint(ckpt)

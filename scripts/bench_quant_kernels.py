@@ -2,6 +2,7 @@
 
     python scripts/bench_quant_kernels.py [--types Q4_0,Q8_0] [--threads 1,2] [--quick]
     python scripts/bench_quant_kernels.py --small     # dots / matmul by T
+    python scripts/bench_quant_kernels.py --batch     # a 1.5B's decode step, 1 row vs 8
 
 For each type and weight shape (SmolLM2-135M's and Llama-3.2-1B's matrices) it times
 `dots` at T = 1 against NumPy's f32 GEMV of the same matrix (the yardstick: what the
@@ -32,6 +33,8 @@ SHAPES = {
     "SmolLM2-135M": [(576, 576), (1536, 576), (576, 1536), (49152, 576)],
     "Llama-3.2-1B": [(2048, 2048), (8192, 2048), (2048, 8192)],
 }
+# A decode step's matrices of Qwen2.5-Coder-1.5B (q/o, k/v, gate/up, down) for --batch.
+QWEN_1_5B = [(1536, 1536), (256, 1536), (8960, 1536), (1536, 8960)]
 # Byte offsets of each type's f16 fields in a block (gguf-py's dequantize_blocks), set to
 # finite values so no scale is a NaN or a denormal.
 HALVES = {
@@ -145,17 +148,48 @@ def small_table(types: list[T], threads: list[int], seconds: float) -> None:
                 )
 
 
+def _step(ws: list[QuantMatrix], xs: list[np.ndarray]) -> None:
+    for w, x in zip(ws, xs, strict=True):
+        kernels.dots(x, w)
+
+
+def batch_table(types: list[T], threads: list[int], seconds: float) -> None:
+    """A decode step's dots (Qwen2.5-Coder-1.5B's matrices) for 1 row of x and for 8 (a
+    server's batch): GB/s of the blocks read, and what 8 rows cost against 1."""
+    rng = np.random.default_rng(2)
+    print(f"kernels: {kernels.kernel_path()}; Qwen2.5-Coder-1.5B's matrices, one layer")
+    for qtype in types:
+        ws = [random_weights(qtype, rows, cols, rng) for rows, cols in QWEN_1_5B]
+        nbytes = sum(w.nbytes for w in ws)
+        xs = {t: [rng.standard_normal((t, w.cols), dtype=np.float32) for w in ws] for t in (1, 8)}
+
+        for n in threads:
+            with kernels.threads(n):
+                r = best_times(
+                    {"1": partial(_step, ws, xs[1]), "8": partial(_step, ws, xs[8])}, seconds
+                )
+            one, eight = r["1"], r["8"]
+            print(
+                f"{qtype.name:7} thr {n}: 1 row {one * 1e6:8.1f} us {nbytes / one / 1e9:5.1f} GB/s"
+                f"   8 rows {eight * 1e6:8.1f} us ({eight / one:.2f}x)",
+                flush=True,
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--types", default=",".join(t.name for t in KERNEL_TYPES))
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--seconds", type=float, default=1.2, help="timing per measurement")
     ap.add_argument("--small", action="store_true", help="the T sweep instead")
+    ap.add_argument("--batch", action="store_true", help="1 row against 8, a 1.5B's step")
     args = ap.parse_args()
     types = [T[name] for name in args.types.split(",")]
     threads = [int(n) for n in args.threads.split(",")]
     if args.small:
         small_table(types, threads, args.seconds)
+    elif args.batch:
+        batch_table(types, threads, args.seconds)
     else:
         decode_table(types, threads, args.seconds)
 

@@ -361,3 +361,24 @@ def test_malformed_hf_chat_template_is_refused(tmp_path: Path, template: object)
     Tokenizer(models.WordLevel(vocab, unk_token="<unk>")).save(str(d / "tokenizer.json"))
     (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
     assert_error(frink("run", d, "-p", "hi", "-n", "2"), "chat_template")
+
+
+# --- issue 30: a forced kernel variant this CPU cannot run ---------------------------------
+
+
+def test_a_forced_kernel_variant_this_cpu_lacks_is_one_line(
+    smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FRINK_NATIVE_ISA naming a variant the CPU lacks (or no variant at all) is refused by
+    name with the variants it does run: never NumPy instead, never SIGILL."""
+    from isa_variants import ISAS, runnable_isas
+
+    runs = runnable_isas()
+    if not runs:
+        pytest.skip("the compiled kernels are not built here")
+    lacking = next((name for name in ISAS if name not in runs), "sse9")
+    monkeypatch.setenv("FRINK_NATIVE_ISA", lacking)
+    for args in (("info", smollm2_path), ("run", smollm2_path, "--raw", "-p", "hi", "-n", "1")):
+        assert_error(frink(*args), f"FRINK_NATIVE_ISA={lacking}", *runs)
+    monkeypatch.setenv("FRINK_NATIVE_ISA", runs[-1])
+    assert f"native C ({runs[-1]}" in frink("info", smollm2_path).stdout

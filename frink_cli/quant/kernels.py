@@ -19,8 +19,9 @@ once per token; f32 weights are 4 bytes each where a Q4_0 weight is 0.56, and re
 straight from the blocks the bytes a token costs shrink with them.
 
 The kernels are C (native.c, compiled when frink is installed; the best of AVX-512, AVX2
-and the baseline picked at load). Where the CPU has AMX int8 tiles and Linux grants them
-(ISA "avx512+amx"; FRINK_NATIVE_ISA=avx512 leaves them out), `matmul` with 8-bit
+and the baseline picked at load; FRINK_NATIVE_ISA forces one, and one this CPU cannot run
+is refused by `check_isa`, never replaced by NumPy). Where the CPU has AMX int8 tiles and
+Linux grants them (ISA "avx512+amx"; FRINK_NATIVE_ISA=avx512 leaves them out), `matmul` with 8-bit
 activations multiplies x's 8-bit codes by W's codes on the tiles (native_amx.h): the
 8-bit dots' products, summed in another order (~1e-7 relative), ~3-4x BLAS's f32 rate on
 a prompt's rows; `prompt_tiles()` says whether it does.
@@ -99,18 +100,21 @@ def _omp_spin() -> None:
         os.environ.setdefault("GOMP_SPINCOUNT", OMP_SPIN_COUNT)
 
 
-def _load_native() -> tuple[ModuleType | None, str]:
+def _load_native() -> tuple[ModuleType | None, str, str | None]:
+    """The compiled module (None: NumPy), what runs, and why the kernels refuse to run at
+    all (FRINK_NATIVE_ISA names a variant this CPU lacks: the module says which it runs)."""
     _omp_spin()
     if os.environ.get("FRINK_NO_NATIVE"):
-        return None, "numpy (FRINK_NO_NATIVE is set)"
+        return None, "numpy (FRINK_NO_NATIVE is set)", None
     try:
         from . import _native  # type: ignore[attr-defined]
     except ImportError as e:
         if e.name != f"{__package__}._native":
-            # Built but refused to load (FRINK_NATIVE_ISA asks for what the CPU lacks).
-            return None, f"numpy ({e})"
-        return None, "numpy (the native kernels were not built at install)"
-    return _native, f"native C ({_native.isa()})"
+            # Built but refused to load: a forced variant is never quietly NumPy instead.
+            refused = str(e) if str(e).startswith("FRINK_NATIVE_ISA=") else None
+            return None, f"numpy ({e})", refused
+        return None, "numpy (the native kernels were not built at install)", None
+    return _native, f"native C ({_native.isa()})", None
 
 
 def _forced_threads() -> int | None:
@@ -123,7 +127,7 @@ def _forced_threads() -> int | None:
     return int(raw)
 
 
-_NATIVE, _WHY = _load_native()
+_NATIVE, _WHY, _REFUSED = _load_native()
 FORCED_THREADS = _forced_threads()
 _CORES = int(_NATIVE.max_threads()) if _NATIVE is not None else os.cpu_count() or 1
 _MAX_THREADS = FORCED_THREADS or _CORES
@@ -136,8 +140,17 @@ _exact: ContextVar[bool] = ContextVar(
 )
 
 
+def check_isa() -> None:
+    """A FrinkError (one line: the variable, its value, the variants this CPU runs) when
+    FRINK_NATIVE_ISA forces a variant this CPU cannot run; loading a model asks first."""
+    if _REFUSED is not None:
+        raise FrinkError(_REFUSED)
+
+
 def kernel_path() -> str:
-    """Which kernels run: "native C (isa, activations)", or "numpy (why)"."""
+    """Which kernels run: "native C (isa, activations)", or "numpy (why)"; a FrinkError
+    when FRINK_NATIVE_ISA forces a variant this CPU cannot run (`check_isa`)."""
+    check_isa()
     if _NATIVE is None:
         return _WHY
     return f"{_WHY[:-1]}, {activations()} activations)"

@@ -287,11 +287,24 @@ static const isa_kernels *find_isa(const char *name) {
     return strcmp(name, "base") ? NULL : &BASE;
 }
 
+/* The variants this CPU runs, best first, comma-separated into buf. */
+static const char *runnable_isas(char *buf, size_t n) {
+    static const char *const names[] = {"avx512+amx", "avx512", "avx2", "base"};
+    buf[0] = 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (find_isa(names[i]))
+            snprintf(buf + strlen(buf), n - strlen(buf), "%s%s", buf[0] ? ", " : "", names[i]);
+    return buf;
+}
+
 static int pick_isa(void) {
     const char *want = getenv("FRINK_NATIVE_ISA");
     const isa_kernels *k = find_isa(want && *want ? want : NULL);
     if (!k) {
-        PyErr_Format(PyExc_ImportError, "FRINK_NATIVE_ISA=%s: not runnable on this CPU", want);
+        char runs[64];
+        PyErr_Format(PyExc_ImportError,
+                     "FRINK_NATIVE_ISA=%s: not runnable on this CPU, which runs %s (unset: "
+                     "the best of them)", want, runnable_isas(runs, sizeof runs));
         return -1;
     }
     K = k;

@@ -36,8 +36,14 @@ static INLINE __m256i ISA(levels32)(const uint8_t *p, const int8_t *table) {
 }
 
 static INLINE __m256i ISA(bits32)(const uint8_t *qh, int value) { /* bit l of qh -> value */
-    v16b lo = bits16(qh, 0, (uint8_t)value), hi = bits16(qh, 16, (uint8_t)value);
-    return _mm256_set_m128i((__m128i)hi, (__m128i)lo);
+    /* byte l holds byte l / 8 of qh, is kept where its bit l % 8 is set */
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)rd32(qh)),
+        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2,
+                         3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_and_si256(set, _mm256_set1_epi8((char)value));
 }
 
 static INLINE __m256i ISA(shift_and)(__m256i v, int shift, int mask) {
@@ -264,6 +270,10 @@ static INLINE float ISA(finish_i8)(__m256 acc, float off) {
 
 static void ISA(dot_rows_i8)(int qt, const uint8_t *w, size_t rb, size_t r0, size_t r1,
                              const q8_row *x, int T, int cols, float *y, size_t ys) {
+    if (ISA(kd_serves)(qt)) {
+        ISA(kd_rows)(qt, w, rb, r0, r1, x, T, cols, y, ys); /* a block at a time */
+        return;
+    }
     EACH_I8_TYPE(I8_BODY)
 }
 

@@ -163,6 +163,7 @@ static void ISA(dot_rows)(int qt, const uint8_t *w, size_t rb, size_t r0, size_t
 }
 
 #ifdef I8_DOT
+#include "native_kdots.h"
 #include "native_int8.h"
 #endif
 
