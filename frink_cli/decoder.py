@@ -192,7 +192,7 @@ class Decoder:
         if len(steps) == 1:
             ids, cache = steps[0]
             return self.step(ids, cache)
-        return np.stack(self.step_batch_rows(steps, [False] * len(steps)))
+        return np.concatenate(self.step_batch_rows(steps, [False] * len(steps)))
 
     def step_batch_rows(
         self, steps: list[tuple[np.ndarray, KvCache]], every_row: Sequence[bool]
