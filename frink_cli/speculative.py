@@ -74,6 +74,10 @@ class SpecParams:
 
 
 class Drafter(Protocol):
+    def prepare(self, prompt: Sequence[int]) -> None:
+        """Take in the prompt before generation starts (a draft model's own prefill, which
+        belongs to the prompt's time, not the answer's)."""
+
     def draft(self, history: Sequence[int], n: int) -> list[int]:
         """At most n tokens likely to follow `history` (every token so far)."""
 
@@ -84,6 +88,9 @@ class NgramDrafter:
 
     def __init__(self, params: SpecParams) -> None:
         self.sizes = range(params.ngram_max, params.ngram_min - 1, -1)
+
+    def prepare(self, prompt: Sequence[int]) -> None:
+        pass
 
     def draft(self, history: Sequence[int], n: int) -> list[int]:
         h = np.asarray(history, dtype=np.int64)
@@ -110,6 +117,9 @@ class ModelDrafter:
         self.cache: KvCache | None = None
         self.fed: list[int] = []  # the tokens the cache holds, in order
         self._snap: CacheSnapshot | None = None  # recurrent drafts: at the history's end
+
+    def prepare(self, prompt: Sequence[int]) -> None:
+        self._catch_up(prompt)
 
     def draft(self, history: Sequence[int], n: int) -> list[int]:
         if n <= 0:
@@ -222,6 +232,7 @@ def speculative_tokens(
     history = list(prompt_ids)
     t0 = time.perf_counter()
     pending = finite_logits(decoder.step(np.asarray(prompt_ids), cache)[-1])
+    drafter.prepare(prompt_ids)
     stats.prompt_tokens = len(prompt_ids)
     stats.prompt_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
