@@ -44,6 +44,9 @@ class ScriptedDrafter:
     def __init__(self, prompt: Sequence[int], want: Sequence[int], n_vocab: int) -> None:
         self.prompt, self.want, self.n_vocab = len(prompt), list(want), n_vocab
 
+    def prepare(self, prompt: Sequence[int]) -> None:
+        assert len(prompt) == self.prompt
+
     def draft(self, history: Sequence[int], n: int) -> list[int]:
         at = len(history) - self.prompt
         out = self.want[at : at + n]
@@ -216,6 +219,9 @@ class Corrupting:
 
     def __init__(self, inner, n_vocab: int) -> None:
         self.inner, self.n_vocab = inner, n_vocab
+
+    def prepare(self, prompt: Sequence[int]) -> None:
+        self.inner.prepare(prompt)
 
     def draft(self, history: Sequence[int], n: int) -> list[int]:
         out = self.inner.draft(history, n)
