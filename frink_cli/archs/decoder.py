@@ -82,7 +82,8 @@ class DecoderConfig(ArchConfig):
                 "gating": m.gating,
                 "expert_bias": m.expert_bias,
                 "weights_scale": m.weights_scale,
-                "weights_before": m.weights_before,
+                # Llama 4's: shown only where it is on, as deepseek2 shows its groups.
+                **({"weights_before": True} if m.weights_before else {}),
             }
         }
 
