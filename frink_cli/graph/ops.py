@@ -27,7 +27,8 @@ Conventions every implementation keeps:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
 # An array where the block's backend is not named (the architectures' hooks take Ops[Any]).
 Array = Any
@@ -60,6 +61,35 @@ A = TypeVar("A", bound=ArrayLike)
 # hard-codes it.
 SWIGLU_OAI_ALPHA = 1.702
 SWIGLU_OAI_LIMIT = 7.0
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionCall(Generic[A]):
+    """How one attention call scores and masks its keys (built once per layer by the
+    attention block; every backend's `Ops.attention` reads it).
+
+    scale: multiplies q before q.k.
+    window: keys with q - k position < window are visible (None: all of the past).
+    softcap: cap * tanh(scores / cap) before the softmax.
+    alibi: per query head, its slope: -slope_h * (q pos - k pos) joins the scores.
+    sinks [H]: per query head, one more logit in its softmax, with no value.
+    causal False: bidirectional, every row the cache holds is visible to every query (an
+    encoder's mask), or with a window those with |query - key position| < window.
+    chunk: the query at p sees only keys at [p // chunk * chunk, p] (no window with it).
+    temperature (floor_scale, s): the query at p is first multiplied by
+    log(floor((p + 1) / floor_scale) + 1) * s + 1.
+    bias [H, 2c + 1] (odd width): a relative-position score bias, head h's score for a key
+    at d = key - query position gets bias[h, clip(d + c, 0, 2c)]."""
+
+    scale: float
+    window: int | None = None
+    softcap: float | None = None
+    alibi: tuple[float, ...] | None = None
+    sinks: A | None = None
+    causal: bool = True
+    chunk: int | None = None
+    temperature: tuple[float, float] | None = None
+    bias: A | None = None
 
 
 class Ops(Protocol[A]):
@@ -129,36 +159,14 @@ class Ops(Protocol[A]):
         ...
 
     def attention(
-        self,
-        q: A,
-        k: A | None,
-        v: A | None,
-        kv: Any,
-        pos: Any,
-        window: int | None,
-        scale: float,
-        softcap: float | None,
-        alibi: tuple[float, ...] | None = None,
-        sinks: A | None = None,
-        causal: bool = True,
-        chunk: int | None = None,
-        temperature: tuple[float, float] | None = None,
-        bias: A | None = None,
+        self, q: A, k: A | None, v: A | None, kv: Any, pos: Any, call: AttentionCall[A]
     ) -> A:
         """Write the new rows k [T, Hkv, hk], v [T, Hkv, hv] to the cache view kv, then
-        softmax(scale q K^T (softcapped) + causal/window mask) V over every visible row for
+        softmax(call.scale q K^T + the call's mask and biases) V over every row visible to
         q [T, H, hk] (GQA: query head h reads KV head h // (H / Hkv)) -> [T, H * hv].
-        alibi: per query head, its slope: -slope_h * (q pos - k pos) joins the scores.
-        sinks [H]: per query head, one more logit in its softmax, with no value.
         k and v None: a KV-sharing layer's queries, over the rows its source layer wrote
-        (kv is that layer's slot, read-only).
-        causal False: bidirectional, every row the cache holds is visible to every query
-        (an encoder's mask), or with a window those with |query - key position| < window.
-        chunk: the query at p sees only keys at [p // chunk * chunk, p] (no window with it).
-        temperature (floor_scale, s): the query at p is first multiplied by
-        log(floor((p + 1) / floor_scale) + 1) * s + 1.
-        bias [H, 2c + 1] (odd width): a relative-position score bias, head h's score for a
-        key at d = key - query position gets bias[h, clip(d + c, 0, 2c)]."""
+        (kv is that layer's slot, read-only). What is visible and how scores are shaped is
+        the AttentionCall's."""
         ...
 
     def head_matmul(self, x: A, w: A) -> A:

@@ -26,6 +26,7 @@ from ..formats import Checkpoint
 from ..model.config import ModelConfig
 from ..model.reader import TensorReader, placeholder
 from ..model.weights import ModelWeights, borrow_layer, load_layer
+from .ops import AttentionCall
 
 Shape = tuple[int, ...]
 
@@ -139,21 +140,7 @@ class TraceOps:
         return self._same("rope_", x, dims=rope.dims, layout=rope.layout)
 
     def attention(
-        self,
-        q: Any,
-        k: Any,
-        v: Any,
-        kv: Any,
-        pos: Any,
-        window: int | None,
-        scale: float,
-        softcap: float | None,
-        alibi: tuple[float, ...] | None = None,
-        sinks: Any = None,
-        causal: bool = True,
-        chunk: int | None = None,
-        temperature: tuple[float, float] | None = None,
-        bias: Any = None,
+        self, q: Any, k: Any, v: Any, kv: Any, pos: Any, call: AttentionCall[Any]
     ) -> np.ndarray:
         T, H, hk = np.shape(q)
         hv = np.shape(v)[-1] if v is not None else kv.head_dim_v
@@ -162,15 +149,15 @@ class TraceOps:
             (q, k, v),
             head_dim_k=hk,
             head_dim_v=hv,
-            window=window,
-            softcap=softcap,
-            alibi=alibi is not None,
-            sinks=sinks is not None,
+            window=call.window,
+            softcap=call.softcap,
+            alibi=call.alibi is not None,
+            sinks=call.sinks is not None,
             own_kv=k is not None and v is not None,
-            causal=causal,
-            chunk=chunk,
-            temperature=temperature is not None,
-            bias=bias is not None,
+            causal=call.causal,
+            chunk=call.chunk,
+            temperature=call.temperature is not None,
+            bias=call.bias is not None,
         )
         return placeholder((T, H * hv))
 

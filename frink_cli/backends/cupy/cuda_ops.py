@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ...graph.ops import AttentionCall
 from .gemm import F32
 from .geometry import AttentionGeometry
 
@@ -149,31 +150,17 @@ class CudaOps:
         return x
 
     def attention(
-        self,
-        q: Any,
-        k: Any,
-        v: Any,
-        kv: KvRows,
-        pos: CudaStep,
-        window: int | None,
-        scale: float,
-        softcap: float | None,
-        alibi: tuple[float, ...] | None = None,
-        sinks: Any | None = None,
-        causal: bool = True,
-        chunk: int | None = None,
-        temperature: tuple[float, float] | None = None,
-        bias: Any | None = None,
+        self, q: Any, k: Any, v: Any, kv: KvRows, pos: CudaStep, call: AttentionCall[Any]
     ) -> Any:
-        if chunk is not None or temperature is not None:
+        if call.chunk is not None or call.temperature is not None:
             raise NotImplementedError("chunked attention / temperature (eligibility refuses it)")
-        if not causal or bias is not None:
+        if not call.causal or call.bias is not None:
             raise NotImplementedError(
                 "bidirectional attention, relative bias (eligibility refuses them)"
             )
-        if softcap:
+        if call.softcap:
             raise NotImplementedError("attention logit softcap (eligibility refuses it)")
-        if sinks is not None:
+        if call.sinks is not None:
             raise NotImplementedError("attention sinks (eligibility refuses attn_sinks)")
         T, H, hk = q.shape
         Hkv, hv = v.shape[1], v.shape[2]
@@ -183,11 +170,12 @@ class CudaOps:
         kv.rows = (k, v)
         buf, q_off = _locate(q)
         slopes = None
+        alibi = call.alibi
         if alibi is not None:
             if alibi not in self._slopes:
                 self._slopes[alibi] = self.k.to_device(np.asarray(alibi, dtype=F32))
             slopes = self._slopes[alibi]
-        geo = AttentionGeometry(P, H, Hkv, hk, hv, scale, window)
+        geo = AttentionGeometry(P, H, Hkv, hk, hv, call.scale, call.window)
         return self.k.attention(buf, q_off, kv.k_cache, kv.v_cache, geo, slopes)
 
     def _refused(self, *args: Any) -> Any:

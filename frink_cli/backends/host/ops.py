@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ...cache.kv_types import round_queries_
+from ...graph.ops import AttentionCall
 from ...model.weights import Linear, MoeWeights
 from .attention import attend, attend_chunked, temperature_factors
 from .ffn import ACTIVATIONS, glu, glu_
@@ -94,26 +95,31 @@ class HostOps:
         v: np.ndarray | None,
         kv: Any,
         pos: np.ndarray,
-        window: int | None,
-        scale: float,
-        softcap: float | None,
-        alibi: tuple[float, ...] | None = None,
-        sinks: np.ndarray | None = None,
-        causal: bool = True,
-        chunk: int | None = None,
-        temperature: tuple[float, float] | None = None,
-        bias: np.ndarray | None = None,
+        call: AttentionCall[np.ndarray],
     ) -> np.ndarray:
         # The rows this step's queries see: [Hkv, S, hk], [Hkv, S, hv], row j at first + j.
         first, K, V = kv.append(k, v)
-        if temperature is not None:
-            q *= temperature_factors(pos, *temperature)[:, None, None]
+        if call.temperature is not None:
+            q *= temperature_factors(pos, *call.temperature)[:, None, None]
         round_queries_(kv.types.k, q)  # as llama.cpp rounds them against a quantized K
-        q *= F32(scale)  # q is a view into this step's own QKV rows
-        slopes = _slopes(alibi) if alibi is not None else None
-        if chunk is not None:
-            return attend_chunked(q, K, V, first, pos, chunk, (softcap, slopes, sinks))
-        return attend(q, K, V, first, pos, window, softcap, slopes, sinks, causal, bias)
+        q *= F32(call.scale)  # q is a view into this step's own QKV rows
+        slopes = _slopes(call.alibi) if call.alibi is not None else None
+        if call.chunk is not None:
+            scores = (call.softcap, slopes, call.sinks)
+            return attend_chunked(q, K, V, first, pos, call.chunk, scores)
+        return attend(
+            q,
+            K,
+            V,
+            first,
+            pos,
+            call.window,
+            call.softcap,
+            slopes,
+            call.sinks,
+            call.causal,
+            call.bias,
+        )
 
     def head_matmul(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         return np.matmul(x.transpose(1, 0, 2), w.transpose(0, 2, 1)).transpose(1, 0, 2)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from ...graph.blocks.moe import moe
-from ...graph.ops import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+from ...graph.ops import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, AttentionCall
 
 
 @dataclass
@@ -336,19 +336,11 @@ class MlxOps:
         v: mx.array | None,
         kv: LayerState,
         pos: StepContext,
-        window: int | None,
-        scale: float,
-        softcap: float | None,
-        alibi: tuple[float, ...] | None = None,
-        sinks: mx.array | None = None,
-        causal: bool = True,
-        chunk: int | None = None,
-        temperature: tuple[float, float] | None = None,
-        bias: mx.array | None = None,
+        call: AttentionCall[mx.array],
     ) -> mx.array:
-        if bias is not None:
+        if call.bias is not None:
             raise ValueError("a relative attention bias not carried")  # eligibility refuses it
-        if softcap:
+        if call.softcap:
             raise ValueError("attention logit softcap not carried")  # eligibility refuses it first
         T, H, _ = q.shape
         if k is not None and v is not None:
@@ -360,18 +352,18 @@ class MlxOps:
             kv.rows = (k4[0], v4[0])
         # (else a KV-sharing layer: kv is its source layer's state, this step's rows in it)
         keys, values = kv.a.astype(q.dtype), kv.b.astype(q.dtype)  # (no-ops for f32)
-        mask = attention_mask(pos.positions, kv.a.shape[2], window, causal, chunk)
-        if temperature is not None:
-            floor_scale, t = temperature
+        mask = attention_mask(pos.positions, kv.a.shape[2], call.window, call.causal, call.chunk)
+        if call.temperature is not None:
+            floor_scale, t = call.temperature
             p = pos.positions.astype(mx.float32)
             q = q * (mx.log(mx.floor((p + 1.0) / floor_scale) + 1.0) * t + 1.0)[:, None, None]
-        if alibi is not None:
+        if call.alibi is not None:
             # ALiBi folded into the additive mask: [H, T, capacity], -slope_h * (p - j).
             dist = pos.positions[:, None] - mx.arange(kv.a.shape[2])[None, :]
-            slopes = mx.array(alibi, dtype=mx.float32)[:, None, None]
+            slopes = mx.array(call.alibi, dtype=mx.float32)[:, None, None]
             mask = mask[None] - slopes * dist.astype(mx.float32)[None]
         o = mx.fast.scaled_dot_product_attention(
-            _heads_first(q), keys, values, scale=scale, mask=mask, sinks=sinks
+            _heads_first(q), keys, values, scale=call.scale, mask=mask, sinks=call.sinks
         )
         return o[0].transpose(1, 0, 2).reshape(T, -1)
 

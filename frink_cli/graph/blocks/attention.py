@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..ops import A, Ops
+from ..ops import A, AttentionCall, Ops
 from .norms import norm, optional_rms_norm_
 from .step import each_sequence
 
@@ -101,26 +101,20 @@ def attend(
     """The rows q [T, H, hk], k, v (None: a KV-sharing layer's) attended over the cache,
     per sequence of the step -> [T, H * hv]; w holds the sinks and the relative bias the
     spec reads."""
-    sinks = w.attn_sinks if spec.sinks else None
-    rel_bias = w.attn_rel_bias if spec.rel_bias else None
+    call = AttentionCall(
+        scale=spec.scale,
+        window=spec.window,
+        softcap=spec.softcap,
+        alibi=spec.alibi,
+        sinks=w.attn_sinks if spec.sinks else None,
+        causal=spec.causal,
+        chunk=spec.chunk,
+        temperature=spec.temperature,
+        bias=w.attn_rel_bias if spec.rel_bias else None,
+    )
 
     def core(kv: Any, pos: Any, q: A, k: A | None, v: A | None) -> A:
-        return ops.attention(
-            q,
-            k,
-            v,
-            kv,
-            pos,
-            spec.window,
-            spec.scale,
-            spec.softcap,
-            alibi=spec.alibi,
-            sinks=sinks,
-            causal=spec.causal,
-            chunk=spec.chunk,
-            temperature=spec.temperature,
-            bias=rel_bias,
-        )
+        return ops.attention(q, k, v, kv, pos, call)
 
     return each_sequence(ops, kv, pos, core, q, k, v)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..ops import A, Ops
+from ..ops import A, AttentionCall, Ops
 from .step import each_sequence
 
 
@@ -58,8 +58,10 @@ def mla_attention(ops: Ops[A], m: MlaConfig, w: Any, h: A, pos: Any, kv: Any, ro
     query = ops.concat([q_abs, q_pe])
     row = ops.concat([latent, k_pe.reshape(T, r)]).reshape(T, 1, c + r)
 
+    call: AttentionCall[A] = AttentionCall(scale=m.scale)
+
     def core(kv: Any, pos: Any, q: A, k: A | None, v: A | None) -> A:
-        return ops.attention(q, k, v, kv, pos, None, m.scale, None)
+        return ops.attention(q, k, v, kv, pos, call)
 
     # The values are the whole rows (V = K, one buffer); of each head's output only the
     # latent columns are kept.
