@@ -29,7 +29,7 @@ from .cli_checks import (
 from .cli_embed import POOLING_OPTION, embed
 from .cli_exit import CliState, err, run_app
 from .cli_run import generate_and_print
-from .cli_spec import DRAFT_MAX, DRAFT_MIN, DRAFT_MODEL, DRAFT_P_MIN, SPEC, spec_params
+from .cli_spec import SpecFlags, speculation_flags
 from .errors import FrinkError, printable
 
 # The api (numpy, the model code) is imported lazily, per command: `frink --help` stays quick.
@@ -190,14 +190,12 @@ def _sampling(
     )
 
 
-def _speculate(
-    m: Any, speculation: Any, draft_model: str | None, backend: str, quiet: bool = False
-) -> None:
-    """Set m to decode speculatively (cli_spec.spec_params' result; None: plainly), loading
-    the draft model where one is named."""
-    if speculation is not None:
-        draft = _load(draft_model, backend, quiet=quiet) if draft_model else None
-        m.speculate(speculation, draft)
+def _speculate(m: Any, flags: SpecFlags | None, backend: str, quiet: bool = False) -> None:
+    """Set m to decode speculatively as the flags say (None: plainly), loading the draft
+    model where one is named."""
+    if flags is not None:
+        draft = _load(flags.draft_model, backend, quiet=quiet) if flags.draft_model else None
+        m.speculate(flags.params, draft)
 
 
 def _n_ctx(m: Any, ctx_size: int) -> int:
@@ -206,6 +204,7 @@ def _n_ctx(m: Any, ctx_size: int) -> int:
 
 
 @app.command()
+@speculation_flags
 def run(
     ctx: typer.Context,
     model: str | None = typer.Argument(
@@ -241,16 +240,11 @@ def run(
     check_tensors: bool = typer.Option(
         False, "--check-tensors", help="scan every weight for NaN/Inf at load"
     ),
-    spec: str | None = SPEC,
-    draft_model: str | None = DRAFT_MODEL,
-    draft_max: int = DRAFT_MAX,
-    draft_min: int = DRAFT_MIN,
-    draft_p_min: float = DRAFT_P_MIN,
+    speculation: SpecFlags | None = None,
     verbose: bool = _VERBOSE,
 ) -> None:
     """Generate text from a prompt."""
     _begin(ctx, verbose)
-    speculation = spec_params(spec, draft_model, draft_max, draft_min, draft_p_min)
     check_ranges(
         ("-n/--max-tokens", max_tokens, 0, None),
         ("-c/--ctx-size", ctx_size, 0, None),
@@ -275,7 +269,7 @@ def run(
     )
     # Compiled before the prompt runs: a grammar that does not compile stops here.
     constraint = m.constraint(**constrain)
-    _speculate(m, speculation, draft_model, backend, quiet=as_json and not verbose)
+    _speculate(m, speculation, backend, quiet=as_json and not verbose)
     if speculation is not None and constraint is not None:
         err.print("note: speculative decoding is off under a constraint", style="dim")
     n_ctx = _n_ctx(m, ctx_size)
@@ -314,6 +308,7 @@ def info(
 
 
 @app.command()
+@speculation_flags
 def bench(
     ctx: typer.Context,
     model: str | None = _MODEL,
@@ -340,11 +335,7 @@ def bench(
         "--constrained",
         help="add generation sampled free and under a JSON schema (the mask's cost)",
     ),
-    spec: str | None = SPEC,
-    draft_model: str | None = DRAFT_MODEL,
-    draft_max: int = DRAFT_MAX,
-    draft_min: int = DRAFT_MIN,
-    draft_p_min: float = DRAFT_P_MIN,
+    speculation: SpecFlags | None = None,
     as_json: bool = typer.Option(False, "--json", help="a JSON list of rows"),
     as_csv: bool = typer.Option(False, "--csv", help="CSV rows"),
     as_md: bool = typer.Option(False, "--md", help="a markdown table (the default)"),
@@ -358,9 +349,8 @@ def bench(
     if as_json + as_csv + as_md > 1:
         raise FrinkError("choose one output format: --json, --csv or --md")
     check_range("-t/--threads", threads, 0)
-    speculation = spec_params(spec, draft_model, draft_max, draft_min, draft_p_min)
     m = _load(model, backend, cache_types=(cache_type_k, cache_type_v))
-    _speculate(m, speculation, draft_model, backend)
+    _speculate(m, speculation, backend)
     rows = B.run_bench(
         m,
         n_prompt=n_prompt,
@@ -423,6 +413,7 @@ def chat(
 
 
 @app.command()
+@speculation_flags
 def serve(
     ctx: typer.Context,
     model: str | None = _MODEL,
@@ -456,11 +447,7 @@ def serve(
     parse_special: bool = _PARSE_SPECIAL,
     backend: str = _BACKEND,
     pooling: str | None = POOLING_OPTION,
-    spec: str | None = SPEC,
-    draft_model: str | None = DRAFT_MODEL,
-    draft_max: int = DRAFT_MAX,
-    draft_min: int = DRAFT_MIN,
-    draft_p_min: float = DRAFT_P_MIN,
+    speculation: SpecFlags | None = None,
     verbose: bool = _VERBOSE,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, with continuous batching."""
@@ -479,12 +466,11 @@ def serve(
         ("--max-connections", max_connections, 1, None),
     )
     check_pooling(pooling)
-    speculation = spec_params(spec, draft_model, draft_max, draft_min, draft_p_min)
     api_key = read_api_key(api_key, api_key_file)
     origins = frozenset(o.strip().rstrip("/") for o in cors_origins.split(",") if o.strip())
     m = _load(model, backend, cache_types=(cache_type_k, cache_type_v))
     m.embed_plan = with_pooling(m.embed_plan, pooling)
-    _speculate(m, speculation, draft_model, backend)
+    _speculate(m, speculation, backend)
     run_server(
         m,
         host=host,

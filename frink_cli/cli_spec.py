@@ -1,36 +1,49 @@
 """Speculative decoding's flags, as llama.cpp spells them (`-md/--draft-model`,
-`--draft-max`, `--draft-min`, `--draft-p-min`; `--spec ngram` for prompt lookup), shared by
-`frink run`, `frink bench` and `frink serve`, and the check that turns them into settings."""
+`--draft-max`, `--draft-min`, `--draft-p-min`; `--spec ngram` for prompt lookup), one flag
+group (cli_groups) that `frink run`, `frink bench` and `frink serve` take as
+`speculation: SpecFlags | None`."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import typer
 
+from .cli_groups import flag_group
 from .errors import FrinkError
 from .speculative import SPEC_TYPES, SpecParams
 
-SPEC = typer.Option(
-    None,
-    "--spec",
-    help="speculative decoding: ngram (prompt lookup, no second model) or draft (-md)",
-)
-DRAFT_MODEL = typer.Option(
-    None,
-    "-md",
-    "--draft-model",
-    help="a smaller model with the same vocabulary that drafts tokens (implies --spec draft)",
-)
-DRAFT_MAX = typer.Option(16, "--draft-max", help="tokens drafted per step at most")
-DRAFT_MIN = typer.Option(0, "--draft-min", help="fewer drafted tokens than this are not verified")
-DRAFT_P_MIN = typer.Option(
-    0.75, "--draft-p-min", help="the draft model stops where its best token is less likely"
-)
+
+@dataclass(frozen=True)
+class SpecFlags:
+    """What the flags ask for: the settings and the draft model's path (None: prompt
+    lookup)."""
+
+    params: SpecParams
+    draft_model: str | None
 
 
-def spec_params(
-    spec: str | None, draft_model: str | None, draft_max: int, draft_min: int, p_min: float
-) -> SpecParams | None:
-    """The flags as SpecParams, or None for plain decoding (no --spec, no -md); FrinkError
+def spec_flags(
+    spec: str | None = typer.Option(
+        None,
+        "--spec",
+        help="speculative decoding: ngram (prompt lookup, no second model) or draft (-md)",
+    ),
+    draft_model: str | None = typer.Option(
+        None,
+        "-md",
+        "--draft-model",
+        help="a smaller model with the same vocabulary that drafts tokens (implies --spec draft)",
+    ),
+    draft_max: int = typer.Option(16, "--draft-max", help="tokens drafted per step at most"),
+    draft_min: int = typer.Option(
+        0, "--draft-min", help="fewer drafted tokens than this are not verified"
+    ),
+    draft_p_min: float = typer.Option(
+        0.75, "--draft-p-min", help="the draft model stops where its best token is less likely"
+    ),
+) -> SpecFlags | None:
+    """The flags as SpecFlags, or None for plain decoding (no --spec, no -md); FrinkError
     (one line, naming the flag) for a value or a combination that cannot run."""
     if spec is None and not draft_model:
         return None
@@ -40,4 +53,8 @@ def spec_params(
         raise FrinkError("--spec draft needs -md/--draft-model FILE")
     if spec == "ngram" and draft_model:
         raise FrinkError("--spec ngram drafts without a model: drop -md/--draft-model")
-    return SpecParams(draft_max=draft_max, draft_min=draft_min, p_min=p_min)
+    params = SpecParams(draft_max=draft_max, draft_min=draft_min, p_min=draft_p_min)
+    return SpecFlags(params, draft_model or None)
+
+
+speculation_flags = flag_group("speculation", spec_flags)
