@@ -19,6 +19,7 @@ launcher's few MiB; it exits as frink exited (the same code, or the same signal)
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -28,6 +29,8 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 _FRINK_HOME_AT_START = os.environ.get("FRINK_HOME")
 # argv: PEAK_FILE COMMAND...; writes frink's peak RSS (ru_maxrss) to PEAK_FILE.
@@ -161,3 +164,12 @@ def assert_error(result: Result, *fragments: str) -> str:
     for fragment in fragments:
         assert fragment.lower() in line.lower(), f"{fragment!r} not named in the error\n" + info
     return line
+
+
+def embed_json(model: str | Path, texts: list[str], *flags: str) -> np.ndarray:
+    """`frink embed MODEL TEXTS... FLAGS... --json` -> its vectors [len(texts), dim] (f32);
+    a failed run fails the test with its output."""
+    result = frink("embed", model, *texts, *flags, "--json")
+    assert result.returncode == 0, result
+    data = json.loads(result.stdout)["data"]
+    return np.array([d["embedding"] for d in data], np.float32)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from frink_subprocess import child_env, frink_command
+from frink_subprocess import child_env, embed_json, frink_command
 from model_checks import configured, cosines
 from script_loader import load_script
 from serve_process import Server
@@ -108,15 +108,7 @@ def test_cli_embed_and_the_route(family: str, folders: dict[str, Path]) -> None:
     openai = pytest.importorskip("openai")
     m = api.load(folders[family])
     texts = TEXTS[:2]
-    out = subprocess.run(
-        [*frink_command(), "embed", str(folders[family]), *texts, "--json"],
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        timeout=300,
-        check=True,
-    )
-    got = np.array([d["embedding"] for d in json.loads(out.stdout)["data"]], np.float32)
+    got = embed_json(folders[family], texts)
     np.testing.assert_allclose(got, m.embed(texts), atol=1e-6)
     server = Server(folders[family])
     try:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from frink_subprocess import child_env, frink_command
+from frink_subprocess import child_env, embed_json, frink_command
 from model_checks import cosines
 from serve_process import Server
 
@@ -210,16 +210,7 @@ def test_tiny_sentence_transformers_folders(
 
 def test_cli_embed_json(minilm: api.Model, minilm_path: Path) -> None:
     texts = ["Hello world", "Second text."]
-    out = subprocess.run(
-        [*frink_command(), "embed", str(minilm_path), *texts, "--json"],
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        timeout=300,
-        check=True,
-    )
-    data = json.loads(out.stdout)
-    got = np.array([d["embedding"] for d in data["data"]], np.float32)
+    got = embed_json(minilm_path, texts)
     np.testing.assert_allclose(got, minilm.embed(texts), atol=1e-6)
     plain = subprocess.run(
         [*frink_command(), "embed", str(minilm_path), texts[0]],
@@ -351,15 +342,7 @@ def test_decoder_pooling_matches_llama_cpp(smollm2_f32: Path, pooling: str) -> N
     ref = np.array(llm.embed(texts, normalize=True), np.float32)
     assert cosines(got, ref).min() >= 0.9999
     # The same through `frink embed --pooling` (llama-server's flag, also on frink serve).
-    out = subprocess.run(
-        [*frink_command(), "embed", str(f32), *texts, "--pooling", pooling, "--json"],
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        timeout=300,
-        check=True,
-    )
-    cli = np.array([d["embedding"] for d in json.loads(out.stdout)["data"]], np.float32)
+    cli = embed_json(f32, texts, "--pooling", pooling)
     assert cosines(cli, ref).min() >= 0.9999
 
 

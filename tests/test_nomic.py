@@ -7,14 +7,13 @@ model's modeling code is remote code), so llama.cpp on the real file is the refe
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from frink_subprocess import child_env, frink_command
+from frink_subprocess import child_env, embed_json, frink_command
 from model_checks import cosines
 
 from frink_cli import api
@@ -143,10 +142,7 @@ def test_cli_embed(nomic_path: Path, embed_ref: Any) -> None:
     texts = ["search_query: what is frink?", "Hello world"]
     ref = np.array(embed_ref.embed(texts, normalize=True), np.float32)
     run: dict[str, Any] = dict(capture_output=True, text=True, env=child_env(), timeout=300)
-    out = subprocess.run([*frink_command(), "embed", str(nomic_path), *texts, "--json"], **run)
-    assert out.returncode == 0, out.stderr
-    data = json.loads(out.stdout)
-    got = np.array([d["embedding"] for d in data["data"]], np.float32)
+    got = embed_json(nomic_path, texts)
     assert cosines(got, ref).min() >= 0.9999
     plain = subprocess.run([*frink_command(), "embed", str(nomic_path), texts[0]], **run)
     assert plain.returncode == 0, plain.stderr
