@@ -135,15 +135,15 @@ def _assert_one_submission_per_token(model: frink_cli.Model) -> None:
     assert not ledger.refusals and not ledger.failures
 
 
-def _cuda_models(
+def cuda_models(
     path: Path, ops_factory: Callable[[], object] | None = None
 ) -> tuple[frink_cli.Model, frink_cli.Model]:
     """(host-only model, cuda-backend model with NumPy arrays) over the same file; the
     backend's ops from ops_factory (default: the NumPy references)."""
     from frink_cli.backends.cupy import make_cuda_backend
 
-    host = frink_cli.load(path)
-    dev = frink_cli.load(path)
+    host = frink_cli.load(path, backend="numpy")
+    dev = frink_cli.load(path, backend="numpy")
     backend = make_cuda_backend(dev.config, array_module="numpy")
     if ops_factory is not None:
         backend.ops = ops_factory()
@@ -152,7 +152,7 @@ def _cuda_models(
     return host, dev
 
 
-def _prefill_prefix_decode(
+def prefill_prefix_decode(
     model: frink_cli.Model, tokens: list[int], split: int, n_decode: int = 4
 ) -> np.ndarray:
     """Logits of a prefill of tokens[:split], a second prefill over that cached prefix, then

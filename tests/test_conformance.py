@@ -36,11 +36,11 @@ from model_checks import (
     _assert_greedy_matches_llamacpp,
     _assert_one_submission_per_token,
     _compare,
-    _cuda_models,
     _decode_after_prefill,
     _max_diff,
     _path,
-    _prefill_prefix_decode,
+    cuda_models,
+    prefill_prefix_decode,
 )
 
 import frink_cli
@@ -401,8 +401,8 @@ def _assert_stack_equals_host(
 ) -> np.ndarray:
     """The cuda stack's logits over a prefill, a prefill over the cached prefix and four
     decode steps are the host body's, each run one submission with the lm head in it."""
-    want = _prefill_prefix_decode(host, tokens, split=split)
-    got = _prefill_prefix_decode(dev, tokens, split=split)
+    want = prefill_prefix_decode(host, tokens, split=split)
+    got = prefill_prefix_decode(dev, tokens, split=split)
     assert _max_diff(got, want) <= SELF_TOL
     ledger = dev.decoder.backend.ledger
     assert ledger.submissions == {"prefill-stack+lm-head": 2, "decode-stack+lm-head": 4}
@@ -412,7 +412,7 @@ def _assert_stack_equals_host(
 
 @pytest.mark.parametrize(("entry", "name"), CUDA_STACK)
 def test_cuda_numpy_stack_equals_host_body(entry: Arch, name: str, tiny_model: Callable) -> None:
-    host, dev = _cuda_models(_path(tiny_model, name, "gguf"))
+    host, dev = cuda_models(_path(tiny_model, name, "gguf"))
     _assert_stack_equals_host(host, dev, [int(t) for t in tiny_model(name).ref["tokens"]], 17)
 
 
@@ -424,7 +424,7 @@ def test_cuda_emulated_kernel_stack_equals_host_body(
     fixture tokens' first positions, in order) both references'."""
     assert entry.cuda is not None
     n, split = entry.cuda.emulated_run
-    host, dev = _cuda_models(
+    host, dev = cuda_models(
         _path(tiny_model, name, "gguf"), lambda: KernelOps(np, emulated_launcher)
     )
     ref = tiny_model(name).ref

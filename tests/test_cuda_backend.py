@@ -33,9 +33,10 @@ from typing import Any
 import numpy as np
 import nvrtc
 import pytest
-from cuda_emulator import EmulatedLauncher, build, compiler
+from cuda_emulator import EmulatedLauncher
 from frink_subprocess import frink
 from host_blocks import attention
+from model_checks import cuda_models, prefill_prefix_decode
 from script_loader import load_script
 
 import frink_cli
@@ -75,45 +76,6 @@ N_DECODE = 4
 # --- fixtures ---------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def emulated_launcher(tmp_path_factory: pytest.TempPathFactory) -> EmulatedLauncher:
-    if compiler() is None:
-        pytest.skip("no g++ to build the CPU kernel emulator")
-    try:
-        lib = build(tmp_path_factory.mktemp("kernel_emu"))
-    except subprocess.CalledProcessError as e:
-        pytest.fail(f"building the emulated kernels failed:\n{e.stderr[-4000:]}", pytrace=False)
-    return EmulatedLauncher(lib)
-
-
-def _backend_models(
-    path: Path, ops_factory: Callable[[], object] | None = None
-) -> tuple[frink_cli.Model, frink_cli.Model]:
-    """(host-only model, cuda-backend model) over the same file; the backend's ops from
-    ops_factory (default: the NumPy references)."""
-    host = frink_cli.load(path, backend="numpy")
-    dev = frink_cli.load(path, backend="numpy")
-    backend = make_cuda_backend(dev.config, array_module="numpy")
-    if ops_factory is not None:
-        backend.ops = ops_factory()
-    dev.decoder = Decoder(dev.config, dev.decoder.host.w, backend)
-    dev.backend_name = backend.name
-    return host, dev
-
-
-def _prefill_prefix_decode(model: frink_cli.Model, tokens: list[int], split: int) -> np.ndarray:
-    """Logits of: a prefill of tokens[:split], a second prefill of the next chunk over that
-    cached prefix, then N_DECODE single-token steps — every row of every step."""
-    dec = model.decoder
-    cache = dec.new_cache(len(tokens) + 8)
-    second = len(tokens) - N_DECODE
-    out = [dec.step(np.asarray(tokens[:split]), cache, all_logits=True)]
-    out.append(dec.step(np.asarray(tokens[split:second]), cache, all_logits=True))
-    for t in tokens[second:]:
-        out.append(dec.step(np.asarray([t]), cache))
-    return np.concatenate(out)
-
-
 def _assert_close(got: np.ndarray, want: np.ndarray, tol: float, what: str) -> None:
     assert got.shape == want.shape, what
     d = float(np.max(np.abs(got.astype(np.float64) - want)))
@@ -126,15 +88,15 @@ def _assert_close(got: np.ndarray, want: np.ndarray, tol: float, what: str) -> N
 @pytest.mark.parametrize("name", DENSE_TINY)
 def test_numpy_stack_equals_host_body(name: str, tiny_model: Callable) -> None:
     tm = tiny_model(name)
-    host, dev = _backend_models(tm.gguf)
+    host, dev = cuda_models(tm.gguf)
     assert eligibility.layer_refusals(dev.config) == [None] * dev.config.n_layer, (
         f"{name}: the stack refuses layers of a plain dense model; a ModelConfig field it does "
         f"not know is refused by name (classify it in backends/cupy/eligibility.py): "
         f"{eligibility.layer_refusals(dev.config)}"
     )
     tokens = [int(t) for t in tm.ref["tokens"]]
-    want = _prefill_prefix_decode(host, tokens, split=17)
-    got = _prefill_prefix_decode(dev, tokens, split=17)
+    want = prefill_prefix_decode(host, tokens, split=17)
+    got = prefill_prefix_decode(dev, tokens, split=17)
     _assert_close(got, want, SELF_TOL, f"{name}: numpy stack vs host body")
     ledger = dev.decoder.backend.ledger
     # Two prefills and each decode token: one submission each, the whole run of layers
@@ -316,11 +278,11 @@ def test_emulated_kernel_stack_equals_host_body(
     name: str, tiny_model: Callable, emulated_launcher: EmulatedLauncher
 ) -> None:
     tm = tiny_model(name)
-    host, dev = _backend_models(tm.gguf, lambda: KernelOps(np, emulated_launcher))
+    host, dev = cuda_models(tm.gguf, lambda: KernelOps(np, emulated_launcher))
     tokens = [int(t) for t in tm.ref["tokens"]][:24]
-    want = _prefill_prefix_decode(host, tokens, split=9)
+    want = prefill_prefix_decode(host, tokens, split=9)
     first_launch = len(emulated_launcher.launches)
-    got = _prefill_prefix_decode(dev, tokens, split=9)
+    got = prefill_prefix_decode(dev, tokens, split=9)
     _assert_close(got, want, SELF_TOL, f"{name}: emulated kernels vs host body")
     # The emulator itself ran them (not the NumPy references the backend was made with).
     launched = set(emulated_launcher.launches[first_launch:])

@@ -127,19 +127,19 @@ def test_cuda_emulated_kernels_match_references(
     """kernels/*.cu on the CPU emulator (layer_norm_f32, act_f32, clamp_f32, the attention
     kernel's ALiBi): a prefill, a prefill over the cached prefix and decode steps give the
     host body's logits and both references'."""
-    from model_checks import SELF_TOL, _cuda_models, _prefill_prefix_decode
+    from model_checks import SELF_TOL, cuda_models, prefill_prefix_decode
 
     from frink_cli.backends.cupy.ops import KernelOps
 
-    host, dev = _cuda_models(
+    host, dev = cuda_models(
         _path(tiny_model, name, "gguf"), lambda: KernelOps(np, emulated_launcher)
     )
     first_launch = len(emulated_launcher.launches)
     ref = tiny_model(name).ref
     n = min(24, len(ref["tokens"]))
     tokens = [int(t) for t in ref["tokens"][:n]]
-    want = _prefill_prefix_decode(host, tokens, split=9)
-    got = _prefill_prefix_decode(dev, tokens, split=9)
+    want = prefill_prefix_decode(host, tokens, split=9)
+    got = prefill_prefix_decode(dev, tokens, split=9)
     assert _max_diff(got, want) <= SELF_TOL, f"{name}: emulated kernels vs host body"
     _against_references(got, {k: ref[k][:n] for k in REFERENCES}, f"{name} cuda-emulated")
     ledger = dev.decoder.backend.ledger

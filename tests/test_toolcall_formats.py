@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from grammar_walks import random_walks
+from tool_defs import add_tool, weather_tool
 
 from frink_cli.archs import open_checkpoint
 from frink_cli.chat import _renders_tools, render_chat
@@ -39,39 +40,8 @@ from frink_cli.toolcalls.plan import ToolPlan
 
 jsonschema = pytest.importorskip("jsonschema")
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 40},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-                "days": {"type": "integer", "minimum": 1, "maximum": 7},
-            },
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "a": {"type": "integer", "minimum": -1000, "maximum": 1000},
-                "b": {"type": "integer", "minimum": -1000, "maximum": 1000},
-            },
-            "required": ["a", "b"],
-            "additionalProperties": False,
-        },
-    },
-}
+WEATHER = weather_tool(days={"type": "integer", "minimum": 1, "maximum": 7})
+ADD = add_tool(1000)
 TOOLS = [WEATHER, ADD]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 

@@ -1,37 +1,49 @@
 """The function tools the tool-call tests offer a model (OpenAI's shape), and their
 parameter schemas by name."""
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 40},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
+from __future__ import annotations
+
+from typing import Any
+
+
+def function_tool(
+    name: str, description: str, properties: dict[str, Any], required: list[str]
+) -> dict[str, Any]:
+    """An OpenAI function tool whose parameters are an object of these properties, no
+    others allowed."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": properties,
+                "required": required,
+                "additionalProperties": False,
             },
-            "required": ["city", "unit"],
-            "additionalProperties": False,
         },
-    },
-}
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "a": {"type": "integer", "minimum": -1000000, "maximum": 1000000},
-                "b": {"type": "integer", "minimum": -1000000, "maximum": 1000000},
-            },
-            "required": ["a", "b"],
-            "additionalProperties": False,
-        },
-    },
-}
+    }
+
+
+def weather_tool(**extra: Any) -> dict[str, Any]:
+    """get_weather(city, unit), with any extra (optional) properties."""
+    city_unit = {
+        "city": {"type": "string", "maxLength": 40},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+    }
+    return function_tool(
+        "get_weather", "Get the current weather in a city", city_unit | extra, ["city", "unit"]
+    )
+
+
+def add_tool(bound: int) -> dict[str, Any]:
+    """add(a, b) over integers in [-bound, bound]."""
+    integer = {"type": "integer", "minimum": -bound, "maximum": bound}
+    return function_tool("add", "Add two integers", {"a": integer, "b": integer}, ["a", "b"])
+
+
+WEATHER = weather_tool()
+ADD = add_tool(1000000)
 TOOLS = [WEATHER, ADD]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
