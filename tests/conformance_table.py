@@ -683,7 +683,7 @@ TABLE: tuple[Arch, ...] = (
         past_window=True,
         converter=Converter(),
         metal=Metal(("mimo2",), per_token=("mimo2",), decode=("mimo2",), generate=True),
-        cuda=Cuda(("mimo2",), every_layer="attention: sinks"),
+        cuda=Cuda(("mimo2",), every_layer="attention: K/V widths differ"),
         decorations=_MIMO2_OFF,
     ),
 )
