@@ -1369,6 +1369,18 @@ SPECS.update({s.name: s for s in _LLAMA4_SPECS})
 # sigmoid-routed experts (8, top 2) with the selection bias, renormalized. config_overrides:
 # the released config's spelling, which llama.cpp's converter reads (hybrid_layer_pattern,
 # swa_* sizes, a top-level partial_rotary_factor) and transformers ignores.
+_MIMO2_ROPE: dict[str, Any] = {
+    "full_attention": {
+        "rope_type": "default",
+        "rope_theta": 50000.0,
+        "partial_rotary_factor": 0.334,
+    },
+    "sliding_attention": {
+        "rope_type": "default",
+        "rope_theta": 3000.0,
+        "partial_rotary_factor": 0.334,
+    },
+}
 _MIMO2: dict[str, Any] = dict(
     _COMMON,
     num_hidden_layers=4,
@@ -1378,10 +1390,7 @@ _MIMO2: dict[str, Any] = dict(
     sliding_window=6,
     layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
     mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
-    rope_parameters={
-        "full_attention": {"rope_type": "default", "rope_theta": 50000.0, "partial_rotary_factor": 0.334},
-        "sliding_attention": {"rope_type": "default", "rope_theta": 3000.0, "partial_rotary_factor": 0.334},
-    },
+    rope_parameters=_MIMO2_ROPE,
     moe_intermediate_size=32,
     n_routed_experts=8,
     num_experts_per_tok=2,
@@ -1409,11 +1418,7 @@ _MIMO2_SPECS = [
             "swa_head_dim": 24,
             "swa_v_head_dim": 16,
             "topk_method": "noaux_tc",
-            "rope_parameters": {
-                "full_attention": {"rope_type": "default", "rope_theta": 50000.0, "partial_rotary_factor": 0.334},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 3000.0, "partial_rotary_factor": 0.334},
-                "partial_rotary_factor": 0.334,
-            },
+            "rope_parameters": dict(_MIMO2_ROPE, partial_rotary_factor=0.334),
         },
         greedy=24,
         min_router_gap=MIN_ROUTER_GAP,

@@ -204,7 +204,6 @@ _DEEPSEEK2_OFF = (
 )
 
 
-
 # --- mimo2 (issue 31) -----------------------------------------------------------------------
 _MIMO2_OFF = (
     Off("attn_sinks", "mimo2", {"attn_sinks": ()}, lambda lw: {"attn_sinks": None}),
@@ -215,6 +214,7 @@ _MIMO2_OFF = (
     Off("sigmoid_gating", "mimo2", _moe(gating="softmax")),
     Off("norm_topk", "mimo2", _moe(norm_topk=False)),
 )
+
 
 @dataclass(frozen=True)
 class Arch:

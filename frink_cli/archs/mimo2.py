@@ -126,7 +126,9 @@ class Mimo2(Arch):
         cfg = super().config(ckpt)
         md, key = ckpt.metadata, self.key
         if cfg.sliding_window is None:
-            raise FrinkError(f"{ckpt.path}: model metadata is missing {key('attention.sliding_window')}")
+            raise FrinkError(
+                f"{ckpt.path}: model metadata is missing {key('attention.sliding_window')}"
+            )
         if get(md, key("attention.sliding_window_pattern")) is None:
             raise FrinkError(
                 f"{ckpt.path}: model metadata is missing {key('attention.sliding_window_pattern')}"
@@ -144,7 +146,9 @@ class Mimo2(Arch):
             )
         scale = float(get(md, key("attention.value_scale"), 1.0))
         if not (math.isfinite(scale) and scale > 0):
-            raise FrinkError(f"{ckpt.path}: bad model metadata ({key('attention.value_scale')} = {scale})")
+            raise FrinkError(
+                f"{ckpt.path}: bad model metadata ({key('attention.value_scale')} = {scale})"
+            )
         names = set(ckpt.tensors.names())
         sinks = tuple(f"blk.{i}.attn_sinks.weight" in names for i in range(cfg.n_layer))
         moe = decoder_ext(cfg).moe

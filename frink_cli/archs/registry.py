@@ -25,8 +25,8 @@ from .granite_hybrid import GraniteHybrid
 from .lfm2 import Lfm2, Lfm2Moe
 from .llama import Llama
 from .llama4 import Llama4
-from .mimo2 import Mimo2
 from .mamba import Mamba, Mamba2
+from .mimo2 import Mimo2
 from .mpnet import Mpnet
 from .nomic_bert import NomicBert
 from .olmo2 import Olmo2

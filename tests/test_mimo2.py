@@ -1,0 +1,101 @@
+"""MiMo-V2-Flash (`mimo2`): what is its own beyond its tests/conformance_table.py entry
+(parity with transformers and llama.cpp, batched and stepped, GGUF and HF dir, greedy,
+metal, the converter's metadata and tensors, cuda's refusal, each decoration).
+
+Why: `frink info` must name what sets mimo2 apart (sinks on some layers, the value scale,
+per-layer KV heads, the sliding pattern); hostile per-layer metadata must be refused by
+name before anything is sized from it; an HF config that transformers and llama.cpp would
+run apart (expert groups, a routed scaling factor, layer patterns that disagree) is
+refused rather than run as one of them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from model_checks import _path
+from script_loader import load_script
+
+import frink_cli
+from frink_cli.archs import config_from_checkpoint, open_checkpoint
+from frink_cli.errors import FrinkError
+from frink_cli.report import describe
+
+
+def test_info_names_the_decorations(tiny_model: Callable) -> None:
+    d = describe(_path(tiny_model, "mimo2", "gguf"))
+    assert {"attn_sinks", "value_scale", "moe", "layer_sizes", "sliding_window"} <= set(
+        d["decorations"]
+    )
+    assert d["decoration_values"]["value_scale"] == pytest.approx(0.6)
+    assert d["layer_pattern"] and d["per_layer_sizes"]
+    assert d["moe"]["gating"] == "sigmoid" and d["moe"]["expert_bias"] and d["moe"]["norm_topk"]
+    # The trunk only: the converter's three NextN blocks are not layers here.
+    assert d["n_layer"] == 4
+    cfg = config_from_checkpoint(open_checkpoint(_path(tiny_model, "mimo2", "gguf")))
+    assert cfg.ext.attn_sinks == (False, True, True, False)
+    assert cfg.swa_layers == (False, True, True, False)
+    assert [cfg.layer_shape(i).n_head_kv for i in range(4)] == [1, 2, 2, 1]
+    assert [cfg.layer_shape(i).rope_base for i in range(4)] == [50000.0, 3000.0, 3000.0, 50000.0]
+    assert (cfg.head_dim_k, cfg.head_dim_v, cfg.rope_dim) == (24, 16, 8)
+
+
+def test_hostile_metadata_is_refused_by_name(tmp_path: Path) -> None:
+    """Each per-layer or mimo2 field made hostile (zero or huge head counts, arrays and
+    patterns of the wrong length, a zero window, a bad value scale, expert groups) is one
+    FrinkError naming it, before anything large is allocated; the valid file they start
+    from runs."""
+    F = load_script("fuzz_inputs")
+    good = tmp_path / "good.gguf"
+    good.write_bytes(F.mimo2_base().encode())
+    F._run_model(good)
+    for name, (data, why) in F.mimo2_hostile().items():
+        path = tmp_path / f"{name}.gguf"
+        path.write_bytes(data)
+        tracemalloc.start()
+        try:
+            with pytest.raises(FrinkError, match=why):
+                frink_cli.load(path)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 64 * 2**20, (name, peak)
+
+
+def _hf_copy(tiny_model: Callable, tmp_path: Path, **changes: Any) -> Path:
+    src = _path(tiny_model, "mimo2", "hf")
+    dst = tmp_path / "hf"
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update(changes)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        ({"n_group": 2, "topk_group": 1}, "expert groups"),
+        ({"routed_scaling_factor": 2.5}, "routed_scaling_factor"),
+        ({"hybrid_layer_pattern": [0, 1, 0, 0]}, "disagree"),
+        ({"hybrid_layer_pattern": [0, 1, 1]}, "hybrid_layer_pattern has 3 entries"),
+        ({"sliding_window_size": 0, "sliding_window": None}, None),
+    ],
+)
+def test_hf_configs_the_references_read_apart_are_refused(
+    tiny_model: Callable, tmp_path: Path, changes: dict[str, Any], why: str | None
+) -> None:
+    path = _hf_copy(tiny_model, tmp_path, **changes)
+    if why is None:
+        # The released config's sliding_window_size: transformers' window is one more.
+        cfg = config_from_checkpoint(open_checkpoint(path))
+        assert cfg.sliding_window == 1
+        return
+    with pytest.raises(FrinkError, match=why):
+        frink_cli.load(path)
