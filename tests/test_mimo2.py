@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from model_checks import _path
+from model_checks import _path, assert_refused_by_name
 from script_loader import load_script
 
 import frink_cli
@@ -52,20 +51,7 @@ def test_hostile_metadata_is_refused_by_name(tmp_path: Path) -> None:
     FrinkError naming it, before anything large is allocated; the valid file they start
     from runs."""
     F = load_script("fuzz_inputs")
-    good = tmp_path / "good.gguf"
-    good.write_bytes(F.mimo2_base().encode())
-    F._run_model(good)
-    for name, (data, why) in F.mimo2_hostile().items():
-        path = tmp_path / f"{name}.gguf"
-        path.write_bytes(data)
-        tracemalloc.start()
-        try:
-            with pytest.raises(FrinkError, match=why):
-                frink_cli.load(path)
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
-        assert peak < 64 * 2**20, (name, peak)
+    assert_refused_by_name(tmp_path, F.mimo2_base().encode(), F.mimo2_hostile())
 
 
 def _hf_copy(tiny_model: Callable, tmp_path: Path, **changes: Any) -> Path:
