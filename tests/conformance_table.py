@@ -209,6 +209,7 @@ _MIMO2_OFF = (
     Off("attn_sinks", "mimo2", {"attn_sinks": ()}, lambda lw: {"attn_sinks": None}),
     Off("value_scale", "mimo2", {"value_scale": None}),
     Off("swa_rope_base", "mimo2", lambda cfg: {"rope_base_swa": cfg.rope_base}),
+    Off("partial_rope", "mimo2", {"rope_dim": 24}),
     Off("sliding_window", "mimo2", {"sliding_window": None, "swa_layers": (False,) * 4}),
     Off("expert_bias", "mimo2", layer=in_block("moe", lambda m: {"probs_b": None})),
     Off("sigmoid_gating", "mimo2", _moe(gating="softmax")),

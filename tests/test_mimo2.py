@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from model_checks import _path, assert_refused_by_name
 from script_loader import load_script
@@ -85,3 +86,26 @@ def test_hf_configs_the_references_read_apart_are_refused(
         return
     with pytest.raises(FrinkError, match=why):
         frink_cli.load(path)
+
+
+def test_the_released_config_spelling_reads_the_same(tiny_model: Callable, tmp_path: Path) -> None:
+    """A config.json as released (no rope_parameters / layer_types: rope_theta,
+    swa_rope_theta, partial_rotary_factor, hybrid_layer_pattern, sliding_window_size)
+    gives transformers' logits, as the fixture's own spelling does."""
+    path = _hf_copy(
+        tiny_model,
+        tmp_path,
+        rope_parameters=None,
+        layer_types=None,
+        sliding_window=None,
+        rope_theta=50000.0,
+        swa_rope_theta=3000.0,
+        partial_rotary_factor=0.334,
+        sliding_window_size=5,
+    )
+    ref = tiny_model("mimo2").ref
+    m = frink_cli.load(path)
+    assert (m.config.sliding_window, m.config.rope_base_swa, m.config.rope_dim) == (6, 3000.0, 8)
+    got = m.logits([int(t) for t in ref["tokens"]])
+    assert np.abs(got - ref["logits_hf"]).max() <= 2e-3
+    assert np.array_equal(got.argmax(-1), ref["logits_hf"].argmax(-1))
