@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 from model_checks import _path, assert_refused_by_name
+from safetensors.numpy import save_file
 from script_loader import load_script
 
 import frink_cli
@@ -109,3 +110,14 @@ def test_the_released_config_spelling_reads_the_same(tiny_model: Callable, tmp_p
     got = m.logits([int(t) for t in ref["tokens"]])
     assert np.abs(got - ref["logits_hf"]).max() <= 2e-3
     assert np.array_equal(got.argmax(-1), ref["logits_hf"].argmax(-1))
+
+
+def test_the_mtp_layers_of_an_hf_dir_are_ignored(tiny_model: Callable, tmp_path: Path) -> None:
+    """Released checkpoints carry multi-token-prediction layers (model.mtp.*): frink runs
+    the trunk, as llama.cpp's main pass does, and reads none of them."""
+    path = _hf_copy(tiny_model, tmp_path)
+    mtp = {"model.mtp.layers.0.input_layernorm.weight": np.ones(64, np.float32)}
+    save_file(mtp, str(path / "mtp.safetensors"))
+    ref = tiny_model("mimo2").ref
+    got = frink_cli.load(path).logits([int(t) for t in ref["tokens"]])
+    assert np.abs(got - ref["logits_hf"]).max() <= 2e-3
