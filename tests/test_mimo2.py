@@ -73,6 +73,10 @@ def _hf_copy(tiny_model: Callable, tmp_path: Path, **changes: Any) -> Path:
         ({"routed_scaling_factor": 2.5}, "routed_scaling_factor"),
         ({"hybrid_layer_pattern": [0, 1, 0, 0]}, "disagree"),
         ({"hybrid_layer_pattern": [0, 1, 1]}, "hybrid_layer_pattern has 3 entries"),
+        ({"swa_num_key_value_heads": "2"}, "swa_num_key_value_heads"),
+        ({"layer_types": "sliding_attention"}, "layer_types"),
+        ({"partial_rotary_factor": float("nan"), "rope_parameters": None}, "partial_rotary"),
+        ({"sliding_window": None}, "sliding_window"),
         ({"sliding_window_size": 0, "sliding_window": None}, None),
     ],
 )

@@ -34,14 +34,15 @@ from typing import Any, ClassVar
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
+from ..formats.safetensors import is_uint
 from ..graph.blocks.attention import AttentionSpec
 from ..graph.blocks.step import At
 from ..graph.ops import Array, Ops
 from ..model.config import LayerPlan, LayerShape, ModelConfig
 from .base import Arch, get
 from .decoder import DecoderConfig, decoder_ext, with_ext
-from .hf import HF_CORE_TENSORS, Composite, MetadataWriter, f32, hf_type
-from .hf_plan import HfModelType
+from .hf import HF_CORE_TENSORS, Composite, MetadataWriter, hf_type
+from .hf_plan import HfModelType, is_finite_number
 from .moe import HF_ROUTER, stacked_experts
 
 # The MTP blocks the converter always appends (MimoV2Model._n_nextn).
@@ -169,43 +170,74 @@ class Mimo2(Arch):
     # --- HF -> GGUF ----------------------------------------------------------------------
     def hf_metadata(self, w: MetadataWriter, notes: list[str]) -> None:
         hp = w.hp
+        _hf_refuse(hp)
         super().hf_metadata(w, notes)
         n = int(hp["num_hidden_layers"])
         swa = _hf_swa_layers(hp, n) + [True] * HF_NEXTN
         kv = int(hp["num_key_value_heads"])
-        kv_swa = hp.get("swa_num_key_value_heads", 2 * kv)
+        kv_swa = _hf_uint(hp, "swa_num_key_value_heads", 2 * kv)
         w.set("block_count", n + HF_NEXTN)
         w.set("nextn_predict_layers", HF_NEXTN)
-        w.set("attention.head_count_kv", [int(kv_swa) if s else kv for s in swa])
+        w.set("attention.head_count_kv", [kv_swa if s else kv for s in swa])
         w.set("attention.sliding_window_pattern", [int(s) for s in swa])
         w.set("attention.sliding_window", _hf_window(hp))
         w.u32("attention.value_length", "v_head_dim")
         full = hp["_rope_full"]
-        factor = full.get("partial_rotary_factor", hp.get("partial_rotary_factor", _PARTIAL_ROTARY))
-        w.set("rope.dimension_count", int(int(hp["head_dim"]) * float(factor)))
-        theta_swa = hp.get("rope_theta_swa") or hp.get("swa_rope_theta")
-        if theta_swa is not None:
-            w.set("rope.freq_base_swa", f32(theta_swa))
+        factor = _hf_number(
+            full, "partial_rotary_factor", _hf_number(hp, "partial_rotary_factor", _PARTIAL_ROTARY)
+        )
+        w.set("rope.dimension_count", int(int(hp["head_dim"]) * factor))
+        # rope_parameters' sliding_attention base (hf_plan), else the released config's key.
+        theta_swa = "rope_theta_swa" if hp.get("rope_theta_swa") is not None else "swa_rope_theta"
+        w.f32("rope.freq_base_swa", theta_swa, optional=True)
         w.u32("expert_count", "n_routed_experts")
         w.u32("expert_used_count", "num_experts_per_tok")
         w.u32("expert_group_count", "n_group", optional=True)
         w.u32("expert_group_used_count", "topk_group", optional=True)
         w.u32("expert_feed_forward_length", "moe_intermediate_size")
         w.f32("attention.value_scale", "attention_value_scale", optional=True)
-        _hf_refuse(hp)
+
+
+def _hf_uint(hp: dict[str, Any], key: str, default: int) -> int:
+    """config.json's hp[key] (default where absent), a non-negative integer or refused."""
+    value = hp.get(key)
+    if value is None:
+        return default
+    if not is_uint(value):
+        raise FrinkError(f"config.json: {key!r} must be a non-negative integer, got {value!r:.40}")
+    return int(value)
+
+
+def _hf_number(hp: dict[str, Any], key: str, default: float) -> float:
+    """config.json's hp[key] (default where absent), a finite number or refused."""
+    value = hp.get(key)
+    if value is None:
+        return default
+    if not is_finite_number(value):
+        raise FrinkError(f"config.json: {key!r} must be a finite number, got {value!r:.40}")
+    return float(value)
+
+
+def _hf_list(hp: dict[str, Any], key: str, n: int) -> list[Any] | None:
+    """config.json's per-layer list hp[key] (None where absent), n entries or refused."""
+    value = hp.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise FrinkError(f"config.json: {key!r} must be a list, got {value!r:.40}")
+    if len(value) != n:
+        raise FrinkError(f"config.json: {key} has {len(value)} entries for {n} layers")
+    return value
 
 
 def _hf_swa_layers(hp: dict[str, Any], n: int) -> list[bool]:
     """Which layers slide: hybrid_layer_pattern (the released config's, 1 = sliding) or
     layer_types (transformers'), which must agree where both are given; neither:
     transformers' default (full on layer 0 and every 6th)."""
-    pattern = hp.get("hybrid_layer_pattern")
-    types = hp.get("layer_types")
-    from_pattern = None if pattern is None else [bool(x) for x in pattern]
+    pattern = _hf_list(hp, "hybrid_layer_pattern", n)
+    types = _hf_list(hp, "layer_types", n)
+    from_pattern = None if pattern is None else [x == 1 for x in pattern]
     from_types = None if types is None else [t == "sliding_attention" for t in types]
-    for what, got in (("hybrid_layer_pattern", from_pattern), ("layer_types", from_types)):
-        if got is not None and len(got) != n:
-            raise FrinkError(f"config.json: {what} has {len(got)} entries for {n} layers")
     if from_pattern is not None and from_types is not None and from_pattern != from_types:
         raise FrinkError("config.json: hybrid_layer_pattern and layer_types disagree")
     default = [not (i == 0 or (i + 1) % 6 == 0) for i in range(n)]
@@ -216,19 +248,22 @@ def _hf_window(hp: dict[str, Any]) -> int:
     """transformers' window: sliding_window_size + 1 where the released config states it
     (the query and sliding_window_size keys before it), else sliding_window."""
     size = hp.get("sliding_window_size")
-    window = int(size) + 1 if size is not None else hp.get("sliding_window")
-    if not isinstance(window, int) or window <= 0:
-        raise FrinkError(f"config.json: bad sliding_window {window!r}")
+    if size is not None:
+        window = _hf_uint(hp, "sliding_window_size", 0) + 1
+    else:
+        window = _hf_uint(hp, "sliding_window", 0)
+    if window <= 0:
+        raise FrinkError("config.json: mimo2 needs a sliding_window (or sliding_window_size)")
     return window
 
 
 def _hf_refuse(hp: dict[str, Any]) -> None:
     """What llama.cpp's mimo2 does not read, refused rather than run apart from
     transformers."""
-    if int(hp.get("n_group") or 1) != 1 or int(hp.get("topk_group") or 1) != 1:
+    if _hf_uint(hp, "n_group", 1) > 1 or _hf_uint(hp, "topk_group", 1) > 1:
         raise FrinkError("config.json: mimo2 with expert groups (n_group > 1) is not supported")
-    rsf = hp.get("routed_scaling_factor")
-    if rsf is not None and float(rsf) != 1.0:
+    rsf = _hf_number(hp, "routed_scaling_factor", 1.0)
+    if rsf != 1.0:
         raise FrinkError(
             f"config.json: routed_scaling_factor {rsf} is not supported (llama.cpp's mimo2 "
             "does not scale the expert weights)"
