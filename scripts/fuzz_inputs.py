@@ -324,6 +324,24 @@ def llama4_ggufs() -> dict[str, Gguf]:
     }
 
 
+def _drawers(seed: int) -> tuple[Callable[..., np.ndarray], Callable[[int], np.ndarray]]:
+    """(w(*shape): seeded weights of std 0.2, ones(n)), for an architecture's base file."""
+    rng = np.random.default_rng(seed)
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    return w, lambda n: np.ones(n, np.float32)
+
+
+def _arch_kvs(arch: str, drop: tuple[str, ...]) -> list[tuple[str, int, object]]:
+    """The base's metadata as architecture `arch`'s, without the keys ending in `drop`."""
+    kvs = [(k.replace("llama.", f"{arch}."), t, v) for k, t, v in base_kvs()]
+    kvs = [kv for kv in kvs if not kv[0].endswith(drop)]
+    kvs[0] = ("general.architecture", STR, arch)
+    return kvs
+
+
 # --- deepseek2 (issue 31): MLA and grouped-routing metadata --------------------------------
 DS_KV_LORA, DS_Q_LORA, DS_ROPE, DS_NOPE, DS_V, DS_EXPERTS, DS_FF_EXP = 16, 16, 4, 4, 8, 4, 8
 
@@ -331,18 +349,9 @@ DS_KV_LORA, DS_Q_LORA, DS_ROPE, DS_NOPE, DS_V, DS_EXPERTS, DS_FF_EXP = 16, 16, 4
 def deepseek2_base() -> Gguf:
     """A valid two-layer deepseek2 (a dense layer, then 4 experts in 2 groups with a
     shared expert and a selection bias; MLA with q_lora_rank) on the base's tokenizer."""
-    rng = np.random.default_rng(1)
-
-    def w(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
-
-    def ones(n: int) -> np.ndarray:
-        return np.ones(n, np.float32)
-
+    w, ones = _drawers(1)
     arch = "deepseek2"
-    kvs = [(k.replace("llama.", f"{arch}."), t, v) for k, t, v in base_kvs()]
-    kvs = [kv for kv in kvs if not kv[0].endswith((".block_count", ".rope.dimension_count"))]
-    kvs[0] = ("general.architecture", STR, arch)
+    kvs = _arch_kvs(arch, (".block_count", ".rope.dimension_count"))
     kvs += [
         (f"{arch}.block_count", U32, 2),
         (f"{arch}.rope.dimension_count", U32, DS_ROPE),
@@ -445,19 +454,9 @@ def mimo2_base() -> Gguf:
     trunk: block_count 3, per-layer arrays of 3): layer 0 full with one KV head and a dense
     FFN, layer 1 sliding with two KV heads, sinks and sigmoid-routed experts; V heads
     narrower than K's, the value scale 0.7; on the base's tokenizer."""
-    rng = np.random.default_rng(2)
-
-    def w(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
-
-    def ones(n: int) -> np.ndarray:
-        return np.ones(n, np.float32)
-
+    w, ones = _drawers(2)
     arch = "mimo2"
-    drop = (".block_count", ".rope.dimension_count", ".attention.head_count_kv")
-    kvs = [(k.replace("llama.", f"{arch}."), t, v) for k, t, v in base_kvs()]
-    kvs = [kv for kv in kvs if not kv[0].endswith(drop)]
-    kvs[0] = ("general.architecture", STR, arch)
+    kvs = _arch_kvs(arch, (".block_count", ".rope.dimension_count", ".attention.head_count_kv"))
     kvs += [
         (f"{arch}.block_count", U32, 3),
         (f"{arch}.nextn_predict_layers", U32, 1),
