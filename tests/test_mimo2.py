@@ -74,6 +74,8 @@ def _hf_copy(tiny_model: Callable, tmp_path: Path, **changes: Any) -> Path:
         ({"hybrid_layer_pattern": [0, 1, 0, 0]}, "disagree"),
         ({"hybrid_layer_pattern": [0, 1, 1]}, "hybrid_layer_pattern has 3 entries"),
         ({"swa_num_key_value_heads": "2"}, "swa_num_key_value_heads"),
+        ({"swa_head_dim": 32}, "swa_head_dim"),
+        ({"swa_num_attention_heads": 8}, "swa_num_attention_heads"),
         ({"layer_types": "sliding_attention"}, "layer_types"),
         ({"partial_rotary_factor": float("nan"), "rope_parameters": None}, "partial_rotary"),
         ({"sliding_window": None}, "sliding_window"),

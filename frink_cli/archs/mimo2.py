@@ -270,3 +270,14 @@ def _hf_refuse(hp: dict[str, Any]) -> None:
         )
     if hp.get("attention_bias"):
         raise FrinkError("config.json: mimo2 with attention biases is not supported")
+    # The converter asserts the sliding layers' sizes equal the full layers' (but KV heads).
+    for swa_key, key in (
+        ("swa_num_attention_heads", "num_attention_heads"),
+        ("swa_head_dim", "head_dim"),
+        ("swa_v_head_dim", "v_head_dim"),
+    ):
+        if hp.get(swa_key) is not None and hp[swa_key] != hp.get(key):
+            raise FrinkError(
+                f"config.json: {swa_key} {hp[swa_key]!r:.40} != {key} {hp.get(key)!r:.40} "
+                "(not supported, as in llama.cpp's converter)"
+            )
