@@ -324,6 +324,24 @@ def llama4_ggufs() -> dict[str, Gguf]:
     }
 
 
+def _drawers(seed: int) -> tuple[Callable[..., np.ndarray], Callable[[int], np.ndarray]]:
+    """(w(*shape): seeded weights of std 0.2, ones(n)), for an architecture's base file."""
+    rng = np.random.default_rng(seed)
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    return w, lambda n: np.ones(n, np.float32)
+
+
+def _arch_kvs(arch: str, drop: tuple[str, ...]) -> list[tuple[str, int, object]]:
+    """The base's metadata as architecture `arch`'s, without the keys ending in `drop`."""
+    kvs = [(k.replace("llama.", f"{arch}."), t, v) for k, t, v in base_kvs()]
+    kvs = [kv for kv in kvs if not kv[0].endswith(drop)]
+    kvs[0] = ("general.architecture", STR, arch)
+    return kvs
+
+
 # --- deepseek2 (issue 31): MLA and grouped-routing metadata --------------------------------
 DS_KV_LORA, DS_Q_LORA, DS_ROPE, DS_NOPE, DS_V, DS_EXPERTS, DS_FF_EXP = 16, 16, 4, 4, 8, 4, 8
 
@@ -331,18 +349,9 @@ DS_KV_LORA, DS_Q_LORA, DS_ROPE, DS_NOPE, DS_V, DS_EXPERTS, DS_FF_EXP = 16, 16, 4
 def deepseek2_base() -> Gguf:
     """A valid two-layer deepseek2 (a dense layer, then 4 experts in 2 groups with a
     shared expert and a selection bias; MLA with q_lora_rank) on the base's tokenizer."""
-    rng = np.random.default_rng(1)
-
-    def w(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
-
-    def ones(n: int) -> np.ndarray:
-        return np.ones(n, np.float32)
-
+    w, ones = _drawers(1)
     arch = "deepseek2"
-    kvs = [(k.replace("llama.", f"{arch}."), t, v) for k, t, v in base_kvs()]
-    kvs = [kv for kv in kvs if not kv[0].endswith((".block_count", ".rope.dimension_count"))]
-    kvs[0] = ("general.architecture", STR, arch)
+    kvs = _arch_kvs(arch, (".block_count", ".rope.dimension_count"))
     kvs += [
         (f"{arch}.block_count", U32, 2),
         (f"{arch}.rope.dimension_count", U32, DS_ROPE),
@@ -432,6 +441,91 @@ def deepseek2_hostile() -> dict[str, tuple[bytes, str]]:
             _with(g, key + "leading_dense_block_count", U32, 2),
             "leading_dense_block_count",
         ),
+    }
+    return {k: (v.encode(), why) for k, (v, why) in cases.items()}
+
+
+# --- mimo2 (issue 31): per-layer heads, the SWA pattern, sinks, the value scale ------------
+MM_V, MM_ROPE, MM_EXPERTS, MM_FF_EXP = 4, 4, 4, 8  # V width, rotated dims, experts, their width
+
+
+def mimo2_base() -> Gguf:
+    """A valid two-layer mimo2 as the converter lays it out (one NextN block after the
+    trunk: block_count 3, per-layer arrays of 3): layer 0 full with one KV head and a dense
+    FFN, layer 1 sliding with two KV heads, sinks and sigmoid-routed experts; V heads
+    narrower than K's, the value scale 0.7; on the base's tokenizer."""
+    w, ones = _drawers(2)
+    arch = "mimo2"
+    kvs = _arch_kvs(arch, (".block_count", ".rope.dimension_count", ".attention.head_count_kv"))
+    kvs += [
+        (f"{arch}.block_count", U32, 3),
+        (f"{arch}.nextn_predict_layers", U32, 1),
+        (f"{arch}.rope.dimension_count", U32, MM_ROPE),
+        (f"{arch}.rope.freq_base_swa", F32, 1000.0),
+        (f"{arch}.attention.head_count_kv", ARR, (U32, [1, 2, 2])),
+        (f"{arch}.attention.key_length", U32, HEAD_DIM),
+        (f"{arch}.attention.value_length", U32, MM_V),
+        (f"{arch}.attention.sliding_window", U32, 4),
+        (f"{arch}.attention.sliding_window_pattern", ARR, (BOOL, [False, True, True])),
+        (f"{arch}.attention.value_scale", F32, 0.7),
+        (f"{arch}.expert_count", U32, MM_EXPERTS),
+        (f"{arch}.expert_used_count", U32, 2),
+        (f"{arch}.expert_group_count", U32, 1),
+        (f"{arch}.expert_group_used_count", U32, 1),
+        (f"{arch}.expert_feed_forward_length", U32, MM_FF_EXP),
+    ]
+    t = {"token_embd.weight": w(N_VOCAB, N_EMBD), "output_norm.weight": ones(N_EMBD)}
+    for i, kv in enumerate((1, 2)):
+        p = f"blk.{i}."
+        t |= {
+            p + "attn_norm.weight": ones(N_EMBD),
+            p + "attn_q.weight": w(N_HEAD * HEAD_DIM, N_EMBD),
+            p + "attn_k.weight": w(kv * HEAD_DIM, N_EMBD),
+            p + "attn_v.weight": w(kv * MM_V, N_EMBD),
+            p + "attn_output.weight": w(N_EMBD, N_HEAD * MM_V),
+            p + "ffn_norm.weight": ones(N_EMBD),
+        }
+    t |= {
+        "blk.0.ffn_gate.weight": w(N_FF, N_EMBD),
+        "blk.0.ffn_up.weight": w(N_FF, N_EMBD),
+        "blk.0.ffn_down.weight": w(N_EMBD, N_FF),
+        "blk.1.attn_sinks.weight": w(N_HEAD),
+        "blk.1.ffn_gate_inp.weight": w(MM_EXPERTS, N_EMBD),
+        "blk.1.exp_probs_b.bias": w(MM_EXPERTS),
+        "blk.1.ffn_gate_exps.weight": w(MM_EXPERTS, MM_FF_EXP, N_EMBD),
+        "blk.1.ffn_up_exps.weight": w(MM_EXPERTS, MM_FF_EXP, N_EMBD),
+        "blk.1.ffn_down_exps.weight": w(MM_EXPERTS, N_EMBD, MM_FF_EXP),
+    }
+    return Gguf(kvs, [(k, v, 0, None) for k, v in t.items()])
+
+
+def mimo2_hostile() -> dict[str, tuple[bytes, str]]:
+    """mimo2 files with one per-layer or mimo2 field made hostile -> (file, the name the
+    refusal must carry)."""
+    g = mimo2_base()
+    key = "mimo2."
+    kv, pattern = key + "attention.head_count_kv", key + "attention.sliding_window_pattern"
+    cases: dict[str, tuple[Gguf, str]] = {
+        "kv_heads_zero": (_with(g, kv, ARR, (U32, [1, 0, 2])), "KV heads"),
+        "kv_heads_huge": (_with(g, kv, ARR, (U32, [2**31, 2, 2])), "head counts"),
+        "heads_huge": (
+            _with(g, key + "attention.head_count", ARR, (U32, [2**31, 2, 2])),
+            "query width",
+        ),
+        "heads_zero": (_with(g, key + "attention.head_count", ARR, (U32, [2, 0, 2])), "heads"),
+        "kv_heads_short": (_with(g, kv, ARR, (U32, [1])), "head_count_kv"),
+        "kv_heads_long": (_with(g, kv, ARR, (U32, [1] * 1000)), "head_count_kv"),
+        "pattern_short": (_with(g, pattern, ARR, (BOOL, [False])), "sliding_window_pattern"),
+        "pattern_missing": (_with(g, pattern, drop=True), "sliding_window_pattern"),
+        "window_zero": (_with(g, key + "attention.sliding_window", U32, 0), "sliding_window"),
+        "value_scale_nan": (
+            _with(g, key + "attention.value_scale", F32, float("nan")),
+            "value_scale",
+        ),
+        "value_scale_zero": (_with(g, key + "attention.value_scale", F32, 0.0), "value_scale"),
+        "value_width_huge": (_with(g, key + "attention.value_length", U32, 2**31), "value"),
+        "nextn_huge": (_with(g, key + "nextn_predict_layers", U32, 2**31), "block_count"),
+        "groups": (_with(g, key + "expert_group_count", U32, 2), "expert_group_count"),
     }
     return {k: (v.encode(), why) for k, (v, why) in cases.items()}
 
@@ -783,6 +877,9 @@ def cases(n_random: int, seed: int, work: Path) -> Iterator[Case]:
     yield _gguf_case("deepseek2", "valid", deepseek2_base().encode(), work)
     for name, (data, _) in deepseek2_hostile().items():
         yield _gguf_case("deepseek2", name, data, work)
+    yield _gguf_case("mimo2", "valid", mimo2_base().encode(), work)
+    for name, (data, _) in mimo2_hostile().items():
+        yield _gguf_case("mimo2", name, data, work)
     for i, t in enumerate(HOSTILE_TEMPLATES):
         yield _template_case(f"hostile {i}", t)
 

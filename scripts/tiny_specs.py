@@ -1360,3 +1360,71 @@ _LLAMA4_SPECS = [
     ),
 ]
 SPECS.update({s.name: s for s in _LLAMA4_SPECS})
+
+
+# --- mimo2 (issue 31): MiMo-V2-Flash ---------------------------------------------------
+# 4 layers FULL SWA SWA FULL (window 6; SWA rope base 3000, full 50000; 8 of 24 dims rotated),
+# twice the KV heads on the SWA layers (transformers hard-codes 2x), learned sinks on the
+# SWA layers only, K heads 24 wide and V heads 16, the value scale 0.6, a dense layer 0 then
+# sigmoid-routed experts (8, top 2) with the selection bias, renormalized. config_overrides:
+# the released config's spelling, which llama.cpp's converter reads (hybrid_layer_pattern,
+# swa_* sizes, a top-level partial_rotary_factor) and transformers ignores.
+_MIMO2_ROPE: dict[str, Any] = {
+    "full_attention": {
+        "rope_type": "default",
+        "rope_theta": 50000.0,
+        "partial_rotary_factor": 0.334,
+    },
+    "sliding_attention": {
+        "rope_type": "default",
+        "rope_theta": 3000.0,
+        "partial_rotary_factor": 0.334,
+    },
+}
+_MIMO2: dict[str, Any] = dict(
+    _COMMON,
+    num_hidden_layers=4,
+    num_key_value_heads=1,
+    head_dim=24,
+    v_head_dim=16,
+    sliding_window=6,
+    layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+    mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+    rope_parameters=_MIMO2_ROPE,
+    moe_intermediate_size=32,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    n_group=1,
+    topk_group=1,
+    norm_topk_prob=True,
+    routed_scaling_factor=1.0,
+    attention_value_scale=0.6,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+)
+_MIMO2_SPECS = [
+    TinySpec(
+        "mimo2",
+        "MiMoV2FlashForCausalLM",
+        "MiMoV2FlashConfig",
+        _MIMO2,
+        seed=141,
+        vector_overrides={"sinks": (1.0, 1.0)},
+        buffer_overrides={"e_score_correction_bias": (0.0, 0.05)},
+        config_overrides={
+            "hybrid_layer_pattern": [0, 1, 1, 0],
+            "swa_num_key_value_heads": 2,
+            "swa_num_attention_heads": 4,
+            "swa_head_dim": 24,
+            "swa_v_head_dim": 16,
+            "topk_method": "noaux_tc",
+            "rope_parameters": dict(_MIMO2_ROPE, partial_rotary_factor=0.334),
+        },
+        greedy=24,
+        min_router_gap=MIN_ROUTER_GAP,
+        notes="FULL SWA SWA FULL (window 6, SWA rope base 3000), 2x KV heads and sinks on "
+        "SWA layers, K 24 / V 16 wide, 8 of 24 dims rotated, value scale 0.6, dense layer 0 "
+        "then 8 experts top 2 (sigmoid + selection bias, renormalized)",
+    ),
+]
+SPECS.update({s.name: s for s in _MIMO2_SPECS})

@@ -204,6 +204,19 @@ _DEEPSEEK2_OFF = (
 )
 
 
+# --- mimo2 (issue 31) -----------------------------------------------------------------------
+_MIMO2_OFF = (
+    Off("attn_sinks", "mimo2", {"attn_sinks": ()}, lambda lw: {"attn_sinks": None}),
+    Off("value_scale", "mimo2", {"value_scale": None}),
+    Off("swa_rope_base", "mimo2", lambda cfg: {"rope_base_swa": cfg.rope_base}),
+    Off("partial_rope", "mimo2", {"rope_dim": 24}),
+    Off("sliding_window", "mimo2", {"sliding_window": None, "swa_layers": (False,) * 4}),
+    Off("expert_bias", "mimo2", layer=in_block("moe", lambda m: {"probs_b": None})),
+    Off("sigmoid_gating", "mimo2", _moe(gating="softmax")),
+    Off("norm_topk", "mimo2", _moe(norm_topk=False)),
+)
+
+
 @dataclass(frozen=True)
 class Arch:
     """One architecture's row of the conformance table.
@@ -662,5 +675,16 @@ TABLE: tuple[Arch, ...] = (
             state_in_every_layer=True,
         ),
         decorations=_DEEPSEEK2_OFF,
+    ),
+    # mimo2 (issue 31)
+    Arch(
+        "mimo2",
+        ("mimo2",),
+        greedy_min=LONG_GREEDY,
+        past_window=True,
+        converter=Converter(),
+        metal=Metal(("mimo2",), per_token=("mimo2",), decode=("mimo2",), generate=True),
+        cuda=Cuda(("mimo2",), every_layer="attention: K/V widths differ"),
+        decorations=_MIMO2_OFF,
     ),
 )

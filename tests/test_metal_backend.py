@@ -114,7 +114,6 @@ def test_refused_layers_alternate_with_device_runs(tiny_model, monkeypatch, name
     "change, reason",
     [
         (dict(attn_logit_softcap=30.0), "attention: softcap"),
-        (dict(head_dim_v=8), "attention: K/V widths differ"),
         (dict(ffn_act="relu"), "glu: act"),
     ],
 )

@@ -281,9 +281,14 @@ class Arch(HfConversion):
                 f"{ckpt.path}: block_count {n_layer} does not fit the file's {n_tensors} tensors"
             )
 
+        # An array may also cover the NextN blocks stored after the trunk (block_count).
+        n_blocks = int(get(md, key("block_count"), n_layer))
+
         def per_layer(name: str, value: Any) -> tuple[int, ...]:
             if _is_array(value):
                 vals = tuple(int(v) for v in list(value))
+                if len(vals) == n_blocks:
+                    vals = vals[:n_layer]
                 if len(vals) != n_layer:
                     raise FrinkError(
                         f"{ckpt.path}: {self.key(name)} has {len(vals)} entries for "

@@ -26,6 +26,7 @@ from .lfm2 import Lfm2, Lfm2Moe
 from .llama import Llama
 from .llama4 import Llama4
 from .mamba import Mamba, Mamba2
+from .mimo2 import Mimo2
 from .mpnet import Mpnet
 from .nomic_bert import NomicBert
 from .olmo2 import Olmo2
@@ -72,6 +73,8 @@ _ARCHS: tuple[Arch, ...] = (
     GraniteHybrid(),
     FalconH1(),
     GptOss(),
+    # mimo2 (issue 31)
+    Mimo2(),
     Bert(),
     NomicBert(),
     Mpnet(),

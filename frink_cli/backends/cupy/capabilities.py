@@ -54,14 +54,15 @@ def _attention(call: OpCall) -> str | None:
         return "bidirectional"
     if call["softcap"]:
         return "softcap"
+    if call["own_kv"] and call["head_dim_k"] != call["head_dim_v"]:
+        # Before sinks: a model with both (mimo2) is refused on every layer by this name.
+        return "K/V widths differ"
     if call["sinks"]:
         return "sinks"
     if call["chunk"] or call["temperature"]:
         return CHUNKED
     if not call["own_kv"]:
         return "no K/V of its own"
-    if call["head_dim_k"] != call["head_dim_v"]:
-        return "K/V widths differ"
     if max(call["head_dim_k"], call["head_dim_v"]) > MAX_HEAD_DIM:
         return f"head dim > {MAX_HEAD_DIM}"
     return None

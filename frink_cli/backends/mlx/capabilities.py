@@ -4,8 +4,8 @@ MLX, so `frink info --backend metal` answers anywhere.
 
 Every primitive of the block library is traced into the compiled graph; attention is
 SDPA over the device mirror (windows, ALiBi, sinks, KV sharing, bidirectional with a
-symmetric window) without a logit softcap, a relative score bias, or V heads narrower or
-wider than K's; the activations are SiLU and GELU-tanh, gated or not,
+symmetric window, V heads narrower or wider than K's) without a logit softcap or a
+relative score bias; the activations are SiLU and GELU-tanh, gated or not,
 and SwiGLU-OAI gated.
 """
 
@@ -33,8 +33,6 @@ def _attention(call: OpCall) -> str | None:
         return "relative bias"
     if call["softcap"]:
         return "softcap"
-    if call["own_kv"] and call["head_dim_k"] != call["head_dim_v"]:
-        return "K/V widths differ"
     return None
 
 
