@@ -34,9 +34,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import make_tiny_models as tiny
 import numpy as np
 from gguf import GGUFWriter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import make_tiny_models as tiny  # noqa: E402
+from dequantize_gguf import finish  # noqa: E402
 
 N_LAYER, N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF, N_VOCAB = 4, 64, 4, 2, 16, 128, 512
 MAMBA_HEADS, D_STATE, D_CONV = 4, 16, 4
@@ -111,7 +114,8 @@ def write(
         "attention.key_length": HEAD_DIM,
         "attention.value_length": HEAD_DIM,
     } | (metadata or {})
-    writer = GGUFWriter(str(path), "plamo2")
+    tmp = path.with_suffix(".tmp")
+    writer = GGUFWriter(str(tmp), "plamo2")
     writer.add_name("tiny plamo2")
     writer.add_vocab_size(N_VOCAB)
     writer.add_head_count_kv([0 if m else N_HEAD_KV for m in MAMBA_LAYERS])
@@ -128,10 +132,7 @@ def write(
     for name, data in tensors(seed).items():
         if name not in drop:
             writer.add_tensor(name, data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer, tmp, path)
     return path
 
 
@@ -140,18 +141,12 @@ def make(out_dir: Path, seed: int = SEED) -> dict[str, np.ndarray]:
     out_dir.mkdir(parents=True, exist_ok=True)
     gguf_path = write(out_dir / "model.gguf", seed)
     tokens = tiny.fixture_tokens(length=SEQ_LEN, vocab=N_VOCAB)
-    ref = {"tokens": tokens, "logits_llamacpp": tiny.llama_cpp_logits(gguf_path, tokens)}
-    prompt = tokens[:GREEDY_PROMPT]
-    chosen, step_logits = tiny.llama_cpp_greedy(gguf_path, prompt, GREEDY)
-    ref |= {"greedy_prompt": prompt, "greedy_llamacpp": chosen}
-    ref["greedy_logits_llamacpp"] = step_logits
+    ref = tiny.llama_cpp_reference(gguf_path, tokens, tokens[:GREEDY_PROMPT], GREEDY)
     np.savez(out_dir / "ref.npz", **ref)
     return ref
 
 
 if __name__ == "__main__":
     made = make(Path(sys.argv[1]))
-    lg = made["logits_llamacpp"]
-    print(f"logits std {lg.std():.3f}, min top-2 gap {tiny.min_top2_gap(lg):.3g}")
-    gl = made["greedy_logits_llamacpp"]
-    print(f"greedy {made['greedy_llamacpp'].tolist()}, min gap {tiny.min_top2_gap(gl):.3g}")
+    for what in ("logits_llamacpp", "greedy_logits_llamacpp"):
+        print(f"{what}: min top-2 gap {tiny.min_top2_gap(made[what]):.3g}")

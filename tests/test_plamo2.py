@@ -11,7 +11,6 @@ run of 24 tokens after a 72-token prompt, both across the 64-row recurrent prefi
 from __future__ import annotations
 
 import dataclasses
-import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from model_checks import (
     REF_TOL,
     _assert_device_ran,
     _assert_greedy_matches_llamacpp,
+    _assert_hostile_refused,
     _assert_one_submission_per_token,
     _compare,
     _decode_after_prefill,
@@ -184,20 +184,7 @@ def test_hostile_metadata_is_refused_by_name(tmp_path: Path) -> None:
     groups) is one FrinkError naming it, before anything large is allocated; the valid
     file they start from runs."""
     F = load_script("fuzz_inputs")
-    good = tmp_path / "good.gguf"
-    good.write_bytes(F.plamo2_base().encode())
-    F._run_model(good)
-    for name, (data, why) in F.plamo2_hostile().items():
-        path = tmp_path / f"{name}.gguf"
-        path.write_bytes(data)
-        tracemalloc.start()
-        try:
-            with pytest.raises(FrinkError, match=why):
-                frink_cli.load(path)
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
-        assert peak < 64 * 2**20, (name, peak)
+    _assert_hostile_refused(tmp_path, F.plamo2_base().encode(), F.plamo2_hostile())
 
 
 def test_a_missing_mamba_norm_is_named(tmp_path: Path) -> None:

@@ -38,9 +38,10 @@ from ..formats import Checkpoint
 from ..graph.blocks.mamba import MambaConfig
 from ..model.config import LayerPlan, LayerShape, ModelConfig
 from ..model.reader import TensorReader
-from .base import Arch, _is_array, get
+from .base import Arch, get
 from .decoder import with_ext
 from .mamba import MambaStackConfig, ssm_config
+from .mamba_hybrid import zero_kv_layers
 
 
 @dataclass(frozen=True)
@@ -90,14 +91,7 @@ class Plamo2(Arch):
         """The keys llama.cpp's plamo2 load_arch_hparams reads, checked against the file's
         tensors before anything is sized from them."""
         cfg = super().config(ckpt)
-        kv = get(ckpt.metadata, self.key("attention.head_count_kv"), cfg.n_head)
-        kv = list(kv) if _is_array(kv) else [kv] * cfg.n_layer
-        if len(kv) != cfg.n_layer:
-            raise FrinkError(
-                f"{ckpt.path}: {self.key('attention.head_count_kv')} has {len(kv)} entries for "
-                f"{cfg.n_layer} layers"
-            )
-        recurrent = tuple(int(v) == 0 for v in kv)
+        recurrent = zero_kv_layers(self, ckpt, cfg)
         mamba = None
         if any(recurrent):
             mamba = self._mamba(ckpt, cfg.n_embd, recurrent)
@@ -135,12 +129,4 @@ class Plamo2(Arch):
                     f"{ckpt.path}: {p}{name} is {found}, not {shape} as {self.key(what)} and "
                     "the other ssm sizes say"
                 )
-        return MambaConfig(
-            conv_kernel=m.conv_kernel,
-            d_inner=m.d_inner,
-            d_state=m.d_state,
-            dt_rank=rank,
-            dt_b_c_rms=True,
-            heads=heads,
-            layers=recurrent,
-        )
+        return dataclasses.replace(m, dt_rank=rank, dt_b_c_rms=True, heads=heads, layers=recurrent)
