@@ -6,7 +6,8 @@ is the AttentionSpec's (fixed per layer) and the weights' (an absent norm, sink 
 None):
 
     qkv = W_qkv h  (clipped to [-clamp, clamp])
-    q, k, v split into heads; Q/K normed per head or over the whole width; V normed
+    q, k, v split into heads; Q/K normed per head (one weight row for all heads, or each
+    head its own) or over the whole width; V normed
     q, k rotated (unless the spec says nothing rotates: ALiBi or NoPE); q times a per-head
     gain; attend over the cache (window or chunk, temperature, softcap, ALiBi slopes, sink
     logits)
