@@ -310,6 +310,9 @@ def _print_sizes(d: dict[str, Any], line: Callable[[str, str], None]) -> None:
             f"{mb['dt_rank']} heads x {mb['d_inner'] // mb['dt_rank']}, {mb['n_group']} B/C groups"
         )
         label = "mamba2"
+    elif mb.get("heads"):  # plamo2's: dt, A and D per head
+        heads = mb["heads"]
+        sizes, label = f"{heads} heads x {mb['d_inner'] // heads}, dt {mb['dt_rank']}", "mamba"
     else:
         sizes, label = f"dt rank {mb['dt_rank']}", "mamba"
     line(

@@ -324,14 +324,15 @@ def llama4_ggufs() -> dict[str, Gguf]:
     }
 
 
-def _drawers(seed: int) -> tuple[Callable[..., np.ndarray], Callable[[int], np.ndarray]]:
-    """(w(*shape): seeded weights of std 0.2, ones(n)), for an architecture's base file."""
+def _drawers(seed: int) -> tuple[Callable[..., np.ndarray], Callable[..., np.ndarray]]:
+    """(w(*shape): seeded weights of std 0.2, ones(*shape)), for an architecture's base
+    file."""
     rng = np.random.default_rng(seed)
 
     def w(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.2).astype(np.float32)
 
-    return w, lambda n: np.ones(n, np.float32)
+    return w, lambda *shape: np.ones(shape, np.float32)
 
 
 def _arch_kvs(arch: str, drop: tuple[str, ...]) -> list[tuple[str, int, object]]:
@@ -526,6 +527,81 @@ def mimo2_hostile() -> dict[str, tuple[bytes, str]]:
         "value_width_huge": (_with(g, key + "attention.value_length", U32, 2**31), "value"),
         "nextn_huge": (_with(g, key + "nextn_predict_layers", U32, 2**31), "block_count"),
         "groups": (_with(g, key + "expert_group_count", U32, 2), "expert_group_count"),
+    }
+    return {k: (v.encode(), why) for k, (v, why) in cases.items()}
+
+
+# --- plamo2 (issue 31): the Mamba layers' ssm metadata -------------------------------------
+PL_HEADS, PL_STATE, PL_CONV = 2, 4, 4
+PL_INNER = PL_HEADS * HEAD_DIM
+PL_DT = 64  # llama.cpp's max(64, n_embd / 16)
+
+
+def plamo2_base() -> Gguf:
+    """A valid two-layer plamo2 (attention, then Mamba) on the base's tokenizer."""
+    w, ones = _drawers(2)
+    arch = "plamo2"
+    drop = (".attention.head_count", ".attention.head_count_kv", ".rope.dimension_count")
+    kvs = _arch_kvs(arch, drop)
+    kvs = [kv for kv in kvs if not kv[0].endswith(".block_count")] + [
+        (f"{arch}.block_count", U32, 2),
+        (f"{arch}.attention.head_count", ARR, (U32, [N_HEAD, 0])),
+        (f"{arch}.attention.head_count_kv", ARR, (U32, [N_HEAD_KV, 0])),
+        (f"{arch}.attention.key_length", U32, HEAD_DIM),
+        (f"{arch}.attention.value_length", U32, HEAD_DIM),
+        (f"{arch}.ssm.state_size", U32, PL_STATE),
+        (f"{arch}.ssm.conv_kernel", U32, PL_CONV),
+        (f"{arch}.ssm.time_step_rank", U32, PL_HEADS),
+        (f"{arch}.ssm.inner_size", U32, PL_INNER),
+        (f"{arch}.ssm.group_count", U32, 0),
+    ]
+    t = {"token_embd.weight": w(N_VOCAB, N_EMBD), "output_norm.weight": ones(N_EMBD)}
+    for i in range(2):
+        p = f"blk.{i}."
+        t |= {
+            p + "attn_norm.weight": ones(N_EMBD),
+            p + "post_attention_norm": ones(N_EMBD),
+            p + "ffn_norm.weight": ones(N_EMBD),
+            p + "ffn_up.weight": w(2 * N_FF, N_EMBD),
+            p + "ffn_down.weight": w(N_EMBD, N_FF),
+            p + "post_ffw_norm": ones(N_EMBD),
+        }
+    t |= {
+        "blk.0.attn_qkv.weight": w((N_HEAD + 2 * N_HEAD_KV) * HEAD_DIM, N_EMBD),
+        "blk.0.attn_q_norm.weight": ones(N_HEAD, HEAD_DIM),
+        "blk.0.attn_k_norm.weight": ones(N_HEAD_KV, HEAD_DIM),
+        "blk.0.attn_output.weight": w(N_EMBD, N_HEAD * HEAD_DIM),
+        "blk.1.ssm_in.weight": w(2 * PL_INNER, N_EMBD),
+        "blk.1.ssm_conv1d.weight": w(PL_INNER, PL_CONV),
+        "blk.1.ssm_x.weight": w(PL_DT + 2 * PL_STATE, PL_INNER),
+        "blk.1.ssm_dt.weight": w(PL_HEADS, PL_DT),
+        "blk.1.ssm_dt.bias": w(PL_HEADS),
+        "blk.1.ssm_a": -ones(PL_HEADS),
+        "blk.1.ssm_d": ones(PL_HEADS),
+        "blk.1.ssm_out.weight": w(N_EMBD, PL_INNER),
+        "blk.1.ssm_dt_norm": ones(PL_DT),
+        "blk.1.ssm_b_norm": ones(PL_STATE),
+        "blk.1.ssm_c_norm": ones(PL_STATE),
+    }
+    return Gguf(kvs, [(k, v, 0, None) for k, v in t.items()])
+
+
+def plamo2_hostile() -> dict[str, tuple[bytes, str]]:
+    """plamo2 files with one ssm field made hostile (zero, huge, not dividing, groups where
+    plamo2 has none) -> (file, the name the refusal must carry)."""
+    g = plamo2_base()
+    key = "plamo2.ssm."
+    cases: dict[str, tuple[Gguf, str]] = {
+        "heads_zero": (_with(g, key + "time_step_rank", U32, 0), "dt rank 0"),
+        "heads_not_dividing": (_with(g, key + "time_step_rank", U32, 3), "time_step_rank"),
+        "heads_huge": (_with(g, key + "time_step_rank", U32, 2**31), "time_step_rank"),
+        "inner_huge": (_with(g, key + "inner_size", U32, 2**31), "inner_size"),
+        "inner_zero": (_with(g, key + "inner_size", U32, 0), "inner 0"),
+        "state_huge": (_with(g, key + "state_size", U32, 2**31), "state_size"),
+        "state_zero": (_with(g, key + "state_size", U32, 0), "state 0"),
+        "conv_huge": (_with(g, key + "conv_kernel", U32, 2**31), "conv_kernel"),
+        "groups": (_with(g, key + "group_count", U32, 2), "group_count"),
+        "groups_missing": (_with(g, key + "group_count", drop=True), "group_count"),
     }
     return {k: (v.encode(), why) for k, (v, why) in cases.items()}
 
@@ -880,6 +956,9 @@ def cases(n_random: int, seed: int, work: Path) -> Iterator[Case]:
     yield _gguf_case("mimo2", "valid", mimo2_base().encode(), work)
     for name, (data, _) in mimo2_hostile().items():
         yield _gguf_case("mimo2", name, data, work)
+    yield _gguf_case("plamo2", "valid", plamo2_base().encode(), work)
+    for name, (data, _) in plamo2_hostile().items():
+        yield _gguf_case("plamo2", name, data, work)
     for i, t in enumerate(HOSTILE_TEMPLATES):
         yield _template_case(f"hostile {i}", t)
 

@@ -366,6 +366,22 @@ def llama_cpp_greedy(
         return np.asarray(chosen, dtype=np.int32), np.stack(logits)
 
 
+def llama_cpp_reference(
+    gguf_path: Path, tokens: np.ndarray, greedy_prompt: np.ndarray, n_greedy: int
+) -> dict[str, np.ndarray]:
+    """What ref.npz holds for a file llama.cpp alone judges: the tokens' logits as one
+    batch, and its greedy run of n_greedy tokens after greedy_prompt with the logits each
+    token was chosen from."""
+    chosen, step_logits = llama_cpp_greedy(gguf_path, greedy_prompt, n_greedy)
+    return {
+        "tokens": tokens,
+        "logits_llamacpp": llama_cpp_logits(gguf_path, tokens),
+        "greedy_prompt": greedy_prompt,
+        "greedy_llamacpp": chosen,
+        "greedy_logits_llamacpp": step_logits,
+    }
+
+
 def is_up_to_date(model_dir: Path, spec: TinySpec) -> bool:
     stamp = model_dir / "stamp.json"
     if not stamp.is_file() or not (model_dir / "ref.npz").is_file():

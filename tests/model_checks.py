@@ -231,15 +231,16 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def assert_refused_by_name(
-    tmp_path: Path, good: bytes, hostile: dict[str, tuple[bytes, str]]
+    tmp_path: Path, good: bytes, cases: dict[str, tuple[bytes, str]], limit: int = 64 * 2**20
 ) -> None:
-    """The valid GGUF `good` runs (fuzz_inputs' _run_model); each hostile file is one
-    FrinkError matching its name, before 64 MiB were allocated for it."""
-    F = load_script("fuzz_inputs")
+    """The valid file `good` runs; each hostile file of `cases` (name -> (bytes, the name
+    the refusal must carry)) is one FrinkError matching that name, refused before `limit`
+    bytes are allocated (tracemalloc's peak)."""
+    fuzz = load_script("fuzz_inputs")
     path = tmp_path / "good.gguf"
     path.write_bytes(good)
-    F._run_model(path)
-    for name, (data, why) in hostile.items():
+    fuzz._run_model(path)
+    for name, (data, why) in cases.items():
         path = tmp_path / f"{name}.gguf"
         path.write_bytes(data)
         tracemalloc.start()
@@ -249,4 +250,4 @@ def assert_refused_by_name(
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
-        assert peak < 64 * 2**20, (name, peak)
+        assert peak < limit, (name, peak)

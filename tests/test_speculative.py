@@ -10,11 +10,13 @@ have: full attention, sliding windows (taken back through `rewind`), recurrent s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
 from frink_subprocess import frink
+from script_loader import load_script
 from test_cli import one_json_object
 
 import frink_cli
@@ -30,8 +32,11 @@ from frink_cli.speculative import (
 
 # Full attention (granite), sliding windows of 6 with sinks and MoE (gpt_oss), sliding and
 # global layers (gemma4), gated delta net (qwen35), mamba, short convolutions (lfm2),
-# attention beside mamba2 in one layer (falcon_h1).
-FIXTURES = ["granite", "gpt_oss", "gemma4", "qwen35", "mamba", "lfm2", "falcon_h1"]
+# attention beside mamba2 in one layer (falcon_h1), per-head Mamba between attention
+# layers (plamo2, written straight to GGUF: GGUF_DIRECT).
+FIXTURES = ["granite", "gpt_oss", "gemma4", "qwen35", "mamba", "lfm2", "falcon_h1", "plamo2"]
+# Fixtures no transformers class makes: their maker script (model.gguf and ref.npz).
+GGUF_DIRECT = {"plamo2": "make_tiny_plamo2"}
 # Drafting from the model itself: every draft is the target's own greedy pick only where
 # a k-row step gives a row what a one-row step gives it (batch invariance).
 INVARIANT = ["granite", "gpt_oss", "gemma4", "lfm2", "mamba"]
@@ -53,10 +58,32 @@ class ScriptedDrafter:
         return [(t + 1) % self.n_vocab if (at + j) % 3 == 2 else t for j, t in enumerate(out)]
 
 
-def _reference(tiny_model, name: str) -> tuple[frink_cli.Model, list[int], list[int]]:
-    fx = tiny_model(name)
-    model = frink_cli.load(fx.gguf)
-    return model, [int(t) for t in fx.ref["greedy_prompt"]], fx.ref["greedy_llamacpp"].tolist()
+@pytest.fixture(scope="module")
+def gguf_direct(tmp_path_factory) -> Callable[[str], tuple[Path, dict[str, np.ndarray]]]:
+    """gguf_direct(name) -> (its GGUF, llama.cpp's reference), made once per module."""
+    made: dict[str, tuple[Path, dict[str, np.ndarray]]] = {}
+
+    def get(name: str) -> tuple[Path, dict[str, np.ndarray]]:
+        if name not in made:
+            load_script("make_tiny_models")  # the makers import it as a sibling
+            out = tmp_path_factory.mktemp(name)
+            made[name] = (out / "model.gguf", load_script(GGUF_DIRECT[name]).make(out))
+        return made[name]
+
+    return get
+
+
+def _reference(
+    tiny_model, name: str, gguf_direct: Callable | None = None
+) -> tuple[frink_cli.Model, list[int], list[int]]:
+    if name in GGUF_DIRECT:
+        assert gguf_direct is not None
+        path, ref = gguf_direct(name)
+    else:
+        fx = tiny_model(name)
+        path, ref = fx.gguf, fx.ref
+    model = frink_cli.load(path)
+    return model, [int(t) for t in ref["greedy_prompt"]], ref["greedy_llamacpp"].tolist()
 
 
 def _run(model, prompt, want, drafter, params, **sampling) -> tuple[list[int], GenerationStats]:
@@ -78,8 +105,8 @@ def _run(model, prompt, want, drafter, params, **sampling) -> tuple[list[int], G
 
 
 @pytest.mark.parametrize("name", FIXTURES)
-def test_rejected_drafts_leave_llama_cpp_greedy_run(tiny_model, name: str) -> None:
-    model, prompt, want = _reference(tiny_model, name)
+def test_rejected_drafts_leave_llama_cpp_greedy_run(tiny_model, gguf_direct, name: str) -> None:
+    model, prompt, want = _reference(tiny_model, name, gguf_direct)
     params = SpecParams(draft_max=5)
     out, stats = _run(model, prompt, want, ScriptedDrafter(prompt, want, model.n_vocab), params)
     assert out == want

@@ -27,13 +27,20 @@ from ..formats import Checkpoint
 from ..graph.blocks.attention import AttentionSpec
 from ..graph.blocks.mamba import MambaConfig
 from ..model.config import LayerShape, ModelConfig
-from .base import _is_array, get
+from .base import get
 from .decoder import with_ext
 from .granite import _MULTIPLIERS, GraniteMoe
 from .hf import MetadataWriter, hf_type
 from .hf_plan import HfModelType, Transform
 from .mamba import MAMBA2_TRANSFORMS, MambaStackConfig
-from .mamba_hybrid import MAMBA_DEFAULTS, MIXER_MODULES, MIXER_WHOLE, mamba2_config, mamba2_metadata
+from .mamba_hybrid import (
+    MAMBA_DEFAULTS,
+    MIXER_MODULES,
+    MIXER_WHOLE,
+    mamba2_config,
+    mamba2_metadata,
+    zero_kv_layers,
+)
 
 # transformers' GraniteMoeHybridConfig defaults.
 _DEFAULTS: dict[str, Any] = dict(
@@ -71,14 +78,7 @@ class GraniteHybrid(GraniteMoe):
     def config(self, ckpt: Checkpoint) -> ModelConfig:
         cfg = super().config(ckpt)
         md, key = ckpt.metadata, self.key
-        kv = get(md, key("attention.head_count_kv"), cfg.n_head)
-        kv = list(kv) if _is_array(kv) else [kv] * cfg.n_layer
-        if len(kv) != cfg.n_layer:
-            raise FrinkError(
-                f"{ckpt.path}: {key('attention.head_count_kv')} has {len(kv)} entries for "
-                f"{cfg.n_layer} layers"
-            )
-        recurrent = tuple(int(v) == 0 for v in kv)
+        recurrent = zero_kv_layers(self, ckpt, cfg)
         mamba: MambaConfig | None = None
         if any(recurrent):
             mamba = dataclasses.replace(mamba2_config(self, ckpt), layers=recurrent)

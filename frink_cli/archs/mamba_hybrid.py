@@ -13,7 +13,8 @@ from typing import Any
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..graph.blocks.mamba import MambaConfig
-from .base import Arch
+from ..model.config import ModelConfig
+from .base import Arch, _is_array, get
 from .hf import MetadataWriter
 from .mamba import _groups, mamba2_hf_metadata, mamba2_mixer_tensors, mamba2_ssm_config, ssm_config
 
@@ -34,6 +35,17 @@ MAMBA_DEFAULTS: dict[str, Any] = dict(
 def mamba2_config(arch: Arch, ckpt: Checkpoint) -> MambaConfig:
     """The Mamba-2 mixer's ssm.* keys, checked (llama.cpp's load_hparams)."""
     return mamba2_ssm_config(arch, ckpt, ssm_config(arch, ckpt))
+
+
+def zero_kv_layers(arch: Arch, ckpt: Checkpoint, cfg: ModelConfig) -> tuple[bool, ...]:
+    """Per layer: its attention.head_count_kv entry is 0 (llama.cpp's is_recr: a Mamba
+    layer in a hybrid stack); one value stands for every layer."""
+    key = arch.key("attention.head_count_kv")
+    kv = get(ckpt.metadata, key, cfg.n_head)
+    kv = list(kv) if _is_array(kv) else [kv] * cfg.n_layer
+    if len(kv) != cfg.n_layer:
+        raise FrinkError(f"{ckpt.path}: {key} has {len(kv)} entries for {cfg.n_layer} layers")
+    return tuple(int(v) == 0 for v in kv)
 
 
 def mamba2_metadata(w: MetadataWriter, inner: int, n_heads: int) -> None:

@@ -32,6 +32,7 @@ from .nomic_bert import NomicBert
 from .olmo2 import Olmo2
 from .openelm import OpenElm
 from .phi3 import Phi3
+from .plamo2 import Plamo2
 from .qwen2 import Qwen2
 from .qwen3 import Qwen3
 from .qwen3moe import Qwen3Moe
@@ -71,6 +72,8 @@ _ARCHS: tuple[Arch, ...] = (
     Deepseek2(),
     Mamba2(),
     GraniteHybrid(),
+    # plamo2 (issue 31)
+    Plamo2(),
     FalconH1(),
     GptOss(),
     # mimo2 (issue 31)

@@ -105,8 +105,9 @@ class LayerPlan:
     post_attn_norm: bool = False  # post_attention_norm required (else read if present)
     post_ffn_norm: bool = False  # post_ffw_norm required (else read if present)
     q_gate: bool = False  # the query rows carry an output gate per head
-    # The QK norms: "" (read if present), "head" (required, per head), "full" (required,
-    # over the whole projection width, with biases when norm_biases) or "weightless".
+    # The QK norms: "" (read if present), "head" (required, per head), "heads" (required,
+    # per head with each head's own weights, [n_head, hd]), "full" (required, over the
+    # whole projection width, with biases when norm_biases) or "weightless".
     qk_norm: str = ""
     sub_norms: bool = False  # attn_sub_norm and ffn_sub_norm
     sinks: bool = False  # attn_sinks

@@ -69,7 +69,8 @@ class LayerWeights:
     attn_norm: np.ndarray | None  # [n_embd]; None without pre-norms
     # [n_head*hd_k (x2 with an output gate) + n_head_kv*(hd_k + hd_v), n_embd]
     qkv: Linear | None
-    q_norm: np.ndarray | None  # [hd_k]; [n_head*hd_k] over the full width
+    # [hd_k]; [n_head*hd_k] over the full width; [n_head, hd_k] one per head (k_norm alike)
+    q_norm: np.ndarray | None
     k_norm: np.ndarray | None  # [hd_k]; [n_head_kv*hd_k] over the full width
     wo: Linear | None  # [n_embd, n_head*hd_v]
     post_attn_norm: np.ndarray | None  # [n_embd]
@@ -367,6 +368,9 @@ def _read_attention(
     full = plan.qk_norm == "full"
     if plan.qk_norm == "weightless":
         out["q_norm"] = out["k_norm"] = np.ones(hk, np.float32)
+    elif plan.qk_norm == "heads":
+        out["q_norm"] = r.get(p + "attn_q_norm.weight", (n_head, hk))
+        out["k_norm"] = r.get(p + "attn_k_norm.weight", (shape.n_head_kv, hk))
     else:
         required = plan.qk_norm in ("head", "full")
         out["q_norm"] = r.optional(

@@ -6,7 +6,8 @@ is the AttentionSpec's (fixed per layer) and the weights' (an absent norm, sink 
 None):
 
     qkv = W_qkv h  (clipped to [-clamp, clamp])
-    q, k, v split into heads; Q/K normed per head or over the whole width; V normed
+    q, k, v split into heads; Q/K normed per head (one weight row for all heads, or each
+    head its own) or over the whole width; V normed
     q, k rotated (unless the spec says nothing rotates: ALiBi or NoPE); q times a per-head
     gain; attend over the cache (window or chunk, temperature, softcap, ALiBi slopes, sink
     logits)
@@ -151,8 +152,8 @@ def project_qkv(
     if spec.full_qk_norm:
         q, k = _full_width_qk_norm(ops, spec, w, q, k)
     elif w.q_norm is not None:
-        q = ops.rms_norm_(q, w.q_norm, spec.eps)
-        k = ops.rms_norm_(k, w.k_norm, spec.eps)
+        q = _head_norm(ops, q, w.q_norm, spec.eps)
+        k = _head_norm(ops, k, w.k_norm, spec.eps)
     if spec.rotates:
         q = ops.rope_(q, pos, rope)
         k = ops.rope_(k, pos, rope)
@@ -161,6 +162,14 @@ def project_qkv(
         # head_dim) commutes with the rotation, so the norm before it is the same arithmetic.
         q = q * w.q_gain
     return q, k, v, gate
+
+
+def _head_norm(ops: Ops[A], x: A, weight: A, eps: float) -> A:
+    """x [T, heads, hd] RMS-normed per head: one weight [hd] for every head, or each head
+    its own ([heads, hd], PLaMo-2's), applied after the weightless norm."""
+    if len(weight.shape) == 2:
+        return ops.rms_norm_(x, None, eps) * weight
+    return ops.rms_norm_(x, weight, eps)
 
 
 def _full_width_qk_norm(ops: Ops[A], spec: AttentionSpec, w: Any, q: A, k: A) -> tuple[A, A]:

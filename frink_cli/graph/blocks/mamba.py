@@ -32,6 +32,10 @@ class MambaConfig:
     # Each mamba mixer runs beside the layer's attention (mixer "attention+mamba2"), not
     # instead of it.
     parallel: bool = False
+    # PLaMo-2's Mamba-1 mixer (llama.cpp's plamo2: group_count 0 with heads): dt, A and D
+    # one per head of d_inner / heads channels, dt_rank being then x_proj's dt width. 0:
+    # per channel. The reader lays such a file's tensors out as Mamba-1's (block_weights).
+    heads: int = 0
 
     @property
     def version2(self) -> bool:
@@ -61,6 +65,7 @@ def mamba(ops: Ops[A], m: MambaConfig, eps: float, w: Any, h: A, slot: Any) -> A
     MambaMixer), over normed rows h [T, n_embd]:
 
         x, z = split(W_in h);  x = silu(conv(x) + conv_b)        causal depthwise conv
+                                                          (no conv_b: none added)
         dt, B, C = split(W_x x)      (each RMS-normed when w has dt/b/c norms)
         dt = softplus(W_dt dt + dt_bias)
         h = exp(dt A) h + dt x B;  y = C.h + D x                 per channel (selective_scan)
@@ -74,7 +79,9 @@ def mamba(ops: Ops[A], m: MambaConfig, eps: float, w: Any, h: A, slot: Any) -> A
     def scan(slot: Any, _pos: Any, xz: A) -> A:
         tail, state = slot.recurrent_state()
         x, new_tail = ops.causal_conv(xz[:, :di], tail, w.conv)
-        x = ops.act(ops.add_(x, w.conv_b), "silu")
+        if w.conv_b is not None:
+            x = ops.add_(x, w.conv_b)
+        x = ops.act(x, "silu")
         dbc = ops.linear(x, w.x_proj)
         dt, b, c = dbc[:, :r], dbc[:, r : r + ds], dbc[:, r + ds :]
         if w.dt_norm is not None:
