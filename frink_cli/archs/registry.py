@@ -26,6 +26,7 @@ from .lfm2 import Lfm2, Lfm2Moe
 from .llama import Llama
 from .llama4 import Llama4
 from .mamba import Mamba, Mamba2
+from .minimax import Minimax
 from .mpnet import Mpnet
 from .nomic_bert import NomicBert
 from .olmo2 import Olmo2
@@ -68,6 +69,8 @@ _ARCHS: tuple[Arch, ...] = (
     Lfm2Moe(),
     # deepseek2 (issue 31)
     Deepseek2(),
+    # minimax-01 (issue 31)
+    Minimax(),
     Mamba2(),
     GraniteHybrid(),
     FalconH1(),

@@ -1,0 +1,69 @@
+"""minimax-01 beyond the conformance table: lightning attention's blocked prefill against
+its own one-token recurrence, hostile metadata refused by name, `frink info`."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+from script_loader import load_script
+
+import frink_cli
+from frink_cli.report import describe
+from frink_cli.backends.host.lightning import BLOCK, lightning_attention
+from frink_cli.errors import FrinkError
+from frink_cli.graph.blocks.lightning import LightningConfig
+
+
+def test_blocked_prefill_equals_the_recurrence() -> None:
+    """The blocked prompt path (three blocks, the last partial) gives the outputs and state
+    of S = exp(-s) S + k^T v; o = q S taken one token at a time, from a non-zero state,
+    in float64 arithmetic."""
+    rng = np.random.default_rng(0)
+    T, H, d = 2 * BLOCK + 19, 4, 8
+    q, k, v = (rng.standard_normal((T, H, d)).astype(np.float32) * 0.5 for _ in range(3))
+    slopes = LightningConfig((True,) * 4, H, d).slopes(1)
+    S0 = rng.standard_normal((H, d, d)).astype(np.float32) * 0.1
+    o, S = lightning_attention(q, k, v, slopes, S0)
+    ref_S = S0.astype(np.float64)
+    decay = np.exp(-np.asarray(slopes))[:, None, None]
+    ref_o = np.empty((T, H, d))
+    for t in range(T):
+        ref_S = decay * ref_S + k[t][:, :, None].astype(np.float64) * v[t][:, None, :]
+        ref_o[t] = np.einsum("hd,hde->he", q[t], ref_S)
+    np.testing.assert_allclose(o, ref_o, atol=2e-5)
+    np.testing.assert_allclose(S, ref_S, atol=2e-5)
+
+
+def test_slopes_follow_llama_cpp() -> None:
+    """2^(-8 (h + 1) / H) times 1 - layer / (n_layer - 1) + 1e-5 (minimax-01.cpp)."""
+    lc = LightningConfig((True,) * 5, 8, 4)
+    assert lc.slopes(0)[0] == pytest.approx(2 ** -1 * (1 + 1e-5))
+    assert lc.slopes(2)[7] == pytest.approx(2 ** -8 * (0.5 + 1e-5))
+    assert lc.slopes(4)[3] == pytest.approx(2 ** -4 * 1e-5)
+
+
+def test_hostile_metadata_is_refused_by_name(tmp_path) -> None:
+    """Each lightning field made hostile (a layer pattern of the wrong length, interval 0, a
+    NaN residual scale, a huge head) is one FrinkError naming it, before anything large is
+    allocated; the valid file they start from runs and `frink info` names the mixer."""
+    F = load_script("fuzz_inputs")
+    good = tmp_path / "good.gguf"
+    good.write_bytes(F.minimax_base().encode())
+    F._run_model(good)
+    info = describe(good)
+    assert info["lightning"]["layers"] == 1, info["lightning"]
+    assert info["layer_pattern"].startswith("LIGHTNING"), info["layer_pattern"]
+    assert "lightning" in info["lightning"]["cache"]
+    for name, (data, why) in F.minimax_hostile().items():
+        path = tmp_path / f"{name}.gguf"
+        path.write_bytes(data)
+        tracemalloc.start()
+        try:
+            with pytest.raises(FrinkError, match=why):
+                frink_cli.load(path)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 64 * 2**20, (name, peak)
