@@ -30,8 +30,8 @@ from frink_cli.speculative import (
 
 # Full attention (granite), sliding windows of 6 with sinks and MoE (gpt_oss), sliding and
 # global layers (gemma4), gated delta net (qwen35), mamba, short convolutions (lfm2),
-# attention beside mamba2 in one layer (falcon_h1).
-FIXTURES = ["granite", "gpt_oss", "gemma4", "qwen35", "mamba", "lfm2", "falcon_h1"]
+# attention beside mamba2 in one layer (falcon_h1), lightning attention (minimax).
+FIXTURES = ["granite", "gpt_oss", "gemma4", "qwen35", "mamba", "lfm2", "falcon_h1", "minimax"]
 # Drafting from the model itself: every draft is the target's own greedy pick only where
 # a k-row step gives a row what a one-row step gives it (batch invariance).
 INVARIANT = ["granite", "gpt_oss", "gemma4", "lfm2", "mamba"]
