@@ -140,7 +140,9 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
     tok = load_tokenizer(ckpt)
     facts = checkpoint_facts(ckpt)
     blocks = cfg.ext.info()
-    sections = {name: blocks.get(name) for name in ("gdn", "mamba", "shortconv", "moe", "mla", "lightning")}
+    sections = {
+        name: blocks.get(name) for name in ("gdn", "mamba", "shortconv", "moe", "mla", "lightning")
+    }
     return {
         "path": str(path),
         "format": ckpt.format,
@@ -338,7 +340,7 @@ def _print_mixers(d: dict[str, Any], line: Callable[[str, str], None]) -> None:
     lc = d.get("lightning")
     if lc:
         line(
-            "lightning attention",
+            "lightning",
             f"{lc['layers']} layers, {lc['heads']} heads x {lc['head_dim']}, per-head decay,"
             f" residual x {lc['residual_alpha']:g}",
         )

@@ -10,10 +10,10 @@ import pytest
 from script_loader import load_script
 
 import frink_cli
-from frink_cli.report import describe
 from frink_cli.backends.host.lightning import BLOCK, lightning_attention
 from frink_cli.errors import FrinkError
 from frink_cli.graph.blocks.lightning import LightningConfig
+from frink_cli.report import describe
 
 
 def test_blocked_prefill_equals_the_recurrence() -> None:
@@ -39,9 +39,9 @@ def test_blocked_prefill_equals_the_recurrence() -> None:
 def test_slopes_follow_llama_cpp() -> None:
     """2^(-8 (h + 1) / H) times 1 - layer / (n_layer - 1) + 1e-5 (minimax-01.cpp)."""
     lc = LightningConfig((True,) * 5, 8, 4)
-    assert lc.slopes(0)[0] == pytest.approx(2 ** -1 * (1 + 1e-5))
-    assert lc.slopes(2)[7] == pytest.approx(2 ** -8 * (0.5 + 1e-5))
-    assert lc.slopes(4)[3] == pytest.approx(2 ** -4 * 1e-5)
+    assert lc.slopes(0)[0] == pytest.approx(2**-1 * (1 + 1e-5))
+    assert lc.slopes(2)[7] == pytest.approx(2**-8 * (0.5 + 1e-5))
+    assert lc.slopes(4)[3] == pytest.approx(2**-4 * 1e-5)
 
 
 def test_hostile_metadata_is_refused_by_name(tmp_path) -> None:
@@ -56,6 +56,8 @@ def test_hostile_metadata_is_refused_by_name(tmp_path) -> None:
     assert info["lightning"]["layers"] == 1, info["lightning"]
     assert info["layer_pattern"].startswith("LIGHTNING"), info["layer_pattern"]
     assert "lightning" in info["lightning"]["cache"]
+    cuda = describe(good, backend="cuda")["layers"]
+    assert "lightning_attention: not implemented" in cuda[0]["refusal"], cuda[0]
     for name, (data, why) in F.minimax_hostile().items():
         path = tmp_path / f"{name}.gguf"
         path.write_bytes(data)

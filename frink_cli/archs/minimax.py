@@ -67,7 +67,11 @@ class MinimaxConfig(DecoderConfig):
 
     def layer_shape(self, cfg: ModelConfig, layer: int) -> LayerShape:
         shape = super().layer_shape(cfg, layer)
-        return dataclasses.replace(shape, mixer="lightning") if self.is_recurrent(cfg, layer) else shape
+        return (
+            dataclasses.replace(shape, mixer="lightning")
+            if self.is_recurrent(cfg, layer)
+            else shape
+        )
 
     def is_recurrent(self, cfg: ModelConfig, layer: int) -> bool:
         return self.lightning is not None and self.lightning.layers[layer]
@@ -131,7 +135,9 @@ def _drop_buffers(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
     """transformers saves the lightning layers' decay tables (slope_rate, query_decay,
     key_decay, diagonal_decay): buffers computed from the config, which the converter drops
     too. They are not read."""
-    rx = re.compile(r"model\.layers\.\d+\.self_attn\.(slope_rate|query_decay|key_decay|diagonal_decay)$")
+    rx = re.compile(
+        r"model\.layers\.\d+\.self_attn\.(slope_rate|query_decay|key_decay|diagonal_decay)$"
+    )
     for _ in pop_matching(kept, rx):
         pass
     return {}

@@ -21,7 +21,8 @@ class LayerShape:
     the backends size themselves from this alone."""
 
     # The mixer block: "attention" | "gdn" (gated delta net) | "lightning" (MiniMax's
-    # linear attention) | "mamba" | "mamba2" | "shortconv" | "attention+mamba2" (both side by side on the same normed rows) |
+    # linear attention) | "mamba" | "mamba2" | "shortconv" | "attention+mamba2" (both side
+    # by side on the same normed rows) |
     # "linear" (only the output projection, on the normed rows) | "none" (no mixer branch)
     mixer: str
     # "dense" | "moe" (sparse mixture of experts) | "dense+moe" (both side by side) |

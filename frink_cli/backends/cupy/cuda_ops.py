@@ -192,8 +192,7 @@ class CudaOps:
 
     def _refused(self, *args: Any) -> Any:
         raise NotImplementedError(
-            "gated delta net / MoE / mamba / lightning primitives: eligibility refuses these "
-            "layers"
+            "gated delta net / MoE / mamba / lightning primitives: eligibility refuses these layers"
         )
 
     causal_conv = l2_norm = softplus = delta_rule = route = experts = _refused
