@@ -439,6 +439,7 @@ TABLE: tuple[Arch, ...] = (
             per_token=("minimax",),
             decode=("minimax",),
             generate=True,
+            kinds=frozenset({"lightning-run+lm-head"}),
             state=("delta_state",),
             state_fixtures=("minimax",),
             state_run=(80, 72, 96),

@@ -9,6 +9,7 @@ from another's in how they judge parity. Tests import these; scripts never do.
 from __future__ import annotations
 
 import dataclasses
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from script_loader import load_script
 
 import frink_cli
 from frink_cli.decoder import Decoder
+from frink_cli.errors import FrinkError
 from frink_cli.model.config import ModelConfig
 
 SOURCES = ("gguf", "hf")
@@ -226,3 +228,19 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     their reference)."""
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     return (a64 * b64).sum(1) / np.linalg.norm(a64, axis=1) / np.linalg.norm(b64, axis=1)
+
+
+def assert_refused_by_name(tmp_path: Path, cases: dict[str, tuple[bytes, str]]) -> None:
+    """Each hostile file (name -> (GGUF bytes, the name its refusal must carry)) is one
+    FrinkError naming it, with under 64 MiB allocated on the way."""
+    for name, (data, why) in cases.items():
+        path = tmp_path / f"{name}.gguf"
+        path.write_bytes(data)
+        tracemalloc.start()
+        try:
+            with pytest.raises(FrinkError, match=why):
+                frink_cli.load(path)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 64 * 2**20, (name, peak)

@@ -3,15 +3,12 @@ its own one-token recurrence, hostile metadata refused by name, `frink info`."""
 
 from __future__ import annotations
 
-import tracemalloc
-
 import numpy as np
 import pytest
+from model_checks import assert_refused_by_name
 from script_loader import load_script
 
-import frink_cli
 from frink_cli.backends.host.lightning import BLOCK, lightning_attention
-from frink_cli.errors import FrinkError
 from frink_cli.graph.blocks.lightning import LightningConfig
 from frink_cli.report import describe
 
@@ -58,14 +55,4 @@ def test_hostile_metadata_is_refused_by_name(tmp_path) -> None:
     assert "lightning" in info["lightning"]["cache"]
     cuda = describe(good, backend="cuda")["layers"]
     assert "lightning_attention: not implemented" in cuda[0]["refusal"], cuda[0]
-    for name, (data, why) in F.minimax_hostile().items():
-        path = tmp_path / f"{name}.gguf"
-        path.write_bytes(data)
-        tracemalloc.start()
-        try:
-            with pytest.raises(FrinkError, match=why):
-                frink_cli.load(path)
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
-        assert peak < 64 * 2**20, (name, peak)
+    assert_refused_by_name(tmp_path, F.minimax_hostile())
