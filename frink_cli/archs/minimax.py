@@ -13,6 +13,10 @@ converter asserts). Lightning layers are those attention.recurrent_layers names,
 but every full_attention_interval-th (8, llama.cpp's default; the converter writes
 neither). NeoX rope over rope.dimension_count dims (transformers rotates the whole head,
 so a fixture sets rotary_dim = head_dim for the references to agree).
+
+The lightning output norm's eps is the model's rms eps, as llama.cpp has it; transformers'
+MiniMaxLightningAttention builds that norm with its class default 1e-6 instead, which moves
+the first tokens' logits (where the state, and so the normed rows, are small) by ~3e-4.
 """
 
 from __future__ import annotations
