@@ -1,13 +1,17 @@
 """minimax-01 beyond the conformance table: lightning attention's blocked prefill against
-its own one-token recurrence, hostile metadata refused by name, `frink info`."""
+its own one-token recurrence, hostile metadata refused by name, `frink info`, the released
+checkpoints' own config.json."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
 from model_checks import assert_refused_by_name
 from script_loader import load_script
 
+import frink_cli
 from frink_cli.backends.host.lightning import BLOCK, lightning_attention
 from frink_cli.graph.blocks.lightning import LightningConfig
 from frink_cli.report import describe
@@ -56,3 +60,29 @@ def test_hostile_metadata_is_refused_by_name(tmp_path) -> None:
     cuda = describe(good, backend="cuda")["layers"]
     assert "lightning_attention: not implemented" in cuda[0]["refusal"], cuda[0]
     assert_refused_by_name(tmp_path, F.minimax_hostile())
+
+
+def test_the_released_config_gives_llama_cpps_logits(tiny_model, tmp_path) -> None:
+    """The released checkpoints' own config.json (model_type MiniMaxText01: layernorm_*
+    alphas and betas, attn_type_list, rotary_dim; what llama.cpp's converter reads) over the
+    fixture's tensors gives llama.cpp's logits, as transformers' config does."""
+    fixture = tiny_model("minimax")
+    hf = fixture.hf_dir
+    cfg = json.loads((hf / "config.json").read_text())
+    for k in [k for k in cfg if k.endswith(("_alpha_factor", "_beta_factor"))] + ["layer_types"]:
+        del cfg[k]
+    alpha = 1.7
+    cfg |= {
+        "model_type": "MiniMaxText01",
+        "architectures": ["MiniMaxText01ForCausalLM"],
+        "attn_type_list": [0] * 7 + [1],
+        **{f"layernorm_{k}_alpha": alpha for k in ("full_attention", "linear_attention", "mlp")},
+        **{f"layernorm_{k}_beta": 1.0 for k in ("full_attention", "linear_attention", "mlp")},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    for f in hf.glob("*.safetensors"):
+        (tmp_path / f.name).symlink_to(f)
+    m = frink_cli.load(tmp_path)
+    tokens = [int(t) for t in fixture.ref["tokens"]]
+    got = np.asarray(m.logits(tokens))
+    assert np.abs(got - fixture.ref["logits_llamacpp"]).max() < 2e-3

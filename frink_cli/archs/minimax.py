@@ -154,6 +154,10 @@ def _experts(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
 
 
 _ATTN = "model.layers.{bid}.self_attn"
+_ORIGINAL = dataclasses.replace(
+    hf_type(200064, 10240000, rms_norm_eps=1e-5, rope_theta=10000000.0, head_dim=None),
+    aliases={"num_experts": "num_local_experts"},
+)
 
 
 class Minimax(Arch):
@@ -163,6 +167,9 @@ class Minimax(Arch):
     moe_every_layer = True
     hf_needs_ffn_width = True
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
+        # The released checkpoints' own config (MiniMaxText01ForCausalLM, remote code):
+        # layernorm_*_alpha / _beta, attn_type_list, rotary_dim; the same tensor names.
+        "MiniMaxText01": _ORIGINAL,
         "minimax": dataclasses.replace(
             hf_type(
                 32000,
@@ -242,9 +249,7 @@ class Minimax(Arch):
         super().hf_metadata(w, notes)
         w.u32("expert_count", "num_local_experts")
         w.u32("expert_used_count", "num_experts_per_tok")
-        kinds = ("full_attn", "linear_attn", "mlp")
-        alphas = {float(hp.get(f"{k}_alpha_factor", 1)) for k in kinds}
-        betas = {float(hp.get(f"{k}_beta_factor", 1)) for k in kinds}
+        alphas, betas = _residual_factors(hp)
         if len(alphas) != 1 or betas != {1.0}:
             raise FrinkError(
                 "config.json: the *_alpha_factor values differ or a *_beta_factor is not 1 "
@@ -253,9 +258,40 @@ class Minimax(Arch):
             )
         w.set("residual_scale", float(next(iter(alphas))))
         w.set("rope.dimension_count", int(hp.get("rotary_dim") or hp["head_dim"]))
-        n = int(hp["num_hidden_layers"])
-        types = hp.get("layer_types")
-        if not isinstance(types, list) or len(types) != n:
-            # transformers' default: the even layers attend.
-            types = ["full_attention" if (i + 1) % 2 else "linear_attention" for i in range(n)]
-        w.set("attention.recurrent_layers", [t == "linear_attention" for t in types])
+        w.set("attention.recurrent_layers", _recurrent_layers(hp))
+
+
+def _residual_factors(hp: dict[str, Any]) -> tuple[set[float], set[float]]:
+    """The residual alphas and betas a config states: the released config's
+    layernorm_{full_attention,linear_attention,mlp}_{alpha,beta}, else transformers'
+    {full_attn,linear_attn,mlp}_{alpha,beta}_factor (1 where absent)."""
+    if "layernorm_mlp_alpha" in hp:
+        kinds = ("full_attention", "linear_attention", "mlp")
+        return (
+            {float(hp.get(f"layernorm_{k}_alpha", 1)) for k in kinds},
+            {float(hp.get(f"layernorm_{k}_beta", 1)) for k in kinds},
+        )
+    kinds = ("full_attn", "linear_attn", "mlp")
+    return (
+        {float(hp.get(f"{k}_alpha_factor", 1)) for k in kinds},
+        {float(hp.get(f"{k}_beta_factor", 1)) for k in kinds},
+    )
+
+
+def _recurrent_layers(hp: dict[str, Any]) -> list[bool]:
+    """Per layer, lightning attention: the released config's attn_type_list (1: softmax
+    attention), else transformers' layer_types, else its default (the even layers attend)."""
+    n = int(hp["num_hidden_layers"])
+    listed = hp.get("attn_type_list")
+    if isinstance(listed, list):
+        if len(listed) != n:
+            raise FrinkError(
+                f"config.json: attn_type_list has {len(listed)} entries for {n} layers"
+            )
+        return [int(t) != 1 for t in listed]
+    types = hp.get("layer_types")
+    if isinstance(types, list):
+        if len(types) != n:
+            raise FrinkError(f"config.json: layer_types has {len(types)} entries for {n} layers")
+        return [t == "linear_attention" for t in types]
+    return [bool(i % 2) for i in range(n)]
