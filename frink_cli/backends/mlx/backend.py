@@ -459,7 +459,8 @@ class MlxBackend(WeightUpload, DeviceBackend):
         """Ledger tag: a run of mamba layers is a mamba-run; of a model with short convs, a
         shortconv-run (its attention layers folded in), with lightning attention a
         lightning-run (likewise); a run holding GDN layers is a gdn-run (its attention
-        layers are the heads and tails folded into it), else a dense-run; "+batch" over several sequences; "+lm-head" when the head rode along."""
+        layers are the heads and tails folded into it), else a dense-run; "+batch" over
+        several sequences; "+lm-head" when the head rode along."""
         recurrent = self._recurrent(range(run.start, run.stop))
         mixers = {s.mixer for s in self.shapes}
         kind = (
