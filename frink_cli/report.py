@@ -140,7 +140,9 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
     tok = load_tokenizer(ckpt)
     facts = checkpoint_facts(ckpt)
     blocks = cfg.ext.info()
-    sections = {name: blocks.get(name) for name in ("gdn", "mamba", "shortconv", "moe", "mla")}
+    sections = {
+        name: blocks.get(name) for name in ("gdn", "mamba", "shortconv", "moe", "mla", "lightning")
+    }
     return {
         "path": str(path),
         "format": ckpt.format,
@@ -338,6 +340,14 @@ def _print_mixers(d: dict[str, Any], line: Callable[[str, str], None]) -> None:
             f" value heads {g['value_head_order']}",
         )
         _recurrent(d, line, "conv + delta")
+    lc = d.get("lightning")
+    if lc:
+        line(
+            "lightning",
+            f"{lc['layers']} layers, {lc['heads']} heads x {lc['head_dim']}, per-head decay,"
+            f" residual x {lc['residual_alpha']:g}",
+        )
+        _recurrent(d, line, "K^T V per head")
     if sc:
         line("short conv", f"{sc['layers']} layers, conv {sc['conv_kernel']} over {d['n_embd']}")
         _recurrent(d, line, "conv tail")
@@ -422,6 +432,9 @@ def _mixer_text(d: dict[str, Any], s: dict[str, Any]) -> str:
         return f"shortconv (conv {sc['conv_kernel']})"
     if mixer == "mamba2":
         return f"mamba2 ({mb['dt_rank']} heads, {mb['d_inner']} x {mb['d_state']})"
+    if mixer == "lightning":
+        lc = d["lightning"]
+        return f"lightning ({lc['heads']} heads x {lc['head_dim']}, recurrent state)"
     if mixer == "none":
         return "no attention"
     if mixer == "linear":

@@ -606,6 +606,71 @@ def plamo2_hostile() -> dict[str, tuple[bytes, str]]:
     return {k: (v.encode(), why) for k, (v, why) in cases.items()}
 
 
+# --- minimax-01 (issue 31): lightning attention metadata --------------------------------------
+MX_EXPERTS, MX_LAYERS = 2, 2
+
+
+def minimax_base() -> Gguf:
+    """A valid two-layer minimax-01 (a lightning layer, then a softmax-attention layer, an
+    MoE on each) on the base's tokenizer."""
+    w, ones = _drawers(2)
+    arch = "minimax-01"
+    kvs = _arch_kvs(arch, (".block_count",))
+    kvs += [
+        (f"{arch}.block_count", U32, MX_LAYERS),
+        (f"{arch}.expert_count", U32, MX_EXPERTS),
+        (f"{arch}.expert_used_count", U32, 1),
+        (f"{arch}.residual_scale", F32, 1.5),
+        (f"{arch}.attention.recurrent_layers", ARR, (BOOL, [True, False])),
+    ]
+    width = N_HEAD * HEAD_DIM
+    t = {"token_embd.weight": w(N_VOCAB, N_EMBD), "output_norm.weight": ones(N_EMBD)}
+    for i in range(MX_LAYERS):
+        p = f"blk.{i}."
+        t |= {
+            p + "attn_norm.weight": ones(N_EMBD),
+            p + "attn_output.weight": w(N_EMBD, width),
+            p + "ffn_norm.weight": ones(N_EMBD),
+            p + "ffn_gate_inp.weight": w(MX_EXPERTS, N_EMBD),
+            p + "ffn_gate_exps.weight": w(MX_EXPERTS, N_FF, N_EMBD),
+            p + "ffn_up_exps.weight": w(MX_EXPERTS, N_FF, N_EMBD),
+            p + "ffn_down_exps.weight": w(MX_EXPERTS, N_EMBD, N_FF),
+        }
+    t |= {
+        "blk.0.attn_qkv.weight": w(3 * width, N_EMBD),
+        "blk.0.attn_gate.weight": w(width, N_EMBD),
+        "blk.0.attn_norm_2.weight": ones(width),
+        "blk.1.attn_q.weight": w(width, N_EMBD),
+        "blk.1.attn_k.weight": w(N_HEAD_KV * HEAD_DIM, N_EMBD),
+        "blk.1.attn_v.weight": w(N_HEAD_KV * HEAD_DIM, N_EMBD),
+    }
+    return Gguf(kvs, [(k, v, 0, None) for k, v in t.items()])
+
+
+def minimax_hostile() -> dict[str, tuple[bytes, str]]:
+    """minimax-01 files with one lightning field made hostile -> (file, the name the
+    refusal must carry)."""
+    g = minimax_base()
+    key = "minimax-01."
+    cases: dict[str, tuple[Gguf, str]] = {
+        "recurrent_layers_short": (
+            _with(g, key + "attention.recurrent_layers", ARR, (BOOL, [True])),
+            "recurrent_layers",
+        ),
+        "interval_zero": (
+            Gguf(
+                [kv for kv in g.kvs if not kv[0].endswith("recurrent_layers")]
+                + [(key + "full_attention_interval", U32, 0)],
+                g.tensors,
+            ),
+            "full_attention_interval",
+        ),
+        "residual_nan": (_with(g, key + "residual_scale", F32, float("nan")), "residual_scale"),
+        "head_dim_huge": (_with(g, key + "attention.key_length", U32, 2**20), "key_length"),
+    }
+    return {k: (v.encode(), why) for k, (v, why) in cases.items()}
+
+
 def empty_tokens_gguf(n: int = 2_000_000) -> bytes:
     """Many empty token strings in a small file: memory must follow the file, not the count."""
     return _with(base(), "tokenizer.ggml.tokens", ARR, (STR, [""] * n)).encode()
@@ -959,6 +1024,9 @@ def cases(n_random: int, seed: int, work: Path) -> Iterator[Case]:
     yield _gguf_case("plamo2", "valid", plamo2_base().encode(), work)
     for name, (data, _) in plamo2_hostile().items():
         yield _gguf_case("plamo2", name, data, work)
+    yield _gguf_case("minimax-01", "valid", minimax_base().encode(), work)
+    for name, (data, _) in minimax_hostile().items():
+        yield _gguf_case("minimax-01", name, data, work)
     for i, t in enumerate(HOSTILE_TEMPLATES):
         yield _template_case(f"hostile {i}", t)
 

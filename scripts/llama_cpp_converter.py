@@ -189,6 +189,7 @@ def _child_main(src: str, converter_argv: list[str]) -> None:
         if not mmproj:
             cls.set_vocab = set_vocab_none
             _patch_gemma3_embedding_trim(cls)
+            _patch_minimax_suppress_tokens(cls)
         return cls
 
     converter.get_model_class = get_model_class
@@ -218,6 +219,16 @@ def _patch_gemma3_embedding_trim(cls: type) -> None:
 
     Gemma3Model.modify_tensors = modify_tensors
     Gemma3Model._frink_patched = True
+
+
+def _patch_minimax_suppress_tokens(cls: type) -> None:
+    # MiniMaxText01Model.set_gguf_parameters looks for zero embedding rows past the
+    # tokenizer's vocab (AutoTokenizer + model.safetensors.index.json), which a random
+    # model lacks. With no tokenizer there is no such row: it suppresses nothing.
+    from conversion.minimax import MiniMaxText01Model  # type: ignore[import-not-found]
+
+    if issubclass(cls, MiniMaxText01Model):
+        cls._get_suppress_tokens = lambda self: None
 
 
 def main(argv: list[str] | None = None) -> None:

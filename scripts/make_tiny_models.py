@@ -75,6 +75,7 @@ _LATER_FIELDS = {
     "config_overrides": {},
     "matrix_std": {},
     "buffer_overrides": {},
+    "convert_drop": [],
 }
 
 
@@ -467,8 +468,9 @@ def make_one(spec: TinySpec, out_dir: Path, force: bool = False) -> dict[str, An
 
 
 def _renamed_copy(spec: TinySpec, hf_dir: Path, dst: Path) -> Path:
-    """hf_dir itself, or (spec.convert_renames) a copy whose parameters are renamed."""
-    if not spec.convert_renames:
+    """hf_dir itself, or (spec.convert_renames, spec.convert_drop) a copy whose parameters
+    are renamed and the named buffers left out."""
+    if not spec.convert_renames and not spec.convert_drop:
         return hf_dir
     from safetensors.numpy import load_file, save_file
 
@@ -479,6 +481,8 @@ def _renamed_copy(spec: TinySpec, hf_dir: Path, dst: Path) -> Path:
         tensors = load_file(st)
         renamed = {}
         for name, t in tensors.items():
+            if any(key in name for key in spec.convert_drop):
+                continue
             for old, new in spec.convert_renames.items():
                 name = name.replace(old, new)
             renamed[name] = t

@@ -79,6 +79,10 @@ class TinySpec:
     # Buffers (by substring of the name) drawn as center + std * noise: gemma4's
     # layer_scalar, a saved buffer the parameter loop never sees (1.0 would hide it).
     buffer_overrides: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # Tensors (by substring of the name) left out of the copy handed to llama.cpp's
+    # converter: buffers transformers saves that released checkpoints lack (MiniMax's
+    # lightning decay tables), which the converter's tensor map cannot name.
+    convert_drop: tuple[str, ...] = ()
 
 
 _COMMON: dict[str, Any] = {
@@ -1428,3 +1432,48 @@ _MIMO2_SPECS = [
     ),
 ]
 SPECS.update({s.name: s for s in _MIMO2_SPECS})
+# minimax-01 (issue 31): 7 lightning layers and 1 softmax-attention layer (llama.cpp's
+# default pattern, which the converter leaves to it), an MoE on every layer, every residual
+# scaled by 1.7. transformers' lightning blocks are 8 tokens (block_size), so its prefill
+# crosses ten; frink's 64-token blocks are crossed by the 80 tokens. rotary_dim = head_dim:
+# transformers' MiniMax rotates the whole head, llama.cpp rope.dimension_count dims.
+_MINIMAX_ALPHA = 1.7
+_MINIMAX_SPECS = [
+    TinySpec(
+        "minimax",
+        "MiniMaxForCausalLM",
+        "MiniMaxConfig",
+        dict(
+            _COMMON,
+            num_hidden_layers=8,
+            head_dim=16,
+            intermediate_size=32,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            block_size=8,
+            layer_types=["linear_attention"] * 7 + ["full_attention"],
+            full_attn_alpha_factor=_MINIMAX_ALPHA,
+            linear_attn_alpha_factor=_MINIMAX_ALPHA,
+            mlp_alpha_factor=_MINIMAX_ALPHA,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            tie_word_embeddings=False,
+        ),
+        seed=141,
+        seq_len=_HYBRID_SEQ_LEN,
+        greedy=24,
+        greedy_prompt=_RECURRENT_GREEDY_PROMPT,
+        convert_architecture="MiniMaxText01ForCausalLM",
+        config_overrides={
+            "rotary_dim": 16,
+            "layernorm_full_attention_alpha": _MINIMAX_ALPHA,
+            "layernorm_linear_attention_alpha": _MINIMAX_ALPHA,
+            "layernorm_mlp_alpha": _MINIMAX_ALPHA,
+            "layernorm_full_attention_beta": 1.0,
+            "layernorm_linear_attention_beta": 1.0,
+            "layernorm_mlp_beta": 1.0,
+        },
+        convert_drop=("slope_rate", "query_decay", "key_decay", "diagonal_decay"),
+        notes="LIGHTNING x7 ATTN x1, MoE (4 experts, top 2) on every layer, residual x1.7",
+    ),
+]
+SPECS.update({s.name: s for s in _MINIMAX_SPECS})

@@ -398,6 +398,40 @@ _RECURRENT = dict(
 )
 _ULP_A = Converter(ulp_suffixes=(".ssm_a",))
 # Hybrid converters write the default full_attention_interval even when layer_types differ.
+# --- minimax-01 (issue 31) ------------------------------------------------------------------
+_MINIMAX_OFF = (
+    Off("no residual alpha", "minimax", {"residual_alpha": 1.0}),
+    Off("no lightning output norm", "minimax", layer=lambda lw: _lightning(lw, _ones("norm"))),
+    Off(
+        "constant lightning output gate",
+        "minimax",
+        layer=lambda lw: _lightning(lw, lambda b: {"gate": _zero_linear(b.gate)}),
+    ),
+    Off("no decay", "minimax", lambda cfg: {"lightning": _no_decay(cfg.ext.lightning)}),
+    Off("no renormalization", "minimax", _moe(norm_topk=False)),
+)
+
+
+def _lightning(lw: Any, change: LayerChange) -> Mapping[str, Any]:
+    """A change inside a lightning layer's block (the softmax-attention layer, a plain
+    LayerWeights, is left as it is)."""
+    return in_block("lightning", change)(lw) if hasattr(lw, "lightning") else {}
+
+
+def _zero_linear(lin: Any) -> Any:
+    return dataclasses.replace(lin, w=np.zeros_like(lin.w))
+
+
+def _no_decay(lc: Any) -> Any:
+    """Lightning attention with every slope 0: plain linear attention."""
+
+    class NoDecay(type(lc)):  # type: ignore[misc]
+        def slopes(self, layer: int) -> tuple[float, ...]:
+            return (0.0,) * self.n_head
+
+    return NoDecay(lc.layers, lc.n_head, lc.head_dim)
+
+
 _QWEN_HYBRID = Converter(skip_suffixes=(".full_attention_interval",), rel_tol=1e-6)
 _MAMBA_RUN = frozenset({"mamba-run+lm-head"})
 _ROLLBACK = "cannot be rolled back"
@@ -406,6 +440,29 @@ _MAMBA2_SCAN = "mamba2 selective scan"
 _NO_SCAN = "selective_scan: not implemented"
 
 TABLE: tuple[Arch, ...] = (
+    Arch(
+        "minimax-01",
+        ("minimax",),
+        greedy_min=LONG_GREEDY,
+        greedy_prompt_min=PREFILL_CHUNK + 1,
+        tokens_min=PREFILL_CHUNK + 1,
+        converter=Converter(skip_suffixes=(".attention.recurrent_layers",)),
+        metal=Metal(
+            ("minimax",),
+            per_token=("minimax",),
+            decode=("minimax",),
+            generate=True,
+            kinds=frozenset({"lightning-run+lm-head"}),
+            state=("delta_state",),
+            state_fixtures=("minimax",),
+            state_run=(80, 72, 96),
+        ),
+        # Its MoE on every layer is what the cuda stack refuses first everywhere (the
+        # lightning op by name too: tests/test_minimax.py).
+        cuda=Cuda(("minimax",), every_layer="route: not implemented"),
+        refuses_truncation=_ROLLBACK,
+        decorations=_MINIMAX_OFF,
+    ),
     Arch(
         "llama",
         ("llama", "llama_q", "llama_tied", "mistral", "llama_yarn"),

@@ -271,7 +271,7 @@ def test_stop_text_spells_the_control_tokens_it_is_given() -> None:
     assert out == 'Sure.[TOOL_CALLS][{"name": "f"}]'
 
 
-@pytest.mark.parametrize("name", ["granitehybrid", "lfm2", "falcon_h1"])
+@pytest.mark.parametrize("name", ["granitehybrid", "lfm2", "falcon_h1", "minimax"])
 def test_metal_engine_steps_are_one_submission_each(name: str, tiny_model: Callable) -> None:
     """On metal the engine's every step (a batch of decode rows and prompt chunks, or one
     sequence's) is ONE device submission, nothing refused, and llama.cpp's greedy run is

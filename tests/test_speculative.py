@@ -33,8 +33,18 @@ from frink_cli.speculative import (
 # Full attention (granite), sliding windows of 6 with sinks and MoE (gpt_oss), sliding and
 # global layers (gemma4), gated delta net (qwen35), mamba, short convolutions (lfm2),
 # attention beside mamba2 in one layer (falcon_h1), per-head Mamba between attention
-# layers (plamo2, written straight to GGUF: GGUF_DIRECT).
-FIXTURES = ["granite", "gpt_oss", "gemma4", "qwen35", "mamba", "lfm2", "falcon_h1", "plamo2"]
+# layers (plamo2, written straight to GGUF: GGUF_DIRECT), lightning attention (minimax).
+FIXTURES = [
+    "granite",
+    "gpt_oss",
+    "gemma4",
+    "qwen35",
+    "mamba",
+    "lfm2",
+    "falcon_h1",
+    "plamo2",
+    "minimax",
+]
 # Fixtures no transformers class makes: their maker script (model.gguf and ref.npz).
 GGUF_DIRECT = {"plamo2": "make_tiny_plamo2"}
 # Drafting from the model itself: every draft is the target's own greedy pick only where

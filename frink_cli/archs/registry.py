@@ -27,6 +27,7 @@ from .llama import Llama
 from .llama4 import Llama4
 from .mamba import Mamba, Mamba2
 from .mimo2 import Mimo2
+from .minimax import Minimax
 from .mpnet import Mpnet
 from .nomic_bert import NomicBert
 from .olmo2 import Olmo2
@@ -70,6 +71,8 @@ _ARCHS: tuple[Arch, ...] = (
     Lfm2Moe(),
     # deepseek2 (issue 31)
     Deepseek2(),
+    # minimax-01 (issue 31)
+    Minimax(),
     Mamba2(),
     GraniteHybrid(),
     # plamo2 (issue 31)

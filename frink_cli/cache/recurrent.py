@@ -26,6 +26,7 @@ class RecurrentState:
             "mamba2": "mamba2 selective scan",
             "attention+mamba2": "mamba2 selective scan",
             "shortconv": "short conv",
+            "lightning": "lightning attention",
         }
         self.kind = kinds.get(mixer, "gated delta net")
         self.n_past = 0

@@ -191,6 +191,17 @@ class Ops(Protocol[A]):
         beta [T, H]; state [H, dk, dv] (not modified) -> (o [T, H, dv], the new state)."""
         ...
 
+    # --- lightning attention (MiniMax-01) ---------------------------------------------------
+    def lightning_attention(
+        self, q: A, k: A, v: A, slopes: tuple[float, ...], state: A
+    ) -> tuple[A, A]:
+        """Linear attention with a per-head decay over T tokens: q, k, v [T, H, d]; slopes
+        [H] (s_h > 0); state [H, d, d] (K^T V so far, not modified). Per token t and head h:
+        S = exp(-s_h) S + k_t^T v_t;  o_t = q_t S  -> (o [T, H, d], the new state). A prompt
+        may be taken in blocks (intra-block scores with the decay exp(-s (i - j)), the
+        inter-block part through the state), which is the same sum."""
+        ...
+
     # --- mamba (selective state space) ------------------------------------------------------
     def selective_scan(self, x: A, dt: A, a: A, b: A, c: A, state: A) -> tuple[A, A]:
         """Mamba's scan over T tokens, per channel i: h = exp(dt[i] A[i]) h + dt[i] x[i] B;

@@ -183,6 +183,12 @@ class TraceOps:
         self._record("selective_scan", (x, dt, a, b, c, state))
         return placeholder(np.shape(x)), placeholder(np.shape(state))
 
+    def lightning_attention(
+        self, q: Any, k: Any, v: Any, slopes: tuple[float, ...], state: Any
+    ) -> tuple[np.ndarray, np.ndarray]:
+        self._record("lightning_attention", (q, k, v, state))
+        return placeholder(np.shape(v)), placeholder(np.shape(state))
+
     def route(
         self, logits: Any, k: int, renormalize: bool, gating: str = "softmax", bias: Any = None
     ) -> tuple[np.ndarray, np.ndarray]:

@@ -20,8 +20,9 @@ class LayerShape:
     """What layer l is: its blocks, window, rope and sizes. The caches, the rope tables and
     the backends size themselves from this alone."""
 
-    # The mixer block: "attention" | "gdn" (gated delta net) | "mamba" | "mamba2" |
-    # "shortconv" | "attention+mamba2" (both side by side on the same normed rows) |
+    # The mixer block: "attention" | "gdn" (gated delta net) | "lightning" (MiniMax's
+    # linear attention) | "mamba" | "mamba2" | "shortconv" | "attention+mamba2" (both side
+    # by side on the same normed rows) |
     # "linear" (only the output projection, on the normed rows) | "none" (no mixer branch)
     mixer: str
     # "dense" | "moe" (sparse mixture of experts) | "dense+moe" (both side by side) |
@@ -388,6 +389,7 @@ class ModelConfig:
             "attention+mamba2": "ATTN+MAMBA2",
             "none": "NONE",
             "linear": "LINEAR",
+            "lightning": "LIGHTNING",
         }
         name = names.get(shape.mixer) or ("SWA" if self.swa_layers[layer] else "ATTN")
         if self.layer_sizes is None:

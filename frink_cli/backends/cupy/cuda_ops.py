@@ -180,8 +180,8 @@ class CudaOps:
 
     def _refused(self, *args: Any) -> Any:
         raise NotImplementedError(
-            "gated delta net / MoE / mamba primitives: eligibility refuses these layers"
+            "gated delta net / MoE / mamba / lightning primitives: eligibility refuses these layers"
         )
 
     causal_conv = l2_norm = softplus = delta_rule = route = experts = _refused
-    selective_scan = _refused
+    selective_scan = lightning_attention = _refused

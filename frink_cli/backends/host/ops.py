@@ -19,6 +19,7 @@ from .attention import attend, attend_chunked, temperature_factors
 from .ffn import ACTIVATIONS, glu, glu_
 from .gdn import causal_conv, l2_normalize
 from .gdn import delta_rule as _delta_rule
+from .lightning import lightning_attention as _lightning_attention
 from .linear import linear, product, row_sequences
 from .moe import route as _route
 from .moe import route_grouped as _route_grouped
@@ -138,6 +139,7 @@ class HostOps:
     # The kernels whose arguments are the op's own, called as they are.
     delta_rule = staticmethod(_delta_rule)
     selective_scan = staticmethod(_selective_scan)
+    lightning_attention = staticmethod(_lightning_attention)
     route = staticmethod(_route)
     route_grouped = staticmethod(_route_grouped)
 

@@ -457,9 +457,10 @@ class MlxBackend(WeightUpload, DeviceBackend):
 
     def _kind(self, run: Run, head: str | None, batch: bool = False) -> str:
         """Ledger tag: a run of mamba layers is a mamba-run; of a model with short convs, a
-        shortconv-run (its attention layers folded in); a run holding GDN layers is a
-        gdn-run (its attention layers are the heads and tails folded into it), else a
-        dense-run; "+batch" over several sequences; "+lm-head" when the head rode along."""
+        shortconv-run (its attention layers folded in), with lightning attention a
+        lightning-run (likewise); a run holding GDN layers is a gdn-run (its attention
+        layers are the heads and tails folded into it), else a dense-run; "+batch" over
+        several sequences; "+lm-head" when the head rode along."""
         recurrent = self._recurrent(range(run.start, run.stop))
         mixers = {s.mixer for s in self.shapes}
         kind = (
@@ -467,6 +468,8 @@ class MlxBackend(WeightUpload, DeviceBackend):
             if mixers & {"mamba", "mamba2", "attention+mamba2"}
             else "shortconv"
             if "shortconv" in mixers
+            else "lightning"
+            if "lightning" in mixers
             else "gdn"
             if recurrent
             else "dense"

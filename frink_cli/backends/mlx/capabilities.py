@@ -57,6 +57,7 @@ MLX_OPS: Capabilities = {
             "softplus",
             "delta_rule",
             "selective_scan",
+            "lightning_attention",
             "route",
             "route_grouped",
             "head_matmul",

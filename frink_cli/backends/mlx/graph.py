@@ -18,6 +18,8 @@ import mlx.core as mx
 from ...graph.blocks.moe import moe
 from ...graph.ops import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, AttentionCall
 
+LIGHTNING_BLOCK = 64  # prompt tokens per block of lightning attention's decayed scores
+
 
 @dataclass
 class DeviceLinear:
@@ -423,6 +425,31 @@ class MlxOps:
             h = decay[t] * h + inp[t]
             outs.append((h.reshape(G, di // G, ds) @ c[t][:, :, None]).reshape(di))
         return mx.stack(outs), h
+
+    def lightning_attention(
+        self,
+        q: mx.array,
+        k: mx.array,
+        v: mx.array,
+        slopes: tuple[float, ...],
+        state: mx.array,
+    ) -> tuple[mx.array, mx.array]:
+        """Blocks of LIGHTNING_BLOCK tokens in the traced graph: each block's decayed
+        scores within it, the state across blocks (the host kernel's sum, in MLX)."""
+        s = mx.array(slopes, dtype=mx.float32)
+        outs, S = [], state
+        for b0 in range(0, q.shape[0], LIGHTNING_BLOCK):
+            qb, kb, vb = (a[b0 : b0 + LIGHTNING_BLOCK].transpose(1, 0, 2) for a in (q, k, v))
+            n = qb.shape[1]
+            i = mx.arange(n, dtype=mx.float32)
+            q_decay = mx.exp(-s[:, None] * (i[None, :] + 1))[:, :, None]  # [H, n, 1]
+            k_decay = mx.exp(-s[:, None] * (n - 1 - i[None, :]))[:, :, None]
+            gap = i[:, None] - i[None, :]
+            diag = mx.where(gap >= 0, mx.exp(-s[:, None, None] * mx.maximum(gap, 0)), 0.0)
+            out = ((qb @ kb.transpose(0, 2, 1)) * diag) @ vb + (qb * q_decay) @ S
+            outs.append(out.transpose(1, 0, 2))
+            S = S * mx.exp(-s * n)[:, None, None] + (kb * k_decay).transpose(0, 2, 1) @ vb
+        return (outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)), S
 
     def route(
         self,
