@@ -40,10 +40,10 @@ from model_checks import (
     FAR,
     REFERENCES,
     _against_references,
-    _cuda_models,
     _max_diff,
     _path,
     _tokens,
+    cuda_models,
 )
 
 import frink_cli
@@ -280,7 +280,7 @@ def test_cuda_emulated_granitemoe_falls_back_and_matches(
     from frink_cli.backends.cupy import eligibility
     from frink_cli.backends.cupy.ops import KernelOps
 
-    _, dev = _cuda_models(_path(tiny_model, name, "gguf"), lambda: KernelOps(np, emulated_launcher))
+    _, dev = cuda_models(_path(tiny_model, name, "gguf"), lambda: KernelOps(np, emulated_launcher))
     tokens = _tokens(tiny_model, name)
     got = dev.logits(tokens)
     _against_references(got, tiny_model(name).ref, f"{name} emulated")

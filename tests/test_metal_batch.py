@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from model_checks import REF_TOL, _assert_device_ran, _compare, _cuda_models, _path
+from model_checks import REF_TOL, _assert_device_ran, _compare, _path, cuda_models
 
 import frink_cli
 from frink_cli.backends.base import MULTI_SEQUENCE
@@ -172,7 +172,7 @@ def test_a_batch_past_one_submission_is_refused_by_name(tiny_model: Callable) ->
 
 
 def test_cuda_still_leaves_batches_to_the_host(tiny_model: Callable) -> None:
-    host, dev = _cuda_models(_path(tiny_model, "llama", "gguf"))
+    host, dev = cuda_models(_path(tiny_model, "llama", "gguf"))
     rng = np.random.default_rng(4)
     prompts = [rng.integers(1, dev.config.n_vocab, n) for n in (4, 9)]
     caches = [dev.decoder.new_cache(N_CTX) for _ in prompts]

@@ -29,11 +29,11 @@ from model_checks import (
     _assert_greedy_matches_llamacpp,
     _assert_one_submission_per_token,
     _compare,
-    _cuda_models,
     _decode_after_prefill,
     _max_diff,
-    _prefill_prefix_decode,
     configured,
+    cuda_models,
+    prefill_prefix_decode,
 )
 from script_loader import load_script
 
@@ -164,10 +164,10 @@ def test_cuda_emulated_kernels_match_llamacpp(fixture: Any, emulated_launcher: A
     from frink_cli.backends.cupy.ops import KernelOps
 
     ref = fixture[2]
-    host, dev = _cuda_models(fixture[0], lambda: KernelOps(np, emulated_launcher))
+    host, dev = cuda_models(fixture[0], lambda: KernelOps(np, emulated_launcher))
     tokens = _tokens(ref)[:24]
-    want = _prefill_prefix_decode(host, tokens, split=9)
-    got = _prefill_prefix_decode(dev, tokens, split=9)
+    want = prefill_prefix_decode(host, tokens, split=9)
+    got = prefill_prefix_decode(dev, tokens, split=9)
     assert _max_diff(got, want) <= SELF_TOL
     _against_llamacpp(got, {"logits_llamacpp": ref["logits_llamacpp"][:24]}, "cuda-emulated")
     _assert_device_ran(dev, "cuda-emulated")

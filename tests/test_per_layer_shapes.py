@@ -26,10 +26,10 @@ from model_checks import (
     _assert_greedy_matches_llamacpp,
     _assert_one_submission_per_token,
     _compare,
-    _cuda_models,
     _decode_after_prefill,
-    _prefill_prefix_decode,
     configured,
+    cuda_models,
+    prefill_prefix_decode,
 )
 from script_loader import load_script
 
@@ -363,10 +363,10 @@ def test_cuda_emulated_kernel_stack_equals_host_body(
     from frink_cli.backends.cupy.ops import KernelOps
 
     path, ref = made[arch]
-    host, dev = _cuda_models(path, lambda: KernelOps(np, emulated_launcher))
+    host, dev = cuda_models(path, lambda: KernelOps(np, emulated_launcher))
     tokens = _tokens(ref)[:24]
-    want = _prefill_prefix_decode(host, tokens, split=9)
-    got = _prefill_prefix_decode(dev, tokens, split=9)
+    want = prefill_prefix_decode(host, tokens, split=9)
+    got = prefill_prefix_decode(dev, tokens, split=9)
     assert float(np.max(np.abs(got - want))) <= SELF_TOL
     _compare(got, ref["logits_llamacpp"][:24], REF_TOL, f"{arch} emulated")
     ledger = dev.decoder.backend.ledger
