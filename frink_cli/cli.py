@@ -28,6 +28,7 @@ from .cli_checks import (
 )
 from .cli_embed import POOLING_OPTION, embed
 from .cli_exit import CliState, err, run_app
+from .cli_lora import LORA, LORA_INIT, LORA_SCALED, LoraArgs, lora_args
 from .cli_run import generate_and_print
 from .cli_spec import DRAFT_MAX, DRAFT_MIN, DRAFT_MODEL, DRAFT_P_MIN, SPEC, spec_params
 from .errors import FrinkError, printable
@@ -54,14 +55,17 @@ def _load(
     quiet: bool = False,
     check_tensors: bool = False,
     cache_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE),
+    lora: LoraArgs = ((), True),
 ):
-    """The model, loaded with a progress bar on a terminal; cache_types: -ctk and -ctv."""
+    """The model, loaded with a progress bar on a terminal; cache_types: -ctk and -ctv;
+    lora: the LoRA flags (cli_lora.lora_args)."""
     from .api import load
     from .pull import resolve_model_arg
 
     path = resolve_model_arg(model_arg)
     ctk, ctv = cache_types
     opts: dict[str, Any] = dict(check_tensors=check_tensors, cache_type_k=ctk, cache_type_v=ctv)
+    opts.update(lora=lora[0], lora_apply=lora[1])
     # No bar when stderr is a pipe or file: there it is only noise (rich leaves a blank line).
     if quiet or not err.is_terminal:
         return load(path, backend=backend, **opts)
@@ -246,6 +250,9 @@ def run(
     draft_max: int = DRAFT_MAX,
     draft_min: int = DRAFT_MIN,
     draft_p_min: float = DRAFT_P_MIN,
+    lora: list[str] | None = LORA,
+    lora_scaled: list[tuple[str, float]] | None = LORA_SCALED,
+    lora_init_without_apply: bool = LORA_INIT,
     verbose: bool = _VERBOSE,
 ) -> None:
     """Generate text from a prompt."""
@@ -272,6 +279,7 @@ def run(
         quiet=as_json and not verbose,
         check_tensors=check_tensors,
         cache_types=(cache_type_k, cache_type_v),
+        lora=lora_args(lora, lora_scaled, lora_init_without_apply),
     )
     # Compiled before the prompt runs: a grammar that does not compile stops here.
     constraint = m.constraint(**constrain)
@@ -348,6 +356,9 @@ def bench(
     as_json: bool = typer.Option(False, "--json", help="a JSON list of rows"),
     as_csv: bool = typer.Option(False, "--csv", help="CSV rows"),
     as_md: bool = typer.Option(False, "--md", help="a markdown table (the default)"),
+    lora: list[str] | None = LORA,
+    lora_scaled: list[tuple[str, float]] | None = LORA_SCALED,
+    lora_init_without_apply: bool = LORA_INIT,
     verbose: bool = _VERBOSE,
 ) -> None:
     """Measure prompt and generation speed, llama-bench style; with --spec / -md, greedy
@@ -359,7 +370,8 @@ def bench(
         raise FrinkError("choose one output format: --json, --csv or --md")
     check_range("-t/--threads", threads, 0)
     speculation = spec_params(spec, draft_model, draft_max, draft_min, draft_p_min)
-    m = _load(model, backend, cache_types=(cache_type_k, cache_type_v))
+    adapters = lora_args(lora, lora_scaled, lora_init_without_apply)
+    m = _load(model, backend, cache_types=(cache_type_k, cache_type_v), lora=adapters)
     _speculate(m, speculation, draft_model, backend)
     rows = B.run_bench(
         m,
@@ -397,6 +409,9 @@ def chat(
     repeat_penalty: float = _REPEAT_PENALTY,
     seed: int = _SEED,
     backend: str = _BACKEND,
+    lora: list[str] | None = LORA,
+    lora_scaled: list[tuple[str, float]] | None = LORA_SCALED,
+    lora_init_without_apply: bool = LORA_INIT,
     verbose: bool = _VERBOSE,
 ) -> None:
     """Chat with the model in the terminal (/reset, /system TEXT, /exit; Ctrl-C stops an
@@ -410,7 +425,8 @@ def chat(
     if system is not None:
         check_utf8(system, "--system")
     params = SamplingParams(**_sampling(temp, top_k, top_p, min_p, repeat_penalty, seed))
-    m = _load(model, backend, cache_types=(cache_type_k, cache_type_v))
+    adapters = lora_args(lora, lora_scaled, lora_init_without_apply)
+    m = _load(model, backend, cache_types=(cache_type_k, cache_type_v), lora=adapters)
     chat_loop(
         m,
         n_ctx=_n_ctx(m, ctx_size),
@@ -461,6 +477,9 @@ def serve(
     draft_max: int = DRAFT_MAX,
     draft_min: int = DRAFT_MIN,
     draft_p_min: float = DRAFT_P_MIN,
+    lora: list[str] | None = LORA,
+    lora_scaled: list[tuple[str, float]] | None = LORA_SCALED,
+    lora_init_without_apply: bool = LORA_INIT,
     verbose: bool = _VERBOSE,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, with continuous batching."""
@@ -482,7 +501,8 @@ def serve(
     speculation = spec_params(spec, draft_model, draft_max, draft_min, draft_p_min)
     api_key = read_api_key(api_key, api_key_file)
     origins = frozenset(o.strip().rstrip("/") for o in cors_origins.split(",") if o.strip())
-    m = _load(model, backend, cache_types=(cache_type_k, cache_type_v))
+    adapters = lora_args(lora, lora_scaled, lora_init_without_apply)
+    m = _load(model, backend, cache_types=(cache_type_k, cache_type_v), lora=adapters)
     m.embed_plan = with_pooling(m.embed_plan, pooling)
     _speculate(m, speculation, draft_model, backend)
     run_server(

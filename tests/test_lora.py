@@ -1,0 +1,167 @@
+"""LoRA adapters against transformers + peft and llama.cpp's --lora on the tiny llamas.
+
+The adapters (scripts/make_lora_fixtures.py) are random PEFT LoRAs (B not zero, alpha not
+r) over the tiny fixtures' HF weights: q/v only, every projection, every projection with
+rsLoRA, and every projection over a quantized base. Each is checked as a PEFT directory
+over the HF directory and the GGUF (transformers' logits), and as llama.cpp's own
+conversion over the GGUF (llama.cpp's logits and greedy tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import fixture_cache_root
+from llama_quantize import llama_quantize
+from script_loader import load_script
+
+import frink_cli
+from frink_cli.errors import FrinkError
+from frink_cli.model.lora import LoraAdapter
+from frink_cli.quant.blocks import QuantRows
+
+_MAKE = Path(__file__).resolve().parent.parent / "scripts" / "make_lora_fixtures.py"
+TOL = 2e-3
+Q8_0 = 8  # GGML_TYPE_Q8_0
+_make_tiny = load_script("make_tiny_models")
+
+
+@pytest.fixture(scope="module")
+def lora_dir(tiny_models: Path) -> Path:
+    """The adapters and their references, made on first use."""
+    out = fixture_cache_root() / "lora"
+    pytest.importorskip("peft")
+    proc = subprocess.run(
+        [sys.executable, str(_MAKE), str(tiny_models), str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"scripts/make_lora_fixtures.py failed:\n{proc.stdout[-3000:]}{proc.stderr[-4000:]}",
+            pytrace=False,
+        )
+    return out
+
+
+def _ref(lora_dir: Path, name: str) -> dict[str, np.ndarray]:
+    with np.load(lora_dir / f"{name}_ref.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+@pytest.mark.parametrize("name", ["qv", "all", "all_rs"])
+@pytest.mark.parametrize("base", ["hf", "model.gguf"])
+def test_peft_adapter_matches_transformers(
+    lora_dir: Path, tiny_models: Path, name: str, base: str
+) -> None:
+    ref = _ref(lora_dir, name)
+    for scale in (1.0, 0.5, 0.0):
+        m = frink_cli.load(tiny_models / "llama" / base, lora=[(lora_dir / name, scale)])
+        want = ref[f"hf_{scale}"]
+        for step in (False, True):
+            got = m.logits(ref["tokens"], step=step)
+            assert np.abs(got - want).max() < TOL, (name, base, scale, step)
+
+
+@pytest.mark.parametrize("name", ["qv", "all"])
+def test_gguf_adapter_matches_llama_cpp(lora_dir: Path, tiny_models: Path, name: str) -> None:
+    ref = _ref(lora_dir, name)
+    for scale in (1.0, 0.5):
+        m = frink_cli.load(
+            tiny_models / "llama" / "model.gguf", lora=[(lora_dir / f"{name}.gguf", scale)]
+        )
+        assert np.abs(m.logits(ref["tokens"]) - ref[f"cpp_{scale}"]).max() < TOL
+        greedy = ref[f"cpp_greedy_{scale}"]
+        got = m.generate_ids(list(ref["tokens"]), max_tokens=len(greedy), temperature=0.0)
+        assert list(got) == list(greedy), scale
+
+
+def test_quantized_base_stays_quantized(lora_dir: Path, tiny_models: Path) -> None:
+    """Over a Q8_0 base (llama.cpp's quantizer) the adapter rides beside the blocks, and
+    llama.cpp's greedy run with the converted adapter is matched."""
+    q8 = lora_dir / "llama_q.Q8_0.gguf"
+    if not q8.is_file():
+        llama_quantize(tiny_models / "llama_q" / "model.gguf", q8, Q8_0, False, 7)
+    ref = _ref(lora_dir, "q_all")
+    adapter = lora_dir / "q_all.gguf"
+    m = frink_cli.load(q8, lora=[(adapter, 1.0)])
+    lw = m.decoder.host.w.layers[0]
+    assert isinstance(lw.qkv.w, QuantRows) and len(lw.qkv.lora) == 3
+    assert isinstance(lw.down.w, QuantRows) and len(lw.down.lora) == 1
+    want, _ = _make_tiny.llama_cpp_greedy(q8, ref["tokens"], 8, lora=(adapter, 1.0))
+    got = m.generate_ids(list(ref["tokens"]), max_tokens=len(want), temperature=0.0)
+    assert list(got) == list(want)
+
+
+def test_scale_changes_at_run_time(lora_dir: Path, tiny_models: Path) -> None:
+    """--lora-init-without-apply loads at scale 0 (the base's logits); setting the
+    adapter's scale later applies it (a server's /lora-adapters)."""
+    ref = _ref(lora_dir, "qv")
+    m = frink_cli.load(
+        tiny_models / "llama" / "hf", lora=[(lora_dir / "qv", 1.0)], lora_apply=False
+    )
+    (ad,) = m.lora
+    assert isinstance(ad, LoraAdapter) and ad.scale == 0.0
+    assert np.abs(m.logits(ref["tokens"]) - ref["hf_0.0"]).max() < TOL
+    ad.scale = 0.5
+    assert np.abs(m.logits(ref["tokens"]) - ref["hf_0.5"]).max() < TOL
+
+
+def _edited_peft(
+    src: Path,
+    dst: Path,
+    drop: str | None = None,
+    rename: tuple[str, str] = ("", ""),
+    **conf: object,
+) -> Path:
+    """A copy of a PEFT directory with config keys changed, a tensor dropped, or names
+    edited (rename: (old, new) substring)."""
+    from safetensors.numpy import load_file, save_file
+
+    dst.mkdir()
+    cfg = json.loads((src / "adapter_config.json").read_text())
+    cfg.update(conf)
+    (dst / "adapter_config.json").write_text(json.dumps(cfg))
+    tensors = load_file(src / "adapter_model.safetensors")
+    if drop is not None:
+        tensors = {k: v for k, v in tensors.items() if drop not in k}
+    if rename[0]:
+        tensors = {k.replace(*rename): v for k, v in tensors.items()}
+    save_file(tensors, dst / "adapter_model.safetensors")
+    return dst
+
+
+def test_refusals(lora_dir: Path, tiny_models: Path, tmp_path: Path) -> None:
+    """Each is refused by name, before the base's weights load."""
+    base = tiny_models / "llama" / "model.gguf"
+    qv = lora_dir / "qv"
+    cases = {
+        "shapes A": (tiny_models / "llama_q" / "model.gguf", qv),  # another model's shapes
+        "no lora_b": (
+            base,
+            _edited_peft(qv, tmp_path / "pair", drop="layers.1.self_attn.v_proj.lora_B"),
+        ),
+        "rank 4 is not": (base, _edited_peft(qv, tmp_path / "r", r=8)),
+        "DoRA": (base, _edited_peft(qv, tmp_path / "dora", use_dora=True)),
+        "not one frink adapts": (
+            base,
+            _edited_peft(qv, tmp_path / "norm", rename=("self_attn.v_proj", "input_layernorm")),
+        ),
+        "for 'llama', the model is 'qwen2'": (
+            tiny_models / "qwen2" / "model.gguf",
+            lora_dir / "qv.gguf",
+        ),
+        "not found": (base, tmp_path / "nothing"),
+        "not a LoRA adapter": (base, tiny_models / "llama" / "model.gguf"),
+    }
+    for why, (model, adapter) in cases.items():
+        with pytest.raises(FrinkError, match=why):
+            frink_cli.load(model, lora=[(adapter, 1.0)])
+    with pytest.raises(FrinkError, match="cuda: LoRA"):
+        frink_cli.load(base, backend="cuda", lora=[(qv, 1.0)])
