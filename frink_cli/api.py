@@ -72,8 +72,12 @@ class Model:
         # Speculative decoding (Model.speculate): its settings and the draft model, if any.
         self.speculation: tuple[SpecParams, Model | None] | None = None
         self._embed_plan: EmbedPlan | None = None
-        # The LoRA adapters it was loaded with (their scales may change while it runs).
-        self.lora: list[LoraAdapter] = []
+
+    @property
+    def lora(self) -> list[LoraAdapter]:
+        """The LoRA adapters it was loaded with, in order (each one's `scale` may be set
+        while it runs)."""
+        return self.decoder.lora
 
     @property
     def n_vocab(self) -> int:
@@ -472,5 +476,5 @@ def load(
         progress(cfg.n_layer + 2, cfg.n_layer + 2)
     model = Model(ckpt, cfg, decoder, tokenizer, "numpy")
     model.backend_name = chosen.name if chosen else "numpy"
-    model.lora = adapters
+    decoder.lora = adapters
     return model

@@ -10,8 +10,11 @@ conversion over the GGUF (llama.cpp's logits and greedy tokens).
 from __future__ import annotations
 
 import json
+import queue
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +27,8 @@ import frink_cli
 from frink_cli.errors import FrinkError
 from frink_cli.model.lora import LoraAdapter
 from frink_cli.quant.blocks import QuantRows
+from frink_cli.sampling import SamplingParams
+from frink_cli.serve.engine import Engine, Job
 
 _MAKE = Path(__file__).resolve().parent.parent / "scripts" / "make_lora_fixtures.py"
 TOL = 2e-3
@@ -165,3 +170,51 @@ def test_refusals(lora_dir: Path, tiny_models: Path, tmp_path: Path) -> None:
             frink_cli.load(model, lora=[(adapter, 1.0)])
     with pytest.raises(FrinkError, match="cuda: LoRA"):
         frink_cli.load(base, backend="cuda", lora=[(qv, 1.0)])
+
+
+def _engine_tokens(engine: Engine, jobs: list[tuple[list[int], dict[int, float] | None]], n: int):
+    """Every job submitted at once to a running engine; each one's answer tokens."""
+    done: queue.Queue = queue.Queue()
+    results: dict[int, list[int]] = {}
+
+    def emitter(i: int) -> Callable[[str, object], None]:
+        def emit(kind: str, payload: object) -> None:
+            if kind == "done":
+                results[i] = list(payload.tokens)  # type: ignore[attr-defined]
+            if kind in ("done", "error"):
+                done.put((kind, payload))
+
+        return emit
+
+    for i, (prompt, lora) in enumerate(jobs):
+        engine.submit(Job(prompt, SamplingParams(temperature=0.0), n, (), emitter(i), lora=lora))
+    for _ in jobs:
+        kind, payload = done.get(timeout=120)
+        assert kind == "done", payload
+    return [results[i] for i in range(len(jobs))]
+
+
+def test_requests_with_different_adapters_share_a_batch(lora_dir: Path, tiny_models: Path) -> None:
+    """A server's jobs, each with its own adapter scales, stepped together: each gets what
+    it gets alone, and the alone runs are llama.cpp's with that adapter."""
+    qv, every = _ref(lora_dir, "qv"), _ref(lora_dir, "all")
+    m = frink_cli.load(
+        tiny_models / "llama" / "model.gguf",
+        lora=[(lora_dir / "qv.gguf", 1.0), (lora_dir / "all.gguf", 1.0)],
+    )
+    prompt = [int(t) for t in qv["tokens"]]
+    jobs = [(prompt, {0: 1.0}), (prompt, {1: 0.5}), (prompt, {}), (prompt[:9], None)]
+    engine = Engine(m.decoder, None, n_parallel=4, n_ctx=64, prefill_chunk=16)
+    thread = threading.Thread(target=engine.run, daemon=True)
+    thread.start()
+    try:
+        alone = [_engine_tokens(engine, [job], 8)[0] for job in jobs]
+        together = _engine_tokens(engine, jobs, 8)
+    finally:
+        engine.stop()
+        thread.join(30)
+    assert alone[0] == qv["cpp_greedy_1.0"].tolist()
+    assert alone[1] == every["cpp_greedy_0.5"].tolist()
+    assert together == alone
+    with pytest.raises(FrinkError, match="adapter id"):
+        engine.submit(Job(prompt, SamplingParams(), 1, (), lambda k, p: None, lora={2: 1.0}))
