@@ -28,7 +28,7 @@ from .cli_checks import (
 )
 from .cli_embed import POOLING_OPTION, embed
 from .cli_exit import CliState, err, run_app
-from .cli_lora import LORA, LORA_INIT, LORA_SCALED, LoraArgs, lora_args
+from .cli_lora import LORA, LORA_INIT, LORA_SCALED, LoraArgs, join_scaled, lora_args
 from .cli_run import generate_and_print
 from .cli_spec import DRAFT_MAX, DRAFT_MIN, DRAFT_MODEL, DRAFT_P_MIN, SPEC, spec_params
 from .errors import FrinkError, printable
@@ -251,7 +251,7 @@ def run(
     draft_min: int = DRAFT_MIN,
     draft_p_min: float = DRAFT_P_MIN,
     lora: list[str] | None = LORA,
-    lora_scaled: list[tuple[str, float]] | None = LORA_SCALED,
+    lora_scaled: list[str] | None = LORA_SCALED,
     lora_init_without_apply: bool = LORA_INIT,
     verbose: bool = _VERBOSE,
 ) -> None:
@@ -357,7 +357,7 @@ def bench(
     as_csv: bool = typer.Option(False, "--csv", help="CSV rows"),
     as_md: bool = typer.Option(False, "--md", help="a markdown table (the default)"),
     lora: list[str] | None = LORA,
-    lora_scaled: list[tuple[str, float]] | None = LORA_SCALED,
+    lora_scaled: list[str] | None = LORA_SCALED,
     lora_init_without_apply: bool = LORA_INIT,
     verbose: bool = _VERBOSE,
 ) -> None:
@@ -410,7 +410,7 @@ def chat(
     seed: int = _SEED,
     backend: str = _BACKEND,
     lora: list[str] | None = LORA,
-    lora_scaled: list[tuple[str, float]] | None = LORA_SCALED,
+    lora_scaled: list[str] | None = LORA_SCALED,
     lora_init_without_apply: bool = LORA_INIT,
     verbose: bool = _VERBOSE,
 ) -> None:
@@ -478,7 +478,7 @@ def serve(
     draft_min: int = DRAFT_MIN,
     draft_p_min: float = DRAFT_P_MIN,
     lora: list[str] | None = LORA,
-    lora_scaled: list[tuple[str, float]] | None = LORA_SCALED,
+    lora_scaled: list[str] | None = LORA_SCALED,
     lora_init_without_apply: bool = LORA_INIT,
     verbose: bool = _VERBOSE,
 ) -> None:
@@ -589,6 +589,7 @@ app.command()(embed)
 
 def main() -> None:
     """The `frink` console script: the app, with main_exit's one-line error path."""
+    sys.argv[1:] = join_scaled(sys.argv[1:])
     run_app(app)
 
 

@@ -11,13 +11,20 @@ import typer
 from .errors import FrinkError
 
 LORA = typer.Option(
-    None, "--lora", help="a LoRA adapter (GGUF or PEFT directory) at scale 1; repeatable"
+    None,
+    "--lora",
+    metavar="FILE",
+    help="a LoRA adapter (GGUF or PEFT directory) at scale 1; repeatable",
 )
 LORA_SCALED = typer.Option(
     None,
     "--lora-scaled",
-    help="a LoRA adapter and its scale (FILE SCALE); repeatable",
+    metavar="FILE SCALE",
+    help="a LoRA adapter and its scale; repeatable",
 )
+# --lora-scaled takes two words, which typer's options cannot; join_scaled() makes them
+# one value, FILE and SCALE joined by this (a character no argument can hold).
+_JOIN = "\0"
 LORA_INIT = typer.Option(
     False,
     "--lora-init-without-apply",
@@ -28,14 +35,35 @@ LORA_INIT = typer.Option(
 LoraArgs = tuple[tuple[tuple[str, float], ...], bool]
 
 
+def join_scaled(argv: list[str]) -> list[str]:
+    """argv with each `--lora-scaled FILE SCALE` as `--lora-scaled FILE<NUL>SCALE`, the one
+    value typer passes on (a `--lora-scaled` without two words after it is left as it is,
+    for lora_args to refuse)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--lora-scaled" and i + 2 < len(argv) and argv[i + 1] != "--":
+            out += [argv[i], argv[i + 1] + _JOIN + argv[i + 2]]
+            i += 3
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def lora_args(
-    lora: list[str] | None, scaled: list[tuple[str, float]] | None, init_without_apply: bool
+    lora: list[str] | None, scaled: list[str] | None, init_without_apply: bool
 ) -> LoraArgs:
-    """The flags as load()'s `lora` and `lora_apply` (--lora's first, then --lora-scaled's);
-    FrinkError for a scale that is not a finite number."""
+    """The flags as load()'s `lora` and `lora_apply` (--lora's first, then --lora-scaled's,
+    each a join_scaled value); FrinkError for a missing or non-finite scale."""
     specs = [(path, 1.0) for path in lora or ()]
-    for path, scale in scaled or ():
+    for value in scaled or ():
+        path, _, text = value.partition(_JOIN)
+        try:
+            scale = float(text)
+        except ValueError:
+            scale = math.nan
         if not math.isfinite(scale):
-            raise FrinkError(f"--lora-scaled {path}: scale {scale} is not a finite number")
-        specs.append((path, float(scale)))
+            raise FrinkError(f"--lora-scaled {path}: needs FILE SCALE, a finite number")
+        specs.append((path, scale))
     return tuple(specs), not init_without_apply

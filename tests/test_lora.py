@@ -22,6 +22,7 @@ import pytest
 from conftest import fixture_cache_root
 from llama_quantize import llama_quantize
 from script_loader import load_script
+from serve_process import Server
 
 import frink_cli
 from frink_cli.errors import FrinkError
@@ -218,3 +219,37 @@ def test_requests_with_different_adapters_share_a_batch(lora_dir: Path, tiny_mod
     assert together == alone
     with pytest.raises(FrinkError, match="adapter id"):
         engine.submit(Job(prompt, SamplingParams(), 1, (), lambda k, p: None, lora={2: 1.0}))
+
+
+def test_server_lora_adapters(lora_dir: Path, tiny_models: Path) -> None:
+    """`frink serve --lora A --lora-scaled B 0.5`, driven by the openai client: GET and
+    POST /lora-adapters as llama-server has them, and a request's own `lora`, each answer
+    llama.cpp's greedy tokens with that adapter."""
+    openai = pytest.importorskip("openai")
+    qv, every = _ref(lora_dir, "qv"), _ref(lora_dir, "all")
+    prompt = [int(t) for t in qv["tokens"]]
+    adapters = ("--lora", str(lora_dir / "qv.gguf"), "--lora-scaled", str(lora_dir / "all.gguf"))
+    server = Server(tiny_models / "llama" / "model.gguf", *adapters, "0.5", "--parallel", "2")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+
+        def tokens(lora: list[dict] | None) -> list[int]:
+            extra: dict = {"return_tokens": True, **({"lora": lora} if lora is not None else {})}
+            r = client.completions.create(
+                model="model", prompt=prompt, max_tokens=8, temperature=0.0, extra_body=extra
+            )
+            return r.choices[0].model_extra["tokens"]
+
+        status, listed = server.get("/lora-adapters")
+        assert status == 200
+        assert [(a["id"], a["scale"]) for a in listed] == [(0, 1.0), (1, 0.5)]  # type: ignore[index]
+        assert tokens([{"id": 0, "scale": 1.0}]) == qv["cpp_greedy_1.0"].tolist()
+        assert tokens([{"id": 1, "scale": 0.5}]) == every["cpp_greedy_0.5"].tolist()
+        body = json.dumps([{"id": 1, "scale": 0.5}]).encode()
+        assert server.request("POST", "/lora-adapters", body)[0] == 200
+        assert tokens(None) == every["cpp_greedy_0.5"].tolist()  # the global scales now
+        assert [a["scale"] for a in server.get("/lora-adapters")[1]] == [0.0, 0.5]  # type: ignore[index]
+        with pytest.raises(openai.BadRequestError, match="adapter id"):
+            tokens([{"id": 5, "scale": 1.0}])
+    finally:
+        server.close()
