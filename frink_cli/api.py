@@ -26,7 +26,7 @@ from .errors import FrinkError
 from .formats import Checkpoint
 from .generate import GenerationStats, generate_tokens
 from .model import ModelConfig, load_weights
-from .model.lora import LoraAdapter
+from .model.lora import LoraAdapter, check_attached
 from .model.validate import check_tensors as scan_tensors
 from .model.weights import LayerStore, ModelWeights, unread_tensors
 from .quant.kernels import check_isa
@@ -469,6 +469,7 @@ def load(
     weights = load_weights(ckpt, cfg, progress, lazy=chosen is not None, lora=adapters)
     decoder = Decoder(cfg, weights, chosen, types)
     _refuse_unread_tensors(ckpt, weights)
+    check_attached(adapters)  # every layer is loaded now: the host body runs adapters
     if chosen is not None and progress:
         # load_weights' layers are a LayerStore (the decoder checks the same way).
         if isinstance(weights.layers, LayerStore):

@@ -25,6 +25,7 @@ from script_loader import load_script
 from serve_process import Server
 
 import frink_cli
+from frink_cli.cli_lora import join_scaled, lora_args
 from frink_cli.errors import FrinkError
 from frink_cli.model.lora import LoraAdapter
 from frink_cli.quant.blocks import QuantRows
@@ -253,3 +254,15 @@ def test_server_lora_adapters(lora_dir: Path, tiny_models: Path) -> None:
             tokens([{"id": 5, "scale": 1.0}])
     finally:
         server.close()
+
+
+def test_lora_flags() -> None:
+    """--lora-scaled's two words reach the command as one value; --lora is scale 1."""
+    argv = ["run", "m.gguf", "--lora-scaled", "a.gguf", "0.5", "--lora", "b", "-p", "x"]
+    joined = join_scaled(argv)
+    assert joined[:3] == ["run", "m.gguf", "--lora-scaled"] and joined[4:] == argv[5:]
+    assert lora_args(["b"], [joined[3]], False) == ((("b", 1.0), ("a.gguf", 0.5)), True)
+    assert join_scaled(["--lora-scaled", "a"]) == ["--lora-scaled", "a"]
+    for bad in ("a", join_scaled(["--lora-scaled", "a", "nan"])[1]):
+        with pytest.raises(FrinkError, match="needs FILE SCALE"):
+            lora_args(None, [bad], False)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import FrinkError
 from .linear import Linear
 
 
@@ -37,6 +38,12 @@ class LoraAdapter:
     pairs: dict[str, tuple[np.ndarray, np.ndarray]]  # name -> (A [r, in], B [out, r]) f32
     scale: float = 1.0
     rslora: bool = False
+    # The pairs' names some Linear of the loaded model carries (with_lora): a name left out
+    # once every layer has loaded targets a matrix no linear multiplies (unattached()).
+    attached: set[str] = field(default_factory=set)
+
+    def unattached(self) -> list[str]:
+        return sorted(set(self.pairs) - self.attached)
 
     @property
     def factor(self) -> float:
@@ -70,19 +77,34 @@ class LoraSet:
         return {name for ad in self.adapters for name in ad.pairs}
 
 
+def check_attached(adapters: Sequence[LoraAdapter]) -> None:
+    """FrinkError naming an adapter's pairs that no Linear of the loaded model carries
+    (call once every layer has loaded)."""
+    for ad in adapters:
+        missing = ad.unattached()
+        if missing:
+            raise FrinkError(
+                f"{ad.path}: LoRA targets that no linear of the model multiplies: "
+                + ", ".join(missing[:4])
+            )
+
+
 def with_lora(lin: Linear, adapters: Sequence[LoraAdapter]) -> Linear:
     """lin with a LoraPart for every adapter pair on one of its source tensors (lin itself
     where none applies), at the rows that source's rows take in lin."""
     if not adapters or not lin.sources:
         return lin
+    counts = lin.source_rows or ((lin.shape[0],) if len(lin.sources) == 1 else ())
+    if len(counts) != len(lin.sources):
+        return lin  # rows of unknown extent: its pairs stay unattached (refused at load)
     parts: list[LoraPart] = list(lin.lora)
-    counts = lin.source_rows or (lin.shape[0],)
     row0 = 0
     for name, rows in zip(lin.sources, counts):
         for ad in adapters:
             pair = ad.pairs.get(name)
             if pair is not None:
                 parts.append(LoraPart(ad, row0, pair[0], pair[1]))
+                ad.attached.add(name)
         row0 += rows
     if len(parts) == len(lin.lora):
         return lin
