@@ -266,3 +266,31 @@ def test_lora_flags() -> None:
     for bad in ("a", join_scaled(["--lora-scaled", "a", "nan"])[1]):
         with pytest.raises(FrinkError, match="needs FILE SCALE"):
             lora_args(None, [bad], False)
+
+
+def test_real_smollm2_adapter_matches_llama_cpp(smollm2_f32: Path, tmp_path: Path) -> None:
+    """A random GGUF adapter (q, v, down; alpha 32 over rank 8) on SmolLM2-135M at scale
+    0.5: llama.cpp's logits with the same adapter."""
+    import gguf
+
+    adapter = tmp_path / "smollm2-lora.gguf"
+    rng = np.random.default_rng(5)
+    w = gguf.GGUFWriter(str(adapter), "llama")
+    w.add_string("general.type", "adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_float32("adapter.lora.alpha", 32.0)
+    m = frink_cli.load(smollm2_f32, lora=())
+    shapes = {"attn_q": (576, 576), "attn_v": (192, 576), "ffn_down": (576, 1536)}
+    for layer in range(m.config.n_layer):
+        for t, (rows, cols) in shapes.items():
+            for part, shape in (("lora_a", (8, cols)), ("lora_b", (rows, 8))):
+                data = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+                w.add_tensor(f"blk.{layer}.{t}.weight.{part}", data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ids = np.asarray(m.tokenize("The capital of France is"))
+    want = _make_tiny.llama_cpp_logits(smollm2_f32, ids, lora=(adapter, 0.5))
+    got = frink_cli.load(smollm2_f32, lora=[(adapter, 0.5)]).logits(ids)
+    assert np.abs(got - want).max() < TOL
