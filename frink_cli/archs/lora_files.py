@@ -146,11 +146,9 @@ _PEFT_REFUSED = {
 
 def _peft_config(d: Path) -> dict[str, Any]:
     path = d / "adapter_config.json"
-    if not path.is_file():
-        raise FrinkError(f"{d}: not a PEFT adapter directory (no adapter_config.json)")
-    conf = read_json(path, "adapter config")
+    conf = read_json(path, "adapter config") if path.is_file() else None
     if not isinstance(conf, dict):
-        raise FrinkError(f"{path}: not a JSON object")
+        raise FrinkError(f"{d}: not a PEFT adapter directory (no adapter_config.json object)")
     if conf.get("peft_type", "LORA") != "LORA":
         raise FrinkError(f"{path}: peft_type {conf.get('peft_type')!r} is not LORA")
     for key, what in _PEFT_REFUSED.items():
