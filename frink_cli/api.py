@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .archs import config_from_checkpoint, open_checkpoint
+from .archs.lora_files import read_adapters
 from .backends import select_backend
 from .cache.kv_cache import check_cache_types
 from .cache.kv_types import DEFAULT_CACHE_TYPE, CacheTypes
@@ -25,6 +26,7 @@ from .errors import FrinkError
 from .formats import Checkpoint
 from .generate import GenerationStats, generate_tokens
 from .model import ModelConfig, load_weights
+from .model.lora import LoraAdapter, check_attached
 from .model.validate import check_tensors as scan_tensors
 from .model.weights import LayerStore, ModelWeights, unread_tensors
 from .quant.kernels import check_isa
@@ -70,6 +72,12 @@ class Model:
         # Speculative decoding (Model.speculate): its settings and the draft model, if any.
         self.speculation: tuple[SpecParams, Model | None] | None = None
         self._embed_plan: EmbedPlan | None = None
+
+    @property
+    def lora(self) -> list[LoraAdapter]:
+        """The LoRA adapters it was loaded with, in order (each one's `scale` may be set
+        while it runs)."""
+        return self.decoder.lora
 
     @property
     def n_vocab(self) -> int:
@@ -429,8 +437,14 @@ def load(
     check_tensors: bool = False,
     cache_type_k: str = DEFAULT_CACHE_TYPE,
     cache_type_v: str = DEFAULT_CACHE_TYPE,
+    lora: Sequence[tuple[str | Path, float]] = (),
+    lora_apply: bool = True,
 ) -> Model:
     """check_tensors: scan every weight for NaN/Inf first (llama.cpp's --check-tensors).
+    lora: LoRA adapters (a GGUF adapter file or a PEFT directory, and its scale), applied
+    unmerged (archs/lora_files.py, model/lora.py); lora_apply=False loads them at scale 0
+    (--lora-init-without-apply). Adapters run on the host body: a device backend named
+    with them is refused by name, "auto" then picks the host.
     cache_type_k / cache_type_v: how every cache of the model stores its K and V rows
     (llama.cpp's -ctk / -ctv: f32, f16, bf16, q8_0, q4_0; f32 by default); an unknown type,
     or one the backend cannot hold, is a FrinkError before anything loads, as is a forced
@@ -443,13 +457,19 @@ def load(
         scan_tensors(ckpt)
     # Before the (slow) weight load, so an unavailable backend is refused at once.
     check_cache_types(cfg, types)
-    chosen = select_backend(backend, cfg, ckpt, types)
+    adapters = read_adapters(lora, ckpt, cfg, lora_apply)
+    if adapters and backend not in ("numpy", "auto"):
+        raise FrinkError(
+            f"{backend}: LoRA adapters are not supported on this backend (numpy runs them)"
+        )
+    chosen = select_backend("numpy" if adapters else backend, cfg, ckpt, types)
     tokenizer = load_tokenizer(ckpt)
     # With a backend, layers load as its bind() uploads them and the decoder then keeps
     # host copies only of those the backend does not hold (model/weights.py).
-    weights = load_weights(ckpt, cfg, progress, lazy=chosen is not None)
+    weights = load_weights(ckpt, cfg, progress, lazy=chosen is not None, lora=adapters)
     decoder = Decoder(cfg, weights, chosen, types)
     _refuse_unread_tensors(ckpt, weights)
+    check_attached(adapters)  # every layer is loaded now: the host body runs adapters
     if chosen is not None and progress:
         # load_weights' layers are a LayerStore (the decoder checks the same way).
         if isinstance(weights.layers, LayerStore):
@@ -457,4 +477,5 @@ def load(
         progress(cfg.n_layer + 2, cfg.n_layer + 2)
     model = Model(ckpt, cfg, decoder, tokenizer, "numpy")
     model.backend_name = chosen.name if chosen else "numpy"
+    decoder.lora = adapters
     return model

@@ -28,6 +28,7 @@ from .cli_checks import (
 )
 from .cli_embed import POOLING_OPTION, embed
 from .cli_exit import CliState, err, run_app
+from .cli_lora import LoraArgs, join_scaled, lora_flags
 from .cli_run import generate_and_print
 from .cli_spec import SpecFlags, speculation_flags
 from .errors import FrinkError, printable
@@ -54,14 +55,17 @@ def _load(
     quiet: bool = False,
     check_tensors: bool = False,
     cache_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE),
+    lora: LoraArgs = ((), True),
 ):
-    """The model, loaded with a progress bar on a terminal; cache_types: -ctk and -ctv."""
+    """The model, loaded with a progress bar on a terminal; cache_types: -ctk and -ctv;
+    lora: the LoRA flags (cli_lora.lora_args)."""
     from .api import load
     from .pull import resolve_model_arg
 
     path = resolve_model_arg(model_arg)
     ctk, ctv = cache_types
     opts: dict[str, Any] = dict(check_tensors=check_tensors, cache_type_k=ctk, cache_type_v=ctv)
+    opts.update(lora=lora[0], lora_apply=lora[1])
     # No bar when stderr is a pipe or file: there it is only noise (rich leaves a blank line).
     if quiet or not err.is_terminal:
         return load(path, backend=backend, **opts)
@@ -205,6 +209,7 @@ def _n_ctx(m: Any, ctx_size: int) -> int:
 
 @app.command()
 @speculation_flags
+@lora_flags
 def run(
     ctx: typer.Context,
     model: str | None = typer.Argument(
@@ -241,6 +246,7 @@ def run(
         False, "--check-tensors", help="scan every weight for NaN/Inf at load"
     ),
     speculation: SpecFlags | None = None,
+    adapters: LoraArgs = ((), True),
     verbose: bool = _VERBOSE,
 ) -> None:
     """Generate text from a prompt."""
@@ -266,6 +272,7 @@ def run(
         quiet=as_json and not verbose,
         check_tensors=check_tensors,
         cache_types=(cache_type_k, cache_type_v),
+        lora=adapters,
     )
     # Compiled before the prompt runs: a grammar that does not compile stops here.
     constraint = m.constraint(**constrain)
@@ -309,6 +316,7 @@ def info(
 
 @app.command()
 @speculation_flags
+@lora_flags
 def bench(
     ctx: typer.Context,
     model: str | None = _MODEL,
@@ -336,6 +344,7 @@ def bench(
         help="add generation sampled free and under a JSON schema (the mask's cost)",
     ),
     speculation: SpecFlags | None = None,
+    adapters: LoraArgs = ((), True),
     as_json: bool = typer.Option(False, "--json", help="a JSON list of rows"),
     as_csv: bool = typer.Option(False, "--csv", help="CSV rows"),
     as_md: bool = typer.Option(False, "--md", help="a markdown table (the default)"),
@@ -349,7 +358,7 @@ def bench(
     if as_json + as_csv + as_md > 1:
         raise FrinkError("choose one output format: --json, --csv or --md")
     check_range("-t/--threads", threads, 0)
-    m = _load(model, backend, cache_types=(cache_type_k, cache_type_v))
+    m = _load(model, backend, cache_types=(cache_type_k, cache_type_v), lora=adapters)
     _speculate(m, speculation, backend)
     rows = B.run_bench(
         m,
@@ -372,6 +381,7 @@ def bench(
 
 
 @app.command()
+@lora_flags
 def chat(
     ctx: typer.Context,
     model: str | None = _MODEL,
@@ -387,6 +397,7 @@ def chat(
     repeat_penalty: float = _REPEAT_PENALTY,
     seed: int = _SEED,
     backend: str = _BACKEND,
+    adapters: LoraArgs = ((), True),
     verbose: bool = _VERBOSE,
 ) -> None:
     """Chat with the model in the terminal (/reset, /system TEXT, /exit; Ctrl-C stops an
@@ -400,7 +411,7 @@ def chat(
     if system is not None:
         check_utf8(system, "--system")
     params = SamplingParams(**_sampling(temp, top_k, top_p, min_p, repeat_penalty, seed))
-    m = _load(model, backend, cache_types=(cache_type_k, cache_type_v))
+    m = _load(model, backend, cache_types=(cache_type_k, cache_type_v), lora=adapters)
     chat_loop(
         m,
         n_ctx=_n_ctx(m, ctx_size),
@@ -414,6 +425,7 @@ def chat(
 
 @app.command()
 @speculation_flags
+@lora_flags
 def serve(
     ctx: typer.Context,
     model: str | None = _MODEL,
@@ -448,6 +460,7 @@ def serve(
     backend: str = _BACKEND,
     pooling: str | None = POOLING_OPTION,
     speculation: SpecFlags | None = None,
+    adapters: LoraArgs = ((), True),
     verbose: bool = _VERBOSE,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, with continuous batching."""
@@ -468,7 +481,7 @@ def serve(
     check_pooling(pooling)
     api_key = read_api_key(api_key, api_key_file)
     origins = frozenset(o.strip().rstrip("/") for o in cors_origins.split(",") if o.strip())
-    m = _load(model, backend, cache_types=(cache_type_k, cache_type_v))
+    m = _load(model, backend, cache_types=(cache_type_k, cache_type_v), lora=adapters)
     m.embed_plan = with_pooling(m.embed_plan, pooling)
     _speculate(m, speculation, backend)
     run_server(
@@ -555,6 +568,7 @@ app.command()(embed)
 
 def main() -> None:
     """The `frink` console script: the app, with main_exit's one-line error path."""
+    sys.argv[1:] = join_scaled(sys.argv[1:])
     run_app(app)
 
 

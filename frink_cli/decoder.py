@@ -8,7 +8,7 @@ the last layer, so a step that fails leaves the cache as it was.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import cast
 
 import numpy as np
@@ -16,9 +16,11 @@ import numpy as np
 from .backends import Backend, HeadBackend, LaunchFailed, Refusal
 from .backends.host.body import HostBody
 from .backends.host.linear import ThreadChoice, few_rows, sequences, step_threads
+from .backends.host.lora import adapter_scales
 from .cache import KvCache, SeqBatch
 from .cache.kv_types import F32_CACHE, CacheTypes
 from .model.config import ModelConfig
+from .model.lora import LoraAdapter
 from .model.weights import LayerStore, ModelWeights
 
 
@@ -40,6 +42,9 @@ class Decoder:
         self.decode_threads = ThreadChoice()
         self.prefill_threads: dict[tuple, ThreadChoice] = {}
         self.batch_threads: dict[int, ThreadChoice] = {}  # multi-sequence decode, per size
+        # The LoRA adapters the weights carry (model/lora.py), in load order: a server's
+        # jobs scale them per sequence (step_batch_rows' `lora`).
+        self.lora: list[LoraAdapter] = []
         if backend is not None:
             backend.bind(weights)
             if isinstance(weights.layers, LayerStore):
@@ -195,10 +200,22 @@ class Decoder:
         return np.concatenate(self.step_batch_rows(steps, [False] * len(steps)))
 
     def step_batch_rows(
-        self, steps: list[tuple[np.ndarray, KvCache]], every_row: Sequence[bool]
+        self,
+        steps: list[tuple[np.ndarray, KvCache]],
+        every_row: Sequence[bool],
+        lora: Sequence[Mapping[LoraAdapter, float]] | None = None,
     ) -> list[np.ndarray]:
         """step_batch, with each sequence's logits [rows, V]: for every row it fed where
-        every_row says so (speculative decoding verifies a draft), else for its last."""
+        every_row says so (speculative decoding verifies a draft), else for its last.
+        lora: each sequence's scale per adapter (else every adapter's own scale)."""
+        if lora is None:
+            return self._step_batch_rows(steps, every_row)
+        with adapter_scales(lora):
+            return self._step_batch_rows(steps, every_row)
+
+    def _step_batch_rows(
+        self, steps: list[tuple[np.ndarray, KvCache]], every_row: Sequence[bool]
+    ) -> list[np.ndarray]:
         if len(steps) == 1:
             ids, cache = steps[0]
             return [self.step(ids, cache, all_logits=every_row[0])]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import runpy
 import shutil
 import subprocess
 import sys
@@ -36,8 +37,10 @@ _SDIST_PREFIX = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
 # tests/test_chat.py's check of the gemma4 fallback). grammars/: llama.cpp's GBNF grammars
 # (tests/test_gbnf_corpus.py). models/ggml-vocab-*: llama.cpp's tokenizer suite, vocabulary
 # files with their test inputs and expected ids (tests/test_tokenizer_suite.py).
+# convert_lora_to_gguf.py: the PEFT -> GGUF adapter converter (tests/test_lora.py).
 _WANTED = (
     "convert_hf_to_gguf.py",
+    "convert_lora_to_gguf.py",
     "conversion/",
     "gguf-py/",
     "LICENSE",
@@ -46,7 +49,7 @@ _WANTED = (
     "models/ggml-vocab-",
 )
 # Renamed when _WANTED grows, so an extraction made without the new files is redone.
-_STAMP = ".frink-extracted-4"
+_STAMP = ".frink-extracted-5"
 _CHILD_FLAG = "--_frink_child"
 
 
@@ -229,6 +232,25 @@ def _patch_minimax_suppress_tokens(cls: type) -> None:
 
     if issubclass(cls, MiniMaxText01Model):
         cls._get_suppress_tokens = lambda self: None
+
+
+def convert_lora_here(
+    peft_dir: Path, base_hf_dir: Path, out_gguf: Path, outtype: str = "f32"
+) -> Path:
+    """Convert a PEFT LoRA directory to a GGUF adapter with llama.cpp's
+    convert_lora_to_gguf.py, in this process (which must be a child that may import torch
+    and the converter: a fixture maker). The base directory gives only its config.json."""
+    src = ensure_converter()
+    sys.path[:0] = [str(src), str(src / "gguf-py")]
+    argv = sys.argv
+    sys.argv = ["convert_lora_to_gguf.py", "--base", str(base_hf_dir), "--outtype", outtype]
+    sys.argv += ["--outfile", str(out_gguf), str(peft_dir)]
+    try:
+        # Its work is under `if __name__ == "__main__"`: run the file as a script.
+        runpy.run_path(str(src / "convert_lora_to_gguf.py"), run_name="__main__")
+    finally:
+        sys.argv = argv
+    return Path(out_gguf)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import fcntl
 import json
 import os
@@ -246,11 +247,16 @@ _LOG_CALLBACK: Any = None
 
 @contextlib.contextmanager
 def _llama_context(
-    gguf_path: Path, n_ctx: int, n_threads: int = 2, n_ubatch: int | None = None
+    gguf_path: Path,
+    n_ctx: int,
+    n_threads: int = 2,
+    n_ubatch: int | None = None,
+    lora: tuple[Path, float] | None = None,
 ) -> Iterator[tuple[Any, Any, int]]:
     """(llama_cpp module, context, n_vocab) for one sequence: f32 KV cache, no flash
     attention, one ubatch of up to n_ctx tokens (llama.cpp's batched paths, like frink's),
     or of n_ubatch (1: only single-row graphs are ever built, reservation included).
+    lora: a GGUF LoRA adapter and its scale, set on the context (llama.cpp's --lora-scaled).
 
     The low-level API is used because the high-level Llama class expects a vocabulary and
     these models have tokenizer model "none".
@@ -290,6 +296,14 @@ def _llama_context(
         ctx = L.llama_init_from_model(model, cparams)
         if not ctx:
             raise RuntimeError(f"llama.cpp could not create a context for {gguf_path}")
+        if lora is not None:
+            adapter = L.llama_adapter_lora_init(model, str(lora[0]).encode())
+            if not adapter:
+                raise RuntimeError(f"llama.cpp could not load the LoRA adapter {lora[0]}")
+            adapters = (L.llama_adapter_lora_p_ctypes * 1)(adapter)
+            scales = (ctypes.c_float * 1)(lora[1])
+            if L.llama_set_adapters_lora(ctx, adapters, 1, scales) != 0:
+                raise RuntimeError(f"llama.cpp could not set the LoRA adapter {lora[0]}")
         n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
         if n_vocab <= 0:
             raise RuntimeError(f"{gguf_path}: llama.cpp sees no vocab (vocab_size key missing?)")
@@ -323,9 +337,15 @@ def _llama_decode(L: Any, ctx: Any, n_vocab: int, tokens: list[int], start: int)
         L.llama_batch_free(batch)
 
 
-def llama_cpp_logits(gguf_path: Path, tokens: np.ndarray, n_threads: int = 2) -> np.ndarray:
-    """All-position logits from llama.cpp for one batch."""
-    with _llama_context(gguf_path, max(N_CTX, len(tokens)), n_threads) as (L, ctx, n_vocab):
+def llama_cpp_logits(
+    gguf_path: Path,
+    tokens: np.ndarray,
+    n_threads: int = 2,
+    lora: tuple[Path, float] | None = None,
+) -> np.ndarray:
+    """All-position logits from llama.cpp for one batch (with a LoRA adapter: `lora`)."""
+    n_ctx = max(N_CTX, len(tokens))
+    with _llama_context(gguf_path, n_ctx, n_threads, lora=lora) as (L, ctx, n_vocab):
         return _llama_decode(L, ctx, n_vocab, [int(t) for t in tokens], 0)
 
 
@@ -345,14 +365,15 @@ def llama_cpp_greedy(
     n_new: int,
     n_threads: int = 2,
     batch_prompt: bool = True,
+    lora: tuple[Path, float] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """llama.cpp's greedy continuation of `prompt`: the prompt as one batch (or, without
     batch_prompt, a token at a time), then one decode step per token (its single-row paths,
     e.g. the recurrent step of a delta net). Returns (the n_new chosen tokens, the logits
-    each was chosen from [n_new, n_vocab])."""
+    each was chosen from [n_new, n_vocab]). lora: an adapter and its scale."""
     n_ctx = max(N_CTX, len(prompt) + n_new)
     n_ubatch = None if batch_prompt else 1
-    with _llama_context(gguf_path, n_ctx, n_threads, n_ubatch) as (L, ctx, n_vocab):
+    with _llama_context(gguf_path, n_ctx, n_threads, n_ubatch, lora) as (L, ctx, n_vocab):
         ids = [int(t) for t in prompt]
         if batch_prompt:
             last = _llama_decode(L, ctx, n_vocab, ids, 0)[-1]

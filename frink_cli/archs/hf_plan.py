@@ -203,6 +203,23 @@ class _NameMap:
         return ()
 
 
+class HfNames:
+    """An architecture's HF -> GGUF tensor names for a tensor outside a model directory (a
+    PEFT adapter's targets): the strips of every model_type it serves, then the name map."""
+
+    def __init__(self, arch: Arch):
+        self._names = _NameMap(arch)
+        self._strips = tuple({s for mt in arch.hf_model_types.values() for s in mt.strip})
+
+    def gguf_name(self, hf_name: str) -> str | None:
+        for s in self._strips:
+            hf_name = hf_name.replace(s, "")
+        return self._names.gguf_name(hf_name)
+
+    def transforms(self, gguf_name: str) -> tuple[Transform, ...]:
+        return self._names.transforms(gguf_name)
+
+
 class PlannedTensors:
     """TensorSource over planned tensors: each read from its safetensors file (or generated)
     and transformed in load(), one at a time."""

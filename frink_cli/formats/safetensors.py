@@ -243,6 +243,7 @@ def load_config(hf_dir: Path) -> dict[str, Any]:
 StoredTensor = _Stored
 read_stored = _read_f32
 index_dir = _index_dir
+read_header = _read_header
 READ_DTYPES = frozenset(_DTYPES)
 
 

@@ -10,11 +10,15 @@ one, gate/up into one), so a decode token makes one product where it would make 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..quant import kernels
 from ..quant.blocks import QuantExperts, QuantRows
+
+if TYPE_CHECKING:  # only for the hint: lora.py imports this module
+    from .lora import LoraPart
 
 
 @dataclass
@@ -29,6 +33,10 @@ class Linear:
     # backend that keeps the file's own quantized blocks reads them from here. Empty when
     # the rows are rearranged from their sources (a GDN's unzipped beta/alpha).
     sources: tuple[str, ...] = ()
+    # Each source's row count, in order (empty: one source, all the rows).
+    source_rows: tuple[int, ...] = ()
+    # LoRA adapters on these rows (model/lora.py), applied unmerged by the linear op.
+    lora: tuple[LoraPart, ...] = ()
 
     def __post_init__(self) -> None:
         # Row-major, which the decode kernel reads (see the module note); a no-op for

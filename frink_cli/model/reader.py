@@ -171,4 +171,5 @@ class TensorReader:
             b = np.concatenate(
                 [x if x is not None else np.zeros(n, np.float32) for x, (_, n) in zip(bs, parts)]
             )
-        return Linear(w, b, tuple(name + ".weight" for name, _ in parts))
+        names = tuple(name + ".weight" for name, _ in parts)
+        return Linear(w, b, names, tuple(rows for _, rows in parts))

@@ -39,6 +39,7 @@ from .block_weights import (
 )
 from .config import LayerPlan, LayerShape, ModelConfig
 from .linear import Linear, dequantized, embedding_rows
+from .lora import LoraAdapter, attach
 from .reader import TensorReader
 
 __all__ = [
@@ -217,11 +218,13 @@ def load_weights(
     cfg: ModelConfig,
     progress: Callable[[int, int], None] | None = None,
     lazy: bool = False,
+    lora: Sequence[LoraAdapter] = (),
 ) -> ModelWeights:
     """Load and fuse the weights. lazy=False loads every layer now (progress: after the
     embeddings, each layer, and the end); lazy=True loads only the embeddings, head and
     norms, leaving each layer to its first access (progress is then reported per layer
-    as they load, until the caller clears `layers.on_load`)."""
+    as they load, until the caller clears `layers.on_load`). `lora`: adapters whose pairs
+    the matrices they target carry (model/lora.py), checked against the file already."""
     r = TensorReader(ckpt)
     total = cfg.n_layer + 2
     d = cfg.n_embd
@@ -241,7 +244,8 @@ def load_weights(
     ]
     if progress:
         progress(1, total)
-    layers = LayerStore(cfg.n_layer, lambda i: load_layer(r, cfg, i))
+    output = attach(output, lora)
+    layers = LayerStore(cfg.n_layer, lambda i: attach(load_layer(r, cfg, i), lora))
     if progress:
         seen: set[int] = set()
 

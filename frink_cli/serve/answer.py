@@ -162,6 +162,7 @@ class Run:
                 constraint=constraints[i] if constraints else None,
                 spell=spell,
                 tool_calls=calls,
+                lora=gen.lora,
             )
             for i in range(gen.n)
         ]

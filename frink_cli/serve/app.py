@@ -28,7 +28,7 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starlette.applications import Starlette
@@ -40,7 +40,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import printable
-from . import answer, anthropic, embeddings, metrics, ollama, openai, prepare, tools
+from . import answer, anthropic, embeddings, lora, metrics, ollama, openai, prepare, tools
 from .answer import Outcome, check_context
 from .endpoints import check_generates, check_model, client, endpoint, openai_error, read_body
 from .engine import Engine
@@ -96,6 +96,7 @@ def create_app(
     routes += anthropic.routes(state)
     routes += ollama.routes(state, endpoint)
     routes += metrics.routes(state, endpoint)
+    routes += lora.routes(state, endpoint)
     routes += embeddings.routes(
         lambda handler: endpoint(state, handler),
         lambda st, request, chat: _body(st, request, chat, generates=False),
@@ -252,6 +253,7 @@ async def _models(state: ServerState, request: Request, o: Outcome) -> Response:
 async def _chat(state: ServerState, request: Request, o: Outcome) -> Response:
     body = await _body(state, request, chat=True)
     gen = openai.generation(body, vocab=state.model.n_vocab)
+    gen = replace(gen, lora=lora.request_scales(body, len(state.model.lora)))
     job = await prepare.openai_chat_job(state, body, gen)
     return await answer.generate(
         state.engine,
@@ -272,6 +274,7 @@ async def _complete(state: ServerState, request: Request, o: Outcome) -> Respons
     body = await _body(state, request, chat=False)
     # (16: the API's documented default)
     gen = openai.generation(body, default_max_tokens=16, chat=False, vocab=state.model.n_vocab)
+    gen = replace(gen, lora=lora.request_scales(body, len(state.model.lora)))
     prompt = openai.completion_prompt(body)
     tok = state.model.tokenizer
     n_ctx = state.engine.n_ctx

@@ -108,6 +108,9 @@ class Job:
     # Tools were offered (with `channels`): a harmony call is passed on as "text", spelled
     # for the tool-call parser (channels.ChannelSplit's `calls`), not as reasoning.
     tool_calls: bool = False
+    # LoRA scales by adapter id (the model's adapter order; an id left out: scale 0), as
+    # llama-server's per-request `lora`; None: the adapters' global scales at admission.
+    lora: dict[int, float] | None = None
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -123,6 +126,7 @@ class _Slot:
     snapshots: list[CacheSnapshot] = field(default_factory=list)
     last_used: float = 0.0
     job: _Running | None = None
+    lora: tuple[float, ...] = ()  # the LoRA scales the cached rows were computed with
 
 
 @dataclass
@@ -141,6 +145,11 @@ class _Running:
     drafter: Drafter | None = None  # speculative decoding's, for this job alone
     drafted: int = 0
     accepted: int = 0
+
+
+def _shared(slot: _Slot, prompt: Sequence[int], lora: tuple[float, ...]) -> int:
+    """The prompt's prefix the slot's cache holds, computed under the same LoRA scales."""
+    return common_prefix(slot.tokens, prompt) if slot.lora == lora else 0
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -198,6 +207,9 @@ class Engine:
             raise FrinkError(
                 f"prompt is {len(job.prompt)} tokens, too long for a context of {self.n_ctx}"
             )
+        n_lora = len(self.decoder.lora)
+        if job.lora is not None and any(not 0 <= i < n_lora for i in job.lora):
+            raise FrinkError(f"lora: an adapter id out of range (the model has {n_lora})")
         with self._lock:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
@@ -273,8 +285,11 @@ class Engine:
             if not free:
                 return
             self._waiting.popleft()
-            slot = max(free, key=lambda s: (common_prefix(s.tokens, job.prompt), -s.last_used))
-            cached = self._reuse(slot, job.prompt if job.cache_prompt else [])
+            lora = self._lora_scales(job)
+            slot = max(free, key=lambda s: (_shared(s, job.prompt, lora), -s.last_used))
+            reuse = job.cache_prompt and slot.lora == lora
+            cached = self._reuse(slot, job.prompt if reuse else [])
+            slot.lora = lora
             slot.job = _Running(
                 job=job,
                 slot=slot,
@@ -290,6 +305,13 @@ class Engine:
                 if self.drafter is not None and job.constraint is None
                 else None,
             )
+
+    def _lora_scales(self, job: Job) -> tuple[float, ...]:
+        """The scale of each of the model's LoRA adapters for `job`, fixed at admission."""
+        adapters = self.decoder.lora
+        if job.lora is None:
+            return tuple(ad.scale for ad in adapters)
+        return tuple(float(job.lora.get(i, 0.0)) for i in range(len(adapters)))
 
     def _reuse(self, slot: _Slot, prompt: list[int]) -> int:
         """Rewind the slot's cache to the longest prefix of `prompt` it can resume from (at
@@ -358,9 +380,13 @@ class Engine:
         if not feeds:
             return
         drafting = [r.next_id is not None and len(ids) > 1 for r, ids in feeds]
+        adapters = self.decoder.lora
+        lora = [dict(zip(adapters, r.slot.lora)) for r, _ in feeds] if adapters else None
         try:
             logits = self.decoder.step_batch_rows(
-                [(np.asarray(ids, dtype=np.int64), r.slot.cache) for r, ids in feeds], drafting
+                [(np.asarray(ids, dtype=np.int64), r.slot.cache) for r, ids in feeds],
+                drafting,
+                lora,
             )
         except Exception as e:  # noqa: BLE001 - one bad step must not take the server down
             for r, _ in feeds:

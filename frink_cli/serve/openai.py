@@ -214,6 +214,8 @@ class Generation:
     # None: no log probabilities; k: each answer token's, with its k most likely tokens.
     logprobs: int | None = None
     n: int = 1  # choices: independent answers to the one prompt
+    # llama-server's `lora`: the adapters' scales for this request (None: the global ones).
+    lora: dict[int, float] | None = None
 
     def choice_params(self, index: int) -> SamplingParams:
         """Choice `index`'s sampler: a seeded request's choices draw from seeds seed,

@@ -45,6 +45,7 @@ from ...model.weights import Linear
 from ...quant import kernels
 from ...quant.blas import blas_threads
 from ...quant.blocks import QuantRows
+from .lora import add_lora
 
 # Up to this many rows of a sequence go through the compiled small-batch product (quant.
 # kernels.matmul_f32), more through BLAS: a decode row, a server's batch of them, a short
@@ -67,9 +68,12 @@ def sequences(rows: Sequence[int]) -> Iterator[None]:
 
 
 def linear(x: np.ndarray, lin: Linear) -> np.ndarray:
+    """x @ W.T + b, plus the LoRA adapters on W's rows (backends/host/lora.py)."""
     y = product(x, lin.w)
     if lin.b is not None:
         y += lin.b
+    if lin.lora:
+        add_lora(y, x, lin.lora, product, _sequences.get())
     return y
 
 
