@@ -30,6 +30,7 @@ from .cli_embed import POOLING_OPTION, embed
 from .cli_exit import CliState, err, run_app
 from .cli_lora import LoraArgs, join_scaled, lora_flags
 from .cli_run import generate_and_print
+from .cli_sampling import sampling_flags
 from .cli_spec import SpecFlags, speculation_flags
 from .errors import FrinkError, printable
 
@@ -128,12 +129,6 @@ _CTX_SIZE = typer.Option(
 )
 _CACHE_TYPE_K = _cache_type_option(OPTION_K)
 _CACHE_TYPE_V = _cache_type_option(OPTION_V)
-_TEMP = typer.Option(0.8, "--temp", help="temperature; 0 is greedy")
-_TOP_K = typer.Option(40, "--top-k")
-_TOP_P = typer.Option(0.95, "--top-p")
-_MIN_P = typer.Option(0.05, "--min-p")
-_REPEAT_PENALTY = typer.Option(1.0, "--repeat-penalty")
-_SEED = typer.Option(-1, "-s", "--seed", help="RNG seed (-1: random)")
 
 
 # `frink run`'s constraint flags and `frink serve`'s longer ones.
@@ -179,21 +174,6 @@ _PARSE_SPECIAL = typer.Option(
 )
 
 
-def _sampling(
-    temp: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float, seed: int
-) -> dict[str, Any]:
-    """The sampling flags `run` and `chat` share, as SamplingParams' fields (seed < 0: a
-    fresh random seed)."""
-    return dict(
-        temperature=temp,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        repeat_penalty=repeat_penalty,
-        seed=None if seed < 0 else seed,
-    )
-
-
 def _speculate(m: Any, flags: SpecFlags | None, backend: str, quiet: bool = False) -> None:
     """Set m to decode speculatively as the flags say (None: plainly), loading the draft
     model where one is named."""
@@ -210,6 +190,7 @@ def _n_ctx(m: Any, ctx_size: int) -> int:
 @app.command()
 @speculation_flags
 @lora_flags
+@sampling_flags
 def run(
     ctx: typer.Context,
     model: str | None = typer.Argument(
@@ -222,13 +203,8 @@ def run(
     ctx_size: int = _CTX_SIZE,
     cache_type_k: str = _CACHE_TYPE_K,
     cache_type_v: str = _CACHE_TYPE_V,
-    temp: float = _TEMP,
-    top_k: int = _TOP_K,
-    top_p: float = _TOP_P,
-    min_p: float = _MIN_P,
-    repeat_penalty: float = _REPEAT_PENALTY,
+    sampling: dict[str, Any] | None = None,
     repeat_last_n: int = typer.Option(64, "--repeat-last-n"),
-    seed: int = _SEED,
     system: str | None = typer.Option(
         None, "--system", help="system message for the chat template"
     ),
@@ -254,11 +230,6 @@ def run(
     check_ranges(
         ("-n/--max-tokens", max_tokens, 0, None),
         ("-c/--ctx-size", ctx_size, 0, None),
-        ("--temp", temp, 0, None),
-        ("--top-k", top_k, 0, None),
-        ("--top-p", top_p, 0, 1),
-        ("--min-p", min_p, 0, 1),
-        ("--repeat-penalty", repeat_penalty, 0, None),
         ("--repeat-last-n", repeat_last_n, -1, None),
     )
     text_in = read_prompt(prompt, file, ctx_size)
@@ -285,8 +256,8 @@ def run(
     ids = m.prompt_ids(text_in, raw=raw, system=system, notes=notes, n_ctx=n_ctx)
     for note in notes:
         err.print(f"note: {printable(note)}", style="dim", markup=False)
-    sampling = _sampling(temp, top_k, top_p, min_p, repeat_penalty, seed)
-    sampling["repeat_last_n"] = repeat_last_n
+    assert sampling is not None  # the flag group's
+    sampling = dict(sampling, repeat_last_n=repeat_last_n)
     generate_and_print(m, ids, raw, max_tokens, ctx_size, sampling, constraint, as_json, verbose)
 
 
@@ -382,6 +353,7 @@ def bench(
 
 @app.command()
 @lora_flags
+@sampling_flags
 def chat(
     ctx: typer.Context,
     model: str | None = _MODEL,
@@ -390,12 +362,7 @@ def chat(
     cache_type_v: str = _CACHE_TYPE_V,
     max_tokens: int = typer.Option(1024, "-n", "--max-tokens", help="tokens per answer at most"),
     system: str | None = typer.Option(None, "--system", help="system message"),
-    temp: float = _TEMP,
-    top_k: int = _TOP_K,
-    top_p: float = _TOP_P,
-    min_p: float = _MIN_P,
-    repeat_penalty: float = _REPEAT_PENALTY,
-    seed: int = _SEED,
+    sampling: dict[str, Any] | None = None,
     backend: str = _BACKEND,
     adapters: LoraArgs = ((), True),
     verbose: bool = _VERBOSE,
@@ -410,7 +377,7 @@ def chat(
     check_range("-n/--max-tokens", max_tokens, 1)
     if system is not None:
         check_utf8(system, "--system")
-    params = SamplingParams(**_sampling(temp, top_k, top_p, min_p, repeat_penalty, seed))
+    params = SamplingParams(**(sampling or {}))
     m = _load(model, backend, cache_types=(cache_type_k, cache_type_v), lora=adapters)
     chat_loop(
         m,
