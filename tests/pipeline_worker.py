@@ -19,6 +19,7 @@ import numpy as np
 from frink_cli.api import load
 from frink_cli.distributed import launched, ledgers, load_stage
 from frink_cli.distributed.stage import LeadDecoder
+from frink_cli.errors import FrinkError
 
 PROMPT = [1, 5, 9, 3, 7, 11, 2, 8, 4, 6, 10, 12]
 
@@ -26,8 +27,9 @@ PROMPT = [1, 5, 9, 3, 7, 11, 2, 8, 4, 6, 10, 12]
 def measure(model, steps: int) -> dict[str, np.ndarray]:
     dec = model.decoder
     ids = np.array(PROMPT, np.int64) % model.n_vocab
-    cache = dec.new_cache(64)
+    cache = dec.new_cache(len(ids) + steps + 1)
     prefill = dec.step(ids, cache, all_logits=True)
+    print("decoding", file=sys.stderr, flush=True)
     tokens, decode = [], []
     tok = int(np.argmax(prefill[-1]))
     for _ in range(steps):
@@ -42,7 +44,14 @@ def measure(model, steps: int) -> dict[str, np.ndarray]:
 
 
 def main() -> None:
-    out, backend, steps, *models = sys.argv[1:]
+    try:
+        run(*sys.argv[1:])
+    except FrinkError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+def run(out: str, backend: str, steps: str, *models: str) -> None:
     for i, path in enumerate(models):
         if launched():
             model = load_stage(path, backend)

@@ -27,7 +27,7 @@ from ..backends.host.linear import sequences
 from ..cache import KvCache, SeqBatch
 from ..decoder import Decoder, step_positions
 from ..errors import FrinkError
-from .group import Group
+from .group import Group, PeerLost
 
 STOP, STEP, LEDGERS = 0, 1, 2
 _HEADS = {None: 0, "last": 1, "all": 2}
@@ -119,8 +119,12 @@ class LeadDecoder(Decoder):
             (self._cache_id(c), c.n_past, n, c.n_ctx, c.rewind) for c, n in zip(parts, counts)
         )
         freed, self._freed = tuple(self._freed), []
-        send_step(self.group, Step(STEP, head, isinstance(cache, SeqBatch), seqs, freed), x)
-        out = recv_rows(self.group, self.group.prev)
+        try:
+            send_step(self.group, Step(STEP, head, isinstance(cache, SeqBatch), seqs, freed), x)
+            out = recv_rows(self.group, self.group.prev)
+        except PeerLost:
+            self.closed = True  # nothing more can be sent; close() has nothing to stop
+            raise
         cache.commit(T)
         return out, head is not None
 
