@@ -28,6 +28,7 @@ from .cli_checks import (
 )
 from .cli_embed import POOLING_OPTION, embed
 from .cli_exit import CliState, err, run_app
+from .cli_pipeline import LAYER_SPLIT, launched, load_or_follow, rank_submissions
 from .cli_run import generate_and_print
 from .cli_spec import DRAFT_MAX, DRAFT_MIN, DRAFT_MODEL, DRAFT_P_MIN, SPEC, spec_params
 from .errors import FrinkError, printable
@@ -54,14 +55,20 @@ def _load(
     quiet: bool = False,
     check_tensors: bool = False,
     cache_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE),
+    layer_split: str | None = None,
+    stage: bool = True,
 ):
-    """The model, loaded with a progress bar on a terminal; cache_types: -ctk and -ctv."""
+    """The model, loaded with a progress bar on a terminal; cache_types: -ctk and -ctv.
+    Under mlx.launch (stage: unless this is a draft model), this rank's part of it: a
+    following rank ends the command once rank 0 is done (cli_pipeline.py)."""
     from .api import load
     from .pull import resolve_model_arg
 
     path = resolve_model_arg(model_arg)
     ctk, ctv = cache_types
     opts: dict[str, Any] = dict(check_tensors=check_tensors, cache_type_k=ctk, cache_type_v=ctv)
+    if stage and launched():
+        return load_or_follow(path, backend, layer_split, **opts)
     # No bar when stderr is a pipe or file: there it is only noise (rich leaves a blank line).
     if quiet or not err.is_terminal:
         return load(path, backend=backend, **opts)
@@ -196,7 +203,7 @@ def _speculate(
     """Set m to decode speculatively (cli_spec.spec_params' result; None: plainly), loading
     the draft model where one is named."""
     if speculation is not None:
-        draft = _load(draft_model, backend, quiet=quiet) if draft_model else None
+        draft = _load(draft_model, backend, quiet=quiet, stage=False) if draft_model else None
         m.speculate(speculation, draft)
 
 
@@ -246,6 +253,7 @@ def run(
     draft_max: int = DRAFT_MAX,
     draft_min: int = DRAFT_MIN,
     draft_p_min: float = DRAFT_P_MIN,
+    layer_split: str | None = LAYER_SPLIT,
     verbose: bool = _VERBOSE,
 ) -> None:
     """Generate text from a prompt."""
@@ -272,6 +280,7 @@ def run(
         quiet=as_json and not verbose,
         check_tensors=check_tensors,
         cache_types=(cache_type_k, cache_type_v),
+        layer_split=layer_split,
     )
     # Compiled before the prompt runs: a grammar that does not compile stops here.
     constraint = m.constraint(**constrain)
@@ -348,6 +357,7 @@ def bench(
     as_json: bool = typer.Option(False, "--json", help="a JSON list of rows"),
     as_csv: bool = typer.Option(False, "--csv", help="CSV rows"),
     as_md: bool = typer.Option(False, "--md", help="a markdown table (the default)"),
+    layer_split: str | None = LAYER_SPLIT,
     verbose: bool = _VERBOSE,
 ) -> None:
     """Measure prompt and generation speed, llama-bench style; with --spec / -md, greedy
@@ -359,7 +369,7 @@ def bench(
         raise FrinkError("choose one output format: --json, --csv or --md")
     check_range("-t/--threads", threads, 0)
     speculation = spec_params(spec, draft_model, draft_max, draft_min, draft_p_min)
-    m = _load(model, backend, cache_types=(cache_type_k, cache_type_v))
+    m = _load(model, backend, cache_types=(cache_type_k, cache_type_v), layer_split=layer_split)
     _speculate(m, speculation, draft_model, backend)
     rows = B.run_bench(
         m,
@@ -379,6 +389,8 @@ def bench(
         sys.stdout.write(B.format_csv(rows, submissions))
     else:
         sys.stdout.write(B.format_md(rows, submissions))
+    if submissions and launched():
+        sys.stdout.write(rank_submissions(m))  # per rank, over the whole bench
 
 
 @app.command()
@@ -461,6 +473,7 @@ def serve(
     draft_max: int = DRAFT_MAX,
     draft_min: int = DRAFT_MIN,
     draft_p_min: float = DRAFT_P_MIN,
+    layer_split: str | None = LAYER_SPLIT,
     verbose: bool = _VERBOSE,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, with continuous batching."""
@@ -482,7 +495,7 @@ def serve(
     speculation = spec_params(spec, draft_model, draft_max, draft_min, draft_p_min)
     api_key = read_api_key(api_key, api_key_file)
     origins = frozenset(o.strip().rstrip("/") for o in cors_origins.split(",") if o.strip())
-    m = _load(model, backend, cache_types=(cache_type_k, cache_type_v))
+    m = _load(model, backend, cache_types=(cache_type_k, cache_type_v), layer_split=layer_split)
     m.embed_plan = with_pooling(m.embed_plan, pooling)
     _speculate(m, speculation, draft_model, backend)
     run_server(

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from frink_cli.api import load
-from frink_cli.distributed import launched, ledgers, load_stage
+from frink_cli.distributed import launched
+from frink_cli.distributed.pipeline import ledgers, load_stage
 from frink_cli.distributed.stage import LeadDecoder
 from frink_cli.errors import FrinkError
 

@@ -3,85 +3,27 @@
 Under `mlx.launch` (ring backend) every rank runs the same command. Each loads only its
 contiguous run of layers (plan.py: by --layer-split or memory; the first rank the token
 embedding, the last the head), checks that every rank agrees, and then rank 0 runs the
-program while the others follow its steps (stage.py). Nothing but `mx.distributed`
-messages passes between ranks (group.py).
+program while the others follow its steps (stage.py, pipeline.py). Nothing but
+`mx.distributed` messages passes between ranks (group.py).
+
+This module itself imports nothing heavy: `launched()` is asked by every CLI command.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-from pathlib import Path
-from typing import Any
+import os
 
-from ..api import Model, load
-from ..cache.kv_types import CacheTypes
-from ..decoder import Decoder
-from ..model.config import ModelConfig
-from ..model.weights import ModelWeights
-from .group import Group, PeerLost, launched
-from .plan import StagePlan, plan_stages, split_layers
-from .stage import Follower, LeadDecoder, ledger_summary
-
-__all__ = [
-    "Group",
-    "PeerLost",
-    "PipelineStage",
-    "launched",
-    "ledgers",
-    "load_stage",
-    "split_layers",
-]
+ENV_RANK = "MLX_RANK"
+ENV_HOSTFILE = "MLX_HOSTFILE"
 
 
-class PipelineStage:
-    """api.Stage for this rank: plans the split once the config is known, and makes
-    rank 0's LeadDecoder or a follower's plain Decoder over the stage's layers."""
-
-    def __init__(self, group: Group, layer_split: str | None = None) -> None:
-        self.group = group
-        self.layer_split = layer_split
-        self.plan_: StagePlan | None = None
-
-    def plan(self, cfg: ModelConfig, path: Path, backend: str) -> tuple[range, tuple[bool, bool]]:
-        self.plan_ = plan_stages(self.group, cfg, path, backend, self.layer_split)
-        return self.plan_.layers, self.plan_.ends
-
-    def reads(self, tensor: str) -> bool:
-        return self.plan_ is None or self.plan_.reads(tensor)
-
-    def decoder(
-        self, cfg: ModelConfig, weights: ModelWeights, backend, types: CacheTypes, layers: range
-    ) -> Decoder:
-        if self.group.rank == 0:
-            return LeadDecoder(cfg, weights, backend, types, layers, group=self.group)
-        return Decoder(cfg, weights, backend, types, layers)
-
-
-def load_stage(
-    path: str | Path, backend: str, layer_split: str | None = None, **opts: Any
-) -> Model | None:
-    """This rank's part of the model. Rank 0 gets the Model (its decoder leads the others;
-    they are stopped when the process exits); every other rank follows rank 0's steps
-    until it stops them, then gets None."""
-    group = Group()
-    model = load(path, backend=backend, stage=PipelineStage(group, layer_split), **opts)
-    decoder = model.decoder
-    if isinstance(decoder, LeadDecoder):
-        atexit.register(_close_quietly, decoder)
-        return model
-    Follower(decoder, group).run()
-    return None
-
-
-def _close_quietly(decoder: LeadDecoder) -> None:
-    with contextlib.suppress(PeerLost):  # the others are gone already
-        decoder.close()
-
-
-def ledgers(model: Model) -> list[dict]:
-    """Every rank's submissions and refusals, in rank order (one entry for one process)."""
-    decoder = model.decoder
-    if isinstance(decoder, LeadDecoder):
-        return [ledger_summary(decoder, 0), *decoder.ledgers()]
-    return [ledger_summary(decoder, 0)]
+def launched() -> bool:
+    """Whether this process is one rank of several started by `mlx.launch` (ring backend):
+    it sets MLX_RANK and writes the ring's hostfile to MLX_HOSTFILE (empty for one rank)."""
+    path = os.environ.get(ENV_HOSTFILE)
+    if ENV_RANK not in os.environ or not path:
+        return False
+    try:
+        return os.path.getsize(path) > 2
+    except OSError:
+        return False

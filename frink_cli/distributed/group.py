@@ -9,27 +9,10 @@ that becomes one FrinkError naming the peer, so a rank never hangs on a dead nei
 
 from __future__ import annotations
 
-import os
-
 import mlx.core as mx
 import numpy as np
 
 from ..errors import FrinkError
-
-ENV_RANK = "MLX_RANK"
-ENV_HOSTFILE = "MLX_HOSTFILE"
-
-
-def launched() -> bool:
-    """Whether this process is one rank of several started by `mlx.launch` (ring backend):
-    it sets MLX_RANK and writes the ring's hostfile to MLX_HOSTFILE (empty for one rank)."""
-    path = os.environ.get(ENV_HOSTFILE)
-    if ENV_RANK not in os.environ or not path:
-        return False
-    try:
-        return os.path.getsize(path) > 2
-    except OSError:
-        return False
 
 
 class PeerLost(FrinkError):
