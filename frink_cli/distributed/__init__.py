@@ -11,6 +11,7 @@ This module itself imports nothing heavy: `launched()` is asked by every CLI com
 
 from __future__ import annotations
 
+import json
 import os
 
 ENV_RANK = "MLX_RANK"
@@ -19,11 +20,14 @@ ENV_HOSTFILE = "MLX_HOSTFILE"
 
 def launched() -> bool:
     """Whether this process is one rank of several started by `mlx.launch` (ring backend):
-    it sets MLX_RANK and writes the ring's hostfile to MLX_HOSTFILE (empty for one rank)."""
+    it sets MLX_RANK and writes the ring's hostfile to MLX_HOSTFILE, a JSON list of each
+    rank's addresses (empty for one rank)."""
     path = os.environ.get(ENV_HOSTFILE)
     if ENV_RANK not in os.environ or not path:
         return False
     try:
-        return os.path.getsize(path) > 2
-    except OSError:
+        with open(path, encoding="utf-8") as f:
+            ranks = json.load(f)
+    except (OSError, ValueError):
         return False
+    return isinstance(ranks, list) and len(ranks) > 1

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
+import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +56,7 @@ def load_stage(
     decoder = model.decoder
     if isinstance(decoder, LeadDecoder):
         atexit.register(_close_quietly, decoder)
+        decoder.on_lost = _stop_serving
         return model
     Follower(decoder, group).run()
     return None
@@ -61,6 +65,16 @@ def load_stage(
 def _close_quietly(decoder: LeadDecoder) -> None:
     with contextlib.suppress(PeerLost):  # the others are gone already
         decoder.close()
+
+
+def _stop_serving(e: PeerLost) -> None:
+    """A lost rank ends rank 0 too. A command's step raises it (one error line, exit 1);
+    a server, which handles SIGTERM, is asked to stop as a whole and then exits 1."""
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, signal.SIG_IGN, None):
+        return
+    print(f"frink: error: {e}; stopping the server", file=sys.stderr, flush=True)
+    atexit.register(os._exit, 1)  # run first (last in): the group failed, whatever follows
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def ledgers(model: Model) -> list[dict]:

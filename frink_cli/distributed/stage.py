@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import weakref
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -91,6 +92,8 @@ class LeadDecoder(Decoder):
         self._next_id = 1
         self._freed: list[int] = []
         self.closed = False
+        # Called with the error when a rank is lost (pipeline.py: a server stops itself).
+        self.on_lost: Callable[[PeerLost], None] | None = None
 
     def _cache_id(self, cache: KvCache) -> int:
         cid = self._ids.get(cache)
@@ -122,8 +125,10 @@ class LeadDecoder(Decoder):
         try:
             send_step(self.group, Step(STEP, head, isinstance(cache, SeqBatch), seqs, freed), x)
             out = recv_rows(self.group, self.group.prev)
-        except PeerLost:
+        except PeerLost as e:
             self.closed = True  # nothing more can be sent; close() has nothing to stop
+            if self.on_lost is not None:
+                self.on_lost(e)
             raise
         cache.commit(T)
         return out, head is not None
