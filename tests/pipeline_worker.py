@@ -5,7 +5,8 @@
 Under a ring launch (MLX_RANK, MLX_HOSTFILE) each model is loaded as a pipeline stage;
 rank 0 writes OUT_DIR/<i>.npz, the others follow. Without one, the whole model runs in
 this process (the reference). Per model: the prefill's logits for every prompt row, then
-STEPS greedy decode steps' logits and tokens, then one two-sequence batched step.
+STEPS greedy decode steps' logits and tokens, one two-sequence batched step, and a step
+after a cache went back to a saved state.
 """
 
 from __future__ import annotations
@@ -41,7 +42,14 @@ def measure(model, steps: int) -> dict[str, np.ndarray]:
     a, b = dec.new_cache(64), dec.new_cache(64)
     dec.step(ids[:5], a)
     batch = dec.step_batch([(ids[5:9], b), (ids[5:6], a)])
-    return dict(prefill=prefill, decode=np.array(decode), tokens=np.array(tokens), batch=batch)
+    # A server's prompt cache: a saved state, more rows, then back to the saved state.
+    snap = a.snapshot()
+    dec.step(ids[:3], a)
+    a.restore(snap)
+    again = dec.step(ids[3:5], a)
+    return dict(
+        prefill=prefill, decode=np.array(decode), tokens=np.array(tokens), batch=batch, again=again
+    )
 
 
 def main() -> None:

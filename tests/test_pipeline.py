@@ -3,8 +3,8 @@ started as mlx.launch starts them (tests/ring.py), against one process.
 
 The reference is the same model in one process (the path every other test holds to
 transformers and llama.cpp): the split must change nothing, so logits agree to 1e-5 for
-the prefill, 32 greedy decode steps and a two-sequence batched step, and each rank makes
-one submission per step.
+the prefill, 32 greedy decode steps, a two-sequence batched step and a step after going
+back to a saved (recurrent) state, and each rank makes one submission per step.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _compare(single: Path, piped: Path, n: int) -> None:
     for i in range(n):
         with np.load(single / f"{i}.npz") as a, np.load(piped / f"{i}.npz") as b:
             assert np.array_equal(a["tokens"], b["tokens"])  # the same greedy text
-            for key in ("prefill", "decode", "batch"):
+            for key in ("prefill", "decode", "batch", "again"):
                 np.testing.assert_allclose(b[key], a[key], atol=1e-5, rtol=0, err_msg=key)
             one = json.loads(str(a["ledgers"]))[0]
             ranks = json.loads(str(b["ledgers"]))

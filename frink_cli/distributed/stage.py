@@ -26,6 +26,7 @@ import numpy as np
 
 from ..backends.host.linear import sequences
 from ..cache import KvCache, SeqBatch
+from ..cache.kv_cache import CacheSnapshot
 from ..decoder import Decoder, step_positions
 from ..errors import FrinkError
 from .group import Group, PeerLost
@@ -33,8 +34,10 @@ from .group import Group, PeerLost
 STOP, STEP, LEDGERS = 0, 1, 2
 _HEADS = {None: 0, "last": 1, "all": 2}
 _HEAD_NAMES = {v: k for k, v in _HEADS.items()}
-_HEADER = 8  # int64s: op, rows, width, head, batch, n_seqs, n_freed, spare
+_HEADER = 8  # int64s: op, rows, width, head, batch, n_seqs, n_freed, n_states
 _SEQ = 5  # int64s per sequence: cache id, n_past, new rows, n_ctx, rewind
+SAVE, RESTORE = 0, 1  # recurrent state: (what, cache id, n_past), 3 int64s each
+_KEPT_STATES = 8  # saved states a follower keeps per sequence (the engine keeps 4)
 
 
 @dataclass(frozen=True)
@@ -46,13 +49,15 @@ class Step:
     batch: bool = False
     seqs: tuple[tuple[int, ...], ...] = ()
     freed: tuple[int, ...] = ()
+    states: tuple[tuple[int, int, int], ...] = ()  # rank 0's saves and restores, in order
 
 
 def send_step(group: Group, step: Step, x: np.ndarray | None) -> None:
     rows, width = x.shape if x is not None else (0, 0)
     header = [step.op, rows, width, _HEADS[step.head], step.batch, len(step.seqs)]
-    group.send(np.array([*header, len(step.freed), 0], np.int64), group.next)
+    group.send(np.array([*header, len(step.freed), len(step.states)], np.int64), group.next)
     body = [v for s in step.seqs for v in s] + list(step.freed)
+    body += [v for s in step.states for v in s]
     if body:
         group.send(np.array(body, np.int64), group.next)
     if x is not None and rows:
@@ -60,13 +65,16 @@ def send_step(group: Group, step: Step, x: np.ndarray | None) -> None:
 
 
 def recv_step(group: Group) -> tuple[Step, np.ndarray | None]:
-    op, rows, width, head, batch, n_seqs, n_freed, _ = group.recv(
+    op, rows, width, head, batch, n_seqs, n_freed, n_states = group.recv(
         (_HEADER,), np.int64, group.prev
     ).tolist()
-    n_body = n_seqs * _SEQ + n_freed
+    n_body = n_seqs * _SEQ + n_freed + 3 * n_states
     body = group.recv((n_body,), np.int64, group.prev).tolist() if n_body else []
     seqs = tuple(tuple(body[i * _SEQ : (i + 1) * _SEQ]) for i in range(n_seqs))
-    step = Step(op, _HEAD_NAMES[head], bool(batch), seqs, tuple(body[n_seqs * _SEQ :]))
+    at = n_seqs * _SEQ + n_freed
+    freed = tuple(body[n_seqs * _SEQ : at])
+    states = tuple((body[i], body[i + 1], body[i + 2]) for i in range(at, n_body, 3))
+    step = Step(op, _HEAD_NAMES[head], bool(batch), seqs, freed, states)
     x = group.recv((rows, width), np.float32, group.prev) if rows else None
     return step, x
 
@@ -81,6 +89,22 @@ def recv_rows(group: Group, frm: int) -> np.ndarray:
     return group.recv(shape, np.float32, frm)
 
 
+class LeadCache(KvCache):
+    """Rank 0's cache: a saved or restored recurrent state is told to the other ranks
+    (with the next step), which save or restore their own layers' state alike."""
+
+    lead: LeadDecoder
+
+    def snapshot(self) -> CacheSnapshot:
+        snap = super().snapshot()
+        self.lead.tell_state(self, SAVE)
+        return snap
+
+    def restore(self, snap: CacheSnapshot) -> None:
+        super().restore(snap)
+        self.lead.tell_state(self, RESTORE)
+
+
 class LeadDecoder(Decoder):
     """Rank 0's decoder: its own layers here, the rest on the ranks after it; the logits
     (or, without a head, the last layer's rows) come back from the last rank."""
@@ -91,6 +115,7 @@ class LeadDecoder(Decoder):
         self._ids: weakref.WeakKeyDictionary[KvCache, int] = weakref.WeakKeyDictionary()
         self._next_id = 1
         self._freed: list[int] = []
+        self._states: list[tuple[int, int, int]] = []
         self.closed = False
         # Called with the error when a rank is lost (pipeline.py: a server stops itself).
         self.on_lost: Callable[[PeerLost], None] | None = None
@@ -102,6 +127,15 @@ class LeadDecoder(Decoder):
             self._next_id += 1
             weakref.finalize(cache, self._freed.append, cid)
         return cid
+
+    def new_cache(self, n_ctx: int, rewind: int = 0) -> KvCache:
+        cache = LeadCache(self.cfg, n_ctx, types=self.cache_types, rewind=rewind)
+        cache.lead = self
+        return cache
+
+    def tell_state(self, cache: KvCache, what: int) -> None:
+        if cache.has_recurrent_state:
+            self._states.append((what, self._cache_id(cache), cache.n_past))
 
     def _forward(
         self, ids: np.ndarray, cache: KvCache | SeqBatch, head: str | None
@@ -122,8 +156,10 @@ class LeadDecoder(Decoder):
             (self._cache_id(c), c.n_past, n, c.n_ctx, c.rewind) for c, n in zip(parts, counts)
         )
         freed, self._freed = tuple(self._freed), []
+        states, self._states = tuple(self._states), []
+        step = Step(STEP, head, isinstance(cache, SeqBatch), seqs, freed, states)
         try:
-            send_step(self.group, Step(STEP, head, isinstance(cache, SeqBatch), seqs, freed), x)
+            send_step(self.group, step, x)
             out = recv_rows(self.group, self.group.prev)
         except PeerLost as e:
             self.closed = True  # nothing more can be sent; close() has nothing to stop
@@ -168,6 +204,7 @@ class Follower:
         self.decoder = decoder
         self.group = group
         self.caches: dict[int, KvCache] = {}
+        self.saved: dict[int, dict[int, CacheSnapshot]] = {}  # per cache id, by n_past
         self.last = group.rank == group.size - 1
 
     def _cache(self, cid: int, n_past: int, n_ctx: int, rewind: int) -> KvCache:
@@ -183,10 +220,25 @@ class Follower:
             c.truncate(n_past)  # rank 0's is shorter: its prompt cache reused a prefix
         return c
 
+    def _state(self, what: int, cid: int, n_past: int) -> None:
+        """Save or restore this rank's part of a sequence's recurrent state, as rank 0 did."""
+        cache, saved = self.caches.get(cid), self.saved.setdefault(cid, {})
+        if what == SAVE and cache is not None and cache.n_past == n_past:
+            saved[n_past] = cache.snapshot()
+            for old in sorted(saved)[:-_KEPT_STATES]:
+                del saved[old]
+        elif what == RESTORE and cache is not None and n_past in saved:
+            cache.restore(saved[n_past])
+        elif what == RESTORE:
+            raise FrinkError(f"pipeline: rank {self.group.rank} has no saved state at {n_past}")
+
     def step(self, step: Step, x: np.ndarray) -> np.ndarray:
         """This rank's layers over x (and the head, on the last rank)."""
         for cid in step.freed:
             self.caches.pop(cid, None)
+            self.saved.pop(cid, None)
+        for what, cid, n_past in step.states:
+            self._state(what, cid, n_past)
         parts = [self._cache(cid, n, n_ctx, rewind) for cid, n, _, n_ctx, rewind in step.seqs]
         counts = [s[2] for s in step.seqs]
         cache: KvCache | SeqBatch = SeqBatch(parts, counts) if step.batch else parts[0]
