@@ -469,12 +469,13 @@ def load(
     # Before the (slow) weight load, so an unavailable backend is refused at once.
     check_cache_types(cfg, types)
     chosen = select_backend(backend, cfg, ckpt, types)
-    tokenizer = load_tokenizer(ckpt)
     # With a backend, layers load as its bind() uploads them and the decoder then keeps
     # host copies only of those the backend does not hold (model/weights.py).
     layers, ends = range(cfg.n_layer), (True, True)
     if stage is not None:
         layers, ends = stage.plan(cfg, Path(path), chosen.name if chosen else "numpy")
+    # A pipeline stage that does not embed never sees text: no vocabulary in its memory.
+    tokenizer = load_tokenizer(ckpt) if ends[0] else None
     lazy = chosen is not None or stage is not None
     weights = load_weights(ckpt, cfg, progress, lazy=lazy, ends=ends)
     if stage is None:
