@@ -155,7 +155,9 @@ class LeadDecoder(Decoder):
         seqs = tuple(
             (self._cache_id(c), c.n_past, n, c.n_ctx, c.rewind) for c, n in zip(parts, counts)
         )
-        freed, self._freed = tuple(self._freed), []
+        # Emptied in place: each cache's finalizer holds this very list's append.
+        freed = tuple(self._freed)
+        del self._freed[: len(freed)]
         states, self._states = tuple(self._states), []
         step = Step(STEP, head, isinstance(cache, SeqBatch), seqs, freed, states)
         try:
