@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -44,6 +45,25 @@ from .toolcalls import Event, ToolCall
 from .toolcalls.plan import CHOICES, ToolPlan, tool_plan
 
 DEFAULT_CTX = 4096
+
+
+class Stage(Protocol):
+    """One rank's part of a pipeline (frink_cli/distributed): asked once the config is
+    known, before any weight loads."""
+
+    def plan(self, cfg: ModelConfig, path: Path, backend: str) -> tuple[range, tuple[bool, bool]]:
+        """(the layers this stage runs, whether it embeds and whether it runs the head)."""
+        ...
+
+    def reads(self, tensor: str) -> bool:
+        """Whether this stage must read `tensor` (the unread-tensor check asks)."""
+        ...
+
+    def decoder(
+        self, cfg: ModelConfig, weights: ModelWeights, backend, types: CacheTypes, layers: range
+    ) -> Decoder:
+        """The stage's decoder over its layers."""
+        ...
 
 
 @dataclass
@@ -418,10 +438,13 @@ def _tool_plan(
     return tool_plan(tools, "required", parallel, tok, name=name)
 
 
-def _refuse_unread_tensors(ckpt: Checkpoint, weights: ModelWeights) -> None:
+def _refuse_unread_tensors(
+    ckpt: Checkpoint, weights: ModelWeights, stage: Stage | None = None
+) -> None:
     """No model feature is silently dropped: a tensor the file holds and frink never read
-    means the model computes something frink does not, so the model is refused by name."""
-    unread = unread_tensors(ckpt, weights)
+    means the model computes something frink does not, so the model is refused by name
+    (a pipeline stage answers for its own tensors)."""
+    unread = [t for t in unread_tensors(ckpt, weights) if stage is None or stage.reads(t)]
     if unread:
         more = f" (+{len(unread) - 3} more)" if len(unread) > 3 else ""
         raise FrinkError(
@@ -439,12 +462,14 @@ def load(
     cache_type_v: str = DEFAULT_CACHE_TYPE,
     lora: Sequence[tuple[str | Path, float]] = (),
     lora_apply: bool = True,
+    stage: Stage | None = None,
 ) -> Model:
     """check_tensors: scan every weight for NaN/Inf first (llama.cpp's --check-tensors).
     lora: LoRA adapters (a GGUF adapter file or a PEFT directory, and its scale), applied
     unmerged (archs/lora_files.py, model/lora.py); lora_apply=False loads them at scale 0
     (--lora-init-without-apply). Adapters run on the host body: a device backend named
     with them is refused by name, "auto" then picks the host.
+    stage: load one rank's part of a pipeline (frink_cli/distributed) and run it there.
     cache_type_k / cache_type_v: how every cache of the model stores its K and V rows
     (llama.cpp's -ctk / -ctv: f32, f16, bf16, q8_0, q4_0; f32 by default); an unknown type,
     or one the backend cannot hold, is a FrinkError before anything loads, as is a forced
@@ -462,13 +487,25 @@ def load(
         raise FrinkError(
             f"{backend}: LoRA adapters are not supported on this backend (numpy runs them)"
         )
+    if adapters and stage is not None:
+        raise FrinkError("LoRA adapters are not supported in a pipeline (mlx.launch) yet")
     chosen = select_backend("numpy" if adapters else backend, cfg, ckpt, types)
-    tokenizer = load_tokenizer(ckpt)
     # With a backend, layers load as its bind() uploads them and the decoder then keeps
     # host copies only of those the backend does not hold (model/weights.py).
-    weights = load_weights(ckpt, cfg, progress, lazy=chosen is not None, lora=adapters)
-    decoder = Decoder(cfg, weights, chosen, types)
-    _refuse_unread_tensors(ckpt, weights)
+    layers, ends = range(cfg.n_layer), (True, True)
+    if stage is not None:
+        layers, ends = stage.plan(cfg, Path(path), chosen.name if chosen else "numpy")
+    # A pipeline stage that does not embed never sees text: no vocabulary in its memory.
+    tokenizer = load_tokenizer(ckpt) if ends[0] else None
+    lazy = chosen is not None or stage is not None
+    weights = load_weights(ckpt, cfg, progress, lazy=lazy, ends=ends, lora=adapters)
+    if stage is None:
+        decoder = Decoder(cfg, weights, chosen, types)
+    else:
+        decoder = stage.decoder(cfg, weights, chosen, types, layers)
+        for i in layers if chosen is None else ():
+            weights.layers[i]  # the host body's layers, now rather than at the first token
+    _refuse_unread_tensors(ckpt, weights, stage)
     check_attached(adapters)  # every layer is loaded now: the host body runs adapters
     if chosen is not None and progress:
         # load_weights' layers are a LayerStore (the decoder checks the same way).

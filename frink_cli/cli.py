@@ -29,6 +29,7 @@ from .cli_checks import (
 from .cli_embed import POOLING_OPTION, embed
 from .cli_exit import CliState, err, run_app
 from .cli_lora import LoraArgs, join_scaled, lora_flags
+from .cli_pipeline import LAYER_SPLIT, launched, load_or_follow, rank_submissions
 from .cli_run import generate_and_print
 from .cli_sampling import sampling_flags
 from .cli_spec import SpecFlags, speculation_flags
@@ -57,9 +58,13 @@ def _load(
     check_tensors: bool = False,
     cache_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE),
     lora: LoraArgs = ((), True),
+    layer_split: str | None = None,
+    stage: bool = True,
 ):
     """The model, loaded with a progress bar on a terminal; cache_types: -ctk and -ctv;
-    lora: the LoRA flags (cli_lora.lora_args)."""
+    lora: the LoRA flags (cli_lora.lora_args). Under mlx.launch (stage: unless this is a
+    draft model), this rank's part of it: a following rank ends the command once rank 0 is
+    done (cli_pipeline.py)."""
     from .api import load
     from .pull import resolve_model_arg
 
@@ -67,6 +72,8 @@ def _load(
     ctk, ctv = cache_types
     opts: dict[str, Any] = dict(check_tensors=check_tensors, cache_type_k=ctk, cache_type_v=ctv)
     opts.update(lora=lora[0], lora_apply=lora[1])
+    if stage and launched():
+        return load_or_follow(path, backend, layer_split, **opts)
     # No bar when stderr is a pipe or file: there it is only noise (rich leaves a blank line).
     if quiet or not err.is_terminal:
         return load(path, backend=backend, **opts)
@@ -178,7 +185,8 @@ def _speculate(m: Any, flags: SpecFlags | None, backend: str, quiet: bool = Fals
     """Set m to decode speculatively as the flags say (None: plainly), loading the draft
     model where one is named."""
     if flags is not None:
-        draft = _load(flags.draft_model, backend, quiet=quiet) if flags.draft_model else None
+        model = flags.draft_model
+        draft = _load(model, backend, quiet=quiet, stage=False) if model else None
         m.speculate(flags.params, draft)
 
 
@@ -223,6 +231,7 @@ def run(
     ),
     speculation: SpecFlags | None = None,
     adapters: LoraArgs = ((), True),
+    layer_split: str | None = LAYER_SPLIT,
     verbose: bool = _VERBOSE,
 ) -> None:
     """Generate text from a prompt."""
@@ -244,6 +253,7 @@ def run(
         check_tensors=check_tensors,
         cache_types=(cache_type_k, cache_type_v),
         lora=adapters,
+        layer_split=layer_split,
     )
     # Compiled before the prompt runs: a grammar that does not compile stops here.
     constraint = m.constraint(**constrain)
@@ -316,6 +326,7 @@ def bench(
     ),
     speculation: SpecFlags | None = None,
     adapters: LoraArgs = ((), True),
+    layer_split: str | None = LAYER_SPLIT,
     as_json: bool = typer.Option(False, "--json", help="a JSON list of rows"),
     as_csv: bool = typer.Option(False, "--csv", help="CSV rows"),
     as_md: bool = typer.Option(False, "--md", help="a markdown table (the default)"),
@@ -329,7 +340,13 @@ def bench(
     if as_json + as_csv + as_md > 1:
         raise FrinkError("choose one output format: --json, --csv or --md")
     check_range("-t/--threads", threads, 0)
-    m = _load(model, backend, cache_types=(cache_type_k, cache_type_v), lora=adapters)
+    m = _load(
+        model,
+        backend,
+        cache_types=(cache_type_k, cache_type_v),
+        lora=adapters,
+        layer_split=layer_split,
+    )
     _speculate(m, speculation, backend)
     rows = B.run_bench(
         m,
@@ -349,6 +366,8 @@ def bench(
         sys.stdout.write(B.format_csv(rows, submissions))
     else:
         sys.stdout.write(B.format_md(rows, submissions))
+    if submissions and launched():
+        sys.stdout.write(rank_submissions(m))  # per rank, over the whole bench
 
 
 @app.command()
@@ -428,6 +447,7 @@ def serve(
     pooling: str | None = POOLING_OPTION,
     speculation: SpecFlags | None = None,
     adapters: LoraArgs = ((), True),
+    layer_split: str | None = LAYER_SPLIT,
     verbose: bool = _VERBOSE,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, with continuous batching."""
@@ -448,7 +468,13 @@ def serve(
     check_pooling(pooling)
     api_key = read_api_key(api_key, api_key_file)
     origins = frozenset(o.strip().rstrip("/") for o in cors_origins.split(",") if o.strip())
-    m = _load(model, backend, cache_types=(cache_type_k, cache_type_v), lora=adapters)
+    m = _load(
+        model,
+        backend,
+        cache_types=(cache_type_k, cache_type_v),
+        lora=adapters,
+        layer_split=layer_split,
+    )
     m.embed_plan = with_pooling(m.embed_plan, pooling)
     _speculate(m, speculation, backend)
     run_server(

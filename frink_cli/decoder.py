@@ -24,6 +24,13 @@ from .model.lora import LoraAdapter
 from .model.weights import LayerStore, ModelWeights
 
 
+def step_positions(cache: KvCache | SeqBatch, T: int) -> np.ndarray:
+    """The positions of a step's T new rows: after the cache's, or each sequence's own."""
+    if isinstance(cache, SeqBatch):
+        return cache.positions()
+    return np.arange(cache.n_past, cache.n_past + T)
+
+
 class Decoder:
     def __init__(
         self,
@@ -31,8 +38,12 @@ class Decoder:
         weights: ModelWeights,
         backend: Backend | None = None,
         cache_types: CacheTypes = F32_CACHE,
+        layers: range | None = None,
     ) -> None:
+        """`layers`: the layers this decoder runs, all by default; a pipeline stage
+        (frink_cli/distributed) runs a contiguous part, and loads and uploads only that."""
         self.cfg = cfg
+        self.layers = layers if layers is not None else range(cfg.n_layer)
         self.cache_types = cache_types  # every cache new_cache makes
         self.host = HostBody(cfg, weights)
         self.backend = backend
@@ -46,18 +57,21 @@ class Decoder:
         # jobs scale them per sequence (step_batch_rows' `lora`).
         self.lora: list[LoraAdapter] = []
         if backend is not None:
-            backend.bind(weights)
+            if self.layers == range(cfg.n_layer):
+                backend.bind(weights)
+            else:
+                backend.bind(weights, self.layers)
             if isinstance(weights.layers, LayerStore):
-                self._settle_layers(weights.layers, backend)
+                self._settle_layers(weights.layers, backend, self.layers)
 
     @staticmethod
-    def _settle_layers(layers: LayerStore, backend: Backend) -> None:
+    def _settle_layers(layers: LayerStore, backend: Backend, own: range) -> None:
         """Host copies for exactly the layers the host body will run: those the backend
         holds whole are released (a launch failing after admission reloads them from the
-        checkpoint, once), every other one is loaded now, not on its first token."""
+        checkpoint, once), every other one of `own` is loaded now, not on its first token."""
         resident = getattr(backend, "resident_layers", None)
         held = resident() if resident is not None else set()
-        for i in range(len(layers)):
+        for i in own:
             if i in held:
                 layers.release(i)
             else:
@@ -106,12 +120,20 @@ class Decoder:
         if T == 0:
             return np.zeros((0, self.cfg.residual_width), np.float32), False
         cache.check_room(T)
-        batch = isinstance(cache, SeqBatch)
-        if isinstance(cache, SeqBatch):
-            positions = cache.positions()
-        else:
-            positions = np.arange(cache.n_past, cache.n_past + T)
+        positions = step_positions(cache, T)
         x = self.host.embed(ids, positions)
+        x, is_logits = self.run_layers(x, positions, cache, head)
+        cache.commit(T)
+        return x, is_logits
+
+    def run_layers(
+        self, x: np.ndarray, positions: np.ndarray, cache: KvCache | SeqBatch, head: str | None
+    ) -> tuple[np.ndarray, bool]:
+        """This decoder's layers (`self.layers`) over the rows x at `positions`: each run a
+        backend takes, the rest on the host body -> (output, is_logits), as _forward says.
+        The cache is checked for room before and committed after, by the caller."""
+        T = len(x)
+        batch = isinstance(cache, SeqBatch)
         kind = "batch" if batch else "decode" if T == 1 else "prefill"
         choices = None
         # Prompt rows are timed layer by layer; a batch of decode rows (one per sequence)
@@ -122,8 +144,8 @@ class Decoder:
                 self.prefill_threads.clear()
             choices = self.prefill_threads
         backend = self.backend
-        layer = 0
-        while layer < self.cfg.n_layer:
+        layer = self.layers.start
+        while layer < self.layers.stop:
             plan = backend.plan(kind, layer, T, cache, positions=positions) if backend else None
             if backend is None or plan is None or isinstance(plan, Refusal):
                 if backend is not None and isinstance(plan, Refusal):
@@ -139,9 +161,7 @@ class Decoder:
                     ):
                         # runs_head is HeadBackend's: this backend runs the head too.
                         with_head = cast(HeadBackend, backend)
-                        logits = with_head.run_head(plan, x, positions, cache, head == "all")
-                        cache.commit(T)
-                        return logits, True
+                        return with_head.run_head(plan, x, positions, cache, head == "all"), True
                     x = backend.run(plan, x, positions, cache)
                 except LaunchFailed as e:
                     # The backend wrote no cache row before failing: the host body runs
@@ -150,7 +170,6 @@ class Decoder:
                     for failed in range(plan.start, plan.stop):
                         x = self._host_layer(failed, x, positions, cache, choices)
                 layer = plan.stop
-        cache.commit(T)
         return x, False
 
     def _host_layer(

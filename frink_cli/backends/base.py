@@ -88,14 +88,17 @@ class DeviceBackend(ABC):
         is resident (not, say, when the last layer is refused)."""
         return self.head is not None
 
-    def bind(self, weights: ModelWeights) -> None:
+    def bind(self, weights: ModelWeights, layers: range | None = None) -> None:
         """Upload every layer this backend takes, and the lm head, once, in layer order. When
         the device runs out part way, the layers already up stay resident and the rest run
-        on the host body (as llama.cpp offloads what fits); the failure is reported once."""
+        on the host body (as llama.cpp offloads what fits); the failure is reported once.
+        `layers`: only these (a pipeline stage's), all by default; the head goes up with
+        the last layer."""
         self.resident.clear()
         self.head = None
         self.prepare(weights)
-        wanted = [i for i, refusal in enumerate(self.refusal) if refusal is None]
+        own = layers if layers is not None else range(self.cfg.n_layer)
+        wanted = [i for i in own if self.refusal[i] is None]
         for n_up, i in enumerate(wanted):
             try:
                 # Borrowed: the host copy lives only while this layer uploads.

@@ -34,8 +34,9 @@ class Backend(Protocol):
     name: str
     ledger: Ledger
 
-    def bind(self, weights) -> None:
-        """Called once by the decoder with the loaded weights (upload what the device needs).
+    def bind(self, weights, layers: range | None = None) -> None:
+        """Called once by the decoder with the loaded weights (upload what the device needs;
+        `layers`: only those, a pipeline stage's, where given).
         Read a layer to upload through model.weights.borrow_layer(weights.layers, i): a
         layer store then loads it for the upload alone instead of keeping it on the host."""
         ...

@@ -93,6 +93,7 @@ class KvCache:
         self.cfg = cfg
         self.n_ctx = n_ctx
         self.types = types
+        self.rewind = rewind
         self.n_past = 0
         self.slots: list = []
         for layer in range(cfg.n_layer):

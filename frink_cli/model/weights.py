@@ -219,17 +219,24 @@ def load_weights(
     progress: Callable[[int, int], None] | None = None,
     lazy: bool = False,
     lora: Sequence[LoraAdapter] = (),
+    ends: tuple[bool, bool] = (True, True),
 ) -> ModelWeights:
     """Load and fuse the weights. lazy=False loads every layer now (progress: after the
     embeddings, each layer, and the end); lazy=True loads only the embeddings, head and
     norms, leaving each layer to its first access (progress is then reported per layer
     as they load, until the caller clears `layers.on_load`). `lora`: adapters whose pairs
-    the matrices they target carry (model/lora.py), checked against the file already."""
+    the matrices they target carry (model/lora.py), checked against the file already.
+    `ends`: whether the token embedding and the output matrix are read (a pipeline stage
+    reads the first only where it embeds, the second only where it runs the head; an unread
+    one is an empty array)."""
     r = TensorReader(ckpt)
     total = cfg.n_layer + 2
     d = cfg.n_embd
     token_embd: np.ndarray | QuantRows
-    if cfg.tied_embeddings:
+    embeds, heads = ends
+    if not (embeds or heads) or (not cfg.tied_embeddings and not all(ends)):
+        token_embd, output = _stage_ends(r, cfg, embeds, heads)
+    elif cfg.tied_embeddings:
         # One matrix serves both: the lookup gathers its rows, the head multiplies them.
         output = r.linear([("token_embd", cfg.n_vocab)], d, bias=False)
         token_embd = output.w
@@ -273,6 +280,18 @@ def load_weights(
         arch=cfg.ext.read_head(r, cfg),
         tensors_read=r.read,
     )
+
+
+def _stage_ends(
+    r: TensorReader, cfg: ModelConfig, embeds: bool, heads: bool
+) -> tuple[np.ndarray | QuantRows, Linear]:
+    """A pipeline stage's token embedding and output matrix, each read where the stage uses
+    it, else an empty [0, n_embd] array (only where the two are separate tensors or the
+    stage uses neither)."""
+    d, empty = cfg.n_embd, np.zeros((0, cfg.n_embd), np.float32)
+    token_embd = r.table("token_embd", cfg.n_vocab, d) if embeds else empty
+    output = r.linear([("output", cfg.n_vocab)], d, bias=False) if heads else Linear(empty, None)
+    return token_embd, output
 
 
 def _read_head(r: TensorReader, cfg: ModelConfig) -> dict[str, Any]:

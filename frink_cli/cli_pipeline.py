@@ -1,0 +1,49 @@
+"""The CLI under `mlx.launch`: every rank runs the same command; rank 0 answers.
+
+`load_or_follow` is what `_load` calls when the process is one rank of a ring
+(distributed.launched()): rank 0 gets its stage of the model and goes on as the command
+always does (printing, benchmarking, serving); every other rank follows rank 0's steps
+and, once rank 0 stops it, ends the command with exit 0 and nothing on stdout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from .distributed import launched
+
+# The pipeline (mlx, the api) is imported only under mlx.launch: `frink --help` stays quick.
+
+__all__ = ["LAYER_SPLIT", "launched", "load_or_follow", "rank_submissions"]
+
+LAYER_SPLIT = typer.Option(
+    None,
+    "--layer-split",
+    help="under mlx.launch: the share of layers per rank, e.g. 3,1 (default: by memory)",
+)
+
+
+def load_or_follow(path: str | Path, backend: str, layer_split: str | None, **opts: Any) -> Any:
+    """Rank 0's model; a following rank never returns (typer.Exit(0) once rank 0 stops)."""
+    from .distributed.pipeline import load_stage
+
+    model = load_stage(path, backend, layer_split, **opts)
+    if model is None:
+        raise typer.Exit(0)
+    return model
+
+
+def rank_submissions(model: Any) -> str:
+    """Each rank's device submissions over the whole command, as markdown rows."""
+    from .distributed.pipeline import ledgers
+
+    lines = ["", "| rank | layers | submissions | refusals |", "| ---: | --- | --- | --- |"]
+    for r in ledgers(model):
+        subs = ", ".join(f"{k} {v}" for k, v in sorted(r["submissions"].items())) or "-"
+        refs = ", ".join(f"{k} {v}" for k, v in sorted(r["refusals"].items())) or "-"
+        a, b = r["layers"]
+        lines.append(f"| {r['rank']} | {a}-{b - 1} | {subs} | {refs} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,116 @@
+"""Pipeline parallelism over MLX's ring (frink_cli/distributed): two ranks on loopback,
+started as mlx.launch starts them (tests/ring.py), against one process.
+
+The reference is the same model in one process (the path every other test holds to
+transformers and llama.cpp): the split must change nothing, so logits agree to 1e-5 for
+the prefill, 32 greedy decode steps, a two-sequence batched step and a step after going
+back to a saved (recurrent) state, and each rank makes one submission per step.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ring import finish, launch, worker
+
+from frink_cli.distributed.plan import StagePlan, parse_split, split_layers
+from frink_cli.errors import FrinkError
+
+STEPS = 32
+TINY = ("llama", "qwen35", "qwen3moe")  # dense, hybrid GDN (recurrent state split), MoE
+
+
+def _compare(single: Path, piped: Path, n: int) -> None:
+    for i in range(n):
+        with np.load(single / f"{i}.npz") as a, np.load(piped / f"{i}.npz") as b:
+            assert np.array_equal(a["tokens"], b["tokens"])  # the same greedy text
+            for key in ("prefill", "decode", "batch", "again"):
+                np.testing.assert_allclose(b[key], a[key], atol=1e-5, rtol=0, err_msg=key)
+            one = json.loads(str(a["ledgers"]))[0]
+            ranks = json.loads(str(b["ledgers"]))
+            assert [r["rank"] for r in ranks] == [0, 1]
+            assert ranks[0]["layers"][0] == 0 and ranks[1]["layers"][1] == one["layers"][1]
+            assert ranks[0]["layers"][1] == ranks[1]["layers"][0]
+            for r in ranks:  # each rank ran its layers on the device, once per step
+                assert not r["failures"] and not r["refusals"]
+                assert sum(r["submissions"].values()) == sum(one["submissions"].values())
+
+
+def _run_both(tmp_path: Path, models: list[str], backend: str = "metal") -> None:
+    single, piped = tmp_path / "single", tmp_path / "piped"
+    single.mkdir()
+    piped.mkdir()
+    args = [backend, str(STEPS), *models]
+    ranks = launch(tmp_path, [worker(str(piped), *args)] * 2)
+    alone = subprocess.Popen(worker(str(single), *args), stderr=subprocess.PIPE, text=True)
+    for rc, _, err in finish(ranks):
+        assert rc == 0, err[-3000:]
+    _, err = alone.communicate(timeout=240)
+    assert alone.returncode == 0, err[-3000:]
+    _compare(single, piped, len(models))
+
+
+def test_two_ranks_match_one_process(tmp_path: Path, tiny_model) -> None:
+    _run_both(tmp_path, [str(tiny_model(n).gguf) for n in TINY])
+
+
+@pytest.mark.real
+def test_two_ranks_match_one_process_smollm2(tmp_path: Path, smollm2_path: Path) -> None:
+    # The host body's ranks (the metal path is the tiny models' test above; on Linux's CPU
+    # device its compiles make the real model's run several times slower).
+    _run_both(tmp_path, [str(smollm2_path)], backend="numpy")
+
+
+def test_killed_rank_ends_rank0_with_one_clear_line(tmp_path: Path, tiny_model) -> None:
+    model = str(tiny_model("llama").gguf)
+    ranks = launch(tmp_path, [worker(str(tmp_path), "numpy", "100000", model)] * 2)
+    try:
+        assert ranks[0].stderr is not None
+        for line in ranks[0].stderr:  # rank 0 reaches the decode loop
+            if "decoding" in line:
+                break
+        time.sleep(0.5)
+        ranks[1].send_signal(signal.SIGKILL)
+        t0 = time.monotonic()
+        ranks[0].wait(timeout=10)
+        assert time.monotonic() - t0 < 10
+        assert ranks[0].returncode == 1
+        err = ranks[0].stderr.read()
+        ours = [line for line in err.splitlines() if line.startswith("error:")]
+        assert len(ours) == 1 and "rank 1 stopped" in ours[0], err[-2000:]
+        assert "Traceback" not in err
+    finally:
+        finish(ranks, timeout=5)
+
+
+def test_mismatched_ranks_refused_before_any_token(tmp_path: Path, tiny_model) -> None:
+    a, b = (str(tiny_model(n).gguf) for n in ("llama", "qwen3moe"))
+    ranks = launch(
+        tmp_path,
+        [worker(str(tmp_path), "numpy", "4", a), worker(str(tmp_path), "numpy", "4", b)],
+    )
+    results = finish(ranks)
+    for rc, _, err in results:
+        assert rc == 1
+        assert "decoding" not in err
+    assert "rank(s) 1 differ from rank 0 in model file" in results[0][2]
+
+
+def test_layer_split() -> None:
+    assert split_layers(8, [1.0, 1.0]) == (range(0, 4), range(4, 8))
+    assert split_layers(8, parse_split("3,1", 2)) == (range(0, 6), range(6, 8))
+    assert split_layers(3, [1.0, 1.0, 1.0, 0.0][:3]) == (range(0, 1), range(1, 2), range(2, 3))
+    assert split_layers(30, [1.0] * 4) == (range(0, 8), range(8, 16), range(16, 23), range(23, 30))
+    with pytest.raises(FrinkError, match="one per rank"):
+        parse_split("1,2,3", 2)
+    with pytest.raises(FrinkError, match="2 ranks for a model of 1"):
+        split_layers(1, [1.0, 1.0])
+    stage = StagePlan(1, 2, range(4, 8), (range(0, 4), range(4, 8)))
+    assert stage.reads("blk.5.attn_q.weight") and not stage.reads("blk.3.attn_q.weight")
+    assert stage.reads("output.weight") and not stage.reads("token_embd.weight")
