@@ -100,6 +100,8 @@ FLAG_CASES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # Backends are chosen at load, before the tokenizer is needed; CI has no CuPy.
     "backend_cuda": (("--backend", "cuda", "-p", "x"), ("cuda", "not available")),
 }
+# `frink chat` shares run's sampling flags (one flag group): the same refusals, before load.
+CHAT_FLAG_CASES = ("temp_negative", "top_p_above_one", "min_p_above_one", "top_k_negative")
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +137,7 @@ def runs(bad: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict
     jobs |= {f"run:{c}": ("run", bad[c], "-p", "hello") for c in FILE_CASES}
     jobs |= {f"info:{c}": ("info", bad[c]) for c in INFO_CASES}
     jobs |= {f"flag:{c}": ("run", valid, *args) for c, (args, _) in FLAG_CASES.items()}
+    jobs |= {f"chat:{c}": ("chat", valid, *FLAG_CASES[c][0][:2]) for c in CHAT_FLAG_CASES}
     jobs |= {
         "valid:run": ("run", valid, "-p", "hello"),
         "valid:info": ("info", valid),
@@ -210,6 +213,12 @@ def test_verbose_adds_the_traceback(runs: dict[str, Result]) -> None:
 @pytest.mark.parametrize("case", list(FLAG_CASES))
 def test_bad_flag(runs: dict[str, Result], case: str) -> None:
     line = assert_error(runs[f"flag:{case}"], *FLAG_CASES[case][1])
+    assert "tokenizer" not in line
+
+
+@pytest.mark.parametrize("case", CHAT_FLAG_CASES)
+def test_bad_chat_flag(runs: dict[str, Result], case: str) -> None:
+    line = assert_error(runs[f"chat:{case}"], *FLAG_CASES[case][1])
     assert "tokenizer" not in line
 
 
