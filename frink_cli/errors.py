@@ -10,6 +10,11 @@ class FrinkError(Exception):
     """A problem with the user's input (file, flag, prompt), reported as one line."""
 
 
+class Unavailable(FrinkError):
+    """The model cannot run any more (a pipeline rank was lost): a server answers the
+    requests it held with a 503, as when it stops, not a 500."""
+
+
 def printable(text: str) -> str:
     """`text` with every non-printable character written as its Python escape.
 

@@ -97,8 +97,10 @@ def test_serve_under_two_ranks(tmp_path: Path, smollm2_path: Path) -> None:
             t0 = time.monotonic()
             ranks[0].wait(timeout=10)
             assert time.monotonic() - t0 < 10 and ranks[0].returncode == 1
-            with pytest.raises(openai.APIError):
+            # The request in flight is answered as a stopping server answers: a 503.
+            with pytest.raises(openai.APIStatusError) as lost:
                 pending.result(timeout=10)
+            assert lost.value.status_code == 503, lost.value
         err = ranks[0].stderr.read() if ranks[0].stderr else ""
         assert "error: pipeline: rank 1 stopped" in err
     finally:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ..errors import FrinkError
+from ..errors import FrinkError, Unavailable
 
 
-class PeerLost(FrinkError):
+class PeerLost(Unavailable):
     """A neighbouring rank stopped, or the link to it dropped."""
 
 

@@ -47,7 +47,7 @@ from ..cache import CacheSnapshot, KvCache
 from ..channels import FINAL, ChannelSplit, is_harmony
 from ..constraint import Constraint
 from ..decoder import Decoder
-from ..errors import FrinkError
+from ..errors import FrinkError, Unavailable
 from ..sampling import Sampler, SamplingParams, token_logprob
 from ..speculative import Drafter, SpecParams, verify
 from ..tokenizer import Tokenizer
@@ -389,8 +389,10 @@ class Engine:
                 lora,
             )
         except Exception as e:  # noqa: BLE001 - one bad step must not take the server down
+            # A model that cannot run any more (a lost pipeline rank) answers as a stop.
+            kind = "stopped" if isinstance(e, Unavailable) else "error"
             for r, _ in feeds:
-                self._fail(r, f"generation failed: {type(e).__name__}: {e}")
+                self._fail(r, f"generation failed: {type(e).__name__}: {e}", kind)
             return
         self.steps += 1
         for (r, ids), rows, drafted in zip(feeds, logits, drafting):
@@ -538,11 +540,11 @@ class Engine:
         r.job.emit("done", done)
         self._release(r.slot)
 
-    def _fail(self, r: _Running, message: str) -> None:
+    def _fail(self, r: _Running, message: str, kind: str = "error") -> None:
         # The cache may hold a half-written step: that slot starts over.
         r.slot.cache = self._new_cache()
         r.slot.tokens.clear()
         r.slot.snapshots.clear()
         if not r.job.cancelled.is_set():
-            r.job.emit("error", message)
+            r.job.emit(kind, message)
         r.slot.job = None
