@@ -25,6 +25,7 @@ from .decoder import Decoder
 from .embedding import EmbedPlan, default_plan, embed_ids, read_plan
 from .errors import FrinkError
 from .formats import Checkpoint
+from .formats.checkpoint import TensorSource
 from .generate import GenerationStats, generate_tokens
 from .model import ModelConfig, load_weights
 from .model.lora import LoraAdapter, check_attached
@@ -51,8 +52,11 @@ class Stage(Protocol):
     """One rank's part of a pipeline (frink_cli/distributed): asked once the config is
     known, before any weight loads."""
 
-    def plan(self, cfg: ModelConfig, path: Path, backend: str) -> tuple[range, tuple[bool, bool]]:
-        """(the layers this stage runs, whether it embeds and whether it runs the head)."""
+    def plan(
+        self, cfg: ModelConfig, path: Path, tensors: TensorSource, backend: str
+    ) -> tuple[range, tuple[bool, bool]]:
+        """(the layers this stage runs, whether it embeds and whether it runs the head);
+        tensors: the file's, whose sizes the split may weigh."""
         ...
 
     def reads(self, tensor: str) -> bool:
@@ -494,7 +498,7 @@ def load(
     # host copies only of those the backend does not hold (model/weights.py).
     layers, ends = range(cfg.n_layer), (True, True)
     if stage is not None:
-        layers, ends = stage.plan(cfg, Path(path), chosen.name if chosen else "numpy")
+        layers, ends = stage.plan(cfg, Path(path), ckpt.tensors, chosen.name if chosen else "numpy")
     # A pipeline stage that does not embed never sees text: no vocabulary in its memory.
     tokenizer = load_tokenizer(ckpt) if ends[0] else None
     lazy = chosen is not None or stage is not None

@@ -18,9 +18,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 from ring import finish, launch, worker
+from synthetic_models import synthetic_config
 
-from frink_cli.distributed.plan import StagePlan, parse_split, split_layers
+from frink_cli.distributed.plan import (
+    StagePlan,
+    memory_shares,
+    parse_split,
+    split_layers,
+    stored_bytes,
+)
 from frink_cli.errors import FrinkError
+from frink_cli.formats.checkpoint import TensorInfo
 
 STEPS = 32
 TINY = ("llama", "qwen35", "qwen3moe")  # dense, hybrid GDN (recurrent state split), MoE
@@ -114,3 +122,35 @@ def test_layer_split() -> None:
     stage = StagePlan(1, 2, range(4, 8), (range(0, 4), range(4, 8)))
     assert stage.reads("blk.5.attn_q.weight") and not stage.reads("blk.3.attn_q.weight")
     assert stage.reads("output.weight") and not stage.reads("token_embd.weight")
+
+
+class _Sizes:
+    """A TensorSource of F32 tensors of the given element counts (only names and infos)."""
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        self.counts = counts
+
+    def names(self) -> list[str]:
+        return list(self.counts)
+
+    def info(self, name: str) -> TensorInfo:
+        return TensorInfo(name, (self.counts[name],), "F32")
+
+
+def test_default_split_balances_bytes_with_the_ends() -> None:
+    """By default the end ranks hold the embedding (first) and the head (last; the tied
+    embedding again) besides their layers, so they take fewer layers: 8 layers of 10
+    weights and a 20-weight table on 3 equal ranks is 40 weights each, 2 / 4 / 2 layers."""
+    cfg = synthetic_config("llama", n_layer=8)
+    counts = {f"blk.{i}.attn_q.weight": 10 for i in range(8)}
+    tied = _Sizes({"token_embd.weight": 20, **counts})
+    shares = memory_shares(cfg, tied, [1.0, 1.0, 1.0])
+    assert split_layers(8, shares) == (range(0, 2), range(2, 6), range(6, 8))
+    # An untied 40-weight head: 140 weights, 70 a rank: 5 layers, then 3 beside the head.
+    untied = _Sizes({"token_embd.weight": 20, "output.weight": 40, **counts})
+    shares = memory_shares(cfg, untied, [1.0, 1.0])
+    assert split_layers(8, shares) == (range(0, 5), range(5, 8))
+    # Twice the memory on the last rank: 140 / 3 = 46.7 and 93.3 weights, 2.7 / 5.3 layers.
+    assert split_layers(8, memory_shares(cfg, untied, [1.0, 2.0])) == (range(0, 3), range(3, 8))
+    # A Q4_0 tensor counts its blocks' bytes: 32 weights in 18 bytes.
+    assert stored_bytes(TensorInfo("x", (4, 64), "Q4_0")) == 4 * 2 * 18

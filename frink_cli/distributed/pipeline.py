@@ -14,6 +14,7 @@ from typing import Any
 from ..api import Model, load
 from ..cache.kv_types import CacheTypes
 from ..decoder import Decoder
+from ..formats.checkpoint import TensorSource
 from ..model.config import ModelConfig
 from ..model.weights import ModelWeights
 from .group import Group, PeerLost
@@ -30,8 +31,10 @@ class PipelineStage:
         self.layer_split = layer_split
         self.plan_: StagePlan | None = None
 
-    def plan(self, cfg: ModelConfig, path: Path, backend: str) -> tuple[range, tuple[bool, bool]]:
-        self.plan_ = plan_stages(self.group, cfg, path, backend, self.layer_split)
+    def plan(
+        self, cfg: ModelConfig, path: Path, tensors: TensorSource, backend: str
+    ) -> tuple[range, tuple[bool, bool]]:
+        self.plan_ = plan_stages(self.group, cfg, path, tensors, backend, self.layer_split)
         return self.plan_.layers, self.plan_.ends
 
     def reads(self, tensor: str) -> bool:

@@ -2,8 +2,10 @@
 
 A model's layers are cut into one contiguous run per rank: in proportion to
 `--layer-split` (llama.cpp's tensor-split spelling: "3,1" gives the first rank three
-quarters), else to each rank's physical memory (even on one machine). The first rank also
-embeds the tokens and the last runs the head; each reads only its own tensors.
+quarters), else so that each rank's share of the file's bytes follows its physical memory:
+the first rank also holds the token embedding and the last the output head (the same table
+again when the two are tied), so by default the end ranks take fewer layers. Each rank
+reads only its own tensors.
 
 Before any token, every rank's model file digest, frink version, backend and split are
 gathered and compared: a mismatch is one FrinkError naming the ranks that differ.
@@ -13,13 +15,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
 from .. import __version__
 from ..errors import FrinkError
+from ..formats.checkpoint import TensorInfo, TensorSource
 from ..model.config import ModelConfig
 from .group import Group
 
@@ -88,6 +94,41 @@ def split_layers(n_layer: int, weights: list[float]) -> tuple[range, ...]:
     return tuple(runs)
 
 
+def stored_bytes(info: TensorInfo) -> float:
+    """A tensor's bytes as the file stores it (4 per weight for a type gguf-py does not
+    size: it is held dequantized)."""
+    n = math.prod(info.shape)
+    try:
+        elems, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[info.dtype]]
+    except KeyError:
+        return 4.0 * n
+    return n * nbytes / elems
+
+
+def memory_shares(cfg: ModelConfig, tensors: TensorSource, mems: list[float]) -> list[float]:
+    """Per rank, how many layers' worth of bytes it should run (split_layers' weights), so
+    that its layers plus the ends it holds (the embedding on the first rank, the head on
+    the last) follow its memory `mems[r]` over the whole file."""
+    per_layer = [0.0] * cfg.n_layer
+    ends: dict[str, float] = {}
+    for name in tensors.names():
+        size = stored_bytes(tensors.info(name))
+        m = _LAYER.match(name)
+        if m and int(m.group(1)) < cfg.n_layer:
+            per_layer[int(m.group(1))] += size
+        else:
+            ends[name] = size
+    layer = sum(per_layer) / cfg.n_layer or 1.0
+    first = ends.get("token_embd.weight", 0.0)
+    last = ends.get("output.weight", first)  # tied: the head reads the embedding table
+    total = sum(per_layer) + first + last
+    weights = []
+    for r, mem in enumerate(mems):
+        held = (first if r == 0 else 0.0) + (last if r == len(mems) - 1 else 0.0)
+        weights.append(max(total * mem / sum(mems) - held, 0.0) / layer)
+    return weights if sum(weights) > 0 else mems
+
+
 def _memory() -> float:
     try:
         return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
@@ -108,11 +149,19 @@ def file_digest(path: Path) -> str:
 
 
 def plan_stages(
-    group: Group, cfg: ModelConfig, path: Path, backend: str, layer_split: str | None
+    group: Group,
+    cfg: ModelConfig,
+    path: Path,
+    tensors: TensorSource,
+    backend: str,
+    layer_split: str | None,
 ) -> StagePlan:
     """This rank's stage, after every rank's identity and split were compared."""
     mems = [json.loads(b) for b in group.gather_bytes(json.dumps(_memory()).encode())]
-    weights = parse_split(layer_split, group.size) if layer_split else mems
+    if layer_split:
+        weights = parse_split(layer_split, group.size)
+    else:
+        weights = memory_shares(cfg, tensors, mems)
     splits = split_layers(cfg.n_layer, weights)
     mine = {
         "frink version": __version__,
