@@ -30,7 +30,7 @@ from ..graph.ops import Array, Ops
 from ..model.config import HeadPlan, LayerShape, ModelConfig
 from .base import get
 from .decoder import DecoderConfig, with_ext
-from .hf import MetadataWriter, f32
+from .hf import MetadataWriter, f32, hf_type
 from .hf_plan import HfModelType, Transform
 from .starcoder2 import LayerNormArch
 
@@ -84,12 +84,8 @@ class Bloom(LayerNormArch):
     ext_class = AlibiConfig
     name = "bloom"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "bloom": HfModelType(
-            defaults={
-                "vocab_size": 250880,
-                "layer_norm_epsilon": 1e-5,
-                "tie_word_embeddings": True,
-            },
+        "bloom": hf_type(
+            "bloom",
             aliases={"n_layer": "num_hidden_layers", "n_head": "num_attention_heads"},
         ),
     }
@@ -134,8 +130,8 @@ class Mpt(LayerNormArch):
     ext_class = AlibiConfig
     name = "mpt"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "mpt": HfModelType(
-            defaults={"vocab_size": 50368, "max_seq_len": 2048, "tie_word_embeddings": True},
+        "mpt": hf_type(
+            "mpt",
             aliases={
                 "n_layers": "num_hidden_layers",
                 "d_model": "hidden_size",

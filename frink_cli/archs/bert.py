@@ -33,7 +33,7 @@ from ..model.reader import TensorReader
 from ..model.weights import LayerWeights
 from .base import Arch, get
 from .decoder import DecoderConfig, extended
-from .hf import MetadataWriter
+from .hf import MetadataWriter, hf_type
 from .hf_plan import HfModelType
 
 
@@ -132,16 +132,8 @@ class Bert(Arch):
     ext_class = BertConfig
     ffn_act = "gelu"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "bert": HfModelType(
-            defaults={
-                "vocab_size": 30522,
-                "max_position_embeddings": 512,
-                "intermediate_size": 3072,
-                "layer_norm_eps": 1e-12,
-                "hidden_act": "gelu",
-                "type_vocab_size": 2,
-                "position_embedding_type": "absolute",
-            },
+        "bert": hf_type(
+            "bert",
             strip=("bert.",),
             ignore=(
                 "pooler.",

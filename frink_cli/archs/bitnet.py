@@ -83,14 +83,7 @@ class Bitnet(Arch):
     ext_class = BitnetConfig
     name = "bitnet"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "bitnet": hf_type(
-            128256,
-            2048,
-            rms_norm_eps=1e-5,
-            rope_theta=500000.0,
-            hidden_act="relu2",
-            attention_bias=False,
-        ),
+        "bitnet": hf_type("bitnet"),
     }
     rope_type = "neox"
     hf_tensors = HF_CORE_TENSORS + (

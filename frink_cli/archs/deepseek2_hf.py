@@ -19,16 +19,6 @@ from .hf import HF_CORE_TENSORS, Composite, HfConversion, MetadataWriter, f32, h
 from .hf_plan import HfModelType, Kept, Plan, pop_matching
 from .moe import HF_ROUTER, stacked_experts
 
-_DEFAULTS: dict[str, Any] = dict(
-    kv_lora_rank=512,
-    qk_rope_head_dim=64,
-    qk_nope_head_dim=128,
-    v_head_dim=128,
-    n_shared_experts=1,
-    first_k_dense_replace=0,
-    norm_topk_prob=False,
-    rope_interleave=True,
-)
 _GATING = {"softmax": 1, "sigmoid": 2}
 
 
@@ -71,8 +61,8 @@ class DeepseekHf(HfConversion):
     """config.json (model_type deepseek_v2 / deepseek_v3) -> deepseek2's GGUF metadata."""
 
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "deepseek_v2": hf_type(102400, 2048, **_DEFAULTS, q_lora_rank=1536),
-        "deepseek_v3": hf_type(129280, 4096, **_DEFAULTS, q_lora_rank=1536),
+        "deepseek_v2": hf_type("deepseek_v2"),
+        "deepseek_v3": hf_type("deepseek_v3"),
     }
     hf_tensors = (
         *HF_CORE_TENSORS,

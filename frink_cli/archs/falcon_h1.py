@@ -37,31 +37,9 @@ from .decoder import with_ext
 from .hf import HF_ATTENTION_TENSORS, MetadataWriter, hf_type
 from .hf_plan import HfModelType, Transform
 from .mamba import MAMBA2_TRANSFORMS, MambaStackConfig
-from .mamba_hybrid import MAMBA_DEFAULTS, MIXER_MODULES, MIXER_WHOLE, mamba2_config, mamba2_metadata
+from .mamba_hybrid import MIXER_MODULES, MIXER_WHOLE, mamba2_config, mamba2_metadata
 
 F32 = np.float32
-
-# transformers' FalconH1Config defaults.
-_DEFAULTS: dict[str, Any] = dict(
-    **MAMBA_DEFAULTS,
-    mamba_d_ssm=1024,
-    mamba_d_head="auto",
-    mamba_norm_before_gate=True,
-    mamba_rms_norm=False,
-    projectors_bias=False,
-    attention_bias=False,
-    mlp_bias=False,
-    lm_head_multiplier=1.0,
-    embedding_multiplier=1.0,
-    mlp_multipliers=[1.0, 1.0],
-    key_multiplier=1.0,
-    attention_out_multiplier=1.0,
-    attention_in_multiplier=1.0,
-    ssm_multipliers=[1.0, 1.0, 1.0, 1.0, 1.0],
-    ssm_in_multiplier=1.0,
-    ssm_out_multiplier=1.0,
-    rms_norm_eps=1e-5,
-)
 
 
 def _times(*keys: str | tuple[str, int]) -> Transform:
@@ -122,7 +100,7 @@ class FalconH1(Arch):
     ext_class = FalconH1Config
     rope_type = "neox"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "falcon_h1": hf_type(128000, 8192, **_DEFAULTS),
+        "falcon_h1": hf_type("falcon_h1"),
     }
     hf_tensors: ClassVar[tuple[tuple[str, str], ...]] = (
         ("model.embed_tokens", "token_embd"),

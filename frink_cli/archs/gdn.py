@@ -22,25 +22,14 @@ from .hf import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, MetadataWriter, hf_type
 from .hf_plan import HfModelType, Transform
 from .transforms import NEG_EXP, ONE_CENTERED_NORMS, SQUEEZE, add_one
 
-# Shared by every GDN hybrid's defaults (transformers' Qwen3NextConfig / Qwen3_5TextConfig).
-HF_GDN_DEFAULTS = {
-    "head_dim": 256,
-    "num_attention_heads": 16,
-    "linear_conv_kernel_dim": 4,
-    "linear_key_head_dim": 128,
-    "linear_value_head_dim": 128,
-    "linear_num_key_heads": 16,
-    "linear_num_value_heads": 32,
-    "full_attention_interval": 4,
-}
 HF_MTP_IGNORED = ("mtp.", "model.mtp.")
 
 
-def hf_text_type(defaults: dict[str, Any]) -> HfModelType:
+def hf_text_type(model_type: str) -> HfModelType:
     """A text-only checkpoint's model_type: the multi-token-prediction head is not read
     (frink, like llama.cpp's main pass, runs the trunk only)."""
-    return replace(
-        hf_type(defaults.pop("vocab_size"), 32768, **HF_GDN_DEFAULTS, **defaults),
+    return hf_type(
+        model_type,
         ignore=HF_MTP_IGNORED,
         ignored_note="multi-token-prediction (MTP) head weights ignored",
     )

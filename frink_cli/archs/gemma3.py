@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from ..errors import FrinkError
 from .base import Arch
-from .hf import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, MetadataWriter, f32, multimodal
+from .hf import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, MetadataWriter, f32, hf_type, multimodal
 from .hf_plan import HfModelType, Transform
 from .transforms import ONE_CENTERED_NORMS, add_one
 
@@ -67,29 +67,8 @@ _TOWERS = (
     "model.multi_modal_projector.",
 )
 
-# The config defaults Gemma3TextConfig and Gemma4TextConfig share.
-GEMMA_DEFAULTS: dict[str, Any] = {
-    "max_position_embeddings": 131072,
-    "rms_norm_eps": 1e-6,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "head_dim": 256,
-    "final_logit_softcapping": None,
-    "tie_word_embeddings": True,
-}
 
-_TEXT = HfModelType(
-    defaults={
-        **GEMMA_DEFAULTS,
-        "vocab_size": 262208,
-        "rope_theta": 1000000.0,
-        "rope_local_base_freq": 10000.0,
-        "sliding_window": 4096,
-        "sliding_window_pattern": 6,
-        "query_pre_attn_scalar": 256,
-        "attn_logit_softcapping": None,
-    }
-)
+_TEXT = hf_type("gemma3_text")
 
 
 # The sandwich norms around attention and the FFN (the FFN's pre-norm is ffn_norm).

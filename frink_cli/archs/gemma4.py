@@ -48,8 +48,8 @@ from ..model.weights import LayerWeights, TensorReader
 from ..quant.blocks import QuantRows
 from .base import get
 from .decoder import DecoderConfig, decoder_ext, extended, with_ext
-from .gemma3 import GEMMA_DEFAULTS, GemmaArch
-from .hf import MetadataWriter, f32, multimodal
+from .gemma3 import GemmaArch
+from .hf import MetadataWriter, f32, hf_type, multimodal
 from .hf_plan import HfModelType
 
 # The multimodal checkpoint's towers and their embedders (not read), at the top level or
@@ -63,26 +63,7 @@ _TOWERS = tuple(
 # The converter's frequency factor for the pairs proportional rope leaves unrotated.
 UNROTATED_FACTOR = 1e30
 
-_TEXT = HfModelType(
-    defaults={
-        **GEMMA_DEFAULTS,
-        "vocab_size": 262144,
-        "sliding_window": 512,
-        "hidden_size_per_layer_input": 256,
-        "num_kv_shared_layers": 0,
-        "attention_k_eq_v": False,
-        "use_double_wide_mlp": False,
-        "enable_moe_block": False,
-        "rope_parameters": {
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            "full_attention": {
-                "rope_type": "proportional",
-                "partial_rotary_factor": 0.25,
-                "rope_theta": 1000000.0,
-            },
-        },
-    }
-)
+_TEXT = hf_type("gemma4_text")
 
 
 def _layer_types(hp: dict[str, Any]) -> list[str]:

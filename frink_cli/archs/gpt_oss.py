@@ -136,19 +136,8 @@ class GptOss(Arch):
     ext_class = GptOssConfig
     name = "gpt-oss"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "gpt_oss": dataclasses.replace(
-            hf_type(
-                201088,
-                131072,
-                rms_norm_eps=1e-5,
-                rope_theta=150000.0,
-                num_local_experts=128,
-                num_experts_per_tok=4,
-                sliding_window=128,
-                swiglu_alpha=SWIGLU_OAI_ALPHA,
-                swiglu_limit=SWIGLU_OAI_LIMIT,
-                attention_bias=True,
-            ),
+        "gpt_oss": hf_type(
+            "gpt_oss",
             aliases={"num_experts": "num_local_experts"},
         ),
     }

@@ -45,19 +45,11 @@ from .hf import Composite, MetadataWriter, hf_type
 from .hf_plan import HfModelType, Kept, Plan, pop_matching
 from .llama import Llama
 
-# transformers' Granite config defaults: every multiplier neutral.
-_MULTIPLIERS = {
-    "embedding_multiplier": 1.0,
-    "residual_multiplier": 1.0,
-    "attention_multiplier": 1.0,
-    "logits_scaling": 1.0,
-}
-
 
 class Granite(Llama):
     name = "granite"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "granite": hf_type(32000, 2048, **_MULTIPLIERS),
+        "granite": hf_type("granite"),
     }
 
     def config(self, ckpt: Checkpoint) -> ModelConfig:
@@ -142,17 +134,8 @@ def split_fused_glu(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
 class GraniteMoe(Granite):
     name = "granitemoe"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "granitemoe": hf_type(
-            32000, 2048, num_local_experts=8, num_experts_per_tok=2, **_MULTIPLIERS
-        ),
-        "granitemoeshared": hf_type(
-            32000,
-            2048,
-            num_local_experts=8,
-            num_experts_per_tok=2,
-            shared_intermediate_size=0,
-            **_MULTIPLIERS,
-        ),
+        "granitemoe": hf_type("granitemoe"),
+        "granitemoeshared": hf_type("granitemoeshared"),
     }
     hf_tensors = Granite.hf_tensors + (
         ("model.layers.{bid}.block_sparse_moe.router.layer", "blk.{bid}.ffn_gate_inp"),

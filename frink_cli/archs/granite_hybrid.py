@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
@@ -29,26 +29,16 @@ from ..graph.blocks.mamba import MambaConfig
 from ..model.config import LayerShape, ModelConfig
 from .base import get
 from .decoder import with_ext
-from .granite import _MULTIPLIERS, GraniteMoe
+from .granite import GraniteMoe
 from .hf import MetadataWriter, hf_type
 from .hf_plan import HfModelType, Transform
 from .mamba import MAMBA2_TRANSFORMS, MambaStackConfig
 from .mamba_hybrid import (
-    MAMBA_DEFAULTS,
     MIXER_MODULES,
     MIXER_WHOLE,
     mamba2_config,
     mamba2_metadata,
     zero_kv_layers,
-)
-
-# transformers' GraniteMoeHybridConfig defaults.
-_DEFAULTS: dict[str, Any] = dict(
-    num_local_experts=8,
-    num_experts_per_tok=2,
-    shared_intermediate_size=1024,
-    **MAMBA_DEFAULTS,
-    **_MULTIPLIERS,
 )
 
 
@@ -68,7 +58,7 @@ class GraniteHybridConfig(MambaStackConfig):
 class GraniteHybrid(GraniteMoe):
     name = "granitehybrid"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "granitemoehybrid": hf_type(32000, 2048, **_DEFAULTS),
+        "granitemoehybrid": hf_type("granitemoehybrid"),
     }
     hf_tensors = GraniteMoe.hf_tensors + MIXER_MODULES
     hf_tensors_whole: ClassVar[tuple[tuple[str, str], ...]] = MIXER_WHOLE

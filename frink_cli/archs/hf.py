@@ -9,6 +9,8 @@ TextModel.set_gguf_parameters writes; hf_plan.py applies the names and transform
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -16,6 +18,7 @@ import numpy as np
 
 from ..errors import FrinkError
 from ..formats.safetensors import is_uint
+from ..resources import config_file
 from .hf_plan import HfModelType, Kept, Plan, Transform, is_finite_number
 
 # A composite turns several stored tensors into one GGUF tensor, or one into several: it
@@ -204,19 +207,20 @@ def hf_sliding_window_note(arch: str, hp: dict[str, Any], notes: list[str]) -> N
         )
 
 
-def hf_type(vocab_size: int, context: int, **defaults: Any) -> HfModelType:
-    """A text model_type whose transformers config defaults are the llama-style ones
-    (rms_norm_eps 1e-6, rope_theta 10000, untied embeddings) plus `defaults`."""
-    return HfModelType(
-        defaults={
-            "vocab_size": vocab_size,
-            "max_position_embeddings": context,
-            "rms_norm_eps": 1e-6,
-            "rope_theta": 10000.0,
-            "tie_word_embeddings": False,
-            **defaults,
-        }
-    )
+@functools.cache
+def _transformers_defaults() -> dict[str, dict[str, Any]]:
+    table: dict[str, dict[str, Any]] = json.loads(
+        config_file("hf_defaults.json").read_text(encoding="utf-8")
+    )["model_types"]
+    return table
+
+
+def hf_type(model_type: str, **fields: Any) -> HfModelType:
+    """The HfModelType of `model_type`, its defaults being transformers' config-class
+    defaults from configs/hf_defaults.json (checked against transformers by
+    tests/test_hf_defaults.py); `fields` sets the other HfModelType fields (aliases,
+    ignore, ...). Every entry of the table has a caller here, so a missing one is a bug."""
+    return HfModelType(defaults=dict(_transformers_defaults()[model_type]), **fields)
 
 
 def multimodal(text: HfModelType, ignore: tuple[str, ...], what: str) -> HfModelType:

@@ -38,24 +38,6 @@ from .transforms import SQUEEZE
 # llama.cpp's expert_gating_func values (LLAMA_EXPERT_GATING_FUNC_TYPE_*).
 _GATING = {1: "softmax", 2: "sigmoid"}
 
-_LFM2_DEFAULTS: dict[str, Any] = dict(
-    hf_type(
-        65536,
-        128000,
-        hidden_size=2560,
-        intermediate_size=12288,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        norm_eps=1e-5,
-        conv_L_cache=3,
-        conv_bias=False,
-        block_multiple_of=256,
-        block_ffn_dim_multiplier=1.0,
-        block_auto_adjust_ff_dim=True,
-        tie_word_embeddings=True,
-        rope_theta=1000000.0,
-    ).defaults
-)
 _ALIASES = {"tie_embedding": "tie_word_embeddings", "block_ff_dim": "intermediate_size"}
 
 
@@ -104,7 +86,7 @@ class Lfm2(Arch):
     ext_class = Lfm2Config
     name = "lfm2"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "lfm2": HfModelType(defaults=dict(_LFM2_DEFAULTS), aliases=_ALIASES),
+        "lfm2": hf_type("lfm2", aliases=_ALIASES),
     }
     rope_type = "neox"
     qk_norm = True
@@ -243,19 +225,8 @@ def _stacked_w123(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
 class Lfm2Moe(Lfm2):
     name = "lfm2moe"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "lfm2_moe": HfModelType(
-            defaults=dict(
-                _LFM2_DEFAULTS,
-                hidden_size=2048,
-                intermediate_size=7168,
-                moe_intermediate_size=1792,
-                num_dense_layers=2,
-                num_experts=32,
-                num_experts_per_tok=4,
-                use_expert_bias=True,
-                routed_scaling_factor=1.0,
-                norm_topk_prob=True,
-            ),
+        "lfm2_moe": hf_type(
+            "lfm2_moe",
             aliases={"tie_embedding": "tie_word_embeddings", "num_local_experts": "num_experts"},
         ),
     }

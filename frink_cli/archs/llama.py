@@ -81,8 +81,8 @@ def llama3_rope_factors(rp: dict[str, Any], head_dim: int) -> np.ndarray | None:
 class Llama(Arch):
     name = "llama"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "llama": hf_type(32000, 2048),
-        "mistral": hf_type(32000, 131072, sliding_window=4096),
+        "llama": hf_type("llama"),
+        "mistral": hf_type("mistral"),
     }
     hf_llama3_rope_freqs = True
 

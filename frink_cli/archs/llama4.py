@@ -119,24 +119,7 @@ def split_experts(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
 
 
 _FF = "model.layers.{bid}.feed_forward"
-_TEXT = hf_type(
-    202048,
-    131072,
-    rms_norm_eps=1e-5,
-    rope_theta=500000.0,
-    head_dim=128,
-    intermediate_size=8192,
-    intermediate_size_mlp=16384,
-    num_local_experts=16,
-    num_experts_per_tok=1,
-    interleave_moe_layer_step=1,
-    use_qk_norm=True,
-    no_rope_layer_interval=4,
-    attention_chunk_size=CHUNK,
-    attn_temperature_tuning=True,
-    floor_scale=int(FLOOR_SCALE),
-    attn_scale=ATTN_SCALE,
-)
+_TEXT = hf_type("llama4_text")
 
 
 class Llama4(Llama):

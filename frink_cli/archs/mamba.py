@@ -31,7 +31,7 @@ from ..graph.ops import Array, Ops
 from ..model.config import LayerShape, ModelConfig
 from .base import Arch, get
 from .decoder import DecoderConfig
-from .hf import MetadataWriter, f32
+from .hf import MetadataWriter, f32, hf_type
 from .hf_plan import HfModelType, Transform
 from .transforms import NEG_EXP, SQUEEZE, _reshape
 
@@ -45,23 +45,6 @@ def _groups(hp: dict[str, Any]) -> int:
 
 
 _PER_GROUP = Transform(_reshape, lambda s, hp: (_groups(hp), s[0] // _groups(hp)))
-
-# transformers' MambaConfig defaults. The safetensors reader's normalization asks every
-# config for a head count; Mamba has no heads (its metadata says 0, as the converter's).
-_MAMBA_DEFAULTS: dict[str, Any] = {
-    "vocab_size": 50280,
-    "hidden_size": 768,
-    "state_size": 16,
-    "num_hidden_layers": 32,
-    "layer_norm_epsilon": 1e-5,
-    "conv_kernel": 4,
-    "expand": 2,
-    "time_step_rank": "auto",
-    "use_conv_bias": True,
-    "use_bias": False,
-    "tie_word_embeddings": True,
-    "num_attention_heads": 1,
-}
 
 
 @dataclass(frozen=True)
@@ -152,8 +135,8 @@ class Mamba(Arch):
     name = "mamba"
     ext_class = MambaStackConfig
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "mamba": HfModelType(defaults=dict(_MAMBA_DEFAULTS)),
-        "falcon_mamba": HfModelType(defaults=dict(_MAMBA_DEFAULTS, vocab_size=65024)),
+        "mamba": hf_type("mamba"),
+        "falcon_mamba": hf_type("falcon_mamba"),
     }
     hf_tensors: ClassVar[tuple[tuple[str, str], ...]] = (
         ("backbone.embeddings", "token_embd"),
@@ -257,26 +240,6 @@ class Mamba(Arch):
             )
 
 
-# transformers' Mamba2Config defaults (the converter's own fallbacks differ only for keys a
-# saved config.json always holds).
-_MAMBA2_DEFAULTS: dict[str, Any] = {
-    "vocab_size": 32768,
-    "hidden_size": 4096,
-    "state_size": 128,
-    "num_hidden_layers": 64,
-    "layer_norm_epsilon": 1e-5,
-    "conv_kernel": 4,
-    "expand": 2,
-    "num_heads": 128,
-    "head_dim": 64,
-    "n_groups": 8,
-    "use_conv_bias": True,
-    "use_bias": False,
-    "tie_word_embeddings": False,
-    "num_attention_heads": 1,
-}
-
-
 def mamba2_ssm_config(arch: Arch, ckpt: Checkpoint, m: MambaConfig) -> MambaConfig:
     """Mamba-1's ssm keys plus ssm.group_count, checked as llama.cpp's graph asserts them
     (d_inner a multiple of the head count, heads a multiple of the groups)."""
@@ -347,7 +310,7 @@ _MAMBA2_MODULES, _MAMBA2_WHOLE = mamba2_mixer_tensors("backbone.layers.{bid}.mix
 class Mamba2(Mamba):
     name = "mamba2"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "mamba2": HfModelType(defaults=dict(_MAMBA2_DEFAULTS)),
+        "mamba2": hf_type("mamba2"),
     }
     hf_tensors: ClassVar[tuple[tuple[str, str], ...]] = (
         ("backbone.embeddings", "token_embd"),

@@ -8,8 +8,6 @@ so its names, transforms (mamba.MAMBA2_TRANSFORMS) and keys are the same in both
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..graph.blocks.mamba import MambaConfig
@@ -19,17 +17,6 @@ from .hf import MetadataWriter
 from .mamba import _groups, mamba2_hf_metadata, mamba2_mixer_tensors, mamba2_ssm_config, ssm_config
 
 MIXER_MODULES, MIXER_WHOLE = mamba2_mixer_tensors("model.layers.{bid}.mamba.")
-
-# transformers' mamba_* defaults, the same in FalconH1Config and GraniteMoeHybridConfig.
-MAMBA_DEFAULTS: dict[str, Any] = dict(
-    mamba_n_heads=128,
-    mamba_n_groups=1,
-    mamba_d_state=256,
-    mamba_d_conv=4,
-    mamba_expand=2,
-    mamba_conv_bias=True,
-    mamba_proj_bias=False,
-)
 
 
 def mamba2_config(arch: Arch, ckpt: Checkpoint) -> MambaConfig:

@@ -87,22 +87,8 @@ class Mimo2(Arch):
     name = "mimo2"
     ext_class = Mimo2Config
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "mimo_v2_flash": dataclasses.replace(
-            hf_type(
-                152576,
-                131072,
-                rms_norm_eps=1e-5,
-                intermediate_size=16384,
-                head_dim=192,
-                v_head_dim=128,
-                n_routed_experts=256,
-                num_experts_per_tok=8,
-                moe_intermediate_size=2048,
-                n_group=1,
-                topk_group=1,
-                sliding_window=129,
-                attention_value_scale=_VALUE_SCALE,
-            ),
+        "mimo_v2_flash": hf_type(
+            "mimo_v2_flash",
             aliases={"num_local_experts": "n_routed_experts"},
             ignore=("model.mtp.",),
             ignored_note="multi-token-prediction layers ignored (frink runs the trunk)",

@@ -154,8 +154,8 @@ def _experts(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
 
 
 _ATTN = "model.layers.{bid}.self_attn"
-_ORIGINAL = dataclasses.replace(
-    hf_type(200064, 10240000, rms_norm_eps=1e-5, rope_theta=10000000.0, head_dim=None),
+_ORIGINAL = hf_type(
+    "MiniMaxText01",
     aliases={"num_experts": "num_local_experts"},
 )
 
@@ -170,18 +170,8 @@ class Minimax(Arch):
         # The released checkpoints' own config (MiniMaxText01ForCausalLM, remote code):
         # layernorm_*_alpha / _beta, attn_type_list, rotary_dim; the same tensor names.
         "MiniMaxText01": _ORIGINAL,
-        "minimax": dataclasses.replace(
-            hf_type(
-                32000,
-                4096 * 32,
-                rms_norm_eps=1e-5,
-                rope_theta=1000000.0,
-                num_key_value_heads=None,
-                head_dim=None,
-                num_local_experts=8,
-                num_experts_per_tok=2,
-                block_size=256,
-            ),
+        "minimax": hf_type(
+            "minimax",
             aliases={"num_experts": "num_local_experts"},
         ),
     }

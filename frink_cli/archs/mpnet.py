@@ -36,7 +36,7 @@ from ..model.reader import TensorReader
 from .base import Arch, get
 from .bert import Bert, BertConfig, BertLayerWeights
 from .decoder import extended
-from .hf import MetadataWriter
+from .hf import MetadataWriter, hf_type
 from .hf_plan import HfModelType
 
 # What transformers' MPNetEncoder.compute_position_bias uses, whatever the config says.
@@ -117,15 +117,8 @@ class Mpnet(Bert):
     name = "mpnet"
     ext_class = MpnetConfig
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "mpnet": HfModelType(
-            defaults={
-                "vocab_size": 30527,
-                "max_position_embeddings": 514,
-                "intermediate_size": 3072,
-                "layer_norm_eps": 1e-12,
-                "hidden_act": "gelu",
-                "relative_attention_num_buckets": HF_BUCKETS,
-            },
+        "mpnet": hf_type(
+            "mpnet",
             strip=("mpnet.",),
             ignore=("pooler.", "lm_head.", "embeddings.position_ids"),
             ignored_note="the pooler, the masked-LM head and position_ids not read",

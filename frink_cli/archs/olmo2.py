@@ -46,7 +46,7 @@ class Olmo2(Arch):
     name = "olmo2"
     ext_class = Olmo2Config
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "olmo2": hf_type(50304, 2048, rms_norm_eps=1e-5, attention_bias=False),
+        "olmo2": hf_type("olmo2"),
     }
     rope_type = "neox"
     post_attn_norm = True

@@ -39,7 +39,7 @@ def _longrope(hp: dict[str, Any]) -> dict[str, Any] | None:
 class Phi3(Arch):
     name = "phi3"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "phi3": hf_type(32064, 4096, rms_norm_eps=1e-5, original_max_position_embeddings=4096),
+        "phi3": hf_type("phi3"),
     }
     rope_type = "neox"
     hf_tensors: ClassVar[tuple[tuple[str, str], ...]] = (

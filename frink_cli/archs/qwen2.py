@@ -17,7 +17,7 @@ from .hf_plan import HfModelType
 class Qwen2(Arch):
     name = "qwen2"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "qwen2": hf_type(151936, 32768),
+        "qwen2": hf_type("qwen2"),
     }
     rope_type = "neox"
 

@@ -16,7 +16,7 @@ from .qwen2 import Qwen2
 class Qwen3(Qwen2):
     name = "qwen3"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "qwen3": hf_type(151936, 32768, head_dim=128),
+        "qwen3": hf_type("qwen3"),
     }
     qk_norm = True
     hf_tensors = Qwen2.hf_tensors + HF_QK_NORM_TENSORS

@@ -56,7 +56,7 @@ V_TILED_ROWS = _tiled(0, "linear_value_head_dim")
 V_TILED_COLS = _tiled(1, "linear_value_head_dim")  # out_proj's columns
 V_TILED_QKV_ROWS = _tiled(0, "linear_value_head_dim", skip_qk=True)
 
-_TEXT = hf_text_type({"vocab_size": 248320, "num_key_value_heads": 4})
+_TEXT = hf_text_type("qwen3_5_text")
 _VISION_IGNORED = ("model.visual.", "visual.") + HF_MTP_IGNORED
 _VISION_NOTE = "vision tower and multi-token-prediction (MTP) weights"
 

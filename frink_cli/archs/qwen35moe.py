@@ -18,16 +18,7 @@ from .hf_plan import HfModelType
 from .moe import HF_ROUTER, HF_SHARED_EXPERT, hf_moe_metadata, stacked_experts
 from .qwen35 import _VISION_IGNORED, _VISION_NOTE, Qwen35
 
-_TEXT = hf_text_type(
-    {
-        "vocab_size": 248320,
-        "num_key_value_heads": 2,
-        "num_experts": 256,
-        "num_experts_per_tok": 8,
-        "moe_intermediate_size": 512,
-        "shared_expert_intermediate_size": 512,
-    }
-)
+_TEXT = hf_text_type("qwen3_5_moe_text")
 
 
 class Qwen35Moe(Qwen35):

@@ -11,7 +11,6 @@ and llama.cpp always renormalizes (as a GGUF without the key does here).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, ClassVar
 
 from ..errors import FrinkError
@@ -26,18 +25,8 @@ class Qwen3Moe(Qwen3):
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
         # transformers writes num_experts as num_local_experts (its attribute_map);
         # released configs say num_experts.
-        "qwen3_moe": replace(
-            hf_type(
-                151936,
-                32768,
-                intermediate_size=6144,
-                num_experts=128,
-                num_experts_per_tok=8,
-                moe_intermediate_size=768,
-                norm_topk_prob=False,
-                decoder_sparse_step=1,
-                mlp_only_layers=[],
-            ),
+        "qwen3_moe": hf_type(
+            "qwen3_moe",
             aliases={"num_local_experts": "num_experts"},
         ),
     }

@@ -69,17 +69,7 @@ def unzip_qkvz(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
 class Qwen3Next(GdnHybrid):
     name = "qwen3next"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "qwen3_next": hf_text_type(
-            {
-                "vocab_size": 151936,
-                "num_key_value_heads": 2,
-                "num_experts": 512,
-                "num_experts_per_tok": 10,
-                "moe_intermediate_size": 512,
-                "shared_expert_intermediate_size": 512,
-                "norm_topk_prob": True,
-            }
-        ),
+        "qwen3_next": hf_text_type("qwen3_next"),
     }
     gdn_v_head_order = "grouped"
     hf_tensors = (

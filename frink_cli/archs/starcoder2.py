@@ -39,14 +39,7 @@ class LayerNormArch(Arch):
 class Starcoder2(LayerNormArch):
     name = "starcoder2"
     hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "starcoder2": hf_type(
-            49152,
-            4096,
-            norm_epsilon=1e-5,
-            hidden_act="gelu_pytorch_tanh",
-            tie_word_embeddings=True,
-            use_bias=True,
-        ),
+        "starcoder2": hf_type("starcoder2"),
     }
     rope_type = "neox"
     hf_tensors: ClassVar[tuple[tuple[str, str], ...]] = HF_CORE_TENSORS + (
