@@ -30,8 +30,8 @@ from ..graph.ops import Array, Ops
 from ..model.config import HeadPlan, LayerShape, ModelConfig
 from .base import get
 from .decoder import DecoderConfig, with_ext
-from .hf import MetadataWriter, f32, hf_type
-from .hf_plan import HfModelType, Transform
+from .hf import MetadataWriter, f32, hf_types
+from .hf_plan import Transform
 from .starcoder2 import LayerNormArch
 
 
@@ -83,12 +83,9 @@ class AlibiConfig(DecoderConfig):
 class Bloom(LayerNormArch):
     ext_class = AlibiConfig
     name = "bloom"
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "bloom": hf_type(
-            "bloom",
-            aliases={"n_layer": "num_hidden_layers", "n_head": "num_attention_heads"},
-        ),
-    }
+    hf_model_types = hf_types(
+        "bloom", aliases={"n_layer": "num_hidden_layers", "n_head": "num_attention_heads"}
+    )
     hf_tensors: ClassVar[tuple[tuple[str, str], ...]] = (
         ("transformer.word_embeddings", "token_embd"),
         ("transformer.word_embeddings_layernorm", "token_embd_norm"),
@@ -129,16 +126,14 @@ class Bloom(LayerNormArch):
 class Mpt(LayerNormArch):
     ext_class = AlibiConfig
     name = "mpt"
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "mpt": hf_type(
-            "mpt",
-            aliases={
-                "n_layers": "num_hidden_layers",
-                "d_model": "hidden_size",
-                "n_heads": "num_attention_heads",
-            },
-        ),
-    }
+    hf_model_types = hf_types(
+        "mpt",
+        aliases={
+            "n_layers": "num_hidden_layers",
+            "d_model": "hidden_size",
+            "n_heads": "num_attention_heads",
+        },
+    )
     hf_tensors: ClassVar[tuple[tuple[str, str], ...]] = (
         ("transformer.wte", "token_embd"),
         ("transformer.norm_f", "output_norm"),

@@ -33,8 +33,7 @@ from ..model.reader import TensorReader
 from ..model.weights import LayerWeights
 from .base import Arch, get
 from .decoder import DecoderConfig, extended
-from .hf import MetadataWriter, hf_type
-from .hf_plan import HfModelType
+from .hf import MetadataWriter, hf_types
 
 
 @dataclass
@@ -131,20 +130,18 @@ class Bert(Arch):
     name = "bert"
     ext_class = BertConfig
     ffn_act = "gelu"
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "bert": hf_type(
-            "bert",
-            strip=("bert.",),
-            ignore=(
-                "pooler.",
-                "bert.pooler.",
-                "cls.",
-                "embeddings.position_ids",
-                "bert.embeddings.position_ids",
-            ),
-            ignored_note="the pooler, the masked-LM head and position_ids not read",
+    hf_model_types = hf_types(
+        "bert",
+        strip=("bert.",),
+        ignore=(
+            "pooler.",
+            "bert.pooler.",
+            "cls.",
+            "embeddings.position_ids",
+            "bert.embeddings.position_ids",
         ),
-    }
+        ignored_note="the pooler, the masked-LM head and position_ids not read",
+    )
     hf_tensors: ClassVar[tuple[tuple[str, str], ...]] = (
         ("embeddings.word_embeddings", "token_embd"),
         ("embeddings.position_embeddings", "position_embd"),

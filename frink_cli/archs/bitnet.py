@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -37,8 +37,8 @@ from ..formats import Checkpoint
 from ..model.config import LayerPlan, LayerShape, ModelConfig
 from .base import Arch
 from .decoder import DecoderConfig, with_ext
-from .hf import HF_CORE_TENSORS, MetadataWriter, hf_type
-from .hf_plan import HfModelType, Transform
+from .hf import HF_CORE_TENSORS, MetadataWriter, hf_types
+from .hf_plan import Transform
 
 
 @dataclass(frozen=True)
@@ -82,9 +82,7 @@ TERNARIZE = Transform(lambda w, hp, shape: ternarize(w))
 class Bitnet(Arch):
     ext_class = BitnetConfig
     name = "bitnet"
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "bitnet": hf_type("bitnet"),
-    }
+    hf_model_types = hf_types("bitnet")
     rope_type = "neox"
     hf_tensors = HF_CORE_TENSORS + (
         ("model.layers.{bid}.post_attention_layernorm", "blk.{bid}.ffn_norm"),

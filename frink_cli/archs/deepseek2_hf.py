@@ -15,8 +15,8 @@ import numpy as np
 
 from ..errors import FrinkError
 from ..formats.safetensors import StoredTensor, is_uint, read_stored
-from .hf import HF_CORE_TENSORS, Composite, HfConversion, MetadataWriter, f32, hf_type
-from .hf_plan import HfModelType, Kept, Plan, pop_matching
+from .hf import HF_CORE_TENSORS, Composite, HfConversion, MetadataWriter, f32, hf_types
+from .hf_plan import Kept, Plan, pop_matching
 from .moe import HF_ROUTER, stacked_experts
 
 _GATING = {"softmax": 1, "sigmoid": 2}
@@ -60,10 +60,7 @@ def _kv_b_part(st: StoredTensor, kind: str, H: int, nope: int) -> np.ndarray:
 class DeepseekHf(HfConversion):
     """config.json (model_type deepseek_v2 / deepseek_v3) -> deepseek2's GGUF metadata."""
 
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "deepseek_v2": hf_type("deepseek_v2"),
-        "deepseek_v3": hf_type("deepseek_v3"),
-    }
+    hf_model_types = hf_types("deepseek_v2", "deepseek_v3")
     hf_tensors = (
         *HF_CORE_TENSORS,
         ("model.layers.{bid}.post_attention_layernorm", "blk.{bid}.ffn_norm"),

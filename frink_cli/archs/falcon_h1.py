@@ -34,8 +34,8 @@ from ..graph.ops import Array, Ops
 from ..model.config import LayerShape, ModelConfig
 from .base import Arch
 from .decoder import with_ext
-from .hf import HF_ATTENTION_TENSORS, MetadataWriter, hf_type
-from .hf_plan import HfModelType, Transform
+from .hf import HF_ATTENTION_TENSORS, MetadataWriter, hf_types
+from .hf_plan import Transform
 from .mamba import MAMBA2_TRANSFORMS, MambaStackConfig
 from .mamba_hybrid import MIXER_MODULES, MIXER_WHOLE, mamba2_config, mamba2_metadata
 
@@ -99,9 +99,7 @@ class FalconH1(Arch):
     name = "falcon-h1"
     ext_class = FalconH1Config
     rope_type = "neox"
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "falcon_h1": hf_type("falcon_h1"),
-    }
+    hf_model_types = hf_types("falcon_h1")
     hf_tensors: ClassVar[tuple[tuple[str, str], ...]] = (
         ("model.embed_tokens", "token_embd"),
         ("model.final_layernorm", "output_norm"),

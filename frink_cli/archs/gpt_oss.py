@@ -44,8 +44,8 @@ from ..graph.ops import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from ..model.config import LayerPlan, LayerShape, ModelConfig
 from .base import Arch
 from .decoder import DecoderConfig, decoder_ext, with_ext
-from .hf import HF_CORE_TENSORS, Composite, MetadataWriter, hf_type
-from .hf_plan import HfModelType, Kept, Plan, check_dtype
+from .hf import HF_CORE_TENSORS, Composite, MetadataWriter, hf_types
+from .hf_plan import Kept, Plan, check_dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,12 +135,7 @@ def split_experts(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
 class GptOss(Arch):
     ext_class = GptOssConfig
     name = "gpt-oss"
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "gpt_oss": hf_type(
-            "gpt_oss",
-            aliases={"num_experts": "num_local_experts"},
-        ),
-    }
+    hf_model_types = hf_types("gpt_oss", aliases={"num_experts": "num_local_experts"})
     rope_type = "neox"
     ffn_act = "swiglu_oai"
     swa_pattern = 2

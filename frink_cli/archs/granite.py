@@ -41,16 +41,14 @@ from ..formats.safetensors import read_stored_half
 from ..model.config import ModelConfig
 from .base import get
 from .decoder import decoder_ext, with_ext
-from .hf import Composite, MetadataWriter, hf_type
-from .hf_plan import HfModelType, Kept, Plan, pop_matching
+from .hf import Composite, MetadataWriter, hf_types
+from .hf_plan import Kept, Plan, pop_matching
 from .llama import Llama
 
 
 class Granite(Llama):
     name = "granite"
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "granite": hf_type("granite"),
-    }
+    hf_model_types = hf_types("granite")
 
     def config(self, ckpt: Checkpoint) -> ModelConfig:
         md = ckpt.metadata
@@ -133,10 +131,7 @@ def split_fused_glu(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
 
 class GraniteMoe(Granite):
     name = "granitemoe"
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "granitemoe": hf_type("granitemoe"),
-        "granitemoeshared": hf_type("granitemoeshared"),
-    }
+    hf_model_types = hf_types("granitemoe", "granitemoeshared")
     hf_tensors = Granite.hf_tensors + (
         ("model.layers.{bid}.block_sparse_moe.router.layer", "blk.{bid}.ffn_gate_inp"),
         ("model.layers.{bid}.block_sparse_moe.output_linear", "blk.{bid}.ffn_down_exps"),

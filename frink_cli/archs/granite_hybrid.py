@@ -30,8 +30,8 @@ from ..model.config import LayerShape, ModelConfig
 from .base import get
 from .decoder import with_ext
 from .granite import GraniteMoe
-from .hf import MetadataWriter, hf_type
-from .hf_plan import HfModelType, Transform
+from .hf import MetadataWriter, hf_types
+from .hf_plan import Transform
 from .mamba import MAMBA2_TRANSFORMS, MambaStackConfig
 from .mamba_hybrid import (
     MIXER_MODULES,
@@ -57,9 +57,7 @@ class GraniteHybridConfig(MambaStackConfig):
 
 class GraniteHybrid(GraniteMoe):
     name = "granitehybrid"
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "granitemoehybrid": hf_type("granitemoehybrid"),
-    }
+    hf_model_types = hf_types("granitemoehybrid")
     hf_tensors = GraniteMoe.hf_tensors + MIXER_MODULES
     hf_tensors_whole: ClassVar[tuple[tuple[str, str], ...]] = MIXER_WHOLE
     zero_kv_recurrent = True

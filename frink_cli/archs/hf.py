@@ -223,6 +223,12 @@ def hf_type(model_type: str, **fields: Any) -> HfModelType:
     return HfModelType(defaults=dict(_transformers_defaults()[model_type]), **fields)
 
 
+def hf_types(*model_types: str, **fields: Any) -> dict[str, HfModelType]:
+    """An architecture's `hf_model_types` where each model_type is read alike:
+    {model_type: hf_type(model_type, **fields)}."""
+    return {mt: hf_type(mt, **fields) for mt in model_types}
+
+
 def multimodal(text: HfModelType, ignore: tuple[str, ...], what: str) -> HfModelType:
     """A multimodal checkpoint's model_type: the language model's config under text_config
     and its weights under `language_model.`; the towers in `ignore` are not read."""

@@ -30,8 +30,8 @@ from ..graph.ops import Array, Ops
 from ..model.config import LayerShape, ModelConfig
 from .base import Arch, get
 from .decoder import DecoderConfig, decoder_ext, with_ext
-from .hf import Composite, MetadataWriter, f32, hf_type
-from .hf_plan import HfModelType, Kept, Plan, Transform
+from .hf import Composite, MetadataWriter, f32, hf_types
+from .hf_plan import Kept, Plan, Transform
 from .moe import stack_per_expert
 from .transforms import SQUEEZE
 
@@ -85,9 +85,7 @@ class Lfm2Config(DecoderConfig):
 class Lfm2(Arch):
     ext_class = Lfm2Config
     name = "lfm2"
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "lfm2": hf_type("lfm2", aliases=_ALIASES),
-    }
+    hf_model_types = hf_types("lfm2", aliases=_ALIASES)
     rope_type = "neox"
     qk_norm = True
     zero_kv_recurrent = True
@@ -224,12 +222,10 @@ def _stacked_w123(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
 
 class Lfm2Moe(Lfm2):
     name = "lfm2moe"
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "lfm2_moe": hf_type(
-            "lfm2_moe",
-            aliases={"tie_embedding": "tie_word_embeddings", "num_local_experts": "num_experts"},
-        ),
-    }
+    hf_model_types = hf_types(
+        "lfm2_moe",
+        aliases={"tie_embedding": "tie_word_embeddings", "num_local_experts": "num_experts"},
+    )
     hf_tensors = Lfm2.hf_tensors + (
         ("model.layers.{bid}.feed_forward.gate", "blk.{bid}.ffn_gate_inp"),
     )

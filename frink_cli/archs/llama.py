@@ -9,14 +9,14 @@ becomes GGUF `llama` too. Its one conversion step: llama.cpp applies NORMAL
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
 from ..errors import FrinkError
 from .base import Arch
-from .hf import MetadataWriter, hf_sliding_window_note, hf_type
-from .hf_plan import HfModelType, Transform
+from .hf import MetadataWriter, hf_sliding_window_note, hf_types
+from .hf_plan import Transform
 
 
 def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -80,10 +80,7 @@ def llama3_rope_factors(rp: dict[str, Any], head_dim: int) -> np.ndarray | None:
 
 class Llama(Arch):
     name = "llama"
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "llama": hf_type("llama"),
-        "mistral": hf_type("mistral"),
-    }
+    hf_model_types = hf_types("llama", "mistral")
     hf_llama3_rope_freqs = True
 
     def hf_transforms(self) -> dict[str, tuple[Transform, ...]]:

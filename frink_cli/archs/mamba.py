@@ -31,8 +31,8 @@ from ..graph.ops import Array, Ops
 from ..model.config import LayerShape, ModelConfig
 from .base import Arch, get
 from .decoder import DecoderConfig
-from .hf import MetadataWriter, f32, hf_type
-from .hf_plan import HfModelType, Transform
+from .hf import MetadataWriter, f32, hf_types
+from .hf_plan import Transform
 from .transforms import NEG_EXP, SQUEEZE, _reshape
 
 # Mamba-2's per-head A and D as the converter stores them, [n_head] -> [n_head, 1]; its gated
@@ -134,10 +134,7 @@ def ssm_config(arch: Arch, ckpt: Checkpoint) -> MambaConfig:
 class Mamba(Arch):
     name = "mamba"
     ext_class = MambaStackConfig
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "mamba": hf_type("mamba"),
-        "falcon_mamba": hf_type("falcon_mamba"),
-    }
+    hf_model_types = hf_types("mamba", "falcon_mamba")
     hf_tensors: ClassVar[tuple[tuple[str, str], ...]] = (
         ("backbone.embeddings", "token_embd"),
         ("backbone.norm_f", "output_norm"),
@@ -309,9 +306,7 @@ _MAMBA2_MODULES, _MAMBA2_WHOLE = mamba2_mixer_tensors("backbone.layers.{bid}.mix
 
 class Mamba2(Mamba):
     name = "mamba2"
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "mamba2": hf_type("mamba2"),
-    }
+    hf_model_types = hf_types("mamba2")
     hf_tensors: ClassVar[tuple[tuple[str, str], ...]] = (
         ("backbone.embeddings", "token_embd"),
         ("backbone.norm_f", "output_norm"),

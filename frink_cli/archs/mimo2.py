@@ -41,8 +41,8 @@ from ..graph.ops import Array, Ops
 from ..model.config import LayerPlan, LayerShape, ModelConfig
 from .base import Arch, get
 from .decoder import DecoderConfig, decoder_ext, with_ext
-from .hf import HF_CORE_TENSORS, Composite, MetadataWriter, hf_type
-from .hf_plan import HfModelType, is_finite_number
+from .hf import HF_CORE_TENSORS, Composite, MetadataWriter, hf_types
+from .hf_plan import is_finite_number
 from .moe import HF_ROUTER, stacked_experts
 
 # The MTP blocks the converter always appends (MimoV2Model._n_nextn).
@@ -86,14 +86,12 @@ class Mimo2Config(DecoderConfig):
 class Mimo2(Arch):
     name = "mimo2"
     ext_class = Mimo2Config
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "mimo_v2_flash": hf_type(
-            "mimo_v2_flash",
-            aliases={"num_local_experts": "n_routed_experts"},
-            ignore=("model.mtp.",),
-            ignored_note="multi-token-prediction layers ignored (frink runs the trunk)",
-        ),
-    }
+    hf_model_types = hf_types(
+        "mimo_v2_flash",
+        aliases={"num_local_experts": "n_routed_experts"},
+        ignore=("model.mtp.",),
+        ignored_note="multi-token-prediction layers ignored (frink runs the trunk)",
+    )
     rope_type = "neox"
     per_layer_sizes = True
 

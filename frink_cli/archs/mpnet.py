@@ -36,8 +36,7 @@ from ..model.reader import TensorReader
 from .base import Arch, get
 from .bert import Bert, BertConfig, BertLayerWeights
 from .decoder import extended
-from .hf import MetadataWriter, hf_type
-from .hf_plan import HfModelType
+from .hf import MetadataWriter, hf_types
 
 # What transformers' MPNetEncoder.compute_position_bias uses, whatever the config says.
 HF_BUCKETS = 32
@@ -116,14 +115,12 @@ def check_buckets(where: str, n_buckets: int, max_distance: int) -> None:
 class Mpnet(Bert):
     name = "mpnet"
     ext_class = MpnetConfig
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "mpnet": hf_type(
-            "mpnet",
-            strip=("mpnet.",),
-            ignore=("pooler.", "lm_head.", "embeddings.position_ids"),
-            ignored_note="the pooler, the masked-LM head and position_ids not read",
-        ),
-    }
+    hf_model_types = hf_types(
+        "mpnet",
+        strip=("mpnet.",),
+        ignore=("pooler.", "lm_head.", "embeddings.position_ids"),
+        ignored_note="the pooler, the masked-LM head and position_ids not read",
+    )
     # BERT's names but for its attention and token types, which MPNet has its own way.
     hf_tensors: ClassVar[tuple[tuple[str, str], ...]] = tuple(
         (hf, gg) for hf, gg in Bert.hf_tensors if "attention" not in hf and "token_type" not in hf

@@ -16,15 +16,13 @@ layer global; the window layers' rope unscaled), though no HF olmo3 model_type i
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import ClassVar
 
 from ..formats import Checkpoint
 from ..graph.ops import Array, Ops
 from ..model.config import LayerPlan, LayerShape, ModelConfig
 from .base import Arch
 from .decoder import DecoderConfig, with_ext
-from .hf import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, hf_type
-from .hf_plan import HfModelType
+from .hf import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, hf_types
 
 
 @dataclass(frozen=True)
@@ -45,9 +43,7 @@ class Olmo2Config(DecoderConfig):
 class Olmo2(Arch):
     name = "olmo2"
     ext_class = Olmo2Config
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "olmo2": hf_type("olmo2"),
-    }
+    hf_model_types = hf_types("olmo2")
     rope_type = "neox"
     post_attn_norm = True
     post_ffn_norm = True

@@ -22,8 +22,7 @@ from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..model.config import ModelConfig
 from .base import Arch
-from .hf import MetadataWriter, f32, hf_type
-from .hf_plan import HfModelType
+from .hf import MetadataWriter, f32, hf_types
 
 
 def _longrope(hp: dict[str, Any]) -> dict[str, Any] | None:
@@ -38,9 +37,7 @@ def _longrope(hp: dict[str, Any]) -> dict[str, Any] | None:
 
 class Phi3(Arch):
     name = "phi3"
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "phi3": hf_type("phi3"),
-    }
+    hf_model_types = hf_types("phi3")
     rope_type = "neox"
     hf_tensors: ClassVar[tuple[tuple[str, str], ...]] = (
         ("model.embed_tokens", "token_embd"),

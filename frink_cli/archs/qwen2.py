@@ -7,18 +7,13 @@ are: tensors map by name alone.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from .base import Arch
-from .hf import MetadataWriter, hf_sliding_window_note, hf_type
-from .hf_plan import HfModelType
+from .hf import MetadataWriter, hf_sliding_window_note, hf_types
 
 
 class Qwen2(Arch):
     name = "qwen2"
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "qwen2": hf_type("qwen2"),
-    }
+    hf_model_types = hf_types("qwen2")
     rope_type = "neox"
 
     def hf_metadata(self, w: MetadataWriter, notes: list[str]) -> None:

@@ -6,17 +6,12 @@ is qwen2's plus the q_norm/k_norm tensors and transformers' head_dim default of 
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-from .hf import HF_QK_NORM_TENSORS, hf_type
-from .hf_plan import HfModelType
+from .hf import HF_QK_NORM_TENSORS, hf_types
 from .qwen2 import Qwen2
 
 
 class Qwen3(Qwen2):
     name = "qwen3"
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "qwen3": hf_type("qwen3"),
-    }
+    hf_model_types = hf_types("qwen3")
     qk_norm = True
     hf_tensors = Qwen2.hf_tensors + HF_QK_NORM_TENSORS

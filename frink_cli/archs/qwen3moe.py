@@ -14,22 +14,16 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ..errors import FrinkError
-from .hf import Composite, MetadataWriter, hf_type
-from .hf_plan import HfModelType
+from .hf import Composite, MetadataWriter, hf_types
 from .moe import HF_ROUTER, hf_moe_metadata, stacked_experts
 from .qwen3 import Qwen3
 
 
 class Qwen3Moe(Qwen3):
     name = "qwen3moe"
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        # transformers writes num_experts as num_local_experts (its attribute_map);
-        # released configs say num_experts.
-        "qwen3_moe": hf_type(
-            "qwen3_moe",
-            aliases={"num_local_experts": "num_experts"},
-        ),
-    }
+    # transformers writes num_experts as num_local_experts (its attribute_map); released
+    # configs say num_experts.
+    hf_model_types = hf_types("qwen3_moe", aliases={"num_local_experts": "num_experts"})
     moe_every_layer = True
     hf_tensors = Qwen3.hf_tensors + HF_ROUTER
     hf_composites: ClassVar[tuple[Composite, ...]] = (stacked_experts,)

@@ -20,8 +20,7 @@ from ..formats import Checkpoint
 from ..model.config import ModelConfig
 from .base import Arch, get
 from .decoder import decoder_ext
-from .hf import HF_CORE_TENSORS, MetadataWriter, hf_type
-from .hf_plan import HfModelType
+from .hf import HF_CORE_TENSORS, MetadataWriter, hf_types
 
 
 class LayerNormArch(Arch):
@@ -38,9 +37,7 @@ class LayerNormArch(Arch):
 
 class Starcoder2(LayerNormArch):
     name = "starcoder2"
-    hf_model_types: ClassVar[dict[str, HfModelType]] = {
-        "starcoder2": hf_type("starcoder2"),
-    }
+    hf_model_types = hf_types("starcoder2")
     rope_type = "neox"
     hf_tensors: ClassVar[tuple[tuple[str, str], ...]] = HF_CORE_TENSORS + (
         ("model.layers.{bid}.post_attention_layernorm", "blk.{bid}.ffn_norm"),
