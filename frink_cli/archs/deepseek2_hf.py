@@ -14,9 +14,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import FrinkError
-from ..formats.safetensors import StoredTensor, is_uint, read_stored
+from ..formats.safetensors import StoredTensor, read_stored
 from .hf import HF_CORE_TENSORS, Composite, HfConversion, MetadataWriter, f32, hf_types
-from .hf_plan import Kept, Plan, pop_matching
+from .hf_plan import Kept, Plan, hp_value, pop_matching
 from .moe import HF_ROUTER, stacked_experts
 
 _GATING = {"softmax": 1, "sigmoid": 2}
@@ -40,14 +40,6 @@ def _split_kv_b(kept: Kept, hp: dict[str, Any]) -> dict[str, Plan]:
                 None, shape, st.dtype, (), functools.partial(_kv_b_part, st, kind, H, nope)
             )
     return plans
-
-
-def _count(hp: dict[str, Any], key: str) -> int:
-    """config.json's hp[key], which must be a non-negative integer."""
-    value: Any = hp.get(key)
-    if not is_uint(value):
-        raise FrinkError(f"config.json: {key!r} must be a non-negative integer, got {value!r}")
-    return int(value)
 
 
 def _kv_b_part(st: StoredTensor, kind: str, H: int, nope: int) -> np.ndarray:
@@ -95,7 +87,7 @@ class DeepseekHf(HfConversion):
         w.u32("leading_dense_block_count", "first_k_dense_replace")
         w.u32("attention.q_lora_rank", "q_lora_rank", optional=True)
         c, rope, nope, v = (
-            _count(hp, k)
+            hp_value(hp, k, None, "uint")
             for k in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
         )
         w.set("attention.kv_lora_rank", c)

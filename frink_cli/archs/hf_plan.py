@@ -38,6 +38,21 @@ def is_finite_number(x: Any) -> bool:
         return False
 
 
+def hp_value(hp: Mapping[str, Any], key: str, default: Any, kind: str) -> Any:
+    """config.json's hp[key] (`default` where absent; None means required), checked as
+    `kind`: "uint" (a non-negative integer, returned as int) or "number" (a finite number,
+    returned as float). Anything else is refused by name."""
+    value: Any = hp.get(key)
+    if value is None and default is not None:
+        return default
+    if kind == "uint" and is_uint(value):
+        return int(value)
+    if kind == "number" and is_finite_number(value):
+        return float(value)
+    what = "a non-negative integer" if kind == "uint" else "a finite number"
+    raise FrinkError(f"config.json: {key!r} must be {what}, got {value!r:.40}")
+
+
 @dataclass(frozen=True)
 class HfModelType:
     """How to read the config.json of one HF `model_type` (an architecture module holds one

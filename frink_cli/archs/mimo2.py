@@ -34,7 +34,6 @@ from typing import Any, ClassVar
 
 from ..errors import FrinkError
 from ..formats import Checkpoint
-from ..formats.safetensors import is_uint
 from ..graph.blocks.attention import AttentionSpec
 from ..graph.blocks.step import At
 from ..graph.ops import Array, Ops
@@ -42,7 +41,7 @@ from ..model.config import LayerPlan, LayerShape, ModelConfig
 from .base import Arch, get
 from .decoder import DecoderConfig, decoder_ext, with_ext
 from .hf import HF_CORE_TENSORS, Composite, MetadataWriter, hf_types
-from .hf_plan import is_finite_number
+from .hf_plan import hp_value
 from .moe import HF_ROUTER, stacked_experts
 
 # The MTP blocks the converter always appends (MimoV2Model._n_nextn).
@@ -159,7 +158,7 @@ class Mimo2(Arch):
         n = int(hp["num_hidden_layers"])
         swa = _hf_swa_layers(hp, n) + [True] * HF_NEXTN
         kv = int(hp["num_key_value_heads"])
-        kv_swa = _hf_uint(hp, "swa_num_key_value_heads", 2 * kv)
+        kv_swa = hp_value(hp, "swa_num_key_value_heads", 2 * kv, "uint")
         w.set("block_count", n + HF_NEXTN)
         w.set("nextn_predict_layers", HF_NEXTN)
         w.set("attention.head_count_kv", [kv_swa if s else kv for s in swa])
@@ -167,8 +166,11 @@ class Mimo2(Arch):
         w.set("attention.sliding_window", _hf_window(hp))
         w.u32("attention.value_length", "v_head_dim")
         full = hp["_rope_full"]
-        factor = _hf_number(
-            full, "partial_rotary_factor", _hf_number(hp, "partial_rotary_factor", _PARTIAL_ROTARY)
+        factor = hp_value(
+            full,
+            "partial_rotary_factor",
+            hp_value(hp, "partial_rotary_factor", _PARTIAL_ROTARY, "number"),
+            "number",
         )
         w.set("rope.dimension_count", int(int(hp["head_dim"]) * factor))
         # rope_parameters' sliding_attention base (hf_plan), else the released config's key.
@@ -180,26 +182,6 @@ class Mimo2(Arch):
         w.u32("expert_group_used_count", "topk_group", optional=True)
         w.u32("expert_feed_forward_length", "moe_intermediate_size")
         w.f32("attention.value_scale", "attention_value_scale", optional=True)
-
-
-def _hf_uint(hp: dict[str, Any], key: str, default: int) -> int:
-    """config.json's hp[key] (default where absent), a non-negative integer or refused."""
-    value = hp.get(key)
-    if value is None:
-        return default
-    if not is_uint(value):
-        raise FrinkError(f"config.json: {key!r} must be a non-negative integer, got {value!r:.40}")
-    return int(value)
-
-
-def _hf_number(hp: dict[str, Any], key: str, default: float) -> float:
-    """config.json's hp[key] (default where absent), a finite number or refused."""
-    value = hp.get(key)
-    if value is None:
-        return default
-    if not is_finite_number(value):
-        raise FrinkError(f"config.json: {key!r} must be a finite number, got {value!r:.40}")
-    return float(value)
 
 
 def _hf_list(hp: dict[str, Any], key: str, n: int) -> list[Any] | None:
@@ -233,9 +215,9 @@ def _hf_window(hp: dict[str, Any]) -> int:
     (the query and sliding_window_size keys before it), else sliding_window."""
     size = hp.get("sliding_window_size")
     if size is not None:
-        window = _hf_uint(hp, "sliding_window_size", 0) + 1
+        window = hp_value(hp, "sliding_window_size", 0, "uint") + 1
     else:
-        window = _hf_uint(hp, "sliding_window", 0)
+        window = hp_value(hp, "sliding_window", 0, "uint")
     if window <= 0:
         raise FrinkError("config.json: mimo2 needs a sliding_window (or sliding_window_size)")
     return window
@@ -244,9 +226,9 @@ def _hf_window(hp: dict[str, Any]) -> int:
 def _hf_refuse(hp: dict[str, Any]) -> None:
     """What llama.cpp's mimo2 does not read, refused rather than run apart from
     transformers."""
-    if _hf_uint(hp, "n_group", 1) > 1 or _hf_uint(hp, "topk_group", 1) > 1:
+    if hp_value(hp, "n_group", 1, "uint") > 1 or hp_value(hp, "topk_group", 1, "uint") > 1:
         raise FrinkError("config.json: mimo2 with expert groups (n_group > 1) is not supported")
-    rsf = _hf_number(hp, "routed_scaling_factor", 1.0)
+    rsf = hp_value(hp, "routed_scaling_factor", 1.0, "number")
     if rsf != 1.0:
         raise FrinkError(
             f"config.json: routed_scaling_factor {rsf} is not supported (llama.cpp's mimo2 "
