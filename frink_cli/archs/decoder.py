@@ -14,7 +14,7 @@ DecoderConfig in its own module and overrides the step it changes: `mixer`, `ffn
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from ..errors import FrinkError
 from ..graph.blocks.attention import AttentionSpec, attention
@@ -58,15 +58,44 @@ class DecoderConfig(ArchConfig):
     output_norm_tensor: str = "output_norm"
     moe: MoeConfig | None = None  # routed FFNs on the layers moe.layers names
 
+    # A hybrid's recurrent mixer: the name of the field holding its block config, whose
+    # `layers` names the layers it replaces attention on; the name is also those layers'
+    # LayerShape.mixer ("gdn", "shortconv", ...). "" where the decoder has none.
+    recurrent_mixer: ClassVar[str] = ""
+
     # --- what the layers are ------------------------------------------------------------
     def layer_shape(self, cfg: ModelConfig, layer: int) -> LayerShape:
         shape = super().layer_shape(cfg, layer)
         if self.moe is not None and self.moe.layers[layer]:
             ffn = "dense+moe" if self.moe.parallel_dense else "moe"
             shape = dataclasses.replace(shape, ffn=ffn)
+        if self.recurrent_mixer and self.is_recurrent(cfg, layer):
+            shape = self.recurrent_layer_shape(shape)
         return shape
 
+    def recurrent_block(self) -> Any:
+        """The recurrent mixer's block config, or None (see `recurrent_mixer`)."""
+        return getattr(self, self.recurrent_mixer) if self.recurrent_mixer else None
+
+    def is_recurrent(self, cfg: ModelConfig, layer: int) -> bool:
+        block = self.recurrent_block()
+        return block is not None and bool(block.layers[layer])
+
+    def recurrent_layer_shape(self, shape: LayerShape) -> LayerShape:
+        """A recurrent layer's shape: the mixer named (an override may drop its heads)."""
+        return dataclasses.replace(shape, mixer=self.recurrent_mixer)
+
+    def recurrent_info(self) -> dict[str, Any]:
+        """The recurrent mixer's section of `frink info --json` (asked only when it has one)."""
+        return {"layers": sum(self.recurrent_block().layers)}
+
     def info(self) -> dict[str, Any]:
+        out = self._moe_info()
+        if self.recurrent_block() is not None:
+            out[self.recurrent_mixer] = self.recurrent_info()
+        return out
+
+    def _moe_info(self) -> dict[str, Any]:
         m = self.moe
         if m is None:
             return {}

@@ -8,7 +8,7 @@ Not an architecture itself: qwen35.py and qwen3next.py subclass it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..errors import FrinkError
@@ -41,28 +41,19 @@ class GdnHybridConfig(DecoderConfig):
 
     gdn: GdnConfig | None = None
 
-    def layer_shape(self, cfg: ModelConfig, layer: int) -> LayerShape:
-        shape = super().layer_shape(cfg, layer)
-        return replace(shape, mixer="gdn") if self.is_recurrent(cfg, layer) else shape
+    recurrent_mixer = "gdn"
 
-    def is_recurrent(self, cfg: ModelConfig, layer: int) -> bool:
-        return self.gdn is not None and self.gdn.layers[layer]
-
-    def info(self) -> dict[str, Any]:
+    def recurrent_info(self) -> dict[str, Any]:
         g = self.gdn
-        if g is None:
-            return super().info()
+        assert g is not None
         return {
-            **super().info(),
-            "gdn": {
-                "layers": sum(g.layers),
-                "key_heads": g.n_k_heads,
-                "value_heads": g.n_v_heads,
-                "head_dim_k": g.head_dim_k,
-                "head_dim_v": g.head_dim_v,
-                "conv_kernel": g.conv_kernel,
-                "value_head_order": g.v_head_order,
-            },
+            "layers": sum(g.layers),
+            "key_heads": g.n_k_heads,
+            "value_heads": g.n_v_heads,
+            "head_dim_k": g.head_dim_k,
+            "head_dim_v": g.head_dim_v,
+            "conv_kernel": g.conv_kernel,
+            "value_head_order": g.v_head_order,
         }
 
     def recurrent_shapes(

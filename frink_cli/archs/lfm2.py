@@ -48,21 +48,14 @@ class Lfm2Config(DecoderConfig):
 
     shortconv: ShortConvConfig | None = None
 
-    def layer_shape(self, cfg: ModelConfig, layer: int) -> LayerShape:
-        shape = super().layer_shape(cfg, layer)
-        if self.is_recurrent(cfg, layer):
-            shape = dataclasses.replace(shape, mixer="shortconv", n_head=0, n_head_kv=0)
-        return shape
+    recurrent_mixer = "shortconv"
 
-    def is_recurrent(self, cfg: ModelConfig, layer: int) -> bool:
-        return self.shortconv is not None and self.shortconv.layers[layer]
+    def recurrent_layer_shape(self, shape: LayerShape) -> LayerShape:
+        return dataclasses.replace(shape, mixer="shortconv", n_head=0, n_head_kv=0)
 
-    def info(self) -> dict[str, Any]:
-        sc = self.shortconv
-        if sc is None:
-            return super().info()
-        section = {"layers": sum(sc.layers), "conv_kernel": sc.conv_kernel}
-        return {**super().info(), "shortconv": section}
+    def recurrent_info(self) -> dict[str, Any]:
+        assert self.shortconv is not None
+        return {"layers": sum(self.shortconv.layers), "conv_kernel": self.shortconv.conv_kernel}
 
     def recurrent_shapes(
         self, cfg: ModelConfig, layer: int

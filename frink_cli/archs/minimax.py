@@ -69,29 +69,18 @@ class MinimaxConfig(DecoderConfig):
     lightning: LightningConfig | None = None
     residual_alpha: float = 1.0
 
-    def layer_shape(self, cfg: ModelConfig, layer: int) -> LayerShape:
-        shape = super().layer_shape(cfg, layer)
-        return (
-            dataclasses.replace(shape, mixer="lightning")
-            if self.is_recurrent(cfg, layer)
-            else shape
-        )
+    recurrent_mixer = "lightning"
 
-    def is_recurrent(self, cfg: ModelConfig, layer: int) -> bool:
-        return self.lightning is not None and self.lightning.layers[layer]
-
-    def info(self) -> dict[str, Any]:
+    def recurrent_info(self) -> dict[str, Any]:
         lc = self.lightning
-        if lc is None:
-            return super().info()
-        section = {
+        assert lc is not None
+        return {
             "layers": sum(lc.layers),
             "heads": lc.n_head,
             "head_dim": lc.head_dim,
             "residual_alpha": self.residual_alpha,
             "cache": "lightning attention state (K^T V per head)",
         }
-        return {**super().info(), "lightning": section}
 
     def recurrent_shapes(
         self, cfg: ModelConfig, layer: int
