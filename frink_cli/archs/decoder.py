@@ -62,6 +62,8 @@ class DecoderConfig(ArchConfig):
     # `layers` names the layers it replaces attention on; the name is also those layers'
     # LayerShape.mixer ("gdn", "shortconv", ...). "" where the decoder has none.
     recurrent_mixer: ClassVar[str] = ""
+    # Its section of `frink info --json`: key -> the block config's field.
+    recurrent_info_fields: ClassVar[dict[str, str]] = {}
 
     # --- what the layers are ------------------------------------------------------------
     def layer_shape(self, cfg: ModelConfig, layer: int) -> LayerShape:
@@ -86,8 +88,11 @@ class DecoderConfig(ArchConfig):
         return dataclasses.replace(shape, mixer=self.recurrent_mixer)
 
     def recurrent_info(self) -> dict[str, Any]:
-        """The recurrent mixer's section of `frink info --json` (asked only when it has one)."""
-        return {"layers": sum(self.recurrent_block().layers)}
+        """The recurrent mixer's section of `frink info --json` (asked only when it has one):
+        its layer count and the block config's fields `recurrent_info_fields` names."""
+        block = self.recurrent_block()
+        fields = {key: getattr(block, name) for key, name in self.recurrent_info_fields.items()}
+        return {"layers": sum(block.layers), **fields}
 
     def info(self) -> dict[str, Any]:
         out = self._moe_info()

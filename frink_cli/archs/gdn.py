@@ -43,18 +43,14 @@ class GdnHybridConfig(DecoderConfig):
 
     recurrent_mixer = "gdn"
 
-    def recurrent_info(self) -> dict[str, Any]:
-        g = self.gdn
-        assert g is not None
-        return {
-            "layers": sum(g.layers),
-            "key_heads": g.n_k_heads,
-            "value_heads": g.n_v_heads,
-            "head_dim_k": g.head_dim_k,
-            "head_dim_v": g.head_dim_v,
-            "conv_kernel": g.conv_kernel,
-            "value_head_order": g.v_head_order,
-        }
+    recurrent_info_fields: ClassVar[dict[str, str]] = {
+        "key_heads": "n_k_heads",
+        "value_heads": "n_v_heads",
+        "head_dim_k": "head_dim_k",
+        "head_dim_v": "head_dim_v",
+        "conv_kernel": "conv_kernel",
+        "value_head_order": "v_head_order",
+    }
 
     def recurrent_shapes(
         self, cfg: ModelConfig, layer: int

@@ -49,13 +49,10 @@ class Lfm2Config(DecoderConfig):
     shortconv: ShortConvConfig | None = None
 
     recurrent_mixer = "shortconv"
+    recurrent_info_fields: ClassVar[dict[str, str]] = {"conv_kernel": "conv_kernel"}
 
     def recurrent_layer_shape(self, shape: LayerShape) -> LayerShape:
         return dataclasses.replace(shape, mixer="shortconv", n_head=0, n_head_kv=0)
-
-    def recurrent_info(self) -> dict[str, Any]:
-        assert self.shortconv is not None
-        return {"layers": sum(self.shortconv.layers), "conv_kernel": self.shortconv.conv_kernel}
 
     def recurrent_shapes(
         self, cfg: ModelConfig, layer: int

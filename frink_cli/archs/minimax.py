@@ -71,16 +71,11 @@ class MinimaxConfig(DecoderConfig):
 
     recurrent_mixer = "lightning"
 
+    recurrent_info_fields: ClassVar[dict[str, str]] = {"heads": "n_head", "head_dim": "head_dim"}
+
     def recurrent_info(self) -> dict[str, Any]:
-        lc = self.lightning
-        assert lc is not None
-        return {
-            "layers": sum(lc.layers),
-            "heads": lc.n_head,
-            "head_dim": lc.head_dim,
-            "residual_alpha": self.residual_alpha,
-            "cache": "lightning attention state (K^T V per head)",
-        }
+        cache = "lightning attention state (K^T V per head)"
+        return {**super().recurrent_info(), "residual_alpha": self.residual_alpha, "cache": cache}
 
     def recurrent_shapes(
         self, cfg: ModelConfig, layer: int
