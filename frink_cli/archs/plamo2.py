@@ -17,7 +17,7 @@ per-layer attention.head_count_kv is 0 (llama.cpp's is_recr), else attention:
     layer:     x += post_mixer_norm(mixer(pre_mixer_norm(x)))
                x += post_mlp_norm(down(swiglu(up(pre_mlp_norm(x)))))  (ffn_up: gate, up)
 
-The Mamba mixer is graph/blocks/mamba.py's Mamba-1 block: block_weights.read_mamba_heads
+The Mamba mixer is graph/blocks/mamba.py's Mamba-1 block: read_mamba_heads
 lays the file's per-head tensors out as its per-channel ones (MambaConfig.heads). The
 norms llama.cpp's converter renames without a ".weight" suffix (post_attention_norm,
 post_ffw_norm, ssm_dt_norm, ssm_b_norm, ssm_c_norm) are read under those names.
@@ -33,11 +33,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..graph.blocks.mamba import MambaConfig
+from ..model.block_weights import MambaWeights
 from ..model.config import LayerPlan, LayerShape, ModelConfig
-from ..model.reader import TensorReader
+from ..model.linear import Linear, dequantized
+from ..model.reader import TensorReader, placeholder
 from .base import Arch, get
 from .decoder import with_ext
 from .mamba import MambaStackConfig, ssm_config
@@ -67,11 +71,47 @@ class Plamo2Config(MambaStackConfig):
             changes["post_ffn_norm"] = r.get(p + "post_ffw_norm", (d,))
         return dataclasses.replace(base, **changes)
 
+    def read_mixer(self, r: TensorReader, cfg: ModelConfig, shape: LayerShape, p: str) -> Any:
+        return read_mamba_heads(r, p, cfg.n_embd, self.block("mamba"))
+
     def info(self) -> dict[str, Any]:
         out = super().info()
         if self.mamba is not None:
             out["mamba"] = {**out["mamba"], "heads": self.mamba.heads}
         return out
+
+
+def read_mamba_heads(r: TensorReader, p: str, d: int, m: MambaConfig) -> MambaWeights:
+    """Layer p's mixer (llama.cpp's plamo2 tensors) laid out as Mamba-1's, exactly:
+    ssm_in's rows [z_h, x_h] per head regrouped as all x rows then all z rows; ssm_x's
+    rows B, C, dt reordered dt, B, C; dt_proj [heads, dt_rank] (+ bias), A and D [heads]
+    repeated over each head's channels; no conv bias; the dt/B/C norm weights (stored
+    without a .weight suffix)."""
+    di, ds, rank, H = m.d_inner, m.d_state, m.dt_rank, m.heads
+    hd = di // H
+    per_head = np.arange(2 * di).reshape(H, 2, hd)  # [head, (z, x), channel] -> row
+    in_rows = np.concatenate([per_head[:, 1].ravel(), per_head[:, 0].ravel()])
+    x_rows = np.concatenate([np.arange(2 * ds, 2 * ds + rank), np.arange(2 * ds)])
+
+    def rows(name: str, order: np.ndarray, n_in: int) -> Linear:
+        w = r.linear([(p + name, len(order))], n_in, bias=False)
+        return Linear(placeholder((len(order), n_in)) if r.meta else w.dense()[order], None)
+
+    dt = r.linear([(p + "ssm_dt", H)], rank, bias=False).w
+    dt_w = placeholder((di, rank)) if r.meta else np.repeat(dequantized(dt), hd, axis=0)
+    return MambaWeights(
+        in_proj=rows("ssm_in", in_rows, d),
+        conv=r.get(p + "ssm_conv1d.weight", (di, m.conv_kernel)),
+        conv_b=None,
+        x_proj=rows("ssm_x", x_rows, di),
+        dt_proj=Linear(dt_w, np.repeat(r.get(p + "ssm_dt.bias", (H,)), hd)),
+        a=np.repeat(r.get(p + "ssm_a", (H,)), hd)[:, None],
+        d=np.repeat(r.get(p + "ssm_d", (H,)), hd),
+        out=r.linear([(p + "ssm_out", d)], di, bias=False),
+        dt_norm=r.get(p + "ssm_dt_norm", (rank,)),
+        b_norm=r.get(p + "ssm_b_norm", (ds,)),
+        c_norm=r.get(p + "ssm_c_norm", (ds,)),
+    )
 
 
 def dt_width(n_embd: int) -> int:

@@ -14,8 +14,8 @@ from ..graph.blocks.mamba import MambaConfig
 from ..graph.blocks.moe import MoeConfig
 from ..graph.blocks.shortconv import ShortConvConfig
 from ..quant.blocks import QuantExperts
-from .linear import Linear, dequantized
-from .reader import TensorReader, placeholder
+from .linear import Linear
+from .reader import TensorReader
 
 
 @dataclass
@@ -137,9 +137,7 @@ def read_gdn(r: TensorReader, p: str, d: int, gdn: GdnConfig) -> GdnWeights:
 
 
 def read_mamba(r: TensorReader, p: str, d: int, m: MambaConfig) -> MambaWeights:
-    """Layer p's Mamba-1 mixer (PLaMo-2's, per head, where m.heads says)."""
-    if m.heads:
-        return read_mamba_heads(r, p, d, m)
+    """Layer p's Mamba-1 mixer."""
     di, ds, rank = m.d_inner, m.d_state, m.dt_rank
     for name in ("ssm_in.bias", "ssm_out.bias"):
         if r.has(p + name):
@@ -171,39 +169,6 @@ def read_mamba(r: TensorReader, p: str, d: int, m: MambaConfig) -> MambaWeights:
         dt_norm=norm("dt", rank),
         b_norm=norm("b", ds),
         c_norm=norm("c", ds),
-    )
-
-
-def read_mamba_heads(r: TensorReader, p: str, d: int, m: MambaConfig) -> MambaWeights:
-    """Layer p's PLaMo-2 mixer (llama.cpp's plamo2 tensors) laid out as Mamba-1's, exactly:
-    ssm_in's rows [z_h, x_h] per head regrouped as all x rows then all z rows; ssm_x's
-    rows B, C, dt reordered dt, B, C; dt_proj [heads, dt_rank] (+ bias), A and D [heads]
-    repeated over each head's channels; no conv bias; the dt/B/C norm weights (stored
-    without a .weight suffix)."""
-    di, ds, rank, H = m.d_inner, m.d_state, m.dt_rank, m.heads
-    hd = di // H
-    per_head = np.arange(2 * di).reshape(H, 2, hd)  # [head, (z, x), channel] -> row
-    in_rows = np.concatenate([per_head[:, 1].ravel(), per_head[:, 0].ravel()])
-    x_rows = np.concatenate([np.arange(2 * ds, 2 * ds + rank), np.arange(2 * ds)])
-
-    def rows(name: str, order: np.ndarray, n_in: int) -> Linear:
-        w = r.linear([(p + name, len(order))], n_in, bias=False)
-        return Linear(placeholder((len(order), n_in)) if r.meta else w.dense()[order], None)
-
-    dt = r.linear([(p + "ssm_dt", H)], rank, bias=False).w
-    dt_w = placeholder((di, rank)) if r.meta else np.repeat(dequantized(dt), hd, axis=0)
-    return MambaWeights(
-        in_proj=rows("ssm_in", in_rows, d),
-        conv=r.get(p + "ssm_conv1d.weight", (di, m.conv_kernel)),
-        conv_b=None,
-        x_proj=rows("ssm_x", x_rows, di),
-        dt_proj=Linear(dt_w, np.repeat(r.get(p + "ssm_dt.bias", (H,)), hd)),
-        a=np.repeat(r.get(p + "ssm_a", (H,)), hd)[:, None],
-        d=np.repeat(r.get(p + "ssm_d", (H,)), hd),
-        out=r.linear([(p + "ssm_out", d)], di, bias=False),
-        dt_norm=r.get(p + "ssm_dt_norm", (rank,)),
-        b_norm=r.get(p + "ssm_b_norm", (ds,)),
-        c_norm=r.get(p + "ssm_c_norm", (ds,)),
     )
 
 

@@ -246,6 +246,11 @@ class ArchConfig:
         the architecture's own tensors added (a LayerWeights subclass of its module)."""
         return base
 
+    def read_mixer(self, r: TensorReader, cfg: ModelConfig, shape: LayerShape, p: str) -> Any:
+        """The weights of layer p's mixer block where the architecture stores them its own
+        way (given to the block under the mixer's name), or None: the block library's reader."""
+        return None
+
     def read_head(self, r: TensorReader, cfg: ModelConfig) -> Any:
         """The architecture's own head tensors (ModelWeights.arch), or None."""
         return None

@@ -358,7 +358,8 @@ def _read_mixer(
     elif shape.mixer == "gdn":
         out["gdn"] = read_gdn(r, p, d, ext.block("gdn"))
     elif shape.mixer == "mamba":
-        out["mamba"] = read_mamba(r, p, d, ext.block("mamba"))
+        own = ext.read_mixer(r, cfg, shape, p)
+        out["mamba"] = own if own is not None else read_mamba(r, p, d, ext.block("mamba"))
     elif shape.mixer in ("mamba2", "attention+mamba2"):
         out["mamba2"] = read_mamba2(r, p, d, ext.block("mamba"))
     elif shape.mixer == "linear":
