@@ -191,7 +191,7 @@ class Ops(Protocol[A]):
         beta [T, H]; state [H, dk, dv] (not modified) -> (o [T, H, dv], the new state)."""
         ...
 
-    # --- lightning attention (MiniMax-01) ---------------------------------------------------
+    # --- lightning attention --------------------------------------------------------------------
     def lightning_attention(
         self, q: A, k: A, v: A, slopes: tuple[float, ...], state: A
     ) -> tuple[A, A]:
@@ -238,8 +238,8 @@ class Ops(Protocol[A]):
     ) -> tuple[A, A]:
         """route() with the experts in n_group consecutive groups: each group scored by
         the sum of its two best selection scores (probabilities + bias), the top
-        topk_group groups kept and the top k taken over their experts only (DeepSeek V3's
-        grouped routing, llama.cpp's n_expert_groups / n_group_used)."""
+        topk_group groups kept and the top k taken over their experts only (grouped
+        routing, llama.cpp's n_expert_groups / n_group_used)."""
         ...
 
     def experts(self, x: A, ids: A, weights: A, moe: Any, act: str) -> A:

@@ -20,8 +20,8 @@ class LayerShape:
     """What layer l is: its blocks, window, rope and sizes. The caches, the rope tables and
     the backends size themselves from this alone."""
 
-    # The mixer block: "attention" | "gdn" (gated delta net) | "lightning" (MiniMax's
-    # linear attention) | "mamba" | "mamba2" | "shortconv" | "attention+mamba2" (both side
+    # The mixer block: "attention" | "gdn" (gated delta net) | "lightning" (linear
+    # attention with a decay) | "mamba" | "mamba2" | "shortconv" | "attention+mamba2" (both side
     # by side on the same normed rows) |
     # "linear" (only the output projection, on the normed rows) | "none" (no mixer branch)
     mixer: str

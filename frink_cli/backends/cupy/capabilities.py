@@ -55,7 +55,7 @@ def _attention(call: OpCall) -> str | None:
     if call["softcap"]:
         return "softcap"
     if call["own_kv"] and call["head_dim_k"] != call["head_dim_v"]:
-        # Before sinks: a model with both (mimo2) is refused on every layer by this name.
+        # Before sinks: a model with both is refused on every layer by this name.
         return "K/V widths differ"
     if call["sinks"]:
         return "sinks"

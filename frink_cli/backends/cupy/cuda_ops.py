@@ -43,7 +43,7 @@ def _locate(view: Any) -> tuple[Any, int]:
     if root.ndim == 2 and root.shape[0] == T and root.flags.c_contiguous:
         buf = root  # the usual case: the QKV GEMM's own [T, stride] output
     elif root is view and view.flags.c_contiguous:
-        # Heads of their own (talkie's gained Q, a product): rows of H * hd, offset 0.
+        # Heads of their own (a gained Q, a product): rows of H * hd, offset 0.
         buf = view.reshape(T, -1)
     else:
         # (A one-row view's outer stride is arbitrary, so it is read only for T > 1.)

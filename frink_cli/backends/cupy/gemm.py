@@ -24,7 +24,7 @@ GEMV_MAX_X = 8
 GEMV_ROWS = 8
 GEMV_LANES = 32
 # A prompt's product with a quantized W dequantizes rows into one reusable operand buffer of
-# at most this many elements (64 MiB in f32) and hands each tile to cuBLAS; Gemma 3's
+# at most this many elements (64 MiB in f32) and hands each tile to cuBLAS; a
 # 262k-row head would be 670 MiB as one f32 operand.
 QUANT_TILE_ELEMS = 1 << 24
 

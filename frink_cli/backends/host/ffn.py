@@ -20,7 +20,7 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
-    """x * Phi(x), with the exact (erf) normal CDF: BERT's GELU. NumPy has no erf, so it is
+    """x * Phi(x), with the exact (erf) normal CDF (the encoders' GELU). NumPy has no erf, so it is
     Abramowitz & Stegun 7.1.26 in float64 (absolute error below 1.5e-7: f32's own rounding
     at the values that matter), rounded to f32."""
     z = np.abs(x.astype(np.float64)) / np.sqrt(2.0)

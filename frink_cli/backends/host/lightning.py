@@ -1,4 +1,4 @@
-"""Lightning attention (MiniMax-01's linear attention with a per-head decay) in NumPy.
+"""Lightning attention (linear attention with a per-head decay) in NumPy.
 
 A prompt is taken in blocks of BLOCK tokens: within a block the decayed scores
 (q_i . k_j) exp(-s (i - j)) for j <= i, across blocks the state S = sum exp(-s (t - j))

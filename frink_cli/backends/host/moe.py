@@ -33,7 +33,7 @@ def route_grouped(
 ) -> tuple[np.ndarray, np.ndarray]:
     """route() over the experts of the topk_group best of n_group consecutive groups, a
     group scored by the sum of its two best selection scores (llama.cpp's build_moe_ffn
-    with n_expert_groups; transformers' DeepseekV3TopkRouter)."""
+    with n_expert_groups; transformers' grouped top-k router)."""
     p, select = _scores(logits, gating, bias)
     T, E = select.shape
     groups = select.reshape(T, n_group, E // n_group)

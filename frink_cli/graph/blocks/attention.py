@@ -58,7 +58,7 @@ class AttentionSpec:
     # Attention temperature (floor_scale, scale): q at position p times
     # log(floor((p + 1) / floor_scale) + 1) * scale + 1 (None: none).
     temperature: tuple[float, float] | None = None
-    # w.attn_rel_bias [n_head, 2c + 1]: a score bias by key - query position (MPNet's buckets)
+    # w.attn_rel_bias [n_head, 2c + 1]: a score bias by key - query position (relative buckets)
     rel_bias: bool = False
 
 
@@ -166,7 +166,7 @@ def project_qkv(
 
 def _head_norm(ops: Ops[A], x: A, weight: A, eps: float) -> A:
     """x [T, heads, hd] RMS-normed per head: one weight [hd] for every head, or each head
-    its own ([heads, hd], PLaMo-2's), applied after the weightless norm."""
+    its own ([heads, hd]), applied after the weightless norm."""
     if len(weight.shape) == 2:
         return ops.rms_norm_(x, None, eps) * weight
     return ops.rms_norm_(x, weight, eps)

@@ -60,7 +60,7 @@ def gdn(ops: Ops[A], g_cfg: GdnConfig, eps: float, w: Any, h: A, slot: Any) -> A
         S = exp(g) S;  S += k (beta (v - S^T k))^T;  o = S^T q
         out = W_out (rmsnorm(o) * silu(W_z h))
 
-    as transformers' Qwen3_5GatedDeltaNet and llama.cpp's delta-net-base.cpp compute it.
+    as transformers' gated delta net and llama.cpp's delta-net-base.cpp compute it.
     The slot holds the conv tail and delta state; the new ones are staged on it.
     w.in_proj rows: the conv input (q, k: n_k heads each, v: n_v heads), z, beta, alpha."""
     T = h.shape[0]

@@ -1,4 +1,4 @@
-"""Lightning attention (MiniMax-01): linear attention with a per-head decay, a recurrent
+"""Lightning attention: linear attention with a per-head decay, a recurrent
 state per layer on the cache slot (as a gated delta net's), an RMSNorm over its output and
 a sigmoid output gate."""
 
@@ -21,7 +21,7 @@ class LightningConfig:
 
     def slopes(self, layer: int) -> tuple[float, ...]:
         """Layer `layer`'s per-head decay rates: 2^(-8 (h + 1) / H) times the layer's
-        factor 1 - layer / (n_layer - 1) + 1e-5, as llama.cpp's minimax-01 computes them
+        factor 1 - layer / (n_layer - 1) + 1e-5, as llama.cpp computes them
         (transformers' factor differs by at most 1e-5 / (n_layer - 1))."""
         n_layer, H = len(self.layers), self.n_head
         factor = 1.0 - (layer / (n_layer - 1) if n_layer > 1 else 0.0) + 1e-5
@@ -45,7 +45,7 @@ def lightning(
         S = exp(-s_h) S + k^T v;  o = q S                       (ops.lightning_attention)
         out = W_out (sigmoid(W_gate h) * rmsnorm(o over all heads))
 
-    as transformers' MiniMaxLightningAttention and llama.cpp's minimax-01.cpp compute it.
+    as transformers' lightning attention and llama.cpp's graph compute it.
     The slot holds the state; the new one is staged on it."""
     T = h.shape[0]
     H, d = lc.n_head, lc.head_dim

@@ -32,9 +32,9 @@ class MambaConfig:
     # Each mamba mixer runs beside the layer's attention (mixer "attention+mamba2"), not
     # instead of it.
     parallel: bool = False
-    # PLaMo-2's Mamba-1 mixer (llama.cpp's plamo2: group_count 0 with heads): dt, A and D
-    # one per head of d_inner / heads channels, dt_rank being then x_proj's dt width. 0:
-    # per channel. The reader lays such a file's tensors out as Mamba-1's (block_weights).
+    # A Mamba-1 mixer with heads (group_count 0 with heads in llama.cpp's keys): dt, A and
+    # D one per head of d_inner / heads channels, dt_rank being then x_proj's dt width. 0:
+    # per channel. The architecture's reader lays its tensors out as Mamba-1's.
     heads: int = 0
 
     @property

@@ -1,4 +1,4 @@
-"""Multi-head latent attention (DeepSeek V2/V3's MLA), in the absorbed form, over `Ops`.
+"""Multi-head latent attention (MLA), in the absorbed form, over `Ops`.
 
 Each token's keys and values come from one compressed latent c (kv_lora_rank wide) and one
 rotated key part k_pe (rope_dim wide) shared by every head:
@@ -10,7 +10,7 @@ rotated key part k_pe (rope_dim wide) shared by every head:
     out[h] = W_UV[h] (the above);  W_o out
 
 which equals attention with per-head keys [W_UK[h]^T c | k_pe] and values W_UV[h]^T c (the
-expanded form transformers runs), as llama.cpp's deepseek2 graph runs it for every batch.
+expanded form transformers runs), as llama.cpp's graph runs it for every batch.
 The cache holds [c | k_pe] per token (kv_lora_rank + rope_dim values) and the attention
 reads those rows as its values too (cache/latent.py); of its output only the latent
 columns are kept, so every backend's attention runs with K and V of one width.

@@ -39,7 +39,7 @@ class MoeConfig:
     # Each chosen expert's input is the row times its weight, the expert's output then
     # added unweighted (llama.cpp's weight_before_ffn, Llama 4).
     weights_before: bool = False
-    # Grouped routing (DeepSeek V3): the experts in n_group consecutive groups, the top k
+    # Grouped routing: the experts in n_group consecutive groups, the top k
     # taken over the topk_group best groups only (llama.cpp's n_expert_groups /
     # n_group_used); 1 / 1: no groups.
     n_group: int = 1
