@@ -418,14 +418,43 @@ def is_up_to_date(model_dir: Path, spec: TinySpec) -> bool:
 
 
 def make_one(spec: TinySpec, out_dir: Path, force: bool = False) -> dict[str, Any]:
-    """Build one model's fixtures (or reuse them); return its stamp."""
+    """Build one model's fixtures (or reuse them); return its stamp.
+
+    The fixture is built in a directory of its own and renamed into place whole, so a
+    build killed half way (a test timeout) never leaves a half fixture for another run."""
     model_dir = out_dir / spec.name
     if not force and is_up_to_date(model_dir, spec):
         return json.loads((model_dir / "stamp.json").read_text())
+    work = out_dir / f".{spec.name}.{os.getpid()}.building"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        stamp = _build_into(spec, work)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    _swap_in(work, model_dir)
+    return stamp
+
+
+def _swap_in(work: Path, model_dir: Path) -> None:
+    """Put the built directory `work` where `model_dir` is, whatever stood there before."""
+    old = work.with_name(work.name.replace(".building", ".old"))
+    for _ in range(5):
+        if model_dir.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            model_dir.rename(old)
+        try:
+            work.rename(model_dir)
+            break
+        except OSError:  # another build put its copy in place meanwhile: move it aside
+            continue
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _build_into(spec: TinySpec, model_dir: Path) -> dict[str, Any]:
+    """Build one model's fixtures into the empty directory `model_dir`; return its stamp."""
     t0 = time.perf_counter()
-    model_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("stamp.json", "ref.npz", "model.gguf"):
-        (model_dir / stale).unlink(missing_ok=True)
     hf_dir = model_dir / "hf"
     gguf_path = model_dir / "model.gguf"
 

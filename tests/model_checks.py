@@ -223,6 +223,21 @@ def _split_against_stepped(
     return np.concatenate(parts), want, split, stepped
 
 
+def assert_split_states_equal_stepped(
+    model: frink_cli.Model, tokens: list[int], layers: Any, cuts: tuple[int, ...] = (13, 75)
+) -> tuple[Any, Any]:
+    """A prefill split at `cuts` (across the 64-token chunk boundary), then decode rows, gives
+    the logits and the recurrent states of `layers` that the same tokens stepped give; the
+    states are not trivially zero. Returns (split cache, stepped cache)."""
+    got, want, split, stepped = _split_against_stepped(model, tokens, cuts, 96)
+    assert _max_diff(got, want) <= 1e-4
+    for i in layers:
+        a, b = split.delta_state[i], stepped.delta_state[i]
+        assert a is not None and b is not None and np.abs(a).max() > 1e-2
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+    return split, stepped
+
+
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Row-wise cosine similarity of two [n, dim] arrays, in float64 (embeddings against
     their reference)."""

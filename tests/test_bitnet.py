@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import fixture_cache_root
+from fixture_copies import copy_gguf
 from llama_quantize import llama_quantize
 from model_checks import (
     _against_references,
@@ -124,22 +125,8 @@ def test_hf_ternarization_is_the_converters() -> None:
 def test_per_tensor_scales_are_refused_by_name(tiny_model: Callable, tmp_path: Path) -> None:
     """llama.cpp multiplies a projection by its optional `*.scale` tensor; frink refuses a
     file that has one rather than run without it."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
-
-    reader = GGUFReader(_path(tiny_model, NAME, "gguf"))
-    writer = GGUFWriter(str(tmp_path / "scaled.gguf"), NAME)
-    for field in reader.fields.values():
-        if field.name == "general.architecture" or field.name.startswith("GGUF."):
-            continue
-        sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
-    for t in reader.tensors:
-        writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-    writer.add_tensor("blk.0.attn_q.scale", np.asarray([0.5], np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    scale = {"blk.0.attn_q.scale": np.asarray([0.5], np.float32)}
+    copy_gguf(_path(tiny_model, NAME, "gguf"), tmp_path / "scaled.gguf", extra=scale)
     with pytest.raises(FrinkError, match=r"blk\.0\.attn_q\.scale"):
         frink_cli.load(tmp_path / "scaled.gguf")
 

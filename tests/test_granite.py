@@ -28,14 +28,13 @@ What is checked, per fixture:
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from fixture_copies import copy_gguf, copy_hf_dir
 from model_checks import (
     FAR,
     REFERENCES,
@@ -80,50 +79,6 @@ FIXTURE_VALUES = {
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-
-def _hf_copy(src: Path, dst: Path, **changes: object) -> Path:
-    """A copy of an HF dir with config.json keys changed."""
-    shutil.copytree(src, dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    cfg.update(changes)
-    (dst / "config.json").write_text(json.dumps(cfg))
-    return dst
-
-
-def _gguf_copy(
-    src: Path, dst: Path, changes: dict[str, object], drop: tuple[str, ...] = ()
-) -> Path:
-    """A copy of a GGUF with metadata keys changed (value None: the key removed), written by
-    gguf-py; tensors as they were, less those whose names contain a string of `drop`."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
-
-    reader = GGUFReader(src)
-    arch = reader.fields["general.architecture"].contents()
-    writer = GGUFWriter(str(dst), arch)
-    for field in reader.fields.values():
-        if field.name == "general.architecture" or field.name.startswith("GGUF."):
-            continue
-        vtype = field.types[0]
-        value = field.contents()
-        if field.name in changes:
-            value = changes[field.name]
-            if value is None:
-                continue
-        sub = field.types[-1] if vtype == GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, value, vtype, sub_type=sub)
-    for key, value in changes.items():
-        if value is not None and key not in reader.fields:
-            writer.add_float32(key, float(value))  # type: ignore[arg-type]
-    for t in reader.tensors:
-        if any(d in t.name for d in drop):
-            continue
-        writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return dst
 
 
 # --- the fixtures themselves ----------------------------------------------------------------------
@@ -209,7 +164,7 @@ def test_each_gguf_key_is_read(
     _, _, suffix, neutral = DECORATIONS[decoration][:4]
     src = _path(tiny_model, name, "gguf")
     arch = open_checkpoint(src).metadata["general.architecture"]
-    copy = _gguf_copy(src, tmp_path / "off.gguf", {f"{arch}.{suffix}": neutral})
+    copy = copy_gguf(src, tmp_path / "off.gguf", {f"{arch}.{suffix}": neutral})
     got = frink_cli.load(copy).logits(_tokens(tiny_model, name))
     for key in REFERENCES:
         assert _max_diff(got, tiny_model(name).ref[key]) > FAR, f"{suffix} off still matches {key}"
@@ -223,7 +178,7 @@ def test_each_hf_config_key_is_read(
     """The HF dir with one multiplier set to its neutral value in config.json gives logits
     far from the references: the HF reader takes every multiplier from the config."""
     key, neutral = DECORATIONS[decoration][:2]
-    copy = _hf_copy(_path(tiny_model, name, "hf"), tmp_path / name, **{key: neutral})
+    copy = copy_hf_dir(_path(tiny_model, name, "hf"), tmp_path / name, **{key: neutral})
     got = frink_cli.load(copy).logits(_tokens(tiny_model, name))
     for ref_key in REFERENCES:
         assert _max_diff(got, tiny_model(name).ref[ref_key]) > FAR, (
@@ -235,7 +190,7 @@ def test_shared_expert_matters(tiny_model: Callable, tmp_path: Path) -> None:
     """granitemoeshared's shared expert is on the path: the same file without it (what a
     reader that ignored ffn_*_shexp would run) gives logits far from the references."""
     src = _path(tiny_model, "granitemoeshared", "gguf")
-    copy = _gguf_copy(
+    copy = copy_gguf(
         src,
         tmp_path / "no_shexp.gguf",
         {"granitemoe.expert_shared_feed_forward_length": None},

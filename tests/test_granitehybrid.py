@@ -30,8 +30,8 @@ from model_checks import (
     _against_references,
     _max_diff,
     _path,
-    _split_against_stepped,
     _tokens,
+    assert_split_states_equal_stepped,
 )
 
 import frink_cli
@@ -131,12 +131,7 @@ def test_prefill_is_exact_against_stepping(name: str, tiny_model: Callable) -> N
     decode rows, gives the logits and the mamba states of the same tokens stepped."""
     m = frink_cli.load(_path(tiny_model, name, "gguf"))
     tokens = _tokens(tiny_model, name)
-    got, want, split, stepped = _split_against_stepped(m, tokens, (13, 75), 96)
-    assert _max_diff(got, want) <= 1e-4
-    for i in _mamba_layers(name):
-        a, b = split.delta_state[i], stepped.delta_state[i]
-        assert a is not None and b is not None and np.abs(a).max() > 1e-2
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+    assert_split_states_equal_stepped(m, tokens, _mamba_layers(name))
 
 
 # --- every piece matters --------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixture_copies import copy_gguf, copy_hf_dir
 from frink_subprocess import frink
 from model_checks import (
     REF_TOL,
@@ -289,32 +290,27 @@ def test_prefill_is_exact_against_stepping(name: str, tiny_model: Callable) -> N
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
 
 
-def _edited_hf(tiny_model: Callable, name: str, tmp_path: Path, **changes: object) -> Path:
-    hf = tmp_path / "hf"
-    shutil.copytree(_path(tiny_model, name, "hf"), hf)
-    cfg = json.loads((hf / "config.json").read_text())
-    (hf / "config.json").write_text(json.dumps(dict(cfg, **changes)))
-    return hf
-
-
 def test_hf_conv_bias_is_refused_by_name(tiny_model: Callable, tmp_path: Path) -> None:
     """Short-conv biases (HF conv_bias) are in no llama.cpp lfm2 graph: refused."""
     with pytest.raises(FrinkError, match="conv_bias"):
-        frink_cli.load(_edited_hf(tiny_model, "lfm2", tmp_path, conv_bias=True))
+        frink_cli.load(
+            copy_hf_dir(_path(tiny_model, "lfm2", "hf"), tmp_path / "hf", conv_bias=True)
+        )
 
 
 def test_hf_without_expert_bias_is_refused_by_name(tiny_model: Callable, tmp_path: Path) -> None:
     """llama.cpp's lfm2moe requires the expert bias: a config without it is refused."""
     with pytest.raises(FrinkError, match="use_expert_bias"):
-        frink_cli.load(_edited_hf(tiny_model, "lfm2moe", tmp_path, use_expert_bias=False))
+        frink_cli.load(
+            copy_hf_dir(_path(tiny_model, "lfm2moe", "hf"), tmp_path / "hf", use_expert_bias=False)
+        )
 
 
 def test_hf_router_options_are_carried(tiny_model: Callable, tmp_path: Path) -> None:
     """norm_topk_prob and routed_scaling_factor, which transformers honours, reach the
     router as expert_weights_norm / expert_weights_scale."""
-    hf = _edited_hf(
-        tiny_model, "lfm2moe", tmp_path, norm_topk_prob=False, routed_scaling_factor=2.5
-    )
+    src = _path(tiny_model, "lfm2moe", "hf")
+    hf = copy_hf_dir(src, tmp_path / "hf", norm_topk_prob=False, routed_scaling_factor=2.5)
     moe = config_from_checkpoint(open_checkpoint(hf)).ext.moe
     assert moe is not None and not moe.norm_topk and moe.weights_scale == 2.5
 
@@ -333,27 +329,6 @@ def test_hf_released_config_spellings(tiny_model: Callable, tmp_path: Path) -> N
     assert config_from_checkpoint(open_checkpoint(hf)) == gguf
 
 
-def _gguf_with(src: Path, dst: Path, key: str, value: object, vtype: str) -> Path:
-    """A copy of a GGUF with one metadata key set (written by gguf-py, of type vtype)."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
-
-    reader = GGUFReader(src)
-    writer = GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
-    for field in reader.fields.values():
-        if field.name in ("general.architecture", key) or field.name.startswith("GGUF."):
-            continue
-        sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
-    writer.add_key_value(key, value, GGUFValueType[vtype])
-    for t in reader.tensors:
-        writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return dst
-
-
 @pytest.mark.parametrize(
     ("name", "key", "value", "vtype", "match"),
     [
@@ -369,7 +344,7 @@ def test_what_lfm2_files_may_say_but_frink_refuses(
     """llama.cpp's other LFM2 graphs (the audio tokenizer's sliding window, the
     bidirectional embedding model) and gating functions frink lacks: refused by name."""
     src = _path(tiny_model, name, "gguf")
-    path = _gguf_with(src, tmp_path / "m.gguf", f"{name}.{key}", value, vtype)
+    path = copy_gguf(src, tmp_path / "m.gguf", {f"{name}.{key}": (value, vtype)})
     with pytest.raises(FrinkError, match=match):
         frink_cli.load(path)
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixture_copies import copy_hf_dir
 from frink_subprocess import frink
 from model_checks import (
     REF_TOL,
@@ -220,12 +221,7 @@ def test_prefill_is_exact_against_stepping(name: str, tiny_model: Callable) -> N
 
 def test_hf_use_bias_is_refused_by_name(tiny_model: Callable, tmp_path: Path) -> None:
     """in_proj/out_proj biases (HF use_bias) are in no llama.cpp mamba graph: refused."""
-    import shutil
-
-    hf = tmp_path / "hf"
-    shutil.copytree(_path(tiny_model, "mamba", "hf"), hf)
-    cfg = json.loads((hf / "config.json").read_text())
-    (hf / "config.json").write_text(json.dumps(dict(cfg, use_bias=True)))
+    hf = copy_hf_dir(_path(tiny_model, "mamba", "hf"), tmp_path / "hf", use_bias=True)
     with pytest.raises(FrinkError, match="use_bias"):
         frink_cli.load(hf)
 

@@ -15,9 +15,11 @@ of whole expert matrices per token).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from fixture_copies import copy_gguf
 
 mx = pytest.importorskip("mlx.core")
 
@@ -37,32 +39,20 @@ OTHERS = ("ffn_gate_shexp", "ffn_up_shexp", "attn_q.", "attn_k.", "attn_v.", "at
 def requantize(src: Path, dst: Path, types: dict[str, str]) -> None:
     """Copy GGUF `src` to `dst`, each tensor whose name holds a key of `types` stored in
     that type (gguf-py's own quantizer); everything else, metadata included, as it was."""
-    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+    from gguf import GGMLQuantizationType
     from gguf.quants import quantize
 
-    reader = GGUFReader(src)
-    arch = reader.fields["general.architecture"].contents()
-    writer = GGUFWriter(str(dst), arch)
-    for field in reader.fields.values():
-        if field.name == "general.architecture" or field.name.startswith("GGUF."):
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
-    for t in reader.tensors:
+    def convert(t: Any) -> tuple[np.ndarray, Any]:
         data = np.asarray(t.data)
         qtype = next((q for key, q in types.items() if key in t.name), None)
         if qtype is None or t.tensor_type != GGMLQuantizationType.F32 or data.shape[-1] % 32:
-            writer.add_tensor(t.name, data, raw_dtype=t.tensor_type)
-        elif qtype == "F16":
-            writer.add_tensor(t.name, data.astype(np.float16))
-        else:
-            q = GGMLQuantizationType[qtype]
-            writer.add_tensor(t.name, quantize(data, q), raw_dtype=q)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+            return data, t.tensor_type
+        if qtype == "F16":
+            return data.astype(np.float16), None
+        q = GGMLQuantizationType[qtype]
+        return quantize(data, q), q
+
+    copy_gguf(src, dst, tensor=convert)
 
 
 # (fixture, what its expert stacks become). "mixed" gives gate, up and down three different

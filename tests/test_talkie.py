@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fixture_copies import copy_gguf
 from model_checks import (
     FAR,
     REF_TOL,
@@ -155,41 +156,20 @@ def test_embedding_not_normed_moves_the_graph(fixture: Any) -> None:
 # --- bad files ------------------------------------------------------------------------------------
 
 
-def _rewrite(src: Path, dst: Path, drop_key: str = "", drop_tensor: str = "") -> Path:
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
-
-    reader = GGUFReader(src)
-    writer = GGUFWriter(str(dst), "talkie")
-    for field in reader.fields.values():
-        if field.name in ("general.architecture", drop_key) or field.name.startswith("GGUF."):
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
-    for t in reader.tensors:
-        if t.name != drop_tensor:
-            writer.add_tensor(t.name, np.asarray(t.data).reshape(tuple(reversed(t.shape))))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return dst
-
-
 def test_logit_scale_is_required(fixture: Any, tmp_path: Path) -> None:
-    bad = _rewrite(fixture[0], tmp_path / "m.gguf", drop_key="talkie.logit_scale")
+    bad = copy_gguf(fixture[0], tmp_path / "m.gguf", {"talkie.logit_scale": None})
     with pytest.raises(FrinkError, match="logit_scale"):
         frink_cli.load(bad)
 
 
 def test_output_head_is_required(fixture: Any, tmp_path: Path) -> None:
-    bad = _rewrite(fixture[0], tmp_path / "m.gguf", drop_tensor="output.weight")
+    bad = copy_gguf(fixture[0], tmp_path / "m.gguf", drop=("output.weight",))
     with pytest.raises(FrinkError, match="output.weight"):
         frink_cli.load(bad)
 
 
 def test_a_missing_skip_scale_is_named(fixture: Any, tmp_path: Path) -> None:
-    bad = _rewrite(fixture[0], tmp_path / "m.gguf", drop_tensor="blk.1.layer_output_scale.weight")
+    bad = copy_gguf(fixture[0], tmp_path / "m.gguf", drop=("blk.1.layer_output_scale.weight",))
     with pytest.raises(FrinkError, match="blk.1.layer_output_scale.weight"):
         frink_cli.load(bad)
 
