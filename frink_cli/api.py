@@ -28,7 +28,9 @@ from .formats import Checkpoint
 from .formats.checkpoint import TensorSource
 from .generate import GenerationStats, generate_tokens
 from .model import ModelConfig, load_weights
+from .model.expert_cache import ExpertCache
 from .model.lora import LoraAdapter, check_attached
+from .model.mem_budget import budget_plan
 from .model.validate import check_tensors as scan_tensors
 from .model.weights import LayerStore, ModelWeights, unread_tensors
 from .quant.kernels import check_isa
@@ -96,6 +98,8 @@ class Model:
         # Speculative decoding (Model.speculate): its settings and the draft model, if any.
         self.speculation: tuple[SpecParams, Model | None] | None = None
         self._embed_plan: EmbedPlan | None = None
+        # Under a --mem-budget the model does not fit: the cache its experts are read through.
+        self.expert_cache: ExpertCache | None = None
 
     @property
     def lora(self) -> list[LoraAdapter]:
@@ -467,6 +471,7 @@ def load(
     lora: Sequence[tuple[str | Path, float]] = (),
     lora_apply: bool = True,
     stage: Stage | None = None,
+    mem_budget: float | None = None,
 ) -> Model:
     """check_tensors: scan every weight for NaN/Inf first (llama.cpp's --check-tensors).
     lora: LoRA adapters (a GGUF adapter file or a PEFT directory, and its scale), applied
@@ -477,7 +482,10 @@ def load(
     cache_type_k / cache_type_v: how every cache of the model stores its K and V rows
     (llama.cpp's -ctk / -ctv: f32, f16, bf16, q8_0, q4_0; f32 by default); an unknown type,
     or one the backend cannot hold, is a FrinkError before anything loads, as is a forced
-    kernel variant (FRINK_NATIVE_ISA) this CPU cannot run."""
+    kernel variant (FRINK_NATIVE_ISA) this CPU cannot run.
+    mem_budget: GiB the weights may hold (--mem-budget): where the model does not fit, its
+    routed experts stay in the file and a cache of the hot ones fills what the dense
+    weights leave (model/mem_budget.py; `Model.expert_cache` counts hits and reads)."""
     check_isa()
     types = CacheTypes(cache_type_k, cache_type_v)
     ckpt = open_checkpoint(path)
@@ -493,7 +501,11 @@ def load(
         )
     if adapters and stage is not None:
         raise FrinkError("LoRA adapters are not supported in a pipeline (mlx.launch) yet")
-    chosen = select_backend("numpy" if adapters else backend, cfg, ckpt, types)
+    budget = budget_plan(ckpt, cfg, mem_budget, backend)
+    streams = budget is not None and budget.streams
+    if streams and stage is not None:
+        raise FrinkError("--mem-budget: experts left in the file are not supported in a pipeline")
+    chosen = select_backend("numpy" if adapters or streams else backend, cfg, ckpt, types)
     # With a backend, layers load as its bind() uploads them and the decoder then keeps
     # host copies only of those the backend does not hold (model/weights.py).
     layers, ends = range(cfg.n_layer), (True, True)
@@ -502,7 +514,10 @@ def load(
     # A pipeline stage that does not embed never sees text: no vocabulary in its memory.
     tokenizer = load_tokenizer(ckpt) if ends[0] else None
     lazy = chosen is not None or stage is not None
-    weights = load_weights(ckpt, cfg, progress, lazy=lazy, ends=ends, lora=adapters)
+    cache = budget.cache() if budget is not None else None
+    weights = load_weights(
+        ckpt, cfg, progress, lazy=lazy, ends=ends, lora=adapters, expert_cache=cache
+    )
     if stage is None:
         decoder = Decoder(cfg, weights, chosen, types)
     else:
@@ -519,4 +534,5 @@ def load(
     model = Model(ckpt, cfg, decoder, tokenizer, "numpy")
     model.backend_name = chosen.name if chosen else "numpy"
     decoder.lora = adapters
+    model.expert_cache = cache
     return model

@@ -29,6 +29,7 @@ from .cli_checks import (
 from .cli_embed import POOLING_OPTION, embed
 from .cli_exit import CliState, err, run_app
 from .cli_lora import LoraArgs, join_scaled, lora_flags
+from .cli_memory import mem_budget_flags
 from .cli_pipeline import LAYER_SPLIT, launched, load_or_follow, rank_submissions
 from .cli_run import generate_and_print
 from .cli_sampling import sampling_flags
@@ -60,6 +61,7 @@ def _load(
     lora: LoraArgs = ((), True),
     layer_split: str | None = None,
     stage: bool = True,
+    mem_budget: float | None = None,
 ):
     """The model, loaded with a progress bar on a terminal; cache_types: -ctk and -ctv;
     lora: the LoRA flags (cli_lora.lora_args). Under mlx.launch (stage: unless this is a
@@ -71,7 +73,7 @@ def _load(
     path = resolve_model_arg(model_arg)
     ctk, ctv = cache_types
     opts: dict[str, Any] = dict(check_tensors=check_tensors, cache_type_k=ctk, cache_type_v=ctv)
-    opts.update(lora=lora[0], lora_apply=lora[1])
+    opts.update(lora=lora[0], lora_apply=lora[1], mem_budget=mem_budget)
     if stage and launched():
         return load_or_follow(path, backend, layer_split, **opts)
     # No bar when stderr is a pipe or file: there it is only noise (rich leaves a blank line).
@@ -197,6 +199,7 @@ def _n_ctx(m: Any, ctx_size: int) -> int:
 
 @app.command()
 @speculation_flags
+@mem_budget_flags
 @lora_flags
 @sampling_flags
 def run(
@@ -231,6 +234,7 @@ def run(
     ),
     speculation: SpecFlags | None = None,
     adapters: LoraArgs = ((), True),
+    memory: float | None = None,
     layer_split: str | None = LAYER_SPLIT,
     verbose: bool = _VERBOSE,
 ) -> None:
@@ -253,6 +257,7 @@ def run(
         check_tensors=check_tensors,
         cache_types=(cache_type_k, cache_type_v),
         lora=adapters,
+        mem_budget=memory,
         layer_split=layer_split,
     )
     # Compiled before the prompt runs: a grammar that does not compile stops here.
@@ -272,6 +277,7 @@ def run(
 
 
 @app.command()
+@mem_budget_flags
 def info(
     ctx: typer.Context,
     model: str | None = _MODEL,
@@ -280,6 +286,7 @@ def info(
         "numpy",
         "say which layers this backend takes and how it holds each tensor type (numpy|metal|cuda)",
     ),
+    memory: float | None = None,
     verbose: bool = _VERBOSE,
 ) -> None:
     """Describe a model: architecture, sizes, tensor types, layers, tokenizer."""
@@ -288,7 +295,7 @@ def info(
     from .report import describe, print_info
 
     path = resolve_model_arg(model)
-    data = describe(path, backend)
+    data = describe(path, backend, memory)
     if as_json:
         sys.stdout.write(json.dumps(data) + "\n")
         return
@@ -297,6 +304,7 @@ def info(
 
 @app.command()
 @speculation_flags
+@mem_budget_flags
 @lora_flags
 def bench(
     ctx: typer.Context,
@@ -326,6 +334,7 @@ def bench(
     ),
     speculation: SpecFlags | None = None,
     adapters: LoraArgs = ((), True),
+    memory: float | None = None,
     layer_split: str | None = LAYER_SPLIT,
     as_json: bool = typer.Option(False, "--json", help="a JSON list of rows"),
     as_csv: bool = typer.Option(False, "--csv", help="CSV rows"),
@@ -345,6 +354,7 @@ def bench(
         backend,
         cache_types=(cache_type_k, cache_type_v),
         lora=adapters,
+        mem_budget=memory,
         layer_split=layer_split,
     )
     _speculate(m, speculation, backend)
@@ -371,6 +381,7 @@ def bench(
 
 
 @app.command()
+@mem_budget_flags
 @lora_flags
 @sampling_flags
 def chat(
@@ -384,6 +395,7 @@ def chat(
     sampling: dict[str, Any] | None = None,
     backend: str = _BACKEND,
     adapters: LoraArgs = ((), True),
+    memory: float | None = None,
     verbose: bool = _VERBOSE,
 ) -> None:
     """Chat with the model in the terminal (/reset, /system TEXT, /exit; Ctrl-C stops an
@@ -397,7 +409,9 @@ def chat(
     if system is not None:
         check_utf8(system, "--system")
     params = SamplingParams(**(sampling or {}))
-    m = _load(model, backend, cache_types=(cache_type_k, cache_type_v), lora=adapters)
+    m = _load(
+        model, backend, cache_types=(cache_type_k, cache_type_v), lora=adapters, mem_budget=memory
+    )
     chat_loop(
         m,
         n_ctx=_n_ctx(m, ctx_size),
@@ -411,6 +425,7 @@ def chat(
 
 @app.command()
 @speculation_flags
+@mem_budget_flags
 @lora_flags
 def serve(
     ctx: typer.Context,
@@ -447,6 +462,7 @@ def serve(
     pooling: str | None = POOLING_OPTION,
     speculation: SpecFlags | None = None,
     adapters: LoraArgs = ((), True),
+    memory: float | None = None,
     layer_split: str | None = LAYER_SPLIT,
     verbose: bool = _VERBOSE,
 ) -> None:
@@ -473,6 +489,7 @@ def serve(
         backend,
         cache_types=(cache_type_k, cache_type_v),
         lora=adapters,
+        mem_budget=memory,
         layer_split=layer_split,
     )
     m.embed_plan = with_pooling(m.embed_plan, pooling)

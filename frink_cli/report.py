@@ -9,7 +9,6 @@ loads weights or touches a device.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from .errors import printable
 from .formats import Checkpoint
 from .graph.trace import OpCall, model_traces
 from .model.config import ModelConfig
+from .model.mem_budget import budget_plan, kept_in_blocks
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
@@ -65,16 +65,9 @@ def tensor_formats(backend: str, types: Any, fmt: str) -> dict[str, str]:
 
 def host_keeps_blocks(fmt: str, gguf_type: str) -> bool:
     """Whether the host body holds tensors of this type in the file's blocks (model/weights.py's
-    rule, named here): a GGUF file, the compiled kernels, a type they multiply."""
-    from .quant import kernels
-    from .quant.blocks import KERNEL_TYPES
-
-    return (
-        fmt == "gguf"
-        and kernels.compiled()
-        and not os.environ.get("FRINK_F32_WEIGHTS")
-        and gguf_type in {t.name for t in KERNEL_TYPES}
-    )
+    rule, named in model/mem_budget.py): a GGUF file, the compiled kernels, a type they
+    multiply."""
+    return kept_in_blocks(fmt, gguf_type)
 
 
 def host_formats(fmt: str, types: Any) -> dict[str, str]:
@@ -122,11 +115,14 @@ def decoration_values(cfg: Any) -> dict[str, Any]:
     return out
 
 
-def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
+def describe(
+    path: str | Path, backend: str = "numpy", mem_budget: float | None = None
+) -> dict[str, Any]:
     """The report of `frink info --json`: architecture, sizes, tensor types, per-layer
     shapes, tokenizer, and which layers `backend` would take (from its own eligibility
     predicate: no device, no weights needed). `backend` is a name from BACKEND_NAMES;
-    "auto" reports the host body."""
+    "auto" reports the host body. mem_budget (GiB): "memory" says what would be resident
+    under it (a budget load() would refuse is the same FrinkError here)."""
     from .backends import check_backend_name, layer_support
     from .backends.host.rowwise import path as rowwise_path
     from .quant.kernels import kernel_path
@@ -135,6 +131,7 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
     check_backend_name(backend)
     ckpt = open_checkpoint(path)
     cfg = config_from_checkpoint(ckpt)
+    budget = budget_plan(ckpt, cfg, mem_budget, backend)
     support = layer_support(backend, cfg, ckpt)
     backend_label = "numpy" if backend == "auto" else backend
     tok = load_tokenizer(ckpt)
@@ -184,6 +181,7 @@ def describe(path: str | Path, backend: str = "numpy") -> dict[str, Any]:
             "layers_taken": sum(r is None for r in support),
             "tensor_formats": tensor_formats(backend_label, facts.tensor_types, ckpt.format),
         },
+        "memory": None if budget is None else budget.describe(),
         "notes": ckpt.notes,
     }
 
@@ -279,6 +277,14 @@ def print_info(d: dict[str, Any], write: Callable[[str], Any]) -> None:
             f"{t['model']}, {t['n_vocab']} tokens, bos {t['bos_id']}, eos {t['eos_id']}",
         )
     line("chat template", "yes" if d["chat_template"] else "no")
+    mem = d.get("memory")
+    if mem is not None:
+        where = (
+            f"experts in the file, a {mem['expert_cache']} GiB cache of the hot ones"
+            if mem["streams_experts"]
+            else "every weight resident"
+        )
+        line("memory", f"budget {mem['budget']} GiB: dense {mem['dense']} GiB resident, {where}")
     _print_backends(d, line, write)
     for s in d["layers"]:
         write(_layer_line(d, s))

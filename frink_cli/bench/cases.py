@@ -82,6 +82,9 @@ class Sample:
     failures: Counter[str] = field(default_factory=Counter)
     drafted: int = 0  # speculative tests: tokens drafted, and how many were kept
     accepted: int = 0
+    # Under --mem-budget (experts left in the file): the expert cache's (hits, misses,
+    # bytes read) over the timed part.
+    experts: tuple[int, int, int] | None = None
 
 
 class Runner(Protocol):

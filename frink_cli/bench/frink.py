@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -64,6 +65,8 @@ class FrinkRunner:
         ledger = getattr(dec.backend, "ledger", None)
         if ledger is not None:
             ledger.reset()
+        experts = self.model.expert_cache
+        seen = None if experts is None else replace(experts.stats)
         mask_seconds = 0.0
         if test.decode:
             seconds, mask_seconds = self._sampled(test, ids, cache)
@@ -75,15 +78,19 @@ class FrinkRunner:
                 for i in range(d, d + test.n_gen):
                     dec.step(ids[i : i + 1], cache)
             seconds = time.perf_counter() - t0
-        if ledger is None:
-            return Sample(seconds, mask_seconds)
-        return Sample(
-            seconds,
-            mask_seconds,
-            Counter(ledger.submissions),
-            Counter(ledger.refusals),
-            Counter(getattr(ledger, "failures", {})),
-        )
+        sample = Sample(seconds, mask_seconds)
+        if ledger is not None:
+            sample.submissions = Counter(ledger.submissions)
+            sample.refusals = Counter(ledger.refusals)
+            sample.failures = Counter(getattr(ledger, "failures", {}))
+        if experts is not None and seen is not None:
+            now = experts.stats
+            sample.experts = (
+                now.hits - seen.hits,
+                now.misses - seen.misses,
+                now.bytes_read - seen.bytes_read,
+            )
+        return sample
 
     def _sampled(self, test: BenchTest, ids: np.ndarray, cache: Any) -> tuple[float, float]:
         """(seconds, of which in the mask) for test.n_gen tokens each sampled greedily

@@ -78,6 +78,12 @@ def format_md(rows: list[BenchRow], submissions: bool = False) -> str:
                 f"{r.test}: {r.ratio_vs_greedy:.2f}x plain greedy decoding's speed; "
                 f"{100 * r.acceptance:.0f}% of drafted tokens accepted"
             )
+        if r.expert_hit_rate is not None and r.expert_bytes_per_token is not None:
+            lines.append("")
+            lines.append(
+                f"{r.test}: expert cache hit rate {100 * r.expert_hit_rate:.1f}%, "
+                f"{r.expert_bytes_per_token / 2**20:.2f} MiB read from the file per token"
+            )
     peaks = [
         r.peak_memory_mib for r in rows if r.peak_memory_mib is not None and r.runner == "frink"
     ]

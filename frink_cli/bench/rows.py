@@ -99,10 +99,21 @@ class BenchRow:
     submissions_by_kind: dict[str, float] | None = None
     refusals: dict[str, float] | None = None
     failures: dict[str, float] | None = None
+    # Under --mem-budget (frink rows whose experts stay in the file): the share of chosen
+    # experts the cache held, and the bytes read from the file per token.
+    expert_hit_rate: float | None = None
+    expert_bytes_per_token: float | None = None
 
     def to_dict(self, with_submissions: bool, with_compare: bool) -> dict[str, Any]:
         d = asdict(self)
-        for k in ("mask_ms_per_token", "ratio_vs_free", "acceptance", "ratio_vs_greedy"):
+        for k in (
+            "mask_ms_per_token",
+            "ratio_vs_free",
+            "acceptance",
+            "ratio_vs_greedy",
+            "expert_hit_rate",
+            "expert_bytes_per_token",
+        ):
             if d[k] is None:
                 d.pop(k)
         if not with_compare:
@@ -165,6 +176,11 @@ def bench_row(
     if test.decode == "spec":
         drafted = sum(s.drafted for s in samples)
         row.acceptance = sum(s.accepted for s in samples) / drafted if drafted else 0.0
+    counted = [s.experts for s in samples if s.experts is not None]
+    if counted:
+        hits, misses, read = (sum(c[i] for c in counted) for i in range(3))
+        row.expert_hit_rate = hits / (hits + misses) if hits + misses else 0.0
+        row.expert_bytes_per_token = read / (len(counted) * n_tokens)
     if submissions and runner.runner == "frink":
         per = len(samples) * (test.n_gen or 1)
         kinds: Counter[str] = Counter()

@@ -306,6 +306,29 @@ class GgufTensors:
         qtype, shape, offset, n_bytes = self._entry(name)
         return qtype, shape, self._pread(name, offset, n_bytes)
 
+    def span(self, name: str) -> tuple[GGMLQuantizationType, tuple[int, ...], int, int]:
+        """(type, shape, absolute offset, byte count) of a tensor's bytes in the file: a
+        reader that streams parts of a tensor later (model/expert_cache.py) keeps these."""
+        qtype, shape, offset, n_bytes = self._entry(name)
+        return qtype, shape, offset, n_bytes
+
+    def read_at(self, offset: int, n_bytes: int) -> np.ndarray:
+        """n_bytes of the file from offset (inside a tensor span() gave), into memory of
+        their own (uint8, flat); a short read is a FrinkError, never a SIGBUS."""
+        return self._pread(f"at byte {offset}", offset, n_bytes)
+
+    def will_need(self, ranges: list[tuple[int, int]]) -> None:
+        """Ask the kernel to read these (offset, byte count) ranges ahead, all at once
+        (madvise WILLNEED on the map), so the preads that follow find them in the page
+        cache: one batch of I/O for a layer's chosen experts."""
+        page = mmap.PAGESIZE
+        for offset, n_bytes in ranges:
+            start = offset - offset % page
+            try:
+                self._buf.madvise(mmap.MADV_WILLNEED, start, offset + n_bytes - start)
+            except (OSError, ValueError):  # advice only: the pread reads regardless
+                return
+
     def load(self, name: str) -> np.ndarray:
         qtype, shape, offset, n_bytes = self._entry(name)
         return self._dequantize(name, qtype, self._pread(name, offset, n_bytes), shape)

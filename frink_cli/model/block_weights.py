@@ -14,8 +14,12 @@ from ..graph.blocks.mamba import MambaConfig
 from ..graph.blocks.moe import MoeConfig
 from ..graph.blocks.shortconv import ShortConvConfig
 from ..quant.blocks import QuantExperts
+from .expert_cache import StreamedExperts
 from .linear import Linear
 from .reader import TensorReader
+
+# An expert stack as the host holds it: f32, the file's blocks, or left in the file.
+ExpertStack = np.ndarray | QuantExperts | StreamedExperts
 
 
 @dataclass
@@ -86,10 +90,12 @@ class MoeWeights:
     # gate row (when gated) and its gate/up rows -- everything that reads the FFN input, in
     # one matmul.
     inp: Linear
-    # In the file's blocks where the host has kernels for their types (QuantExperts: only
-    # the chosen experts' bytes are read), else f32; stack[e] is expert e's matrix.
-    gate_up_exps: np.ndarray | QuantExperts  # [n_expert, 2*n_ff_exp, n_embd]: gate, then up
-    down_exps: np.ndarray | QuantExperts  # [n_expert, n_embd, n_ff_exp]
+    # Left in the file under a memory budget (StreamedExperts: read as chosen, through the
+    # expert cache), else in the file's blocks where the host has kernels for their types
+    # (QuantExperts: only the chosen experts' bytes are read), else f32; stack[e] is
+    # expert e's matrix.
+    gate_up_exps: ExpertStack  # [n_expert, 2*n_ff_exp, n_embd]: gate, then up
+    down_exps: ExpertStack  # [n_expert, n_embd, n_ff_exp]
     down_shexp: Linear | None  # [n_embd, n_ff_shexp]
     # [n_expert] the expert-selection bias (exp_probs_b; MoeConfig.expert_bias), or None.
     probs_b: np.ndarray | None = None
@@ -221,12 +227,12 @@ def read_moe(r: TensorReader, p: str, d: int, moe: MoeConfig) -> MoeWeights:
         parts = [(p + "ffn_gate_up_exps", 2 * ff)]
     else:
         parts = [(p + "ffn_gate_exps", ff), (p + "ffn_up_exps", ff)]
-    gate_up: np.ndarray | QuantExperts | None = r.experts(parts, n_e, d)
+    gate_up: ExpertStack | None = r.experts(parts, n_e, d)
     if gate_up is None:
         gate_up = np.concatenate(
             [r.get(name + ".weight", (n_e, n, d)) for name, n in parts], axis=1
         )
-    down: np.ndarray | QuantExperts | None = r.experts([(p + "ffn_down_exps", d)], n_e, ff)
+    down: ExpertStack | None = r.experts([(p + "ffn_down_exps", d)], n_e, ff)
     if down is None:
         down = r.get(p + "ffn_down_exps.weight", (n_e, d, ff))
     inp = [r.get(p + "ffn_gate_inp.weight", (n_e, d))]

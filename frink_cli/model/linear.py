@@ -16,6 +16,7 @@ import numpy as np
 
 from ..quant import kernels
 from ..quant.blocks import QuantExperts, QuantRows
+from .expert_cache import StreamedExperts
 
 if TYPE_CHECKING:  # only for the hint: lora.py imports this module
     from .lora import LoraPart
@@ -53,10 +54,13 @@ class Linear:
         return dequantized(self.w)
 
 
-def dequantized(w: np.ndarray | QuantRows | QuantExperts) -> np.ndarray:
-    """An f32 copy of a matrix (or an expert stack) held in blocks; an f32 array as it is."""
+def dequantized(w: np.ndarray | QuantRows | QuantExperts | StreamedExperts) -> np.ndarray:
+    """An f32 copy of a matrix (or an expert stack) held in blocks; an f32 array as it is;
+    a stack left in the file read whole (load() gives a device no such stack)."""
     if isinstance(w, np.ndarray):
         return w
+    if isinstance(w, StreamedExperts):
+        return np.stack([dequantized(w.read(e)) for e in range(w.n_expert)])
     if isinstance(w, QuantExperts):
         n = w.n_expert
         parts = [kernels.dequantize_rows(p).reshape(n, p.rows // n, p.cols) for p in w.parts]

@@ -17,6 +17,7 @@ from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..quant import kernels
 from ..quant.blocks import KERNEL_TYPES, QuantExperts, QuantMatrix, QuantRows
+from .expert_cache import ExpertCache, ExpertPart, StreamedExperts
 from .linear import Linear
 
 # The type names the host keeps in blocks; FRINK_F32_WEIGHTS=1 dequantizes every weight at
@@ -46,7 +47,9 @@ class TensorReader:
     tensor a plan requires is taken as present with its expected shape and every optional
     one as absent."""
 
-    def __init__(self, ckpt: Checkpoint | None, meta: bool = False) -> None:
+    def __init__(
+        self, ckpt: Checkpoint | None, meta: bool = False, expert_cache: ExpertCache | None = None
+    ) -> None:
         if ckpt is None and not meta:
             raise ValueError("a TensorReader without a checkpoint reads only meta")
         self.ckpt: Checkpoint = ckpt  # type: ignore[assignment]  # None: meta only
@@ -61,6 +64,9 @@ class TensorReader:
             and kernels.compiled()
             and not _F32_WEIGHTS
         )
+        # Under a memory budget (model/mem_budget.py): expert stacks stay in the file and
+        # are read through this cache as steps choose them.
+        self.expert_cache = expert_cache if self.host_blocks else None
 
     def has(self, name: str) -> bool:
         return name in self.names
@@ -131,7 +137,9 @@ class TensorReader:
         blocks = self.in_blocks([(name, rows)], cols)
         return self.get(name + ".weight", (rows, cols)) if blocks is None else blocks
 
-    def experts(self, parts: Parts, n_expert: int, in_dim: int) -> QuantExperts | None:
+    def experts(
+        self, parts: Parts, n_expert: int, in_dim: int
+    ) -> QuantExperts | StreamedExperts | None:
         """Expert stacks [n_expert, rows, in_dim] as the file's blocks, stacked along rows
         (None: f32 at load; meta: one placeholder stack)."""
         if self.meta:
@@ -140,12 +148,24 @@ class TensorReader:
             return placeholder((n_expert, sum(rows for _, rows in parts), in_dim))  # type: ignore[return-value]
         if not self._kernel_typed(parts):
             return None
+        if self.expert_cache is not None:
+            return self._streamed(parts, n_expert, in_dim)
         stacks = []
         for name, rows in parts:
             self.check(name + ".weight", (n_expert, rows, in_dim))
             qtype, _, data = self.ckpt.tensors.blocks(name + ".weight")  # type: ignore[attr-defined]
             stacks.append(QuantMatrix.from_buffer(data, qtype, n_expert * rows, in_dim))
         return QuantExperts(tuple(stacks), n_expert)
+
+    def _streamed(self, parts: Parts, n_expert: int, in_dim: int) -> StreamedExperts:
+        """experts() left in the file: where each part's experts lie, nothing read."""
+        assert self.expert_cache is not None
+        spans = []
+        for name, rows in parts:
+            self.check(name + ".weight", (n_expert, rows, in_dim))
+            qtype, _, offset, _ = self.ckpt.tensors.span(name + ".weight")  # type: ignore[attr-defined]
+            spans.append(ExpertPart(qtype, rows, in_dim, offset))
+        return StreamedExperts(self.ckpt.tensors, tuple(spans), n_expert, self.expert_cache)  # type: ignore[arg-type]
 
     def linear(self, parts: Parts, in_dim: int, bias: bool = True) -> Linear:
         """Rows of several tensors stacked into one matrix; biases zero-filled if partial."""

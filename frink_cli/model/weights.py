@@ -38,6 +38,7 @@ from .block_weights import (
     read_shortconv,
 )
 from .config import LayerPlan, LayerShape, ModelConfig
+from .expert_cache import ExpertCache
 from .linear import Linear, dequantized, embedding_rows
 from .lora import LoraAdapter, attach
 from .reader import TensorReader
@@ -220,6 +221,7 @@ def load_weights(
     lazy: bool = False,
     lora: Sequence[LoraAdapter] = (),
     ends: tuple[bool, bool] = (True, True),
+    expert_cache: ExpertCache | None = None,
 ) -> ModelWeights:
     """Load and fuse the weights. lazy=False loads every layer now (progress: after the
     embeddings, each layer, and the end); lazy=True loads only the embeddings, head and
@@ -228,8 +230,9 @@ def load_weights(
     the matrices they target carry (model/lora.py), checked against the file already.
     `ends`: whether the token embedding and the output matrix are read (a pipeline stage
     reads the first only where it embeds, the second only where it runs the head; an unread
-    one is an empty array)."""
-    r = TensorReader(ckpt)
+    one is an empty array). `expert_cache`: expert stacks stay in the file, read through it
+    (model/expert_cache.py)."""
+    r = TensorReader(ckpt, expert_cache=expert_cache)
     total = cfg.n_layer + 2
     d = cfg.n_embd
     token_embd: np.ndarray | QuantRows

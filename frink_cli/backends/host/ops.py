@@ -14,6 +14,7 @@ import numpy as np
 
 from ...cache.kv_types import round_queries_
 from ...graph.ops import AttentionCall
+from ...model.expert_cache import fetch_experts
 from ...model.weights import Linear, MoeWeights
 from .attention import attend, attend_chunked, temperature_factors
 from .ffn import ACTIVATIONS, glu, glu_
@@ -150,17 +151,21 @@ class HostOps:
         # than one per (row, expert); a decode row simply visits its top-k experts.
         out = np.zeros_like(x)
         owner = _row_owner(x.shape[0])
-        for e in np.unique(ids):
+        chosen = np.unique(ids)
+        # Every stack through the one fetch: a stack left in the file (--mem-budget) reads
+        # its missing experts of this step in one batch (model/expert_cache.py).
+        gate_ups, downs = fetch_experts((moe.gate_up_exps, moe.down_exps), chosen.tolist())
+        for e, gate_up_e, down_e in zip(chosen, gate_ups, downs):
             rows, slot = np.nonzero(ids == e)
             # Each sequence's rows of this expert as it would multiply them alone
             # (linear.product): rows are ascending, so a sequence's are consecutive.
             seq = None
             if owner is not None:
                 seq = np.unique(owner[rows], return_counts=True)[1].tolist()
-            gu = product(x[rows], moe.gate_up_exps[e], seq)
+            gu = product(x[rows], gate_up_e, seq)
             if moe.gate_up_exps_b is not None:
                 gu += moe.gate_up_exps_b[e]
-            y = product(glu(gu, act), moe.down_exps[e], seq)
+            y = product(glu(gu, act), down_e, seq)
             if moe.down_exps_b is not None:
                 y += moe.down_exps_b[e]
             # A row picks an expert at most once, so rows are distinct and += is safe.
