@@ -28,7 +28,7 @@ from .cli_checks import (
 )
 from .cli_embed import POOLING_OPTION, embed
 from .cli_exit import CliState, err, run_app
-from .cli_lora import LoraArgs, join_scaled, lora_flags
+from .cli_lora import NO_LORA, LoraArgs, join_scaled, lora_flags
 from .cli_pipeline import LAYER_SPLIT, launched, load_or_follow, rank_submissions
 from .cli_run import generate_and_print
 from .cli_sampling import sampling_flags
@@ -57,7 +57,7 @@ def _load(
     quiet: bool = False,
     check_tensors: bool = False,
     cache_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE),
-    lora: LoraArgs = ((), True),
+    lora: LoraArgs = NO_LORA,
     layer_split: str | None = None,
     stage: bool = True,
 ):
@@ -71,7 +71,7 @@ def _load(
     path = resolve_model_arg(model_arg)
     ctk, ctv = cache_types
     opts: dict[str, Any] = dict(check_tensors=check_tensors, cache_type_k=ctk, cache_type_v=ctv)
-    opts.update(lora=lora[0], lora_apply=lora[1])
+    opts.update(lora.load_options())
     if stage and launched():
         return load_or_follow(path, backend, layer_split, **opts)
     # No bar when stderr is a pipe or file: there it is only noise (rich leaves a blank line).
@@ -230,7 +230,7 @@ def run(
         False, "--check-tensors", help="scan every weight for NaN/Inf at load"
     ),
     speculation: SpecFlags | None = None,
-    adapters: LoraArgs = ((), True),
+    adapters: LoraArgs = NO_LORA,
     layer_split: str | None = LAYER_SPLIT,
     verbose: bool = _VERBOSE,
 ) -> None:
@@ -325,7 +325,7 @@ def bench(
         help="add generation sampled free and under a JSON schema (the mask's cost)",
     ),
     speculation: SpecFlags | None = None,
-    adapters: LoraArgs = ((), True),
+    adapters: LoraArgs = NO_LORA,
     layer_split: str | None = LAYER_SPLIT,
     as_json: bool = typer.Option(False, "--json", help="a JSON list of rows"),
     as_csv: bool = typer.Option(False, "--csv", help="CSV rows"),
@@ -383,7 +383,7 @@ def chat(
     system: str | None = typer.Option(None, "--system", help="system message"),
     sampling: dict[str, Any] | None = None,
     backend: str = _BACKEND,
-    adapters: LoraArgs = ((), True),
+    adapters: LoraArgs = NO_LORA,
     verbose: bool = _VERBOSE,
 ) -> None:
     """Chat with the model in the terminal (/reset, /system TEXT, /exit; Ctrl-C stops an
@@ -446,7 +446,7 @@ def serve(
     backend: str = _BACKEND,
     pooling: str | None = POOLING_OPTION,
     speculation: SpecFlags | None = None,
-    adapters: LoraArgs = ((), True),
+    adapters: LoraArgs = NO_LORA,
     layer_split: str | None = LAYER_SPLIT,
     verbose: bool = _VERBOSE,
 ) -> None:
