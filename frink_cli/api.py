@@ -472,12 +472,15 @@ def load(
     lora_apply: bool = True,
     stage: Stage | None = None,
     mem_budget: float | None = None,
+    lora_merge: bool = False,
 ) -> Model:
     """check_tensors: scan every weight for NaN/Inf first (llama.cpp's --check-tensors).
     lora: LoRA adapters (a GGUF adapter file or a PEFT directory, and its scale), applied
     unmerged (archs/lora_files.py, model/lora.py); lora_apply=False loads them at scale 0
-    (--lora-init-without-apply). Adapters run on the host body: a device backend named
-    with them is refused by name, "auto" then picks the host.
+    (--lora-init-without-apply). lora_merge: added into the f32 rows of the matrices they
+    adapt at load (--lora-merge: faster; the scales are then fixed, and the model lists no
+    adapters). The host body and metal run adapters: a backend that does not (cuda) is
+    refused by name when named, passed over by "auto".
     stage: load one rank's part of a pipeline (frink_cli/distributed) and run it there.
     cache_type_k / cache_type_v: how every cache of the model stores its K and V rows
     (llama.cpp's -ctk / -ctv: f32, f16, bf16, q8_0, q4_0; f32 by default); an unknown type,
@@ -495,9 +498,13 @@ def load(
     # Before the (slow) weight load, so an unavailable backend is refused at once.
     check_cache_types(cfg, types)
     adapters = read_adapters(lora, ckpt, cfg, lora_apply)
-    if adapters and backend not in ("numpy", "auto"):
+    if lora_merge and not (adapters and lora_apply):
         raise FrinkError(
-            f"{backend}: LoRA adapters are not supported on this backend (numpy runs them)"
+            "--lora-merge: needs adapters applied at load (a --lora, no --lora-init-without-apply)"
+        )
+    if adapters and backend not in ("numpy", "metal", "auto"):
+        raise FrinkError(
+            f"{backend}: LoRA adapters are not supported on this backend (numpy and metal run them)"
         )
     if adapters and stage is not None:
         raise FrinkError("LoRA adapters are not supported in a pipeline (mlx.launch) yet")
@@ -505,7 +512,9 @@ def load(
     streams = budget is not None and budget.streams
     if streams and stage is not None:
         raise FrinkError("--mem-budget: experts left in the file are not supported in a pipeline")
-    chosen = select_backend("numpy" if adapters or streams else backend, cfg, ckpt, types)
+    chosen = select_backend("numpy" if streams else backend, cfg, ckpt, types)
+    if adapters and chosen is not None and not chosen.runs_lora:
+        chosen = None  # "auto" found a backend that does not carry adapters: the host
     # With a backend, layers load as its bind() uploads them and the decoder then keeps
     # host copies only of those the backend does not hold (model/weights.py).
     layers, ends = range(cfg.n_layer), (True, True)
@@ -516,7 +525,14 @@ def load(
     lazy = chosen is not None or stage is not None
     cache = budget.cache() if budget is not None else None
     weights = load_weights(
-        ckpt, cfg, progress, lazy=lazy, ends=ends, lora=adapters, expert_cache=cache
+        ckpt,
+        cfg,
+        progress,
+        lazy=lazy,
+        ends=ends,
+        lora=adapters,
+        lora_merge=lora_merge,
+        expert_cache=cache,
     )
     if stage is None:
         decoder = Decoder(cfg, weights, chosen, types)
@@ -533,6 +549,6 @@ def load(
         progress(cfg.n_layer + 2, cfg.n_layer + 2)
     model = Model(ckpt, cfg, decoder, tokenizer, "numpy")
     model.backend_name = chosen.name if chosen else "numpy"
-    decoder.lora = adapters
+    decoder.lora = [] if lora_merge else adapters  # merged: part of the weights, fixed
     model.expert_cache = cache
     return model

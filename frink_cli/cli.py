@@ -28,7 +28,7 @@ from .cli_checks import (
 )
 from .cli_embed import POOLING_OPTION, embed
 from .cli_exit import CliState, err, run_app
-from .cli_lora import LoraArgs, join_scaled, lora_flags
+from .cli_lora import NO_LORA, LoraArgs, join_scaled, lora_flags
 from .cli_memory import mem_budget_flags
 from .cli_pipeline import LAYER_SPLIT, launched, load_or_follow, rank_submissions
 from .cli_run import generate_and_print
@@ -58,7 +58,7 @@ def _load(
     quiet: bool = False,
     check_tensors: bool = False,
     cache_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE),
-    lora: LoraArgs = ((), True),
+    lora: LoraArgs = NO_LORA,
     layer_split: str | None = None,
     stage: bool = True,
     mem_budget: float | None = None,
@@ -73,7 +73,7 @@ def _load(
     path = resolve_model_arg(model_arg)
     ctk, ctv = cache_types
     opts: dict[str, Any] = dict(check_tensors=check_tensors, cache_type_k=ctk, cache_type_v=ctv)
-    opts.update(lora=lora[0], lora_apply=lora[1], mem_budget=mem_budget)
+    opts.update(lora.load_options(), mem_budget=mem_budget)
     if stage and launched():
         return load_or_follow(path, backend, layer_split, **opts)
     # No bar when stderr is a pipe or file: there it is only noise (rich leaves a blank line).
@@ -233,7 +233,7 @@ def run(
         False, "--check-tensors", help="scan every weight for NaN/Inf at load"
     ),
     speculation: SpecFlags | None = None,
-    adapters: LoraArgs = ((), True),
+    adapters: LoraArgs = NO_LORA,
     memory: float | None = None,
     layer_split: str | None = LAYER_SPLIT,
     verbose: bool = _VERBOSE,
@@ -333,7 +333,7 @@ def bench(
         help="add generation sampled free and under a JSON schema (the mask's cost)",
     ),
     speculation: SpecFlags | None = None,
-    adapters: LoraArgs = ((), True),
+    adapters: LoraArgs = NO_LORA,
     memory: float | None = None,
     layer_split: str | None = LAYER_SPLIT,
     as_json: bool = typer.Option(False, "--json", help="a JSON list of rows"),
@@ -394,7 +394,7 @@ def chat(
     system: str | None = typer.Option(None, "--system", help="system message"),
     sampling: dict[str, Any] | None = None,
     backend: str = _BACKEND,
-    adapters: LoraArgs = ((), True),
+    adapters: LoraArgs = NO_LORA,
     memory: float | None = None,
     verbose: bool = _VERBOSE,
 ) -> None:
@@ -461,7 +461,7 @@ def serve(
     backend: str = _BACKEND,
     pooling: str | None = POOLING_OPTION,
     speculation: SpecFlags | None = None,
-    adapters: LoraArgs = ((), True),
+    adapters: LoraArgs = NO_LORA,
     memory: float | None = None,
     layer_split: str | None = LAYER_SPLIT,
     verbose: bool = _VERBOSE,

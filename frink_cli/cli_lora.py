@@ -1,11 +1,13 @@
 """LoRA adapters' flags, as llama.cpp spells them (`--lora FILE`, `--lora-scaled FILE
-SCALE`, both repeatable; `--lora-init-without-apply`), shared by `frink run`, `bench`,
-`chat` and `serve` as one flag group (cli_groups: the commands take `adapters: LoraArgs`),
-and what they become for `frink_cli.load`."""
+SCALE`, both repeatable; `--lora-init-without-apply`), and `--lora-merge` (llama.cpp's
+export-lora, at load), shared by `frink run`, `bench`, `chat` and `serve` as one flag
+group (cli_groups: the commands take `adapters: LoraArgs`), and what they become for
+`frink_cli.load`."""
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import typer
 
@@ -16,8 +18,20 @@ from .errors import FrinkError
 # one value, FILE and SCALE joined by this (a character no argument can hold).
 _JOIN = "\0"
 
-# What load() takes: the adapters in flag order, then whether to apply them at load.
-LoraArgs = tuple[tuple[tuple[str, float], ...], bool]
+
+class LoraArgs(NamedTuple):
+    """What load() takes: the adapters in flag order (`lora`), whether to apply them at
+    load (`lora_apply`), whether to merge them into the weights (`lora_merge`)."""
+
+    adapters: tuple[tuple[str, float], ...] = ()
+    apply: bool = True
+    merge: bool = False
+
+    def load_options(self) -> dict[str, object]:
+        return dict(lora=self.adapters, lora_apply=self.apply, lora_merge=self.merge)
+
+
+NO_LORA = LoraArgs()  # a command run without the flags
 
 
 def join_scaled(argv: list[str]) -> list[str]:
@@ -54,6 +68,12 @@ def lora_args(
         "--lora-init-without-apply",
         help="load the adapters at scale 0 (a server's /lora-adapters sets them later)",
     ),
+    lora_merge: bool = typer.Option(
+        False,
+        "--lora-merge",
+        help="add the adapters into f32 copies of the weights they adapt at load: faster, "
+        "the scales then fixed (quantized tensors an adapter touches are dequantized)",
+    ),
 ) -> LoraArgs:
     """The flags as load()'s `lora` and `lora_apply` (--lora's first, then --lora-scaled's,
     each a join_scaled value); FrinkError for a missing or non-finite scale."""
@@ -67,7 +87,7 @@ def lora_args(
         if not math.isfinite(scale):
             raise FrinkError(f"--lora-scaled {path}: needs FILE SCALE, a finite number")
         specs.append((path, scale))
-    return tuple(specs), not lora_init_without_apply
+    return LoraArgs(tuple(specs), not lora_init_without_apply, lora_merge)
 
 
 lora_flags = flag_group("adapters", lora_args)

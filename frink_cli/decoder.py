@@ -16,11 +16,10 @@ import numpy as np
 from .backends import Backend, HeadBackend, LaunchFailed, Refusal
 from .backends.host.body import HostBody
 from .backends.host.linear import ThreadChoice, few_rows, sequences, step_threads
-from .backends.host.lora import adapter_scales
 from .cache import KvCache, SeqBatch
 from .cache.kv_types import F32_CACHE, CacheTypes
 from .model.config import ModelConfig
-from .model.lora import LoraAdapter
+from .model.lora import LoraAdapter, adapter_scales
 from .model.weights import LayerStore, ModelWeights
 
 

@@ -104,6 +104,52 @@ def test_quantized_base_stays_quantized(lora_dir: Path, tiny_models: Path) -> No
     want, _ = _make_tiny.llama_cpp_greedy(q8, ref["tokens"], 8, lora=(adapter, 1.0))
     got = m.generate_ids(list(ref["tokens"]), max_tokens=len(want), temperature=0.0)
     assert list(got) == list(want)
+    # Merged at load (--lora-merge): the adapted matrices become f32, the rest stay blocks.
+    merged = frink_cli.load(q8, lora=[(adapter, 1.0)], lora_merge=True)
+    w = merged.decoder.host.w
+    assert isinstance(w.layers[0].qkv.w, np.ndarray) and w.layers[0].qkv.merged
+    assert not w.layers[0].qkv.lora and merged.lora == []
+    assert isinstance(w.output.w, QuantRows)
+    got = merged.generate_ids(list(ref["tokens"]), max_tokens=len(want), temperature=0.0)
+    assert list(got) == list(want)
+
+
+def test_metal_carries_adapters(
+    lora_dir: Path, tiny_models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Metal runs the adapters in its traced graph (every projection, fused q/k/v and
+    gate/up included): transformers' logits at each scale, batch and step, one submission
+    per decode token, and a new scale runs the graph already compiled. Merged at load, the
+    same logits."""
+    pytest.importorskip("mlx.core")
+    from frink_cli.backends.mlx.lora import DeviceLora
+
+    ref = _ref(lora_dir, "all")
+    base = tiny_models / "llama" / "model.gguf"
+    m = frink_cli.load(base, backend="metal", lora=[(lora_dir / "all", 1.0)])
+    ledger = m.decoder.backend.ledger
+    for scale in (1.0, 0.5, 0.0):
+        m.lora[0].scale = scale
+        for step in (False, True):
+            got = m.logits(ref["tokens"], step=step)
+            assert np.abs(got - ref[f"hf_{scale}"]).max() < TOL, (scale, step)
+    assert not ledger.refusals
+    assert m.decoder.backend.resident_layers() == set(range(m.config.n_layer))
+    cache = m.decoder.new_cache(64)
+    m.decoder.step(np.asarray(ref["tokens"]), cache)
+    m.decoder.step(np.asarray([5]), cache)  # the decode step's graph, traced once
+    traced: list[object] = []
+    monkeypatch.setattr(DeviceLora, "__call__", lambda self, x: traced.append(x))
+    for scale in (0.5, 1.0):
+        m.lora[0].scale = scale
+        ledger.reset()
+        m.decoder.step(np.asarray([6]), cache)
+        assert dict(ledger.submissions) == {"dense-run+lm-head": 1}
+    assert not traced  # the scales are an input: no retrace
+    monkeypatch.undo()
+    merged = frink_cli.load(base, backend="metal", lora=[(lora_dir / "all", 0.5)], lora_merge=True)
+    for step in (False, True):
+        assert np.abs(merged.logits(ref["tokens"], step=step) - ref["hf_0.5"]).max() < TOL
 
 
 def test_scale_changes_at_run_time(lora_dir: Path, tiny_models: Path) -> None:
@@ -172,6 +218,11 @@ def test_refusals(lora_dir: Path, tiny_models: Path, tmp_path: Path) -> None:
             frink_cli.load(model, lora=[(adapter, 1.0)])
     with pytest.raises(FrinkError, match="cuda: LoRA"):
         frink_cli.load(base, backend="cuda", lora=[(qv, 1.0)])
+    for apply in (False, True):
+        with pytest.raises(FrinkError, match="--lora-merge: needs adapters applied"):
+            frink_cli.load(
+                base, lora=[(qv, 1.0)] if apply else [], lora_apply=False, lora_merge=True
+            )
 
 
 def _engine_tokens(engine: Engine, jobs: list[tuple[list[int], dict[int, float] | None]], n: int):
@@ -196,12 +247,19 @@ def _engine_tokens(engine: Engine, jobs: list[tuple[list[int], dict[int, float] 
     return [results[i] for i in range(len(jobs))]
 
 
-def test_requests_with_different_adapters_share_a_batch(lora_dir: Path, tiny_models: Path) -> None:
+@pytest.mark.parametrize("backend", ["numpy", "metal"])
+def test_requests_with_different_adapters_share_a_batch(
+    lora_dir: Path, tiny_models: Path, backend: str
+) -> None:
     """A server's jobs, each with its own adapter scales, stepped together: each gets what
-    it gets alone, and the alone runs are llama.cpp's with that adapter."""
+    it gets alone, and the alone runs are llama.cpp's with that adapter. On metal the
+    mixed batch is one device step (each row reads its own scales)."""
+    if backend == "metal":
+        pytest.importorskip("mlx.core")
     qv, every = _ref(lora_dir, "qv"), _ref(lora_dir, "all")
     m = frink_cli.load(
         tiny_models / "llama" / "model.gguf",
+        backend=backend,
         lora=[(lora_dir / "qv.gguf", 1.0), (lora_dir / "all.gguf", 1.0)],
     )
     prompt = [int(t) for t in qv["tokens"]]
@@ -218,6 +276,9 @@ def test_requests_with_different_adapters_share_a_batch(lora_dir: Path, tiny_mod
     assert alone[0] == qv["cpp_greedy_1.0"].tolist()
     assert alone[1] == every["cpp_greedy_0.5"].tolist()
     assert together == alone
+    if backend == "metal":
+        ledger = m.decoder.backend.ledger
+        assert ledger.submissions["dense-run+batch+lm-head"] > 0 and not ledger.refusals
     with pytest.raises(FrinkError, match="adapter id"):
         engine.submit(Job(prompt, SamplingParams(), 1, (), lambda k, p: None, lora={2: 1.0}))
 
@@ -261,11 +322,15 @@ def test_lora_flags() -> None:
     argv = ["run", "m.gguf", "--lora-scaled", "a.gguf", "0.5", "--lora", "b", "-p", "x"]
     joined = join_scaled(argv)
     assert joined[:3] == ["run", "m.gguf", "--lora-scaled"] and joined[4:] == argv[5:]
-    assert lora_args(["b"], [joined[3]], False) == ((("b", 1.0), ("a.gguf", 0.5)), True)
+    assert lora_args(["b"], [joined[3]], False, True) == (
+        (("b", 1.0), ("a.gguf", 0.5)),
+        True,
+        True,
+    )
     assert join_scaled(["--lora-scaled", "a"]) == ["--lora-scaled", "a"]
     for bad in ("a", join_scaled(["--lora-scaled", "a", "nan"])[1]):
         with pytest.raises(FrinkError, match="needs FILE SCALE"):
-            lora_args(None, [bad], False)
+            lora_args(None, [bad], False, False)
 
 
 def test_real_smollm2_adapter_matches_llama_cpp(smollm2_f32: Path, tmp_path: Path) -> None:

@@ -35,6 +35,9 @@ class DeviceBackend(ABC):
     name = "device"
     # Whether launch() takes a multi-sequence step (cache a cache.SeqBatch, kind "batch").
     runs_batches = False
+    # Whether its linears carry LoRA parts (model/lora.py); load() keeps adapters off one
+    # that does not.
+    runs_lora = False
     # Exceptions that mean "the device failed", never "frink has a bug".
     device_errors: tuple[type[BaseException], ...] = (RuntimeError, MemoryError)
 

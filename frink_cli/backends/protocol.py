@@ -33,6 +33,7 @@ class LaunchFailed(Exception):
 class Backend(Protocol):
     name: str
     ledger: Ledger
+    runs_lora: bool  # its linears carry LoRA parts (model/lora.py)
 
     def bind(self, weights, layers: range | None = None) -> None:
         """Called once by the decoder with the loaded weights (upload what the device needs;

@@ -38,6 +38,9 @@ class Linear:
     source_rows: tuple[int, ...] = ()
     # LoRA adapters on these rows (model/lora.py), applied unmerged by the linear op.
     lora: tuple[LoraPart, ...] = ()
+    # LoRA adapters were added into w at load (model/lora.py's merged): w is f32 and no
+    # longer the file's tensors, so a backend uploads w, never the sources' blocks.
+    merged: bool = False
 
     def __post_init__(self) -> None:
         # Row-major, which the decode kernel reads (see the module note); a no-op for

@@ -5,8 +5,12 @@ s the user's scale times the adapter's own factor (alpha / r; alpha / sqrt(r) wi
 rsLoRA; llama.cpp's 1 where alpha is 0). The base matrix is left as it is (a quantized
 base stays in its blocks): each `Linear` a targeted tensor's rows live in holds a
 `LoraPart` per adapter (model/linear.py), and the host's linear op adds the low-rank
-product (backends/host/lora.py). An adapter's scale may change while the model runs
-(a server's /lora-adapters): every part reads it from its `LoraAdapter`.
+product (backends/host/lora.py); metal carries the same product in its traced graph,
+the scales an input of it (backends/mlx/lora.py). An adapter's scale may change while the
+model runs (a server's /lora-adapters): every part reads it from its `LoraAdapter`, and a
+step may scale each of its sequences differently (`adapter_scales`, a server's
+per-request `lora`). Merged at load instead (`--lora-merge`, `merge=True`), an adapted
+Linear's rows become f32 with `s * B A` added once: faster, the scales then fixed.
 
 Adapters are named in the base's GGUF convention ("blk.0.attn_q.weight"); reading one
 from a file and checking it against the base is archs/lora_files.py's job.
@@ -15,14 +19,16 @@ from a file and checking it against the base is archs/lora_files.py's job.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from ..errors import FrinkError
-from .linear import Linear
+from .linear import Linear, dequantized
 
 
 @dataclass(eq=False)
@@ -89,9 +95,45 @@ def check_attached(adapters: Sequence[LoraAdapter]) -> None:
             )
 
 
-def with_lora(lin: Linear, adapters: Sequence[LoraAdapter]) -> Linear:
+# Per sequence of the step (in row order): the scale each adapter gets there (an adapter
+# absent from a mapping: scale 0). None outside adapter_scales: every adapter's own scale.
+_scales: ContextVar[tuple[Mapping[LoraAdapter, float], ...] | None] = ContextVar(
+    "frink_lora_scales", default=None
+)
+
+
+@contextmanager
+def adapter_scales(per_sequence: Sequence[Mapping[LoraAdapter, float]]) -> Iterator[None]:
+    """The linears of the step run inside scale each adapter per sequence as these say."""
+    token = _scales.set(tuple(per_sequence))
+    try:
+        yield
+    finally:
+        _scales.reset(token)
+
+
+def sequence_scales() -> tuple[Mapping[LoraAdapter, float], ...] | None:
+    """The step's per-sequence scales (adapter_scales), or None: the adapters' own."""
+    return _scales.get()
+
+
+def merged(lin: Linear) -> Linear:
+    """lin with its parts' `s * B A` added to its rows at their current scales: an f32 copy
+    of the matrix (a quantized one dequantized), no parts left, `merged` set."""
+    if not lin.lora:
+        return lin
+    w = np.array(dequantized(lin.w), np.float32, copy=True)  # never the base's own rows
+    for part in lin.lora:
+        s = np.float32(part.adapter.scale * part.adapter.factor)
+        if s:
+            w[part.row0 : part.row0 + part.b.shape[0]] += s * (part.b @ part.a)
+    return replace(lin, w=w, lora=(), merged=True)
+
+
+def with_lora(lin: Linear, adapters: Sequence[LoraAdapter], merge: bool = False) -> Linear:
     """lin with a LoraPart for every adapter pair on one of its source tensors (lin itself
-    where none applies), at the rows that source's rows take in lin."""
+    where none applies), at the rows that source's rows take in lin; merge: those parts
+    added into its matrix instead (merged())."""
     if not adapters or not lin.sources:
         return lin
     counts = lin.source_rows or ((lin.shape[0],) if len(lin.sources) == 1 else ())
@@ -108,21 +150,23 @@ def with_lora(lin: Linear, adapters: Sequence[LoraAdapter]) -> Linear:
         row0 += rows
     if len(parts) == len(lin.lora):
         return lin
-    return replace(lin, lora=tuple(parts))
+    out = replace(lin, lora=tuple(parts))
+    return merged(out) if merge else out
 
 
-def attach(obj: Any, adapters: Sequence[LoraAdapter]) -> Any:
+def attach(obj: Any, adapters: Sequence[LoraAdapter], merge: bool = False) -> Any:
     """obj (a layer's weights, a dataclass of Linears and arrays, or a Linear) with every
-    Linear whose sources an adapter targets carrying that adapter's parts."""
+    Linear whose sources an adapter targets carrying that adapter's parts (merge: added
+    into its matrix, with_lora)."""
     if not adapters or obj is None:
         return obj
     if isinstance(obj, Linear):
-        return with_lora(obj, adapters)
+        return with_lora(obj, adapters, merge)
     if is_dataclass(obj) and not isinstance(obj, type):
         changes = {}
         for f in fields(obj):
             v = getattr(obj, f.name)
-            new = attach(v, adapters)
+            new = attach(v, adapters, merge)
             if new is not v:
                 changes[f.name] = new
         return replace(obj, **changes) if changes else obj

@@ -222,12 +222,14 @@ def load_weights(
     lora: Sequence[LoraAdapter] = (),
     ends: tuple[bool, bool] = (True, True),
     expert_cache: ExpertCache | None = None,
+    lora_merge: bool = False,
 ) -> ModelWeights:
     """Load and fuse the weights. lazy=False loads every layer now (progress: after the
     embeddings, each layer, and the end); lazy=True loads only the embeddings, head and
     norms, leaving each layer to its first access (progress is then reported per layer
     as they load, until the caller clears `layers.on_load`). `lora`: adapters whose pairs
-    the matrices they target carry (model/lora.py), checked against the file already.
+    the matrices they target carry (model/lora.py), checked against the file already;
+    lora_merge: added into those matrices instead, at their scales now (f32 rows).
     `ends`: whether the token embedding and the output matrix are read (a pipeline stage
     reads the first only where it embeds, the second only where it runs the head; an unread
     one is an empty array). `expert_cache`: expert stacks stay in the file, read through it
@@ -254,8 +256,8 @@ def load_weights(
     ]
     if progress:
         progress(1, total)
-    output = attach(output, lora)
-    layers = LayerStore(cfg.n_layer, lambda i: attach(load_layer(r, cfg, i), lora))
+    output = attach(output, lora, lora_merge)
+    layers = LayerStore(cfg.n_layer, lambda i: attach(load_layer(r, cfg, i), lora, lora_merge))
     if progress:
         seen: set[int] = set()
 

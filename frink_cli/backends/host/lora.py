@@ -4,41 +4,23 @@ The base product is left as it was (a quantized base multiplied in its blocks); 
 low-rank products go through the same row-invariant product as the base
 (backends/host/linear.py), so a row's numbers still do not depend on the rows beside it.
 A step may carry its own scales per sequence (a server's per-request `lora`):
-`adapter_scales` sets them for the linears inside it, each sequence's rows scaled by its
-own; outside one, every adapter's global scale holds.
+model/lora.py's `adapter_scales` sets them for the linears inside it, each sequence's rows
+scaled by its own; outside one, every adapter's global scale holds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ...model.lora import LoraAdapter, LoraPart
-
-# Per sequence of the step (in row order, as linear.sequences gives their row counts):
-# the scale each adapter gets there (an adapter absent from a mapping: scale 0).
-_scales: ContextVar[tuple[Mapping[LoraAdapter, float], ...] | None] = ContextVar(
-    "frink_lora_scales", default=None
-)
-
-
-@contextmanager
-def adapter_scales(per_sequence: Sequence[Mapping[LoraAdapter, float]]) -> Iterator[None]:
-    """The linears inside the block scale each adapter per sequence as these say."""
-    token = _scales.set(tuple(per_sequence))
-    try:
-        yield
-    finally:
-        _scales.reset(token)
+from ...model.lora import LoraAdapter, LoraPart, sequence_scales
 
 
 def row_scales(adapter: LoraAdapter, n_rows: int, rows: Sequence[int] | None) -> float | np.ndarray:
     """The user scale of `adapter` for a step's rows: one number, or a [T, 1] column where
     the step's sequences carry scales of their own."""
-    per_seq = _scales.get()
+    per_seq = sequence_scales()
     if per_seq is None:
         return adapter.scale
     counts = rows if rows is not None and sum(rows) == n_rows else (n_rows,)

@@ -28,12 +28,14 @@ from ...cache.kv_types import F32_CACHE, CacheTypes, as_f32
 from ...graph.blocks.step import BatchSlot, SeqRows
 from ...graph.rope import rope_factors, rope_frequencies
 from ...model.config import ModelConfig
+from ...model.lora import LoraAdapter
 from ...model.weights import LayerWeights
 from ..base import DeviceBackend
 from ..protocol import Run
 from . import graph
 from .eligibility import layer_refusals
 from .graph import MLX_OPS
+from .lora import step_scales, traced_scales
 from .upload import WeightUpload
 
 _MIN_CAPACITY = 256
@@ -42,6 +44,7 @@ _MIN_CAPACITY = 256
 PREFILL_CHUNK = 512
 GDN_CHUNK = 64
 BATCH_OVER_CHUNK = "multi-sequence step over one submission's rows"
+_NO_LORA = np.zeros((1, 1), np.float32)  # the scales input of a model without adapters
 
 
 class _Mirror:
@@ -85,6 +88,7 @@ def _state_rows(
 class MlxBackend(WeightUpload, DeviceBackend):
     name = "metal"
     runs_batches = True
+    runs_lora = True
 
     def __init__(
         self, cfg: ModelConfig, checkpoint=None, cache_types: CacheTypes = F32_CACHE
@@ -98,6 +102,7 @@ class MlxBackend(WeightUpload, DeviceBackend):
         self._not_exact: dict[str, str] = {}
         self._names: set[str] | None = None
         self._compiled: dict[tuple, object] = {}
+        self.lora_index: dict[LoraAdapter, int] = {}
 
     def layer_reasons(self, layer: int) -> list[str]:
         return layer_refusals(self.cfg, layer, self.checkpoint)
@@ -253,17 +258,23 @@ class MlxBackend(WeightUpload, DeviceBackend):
                 zip(itertools.accumulate(counts, initial=0), itertools.accumulate(counts))
             )
 
-            def forward(x, positions, starts, *kv):
+            def forward(x, positions, starts, scales, *kv):
+                # scales: the LoRA adapters' [1 or rows, adapters] (lora.py; unused without).
                 seqs = [
                     graph.StepContext(positions[a:b], starts[j]) for j, (a, b) in enumerate(bounds)
                 ]
-                x, new_kv, rows = self._trace_layers(run, x, positions, seqs, bounds, kv, ropes)
+                with traced_scales(scales):
+                    x, new_kv, rows = self._trace_layers(run, x, positions, seqs, bounds, kv, ropes)
                 main = x
                 if head is not None:
                     norm, output, norm_b = self.head
                     # "last": each sequence's last row (where its next token comes from).
-                    last = x if head == "all" else x[mx.array([b - 1 for _, b in bounds])]
-                    main = cfg.ext.head(MLX_OPS, cfg, norm, output, last, norm_b)
+                    last_rows = mx.array([b - 1 for _, b in bounds])
+                    last = x if head == "all" else x[last_rows]
+                    if head == "last" and scales.shape[0] > 1:
+                        scales = scales[last_rows]
+                    with traced_scales(scales):
+                        main = cfg.ext.head(MLX_OPS, cfg, norm, output, last, norm_b)
                 return (mx.concatenate([main.reshape(-1)] + rows), *new_kv)
 
             fn = self._compiled[key] = mx.compile(forward)
@@ -344,6 +355,7 @@ class MlxBackend(WeightUpload, DeviceBackend):
             size = GDN_CHUNK if self._recurrent(layers) else PREFILL_CHUNK
             chunks = [[_Part(0, o, min(size, T - o))] for o in range(0, T, size)]
         mirrors = [self._mirror(c, c.n_past + n) for c, n in zip(caches, counts)]
+        scales = step_scales(list(self.lora_index), counts) if self.lora_index else _NO_LORA
         # This launch's device state per (sequence, layer), carried chunk to chunk.
         state = self._device_state(layers, caches, mirrors)
         staged = []
@@ -363,6 +375,7 @@ class MlxBackend(WeightUpload, DeviceBackend):
                 mx.array(x[row : row + n]),
                 mx.array(positions[row : row + n].astype(np.int32)),
                 mx.array(np.asarray(starts, np.int32)),
+                mx.array(scales if len(scales) == 1 else scales[row : row + n]),
                 *[a for i in layers for p in parts for a in state[p.seq, i]],
             )
             mx.eval(outs)

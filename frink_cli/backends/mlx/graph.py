@@ -17,6 +17,7 @@ import mlx.core as mx
 
 from ...graph.blocks.moe import moe
 from ...graph.ops import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, AttentionCall
+from .lora import DeviceLora
 
 LIGHTNING_BLOCK = 64  # prompt tokens per block of lightning attention's decayed scores
 
@@ -37,6 +38,7 @@ class DeviceLinear:
     parts: tuple[DeviceLinear, ...] = ()
     sources: tuple[str, ...] = ()  # the file's tensors whose rows these are
     mode: str = "affine"  # MLX's quantization mode, when quantized
+    lora: DeviceLora | None = None  # LoRA adapters on its rows (lora.py)
 
     def __call__(self, x: mx.array) -> mx.array:
         if self.parts:
@@ -56,7 +58,9 @@ class DeviceLinear:
                 )
             else:
                 y = x @ self.w.T
-        return y + self.bias if self.bias is not None else y
+        if self.bias is not None:
+            y = y + self.bias
+        return y + self.lora(x) if self.lora is not None else y
 
 
 @dataclass

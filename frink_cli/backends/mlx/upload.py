@@ -12,9 +12,12 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from ...model.linear import Linear
+from ...model.lora import LoraAdapter
 from ...model.weights import LayerWeights, MoeWeights, dequantized, map_layer
 from ...quant.blocks import QuantRows
 from . import graph
+from .lora import device_lora
 from .quant import QUANTIZED_TYPES, NotExact, Quantized, device_format, quantized_stack
 
 
@@ -27,6 +30,9 @@ class WeightUpload:
     # Tensors of a QUANTIZED_TYPES type whose blocks MLX would not reproduce: why dense.
     _not_exact: dict[str, str]
     _names: set[str] | None
+    # The LoRA adapters its linears carry, numbered in upload order (lora.py: each one's
+    # column of a run's scales input).
+    lora_index: dict[LoraAdapter, int]
 
     def _source_names(self) -> set[str]:
         if self._names is None:
@@ -139,6 +145,19 @@ class WeightUpload:
             w = mx.array(dense)
         return graph.DeviceLinear(w, bias=b, sources=tuple(names))
 
+    def _device_linear(self, lin: Linear) -> graph.DeviceLinear:
+        """A host Linear made resident (_linear), its LoRA parts with it; one whose adapters
+        were merged at load as the host's f32 rows (the file's blocks no longer hold it)."""
+        if lin.merged:
+            for n in lin.sources:
+                self.tensor_held[n] = "f32 (LoRA merged at load)"
+            b = mx.array(lin.b) if lin.b is not None else None
+            return graph.DeviceLinear(mx.array(dequantized(lin.w)), bias=b, sources=lin.sources)
+        d = self._linear(list(lin.sources), lin.w, lin.b)
+        if lin.lora:
+            d.lora = device_lora(lin.lora, lin.shape[0], self.lora_index)
+        return d
+
     def _experts(self, names: list[str], dense: Callable[[], np.ndarray]) -> graph.DeviceExperts:
         """A resident expert stack [E, out, in] from the tensors `names` (several: stacked
         along out, as the host fused them): the file's blocks when they map, else dense in
@@ -182,11 +201,8 @@ class WeightUpload:
             else:
                 gate_up = [self._experts([gn, un], gate_up_rows(0, 2 * ff))]
         down = self._experts([p + "ffn_down_exps.weight"], lambda: dequantized(e.down_exps))
-        inp = self._linear(list(e.inp.sources), e.inp.w, e.inp.b)
-        down_shexp = None
-        if e.down_shexp is not None:
-            d = e.down_shexp
-            down_shexp = self._linear(list(d.sources), d.w, d.b)
+        inp = self._device_linear(e.inp)
+        down_shexp = None if e.down_shexp is None else self._device_linear(e.down_shexp)
 
         def opt(a: np.ndarray | None) -> mx.array | None:
             return None if a is None else mx.array(a)
@@ -212,7 +228,7 @@ class WeightUpload:
         return map_layer(
             lw,
             mx.array,
-            lambda lin: self._linear(list(lin.sources), lin.w, lin.b),
+            self._device_linear,
             moe=lambda e: self._moe(f"blk.{i}.", e),
         )
 
@@ -221,6 +237,6 @@ class WeightUpload:
         norm_b = weights.output_norm_b
         return (
             mx.array(weights.output_norm),
-            self._linear(list(out.sources), out.w, out.b),
+            self._device_linear(out),
             mx.array(norm_b) if norm_b is not None else None,
         )
