@@ -37,23 +37,24 @@ def test_bench_under_two_ranks_counts_each_rank(tmp_path: Path, tiny_model) -> N
     assert "lm-head" in rows[1] and "lm-head" not in rows[0]
 
 
-def test_run_prompt_from_stdin_under_two_ranks(tmp_path: Path, tiny_model) -> None:
+@pytest.mark.real
+def test_run_prompt_from_stdin_under_two_ranks(tmp_path: Path, smollm2_path: Path) -> None:
     """`frink run -p -` as mlx.launch runs it: every rank's stdin is a pipe the launcher
     never closes. Rank 0 reads the prompt (it ends once the pipe goes quiet); a follower
     does not read it at all. The text is one process's."""
-    model = str(tiny_model("llama").gguf)
-    args = ("run", model, "-p", "-", "-n", "6", "--temp", "0", "--backend", "numpy")
+    args = ("run", str(smollm2_path), "-p", "-", "-n", "6", "--temp", "0", "--backend", "numpy")
     alone = subprocess.run(
         frink(*args), input=PROMPT, capture_output=True, text=True, env=child_env(), timeout=120
     )
     assert alone.returncode == 0, alone.stderr[-2000:]
     ranks = launch(tmp_path, [frink(*args)] * 2, child_env(), stdin=subprocess.PIPE)
-    assert ranks[0].stdin is not None
-    ranks[0].stdin.write(PROMPT)
-    ranks[0].stdin.flush()  # and left open, as mlx.launch leaves it
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        ranks[0].wait(timeout=120)  # (finish's communicate would close the pipes)
-    (rc0, out0, err0), (rc1, out1, err1) = finish(ranks, timeout=120)
+    try:
+        assert ranks[0].stdin is not None
+        ranks[0].stdin.write(PROMPT)
+        ranks[0].stdin.flush()  # and left open, as mlx.launch leaves it
+        ranks[0].wait(timeout=60)  # (finish's communicate would close the pipes)
+    finally:
+        (rc0, out0, err0), (rc1, out1, err1) = finish(ranks, timeout=30)
     assert rc0 == 0 and rc1 == 0, err0[-2000:] + err1[-2000:]
     assert out0 == alone.stdout and out1 == ""
 
