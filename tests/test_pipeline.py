@@ -23,6 +23,7 @@ import pytest
 from ring import finish, launch, worker
 from synthetic_models import synthetic_config
 
+from frink_cli.cache import KvCache
 from frink_cli.distributed.plan import (
     StagePlan,
     memory_shares,
@@ -185,3 +186,15 @@ def test_default_split_balances_bytes_with_the_ends() -> None:
     assert split_layers(8, memory_shares(cfg, untied, [1.0, 2.0])) == (range(0, 3), range(3, 8))
     # A Q4_0 tensor counts its blocks' bytes: 32 weights in 18 bytes.
     assert stored_bytes(TensorInfo("x", (4, 64), "Q4_0")) == 4 * 2 * 18
+
+
+def test_a_stage_cache_holds_only_its_own_layers() -> None:
+    """A rank's KV rows are its layers' alone: half the layers, half the K/V bytes."""
+    cfg = synthetic_config("llama", n_layer=4)
+    whole, mine = KvCache(cfg, 32), KvCache(cfg, 32, layers=range(2, 4))
+    for c in (whole, mine):
+        c.check_room(32)
+    assert whole.kv_bytes > 0 and mine.kv_bytes * 2 == whole.kv_bytes
+    mine.commit(32)
+    mine.truncate(8)  # the layers it does not hold move with it, holding nothing
+    assert mine.n_past == 8 and mine.k[0].shape[1] == 0
