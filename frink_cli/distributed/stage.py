@@ -28,7 +28,7 @@ import time
 import weakref
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -43,7 +43,7 @@ STOP, STEP, LEDGERS = 0, 1, 2
 SKIP = "skip"  # a part of a prompt whose rows nobody wants back (the head is the last's)
 _HEADS = {None: 0, "last": 1, "all": 2, SKIP: 3}
 _HEAD_NAMES = {v: k for k, v in _HEADS.items()}
-_HEADER = 9  # int64s: op, rows, width, head, batch, n_seqs, n_freed, n_states, more
+_HEADER = 10  # int64s: op, rows, width, head, batch, n_seqs, n_freed, n_states, more, part
 MICRO_BATCH = 64  # prompt rows per part (a GDN chunk: the recurrent parts cut alike)
 _SEQ = 5  # int64s per sequence: cache id, n_past, new rows, n_ctx, rewind
 SAVE, RESTORE = 0, 1  # recurrent state: (what, cache id, n_past), 3 int64s each
@@ -61,12 +61,13 @@ class Step:
     freed: tuple[int, ...] = ()
     states: tuple[tuple[int, int, int], ...] = ()  # rank 0's saves and restores, in order
     more: bool = False  # more parts of this prompt follow: the last rank answers after them
+    part: int = 0  # which part of the prompt (0: a new step; what was held is stale)
 
 
 def send_step(group: Group, step: Step, x: np.ndarray | None) -> None:
     rows, width = x.shape if x is not None else (0, 0)
     header = [step.op, rows, width, _HEADS[step.head], step.batch, len(step.seqs)]
-    header += [len(step.freed), len(step.states), step.more]
+    header += [len(step.freed), len(step.states), step.more, step.part]
     group.send(np.array(header, np.int64), group.next)
     body = [v for s in step.seqs for v in s] + list(step.freed)
     body += [v for s in step.states for v in s]
@@ -78,7 +79,7 @@ def send_step(group: Group, step: Step, x: np.ndarray | None) -> None:
 
 def recv_step(group: Group) -> tuple[Step, np.ndarray | None]:
     """The next step and its rows; waits as long as rank 0 takes to send one."""
-    op, rows, width, head, batch, n_seqs, n_freed, n_states, more = group.recv(
+    op, rows, width, head, batch, n_seqs, n_freed, n_states, more, part = group.recv(
         (_HEADER,), np.int64, group.prev, bounded=False
     ).tolist()
     n_body = n_seqs * _SEQ + n_freed + 3 * n_states
@@ -87,7 +88,7 @@ def recv_step(group: Group) -> tuple[Step, np.ndarray | None]:
     at = n_seqs * _SEQ + n_freed
     freed = tuple(body[n_seqs * _SEQ : at])
     states = tuple((body[i], body[i + 1], body[i + 2]) for i in range(at, n_body, 3))
-    step = Step(op, _HEAD_NAMES[head], bool(batch), seqs, freed, states, bool(more))
+    step = Step(op, _HEAD_NAMES[head], bool(batch), seqs, freed, states, bool(more), part)
     x = group.recv((rows, width), np.float32, group.prev) if rows else None
     return step, x
 
@@ -131,6 +132,7 @@ class LeadDecoder(Decoder):
         self._states: list[tuple[int, int, int]] = []
         self.closed = False
         self.micro_batch = MICRO_BATCH  # a prompt's rows per part (the whole step: 0)
+        self._spent = 0.0  # this step's compute so far, over its parts
         # Called with the error when a rank is lost (pipeline.py: a server stops itself).
         self.on_lost: Callable[[PeerLost], None] | None = None
 
@@ -166,12 +168,12 @@ class LeadDecoder(Decoder):
         # One sequence's prompt goes in parts (a batch's rows stay one step).
         size = self.micro_batch if self.micro_batch > 0 and not isinstance(cache, SeqBatch) else T
         cuts = list(range(0, T, size)) + [T]
+        self._spent = 0.0
         try:
-            for a, b in zip(cuts, cuts[1:]):
+            for part, (a, b) in enumerate(zip(cuts, cuts[1:])):
                 more = b < T
-                self._send_part(
-                    ids[a:b], cache, (SKIP if head == "last" else head) if more else head, more
-                )
+                wanted = (SKIP if head == "last" else head) if more else head
+                self._send_part(ids[a:b], cache, Step(STEP, wanted, more=more, part=part))
             out = recv_rows(self.group, self.group.prev)
         except PeerLost as e:
             self.closed = True  # nothing more can be sent; close() has nothing to stop
@@ -180,20 +182,20 @@ class LeadDecoder(Decoder):
             raise
         return out, head is not None
 
-    def _send_part(
-        self, ids: np.ndarray, cache: KvCache | SeqBatch, head: str | None, more: bool
-    ) -> None:
+    def _send_part(self, ids: np.ndarray, cache: KvCache | SeqBatch, step: Step) -> None:
         """Rank 0's layers over `ids` (the whole step, or one part of a prompt), then the
-        rows on to rank 1 with the step's description; the cache moves past them."""
+        rows on to rank 1 with `step` completed (its caches, freed ids, saved states); the
+        cache moves past them."""
         T = len(ids)
         cache.check_room(T)
         positions = step_positions(cache, T)
         t0 = time.perf_counter()
         x = self.host.embed(ids, positions)
         x, _ = self.run_layers(x, positions, cache, None)
-        # The others run about as many layers each: waits beyond a multiple of this are a
-        # frozen rank (group.py's watchdog).
-        self.group.expect(time.perf_counter() - t0)
+        # The others run about as many layers each, on every part sent so far: waits
+        # beyond a multiple of that are a frozen rank (group.py's watchdog).
+        self._spent += time.perf_counter() - t0
+        self.group.expect(self._spent)
         parts = cache.caches if isinstance(cache, SeqBatch) else [cache]
         counts = cache.counts if isinstance(cache, SeqBatch) else [T]
         seqs = tuple(
@@ -203,9 +205,9 @@ class LeadDecoder(Decoder):
         freed = tuple(self._freed)
         del self._freed[: len(freed)]
         states, self._states = tuple(self._states), []
-        send_step(
-            self.group, Step(STEP, head, isinstance(cache, SeqBatch), seqs, freed, states, more), x
-        )
+        batch = isinstance(cache, SeqBatch)
+        step = replace(step, batch=batch, seqs=seqs, freed=freed, states=states)
+        send_step(self.group, step, x)
         cache.commit(T)
 
     def ledgers(self) -> list[dict]:
@@ -303,13 +305,17 @@ class Follower:
     def run(self) -> None:
         """Follow rank 0's steps until it stops the pipeline."""
         group = self.group
+        spent = 0.0  # compute over the parts of this step so far
         while True:
             step, x = recv_step(group)
             if step.op == STEP and x is not None:
+                if step.part == 0:  # a new step: nothing held or spent is its
+                    self.held, spent = [], 0.0
                 t0 = time.perf_counter()
                 out = self.step(step, x)
                 self.steps += 1
-                group.expect(time.perf_counter() - t0)
+                spent += time.perf_counter() - t0
+                group.expect(spent)
                 if not self.last:
                     send_step(group, step, out)
                     continue
