@@ -41,8 +41,10 @@ def test_bench_under_two_ranks_counts_each_rank(tmp_path: Path, tiny_model) -> N
 def test_run_prompt_from_stdin_under_two_ranks(tmp_path: Path, smollm2_path: Path) -> None:
     """`frink run -p -` as mlx.launch runs it: every rank's stdin is a pipe the launcher
     never closes. Rank 0 reads the prompt (it ends once the pipe goes quiet); a follower
-    does not read it at all. The text is one process's."""
-    args = ("run", str(smollm2_path), "-p", "-", "-n", "6", "--temp", "0", "--backend", "numpy")
+    does not read it at all. A draft model (-md) runs whole on rank 0. The text is one
+    process's."""
+    model = str(smollm2_path)
+    args = ("run", model, "-p", "-", "-n", "8", "--temp", "0", "--backend", "numpy", "-md", model)
     alone = subprocess.run(
         frink(*args), input=PROMPT, capture_output=True, text=True, env=child_env(), timeout=120
     )
@@ -57,6 +59,7 @@ def test_run_prompt_from_stdin_under_two_ranks(tmp_path: Path, smollm2_path: Pat
         (rc0, out0, err0), (rc1, out1, err1) = finish(ranks, timeout=30)
     assert rc0 == 0 and rc1 == 0, err0[-2000:] + err1[-2000:]
     assert out0 == alone.stdout and out1 == ""
+    assert "speculation:" in err0 and "speculation:" in alone.stderr
 
 
 def _answers(port: int) -> list[str]:
