@@ -68,11 +68,10 @@ def _run_both(
     single, piped = tmp_path / "single", tmp_path / "piped"
     single.mkdir()
     piped.mkdir()
+    pre = [f"--micro-batch={micro_batch}"] if micro_batch else []
     args = [backend, str(STEPS if not micro_batch else 4), *models]
-    if micro_batch:
-        args.insert(0, f"--micro-batch={micro_batch}")
-    ranks = launch(tmp_path, [worker(str(piped), *args)] * 2)
-    alone = subprocess.Popen(worker(str(single), *args), stderr=subprocess.PIPE, text=True)
+    ranks = launch(tmp_path, [worker(*pre, str(piped), *args)] * 2)
+    alone = subprocess.Popen(worker(*pre, str(single), *args), stderr=subprocess.PIPE, text=True)
     for rc, _, err in finish(ranks):
         assert rc == 0, err[-3000:]
     _, err = alone.communicate(timeout=240)
