@@ -30,7 +30,7 @@ from .cli_embed import POOLING_OPTION, embed
 from .cli_exit import CliState, err, run_app
 from .cli_lora import NO_LORA, LoraArgs, join_scaled, lora_flags
 from .cli_memory import mem_budget_flags
-from .cli_pipeline import LAYER_SPLIT, launched, load_or_follow, rank_submissions
+from .cli_pipeline import LAYER_SPLIT, following, launched, load_or_follow, rank_submissions
 from .cli_run import generate_and_print
 from .cli_sampling import sampling_flags
 from .cli_spec import SpecFlags, speculation_flags
@@ -245,7 +245,8 @@ def run(
         ("-c/--ctx-size", ctx_size, 0, None),
         ("--repeat-last-n", repeat_last_n, -1, None),
     )
-    text_in = read_prompt(prompt, file, ctx_size)
+    # A following rank needs no prompt: its stdin (-p -) is rank 0's to read.
+    text_in = "" if following() else read_prompt(prompt, file, ctx_size)
     if system is not None:
         check_utf8(system, "--system")
     constrain = constraint_args(grammar, grammar_file, json_schema, json_schema_file, regex)

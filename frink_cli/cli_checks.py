@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from .cli_pipeline import launched, read_relayed_stdin
 from .constraint import GRAMMAR_MAX_BYTES
 from .errors import FrinkError
 from .formats.jsonfile import open_regular
@@ -79,7 +80,8 @@ def read_prompt(prompt: str | None, file: Path | None, n_ctx: int = 0) -> str:
         if sys.stdin is None:
             raise FrinkError("cannot read the prompt from stdin: stdin is closed")
         try:
-            raw = sys.stdin.buffer.read(limit + 1)
+            # Under mlx.launch the pipe never closes (cli_pipeline.read_relayed_stdin).
+            raw = read_relayed_stdin(limit + 1) if launched() else sys.stdin.buffer.read(limit + 1)
         except (OSError, ValueError) as e:
             raise FrinkError(
                 f"cannot read the prompt from stdin: {getattr(e, 'strerror', e)}"

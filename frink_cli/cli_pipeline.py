@@ -8,16 +8,29 @@ and, once rank 0 stops it, ends the command with exit 0 and nothing on stdout.
 
 from __future__ import annotations
 
+import os
+import select
+import sys
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from .distributed import launched
+from .distributed import following, launched
 
 # The pipeline (mlx, the api) is imported only under mlx.launch: `frink --help` stays quick.
 
-__all__ = ["LAYER_SPLIT", "launched", "load_or_follow", "rank_submissions"]
+__all__ = [
+    "LAYER_SPLIT",
+    "following",
+    "launched",
+    "load_or_follow",
+    "rank_submissions",
+    "read_relayed_stdin",
+]
+
+# mlx.launch relays its stdin to the ranks in pieces, up to a second apart.
+STDIN_QUIET_S = 2.0
 
 LAYER_SPLIT = typer.Option(
     None,
@@ -47,3 +60,18 @@ def rank_submissions(model: Any) -> str:
         a, b = r["layers"]
         lines.append(f"| {r['rank']} | {a}-{b - 1} | {subs} | {refs} |")
     return "\n".join(lines) + "\n"
+
+
+def read_relayed_stdin(limit: int) -> bytes:
+    """Rank 0's stdin (`-p -`) as mlx.launch relays it: the launcher never closes the
+    ranks' stdin, so the prompt ends at EOF, or once nothing more came for STDIN_QUIET_S
+    seconds after its first bytes (at most `limit` bytes)."""
+    fd = sys.stdin.fileno()
+    data = b""
+    while len(data) < limit:
+        ready, _, _ = select.select([fd], [], [], STDIN_QUIET_S if data else None)
+        chunk = os.read(fd, min(1 << 16, limit - len(data))) if ready else b""
+        if not chunk:
+            break
+        data += chunk
+    return data

@@ -83,8 +83,9 @@ class Decoder:
             self.backend.end_thread()
 
     def new_cache(self, n_ctx: int, rewind: int = 0) -> KvCache:
-        """An empty cache of n_ctx positions that can step back rewind + 1 tokens."""
-        return KvCache(self.cfg, n_ctx, types=self.cache_types, rewind=rewind)
+        """An empty cache of n_ctx positions that can step back rewind + 1 tokens, holding
+        rows and state for this decoder's layers only."""
+        return KvCache(self.cfg, n_ctx, types=self.cache_types, rewind=rewind, layers=self.layers)
 
     def hidden(self, ids: np.ndarray, cache: KvCache) -> np.ndarray:
         """Run new tokens `ids` at the cache's next positions; the last layer's output."""

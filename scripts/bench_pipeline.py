@@ -1,15 +1,17 @@
 """Memory and speed of a pipeline over 1, 2, 4... ranks of MLX's ring on this machine.
 
     python scripts/bench_pipeline.py MODEL [--ranks 1,2,4] [--backend numpy] [-p 64] [-n 32]
+                                     [--micro-batch 64]
 
 For each rank count, starts the ranks as `mlx.launch --backend ring` does (loopback;
 one rank: a plain process). Each rank loads its stage, rank 0 runs a prompt of -p tokens
 and -n greedy decode steps, and every rank reports its peak RSS and the seconds it spent
 computing (its layers, the head) against the whole decode. The communication share is
 rank 0's decode time less the ranks' compute, over rank 0's decode time. Prints a
-markdown table. Every run (one rank too) has OMP_WAIT_POLICY=PASSIVE: ranks sharing a
-machine's cores must not spin while they wait. On a shared machine the times are noisy;
-the RSS is not.
+markdown table. --micro-batch N: rank 0 sends the prompt on in parts of N rows, so the
+ranks overlap on it (0: the whole prompt as one step; one rank is never cut). Every
+run (one rank too) has OMP_WAIT_POLICY=PASSIVE: ranks sharing a machine's cores must
+not spin while they wait. On a shared machine the times are noisy; the RSS is not.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def _ports(n: int) -> list[int]:
     return ports
 
 
-def rank_main(model: str, backend: str, n_prompt: int, n_gen: int, out: Path) -> None:
+def rank_main(args: argparse.Namespace, out: Path) -> None:
     """One rank: load, (rank 0) prompt + decode, write this rank's numbers."""
     from frink_cli.api import load
     from frink_cli.decoder import Decoder
@@ -69,11 +71,15 @@ def rank_main(model: str, backend: str, n_prompt: int, n_gen: int, out: Path) ->
     Decoder.logits = timed(logits)  # type: ignore[method-assign]
     rank = int(os.environ.get("MLX_RANK", "0")) if launched() else 0
     t0 = time.perf_counter()
+    model, backend = args.model, args.backend
+    n_prompt, n_gen = args.n_prompt, args.n_gen
     model_ = load_stage(model, backend) if launched() else load(model, backend=backend)
     loaded = time.perf_counter() - t0
     row: dict = {"rank": rank, "load_s": loaded}
     if model_ is not None:
         dec = model_.decoder
+        if isinstance(dec, LeadDecoder):
+            dec.micro_batch = args.micro_batch
         rng = np.random.default_rng(0)
         ids = rng.integers(0, model_.n_vocab, n_prompt)
         cache = dec.new_cache(n_prompt + n_gen + 1)
@@ -98,6 +104,7 @@ def measure(args: argparse.Namespace, n: int) -> list[dict]:
         env = dict(os.environ, PYTHONPATH=str(REPO), OMP_WAIT_POLICY="PASSIVE")
         argv = [sys.executable, __file__, args.model, "--backend", args.backend]
         argv += ["-p", str(args.n_prompt), "-n", str(args.n_gen), "--rank-out", tmp]
+        argv += ["--micro-batch", str(args.micro_batch)]
         if n > 1:
             ring = out / "ring.json"
             ring.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in _ports(n)]))
@@ -119,10 +126,11 @@ def main() -> None:
     ap.add_argument("--backend", default="numpy")
     ap.add_argument("-p", "--n-prompt", type=int, default=64)
     ap.add_argument("-n", "--n-gen", type=int, default=32)
+    ap.add_argument("--micro-batch", type=int, default=64)
     ap.add_argument("--rank-out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rank_out:
-        rank_main(args.model, args.backend, args.n_prompt, args.n_gen, Path(args.rank_out))
+        rank_main(args, Path(args.rank_out))
         return
     print("| ranks | peak RSS per rank (MiB) | max / 1 rank | pp t/s | tg t/s | ms/token | comm |")
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")

@@ -36,9 +36,13 @@ def hostfile(tmp: Path, n: int) -> Path:
 
 
 def launch(
-    tmp: Path, argvs: Sequence[Sequence[str]], env: dict[str, str] | None = None
+    tmp: Path,
+    argvs: Sequence[Sequence[str]],
+    env: dict[str, str] | None = None,
+    stdin: int | None = None,
 ) -> list[subprocess.Popen]:
-    """One process per argv (rank = index), stdout and stderr piped, text mode."""
+    """One process per argv (rank = index), stdout and stderr piped, text mode; `stdin`
+    for each (subprocess.PIPE: a pipe the test writes to, or holds open)."""
     ring = hostfile(tmp, len(argvs))
     procs = []
     for rank, argv in enumerate(argvs):
@@ -48,6 +52,7 @@ def launch(
             subprocess.Popen(
                 list(argv),
                 env=e,
+                stdin=stdin,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,

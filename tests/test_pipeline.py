@@ -4,12 +4,15 @@ started as mlx.launch starts them (tests/ring.py), against one process.
 The reference is the same model in one process (the path every other test holds to
 transformers and llama.cpp): the split must change nothing, so logits agree to 1e-5 for
 the prefill, 32 greedy decode steps, a two-sequence batched step and a step after going
-back to a saved (recurrent) state, and each rank makes one submission per step.
+back to a saved (recurrent) state, and each rank makes one submission per step. Fed in
+micro-batches (rank 0 sends a prompt on in parts, the ranks overlapping), a prompt's
+logits are the same. A rank killed, or frozen (SIGSTOP), ends rank 0 within seconds.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -20,6 +23,7 @@ import pytest
 from ring import finish, launch, worker
 from synthetic_models import synthetic_config
 
+from frink_cli.cache import KvCache
 from frink_cli.distributed.plan import (
     StagePlan,
     memory_shares,
@@ -31,15 +35,23 @@ from frink_cli.errors import FrinkError
 from frink_cli.formats.checkpoint import TensorInfo
 
 STEPS = 32
+# pipeline_worker.py's steps with --micro-batch=5 and 4 decode steps: its 12-row prompt
+# in 3 parts, 4 decode steps, 4 single steps (prefix, batch, 3 rows, again), then the
+# 40-row prompt in 8 parts and one more step.
+PARTS = 3 + 4 + 4 + 8 + 1
 TINY = ("llama", "qwen35", "qwen3moe")  # dense, hybrid GDN (recurrent state split), MoE
 
 
-def _compare(single: Path, piped: Path, n: int) -> None:
+def _compare(single: Path, piped: Path, n: int, ledgers: bool = True) -> None:
     for i in range(n):
         with np.load(single / f"{i}.npz") as a, np.load(piped / f"{i}.npz") as b:
             assert np.array_equal(a["tokens"], b["tokens"])  # the same greedy text
-            for key in ("prefill", "decode", "batch", "again"):
+            assert sorted(a.files) == sorted(b.files)
+            for key in set(a.files) - {"tokens", "ledgers"}:
                 np.testing.assert_allclose(b[key], a[key], atol=1e-5, rtol=0, err_msg=key)
+            if not ledgers:  # parts of a prompt are steps of their own: 12 rows are 3, 40 are 8
+                assert json.loads(str(b["ledgers"]))[1]["steps"] == PARTS
+                continue
             one = json.loads(str(a["ledgers"]))[0]
             ranks = json.loads(str(b["ledgers"]))
             assert [r["rank"] for r in ranks] == [0, 1]
@@ -50,22 +62,33 @@ def _compare(single: Path, piped: Path, n: int) -> None:
                 assert sum(r["submissions"].values()) == sum(one["submissions"].values())
 
 
-def _run_both(tmp_path: Path, models: list[str], backend: str = "metal") -> None:
+def _run_both(
+    tmp_path: Path, models: list[str], backend: str = "metal", micro_batch: int = 0
+) -> None:
     single, piped = tmp_path / "single", tmp_path / "piped"
     single.mkdir()
     piped.mkdir()
-    args = [backend, str(STEPS), *models]
-    ranks = launch(tmp_path, [worker(str(piped), *args)] * 2)
-    alone = subprocess.Popen(worker(str(single), *args), stderr=subprocess.PIPE, text=True)
+    pre = [f"--micro-batch={micro_batch}"] if micro_batch else []
+    args = [backend, str(STEPS if not micro_batch else 4), *models]
+    ranks = launch(tmp_path, [worker(*pre, str(piped), *args)] * 2)
+    alone = subprocess.Popen(worker(*pre, str(single), *args), stderr=subprocess.PIPE, text=True)
     for rc, _, err in finish(ranks):
         assert rc == 0, err[-3000:]
     _, err = alone.communicate(timeout=240)
     assert alone.returncode == 0, err[-3000:]
-    _compare(single, piped, len(models))
+    _compare(single, piped, len(models), ledgers=not micro_batch)
 
 
 def test_two_ranks_match_one_process(tmp_path: Path, tiny_model) -> None:
     _run_both(tmp_path, [str(tiny_model(n).gguf) for n in TINY])
+
+
+def test_micro_batched_prompts_match_one_process(tmp_path: Path, tiny_model) -> None:
+    """Prompts of 12 and 40 rows sent on in parts of 5 (every row's logits, and the last
+    row's only), dense and GDN (its recurrent state carried from part to part), against
+    the whole prompt in one step of one process."""
+    models = [str(tiny_model(n).gguf) for n in ("llama", "qwen35")]
+    _run_both(tmp_path, models, backend="numpy", micro_batch=5)
 
 
 @pytest.mark.real
@@ -75,25 +98,33 @@ def test_two_ranks_match_one_process_smollm2(tmp_path: Path, smollm2_path: Path)
     _run_both(tmp_path, [str(smollm2_path)], backend="numpy")
 
 
-def test_killed_rank_ends_rank0_with_one_clear_line(tmp_path: Path, tiny_model) -> None:
+@pytest.mark.parametrize(
+    ("sig", "says"), [(signal.SIGKILL, "rank 1 stopped"), (signal.SIGSTOP, "rank 1 froze")]
+)
+def test_lost_rank_ends_rank0_with_one_clear_line(
+    tmp_path: Path, tiny_model, sig: signal.Signals, says: str
+) -> None:
+    """Killed (its link drops) or frozen (alive, silent: the watchdog, 2 s here)."""
     model = str(tiny_model("llama").gguf)
-    ranks = launch(tmp_path, [worker(str(tmp_path), "numpy", "100000", model)] * 2)
+    env = dict(os.environ, FRINK_PIPELINE_PATIENCE="2")
+    ranks = launch(tmp_path, [worker(str(tmp_path), "numpy", "100000", model)] * 2, env)
     try:
         assert ranks[0].stderr is not None
         for line in ranks[0].stderr:  # rank 0 reaches the decode loop
             if "decoding" in line:
                 break
         time.sleep(0.5)
-        ranks[1].send_signal(signal.SIGKILL)
+        ranks[1].send_signal(sig)
         t0 = time.monotonic()
         ranks[0].wait(timeout=10)
         assert time.monotonic() - t0 < 10
         assert ranks[0].returncode == 1
         err = ranks[0].stderr.read()
         ours = [line for line in err.splitlines() if line.startswith("error:")]
-        assert len(ours) == 1 and "rank 1 stopped" in ours[0], err[-2000:]
+        assert len(ours) == 1 and says in ours[0], err[-2000:]
         assert "Traceback" not in err
     finally:
+        ranks[1].kill()  # a stopped process too
         finish(ranks, timeout=5)
 
 
@@ -154,3 +185,15 @@ def test_default_split_balances_bytes_with_the_ends() -> None:
     assert split_layers(8, memory_shares(cfg, untied, [1.0, 2.0])) == (range(0, 3), range(3, 8))
     # A Q4_0 tensor counts its blocks' bytes: 32 weights in 18 bytes.
     assert stored_bytes(TensorInfo("x", (4, 64), "Q4_0")) == 4 * 2 * 18
+
+
+def test_a_stage_cache_holds_only_its_own_layers() -> None:
+    """A rank's KV rows are its layers' alone: half the layers, half the K/V bytes."""
+    cfg = synthetic_config("llama", n_layer=4)
+    whole, mine = KvCache(cfg, 32), KvCache(cfg, 32, layers=range(2, 4))
+    for c in (whole, mine):
+        c.check_room(32)
+    assert whole.kv_bytes > 0 and mine.kv_bytes * 2 == whole.kv_bytes
+    mine.commit(32)
+    mine.truncate(8)  # the layers it does not hold move with it, holding nothing
+    assert mine.n_past == 8 and mine.k[0].shape[1] == 0

@@ -66,6 +66,28 @@ def check_cache_types(cfg: ModelConfig, types: CacheTypes) -> None:
             check_width(types.v, shape.head_dim_v, OPTION_V)
 
 
+class UnheldSlot:
+    """A layer some other decoder runs (a pipeline's other ranks): no rows, no state, no
+    memory; every step passes it by."""
+
+    n_past = 0
+
+    def reserve(self, end: int) -> None:
+        pass
+
+    def commit(self, n_past: int) -> None:
+        pass
+
+    def rollback(self) -> None:
+        pass
+
+    def truncation_refusal(self, n_past: int) -> str | None:
+        return None
+
+    def truncate(self, n_past: int) -> None:
+        pass
+
+
 @dataclass(frozen=True)
 class CacheSnapshot:
     """A sequence's recurrent state at one length (attention rows need no copy: a prefix of
@@ -89,6 +111,7 @@ class KvCache:
         windowed: bool = True,
         types: CacheTypes = F32_CACHE,
         rewind: int = 0,
+        layers: range | None = None,
     ) -> None:
         self.cfg = cfg
         self.n_ctx = n_ctx
@@ -96,14 +119,22 @@ class KvCache:
         self.rewind = rewind
         self.n_past = 0
         self.slots: list = []
+        held = layers if layers is not None else range(cfg.n_layer)
         for layer in range(cfg.n_layer):
             source = cfg.kv_source(layer)
             # A KV-sharing layer reads an earlier layer's slot: one set of rows.
             self.slots.append(
-                SharedKv(self.slots[source])
+                UnheldSlot()
+                if layer not in held
+                else SharedKv(self.slots[source])
                 if source is not None
                 else layer_slot(cfg, layer, n_ctx, windowed, types, rewind)
             )
+        # As layer_slot chooses a RecurrentState or a ParallelSlot.
+        self._recurrent = any(
+            cfg.is_recurrent(i) or cfg.layer_shape(i).mixer == "attention+mamba2"
+            for i in range(cfg.n_layer)
+        )
 
     @property
     def kv_bytes(self) -> int:
@@ -114,7 +145,9 @@ class KvCache:
 
     @property
     def has_recurrent_state(self) -> bool:
-        return any(isinstance(s, (RecurrentState, ParallelSlot)) for s in self.slots)
+        """Whether the model keeps recurrent state (in any layer, held here or not: a
+        pipeline's rank 0 tells the others when to save theirs)."""
+        return self._recurrent
 
     def slot(self, layer: int) -> KvSlot | RecurrentSlot:
         return self.slots[layer]

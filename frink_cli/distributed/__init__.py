@@ -31,3 +31,9 @@ def launched() -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(ranks, list) and len(ranks) > 1
+
+
+def following() -> bool:
+    """Whether this process is a rank after the first: it follows rank 0's steps and never
+    reads a prompt (rank 0 reads it, from stdin too, and sends only its rows on)."""
+    return launched() and os.environ.get(ENV_RANK) != "0"

@@ -9,6 +9,13 @@ runs and traced graphs, one submission per run) and sends the rows on; the last 
 the head and sends the logits back to rank 0. All messages go to the next rank of the
 ring, so each link carries one direction.
 
+A long prompt goes in micro-batches (`LeadDecoder.micro_batch` rows each): rank 0 sends
+each part on as soon as its layers are done with it and goes on to the next, so rank r
+works on part i while rank r+1 works on part i-1. Every part but the last is marked
+`more`: the last rank holds its output (the head's rows, if every row's are wanted) and
+answers once, after the last part, so messages flow one way round the ring and rank 0
+never sends while the last rank is sending to it.
+
 Caches live where their layers do: a follower keeps one cache per rank-0 cache id, made
 on first sight, truncated when rank 0's is shorter (its prompt cache reusing a prefix),
 dropped when rank 0's is freed (the ids ride on the next step).
@@ -17,10 +24,11 @@ dropped when rank 0's is freed (the ids ride on the next step).
 from __future__ import annotations
 
 import json
+import time
 import weakref
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -32,9 +40,11 @@ from ..errors import FrinkError
 from .group import Group, PeerLost
 
 STOP, STEP, LEDGERS = 0, 1, 2
-_HEADS = {None: 0, "last": 1, "all": 2}
+SKIP = "skip"  # a part of a prompt whose rows nobody wants back (the head is the last's)
+_HEADS = {None: 0, "last": 1, "all": 2, SKIP: 3}
 _HEAD_NAMES = {v: k for k, v in _HEADS.items()}
-_HEADER = 8  # int64s: op, rows, width, head, batch, n_seqs, n_freed, n_states
+_HEADER = 10  # int64s: op, rows, width, head, batch, n_seqs, n_freed, n_states, more, part
+MICRO_BATCH = 64  # prompt rows per part (a GDN chunk: the recurrent parts cut alike)
 _SEQ = 5  # int64s per sequence: cache id, n_past, new rows, n_ctx, rewind
 SAVE, RESTORE = 0, 1  # recurrent state: (what, cache id, n_past), 3 int64s each
 _KEPT_STATES = 8  # saved states a follower keeps per sequence (the engine keeps 4)
@@ -50,12 +60,15 @@ class Step:
     seqs: tuple[tuple[int, ...], ...] = ()
     freed: tuple[int, ...] = ()
     states: tuple[tuple[int, int, int], ...] = ()  # rank 0's saves and restores, in order
+    more: bool = False  # more parts of this prompt follow: the last rank answers after them
+    part: int = 0  # which part of the prompt (0: a new step; what was held is stale)
 
 
 def send_step(group: Group, step: Step, x: np.ndarray | None) -> None:
     rows, width = x.shape if x is not None else (0, 0)
     header = [step.op, rows, width, _HEADS[step.head], step.batch, len(step.seqs)]
-    group.send(np.array([*header, len(step.freed), len(step.states)], np.int64), group.next)
+    header += [len(step.freed), len(step.states), step.more, step.part]
+    group.send(np.array(header, np.int64), group.next)
     body = [v for s in step.seqs for v in s] + list(step.freed)
     body += [v for s in step.states for v in s]
     if body:
@@ -65,8 +78,9 @@ def send_step(group: Group, step: Step, x: np.ndarray | None) -> None:
 
 
 def recv_step(group: Group) -> tuple[Step, np.ndarray | None]:
-    op, rows, width, head, batch, n_seqs, n_freed, n_states = group.recv(
-        (_HEADER,), np.int64, group.prev
+    """The next step and its rows; waits as long as rank 0 takes to send one."""
+    op, rows, width, head, batch, n_seqs, n_freed, n_states, more, part = group.recv(
+        (_HEADER,), np.int64, group.prev, bounded=False
     ).tolist()
     n_body = n_seqs * _SEQ + n_freed + 3 * n_states
     body = group.recv((n_body,), np.int64, group.prev).tolist() if n_body else []
@@ -74,7 +88,7 @@ def recv_step(group: Group) -> tuple[Step, np.ndarray | None]:
     at = n_seqs * _SEQ + n_freed
     freed = tuple(body[n_seqs * _SEQ : at])
     states = tuple((body[i], body[i + 1], body[i + 2]) for i in range(at, n_body, 3))
-    step = Step(op, _HEAD_NAMES[head], bool(batch), seqs, freed, states)
+    step = Step(op, _HEAD_NAMES[head], bool(batch), seqs, freed, states, bool(more), part)
     x = group.recv((rows, width), np.float32, group.prev) if rows else None
     return step, x
 
@@ -117,6 +131,8 @@ class LeadDecoder(Decoder):
         self._freed: list[int] = []
         self._states: list[tuple[int, int, int]] = []
         self.closed = False
+        self.micro_batch = MICRO_BATCH  # a prompt's rows per part (the whole step: 0)
+        self._spent = 0.0  # this step's compute so far, over its parts
         # Called with the error when a rank is lost (pipeline.py: a server stops itself).
         self.on_lost: Callable[[PeerLost], None] | None = None
 
@@ -129,7 +145,9 @@ class LeadDecoder(Decoder):
         return cid
 
     def new_cache(self, n_ctx: int, rewind: int = 0) -> KvCache:
-        cache = LeadCache(self.cfg, n_ctx, types=self.cache_types, rewind=rewind)
+        cache = LeadCache(
+            self.cfg, n_ctx, types=self.cache_types, rewind=rewind, layers=self.layers
+        )
         cache.lead = self
         return cache
 
@@ -147,9 +165,37 @@ class LeadDecoder(Decoder):
         if self.closed:
             raise FrinkError("pipeline: the other ranks were stopped")
         cache.check_room(T)
+        # One sequence's prompt goes in parts (a batch's rows stay one step).
+        size = self.micro_batch if self.micro_batch > 0 and not isinstance(cache, SeqBatch) else T
+        cuts = list(range(0, T, size)) + [T]
+        self._spent = 0.0
+        try:
+            for part, (a, b) in enumerate(zip(cuts, cuts[1:])):
+                more = b < T
+                wanted = (SKIP if head == "last" else head) if more else head
+                self._send_part(ids[a:b], cache, Step(STEP, wanted, more=more, part=part))
+            out = recv_rows(self.group, self.group.prev)
+        except PeerLost as e:
+            self.closed = True  # nothing more can be sent; close() has nothing to stop
+            if self.on_lost is not None:
+                self.on_lost(e)
+            raise
+        return out, head is not None
+
+    def _send_part(self, ids: np.ndarray, cache: KvCache | SeqBatch, step: Step) -> None:
+        """Rank 0's layers over `ids` (the whole step, or one part of a prompt), then the
+        rows on to rank 1 with `step` completed (its caches, freed ids, saved states); the
+        cache moves past them."""
+        T = len(ids)
+        cache.check_room(T)
         positions = step_positions(cache, T)
+        t0 = time.perf_counter()
         x = self.host.embed(ids, positions)
         x, _ = self.run_layers(x, positions, cache, None)
+        # The others run about as many layers each, on every part sent so far: waits
+        # beyond a multiple of that are a frozen rank (group.py's watchdog).
+        self._spent += time.perf_counter() - t0
+        self.group.expect(self._spent)
         parts = cache.caches if isinstance(cache, SeqBatch) else [cache]
         counts = cache.counts if isinstance(cache, SeqBatch) else [T]
         seqs = tuple(
@@ -159,17 +205,10 @@ class LeadDecoder(Decoder):
         freed = tuple(self._freed)
         del self._freed[: len(freed)]
         states, self._states = tuple(self._states), []
-        step = Step(STEP, head, isinstance(cache, SeqBatch), seqs, freed, states)
-        try:
-            send_step(self.group, step, x)
-            out = recv_rows(self.group, self.group.prev)
-        except PeerLost as e:
-            self.closed = True  # nothing more can be sent; close() has nothing to stop
-            if self.on_lost is not None:
-                self.on_lost(e)
-            raise
+        batch = isinstance(cache, SeqBatch)
+        step = replace(step, batch=batch, seqs=seqs, freed=freed, states=states)
+        send_step(self.group, step, x)
         cache.commit(T)
-        return out, head is not None
 
     def ledgers(self) -> list[dict]:
         """Every following rank's ledger summary, in rank order (rank 0's is its own)."""
@@ -208,6 +247,8 @@ class Follower:
         self.caches: dict[int, KvCache] = {}
         self.saved: dict[int, dict[int, CacheSnapshot]] = {}  # per cache id, by n_past
         self.last = group.rank == group.size - 1
+        self.held: list[np.ndarray] = []  # the last rank's output of a prompt's parts so far
+        self.steps = 0  # steps (a prompt's parts each) this rank ran
 
     def _cache(self, cid: int, n_past: int, n_ctx: int, rewind: int) -> KvCache:
         c = self.caches.get(cid)
@@ -248,7 +289,7 @@ class Follower:
         cache.check_room(T)
         positions = step_positions(cache, T)
         dec = self.decoder
-        head = step.head if self.last else None
+        head = step.head if self.last and step.head != SKIP else None
         # As rank 0's Decoder.step_batch_rows: a batch's linears see each sequence's rows.
         with sequences(counts) if step.batch else nullcontext():
             out, is_logits = dec.run_layers(x, positions, cache, head)
@@ -264,14 +305,25 @@ class Follower:
     def run(self) -> None:
         """Follow rank 0's steps until it stops the pipeline."""
         group = self.group
+        spent = 0.0  # compute over the parts of this step so far
         while True:
             step, x = recv_step(group)
             if step.op == STEP and x is not None:
+                if step.part == 0:  # a new step: nothing held or spent is its
+                    self.held, spent = [], 0.0
+                t0 = time.perf_counter()
                 out = self.step(step, x)
-                if self.last:
-                    send_rows(group, group.next, out)
-                else:
+                self.steps += 1
+                spent += time.perf_counter() - t0
+                group.expect(spent)
+                if not self.last:
                     send_step(group, step, out)
+                    continue
+                if step.head != SKIP:
+                    self.held.append(out)
+                if not step.more:
+                    send_rows(group, group.next, np.concatenate(self.held))
+                    self.held = []
             elif step.op == LEDGERS:
                 self._pass_ledgers(step)
             else:
@@ -286,7 +338,8 @@ class Follower:
         group = self.group
         before = recv_rows(group, group.prev) if group.rank > 1 else np.zeros((1, 0), np.float32)
         lines = before.astype(np.uint8).tobytes()
-        lines += (json.dumps(ledger_summary(self.decoder, group.rank)) + "\n").encode()
+        mine = dict(ledger_summary(self.decoder, group.rank), steps=self.steps)
+        lines += (json.dumps(mine) + "\n").encode()
         rows = np.frombuffer(lines, np.uint8).astype(np.float32)[None]
         if self.last:
             send_rows(group, group.next, rows)
