@@ -461,6 +461,30 @@ def _refuse_unread_tensors(
         )
 
 
+def _checked_adapters(
+    ckpt: Checkpoint,
+    cfg: ModelConfig,
+    lora: Sequence[tuple[str | Path, float]],
+    apply: bool,
+    merge: bool,
+    backend: str,
+    stage: Stage | None,
+) -> list[LoraAdapter]:
+    """load()'s adapters, read and checked against the file, the backend and the stage."""
+    adapters = read_adapters(lora, ckpt, cfg, apply)
+    if merge and not (adapters and apply):
+        raise FrinkError(
+            "--lora-merge: needs adapters applied at load (a --lora, no --lora-init-without-apply)"
+        )
+    if adapters and backend not in ("numpy", "metal", "auto"):
+        raise FrinkError(
+            f"{backend}: LoRA adapters are not supported on this backend (numpy and metal run them)"
+        )
+    if adapters and stage is not None:
+        raise FrinkError("LoRA adapters are not supported in a pipeline (mlx.launch) yet")
+    return adapters
+
+
 def load(
     path: str | Path,
     backend: str = "numpy",
@@ -497,17 +521,7 @@ def load(
         scan_tensors(ckpt)
     # Before the (slow) weight load, so an unavailable backend is refused at once.
     check_cache_types(cfg, types)
-    adapters = read_adapters(lora, ckpt, cfg, lora_apply)
-    if lora_merge and not (adapters and lora_apply):
-        raise FrinkError(
-            "--lora-merge: needs adapters applied at load (a --lora, no --lora-init-without-apply)"
-        )
-    if adapters and backend not in ("numpy", "metal", "auto"):
-        raise FrinkError(
-            f"{backend}: LoRA adapters are not supported on this backend (numpy and metal run them)"
-        )
-    if adapters and stage is not None:
-        raise FrinkError("LoRA adapters are not supported in a pipeline (mlx.launch) yet")
+    adapters = _checked_adapters(ckpt, cfg, lora, lora_apply, lora_merge, backend, stage)
     budget = budget_plan(ckpt, cfg, mem_budget, backend)
     streams = budget is not None and budget.streams
     if streams and stage is not None:

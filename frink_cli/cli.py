@@ -23,16 +23,16 @@ from .cli_checks import (
     check_ranges,
     check_utf8,
     constraint_args,
-    read_api_key,
     read_prompt,
 )
 from .cli_embed import POOLING_OPTION, embed
-from .cli_exit import CliState, err, run_app
+from .cli_exit import err, run_app, verbose_flag
 from .cli_lora import NO_LORA, LoraArgs, join_scaled, lora_flags
-from .cli_memory import mem_budget_flags
-from .cli_pipeline import LAYER_SPLIT, following, launched, load_or_follow, rank_submissions
+from .cli_memory import NO_PLACEMENT, Placement, mem_budget_flags, placement_flags
+from .cli_pipeline import following, launched, load_or_follow, rank_submissions
 from .cli_run import generate_and_print
 from .cli_sampling import sampling_flags
+from .cli_server import ServerOptions, server_flags
 from .cli_spec import SpecFlags, speculation_flags
 from .errors import FrinkError, printable
 
@@ -47,11 +47,6 @@ app = typer.Typer(
 )
 
 
-def _begin(ctx: typer.Context, verbose: bool) -> None:
-    """Every command's first step: record -v where main() reads it."""
-    ctx.ensure_object(CliState).verbose = verbose
-
-
 def _load(
     model_arg: str | None,
     backend: str,
@@ -59,9 +54,8 @@ def _load(
     check_tensors: bool = False,
     cache_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE),
     lora: LoraArgs = NO_LORA,
-    layer_split: str | None = None,
+    placement: Placement = NO_PLACEMENT,
     stage: bool = True,
-    mem_budget: float | None = None,
 ):
     """The model, loaded with a progress bar on a terminal; cache_types: -ctk and -ctv;
     lora: the LoRA flags (cli_lora.lora_args). Under mlx.launch (stage: unless this is a
@@ -73,9 +67,9 @@ def _load(
     path = resolve_model_arg(model_arg)
     ctk, ctv = cache_types
     opts: dict[str, Any] = dict(check_tensors=check_tensors, cache_type_k=ctk, cache_type_v=ctv)
-    opts.update(lora.load_options(), mem_budget=mem_budget)
+    opts.update(lora.load_options(), mem_budget=placement.mem_budget)
     if stage and launched():
-        return load_or_follow(path, backend, layer_split, **opts)
+        return load_or_follow(path, backend, placement.layer_split, **opts)
     # No bar when stderr is a pipe or file: there it is only noise (rich leaves a blank line).
     if quiet or not err.is_terminal:
         return load(path, backend=backend, **opts)
@@ -131,7 +125,6 @@ def _cache_type_option(option: str) -> Any:
 
 # The options several commands share, one definition each.
 _MODEL = typer.Argument(None, help="GGUF file, HF directory or model name")
-_VERBOSE = typer.Option(False, "-v", "--verbose")
 _BACKEND = _backend_option("auto", "auto|numpy|metal|cuda")
 _CTX_SIZE = typer.Option(
     0, "-c", "--ctx-size", help="context size (0: the model's, capped at 4096)"
@@ -156,31 +149,6 @@ _JSON_SCHEMA_FILE = typer.Option(
     None, "-jf", "--json-schema-file", help="read --json-schema from a file"
 )
 _REGEX = typer.Option(None, "--regex", help="constrain the output to match this regular expression")
-_TIMEOUT = typer.Option(
-    60.0,
-    "-to",
-    "--timeout",
-    help="seconds a client may leave a request body unsent or an answer unread "
-    "(then its connection closes); a request head gets min(10, this)",
-)
-_MAX_CONNECTIONS = typer.Option(
-    256,
-    "--max-connections",
-    help="open connections at most (kept below the file-descriptor limit); past it the "
-    "longest-idle one is closed",
-)
-_CORS_ORIGINS = typer.Option(
-    "",
-    "--cors-origins",
-    help="comma-separated web origins (https://app.example) whose pages may call this "
-    "server ('*': any); other browser requests get a 403",
-)
-_PARSE_SPECIAL = typer.Option(
-    False,
-    "--parse-special",
-    help="read control tokens written in message content and prompts as control tokens "
-    "(llama-server's behaviour: a client's text can then forge chat turns)",
-)
 
 
 def _speculate(m: Any, flags: SpecFlags | None, backend: str, quiet: bool = False) -> None:
@@ -197,13 +165,18 @@ def _n_ctx(m: Any, ctx_size: int) -> int:
     return ctx_size or min(m.config.n_ctx_train, 4096)
 
 
+def _model_flags(command: Any) -> Any:
+    """The flag groups of the commands that load a model to generate with it (run, bench,
+    serve): speculation, where the weights go, LoRA adapters, -v."""
+    for group in (verbose_flag, lora_flags, placement_flags, speculation_flags):
+        command = group(command)
+    return command
+
+
 @app.command()
-@speculation_flags
-@mem_budget_flags
-@lora_flags
+@_model_flags
 @sampling_flags
 def run(
-    ctx: typer.Context,
     model: str | None = typer.Argument(
         None,
         help="GGUF file, HF directory, or a model name from `frink models` (default: smollm2-135m)",
@@ -234,12 +207,10 @@ def run(
     ),
     speculation: SpecFlags | None = None,
     adapters: LoraArgs = NO_LORA,
-    memory: float | None = None,
-    layer_split: str | None = LAYER_SPLIT,
-    verbose: bool = _VERBOSE,
+    placement: Placement = NO_PLACEMENT,
+    verbose: bool = False,
 ) -> None:
     """Generate text from a prompt."""
-    _begin(ctx, verbose)
     check_ranges(
         ("-n/--max-tokens", max_tokens, 0, None),
         ("-c/--ctx-size", ctx_size, 0, None),
@@ -258,8 +229,7 @@ def run(
         check_tensors=check_tensors,
         cache_types=(cache_type_k, cache_type_v),
         lora=adapters,
-        mem_budget=memory,
-        layer_split=layer_split,
+        placement=placement,
     )
     # Compiled before the prompt runs: a grammar that does not compile stops here.
     constraint = m.constraint(**constrain)
@@ -279,8 +249,8 @@ def run(
 
 @app.command()
 @mem_budget_flags
+@verbose_flag
 def info(
-    ctx: typer.Context,
     model: str | None = _MODEL,
     as_json: bool = typer.Option(False, "--json"),
     backend: str = _backend_option(
@@ -288,10 +258,9 @@ def info(
         "say which layers this backend takes and how it holds each tensor type (numpy|metal|cuda)",
     ),
     memory: float | None = None,
-    verbose: bool = _VERBOSE,
+    verbose: bool = False,
 ) -> None:
     """Describe a model: architecture, sizes, tensor types, layers, tokenizer."""
-    _begin(ctx, verbose)
     from .pull import resolve_model_arg
     from .report import describe, print_info
 
@@ -304,11 +273,8 @@ def info(
 
 
 @app.command()
-@speculation_flags
-@mem_budget_flags
-@lora_flags
+@_model_flags
 def bench(
-    ctx: typer.Context,
     model: str | None = _MODEL,
     n_prompt: int = typer.Option(512, "-p", "--n-prompt", help="prompt test size (0: none)"),
     n_gen: int = typer.Option(128, "-n", "--n-gen", help="generation test size (0: none)"),
@@ -335,16 +301,14 @@ def bench(
     ),
     speculation: SpecFlags | None = None,
     adapters: LoraArgs = NO_LORA,
-    memory: float | None = None,
-    layer_split: str | None = LAYER_SPLIT,
+    placement: Placement = NO_PLACEMENT,
     as_json: bool = typer.Option(False, "--json", help="a JSON list of rows"),
     as_csv: bool = typer.Option(False, "--csv", help="CSV rows"),
     as_md: bool = typer.Option(False, "--md", help="a markdown table (the default)"),
-    verbose: bool = _VERBOSE,
+    verbose: bool = False,
 ) -> None:
     """Measure prompt and generation speed, llama-bench style; with --spec / -md, greedy
     generation from a code-edit prompt, plain against speculative."""
-    _begin(ctx, verbose)
     from . import bench as B
 
     if as_json + as_csv + as_md > 1:
@@ -355,8 +319,7 @@ def bench(
         backend,
         cache_types=(cache_type_k, cache_type_v),
         lora=adapters,
-        mem_budget=memory,
-        layer_split=layer_split,
+        placement=placement,
     )
     _speculate(m, speculation, backend)
     rows = B.run_bench(
@@ -385,8 +348,8 @@ def bench(
 @mem_budget_flags
 @lora_flags
 @sampling_flags
+@verbose_flag
 def chat(
-    ctx: typer.Context,
     model: str | None = _MODEL,
     ctx_size: int = _CTX_SIZE,
     cache_type_k: str = _CACHE_TYPE_K,
@@ -397,11 +360,10 @@ def chat(
     backend: str = _BACKEND,
     adapters: LoraArgs = NO_LORA,
     memory: float | None = None,
-    verbose: bool = _VERBOSE,
+    verbose: bool = False,
 ) -> None:
     """Chat with the model in the terminal (/reset, /system TEXT, /exit; Ctrl-C stops an
     answer)."""
-    _begin(ctx, verbose)
     from .repl import chat_loop
     from .sampling import SamplingParams
 
@@ -411,7 +373,11 @@ def chat(
         check_utf8(system, "--system")
     params = SamplingParams(**(sampling or {}))
     m = _load(
-        model, backend, cache_types=(cache_type_k, cache_type_v), lora=adapters, mem_budget=memory
+        model,
+        backend,
+        cache_types=(cache_type_k, cache_type_v),
+        lora=adapters,
+        placement=Placement(memory),
     )
     chat_loop(
         m,
@@ -425,99 +391,53 @@ def chat(
 
 
 @app.command()
-@speculation_flags
-@mem_budget_flags
-@lora_flags
+@_model_flags
+@server_flags
 def serve(
-    ctx: typer.Context,
     model: str | None = _MODEL,
-    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
-    port: int = typer.Option(8080, "--port", help="port to listen on (0: any free port)"),
     parallel: int = typer.Option(4, "-np", "--parallel", help="sequences decoded together (slots)"),
     ctx_size: int = typer.Option(
         0, "-c", "--ctx-size", help="context per sequence (0: the model's, capped at 4096)"
     ),
     cache_type_k: str = _CACHE_TYPE_K,
     cache_type_v: str = _CACHE_TYPE_V,
-    api_key: str | None = typer.Option(
-        None, "--api-key", help="require Authorization: Bearer KEY", envvar="FRINK_API_KEY"
-    ),
-    api_key_file: Path | None = typer.Option(
-        None,
-        "--api-key-file",
-        help="read the API key from this file's first line (it stays out of `ps`)",
-    ),
-    alias: str | None = typer.Option(None, "--alias", help="the model name clients see"),
-    prefill_chunk: int = typer.Option(
-        128, "--prefill-chunk", help="prompt rows fed per step beside the running streams"
-    ),
-    queue: int = typer.Option(64, "--queue", help="requests waiting at most (then 503)"),
-    max_body: int = typer.Option(
-        8 << 20, "--max-body", help="largest request body in bytes (then 413)"
-    ),
-    timeout: float = _TIMEOUT,
-    max_connections: int = _MAX_CONNECTIONS,
-    cors_origins: str = _CORS_ORIGINS,
-    parse_special: bool = _PARSE_SPECIAL,
     backend: str = _BACKEND,
     pooling: str | None = POOLING_OPTION,
+    server: ServerOptions | None = None,
     speculation: SpecFlags | None = None,
     adapters: LoraArgs = NO_LORA,
-    memory: float | None = None,
-    layer_split: str | None = LAYER_SPLIT,
-    verbose: bool = _VERBOSE,
+    placement: Placement = NO_PLACEMENT,
+    verbose: bool = False,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, with continuous batching."""
-    _begin(ctx, verbose)
     from .embedding import check_pooling, with_pooling
     from .serve.server import serve as run_server
 
-    check_ranges(
-        ("-np/--parallel", parallel, 1, 256),
-        ("-c/--ctx-size", ctx_size, 0, None),
-        ("--port", port, 0, 65535),
-        ("--prefill-chunk", prefill_chunk, 1, None),
-        ("--queue", queue, 0, None),
-        ("--max-body", max_body, 1, None),
-        ("--timeout", timeout, 0.1, 86400),
-        ("--max-connections", max_connections, 1, None),
-    )
+    assert server is not None  # the flag group's value
+    check_ranges(("-np/--parallel", parallel, 1, 256), ("-c/--ctx-size", ctx_size, 0, None))
     check_pooling(pooling)
-    api_key = read_api_key(api_key, api_key_file)
-    origins = frozenset(o.strip().rstrip("/") for o in cors_origins.split(",") if o.strip())
     m = _load(
         model,
         backend,
         cache_types=(cache_type_k, cache_type_v),
         lora=adapters,
-        mem_budget=memory,
-        layer_split=layer_split,
+        placement=placement,
     )
     m.embed_plan = with_pooling(m.embed_plan, pooling)
     _speculate(m, speculation, backend)
     run_server(
         m,
-        host=host,
-        port=port,
         n_parallel=parallel,
         n_ctx=_n_ctx(m, ctx_size),
-        api_key=api_key,
-        alias=alias,
-        prefill_chunk=prefill_chunk,
-        max_queue=queue,
-        max_body=max_body,
         announce=lambda line: err.print(f"frink: {printable(line)}", markup=False),
-        timeout=timeout,
-        max_connections=max_connections,
-        cors_origins=origins,
-        parse_special=parse_special,
+        **server.kwargs(),
     )
     err.print("frink: server stopped", markup=False)
 
 
 @app.command()
+@verbose_flag
 def parity(
-    ctx: typer.Context,
     model: str | None = _MODEL,
     backend: str = _backend_option("metal", "the backend to check: metal|cuda", ("metal", "cuda")),
     prompt: str | None = typer.Option(
@@ -530,10 +450,9 @@ def parity(
     cache_type_k: str = _CACHE_TYPE_K,
     cache_type_v: str = _CACHE_TYPE_V,
     as_json: bool = typer.Option(False, "--json"),
-    verbose: bool = _VERBOSE,
+    verbose: bool = False,
 ) -> None:
     """Check that an accelerated backend computes the same model as the host body."""
-    _begin(ctx, verbose)
     from .parity import check_parity, print_report
 
     check_range("--steps", steps, 0)

@@ -12,7 +12,7 @@ import sys
 
 import typer
 
-from .cli_exit import CliState
+from .cli_exit import verbose_flag
 
 POOLING_OPTION = typer.Option(
     None,
@@ -21,8 +21,8 @@ POOLING_OPTION = typer.Option(
 )
 
 
+@verbose_flag
 def embed(
-    ctx: typer.Context,
     model: str = typer.Argument(
         ..., help="GGUF file, HF / sentence-transformers directory or model name"
     ),
@@ -32,11 +32,10 @@ def embed(
         False, "--truncate", help="cut inputs longer than the model takes (else refused)"
     ),
     pooling: str | None = POOLING_OPTION,
-    verbose: bool = typer.Option(False, "-v", "--verbose"),
+    verbose: bool = False,
 ) -> None:
     """Embed texts: pooled as the model folder says (sentence-transformers modules.json,
     a GGUF's pooling_type) unless --pooling says otherwise."""
-    ctx.ensure_object(CliState).verbose = verbose
     from .api import load
     from .embedding import check_pooling, with_pooling
     from .pull import resolve_model_arg

@@ -22,6 +22,7 @@ import typer
 from rich.console import Console
 
 from . import interrupt
+from .cli_groups import flag_group
 from .errors import FrinkError, printable
 
 # soft_wrap: an error or stats line stays one line at any terminal width (rich would
@@ -48,9 +49,12 @@ except (ImportError, AttributeError):
 @dataclass
 class CliState:
     """What a command's flags tell run_app once it returns or fails: with -v, an error line
-    comes after its traceback. run_app hands one to the app as the click context's obj."""
+    comes after its traceback. One per process (STATE): run_app resets it per run."""
 
     verbose: bool = False
+
+
+STATE = CliState()
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -85,7 +89,8 @@ def run_app(app: Any) -> None:
     ends with one line on stderr and a non-zero exit (-v adds the traceback first); Ctrl-C
     is `frink: interrupted` and 130; a closed stdout pipe ends quietly."""
     check_streams()
-    state = CliState()
+    state = STATE
+    state.verbose = False
     if hasattr(signal, "SIGPIPE"):
         # `frink run ... | head`: end quietly when the reader goes away, as cat does.
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
@@ -101,7 +106,7 @@ def run_app(app: Any) -> None:
                 raise KeyboardInterrupt
             # Typer turns Ctrl-C (and typer.Exit(n)) into a returned exit code when not
             # standalone: 130 is its KeyboardInterrupt, anything else non-zero an Exit.
-            code = app(standalone_mode=False, obj=state)
+            code = app(standalone_mode=False)
             if code == 130:
                 raise KeyboardInterrupt
             if isinstance(code, int) and not isinstance(code, bool) and code:
@@ -131,3 +136,15 @@ def run_app(app: Any) -> None:
             # stdout on a full disk or a closed descriptor: the answer cannot be written.
             fail(f"error: cannot write output ({e.strerror})")
         raise
+
+
+def record_verbose(
+    verbosity: bool = typer.Option(False, "-v", "--verbose", help="tracebacks and details"),
+) -> bool:
+    """-v, recorded where run_app reads it."""
+    STATE.verbose = verbosity
+    return verbosity
+
+
+# Every command's -v: a flag group (cli_groups) on the command's `verbose` parameter.
+verbose_flag = flag_group("verbose", record_verbose)

@@ -1,27 +1,50 @@
-"""--mem-budget GB, shared by `frink run`, `bench`, `chat`, `serve` and `info` as one flag
-group (cli_groups: the commands take `memory: float | None`), checked once here and
-passed to `frink_cli.load(mem_budget=...)` (model/mem_budget.py says what it does)."""
+"""Where the weights go: --mem-budget GB (model/mem_budget.py says what it does) and, under
+mlx.launch, --layer-split (cli_pipeline). `frink chat` and `info` take the budget alone as
+`memory: float | None` (mem_budget_flags); `frink run`, `bench` and `serve` take both as
+`placement: Placement` (placement_flags). Checked once here, for `_load` and
+`frink_cli.load(mem_budget=...)`."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import typer
 
 from .cli_groups import flag_group
+from .cli_pipeline import LAYER_SPLIT
 from .model.mem_budget import budget_bytes
 
+MEM_BUDGET = typer.Option(
+    None,
+    "--mem-budget",
+    metavar="GB",
+    help="GiB the weights may hold; a MoE model bigger than that leaves its experts in "
+    "the file and caches the hot ones (numpy backend)",
+)
 
-def mem_budget_arg(
-    mem_budget: float | None = typer.Option(
-        None,
-        "--mem-budget",
-        metavar="GB",
-        help="GiB the weights may hold; a MoE model bigger than that leaves its experts in "
-        "the file and caches the hot ones (numpy backend)",
-    ),
-) -> float | None:
+
+class Placement(NamedTuple):
+    """The budget in GiB (None: none) and the pipeline's --layer-split (None: by memory)."""
+
+    mem_budget: float | None = None
+    layer_split: str | None = None
+
+
+NO_PLACEMENT = Placement()
+
+
+def mem_budget_arg(mem_budget: float | None = MEM_BUDGET) -> float | None:
     """The budget in GiB (None: none); FrinkError for a value that is not positive."""
     budget_bytes(mem_budget)
     return mem_budget
 
 
+def placement_args(
+    mem_budget: float | None = MEM_BUDGET, layer_split: str | None = LAYER_SPLIT
+) -> Placement:
+    """The flags as a Placement; FrinkError for a budget that is not positive."""
+    return Placement(mem_budget_arg(mem_budget), layer_split)
+
+
 mem_budget_flags = flag_group("memory", mem_budget_arg)
+placement_flags = flag_group("placement", placement_args)
