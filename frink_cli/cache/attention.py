@@ -32,6 +32,7 @@ from .kv_types import (
     stored_dtype,
     stored_width,
 )
+from .protocol import NothingToMove
 
 F32 = np.float32
 # Rows a full-attention buffer starts with; it doubles (up to the context) as it fills, so
@@ -258,7 +259,7 @@ class ChunkKv(WindowKv):
         return p // self.window * self.window
 
 
-class SharedKv:
+class SharedKv(NothingToMove):
     """A KV-sharing layer's slot (ModelConfig.kv_source): the rows of another layer's
     slot, read and never written. The source layer runs earlier in every step, so by the
     time this layer attends the source holds this step's rows too; staging, committing
@@ -298,18 +299,3 @@ class SharedKv:
 
     def by_position(self) -> tuple[np.ndarray, np.ndarray]:
         return self.source.by_position()
-
-    def reserve(self, end: int) -> None:
-        pass
-
-    def commit(self, n_past: int) -> None:
-        pass
-
-    def rollback(self) -> None:
-        pass
-
-    def truncation_refusal(self, n_past: int) -> str | None:
-        return None  # the source answers for the rows
-
-    def truncate(self, n_past: int) -> None:
-        pass

@@ -17,7 +17,7 @@ from ..model.config import ModelConfig
 from .attention import AttentionKv, ChunkKv, SharedKv, WindowKv
 from .kv_types import F32_CACHE, OPTION_K, OPTION_V, CacheTypes, check_width
 from .latent import LatentKv, check_latent_types
-from .protocol import KvSlot, LayerSlot, RecurrentSlot
+from .protocol import KvSlot, LayerSlot, NothingToMove, RecurrentSlot
 from .recurrent import ParallelSlot, RecurrentState
 
 
@@ -66,26 +66,11 @@ def check_cache_types(cfg: ModelConfig, types: CacheTypes) -> None:
             check_width(types.v, shape.head_dim_v, OPTION_V)
 
 
-class UnheldSlot:
+class UnheldSlot(NothingToMove):
     """A layer some other decoder runs (a pipeline's other ranks): no rows, no state, no
     memory; every step passes it by."""
 
     n_past = 0
-
-    def reserve(self, end: int) -> None:
-        pass
-
-    def commit(self, n_past: int) -> None:
-        pass
-
-    def rollback(self) -> None:
-        pass
-
-    def truncation_refusal(self, n_past: int) -> str | None:
-        return None
-
-    def truncate(self, n_past: int) -> None:
-        pass
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,26 @@ class LayerSlot(Protocol):
     def truncate(self, n_past: int) -> None: ...
 
 
+class NothingToMove:
+    """The LayerSlot steps of a slot with no rows or state of its own to stage, commit or
+    truncate (a KV-sharing layer's, or a layer another decoder runs)."""
+
+    def reserve(self, end: int) -> None:
+        pass
+
+    def commit(self, n_past: int) -> None:
+        pass
+
+    def rollback(self) -> None:
+        pass
+
+    def truncation_refusal(self, n_past: int) -> str | None:
+        return None  # whoever holds the rows answers for them
+
+    def truncate(self, n_past: int) -> None:
+        pass
+
+
 class KvSlot(LayerSlot, Protocol):
     first: int  # the first position held (later than 0 once a window has slid)
     version: int  # a count of writes: a device mirror re-syncs when it changes
