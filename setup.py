@@ -59,6 +59,7 @@ setup(
         Extension(
             "frink_cli.backends.host._rowwise",
             sources=["frink_cli/backends/host/rowwise.c"],
+            depends=["frink_cli/backends/host/rowwise_kv.h"],
             optional=True,
         ),
     ],
