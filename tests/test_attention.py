@@ -217,6 +217,35 @@ def test_stored_rows_attend_as_the_rows_they_decode_to(path: str, kind: str) -> 
     if path != "native":
         return
     np.testing.assert_array_equal(whole, A.attend(q, Kd, Vd, 0, np.arange(T), None, None))
+    windowed = A.attend(q, Kc, Vc, 0, np.arange(T), 70, None)
     for t0, t1 in ((0, 1), (3, 4), (17, 90), (149, 150)):
         got = A.attend(q[t0:t1], Kc, Vc, 0, np.arange(t0, t1), 70, None)
-        np.testing.assert_array_equal(got, A.attend(q, Kc, Vc, 0, np.arange(T), 70, None)[t0:t1])
+        np.testing.assert_array_equal(got, windowed[t0:t1])
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0", "q4_0"])
+def test_every_attention_variant_gives_the_same_bits(path: str, kind: str) -> None:
+    """The compiled attention's AVX2 loops (rowwise_kv_avx2.h) and its portable ones
+    (FRINK_NATIVE_ISA=base) give each row the same bits, over every cache type, odd key
+    counts (the 4-key blocks' remainder) and a V wider than 64 (two column passes)."""
+    if path != "native":
+        pytest.skip("the compiled attention's variants")
+    C = rowwise._C
+    rng = np.random.default_rng(14)
+    Hkv, g, T, hk, hv = 2, 2, 37, 64, 96
+    K = rng.standard_normal((Hkv, T, hk)).astype(np.float32)
+    V = rng.standard_normal((Hkv, T, hv)).astype(np.float32)
+    q = (rng.standard_normal((T, Hkv * g, hk)) * 0.125).astype(np.float32)
+    Kc, Vc = (x if kind == "f32" else Coded(encode(kind, x), kind, x.shape[2]) for x in (K, V))
+    got = {}
+    before = C.attend_isa()
+    try:
+        for isa in ("portable", "avx2"):
+            try:
+                C.attend_isa(isa)
+            except ValueError:
+                pytest.skip(f"this CPU does not run the {isa} attention")
+            got[isa] = A.attend(q, Kc, Vc, 0, np.arange(T), None, None)
+    finally:
+        C.attend_isa(before)
+    np.testing.assert_array_equal(got["avx2"], got["portable"])

@@ -30,6 +30,7 @@
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef _OPENMP
@@ -348,6 +349,7 @@ fail_h:
 /* -- attention ----------------------------------------------------------------------------- */
 
 #include "rowwise_kv.h"
+#include "rowwise_kv_avx2.h"
 
 typedef struct {
     rows_of q, k, v, out; /* k, v: a cache type's stored rows (k.n, v.n: stored widths) */
@@ -369,7 +371,13 @@ VECTORIZED
 static void attend_head(const attend_args *A, const float *q, Py_ssize_t kvh, Py_ssize_t j0,
                         Py_ssize_t n, Py_ssize_t d0, Py_ssize_t h, float *s, float *out) {
     const Py_ssize_t hk = A->q.n, hv = A->out.n, base = kvh * A->k.b + j0;
-    for (Py_ssize_t i = 0; i < n; i++) s[i] = dot_key(A->kt, q, stored_at(&A->k, base + i), hk);
+    const int avx2 = kv_avx2_takes(hk, hv);
+#if KV_HAS_AVX2
+    if (avx2)
+        KV_SCORES_AVX2[A->kt](q, hk, &A->k, base, n, s);
+    else
+#endif
+        for (Py_ssize_t i = 0; i < n; i++) s[i] = dot_key(A->kt, q, stored_at(&A->k, base + i), hk);
     if (A->softcap != 0.0f)
         for (Py_ssize_t i = 0; i < n; i++) s[i] = A->softcap * tanhf(s[i] / A->softcap);
     if (A->slopes)
@@ -392,8 +400,15 @@ static void attend_head(const attend_args *A, const float *q, Py_ssize_t kvh, Py
     float total = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
     for (; i < n; i++) total += s[i];
     if (A->sinks) total += exp_f32(A->sinks[h] - m);
-    for (Py_ssize_t d = 0; d < hv; d++) out[d] = 0.0f;
-    for (Py_ssize_t j = 0; j < n; j++) add_value(A->vt, out, s[j], stored_at(&A->v, base + j), hv);
+#if KV_HAS_AVX2
+    if (avx2)
+        KV_VALUES_AVX2[A->vt](s, &A->v, base, n, hv, out);
+    else
+#endif
+    {
+        for (Py_ssize_t d = 0; d < hv; d++) out[d] = 0.0f;
+        for (Py_ssize_t j = 0; j < n; j++) add_value(A->vt, out, s[j], stored_at(&A->v, base + j), hv);
+    }
     for (Py_ssize_t d = 0; d < hv; d++) out[d] /= total;
 }
 
@@ -562,6 +577,9 @@ static PyMethodDef METHODS[] = {
      "per query row and head over its keys [lo, hi), each row alone; K and V stored as cache "
      "types (0 f32, 1 f16, 2 bf16, 3 q8_0, 4 q4_0)"},
     {"exp", py_exp, METH_VARARGS, "exp(x, out): the e^x the activations use"},
+    {"attend_isa", py_attend_isa, METH_VARARGS,
+     "attend_isa(name=None) -> the attention loops' variant (avx2, or portable under "
+     "FRINK_NATIVE_ISA=base) before `name` (for tests) is made the one used"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -569,4 +587,7 @@ static struct PyModuleDef MODULE = {
     PyModuleDef_HEAD_INIT, "_rowwise", NULL, -1, METHODS, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__rowwise(void) { return PyModule_Create(&MODULE); }
+PyMODINIT_FUNC PyInit__rowwise(void) {
+    kv_pick_isa();
+    return PyModule_Create(&MODULE);
+}

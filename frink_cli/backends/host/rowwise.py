@@ -34,14 +34,15 @@ def _load() -> tuple[ModuleType | None, str]:
         from . import _rowwise  # type: ignore[attr-defined]
     except ImportError:
         return None, "numpy (the native row-wise ops were not built at install)"
-    return _rowwise, "native C"
+    return _rowwise, f"native C (attention {_rowwise.attend_isa()})"
 
 
 _C, _WHY = _load()
 
 
 def path() -> str:
-    """Which row-wise ops run: "native C" or "numpy (why)"."""
+    """Which row-wise ops run: "native C (attention avx2|portable)" (the attention loops'
+    variant: portable under FRINK_NATIVE_ISA=base) or "numpy (why)"."""
     return _WHY
 
 
