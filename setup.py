@@ -59,6 +59,10 @@ setup(
         Extension(
             "frink_cli.backends.host._rowwise",
             sources=["frink_cli/backends/host/rowwise.c"],
+            depends=[
+                "frink_cli/backends/host/rowwise_kv.h",
+                "frink_cli/backends/host/rowwise_kv_avx2.h",
+            ],
             optional=True,
         ),
     ],

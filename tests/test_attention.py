@@ -3,7 +3,8 @@ out in float64: a decode row over short and long caches (its scores taken in chu
 keys past ROW_KEY_CHUNK), with grouped KV heads, a window, a soft cap, ALiBi slopes and
 sinks; and a prompt's blocked rows, whose last row must be the decode row's answer. Each
 on both paths: the compiled row-wise ops' (rowwise.attend) and NumPy's. The compiled one
-also gives a row the same bits alone, in a prompt, or in a prompt cut anywhere."""
+also gives a row the same bits alone, in a prompt, or in a prompt cut anywhere, and reads a
+16-bit or quantized cache's stored rows as the f32 rows they decode to, bit for bit."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from frink_cli.backends.host import attention as A
 from frink_cli.backends.host import rowwise
+from frink_cli.cache.kv_types import Coded, as_f32, encode
 
 
 @pytest.fixture(autouse=True, params=["native", "numpy"])
@@ -192,3 +194,58 @@ def test_a_bias_of_even_width_is_refused() -> None:
     q, K, V, bias = _encoder_case(rng, 10)
     with pytest.raises(ValueError, match="attention bias"):
         A.attend(q, K, V, 0, np.arange(10), None, None, causal=False, bias=bias[:, 1:])
+
+
+@pytest.mark.parametrize("kind", ["f16", "bf16", "q8_0", "q4_0"])
+def test_stored_rows_attend_as_the_rows_they_decode_to(path: str, kind: str) -> None:
+    """K and V kept as a cache type stores them (`Coded`): softmax attention over the rows
+    they decode to; compiled, the same bits as the f32 kernel on those rows (each element
+    decoded exactly as it is read: f16 subnormals, -0 and 65504 included; a half row's
+    width not a multiple of 8 takes the dot's tail), in a prompt and in any cut of it."""
+    rng = np.random.default_rng(13)
+    Hkv, g, T = 2, 3, 150
+    hk, hv = (64, 32) if kind.startswith("q") else (68, 36)
+    K = rng.standard_normal((Hkv, T, hk)).astype(np.float32)
+    V = rng.standard_normal((Hkv, T, hv)).astype(np.float32)
+    K[0, :40, :4] = np.float32(3e-6) * np.arange(-2, 2)  # f16 subnormals and zeros
+    K[1, 7, 0], V[0, 9, :2] = np.float32(-0.0), np.float32(65504.0)
+    q = (rng.standard_normal((T, Hkv * g, hk)) * 0.125).astype(np.float32)
+    Kc, Vc = (Coded(encode(kind, x), kind, x.shape[2]) for x in (K, V))
+    Kd, Vd = as_f32(Kc), as_f32(Vc)
+    whole = A.attend(q, Kc, Vc, 0, np.arange(T), None, None)
+    np.testing.assert_allclose(whole, reference(q, Kd, Vd, np.arange(T), 0), rtol=5e-5, atol=5e-6)
+    if path != "native":
+        return
+    np.testing.assert_array_equal(whole, A.attend(q, Kd, Vd, 0, np.arange(T), None, None))
+    windowed = A.attend(q, Kc, Vc, 0, np.arange(T), 70, None)
+    for t0, t1 in ((0, 1), (3, 4), (17, 90), (149, 150)):
+        got = A.attend(q[t0:t1], Kc, Vc, 0, np.arange(t0, t1), 70, None)
+        np.testing.assert_array_equal(got, windowed[t0:t1])
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0", "q4_0"])
+def test_every_attention_variant_gives_the_same_bits(path: str, kind: str) -> None:
+    """The compiled attention's AVX2 loops (rowwise_kv_avx2.h) and its portable ones
+    (FRINK_NATIVE_ISA=base) give each row the same bits, over every cache type, odd key
+    counts (the 4-key blocks' remainder) and a V wider than 64 (two column passes)."""
+    if path != "native":
+        pytest.skip("the compiled attention's variants")
+    C = rowwise._C
+    rng = np.random.default_rng(14)
+    Hkv, g, T, hk, hv = 2, 2, 37, 64, 96
+    K = rng.standard_normal((Hkv, T, hk)).astype(np.float32)
+    V = rng.standard_normal((Hkv, T, hv)).astype(np.float32)
+    q = (rng.standard_normal((T, Hkv * g, hk)) * 0.125).astype(np.float32)
+    Kc, Vc = (x if kind == "f32" else Coded(encode(kind, x), kind, x.shape[2]) for x in (K, V))
+    got = {}
+    before = C.attend_isa()
+    try:
+        for isa in ("portable", "avx2"):
+            try:
+                C.attend_isa(isa)
+            except ValueError:
+                pytest.skip(f"this CPU does not run the {isa} attention")
+            got[isa] = A.attend(q, Kc, Vc, 0, np.arange(T), None, None)
+    finally:
+        C.attend_isa(before)
+    np.testing.assert_array_equal(got["avx2"], got["portable"])

@@ -13,11 +13,11 @@ same sequence in mixed steps, and asks for the same bytes at every row:
   - beside other sequences' prompts, then beside their decode rows;
   - its decode rows beside another sequence's prompt chunk;
   - its prompt cut in two (a resumed prefix), the second part beside others' decode rows;
-on a dense, a MoE and a hybrid (recurrent) tiny fixture and the real SmolLM2, in a child
-process per forced ISA (FRINK_NATIVE_ISA is read at import), each variant this CPU lacks
-skipped by name. And `frink serve` answers 8 concurrent greedy requests (prompts resumed
-from the slots' caches as a server does by default) with exactly the tokens and log
-probabilities it gives each alone.
+on dense fixtures (f32, f16 and q8_0 KV caches), a MoE and a hybrid (recurrent) tiny
+fixture and the real SmolLM2, in a child process per forced ISA (FRINK_NATIVE_ISA is read
+at import), each variant this CPU lacks skipped by name. And `frink serve` answers 8
+concurrent greedy requests (prompts resumed from the slots' caches as a server does by
+default) with exactly the tokens and log probabilities it gives each alone.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from frink_cli.api import load
 from frink_cli.quant import kernels
 
 path, lo, hi, cut_checks = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
-dec = load(path).decoder
+dec = load(path, cache_type_k=sys.argv[5], cache_type_v=sys.argv[5]).decoder
 rng = np.random.default_rng(7)
 A, B, C = (rng.integers(lo, hi, n) for n in (40, 33, 5))
 N = 3  # greedy decode rows after the prompt
@@ -114,7 +114,7 @@ print(json.dumps({"path": kernels.kernel_path(), "rows": report}))
 """
 
 
-def _check(model: Path, isa: str, ids: tuple[int, int] = (5, 200)) -> None:
+def _check(model: Path, isa: str, ids: tuple[int, int] = (5, 200), cache_type: str = "f32") -> None:
     reason = unrunnable_reason(isa)
     if reason:
         pytest.skip(reason)
@@ -123,7 +123,7 @@ def _check(model: Path, isa: str, ids: tuple[int, int] = (5, 200)) -> None:
     for key in ("FRINK_EXACT_ACTIVATIONS", "FRINK_NO_NATIVE", "FRINK_THREADS"):
         env.pop(key, None)
     cuts = "1" if isa in CUTS_KEEP_BITS else "0"
-    out = child_json(_CHILD, [str(model), str(ids[0]), str(ids[1]), cuts], env, 900)
+    out = child_json(_CHILD, [str(model), str(ids[0]), str(ids[1]), cuts, cache_type], env, 900)
     assert f"({isa}," in out["path"], out["path"]
     differ = {k: v for k, v in out["rows"].items() if any(d is not None for d in v)}
     # Each entry: per row (the prompt's last, then the decode rows) None where the bytes are
@@ -135,6 +135,17 @@ def _check(model: Path, isa: str, ids: tuple[int, int] = (5, 200)) -> None:
 def test_dense_f32_fixture(tiny_model: Callable, isa: str) -> None:
     """The tiny llama (f32 weights: the f32 product kernel, prompt rows and decode rows)."""
     _check(_path(tiny_model, "llama", "gguf"), isa)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("cache_type,family", [("f16", "llama"), ("q8_0", "gemma3")])
+def test_dense_fixture_with_a_typed_cache(
+    tiny_model: Callable, isa: str, cache_type: str, family: str
+) -> None:
+    """A tiny dense model with its K/V rows stored as f16 (the llama) or q8_0 (gemma3: heads
+    of 32, whole q8_0 blocks; window layers too) by -ctk/-ctv: the attention reads the
+    stored rows in the f32 kernel's order."""
+    _check(_path(tiny_model, family, "gguf"), isa, cache_type=cache_type)
 
 
 @pytest.mark.parametrize("isa", ISAS)

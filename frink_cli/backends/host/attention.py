@@ -4,19 +4,19 @@ The block around it (QKV split, QK norms, rope, output gate, o_proj) is composed
 graph/blocks/attention.py; this module is what HostOps.attention runs. GQA maps query head h
 to KV head h // (n_head / n_head_kv), as llama.cpp does.
 
-Which code: the compiled row-wise ops' attention (rowwise.attend) where built and the
-cache holds f32 rows, each query row and head computed alone in one fixed order, so that
-a row's output does not depend on the rows beside it: a prompt fed whole or in chunks,
+Which code: the compiled row-wise ops' attention (rowwise.attend) where built, each query
+row and head computed alone in one fixed order, so that a row's output does not depend on
+the rows beside it: a prompt fed whole or in chunks,
 resumed from a cache, or stepped beside other sequences gives each row the same bits (with
 8-bit activations an ulp here becomes a different code in the next layer's products and
 grows into different logits). Else NumPy's: blocked causal prefill over BLAS and a
 mask-free decode row, whose sums run in orders that depend on the block's shape (a
 prompt's rows then differ in the last bits with how it is chunked).
 
-K and V may be a cache type's stored rows (cache/kv_types.py's `Coded`): NumPy's path
-then decodes them, a decode row ROW_KEY_CHUNK keys at a time, a prefill batch the rows it
-sees once per step. (So a 16-bit or quantized cache is not yet batch-invariant: that
-wants the C attention reading the stored rows.)
+K and V may be a cache type's stored rows (cache/kv_types.py's `Coded`): the C reads them
+as stored, each element decoded as it is read (so a typed cache is batch-invariant too);
+NumPy's path decodes them, a decode row ROW_KEY_CHUNK keys at a time, a prefill batch the
+rows it sees once per step.
 """
 
 from __future__ import annotations
@@ -108,10 +108,9 @@ def attend(
         raise ValueError(f"attention bias must be [{q.shape[1]}, odd], not {bias.shape}")
     keys = key_ranges(positions, first, K.shape[1], window, causal)
     extra = (softcap, slopes, sinks, bias)
-    if not isinstance(K, Coded) and not isinstance(V, Coded):
-        out = rowwise.attend(q, K, V, first, positions, keys, extra)
-        if out is not None:
-            return out
+    out = rowwise.attend(q, K, V, first, positions, keys, extra)
+    if out is not None:
+        return out
     if not causal or bias is not None:
         return _attend_ranges(q, as_f32(K), as_f32(V), first, positions, keys, extra)
     T, H, hk = q.shape

@@ -30,6 +30,7 @@
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef _OPENMP
@@ -101,17 +102,21 @@ static void release(rows_of *r) {
     if (r->view.obj) PyBuffer_Release(&r->view);
 }
 
-/* obj as rows of floats (writable when asked): 1-3 dims, the last contiguous. */
-static int get_rows(PyObject *obj, int writable, const char *what, rows_of *r) {
+/* obj as rows of `itemsize`-byte elements of one of the buffer formats `formats` (each
+ * one character, e.g. "f"; writable when asked): 1-3 dims, the last contiguous. */
+static int get_rows_of(PyObject *obj, int writable, const char *what, const char *formats,
+                       Py_ssize_t itemsize, rows_of *r) {
     memset(r, 0, sizeof *r);
     int flags = PyBUF_STRIDES | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, &r->view, flags)) return -1;
     const Py_buffer *v = &r->view;
-    if (!v->format || strcmp(v->format, "f") || v->itemsize != 4) {
-        PyErr_Format(PyExc_ValueError, "%s must be float32", what);
+    const char *f = v->format && v->format[0] == '<' ? v->format + 1 : v->format;
+    if (!f || strlen(f) != 1 || !strchr(formats, f[0]) || v->itemsize != itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s must be %s", what,
+                     itemsize == 4 ? "float32" : itemsize == 2 ? "float16 or uint16" : "uint8");
         goto bad;
     }
-    if (v->ndim < 1 || v->ndim > 3 || v->strides[v->ndim - 1] != 4) {
+    if (v->ndim < 1 || v->ndim > 3 || v->strides[v->ndim - 1] != itemsize) {
         PyErr_Format(PyExc_ValueError, "%s must have 1-3 dims, the last contiguous", what);
         goto bad;
     }
@@ -125,6 +130,11 @@ static int get_rows(PyObject *obj, int writable, const char *what, rows_of *r) {
 bad:
     release(r);
     return -1;
+}
+
+/* obj as rows of floats (writable when asked): 1-3 dims, the last contiguous. */
+static int get_rows(PyObject *obj, int writable, const char *what, rows_of *r) {
+    return get_rows_of(obj, writable, what, "f", 4, r);
 }
 
 static inline float *row_at(const rows_of *r, Py_ssize_t i) {
@@ -338,20 +348,12 @@ fail_h:
 
 /* -- attention ----------------------------------------------------------------------------- */
 
-/* a . b over n floats: 8 lanes, each summing every 8th product in order, added as a tree, then
- * the last n % 8 products one by one. One order for every n, row and instruction set. */
-static inline float dot_lanes(const float *a, const float *b, Py_ssize_t n) {
-    float lane[8] = {0};
-    Py_ssize_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) lane[l] += a[i + l] * b[i + l];
-    float s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
+#include "rowwise_kv.h"
+#include "rowwise_kv_avx2.h"
 
 typedef struct {
-    rows_of q, k, v, out;
+    rows_of q, k, v, out; /* k, v: a cache type's stored rows (k.n, v.n: stored widths) */
+    int kt, vt;           /* K's and V's cache types (rowwise_kv.h's KV_*) */
     float softcap;       /* 0: none */
     const float *slopes; /* [H] or NULL */
     const float *sinks;  /* [H] or NULL */
@@ -368,8 +370,14 @@ typedef struct {
 VECTORIZED
 static void attend_head(const attend_args *A, const float *q, Py_ssize_t kvh, Py_ssize_t j0,
                         Py_ssize_t n, Py_ssize_t d0, Py_ssize_t h, float *s, float *out) {
-    const Py_ssize_t hk = A->k.n, hv = A->v.n, base = kvh * A->k.b + j0;
-    for (Py_ssize_t i = 0; i < n; i++) s[i] = dot_lanes(q, row_at(&A->k, base + i), hk);
+    const Py_ssize_t hk = A->q.n, hv = A->out.n, base = kvh * A->k.b + j0;
+    const int avx2 = kv_avx2_takes(hk, hv);
+#if KV_HAS_AVX2
+    if (avx2)
+        KV_SCORES_AVX2[A->kt](q, hk, &A->k, base, n, s);
+    else
+#endif
+        for (Py_ssize_t i = 0; i < n; i++) s[i] = dot_key(A->kt, q, stored_at(&A->k, base + i), hk);
     if (A->softcap != 0.0f)
         for (Py_ssize_t i = 0; i < n; i++) s[i] = A->softcap * tanhf(s[i] / A->softcap);
     if (A->slopes)
@@ -392,10 +400,14 @@ static void attend_head(const attend_args *A, const float *q, Py_ssize_t kvh, Py
     float total = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
     for (; i < n; i++) total += s[i];
     if (A->sinks) total += exp_f32(A->sinks[h] - m);
-    for (Py_ssize_t d = 0; d < hv; d++) out[d] = 0.0f;
-    for (Py_ssize_t j = 0; j < n; j++) {
-        const float e = s[j], *vr = row_at(&A->v, base + j);
-        for (Py_ssize_t d = 0; d < hv; d++) out[d] += e * vr[d];
+#if KV_HAS_AVX2
+    if (avx2)
+        KV_VALUES_AVX2[A->vt](s, &A->v, base, n, hv, out);
+    else
+#endif
+    {
+        for (Py_ssize_t d = 0; d < hv; d++) out[d] = 0.0f;
+        for (Py_ssize_t j = 0; j < n; j++) add_value(A->vt, out, s[j], stored_at(&A->v, base + j), hv);
     }
     for (Py_ssize_t d = 0; d < hv; d++) out[d] /= total;
 }
@@ -422,10 +434,12 @@ static Py_ssize_t attend_check(const attend_args *A, const int64_t *lo, const in
                                Py_ssize_t first) {
     const Py_ssize_t T = A->q.a, H = A->q.b, Hkv = A->k.a, S = A->k.b;
     if (A->q.view.ndim != 3 || A->k.view.ndim != 3 || A->v.view.ndim != 3 ||
-        A->out.view.ndim != 3 || Hkv < 1 || H % Hkv || A->k.n != A->q.n || A->v.a != Hkv ||
-        A->v.b != S || A->out.a != T || A->out.b != H || A->out.n != A->v.n) {
+        A->out.view.ndim != 3 || Hkv < 1 || H % Hkv || A->v.a != Hkv || A->v.b != S ||
+        A->out.a != T || A->out.b != H || kv_widths_differ(A->kt, A->q.n, A->k.n) ||
+        kv_widths_differ(A->vt, A->out.n, A->v.n)) {
         PyErr_SetString(PyExc_ValueError,
-                        "attend takes q [T, H, hk], K [Hkv, S, hk], V [Hkv, S, hv], out [T, H, hv]");
+                        "attend takes q [T, H, hk], K [Hkv, S, hk], V [Hkv, S, hv], out [T, H, hv] "
+                        "(K and V as their cache types store them)");
         return -1;
     }
     Py_ssize_t most = 0;
@@ -472,13 +486,14 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
     int threads;
     attend_args A;
     memset(&A, 0, sizeof A);
-    if (!PyArg_ParseTuple(args, "OOOnOOOfOOOnOi", &qo, &ko, &vo, &first, &po, &loo, &hio,
-                          &A.softcap, &so, &sko, &bo, &A.center, &oo, &threads))
+    if (!PyArg_ParseTuple(args, "OOiOinOOOfOOOnOi", &qo, &ko, &A.kt, &vo, &A.vt, &first, &po,
+                          &loo, &hio, &A.softcap, &so, &sko, &bo, &A.center, &oo, &threads))
         return NULL;
     Py_buffer pos = {0}, lov = {0}, hiv = {0}, slopes = {0}, sinks = {0}, bias = {0};
     PyObject *ret = NULL;
     float *scratch = NULL;
-    if (get_rows(qo, 0, "q", &A.q) || get_rows(ko, 0, "K", &A.k) || get_rows(vo, 0, "V", &A.v) ||
+    if (get_rows(qo, 0, "q", &A.q) || get_stored_rows(ko, A.kt, "K", &A.k) ||
+        get_stored_rows(vo, A.vt, "V", &A.v) ||
         get_rows(oo, 1, "out", &A.out) || int64_vector(po, A.q.a, "positions", &pos) ||
         int64_vector(loo, A.q.a, "lo", &lov) || int64_vector(hio, A.q.a, "hi", &hiv) ||
         optional_vector(so, A.q.b, "slopes", &slopes, &A.slopes) ||
@@ -557,10 +572,14 @@ static PyMethodDef METHODS[] = {
     {"glu", py_glu, METH_VARARGS,
      "glu(h, act (0 silu, 1 gelu_tanh), out, threads): out = act(gate) * up, h = [gate | up]"},
     {"attend", py_attend, METH_VARARGS,
-     "attend(q, K, V, first, pos int64, lo int64, hi int64, softcap (0 none), slopes | None, "
-     "sinks | None, bias | None, center, out, threads): softmax(q K^T + bias) V per query row "
-     "and head over its keys [lo, hi), each row alone"},
+     "attend(q, K, K type, V, V type, first, pos int64, lo int64, hi int64, softcap (0 none), "
+     "slopes | None, sinks | None, bias | None, center, out, threads): softmax(q K^T + bias) V "
+     "per query row and head over its keys [lo, hi), each row alone; K and V stored as cache "
+     "types (0 f32, 1 f16, 2 bf16, 3 q8_0, 4 q4_0)"},
     {"exp", py_exp, METH_VARARGS, "exp(x, out): the e^x the activations use"},
+    {"attend_isa", py_attend_isa, METH_VARARGS,
+     "attend_isa(name=None) -> the attention loops' variant (avx2, or portable under "
+     "FRINK_NATIVE_ISA=base) before `name` (for tests) is made the one used"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -568,4 +587,7 @@ static struct PyModuleDef MODULE = {
     PyModuleDef_HEAD_INIT, "_rowwise", NULL, -1, METHODS, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__rowwise(void) { return PyModule_Create(&MODULE); }
+PyMODINIT_FUNC PyInit__rowwise(void) {
+    kv_pick_isa();
+    return PyModule_Create(&MODULE);
+}

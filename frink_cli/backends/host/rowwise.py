@@ -17,11 +17,14 @@ from types import ModuleType
 
 import numpy as np
 
+from ...cache.kv_types import Rows, stored_dtype
 from ...quant import kernels
 
 F32 = np.float32
 # The activations rowwise.c has, by its numbers.
 GLU_ACTS = {"silu": 0, "gelu_tanh": 1}
+# The KV cache types rowwise_kv.h reads, by its numbers.
+KV_TYPES = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4}
 
 
 def _load() -> tuple[ModuleType | None, str]:
@@ -31,14 +34,15 @@ def _load() -> tuple[ModuleType | None, str]:
         from . import _rowwise  # type: ignore[attr-defined]
     except ImportError:
         return None, "numpy (the native row-wise ops were not built at install)"
-    return _rowwise, "native C"
+    return _rowwise, f"native C (attention {_rowwise.attend_isa()})"
 
 
 _C, _WHY = _load()
 
 
 def path() -> str:
-    """Which row-wise ops run: "native C" or "numpy (why)"."""
+    """Which row-wise ops run: "native C (attention avx2|portable)" (the attention loops'
+    variant: portable under FRINK_NATIVE_ISA=base) or "numpy (why)"."""
     return _WHY
 
 
@@ -49,6 +53,15 @@ def compiled() -> bool:
 def _takes(x: np.ndarray) -> bool:
     """Whether the C takes x: float32, 1-3 dims, the last contiguous."""
     return x.dtype == F32 and 1 <= x.ndim <= 3 and x.strides[-1] == 4
+
+
+def _stored(rows: Rows) -> tuple[np.ndarray, int] | None:
+    """K or V rows as the C attention takes them: (stored rows [Hkv, S, stored width], cache
+    type number); None where it does not (not 3 dims, a strided last dim)."""
+    data, kind = (rows, "f32") if isinstance(rows, np.ndarray) else (rows.data, rows.kind)
+    if data.ndim != 3 or data.dtype != stored_dtype(kind) or data.strides[-1] != data.itemsize:
+        return None
+    return data, KV_TYPES[kind]
 
 
 def rms_norm(
@@ -98,8 +111,8 @@ Decorations = tuple[float | None, np.ndarray | None, np.ndarray | None, np.ndarr
 
 def attend(
     q: np.ndarray,
-    K: np.ndarray,
-    V: np.ndarray,
+    K: Rows,
+    V: Rows,
     first: int,
     positions: np.ndarray,
     keys: tuple[np.ndarray, np.ndarray],
@@ -109,9 +122,12 @@ def attend(
     [Hkv, S, hk] and values [Hkv, S, hv], key row j at position first + j), query t over
     the keys at positions [lo[t], hi[t]) (keys = (lo, hi)), each query row and head on its
     own in one fixed order: a row's output is the same bits whatever rows, chunk or batch
-    it comes in, on any thread count and instruction set. [T, H * hv]; None where the C
-    does not take the arrays (then attention.py's NumPy runs)."""
-    if _C is None or not all(_takes(a) and a.ndim == 3 for a in (q, K, V)):
+    it comes in, on any thread count and instruction set. K and V: f32 rows or a cache
+    type's `Coded` rows, read as stored (rowwise_kv.h: the bits of the f32 kernel on the
+    decoded rows). [T, H * hv]; None where the C does not take the arrays (then
+    attention.py's NumPy runs)."""
+    stored_k, stored_v = _stored(K), _stored(V)
+    if _C is None or not _takes(q) or q.ndim != 3 or stored_k is None or stored_v is None:
         return None
     softcap, slopes, sinks, bias = extra
     T, H, _ = q.shape
@@ -122,7 +138,19 @@ def attend(
     center = 0 if table is None else (table.shape[-1] - 1) // 2
     threads = kernels.current_threads()
     _C.attend(
-        q, K, V, int(first), pos, lo, hi, float(softcap or 0), *vectors, table, center, out, threads
+        q,
+        *stored_k,
+        *stored_v,
+        int(first),
+        pos,
+        lo,
+        hi,
+        float(softcap or 0),
+        *vectors,
+        table,
+        center,
+        out,
+        threads,
     )
     return out.reshape(T, H * V.shape[2])
 

@@ -1,0 +1,197 @@
+/* The attention's two loops over a query head's keys, written for AVX2 (+ F16C), giving the
+ * bits of rowwise_kv.h's portable dot_key / add_value:
+ *
+ *   kv_scores_avx2  s[i] = q . K_i: the 8 lanes of dot_lanes are one register, each 8 values
+ *                   multiplied then added to it in row order (no FMA: the portable code
+ *                   rounds the product first), the lanes then summed by lanes_sum's tree;
+ *                   4 keys at a time, for 4 independent chains (a key's own arithmetic does
+ *                   not change).
+ *   kv_values_avx2  out[d] = sum over keys, in key order, of e_i * V_i[d]: up to 64 columns
+ *                   held in registers across the keys.
+ *
+ * A stored element is widened exactly as kv_types.decode widens it: vcvtph2ps is the exact
+ * half to float; bf16 is its bits shifted up; a q8_0 / q4_0 value is (float)q times the
+ * block's f16 scale, one rounding. Only for rows whose widths are multiples of 8 (the
+ * caller's `kv_avx2_takes`); others run the portable code, which gives the same bits.
+ *
+ * Included by rowwise.c after rowwise_kv.h. Elsewhere than GCC / clang on x86-64 it
+ * defines nothing and kv_avx2_takes is 0. */
+
+#ifndef FRINK_ROWWISE_KV_AVX2_H
+#define FRINK_ROWWISE_KV_AVX2_H
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+
+#define KV_AVX2 __attribute__((target("avx2,f16c")))
+#define KV_HAS_AVX2 1
+
+/* 1 where FRINK_NATIVE_ISA does not ask for the portable code ("base") and the CPU has
+ * AVX2 and F16C: set once when the module loads. */
+static int kv_use_avx2 = 0;
+
+static int kv_cpu_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+}
+
+static void kv_pick_isa(void) {
+    const char *want = getenv("FRINK_NATIVE_ISA");
+    kv_use_avx2 = !(want && !strcmp(want, "base")) && kv_cpu_avx2();
+}
+
+/* A block's f16 scale, broadcast (F16C's exact widening). */
+KV_AVX2 static inline __m256 kv_scale8(const uint8_t *b) {
+    return _mm256_set1_ps(_cvtsh_ss((unsigned short)(b[0] | (b[1] << 8))));
+}
+
+/* 8 values of a stored row from value c (a multiple of 8) on, as floats. */
+KV_AVX2 static inline __m256 kv_load8(int type, const char *row, Py_ssize_t c) {
+    switch (type) {
+    case KV_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * c)));
+    case KV_BF16: {
+        const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * c)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+    }
+    case KV_Q8_0: {
+        const uint8_t *b = (const uint8_t *)row + (c / KV_BLOCK) * (2 + KV_BLOCK);
+        const __m128i q = _mm_loadl_epi64((const __m128i *)(b + 2 + c % KV_BLOCK));
+        const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+        return _mm256_mul_ps(v, kv_scale8(b));
+    }
+    case KV_Q4_0: {
+        const uint8_t *b = (const uint8_t *)row + (c / KV_BLOCK) * (2 + KV_BLOCK / 2);
+        const Py_ssize_t j = c % KV_BLOCK;
+        __m256i n = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + j % 16)));
+        n = j < 16 ? _mm256_and_si256(n, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(n, 4);
+        const __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(n, _mm256_set1_epi32(8)));
+        return _mm256_mul_ps(v, kv_scale8(b));
+    }
+    default: return _mm256_loadu_ps((const float *)row + c);
+    }
+}
+
+KV_AVX2 static inline float kv_lanes(__m256 acc) {
+    float lane[8];
+    _mm256_storeu_ps(lane, acc);
+    return lanes_sum(lane);
+}
+
+/* s[i] = q . K row (base + i) of k, i in [0, n), K of cache type `type`, hk values a row. */
+#define KV_SCORES(name, TYPE)                                                                  \
+    KV_AVX2 static void name(const float *q, Py_ssize_t hk, const rows_of *k, Py_ssize_t base, \
+                             Py_ssize_t n, float *s) {                                         \
+        Py_ssize_t i = 0;                                                                      \
+        for (; i + 4 <= n; i += 4) {                                                           \
+            const char *r0 = stored_at(k, base + i), *r1 = stored_at(k, base + i + 1),         \
+                       *r2 = stored_at(k, base + i + 2), *r3 = stored_at(k, base + i + 3);     \
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                        \
+            for (Py_ssize_t c = 0; c < hk; c += 8) {                                           \
+                const __m256 x = _mm256_loadu_ps(q + c);                                       \
+                a0 = _mm256_add_ps(a0, _mm256_mul_ps(x, kv_load8(TYPE, r0, c)));               \
+                a1 = _mm256_add_ps(a1, _mm256_mul_ps(x, kv_load8(TYPE, r1, c)));               \
+                a2 = _mm256_add_ps(a2, _mm256_mul_ps(x, kv_load8(TYPE, r2, c)));               \
+                a3 = _mm256_add_ps(a3, _mm256_mul_ps(x, kv_load8(TYPE, r3, c)));               \
+            }                                                                                  \
+            s[i] = kv_lanes(a0), s[i + 1] = kv_lanes(a1);                                      \
+            s[i + 2] = kv_lanes(a2), s[i + 3] = kv_lanes(a3);                                  \
+        }                                                                                      \
+        for (; i < n; i++) {                                                                   \
+            const char *r = stored_at(k, base + i);                                            \
+            __m256 a = _mm256_setzero_ps();                                                    \
+            for (Py_ssize_t c = 0; c < hk; c += 8)                                             \
+                a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_loadu_ps(q + c), kv_load8(TYPE, r, c))); \
+            s[i] = kv_lanes(a);                                                                \
+        }                                                                                      \
+    }
+
+/* out[d] = sum over i in [0, n), in order, of e[i] * V row (base + i)[d], d in [0, hv). */
+#define KV_VALUES(name, TYPE)                                                                  \
+    KV_AVX2 static void name(const float *e, const rows_of *v, Py_ssize_t base, Py_ssize_t n,  \
+                             Py_ssize_t hv, float *out) {                                      \
+        for (Py_ssize_t d0 = 0; d0 < hv; d0 += 64) {                                           \
+            const int w = (int)((hv - d0 < 64 ? hv - d0 : 64) / 8);                            \
+            __m256 o[8];                                                                       \
+            for (int u = 0; u < 8; u++) o[u] = _mm256_setzero_ps();                            \
+            for (Py_ssize_t i = 0; i < n; i++) {                                               \
+                const char *r = stored_at(v, base + i);                                        \
+                const __m256 x = _mm256_set1_ps(e[i]);                                         \
+                for (int u = 0; u < 8; u++)                                                    \
+                    if (u < w)                                                                 \
+                        o[u] = _mm256_add_ps(o[u], _mm256_mul_ps(x, kv_load8(TYPE, r, d0 + 8 * u))); \
+            }                                                                                  \
+            for (int u = 0; u < w; u++) _mm256_storeu_ps(out + d0 + 8 * u, o[u]);              \
+        }                                                                                      \
+    }
+
+KV_SCORES(kv_scores_f32, KV_F32)
+KV_SCORES(kv_scores_f16, KV_F16)
+KV_SCORES(kv_scores_bf16, KV_BF16)
+KV_SCORES(kv_scores_q8_0, KV_Q8_0)
+KV_SCORES(kv_scores_q4_0, KV_Q4_0)
+KV_VALUES(kv_values_f32, KV_F32)
+KV_VALUES(kv_values_f16, KV_F16)
+KV_VALUES(kv_values_bf16, KV_BF16)
+KV_VALUES(kv_values_q8_0, KV_Q8_0)
+KV_VALUES(kv_values_q4_0, KV_Q4_0)
+
+typedef void (*kv_scores_fn)(const float *, Py_ssize_t, const rows_of *, Py_ssize_t, Py_ssize_t,
+                             float *);
+typedef void (*kv_values_fn)(const float *, const rows_of *, Py_ssize_t, Py_ssize_t, Py_ssize_t,
+                             float *);
+static const kv_scores_fn KV_SCORES_AVX2[] = {kv_scores_f32, kv_scores_f16, kv_scores_bf16,
+                                              kv_scores_q8_0, kv_scores_q4_0};
+static const kv_values_fn KV_VALUES_AVX2[] = {kv_values_f32, kv_values_f16, kv_values_bf16,
+                                              kv_values_q8_0, kv_values_q4_0};
+
+/* Whether the AVX2 loops run for these widths (each a multiple of 8). */
+static inline int kv_avx2_takes(Py_ssize_t hk, Py_ssize_t hv) {
+    return kv_use_avx2 && hk % 8 == 0 && hv % 8 == 0;
+}
+
+#else
+#define KV_HAS_AVX2 0
+static int kv_cpu_avx2(void) { return 0; }
+static void kv_pick_isa(void) {}
+static inline int kv_avx2_takes(Py_ssize_t hk, Py_ssize_t hv) {
+    (void)hk, (void)hv;
+    return 0;
+}
+#endif
+
+/* The attention loops' variant, for `frink info`. */
+static const char *kv_isa(void) {
+#if KV_HAS_AVX2
+    if (kv_use_avx2) return "avx2";
+#endif
+    return "portable";
+}
+
+/* Use variant `name` ("avx2" or "portable"); -1 where this build or CPU cannot. */
+static int kv_set_isa(const char *name) {
+    if (!strcmp(name, "portable")) {
+#if KV_HAS_AVX2
+        kv_use_avx2 = 0;
+#endif
+        return 0;
+    }
+    if (strcmp(name, "avx2") || !kv_cpu_avx2()) return -1;
+#if KV_HAS_AVX2
+    kv_use_avx2 = 1;
+#endif
+    return 0;
+}
+
+/* attend_isa(name=None): the variant used, before `name` is made the one used. */
+static PyObject *py_attend_isa(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *name = NULL, *before = kv_isa();
+    if (!PyArg_ParseTuple(args, "|s", &name)) return NULL;
+    if (name && kv_set_isa(name)) {
+        PyErr_Format(PyExc_ValueError, "attention variant %s: not runnable here", name);
+        return NULL;
+    }
+    return PyUnicode_FromString(before);
+}
+
+#endif
