@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from frink_subprocess import assert_error, frink
@@ -88,32 +90,47 @@ def test_real_logits_follow_llama_cpp_with_the_same_cache_type(smollm2_f32, kind
     # frink stores rows as ggml's quantizers round them, unrotated, as llama.cpp does with
     # the rotation off.
     monkeypatch.setenv("LLAMA_ATTN_ROT_DISABLE", "1")
-    llm = llama_cpp.Llama(
-        model_path=str(smollm2_f32),
-        n_ctx=256,
-        logits_all=True,
-        type_k=LLAMA_TYPE[kind],
-        type_v=LLAMA_TYPE[kind],
-        flash_attn=kind == "q8_0",  # llama.cpp reads a quantized V cache only this way
-        n_threads=2,
-        verbose=False,
-    )
+
+    def llama(cache: str) -> Any:
+        return llama_cpp.Llama(
+            model_path=str(smollm2_f32),
+            n_ctx=256,
+            logits_all=True,
+            type_k=LLAMA_TYPE[cache],
+            type_v=LLAMA_TYPE[cache],
+            flash_attn=cache == "q8_0",  # llama.cpp reads a quantized V cache only this way
+            n_threads=2,
+            verbose=False,
+        )
+
+    def scores(llm: Any, toks: list[int]) -> np.ndarray:
+        llm.eval(toks)
+        return np.array(llm.scores[: len(toks)], dtype=np.float32)
+
+    llm, llm_f32 = llama(kind), llama("f32")
     try:
         toks = llm.tokenize(" ".join(PROMPTS).encode(), add_bos=True, special=True)
-        llm.eval(toks)
-        ref = np.array(llm.scores[: len(toks)], dtype=np.float32)
+        ref, ref_f32 = scores(llm, toks), scores(llm_f32, toks)
         typed = frink_cli.load(smollm2_f32, cache_type_k=kind, cache_type_v=kind)
         plain = frink_cli.load(smollm2_f32)
-        f32_diff = np.abs(plain.logits(toks) - ref).max()
+        # How far llama.cpp's own logits move from its f32 cache to this type: the rows'
+        # rounding plus how its attention then computes with them, which depends on the
+        # build (an AVX-512 build moves f16 ~0.05, an AVX2 one less). frink's rows are
+        # rounded byte for byte as ggml's (tested above); its logits must stay inside
+        # that movement, and its f32 cache must match llama.cpp's f32 cache.
+        shift = float(np.abs(ref - ref_f32).max())
+        assert np.abs(plain.logits(toks) - ref_f32).max() <= 1e-3
+        assert shift > 0.0, f"{kind}: llama.cpp's cache type changed nothing"
         for step in (False, True):  # the prompt path and the decode path
             ours = typed.logits(toks, step=step)
             assert (ours.argmax(-1) == ref.argmax(-1)).all()
-            diff = np.abs(ours - ref).max()
-            assert diff < f32_diff, f"{kind}: {diff} against llama.cpp, f32 cache {f32_diff}"
+            diff = float(np.abs(ours - ref).max())
+            assert diff <= 2 * shift, f"{kind}: {diff} against llama.cpp, which moved {shift}"
         agree, total = _teacher_forced(llm, typed, step=True)
         assert agree >= 0.95 * total, f"{kind}: {agree}/{total} teacher-forced agreement"
     finally:
         llm.close()
+        llm_f32.close()
 
 
 def test_kv_bytes_at_8192_halve_with_f16_and_quarter_with_q8_0(smollm2_path):
