@@ -16,7 +16,7 @@ import numpy as np
 
 from .archs import config_from_checkpoint, open_checkpoint
 from .archs.lora_files import read_adapters
-from .backends import select_backend
+from .backends import Backend, select_backend
 from .cache.kv_cache import check_cache_types
 from .cache.kv_types import DEFAULT_CACHE_TYPE, CacheTypes
 from .chat import chat_ids, prompt_ids
@@ -30,7 +30,7 @@ from .generate import GenerationStats, generate_tokens
 from .model import ModelConfig, load_weights
 from .model.expert_cache import ExpertCache
 from .model.lora import LoraAdapter, check_attached
-from .model.mem_budget import budget_plan
+from .model.mem_budget import BudgetPlan, budget_plan
 from .model.validate import check_tensors as scan_tensors
 from .model.weights import LayerStore, ModelWeights, unread_tensors
 from .quant.kernels import check_isa
@@ -485,6 +485,25 @@ def _checked_adapters(
     return adapters
 
 
+def _chosen_backend(
+    ckpt: Checkpoint,
+    cfg: ModelConfig,
+    backend: str,
+    types: CacheTypes,
+    budget: BudgetPlan | None,
+    adapters: list[LoraAdapter],
+    stage: Stage | None,
+) -> Backend | None:
+    """The backend load() runs the model's layers on (None: the host body alone)."""
+    streams = budget is not None and budget.streams
+    if streams and stage is not None:
+        raise FrinkError("--mem-budget: experts left in the file are not supported in a pipeline")
+    chosen = select_backend("numpy" if streams else backend, cfg, ckpt, types)
+    if adapters and chosen is not None and not chosen.runs_lora:
+        chosen = None  # "auto" found a backend that does not carry adapters: the host
+    return chosen
+
+
 def load(
     path: str | Path,
     backend: str = "numpy",
@@ -523,12 +542,7 @@ def load(
     check_cache_types(cfg, types)
     adapters = _checked_adapters(ckpt, cfg, lora, lora_apply, lora_merge, backend, stage)
     budget = budget_plan(ckpt, cfg, mem_budget, backend)
-    streams = budget is not None and budget.streams
-    if streams and stage is not None:
-        raise FrinkError("--mem-budget: experts left in the file are not supported in a pipeline")
-    chosen = select_backend("numpy" if streams else backend, cfg, ckpt, types)
-    if adapters and chosen is not None and not chosen.runs_lora:
-        chosen = None  # "auto" found a backend that does not carry adapters: the host
+    chosen = _chosen_backend(ckpt, cfg, backend, types, budget, adapters, stage)
     # With a backend, layers load as its bind() uploads them and the decoder then keeps
     # host copies only of those the backend does not hold (model/weights.py).
     layers, ends = range(cfg.n_layer), (True, True)

@@ -113,10 +113,24 @@ def attend(
         return out
     if not causal or bias is not None:
         return _attend_ranges(q, as_f32(K), as_f32(V), first, positions, keys, extra)
-    T, H, hk = q.shape
-    if T == 1:
+    if q.shape[0] == 1:
         return _attend_row(q, K, V, first, int(positions[0]), window, softcap, slopes, sinks)
-    K, V = as_f32(K), as_f32(V)  # a prefill step's rows, decoded once for all its blocks
+    return _attend_blocks(q, as_f32(K), as_f32(V), first, positions, window, extra)
+
+
+def _attend_blocks(
+    q: np.ndarray,
+    K: np.ndarray,
+    V: np.ndarray,
+    first: int,
+    positions: np.ndarray,
+    window: int | None,
+    extra: tuple,
+) -> np.ndarray:
+    """attend's causal prompt rows in NumPy (where the C kernel does not run): blocks of
+    QUERY_BLOCK queries, two GEMMs per KV head each, over f32 K and V."""
+    softcap, slopes, sinks, _ = extra
+    T, H, hk = q.shape
     Hkv, hv = K.shape[0], V.shape[2]
     g = H // Hkv
     # [Hkv, 1, g, 1]: head kvh * g + j's slope, against scores [Hkv, Tb, g, n].
