@@ -34,6 +34,8 @@ static INLINE __m256 ISA(lt_load)(const float *p, int m) {
     return _mm256_loadu_ps(a);
 }
 
+#define LT_EIGHT(a) a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]
+
 /* Group g of a row's runs (M of them: 8, or fewer in the last group, whose missing runs'
  * codes and scales are zero and where x is not read past its row) times the N rows xs. */
 #define LT_GROUP(HEAD, UNIT, NBYTES, N, M)                                                     \
@@ -50,7 +52,9 @@ static INLINE __m256 ISA(lt_load)(const float *p, int m) {
             ISA(UNIT)(p, j, &h, &cd[i]);                                                       \
             sc[i] = cd[i].sc[0], kk[i] = cd[i].has_k ? cd[i].k[0] : 0.0f;                      \
         }                                                                                      \
-        const __m256 scv = _mm256_loadu_ps(sc), kv = _mm256_loadu_ps(kk);                      \
+        /* a whole group's scales built in registers (no store then wider load to stall) */ \
+        const __m256 scv = (M) == 8 ? _mm256_setr_ps(LT_EIGHT(sc)) : _mm256_loadu_ps(sc);      \
+        const __m256 kv = (M) == 8 ? _mm256_setr_ps(LT_EIGHT(kk)) : _mm256_loadu_ps(kk);       \
         for (int t = 0; t < N; t++) {                                                          \
             __m256i pr[8];                                                                     \
             for (int i = 0; i < 8; i++)                                                        \
@@ -120,3 +124,4 @@ static INLINE int ISA(lt_rows)(int qt, const uint8_t *w, size_t rb, size_t r0, s
 #undef LT_BODY
 #undef LT_TILE_ROW
 #undef LT_GROUP
+#undef LT_EIGHT
