@@ -190,16 +190,16 @@ def _check_8bit_products(qtype: T, isa: str) -> None:
 def test_a_rows_product_does_not_depend_on_the_rows_beside_it(
     qtype: T, isa: str, activations: str
 ) -> None:
-    """dots unpacks each run of W once for four rows of x, yet each row's product is its
-    own sums in its own order (its own 8-bit rounding too): a row computed alone or in any
-    ragged batch (more rows than four, and than SMALL_T, included) is the same bit for bit
-    (a server's batches rely on it)."""
+    """dots unpacks each run of W once for a tile of up to eight rows of x (run as 1, 4 or
+    8), yet each row's product is its own sums in its own order (its own 8-bit rounding
+    too): a row computed alone or in any ragged batch (tiles whole, short and split, more
+    rows than SMALL_T) is the same bit for bit (a server's batches rely on it)."""
     rng = np.random.default_rng(int(qtype) + 100)
     for rows, cols in shapes_for(qtype):
         w = random_weights(qtype, rows, cols, seed=rows + 2 * cols)
         x = rng.standard_normal((kernels.SMALL_T + 5, cols)).astype(np.float32)
         alone = np.concatenate([kernels.dots(x[i : i + 1], w) for i in range(len(x))])
-        for t0, t1 in ((0, 16), (0, 21), (0, 4), (3, 5), (2, 9), (5, 8), (1, 14)):
+        for t0, t1 in ((0, 16), (0, 21), (0, 4), (3, 5), (2, 9), (5, 8), (1, 14), (0, 8), (6, 21)):
             np.testing.assert_array_equal(kernels.dots(x[t0:t1], w), alone[t0:t1])
 
 

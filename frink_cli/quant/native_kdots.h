@@ -16,16 +16,15 @@
  * one multiply-add per block and row of x where the per-run form (native_int8.h) paid a
  * conversion, a broadcast and a multiply-add per run. The mins' terms are one vector
  * multiply-add of the block's 8 (16) float scales by x's sums. Codes are unpacked and
- * scales decoded once per block for every KD_GROUP rows of x.
+ * scales decoded once per block for every tile of up to KD_TILE rows of x.
  *
  * Every row of x gets its own accumulators, made in the same order (blocks in row order;
  * in a block, runs in order, integers exactly) however many rows share the call: a row's
  * product is the same bits alone or in any batch or chunk, on any thread count.
  */
 
-/* Rows of x sharing one unpacking of a block (a group short of them repeats its last
- * row, whose sums are dropped: a whole group's steps unrolled, its sums in registers). */
-#define KD_GROUP 4
+/* Rows of x sharing one unpacking of a block (a tile: ROW_TILE, native.c). */
+#define KD_TILE ROW_TILE
 
 static INLINE float ISA(kd_hsum)(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -120,65 +119,64 @@ static INLINE void ISA(kd_unpack_q6_k)(const uint8_t *p, ISA(kd_block) *k) {
     }
 }
 
-/* The block's int32 sums against one row of x's codes (q: the block's 256). */
-static INLINE __m256i ISA(kd_isum)(const ISA(kd_block) *k, const int8_t *q) {
-    __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+/* Block b (unpacked in k) times the N rows xs of a tile of x, into each row's sums acc[t]
+ * and off[t]: run after run, each run's codes and scales held while every row's byte
+ * products are made and added into that row's int32 sums (exact, so their order is free),
+ * then per row one conversion and one multiply-add by d * dx, and the mins' term. */
+static INLINE void ISA(kd_tile_block)(const ISA(kd_block) *k, const q8_row *const *xs, int N,
+                                      int b, int NM, __m256 *acc, __m256 *off) {
+    __m256i is[KD_TILE];
+    for (int t = 0; t < N; t++) is[t] = _mm256_setzero_si256();
     for (int j = 0; j < 8; j++) {
-        const __m256i xq = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(k->codes[j], xq), k->sc[j]);
-        s[j & 1] = _mm256_add_epi32(s[j & 1], p);
+        const __m256i c = k->codes[j], s = k->sc[j];
+        for (int t = 0; t < N; t++) {
+            const __m256i xq = _mm256_loadu_si256((const __m256i *)(xs[t]->q + 256 * (size_t)b + 32 * j));
+            is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(_mm256_maddubs_epi16(c, xq), s));
+        }
     }
-    return _mm256_add_epi32(s[0], s[1]);
+    for (int t = 0; t < N; t++) {
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), _mm256_set1_ps(k->d * xs[t]->d[8 * b]), acc[t]);
+        if (NM == 1)
+            off[t] = _mm256_fmadd_ps(k->mins[0], _mm256_loadu_ps(xs[t]->dsum32 + 8 * b), off[t]);
+        else {
+            off[t] = _mm256_fmadd_ps(k->mins[0], _mm256_loadu_ps(xs[t]->dsum + 16 * b), off[t]);
+            off[t] = _mm256_fmadd_ps(k->mins[1], _mm256_loadu_ps(xs[t]->dsum + 16 * b + 8), off[t]);
+        }
+    }
 }
 
-/* Block b (unpacked in k) times row xt of x, into that row's sums acc and off. */
-#define KD_ROW_BLOCK(xt, acc, off, NM)                                                         \
+/* Row `row` of W (`blocks` blocks of NBYTES, read by UNPACK) times the N rows xs of x (N a
+ * constant: the loops unroll, the sums stay in registers where they fit), into y[t]. */
+#define KD_TILE_ROW(UNPACK, NBYTES, NM, N)                                                     \
     {                                                                                          \
-        const __m256i is_ = ISA(kd_isum)(&k, (xt)->q + 256 * (size_t)b);                       \
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is_), _mm256_set1_ps(k.d * (xt)->d[8 * b]), acc); \
-        if (NM == 1)                                                                           \
-            off = _mm256_fmadd_ps(k.mins[0], _mm256_loadu_ps((xt)->dsum32 + 8 * b), off);       \
-        else {                                                                                 \
-            off = _mm256_fmadd_ps(k.mins[0], _mm256_loadu_ps((xt)->dsum + 16 * b), off);        \
-            off = _mm256_fmadd_ps(k.mins[1], _mm256_loadu_ps((xt)->dsum + 16 * b + 8), off);    \
+        __m256 acc[N], off[N];                                                                 \
+        for (int t = 0; t < N; t++) acc[t] = off[t] = _mm256_setzero_ps();                     \
+        for (int b = 0; b < blocks; b++) {                                                     \
+            const uint8_t *p = row + (size_t)b * NBYTES;                                       \
+            for (int l = 0; l < NBYTES; l += 64) __builtin_prefetch(p + PREFETCH_AHEAD + l);   \
+            ISA(kd_block) k;                                                                   \
+            ISA(UNPACK)(p, &k);                                                                \
+            ISA(kd_tile_block)(&k, xs, N, b, NM, acc, off);                                    \
         }                                                                                      \
+        for (int t = 0; t < N; t++) yt[t] = ISA(kd_hsum)(acc[t]) - ISA(kd_hsum)(off[t]);       \
     }
 
 /* y[t, r] = x[t] . W[r] for r in [r0, r1), every t < T (y's rows ys apart), for one of the
- * three types (UNPACK its block reader, NM its mins' vectors: 1 per 32 columns, 2 per 16). */
+ * three types (UNPACK its block reader, NM its mins' vectors: 1 per 32 columns, 2 per 16):
+ * the rows of x in tiles of up to KD_TILE, each tile's block unpacked once. A tile of n
+ * rows runs as 1, 4 or 8 (a short one repeats its last row, whose sums are dropped). */
 #define KD_ROWS(UNPACK, NBYTES, NM)                                                            \
     for (size_t r = r0; r < r1; r++) {                                                         \
         const uint8_t *row = w + r * rb;                                                       \
-        if (T == 1) { /* the same steps as a group's, with the sums kept in registers */       \
-            __m256 acc = _mm256_setzero_ps(), off = acc;                                       \
-            for (int b = 0; b < blocks; b++) {                                                 \
-                const uint8_t *p = row + (size_t)b * NBYTES;                                   \
-                for (int l = 0; l < NBYTES; l += 64) __builtin_prefetch(p + PREFETCH_AHEAD + l); \
-                ISA(kd_block) k;                                                               \
-                ISA(UNPACK)(p, &k);                                                            \
-                KD_ROW_BLOCK(x, acc, off, NM)                                                  \
-            }                                                                                  \
-            y[r] = ISA(kd_hsum)(acc) - ISA(kd_hsum)(off);                                      \
-            continue;                                                                          \
-        }                                                                                      \
-        for (int t0 = 0; t0 < T; t0 += KD_GROUP) {                                             \
-            const int n = T - t0 < KD_GROUP ? T - t0 : KD_GROUP;                               \
-            const q8_row *xs[KD_GROUP];                                                        \
-            __m256 acc[KD_GROUP], off[KD_GROUP];                                               \
-            for (int t = 0; t < KD_GROUP; t++) {                                               \
-                xs[t] = x + (t < n ? t0 + t : T - 1);                                          \
-                acc[t] = off[t] = _mm256_setzero_ps();                                         \
-            }                                                                                  \
-            for (int b = 0; b < blocks; b++) {                                                 \
-                const uint8_t *p = row + (size_t)b * NBYTES;                                   \
-                for (int l = 0; l < NBYTES; l += 64) __builtin_prefetch(p + PREFETCH_AHEAD + l); \
-                ISA(kd_block) k;                                                               \
-                ISA(UNPACK)(p, &k);                                                            \
-                _Pragma("GCC unroll 4")                                                        \
-                for (int t = 0; t < KD_GROUP; t++) KD_ROW_BLOCK(xs[t], acc[t], off[t], NM)      \
-            }                                                                                  \
-            for (int t = 0; t < n; t++)                                                        \
-                y[(size_t)(t0 + t) * ys + r] = ISA(kd_hsum)(acc[t]) - ISA(kd_hsum)(off[t]);    \
+        for (int t0 = 0; t0 < T; t0 += KD_TILE) {                                              \
+            const int n = T - t0 < KD_TILE ? T - t0 : KD_TILE;                                 \
+            const q8_row *xs[KD_TILE];                                                         \
+            float yt[KD_TILE];                                                                 \
+            for (int t = 0; t < KD_TILE; t++) xs[t] = x + (t < n ? t0 + t : T - 1);            \
+            if (n == 1) KD_TILE_ROW(UNPACK, NBYTES, NM, 1)                                     \
+            else if (n <= 4) KD_TILE_ROW(UNPACK, NBYTES, NM, 4)                                \
+            else KD_TILE_ROW(UNPACK, NBYTES, NM, KD_TILE)                                      \
+            for (int t = 0; t < n; t++) y[(size_t)(t0 + t) * ys + r] = yt[t];                  \
         }                                                                                      \
     }
 
@@ -194,5 +192,5 @@ static void ISA(kd_rows)(int qt, const uint8_t *w, size_t rb, size_t r0, size_t 
 }
 
 #undef KD_ROWS
-#undef KD_ROW_BLOCK
-#undef KD_GROUP
+#undef KD_TILE_ROW
+#undef KD_TILE
