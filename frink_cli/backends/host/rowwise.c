@@ -1,8 +1,8 @@
 /* frink_cli.backends.host._rowwise: the host body's row-wise ops in C, each one pass over its rows.
  *
  * Why: a prompt's norms, rotations and gated activations are a dozen NumPy passes each
- * (one per ufunc, every one over megabytes, on one thread). On Gemma 3 270M they were a
- * third of a 512-token prefill once the products moved to int8 tiles. Here each row is
+ * (one per ufunc, every one over megabytes, on one thread): a third of a small model's
+ * prefill once the products moved to int8 tiles (docs/performance.md). Here each row is
  * read once and written once, on the same OpenMP threads as the product kernels.
  *
  *   rms_norm(x, w | None, eps, out, threads)  out = x / sqrt(mean(x^2) + eps) * w
