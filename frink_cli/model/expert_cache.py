@@ -2,7 +2,7 @@
 experts under a byte budget (least recently used out first).
 
 Why: a MoE file can be bigger than the machine's memory while a token reads only its top-k
-experts per layer (Qwen3-30B-A3B: ~17 GiB in Q4_K_M, ~1.5 GiB of experts a token). Dense
+experts per layer (a 30B-A3B model: ~17 GiB in Q4_K_M, ~1.5 GiB of experts a token). Dense
 and attention weights stay resident (TensorReader reads them whole); an expert stack under
 a budget is a StreamedExperts, whose experts come from ExpertCache.take: the missing ones
 of a layer's step are asked of the kernel in one batch (madvise WILLNEED over the map),
