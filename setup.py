@@ -52,7 +52,6 @@ setup(
                 "frink_cli/quant/native_blocks.h",
                 "frink_cli/quant/native_int8.h",
                 "frink_cli/quant/native_kdots.h",
-                "frink_cli/quant/native_ltiles.h",
                 "frink_cli/quant/native_amx.h",
             ],
             optional=True,

@@ -60,7 +60,7 @@ def shapes_for(qtype: T) -> list[tuple[int, int]]:
     block = GGML_QUANT_SIZES[qtype][0]
     if block == 1:  # F16, BF16: ragged columns too (vector loops with scalar tails)
         return [(37, 1), (37, 200), (129, 512)]
-    # 352 columns of a 32-weight type: one group of eight runs and a short one (ltiles)
+    # 352 columns of a 32-weight type: eleven runs (a group of eight and a short one)
     return [(37, block), (37, 256), (129, 512)] + ([(19, 352)] if block == 32 else [])
 
 

@@ -53,8 +53,8 @@ enum {
 #define PREFETCH_AHEAD 4096
 /* Rows of W per parallel work item. */
 #define ROW_CHUNK 16
-/* Rows of x the 8-bit dots take at once (a tile): each block of W is unpacked once per
- * tile (native_kdots.h, native_ltiles.h). */
+/* Rows of x the 8-bit dots take at once (a tile): each K-quant block of W is unpacked
+ * once per tile (native_kdots.h). */
 #define ROW_TILE 8
 /* AMX tile products (native_amx.h): rows of x and rows of W per tile, and the bytes of W's
  * codes per tile of one run of 32 columns (16 rows of 32). */

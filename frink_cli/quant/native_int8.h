@@ -268,15 +268,12 @@ static INLINE float ISA(finish_i8)(__m256 acc, float off) {
     default: break;                                                                            \
     }
 
-#include "native_ltiles.h"
-
 static void ISA(dot_rows_i8)(int qt, const uint8_t *w, size_t rb, size_t r0, size_t r1,
                              const q8_row *x, int T, int cols, float *y, size_t ys) {
     if (ISA(kd_serves)(qt)) {
         ISA(kd_rows)(qt, w, rb, r0, r1, x, T, cols, y, ys); /* a block at a time */
         return;
     }
-    if (ISA(lt_rows)(qt, w, rb, r0, r1, x, T, cols, y, ys)) return; /* rows in lanes */
     EACH_I8_TYPE(I8_BODY)
 }
 
