@@ -430,3 +430,20 @@ def test_speculative_rows_pair_plain_and_drafted_greedy(smollm2_path: Path) -> N
     model.speculate(SpecParams())
     with pytest.raises(FrinkError, match="--spec / -md measure frink alone"):
         B.run_bench(model, n_prompt=0, n_gen=4, compare="llama.cpp")
+
+
+def test_llama_cpp_is_given_the_cache_type_frink_was_given() -> None:
+    """--compare runs llama.cpp on frink's -ctk/-ctv, named by ggml's own type ids (as
+    gguf-py numbers them), and on llama.cpp's own default where frink runs its default; a
+    quantized V cache turns on the flash attention llama.cpp reads it with."""
+    from gguf import GGMLQuantizationType
+
+    from frink_cli.bench.llamacpp import GGML_CACHE_TYPES, LLAMA_CPP_CACHE, cache_params
+    from frink_cli.cache.kv_types import CACHE_TYPES
+
+    assert set(GGML_CACHE_TYPES) == set(CACHE_TYPES)
+    for name, ident in GGML_CACHE_TYPES.items():
+        assert GGMLQuantizationType[name.upper()] == ident, name
+    assert cache_params(LLAMA_CPP_CACHE) == {}
+    assert cache_params(("bf16", "bf16")) == {"type_k": 30, "type_v": 30}
+    assert cache_params(("f16", "q8_0")) == {"type_k": 1, "type_v": 8, "flash_attn": True}

@@ -22,6 +22,23 @@ from .cases import BenchTest, Sample, peak_memory_mib
 # everywhere. Unset, llama.cpp runs as llama-bench would.
 PLAIN_CPU_ENV = "FRINK_LLAMA_CPP_NO_EXTRA_BUFTS"
 
+# ggml's type ids of the KV cache types (llama.cpp's -ctk / -ctv), and its default.
+GGML_CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8, "bf16": 30}
+LLAMA_CPP_CACHE = ("f16", "f16")
+
+
+def cache_params(cache: tuple[str, str]) -> dict[str, Any]:
+    """llama-cpp-python's Llama arguments for K/V cache types `cache` (frink's -ctk/-ctv):
+    none for llama.cpp's own default, so it runs as it would; a quantized V cache is read
+    only by llama.cpp's flash attention, which it then needs."""
+    if cache == LLAMA_CPP_CACHE:
+        return {}
+    k, v = cache
+    params: dict[str, Any] = dict(type_k=GGML_CACHE_TYPES[k], type_v=GGML_CACHE_TYPES[v])
+    if v in ("q8_0", "q4_0"):
+        params["flash_attn"] = True
+    return params
+
 
 def llama_cpp_plain_cpu_buffers() -> None:
     """From now on, every llama.cpp model this process loads (llama-cpp-python's Llama and
@@ -61,7 +78,10 @@ class LlamaCppRunner:
             ) from None
         return llama_cpp
 
-    def __init__(self, path: Path, n_ctx: int, n_threads: int) -> None:
+    def __init__(
+        self, path: Path, n_ctx: int, n_threads: int, cache: tuple[str, str] = LLAMA_CPP_CACHE
+    ) -> None:
+        """cache: the K and V cache types, frink's (so both sides store the same rows)."""
         llama_cpp = self.check(path)
         if os.environ.get(PLAIN_CPU_ENV):
             llama_cpp_plain_cpu_buffers()
@@ -77,6 +97,7 @@ class LlamaCppRunner:
                 n_threads=n_threads,
                 n_threads_batch=n_threads,
                 verbose=False,
+                **cache_params(cache),
             )
         except (ValueError, RuntimeError) as e:
             raise FrinkError(f"llama.cpp cannot load {path}: {e}") from None
@@ -118,7 +139,13 @@ class LlamaCppRunner:
         self.llm.close()
 
 
-def llama_cpp_peak_mib(path: Path, n_ctx: int, n_threads: int, tests: list[BenchTest]) -> float:
+def llama_cpp_peak_mib(
+    path: Path,
+    n_ctx: int,
+    n_threads: int,
+    tests: list[BenchTest],
+    cache: tuple[str, str] = LLAMA_CPP_CACHE,
+) -> float:
     """llama.cpp's peak resident memory on the same file and context after the same warm-up
     work, measured in a child process: in this one frink's own memory would count too. It
     maps the file, so the pages it reads count, as they do for a llama-cli run."""
@@ -129,6 +156,7 @@ def llama_cpp_peak_mib(path: Path, n_ctx: int, n_threads: int, tests: list[Bench
         "n_ctx": n_ctx,
         "n_threads": n_threads,
         "tests": [[t.name, t.n_prompt, t.n_gen, t.n_depth] for t in tests],
+        "cache": list(cache),
     }
     code = "from frink_cli.bench.llamacpp import _llama_cpp_peak_child; _llama_cpp_peak_child()"
     r = subprocess.run(
@@ -141,7 +169,8 @@ def llama_cpp_peak_mib(path: Path, n_ctx: int, n_threads: int, tests: list[Bench
 
 def _llama_cpp_peak_child() -> None:
     args = json.loads(sys.argv[1])
-    runner = LlamaCppRunner(Path(args["path"]), args["n_ctx"], args["n_threads"])
+    cache = tuple(args["cache"])
+    runner = LlamaCppRunner(Path(args["path"]), args["n_ctx"], args["n_threads"], cache)
     ids = np.zeros(args["n_ctx"], np.int64) + 1
     for name, n_prompt, n_gen, n_depth in args["tests"]:
         runner.run(BenchTest(name, n_prompt, n_gen, n_depth).warm_up(), ids)
