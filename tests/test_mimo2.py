@@ -11,14 +11,13 @@ refused rather than run as one of them.
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from fixture_copies import copy_hf_dir
 from model_checks import _path, assert_refused_by_name
 from safetensors.numpy import save_file
 from script_loader import load_script
@@ -57,13 +56,7 @@ def test_hostile_metadata_is_refused_by_name(tmp_path: Path) -> None:
 
 
 def _hf_copy(tiny_model: Callable, tmp_path: Path, **changes: Any) -> Path:
-    src = _path(tiny_model, "mimo2", "hf")
-    dst = tmp_path / "hf"
-    shutil.copytree(src, dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    cfg.update(changes)
-    (dst / "config.json").write_text(json.dumps(cfg))
-    return dst
+    return copy_hf_dir(_path(tiny_model, "mimo2", "hf"), tmp_path / "hf", **changes)
 
 
 @pytest.mark.parametrize(
