@@ -16,9 +16,9 @@ import numpy as np
 
 from .archs import config_from_checkpoint, open_checkpoint
 from .archs.lora_files import read_adapters
-from .backends import Backend, select_backend
+from .backends import Backend, carried_cache_types, select_backend
 from .cache.kv_cache import check_cache_types
-from .cache.kv_types import DEFAULT_CACHE_TYPE, CacheTypes
+from .cache.kv_types import CacheTypes, requested_cache_types
 from .chat import chat_ids, prompt_ids
 from .constraint import Constraint, Grammar, compile_constraint
 from .decoder import Decoder
@@ -509,8 +509,8 @@ def load(
     backend: str = "numpy",
     progress: Callable[[int, int], None] | None = None,
     check_tensors: bool = False,
-    cache_type_k: str = DEFAULT_CACHE_TYPE,
-    cache_type_v: str = DEFAULT_CACHE_TYPE,
+    cache_type_k: str | None = None,
+    cache_type_v: str | None = None,
     lora: Sequence[tuple[str | Path, float]] = (),
     lora_apply: bool = True,
     stage: Stage | None = None,
@@ -526,14 +526,16 @@ def load(
     refused by name when named, passed over by "auto".
     stage: load one rank's part of a pipeline (frink_cli/distributed) and run it there.
     cache_type_k / cache_type_v: how every cache of the model stores its K and V rows
-    (llama.cpp's -ctk / -ctv: f32, f16, bf16, q8_0, q4_0; f32 by default); an unknown type,
-    or one the backend cannot hold, is a FrinkError before anything loads, as is a forced
-    kernel variant (FRINK_NATIVE_ISA) this CPU cannot run.
+    (llama.cpp's -ctk / -ctv: f32, f16, bf16, q8_0, q4_0); None: $FRINK_CACHE_TYPE_K / _V,
+    else f16 (llama.cpp's default) where the backend carries it and f32 where it does not
+    (cuda). An unknown type, or a chosen one the backend cannot hold, is a FrinkError
+    before anything loads, as is a forced kernel variant (FRINK_NATIVE_ISA) this CPU
+    cannot run.
     mem_budget: GiB the weights may hold (--mem-budget): where the model does not fit, its
     routed experts stay in the file and a cache of the hot ones fills what the dense
     weights leave (model/mem_budget.py; `Model.expert_cache` counts hits and reads)."""
     check_isa()
-    types = CacheTypes(cache_type_k, cache_type_v)
+    types = requested_cache_types(cache_type_k, cache_type_v)
     ckpt = open_checkpoint(path)
     cfg = config_from_checkpoint(ckpt)
     if check_tensors:
@@ -543,6 +545,7 @@ def load(
     adapters = _checked_adapters(ckpt, cfg, lora, lora_apply, lora_merge, backend, stage)
     budget = budget_plan(ckpt, cfg, mem_budget, backend)
     chosen = _chosen_backend(ckpt, cfg, backend, types, budget, adapters, stage)
+    types = types.carried_by(carried_cache_types(chosen.name if chosen else "numpy"))
     # With a backend, layers load as its bind() uploads them and the decoder then keeps
     # host copies only of those the backend does not hold (model/weights.py).
     layers, ends = range(cfg.n_layer), (True, True)

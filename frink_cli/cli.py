@@ -17,7 +17,15 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .backends import BACKEND_NAMES, check_backend_name
-from .cache.kv_types import CACHE_TYPES, DEFAULT_CACHE_TYPE, OPTION_K, OPTION_V, check_cache_type
+from .cache.kv_types import (
+    CACHE_TYPES,
+    DEFAULT_CACHE_TYPE,
+    ENV_K,
+    ENV_V,
+    OPTION_K,
+    OPTION_V,
+    check_cache_type,
+)
 from .cli_checks import (
     check_range,
     check_ranges,
@@ -52,12 +60,13 @@ def _load(
     backend: str,
     quiet: bool = False,
     check_tensors: bool = False,
-    cache_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE),
+    cache_types: tuple[str | None, str | None] = (None, None),
     lora: LoraArgs = NO_LORA,
     placement: Placement = NO_PLACEMENT,
     stage: bool = True,
 ):
-    """The model, loaded with a progress bar on a terminal; cache_types: -ctk and -ctv;
+    """The model, loaded with a progress bar on a terminal; cache_types: -ctk and -ctv
+    (None: the default, load()'s);
     lora: the LoRA flags (cli_lora.lora_args). Under mlx.launch (stage: unless this is a
     draft model), this rank's part of it: a following rank ends the command once rank 0 is
     done (cli_pipeline.py)."""
@@ -105,21 +114,23 @@ def _backend_option(default: str, help: str, choices: tuple[str, ...] = BACKEND_
 def _cache_type_option(option: str) -> Any:
     """-ctk/--cache-type-k or -ctv/--cache-type-v, checked as it is parsed."""
 
-    def check(value: str) -> str:
+    def check(value: str | None) -> str | None:
         try:
-            return check_cache_type(value, option)
+            return None if value is None else check_cache_type(value, option)
         except FrinkError as e:
             raise typer.BadParameter(str(e)) from None
 
     short, long = option.split("/")
     which = "K" if long.endswith("k") else "V"
+    env = ENV_K if which == "K" else ENV_V
     return typer.Option(
-        DEFAULT_CACHE_TYPE,
+        None,
         short,
         long,
         help=f"KV cache type for {which}: {'|'.join(CACHE_TYPES)} (stored rows rounded as "
-        "llama.cpp rounds them)",
+        f"llama.cpp rounds them; default ${env}, else {DEFAULT_CACHE_TYPE}, f32 on cuda)",
         callback=check,
+        show_default=False,
     )
 
 
@@ -185,8 +196,8 @@ def run(
     file: Path | None = typer.Option(None, "-f", "--file", help="read the prompt from a file"),
     max_tokens: int = typer.Option(256, "-n", "--max-tokens", help="tokens to generate at most"),
     ctx_size: int = _CTX_SIZE,
-    cache_type_k: str = _CACHE_TYPE_K,
-    cache_type_v: str = _CACHE_TYPE_V,
+    cache_type_k: str | None = _CACHE_TYPE_K,
+    cache_type_v: str | None = _CACHE_TYPE_V,
     sampling: dict[str, Any] | None = None,
     repeat_last_n: int = typer.Option(64, "--repeat-last-n"),
     system: str | None = typer.Option(
@@ -281,8 +292,8 @@ def bench(
     n_depth: int = typer.Option(
         0, "-d", "--n-depth", help="tokens already in the context for each test (untimed)"
     ),
-    cache_type_k: str = _CACHE_TYPE_K,
-    cache_type_v: str = _CACHE_TYPE_V,
+    cache_type_k: str | None = _CACHE_TYPE_K,
+    cache_type_v: str | None = _CACHE_TYPE_V,
     repetitions: int = typer.Option(3, "-r", "--repetitions", help="timed repetitions per test"),
     threads: int = typer.Option(
         0, "-t", "--threads", help="threads for llama.cpp and frink (0: all cores)"
@@ -352,8 +363,8 @@ def bench(
 def chat(
     model: str | None = _MODEL,
     ctx_size: int = _CTX_SIZE,
-    cache_type_k: str = _CACHE_TYPE_K,
-    cache_type_v: str = _CACHE_TYPE_V,
+    cache_type_k: str | None = _CACHE_TYPE_K,
+    cache_type_v: str | None = _CACHE_TYPE_V,
     max_tokens: int = typer.Option(1024, "-n", "--max-tokens", help="tokens per answer at most"),
     system: str | None = typer.Option(None, "--system", help="system message"),
     sampling: dict[str, Any] | None = None,
@@ -399,8 +410,8 @@ def serve(
     ctx_size: int = typer.Option(
         0, "-c", "--ctx-size", help="context per sequence (0: the model's, capped at 4096)"
     ),
-    cache_type_k: str = _CACHE_TYPE_K,
-    cache_type_v: str = _CACHE_TYPE_V,
+    cache_type_k: str | None = _CACHE_TYPE_K,
+    cache_type_v: str | None = _CACHE_TYPE_V,
     backend: str = _BACKEND,
     pooling: str | None = POOLING_OPTION,
     server: ServerOptions | None = None,
@@ -447,8 +458,8 @@ def parity(
         0, "--tokens", help="N seeded synthetic token ids instead of a prompt"
     ),
     steps: int = typer.Option(32, "--steps", help="greedy decode steps compared after the prefill"),
-    cache_type_k: str = _CACHE_TYPE_K,
-    cache_type_v: str = _CACHE_TYPE_V,
+    cache_type_k: str | None = _CACHE_TYPE_K,
+    cache_type_v: str | None = _CACHE_TYPE_V,
     as_json: bool = typer.Option(False, "--json"),
     verbose: bool = False,
 ) -> None:

@@ -252,10 +252,12 @@ def _llama_context(
     n_threads: int = 2,
     n_ubatch: int | None = None,
     lora: tuple[Path, float] | None = None,
+    cache_type: int = 0,
 ) -> Iterator[tuple[Any, Any, int]]:
-    """(llama_cpp module, context, n_vocab) for one sequence: f32 KV cache, no flash
-    attention, one ubatch of up to n_ctx tokens (llama.cpp's batched paths, like frink's),
-    or of n_ubatch (1: only single-row graphs are ever built, reservation included).
+    """(llama_cpp module, context, n_vocab) for one sequence: f32 KV cache (or the ggml type
+    cache_type: 1 is f16), no flash attention, one ubatch of up to n_ctx tokens (llama.cpp's
+    batched paths, like frink's), or of n_ubatch (1: only single-row graphs are ever built,
+    reservation included).
     lora: a GGUF LoRA adapter and its scale, set on the context (llama.cpp's --lora-scaled).
 
     The low-level API is used because the high-level Llama class expects a vocabulary and
@@ -289,8 +291,9 @@ def _llama_context(
         cparams.n_seq_max = 1
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
-        cparams.type_k = 0  # GGML_TYPE_F32: no f16 rounding of the cache in the reference
-        cparams.type_v = 0
+        # GGML_TYPE_F32 by default: no f16 rounding of the cache in the reference.
+        cparams.type_k = cache_type
+        cparams.type_v = cache_type
         cparams.flash_attn_type = 0  # disabled: the plain softmax path, all in f32
         cparams.offload_kqv = False
         ctx = L.llama_init_from_model(model, cparams)
@@ -342,10 +345,13 @@ def llama_cpp_logits(
     tokens: np.ndarray,
     n_threads: int = 2,
     lora: tuple[Path, float] | None = None,
+    cache_type: int = 0,
 ) -> np.ndarray:
-    """All-position logits from llama.cpp for one batch (with a LoRA adapter: `lora`)."""
+    """All-position logits from llama.cpp for one batch (with a LoRA adapter: `lora`; K/V
+    caches of ggml type `cache_type`)."""
     n_ctx = max(N_CTX, len(tokens))
-    with _llama_context(gguf_path, n_ctx, n_threads, lora=lora) as (L, ctx, n_vocab):
+    context = _llama_context(gguf_path, n_ctx, n_threads, lora=lora, cache_type=cache_type)
+    with context as (L, ctx, n_vocab):
         return _llama_decode(L, ctx, n_vocab, [int(t) for t in tokens], 0)
 
 

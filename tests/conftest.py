@@ -35,6 +35,15 @@ _MAKE_TINY = _REPO / "scripts" / "make_tiny_models.py"
 _TINY_DEPS = ("torch", "transformers", "llama_cpp")
 
 
+# The parity checks compare against f32 references (transformers, and llama.cpp with
+# type_k = type_v = f32), so every model a test loads without naming its cache types keeps
+# f32 K/V rows, in this process and in every frink it starts. The default a user gets (f16,
+# as llama.cpp) is checked with these unset: test_kv_cache_types.py (the default itself)
+# and test_conformance.py (every family with f16 caches against llama.cpp's f16 caches).
+CACHE_TYPE_ENV = ("FRINK_CACHE_TYPE_K", "FRINK_CACHE_TYPE_V")
+for _name in CACHE_TYPE_ENV:
+    os.environ[_name] = "f32"
+
 # llama.cpp, the reference, on ggml's plain CPU path in this process and in every frink
 # it starts (frink_cli.bench.PLAIN_CPU_ENV says why).
 os.environ["FRINK_LLAMA_CPP_NO_EXTRA_BUFTS"] = "1"

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 from conformance_table import TABLE, TINY_SPECS, Arch, Off, switched_off
-from conftest import TINY_MODEL_NAMES
+from conftest import CACHE_TYPE_ENV, TINY_MODEL_NAMES
 from model_checks import (
     FAR,
     REF_TOL,
@@ -42,6 +42,7 @@ from model_checks import (
     cuda_models,
     prefill_prefix_decode,
 )
+from script_loader import load_script
 
 import frink_cli
 from frink_cli.archs import open_checkpoint
@@ -208,6 +209,40 @@ def test_numpy_matches_references(
     if entry.past_window:
         assert got.shape[0] > 6 * loaded(name, source, "numpy").config.sliding_window
     _against_references(got, tiny_model(name).ref, f"{name} numpy({source}, {step=})")
+
+
+GGML_F16 = 1  # ggml_type GGML_TYPE_F16, as llama.cpp's context takes its type_k / type_v
+
+
+@pytest.mark.parametrize(("entry", "name"), EVERY)
+def test_default_f16_cache_matches_llamacpps(
+    entry: Arch, name: str, tiny_model: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache a user gets by default (f16 K/V rows, llama.cpp's default too): frink's
+    logits from the GGUF against llama.cpp's with f16 caches, on the fixture's tokens. Both
+    round the same rows; llama.cpp's attention then computes with them in its own order, so
+    the bar is twice what f16 moves llama.cpp's own logits from its f32 cache (at least
+    REF_TOL), and the argmax agrees wherever llama.cpp's top two are further apart than
+    that bar."""
+    gguf = _path(tiny_model, name, "gguf")
+    ref = tiny_model(name).ref
+    for env in CACHE_TYPE_ENV:
+        monkeypatch.delenv(env)
+    m = frink_cli.load(gguf)
+    assert m.decoder.cache_types.k == "f16", m.decoder.cache_types
+    tokens = [int(t) for t in ref["tokens"]]
+    got = np.asarray(m.logits(tokens), dtype=np.float64)
+    want = load_script("make_tiny_models").llama_cpp_logits(
+        gguf, np.asarray(tokens), cache_type=GGML_F16
+    )
+    want = want.astype(np.float64)
+    bar = max(REF_TOL, 2 * _max_diff(want, ref["logits_llamacpp"]))
+    diff = _max_diff(got, want)
+    assert diff <= bar, f"{name}: f16 caches: max |d| vs llama.cpp's = {diff:.3g} > {bar:.3g}"
+    top2 = np.sort(want, axis=-1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > bar
+    flips = np.nonzero(clear & (got.argmax(-1) != want.argmax(-1)))[0]
+    assert flips.size == 0, f"{name}: f16 caches: argmax differs at positions {flips.tolist()}"
 
 
 @ALL_SOURCES

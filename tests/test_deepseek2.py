@@ -20,6 +20,7 @@ from script_loader import load_script
 import frink_cli
 from frink_cli.archs import config_from_checkpoint, open_checkpoint
 from frink_cli.cache import KvCache
+from frink_cli.cache.kv_types import CacheTypes
 from frink_cli.cache.latent import LatentKv
 from frink_cli.errors import FrinkError
 from frink_cli.report import describe
@@ -68,8 +69,16 @@ def test_info_names_the_latent_cache_and_the_groups(tiny_model: Callable) -> Non
 
 
 def test_a_quantized_latent_cache_is_refused_by_name(tiny_model: Callable) -> None:
-    with pytest.raises(FrinkError, match="latent"):
-        frink_cli.load(_path(tiny_model, "deepseek_v3", "gguf"), cache_type_k="f16")
+    """The latent rows are keys and values at once: kept as -ctk says (f32, f16, bf16; f16
+    by default, checked against llama.cpp in test_conformance.py); a quantized latent, or a
+    chosen V type other than K's, is refused naming the option."""
+    gguf = _path(tiny_model, "deepseek_v3", "gguf")
+    with pytest.raises(FrinkError, match="-ctk/--cache-type-k q8_0: the latent"):
+        frink_cli.load(gguf, cache_type_k="q8_0", cache_type_v="q8_0")
+    with pytest.raises(FrinkError, match="-ctv/--cache-type-v f32: the latent"):
+        frink_cli.load(gguf, cache_type_k="f16", cache_type_v="f32")
+    m = frink_cli.load(gguf, cache_type_k="bf16", cache_type_v="bf16")
+    assert m.decoder.cache_types == CacheTypes("bf16", "bf16")
 
 
 def test_hostile_metadata_is_refused_by_name(tmp_path) -> None:

@@ -9,6 +9,9 @@
   test_real_models.py) the tolerance is the argmax and teacher-forced agreement, and the
   typed cache must bring frink closer to llama.cpp's typed cache than an f32 cache does.
 - KV memory at -c 8192: about half with f16, about a quarter with q8_0 (the arrays' bytes).
+- The default: f16 rows, as llama.cpp's (f32 on cuda, whose mirrors hold only f32);
+  FRINK_CACHE_TYPE_K / _V choose others. (The suite pins f32 through them, conftest.py:
+  its references are f32; every family with f16 caches: test_conformance.py.)
 - Bad input: one line naming the option and what is allowed, non-zero exit.
 - metal (MLX's CPU device) with an f16 / bf16 mirror gives the host's greedy tokens.
 """
@@ -19,12 +22,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import CACHE_TYPE_ENV
 from frink_subprocess import assert_error, frink
 
 import frink_cli
 from frink_cli.backends import cache_type_refusal
 from frink_cli.cache.attention import AttentionKv
-from frink_cli.cache.kv_types import CACHE_TYPES, CacheTypes, as_f32
+from frink_cli.cache.kv_types import CACHE_TYPES, F32_CACHE, CacheTypes, Coded, as_f32
 from frink_cli.errors import FrinkError
 
 gguf_quants = pytest.importorskip("gguf.quants")
@@ -143,6 +147,45 @@ def test_kv_bytes_at_8192_halve_with_f16_and_quarter_with_q8_0(smollm2_path):
     f32 = kv_bytes("f32")
     assert 0.45 <= kv_bytes("f16") / f32 <= 0.55
     assert 0.2 <= kv_bytes("q8_0") / f32 <= 0.3
+
+
+# --- the default ---------------------------------------------------------------------------------
+
+
+def _stored_kinds(m: frink_cli.Model) -> set[str]:
+    """The types the attention slots of a cache m makes hold their K and V rows in."""
+    cache = m.decoder.new_cache(64)
+    m.decoder.step(np.arange(1, 6), cache)
+    rows = [s.held()[1:] for s in cache.slots if isinstance(s, AttentionKv)]
+    assert rows, "no attention slot"
+    return {r.kind if isinstance(r, Coded) else "f32" for pair in rows for r in pair}
+
+
+def test_the_default_is_f16_and_the_variables_choose(tiny_model, monkeypatch):
+    """Nothing chosen: f16 rows. FRINK_CACHE_TYPE_K / _V choose (an option beats them); a
+    bad value is one line naming the variable, from load() and from the command line."""
+    gguf = tiny_model("gemma3_text").gguf
+    for env in CACHE_TYPE_ENV:
+        monkeypatch.delenv(env)
+    assert _stored_kinds(frink_cli.load(gguf)) == {"f16"}
+    monkeypatch.setenv("FRINK_CACHE_TYPE_K", "q8_0")
+    assert frink_cli.load(gguf).decoder.cache_types == CacheTypes("q8_0", "f16")
+    assert frink_cli.load(gguf, cache_type_k="bf16").decoder.cache_types.k == "bf16"
+    monkeypatch.setenv("FRINK_CACHE_TYPE_V", "int4")
+    with pytest.raises(FrinkError, match=r"\$FRINK_CACHE_TYPE_V: unknown KV cache type 'int4'"):
+        frink_cli.load(gguf)
+    assert_error(frink("run", gguf, "-p", "hi", "-n", "2"), "FRINK_CACHE_TYPE_V", "int4")
+
+
+def test_the_default_falls_back_to_f32_where_only_f32_is_carried(tiny_model, monkeypatch):
+    """cuda's mirrors hold f32 only: left to the default, its model runs with f32 rows
+    (NumPy standing in for CuPy); chosen, f16 is refused by name (below)."""
+    for env in CACHE_TYPE_ENV:
+        monkeypatch.delenv(env)
+    monkeypatch.setenv("FRINK_CUDA_ARRAY_MODULE", "numpy")
+    m = frink_cli.load(tiny_model("llama").gguf, backend="cuda")
+    assert m.backend_name == "cuda"
+    assert m.decoder.cache_types == F32_CACHE
 
 
 # --- bad input ---------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ package (this package imports them lazily).
 
 from __future__ import annotations
 
-from ..cache.kv_types import F32_CACHE, CacheTypes
+from ..cache.kv_types import CACHE_TYPES, F32_CACHE, CacheTypes
 from ..errors import FrinkError
 from .protocol import Backend, HeadBackend, LaunchFailed, Refusal, Run
 
@@ -27,16 +27,22 @@ def check_backend_name(name: str, allowed: tuple[str, ...] = BACKEND_NAMES) -> s
     return name
 
 
-def cache_type_refusal(name: str, types: CacheTypes) -> str | None:
-    """Why backend `name` cannot hold a KV cache of `types` (one line naming the option and
-    what the backend carries), or None; needs no device. The host body carries them all."""
+def carried_cache_types(name: str) -> tuple[str, ...]:
+    """The KV cache types backend `name` holds (the host body: every one); needs no device."""
     if name == "cuda":
         from .cupy.capabilities import KV_CACHE_TYPES
     elif name == "metal":
         from .mlx.capabilities import KV_CACHE_TYPES
     else:
-        return None
-    return types.refusal(KV_CACHE_TYPES, name)
+        return CACHE_TYPES
+    return KV_CACHE_TYPES
+
+
+def cache_type_refusal(name: str, types: CacheTypes) -> str | None:
+    """Why backend `name` cannot hold a KV cache of `types` (one line naming the option and
+    what the backend carries), or None; needs no device. A type left to the default is
+    never refused: it falls back to f32 there (CacheTypes.carried_by)."""
+    return types.refusal(carried_cache_types(name), name)
 
 
 def select_backend(
@@ -104,6 +110,7 @@ __all__ = [
     "Refusal",
     "Run",
     "cache_type_refusal",
+    "carried_cache_types",
     "check_backend_name",
     "layer_support",
     "select_backend",

@@ -10,11 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from ..cache.kv_types import DEFAULT_CACHE_TYPE
 from ..errors import FrinkError
 from .cases import BenchTest, Runner, Sample, bench_tests, peak_memory_mib
 from .frink import FrinkRunner
-from .llamacpp import LLAMA_CPP_CACHE, LlamaCppRunner, llama_cpp_peak_mib
+from .llamacpp import LlamaCppRunner, llama_cpp_peak_mib
 from .rows import BenchRow, ModelFacts, bench_row, model_facts
 
 COMPARE_TARGETS = ("llama.cpp",)
@@ -125,11 +124,9 @@ def run_bench(
         cpp_peak = None
         if compare:
             say("llama.cpp's peak memory (a child process)")
-            # Each with its defaults; a cache type frink was given, llama.cpp is given too.
+            # The cache types frink runs with (f16 by default, as llama.cpp's), llama.cpp too.
             types = model.decoder.cache_types
             cache = (types.k, types.v)
-            if cache == (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE):
-                cache = LLAMA_CPP_CACHE
             cpp_peak = llama_cpp_peak_mib(path, n_ctx, n_threads, tests, cache)
             say("loading llama.cpp")
             runners.append(LlamaCppRunner(path, n_ctx, n_threads, cache))

@@ -13,7 +13,8 @@ like the rows and decoded to f32 (`f32()`) a block of keys at a time by attentio
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,10 +23,12 @@ from ..errors import FrinkError
 F32 = np.float32
 BLOCK = 32  # q8_0 / q4_0: weights per block, one f16 scale each
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
-DEFAULT_CACHE_TYPE = "f32"
-# The options' spellings, for messages.
+DEFAULT_CACHE_TYPE = "f16"  # llama.cpp's
+# The options' spellings, for messages, and the environment variables that stand in for them.
 OPTION_K = "-ctk/--cache-type-k"
 OPTION_V = "-ctv/--cache-type-v"
+ENV_K = "FRINK_CACHE_TYPE_K"
+ENV_V = "FRINK_CACHE_TYPE_V"
 
 
 def check_cache_type(value: str, option: str = OPTION_K) -> str:
@@ -39,19 +42,26 @@ def check_cache_type(value: str, option: str = OPTION_K) -> str:
 
 @dataclass(frozen=True)
 class CacheTypes:
-    """The K and V cache types one model's caches are made with."""
+    """The K and V cache types one model's caches are made with. given: per type, whether
+    someone chose it (an option, an argument or its environment variable); a type left to
+    the default is f16 (llama.cpp's default) where the backend carries it, else f32."""
 
-    k: str = DEFAULT_CACHE_TYPE
-    v: str = DEFAULT_CACHE_TYPE
+    k: str = "f32"
+    v: str = "f32"
+    given: tuple[bool, bool] = field(default=(True, True), compare=False)
 
     def __post_init__(self) -> None:
         check_cache_type(self.k, OPTION_K)
         check_cache_type(self.v, OPTION_V)
 
     def refusal(self, carried: tuple[str, ...], who: str) -> str | None:
-        """One line naming the option whose type `who` cannot carry and what it can."""
-        for option, value in ((OPTION_K, self.k), (OPTION_V, self.v)):
-            if value not in carried:
+        """One line naming the option whose chosen type `who` cannot carry and what it
+        can (a defaulted type falls back to f32 there: carried_by)."""
+        for option, value, given in (
+            (OPTION_K, self.k, self.given[0]),
+            (OPTION_V, self.v, self.given[1]),
+        ):
+            if given and value not in carried:
                 return (
                     f"{option} {value}: the {who} backend cannot carry it "
                     f"(it carries {', '.join(carried)}; the numpy backend all of "
@@ -59,8 +69,31 @@ class CacheTypes:
                 )
         return None
 
+    def carried_by(self, carried: tuple[str, ...]) -> CacheTypes:
+        """These types on a backend that carries `carried`: a defaulted type it cannot carry
+        becomes f32 (every backend carries f32); a chosen one stays (refusal() named it)."""
+        k = self.k if self.given[0] or self.k in carried else "f32"
+        v = self.v if self.given[1] or self.v in carried else "f32"
+        return self if (k, v) == (self.k, self.v) else CacheTypes(k, v, self.given)
 
-F32_CACHE = CacheTypes()  # the default: K and V rows kept as f32
+
+F32_CACHE = CacheTypes()  # K and V rows kept as f32 (what references are computed with)
+
+
+def requested_cache_types(k: str | None = None, v: str | None = None) -> CacheTypes:
+    """The cache types asked for: k / v where given, else $FRINK_CACHE_TYPE_K / _V where
+    set (as llama-server reads LLAMA_ARG_CACHE_TYPE_K), else DEFAULT_CACHE_TYPE, marked
+    as defaulted. A bad value is a FrinkError naming the option or the variable."""
+    picked = []
+    for value, option, env in ((k, OPTION_K, ENV_K), (v, OPTION_V, ENV_V)):
+        if value is not None:
+            picked.append((check_cache_type(value, option), True))
+        elif os.environ.get(env):
+            picked.append((check_cache_type(os.environ[env], f"${env}"), True))
+        else:
+            picked.append((DEFAULT_CACHE_TYPE, False))
+    (k_type, k_given), (v_type, v_given) = picked
+    return CacheTypes(k_type, v_type, (k_given, v_given))
 
 
 def stored_width(name: str, width: int) -> int:

@@ -4,7 +4,9 @@ compressed latent and the rotated key part, [latent | k_pe], one row shared by e
 The attention over it is MQA with one KV head whose values are its keys (V = K: the
 same buffer; the block keeps the latent columns of the output), so a token takes
 kv_lora_rank + rope_dim values per layer, not n_head * (k + v) as full K/V would. Rows
-are f32 (a 16-bit or quantized latent is not carried: refused by name).
+are stored as the K cache type (f32, f16 or bf16, as llama.cpp keeps its MLA latent in its
+K cache); a quantized latent is not carried, nor a V type other than K's where one was
+chosen (the values are the K rows): both refused by name.
 """
 
 from __future__ import annotations
@@ -13,14 +15,22 @@ import numpy as np
 
 from ..errors import FrinkError
 from .attention import AttentionKv
-from .kv_types import F32_CACHE, OPTION_K, CacheTypes, Rows
+from .kv_types import F32_CACHE, OPTION_K, OPTION_V, CacheTypes, Rows
+
+LATENT_TYPES = ("f32", "f16", "bf16")
 
 
 def check_latent_types(types: CacheTypes) -> None:
-    """FrinkError unless the K and V cache types are f32 (the latent rows are both)."""
-    if types != F32_CACHE:
+    """FrinkError unless the K type is one a latent row is kept in and a chosen V type is
+    the same (the latent rows are the keys and the values)."""
+    if types.k not in LATENT_TYPES:
         raise FrinkError(
-            f"{OPTION_K} {types.k} / -ctv {types.v}: the latent (MLA) cache holds f32 rows only"
+            f"{OPTION_K} {types.k}: the latent (MLA) cache holds {', '.join(LATENT_TYPES)} rows"
+        )
+    if types.given[1] and types.v != types.k:
+        raise FrinkError(
+            f"{OPTION_V} {types.v}: the latent (MLA) cache's values are its keys, kept as "
+            f"{OPTION_K} says ({types.k})"
         )
 
 
@@ -30,14 +40,14 @@ class LatentKv(AttentionKv):
     def __init__(self, width: int, n_ctx: int, *, types: CacheTypes = F32_CACHE) -> None:
         check_latent_types(types)
         # No value buffer: zero columns, zero bytes.
-        super().__init__(1, width, 0, n_ctx, types=types)
+        super().__init__(1, width, 0, n_ctx, types=CacheTypes(types.k, types.k))
 
     def write(self, start: int, k: np.ndarray, v: np.ndarray) -> int:
         """Write rows k [T, 1, width] (v is k itself: not kept twice)."""
         return super().write(start, k, k[..., :0])
 
     def rows(self, a: int, b: int) -> tuple[Rows, Rows]:
-        k = self._k[:, a:b]
+        k, _ = super().rows(a, b)
         return k, k
 
     def by_position(self) -> tuple[np.ndarray, np.ndarray]:
