@@ -62,6 +62,7 @@ setup(
             depends=[
                 "frink_cli/backends/host/rowwise_kv.h",
                 "frink_cli/backends/host/rowwise_kv_avx2.h",
+                "frink_cli/backends/host/rowwise_delta.h",
             ],
             optional=True,
         ),

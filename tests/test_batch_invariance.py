@@ -13,9 +13,10 @@ same sequence in mixed steps, and asks for the same bytes at every row:
   - beside other sequences' prompts, then beside their decode rows;
   - its decode rows beside another sequence's prompt chunk;
   - its prompt cut in two (a resumed prefix), the second part beside others' decode rows;
-on dense fixtures (f32, f16 and q8_0 KV caches), a MoE and a hybrid (recurrent) tiny
-fixture and the real SmolLM2, in a child process per forced ISA (FRINK_NATIVE_ISA is read
-at import), each variant this CPU lacks skipped by name. And `frink serve` answers 8
+on dense fixtures (f32, f16 and q8_0 KV caches), a MoE, three hybrid (recurrent) tiny
+fixtures (short conv, gated delta net, lightning attention) and the real SmolLM2, in a
+child process per forced ISA (FRINK_NATIVE_ISA is read at import), each variant this CPU
+lacks skipped by name. And `frink serve` answers 8
 concurrent greedy requests (prompts resumed from the slots' caches as a server does by
 default) with exactly the tokens and log probabilities it gives each alone.
 """
@@ -155,9 +156,12 @@ def test_moe_fixture(tiny_model: Callable, isa: str) -> None:
 
 
 @pytest.mark.parametrize("isa", ISAS)
-def test_hybrid_fixture(tiny_model: Callable, isa: str) -> None:
-    """The tiny LFM2 in Q8_0: short-conv layers (a recurrent tail) beside attention."""
-    _check(q8_0_requant(tiny_model, "lfm2")[0], isa)
+@pytest.mark.parametrize("family", ["lfm2", "qwen35", "minimax"])
+def test_hybrid_fixture(tiny_model: Callable, isa: str, family: str) -> None:
+    """Tiny hybrids in Q8_0, recurrent layers beside attention: LFM2's short convs (a
+    recurrent tail), Qwen3.5's gated delta net and MiniMax's lightning attention (a state
+    each token updates: a prompt's rows and a decode row run the same recurrence)."""
+    _check(q8_0_requant(tiny_model, family)[0], isa)
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -400,7 +400,9 @@ def test_metal_state_equals_the_host_bodys(
         for a, b in zip(host, device):
             if a is not None:
                 assert a.shape == b.shape, field
-                np.testing.assert_allclose(b, a, rtol=0, atol=1e-5, err_msg=field)
+                # Reduction-order noise: a state sums every token's update, in another order
+                # on each side (the host token by token, the device by blocks of a prompt).
+                np.testing.assert_allclose(b, a, rtol=2e-6, atol=1e-5, err_msg=field)
     assert _max_diff(last[0], last[1]) <= SELF_TOL
     _assert_ran_everything(_recorded(dev.decoder.backend.ledger), f"{name} metal")
 

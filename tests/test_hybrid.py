@@ -35,9 +35,11 @@ import frink_cli
 from frink_cli.archs import config_from_checkpoint, open_checkpoint
 from frink_cli.archs.decoder import with_ext
 from frink_cli.backends.host import gdn as gdn_mod
+from frink_cli.backends.host import rowwise
 from frink_cli.cache import KvCache
 from frink_cli.decoder import Decoder
 from frink_cli.errors import FrinkError
+from frink_cli.quant import kernels
 
 REF_TOL = 2e-3
 
@@ -132,10 +134,9 @@ def test_gdn_block_and_state_match_per_token_formulas(name: str, tiny_model: Cal
     assert np.abs(want_state).max() > 0.1  # the state is not trivially small
 
 
-@pytest.mark.parametrize("chunk", [1, 5, 16, 64])
-def test_chunked_delta_rule_equals_per_token_steps(chunk: int) -> None:
-    rng = np.random.default_rng(chunk)
-    T, H, dk, dv = 37, 3, 8, 6
+def _delta_inputs(seed: int, T: int = 37, H: int = 3, dk: int = 8, dv: int = 6) -> tuple:
+    """q, k (unit rows), v, g, beta, state for a delta rule over T tokens and H heads."""
+    rng = np.random.default_rng(seed)
 
     def unit(shape):
         u = rng.standard_normal(shape).astype(np.float32)
@@ -143,15 +144,71 @@ def test_chunked_delta_rule_equals_per_token_steps(chunk: int) -> None:
 
     q, k = unit((T, H, dk)), unit((T, H, dk))
     v = rng.standard_normal((T, H, dv)).astype(np.float32)
-    # Decays from ~1 (long memory) to e^-8 (forgets at once), one per head.
-    g = -np.array([0.01, 0.5, 8.0], np.float32) * rng.uniform(0.5, 1.5, (T, H)).astype(np.float32)
+    # Decays from ~1 (long memory) to e^-8 (forgets at once), by head.
+    rates = np.array([0.01, 0.5, 8.0], np.float32)[np.arange(H) % 3]
+    g = -rates * rng.uniform(0.5, 1.5, (T, H)).astype(np.float32)
     beta = rng.uniform(0.05, 0.95, (T, H)).astype(np.float32)
     s0 = rng.standard_normal((H, dk, dv)).astype(np.float32)
-    o1, s1 = gdn_mod.delta_rule_steps(q, k, v, g, beta, s0)
-    o2, s2 = gdn_mod.delta_rule_chunked(q, k, v, g, beta, s0.copy(), chunk=chunk)
-    assert np.abs(o1 - o2).max() <= 1e-5 * np.abs(o1).max()
-    assert np.abs(s1 - s2).max() <= 1e-5 * np.abs(s1).max()
-    assert s2.dtype == np.float32 and o2.dtype == np.float32
+    return q, k, v, g, beta, s0
+
+
+def _delta_rule_f64(q, k, v, g, beta, s0) -> tuple[np.ndarray, np.ndarray]:
+    """The recurrence as its definition writes it, in float64."""
+    s = s0.astype(np.float64)
+    o = np.empty(v.shape, np.float64)
+    for t in range(q.shape[0]):
+        s = s * np.exp(g[t].astype(np.float64))[:, None, None]
+        kt = k[t].astype(np.float64)
+        u = (v[t] - np.einsum("hi,hij->hj", kt, s)) * beta[t][:, None]
+        s = s + kt[:, :, None] * u[:, None, :]
+        o[t] = np.einsum("hi,hij->hj", q[t].astype(np.float64), s)
+    return o, s
+
+
+@pytest.mark.parametrize("rule", ["steps", "chunk 1", "chunk 5", "chunk 16", "chunk 64", "C"])
+def test_each_delta_rule_equals_the_definition(rule: str) -> None:
+    """NumPy's token loop, its chunked (WY/UT) form at several chunk sizes and the C loop
+    (rowwise_delta.h) against the recurrence in float64."""
+    q, k, v, g, beta, s0 = _delta_inputs(len(rule))
+    want_o, want_s = _delta_rule_f64(q, k, v, g, beta, s0)
+    if rule == "C":
+        if not rowwise.compiled():
+            pytest.skip(rowwise.path())
+        got = rowwise.delta_rule(q, k, v, np.exp(g), beta, s0)
+        assert got is not None
+        o, s = got
+    elif rule == "steps":
+        o, s = gdn_mod.delta_rule_steps(q, k, v, g, beta, s0)
+    else:
+        o, s = gdn_mod.delta_rule_chunked(q, k, v, g, beta, s0.copy(), chunk=int(rule[6:]))
+    assert np.abs(o - want_o).max() <= 1e-5 * np.abs(want_o).max()
+    assert np.abs(s - want_s).max() <= 1e-5 * np.abs(want_s).max()
+    assert s.dtype == np.float32 and o.dtype == np.float32
+
+
+@pytest.mark.skipif(not rowwise.compiled(), reason=rowwise.path())
+def test_the_c_delta_rule_gives_a_token_the_same_bits_wherever_it_is_cut() -> None:
+    """Batch invariance's piece for the gated delta net: the C rule over a whole prompt
+    equals the same prompt fed in any two parts, then token by token, bit for bit, on one
+    thread and on two (heads split between them); the state passed in is left as it was."""
+    q, k, v, g, beta, s0 = _delta_inputs(3, T=23, H=5, dk=32, dv=16)
+    g = np.exp(g)  # the decays the C takes
+    kept = s0.copy()
+    whole_o, whole_s = rowwise.delta_rule(q, k, v, g, beta, s0)
+    assert np.array_equal(s0, kept)
+    for threads in (1, 2):
+        with kernels.threads(threads):
+            for cut in (1, 7, 22):
+                a_o, a_s = rowwise.delta_rule(q[:cut], k[:cut], v[:cut], g[:cut], beta[:cut], s0)
+                parts = [a_o]
+                s = a_s
+                for t in range(cut, 23):
+                    o_t, s = rowwise.delta_rule(
+                        q[t : t + 1], k[t : t + 1], v[t : t + 1], g[t : t + 1], beta[t : t + 1], s
+                    )
+                    parts.append(o_t)
+                assert np.array_equal(np.concatenate(parts), whole_o), (threads, cut)
+                assert np.array_equal(s, whole_s), (threads, cut)
 
 
 # --- value heads and the HF reader's transforms ---------------------------------------------------

@@ -9,10 +9,13 @@ For each token t, per value head (q and k are those of the key head it reads):
   S = exp(g) S;  S += k (beta (v - S^T k))^T;  o = S^T q
   out = W_out (rmsnorm(o) * silu(W_z x))
 as transformers' gated delta net mixers and llama.cpp's
-delta-net-base.cpp compute it. A decode row takes that step once. A prefill batch takes
-the same recurrence in chunks of CHUNK tokens: within a chunk the updates are solved
-together as one triangular system (the WY/UT form), which is exact algebra, not an
-approximation -- tests check it against the per-token loop.
+delta-net-base.cpp compute it. With the compiled row-wise ops (rowwise.delta_rule) every
+row, prompt or decode, takes that step in C in one fixed order, so a token's bits do not
+depend on where a prompt was cut or what shared its step (batch invariance). Without them
+a decode row takes the step in NumPy, and a prefill batch the same recurrence in chunks of
+CHUNK tokens: within a chunk the updates are solved together as one triangular system
+(the WY/UT form), which is exact algebra, not an approximation -- tests check all three
+against each other.
 
 Value heads may outnumber key heads. Which key head value head h reads is data: "tiled"
 (h % n_k; files whose converter reorders value heads for ggml's broadcast) or
@@ -25,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...graph.blocks.gdn import GdnConfig
+from . import rowwise
 
 CHUNK = 64  # tokens solved together in a prefill; transformers' chunk size too
 
@@ -117,7 +121,10 @@ def delta_rule_chunked(
 def delta_rule(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, state: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The recurrence (delta_rule_steps' arguments and results): a decode row token by
-    token, a prefill batch in chunks."""
+    """The recurrence (delta_rule_steps' arguments and results): in C where compiled, else a
+    decode row token by token and a prefill batch in chunks."""
+    done = rowwise.delta_rule(q, k, v, np.exp(g), beta, state)
+    if done is not None:
+        return done
     rule = delta_rule_steps if q.shape[0] == 1 else delta_rule_chunked
     return rule(q, k, v, g, beta, state)

@@ -1,13 +1,19 @@
-"""Lightning attention (linear attention with a per-head decay) in NumPy.
+"""Lightning attention (linear attention with a per-head decay).
 
-A prompt is taken in blocks of BLOCK tokens: within a block the decayed scores
-(q_i . k_j) exp(-s (i - j)) for j <= i, across blocks the state S = sum exp(-s (t - j))
-k_j^T v_j carried in; one token is the plain recurrence. Both are the same sum.
+With the compiled row-wise ops every token, prompt or decode, takes the recurrence
+S = exp(-s) S + k^T v, o = q S in C in one fixed order (rowwise.delta_rule without the
+delta), so a token's bits do not depend on where a prompt was cut or what shared its step.
+Without them, in NumPy: a prompt is taken in blocks of BLOCK tokens (within a block the
+decayed scores (q_i . k_j) exp(-s (i - j)) for j <= i, across blocks the state
+S = sum exp(-s (t - j)) k_j^T v_j carried in); one token is the plain recurrence. All are
+the same sum.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from . import rowwise
 
 F32 = np.float32
 BLOCK = 64  # prompt tokens per intra-block product (bounds the [H, n, n] score blocks)
@@ -24,6 +30,10 @@ def lightning_attention(
     new state), as Ops.lightning_attention states it."""
     s = np.asarray(slopes, dtype=np.float64)
     T = q.shape[0]
+    decay = np.broadcast_to(np.exp(-s).astype(F32), (T, len(slopes)))
+    done = rowwise.delta_rule(q, k, v, decay, np.ones_like(decay), state, delta=False)
+    if done is not None:
+        return done
     if T == 1:  # decode: S = exp(-s) S + k^T v;  o = q S
         ratio = np.exp(-s).astype(F32)[:, None, None]
         S = state * ratio + k[0][:, :, None] * v[0][:, None, :]

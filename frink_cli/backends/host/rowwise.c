@@ -8,6 +8,8 @@
  *   rms_norm(x, w | None, eps, out, threads)  out = x / sqrt(mean(x^2) + eps) * w
  *   rope(x, cos, sin, pos, neox, threads)     the first 2 * cos.shape[1] dims rotated in place
  *   glu(h, act, out, threads)                 out = act(gate) * up over rows [gate | up]
+ *   delta_rule(q, k, v, a, beta, state, o,    the gated delta rule (or, delta off, decayed
+ *              delta, threads)                linear attention) token by token (rowwise_delta.h)
  *
  * The arithmetic is llama.cpp's where it defines it: RMSNorm sums x^2 in double and scales
  * by 1 / sqrtf(mean + eps), then by the weight (ggml_rms_norm, then ggml_mul); rope is
@@ -564,6 +566,8 @@ static PyObject *py_exp(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+#include "rowwise_delta.h"
+
 static PyMethodDef METHODS[] = {
     {"rms_norm", py_rms_norm, METH_VARARGS,
      "rms_norm(x, w | None, eps, out, threads): out = x / sqrt(mean(x^2) + eps) * w per row"},
@@ -577,6 +581,10 @@ static PyMethodDef METHODS[] = {
      "per query row and head over its keys [lo, hi), each row alone; K and V stored as cache "
      "types (0 f32, 1 f16, 2 bf16, 3 q8_0, 4 q4_0)"},
     {"exp", py_exp, METH_VARARGS, "exp(x, out): the e^x the activations use"},
+    {"delta_rule", py_delta_rule, METH_VARARGS,
+     "delta_rule(q [T,H,dk], k, v [T,H,dv], decay [T,H], beta, state [H,dk,dv] (updated), o "
+     "[T,H,dv], delta, threads): the gated delta rule (delta false: decayed linear "
+     "attention) token by token, in one fixed order"},
     {"attend_isa", py_attend_isa, METH_VARARGS,
      "attend_isa(name=None) -> the attention loops' variant (avx2, or portable under "
      "FRINK_NATIVE_ISA=base) before `name` (for tests) is made the one used"},

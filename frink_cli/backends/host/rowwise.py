@@ -155,6 +155,28 @@ def attend(
     return out.reshape(T, H * V.shape[2])
 
 
+def delta_rule(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    decay: np.ndarray,
+    beta: np.ndarray,
+    state: np.ndarray,
+    delta: bool = True,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The gated delta rule (gdn.delta_rule_steps' arguments and results, with the decays
+    e^g [T, H] in place of g; delta False: S = decay S + k (beta v)^T, decayed linear
+    attention) token by token in one fixed order (rowwise_delta.h): a token's bits whatever
+    else is in the call. None without the compiled ops. state is not modified."""
+    if _C is None:
+        return None
+    q, k, v, decay, beta = (np.ascontiguousarray(a, dtype=F32) for a in (q, k, v, decay, beta))
+    new_state = np.array(state, dtype=F32, order="C")  # a copy: the caller's stays
+    o = np.empty(v.shape, F32)
+    _C.delta_rule(q, k, v, decay, beta, new_state, o, delta, kernels.current_threads())
+    return o, new_state
+
+
 def exp(x: np.ndarray) -> np.ndarray:
     """The e^x the C activations use (for tests)."""
     if _C is None:
