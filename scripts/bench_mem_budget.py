@@ -3,7 +3,7 @@
 speed, for docs/performance.md. Run it once per configuration, each in its own process (a
 memory cgroup around the bounded ones):
 
-    python scripts/bench_mem_budget.py FILE OUT.npz [--budget GB] [--llama-cpp]
+    python scripts/bench_mem_budget.py FILE OUT.npz [--budget GB|auto] [--llama-cpp]
 
 Writes the prompt's logits, the greedy decode's tokens, the decode tokens/s and the expert
 cache's counts to OUT.npz (frink), or llama-cpp-python's (its default mmap load, f32 KV) with
@@ -23,7 +23,7 @@ import numpy as np
 PROMPT = [1, 17, 42, 99, 3, 250, 7, 128]
 
 
-def frink_run(path: Path, budget: float | None, n_gen: int) -> dict:
+def frink_run(path: Path, budget: str | None, n_gen: int) -> dict:
     import frink_cli
 
     t0 = time.perf_counter()
@@ -31,7 +31,7 @@ def frink_run(path: Path, budget: float | None, n_gen: int) -> dict:
     load_s = time.perf_counter() - t0
     dec = m.decoder
     cache = dec.new_cache(len(PROMPT) + n_gen + 1)
-    logits = dec.step(np.asarray(PROMPT), cache)
+    logits = dec.step(np.asarray(PROMPT), cache, all_logits=True)
     tokens = [int(logits[-1].argmax())]
     c = m.expert_cache
     before = (c.stats.hits, c.stats.misses, c.stats.bytes_read) if c else (0, 0, 0)
@@ -67,20 +67,29 @@ def llama_cpp_run(path: Path, n_gen: int) -> dict:
     return {"logits": logits, "tokens": tokens, "tps": n_gen / seconds, "load_s": load_s}
 
 
+def compare(x: np.ndarray, y: np.ndarray) -> dict:
+    """Two runs' prompt logits [rows, V], row by row (never broadcast: the rows must match)."""
+    if x.shape != y.shape:
+        raise SystemExit(f"logits of shapes {x.shape} and {y.shape}: not the same prompt rows")
+    return {
+        "identical": bool(np.array_equal(x, y)),
+        "max_abs_diff": float(np.abs(x - y).max()),
+        "max_diff_of_scale": float(np.abs(x - y).max() / np.abs(y).max()),
+        "top1_same_rows": f"{int((x.argmax(-1) == y.argmax(-1)).sum())} of {len(x)}",
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("file", type=Path)
     ap.add_argument("out", type=Path)
-    ap.add_argument("--budget", type=float, default=None)
+    ap.add_argument("--budget", default=None, help="GiB or auto (default: frink's default)")
     ap.add_argument("--llama-cpp", action="store_true")
     ap.add_argument("-n", type=int, default=8)
     ap.add_argument("--compare", action="store_true", help="file and out are two results")
     a = ap.parse_args()
     if a.compare:
-        x, y = np.load(a.file), np.load(a.out)
-        same = bool(np.array_equal(x["logits"], y["logits"]))
-        diff = float(np.abs(x["logits"] - y["logits"]).max())
-        print(json.dumps({"identical": same, "max_abs_diff": diff}))
+        print(json.dumps(compare(np.load(a.file)["logits"], np.load(a.out)["logits"])))
         return
     r = llama_cpp_run(a.file, a.n) if a.llama_cpp else frink_run(a.file, a.budget, a.n)
     np.savez(a.out, **{k: np.asarray(v) for k, v in r.items()})
