@@ -58,6 +58,7 @@ def frink_run(path: Path, budget: str | None, n_gen: int, fed: bool) -> dict:
             c.stats.bytes_read - before[2],
         )
         out |= {"hit_rate": hits / max(1, hits + misses), "bytes_per_token": read / n_gen}
+        out["cache_gib"] = c.capacity / 2**30
     return out
 
 

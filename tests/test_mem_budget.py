@@ -140,8 +140,12 @@ def test_info_says_what_stays_resident(moe_file: Path) -> None:
     mem = json.loads(r.stdout)["memory"]
     assert mem["streams_experts"] and mem["budget"] == _BUDGET_GB
     assert mem["dense"] < mem["expert_cache"] < mem["experts"]
+    assert mem["budget_source"] == "--mem-budget"
     whole = json.loads(frink("info", moe_file, "--mem-budget", "1", "--json").stdout)["memory"]
     assert not whole["streams_experts"]
+    # auto, outside a cgroup's limit: this machine's MemAvailable (the file fits it).
+    auto = json.loads(frink("info", moe_file, "--mem-budget", "auto", "--json").stdout)["memory"]
+    assert auto["budget_source"].startswith("auto: ") and not auto["streams_experts"]
 
 
 def test_bench_reports_the_expert_cache(moe_file: Path) -> None:
@@ -162,6 +166,7 @@ def test_bench_reports_the_expert_cache(moe_file: Path) -> None:
         ("0", ("--mem-budget", "positive")),
         ("-2", ("--mem-budget", "positive")),
         ("nan", ("--mem-budget", "positive")),
+        ("lots", ("--mem-budget", "'lots'", "or auto")),
     ],
 )
 def test_a_bad_budget_is_one_line(moe_file: Path, value: str, fragments: tuple[str, ...]) -> None:
