@@ -30,7 +30,7 @@ from .generate import GenerationStats, generate_tokens
 from .model import ModelConfig, load_weights
 from .model.expert_cache import ExpertCache
 from .model.lora import LoraAdapter, check_attached
-from .model.mem_budget import BudgetPlan, budget_plan
+from .model.mem_budget import Budget, BudgetPlan, budget_plan
 from .model.validate import check_tensors as scan_tensors
 from .model.weights import LayerStore, ModelWeights, unread_tensors
 from .quant.kernels import check_isa
@@ -514,7 +514,7 @@ def load(
     lora: Sequence[tuple[str | Path, float]] = (),
     lora_apply: bool = True,
     stage: Stage | None = None,
-    mem_budget: float | None = None,
+    mem_budget: Budget = None,
     lora_merge: bool = False,
 ) -> Model:
     """check_tensors: scan every weight for NaN/Inf first (llama.cpp's --check-tensors).
@@ -531,9 +531,11 @@ def load(
     (cuda). An unknown type, or a chosen one the backend cannot hold, is a FrinkError
     before anything loads, as is a forced kernel variant (FRINK_NATIVE_ISA) this CPU
     cannot run.
-    mem_budget: GiB the weights may hold (--mem-budget): where the model does not fit, its
-    routed experts stay in the file and a cache of the hot ones fills what the dense
-    weights leave (model/mem_budget.py; `Model.expert_cache` counts hits and reads)."""
+    mem_budget: GiB the weights may hold (--mem-budget), or "auto" (the memory available
+    less a margin): where the model does not fit, its routed experts stay in the file and
+    a cache of the hot ones fills what the dense weights leave (model/mem_budget.py;
+    `Model.expert_cache` counts hits and reads). None: "auto" for a MoE model that does not
+    fit the memory available, else every weight resident."""
     check_isa()
     types = requested_cache_types(cache_type_k, cache_type_v)
     ckpt = open_checkpoint(path)

@@ -36,7 +36,7 @@ from .cli_checks import (
 from .cli_embed import POOLING_OPTION, embed
 from .cli_exit import err, run_app, verbose_flag
 from .cli_lora import NO_LORA, LoraArgs, join_scaled, lora_flags
-from .cli_memory import NO_PLACEMENT, Placement, mem_budget_flags, placement_flags
+from .cli_memory import NO_PLACEMENT, Budget, Placement, mem_budget_flags, placement_flags
 from .cli_pipeline import following, launched, load_or_follow, rank_submissions
 from .cli_run import generate_and_print
 from .cli_sampling import sampling_flags
@@ -268,7 +268,7 @@ def info(
         "numpy",
         "say which layers this backend takes and how it holds each tensor type (numpy|metal|cuda)",
     ),
-    memory: float | None = None,
+    memory: Budget = None,
     verbose: bool = False,
 ) -> None:
     """Describe a model: architecture, sizes, tensor types, layers, tokenizer."""
@@ -370,7 +370,7 @@ def chat(
     sampling: dict[str, Any] | None = None,
     backend: str = _BACKEND,
     adapters: LoraArgs = NO_LORA,
-    memory: float | None = None,
+    memory: Budget = None,
     verbose: bool = False,
 ) -> None:
     """Chat with the model in the terminal (/reset, /system TEXT, /exit; Ctrl-C stops an

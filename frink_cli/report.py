@@ -22,7 +22,7 @@ from .errors import printable
 from .formats import Checkpoint
 from .graph.trace import OpCall, model_traces
 from .model.config import ModelConfig
-from .model.mem_budget import budget_plan, kept_in_blocks
+from .model.mem_budget import Budget, budget_plan, kept_in_blocks
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
@@ -115,14 +115,13 @@ def decoration_values(cfg: Any) -> dict[str, Any]:
     return out
 
 
-def describe(
-    path: str | Path, backend: str = "numpy", mem_budget: float | None = None
-) -> dict[str, Any]:
+def describe(path: str | Path, backend: str = "numpy", mem_budget: Budget = None) -> dict[str, Any]:
     """The report of `frink info --json`: architecture, sizes, tensor types, per-layer
     shapes, tokenizer, and which layers `backend` would take (from its own eligibility
     predicate: no device, no weights needed). `backend` is a name from BACKEND_NAMES;
-    "auto" reports the host body. mem_budget (GiB): "memory" says what would be resident
-    under it (a budget load() would refuse is the same FrinkError here)."""
+    "auto" reports the host body. mem_budget (GiB, "auto", None: load()'s default):
+    "memory" says what would be resident under the budget load() would choose, and where
+    the budget came from (a budget load() would refuse is the same FrinkError here)."""
     from .backends import check_backend_name, layer_support
     from .backends.host.rowwise import path as rowwise_path
     from .quant.kernels import kernel_path
@@ -284,7 +283,8 @@ def print_info(d: dict[str, Any], write: Callable[[str], Any]) -> None:
             if mem["streams_experts"]
             else "every weight resident"
         )
-        line("memory", f"budget {mem['budget']} GiB: dense {mem['dense']} GiB resident, {where}")
+        budget = f"budget {mem['budget']} GiB ({mem['budget_source']})"
+        line("memory", f"{budget}: dense {mem['dense']} GiB resident, {where}")
     _print_backends(d, line, write)
     for s in d["layers"]:
         write(_layer_line(d, s))

@@ -19,6 +19,11 @@ Llama-3.2-1B's layers then carry SmolLM2's 49152-token head, not Llama 3's 12825
 the note beside a measurement must say. Weights are N(0, 0.02) quantized by gguf-py (its
 quantize supports Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0); norms are ones. Only gguf-py writes
 the bytes; the values mean nothing, so the file is for timing and memory, never for text.
+The router (ffn_gate_inp, f32) is N(0, 1/n_embd): router logits of unit scale, as trained
+routers give. At N(0, 1) the logits of a 2048-wide model spread ~45, the softmax turns every
+rounding of the activations into a different mix of experts, and llama.cpp's 8-bit
+activations alone moved its Q4_0 logits 9.6% (2 layers) to 27% (16 layers) of their scale
+from its own f32 evaluation of the same weights (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -133,7 +138,8 @@ def write(dst: Path, shape: str, qtype: str, tokenizer: Path | None, vocab: int 
             matrix(p + "ffn_up.weight", ff, d)
             matrix(p + "ffn_down.weight", d, ff)
             continue
-        writer.add_tensor(p + "ffn_gate_inp.weight", rng.standard_normal((n_e, d), np.float32))
+        router = rng.standard_normal((n_e, d), np.float32) / d**0.5
+        writer.add_tensor(p + "ffn_gate_inp.weight", router)
         for kind, stack in stacks.items():
             writer.add_tensor(f"{p}ffn_{kind}_exps.weight", stack, raw_dtype=t)
     ones("output_norm.weight", d)

@@ -30,16 +30,20 @@ _IDS = [1, 17, 42, 99, 3, 250, 7, 128, 64, 200, 11, 5]
 _BUDGET_GB = 0.1
 _LIMIT_BYTES = 200 << 20
 
-# The child: load under the budget, write the prompt's logits and the cache's counts.
+# The child: load under the budget ("auto", GiB, or "default": no budget given), write the
+# prompt's logits, the cache's counts and where the budget came from.
 _CHILD = r"""
 import json, sys
 import numpy as np
 import frink_cli
-path, budget, out = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+from frink_cli.report import describe
+path, arg, out = sys.argv[1], sys.argv[2], sys.argv[3]
+budget = None if arg == "default" else arg if arg == "auto" else float(arg)
+source = describe(path, "numpy", budget)["memory"]["budget_source"]
 m = frink_cli.load(path, mem_budget=budget)
 np.save(out, m.logits(json.loads(sys.argv[4])))
 c = m.expert_cache
-print(json.dumps({"resident": c.resident, "capacity": c.capacity,
+print(json.dumps({"resident": c.resident, "capacity": c.capacity, "source": source,
                   "read": c.stats.bytes_read, "misses": c.stats.misses}))
 """
 
@@ -66,16 +70,26 @@ def _cgroup(name: str, limit: int) -> Path:
     return group
 
 
+@pytest.fixture(scope="module")
+def unbounded_logits(moe_file: Path) -> np.ndarray:
+    """Every expert resident: no budget given, and the file fits this machine's memory."""
+    m = frink_cli.load(moe_file)
+    assert m.expert_cache is None
+    return m.logits(_IDS)
+
+
+# GiB given; auto (the cgroup's headroom less the margin); no budget at all, where the
+# default must choose auto because the model does not fit the cgroup.
+@pytest.mark.parametrize("budget", [str(_BUDGET_GB), "auto", "default"])
 def test_moe_bigger_than_the_cgroup_runs_with_the_unbounded_logits(
-    moe_file: Path, tmp_path: Path
+    moe_file: Path, unbounded_logits: np.ndarray, tmp_path: Path, budget: str
 ) -> None:
     assert moe_file.stat().st_size > _LIMIT_BYTES > _BUDGET_GB * 2**30
     group = _cgroup(f"frink-test-{os.getpid()}", _LIMIT_BYTES)
     out = tmp_path / "logits.npy"
     try:
         child = subprocess.run(
-            [sys.executable, "-c", _CHILD, str(moe_file), str(_BUDGET_GB), str(out)]
-            + [json.dumps(_IDS)],
+            [sys.executable, "-c", _CHILD, str(moe_file), budget, str(out), json.dumps(_IDS)],
             env=child_env(),
             capture_output=True,
             text=True,
@@ -87,14 +101,17 @@ def test_moe_bigger_than_the_cgroup_runs_with_the_unbounded_logits(
     assert child.returncode == 0, f"exit {child.returncode}\n{child.stderr[-3000:]}"
     counts = json.loads(child.stdout)
     assert counts["misses"] and counts["read"] > 0
-    assert counts["resident"] <= counts["capacity"] < _BUDGET_GB * 2**30
-    bounded = np.load(out)
-    # The unbounded run, every expert resident (here, outside the cgroup).
-    m = frink_cli.load(moe_file)
-    assert m.expert_cache is None
-    full = m.logits(_IDS)
-    assert np.array_equal(bounded, full)
-    _against_llama_cpp(moe_file, bounded)
+    assert counts["resident"] <= counts["capacity"] < _LIMIT_BYTES
+    if budget == str(_BUDGET_GB):
+        assert counts["source"] == "--mem-budget"
+    else:
+        # The cgroup's limit bounds it, not the machine's MemAvailable.
+        assert counts["source"].startswith("auto: ") and "memory.limit_in_bytes" in counts["source"]
+    assert np.array_equal(np.load(out), unbounded_logits)
+
+
+def test_unbounded_logits_match_llama_cpp(moe_file: Path, unbounded_logits: np.ndarray) -> None:
+    _against_llama_cpp(moe_file, unbounded_logits)
 
 
 def _against_llama_cpp(path: Path, logits: np.ndarray) -> None:
@@ -123,8 +140,12 @@ def test_info_says_what_stays_resident(moe_file: Path) -> None:
     mem = json.loads(r.stdout)["memory"]
     assert mem["streams_experts"] and mem["budget"] == _BUDGET_GB
     assert mem["dense"] < mem["expert_cache"] < mem["experts"]
+    assert mem["budget_source"] == "--mem-budget"
     whole = json.loads(frink("info", moe_file, "--mem-budget", "1", "--json").stdout)["memory"]
     assert not whole["streams_experts"]
+    # auto, outside a cgroup's limit: this machine's MemAvailable (the file fits it).
+    auto = json.loads(frink("info", moe_file, "--mem-budget", "auto", "--json").stdout)["memory"]
+    assert auto["budget_source"].startswith("auto: ") and not auto["streams_experts"]
 
 
 def test_bench_reports_the_expert_cache(moe_file: Path) -> None:
@@ -145,6 +166,7 @@ def test_bench_reports_the_expert_cache(moe_file: Path) -> None:
         ("0", ("--mem-budget", "positive")),
         ("-2", ("--mem-budget", "positive")),
         ("nan", ("--mem-budget", "positive")),
+        ("lots", ("--mem-budget", "'lots'", "or auto")),
     ],
 )
 def test_a_bad_budget_is_one_line(moe_file: Path, value: str, fragments: tuple[str, ...]) -> None:

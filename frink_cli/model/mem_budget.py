@@ -8,6 +8,16 @@ an ExpertCache of budget - dense bytes holds the hot ones (model/expert_cache.py
 that cannot hold the dense part plus one layer's top-k experts is refused by name, as is
 streaming what frink cannot stream (an HF directory, experts in a type the host has no
 kernels for). `frink info` prints describe(); bench reads the cache's stats.
+
+The budget is a number of GiB, "auto", or None (no flag):
+- "auto": what this process may still take (model/available_memory.py: the tightest cgroup
+  limit less its working set, or MemAvailable), less a margin for the KV cache and
+  activations: a quarter of it, at least AUTO_MARGIN bytes. (What the process holds
+  already, the interpreter and NumPy, is out of both figures when they are read.)
+- None: the auto budget where the model's weights do not fit it, the host runs it and its
+  experts can stay in the file (so a MoE bigger than memory runs rather than being
+  killed); else no budget, every weight resident, as before. A dense model too big for
+  memory, or a device backend, keeps that old behaviour: nothing is refused by guess.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -24,10 +35,16 @@ from ..errors import FrinkError
 from ..formats import Checkpoint
 from ..quant import kernels
 from ..quant.blocks import KERNEL_TYPES
+from .available_memory import available_memory
 from .config import ModelConfig
 from .expert_cache import ExpertCache
 
 GIB = 1 << 30
+AUTO = "auto"
+# The least the auto budget leaves for the KV cache and activations.
+AUTO_MARGIN = 64 << 20
+# --mem-budget's value: GiB, "auto", or None (no flag).
+Budget = float | str | None
 # A routed expert stack's name (ffn_gate_exps, ffn_up_exps, ffn_gate_up_exps, ffn_down_exps).
 _EXPERTS = re.compile(r"blk\.(\d+)\.ffn_(?:gate|up|gate_up|down)_exps\.weight$")
 _KERNEL_TYPE_NAMES = frozenset(t.name for t in KERNEL_TYPES)
@@ -39,8 +56,33 @@ def budget_bytes(gb: float | None) -> int | None:
     if gb is None:
         return None
     if isinstance(gb, bool) or not isinstance(gb, (int, float)) or not math.isfinite(gb) or gb <= 0:
-        raise FrinkError(f"--mem-budget {gb!r}: needs a positive number of GB")
+        raise FrinkError(f"--mem-budget {gb!r}: needs a positive number of GB, or auto")
     return int(gb * GIB)
+
+
+def parse_budget(value: Budget) -> Budget:
+    """A --mem-budget value checked: None, "auto", or GiB as a float (from a number or its
+    text); FrinkError, one line, for anything else."""
+    if value is None or value == AUTO:
+        return value
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise FrinkError(
+                f"--mem-budget {value!r}: needs a positive number of GB, or auto"
+            ) from None
+    budget_bytes(value)
+    return value
+
+
+def auto_budget(root: Path = Path("/")) -> tuple[int, str]:
+    """(bytes, where they came from): the memory available less the margin (a quarter, at
+    least AUTO_MARGIN)."""
+    avail = available_memory(root)
+    margin = max(AUTO_MARGIN, avail.bytes // 4)
+    source = f"auto: {gb_text(avail.bytes)} GiB available ({avail.source}) less {gb_text(margin)}"
+    return max(0, avail.bytes - margin), source
 
 
 @dataclass(frozen=True)
@@ -54,6 +96,7 @@ class BudgetPlan:
     dense: int
     experts: int
     step_min: int
+    source: str = "--mem-budget"
 
     @property
     def streams(self) -> bool:
@@ -67,7 +110,7 @@ class BudgetPlan:
     def cache(self) -> ExpertCache | None:
         return ExpertCache(self.cache_capacity) if self.streams else None
 
-    def describe(self) -> dict[str, float | bool]:
+    def describe(self) -> dict[str, float | bool | str]:
         """What would be resident under the budget, in GiB (frink info)."""
         gib = {
             "budget": self.budget,
@@ -75,7 +118,8 @@ class BudgetPlan:
             "experts": self.experts,
             "expert_cache": self.cache_capacity if self.streams else self.experts,
         }
-        return {k: round(v / GIB, 3) for k, v in gib.items()} | {"streams_experts": self.streams}
+        sizes: dict[str, float | bool | str] = {k: round(v / GIB, 3) for k, v in gib.items()}
+        return sizes | {"streams_experts": self.streams, "budget_source": self.source}
 
 
 def kept_in_blocks(fmt: str, dtype: str) -> bool:
@@ -97,11 +141,11 @@ def resident_bytes(fmt: str, dtype: str, shape: tuple[int, ...]) -> int:
     return n // elems * nbytes
 
 
-def plan_budget(ckpt: Checkpoint, gb: float, n_expert_used: int) -> BudgetPlan:
-    """The plan for a budget of `gb` GiB; FrinkError for a budget below the dense part plus
-    one layer's top-k experts, or experts frink cannot leave in this file."""
-    budget = budget_bytes(gb)
-    assert budget is not None
+def plan_budget(
+    ckpt: Checkpoint, budget: int, n_expert_used: int, source: str = "--mem-budget"
+) -> BudgetPlan:
+    """The plan for a budget of `budget` bytes; FrinkError for a budget below the dense part
+    plus one layer's top-k experts, or experts frink cannot leave in this file."""
     dense = experts = 0
     per_layer: dict[int, int] = {}
     expert_types: set[str] = set()
@@ -116,7 +160,8 @@ def plan_budget(ckpt: Checkpoint, gb: float, n_expert_used: int) -> BudgetPlan:
         layer = int(m.group(1))
         per_layer[layer] = per_layer.get(layer, 0) + size // info.shape[0] * n_expert_used
         expert_types.add(info.dtype)
-    plan = BudgetPlan(budget, dense + experts, dense, experts, max(per_layer.values(), default=0))
+    step_min = max(per_layer.values(), default=0)
+    plan = BudgetPlan(budget, dense + experts, dense, experts, step_min, source)
     if plan.streams:
         _check_streamable(ckpt, plan, expert_types)
     return plan
@@ -153,16 +198,21 @@ def gb_text(n_bytes: int) -> str:
     return f"{n_bytes / GIB:.3f}"
 
 
-def budget_plan(
-    ckpt: Checkpoint, cfg: ModelConfig, gb: float | None, backend: str
-) -> BudgetPlan | None:
-    """load()'s plan for `gb` (None: no budget, every weight resident). A device backend
-    keeps today's behaviour where the model fits the budget and is refused by name where
-    it does not (its experts live on the device whole); "auto" then runs the host."""
-    if gb is None:
-        return None
+def budget_plan(ckpt: Checkpoint, cfg: ModelConfig, gb: Budget, backend: str) -> BudgetPlan | None:
+    """load()'s plan for `gb` (GiB, "auto", or None: see the module's docstring; None
+    where every weight stays resident). A device backend keeps today's behaviour where the
+    model fits the budget and is refused by name where it does not (its experts live on
+    the device whole); "auto" then runs the host."""
+    gb = parse_budget(gb)
     moe = getattr(cfg.ext, "moe", None)
-    plan = plan_budget(ckpt, gb, moe.n_expert_used if moe is not None else 0)
+    k = moe.n_expert_used if moe is not None else 0
+    if gb is None:
+        return _default_plan(ckpt, k, backend)
+    if gb == AUTO:
+        budget, source = auto_budget()
+    else:
+        budget, source = budget_bytes(float(gb)) or 0, "--mem-budget"
+    plan = plan_budget(ckpt, budget, k, source)
     if plan.streams and backend not in ("numpy", "auto"):
         raise FrinkError(
             f"{backend}: --mem-budget {gb_text(plan.budget)} GB is smaller than the model's "
@@ -170,3 +220,16 @@ def budget_plan(
             "them in the file)"
         )
     return plan
+
+
+def _default_plan(ckpt: Checkpoint, n_expert_used: int, backend: str) -> BudgetPlan | None:
+    """No --mem-budget: the auto budget's plan where the host would stream the experts of
+    a model bigger than it, else None (every weight resident)."""
+    if backend not in ("numpy", "auto") or not n_expert_used:
+        return None
+    try:
+        budget, source = auto_budget()
+        plan = plan_budget(ckpt, budget, n_expert_used, f"{source}; the model does not fit")
+    except FrinkError:
+        return None  # no reading of memory, or nothing to stream: load as before
+    return plan if plan.streams else None
