@@ -44,8 +44,8 @@ def test_shared_prefix_pages_match_references(tiny_model: Callable) -> None:
     _against_references(a_rows, tm.ref, "llama paged")
     index.publish(tokens, a.table.pages, a.n_past)
     before = [k.copy() for k in pool.k.values()]
-    shared = index.lookup(tokens)
-    assert shared == a.table.pages[: n // PAGE]
+    shared, rows = index.lookup(tokens)
+    assert shared == a.table.pages[: n // PAGE] and rows == n // PAGE * PAGE
     b = dec.new_cache(n + 4, pool=pool)
     keep = PAGE - 3  # inside the first page: B's first own row copies it
     b.adopt(shared, keep)
@@ -56,7 +56,9 @@ def test_shared_prefix_pages_match_references(tiny_model: Callable) -> None:
     assert b.table.pages[0] != a.table.pages[0], "the shared page was written, not copied"
     for k0, k1 in zip(before, pool.k.values()):
         for p in a.table.pages:
-            np.testing.assert_array_equal(k0[:, p * PAGE : (p + 1) * PAGE], k1[:, p * PAGE : (p + 1) * PAGE])
+            np.testing.assert_array_equal(
+                k0[:, p * PAGE : (p + 1) * PAGE], k1[:, p * PAGE : (p + 1) * PAGE]
+            )
 
 
 def _paged_is_flat(m: frink_cli.Model) -> None:
@@ -72,7 +74,9 @@ def _paged_is_flat(m: frink_cli.Model) -> None:
 
 
 @pytest.mark.parametrize("kinds", [("f16", "f16"), ("bf16", "f32")])
-def test_typed_paged_rows_are_the_unpaged_bits(kinds: tuple[str, str], tiny_model: Callable) -> None:
+def test_typed_paged_rows_are_the_unpaged_bits(
+    kinds: tuple[str, str], tiny_model: Callable
+) -> None:
     """A typed cache in pages (prompt chunks, then decode rows across a page edge) gives
     the logits the contiguous typed cache gives, bit for bit: the C reads the same stored
     rows through the table."""

@@ -39,84 +39,25 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
 from ..cache import CacheSnapshot, KvCache
+from ..cache.paged import PAGE, PoolFull
 from ..channels import FINAL, ChannelSplit, is_harmony
-from ..constraint import Constraint
 from ..decoder import Decoder
 from ..errors import FrinkError, Unavailable
-from ..sampling import Sampler, SamplingParams, token_logprob
+from ..sampling import Sampler, token_logprob
 from ..speculative import Drafter, SpecParams, verify
 from ..tokenizer import Tokenizer
+from .jobs import Finish, Job, Observer, QueueFull
+from .paging import EnginePages, refusal
 from .stops import StopText
+
+__all__ = ["Engine", "Finish", "Job", "Observer", "QueueFull", "common_prefix"]
 
 # Saved recurrent states per slot (end of prompt, end of answer, for the last few jobs).
 _SNAPSHOTS = 4
-
-
-class QueueFull(Exception):
-    """More jobs waiting than the engine takes: the caller should retry later."""
-
-
-@dataclass(frozen=True)
-class Finish:
-    reason: str  # "stop" (end of generation or a stop string) | "length" (max_tokens, context)
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int  # prompt tokens reused from a slot's cache
-    first_token_seconds: float  # submit -> first sampled token
-    tokens: tuple[int, ...] = ()  # the answer's ids (end-of-generation token excluded)
-    stop_sequence: str | None = None  # the stop string that ended it, if one did
-    decode_seconds: float = 0.0  # first sampled token -> the end of the answer
-    drafted_tokens: int = 0  # speculative decoding: tokens drafted for the answer
-    accepted_tokens: int = 0  # and how many of them the target kept
-
-
-class Observer(Protocol):
-    """What the engine tells about its jobs (serve/metrics.py)."""
-
-    def finished(self, finish: Finish) -> None:
-        """A job ended with its answer (not a failed or cancelled one). Called on the
-        engine's thread between steps: it must be cheap and must not raise."""
-
-
-@dataclass
-class Job:
-    prompt: list[int]
-    params: SamplingParams
-    max_tokens: int
-    stop: tuple[str, ...]
-    emit: Callable[[str, object], None]
-    ignore_eos: bool = False  # generate past end-of-generation tokens (benchmarks)
-    # False: the prompt is computed afresh, not resumed from a slot's cached prefix. Reuse
-    # is exact math but not the same float sums (a resumed prompt's last rows are fed in
-    # other chunks than a fresh one's), so only a fresh prompt is reproducible bit for bit.
-    cache_prompt: bool = True
-    # A chat answer of a harmony model (gpt-oss): split by channel (channels.ChannelSplit).
-    channels: bool = False
-    # None: no log probabilities; k: before each answer token's text, a ("logprob",
-    # sampling.TokenLogprob) event with its k most likely alternatives.
-    logprobs: int | None = None
-    # A grammar over the answer (constraint.py): its mask comes before every sampler
-    # stage, and the answer ends ("stop") when the grammar can only end.
-    constraint: Constraint | None = None
-    # Control tokens the answer's text spells by name (a tool-call format's markers).
-    spell: frozenset[int] = frozenset()
-    # Tools were offered (with `channels`): a harmony call is passed on as "text", spelled
-    # for the tool-call parser (channels.ChannelSplit's `calls`), not as reasoning.
-    tool_calls: bool = False
-    # LoRA scales by adapter id (the model's adapter order; an id left out: scale 0), as
-    # llama-server's per-request `lora`; None: the adapters' global scales at admission.
-    lora: dict[int, float] | None = None
-    submitted: float = field(default_factory=time.perf_counter)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-
-    def cancel(self) -> None:
-        """Leave at the next step (a client went away); no further events are sent."""
-        self.cancelled.set()
 
 
 @dataclass
@@ -145,6 +86,11 @@ class _Running:
     drafter: Drafter | None = None  # speculative decoding's, for this job alone
     drafted: int = 0
     accepted: int = 0
+    lora: tuple[float, ...] = ()  # its LoRA scales, fixed at admission
+    # Paged: its cache starts from the prefix index before its first rows are fed.
+    attach: bool = False
+    published: int = 0  # full pages of its rows indexed so far
+    preempted: int = 0  # times its pages were taken back (it is recomputed)
 
 
 def _shared(slot: _Slot, prompt: Sequence[int], lora: tuple[float, ...]) -> int:
@@ -173,9 +119,13 @@ class Engine:
         max_queue: int = 64,
         drafter: Callable[[int], Drafter | None] | None = None,
         spec: SpecParams | None = None,
+        kv_pool: int = 0,
+        paged: bool = True,
     ) -> None:
         """drafter(n_ctx): a fresh drafter for one job (Model.drafter), with `spec` its
-        settings; None: plain decoding."""
+        settings; None: plain decoding. kv_pool: the paged cache's rows (0: n_parallel x
+        n_ctx, the slot caches' total); paged False, or a model paging.refusal names, keeps
+        a whole-context cache per slot (`paging_refusal` says why)."""
         if n_parallel < 1 or prefill_chunk < 1 or max_queue < 0:
             raise FrinkError("--parallel, --prefill-chunk must be >= 1 and --queue >= 0")
         self.decoder = decoder
@@ -186,6 +136,14 @@ class Engine:
         self.max_queue = max_queue
         self.spec = spec if drafter is not None else None
         self.rewind = self.spec.draft_max if self.spec is not None else 0
+        self.paging_refusal = refusal(decoder, n_ctx) if paged else "--kv-slots asks for it"
+        self.pages = (
+            EnginePages(decoder, kv_pool or n_parallel * n_ctx)
+            if self.paging_refusal is None
+            else None
+        )
+        self._preempted: deque[_Running] = deque()  # taken out for pages, to run again
+        self.preemptions = 0
         self.slots = [_Slot(self._new_cache()) for _ in range(n_parallel)]
         self.recurrent = self.slots[0].cache.has_recurrent_state
         self.drafter = drafter if not self.recurrent else None
@@ -235,7 +193,10 @@ class Engine:
     @property
     def cells_used(self) -> int:
         """KV cache cells holding a position, over every slot (a finished job's cells stay
-        for the next prompt that shares its prefix). Read from any thread: a snapshot."""
+        for the next prompt that shares its prefix; paged: the pool's pages in use, the
+        indexed ones too). Read from any thread: a snapshot."""
+        if self.pages is not None:
+            return self.pages.pool.used * PAGE
         return sum(s.cache.n_past for s in self.slots)
 
     # --- the engine's thread --------------------------------------------------------------
@@ -252,7 +213,9 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while not self._stopping and not self._waiting and not self._any_running():
+                while not (self._stopping or self._waiting or self._preempted) and not (
+                    self._any_running()
+                ):
                     self._lock.wait()
                 if self._stopping:
                     break
@@ -263,7 +226,9 @@ class Engine:
                 self._step(running)
         with self._lock:
             jobs = list(self._waiting) + [s.job.job for s in self.slots if s.job is not None]
+            jobs += [r.job for r in self._preempted]
             self._waiting.clear()
+            self._preempted.clear()
         for job in jobs:
             if not job.cancelled.is_set():
                 job.emit("stopped", "the server is shutting down")
@@ -275,19 +240,29 @@ class Engine:
 
     def _admit(self) -> None:
         """Waiting jobs into free slots (under the lock): each into the free slot sharing
-        the longest prefix with its prompt, least recently used among equals."""
-        while self._waiting:
+        the longest prefix with its prompt, least recently used among equals. Paged: a
+        preempted job first, and each only when the pool has its prompt's pages."""
+        while self._waiting or self._preempted:
+            free = [s for s in self.slots if s.job is None]
+            if not free or (self._preempted and not self._resume(self._preempted[0], free)):
+                return
+            if self._preempted or not self._waiting:
+                continue
             job = self._waiting[0]
             if job.cancelled.is_set():
                 self._waiting.popleft()
                 continue
-            free = [s for s in self.slots if s.job is None]
-            if not free:
-                return
-            self._waiting.popleft()
             lora = self._lora_scales(job)
+            if self.pages is not None and not self.pages.fits(job.prompt, lora):
+                if self._any_running():
+                    return  # it waits for pages
+                self._waiting.popleft()
+                job.emit("error", f"the KV pool ({self.pages.capacity} tokens, --kv-pool) "
+                         f"cannot hold a prompt of {len(job.prompt)} tokens")  # fmt: skip
+                continue
+            self._waiting.popleft()
             slot = max(free, key=lambda s: (_shared(s, job.prompt, lora), -s.last_used))
-            reuse = job.cache_prompt and slot.lora == lora
+            reuse = job.cache_prompt and slot.lora == lora and self.pages is None
             cached = self._reuse(slot, job.prompt if reuse else [])
             slot.lora = lora
             slot.job = _Running(
@@ -304,7 +279,20 @@ class Engine:
                 drafter=self.drafter(self.n_ctx)
                 if self.drafter is not None and job.constraint is None
                 else None,
+                lora=lora,
+                attach=self.pages is not None and job.cache_prompt,
             )
+
+    def _resume(self, r: _Running, free: list[_Slot]) -> bool:
+        """A preempted job back into a free slot, if the pool has its pages (or nothing
+        else runs); whether it went."""
+        assert self.pages is not None
+        if self._any_running() and not self.pages.fits(r.history, r.lora):
+            return False
+        self._preempted.popleft()
+        r.slot = slot = min(free, key=lambda s: s.last_used)
+        slot.job, slot.lora = r, r.lora
+        return True
 
     def _lora_scales(self, job: Job) -> tuple[float, ...]:
         """The scale of each of the model's LoRA adapters for `job`, fixed at admission."""
@@ -345,7 +333,11 @@ class Engine:
                 self._release(s)
 
     def _release(self, slot: _Slot) -> None:
-        if (
+        if self.pages is not None:  # its rows stay indexed; its table lets go
+            self.pages.publish(slot.cache, slot.tokens, slot.lora, partial=True)
+            slot.cache.truncate(0)
+            slot.tokens.clear()
+        elif (
             self.recurrent
             and slot.cache.n_past
             and (not slot.snapshots or slot.snapshots[-1].n_past != slot.cache.n_past)
@@ -369,7 +361,10 @@ class Engine:
             if r.next_id is not None:
                 feeds.append((r, [r.next_id, *self._draft(r)]))
         for r in sorted(running, key=lambda r: r.job.submitted):
-            if r.next_id is None and r.pending and budget > 0:
+            if r.attach and budget == self.prefill_chunk:
+                # Looked up with no other prompt's rows in this step: their pages are in.
+                self._attach(r)
+            if r.next_id is None and r.pending and budget > 0 and not r.attach:
                 # A whole chunk or none (the oldest prompt always gets one): a prompt is cut
                 # where it would be alone, so its rows, and its answer, are the same.
                 take = r.pending[: self.prefill_chunk]
@@ -377,6 +372,8 @@ class Engine:
                     continue
                 budget -= len(take)
                 feeds.append((r, take))
+        if self.pages is not None:
+            feeds = self._make_room(feeds)
         if not feeds:
             return
         drafting = [r.next_id is not None and len(ids) > 1 for r, ids in feeds]
@@ -397,6 +394,9 @@ class Engine:
         self.steps += 1
         for (r, ids), rows, drafted in zip(feeds, logits, drafting):
             r.slot.tokens.extend(ids)
+            if self.pages is not None and r.slot.cache.n_past // PAGE > r.published:
+                self.pages.publish(r.slot.cache, r.slot.tokens, r.lora)  # as pages fill
+                r.published = r.slot.cache.n_past // PAGE
             if drafted:
                 self._verify(r, ids[1:], rows)
                 continue
@@ -409,6 +409,52 @@ class Engine:
                     self._save(r.slot)  # the end of a prompt: where a next turn resumes
             r.next_id = None
             self._advance(r, row)
+
+    def _attach(self, r: _Running) -> None:
+        """Paged: r's cache from the longest indexed prefix of its ids (its prompt, or for a
+        preempted job its prompt and answer so far), before its first rows are fed."""
+        assert self.pages is not None
+        r.attach = False
+        cached = self.pages.attach(r.slot.cache, r.history, r.lora)
+        r.slot.tokens = r.history[:cached]
+        r.pending = r.history[cached:]
+        r.published = cached // PAGE
+        if not r.preempted:
+            r.cached = cached
+
+    def _make_room(
+        self, feeds: list[tuple[_Running, list[int]]]
+    ) -> list[tuple[_Running, list[int]]]:
+        """Paged: each feed's pages taken before the step; while the pool is short, the
+        newest running job is preempted (its pages freed, the job queued to be recomputed),
+        or a job alone that does not fit fails. The feeds that remain."""
+        while feeds:
+            try:
+                for r, ids in feeds:
+                    r.slot.cache.reserve(r.slot.cache.n_past + len(ids))
+                return feeds
+            except PoolFull:
+                running = [s.job for s in self.slots if s.job is not None]
+                victim = max(running, key=lambda r: r.job.submitted)
+                if len(running) == 1:
+                    assert self.pages is not None
+                    self._fail(victim, f"the KV pool ({self.pages.capacity} tokens, --kv-pool) "
+                               "cannot hold this sequence")  # fmt: skip
+                else:
+                    self._preempt(victim)
+                feeds = [f for f in feeds if f[0] is not victim]
+        return feeds
+
+    def _preempt(self, r: _Running) -> None:
+        """r's pages freed and r queued to run again: its prompt and answer so far (whose
+        last id is the token it was to feed next) recomputed, then it goes on."""
+        self.preemptions += 1
+        r.preempted += 1
+        r.slot.cache.truncate(0)
+        r.slot.tokens.clear()
+        r.slot.job = None
+        r.pending, r.next_id, r.attach = list(r.history), None, True
+        self._preempted.append(r)
 
     def _draft(self, r: _Running) -> list[int]:
         """The tokens to verify after r's next one: none without a drafter, or where the
@@ -454,7 +500,8 @@ class Engine:
                 return
 
     def _new_cache(self) -> KvCache:
-        return self.decoder.new_cache(self.n_ctx, rewind=self.rewind)
+        pool = self.pages.pool if self.pages is not None else None
+        return self.decoder.new_cache(self.n_ctx, rewind=self.rewind, pool=pool)
 
     def _advance(self, r: _Running, logits: np.ndarray, chosen: int | None = None) -> None:
         """The job's next token (sampled from logits, or `chosen` by verification) sent on,
@@ -542,6 +589,7 @@ class Engine:
 
     def _fail(self, r: _Running, message: str, kind: str = "error") -> None:
         # The cache may hold a half-written step: that slot starts over.
+        r.slot.cache.truncate(0)  # (paged: its pages go back to the pool)
         r.slot.cache = self._new_cache()
         r.slot.tokens.clear()
         r.slot.snapshots.clear()

@@ -135,8 +135,8 @@ def attend(
     own in one fixed order: a row's output is the same bits whatever rows, chunk or batch
     it comes in, on any thread count and instruction set. K and V: f32 rows or a cache
     type's `Coded` rows, read as stored (rowwise_kv.h: the bits of the f32 kernel on the
-    decoded rows), or `Paged` rows read in place through their page table. [T, H * hv]; None where the C does not take the arrays (then
-    attention.py's NumPy runs)."""
+    decoded rows), or `Paged` rows read in place through their page table. [T, H * hv];
+    None where the C does not take the arrays (then attention.py's NumPy runs)."""
     stored_k, stored_v, paging = _stored(K), _stored(V), _paging(K, V)
     if _C is None or not _takes(q) or q.ndim != 3 or stored_k is None or stored_v is None:
         return None
