@@ -82,10 +82,7 @@ def serve(
         kv_pool=kv_pool,
         paged=not kv_slots,
     )
-    if engine.pages is not None:
-        announce(f"paged KV cache: a pool of {engine.pages.capacity} tokens shared by prefix")
-    else:
-        announce(f"KV cache per slot (not paged: {engine.paging_refusal})")
+
     if spec is not None and engine.drafter is None:
         announce("speculative decoding is off: recurrent layers cannot take back a draft")
     model_id, names = model_names(model, alias)
@@ -129,6 +126,10 @@ def serve(
         f"listening on http://{host}:{where[1]} (model {model_id}, {n_parallel} parallel "
         f"sequences of {n_ctx} tokens, backend {model.backend_name})"
     )
+    if engine.pages is not None:
+        announce(f"paged KV cache: a pool of {engine.pages.capacity} tokens shared by prefix")
+    else:
+        announce(f"KV cache per slot, not paged: {engine.paging_refusal}")
     with _sigpipe_ignored():
         _Server(config).run(sockets=[sock])
 
