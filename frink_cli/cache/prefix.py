@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from .paged import PagePool
 
@@ -55,7 +56,7 @@ class PrefixIndex:
         """(pages, rows): the longest indexed prefix of `tokens`, marked used. Whole pages,
         then the page under them whose first ids match the next ones longest (its first
         rows are the prefix's; a writer copies it first)."""
-        page, parent = self.pool.page, ("root", salt)
+        page, parent = self.pool.page, cast(Hashable, ("root", salt))
         pages: list[int] = []
         while True:
             at = len(pages) * page
@@ -86,7 +87,7 @@ class PrefixIndex:
         """Index the pages of a sequence's first n_rows rows (tokens[r] at row r, in
         pages[r // page]): the full ones, and with `partial` the last one's rows too; a
         prefix indexed already keeps its own page."""
-        page, parent = self.pool.page, ("root", salt)
+        page, parent = self.pool.page, cast(Hashable, ("root", salt))
         n_rows = min(n_rows, len(tokens))
         ends = list(range(page, n_rows + 1, page))
         if partial and n_rows % page:

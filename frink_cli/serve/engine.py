@@ -7,11 +7,19 @@ leave, waiting ones are admitted, and a new job's prompt is fed in chunks of at 
 `prefill_chunk` rows per step beside the decode rows of the running ones, so their
 streams keep flowing while it prefills.
 
-Each slot keeps its cache (and the ids it holds) after its job ends: the next job placed
-there keeps the longest common prefix of its prompt and those ids and feeds only the
-rest (a conversation's next turn re-sends its history). A recurrent layer's state cannot
-be rolled back, so for such models the state is saved at the end of every prompt and of
-every answer, and a later job resumes from the longest saved point within its prefix.
+Paged (serve/paging.py: host-body models whose layers are all full attention): the slots'
+caches are page tables over one pool; a job starts from the longest prefix of its ids that
+any job computed (shared pages), looked up just before its first rows are fed, alone in
+that step's prompt rows (so the pages of a prompt another job is feeding are in); jobs
+are admitted by free pages, the slots capping how many run; when a step finds the pool
+short, the newest job is preempted (its pages freed; its prompt and answer so far
+recomputed later, in chunks, which gives its rows the same bits) and the step goes on.
+
+Otherwise each slot keeps its cache (and the ids it holds) after its job ends: the next
+job placed there keeps the longest common prefix of its prompt and those ids and feeds
+only the rest (a conversation's next turn re-sends its history). A recurrent layer's state
+cannot be rolled back, so for such models the state is saved at the end of every prompt
+and of every answer, and a later job resumes from the longest saved point within its prefix.
 
 One thread (`run`) owns the decoder and every cache; submit() and cancel() are safe from
 any thread. A job reports through its `emit` callback, called on the engine's thread:
@@ -38,11 +46,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..cache import CacheSnapshot, KvCache
+from ..cache import KvCache
 from ..cache.paged import PAGE, PoolFull
 from ..channels import FINAL, ChannelSplit, is_harmony
 from ..decoder import Decoder
@@ -50,7 +57,7 @@ from ..errors import FrinkError, Unavailable
 from ..sampling import Sampler, token_logprob
 from ..speculative import Drafter, SpecParams, verify
 from ..tokenizer import Tokenizer
-from .jobs import Finish, Job, Observer, QueueFull
+from .jobs import Finish, Job, Observer, QueueFull, Running, Slot
 from .paging import EnginePages, refusal
 from .stops import StopText
 
@@ -60,40 +67,7 @@ __all__ = ["Engine", "Finish", "Job", "Observer", "QueueFull", "common_prefix"]
 _SNAPSHOTS = 4
 
 
-@dataclass
-class _Slot:
-    cache: KvCache
-    tokens: list[int] = field(default_factory=list)  # the ids the cache holds, in order
-    snapshots: list[CacheSnapshot] = field(default_factory=list)
-    last_used: float = 0.0
-    job: _Running | None = None
-    lora: tuple[float, ...] = ()  # the LoRA scales the cached rows were computed with
-
-
-@dataclass
-class _Running:
-    job: Job
-    slot: _Slot
-    sampler: Sampler
-    text: StopText
-    pending: list[int]  # prompt ids still to feed
-    history: list[int]  # prompt and answer so far (the sampler's penalties read it)
-    cached: int
-    generated: int = 0
-    first_token: float | None = None
-    next_id: int | None = None  # the sampled token the next step feeds
-    split: ChannelSplit | None = None  # a harmony chat answer's channels (Job.channels)
-    drafter: Drafter | None = None  # speculative decoding's, for this job alone
-    drafted: int = 0
-    accepted: int = 0
-    lora: tuple[float, ...] = ()  # its LoRA scales, fixed at admission
-    # Paged: its cache starts from the prefix index before its first rows are fed.
-    attach: bool = False
-    published: int = 0  # full pages of its rows indexed so far
-    preempted: int = 0  # times its pages were taken back (it is recomputed)
-
-
-def _shared(slot: _Slot, prompt: Sequence[int], lora: tuple[float, ...]) -> int:
+def _shared(slot: Slot, prompt: Sequence[int], lora: tuple[float, ...]) -> int:
     """The prompt's prefix the slot's cache holds, computed under the same LoRA scales."""
     return common_prefix(slot.tokens, prompt) if slot.lora == lora else 0
 
@@ -142,9 +116,9 @@ class Engine:
             if self.paging_refusal is None
             else None
         )
-        self._preempted: deque[_Running] = deque()  # taken out for pages, to run again
+        self._preempted: deque[Running] = deque()  # taken out for pages, to run again
         self.preemptions = 0
-        self.slots = [_Slot(self._new_cache()) for _ in range(n_parallel)]
+        self.slots = [Slot(self._new_cache()) for _ in range(n_parallel)]
         self.recurrent = self.slots[0].cache.has_recurrent_state
         self.drafter = drafter if not self.recurrent else None
         self.drafted = self.accepted = 0  # speculative decoding's tokens, all jobs together
@@ -188,7 +162,7 @@ class Engine:
 
     @property
     def waiting(self) -> int:
-        return len(self._waiting)
+        return len(self._waiting) + len(self._preempted)
 
     @property
     def cells_used(self) -> int:
@@ -265,7 +239,7 @@ class Engine:
             reuse = job.cache_prompt and slot.lora == lora and self.pages is None
             cached = self._reuse(slot, job.prompt if reuse else [])
             slot.lora = lora
-            slot.job = _Running(
+            slot.job = Running(
                 job=job,
                 slot=slot,
                 sampler=Sampler(job.params, self.decoder.cfg.n_vocab),
@@ -283,7 +257,7 @@ class Engine:
                 attach=self.pages is not None and job.cache_prompt,
             )
 
-    def _resume(self, r: _Running, free: list[_Slot]) -> bool:
+    def _resume(self, r: Running, free: list[Slot]) -> bool:
         """A preempted job back into a free slot, if the pool has its pages (or nothing
         else runs); whether it went."""
         assert self.pages is not None
@@ -301,7 +275,7 @@ class Engine:
             return tuple(ad.scale for ad in adapters)
         return tuple(float(job.lora.get(i, 0.0)) for i in range(len(adapters)))
 
-    def _reuse(self, slot: _Slot, prompt: list[int]) -> int:
+    def _reuse(self, slot: Slot, prompt: list[int]) -> int:
         """Rewind the slot's cache to the longest prefix of `prompt` it can resume from (at
         least one prompt id is left to feed: its logits pick the first token); how many."""
         cache = slot.cache
@@ -332,7 +306,7 @@ class Engine:
             if s.job is not None and s.job.job.cancelled.is_set():
                 self._release(s)
 
-    def _release(self, slot: _Slot) -> None:
+    def _release(self, slot: Slot) -> None:
         if self.pages is not None:  # its rows stay indexed; its table lets go
             self.pages.publish(slot.cache, slot.tokens, slot.lora, partial=True)
             slot.cache.truncate(0)
@@ -348,14 +322,14 @@ class Engine:
         with self._lock:
             self._lock.notify()
 
-    def _save(self, slot: _Slot) -> None:
+    def _save(self, slot: Slot) -> None:
         slot.snapshots.append(slot.cache.snapshot())
         del slot.snapshots[:-_SNAPSHOTS]
 
-    def _step(self, running: list[_Running]) -> None:
+    def _step(self, running: list[Running]) -> None:
         """One forward: every decoding job's next row, then prompt chunks within the
         prefill budget, oldest job first."""
-        feeds: list[tuple[_Running, list[int]]] = []
+        feeds: list[tuple[Running, list[int]]] = []
         budget = self.prefill_chunk
         for r in running:
             if r.next_id is not None:
@@ -410,7 +384,7 @@ class Engine:
             r.next_id = None
             self._advance(r, row)
 
-    def _attach(self, r: _Running) -> None:
+    def _attach(self, r: Running) -> None:
         """Paged: r's cache from the longest indexed prefix of its ids (its prompt, or for a
         preempted job its prompt and answer so far), before its first rows are fed."""
         assert self.pages is not None
@@ -422,9 +396,7 @@ class Engine:
         if not r.preempted:
             r.cached = cached
 
-    def _make_room(
-        self, feeds: list[tuple[_Running, list[int]]]
-    ) -> list[tuple[_Running, list[int]]]:
+    def _make_room(self, feeds: list[tuple[Running, list[int]]]) -> list[tuple[Running, list[int]]]:
         """Paged: each feed's pages taken before the step; while the pool is short, the
         newest running job is preempted (its pages freed, the job queued to be recomputed),
         or a job alone that does not fit fails. The feeds that remain."""
@@ -445,7 +417,7 @@ class Engine:
                 feeds = [f for f in feeds if f[0] is not victim]
         return feeds
 
-    def _preempt(self, r: _Running) -> None:
+    def _preempt(self, r: Running) -> None:
         """r's pages freed and r queued to run again: its prompt and answer so far (whose
         last id is the token it was to feed next) recomputed, then it goes on."""
         self.preemptions += 1
@@ -456,7 +428,7 @@ class Engine:
         r.pending, r.next_id, r.attach = list(r.history), None, True
         self._preempted.append(r)
 
-    def _draft(self, r: _Running) -> list[int]:
+    def _draft(self, r: Running) -> list[int]:
         """The tokens to verify after r's next one: none without a drafter, or where the
         answer or the context has no room for them."""
         if r.drafter is None or self.spec is None:
@@ -470,7 +442,7 @@ class Engine:
         draft = r.drafter.draft(r.history, room) if room >= least else []
         return draft if len(draft) >= least else []
 
-    def _verify(self, r: _Running, draft: list[int], rows: np.ndarray) -> None:
+    def _verify(self, r: Running, draft: list[int], rows: np.ndarray) -> None:
         """rows: the logits after r's next token and after each drafted one. The tokens the
         target emits (the kept drafts, then its own), the cache taken back to them."""
         history = list(r.history)
@@ -493,6 +465,7 @@ class Engine:
         keep = r.slot.cache.n_past - len(draft) + kept
         r.slot.cache.truncate(keep)
         del r.slot.tokens[keep:]
+        r.published = min(r.published, keep // PAGE)
         for tok, row in zip(tokens, rows):
             r.next_id = None
             self._advance(r, row, tok)
@@ -503,7 +476,7 @@ class Engine:
         pool = self.pages.pool if self.pages is not None else None
         return self.decoder.new_cache(self.n_ctx, rewind=self.rewind, pool=pool)
 
-    def _advance(self, r: _Running, logits: np.ndarray, chosen: int | None = None) -> None:
+    def _advance(self, r: Running, logits: np.ndarray, chosen: int | None = None) -> None:
         """The job's next token (sampled from logits, or `chosen` by verification) sent on,
         or its answer ended."""
         job = r.job
@@ -544,7 +517,7 @@ class Engine:
         else:
             r.next_id = token
 
-    def _channels(self, r: _Running, parts: list[tuple[str, str]]) -> tuple[str, bool]:
+    def _channels(self, r: Running, parts: list[tuple[str, str]]) -> tuple[str, bool]:
         """A harmony answer's pieces: the final channel's through the stop strings (the
         text to send, and whether one was reached), the others sent as "reasoning"."""
         sent = ""
@@ -558,7 +531,7 @@ class Engine:
                 return sent, True
         return sent, False
 
-    def _finish(self, r: _Running, reason: str) -> None:
+    def _finish(self, r: Running, reason: str) -> None:
         if r.split is not None and not r.text.stopped:
             piece, _ = self._channels(r, r.split.flush())
             if piece:
@@ -587,7 +560,7 @@ class Engine:
         r.job.emit("done", done)
         self._release(r.slot)
 
-    def _fail(self, r: _Running, message: str, kind: str = "error") -> None:
+    def _fail(self, r: Running, message: str, kind: str = "error") -> None:
         # The cache may hold a half-written step: that slot starts over.
         r.slot.cache.truncate(0)  # (paged: its pages go back to the pool)
         r.slot.cache = self._new_cache()

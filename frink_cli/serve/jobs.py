@@ -1,5 +1,6 @@
 """What a client's request is to the serving engine (Job), what it gets back when it ends
-(Finish), and who hears of finished jobs (Observer); engine.py runs them."""
+(Finish), and who hears of finished jobs (Observer); and the engine's own records of a
+sequence slot (Slot) and of a job it runs (Running). engine.py runs them."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ..cache import CacheSnapshot, KvCache
+from ..channels import ChannelSplit
 from ..constraint import Constraint
-from ..sampling import SamplingParams
+from ..sampling import Sampler, SamplingParams
+from ..speculative import Drafter
+from .stops import StopText
 
 
 class QueueFull(Exception):
@@ -73,3 +78,36 @@ class Job:
     def cancel(self) -> None:
         """Leave at the next step (a client went away); no further events are sent."""
         self.cancelled.set()
+
+
+@dataclass
+class Slot:
+    cache: KvCache
+    tokens: list[int] = field(default_factory=list)  # the ids the cache holds, in order
+    snapshots: list[CacheSnapshot] = field(default_factory=list)
+    last_used: float = 0.0
+    job: Running | None = None
+    lora: tuple[float, ...] = ()  # the LoRA scales the cached rows were computed with
+
+
+@dataclass
+class Running:
+    job: Job
+    slot: Slot
+    sampler: Sampler
+    text: StopText
+    pending: list[int]  # prompt ids still to feed
+    history: list[int]  # prompt and answer so far (the sampler's penalties read it)
+    cached: int
+    generated: int = 0
+    first_token: float | None = None
+    next_id: int | None = None  # the sampled token the next step feeds
+    split: ChannelSplit | None = None  # a harmony chat answer's channels (Job.channels)
+    drafter: Drafter | None = None  # speculative decoding's, for this job alone
+    drafted: int = 0
+    accepted: int = 0
+    lora: tuple[float, ...] = ()  # its LoRA scales, fixed at admission
+    # Paged: its cache starts from the prefix index before its first rows are fed.
+    attach: bool = False
+    published: int = 0  # full pages of its rows indexed so far
+    preempted: int = 0  # times its pages were taken back (it is recomputed)
