@@ -170,12 +170,6 @@ class PageTable:
             del self.pages[keep:]
             self._changed()
 
-    def buffer_rows(self, start: int, stop: int) -> np.ndarray:
-        """The buffer row of each of the sequence's rows [start, stop)."""
-        r = np.arange(start, stop)
-        page = self.pool.page
-        return self.array[r // page].astype(np.int64) * page + r % page
-
     def _changed(self) -> None:
         self.array = np.asarray(self.pages, np.int32)
 
@@ -205,9 +199,16 @@ class PagedKv:
             raise FrinkError(f"cannot write K/V rows at position {start} of {self.end}")
         stop = start + k.shape[0]
         self.table.reserve(start, stop)  # (done already when the cache admitted the step)
-        at = self.table.buffer_rows(start, stop)
-        self._k[:, at] = encode(self.types.k, k.transpose(1, 0, 2))
-        self._v[:, at] = encode(self.types.v, v.transpose(1, 0, 2))
+        ek = encode(self.types.k, k.transpose(1, 0, 2))
+        ev = encode(self.types.v, v.transpose(1, 0, 2))
+        page, pages, r = self.table.pool.page, self.table.pages, start
+        while r < stop:  # a slice per page the rows fall in
+            off = r % page
+            n = min(page - off, stop - r)
+            at = pages[r // page] * page + off
+            self._k[:, at : at + n] = ek[:, r - start : r - start + n]
+            self._v[:, at : at + n] = ev[:, r - start : r - start + n]
+            r += n
         self.end = stop
         self.version += 1
         return stop
