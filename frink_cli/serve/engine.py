@@ -9,8 +9,8 @@ streams keep flowing while it prefills.
 
 Paged (serve/paging.py: host-body models whose layers are all full attention): the slots'
 caches are page tables over one pool; a job starts from the longest prefix of its ids that
-any job computed (shared pages), looked up just before its first rows are fed, alone in
-that step's prompt rows (so the pages of a prompt another job is feeding are in); jobs
+any job computed (shared pages), looked up just before its first rows are fed, once no
+other job is still feeding a prompt sharing a page of its ids (whose pages are then in); jobs
 are admitted by free pages, the slots capping how many run; when a step finds the pool
 short, the newest job is preempted (its pages freed; its prompt and answer so far
 recomputed later, in chunks, which gives its rows the same bits) and the step goes on.
@@ -335,8 +335,7 @@ class Engine:
             if r.next_id is not None:
                 feeds.append((r, [r.next_id, *self._draft(r)]))
         for r in sorted(running, key=lambda r: r.job.submitted):
-            if r.attach and budget == self.prefill_chunk:
-                # Looked up with no other prompt's rows in this step: their pages are in.
+            if r.attach and budget > 0 and not self._shares_a_prompt_in_flight(r, running):
                 self._attach(r)
             if r.next_id is None and r.pending and budget > 0 and not r.attach:
                 # A whole chunk or none (the oldest prompt always gets one): a prompt is cut
@@ -395,6 +394,18 @@ class Engine:
         r.published = cached // PAGE
         if not r.preempted:
             r.cached = cached
+
+    def _shares_a_prompt_in_flight(self, r: Running, running: list[Running]) -> bool:
+        """Whether another job still feeding its prompt shares a page or more of r's ids:
+        r then waits for those pages (indexed as they fill) rather than compute them too."""
+        return any(
+            q is not r
+            and q.pending
+            and q.next_id is None
+            and not q.attach
+            and common_prefix(q.history, r.history) >= PAGE
+            for q in running
+        )
 
     def _make_room(self, feeds: list[tuple[Running, list[int]]]) -> list[tuple[Running, list[int]]]:
         """Paged: each feed's pages taken before the step; while the pool is short, the
