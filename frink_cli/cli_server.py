@@ -29,6 +29,8 @@ class ServerOptions:
     max_connections: int
     cors_origins: frozenset[str]
     parse_special: bool
+    kv_pool: int
+    kv_slots: bool
 
     def kwargs(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,6 +80,15 @@ def server_options(
         help="read control tokens written in message content and prompts as control tokens "
         "(llama-server's behaviour: a client's text can then forge chat turns)",
     ),
+    kv_pool: int = typer.Option(
+        0,
+        "--kv-pool",
+        help="tokens the paged KV cache holds for all sequences together (0: --parallel x "
+        "--ctx-size); requests are admitted by its free pages",
+    ),
+    kv_slots: bool = typer.Option(
+        False, "--kv-slots", help="a whole-context KV cache per slot instead of the paged pool"
+    ),
 ) -> ServerOptions:
     """The flags as ServerOptions; FrinkError (one line, naming the flag) for a value out of
     range, an empty or unreadable API key."""
@@ -88,12 +99,13 @@ def server_options(
         ("--max-body", max_body, 1, None),
         ("--timeout", timeout, 0.1, 86400),
         ("--max-connections", max_connections, 1, None),
+        ("--kv-pool", kv_pool, 0, None),
     )
     origins = frozenset(o.strip().rstrip("/") for o in cors_origins.split(",") if o.strip())
     key = read_api_key(api_key, api_key_file)
     return ServerOptions(
         host, port, key, alias, prefill_chunk, queue, max_body, timeout, max_connections,
-        origins, parse_special,
+        origins, parse_special, kv_pool, kv_slots,
     )  # fmt: skip
 
 

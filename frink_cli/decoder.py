@@ -18,6 +18,7 @@ from .backends.host.body import HostBody
 from .backends.host.linear import ThreadChoice, few_rows, sequences, step_threads
 from .cache import KvCache, SeqBatch
 from .cache.kv_types import F32_CACHE, CacheTypes
+from .cache.paged import PagePool
 from .model.config import ModelConfig
 from .model.lora import LoraAdapter, adapter_scales
 from .model.weights import LayerStore, ModelWeights
@@ -82,10 +83,17 @@ class Decoder:
         if self.backend is not None:
             self.backend.end_thread()
 
-    def new_cache(self, n_ctx: int, rewind: int = 0) -> KvCache:
+    def new_cache(self, n_ctx: int, rewind: int = 0, pool: PagePool | None = None) -> KvCache:
         """An empty cache of n_ctx positions that can step back rewind + 1 tokens, holding
-        rows and state for this decoder's layers only."""
-        return KvCache(self.cfg, n_ctx, types=self.cache_types, rewind=rewind, layers=self.layers)
+        rows and state for this decoder's layers only (its attention rows in `pool`'s
+        pages where given: cache/paged.py)."""
+        return KvCache(
+            self.cfg, n_ctx, types=self.cache_types, rewind=rewind, layers=self.layers, pool=pool
+        )
+
+    def new_pool(self, n_pages: int) -> PagePool:
+        """A page pool of n_pages pages for this decoder's layers, in its cache types."""
+        return PagePool(self.cfg, n_pages, self.cache_types, self.layers)
 
     def hidden(self, ids: np.ndarray, cache: KvCache) -> np.ndarray:
         """Run new tokens `ids` at the cache's next positions; the last layer's output."""

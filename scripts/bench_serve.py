@@ -8,7 +8,14 @@ own server on the same file, 8 slots, continuous batching, the same threads), th
 prompts, --tokens tokens, ignore_eos so every answer has the same length) and reports the
 aggregate decode rate: all completion tokens over the round's wall time. Then a chat with
 a ~400-token history: the first turn's time to first token (streamed) against the
-second's, which re-sends that history and finds it in the prompt cache.
+second's, which re-sends that history and finds it in the prompt cache. Then a shared
+system prompt (~1,500 tokens): one request's time to first token, then 7 concurrent
+requests with the same system prompt and their own questions, each one's time to first
+token (the paged cache finds the prompt's pages indexed), and the KV pages /metrics
+reports in use.
+
+    --ab: frink twice, its paged KV cache and `--kv-slots` (a whole-context cache per
+    slot), alternated --rounds times in one run; each figure is the median of its rounds.
 
 Bounded: a fixed number of requests, each with a timeout; localhost only.
 """
@@ -142,6 +149,72 @@ def chat_cache(base: str) -> tuple[float, float, int]:
     return first, second, n_prompt
 
 
+SYSTEM = "You are a careful assistant. Follow these rules exactly. " + " ".join(
+    f"Rule {i}: when asked about item {i}, answer with the number {i * 7} and nothing else."
+    for i in range(72)
+)
+
+
+def shared_prompt(base: str) -> tuple[float, list[float], float]:
+    """(first request's TTFT, the next 7 concurrent requests' TTFTs, KV pages in use after
+    them: NaN without the paged cache's gauge)."""
+
+    def body(i: int) -> dict:
+        msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Item {i}?"}]
+        return {"messages": msgs, "max_tokens": 8, "temperature": 0}
+
+    url = base + "/v1/chat/completions"
+    first = first_token_seconds(url, body(0))
+    ttfts: dict[int, float] = {}
+
+    def one(i: int) -> None:
+        ttfts[i] = first_token_seconds(url, body(i))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(1, 8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT_S)
+    with urllib.request.urlopen(base + "/metrics", timeout=60) as r:
+        lines = r.read().decode().splitlines()
+    used = [float(x.split()[1]) for x in lines if x.startswith("frink_kv_pages_used ")]
+    return first, [ttfts[i] for i in sorted(ttfts)], used[0] if used else float("nan")
+
+
+def measure(base: str, n_tokens: int) -> dict:
+    round_rate(base, 1, 8)  # warm up (first-use costs, thread choices)
+    rates = {c: round_rate(base, c, n_tokens) for c in (1, 4, 8)}
+    return {"rates": rates, "ttft": chat_cache(base), "shared": shared_prompt(base)}
+
+
+def median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+def report(results: dict[str, list[dict]]) -> None:
+    print("| server | 1 client tok/s | 4 clients | 8 clients | 8/1 | TTFT turn 1 | turn 2 |")
+    print("|---|---|---|---|---|---|---|")
+    for name, runs in results.items():
+        rates = {c: median([r["rates"][c] for r in runs]) for c in (1, 4, 8)}
+        t1 = median([r["ttft"][0] for r in runs])
+        t2, n = median([r["ttft"][1] for r in runs]), runs[0]["ttft"][2]
+        print(
+            f"| {name} | {rates[1]:.1f} | {rates[4]:.1f} | {rates[8]:.1f} | "
+            f"{rates[8] / rates[1]:.2f}x | {t1 * 1000:.0f} ms ({n} tokens) | {t2 * 1000:.0f} ms "
+            f"({t2 / t1:.2f}x) |"
+        )
+    print("\n| server | shared prompt: TTFT 1st | 2nd..8th (median, max) | KV pages used |")
+    print("|---|---|---|---|")
+    for name, runs in results.items():
+        first = median([r["shared"][0] for r in runs])
+        rest = median([median(r["shared"][1]) for r in runs])
+        worst = median([max(r["shared"][1]) for r in runs])
+        print(
+            f"| {name} | {first * 1000:.0f} ms | {rest * 1000:.0f} ms ({rest / first:.2f}x), "
+            f"{worst * 1000:.0f} ms ({worst / first:.2f}x) | {runs[-1]['shared'][2]:.0f} |"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", type=Path)
@@ -149,6 +222,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64, help="completion tokens per request")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--backend", default="numpy")
+    ap.add_argument("--ab", action="store_true", help="frink paged against frink --kv-slots")
+    ap.add_argument("--rounds", type=int, default=1, help="alternated runs of each server")
     args = ap.parse_args()
     frink = [sys.executable, "-m", "frink_cli.cli"]
     servers = {
@@ -162,12 +237,14 @@ def main() -> None:
                 "-np",
                 "8",
                 "-c",
-                "1024",
+                "2048",
                 "--backend",
                 args.backend,
             ]
         )
     }
+    if args.ab:
+        servers["frink --kv-slots"] = lambda port: [*servers["frink"](port), "--kv-slots"]
     if args.llama_server:
         servers["llama-server"] = lambda port: [
             str(args.llama_server),
@@ -178,33 +255,23 @@ def main() -> None:
             "-np",
             "8",
             "-c",
-            str(8 * 1024),
+            str(8 * 2048),
             "-t",
             str(args.threads),
             "-tb",
             str(args.threads),
             "-cb",
         ]
-    results: dict[str, dict] = {}
-    for name, argv in servers.items():
-        port = free_port()
-        p = Process(argv(port), port)
-        try:
-            round_rate(p.base, 1, 8)  # warm up (first-use costs, thread choices)
-            rates = {c: round_rate(p.base, c, args.tokens) for c in (1, 4, 8)}
-            ttft = chat_cache(p.base)
-        finally:
-            p.stop()
-        results[name] = {"rates": rates, "ttft": ttft}
-    print("| server | 1 client tok/s | 4 clients | 8 clients | 8/1 | TTFT turn 1 | turn 2 |")
-    print("|---|---|---|---|---|---|---|")
-    for name, r in results.items():
-        rates, (t1, t2, n) = r["rates"], r["ttft"]
-        print(
-            f"| {name} | {rates[1]:.1f} | {rates[4]:.1f} | {rates[8]:.1f} | "
-            f"{rates[8] / rates[1]:.2f}x | {t1 * 1000:.0f} ms ({n} tokens) | {t2 * 1000:.0f} ms "
-            f"({t2 / t1:.2f}x) |"
-        )
+    results: dict[str, list[dict]] = {name: [] for name in servers}
+    for _ in range(args.rounds):
+        for name, argv in servers.items():
+            port = free_port()
+            p = Process(argv(port), port)
+            try:
+                results[name].append(measure(p.base, args.tokens))
+            finally:
+                p.stop()
+    report(results)
 
 
 if __name__ == "__main__":

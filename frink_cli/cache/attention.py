@@ -16,6 +16,8 @@ block of keys at a time.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ..errors import FrinkError
@@ -33,6 +35,9 @@ from .kv_types import (
     stored_width,
 )
 from .protocol import NothingToMove
+
+if TYPE_CHECKING:
+    from .paged import PagedKv
 
 F32 = np.float32
 # Rows a full-attention buffer starts with; it doubles (up to the context) as it fills, so
@@ -265,7 +270,7 @@ class SharedKv(NothingToMove):
     time this layer attends the source holds this step's rows too; staging, committing
     and truncating are the source's (this slot has nothing of its own to move)."""
 
-    def __init__(self, source: AttentionKv) -> None:
+    def __init__(self, source: AttentionKv | PagedKv) -> None:
         self.source = source
 
     @property

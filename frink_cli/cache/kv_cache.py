@@ -17,6 +17,7 @@ from ..model.config import ModelConfig
 from .attention import AttentionKv, ChunkKv, SharedKv, WindowKv
 from .kv_types import F32_CACHE, OPTION_K, OPTION_V, CacheTypes, check_width
 from .latent import LatentKv, check_latent_types
+from .paged import PagedKv, PagePool, PageTable
 from .protocol import KvSlot, LayerSlot, NothingToMove, RecurrentSlot
 from .recurrent import ParallelSlot, RecurrentState
 
@@ -28,10 +29,15 @@ def layer_slot(
     windowed: bool = True,
     types: CacheTypes = F32_CACHE,
     rewind: int = 0,
+    table: PageTable | None = None,
 ) -> LayerSlot:
     """The cache slot layer `layer` needs, its K/V rows stored as `types` say; a sliding
-    window keeps `rewind` rows more, so the cache can step back rewind + 1 tokens."""
+    window keeps `rewind` rows more, so the cache can step back rewind + 1 tokens. With a
+    page table, a full-attention layer's rows are in its pool's pages (paged.py; the pool
+    admits only models whose layers all are, `unpaged_reason`)."""
     shape = cfg.layer_shape(layer)
+    if table is not None and layer in table.pool.k:
+        return PagedKv(table, layer, (shape.head_dim_k, shape.head_dim_v))
     if cfg.is_recurrent(layer) and shape.mixer != "attention+mamba2":
         return RecurrentState(cfg, layer)
     # The layer's own KV heads (per-layer sizes); 0 for a layer that attends to nothing
@@ -87,7 +93,8 @@ class KvCache:
     """`windowed=False` keeps every row of sliding-window layers too (a reference for tests);
     `types`: the K and V cache types (kv_types.py), f32 unless asked; `rewind`: how many
     tokens beyond one the cache must be able to step back (truncate) through sliding
-    windows."""
+    windows; `pool`: the attention rows go in that page pool's pages, through the cache's
+    page table (`table`; the serve engine's paged cache)."""
 
     def __init__(
         self,
@@ -97,8 +104,10 @@ class KvCache:
         types: CacheTypes = F32_CACHE,
         rewind: int = 0,
         layers: range | None = None,
+        pool: PagePool | None = None,
     ) -> None:
         self.cfg = cfg
+        self.table = PageTable(pool) if pool is not None else None
         self.n_ctx = n_ctx
         self.types = types
         self.rewind = rewind
@@ -113,7 +122,7 @@ class KvCache:
                 if layer not in held
                 else SharedKv(self.slots[source])
                 if source is not None
-                else layer_slot(cfg, layer, n_ctx, windowed, types, rewind)
+                else layer_slot(cfg, layer, n_ctx, windowed, types, rewind, self.table)
             )
         # As layer_slot chooses a RecurrentState or a ParallelSlot.
         self._recurrent = any(
@@ -126,7 +135,7 @@ class KvCache:
         """Bytes the attention layers' K/V buffers take now (they grow as the cache fills;
         reserve(n_ctx) first for a full context's)."""
         kv = [s.kv if isinstance(s, ParallelSlot) else s for s in self.slots]
-        return sum(s.nbytes for s in kv if isinstance(s, (AttentionKv, SharedKv)))
+        return sum(s.nbytes for s in kv if isinstance(s, (AttentionKv, SharedKv, PagedKv)))
 
     @property
     def has_recurrent_state(self) -> bool:
@@ -143,6 +152,8 @@ class KvCache:
             raise FrinkError(
                 f"context full: {n_rows} tokens do not fit in a context of {self.n_ctx}"
             )
+        if self.table is not None:  # before any layer writes (paged.PoolFull if no room)
+            self.table.reserve(self.n_past, n_rows)
         for s in self.slots:
             s.reserve(n_rows)
 
@@ -177,6 +188,18 @@ class KvCache:
         for s in self.slots:
             s.truncate(n_past)
         self.n_past = n_past
+        if self.table is not None:
+            self.table.truncate(n_past)
+
+    def adopt(self, pages: list[int], n_past: int) -> None:
+        """An empty paged cache starts from `pages` (another sequence's, shared: a prefix's
+        rows), holding their first n_past rows."""
+        assert self.table is not None and self.n_past == 0, "only an empty paged cache adopts"
+        self.table.adopt(pages)
+        for s in self.slots:
+            s.commit(n_past)
+        self.n_past = n_past
+        self.table.truncate(n_past)
 
     def snapshot(self) -> CacheSnapshot:
         """The committed recurrent state of every recurrent layer, at the current length."""
@@ -236,7 +259,7 @@ class KvCache:
     def _by_position(self, s: LayerSlot) -> tuple[np.ndarray, np.ndarray]:
         if isinstance(s, ParallelSlot):
             s = s.kv
-        if isinstance(s, (AttentionKv, SharedKv)):
+        if isinstance(s, (AttentionKv, SharedKv, PagedKv)):
             return s.by_position()
         cfg = self.cfg
         return (

@@ -8,7 +8,8 @@ rounding gguf-py's `gguf.quants` reproduces). Stored rows are arrays [..., width
 f16 as themselves, bf16 as its 16 bits (uint16), q8_0 / q4_0 as their blocks' bytes.
 
 `Coded` is what a non-f32 slot hands its readers: the stored rows plus their type, sliced
-like the rows and decoded to f32 (`f32()`) a block of keys at a time by attention.
+like the rows and decoded to f32 (`f32()`) a block of keys at a time by attention; `Paged`
+is what a paged slot hands them: its page buffer and the sequence's page table.
 """
 
 from __future__ import annotations
@@ -219,9 +220,41 @@ class Coded:
         return decode(self.kind, self.data)
 
 
-Rows = np.ndarray | Coded  # what a slot hands its readers: f32 rows, or a stored type's
+class Paged:
+    """K or V rows read through a page table (a paged cache's, cache/paged.py): a layer's
+    page buffer `data` [Hkv, pages * page, stored width] of cache type `kind`, logical row j
+    at buffer row table[j // page] * page + j % page, `n` rows. The C attention reads it
+    as it lies; sliced over heads and rows (NumPy's paths) it gathers those rows."""
+
+    __slots__ = ("data", "kind", "width", "table", "page", "n")
+
+    def __init__(
+        self, data: np.ndarray, kind: str, width: int, table: np.ndarray, page: int, n: int
+    ) -> None:
+        self.data, self.kind, self.width = data, kind, width
+        self.table, self.page, self.n = table, page, n
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.data.shape[0], self.n, self.width)
+
+    def buffer_rows(self) -> np.ndarray:
+        """The buffer row of each logical row, [n]."""
+        j = np.arange(self.n)
+        return self.table[j // self.page].astype(np.int64) * self.page + j % self.page
+
+    def __getitem__(self, index: tuple[slice, slice]) -> np.ndarray | Coded:
+        heads, rows = index
+        data = self.data[heads][:, self.buffer_rows()[rows]]
+        return data if self.kind == "f32" else Coded(data, self.kind, self.width)
+
+    def f32(self) -> np.ndarray:
+        return as_f32(self[:, :])
+
+
+Rows = np.ndarray | Coded | Paged  # what a slot hands its readers: f32, stored, or paged rows
 
 
 def as_f32(rows: Rows) -> np.ndarray:
-    """Rows as f32: f32 rows as they are, coded rows decoded."""
+    """Rows as f32: f32 rows as they are, coded or paged rows decoded."""
     return rows if isinstance(rows, np.ndarray) else rows.f32()

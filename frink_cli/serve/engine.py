@@ -7,11 +7,19 @@ leave, waiting ones are admitted, and a new job's prompt is fed in chunks of at 
 `prefill_chunk` rows per step beside the decode rows of the running ones, so their
 streams keep flowing while it prefills.
 
-Each slot keeps its cache (and the ids it holds) after its job ends: the next job placed
-there keeps the longest common prefix of its prompt and those ids and feeds only the
-rest (a conversation's next turn re-sends its history). A recurrent layer's state cannot
-be rolled back, so for such models the state is saved at the end of every prompt and of
-every answer, and a later job resumes from the longest saved point within its prefix.
+Paged (serve/paging.py: host-body models whose layers are all full attention): the slots'
+caches are page tables over one pool; a job starts from the longest prefix of its ids that
+any job computed (shared pages), looked up just before its first rows are fed, once no
+other job is still feeding a prompt sharing a page of its ids (whose pages are then in); jobs
+are admitted by free pages, the slots capping how many run; when a step finds the pool
+short, the newest job is preempted (its pages freed; its prompt and answer so far
+recomputed later, in chunks, which gives its rows the same bits) and the step goes on.
+
+Otherwise each slot keeps its cache (and the ids it holds) after its job ends: the next
+job placed there keeps the longest common prefix of its prompt and those ids and feeds
+only the rest (a conversation's next turn re-sends its history). A recurrent layer's state
+cannot be rolled back, so for such models the state is saved at the end of every prompt
+and of every answer, and a later job resumes from the longest saved point within its prefix.
 
 One thread (`run`) owns the decoder and every cache; submit() and cancel() are safe from
 any thread. A job reports through its `emit` callback, called on the engine's thread:
@@ -38,116 +46,28 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
-from ..cache import CacheSnapshot, KvCache
+from ..cache import KvCache
+from ..cache.paged import PAGE, PoolFull
 from ..channels import FINAL, ChannelSplit, is_harmony
-from ..constraint import Constraint
 from ..decoder import Decoder
 from ..errors import FrinkError, Unavailable
-from ..sampling import Sampler, SamplingParams, token_logprob
+from ..sampling import Sampler, token_logprob
 from ..speculative import Drafter, SpecParams, verify
 from ..tokenizer import Tokenizer
+from .jobs import Finish, Job, Observer, QueueFull, Running, Slot
+from .paging import EnginePages, refusal
 from .stops import StopText
+
+__all__ = ["Engine", "Finish", "Job", "Observer", "QueueFull", "common_prefix"]
 
 # Saved recurrent states per slot (end of prompt, end of answer, for the last few jobs).
 _SNAPSHOTS = 4
 
 
-class QueueFull(Exception):
-    """More jobs waiting than the engine takes: the caller should retry later."""
-
-
-@dataclass(frozen=True)
-class Finish:
-    reason: str  # "stop" (end of generation or a stop string) | "length" (max_tokens, context)
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int  # prompt tokens reused from a slot's cache
-    first_token_seconds: float  # submit -> first sampled token
-    tokens: tuple[int, ...] = ()  # the answer's ids (end-of-generation token excluded)
-    stop_sequence: str | None = None  # the stop string that ended it, if one did
-    decode_seconds: float = 0.0  # first sampled token -> the end of the answer
-    drafted_tokens: int = 0  # speculative decoding: tokens drafted for the answer
-    accepted_tokens: int = 0  # and how many of them the target kept
-
-
-class Observer(Protocol):
-    """What the engine tells about its jobs (serve/metrics.py)."""
-
-    def finished(self, finish: Finish) -> None:
-        """A job ended with its answer (not a failed or cancelled one). Called on the
-        engine's thread between steps: it must be cheap and must not raise."""
-
-
-@dataclass
-class Job:
-    prompt: list[int]
-    params: SamplingParams
-    max_tokens: int
-    stop: tuple[str, ...]
-    emit: Callable[[str, object], None]
-    ignore_eos: bool = False  # generate past end-of-generation tokens (benchmarks)
-    # False: the prompt is computed afresh, not resumed from a slot's cached prefix. Reuse
-    # is exact math but not the same float sums (a resumed prompt's last rows are fed in
-    # other chunks than a fresh one's), so only a fresh prompt is reproducible bit for bit.
-    cache_prompt: bool = True
-    # A chat answer of a harmony model (gpt-oss): split by channel (channels.ChannelSplit).
-    channels: bool = False
-    # None: no log probabilities; k: before each answer token's text, a ("logprob",
-    # sampling.TokenLogprob) event with its k most likely alternatives.
-    logprobs: int | None = None
-    # A grammar over the answer (constraint.py): its mask comes before every sampler
-    # stage, and the answer ends ("stop") when the grammar can only end.
-    constraint: Constraint | None = None
-    # Control tokens the answer's text spells by name (a tool-call format's markers).
-    spell: frozenset[int] = frozenset()
-    # Tools were offered (with `channels`): a harmony call is passed on as "text", spelled
-    # for the tool-call parser (channels.ChannelSplit's `calls`), not as reasoning.
-    tool_calls: bool = False
-    # LoRA scales by adapter id (the model's adapter order; an id left out: scale 0), as
-    # llama-server's per-request `lora`; None: the adapters' global scales at admission.
-    lora: dict[int, float] | None = None
-    submitted: float = field(default_factory=time.perf_counter)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-
-    def cancel(self) -> None:
-        """Leave at the next step (a client went away); no further events are sent."""
-        self.cancelled.set()
-
-
-@dataclass
-class _Slot:
-    cache: KvCache
-    tokens: list[int] = field(default_factory=list)  # the ids the cache holds, in order
-    snapshots: list[CacheSnapshot] = field(default_factory=list)
-    last_used: float = 0.0
-    job: _Running | None = None
-    lora: tuple[float, ...] = ()  # the LoRA scales the cached rows were computed with
-
-
-@dataclass
-class _Running:
-    job: Job
-    slot: _Slot
-    sampler: Sampler
-    text: StopText
-    pending: list[int]  # prompt ids still to feed
-    history: list[int]  # prompt and answer so far (the sampler's penalties read it)
-    cached: int
-    generated: int = 0
-    first_token: float | None = None
-    next_id: int | None = None  # the sampled token the next step feeds
-    split: ChannelSplit | None = None  # a harmony chat answer's channels (Job.channels)
-    drafter: Drafter | None = None  # speculative decoding's, for this job alone
-    drafted: int = 0
-    accepted: int = 0
-
-
-def _shared(slot: _Slot, prompt: Sequence[int], lora: tuple[float, ...]) -> int:
+def _shared(slot: Slot, prompt: Sequence[int], lora: tuple[float, ...]) -> int:
     """The prompt's prefix the slot's cache holds, computed under the same LoRA scales."""
     return common_prefix(slot.tokens, prompt) if slot.lora == lora else 0
 
@@ -173,9 +93,13 @@ class Engine:
         max_queue: int = 64,
         drafter: Callable[[int], Drafter | None] | None = None,
         spec: SpecParams | None = None,
+        kv_pool: int = 0,
+        paged: bool = True,
     ) -> None:
         """drafter(n_ctx): a fresh drafter for one job (Model.drafter), with `spec` its
-        settings; None: plain decoding."""
+        settings; None: plain decoding. kv_pool: the paged cache's rows (0: n_parallel x
+        n_ctx, the slot caches' total); paged False, or a model paging.refusal names, keeps
+        a whole-context cache per slot (`paging_refusal` says why)."""
         if n_parallel < 1 or prefill_chunk < 1 or max_queue < 0:
             raise FrinkError("--parallel, --prefill-chunk must be >= 1 and --queue >= 0")
         self.decoder = decoder
@@ -186,7 +110,15 @@ class Engine:
         self.max_queue = max_queue
         self.spec = spec if drafter is not None else None
         self.rewind = self.spec.draft_max if self.spec is not None else 0
-        self.slots = [_Slot(self._new_cache()) for _ in range(n_parallel)]
+        self.paging_refusal = refusal(decoder, n_ctx) if paged else "--kv-slots asks for it"
+        self.pages = (
+            EnginePages(decoder, kv_pool or n_parallel * n_ctx)
+            if self.paging_refusal is None
+            else None
+        )
+        self._preempted: deque[Running] = deque()  # taken out for pages, to run again
+        self.preemptions = 0
+        self.slots = [Slot(self._new_cache()) for _ in range(n_parallel)]
         self.recurrent = self.slots[0].cache.has_recurrent_state
         self.drafter = drafter if not self.recurrent else None
         self.drafted = self.accepted = 0  # speculative decoding's tokens, all jobs together
@@ -230,12 +162,15 @@ class Engine:
 
     @property
     def waiting(self) -> int:
-        return len(self._waiting)
+        return len(self._waiting) + len(self._preempted)
 
     @property
     def cells_used(self) -> int:
         """KV cache cells holding a position, over every slot (a finished job's cells stay
-        for the next prompt that shares its prefix). Read from any thread: a snapshot."""
+        for the next prompt that shares its prefix; paged: the pool's pages in use, the
+        indexed ones too). Read from any thread: a snapshot."""
+        if self.pages is not None:
+            return self.pages.pool.used * PAGE
         return sum(s.cache.n_past for s in self.slots)
 
     # --- the engine's thread --------------------------------------------------------------
@@ -252,7 +187,9 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while not self._stopping and not self._waiting and not self._any_running():
+                while not (self._stopping or self._waiting or self._preempted) and not (
+                    self._any_running()
+                ):
                     self._lock.wait()
                 if self._stopping:
                     break
@@ -263,7 +200,9 @@ class Engine:
                 self._step(running)
         with self._lock:
             jobs = list(self._waiting) + [s.job.job for s in self.slots if s.job is not None]
+            jobs += [r.job for r in self._preempted]
             self._waiting.clear()
+            self._preempted.clear()
         for job in jobs:
             if not job.cancelled.is_set():
                 job.emit("stopped", "the server is shutting down")
@@ -275,22 +214,32 @@ class Engine:
 
     def _admit(self) -> None:
         """Waiting jobs into free slots (under the lock): each into the free slot sharing
-        the longest prefix with its prompt, least recently used among equals."""
-        while self._waiting:
+        the longest prefix with its prompt, least recently used among equals. Paged: a
+        preempted job first, and each only when the pool has its prompt's pages."""
+        while self._waiting or self._preempted:
+            free = [s for s in self.slots if s.job is None]
+            if not free or (self._preempted and not self._resume(self._preempted[0], free)):
+                return
+            if self._preempted or not self._waiting:
+                continue
             job = self._waiting[0]
             if job.cancelled.is_set():
                 self._waiting.popleft()
                 continue
-            free = [s for s in self.slots if s.job is None]
-            if not free:
-                return
-            self._waiting.popleft()
             lora = self._lora_scales(job)
+            if self.pages is not None and not self.pages.fits(job.prompt, lora):
+                if self._any_running():
+                    return  # it waits for pages
+                self._waiting.popleft()
+                job.emit("error", f"the KV pool ({self.pages.capacity} tokens, --kv-pool) "
+                         f"cannot hold a prompt of {len(job.prompt)} tokens")  # fmt: skip
+                continue
+            self._waiting.popleft()
             slot = max(free, key=lambda s: (_shared(s, job.prompt, lora), -s.last_used))
-            reuse = job.cache_prompt and slot.lora == lora
+            reuse = job.cache_prompt and slot.lora == lora and self.pages is None
             cached = self._reuse(slot, job.prompt if reuse else [])
             slot.lora = lora
-            slot.job = _Running(
+            slot.job = Running(
                 job=job,
                 slot=slot,
                 sampler=Sampler(job.params, self.decoder.cfg.n_vocab),
@@ -304,7 +253,20 @@ class Engine:
                 drafter=self.drafter(self.n_ctx)
                 if self.drafter is not None and job.constraint is None
                 else None,
+                lora=lora,
+                attach=self.pages is not None and job.cache_prompt,
             )
+
+    def _resume(self, r: Running, free: list[Slot]) -> bool:
+        """A preempted job back into a free slot, if the pool has its pages (or nothing
+        else runs); whether it went."""
+        assert self.pages is not None
+        if self._any_running() and not self.pages.fits(r.history, r.lora):
+            return False
+        self._preempted.popleft()
+        r.slot = slot = min(free, key=lambda s: s.last_used)
+        slot.job, slot.lora = r, r.lora
+        return True
 
     def _lora_scales(self, job: Job) -> tuple[float, ...]:
         """The scale of each of the model's LoRA adapters for `job`, fixed at admission."""
@@ -313,7 +275,7 @@ class Engine:
             return tuple(ad.scale for ad in adapters)
         return tuple(float(job.lora.get(i, 0.0)) for i in range(len(adapters)))
 
-    def _reuse(self, slot: _Slot, prompt: list[int]) -> int:
+    def _reuse(self, slot: Slot, prompt: list[int]) -> int:
         """Rewind the slot's cache to the longest prefix of `prompt` it can resume from (at
         least one prompt id is left to feed: its logits pick the first token); how many."""
         cache = slot.cache
@@ -344,8 +306,12 @@ class Engine:
             if s.job is not None and s.job.job.cancelled.is_set():
                 self._release(s)
 
-    def _release(self, slot: _Slot) -> None:
-        if (
+    def _release(self, slot: Slot) -> None:
+        if self.pages is not None:  # its rows stay indexed; its table lets go
+            self.pages.publish(slot.cache, slot.tokens, slot.lora, partial=True)
+            slot.cache.truncate(0)
+            slot.tokens.clear()
+        elif (
             self.recurrent
             and slot.cache.n_past
             and (not slot.snapshots or slot.snapshots[-1].n_past != slot.cache.n_past)
@@ -356,20 +322,22 @@ class Engine:
         with self._lock:
             self._lock.notify()
 
-    def _save(self, slot: _Slot) -> None:
+    def _save(self, slot: Slot) -> None:
         slot.snapshots.append(slot.cache.snapshot())
         del slot.snapshots[:-_SNAPSHOTS]
 
-    def _step(self, running: list[_Running]) -> None:
+    def _step(self, running: list[Running]) -> None:
         """One forward: every decoding job's next row, then prompt chunks within the
         prefill budget, oldest job first."""
-        feeds: list[tuple[_Running, list[int]]] = []
+        feeds: list[tuple[Running, list[int]]] = []
         budget = self.prefill_chunk
         for r in running:
             if r.next_id is not None:
                 feeds.append((r, [r.next_id, *self._draft(r)]))
         for r in sorted(running, key=lambda r: r.job.submitted):
-            if r.next_id is None and r.pending and budget > 0:
+            if r.attach and budget > 0 and not self._shares_a_prompt_in_flight(r, running):
+                self._attach(r)
+            if r.next_id is None and r.pending and budget > 0 and not r.attach:
                 # A whole chunk or none (the oldest prompt always gets one): a prompt is cut
                 # where it would be alone, so its rows, and its answer, are the same.
                 take = r.pending[: self.prefill_chunk]
@@ -377,6 +345,8 @@ class Engine:
                     continue
                 budget -= len(take)
                 feeds.append((r, take))
+        if self.pages is not None:
+            feeds = self._make_room(feeds)
         if not feeds:
             return
         drafting = [r.next_id is not None and len(ids) > 1 for r, ids in feeds]
@@ -397,6 +367,9 @@ class Engine:
         self.steps += 1
         for (r, ids), rows, drafted in zip(feeds, logits, drafting):
             r.slot.tokens.extend(ids)
+            if self.pages is not None and r.slot.cache.n_past // PAGE > r.published:
+                self.pages.publish(r.slot.cache, r.slot.tokens, r.lora)  # as pages fill
+                r.published = r.slot.cache.n_past // PAGE
             if drafted:
                 self._verify(r, ids[1:], rows)
                 continue
@@ -410,7 +383,63 @@ class Engine:
             r.next_id = None
             self._advance(r, row)
 
-    def _draft(self, r: _Running) -> list[int]:
+    def _attach(self, r: Running) -> None:
+        """Paged: r's cache from the longest indexed prefix of its ids (its prompt, or for a
+        preempted job its prompt and answer so far), before its first rows are fed."""
+        assert self.pages is not None
+        r.attach = False
+        cached = self.pages.attach(r.slot.cache, r.history, r.lora)
+        r.slot.tokens = r.history[:cached]
+        r.pending = r.history[cached:]
+        r.published = cached // PAGE
+        if not r.preempted:
+            r.cached = cached
+
+    def _shares_a_prompt_in_flight(self, r: Running, running: list[Running]) -> bool:
+        """Whether another job still feeding its prompt shares a page or more of r's ids:
+        r then waits for those pages (indexed as they fill) rather than compute them too."""
+        return any(
+            q is not r
+            and q.pending
+            and q.next_id is None
+            and not q.attach
+            and common_prefix(q.history, r.history) >= PAGE
+            for q in running
+        )
+
+    def _make_room(self, feeds: list[tuple[Running, list[int]]]) -> list[tuple[Running, list[int]]]:
+        """Paged: each feed's pages taken before the step; while the pool is short, the
+        newest running job is preempted (its pages freed, the job queued to be recomputed),
+        or a job alone that does not fit fails. The feeds that remain."""
+        while feeds:
+            try:
+                for r, ids in feeds:
+                    r.slot.cache.reserve(r.slot.cache.n_past + len(ids))
+                return feeds
+            except PoolFull:
+                running = [s.job for s in self.slots if s.job is not None]
+                victim = max(running, key=lambda r: r.job.submitted)
+                if len(running) == 1:
+                    assert self.pages is not None
+                    self._fail(victim, f"the KV pool ({self.pages.capacity} tokens, --kv-pool) "
+                               "cannot hold this sequence")  # fmt: skip
+                else:
+                    self._preempt(victim)
+                feeds = [f for f in feeds if f[0] is not victim]
+        return feeds
+
+    def _preempt(self, r: Running) -> None:
+        """r's pages freed and r queued to run again: its prompt and answer so far (whose
+        last id is the token it was to feed next) recomputed, then it goes on."""
+        self.preemptions += 1
+        r.preempted += 1
+        r.slot.cache.truncate(0)
+        r.slot.tokens.clear()
+        r.slot.job = None
+        r.pending, r.next_id, r.attach = list(r.history), None, True
+        self._preempted.append(r)
+
+    def _draft(self, r: Running) -> list[int]:
         """The tokens to verify after r's next one: none without a drafter, or where the
         answer or the context has no room for them."""
         if r.drafter is None or self.spec is None:
@@ -424,7 +453,7 @@ class Engine:
         draft = r.drafter.draft(r.history, room) if room >= least else []
         return draft if len(draft) >= least else []
 
-    def _verify(self, r: _Running, draft: list[int], rows: np.ndarray) -> None:
+    def _verify(self, r: Running, draft: list[int], rows: np.ndarray) -> None:
         """rows: the logits after r's next token and after each drafted one. The tokens the
         target emits (the kept drafts, then its own), the cache taken back to them."""
         history = list(r.history)
@@ -447,6 +476,7 @@ class Engine:
         keep = r.slot.cache.n_past - len(draft) + kept
         r.slot.cache.truncate(keep)
         del r.slot.tokens[keep:]
+        r.published = min(r.published, keep // PAGE)
         for tok, row in zip(tokens, rows):
             r.next_id = None
             self._advance(r, row, tok)
@@ -454,9 +484,10 @@ class Engine:
                 return
 
     def _new_cache(self) -> KvCache:
-        return self.decoder.new_cache(self.n_ctx, rewind=self.rewind)
+        pool = self.pages.pool if self.pages is not None else None
+        return self.decoder.new_cache(self.n_ctx, rewind=self.rewind, pool=pool)
 
-    def _advance(self, r: _Running, logits: np.ndarray, chosen: int | None = None) -> None:
+    def _advance(self, r: Running, logits: np.ndarray, chosen: int | None = None) -> None:
         """The job's next token (sampled from logits, or `chosen` by verification) sent on,
         or its answer ended."""
         job = r.job
@@ -497,7 +528,7 @@ class Engine:
         else:
             r.next_id = token
 
-    def _channels(self, r: _Running, parts: list[tuple[str, str]]) -> tuple[str, bool]:
+    def _channels(self, r: Running, parts: list[tuple[str, str]]) -> tuple[str, bool]:
         """A harmony answer's pieces: the final channel's through the stop strings (the
         text to send, and whether one was reached), the others sent as "reasoning"."""
         sent = ""
@@ -511,7 +542,7 @@ class Engine:
                 return sent, True
         return sent, False
 
-    def _finish(self, r: _Running, reason: str) -> None:
+    def _finish(self, r: Running, reason: str) -> None:
         if r.split is not None and not r.text.stopped:
             piece, _ = self._channels(r, r.split.flush())
             if piece:
@@ -540,8 +571,9 @@ class Engine:
         r.job.emit("done", done)
         self._release(r.slot)
 
-    def _fail(self, r: _Running, message: str, kind: str = "error") -> None:
+    def _fail(self, r: Running, message: str, kind: str = "error") -> None:
         # The cache may hold a half-written step: that slot starts over.
+        r.slot.cache.truncate(0)  # (paged: its pages go back to the pool)
         r.slot.cache = self._new_cache()
         r.slot.tokens.clear()
         r.slot.snapshots.clear()

@@ -6,7 +6,12 @@ registry of this app's own (two apps in one process never share counters).
 - frink_requests_finished_total{reason}: finished jobs by finish reason (stop, length);
 - frink_requests_running, frink_requests_waiting: jobs in a slot and in the queue;
 - frink_kv_cache_cells_used (every slot's cached positions, a finished job's kept for
-  prefix reuse) and frink_kv_cache_cells (slots x context);
+  prefix reuse; paged: the pool's rows in use) and frink_kv_cache_cells (slots x context,
+  or the pool's rows);
+- paged (serve/paging.py): frink_kv_pages, frink_kv_pages_used, frink_kv_pages_shared
+  (held by more than one sequence or index entry), frink_prefix_hits (jobs that started
+  from indexed pages), frink_prefix_hit_tokens (the prompt tokens they did not compute),
+  frink_preemptions (jobs whose pages were taken back);
 - frink_time_to_first_token_seconds: a job's submit -> its first sampled token;
 - frink_time_per_output_token_seconds: a job's decode time per token after its first,
   (end - first token) / (tokens - 1), for jobs of at least two tokens.
@@ -76,6 +81,21 @@ class Metrics:
             ("frink_kv_cache_cells_used", "KV cache cells holding a position", _cells(engine)),
             ("frink_kv_cache_cells", "KV cache cells (slots x context)", _capacity(engine)),
         ]
+        pages = engine.pages
+        if pages is not None:
+            pool = pages.pool
+            gauges += [
+                ("frink_kv_pages", "KV pages in the pool", lambda: pool.n_pages),
+                ("frink_kv_pages_used", "KV pages held", lambda: pool.used),
+                ("frink_kv_pages_shared", "KV pages held more than once", lambda: pool.shared),
+                ("frink_prefix_hits", "Jobs started from indexed pages", lambda: pages.hits),
+                (
+                    "frink_prefix_hit_tokens",
+                    "Prompt tokens found indexed",
+                    lambda: pages.hit_tokens,
+                ),
+                ("frink_preemptions", "Jobs preempted for pages", lambda: engine.preemptions),
+            ]
         for name, doc, read in gauges:
             Gauge(name, doc, registry=r).set_function(read)
         engine.observer = self
@@ -101,6 +121,8 @@ def _cells(engine: Engine) -> Callable[[], float]:
 
 
 def _capacity(engine: Engine) -> Callable[[], float]:
+    if engine.pages is not None:
+        return lambda: engine.pages.capacity if engine.pages is not None else 0
     return lambda: len(engine.slots) * engine.n_ctx
 
 

@@ -64,6 +64,8 @@ def serve(
     max_connections: int = 256,
     cors_origins: frozenset[str] = frozenset(),
     parse_special: bool = False,
+    kv_pool: int = 0,
+    kv_slots: bool = False,
 ) -> None:
     import uvicorn
 
@@ -77,7 +79,10 @@ def serve(
         max_queue=max_queue,
         drafter=model.drafter if spec is not None else None,
         spec=spec,
+        kv_pool=kv_pool,
+        paged=not kv_slots,
     )
+
     if spec is not None and engine.drafter is None:
         announce("speculative decoding is off: recurrent layers cannot take back a draft")
     model_id, names = model_names(model, alias)
@@ -121,6 +126,10 @@ def serve(
         f"listening on http://{host}:{where[1]} (model {model_id}, {n_parallel} parallel "
         f"sequences of {n_ctx} tokens, backend {model.backend_name})"
     )
+    if engine.pages is not None:
+        announce(f"paged KV cache: a pool of {engine.pages.capacity} tokens shared by prefix")
+    else:
+        announce(f"KV cache per slot, not paged: {engine.paging_refusal}")
     with _sigpipe_ignored():
         _Server(config).run(sockets=[sock])
 

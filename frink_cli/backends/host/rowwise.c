@@ -98,6 +98,10 @@ typedef struct {
     Py_ssize_t a, b, sa, sb; /* row (i, j) starts at base + i * sa + j * sb */
     Py_ssize_t n;
     Py_buffer view;
+    /* A KV cache's page table (stored_at only; NULL: none): logical row j of a head is the
+     * buffer's row table[j / page] * page + j % page, and b counts logical rows. */
+    const int32_t *table;
+    Py_ssize_t page;
 } rows_of;
 
 static void release(rows_of *r) {
@@ -481,17 +485,45 @@ static int bias_table(PyObject *o, Py_ssize_t H, Py_buffer *view, attend_args *A
     return 0;
 }
 
+/* The page table: None (K and V rows as they lie), or int32 [pages] of K's and V's buffer
+ * pages of `page` rows, the keys' logical rows n_rows (<= pages * page); every page index
+ * is checked against both buffers, so a bad table is an error, never a stray read. */
+static int page_table(PyObject *o, Py_ssize_t page, Py_ssize_t n_rows, Py_buffer *view,
+                      attend_args *A) {
+    if (o == Py_None) return 0;
+    if (PyObject_GetBuffer(o, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)) return -1;
+    const Py_ssize_t n = view->ndim == 1 ? view->shape[0] : -1;
+    if (!view->format || strcmp(view->format, "i") || n < 0 || page < 1 || n_rows < 0 ||
+        n_rows > n * page || A->k.b % page || A->v.b != A->k.b) {
+        PyErr_SetString(PyExc_ValueError, "page table must be int32 [pages] over K and V "
+                                          "buffers of whole pages, its rows <= pages * page");
+        return -1;
+    }
+    const int32_t *t = (const int32_t *)view->buf;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (t[i] < 0 || (Py_ssize_t)t[i] >= A->k.b / page) {
+            PyErr_Format(PyExc_ValueError, "page table entry %zd: page %d is not in the cache",
+                         i, (int)t[i]);
+            return -1;
+        }
+    A->k.table = A->v.table = t;
+    A->k.page = A->v.page = page;
+    A->k.b = A->v.b = n_rows;
+    return 0;
+}
+
 static PyObject *py_attend(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *qo, *ko, *vo, *po, *loo, *hio, *so, *sko, *bo, *oo;
-    Py_ssize_t first;
+    PyObject *qo, *ko, *vo, *po, *loo, *hio, *so, *sko, *bo, *oo, *to;
+    Py_ssize_t first, page, n_rows;
     int threads;
     attend_args A;
     memset(&A, 0, sizeof A);
-    if (!PyArg_ParseTuple(args, "OOiOinOOOfOOOnOi", &qo, &ko, &A.kt, &vo, &A.vt, &first, &po,
-                          &loo, &hio, &A.softcap, &so, &sko, &bo, &A.center, &oo, &threads))
+    if (!PyArg_ParseTuple(args, "OOiOinOOOfOOOnOiOnn", &qo, &ko, &A.kt, &vo, &A.vt, &first, &po,
+                          &loo, &hio, &A.softcap, &so, &sko, &bo, &A.center, &oo, &threads, &to,
+                          &page, &n_rows))
         return NULL;
-    Py_buffer pos = {0}, lov = {0}, hiv = {0}, slopes = {0}, sinks = {0}, bias = {0};
+    Py_buffer pos = {0}, lov = {0}, hiv = {0}, slopes = {0}, sinks = {0}, bias = {0}, tab = {0};
     PyObject *ret = NULL;
     float *scratch = NULL;
     if (get_rows(qo, 0, "q", &A.q) || get_stored_rows(ko, A.kt, "K", &A.k) ||
@@ -499,7 +531,8 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
         get_rows(oo, 1, "out", &A.out) || int64_vector(po, A.q.a, "positions", &pos) ||
         int64_vector(loo, A.q.a, "lo", &lov) || int64_vector(hio, A.q.a, "hi", &hiv) ||
         optional_vector(so, A.q.b, "slopes", &slopes, &A.slopes) ||
-        optional_vector(sko, A.q.b, "sinks", &sinks, &A.sinks) || bias_table(bo, A.q.b, &bias, &A))
+        optional_vector(sko, A.q.b, "sinks", &sinks, &A.sinks) || bias_table(bo, A.q.b, &bias, &A) ||
+        page_table(to, page, n_rows, &tab, &A))
         goto done;
     const int64_t *p = (const int64_t *)pos.buf, *lo = (const int64_t *)lov.buf,
                   *hi = (const int64_t *)hiv.buf;
@@ -528,7 +561,7 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
     ret = Py_NewRef(Py_None);
 done:
     PyMem_RawFree(scratch);
-    Py_buffer *views[] = {&bias, &sinks, &slopes, &hiv, &lov, &pos};
+    Py_buffer *views[] = {&tab, &bias, &sinks, &slopes, &hiv, &lov, &pos};
     for (size_t i = 0; i < sizeof views / sizeof *views; i++)
         if (views[i]->obj) PyBuffer_Release(views[i]);
     release(&A.out);
@@ -577,9 +610,10 @@ static PyMethodDef METHODS[] = {
      "glu(h, act (0 silu, 1 gelu_tanh), out, threads): out = act(gate) * up, h = [gate | up]"},
     {"attend", py_attend, METH_VARARGS,
      "attend(q, K, K type, V, V type, first, pos int64, lo int64, hi int64, softcap (0 none), "
-     "slopes | None, sinks | None, bias | None, center, out, threads): softmax(q K^T + bias) V "
-     "per query row and head over its keys [lo, hi), each row alone; K and V stored as cache "
-     "types (0 f32, 1 f16, 2 bf16, 3 q8_0, 4 q4_0)"},
+     "slopes | None, sinks | None, bias | None, center, out, threads, table | None, page, rows): "
+     "softmax(q K^T + bias) V per query row and head over its keys [lo, hi), each row alone; K "
+     "and V stored as cache types (0 f32, 1 f16, 2 bf16, 3 q8_0, 4 q4_0), read through the "
+     "int32 page table (pages of `page` rows, `rows` logical rows) where one is given"},
     {"exp", py_exp, METH_VARARGS, "exp(x, out): the e^x the activations use"},
     {"delta_rule", py_delta_rule, METH_VARARGS,
      "delta_rule(q [T,H,dk], k, v [T,H,dv], decay [T,H], beta, state [H,dk,dv] (updated), o "

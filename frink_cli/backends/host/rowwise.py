@@ -17,7 +17,7 @@ from types import ModuleType
 
 import numpy as np
 
-from ...cache.kv_types import Rows, stored_dtype
+from ...cache.kv_types import Paged, Rows, stored_dtype
 from ...quant import kernels
 
 F32 = np.float32
@@ -57,11 +57,22 @@ def _takes(x: np.ndarray) -> bool:
 
 def _stored(rows: Rows) -> tuple[np.ndarray, int] | None:
     """K or V rows as the C attention takes them: (stored rows [Hkv, S, stored width], cache
-    type number); None where it does not (not 3 dims, a strided last dim)."""
+    type number), a paged cache's page buffer for its rows; None where it does not (not 3
+    dims, a strided last dim)."""
     data, kind = (rows, "f32") if isinstance(rows, np.ndarray) else (rows.data, rows.kind)
     if data.ndim != 3 or data.dtype != stored_dtype(kind) or data.strides[-1] != data.itemsize:
         return None
     return data, KV_TYPES[kind]
+
+
+def _paging(K: Rows, V: Rows) -> tuple[np.ndarray | None, int, int] | None:
+    """The page table the C reads K and V through, (table int32, page rows, logical rows);
+    (None, 0, 0) for unpaged rows; None where only one of them is paged (NumPy's path)."""
+    if isinstance(K, Paged) and isinstance(V, Paged) and K.table is V.table and K.n == V.n:
+        return np.ascontiguousarray(K.table, dtype=np.int32), K.page, K.n
+    if isinstance(K, Paged) or isinstance(V, Paged):
+        return None
+    return None, 0, 0
 
 
 def rms_norm(
@@ -124,10 +135,12 @@ def attend(
     own in one fixed order: a row's output is the same bits whatever rows, chunk or batch
     it comes in, on any thread count and instruction set. K and V: f32 rows or a cache
     type's `Coded` rows, read as stored (rowwise_kv.h: the bits of the f32 kernel on the
-    decoded rows). [T, H * hv]; None where the C does not take the arrays (then
-    attention.py's NumPy runs)."""
-    stored_k, stored_v = _stored(K), _stored(V)
+    decoded rows), or `Paged` rows read in place through their page table. [T, H * hv];
+    None where the C does not take the arrays (then attention.py's NumPy runs)."""
+    stored_k, stored_v, paging = _stored(K), _stored(V), _paging(K, V)
     if _C is None or not _takes(q) or q.ndim != 3 or stored_k is None or stored_v is None:
+        return None
+    if paging is None:
         return None
     softcap, slopes, sinks, bias = extra
     T, H, _ = q.shape
@@ -151,6 +164,7 @@ def attend(
         center,
         out,
         threads,
+        *paging,
     )
     return out.reshape(T, H * V.shape[2])
 

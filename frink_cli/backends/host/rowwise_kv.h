@@ -156,9 +156,12 @@ static int get_stored_rows(PyObject *obj, int type, const char *what, rows_of *r
     }
 }
 
-/* The stored row i of r (its bytes). */
+/* The stored row i of r (its bytes): row i % b of head i / b, through r's page table where
+ * it has one. */
 static inline const char *stored_at(const rows_of *r, Py_ssize_t i) {
-    return r->base + (i / r->b) * r->sa + (i % r->b) * r->sb;
+    Py_ssize_t j = i % r->b;
+    if (r->table) j = (Py_ssize_t)r->table[j / r->page] * r->page + j % r->page;
+    return r->base + (i / r->b) * r->sa + j * r->sb;
 }
 
 /* Whether a stored row of `stored` elements is not one of `width` values of cache type

@@ -1,0 +1,110 @@
+"""The paged KV cache (cache/paged.py, cache/prefix.py) on a tiny llama, in process.
+
+What must hold: a sequence whose rows live in pool pages, read through its page table by
+the one attention op, computes what llama.cpp and transformers compute (the fixture's
+reference logits), also when it starts from another sequence's shared prefix pages and
+copies the last, partly filled one at its first row of its own; a typed cache's paged rows
+are its unpaged rows' bits; the pool gives back indexed pages (least recently used) when
+it runs out, and refuses by name when nothing can be given back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from model_checks import _against_references, _path
+
+import frink_cli
+from frink_cli.cache.paged import PAGE, PoolFull
+from frink_cli.cache.prefix import PrefixIndex
+
+
+def _llama(tiny_model: Callable, kinds: tuple[str, str] = ("f32", "f32")) -> frink_cli.Model:
+    path = _path(tiny_model, "llama", "gguf")
+    return frink_cli.load(path, backend="numpy", cache_type_k=kinds[0], cache_type_v=kinds[1])
+
+
+def test_shared_prefix_pages_match_references(tiny_model: Callable) -> None:
+    """Sequence A prefills the reference prompt into pages and publishes them; B adopts
+    A's full pages, cut inside the last one (its first own row copies that page), and
+    feeds the rest a row at a time: every row of B matches llama.cpp and transformers,
+    and A's pages, still shared, are unchanged."""
+    tm = tiny_model("llama")
+    m = _llama(tiny_model)
+    dec = m.decoder
+    tokens = [int(t) for t in tm.ref["tokens"]]
+    n = len(tokens)
+    assert n > PAGE + 2, "the reference prompt must cross a page"
+    pool = dec.new_pool(8)
+    index = PrefixIndex(pool)
+    a = dec.new_cache(n + 4, pool=pool)
+    a_rows = dec.step(np.asarray(tokens), a, all_logits=True)
+    _against_references(a_rows, tm.ref, "llama paged")
+    index.publish(tokens, a.table.pages, a.n_past)
+    before = [k.copy() for k in pool.k.values()]
+    shared, rows = index.lookup(tokens)
+    assert shared == a.table.pages[: n // PAGE] and rows == n // PAGE * PAGE
+    b = dec.new_cache(n + 4, pool=pool)
+    keep = PAGE - 3  # inside the first page: B's first own row copies it
+    b.adopt(shared, keep)
+    assert pool.shared == len(shared)
+    head = dec.step(np.asarray(tokens[:keep]), dec.new_cache(n), all_logits=True)
+    got = [dec.step(np.asarray([t]), b)[-1] for t in tokens[keep:]]
+    _against_references(np.concatenate([head, np.stack(got)]), tm.ref, "llama adopted")
+    assert b.table.pages[0] != a.table.pages[0], "the shared page was written, not copied"
+    for k0, k1 in zip(before, pool.k.values()):
+        for p in a.table.pages:
+            np.testing.assert_array_equal(
+                k0[:, p * PAGE : (p + 1) * PAGE], k1[:, p * PAGE : (p + 1) * PAGE]
+            )
+
+
+def _paged_is_flat(m: frink_cli.Model) -> None:
+    dec = m.decoder
+    ids = np.random.default_rng(3).integers(0, m.n_vocab, PAGE + 9)
+    pool = dec.new_pool(4)
+    paged, flat = dec.new_cache(64, pool=pool), dec.new_cache(64)
+    for chunk in (ids[:11], ids[11:12], ids[12:20], *([t] for t in ids[20:])):
+        np.testing.assert_array_equal(
+            dec.step(np.asarray(chunk), paged), dec.step(np.asarray(chunk), flat)
+        )
+    assert len(paged.table.pages) == 2
+
+
+@pytest.mark.parametrize("kinds", [("f16", "f16"), ("bf16", "f32")])
+def test_typed_paged_rows_are_the_unpaged_bits(
+    kinds: tuple[str, str], tiny_model: Callable
+) -> None:
+    """A typed cache in pages (prompt chunks, then decode rows across a page edge) gives
+    the logits the contiguous typed cache gives, bit for bit: the C reads the same stored
+    rows through the table."""
+    _paged_is_flat(_llama(tiny_model, kinds))
+
+
+@pytest.mark.parametrize("kinds", [("q8_0", "q4_0")])
+def test_quantized_paged_rows_are_the_unpaged_bits(kinds: tuple[str, str], smollm2_path) -> None:
+    """As above for the block types (head widths of 64: the tiny models' 16 cannot)."""
+    path = smollm2_path
+    _paged_is_flat(frink_cli.load(path, cache_type_k=kinds[0], cache_type_v=kinds[1]))
+
+
+def test_pool_reclaims_indexed_pages_then_refuses(tiny_model: Callable) -> None:
+    """A full pool takes back the least recently used indexed page held by nothing else;
+    with every page in a table, a step is refused by name before any layer writes."""
+    dec = _llama(tiny_model).decoder
+    pool = dec.new_pool(3)
+    index = PrefixIndex(pool)
+    ids = list(range(1, 2 * PAGE + 1))
+    a = dec.new_cache(64, pool=pool)
+    dec.step(np.asarray(ids), a)
+    index.publish(ids, a.table.pages, a.n_past)
+    a.truncate(0)
+    assert pool.used == 2 and pool.available() == 3
+    b = dec.new_cache(64, pool=pool)
+    dec.step(np.asarray(ids[:PAGE] + [7] * (2 * PAGE)), b)  # 3 pages: both indexed ones go
+    assert len(index) == 0 and pool.used == 3
+    with pytest.raises(PoolFull, match="3 pages are all in use"):
+        dec.step(np.asarray([5]), b)
+    assert b.n_past == 3 * PAGE

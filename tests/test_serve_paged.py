@@ -1,0 +1,101 @@
+"""The serve engine on its paged KV cache (serve/paging.py), in process, on the tiny llama.
+
+What must hold: 8 concurrent jobs sharing a long system prompt hold it once (the pool's
+pages in use are at most 1.2x one sequence's plus the 8 suffixes, as /metrics' gauges
+report them) and answer as each does alone on the slot engine, while llama.cpp's greedy
+prompt, served beside them, gets llama.cpp's first token; a pool too small for the load preempts
+jobs and still completes every one with its solo answer; a prompt larger than the pool is
+refused by name; a sliding-window model keeps the slot engine and says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from test_engine import _engine, _model, _others, _run, _stop
+
+from frink_cli.cache.paged import PAGE
+from frink_cli.serve.metrics import Metrics
+
+SYSTEM = 1500  # the shared prompt's tokens
+
+
+def _pages(n_tokens: int) -> int:
+    return -(-n_tokens // PAGE)
+
+
+def _alone(m, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Each prompt's answer on a fresh slot engine (whole-context caches, no paging)."""
+    e, t = _engine(m, n_parallel=1, n_ctx=2048, paged=False)
+    try:
+        assert e.pages is None
+        return [_run(e, [p], max_tokens)[0][0] for p in prompts]
+    finally:
+        _stop(e, t)
+
+
+def test_shared_system_prompt_is_held_once(tiny_model: Callable) -> None:
+    ref = tiny_model("llama").ref
+    m = _model(tiny_model, "llama")
+    system = _others(m.n_vocab, [SYSTEM], seed=5)[0].tolist()
+    suffixes = [s.tolist() for s in _others(m.n_vocab, [3, 9, 17, 5, 30, 12, 7, 21], seed=6)]
+    prompts = [system + s for s in suffixes]
+    greedy = [int(t) for t in ref["tokens"]]
+    n_new = 6
+    e, t = _engine(m, n_parallel=9, n_ctx=2048, prefill_chunk=128)
+    metrics = Metrics(e)
+    try:
+        got = _run(e, [*prompts, greedy], n_new)
+    finally:
+        _stop(e, t)
+    # The reference prompt served beside them: its first token is llama.cpp's argmax.
+    assert got[-1][0][0] == int(np.argmax(ref["logits_llamacpp"][-1]))
+    assert [tokens for tokens, _ in got[:-1]] == _alone(m, prompts, n_new)
+    # Every job after the first found at least the system prompt's full pages indexed.
+    cached = sorted(f.cached_tokens for _, f in got[:-1])
+    assert cached[0] == 0 and all(SYSTEM // PAGE * PAGE <= c <= SYSTEM for c in cached[1:]), cached
+    text = metrics.exposition().decode()
+    gauges = {
+        line.split()[0]: float(line.split()[1])
+        for line in text.splitlines()
+        if line.startswith("frink_") and " " in line
+    }
+    one = _pages(SYSTEM + max(len(s) for s in suffixes) + n_new)
+    tails = sum(_pages(len(s) + n_new) + 1 for s in suffixes) + _pages(len(greedy) + n_new)
+    assert gauges["frink_kv_pages_used"] <= 1.2 * one + tails
+    assert gauges["frink_prefix_hits"] >= 7
+    assert gauges["frink_prefix_hit_tokens"] >= 7 * (SYSTEM // PAGE * PAGE)
+    assert gauges["frink_kv_pages"] == _pages(9 * 2048)
+
+
+def test_small_pool_preempts_and_answers_every_job(tiny_model: Callable) -> None:
+    """A pool of 12 pages for 4 jobs that want 4-5 pages each at their ends: jobs are
+    preempted, recomputed, and every one answers as it does alone."""
+    m = _model(tiny_model, "llama")
+    prompts = [p.tolist() for p in _others(m.n_vocab, [30, 41, 22, 35], seed=7)]
+    e, t = _engine(m, n_parallel=4, n_ctx=128, prefill_chunk=16, kv_pool=12 * PAGE)
+    try:
+        got = [tokens for tokens, _ in _run(e, prompts, 36)]
+    finally:
+        _stop(e, t)
+    assert e.preemptions > 0
+    assert got == _alone(m, prompts, 36)
+
+
+def test_prompt_larger_than_the_pool_is_refused_by_name(tiny_model: Callable) -> None:
+    m = _model(tiny_model, "llama")
+    e, t = _engine(m, n_parallel=2, n_ctx=128, kv_pool=2 * PAGE)
+    try:
+        with pytest.raises(AssertionError, match=r"the KV pool \(32 tokens, --kv-pool\) cannot"):
+            _run(e, [list(range(1, 60))], 4)
+    finally:
+        _stop(e, t)
+
+
+def test_windowed_model_keeps_the_slot_engine(tiny_model: Callable) -> None:
+    e, t = _engine(_model(tiny_model, "gemma3"), n_parallel=2, n_ctx=128)
+    _stop(e, t)
+    assert e.pages is None and e.paging_refusal is not None
+    assert "sliding window" in e.paging_refusal
