@@ -75,6 +75,7 @@ _LATER_FIELDS = {
     "router_bias_std": 0.0,
     "config_overrides": {},
     "matrix_std": {},
+    "mtp_layers": 0,
     "buffer_overrides": {},
     "convert_drop": [],
 }
@@ -157,6 +158,44 @@ def _build_hf(spec: TinySpec, hf_dir: Path) -> None:
         cfg_path.write_text(
             json.dumps(dict(json.loads(cfg_path.read_text()), **spec.config_overrides), indent=2)
         )
+
+
+def _add_mtp(spec: TinySpec, hf_dir: Path) -> None:
+    """Write spec.mtp_layers multi-token-prediction blocks beside the saved model, as a
+    released Qwen3.5 checkpoint carries them (model-mtp.safetensors: transformers loads only
+    model.safetensors, llama.cpp's converter reads every model*.safetensors): mtp.fc over
+    [embedding; hidden], its two pre-fc norms, full-attention decoder layers shaped as the
+    trunk's attention layers, and the head norm; drawn as _randomize draws the trunk's."""
+    from safetensors.numpy import load_file, save_file
+
+    trunk = load_file(str(hf_dir / "model.safetensors"))
+    cfg_path = hf_dir / "config.json"
+    hf_cfg = json.loads(cfg_path.read_text())
+    n, d = int(hf_cfg["num_hidden_layers"]), int(hf_cfg["hidden_size"])
+    attn = next(i for i in range(n) if f"model.layers.{i}.self_attn.q_proj.weight" in trunk)
+    src = f"model.layers.{attn}."
+    shapes = {
+        "mtp.fc.weight": (d, 2 * d),
+        "mtp.pre_fc_norm_embedding.weight": (d,),
+        "mtp.pre_fc_norm_hidden.weight": (d,),
+        "mtp.norm.weight": (d,),
+    }
+    for k in range(spec.mtp_layers):
+        for name, t in trunk.items():
+            if name.startswith(src):
+                shapes[f"mtp.layers.{k}.{name[len(src) :]}"] = t.shape
+    rng = np.random.default_rng(spec.seed + 1000)
+    center = spec.norm_center
+    mtp = {
+        name: (
+            rng.standard_normal(shape) * WEIGHT_STD
+            if len(shape) >= 2
+            else center + rng.standard_normal(shape) * NORM_STD
+        ).astype(np.float32)
+        for name, shape in shapes.items()
+    }
+    save_file(mtp, str(hf_dir / "model-mtp.safetensors"), metadata={"format": "pt"})
+    cfg_path.write_text(json.dumps(dict(hf_cfg, mtp_num_hidden_layers=spec.mtp_layers), indent=2))
 
 
 def _load_hf(spec: TinySpec, hf_dir: Path) -> Any:
@@ -459,6 +498,8 @@ def _build_into(spec: TinySpec, model_dir: Path) -> dict[str, Any]:
     gguf_path = model_dir / "model.gguf"
 
     _build_hf(spec, hf_dir)
+    if spec.mtp_layers:
+        _add_mtp(spec, hf_dir)
     token_seed, tokens, logits_hf = _pick_tokens(spec, _load_hf(spec, hf_dir))
     ref: dict[str, np.ndarray] = {"tokens": tokens, "logits_hf": logits_hf}
 

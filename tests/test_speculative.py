@@ -23,6 +23,7 @@ import frink_cli
 from frink_cli.generate import GenerationStats
 from frink_cli.sampling import Sampler, SamplingParams
 from frink_cli.speculative import (
+    BlindDrafter,
     ModelDrafter,
     NgramDrafter,
     SpecParams,
@@ -52,7 +53,7 @@ GGUF_DIRECT = {"plamo2": "make_tiny_plamo2"}
 INVARIANT = ["granite", "gpt_oss", "gemma4", "lfm2", "mamba"]
 
 
-class ScriptedDrafter:
+class ScriptedDrafter(BlindDrafter):
     """Drafts llama.cpp's greedy continuation with every third token wrong, so each round
     keeps some drafts, rejects one and takes the target's caches back."""
 
