@@ -75,7 +75,6 @@ _LATER_FIELDS = {
     "router_bias_std": 0.0,
     "config_overrides": {},
     "matrix_std": {},
-    "mtp_layers": 0,
     "buffer_overrides": {},
     "convert_drop": [],
 }
@@ -158,44 +157,6 @@ def _build_hf(spec: TinySpec, hf_dir: Path) -> None:
         cfg_path.write_text(
             json.dumps(dict(json.loads(cfg_path.read_text()), **spec.config_overrides), indent=2)
         )
-
-
-def _add_mtp(spec: TinySpec, hf_dir: Path) -> None:
-    """Write spec.mtp_layers multi-token-prediction blocks beside the saved model, as a
-    released Qwen3.5 checkpoint carries them (model-mtp.safetensors: transformers loads only
-    model.safetensors, llama.cpp's converter reads every model*.safetensors): mtp.fc over
-    [embedding; hidden], its two pre-fc norms, full-attention decoder layers shaped as the
-    trunk's attention layers, and the head norm; drawn as _randomize draws the trunk's."""
-    from safetensors.numpy import load_file, save_file
-
-    trunk = load_file(str(hf_dir / "model.safetensors"))
-    cfg_path = hf_dir / "config.json"
-    hf_cfg = json.loads(cfg_path.read_text())
-    n, d = int(hf_cfg["num_hidden_layers"]), int(hf_cfg["hidden_size"])
-    attn = next(i for i in range(n) if f"model.layers.{i}.self_attn.q_proj.weight" in trunk)
-    src = f"model.layers.{attn}."
-    shapes = {
-        "mtp.fc.weight": (d, 2 * d),
-        "mtp.pre_fc_norm_embedding.weight": (d,),
-        "mtp.pre_fc_norm_hidden.weight": (d,),
-        "mtp.norm.weight": (d,),
-    }
-    for k in range(spec.mtp_layers):
-        for name, t in trunk.items():
-            if name.startswith(src):
-                shapes[f"mtp.layers.{k}.{name[len(src) :]}"] = t.shape
-    rng = np.random.default_rng(spec.seed + 1000)
-    center = spec.norm_center
-    mtp = {
-        name: (
-            rng.standard_normal(shape) * WEIGHT_STD
-            if len(shape) >= 2
-            else center + rng.standard_normal(shape) * NORM_STD
-        ).astype(np.float32)
-        for name, shape in shapes.items()
-    }
-    save_file(mtp, str(hf_dir / "model-mtp.safetensors"), metadata={"format": "pt"})
-    cfg_path.write_text(json.dumps(dict(hf_cfg, mtp_num_hidden_layers=spec.mtp_layers), indent=2))
 
 
 def _load_hf(spec: TinySpec, hf_dir: Path) -> Any:
@@ -291,6 +252,7 @@ def _llama_context(
     n_threads: int = 2,
     n_ubatch: int | None = None,
     lora: tuple[Path, float] | None = None,
+    load_mtp: bool = False,
 ) -> Iterator[tuple[Any, Any, int]]:
     """(llama_cpp module, context, n_vocab) for one sequence: f32 KV cache, no flash
     attention, one ubatch of up to n_ctx tokens (llama.cpp's batched paths, like frink's),
@@ -316,23 +278,13 @@ def _llama_context(
     # Sapphire Rapids runner: segfault in the lfm2 Q8_0 run), and the plain path is the
     # same on every machine.
     mparams.use_extra_bufts = False
+    mparams.load_mtp = load_mtp  # the NextN blocks, for an MTP context (llama_cpp_mtp)
     model = L.llama_model_load_from_file(str(gguf_path).encode(), mparams)
     if not model:
         raise RuntimeError(f"llama.cpp could not load {gguf_path}")
     ctx = None
     try:
-        cparams = L.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = n_ubatch or n_ctx
-        cparams.n_ubatch = n_ubatch or n_ctx
-        cparams.n_seq_max = 1
-        cparams.n_threads = n_threads
-        cparams.n_threads_batch = n_threads
-        cparams.type_k = 0  # GGML_TYPE_F32: no f16 rounding of the cache in the reference
-        cparams.type_v = 0
-        cparams.flash_attn_type = 0  # disabled: the plain softmax path, all in f32
-        cparams.offload_kqv = False
-        ctx = L.llama_init_from_model(model, cparams)
+        ctx = L.llama_init_from_model(model, _context_params(L, n_ctx, n_threads, n_ubatch))
         if not ctx:
             raise RuntimeError(f"llama.cpp could not create a context for {gguf_path}")
         if lora is not None:
@@ -351,6 +303,22 @@ def _llama_context(
         if ctx:
             L.llama_free(ctx)
         L.llama_model_free(model)
+
+
+def _context_params(L: Any, n_ctx: int, n_threads: int, n_ubatch: int | None) -> Any:
+    """One sequence's context settings: f32 KV cache, no flash attention, one ubatch."""
+    cparams = L.llama_context_default_params()
+    cparams.n_ctx = n_ctx
+    cparams.n_batch = n_ubatch or n_ctx
+    cparams.n_ubatch = n_ubatch or n_ctx
+    cparams.n_seq_max = 1
+    cparams.n_threads = n_threads
+    cparams.n_threads_batch = n_threads
+    cparams.type_k = 0  # GGML_TYPE_F32: no f16 rounding of the cache in the reference
+    cparams.type_v = 0
+    cparams.flash_attn_type = 0  # disabled: the plain softmax path, all in f32
+    cparams.offload_kqv = False
+    return cparams
 
 
 def _llama_decode(L: Any, ctx: Any, n_vocab: int, tokens: list[int], start: int) -> np.ndarray:
@@ -498,8 +466,6 @@ def _build_into(spec: TinySpec, model_dir: Path) -> dict[str, Any]:
     gguf_path = model_dir / "model.gguf"
 
     _build_hf(spec, hf_dir)
-    if spec.mtp_layers:
-        _add_mtp(spec, hf_dir)
     token_seed, tokens, logits_hf = _pick_tokens(spec, _load_hf(spec, hf_dir))
     ref: dict[str, np.ndarray] = {"tokens": tokens, "logits_hf": logits_hf}
 

@@ -83,11 +83,6 @@ class TinySpec:
     # converter: buffers transformers saves that released checkpoints lack (MiniMax's
     # lightning decay tables), which the converter's tensor map cannot name.
     convert_drop: tuple[str, ...] = ()
-    # Multi-token-prediction blocks written beside the model as released Qwen3.5 checkpoints
-    # carry them (mtp.*: fc, the two pre-fc norms, a full-attention layer, the head norm;
-    # transformers builds none), drawn like the trunk's; config mtp_num_hidden_layers says
-    # how many. llama.cpp's converter appends them as NextN blocks.
-    mtp_layers: int = 0
 
 
 _COMMON: dict[str, Any] = {
@@ -798,18 +793,6 @@ SPECS: dict[str, TinySpec] = {
             vector_overrides=_HYBRID_VECTORS,
             greedy=24,
             notes="GDN x3 ATTN x1 (x2), tied embeddings, 4 value heads on 2 key heads",
-        ),
-        TinySpec(
-            "qwen35_mtp",
-            "Qwen3_5ForCausalLM",
-            "Qwen3_5TextConfig",
-            dict(_HYBRID_TEXT, num_hidden_layers=4, tie_word_embeddings=True),
-            seed=21,
-            norm_center=0.0,
-            norm_center_overrides=_HYBRID_NORMS,
-            vector_overrides=_HYBRID_VECTORS,
-            mtp_layers=1,
-            notes="GDN x3 ATTN x1, one MTP block (NextN in the GGUF): speculative --spec mtp",
         ),
         TinySpec(
             "qwen35_vl",
