@@ -34,12 +34,12 @@ from .model.mem_budget import BudgetPlan, budget_plan
 from .model.validate import check_tensors as scan_tensors
 from .model.weights import LayerStore, ModelWeights, unread_tensors
 from .mtp import MtpDrafter, MtpHead, nextn_layers
+from .prompt_lookup import NgramDrafter
 from .quant.kernels import check_isa
 from .sampling import Sampler, SamplingParams
 from .speculative import (
     Drafter,
     ModelDrafter,
-    NgramDrafter,
     SpecParams,
     check_same_vocab,
     speculative_tokens,

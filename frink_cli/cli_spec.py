@@ -14,8 +14,8 @@ from .cli_groups import flag_group
 from .errors import FrinkError
 from .speculative import SPEC_TYPES, SpecParams
 
-# llama.cpp's --spec-type name for the MTP drafter.
-LLAMA_SPEC_TYPES = {"draft-mtp": "mtp"}
+# llama.cpp's --spec-type names for the same drafters.
+LLAMA_SPEC_TYPES = {"draft-mtp": "mtp", "draft-simple": "draft", "ngram-simple": "ngram"}
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,15 @@ Decode on a CPU streams every weight once per token; a step of k + 1 rows costs 
 than a step of one, so k drafted tokens that the target agrees with come almost free.
 
 Drafters (`Drafter`):
-- `NgramDrafter` (prompt lookup, llama.cpp's `--spec-type ngram`): the history's last
-  n tokens (n from `ngram_max` down to `ngram_min`) found earlier in the history; the tokens
-  that followed them there are the draft. It needs no second model and pays where the
+- `NgramDrafter` (prompt_lookup.py; prompt lookup, llama.cpp's `--spec-type ngram-simple`):
+  the continuation of an earlier occurrence of the history's last tokens, with the edits
+  learned from rejected drafts applied. It needs no second model and pays where the
   answer repeats the prompt (code edits, quoting, extraction).
 - `ModelDrafter` (llama.cpp's `-md`): a smaller model with the target's vocabulary, greedy,
   its own cache kept in step with the history; it stops drafting when its best token's
   probability falls below `p_min` (llama.cpp's `--draft-p-min`).
+- `MtpDrafter` (mtp.py; `--spec mtp`): the file's multi-token-prediction head, fed the
+  target's hidden states.
 
 Verification (`speculative_tokens`): the target runs the drafted tokens in one step with
 logits for every row. Greedy: a drafted token is kept while it is the target's own pick,
@@ -49,13 +51,14 @@ SPEC_TYPES = ("draft", "ngram", "mtp")
 @dataclass(frozen=True)
 class SpecParams:
     """How much to draft (llama.cpp's --draft-max / --draft-min / --draft-p-min), and the
-    n-gram sizes prompt lookup matches."""
+    n-gram sizes prompt lookup matches (prompt_lookup.py: at least ngram_min tokens; its
+    occurrences ranked by how far back they match, up to ngram_max)."""
 
     draft_max: int = 16
     draft_min: int = 0
     p_min: float = 0.75
-    ngram_min: int = 2
-    ngram_max: int = 4
+    ngram_min: int = 3
+    ngram_max: int = 64
     mtp: bool = False  # draft with the file's MTP head (--spec mtp), not by prompt lookup
 
     def __post_init__(self) -> None:
@@ -97,31 +100,6 @@ class BlindDrafter:
 
     def observe(self, start: int, hidden: np.ndarray) -> None:
         pass
-
-
-class NgramDrafter(BlindDrafter):
-    """Prompt lookup: the continuation of the latest earlier occurrence of the history's
-    longest suffix of ngram_max..ngram_min tokens."""
-
-    def __init__(self, params: SpecParams) -> None:
-        self.sizes = range(params.ngram_max, params.ngram_min - 1, -1)
-
-    def prepare(self, prompt: Sequence[int]) -> None:
-        pass
-
-    def draft(self, history: Sequence[int], n: int) -> list[int]:
-        h = np.asarray(history, dtype=np.int64)
-        end = len(h)
-        for size in self.sizes:
-            if n <= 0 or end <= size:
-                continue
-            key = h[end - size :]
-            # Starts of earlier occurrences (the suffix itself excluded), latest first.
-            starts = np.flatnonzero(h[: end - size] == key[0])
-            for j in starts[::-1]:
-                if np.array_equal(h[j : j + size], key):
-                    return [int(t) for t in h[j + size : j + size + n]]
-        return []
 
 
 class ModelDrafter(BlindDrafter):

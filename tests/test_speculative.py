@@ -21,11 +21,11 @@ from test_cli import one_json_object
 
 import frink_cli
 from frink_cli.generate import GenerationStats
+from frink_cli.prompt_lookup import NgramDrafter
 from frink_cli.sampling import Sampler, SamplingParams
 from frink_cli.speculative import (
     BlindDrafter,
     ModelDrafter,
-    NgramDrafter,
     SpecParams,
     speculative_tokens,
     verify,

@@ -188,7 +188,11 @@ class Engine:
         self.rewind = self.spec.draft_max if self.spec is not None else 0
         self.slots = [_Slot(self._new_cache()) for _ in range(n_parallel)]
         self.recurrent = self.slots[0].cache.has_recurrent_state
-        self.drafter = drafter if not self.recurrent else None
+        # An MTP head drafts from the target's hidden states, which a batched step does
+        # not hand out: a server started with --spec mtp decodes plainly, as does one whose
+        # model has recurrent layers (every MTP head frink reads sits on such a model).
+        mtp = spec is not None and spec.mtp
+        self.drafter = drafter if not self.recurrent and not mtp else None
         self.drafted = self.accepted = 0  # speculative decoding's tokens, all jobs together
         self._waiting: deque[Job] = deque()
         self._lock = threading.Condition()
