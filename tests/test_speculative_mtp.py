@@ -18,7 +18,7 @@ from script_loader import load_script
 
 import frink_cli
 from frink_cli.generate import GenerationStats
-from frink_cli.mtp import MtpHead
+from frink_cli.mtp import MtpDrafter, MtpHead
 from frink_cli.speculative import SpecParams
 
 
@@ -42,6 +42,22 @@ def test_the_head_computes_what_llama_cpp_does(tiny_model, mtp_gguf: Path) -> No
         [head.forward(zero, [int(t)], np.asarray([k]), cache)[1] for k, t in enumerate(tokens[1:])]
     )
     np.testing.assert_allclose(mine, logits, atol=2e-3)
+
+
+def test_the_drafter_keeps_its_rows_in_step_with_the_history(tiny_model, mtp_gguf) -> None:
+    """Histories growing by 1 to 6 tokens a round (kept drafts), each drafted from the
+    rows the drafter kept, as a fresh drafter drafts from the whole history at once."""
+    tokens = [int(t) for t in tiny_model("qwen35").ref["tokens"][:32]]
+    model = frink_cli.load(mtp_gguf)
+    dec = model.decoder
+    hidden = dec.host.final_norm(dec.hidden(np.asarray(tokens), dec.new_cache(64)))
+    head, params = MtpHead(model.checkpoint, dec), SpecParams(draft_max=3, p_min=0.0)
+    kept = MtpDrafter(head, 64, params)
+    kept.observe(0, hidden)
+    for end in (9, 10, 14, 20, 21, 27):
+        fresh = MtpDrafter(head, 64, params)
+        fresh.observe(0, hidden)
+        assert kept.draft(tokens[:end], 3) == fresh.draft(tokens[:end], 3), end
 
 
 def _greedy(model: frink_cli.Model, prompt: list[int], n: int) -> tuple[list[int], GenerationStats]:
