@@ -29,7 +29,8 @@ With a `drafter` (speculative.py: `frink serve --spec ngram` or `-md`), each dec
 without a constraint feeds its next token and a draft in its step, and keeps the drafts the
 target agrees with (speculative.verify): greedy answers are the plain ones token for token,
 sampled ones keep their distribution. Models with recurrent layers decode plainly: their
-state cannot be taken back to a kept draft within a step.
+state cannot be taken back to a kept draft within a step. So does `--spec mtp`: its head
+reads the target's hidden states, which the batched step does not hand out.
 """
 
 from __future__ import annotations
@@ -188,9 +189,7 @@ class Engine:
         self.rewind = self.spec.draft_max if self.spec is not None else 0
         self.slots = [_Slot(self._new_cache()) for _ in range(n_parallel)]
         self.recurrent = self.slots[0].cache.has_recurrent_state
-        # An MTP head drafts from the target's hidden states, which a batched step does
-        # not hand out: a server started with --spec mtp decodes plainly, as does one whose
-        # model has recurrent layers (every MTP head frink reads sits on such a model).
+        # (Every MTP head frink reads sits on a model with recurrent layers anyway.)
         mtp = spec is not None and spec.mtp
         self.drafter = drafter if not self.recurrent and not mtp else None
         self.drafted = self.accepted = 0  # speculative decoding's tokens, all jobs together
