@@ -259,9 +259,10 @@ class Model:
         return self._generate_ids(ids, params, max_tokens, n_ctx, stats, constraint)
 
     def speculate(self, params: SpecParams | None, draft: Model | None = None) -> None:
-        """Decode speculatively from now on (None: plainly again): drafts from `draft`, a
-        smaller model with this one's vocabulary (FrinkError naming it otherwise), or by
-        prompt lookup without one. A generation under a constraint decodes plainly."""
+        """Decode speculatively from now on (None: plainly again): drafts from the file's
+        MTP head (params.mtp; FrinkError where it has none), from `draft`, a smaller model
+        with this one's vocabulary (FrinkError naming it otherwise), or by prompt lookup.
+        A generation under a constraint decodes plainly."""
         if params is not None and draft is not None:
             name = str(draft.checkpoint.path)
             if draft.n_vocab != self.n_vocab:
