@@ -33,12 +33,13 @@ from .model.lora import LoraAdapter, check_attached
 from .model.mem_budget import Budget, BudgetPlan, budget_plan
 from .model.validate import check_tensors as scan_tensors
 from .model.weights import LayerStore, ModelWeights, unread_tensors
+from .mtp import MtpDrafter, MtpHead, nextn_layers
+from .prompt_lookup import NgramDrafter
 from .quant.kernels import check_isa
 from .sampling import Sampler, SamplingParams
 from .speculative import (
     Drafter,
     ModelDrafter,
-    NgramDrafter,
     SpecParams,
     check_same_vocab,
     speculative_tokens,
@@ -97,6 +98,7 @@ class Model:
         self.backend_name = backend_name
         # Speculative decoding (Model.speculate): its settings and the draft model, if any.
         self.speculation: tuple[SpecParams, Model | None] | None = None
+        self._mtp: MtpHead | None = None  # speculation's MTP head (SpecParams.mtp)
         self._embed_plan: EmbedPlan | None = None
         # Under a --mem-budget the model does not fit: the cache its experts are read through.
         self.expert_cache: ExpertCache | None = None
@@ -257,9 +259,10 @@ class Model:
         return self._generate_ids(ids, params, max_tokens, n_ctx, stats, constraint)
 
     def speculate(self, params: SpecParams | None, draft: Model | None = None) -> None:
-        """Decode speculatively from now on (None: plainly again): drafts from `draft`, a
-        smaller model with this one's vocabulary (FrinkError naming it otherwise), or by
-        prompt lookup without one. A generation under a constraint decodes plainly."""
+        """Decode speculatively from now on (None: plainly again): drafts from the file's
+        MTP head (params.mtp; FrinkError where it has none), from `draft`, a smaller model
+        with this one's vocabulary (FrinkError naming it otherwise), or by prompt lookup.
+        A generation under a constraint decodes plainly."""
         if params is not None and draft is not None:
             name = str(draft.checkpoint.path)
             if draft.n_vocab != self.n_vocab:
@@ -269,6 +272,9 @@ class Model:
                 )
             if self.tokenizer is not None or draft.tokenizer is not None:
                 check_same_vocab(self._tok(), draft._tok(), name)
+        self._mtp = None
+        if params is not None and params.mtp:
+            self._mtp = MtpHead(self.checkpoint, self.decoder)  # FrinkError where it has none
         self.speculation = None if params is None else (params, draft)
 
     def drafter(self, n_ctx: int) -> Drafter | None:
@@ -277,6 +283,8 @@ class Model:
         if self.speculation is None:
             return None
         spec, draft = self.speculation
+        if self._mtp is not None:
+            return MtpDrafter(self._mtp, n_ctx, spec)
         if draft is None:
             return NgramDrafter(spec)
         return ModelDrafter(draft.decoder, n_ctx, spec)
@@ -447,12 +455,18 @@ def _tool_plan(
 
 
 def _refuse_unread_tensors(
-    ckpt: Checkpoint, weights: ModelWeights, stage: Stage | None = None
+    ckpt: Checkpoint, cfg: ModelConfig, weights: ModelWeights, stage: Stage | None = None
 ) -> None:
     """No model feature is silently dropped: a tensor the file holds and frink never read
     means the model computes something frink does not, so the model is refused by name
-    (a pipeline stage answers for its own tensors)."""
-    unread = [t for t in unread_tensors(ckpt, weights) if stage is None or stage.reads(t)]
+    (a pipeline stage answers for its own tensors). The NextN (MTP) blocks after the trunk
+    are not the model's output, only a drafter's (--spec mtp reads them), as in llama.cpp."""
+    nextn = tuple(f"blk.{i}." for i in range(cfg.n_layer, cfg.n_layer + nextn_layers(ckpt, cfg)))
+    unread = [
+        t
+        for t in unread_tensors(ckpt, weights)
+        if (stage is None or stage.reads(t)) and not t.startswith(nextn)
+    ]
     if unread:
         more = f" (+{len(unread) - 3} more)" if len(unread) > 3 else ""
         raise FrinkError(
@@ -573,7 +587,7 @@ def load(
         decoder = stage.decoder(cfg, weights, chosen, types, layers)
         for i in layers if chosen is None else ():
             weights.layers[i]  # the host body's layers, now rather than at the first token
-    _refuse_unread_tensors(ckpt, weights, stage)
+    _refuse_unread_tensors(ckpt, cfg, weights, stage)
     check_attached(adapters)  # every layer is loaded now: the host body runs adapters
     if chosen is not None and progress:
         # load_weights' layers are a LayerStore (the decoder checks the same way).

@@ -1,5 +1,6 @@
 """Speculative decoding's flags, as llama.cpp spells them (`-md/--draft-model`,
-`--draft-max`, `--draft-min`, `--draft-p-min`; `--spec ngram` for prompt lookup), one flag
+`--draft-max`, `--draft-min`, `--draft-p-min`; `--spec ngram` for prompt lookup, `--spec mtp`
+(`--spec-type draft-mtp`) for a file's MTP head), one flag
 group (cli_groups) that `frink run`, `frink bench` and `frink serve` take as
 `speculation: SpecFlags | None`."""
 
@@ -12,6 +13,9 @@ import typer
 from .cli_groups import flag_group
 from .errors import FrinkError
 from .speculative import SPEC_TYPES, SpecParams
+
+# llama.cpp's --spec-type names for the same drafters.
+LLAMA_SPEC_TYPES = {"draft-mtp": "mtp", "draft-simple": "draft", "ngram-simple": "ngram"}
 
 
 @dataclass(frozen=True)
@@ -27,7 +31,9 @@ def spec_flags(
     spec: str | None = typer.Option(
         None,
         "--spec",
-        help="speculative decoding: ngram (prompt lookup, no second model) or draft (-md)",
+        "--spec-type",
+        help="speculative decoding: ngram (prompt lookup, no second model), draft (-md) or "
+        "mtp (the file's multi-token-prediction head; llama.cpp: draft-mtp)",
     ),
     draft_model: str | None = typer.Option(
         None,
@@ -47,13 +53,16 @@ def spec_flags(
     (one line, naming the flag) for a value or a combination that cannot run."""
     if spec is None and not draft_model:
         return None
+    spec = LLAMA_SPEC_TYPES.get(spec, spec) if spec is not None else None
     if spec is not None and spec not in SPEC_TYPES:
         raise FrinkError(f"--spec: unknown type {spec!r} (one of: {', '.join(SPEC_TYPES)})")
     if spec == "draft" and not draft_model:
         raise FrinkError("--spec draft needs -md/--draft-model FILE")
-    if spec == "ngram" and draft_model:
-        raise FrinkError("--spec ngram drafts without a model: drop -md/--draft-model")
-    params = SpecParams(draft_max=draft_max, draft_min=draft_min, p_min=draft_p_min)
+    if spec in ("ngram", "mtp") and draft_model:
+        raise FrinkError(f"--spec {spec} drafts without a model: drop -md/--draft-model")
+    params = SpecParams(
+        draft_max=draft_max, draft_min=draft_min, p_min=draft_p_min, mtp=spec == "mtp"
+    )
     return SpecFlags(params, draft_model or None)
 
 

@@ -4,13 +4,15 @@ Decode on a CPU streams every weight once per token; a step of k + 1 rows costs 
 than a step of one, so k drafted tokens that the target agrees with come almost free.
 
 Drafters (`Drafter`):
-- `NgramDrafter` (prompt lookup, llama.cpp's `--spec-type ngram`): the history's last
-  n tokens (n from `ngram_max` down to `ngram_min`) found earlier in the history; the tokens
-  that followed them there are the draft. It needs no second model and pays where the
+- `NgramDrafter` (prompt_lookup.py; prompt lookup, llama.cpp's `--spec-type ngram-simple`):
+  the continuation of an earlier occurrence of the history's last tokens, with the edits
+  learned from rejected drafts applied. It needs no second model and pays where the
   answer repeats the prompt (code edits, quoting, extraction).
 - `ModelDrafter` (llama.cpp's `-md`): a smaller model with the target's vocabulary, greedy,
   its own cache kept in step with the history; it stops drafting when its best token's
   probability falls below `p_min` (llama.cpp's `--draft-p-min`).
+- `MtpDrafter` (mtp.py; `--spec mtp`): the file's multi-token-prediction head, fed the
+  target's hidden states.
 
 Verification (`speculative_tokens`): the target runs the drafted tokens in one step with
 logits for every row. Greedy: a drafted token is kept while it is the target's own pick,
@@ -43,19 +45,21 @@ from .generate import GenerationStats, check_prompt, finite_logits
 from .sampling import Sampler
 from .tokenizer import Tokenizer
 
-SPEC_TYPES = ("draft", "ngram")
+SPEC_TYPES = ("draft", "ngram", "mtp")
 
 
 @dataclass(frozen=True)
 class SpecParams:
     """How much to draft (llama.cpp's --draft-max / --draft-min / --draft-p-min), and the
-    n-gram sizes prompt lookup matches."""
+    n-gram sizes prompt lookup matches (prompt_lookup.py: at least ngram_min tokens; its
+    occurrences ranked by how far back they match, up to ngram_max)."""
 
     draft_max: int = 16
     draft_min: int = 0
     p_min: float = 0.75
-    ngram_min: int = 2
-    ngram_max: int = 4
+    ngram_min: int = 3
+    ngram_max: int = 64
+    mtp: bool = False  # draft with the file's MTP head (--spec mtp), not by prompt lookup
 
     def __post_init__(self) -> None:
         if not 1 <= self.draft_max <= 256:
@@ -74,6 +78,13 @@ class SpecParams:
 
 
 class Drafter(Protocol):
+    # Whether it reads the target's hidden states (an MTP head): speculative_tokens then
+    # hands it every target step's rows after the final norm (observe).
+    reads_hidden: bool
+
+    def observe(self, start: int, hidden: np.ndarray) -> None:
+        """The target's hidden states (after its final norm) at positions start.."""
+
     def prepare(self, prompt: Sequence[int]) -> None:
         """Take in the prompt before generation starts (a draft model's own prefill, which
         belongs to the prompt's time, not the answer's)."""
@@ -82,32 +93,16 @@ class Drafter(Protocol):
         """At most n tokens likely to follow `history` (every token so far)."""
 
 
-class NgramDrafter:
-    """Prompt lookup: the continuation of the latest earlier occurrence of the history's
-    longest suffix of ngram_max..ngram_min tokens."""
+class BlindDrafter:
+    """A drafter that reads no hidden state of the target."""
 
-    def __init__(self, params: SpecParams) -> None:
-        self.sizes = range(params.ngram_max, params.ngram_min - 1, -1)
+    reads_hidden = False
 
-    def prepare(self, prompt: Sequence[int]) -> None:
+    def observe(self, start: int, hidden: np.ndarray) -> None:
         pass
 
-    def draft(self, history: Sequence[int], n: int) -> list[int]:
-        h = np.asarray(history, dtype=np.int64)
-        end = len(h)
-        for size in self.sizes:
-            if n <= 0 or end <= size:
-                continue
-            key = h[end - size :]
-            # Starts of earlier occurrences (the suffix itself excluded), latest first.
-            starts = np.flatnonzero(h[: end - size] == key[0])
-            for j in starts[::-1]:
-                if np.array_equal(h[j : j + size], key):
-                    return [int(t) for t in h[j + size : j + size + n]]
-        return []
 
-
-class ModelDrafter:
+class ModelDrafter(BlindDrafter):
     """Greedy drafts from a smaller model, its cache kept in step with the history."""
 
     def __init__(self, decoder: Decoder, n_ctx: int, params: SpecParams) -> None:
@@ -128,7 +123,7 @@ class ModelDrafter:
         drafted: list[int] = []
         while True:
             tok = int(np.argmax(logits))
-            if self.params.p_min > 0 and _top_probability(logits) < self.params.p_min:
+            if self.params.p_min > 0 and top_probability(logits) < self.params.p_min:
                 break
             drafted.append(tok)
             if len(drafted) == n:
@@ -166,7 +161,7 @@ class ModelDrafter:
         return logits
 
 
-def _top_probability(logits: np.ndarray) -> float:
+def top_probability(logits: np.ndarray) -> float:
     z = logits.astype(np.float64)
     e = np.exp(z - z.max())
     return float(e.max() / e.sum())
@@ -212,6 +207,21 @@ def verify(sampler: Sampler, logits: np.ndarray, history: Sequence[int], propose
     return int(ids[min(i, len(ids) - 1)])
 
 
+def _target_step(
+    decoder: Decoder, ids: Sequence[int], cache: KvCache, drafter: Drafter, rows: str
+) -> np.ndarray:
+    """The target's step over ids: logits for rows "all", the "last" or "none" (a
+    replay); a drafter that reads hidden states gets this step's."""
+    if not drafter.reads_hidden and rows != "none":
+        return decoder.step(np.asarray(ids), cache, all_logits=rows == "all")
+    start = cache.n_past
+    x = decoder.hidden(np.asarray(ids), cache)
+    drafter.observe(start, decoder.host.final_norm(x))
+    if rows == "none":
+        return x[:0]
+    return decoder.logits(x if rows == "all" else x[-1:])
+
+
 def speculative_tokens(
     decoder: Decoder,
     prompt_ids: Sequence[int],
@@ -225,34 +235,25 @@ def speculative_tokens(
     stats: GenerationStats | None = None,
 ) -> Iterator[int]:
     """generate_tokens' contract (the same stops and stats), decoding speculatively;
-    stats also count the drafted tokens and the ones kept."""
+    stats also count the drafted tokens and the ones kept.
+
+    Each round feeds the newest token (emitted, not yet fed) and its draft in one target
+    step, as llama.cpp's server does: the kept drafts and the target's next token come
+    out of it, and the next round feeds that token with the next draft."""
     stats = stats if stats is not None else GenerationStats()
     check_prompt(decoder, prompt_ids, n_ctx)
     cache = decoder.new_cache(n_ctx, rewind=params.draft_max)
     history = list(prompt_ids)
     t0 = time.perf_counter()
-    pending = finite_logits(decoder.step(np.asarray(prompt_ids), cache)[-1])
+    rows = _target_step(decoder, prompt_ids, cache, drafter, "last")
     drafter.prepare(prompt_ids)
     stats.prompt_tokens = len(prompt_ids)
     stats.prompt_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
+    draft: list[int] = []
+    snap: CacheSnapshot | None = None
     try:
         while True:
-            room = min(
-                params.draft_max,
-                max_tokens - stats.generated_tokens - 1,
-                n_ctx - cache.n_past - 1,
-            )
-            least = max(params.draft_min, 1)
-            draft = drafter.draft(history, room) if room >= least else []
-            if len(draft) < least:
-                draft = []
-            n_before = cache.n_past
-            snap = cache.snapshot() if draft and cache.has_recurrent_state else None
-            rows = [pending]
-            if draft:
-                rows += list(decoder.step(np.asarray(draft), cache, all_logits=True))
-                stats.drafted_tokens += len(draft)
             kept = 0
             for i, row in enumerate(rows):
                 proposed = draft[i] if i < len(draft) else None
@@ -271,20 +272,33 @@ def speculative_tokens(
                 if tok != proposed:
                     break
                 kept += 1
+                if stats.generated_tokens >= max_tokens:
+                    break
             stats.accepted_tokens += kept
             if stats.generated_tokens >= max_tokens:
                 break  # the last token's own logits would never be read: no step for it
-            feed = [history[-1]]
             if kept < len(draft):  # take back the rejected drafts
-                if snap is not None:  # recurrent layers: the state before the drafts, then
-                    cache.restore(snap)  # the kept ones again
-                    feed = draft[:kept] + feed
+                if snap is not None:  # recurrent layers: the state before the step, then
+                    cache.restore(snap)  # the fed token and the kept drafts again
+                    _target_step(decoder, history[snap.n_past : -1], cache, drafter, "none")
                 else:
-                    cache.truncate(n_before + kept)
-            if cache.n_past + len(feed) > n_ctx:
+                    cache.truncate(len(history) - 1)
+            room = min(
+                params.draft_max,
+                max_tokens - stats.generated_tokens - 1,
+                n_ctx - cache.n_past - 1,
+            )
+            least = max(params.draft_min, 1)
+            draft = drafter.draft(history, room) if room >= least else []
+            if len(draft) < least:
+                draft = []
+            if cache.n_past + 1 + len(draft) > n_ctx:
                 stats.stop_reason = "context"
                 return
-            pending = decoder.step(np.asarray(feed), cache)[-1]
+            snap = cache.snapshot() if draft and cache.has_recurrent_state else None
+            stats.drafted_tokens += len(draft)
+            every = "all" if draft else "last"
+            rows = _target_step(decoder, [history[-1], *draft], cache, drafter, every)
         stats.stop_reason = "length"
     finally:
         stats.generate_seconds = time.perf_counter() - t0

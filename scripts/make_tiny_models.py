@@ -253,6 +253,7 @@ def _llama_context(
     n_ubatch: int | None = None,
     lora: tuple[Path, float] | None = None,
     cache_type: int = 0,
+    load_mtp: bool = False,
 ) -> Iterator[tuple[Any, Any, int]]:
     """(llama_cpp module, context, n_vocab) for one sequence: f32 KV cache (or the ggml type
     cache_type: 1 is f16), no flash attention, one ubatch of up to n_ctx tokens (llama.cpp's
@@ -279,24 +280,14 @@ def _llama_context(
     # Sapphire Rapids runner: segfault in the lfm2 Q8_0 run), and the plain path is the
     # same on every machine.
     mparams.use_extra_bufts = False
+    mparams.load_mtp = load_mtp  # the NextN blocks, for an MTP context (llama_cpp_mtp)
     model = L.llama_model_load_from_file(str(gguf_path).encode(), mparams)
     if not model:
         raise RuntimeError(f"llama.cpp could not load {gguf_path}")
     ctx = None
     try:
-        cparams = L.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = n_ubatch or n_ctx
-        cparams.n_ubatch = n_ubatch or n_ctx
-        cparams.n_seq_max = 1
-        cparams.n_threads = n_threads
-        cparams.n_threads_batch = n_threads
-        # GGML_TYPE_F32 by default: no f16 rounding of the cache in the reference.
-        cparams.type_k = cache_type
-        cparams.type_v = cache_type
-        cparams.flash_attn_type = 0  # disabled: the plain softmax path, all in f32
-        cparams.offload_kqv = False
-        ctx = L.llama_init_from_model(model, cparams)
+        params = _context_params(L, n_ctx, n_threads, n_ubatch, cache_type)
+        ctx = L.llama_init_from_model(model, params)
         if not ctx:
             raise RuntimeError(f"llama.cpp could not create a context for {gguf_path}")
         if lora is not None:
@@ -315,6 +306,26 @@ def _llama_context(
         if ctx:
             L.llama_free(ctx)
         L.llama_model_free(model)
+
+
+def _context_params(
+    L: Any, n_ctx: int, n_threads: int, n_ubatch: int | None, cache_type: int = 0
+) -> Any:
+    """One sequence's context settings: f32 KV cache (or ggml type cache_type), no flash
+    attention, one ubatch."""
+    cparams = L.llama_context_default_params()
+    cparams.n_ctx = n_ctx
+    cparams.n_batch = n_ubatch or n_ctx
+    cparams.n_ubatch = n_ubatch or n_ctx
+    cparams.n_seq_max = 1
+    cparams.n_threads = n_threads
+    cparams.n_threads_batch = n_threads
+    # GGML_TYPE_F32 by default: no f16 rounding of the cache in the reference.
+    cparams.type_k = cache_type
+    cparams.type_v = cache_type
+    cparams.flash_attn_type = 0  # disabled: the plain softmax path, all in f32
+    cparams.offload_kqv = False
+    return cparams
 
 
 def _llama_decode(L: Any, ctx: Any, n_vocab: int, tokens: list[int], start: int) -> np.ndarray:

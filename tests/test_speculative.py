@@ -21,10 +21,11 @@ from test_cli import one_json_object
 
 import frink_cli
 from frink_cli.generate import GenerationStats
+from frink_cli.prompt_lookup import NgramDrafter
 from frink_cli.sampling import Sampler, SamplingParams
 from frink_cli.speculative import (
+    BlindDrafter,
     ModelDrafter,
-    NgramDrafter,
     SpecParams,
     speculative_tokens,
     verify,
@@ -52,7 +53,7 @@ GGUF_DIRECT = {"plamo2": "make_tiny_plamo2"}
 INVARIANT = ["granite", "gpt_oss", "gemma4", "lfm2", "mamba"]
 
 
-class ScriptedDrafter:
+class ScriptedDrafter(BlindDrafter):
     """Drafts llama.cpp's greedy continuation with every third token wrong, so each round
     keeps some drafts, rejects one and takes the target's caches back."""
 
@@ -148,6 +149,44 @@ def test_ngram_drafter_continues_the_latest_match() -> None:
     assert d.draft(history, 3) == [4, 5, 7]  # "2 3" last seen before 4 5 7
     assert d.draft([5, 6, 7], 4) == []
     assert d.draft(history, 0) == []
+
+
+def _lookup_run(prompt: list[int], answer: list[int]) -> list[tuple[list[int], int]]:
+    """Greedy speculation as speculative_tokens runs it, with the answer known: each
+    round's draft from NgramDrafter and how many of its tokens the answer keeps."""
+    d, history, rounds = NgramDrafter(SpecParams()), [*prompt, answer[0]], []
+    while len(history) < len(prompt) + len(answer):
+        draft = d.draft(history, 8)
+        done = len(history) - len(prompt)
+        kept = 0
+        while (
+            kept < len(draft) and done + kept < len(answer) and draft[kept] == answer[done + kept]
+        ):
+            kept += 1
+        rounds.append((draft, kept))
+        history += answer[done : done + kept + 1]
+    return rounds
+
+
+def test_prompt_lookup_drafts_on_three_matched_tokens_only() -> None:
+    d = NgramDrafter(SpecParams())
+    assert d.draft([1, 2, 7, 8, 9, 1, 2], 4) == []  # two tokens matched: no draft
+    assert d.draft([1, 2, 3, 7, 8, 9, 1, 2, 3], 4) == [7, 8, 9, 1]
+    # Of two occurrences of "2 3 4", the one matching further back ("1 2 3 4") wins.
+    assert d.draft([1, 2, 3, 4, 5, 6, 0, 2, 3, 4, 8, 9, 1, 2, 3, 4], 2) == [5, 6]
+
+
+def test_prompt_lookup_carries_a_rename_into_later_drafts() -> None:
+    """A code edit renames token 5 to 50: once a draft is rejected at the first 5, the
+    later drafts write 50 where the prompt has 5 and are kept whole."""
+    source = [1, 2, 3, 4, 5, 6, 7, 8, 5, 9, 5, 6, 7, 11, 12]
+    answer = [50 if t == 5 else t for t in source]
+    rounds = _lookup_run([*source, 99], answer)
+    drafts = [r for r in rounds if r[0]]
+    assert drafts[0] == ([4, 5, 6, 7, 8, 5, 9, 5], 1)  # rejected at the first rename
+    # Back on the prompt's text after "6 7 8": the rename applied, every token kept (the
+    # draft's last token, the separator 99, runs past the answer).
+    assert drafts[1] == ([50, 9, 50, 6, 7, 11, 12, 99], 7)
 
 
 def test_verification_keeps_the_sampler_distribution() -> None:

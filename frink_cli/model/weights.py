@@ -316,10 +316,11 @@ def _read_head(r: TensorReader, cfg: ModelConfig) -> dict[str, Any]:
     )
 
 
-def load_layer(r: TensorReader, cfg: ModelConfig, i: int) -> Any:
-    """Layer i's weights: its blocks' tensors as its architecture's plan says, then the
-    architecture's own (ArchConfig.read_layer)."""
-    p, shape = f"blk.{i}.", cfg.layer_shape(i)
+def load_layer(r: TensorReader, cfg: ModelConfig, i: int, like: int | None = None) -> Any:
+    """Block i's weights: its blocks' tensors as its architecture's plan says, then the
+    architecture's own (ArchConfig.read_layer). like: the trunk layer whose shape block i
+    has, where i is not one of cfg's layers (a NextN block after the trunk)."""
+    p, shape = f"blk.{i}.", cfg.layer_shape(i if like is None else like)
     plan = cfg.ext.layer_plan(cfg, shape)
     d = cfg.n_embd
     mixers = _read_mixer(r, cfg, shape, plan, p)

@@ -37,7 +37,8 @@ With a `drafter` (speculative.py: `frink serve --spec ngram` or `-md`), each dec
 without a constraint feeds its next token and a draft in its step, and keeps the drafts the
 target agrees with (speculative.verify): greedy answers are the plain ones token for token,
 sampled ones keep their distribution. Models with recurrent layers decode plainly: their
-state cannot be taken back to a kept draft within a step.
+state cannot be taken back to a kept draft within a step. So does `--spec mtp`: its head
+reads the target's hidden states, which the batched step does not hand out.
 """
 
 from __future__ import annotations
@@ -120,7 +121,9 @@ class Engine:
         self.preemptions = 0
         self.slots = [Slot(self._new_cache()) for _ in range(n_parallel)]
         self.recurrent = self.slots[0].cache.has_recurrent_state
-        self.drafter = drafter if not self.recurrent else None
+        # (Every MTP head frink reads sits on a model with recurrent layers anyway.)
+        mtp = spec is not None and spec.mtp
+        self.drafter = drafter if not self.recurrent and not mtp else None
         self.drafted = self.accepted = 0  # speculative decoding's tokens, all jobs together
         self._waiting: deque[Job] = deque()
         self._lock = threading.Condition()

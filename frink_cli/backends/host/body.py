@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import platform
+from typing import Any
 
 import numpy as np
 
@@ -96,11 +97,18 @@ class HostBody:
         return self.cfg.ext.embed(HOST_OPS, self.cfg, self.w, x, lookup)
 
     def layer(self, layer: int, x: np.ndarray, positions: np.ndarray, cache) -> np.ndarray:
+        return self.layer_as(layer, self.w.layers[layer], x, positions, cache)
+
+    def layer_as(
+        self, layer: int, weights: Any, x: np.ndarray, positions: np.ndarray, cache
+    ) -> np.ndarray:
+        """Layer `layer`'s composition (its shape, rope and cache slot) over `weights`: its
+        own, or a block of the same shape stored outside the trunk (a NextN block)."""
         return self.cfg.ext.layer(
             HOST_OPS,
             self.cfg,
             self.shapes[layer],
-            self.w.layers[layer],
+            weights,
             x,
             positions,
             cache.slot(layer),
