@@ -203,6 +203,50 @@ def test_a_rows_product_does_not_depend_on_the_rows_beside_it(
             np.testing.assert_array_equal(kernels.dots(x[t0:t1], w), alone[t0:t1])
 
 
+@pytest.mark.parametrize(
+    "qtype", [t for t in KERNEL_TYPES if t not in (T.F16, T.BF16)], ids=lambda t: t.name
+)
+def test_every_batch_length_gives_a_row_its_own_bits(qtype: T, isa: str) -> None:
+    """Batches of every length 1 .. 17 (tiles of 1, 4 and 8, whole, short and more than
+    two), over a row count that is no multiple of a work chunk: each row the bits it gets
+    alone."""
+    rng = np.random.default_rng(int(qtype) + 300)
+    w = random_weights(qtype, 37, 512, seed=int(qtype))
+    x = rng.standard_normal((17, 512)).astype(np.float32)
+    alone = np.concatenate([kernels.dots(x[i : i + 1], w) for i in range(len(x))])
+    for t in range(2, len(x) + 1):
+        np.testing.assert_array_equal(kernels.dots(x[:t], w), alone[:t])
+
+
+# Per K-quant type: every code byte's value that makes the largest codes (Q4_K 15, Q5_K
+# 31, Q6_K 63), and the bytes of its 6- or 8-bit scales set to their largest.
+_K_EXTREMES = {
+    T.Q4_K: (range(16, 144), range(4, 16)),
+    T.Q5_K: (range(16, 176), range(4, 16)),
+    T.Q6_K: (range(0, 192), range(192, 208)),
+}
+
+
+@pytest.mark.parametrize("qtype", list(_K_EXTREMES), ids=lambda t: t.name)
+def test_k_quant_sums_hold_at_their_largest(qtype: T, isa: str) -> None:
+    """The K-quant dots add a group's byte products as int16 before scaling them: with
+    every code at its largest, every scale too, and x all one sign (every 8-bit q at
+    +-127), the sums are at their largest and must still equal dequantize(q8(x)) @
+    dequantize(W).T (a group twice as wide would wrap around for Q5_K and Q6_K)."""
+    w = random_weights(qtype, 19, 512, seed=5)
+    blocks = np.asarray(w.data).reshape(-1, GGML_QUANT_SIZES[qtype][1]).copy()
+    codes, scales = _K_EXTREMES[qtype]
+    blocks[:, list(codes)] = 0xFF
+    blocks[:, list(scales)] = 0x7F if qtype == T.Q6_K else 0xFF
+    w = QuantMatrix(blocks.reshape(w.rows, -1), qtype, w.rows, w.cols)
+    x = np.ones((3, 512), np.float32) * np.array([[1.0], [-2.0], [0.5]], np.float32)
+    with kernels.exact_activations(False):
+        if kernels.activations() != "8-bit":
+            pytest.skip(f"{isa}: no 8-bit dots")
+        ref = q8_rounded(x, qtype) @ reference(w).astype(np.float64).T
+        assert_close(kernels.dots(x, w), ref.astype(np.float32))
+
+
 def test_f32_products_do_not_depend_on_the_rows_beside_them(isa: str) -> None:
     """matmul_f32 (the host's f32 decode rows) under the same rule, ragged columns too."""
     rng = np.random.default_rng(11)

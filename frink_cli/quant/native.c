@@ -80,7 +80,7 @@ static const qtype_geometry *geometry(int qt) {
 
 /* A row of x rounded to 8 bits per 32 columns (native_int8.h says how and why). */
 typedef struct {
-    const int8_t *q;      /* [cols] */
+    const int8_t *q;      /* [cols]; for Q4_K, Q5_K, Q6_K in native_kdots.h's order */
     const float *d;       /* [cols / 32]: each block's scale dx */
     const float *dsum;    /* [cols / 16]: dx * the sum of q over each 16 columns */
     const float *dsum32;  /* [cols / 32]: dx * the sum of q over each 32 */
@@ -99,6 +99,7 @@ typedef void (*dot_rows_i8_fn)(int, const uint8_t *, size_t, size_t, size_t, con
                                int, int, float *, size_t);
 
 typedef void (*quantize_row_fn)(const float *, int, int, int8_t *, float *, float *, float *);
+typedef void (*order_x_fn)(int, int8_t *, int);
 
 /* A prompt's products by AMX int8 tiles (native_amx.h): which types they serve, each
  * thread's tile state taken and released, a panel of 16 rows of W unpacked, a panel times
@@ -120,6 +121,7 @@ typedef struct {
     dot_rows_fn dot_rows;
     dot_rows_i8_fn dot_rows_i8; /* NULL: this ISA has no 8-bit dots, every dot is f32 */
     quantize_row_fn quantize_row; /* NULL with dot_rows_i8 */
+    order_x_fn order_x;           /* a rounded row of x into dot_rows_i8's order for a type */
     const amx_kernels *amx;       /* NULL: no tile products, prompts go to BLAS */
 } isa_kernels;
 
@@ -237,17 +239,18 @@ typedef int8_t vsb4 __attribute__((vector_size(4)));
 #define S8F(b, i) WIDEN4(b, i, vsb4)
 #include "native_isa.h"
 
-static const isa_kernels BASE = {"base", deq_rows_base, dot_rows_base, NULL, NULL, NULL};
+static const isa_kernels BASE = {"base", deq_rows_base, dot_rows_base, NULL, NULL, NULL, NULL};
 #ifdef FRINK_MULTI_ISA
 static const isa_kernels AVX2 = {"avx2", deq_rows_avx2, dot_rows_avx2, dot_rows_i8_avx2,
-                                 quantize_row_avx2, NULL};
+                                 quantize_row_avx2, kd_order_x_avx2, NULL};
 static const isa_kernels AVX512 = {"avx512", deq_rows_avx512, dot_rows_avx512, dot_rows_i8_avx512,
-                                   quantize_row_avx512, NULL};
+                                   quantize_row_avx512, kd_order_x_avx512, NULL};
 #ifdef AMX_TILES_BUILT
 static const amx_kernels AMX = {amx_serves_avx512, amx_begin_avx512, amx_end_avx512,
                                 amx_panel_avx512, amx_panel_rows_avx512};
 static const isa_kernels AVX512_AMX = {"avx512+amx", deq_rows_avx512, dot_rows_avx512,
-                                       dot_rows_i8_avx512, quantize_row_avx512, &AMX};
+                                       dot_rows_i8_avx512, quantize_row_avx512,
+                                       kd_order_x_avx512, &AMX};
 
 /* Whether this process may run AMX tile instructions: the CPU has them and Linux grants
  * the tile state (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA: a process asks once, before
@@ -340,13 +343,16 @@ static int check_matrix(int qt, Py_ssize_t rows, Py_ssize_t cols, size_t *rb) {
 
 /* -- the drivers ------------------------------------------------------------------------ */
 
-static void quantize_x(const float *x, Py_ssize_t T, int cols, int scheme, int8_t *q, float *d,
+/* Each row of x rounded for W's type wqt and put in the order its dots read (order_x). */
+static void quantize_x(const float *x, Py_ssize_t T, int cols, int wqt, int8_t *q, float *d,
                        float *sum, q8_row *rows) {
+    const int scheme = x_scheme(wqt);
     const int nb = cols / 32;
     for (Py_ssize_t t = 0; t < T; t++) {
         int8_t *qt = q + (size_t)t * cols;
         float *dt = d + (size_t)t * nb, *st = sum + (size_t)t * 3 * nb, *s32 = st + 2 * nb;
         K->quantize_row(x + (size_t)t * cols, cols, scheme, qt, dt, st, s32);
+        K->order_x(wqt, qt, cols);
         rows[t] = (q8_row){qt, dt, st, s32};
     }
 }
@@ -413,7 +419,7 @@ static PyObject *py_dots(PyObject *self, PyObject *args) {
         float *d = (float *)(xr + T), *sum = d + (size_t)T * nb;
         int8_t *q = (int8_t *)(sum + (size_t)T * 3 * nb);
         Py_BEGIN_ALLOW_THREADS;
-        quantize_x((const float *)x.buf, T, (int)cols, x_scheme(qt), q, d, sum, xr);
+        quantize_x((const float *)x.buf, T, (int)cols, qt, q, d, sum, xr);
         const long chunks = (long)((rows + ROW_CHUNK - 1) / ROW_CHUNK);
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && chunks > 1)
         for (long c = 0; c < chunks; c++) {

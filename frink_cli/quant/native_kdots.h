@@ -10,13 +10,16 @@
  *     Q6_K:        sum_l w_l x_l = d dx sum_k sc_k S_k  -  32 d sum_k sc_k (dx Q_k)
  *
  * with S the code * q products of run j (32 columns) or half-run k (16), Q the sums of q
- * (native.c's dsum32 / dsum, already times dx). The run's byte products (vpmaddubsw) are
- * multiplied by the run's scale in the same instruction that widens them to int32
- * (vpmaddwd), summed as integers over the block, and turned into floats once per block:
- * one multiply-add per block and row of x where the per-run form (native_int8.h) paid a
- * conversion, a broadcast and a multiply-add per run. The mins' terms are one vector
- * multiply-add of the block's 8 (16) float scales by x's sums. Codes are unpacked and
- * scales decoded once per block for every tile of up to KD_TILE rows of x.
+ * (native.c's dsum32 / dsum, already times dx). The byte products (vpmaddubsw) of a group
+ * of vectors whose int16 lanes share their scales are added as int16, multiplied by the
+ * scales in the instruction that widens them to int32 (vpmaddwd), summed as integers over
+ * the block, and turned into floats once per block: 8 byte-product and 2 (Q6_K: 4) scale
+ * multiplies per block and row of x, where one vpmaddwd per run paid 8. For that, W's codes
+ * and x's q are both read in one order of a block's columns (kd_order below): x is put in
+ * it once per call (kd_order_x), W's codes on unpacking, so W's bytes stay the file's. The
+ * mins' terms are one vector multiply-add of the block's 8 (16) float scales by x's sums.
+ * Codes are unpacked and scales decoded once per block for every tile of up to KD_TILE
+ * rows of x.
  *
  * Every row of x gets its own accumulators, made in the same order (blocks in row order;
  * in a block, runs in order, integers exactly) however many rows share the call: a row's
@@ -45,29 +48,73 @@ static INLINE void ISA(kd_scales_k)(const uint8_t *s, uint8_t out[16]) {
     memcpy(out, o, 16);
 }
 
-/* Broadcast word w of each 128-bit half of v across that half (hi: the word for the upper
- * half, lo: the lower's). */
-static INLINE __m256i ISA(kd_words)(__m256i v, int lo, int hi) {
-    const __m256i pick = _mm256_setr_epi8(
-        (char)(2 * lo), (char)(2 * lo + 1), (char)(2 * lo), (char)(2 * lo + 1), (char)(2 * lo),
-        (char)(2 * lo + 1), (char)(2 * lo), (char)(2 * lo + 1), (char)(2 * lo), (char)(2 * lo + 1),
-        (char)(2 * lo), (char)(2 * lo + 1), (char)(2 * lo), (char)(2 * lo + 1), (char)(2 * lo),
-        (char)(2 * lo + 1), (char)(2 * hi), (char)(2 * hi + 1), (char)(2 * hi), (char)(2 * hi + 1),
-        (char)(2 * hi), (char)(2 * hi + 1), (char)(2 * hi), (char)(2 * hi + 1), (char)(2 * hi),
-        (char)(2 * hi + 1), (char)(2 * hi), (char)(2 * hi + 1), (char)(2 * hi), (char)(2 * hi + 1),
-        (char)(2 * hi), (char)(2 * hi + 1));
-    return _mm256_shuffle_epi8(v, pick);
+/* Whether kd_rows takes type qt. */
+static INLINE int ISA(kd_serves)(int qt) { return qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_Q6_K; }
+
+/* The order of a block's 256 bytes (codes of W, or x's rounded q) that the sums below read:
+ * eight vectors of 32, grouped so that each int16 lane of a vpmaddubsw product holds
+ * columns of one scale in every vector of a group, and a group's byte products can be
+ * added as int16 before one vpmaddwd by the scales (no overflow: Q4_K 4 x 2 x 15 x 127,
+ * Q5_K 4 x 2 x 31 x 127, Q6_K 2 x 2 x 63 x 127 are all under 2^15).
+ *  Q4_K, Q5_K (scale per run of 32): runs 0, 2, 4, 6 transposed as 4 x 4 dwords in each
+ *    128-bit half (vector m, lane 4h + c: run 2c, columns 4(4h + m) .. + 3), then runs 1,
+ *    3, 5, 7 the same way: two groups of four, each int32 lane one run's.
+ *  Q6_K (scale per 16): runs 2p and 2p + 1 interleaved by 8 columns (vpunpck[lh]qdq): four
+ *    groups of two, each 64-bit lane one half-run's.
+ * kd_order_x puts a row of x in this order once per call; the unpackers make W's codes in
+ * it from the file's bytes, so W is read as the file holds it. */
+static INLINE void ISA(kd_t4)(const __m256i in[4], __m256i out[4]) {
+    const __m256i a = _mm256_unpacklo_epi32(in[0], in[1]), b = _mm256_unpackhi_epi32(in[0], in[1]);
+    const __m256i c = _mm256_unpacklo_epi32(in[2], in[3]), d = _mm256_unpackhi_epi32(in[2], in[3]);
+    out[0] = _mm256_unpacklo_epi64(a, c), out[1] = _mm256_unpackhi_epi64(a, c);
+    out[2] = _mm256_unpacklo_epi64(b, d), out[3] = _mm256_unpackhi_epi64(b, d);
 }
 
-/* One unpacked block: each run's 32 codes (unsigned, < 64), each run's int16 scales as
- * vpmaddwd takes them (the first 16 columns' in the lower half), the float factor of the
- * integer sum (d or d * 1, times dx per row later) and the mins' float scales against x's
- * sums (per 32 columns: 8; Q6_K per 16: 16). */
+/* Runs r (the natural order: v[r] run r's 32 columns) into the order above. */
+static INLINE void ISA(kd_order)(int q6, const __m256i v[8], __m256i out[8]) {
+    if (q6) {
+        for (int p = 0; p < 4; p++) {
+            out[2 * p] = _mm256_unpacklo_epi64(v[2 * p], v[2 * p + 1]);
+            out[2 * p + 1] = _mm256_unpackhi_epi64(v[2 * p], v[2 * p + 1]);
+        }
+        return;
+    }
+    const __m256i even[4] = {v[0], v[2], v[4], v[6]}, odd[4] = {v[1], v[3], v[5], v[7]};
+    ISA(kd_t4)(even, out);
+    ISA(kd_t4)(odd, out + 4);
+}
+
+/* Each row of x, rounded for type qt (Q8_K), into the order kd_rows reads (other types:
+ * nothing to do). */
+static void ISA(kd_order_x)(int qt, int8_t *q, int cols) {
+    if (!ISA(kd_serves)(qt)) return;
+    for (int b = 0; b < cols / 256; b++) {
+        __m256i v[8], o[8];
+        for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_si256((const __m256i *)(q + 256 * b + 32 * r));
+        ISA(kd_order)(qt == QT_Q6_K, v, o);
+        for (int r = 0; r < 8; r++) _mm256_storeu_si256((__m256i *)(q + 256 * b + 32 * r), o[r]);
+    }
+}
+
+/* One unpacked block: its codes in the order above (unsigned, < 64), each group's int16
+ * scales as vpmaddwd takes them, the float factor of the integer sum (d, times dx per row
+ * later) and the mins' float scales against x's sums (per 32 columns: 8; Q6_K per 16: 16). */
 typedef struct {
-    __m256i codes[8], sc[8];
+    __m256i codes[8], sc[4];
     __m256 mins[2];
     float d;
 } ISA(kd_block);
+
+/* Words w0 (lanes 0-3), w1 (4-7) of v's lower half and w2, w3 of its upper half's, each
+ * spread over the quarter of the result's half they name. */
+static INLINE __m256i ISA(kd_words4)(__m256i v, int w0, int w1, int w2, int w3) {
+#define KD_W(w) (char)(2 * (w)), (char)(2 * (w) + 1)
+#define KD_W4(w) KD_W(w), KD_W(w), KD_W(w), KD_W(w)
+    const __m256i pick = _mm256_setr_epi8(KD_W4(w0), KD_W4(w1), KD_W4(w2), KD_W4(w3));
+#undef KD_W4
+#undef KD_W
+    return _mm256_shuffle_epi8(v, pick);
+}
 
 static INLINE void ISA(kd_unpack_q4_k)(const uint8_t *p, ISA(kd_block) *k) {
     uint8_t s[16];
@@ -75,26 +122,37 @@ static INLINE void ISA(kd_unpack_q4_k)(const uint8_t *p, ISA(kd_block) *k) {
     const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)s)));
     const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(s + 8))));
     k->d = HALF(p), k->mins[0] = _mm256_mul_ps(m, _mm256_set1_ps(HALF(p + 2)));
+    /* the int32 lane 4h + c of group f holds run 2c + f */
+    const __m256i pick_even = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,
+                                               0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
+    k->sc[0] = _mm256_shuffle_epi8(sc, pick_even);
+    k->sc[1] = _mm256_shuffle_epi8(sc, _mm256_add_epi8(pick_even, _mm256_set1_epi8(2)));
     const __m256i low = _mm256_set1_epi8(15);
-    for (int c = 0; c < 4; c++) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * c));
-        k->codes[2 * c] = _mm256_and_si256(q, low);
-        k->codes[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+    __m256i in[4], t[4];
+    for (int c = 0; c < 4; c++) in[c] = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * c));
+    ISA(kd_t4)(in, t); /* the low nibbles of chunk c are run 2c's codes, the high 2c + 1's */
+    for (int m = 0; m < 4; m++) {
+        k->codes[m] = _mm256_and_si256(t[m], low);
+        k->codes[4 + m] = _mm256_and_si256(_mm256_srli_epi16(t[m], 4), low);
     }
-    for (int j = 0; j < 8; j++) k->sc[j] = ISA(kd_words)(sc, j, j);
 }
 
 static INLINE void ISA(kd_unpack_q5_k)(const uint8_t *p, ISA(kd_block) *k) {
     ISA(kd_unpack_q4_k)(p, k); /* same head; its codes read from p + 16 are replaced below */
     const __m256i low = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 16));
-    for (int c = 0; c < 4; c++) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(p + 48 + 32 * c));
-        const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one);
-        const __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one);
-        k->codes[2 * c] = _mm256_or_si256(_mm256_and_si256(q, low), _mm256_slli_epi16(h0, 4));
-        k->codes[2 * c + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low),
-                                              _mm256_slli_epi16(h1, 4));
+    const __m256i shift = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+    __m256i in[4], t[4];
+    for (int c = 0; c < 4; c++) in[c] = _mm256_loadu_si256((const __m256i *)(p + 48 + 32 * c));
+    ISA(kd_t4)(in, t);
+    for (int m = 0; m < 4; m++) {
+        /* column 4(4h + m) + byte of run 2c + f: bit 2c + f of qh at that column */
+        const __m256i h = _mm256_shuffle_epi32(qh, m * 0x55);
+        const __m256i h0 = _mm256_and_si256(_mm256_srlv_epi32(h, shift), one);
+        const __m256i h1 = _mm256_and_si256(_mm256_srlv_epi32(h, _mm256_add_epi32(shift, _mm256_set1_epi32(1))), one);
+        k->codes[m] = _mm256_or_si256(_mm256_and_si256(t[m], low), _mm256_slli_epi16(h0, 4));
+        k->codes[4 + m] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(t[m], 4), low),
+                                          _mm256_slli_epi16(h1, 4));
     }
 }
 
@@ -108,35 +166,48 @@ static INLINE void ISA(kd_unpack_q6_k)(const uint8_t *p, ISA(kd_block) *k) {
     k->mins[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), d32);
     k->mins[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), d32);
     const __m256i low = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3);
+    __m256i runs[8];
     for (int j = 0; j < 8; j++) {
         const int hh = j / 4, r = j % 4;
         const __m256i ql = _mm256_loadu_si256((const __m256i *)(p + 64 * hh + 32 * (r % 2)));
         const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * hh));
         const __m256i l4 = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (r / 2)), low);
         const __m256i h2 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * r), three);
-        k->codes[j] = _mm256_or_si256(l4, _mm256_slli_epi16(h2, 4));
-        k->sc[j] = ISA(kd_words)(j < 4 ? lo8 : hi8, 2 * (j % 4), 2 * (j % 4) + 1);
+        runs[j] = _mm256_or_si256(l4, _mm256_slli_epi16(h2, 4));
+    }
+    ISA(kd_order)(1, runs, k->codes);
+    /* group p: half-runs 4p, 4p + 2 in the lower 128 bits, 4p + 1, 4p + 3 in the upper */
+    for (int g = 0; g < 4; g++) {
+        const int w = 4 * (g % 2);
+        k->sc[g] = ISA(kd_words4)(g < 2 ? lo8 : hi8, w, w + 2, w + 1, w + 3);
     }
 }
 
-/* Block b (unpacked in k) times the N rows xs of a tile of x, into each row's sums acc[t]
- * and off[t]: run after run, each run's codes and scales held while every row's byte
- * products are made and added into that row's int32 sums (exact, so their order is free),
- * then per row one conversion and one multiply-add by d * dx, and the mins' term. */
-static INLINE void ISA(kd_tile_block)(const ISA(kd_block) *k, const q8_row *const *xs, int N,
-                                      int b, int NM, __m256 *acc, __m256 *off) {
-    __m256i is[KD_TILE];
-    for (int t = 0; t < N; t++) is[t] = _mm256_setzero_si256();
-    for (int j = 0; j < 8; j++) {
-        const __m256i c = k->codes[j], s = k->sc[j];
-        for (int t = 0; t < N; t++) {
-            const __m256i xq = _mm256_loadu_si256((const __m256i *)(xs[t]->q + 256 * (size_t)b + 32 * j));
-            is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(_mm256_maddubs_epi16(c, xq), s));
-        }
+/* Row t's int32 sums of block b: each group's byte products added as int16, then times the
+ * group's scales into int32 (every step exact, so the order is free). (A 512-bit VNNI form,
+ * vpdpbusd then vpmulld per group, gives the same integers but measured slower on Zen 4 for
+ * one row and for eight: docs/performance.md.) */
+static INLINE __m256i ISA(kd_isum)(const ISA(kd_block) *k, const int8_t *xq, int G) {
+    __m256i is = _mm256_setzero_si256();
+    for (int g = 0; g < 8 / G; g++) {
+        __m256i s16 = _mm256_setzero_si256();
+        for (int v = G * g; v < G * g + G; v++)
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(k->codes[v], _mm256_loadu_si256((const __m256i *)(xq + 32 * v))));
+        is = _mm256_add_epi32(is, _mm256_madd_epi16(s16, k->sc[g]));
     }
+    return is;
+}
+
+/* Block b (unpacked in k) times the N rows xs of a tile of x, into each row's sums acc[t]
+ * and off[t]: per row its int32 sums (kd_isum), one conversion and one multiply-add by
+ * d * dx, and the mins' term: the same steps for a row alone or in a tile. G: vectors per
+ * group (4: Q4_K, Q5_K; 2: Q6_K). */
+static INLINE void ISA(kd_tile_block)(const ISA(kd_block) *k, const q8_row *const *xs, int N,
+                                      int b, int G, __m256 *acc, __m256 *off) {
     for (int t = 0; t < N; t++) {
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), _mm256_set1_ps(k->d * xs[t]->d[8 * b]), acc[t]);
-        if (NM == 1)
+        const __m256i is = ISA(kd_isum)(k, xs[t]->q + 256 * (size_t)b, G);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(k->d * xs[t]->d[8 * b]), acc[t]);
+        if (G == 4)
             off[t] = _mm256_fmadd_ps(k->mins[0], _mm256_loadu_ps(xs[t]->dsum32 + 8 * b), off[t]);
         else {
             off[t] = _mm256_fmadd_ps(k->mins[0], _mm256_loadu_ps(xs[t]->dsum + 16 * b), off[t]);
@@ -146,8 +217,9 @@ static INLINE void ISA(kd_tile_block)(const ISA(kd_block) *k, const q8_row *cons
 }
 
 /* Row `row` of W (`blocks` blocks of NBYTES, read by UNPACK) times the N rows xs of x (N a
- * constant: the loops unroll, the sums stay in registers where they fit), into y[t]. */
-#define KD_TILE_ROW(UNPACK, NBYTES, NM, N)                                                     \
+ * constant: the loops unroll), into yt[t]. (Block column after block column over several
+ * rows of W, keeping a block of x in L1 for them, measured no faster.) */
+#define KD_TILE_ROW(UNPACK, NBYTES, G, N)                                                      \
     {                                                                                          \
         __m256 acc[N], off[N];                                                                 \
         for (int t = 0; t < N; t++) acc[t] = off[t] = _mm256_setzero_ps();                     \
@@ -156,16 +228,16 @@ static INLINE void ISA(kd_tile_block)(const ISA(kd_block) *k, const q8_row *cons
             for (int l = 0; l < NBYTES; l += 64) __builtin_prefetch(p + PREFETCH_AHEAD + l);   \
             ISA(kd_block) k;                                                                   \
             ISA(UNPACK)(p, &k);                                                                \
-            ISA(kd_tile_block)(&k, xs, N, b, NM, acc, off);                                    \
+            ISA(kd_tile_block)(&k, xs, N, b, G, acc, off);                                     \
         }                                                                                      \
         for (int t = 0; t < N; t++) yt[t] = ISA(kd_hsum)(acc[t]) - ISA(kd_hsum)(off[t]);       \
     }
 
 /* y[t, r] = x[t] . W[r] for r in [r0, r1), every t < T (y's rows ys apart), for one of the
- * three types (UNPACK its block reader, NM its mins' vectors: 1 per 32 columns, 2 per 16):
- * the rows of x in tiles of up to KD_TILE, each tile's block unpacked once. A tile of n
- * rows runs as 1, 4 or 8 (a short one repeats its last row, whose sums are dropped). */
-#define KD_ROWS(UNPACK, NBYTES, NM)                                                            \
+ * three types (UNPACK its block reader, G its vectors per group: kd_tile_block): the rows
+ * of x in tiles of up to KD_TILE, each tile's block unpacked once. A tile of n rows runs as
+ * 1, 4 or 8 (a short one repeats its last row, whose sums are dropped). */
+#define KD_ROWS(UNPACK, NBYTES, G)                                                             \
     for (size_t r = r0; r < r1; r++) {                                                         \
         const uint8_t *row = w + r * rb;                                                       \
         for (int t0 = 0; t0 < T; t0 += KD_TILE) {                                              \
@@ -173,21 +245,18 @@ static INLINE void ISA(kd_tile_block)(const ISA(kd_block) *k, const q8_row *cons
             const q8_row *xs[KD_TILE];                                                         \
             float yt[KD_TILE];                                                                 \
             for (int t = 0; t < KD_TILE; t++) xs[t] = x + (t < n ? t0 + t : T - 1);            \
-            if (n == 1) KD_TILE_ROW(UNPACK, NBYTES, NM, 1)                                     \
-            else if (n <= 4) KD_TILE_ROW(UNPACK, NBYTES, NM, 4)                                \
-            else KD_TILE_ROW(UNPACK, NBYTES, NM, KD_TILE)                                      \
+            if (n == 1) KD_TILE_ROW(UNPACK, NBYTES, G, 1)                                      \
+            else if (n <= 4) KD_TILE_ROW(UNPACK, NBYTES, G, 4)                                 \
+            else KD_TILE_ROW(UNPACK, NBYTES, G, KD_TILE)                                       \
             for (int t = 0; t < n; t++) y[(size_t)(t0 + t) * ys + r] = yt[t];                  \
         }                                                                                      \
     }
 
-/* Whether kd_rows takes type qt. */
-static INLINE int ISA(kd_serves)(int qt) { return qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_Q6_K; }
-
 static void ISA(kd_rows)(int qt, const uint8_t *w, size_t rb, size_t r0, size_t r1,
                          const q8_row *x, int T, int cols, float *y, size_t ys) {
     const int blocks = cols / 256;
-    if (qt == QT_Q4_K) KD_ROWS(kd_unpack_q4_k, 144, 1)
-    else if (qt == QT_Q5_K) KD_ROWS(kd_unpack_q5_k, 176, 1)
+    if (qt == QT_Q4_K) KD_ROWS(kd_unpack_q4_k, 144, 4)
+    else if (qt == QT_Q5_K) KD_ROWS(kd_unpack_q5_k, 176, 4)
     else if (qt == QT_Q6_K) KD_ROWS(kd_unpack_q6_k, 210, 2)
 }
 
