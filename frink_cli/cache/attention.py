@@ -34,7 +34,7 @@ from .kv_types import (
     stored_dtype,
     stored_width,
 )
-from .protocol import NothingToMove
+from .protocol import NothingToMove, StagedRows
 
 if TYPE_CHECKING:
     from .paged import PagedKv
@@ -48,7 +48,7 @@ MIN_ROWS = 256
 WINDOW_SLACK = 128
 
 
-class AttentionKv:
+class AttentionKv(StagedRows):
     """A full-attention layer's rows: every position from 0, grown geometrically up to the
     context."""
 
@@ -127,17 +127,8 @@ class AttentionKv:
         """Make room for positions up to `end` now, so the step's writes never reallocate."""
         self._room(self.n_past, end)
 
-    def commit(self, n_past: int) -> None:
-        self.n_past = self.end = n_past
-
-    def rollback(self) -> None:
-        self.end = self.n_past
-
-    def truncation_refusal(self, n_past: int) -> str | None:
-        return None
-
     def truncate(self, n_past: int) -> None:
-        self.n_past = self.end = n_past
+        super().truncate(n_past)
         if n_past == 0:
             self.base = self.first = 0
 

@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import FrinkError
 from ..model.config import ModelConfig
 from .kv_types import CacheTypes, Paged, encode, stored_dtype, stored_width
+from .protocol import StagedRows
 
 PAGE = 16  # rows per page
 
@@ -174,7 +175,7 @@ class PageTable:
         self.array = np.asarray(self.pages, np.int32)
 
 
-class PagedKv:
+class PagedKv(StagedRows):
     """A full-attention layer's rows in the pool, through its sequence's page table (the
     table's pages are reserved by the cache before any layer writes). KvSlot, as
     AttentionKv: staged rows [n_past, end), committed at commit, forgotten at rollback."""
@@ -233,18 +234,6 @@ class PagedKv:
 
     def reserve(self, end: int) -> None:
         pass  # the cache reserved the table's pages for every layer at once
-
-    def commit(self, n_past: int) -> None:
-        self.n_past = self.end = n_past
-
-    def rollback(self) -> None:
-        self.end = self.n_past
-
-    def truncation_refusal(self, n_past: int) -> str | None:
-        return None
-
-    def truncate(self, n_past: int) -> None:
-        self.n_past = self.end = n_past
 
     def by_position(self) -> tuple[np.ndarray, np.ndarray]:
         """K, V by position (row i position i), decoded to f32: for tests and debugging."""

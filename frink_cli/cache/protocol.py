@@ -53,6 +53,27 @@ class NothingToMove:
         pass
 
 
+class StagedRows:
+    """The LayerSlot steps of a slot whose rows [0, n_past) are committed and [n_past, end)
+    staged by the step in flight: commit() keeps them, rollback() forgets them, and it can
+    go back to any length (truncate; a subclass drops what it holds past it)."""
+
+    n_past: int
+    end: int
+
+    def commit(self, n_past: int) -> None:
+        self.n_past = self.end = n_past
+
+    def rollback(self) -> None:
+        self.end = self.n_past
+
+    def truncation_refusal(self, n_past: int) -> str | None:
+        return None
+
+    def truncate(self, n_past: int) -> None:
+        self.n_past = self.end = n_past
+
+
 class KvSlot(LayerSlot, Protocol):
     first: int  # the first position held (later than 0 once a window has slid)
     version: int  # a count of writes: a device mirror re-syncs when it changes
