@@ -263,8 +263,10 @@ def main() -> None:
             "-cb",
         ]
     results: dict[str, list[dict]] = {name: [] for name in servers}
-    for _ in range(args.rounds):
-        for name, argv in servers.items():
+    for round_ in range(args.rounds):
+        # Each round in the other order, so a load that rises or falls favours neither.
+        order = list(servers.items()) if round_ % 2 == 0 else list(reversed(servers.items()))
+        for name, argv in order:
             port = free_port()
             p = Process(argv(port), port)
             try:
