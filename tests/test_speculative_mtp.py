@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from frink_subprocess import frink
+from frink_subprocess import child_env, frink
+from isa_variants import child_json
 from script_loader import load_script
 
 import frink_cli
@@ -28,9 +29,30 @@ def mtp_gguf(tiny_model, tmp_path_factory) -> Path:
     return load_script("make_tiny_mtp").with_mtp("qwen35", tiny_model("qwen35").hf_dir, out)
 
 
-def test_the_head_computes_what_llama_cpp_does(tiny_model, mtp_gguf: Path) -> None:
+# llama.cpp's MTP head, in a process of its own: the state input it should read is a stub
+# in this llama-cpp-python (make_tiny_mtp.llama_cpp_mtp), so its graph reads the input
+# buffer as allocated, which is zeroed memory only in a fresh process (a process that ran
+# other llama.cpp contexts first hands back used memory, and its logits came out NaN).
+_MTP_CHILD = r"""
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from script_loader import load_script
+from pathlib import Path
+hidden, logits = load_script("make_tiny_mtp").llama_cpp_mtp(Path(sys.argv[2]), np.load(sys.argv[3]))
+np.savez(sys.argv[4], hidden=hidden, logits=logits)
+print("{}")
+"""
+
+
+def test_the_head_computes_what_llama_cpp_does(tiny_model, mtp_gguf: Path, tmp_path) -> None:
     tokens = tiny_model("qwen35").ref["tokens"][:24]
-    hidden, logits = load_script("make_tiny_mtp").llama_cpp_mtp(mtp_gguf, tokens)
+    np.save(tmp_path / "tokens.npy", tokens)
+    args = [str(Path(__file__).parent), str(mtp_gguf), str(tmp_path / "tokens.npy")]
+    child_json(_MTP_CHILD, [*args, str(tmp_path / "out.npz")], child_env(), 600)
+    ref = np.load(tmp_path / "out.npz")
+    hidden, logits = ref["hidden"], ref["logits"]
+    assert np.isfinite(logits).all(), "llama.cpp's MTP head read a state that was not zero"
     model = frink_cli.load(mtp_gguf)
     dec = model.decoder
     h = dec.host.final_norm(dec.hidden(np.asarray(tokens), dec.new_cache(64)))
