@@ -23,6 +23,10 @@ from .model.config import ModelConfig
 from .model.lora import LoraAdapter, adapter_scales
 from .model.weights import LayerStore, ModelWeights
 
+# Rows a prompt is fed in per step by prefill() (llama.cpp's default n_ubatch): a long
+# prompt's activations ([rows, ffn width] per layer) stay bounded whatever its length.
+PREFILL_ROWS = 512
+
 
 def step_positions(cache: KvCache | SeqBatch, T: int) -> np.ndarray:
     """The positions of a step's T new rows: after the cache's, or each sequence's own."""
@@ -215,6 +219,16 @@ class Decoder:
             out = self._step(ids, cache, all_logits)
         self.decode_threads.record(n, time.perf_counter() - t0)
         return out
+
+    def prefill(self, ids: np.ndarray, cache: KvCache) -> np.ndarray:
+        """Feed a prompt in steps of at most PREFILL_ROWS rows; the last row's logits
+        [1, V], as step() gives them. The host body gives a row the same bits in any cut
+        (batch invariance), so this is one step's answer in bounded memory."""
+        ids = np.asarray(ids)
+        last = max(0, len(ids) - PREFILL_ROWS)  # the last step's rows start here
+        for a in range(0, last, PREFILL_ROWS):
+            self._forward(ids[a : min(a + PREFILL_ROWS, last)], cache, None)
+        return self.step(ids[last:], cache)
 
     def step_batch(self, steps: list[tuple[np.ndarray, KvCache]]) -> np.ndarray:
         """One forward over several sequences' new rows, each (ids, its cache); the logits

@@ -94,7 +94,7 @@ def generate_tokens(
     cache = decoder.new_cache(n_ctx)
     history = list(prompt_ids)
     t0 = time.perf_counter()
-    logits = finite_logits(decoder.step(np.asarray(prompt_ids), cache)[-1])
+    logits = finite_logits(decoder.prefill(np.asarray(prompt_ids), cache)[-1])
     stats.prompt_tokens = n_prompt
     stats.prompt_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()

@@ -155,7 +155,7 @@ class ModelDrafter(BlindDrafter):
             else:
                 self.cache = cache = self.decoder.new_cache(self.n_ctx, self.params.draft_max)
                 keep = 0
-        logits = self.decoder.step(np.asarray(history[keep:]), cache)[-1]
+        logits = self.decoder.prefill(np.asarray(history[keep:]), cache)[-1]
         self.fed = list(history)
         self._snap = cache.snapshot() if cache.has_recurrent_state else None
         return logits

@@ -24,13 +24,17 @@ default) with exactly the tokens and log probabilities it gives each alone.
 from __future__ import annotations
 
 import threading
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from frink_subprocess import child_env
 from isa_variants import ISAS, child_json, unrunnable_reason
 from model_checks import _path, q8_0_requant
+
+import frink_cli
 
 # The AMX variant multiplies a prompt's rows on int8 tiles, in another f32 order than the
 # decode rows' dots: its rows keep their bits beside other sequences, not across a prompt's
@@ -235,3 +239,32 @@ def test_serve_concurrent_greedy_is_alone(
     finally:
         server.stop()
         server.close()
+
+
+@pytest.mark.parametrize("family", ["llama_q", "qwen35"])
+def test_a_long_prompt_is_fed_in_bounded_steps(
+    tiny_model: Callable, family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decoder.prefill feeds a prompt PREFILL_ROWS rows at a time (llama.cpp's ubatch, here
+    16): the last row's logits are one step's, bit for bit (a dense Q8_0 model and a gated
+    delta net hybrid), and the activations held at once, tracemalloc's peak, are under half
+    of one step's."""
+    from frink_cli import decoder as decoder_module
+
+    monkeypatch.setattr(decoder_module, "PREFILL_ROWS", 16)
+    dec = frink_cli.load(_path(tiny_model, family, "gguf")).decoder
+    ids = np.random.default_rng(1).integers(5, 200, 200)
+    got = {}
+    for how in ("step", "prefill"):
+        cache = dec.new_cache(256)
+        cache.reserve(256)
+        tracemalloc.start()
+        try:
+            logits = dec.step(ids, cache) if how == "step" else dec.prefill(ids, cache)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert cache.n_past == len(ids)
+        got[how] = (logits, peak)
+    assert np.array_equal(got["prefill"][0], got["step"][0])
+    assert got["prefill"][1] < got["step"][1] / 2, (got["prefill"][1], got["step"][1])

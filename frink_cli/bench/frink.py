@@ -61,7 +61,7 @@ class FrinkRunner:
         cache = dec.new_cache(test.n_ctx)
         cache.reserve(test.n_ctx)
         if d:
-            dec.step(ids[:d], cache)
+            dec.prefill(ids[:d], cache)  # in llama.cpp's ubatch of rows, as llama.cpp does
         ledger = getattr(dec.backend, "ledger", None)
         if ledger is not None:
             ledger.reset()
