@@ -540,11 +540,9 @@ def load(
     refused by name when named, passed over by "auto".
     stage: load one rank's part of a pipeline (frink_cli/distributed) and run it there.
     cache_type_k / cache_type_v: how every cache of the model stores its K and V rows
-    (llama.cpp's -ctk / -ctv: f32, f16, bf16, q8_0, q4_0); None: $FRINK_CACHE_TYPE_K / _V,
-    else f16 (llama.cpp's default) where the backend carries it and f32 where it does not
-    (cuda). An unknown type, or a chosen one the backend cannot hold, is a FrinkError
-    before anything loads, as is a forced kernel variant (FRINK_NATIVE_ISA) this CPU
-    cannot run.
+    (-ctk / -ctv: f32, f16, bf16, q8_0, q4_0); None: $FRINK_CACHE_TYPE_K / _V, else f16
+    (f32 on cuda). An unknown type, or a chosen one the backend cannot hold, is a
+    FrinkError before anything loads, as is a forced ISA (FRINK_NATIVE_ISA) the CPU lacks.
     mem_budget: GiB the weights may hold (--mem-budget), or "auto" (the memory available
     less a margin): where the model does not fit, its routed experts stay in the file and
     a cache of the hot ones fills what the dense weights leave (model/mem_budget.py;
