@@ -146,15 +146,20 @@ def run_bench(
             runner.close()
     for row in rows:
         row.peak_memory_mib = frink_peak if row.runner == "frink" else cpp_peak
-    if compare:
+    _set_ratios(rows, bool(compare))
+    return rows
+
+
+def _set_ratios(rows: list[BenchRow], compared: bool) -> None:
+    """Each row's ratios: frink's against llama.cpp's next to it (compared), a JSON test's
+    against its free one, a speculative test's against its greedy one."""
+    if compared:
         for mine, theirs in zip(rows[::2], rows[1::2], strict=True):
             mine.ratio_vs_llama_cpp = mine.avg_ts / theirs.avg_ts
     free = {row.test.replace(" free", " json"): row for row in rows if " free" in row.test}
+    greedy = {row.test.replace(" greedy", " spec"): row for row in rows if " greedy" in row.test}
     for row in rows:
         if row.test in free:
             row.ratio_vs_free = row.avg_ts / free[row.test].avg_ts
-    greedy = {row.test.replace(" greedy", " spec"): row for row in rows if " greedy" in row.test}
-    for row in rows:
         if row.test in greedy:
             row.ratio_vs_greedy = row.avg_ts / greedy[row.test].avg_ts
-    return rows

@@ -101,16 +101,6 @@ def serve(
     )
     limits = limits_for(timeout, max_connections)
 
-    class _Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            super().handle_exit(sig, frame)
-            # Streams in flight end now (an error event, then [DONE]) rather than run on
-            # while uvicorn waits for their connections to close.
-            engine.stop()
-            # uvicorn re-raises a captured signal once it has shut down; the shutdown
-            # was the signal's whole purpose, so frink exits normally instead.
-            self._captured_signals.clear()
-
     config = uvicorn.Config(
         create_app(state, on_startup=lambda loop: quiet_accept_errors(loop, state.log_line)),
         http=protocol_class(limits, state.log_line),
@@ -121,17 +111,38 @@ def serve(
         backlog=limits.accept_batch,
         lifespan="on",
     )
-    where = sock.getsockname()
+    port_bound = sock.getsockname()[1]
     announce(
-        f"listening on http://{host}:{where[1]} (model {model_id}, {n_parallel} parallel "
+        f"listening on http://{host}:{port_bound} (model {model_id}, {n_parallel} parallel "
         f"sequences of {n_ctx} tokens, backend {model.backend_name})"
     )
-    if engine.pages is not None:
-        announce(f"paged KV cache: a pool of {engine.pages.capacity} tokens shared by prefix")
-    else:
-        announce(f"KV cache per slot, not paged: {engine.paging_refusal}")
+    announce(_kv_line(engine))
     with _sigpipe_ignored():
-        _Server(config).run(sockets=[sock])
+        _uvicorn_server(config, engine).run(sockets=[sock])
+
+
+def _uvicorn_server(config: Any, engine: Engine) -> Any:
+    """uvicorn's server for `config`, stopping `engine` on the signal that ends it."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            super().handle_exit(sig, frame)
+            # Streams in flight end now (an error event, then [DONE]) rather than run on
+            # while uvicorn waits for their connections to close.
+            engine.stop()
+            # uvicorn re-raises a captured signal once it has shut down; the shutdown
+            # was the signal's whole purpose, so frink exits normally instead.
+            self._captured_signals.clear()
+
+    return _Server(config)
+
+
+def _kv_line(engine: Engine) -> str:
+    """The start-up line on how the engine holds its sequences' KV rows."""
+    if engine.pages is not None:
+        return f"paged KV cache: a pool of {engine.pages.capacity} tokens shared by prefix"
+    return f"KV cache per slot, not paged: {engine.paging_refusal}"
 
 
 @contextlib.contextmanager
