@@ -99,7 +99,7 @@ typedef void (*dot_rows_i8_fn)(int, const uint8_t *, size_t, size_t, size_t, con
                                int, int, float *, size_t);
 
 typedef void (*quantize_row_fn)(const float *, int, int, int8_t *, float *, float *, float *);
-typedef void (*order_x_fn)(int, int8_t *, int);
+typedef void (*tile_x_fn)(int, q8_row *, int, int, void *);
 
 /* A prompt's products by AMX int8 tiles (native_amx.h): which types they serve, each
  * thread's tile state taken and released, a panel of 16 rows of W unpacked, a panel times
@@ -121,7 +121,7 @@ typedef struct {
     dot_rows_fn dot_rows;
     dot_rows_i8_fn dot_rows_i8; /* NULL: this ISA has no 8-bit dots, every dot is f32 */
     quantize_row_fn quantize_row; /* NULL with dot_rows_i8 */
-    order_x_fn order_x;           /* a rounded row of x into dot_rows_i8's order for a type */
+    tile_x_fn tile_x;             /* rounded rows of x into the K-quant dots' tiles (kd_tile_x) */
     const amx_kernels *amx;       /* NULL: no tile products, prompts go to BLAS */
 } isa_kernels;
 
@@ -187,10 +187,12 @@ typedef float vf512 __attribute__((vector_size(64)));
 #define U8F(b, i) ((vf512)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32((__m128i)(b))))
 #define S8F(b, i) ((vf512)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32((__m128i)(b))))
 #define I8_DOT(a, b) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (a), (b))
+#define KD_DPBUSD 1
 #if __GNUC__ >= 11 && defined(__linux__) /* AMX intrinsics; Linux's grant of tile state */
 #define AMX_TILES 1
 #endif
 #include "native_isa.h"
+#undef KD_DPBUSD
 #ifdef AMX_TILES
 #define AMX_TILES_BUILT 1
 #undef AMX_TILES
@@ -242,15 +244,15 @@ typedef int8_t vsb4 __attribute__((vector_size(4)));
 static const isa_kernels BASE = {"base", deq_rows_base, dot_rows_base, NULL, NULL, NULL, NULL};
 #ifdef FRINK_MULTI_ISA
 static const isa_kernels AVX2 = {"avx2", deq_rows_avx2, dot_rows_avx2, dot_rows_i8_avx2,
-                                 quantize_row_avx2, kd_order_x_avx2, NULL};
+                                 quantize_row_avx2, kd_tile_x_avx2, NULL};
 static const isa_kernels AVX512 = {"avx512", deq_rows_avx512, dot_rows_avx512, dot_rows_i8_avx512,
-                                   quantize_row_avx512, kd_order_x_avx512, NULL};
+                                   quantize_row_avx512, kd_tile_x_avx512, NULL};
 #ifdef AMX_TILES_BUILT
 static const amx_kernels AMX = {amx_serves_avx512, amx_begin_avx512, amx_end_avx512,
                                 amx_panel_avx512, amx_panel_rows_avx512};
 static const isa_kernels AVX512_AMX = {"avx512+amx", deq_rows_avx512, dot_rows_avx512,
                                        dot_rows_i8_avx512, quantize_row_avx512,
-                                       kd_order_x_avx512, &AMX};
+                                       kd_tile_x_avx512, &AMX};
 
 /* Whether this process may run AMX tile instructions: the CPU has them and Linux grants
  * the tile state (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA: a process asks once, before
@@ -343,18 +345,25 @@ static int check_matrix(int qt, Py_ssize_t rows, Py_ssize_t cols, size_t *rb) {
 
 /* -- the drivers ------------------------------------------------------------------------ */
 
-/* Each row of x rounded for W's type wqt and put in the order its dots read (order_x). */
+/* Bytes the K-quant dots' tiles of T rounded rows of x take (kd_tile_x; 0 for other types). */
+static size_t tiles_bytes(int wqt, size_t T, size_t cols) {
+    if (wqt != QT_Q4_K && wqt != QT_Q5_K && wqt != QT_Q6_K) return 0;
+    return (T + ROW_TILE) * (cols + cols / 256 * (1 + 16) * sizeof(float));
+}
+
+/* Each row of x rounded for W's type wqt, then laid out as its dots read it (tile_x: the
+ * K-quants' tiles, in `tiles`). */
 static void quantize_x(const float *x, Py_ssize_t T, int cols, int wqt, int8_t *q, float *d,
-                       float *sum, q8_row *rows) {
+                       float *sum, q8_row *rows, void *tiles) {
     const int scheme = x_scheme(wqt);
     const int nb = cols / 32;
     for (Py_ssize_t t = 0; t < T; t++) {
         int8_t *qt = q + (size_t)t * cols;
         float *dt = d + (size_t)t * nb, *st = sum + (size_t)t * 3 * nb, *s32 = st + 2 * nb;
         K->quantize_row(x + (size_t)t * cols, cols, scheme, qt, dt, st, s32);
-        K->order_x(wqt, qt, cols);
         rows[t] = (q8_row){qt, dt, st, s32};
     }
+    if (tiles_bytes(wqt, 1, 256)) K->tile_x(wqt, rows, (int)T, cols, tiles);
 }
 
 static PyObject *py_dequantize(PyObject *self, PyObject *args) {
@@ -410,7 +419,8 @@ static PyObject *py_dots(PyObject *self, PyObject *args) {
     if (!exact && K->dot_rows_i8 && geometry(qt)->elems >= 32 && T > 0) {
         /* 8-bit activations: x rounded once, then every row of W dotted with it. */
         const size_t nb = (size_t)cols / 32;
-        scratch = malloc((size_t)T * (cols + 4 * nb * sizeof(float) + sizeof(q8_row)));
+        const size_t rounded = (size_t)T * (cols + 4 * nb * sizeof(float) + sizeof(q8_row));
+        scratch = malloc(rounded + tiles_bytes(qt, (size_t)T, (size_t)cols));
         if (!scratch) {
             PyErr_NoMemory();
             goto done;
@@ -419,7 +429,7 @@ static PyObject *py_dots(PyObject *self, PyObject *args) {
         float *d = (float *)(xr + T), *sum = d + (size_t)T * nb;
         int8_t *q = (int8_t *)(sum + (size_t)T * 3 * nb);
         Py_BEGIN_ALLOW_THREADS;
-        quantize_x((const float *)x.buf, T, (int)cols, qt, q, d, sum, xr);
+        quantize_x((const float *)x.buf, T, (int)cols, qt, q, d, sum, xr, (char *)scratch + rounded);
         const long chunks = (long)((rows + ROW_CHUNK - 1) / ROW_CHUNK);
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && chunks > 1)
         for (long c = 0; c < chunks; c++) {

@@ -84,15 +84,38 @@ static INLINE void ISA(kd_order)(int q6, const __m256i v[8], __m256i out[8]) {
     ISA(kd_t4)(odd, out + 4);
 }
 
-/* Each row of x, rounded for type qt (Q8_K), into the order kd_rows reads (other types:
- * nothing to do). */
-static void ISA(kd_order_x)(int qt, int8_t *q, int cols) {
-    if (!ISA(kd_serves)(qt)) return;
-    for (int b = 0; b < cols / 256; b++) {
-        __m256i v[8], o[8];
-        for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_si256((const __m256i *)(q + 256 * b + 32 * r));
-        ISA(kd_order)(qt == QT_Q6_K, v, o);
-        for (int r = 0; r < 8; r++) _mm256_storeu_si256((__m256i *)(q + 256 * b + 32 * r), o[r]);
+/* Rows a tile of n rows of x is laid out as (the last one padded by repeating its last row;
+ * the sums of padded rows are dropped): 1, 4 or KD_TILE. */
+static INLINE int ISA(kd_tile_rows)(int n) { return n == 1 ? 1 : n <= 4 ? 4 : KD_TILE; }
+
+/* The rounded rows x (Q8_K) into the tiles kd_rows reads, in buf (native.c's tiles_bytes):
+ * each tile of up to KD_TILE rows from row t0, NT = kd_tile_rows rows, block after block,
+ * so that a block's rows sit at constant offsets: block b of the tile's row t has its q (in
+ * kd_order's order) at q + (b NT + t) 256, its dx at d + b NT + t and its SW sums of q
+ * (times dx; per 32 columns for Q4_K / Q5_K: SW 8, per 16 for Q6_K: 16) at s + (b NT + t) SW,
+ * where q, d, s are the tile's (t0 cols, t0 blocks, t0 blocks SW into their regions). Each
+ * row's q8_row then points at its row in its tile (kd_rows reads the tile's first). */
+static void ISA(kd_tile_x)(int qt, q8_row *x, int T, int cols, void *buf) {
+    const int blocks = cols / 256, q6 = qt == QT_Q6_K, SW = q6 ? 16 : 8;
+    float *dbase = buf, *sbase = dbase + (size_t)(T + KD_TILE) * blocks;
+    int8_t *qbase = (int8_t *)(sbase + (size_t)(T + KD_TILE) * blocks * 16);
+    for (int t0 = 0; t0 < T; t0 += KD_TILE) {
+        const int n = T - t0 < KD_TILE ? T - t0 : KD_TILE, NT = ISA(kd_tile_rows)(n);
+        int8_t *q = qbase + (size_t)t0 * cols;
+        float *d = dbase + (size_t)t0 * blocks, *s = sbase + (size_t)t0 * blocks * SW;
+        for (int t = 0; t < NT; t++) {
+            const q8_row *src = x + t0 + (t < n ? t : n - 1);
+            for (int b = 0; b < blocks; b++) {
+                const size_t at = (size_t)b * NT + t;
+                __m256i v[8], o[8];
+                for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_si256((const __m256i *)(src->q + 256 * b + 32 * r));
+                ISA(kd_order)(q6, v, o);
+                for (int r = 0; r < 8; r++) _mm256_storeu_si256((__m256i *)(q + 256 * at + 32 * r), o[r]);
+                d[at] = src->d[8 * b];
+                memcpy(s + SW * at, q6 ? src->dsum + 16 * b : src->dsum32 + 8 * b, SW * sizeof(float));
+            }
+        }
+        for (int t = 0; t < n; t++) x[t0 + t] = (q8_row){q + 256 * t, d + t, s + SW * t, s + SW * t};
     }
 }
 
@@ -100,7 +123,7 @@ static void ISA(kd_order_x)(int qt, int8_t *q, int cols) {
  * scales as vpmaddwd takes them, the float factor of the integer sum (d, times dx per row
  * later) and the mins' float scales against x's sums (per 32 columns: 8; Q6_K per 16: 16). */
 typedef struct {
-    __m256i codes[8], sc[4];
+    __m256i codes[8], sc[4]; /* sc: Q6_K's 4 groups; Q4_K's 2, then as (sc, 0) (kd_isum) */
     __m256 mins[2];
     float d;
 } ISA(kd_block);
@@ -127,6 +150,10 @@ static INLINE void ISA(kd_unpack_q4_k)(const uint8_t *p, ISA(kd_block) *k) {
                                                0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
     k->sc[0] = _mm256_shuffle_epi8(sc, pick_even);
     k->sc[1] = _mm256_shuffle_epi8(sc, _mm256_add_epi8(pick_even, _mm256_set1_epi8(2)));
+#ifdef KD_DPBUSD
+    k->sc[2] = _mm256_and_si256(k->sc[0], _mm256_set1_epi32(0xffff));
+    k->sc[3] = _mm256_and_si256(k->sc[1], _mm256_set1_epi32(0xffff));
+#endif
     const __m256i low = _mm256_set1_epi8(15);
     __m256i in[4], t[4];
     for (int c = 0; c < 4; c++) in[c] = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * c));
@@ -184,11 +211,29 @@ static INLINE void ISA(kd_unpack_q6_k)(const uint8_t *p, ISA(kd_block) *k) {
 }
 
 /* Row t's int32 sums of block b: each group's byte products added as int16, then times the
- * group's scales into int32 (every step exact, so the order is free). (A 512-bit VNNI form,
- * vpdpbusd then vpmulld per group, gives the same integers but measured slower on Zen 4 for
- * one row and for eight: docs/performance.md.) */
-static INLINE __m256i ISA(kd_isum)(const ISA(kd_block) *k, const int8_t *xq, int G) {
+ * group's scales into int32 (every step exact, so the order is free). With VNNI (KD_DPBUSD)
+ * and Q4_K (DP), a group's products are summed into int32 lanes by vpdpbusd instead: 16
+ * products of at most 15 x 127 per lane stay under 2^15, so vpmaddwd by (sc, 0) pairs
+ * multiplies each lane by its scale exactly (Q5_K's and Q6_K's codes are too large for it).
+ * (A 512-bit form, vpdpbusd then vpmulld per group, measured slower on Zen 4:
+ * docs/performance.md.) */
+static INLINE __m256i ISA(kd_isum)(const ISA(kd_block) *k, const int8_t *xq, int G, int DP) {
     __m256i is = _mm256_setzero_si256();
+#ifdef KD_DPBUSD
+    if (DP) {
+        for (int g = 0; g < 2; g++) {
+            __m256i s32[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+            for (int v = 4 * g; v < 4 * g + 4; v++) { /* a lone row: two chains (latency) */
+                const int c = DP == 2 ? v % 2 : 0;
+                s32[c] = _mm256_dpbusd_epi32(s32[c], k->codes[v], _mm256_loadu_si256((const __m256i *)(xq + 32 * v)));
+            }
+            is = _mm256_add_epi32(is, _mm256_madd_epi16(_mm256_add_epi32(s32[0], s32[1]), k->sc[2 + g]));
+        }
+        return is;
+    }
+#else
+    (void)DP;
+#endif
     for (int g = 0; g < 8 / G; g++) {
         __m256i s16 = _mm256_setzero_si256();
         for (int v = G * g; v < G * g + G; v++)
@@ -198,56 +243,55 @@ static INLINE __m256i ISA(kd_isum)(const ISA(kd_block) *k, const int8_t *xq, int
     return is;
 }
 
-/* Block b (unpacked in k) times the N rows xs of a tile of x, into each row's sums acc[t]
- * and off[t]: per row its int32 sums (kd_isum), one conversion and one multiply-add by
- * d * dx, and the mins' term: the same steps for a row alone or in a tile. G: vectors per
- * group (4: Q4_K, Q5_K; 2: Q6_K). */
-static INLINE void ISA(kd_tile_block)(const ISA(kd_block) *k, const q8_row *const *xs, int N,
-                                      int b, int G, __m256 *acc, __m256 *off) {
+/* Block b (unpacked in k) times the N rows of a tile of x (xq, xd, xs: the block's first
+ * row in kd_tile_x's layout), into each row's sums acc[t]: its int32 sums (kd_isum), one
+ * conversion and one multiply-add by d * dx, and the mins' term subtracted (SW sums: one or
+ * two multiply-adds): the same steps for a row alone or in a tile. G: vectors per group (4:
+ * Q4_K, Q5_K; 2: Q6_K). */
+static INLINE void ISA(kd_tile_block)(const ISA(kd_block) *k, const int8_t *xq, const float *xd,
+                                      const float *xs, int N, int G, int SW, int DP, __m256 *acc) {
+#pragma GCC unroll 8
     for (int t = 0; t < N; t++) {
-        const __m256i is = ISA(kd_isum)(k, xs[t]->q + 256 * (size_t)b, G);
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(k->d * xs[t]->d[8 * b]), acc[t]);
-        if (G == 4)
-            off[t] = _mm256_fmadd_ps(k->mins[0], _mm256_loadu_ps(xs[t]->dsum32 + 8 * b), off[t]);
-        else {
-            off[t] = _mm256_fmadd_ps(k->mins[0], _mm256_loadu_ps(xs[t]->dsum + 16 * b), off[t]);
-            off[t] = _mm256_fmadd_ps(k->mins[1], _mm256_loadu_ps(xs[t]->dsum + 16 * b + 8), off[t]);
-        }
+        const __m256i is = ISA(kd_isum)(k, xq + 256 * t, G, DP && N == 1 ? 2 : DP);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(k->d * xd[t]), acc[t]);
+        acc[t] = _mm256_fnmadd_ps(k->mins[0], _mm256_loadu_ps(xs + SW * t), acc[t]);
+        if (SW == 16) acc[t] = _mm256_fnmadd_ps(k->mins[1], _mm256_loadu_ps(xs + SW * t + 8), acc[t]);
     }
 }
 
-/* Row `row` of W (`blocks` blocks of NBYTES, read by UNPACK) times the N rows xs of x (N a
- * constant: the loops unroll), into yt[t]. (Block column after block column over several
- * rows of W, keeping a block of x in L1 for them, measured no faster.) */
-#define KD_TILE_ROW(UNPACK, NBYTES, G, N)                                                      \
+/* Row `row` of W (`blocks` blocks of NBYTES, read by UNPACK) times the N rows of the tile
+ * (xq, xd, xs: kd_tile_x's layout, N its rows), into yt[t]. (Block column after block
+ * column over several rows of W, keeping a block of x in L1 for them, measured no faster.) */
+#define KD_TILE_ROW(UNPACK, NBYTES, G, SW, DP, N)                                              \
     {                                                                                          \
-        __m256 acc[N], off[N];                                                                 \
-        for (int t = 0; t < N; t++) acc[t] = off[t] = _mm256_setzero_ps();                     \
+        __m256 acc[N];                                                                         \
+        for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();                              \
         for (int b = 0; b < blocks; b++) {                                                     \
             const uint8_t *p = row + (size_t)b * NBYTES;                                       \
             for (int l = 0; l < NBYTES; l += 64) __builtin_prefetch(p + PREFETCH_AHEAD + l);   \
             ISA(kd_block) k;                                                                   \
             ISA(UNPACK)(p, &k);                                                                \
-            ISA(kd_tile_block)(&k, xs, N, b, G, acc, off);                                     \
+            ISA(kd_tile_block)(&k, xq + (size_t)b * N * 256, xd + (size_t)b * N,               \
+                               xs + (size_t)b * N * SW, N, G, SW, DP, acc);                    \
         }                                                                                      \
-        for (int t = 0; t < N; t++) yt[t] = ISA(kd_hsum)(acc[t]) - ISA(kd_hsum)(off[t]);       \
+        for (int t = 0; t < N; t++) yt[t] = ISA(kd_hsum)(acc[t]);                              \
     }
 
 /* y[t, r] = x[t] . W[r] for r in [r0, r1), every t < T (y's rows ys apart), for one of the
- * three types (UNPACK its block reader, G its vectors per group: kd_tile_block): the rows
- * of x in tiles of up to KD_TILE, each tile's block unpacked once. A tile of n rows runs as
- * 1, 4 or 8 (a short one repeats its last row, whose sums are dropped). */
-#define KD_ROWS(UNPACK, NBYTES, G)                                                             \
-    for (size_t r = r0; r < r1; r++) {                                                         \
-        const uint8_t *row = w + r * rb;                                                       \
-        for (int t0 = 0; t0 < T; t0 += KD_TILE) {                                              \
-            const int n = T - t0 < KD_TILE ? T - t0 : KD_TILE;                                 \
-            const q8_row *xs[KD_TILE];                                                         \
+ * three types (UNPACK its block reader, G its vectors per group, SW its sums of q per block,
+ * DP whether kd_isum may use vpdpbusd): x in kd_tile_x's tiles, each tile's block unpacked
+ * once. */
+#define KD_ROWS(UNPACK, NBYTES, G, SW, DP)                                                     \
+    for (int t0 = 0; t0 < T; t0 += KD_TILE) {                                                  \
+        const int n = T - t0 < KD_TILE ? T - t0 : KD_TILE;                                     \
+        const int8_t *xq = x[t0].q;                                                            \
+        const float *xd = x[t0].d, *xs = x[t0].dsum;                                           \
+        for (size_t r = r0; r < r1; r++) {                                                     \
+            const uint8_t *row = w + r * rb;                                                   \
             float yt[KD_TILE];                                                                 \
-            for (int t = 0; t < KD_TILE; t++) xs[t] = x + (t < n ? t0 + t : T - 1);            \
-            if (n == 1) KD_TILE_ROW(UNPACK, NBYTES, G, 1)                                      \
-            else if (n <= 4) KD_TILE_ROW(UNPACK, NBYTES, G, 4)                                 \
-            else KD_TILE_ROW(UNPACK, NBYTES, G, KD_TILE)                                       \
+            if (n == 1) KD_TILE_ROW(UNPACK, NBYTES, G, SW, DP, 1)                              \
+            else if (n <= 4) KD_TILE_ROW(UNPACK, NBYTES, G, SW, DP, 4)                         \
+            else KD_TILE_ROW(UNPACK, NBYTES, G, SW, DP, KD_TILE)                               \
             for (int t = 0; t < n; t++) y[(size_t)(t0 + t) * ys + r] = yt[t];                  \
         }                                                                                      \
     }
@@ -255,9 +299,9 @@ static INLINE void ISA(kd_tile_block)(const ISA(kd_block) *k, const q8_row *cons
 static void ISA(kd_rows)(int qt, const uint8_t *w, size_t rb, size_t r0, size_t r1,
                          const q8_row *x, int T, int cols, float *y, size_t ys) {
     const int blocks = cols / 256;
-    if (qt == QT_Q4_K) KD_ROWS(kd_unpack_q4_k, 144, 4)
-    else if (qt == QT_Q5_K) KD_ROWS(kd_unpack_q5_k, 176, 4)
-    else if (qt == QT_Q6_K) KD_ROWS(kd_unpack_q6_k, 210, 2)
+    if (qt == QT_Q4_K) KD_ROWS(kd_unpack_q4_k, 144, 4, 8, 1)
+    else if (qt == QT_Q5_K) KD_ROWS(kd_unpack_q5_k, 176, 4, 8, 0)
+    else if (qt == QT_Q6_K) KD_ROWS(kd_unpack_q6_k, 210, 2, 16, 0)
 }
 
 #undef KD_ROWS
