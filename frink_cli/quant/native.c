@@ -86,6 +86,18 @@ typedef struct {
     const float *dsum32;  /* [cols / 32]: dx * the sum of q over each 32 */
 } q8_row;
 
+/* How the 8-bit dots for W's type wqt read x (native_kdots.h's tile_x): by tiles of rows
+ * whose unit is a block of 256 (the K-quants that kd_rows takes), a run of 32 (the types
+ * with one scale per run: i8_tile_rows), or row by row (0: Q2_K, Q3_K). */
+static int x_tile_unit(int wqt) {
+    switch (wqt) {
+    case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: return 256;
+    case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1: case QT_Q8_0: case QT_IQ4_NL:
+    case QT_IQ4_XS: case QT_MXFP4: return 32;
+    default: return 0;
+    }
+}
+
 typedef void (*deq_rows_fn)(int, const uint8_t *, size_t, const int64_t *, size_t, size_t,
                             float *, int);
 typedef void (*dot_rows_fn)(int, const uint8_t *, size_t, size_t, size_t, const float *, int,
@@ -121,7 +133,7 @@ typedef struct {
     dot_rows_fn dot_rows;
     dot_rows_i8_fn dot_rows_i8; /* NULL: this ISA has no 8-bit dots, every dot is f32 */
     quantize_row_fn quantize_row; /* NULL with dot_rows_i8 */
-    tile_x_fn tile_x;             /* rounded rows of x into the K-quant dots' tiles (kd_tile_x) */
+    tile_x_fn tile_x;             /* rounded rows of x into the 8-bit dots' tiles (tile_x) */
     const amx_kernels *amx;       /* NULL: no tile products, prompts go to BLAS */
 } isa_kernels;
 
@@ -244,15 +256,15 @@ typedef int8_t vsb4 __attribute__((vector_size(4)));
 static const isa_kernels BASE = {"base", deq_rows_base, dot_rows_base, NULL, NULL, NULL, NULL};
 #ifdef FRINK_MULTI_ISA
 static const isa_kernels AVX2 = {"avx2", deq_rows_avx2, dot_rows_avx2, dot_rows_i8_avx2,
-                                 quantize_row_avx2, kd_tile_x_avx2, NULL};
+                                 quantize_row_avx2, tile_x_avx2, NULL};
 static const isa_kernels AVX512 = {"avx512", deq_rows_avx512, dot_rows_avx512, dot_rows_i8_avx512,
-                                   quantize_row_avx512, kd_tile_x_avx512, NULL};
+                                   quantize_row_avx512, tile_x_avx512, NULL};
 #ifdef AMX_TILES_BUILT
 static const amx_kernels AMX = {amx_serves_avx512, amx_begin_avx512, amx_end_avx512,
                                 amx_panel_avx512, amx_panel_rows_avx512};
 static const isa_kernels AVX512_AMX = {"avx512+amx", deq_rows_avx512, dot_rows_avx512,
                                        dot_rows_i8_avx512, quantize_row_avx512,
-                                       kd_tile_x_avx512, &AMX};
+                                       tile_x_avx512, &AMX};
 
 /* Whether this process may run AMX tile instructions: the CPU has them and Linux grants
  * the tile state (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA: a process asks once, before
@@ -345,10 +357,11 @@ static int check_matrix(int qt, Py_ssize_t rows, Py_ssize_t cols, size_t *rb) {
 
 /* -- the drivers ------------------------------------------------------------------------ */
 
-/* Bytes the K-quant dots' tiles of T rounded rows of x take (kd_tile_x; 0 for other types). */
+/* Bytes the tiles of T rounded rows of x take (tile_x; 0 where x is read row by row): q, and
+ * per 32 columns at most 3 floats (a K-quant block's dx and 16 sums, a run's dx and sum). */
 static size_t tiles_bytes(int wqt, size_t T, size_t cols) {
-    if (wqt != QT_Q4_K && wqt != QT_Q5_K && wqt != QT_Q6_K) return 0;
-    return (T + ROW_TILE) * (cols + cols / 256 * (1 + 16) * sizeof(float));
+    if (!x_tile_unit(wqt)) return 0;
+    return (T + ROW_TILE) * (cols + cols / 32 * 3 * sizeof(float));
 }
 
 /* Each row of x rounded for W's type wqt, then laid out as its dots read it (tile_x: the
@@ -363,7 +376,7 @@ static void quantize_x(const float *x, Py_ssize_t T, int cols, int wqt, int8_t *
         K->quantize_row(x + (size_t)t * cols, cols, scheme, qt, dt, st, s32);
         rows[t] = (q8_row){qt, dt, st, s32};
     }
-    if (tiles_bytes(wqt, 1, 256)) K->tile_x(wqt, rows, (int)T, cols, tiles);
+    if (x_tile_unit(wqt)) K->tile_x(wqt, rows, (int)T, cols, tiles);
 }
 
 static PyObject *py_dequantize(PyObject *self, PyObject *args) {

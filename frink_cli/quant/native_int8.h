@@ -211,6 +211,18 @@ static INLINE void ISA(unit_i8)(const ISA(icodes) *c, const q8_row *x, int u, __
     }
 }
 
+/* unit_i8 for the N rows of a tile (tile_x's layout: xq, xd, xs the run's first row), for
+ * a run with one scale (not split): each row's steps exactly as unit_i8's. */
+static INLINE void ISA(tile_unit_i8)(const ISA(icodes) *c, const int8_t *xq, const float *xd,
+                                     const float *xs, int N, __m256 *acc, float *off) {
+#pragma GCC unroll 8
+    for (int t = 0; t < N; t++) {
+        const __m256 s = _mm256_cvtepi32_ps(ISA(unit_products)(c, xq + 32 * t));
+        acc[t] = _mm256_fmadd_ps(s, _mm256_set1_ps(c->sc[0] * xd[t]), acc[t]);
+        if (c->has_k) off[t] += c->k[0] * xs[t];
+    }
+}
+
 static INLINE float ISA(finish_i8)(__m256 acc, float off) {
     float a[8];
     memcpy(a, &acc, sizeof a);
@@ -258,6 +270,39 @@ static INLINE float ISA(finish_i8)(__m256 acc, float off) {
         }                                                                                      \
     }
 
+/* Row `row` of W times the N rows of a tile of x (tile_x's layout from xq, xd, xs), into
+ * yt[t]: the steps of I8_BODY's, each run's codes unpacked once for the tile. */
+#define I8_TILE_ROW(HEAD, UNIT, ELEMS, NBYTES, N)                                              \
+    {                                                                                          \
+        __m256 acc[N];                                                                         \
+        float off[N];                                                                          \
+        for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps(), off[t] = 0.0f;               \
+        EACH_RUN(HEAD, ELEMS, NBYTES, {                                                        \
+            ISA(icodes) cd;                                                                    \
+            ISA(UNIT)(p, j, &h, &cd);                                                          \
+            ISA(tile_unit_i8)(&cd, xq + (size_t)u * N * 32, xd + (size_t)u * N,                \
+                              xs + (size_t)u * N, N, acc, off);                                \
+        })                                                                                     \
+        for (int t = 0; t < N; t++) yt[t] = ISA(finish_i8)(acc[t], off[t]);                    \
+    }
+
+/* y[t, r] = x[t] . W[r] for the types with a scale per run (x in tile_x's tiles of runs):
+ * tiles outer, rows of W inner, a row's sums in I8_BODY's order alone or in a tile. */
+#define I8_TILE_BODY(HEAD, UNIT, ELEMS, NBYTES)                                                \
+    for (int t0 = 0; t0 < T; t0 += ROW_TILE) {                                                 \
+        const int n = T - t0 < ROW_TILE ? T - t0 : ROW_TILE;                                   \
+        const int8_t *xq = x[t0].q;                                                            \
+        const float *xd = x[t0].d, *xs = x[t0].dsum32;                                         \
+        for (size_t r = r0; r < r1; r++) {                                                     \
+            const uint8_t *row = w + r * rb;                                                   \
+            float yt[ROW_TILE];                                                                \
+            if (n == 1) I8_TILE_ROW(HEAD, UNIT, ELEMS, NBYTES, 1)                              \
+            else if (n <= 4) I8_TILE_ROW(HEAD, UNIT, ELEMS, NBYTES, 4)                         \
+            else I8_TILE_ROW(HEAD, UNIT, ELEMS, NBYTES, ROW_TILE)                              \
+            for (int t = 0; t < n; t++) y[(size_t)(t0 + t) * ys + r] = yt[t];                  \
+        }                                                                                      \
+    }
+
 /* The types the int8 paths take, BODY given each one's head, i8 unit, block elements and
  * bytes: the dot rows below and the AMX panels (native_amx.h) both switch on this table. */
 #define I8_CASE(QT, HEAD, NAME, ELEMS, NBYTES, BODY)                                           \
@@ -274,7 +319,13 @@ static void ISA(dot_rows_i8)(int qt, const uint8_t *w, size_t rb, size_t r0, siz
         ISA(kd_rows)(qt, w, rb, r0, r1, x, T, cols, y, ys); /* a block at a time */
         return;
     }
+    if (x_tile_unit(qt) == 32) { /* in tile_x's runs */
+        EACH_I8_TYPE(I8_TILE_BODY)
+        return;
+    }
     EACH_I8_TYPE(I8_BODY)
 }
 
 #undef I8_BODY
+#undef I8_TILE_BODY
+#undef I8_TILE_ROW

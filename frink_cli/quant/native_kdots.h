@@ -88,34 +88,40 @@ static INLINE void ISA(kd_order)(int q6, const __m256i v[8], __m256i out[8]) {
  * the sums of padded rows are dropped): 1, 4 or KD_TILE. */
 static INLINE int ISA(kd_tile_rows)(int n) { return n == 1 ? 1 : n <= 4 ? 4 : KD_TILE; }
 
-/* The rounded rows x (Q8_K) into the tiles kd_rows reads, in buf (native.c's tiles_bytes):
- * each tile of up to KD_TILE rows from row t0, NT = kd_tile_rows rows, block after block,
- * so that a block's rows sit at constant offsets: block b of the tile's row t has its q (in
- * kd_order's order) at q + (b NT + t) 256, its dx at d + b NT + t and its SW sums of q
- * (times dx; per 32 columns for Q4_K / Q5_K: SW 8, per 16 for Q6_K: 16) at s + (b NT + t) SW,
- * where q, d, s are the tile's (t0 cols, t0 blocks, t0 blocks SW into their regions). Each
- * row's q8_row then points at its row in its tile (kd_rows reads the tile's first). */
-static void ISA(kd_tile_x)(int qt, q8_row *x, int T, int cols, void *buf) {
-    const int blocks = cols / 256, q6 = qt == QT_Q6_K, SW = q6 ? 16 : 8;
-    float *dbase = buf, *sbase = dbase + (size_t)(T + KD_TILE) * blocks;
-    int8_t *qbase = (int8_t *)(sbase + (size_t)(T + KD_TILE) * blocks * 16);
+/* The rounded rows x into the tiles the 8-bit dots read (native.c's x_tile_unit, tiles_bytes),
+ * in buf: each tile of up to KD_TILE rows from row t0, NT = kd_tile_rows rows, unit after
+ * unit (a unit: a block of 256 for the K-quants, a run of 32 for the others), so that a
+ * unit's rows sit at constant offsets: unit i of the tile's row t has its q at
+ * q + (i NT + t) UNIT (a K-quant block's in kd_order's order), its dx at d + i NT + t and its
+ * SW sums of q times dx at s + (i NT + t) SW (Q4_K, Q5_K: 8 per 32 columns; Q6_K: 16 per
+ * 16; a run: 1), where q, d, s are the tile's (t0 cols, t0 units, t0 units SW into their
+ * regions). Each row's q8_row then points at its row in its tile (the dots read the tile's
+ * first). */
+static void ISA(tile_x)(int qt, q8_row *x, int T, int cols, void *buf) {
+    const int K = qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_Q6_K, q6 = qt == QT_Q6_K;
+    const int UNIT = K ? 256 : 32, SW = q6 ? 16 : K ? 8 : 1, units = cols / UNIT;
+    float *dbase = buf, *sbase = dbase + (size_t)(T + KD_TILE) * units;
+    int8_t *qbase = (int8_t *)(sbase + (size_t)(T + KD_TILE) * units * SW);
     for (int t0 = 0; t0 < T; t0 += KD_TILE) {
         const int n = T - t0 < KD_TILE ? T - t0 : KD_TILE, NT = ISA(kd_tile_rows)(n);
         int8_t *q = qbase + (size_t)t0 * cols;
-        float *d = dbase + (size_t)t0 * blocks, *s = sbase + (size_t)t0 * blocks * SW;
+        float *d = dbase + (size_t)t0 * units, *s = sbase + (size_t)t0 * units * SW;
         for (int t = 0; t < NT; t++) {
             const q8_row *src = x + t0 + (t < n ? t : n - 1);
-            for (int b = 0; b < blocks; b++) {
-                const size_t at = (size_t)b * NT + t;
-                __m256i v[8], o[8];
-                for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_si256((const __m256i *)(src->q + 256 * b + 32 * r));
-                ISA(kd_order)(q6, v, o);
-                for (int r = 0; r < 8; r++) _mm256_storeu_si256((__m256i *)(q + 256 * at + 32 * r), o[r]);
-                d[at] = src->d[8 * b];
-                memcpy(s + SW * at, q6 ? src->dsum + 16 * b : src->dsum32 + 8 * b, SW * sizeof(float));
+            for (int i = 0; i < units; i++) {
+                const size_t at = (size_t)i * NT + t;
+                if (K) {
+                    __m256i v[8], o[8];
+                    for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_si256((const __m256i *)(src->q + 256 * i + 32 * r));
+                    ISA(kd_order)(q6, v, o);
+                    for (int r = 0; r < 8; r++) _mm256_storeu_si256((__m256i *)(q + 256 * at + 32 * r), o[r]);
+                } else
+                    memcpy(q + 32 * at, src->q + 32 * i, 32);
+                d[at] = src->d[UNIT / 32 * i];
+                memcpy(s + SW * at, q6 ? src->dsum + 16 * i : src->dsum32 + SW * i, SW * sizeof(float));
             }
         }
-        for (int t = 0; t < n; t++) x[t0 + t] = (q8_row){q + 256 * t, d + t, s + SW * t, s + SW * t};
+        for (int t = 0; t < n; t++) x[t0 + t] = (q8_row){q + UNIT * t, d + t, s + SW * t, s + SW * t};
     }
 }
 
