@@ -215,10 +215,12 @@ static INLINE void ISA(unit_i8)(const ISA(icodes) *c, const q8_row *x, int u, __
  * a run with one scale (not split): each row's steps exactly as unit_i8's. */
 static INLINE void ISA(tile_unit_i8)(const ISA(icodes) *c, const int8_t *xq, const float *xd,
                                      const float *xs, int N, __m256 *acc, float *off) {
+    float dd[ROW_TILE];
+    ISA(tile_scales)(c->sc[0], xd, N, dd);
 #pragma GCC unroll 8
     for (int t = 0; t < N; t++) {
         const __m256 s = _mm256_cvtepi32_ps(ISA(unit_products)(c, xq + 32 * t));
-        acc[t] = _mm256_fmadd_ps(s, _mm256_set1_ps(c->sc[0] * xd[t]), acc[t]);
+        acc[t] = _mm256_fmadd_ps(s, _mm256_set1_ps(dd[t]), acc[t]);
         if (c->has_k) off[t] += c->k[0] * xs[t];
     }
 }

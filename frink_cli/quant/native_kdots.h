@@ -88,6 +88,14 @@ static INLINE void ISA(kd_order)(int q6, const __m256i v[8], __m256i out[8]) {
  * the sums of padded rows are dropped): 1, 4 or KD_TILE. */
 static INLINE int ISA(kd_tile_rows)(int n) { return n == 1 ? 1 : n <= 4 ? 4 : KD_TILE; }
 
+/* dd[t] = f * xd[t] for the N rows of a tile (one vector multiply where N is 4 or 8: the same
+ * products as N scalar ones). */
+static INLINE void ISA(tile_scales)(float f, const float *xd, int N, float *dd) {
+    if (N == 8) _mm256_storeu_ps(dd, _mm256_mul_ps(_mm256_set1_ps(f), _mm256_loadu_ps(xd)));
+    else if (N == 4) _mm_storeu_ps(dd, _mm_mul_ps(_mm_set1_ps(f), _mm_loadu_ps(xd)));
+    else for (int t = 0; t < N; t++) dd[t] = f * xd[t];
+}
+
 /* The rounded rows x into the tiles the 8-bit dots read (native.c's x_tile_unit, tiles_bytes),
  * in buf: each tile of up to KD_TILE rows from row t0, NT = kd_tile_rows rows, unit after
  * unit (a unit: a block of 256 for the K-quants, a run of 32 for the others), so that a
@@ -256,10 +264,12 @@ static INLINE __m256i ISA(kd_isum)(const ISA(kd_block) *k, const int8_t *xq, int
  * Q4_K, Q5_K; 2: Q6_K). */
 static INLINE void ISA(kd_tile_block)(const ISA(kd_block) *k, const int8_t *xq, const float *xd,
                                       const float *xs, int N, int G, int SW, int DP, __m256 *acc) {
+    float dd[KD_TILE];
+    ISA(tile_scales)(k->d, xd, N, dd);
 #pragma GCC unroll 8
     for (int t = 0; t < N; t++) {
         const __m256i is = ISA(kd_isum)(k, xq + 256 * t, G, DP && N == 1 ? 2 : DP);
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(k->d * xd[t]), acc[t]);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(dd[t]), acc[t]);
         acc[t] = _mm256_fnmadd_ps(k->mins[0], _mm256_loadu_ps(xs + SW * t), acc[t]);
         if (SW == 16) acc[t] = _mm256_fnmadd_ps(k->mins[1], _mm256_loadu_ps(xs + SW * t + 8), acc[t]);
     }
