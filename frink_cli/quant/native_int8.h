@@ -221,8 +221,15 @@ static INLINE void ISA(tile_unit_i8)(const ISA(icodes) *c, const int8_t *xq, con
     for (int t = 0; t < N; t++) {
         const __m256 s = _mm256_cvtepi32_ps(ISA(unit_products)(c, xq + 32 * t));
         acc[t] = _mm256_fmadd_ps(s, _mm256_set1_ps(dd[t]), acc[t]);
-        if (c->has_k) off[t] += c->k[0] * xs[t];
     }
+    if (!c->has_k) return;
+    /* off[t] += k xs[t], a multiply then an add per lane: the scalar steps' bits */
+    if (N == 8)
+        _mm256_storeu_ps(off, _mm256_add_ps(_mm256_loadu_ps(off), _mm256_mul_ps(_mm256_set1_ps(c->k[0]), _mm256_loadu_ps(xs))));
+    else if (N == 4)
+        _mm_storeu_ps(off, _mm_add_ps(_mm_loadu_ps(off), _mm_mul_ps(_mm_set1_ps(c->k[0]), _mm_loadu_ps(xs))));
+    else
+        for (int t = 0; t < N; t++) off[t] += c->k[0] * xs[t];
 }
 
 static INLINE float ISA(finish_i8)(__m256 acc, float off) {
