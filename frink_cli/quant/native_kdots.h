@@ -258,9 +258,9 @@ static INLINE __m256i ISA(kd_isum)(const ISA(kd_block) *k, const int8_t *xq, int
 }
 
 /* Block b (unpacked in k) times the N rows of a tile of x (xq, xd, xs: the block's first
- * row in kd_tile_x's layout), into each row's sums acc[t]: its int32 sums (kd_isum), one
- * conversion and one multiply-add by d * dx, and the mins' term subtracted (SW sums: one or
- * two multiply-adds): the same steps for a row alone or in a tile. G: vectors per group (4:
+ * row in tile_x's layout), into each row's sums acc[t]: its int32 sums (kd_isum), converted
+ * and times d * dx, the mins' term subtracted (SW sums: one or two multiply-adds), added to
+ * acc[t]: the same steps for a row alone or in a tile. G: vectors per group (4:
  * Q4_K, Q5_K; 2: Q6_K). */
 static INLINE void ISA(kd_tile_block)(const ISA(kd_block) *k, const int8_t *xq, const float *xd,
                                       const float *xs, int N, int G, int SW, int DP, __m256 *acc) {
@@ -269,9 +269,11 @@ static INLINE void ISA(kd_tile_block)(const ISA(kd_block) *k, const int8_t *xq, 
 #pragma GCC unroll 8
     for (int t = 0; t < N; t++) {
         const __m256i is = ISA(kd_isum)(k, xq + 256 * t, G, DP && N == 1 ? 2 : DP);
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(dd[t]), acc[t]);
-        acc[t] = _mm256_fnmadd_ps(k->mins[0], _mm256_loadu_ps(xs + SW * t), acc[t]);
-        if (SW == 16) acc[t] = _mm256_fnmadd_ps(k->mins[1], _mm256_loadu_ps(xs + SW * t + 8), acc[t]);
+        /* the block's terms apart, then one add: a lone row's chain is an add per block */
+        __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(dd[t]));
+        v = _mm256_fnmadd_ps(k->mins[0], _mm256_loadu_ps(xs + SW * t), v);
+        if (SW == 16) v = _mm256_fnmadd_ps(k->mins[1], _mm256_loadu_ps(xs + SW * t + 8), v);
+        acc[t] = _mm256_add_ps(acc[t], v);
     }
 }
 
