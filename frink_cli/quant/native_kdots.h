@@ -263,17 +263,16 @@ static INLINE __m256i ISA(kd_isum)(const ISA(kd_block) *k, const int8_t *xq, int
  * acc[t]: the same steps for a row alone or in a tile. G: vectors per group (4:
  * Q4_K, Q5_K; 2: Q6_K). */
 static INLINE void ISA(kd_tile_block)(const ISA(kd_block) *k, const int8_t *xq, const float *xd,
-                                      const float *xs, int N, int G, int SW, int DP, __m256 *acc) {
+                                      const float *xs, int N, int G, int SW, int DP, __m256 *acc,
+                                      __m256 *off) {
     float dd[KD_TILE];
     ISA(tile_scales)(k->d, xd, N, dd);
 #pragma GCC unroll 8
     for (int t = 0; t < N; t++) {
         const __m256i is = ISA(kd_isum)(k, xq + 256 * t, G, DP && N == 1 ? 2 : DP);
-        /* the block's terms apart, then one add: a lone row's chain is an add per block */
-        __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(dd[t]));
-        v = _mm256_fnmadd_ps(k->mins[0], _mm256_loadu_ps(xs + SW * t), v);
-        if (SW == 16) v = _mm256_fnmadd_ps(k->mins[1], _mm256_loadu_ps(xs + SW * t + 8), v);
-        acc[t] = _mm256_add_ps(acc[t], v);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(dd[t]), acc[t]);
+        off[t] = _mm256_fmadd_ps(k->mins[0], _mm256_loadu_ps(xs + SW * t), off[t]);
+        if (SW == 16) off[t] = _mm256_fmadd_ps(k->mins[1], _mm256_loadu_ps(xs + SW * t + 8), off[t]);
     }
 }
 
@@ -282,17 +281,17 @@ static INLINE void ISA(kd_tile_block)(const ISA(kd_block) *k, const int8_t *xq, 
  * column over several rows of W, keeping a block of x in L1 for them, measured no faster.) */
 #define KD_TILE_ROW(UNPACK, NBYTES, G, SW, DP, N)                                              \
     {                                                                                          \
-        __m256 acc[N];                                                                         \
-        for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();                              \
+        __m256 acc[N], off[N];                                                                 \
+        for (int t = 0; t < N; t++) acc[t] = off[t] = _mm256_setzero_ps();                     \
         for (int b = 0; b < blocks; b++) {                                                     \
             const uint8_t *p = row + (size_t)b * NBYTES;                                       \
             for (int l = 0; l < NBYTES; l += 64) __builtin_prefetch(p + PREFETCH_AHEAD + l);   \
             ISA(kd_block) k;                                                                   \
             ISA(UNPACK)(p, &k);                                                                \
             ISA(kd_tile_block)(&k, xq + (size_t)b * N * 256, xd + (size_t)b * N,               \
-                               xs + (size_t)b * N * SW, N, G, SW, DP, acc);                    \
+                               xs + (size_t)b * N * SW, N, G, SW, DP, acc, off);               \
         }                                                                                      \
-        for (int t = 0; t < N; t++) yt[t] = ISA(kd_hsum)(acc[t]);                              \
+        for (int t = 0; t < N; t++) yt[t] = ISA(kd_hsum)(acc[t]) - ISA(kd_hsum)(off[t]);       \
     }
 
 /* y[t, r] = x[t] . W[r] for r in [r0, r1), every t < T (y's rows ys apart), for one of the
