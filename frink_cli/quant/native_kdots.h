@@ -16,10 +16,15 @@
  * the block, and turned into floats once per block: 8 byte-product and 2 (Q6_K: 4) scale
  * multiplies per block and row of x, where one vpmaddwd per run paid 8. For that, W's codes
  * and x's q are both read in one order of a block's columns (kd_order below): x is put in
- * it once per call (kd_order_x), W's codes on unpacking, so W's bytes stay the file's. The
+ * it once per call (tile_x), W's codes on unpacking, so W's bytes stay the file's. The
  * mins' terms are one vector multiply-add of the block's 8 (16) float scales by x's sums.
  * Codes are unpacked and scales decoded once per block for every tile of up to KD_TILE
- * rows of x.
+ * rows of x, and the tiles are laid out by tile_x (below; the legacy types' runs too) so
+ * that every row of a tile sits at a constant offset from the tile's: no pointer per row.
+ * With VNNI a Q4_K group's products are summed by vpdpbusd (kd_isum). The loops take the
+ * tiles outer and a work item's rows of W inner (a tile of x stays in L1 or L2 for them).
+ * The instruction count per block and row of x, not the multiplies, bounded the earlier
+ * build (docs/performance.md).
  *
  * Every row of x gets its own accumulators, made in the same order (blocks in row order;
  * in a block, runs in order, integers exactly) however many rows share the call: a row's
@@ -61,7 +66,7 @@ static INLINE int ISA(kd_serves)(int qt) { return qt == QT_Q4_K || qt == QT_Q5_K
  *    3, 5, 7 the same way: two groups of four, each int32 lane one run's.
  *  Q6_K (scale per 16): runs 2p and 2p + 1 interleaved by 8 columns (vpunpck[lh]qdq): four
  *    groups of two, each 64-bit lane one half-run's.
- * kd_order_x puts a row of x in this order once per call; the unpackers make W's codes in
+ * tile_x puts each row of x in this order once per call; the unpackers make W's codes in
  * it from the file's bytes, so W is read as the file holds it. */
 static INLINE void ISA(kd_t4)(const __m256i in[4], __m256i out[4]) {
     const __m256i a = _mm256_unpacklo_epi32(in[0], in[1]), b = _mm256_unpackhi_epi32(in[0], in[1]);
@@ -277,7 +282,7 @@ static INLINE void ISA(kd_tile_block)(const ISA(kd_block) *k, const int8_t *xq, 
 }
 
 /* Row `row` of W (`blocks` blocks of NBYTES, read by UNPACK) times the N rows of the tile
- * (xq, xd, xs: kd_tile_x's layout, N its rows), into yt[t]. (Block column after block
+ * (xq, xd, xs: tile_x's layout, N its rows), into yt[t]. (Block column after block
  * column over several rows of W, keeping a block of x in L1 for them, measured no faster.) */
 #define KD_TILE_ROW(UNPACK, NBYTES, G, SW, DP, N)                                              \
     {                                                                                          \
@@ -296,7 +301,7 @@ static INLINE void ISA(kd_tile_block)(const ISA(kd_block) *k, const int8_t *xq, 
 
 /* y[t, r] = x[t] . W[r] for r in [r0, r1), every t < T (y's rows ys apart), for one of the
  * three types (UNPACK its block reader, G its vectors per group, SW its sums of q per block,
- * DP whether kd_isum may use vpdpbusd): x in kd_tile_x's tiles, each tile's block unpacked
+ * DP whether kd_isum may use vpdpbusd): x in tile_x's tiles, each tile's block unpacked
  * once. */
 #define KD_ROWS(UNPACK, NBYTES, G, SW, DP)                                                     \
     for (int t0 = 0; t0 < T; t0 += KD_TILE) {                                                  \
