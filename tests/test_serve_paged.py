@@ -5,7 +5,7 @@ pages in use are at most 1.2x one sequence's plus the 8 suffixes, as /metrics' g
 report them) and answer as each does alone on the slot engine, while llama.cpp's greedy
 prompt, served beside them, gets llama.cpp's first token; a pool too small for the load preempts
 jobs and still completes every one with its solo answer; a prompt larger than the pool is
-refused by name; a sliding-window model keeps the slot engine and says why.
+refused by name; an MLA model (latent rows) keeps the slot engine and says why.
 """
 
 from __future__ import annotations
@@ -70,10 +70,12 @@ def test_shared_system_prompt_is_held_once(tiny_model: Callable) -> None:
     assert gauges["frink_kv_pages"] == _pages(9 * 2048)
 
 
-def test_small_pool_preempts_and_answers_every_job(tiny_model: Callable) -> None:
+@pytest.mark.parametrize("name", ["llama", "gemma3"])
+def test_small_pool_preempts_and_answers_every_job(name: str, tiny_model: Callable) -> None:
     """A pool of 12 pages for 4 jobs that want 4-5 pages each at their ends: jobs are
-    preempted, recomputed, and every one answers as it does alone."""
-    m = _model(tiny_model, "llama")
+    preempted, recomputed, and every one answers as it does alone (gemma3: its
+    sliding-window layers' pool too, whose jobs hold a page or two each)."""
+    m = _model(tiny_model, name)
     prompts = [p.tolist() for p in _others(m.n_vocab, [30, 41, 22, 35], seed=7)]
     e, t = _engine(m, n_parallel=4, n_ctx=128, prefill_chunk=16, kv_pool=12 * PAGE)
     try:
@@ -94,8 +96,8 @@ def test_prompt_larger_than_the_pool_is_refused_by_name(tiny_model: Callable) ->
         _stop(e, t)
 
 
-def test_windowed_model_keeps_the_slot_engine(tiny_model: Callable) -> None:
-    e, t = _engine(_model(tiny_model, "gemma3"), n_parallel=2, n_ctx=128)
+def test_latent_rows_keep_the_slot_engine(tiny_model: Callable) -> None:
+    e, t = _engine(_model(tiny_model, "deepseek_v2_lite"), n_parallel=2, n_ctx=128)
     _stop(e, t)
     assert e.pages is None and e.paging_refusal is not None
-    assert "sliding window" in e.paging_refusal
+    assert "keeps latent rows (MLA)" in e.paging_refusal

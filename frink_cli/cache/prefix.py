@@ -10,6 +10,12 @@ before it writes there). The root is per `salt` (what else the rows depend on: t
 scales they were computed with). Each entry holds one reference to its page, so a finished
 sequence's pages stay after its table lets go; when the pool needs pages, the least recently
 used leaf held by nothing else is given back (a leaf first: no entry outlives its parent).
+
+With several pools (one per layer kind, paged.py), an entry holds one page in each, GONE
+where the sequence that published it had already given a windowed pool's page back. A
+prefix is found only as far as every windowed pool holds the pages its next query sees
+(shorter otherwise), and a windowed pool short of pages takes back an entry's page in it
+alone (the entry stays for the prefixes that end later).
 """
 
 from __future__ import annotations
@@ -19,13 +25,13 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from .paged import PagePool
+from .paged import GONE, PagePool, PagePools
 
 
 @dataclass
 class _Entry:
     id: int
-    page: int
+    pages: list[int]  # one per pool (GONE: none in that windowed pool)
     key: tuple[Hashable, tuple[int, ...]]  # (parent, the page's ids: PAGE, or fewer)
 
 
@@ -39,11 +45,13 @@ def _common(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class PrefixIndex:
-    """Token prefixes' pages over `pool` (which asks it for pages when it runs out)."""
+    """Token prefixes' pages over `pools` (which ask it for pages when they run out)."""
 
-    def __init__(self, pool: PagePool) -> None:
-        self.pool = pool
-        pool.reclaimer = self
+    def __init__(self, pools: PagePools) -> None:
+        self.pools = list(pools)
+        for pool in self.pools:
+            pool.reclaimer = self
+        self.page = self.pools[0].page
         # Least recently used first.
         self._entries: OrderedDict[tuple[Hashable, tuple[int, ...]], _Entry] = OrderedDict()
         self._kids: dict[Hashable, list[tuple[Hashable, tuple[int, ...]]]] = {}
@@ -52,42 +60,60 @@ class PrefixIndex:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, tokens: Sequence[int], salt: Hashable = ()) -> tuple[list[int], int]:
-        """(pages, rows): the longest indexed prefix of `tokens`, marked used. Whole pages,
+    def lookup(
+        self, tokens: Sequence[int], salt: Hashable = (), most: int | None = None
+    ) -> tuple[list[list[int]], int]:
+        """(pages per pool, rows): the longest indexed prefix of `tokens` (of at most `most`
+        rows) whose windowed pools hold what its next query sees, marked used. Whole pages,
         then the page under them whose first ids match the next ones longest (its first
         rows are the prefix's; a writer copies it first)."""
-        page, parent = self.pool.page, cast(Hashable, ("root", salt))
-        pages: list[int] = []
+        page, parent = self.page, cast(Hashable, ("root", salt))
+        found: list[_Entry] = []
         while True:
-            at = len(pages) * page
+            at = len(found) * page
             e = self._entries.get((parent, tuple(tokens[at : at + page])))
             if e is None or len(e.key[1]) < page:
                 break
-            self._entries.move_to_end(e.key)
-            pages.append(e.page)
+            found.append(e)
             parent = e.id
-        rest, best, most = tokens[len(pages) * page :], None, 0
+        rest, best, longest = tokens[len(found) * page :], None, 0
         for key in self._kids.get(parent, ()):
             n = _common(key[1], rest)
-            if n > most:
-                best, most = self._entries[key], n
+            if n > longest:
+                best, longest = self._entries[key], n
+        rows = len(found) * page + longest
         if best is not None:
-            self._entries.move_to_end(best.key)
-            pages.append(best.page)
-        return pages, (len(pages) - (best is not None)) * page + most
+            found.append(best)
+        rows = min(rows, len(tokens) if most is None else most)
+        while rows > 0 and not self._resumable(found, rows):
+            rows = (rows - 1) // page * page  # back to an earlier page's end
+        found = found[: -(-rows // page)]
+        for e in found:
+            self._entries.move_to_end(e.key)
+        return [[e.pages[j] for e in found] for j in range(len(self.pools))], rows
+
+    def _resumable(self, found: list[_Entry], rows: int) -> bool:
+        """Whether every windowed pool holds the pages the query at `rows` sees."""
+        for j, pool in enumerate(self.pools):
+            if pool.span is not None:
+                lo = pool.span.seen_from(rows) // self.page
+                if any(e.pages[j] == GONE for e in found[lo : -(-rows // self.page)]):
+                    return False
+        return True
 
     def publish(
         self,
         tokens: Sequence[int],
-        pages: Sequence[int],
+        pages: Sequence[Sequence[int]],
         n_rows: int,
         salt: Hashable = (),
         partial: bool = False,
     ) -> None:
         """Index the pages of a sequence's first n_rows rows (tokens[r] at row r, in
-        pages[r // page]): the full ones, and with `partial` the last one's rows too; a
-        prefix indexed already keeps its own page."""
-        page, parent = self.pool.page, cast(Hashable, ("root", salt))
+        pages[pool][r // page], GONE where a windowed pool gave it back): the full ones,
+        and with `partial` the last one's rows too; a prefix indexed already keeps its own
+        pages (and takes the publisher's where it had none)."""
+        page, parent = self.page, cast(Hashable, ("root", salt))
         n_rows = min(n_rows, len(tokens))
         ends = list(range(page, n_rows + 1, page))
         if partial and n_rows % page:
@@ -96,22 +122,38 @@ class PrefixIndex:
             key = (parent, tuple(tokens[i * page : end]))
             e = self._entries.get(key)
             if e is None:
-                e = _Entry(self._next, pages[i], key)
+                e = _Entry(self._next, [GONE] * len(self.pools), key)
                 self._next += 1
-                self.pool.retain([e.page])
                 self._entries[key] = e
                 self._kids.setdefault(parent, []).append(key)
             else:
                 self._entries.move_to_end(key)
+            for j, pool in enumerate(self.pools):
+                if e.pages[j] == GONE and pages[j][i] != GONE:
+                    e.pages[j] = pages[j][i]
+                    pool.retain([e.pages[j]])
             parent = e.id
 
-    def reclaimable(self) -> int:
-        return sum(int(self.pool.refs[e.page] == 1) for e in self._entries.values())
+    def reclaimable(self, pool: PagePool) -> int:
+        j = self.pools.index(pool)
+        return sum(
+            int(e.pages[j] != GONE and pool.refs[e.pages[j]] == 1) for e in self._entries.values()
+        )
 
-    def reclaim(self) -> bool:
+    def reclaim(self, pool: PagePool) -> bool:
+        """One of pool's pages held by the index alone given back: the least recently used
+        leaf entry's (the entry dropped), or for a windowed pool any entry's (that page
+        alone: the prefixes ending later still resume)."""
+        j = self.pools.index(pool)
         for e in self._entries.values():
-            if not self._kids.get(e.id) and self.pool.refs[e.page] == 1:
+            if e.pages[j] == GONE or pool.refs[e.pages[j]] != 1:
+                continue
+            if not self._kids.get(e.id):
                 self._drop(e)
+                return True
+            if pool.span is not None:
+                pool.release([e.pages[j]])
+                e.pages[j] = GONE
                 return True
         return False
 
@@ -127,4 +169,6 @@ class PrefixIndex:
         siblings.remove(e.key)
         if not siblings:
             del self._kids[e.key[0]]
-        self.pool.release([e.page])
+        for pool, p in zip(self.pools, e.pages):
+            if p != GONE:
+                pool.release([p])

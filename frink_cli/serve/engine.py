@@ -7,8 +7,9 @@ leave, waiting ones are admitted, and a new job's prompt is fed in chunks of at 
 `prefill_chunk` rows per step beside the decode rows of the running ones, so their
 streams keep flowing while it prefills.
 
-Paged (serve/paging.py: host-body models whose layers are all full attention): the slots'
-caches are page tables over one pool; a job starts from the longest prefix of its ids that
+Paged (serve/paging.py: host-body models but for MLA's latent rows): the slots' caches
+are page tables over one pool per layer kind (recurrent layers' state kept per sequence,
+and such models' prefixes not shared); a job starts from the longest prefix of its ids that
 any job computed (shared pages), looked up just before its first rows are fed, once no
 other job is still feeding a prompt sharing a page of its ids (whose pages are then in); jobs
 are admitted by free pages, the slots capping how many run; when a step finds the pool
@@ -113,7 +114,7 @@ class Engine:
         self.rewind = self.spec.draft_max if self.spec is not None else 0
         self.paging_refusal = refusal(decoder, n_ctx) if paged else "--kv-slots asks for it"
         self.pages = (
-            EnginePages(decoder, kv_pool or n_parallel * n_ctx)
+            EnginePages(decoder, kv_pool or n_parallel * n_ctx, n_ctx, prefill_chunk, self.rewind)
             if self.paging_refusal is None
             else None
         )
@@ -173,7 +174,7 @@ class Engine:
         for the next prompt that shares its prefix; paged: the pool's pages in use, the
         indexed ones too). Read from any thread: a snapshot."""
         if self.pages is not None:
-            return self.pages.pool.used * PAGE
+            return self.pages.rows_used
         return sum(s.cache.n_past for s in self.slots)
 
     # --- the engine's thread --------------------------------------------------------------
@@ -381,7 +382,7 @@ class Engine:
                 del r.pending[: len(ids)]
                 if r.pending:
                     continue  # more prompt to feed: no token yet
-                if self.recurrent:
+                if self.recurrent and self.pages is None:
                     self._save(r.slot)  # the end of a prompt: where a next turn resumes
             r.next_id = None
             self._advance(r, row)
@@ -401,13 +402,17 @@ class Engine:
     def _shares_a_prompt_in_flight(self, r: Running, running: list[Running]) -> bool:
         """Whether another job still feeding its prompt shares a page or more of r's ids:
         r then waits for those pages (indexed as they fill) rather than compute them too."""
-        return any(
-            q is not r
-            and q.pending
-            and q.next_id is None
-            and not q.attach
-            and common_prefix(q.history, r.history) >= PAGE
-            for q in running
+        return (
+            self.pages is not None
+            and self.pages.shared
+            and any(
+                q is not r
+                and q.pending
+                and q.next_id is None
+                and not q.attach
+                and common_prefix(q.history, r.history) >= PAGE
+                for q in running
+            )
         )
 
     def _make_room(self, feeds: list[tuple[Running, list[int]]]) -> list[tuple[Running, list[int]]]:
@@ -487,7 +492,7 @@ class Engine:
                 return
 
     def _new_cache(self) -> KvCache:
-        pool = self.pages.pool if self.pages is not None else None
+        pool = self.pages.pools if self.pages is not None else None
         return self.decoder.new_cache(self.n_ctx, rewind=self.rewind, pool=pool)
 
     def _advance(self, r: Running, logits: np.ndarray, chosen: int | None = None) -> None:
