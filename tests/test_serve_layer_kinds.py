@@ -56,9 +56,7 @@ def _answers(server: Server, prompts: list[list[int]], together: bool) -> list[l
 
 
 @pytest.mark.parametrize("name", ["gemma3", "lfm2"])
-def test_windowed_and_hybrid_models_page_and_answer_alone(
-    name: str, tiny_model: Callable
-) -> None:
+def test_windowed_and_hybrid_models_page_and_answer_alone(name: str, tiny_model: Callable) -> None:
     path = _path(tiny_model, name, "gguf")
     rng = np.random.default_rng(9)
     prompts = [rng.integers(0, 512, n).tolist() for n in (5, 19, 40, 8)]

@@ -11,9 +11,10 @@ registry of this app's own (two apps in one process never share counters).
 - paged (serve/paging.py): frink_kv_pages, frink_kv_pages_used, frink_kv_pages_shared
   (held by more than one sequence or index entry), summed over the pools (one per layer
   kind: a windowed kind's pages that left every window and index are not used), and
-  frink_kv_pages_used_by_kind{kind="sliding_window_512"...} (each pool's), frink_prefix_hits (jobs that started
-  from indexed pages), frink_prefix_hit_tokens (the prompt tokens they did not compute),
-  frink_preemptions (jobs whose pages were taken back);
+  frink_kv_pages_used_by_kind{kind="full_attention", "sliding_window_512"...} (each
+  pool's), frink_prefix_hits (jobs that started from indexed pages),
+  frink_prefix_hit_tokens (the prompt tokens they did not compute), frink_preemptions
+  (jobs whose pages were taken back);
 - frink_time_to_first_token_seconds: a job's submit -> its first sampled token;
 - frink_time_per_output_token_seconds: a job's decode time per token after its first,
   (end - first token) / (tokens - 1), for jobs of at least two tokens.
