@@ -45,7 +45,7 @@ def test_shared_prefix_pages_match_references(tiny_model: Callable) -> None:
     _against_references(a_rows, tm.ref, "llama paged")
     index.publish(tokens, [a.tables[0].pages], a.n_past)
     before = [k.copy() for k in pool.k.values()]
-    shared, rows = index.lookup(tokens)
+    shared, rows, _ = index.lookup(tokens)
     assert shared == [a.tables[0].pages[: n // PAGE]] and rows == n // PAGE * PAGE
     b = dec.new_cache(n + 4, pool=pools)
     keep = PAGE - 3  # inside the first page: B's first own row copies it
@@ -156,7 +156,7 @@ def test_windowed_prefix_resumes_where_its_window_is_held(tiny_model: Callable) 
     # window page, so a prefix ending in page 2 before row 37 cannot resume there.
     assert index.lookup(ids[:35] + [1, 2], most=36)[1] == PAGE
     q = ids[:45] + [1, 2, 3]
-    pages, rows = index.lookup(q, most=len(q) - 1)
+    pages, rows, _ = index.lookup(q, most=len(q) - 1)
     assert rows == 45 and pages[1][1] == -1
     b = dec.new_cache(96, pool=pools)
     b.adopt(pages, rows)

@@ -203,10 +203,12 @@ class KvCache:
         for t in self.tables:
             t.truncate(n_past)
 
-    def adopt(self, pages: list[list[int]], n_past: int) -> None:
+    def adopt(
+        self, pages: list[list[int]], n_past: int, state: CacheSnapshot | None = None
+    ) -> None:
         """An empty paged cache starts from `pages`, per pool (another sequence's, shared:
         a prefix's rows; paged.GONE where a windowed pool needs none), holding their first
-        n_past rows."""
+        n_past rows, and its recurrent layers from `state` (saved at n_past)."""
         assert self.tables and self.n_past == 0, "only an empty paged cache adopts"
         for t, held in zip(self.tables, pages):
             t.adopt(held)
@@ -216,6 +218,10 @@ class KvCache:
         for t in self.tables:
             t.truncate(n_past)
             t.slide(n_past)
+        if state is not None:
+            assert state.n_past == n_past, "a state saved at another length"
+            for layer, conv, delta in state.states:
+                self.slots[layer].restore(n_past, conv, delta)
 
     def snapshot(self) -> CacheSnapshot:
         """The committed recurrent state of every recurrent layer, at the current length."""

@@ -106,6 +106,8 @@ def unpaged_reason(cfg: ModelConfig, n_ctx: int) -> str | None:
     for layer in range(cfg.n_layer):
         if cfg.layer_shape(layer).mixer == "mla" and not cfg.is_recurrent(layer):
             return f"layer {layer} keeps latent rows (MLA), which attention reads unpaged"
+    if not pool_layers(cfg, n_ctx, range(cfg.n_layer)):
+        return "no layer keeps K/V rows to page (each sequence's recurrent state is its slot's)"
     return None
 
 

@@ -23,8 +23,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import NamedTuple, cast
 
+from .kv_cache import CacheSnapshot
 from .paged import GONE, PagePool, PagePools
 
 
@@ -33,6 +34,16 @@ class _Entry:
     id: int
     pages: list[int]  # one per pool (GONE: none in that windowed pool)
     key: tuple[Hashable, tuple[int, ...]]  # (parent, the page's ids: PAGE, or fewer)
+    state: CacheSnapshot | None = None  # the recurrent state at this entry's last row
+
+
+class Prefix(NamedTuple):
+    """What a lookup found: pages per pool (paged.GONE where a windowed pool needs none),
+    the rows they hold, and the recurrent state at the last (a stateful index's)."""
+
+    pages: list[list[int]]
+    rows: int
+    state: CacheSnapshot | None
 
 
 def _common(a: Sequence[int], b: Sequence[int]) -> int:
@@ -47,8 +58,11 @@ def _common(a: Sequence[int], b: Sequence[int]) -> int:
 class PrefixIndex:
     """Token prefixes' pages over `pools` (which ask it for pages when they run out)."""
 
-    def __init__(self, pools: PagePools) -> None:
+    def __init__(self, pools: PagePools, stateful: bool = False) -> None:
+        """stateful: the model keeps recurrent states, so a prefix ends only where one
+        was saved (publish's `state`)."""
         self.pools = list(pools)
+        self.stateful = stateful
         for pool in self.pools:
             pool.reclaimer = self
         self.page = self.pools[0].page
@@ -60,13 +74,12 @@ class PrefixIndex:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(
-        self, tokens: Sequence[int], salt: Hashable = (), most: int | None = None
-    ) -> tuple[list[list[int]], int]:
-        """(pages per pool, rows): the longest indexed prefix of `tokens` (of at most `most`
-        rows) whose windowed pools hold what its next query sees, marked used. Whole pages,
-        then the page under them whose first ids match the next ones longest (its first
-        rows are the prefix's; a writer copies it first)."""
+    def lookup(self, tokens: Sequence[int], salt: Hashable = (), most: int | None = None) -> Prefix:
+        """The longest indexed prefix of `tokens` (of at most `most` rows) whose windowed
+        pools hold what its next query sees (and, `stateful`, that ends where a recurrent
+        state was saved), marked used. Whole pages, then the page under them whose first
+        ids match the next ones longest (its first rows are the prefix's; a writer copies
+        it first)."""
         page, parent = self.page, cast(Hashable, ("root", salt))
         found: list[_Entry] = []
         while True:
@@ -76,21 +89,36 @@ class PrefixIndex:
                 break
             found.append(e)
             parent = e.id
-        rest, best, longest = tokens[len(found) * page :], None, 0
-        for key in self._kids.get(parent, ()):
-            n = _common(key[1], rest)
-            if n > longest:
-                best, longest = self._entries[key], n
-        rows = len(found) * page + longest
-        if best is not None:
-            found.append(best)
-        rows = min(rows, len(tokens) if most is None else most)
-        while rows > 0 and not self._resumable(found, rows):
-            rows = (rows - 1) // page * page  # back to an earlier page's end
-        found = found[: -(-rows // page)]
-        for e in found:
+        rest = tokens[len(found) * page :]
+        kids = [(self._entries[k], _common(k[1], rest)) for k in self._kids.get(parent, ())]
+        limit = len(tokens) if most is None else most
+        for rows, path in self._points(found, kids, limit):
+            if self._resumable(path, rows):
+                break
+        else:
+            rows, path = 0, []
+        for e in path:
             self._entries.move_to_end(e.key)
-        return [[e.pages[j] for e in found] for j in range(len(self.pools))], rows
+        pages = [[e.pages[j] for e in path] for j in range(len(self.pools))]
+        return Prefix(pages, rows, path[-1].state if self.stateful and path else None)
+
+    def _points(
+        self, found: list[_Entry], kids: list[tuple[_Entry, int]], limit: int
+    ) -> list[tuple[int, list[_Entry]]]:
+        """Where a prefix along `found` (then one of `kids`, with the ids it matches) could
+        end, longest first, with its entries: anywhere, cut to `limit`, or `stateful`
+        only at an entry's end with a saved state."""
+        page, deep = self.page, len(found) * self.page
+        if not self.stateful:
+            best, n = max(kids, key=lambda kn: kn[1], default=(None, 0))
+            rows = min(deep + n, limit)
+            path = found + [best] if best is not None and n else found
+            points = [(rows, path[: -(-rows // page)])]
+            earlier = range((rows - 1) // page * page, 0, -page)  # earlier pages' ends
+            return points + [(r, found[: r // page]) for r in earlier]
+        points = [((i + 1) * page, found[: i + 1]) for i, e in enumerate(found) if e.state]
+        points += [(deep + n, [*found, e]) for e, n in kids if e.state and n == len(e.key[1])]
+        return sorted(((r, p) for r, p in points if r <= limit), key=lambda rp: -rp[0])
 
     def _resumable(self, found: list[_Entry], rows: int) -> bool:
         """Whether every windowed pool holds the pages the query at `rows` sees."""
@@ -108,14 +136,17 @@ class PrefixIndex:
         n_rows: int,
         salt: Hashable = (),
         partial: bool = False,
+        state: CacheSnapshot | None = None,
     ) -> None:
         """Index the pages of a sequence's first n_rows rows (tokens[r] at row r, in
         pages[pool][r // page], GONE where a windowed pool gave it back): the full ones,
         and with `partial` the last one's rows too; a prefix indexed already keeps its own
-        pages (and takes the publisher's where it had none)."""
+        pages (and takes the publisher's where it had none). `state`: the recurrent state
+        after those n_rows rows, kept on the last entry (a stateful index resumes there)."""
         page, parent = self.page, cast(Hashable, ("root", salt))
         n_rows = min(n_rows, len(tokens))
         ends = list(range(page, n_rows + 1, page))
+        e: _Entry | None = None
         if partial and n_rows % page:
             ends.append(n_rows)
         for i, end in enumerate(ends):
@@ -133,6 +164,8 @@ class PrefixIndex:
                     e.pages[j] = pages[j][i]
                     pool.retain([e.pages[j]])
             parent = e.id
+        if state is not None and e is not None and ends[-1] == n_rows == state.n_past:
+            e.state = state
 
     def reclaimable(self, pool: PagePool) -> int:
         j = self.pools.index(pool)

@@ -9,7 +9,7 @@ streams keep flowing while it prefills.
 
 Paged (serve/paging.py: host-body models but for MLA's latent rows): the slots' caches
 are page tables over one pool per layer kind (recurrent layers' state kept per sequence,
-and such models' prefixes not shared); a job starts from the longest prefix of its ids that
+indexed where prompts and answers end); a job starts from the longest prefix of its ids that
 any job computed (shared pages), looked up just before its first rows are fed, once no
 other job is still feeding a prompt sharing a page of its ids (whose pages are then in); jobs
 are admitted by free pages, the slots capping how many run; when a step finds the pool
@@ -326,6 +326,12 @@ class Engine:
         with self._lock:
             self._lock.notify()
 
+    def _save_prompt_end(self, r: Running) -> None:
+        if self.pages is None:
+            self._save(r.slot)
+        else:
+            self.pages.publish(r.slot.cache, r.slot.tokens, r.lora, partial=True)
+
     def _save(self, slot: Slot) -> None:
         slot.snapshots.append(slot.cache.snapshot())
         del slot.snapshots[:-_SNAPSHOTS]
@@ -382,8 +388,8 @@ class Engine:
                 del r.pending[: len(ids)]
                 if r.pending:
                     continue  # more prompt to feed: no token yet
-                if self.recurrent and self.pages is None:
-                    self._save(r.slot)  # the end of a prompt: where a next turn resumes
+                if self.recurrent:  # the end of a prompt: where a next turn resumes
+                    self._save_prompt_end(r)
             r.next_id = None
             self._advance(r, row)
 
@@ -404,7 +410,7 @@ class Engine:
         r then waits for those pages (indexed as they fill) rather than compute them too."""
         return (
             self.pages is not None
-            and self.pages.shared
+            and not self.pages.stateful
             and any(
                 q is not r
                 and q.pending

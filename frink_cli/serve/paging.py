@@ -12,8 +12,10 @@ windowed pool: at most its window's and one prompt chunk's); when a pool runs ou
 the engine preempts its newest job and recomputes it later.
 
 A model with recurrent layers pages its attention layers and keeps each sequence's
-recurrent state in its cache, as the slot engine does; its prefixes are not shared (a
-prefix would need the state at its end), so each of its jobs computes its whole prompt.
+recurrent state in its cache, as the slot engine does. A prefix needs the state at its end,
+so its states are indexed where prompts and answers end (references: a step never writes
+a state in place), and a job resumes only from such a point (a conversation's next turn),
+never from a page in the middle (a system prompt shared by different questions).
 
 Paged: host-body models, except those `unpaged_reason` names (MLA's latent rows). Others
 keep the slot engine's per-slot caches, and `refusal` says why (the server prints it at
@@ -48,8 +50,9 @@ class EnginePages:
         prompt rows a step feeds a sequence, rewind: the tokens beyond one it may step back
         (what a windowed table holds at most, with its window)."""
         self.pools = decoder.new_pool(-(-n_tokens // PAGE), n_ctx)
-        self.index = PrefixIndex(self.pools)
-        self.shared = not keeps_recurrent_state(decoder.cfg)
+        # A recurrent state summarises its whole prefix: saved where prompts and answers end.
+        self.stateful = keeps_recurrent_state(decoder.cfg)
+        self.index = PrefixIndex(self.pools, self.stateful)
         self._in_flight = -(-(chunk + rewind + 1) // PAGE) + 1
         self.hits = 0  # jobs that started from indexed pages
         self.hit_tokens = 0  # prompt tokens they did not compute
@@ -58,12 +61,10 @@ class EnginePages:
         """`cache` (emptied) starts from the longest indexed prefix of ids, leaving at least
         one id to feed (its logits pick the next token); how many ids it holds."""
         cache.truncate(0)
-        if not self.shared:
-            return 0
-        pages, keep = self.index.lookup(ids, salt, most=len(ids) - 1)
+        pages, keep, state = self.index.lookup(ids, salt, most=len(ids) - 1)
         if keep <= 0:
             return 0
-        cache.adopt(pages, keep)
+        cache.adopt(pages, keep, state)
         self.hits += 1
         self.hit_tokens += keep
         return keep
@@ -72,16 +73,17 @@ class EnginePages:
         self, cache: KvCache, ids: Sequence[int], salt: Hashable, partial: bool = False
     ) -> None:
         """Index the full pages of the rows `cache` holds (ids[r] at row r), and with
-        `partial` (a finished job's) its last page's rows too."""
-        if self.shared:
-            pages = [t.pages for t in cache.tables]
-            self.index.publish(ids, pages, cache.n_past, salt, partial)
+        `partial` (a prompt's or a job's end) its last page's rows too, with the recurrent
+        state there (a stateful model's only points to resume from)."""
+        pages = [t.pages for t in cache.tables]
+        state = cache.snapshot() if partial and self.stateful else None
+        self.index.publish(ids, pages, cache.n_past, salt, partial, state)
 
     def fits(self, ids: Sequence[int], salt: Hashable) -> bool:
         """Whether every pool has the pages ids need beyond their indexed prefix (and one
         more, for the answer's first rows; a windowed pool at most its window's and a
         step's)."""
-        held = self.index.lookup(ids, salt)[1] // PAGE * PAGE if self.shared else 0
+        held = self.index.lookup(ids, salt).rows // PAGE * PAGE
         need = -(-(len(ids) - held) // PAGE) + 1
         for pool in self.pools:
             span = pool.span
@@ -108,6 +110,9 @@ class EnginePages:
             for pool in self.pools
         )
         line = f"paged KV cache: pools of {self.capacity} tokens ({kinds})"
-        if self.shared:
+        if not self.stateful:
             return line + ", shared by prefix"
-        return line + "; recurrent layers keep a state per sequence, prefixes not shared"
+        return line + (
+            "; recurrent layers keep a state per sequence, saved where prompts and answers "
+            "end: a prefix is shared from those points"
+        )
