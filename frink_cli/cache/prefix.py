@@ -12,7 +12,8 @@ sequence's pages stay after its table lets go; when the pool needs pages, the le
 used leaf held by nothing else is given back (a leaf first: no entry outlives its parent).
 
 With several pools (one per layer kind, paged.py), an entry holds one page in each, GONE
-where the sequence that published it had already given a windowed pool's page back. A
+where the sequence that published it had already given a windowed pool's page back (or
+published it without its windows: an answer's pages as they fill). A
 prefix is found only as far as every windowed pool holds the pages its next query sees
 (shorter otherwise), and a windowed pool short of pages takes back an entry's page in it
 alone (the entry stays for the prefixes that end later).
@@ -137,12 +138,15 @@ class PrefixIndex:
         salt: Hashable = (),
         partial: bool = False,
         state: CacheSnapshot | None = None,
+        windows: bool = True,
     ) -> None:
         """Index the pages of a sequence's first n_rows rows (tokens[r] at row r, in
         pages[pool][r // page], GONE where a windowed pool gave it back): the full ones,
         and with `partial` the last one's rows too; a prefix indexed already keeps its own
         pages (and takes the publisher's where it had none). `state`: the recurrent state
-        after those n_rows rows, kept on the last entry (a stateful index resumes there)."""
+        after those n_rows rows, kept on the last entry (a stateful index resumes there).
+        `windows` False: the windowed pools' pages are left out (an answer's pages as they
+        fill: indexing them would keep every window page the sequence gives back)."""
         page, parent = self.page, cast(Hashable, ("root", salt))
         n_rows = min(n_rows, len(tokens))
         ends = list(range(page, n_rows + 1, page))
@@ -160,7 +164,7 @@ class PrefixIndex:
             else:
                 self._entries.move_to_end(key)
             for j, pool in enumerate(self.pools):
-                if e.pages[j] == GONE and pages[j][i] != GONE:
+                if (windows or pool.span is None) and e.pages[j] == GONE and pages[j][i] != GONE:
                     e.pages[j] = pages[j][i]
                     pool.retain([e.pages[j]])
             parent = e.id

@@ -378,7 +378,8 @@ class Engine:
         for (r, ids), rows, drafted in zip(feeds, logits, drafting):
             r.slot.tokens.extend(ids)
             if self.pages is not None and r.slot.cache.n_past // PAGE > r.published:
-                self.pages.publish(r.slot.cache, r.slot.tokens, r.lora)  # as pages fill
+                # As pages fill (a prompt's with its window pages, an answer's without).
+                self.pages.publish(r.slot.cache, r.slot.tokens, r.lora, windows=r.next_id is None)
                 r.published = r.slot.cache.n_past // PAGE
             if drafted:
                 self._verify(r, ids[1:], rows)

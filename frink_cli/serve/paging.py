@@ -70,14 +70,21 @@ class EnginePages:
         return keep
 
     def publish(
-        self, cache: KvCache, ids: Sequence[int], salt: Hashable, partial: bool = False
+        self,
+        cache: KvCache,
+        ids: Sequence[int],
+        salt: Hashable,
+        partial: bool = False,
+        windows: bool = True,
     ) -> None:
         """Index the full pages of the rows `cache` holds (ids[r] at row r), and with
         `partial` (a prompt's or a job's end) its last page's rows too, with the recurrent
-        state there (a stateful model's only points to resume from)."""
+        state there (a stateful model's only points to resume from). `windows` False (an
+        answer's pages as they fill): not the windowed pools' pages, which the sequence
+        gives back as its window moves on (a later turn resumes at the answer's end)."""
         pages = [t.pages for t in cache.tables]
         state = cache.snapshot() if partial and self.stateful else None
-        self.index.publish(ids, pages, cache.n_past, salt, partial, state)
+        self.index.publish(ids, pages, cache.n_past, salt, partial, state, windows)
 
     def fits(self, ids: Sequence[int], salt: Hashable) -> bool:
         """Whether every pool has the pages ids need beyond their indexed prefix (and one
