@@ -25,6 +25,7 @@ the slot engine.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -202,7 +203,7 @@ class PagePools:
         ]
         self.n_pages = n_pages
 
-    def __iter__(self):  # noqa: ANN204 - an iterator of PagePool
+    def __iter__(self) -> Iterator[PagePool]:
         return iter(self.pools)
 
     def __len__(self) -> int:

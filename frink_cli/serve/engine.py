@@ -171,8 +171,8 @@ class Engine:
     @property
     def cells_used(self) -> int:
         """KV cache cells holding a position, over every slot (a finished job's cells stay
-        for the next prompt that shares its prefix; paged: the pool's pages in use, the
-        indexed ones too). Read from any thread: a snapshot."""
+        for the next prompt that shares its prefix; paged: the busiest pool's pages in use,
+        the indexed ones too). Read from any thread: a snapshot."""
         if self.pages is not None:
             return self.pages.rows_used
         return sum(s.cache.n_past for s in self.slots)
