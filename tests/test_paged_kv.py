@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from model_checks import _against_references, _path
+from model_checks import REF_TOL, REFERENCES, _against_references, _compare, _path
 
 import frink_cli
 from frink_cli.cache.paged import PAGE, PoolFull
@@ -163,3 +163,32 @@ def test_windowed_prefix_resumes_where_its_window_is_held(tiny_model: Callable) 
     got = [dec.step(np.asarray([t]), b)[-1] for t in q[rows:]]
     want = dec.step(np.asarray(q), dec.new_cache(96), all_logits=True)[rows:]
     np.testing.assert_array_equal(np.stack(got), want)
+
+
+@pytest.mark.parametrize(
+    ("name", "form", "refs"),
+    [("gemma3", "gguf", REFERENCES), ("llama4_chunked", "hf", ("logits_hf",))],
+)
+def test_windowed_pages_match_references(
+    name: str, form: str, refs: tuple[str, ...], tiny_model
+) -> None:
+    """A sliding-window model (gemma3, window 6) and a chunked-attention one (llama4, chunk
+    8, from its HF directory: its GGUF states llama.cpp's chunk of 8192) through paged
+    caches, a prompt chunk and then a row at a time across pages: every row matches
+    transformers (and llama.cpp), while the windowed table holds at most
+    ceil(span / PAGE) + 1 pages."""
+    tm = tiny_model(name)
+    dec = frink_cli.load(_path(tiny_model, name, form), backend="numpy").decoder
+    tokens = [int(t) for t in tm.ref["tokens"]]
+    cache = dec.new_cache(64, pool=dec.new_pool(8, 64))
+    windowed = cache.tables[-1]
+    assert windowed.pool.span is not None
+    bound = -(-windowed.pool.span.size // PAGE) + 1
+    rows = [dec.step(np.asarray(tokens[:9]), cache, all_logits=True)]
+    for t in tokens[9:]:
+        rows.append(dec.step(np.asarray([t]), cache, all_logits=True))
+        assert windowed.held <= bound, windowed.pages
+    assert windowed.start > 0
+    got = np.concatenate(rows)
+    for key in refs:
+        _compare(got, tm.ref[key], REF_TOL, f"{name} paged vs {key}")
