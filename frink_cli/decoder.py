@@ -18,7 +18,7 @@ from .backends.host.body import HostBody
 from .backends.host.linear import ThreadChoice, few_rows, sequences, step_threads
 from .cache import KvCache, SeqBatch
 from .cache.kv_types import F32_CACHE, CacheTypes
-from .cache.paged import PagePool
+from .cache.paged import PagePools
 from .model.config import ModelConfig
 from .model.lora import LoraAdapter, adapter_scales
 from .model.weights import LayerStore, ModelWeights
@@ -87,17 +87,18 @@ class Decoder:
         if self.backend is not None:
             self.backend.end_thread()
 
-    def new_cache(self, n_ctx: int, rewind: int = 0, pool: PagePool | None = None) -> KvCache:
+    def new_cache(self, n_ctx: int, rewind: int = 0, pool: PagePools | None = None) -> KvCache:
         """An empty cache of n_ctx positions that can step back rewind + 1 tokens, holding
         rows and state for this decoder's layers only (its attention rows in `pool`'s
         pages where given: cache/paged.py)."""
         return KvCache(
-            self.cfg, n_ctx, types=self.cache_types, rewind=rewind, layers=self.layers, pool=pool
+            self.cfg, n_ctx, types=self.cache_types, rewind=rewind, layers=self.layers, pools=pool
         )
 
-    def new_pool(self, n_pages: int) -> PagePool:
-        """A page pool of n_pages pages for this decoder's layers, in its cache types."""
-        return PagePool(self.cfg, n_pages, self.cache_types, self.layers)
+    def new_pool(self, n_pages: int, n_ctx: int) -> PagePools:
+        """Page pools of n_pages pages each, one per layer kind of this decoder's layers
+        within a context of n_ctx (cache/paged.py), in its cache types."""
+        return PagePools(self.cfg, n_pages, self.cache_types, n_ctx, self.layers)
 
     def hidden(self, ids: np.ndarray, cache: KvCache) -> np.ndarray:
         """Run new tokens `ids` at the cache's next positions; the last layer's output."""

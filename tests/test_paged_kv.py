@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from model_checks import _against_references, _path
+from model_checks import REF_TOL, REFERENCES, _against_references, _compare, _path
 
 import frink_cli
 from frink_cli.cache.paged import PAGE, PoolFull
@@ -37,25 +37,26 @@ def test_shared_prefix_pages_match_references(tiny_model: Callable) -> None:
     tokens = [int(t) for t in tm.ref["tokens"]]
     n = len(tokens)
     assert n > PAGE + 2, "the reference prompt must cross a page"
-    pool = dec.new_pool(8)
-    index = PrefixIndex(pool)
-    a = dec.new_cache(n + 4, pool=pool)
+    pools = dec.new_pool(8, n + 4)
+    (pool,) = pools
+    index = PrefixIndex(pools)
+    a = dec.new_cache(n + 4, pool=pools)
     a_rows = dec.step(np.asarray(tokens), a, all_logits=True)
     _against_references(a_rows, tm.ref, "llama paged")
-    index.publish(tokens, a.table.pages, a.n_past)
+    index.publish(tokens, [a.tables[0].pages], a.n_past)
     before = [k.copy() for k in pool.k.values()]
-    shared, rows = index.lookup(tokens)
-    assert shared == a.table.pages[: n // PAGE] and rows == n // PAGE * PAGE
-    b = dec.new_cache(n + 4, pool=pool)
+    shared, rows, _ = index.lookup(tokens)
+    assert shared == [a.tables[0].pages[: n // PAGE]] and rows == n // PAGE * PAGE
+    b = dec.new_cache(n + 4, pool=pools)
     keep = PAGE - 3  # inside the first page: B's first own row copies it
     b.adopt(shared, keep)
-    assert pool.shared == len(shared)
+    assert pool.shared == len(shared[0])
     head = dec.step(np.asarray(tokens[:keep]), dec.new_cache(n), all_logits=True)
     got = [dec.step(np.asarray([t]), b)[-1] for t in tokens[keep:]]
     _against_references(np.concatenate([head, np.stack(got)]), tm.ref, "llama adopted")
-    assert b.table.pages[0] != a.table.pages[0], "the shared page was written, not copied"
+    assert b.tables[0].pages[0] != a.tables[0].pages[0], "the shared page was written, not copied"
     for k0, k1 in zip(before, pool.k.values()):
-        for p in a.table.pages:
+        for p in a.tables[0].pages:
             np.testing.assert_array_equal(
                 k0[:, p * PAGE : (p + 1) * PAGE], k1[:, p * PAGE : (p + 1) * PAGE]
             )
@@ -64,13 +65,13 @@ def test_shared_prefix_pages_match_references(tiny_model: Callable) -> None:
 def _paged_is_flat(m: frink_cli.Model) -> None:
     dec = m.decoder
     ids = np.random.default_rng(3).integers(0, m.n_vocab, PAGE + 9)
-    pool = dec.new_pool(4)
-    paged, flat = dec.new_cache(64, pool=pool), dec.new_cache(64)
+    pools = dec.new_pool(4, 64)
+    paged, flat = dec.new_cache(64, pool=pools), dec.new_cache(64)
     for chunk in (ids[:11], ids[11:12], ids[12:20], *([t] for t in ids[20:])):
         np.testing.assert_array_equal(
             dec.step(np.asarray(chunk), paged), dec.step(np.asarray(chunk), flat)
         )
-    assert len(paged.table.pages) == 2
+    assert len(paged.tables[0].pages) == 2
 
 
 @pytest.mark.parametrize("kinds", [("f16", "f16"), ("bf16", "f32")])
@@ -94,17 +95,100 @@ def test_pool_reclaims_indexed_pages_then_refuses(tiny_model: Callable) -> None:
     """A full pool takes back the least recently used indexed page held by nothing else;
     with every page in a table, a step is refused by name before any layer writes."""
     dec = _llama(tiny_model).decoder
-    pool = dec.new_pool(3)
-    index = PrefixIndex(pool)
+    pools = dec.new_pool(3, 64)
+    (pool,) = pools
+    index = PrefixIndex(pools)
     ids = list(range(1, 2 * PAGE + 1))
-    a = dec.new_cache(64, pool=pool)
+    a = dec.new_cache(64, pool=pools)
     dec.step(np.asarray(ids), a)
-    index.publish(ids, a.table.pages, a.n_past)
+    index.publish(ids, [a.tables[0].pages], a.n_past)
     a.truncate(0)
     assert pool.used == 2 and pool.available() == 3
-    b = dec.new_cache(64, pool=pool)
+    b = dec.new_cache(64, pool=pools)
     dec.step(np.asarray(ids[:PAGE] + [7] * (2 * PAGE)), b)  # 3 pages: both indexed ones go
     assert len(index) == 0 and pool.used == 3
-    with pytest.raises(PoolFull, match="3 pages are all in use"):
+    with pytest.raises(PoolFull, match=r"3 pages \(full attention\) are all in use"):
         dec.step(np.asarray([5]), b)
     assert b.n_past == 3 * PAGE
+
+
+def _gemma3(tiny_model: Callable) -> frink_cli.Model:
+    return frink_cli.load(_path(tiny_model, "gemma3", "gguf"), backend="numpy")
+
+
+def test_window_layers_hold_only_their_window_pages(tiny_model: Callable) -> None:
+    """gemma3's sliding-window layers (window 6) page in a pool of their own: as a sequence
+    grows past many pages, its window table holds at most ceil(6 / PAGE) + 1 pages while
+    the full-attention table holds them all, and every step's logits are the unpaged
+    cache's bits (prompt chunks, then decode rows)."""
+    dec = _gemma3(tiny_model).decoder
+    pools = dec.new_pool(8, 96)
+    assert [p.kind for p in pools] == ["full attention", "sliding window 6"]
+    ids = np.random.default_rng(4).integers(0, dec.cfg.n_vocab, 70)
+    paged, flat = dec.new_cache(96, pool=pools), dec.new_cache(96)
+    full, window = paged.tables
+    for chunk in (ids[:21], ids[21:40], *([t] for t in ids[40:])):
+        np.testing.assert_array_equal(
+            dec.step(np.asarray(chunk), paged), dec.step(np.asarray(chunk), flat)
+        )
+        assert window.held <= -(-6 // PAGE) + 1, window.pages
+    assert full.held == -(-70 // PAGE) and window.start > 0
+    assert pools.pools[1].used == window.held  # the pages it gave back are free
+    paged.truncate(0)
+    assert pools.used == 0
+
+
+def test_windowed_prefix_resumes_where_its_window_is_held(tiny_model: Callable) -> None:
+    """A windowed model's prefix is found only as far as the window pages its next query
+    sees are indexed: a page published after the window left it cuts a lookup back to an
+    earlier page's end; a sequence resuming from the shared pages answers as one computed
+    afresh."""
+    dec = _gemma3(tiny_model).decoder
+    pools = dec.new_pool(16, 96)
+    index = PrefixIndex(pools)
+    ids = np.random.default_rng(5).integers(0, dec.cfg.n_vocab, 50).tolist()
+    a = dec.new_cache(96, pool=pools)
+    for chunk in (ids[:20], ids[20:40], *([t] for t in ids[40:])):
+        dec.step(np.asarray(chunk), a)
+        index.publish(ids, [t.pages for t in a.tables], a.n_past)
+    a.truncate(0)
+    # Page 1 filled in the step that also moved the window past it: indexed without its
+    # window page, so a prefix ending in page 2 before row 37 cannot resume there.
+    assert index.lookup(ids[:35] + [1, 2], most=36)[1] == PAGE
+    q = ids[:45] + [1, 2, 3]
+    pages, rows, _ = index.lookup(q, most=len(q) - 1)
+    assert rows == 45 and pages[1][1] == -1
+    b = dec.new_cache(96, pool=pools)
+    b.adopt(pages, rows)
+    got = [dec.step(np.asarray([t]), b)[-1] for t in q[rows:]]
+    want = dec.step(np.asarray(q), dec.new_cache(96), all_logits=True)[rows:]
+    np.testing.assert_array_equal(np.stack(got), want)
+
+
+@pytest.mark.parametrize(
+    ("name", "form", "refs"),
+    [("gemma3", "gguf", REFERENCES), ("llama4_chunked", "hf", ("logits_hf",))],
+)
+def test_windowed_pages_match_references(
+    name: str, form: str, refs: tuple[str, ...], tiny_model
+) -> None:
+    """A sliding-window model (gemma3, window 6) and a chunked-attention one (llama4, chunk
+    8, from its HF directory: its GGUF states llama.cpp's chunk of 8192) through paged
+    caches, a prompt chunk and then a row at a time across pages: every row matches
+    transformers (and llama.cpp), while the windowed table holds at most
+    ceil(span / PAGE) + 1 pages."""
+    tm = tiny_model(name)
+    dec = frink_cli.load(_path(tiny_model, name, form), backend="numpy").decoder
+    tokens = [int(t) for t in tm.ref["tokens"]]
+    cache = dec.new_cache(64, pool=dec.new_pool(8, 64))
+    windowed = cache.tables[-1]
+    assert windowed.pool.span is not None
+    bound = -(-windowed.pool.span.size // PAGE) + 1
+    rows = [dec.step(np.asarray(tokens[:9]), cache, all_logits=True)]
+    for t in tokens[9:]:
+        rows.append(dec.step(np.asarray([t]), cache, all_logits=True))
+        assert windowed.held <= bound, windowed.pages
+    assert windowed.start > 0
+    got = np.concatenate(rows)
+    for key in refs:
+        _compare(got, tm.ref[key], REF_TOL, f"{name} paged vs {key}")

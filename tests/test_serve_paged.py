@@ -1,11 +1,14 @@
-"""The serve engine on its paged KV cache (serve/paging.py), in process, on the tiny llama.
+"""The serve engine on its paged KV cache (serve/paging.py), in process, on the tiny llama
+and the tiny gemma3 (sliding windows of 6).
 
 What must hold: 8 concurrent jobs sharing a long system prompt hold it once (the pool's
 pages in use are at most 1.2x one sequence's plus the 8 suffixes, as /metrics' gauges
 report them) and answer as each does alone on the slot engine, while llama.cpp's greedy
-prompt, served beside them, gets llama.cpp's first token; a pool too small for the load preempts
-jobs and still completes every one with its solo answer; a prompt larger than the pool is
-refused by name; a sliding-window model keeps the slot engine and says why.
+prompt, served beside them, gets llama.cpp's first token; a pool too small for the load
+preempts jobs and still completes every one with its solo answer (a sliding-window model
+too); a sliding-window pool ends a long answer holding only its prompt's and its last
+window's pages; a prompt larger than the pool is refused by name; an MLA model (latent
+rows) keeps the slot engine and says why.
 """
 
 from __future__ import annotations
@@ -56,12 +59,7 @@ def test_shared_system_prompt_is_held_once(tiny_model: Callable) -> None:
     # Every job after the first found at least the system prompt's full pages indexed.
     cached = sorted(f.cached_tokens for _, f in got[:-1])
     assert cached[0] == 0 and all(SYSTEM // PAGE * PAGE <= c <= SYSTEM for c in cached[1:]), cached
-    text = metrics.exposition().decode()
-    gauges = {
-        line.split()[0]: float(line.split()[1])
-        for line in text.splitlines()
-        if line.startswith("frink_") and " " in line
-    }
+    gauges = _gauges(metrics)
     one = _pages(SYSTEM + max(len(s) for s in suffixes) + n_new)
     tails = sum(_pages(len(s) + n_new) + 1 for s in suffixes) + _pages(len(greedy) + n_new)
     assert gauges["frink_kv_pages_used"] <= 1.2 * one + tails
@@ -70,10 +68,12 @@ def test_shared_system_prompt_is_held_once(tiny_model: Callable) -> None:
     assert gauges["frink_kv_pages"] == _pages(9 * 2048)
 
 
-def test_small_pool_preempts_and_answers_every_job(tiny_model: Callable) -> None:
+@pytest.mark.parametrize("name", ["llama", "gemma3"])
+def test_small_pool_preempts_and_answers_every_job(name: str, tiny_model: Callable) -> None:
     """A pool of 12 pages for 4 jobs that want 4-5 pages each at their ends: jobs are
-    preempted, recomputed, and every one answers as it does alone."""
-    m = _model(tiny_model, "llama")
+    preempted, recomputed, and every one answers as it does alone (gemma3: its
+    sliding-window layers' pool too, whose jobs hold a page or two each)."""
+    m = _model(tiny_model, name)
     prompts = [p.tolist() for p in _others(m.n_vocab, [30, 41, 22, 35], seed=7)]
     e, t = _engine(m, n_parallel=4, n_ctx=128, prefill_chunk=16, kv_pool=12 * PAGE)
     try:
@@ -82,6 +82,35 @@ def test_small_pool_preempts_and_answers_every_job(tiny_model: Callable) -> None
         _stop(e, t)
     assert e.preemptions > 0
     assert got == _alone(m, prompts, 36)
+
+
+def _gauges(metrics: Metrics) -> dict[str, float]:
+    text = metrics.exposition().decode()
+    return {
+        line.split()[0]: float(line.split()[1])
+        for line in text.splitlines()
+        if line.startswith("frink_") and " " in line
+    }
+
+
+def test_window_pool_keeps_the_prompt_and_the_last_window(tiny_model: Callable) -> None:
+    """gemma3 (window 6): a job of a 20-token prompt and a 100-token answer ends with its
+    full-attention pool holding every page (indexed) and its sliding-window pool only the
+    prompt's full pages and the answer's last window (indexed for a next turn), as
+    /metrics reports them: the window pages the answer moved past were given back."""
+    m = _model(tiny_model, "gemma3")
+    e, t = _engine(m, n_parallel=1, n_ctx=160, prefill_chunk=16)
+    metrics = Metrics(e)
+    prompt = _others(m.n_vocab, [20], seed=8)[0].tolist()
+    try:
+        _run(e, [prompt], 100)
+    finally:
+        _stop(e, t)
+    gauges = _gauges(metrics)
+    assert gauges['frink_kv_pages_used_by_kind{kind="full_attention"}'] == _pages(20 + 99)
+    window = gauges['frink_kv_pages_used_by_kind{kind="sliding_window_6"}']
+    assert window <= 20 // PAGE + -(-6 // PAGE) + 1
+    assert gauges["frink_kv_pages_used"] == _pages(20 + 99) + window
 
 
 def test_prompt_larger_than_the_pool_is_refused_by_name(tiny_model: Callable) -> None:
@@ -94,8 +123,8 @@ def test_prompt_larger_than_the_pool_is_refused_by_name(tiny_model: Callable) ->
         _stop(e, t)
 
 
-def test_windowed_model_keeps_the_slot_engine(tiny_model: Callable) -> None:
-    e, t = _engine(_model(tiny_model, "gemma3"), n_parallel=2, n_ctx=128)
+def test_latent_rows_keep_the_slot_engine(tiny_model: Callable) -> None:
+    e, t = _engine(_model(tiny_model, "deepseek_v2_lite"), n_parallel=2, n_ctx=128)
     _stop(e, t)
     assert e.pages is None and e.paging_refusal is not None
-    assert "sliding window" in e.paging_refusal
+    assert "keeps latent rows (MLA)" in e.paging_refusal

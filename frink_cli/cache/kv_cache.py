@@ -8,6 +8,7 @@ by commit; a step that fails is rolled back by the next check_room.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +18,7 @@ from ..model.config import ModelConfig
 from .attention import AttentionKv, ChunkKv, SharedKv, WindowKv
 from .kv_types import F32_CACHE, OPTION_K, OPTION_V, CacheTypes, check_width
 from .latent import LatentKv, check_latent_types
-from .paged import PagedKv, PagePool, PageTable
+from .paged import PagedKv, PagePools, PageTable
 from .protocol import KvSlot, LayerSlot, NothingToMove, RecurrentSlot
 from .recurrent import ParallelSlot, RecurrentState
 
@@ -29,17 +30,21 @@ def layer_slot(
     windowed: bool = True,
     types: CacheTypes = F32_CACHE,
     rewind: int = 0,
-    table: PageTable | None = None,
+    tables: Sequence[PageTable] = (),
 ) -> LayerSlot:
     """The cache slot layer `layer` needs, its K/V rows stored as `types` say; a sliding
-    window keeps `rewind` rows more, so the cache can step back rewind + 1 tokens. With a
-    page table, a full-attention layer's rows are in its pool's pages (paged.py; the pool
-    admits only models whose layers all are, `unpaged_reason`)."""
+    window keeps `rewind` rows more, so the cache can step back rewind + 1 tokens. With
+    page tables, an attention layer's rows are in the pages of the pool holding it
+    (paged.py; a recurrent layer keeps its state here as without)."""
     shape = cfg.layer_shape(layer)
-    if table is not None and layer in table.pool.k:
-        return PagedKv(table, layer, (shape.head_dim_k, shape.head_dim_v))
     if cfg.is_recurrent(layer) and shape.mixer != "attention+mamba2":
         return RecurrentState(cfg, layer)
+    table = next((t for t in tables if layer in t.pool.k), None)
+    if table is not None:
+        paged = PagedKv(table, layer, (shape.head_dim_k, shape.head_dim_v))
+        if shape.mixer == "attention+mamba2":
+            return ParallelSlot(paged, RecurrentState(cfg, layer))
+        return paged
     # The layer's own KV heads (per-layer sizes); 0 for a layer that attends to nothing
     # (the "none" and "linear" mixers): its slot then holds no rows at all.
     window, n_kv = shape.window, shape.n_head_kv
@@ -72,6 +77,15 @@ def check_cache_types(cfg: ModelConfig, types: CacheTypes) -> None:
             check_width(types.v, shape.head_dim_v, OPTION_V)
 
 
+def keeps_recurrent_state(cfg: ModelConfig) -> bool:
+    """Whether any layer keeps a recurrent state (as layer_slot chooses a RecurrentState or
+    a ParallelSlot)."""
+    return any(
+        cfg.is_recurrent(i) or cfg.layer_shape(i).mixer == "attention+mamba2"
+        for i in range(cfg.n_layer)
+    )
+
+
 class UnheldSlot(NothingToMove):
     """A layer some other decoder runs (a pipeline's other ranks): no rows, no state, no
     memory; every step passes it by."""
@@ -93,8 +107,8 @@ class KvCache:
     """`windowed=False` keeps every row of sliding-window layers too (a reference for tests);
     `types`: the K and V cache types (kv_types.py), f32 unless asked; `rewind`: how many
     tokens beyond one the cache must be able to step back (truncate) through sliding
-    windows; `pool`: the attention rows go in that page pool's pages, through the cache's
-    page table (`table`; the serve engine's paged cache)."""
+    windows; `pools`: the attention rows go in those page pools' pages, through the
+    cache's page table for each (`tables`; the serve engine's paged cache)."""
 
     def __init__(
         self,
@@ -104,10 +118,10 @@ class KvCache:
         types: CacheTypes = F32_CACHE,
         rewind: int = 0,
         layers: range | None = None,
-        pool: PagePool | None = None,
+        pools: PagePools | None = None,
     ) -> None:
         self.cfg = cfg
-        self.table = PageTable(pool) if pool is not None else None
+        self.tables = [PageTable(p, rewind) for p in pools] if pools is not None else []
         self.n_ctx = n_ctx
         self.types = types
         self.rewind = rewind
@@ -122,13 +136,9 @@ class KvCache:
                 if layer not in held
                 else SharedKv(self.slots[source])
                 if source is not None
-                else layer_slot(cfg, layer, n_ctx, windowed, types, rewind, self.table)
+                else layer_slot(cfg, layer, n_ctx, windowed, types, rewind, self.tables)
             )
-        # As layer_slot chooses a RecurrentState or a ParallelSlot.
-        self._recurrent = any(
-            cfg.is_recurrent(i) or cfg.layer_shape(i).mixer == "attention+mamba2"
-            for i in range(cfg.n_layer)
-        )
+        self._recurrent = keeps_recurrent_state(cfg)
 
     @property
     def kv_bytes(self) -> int:
@@ -152,8 +162,8 @@ class KvCache:
             raise FrinkError(
                 f"context full: {n_rows} tokens do not fit in a context of {self.n_ctx}"
             )
-        if self.table is not None:  # before any layer writes (paged.PoolFull if no room)
-            self.table.reserve(self.n_past, n_rows)
+        for t in self.tables:  # before any layer writes (paged.PoolFull if no room)
+            t.reserve(self.n_past, n_rows)
         for s in self.slots:
             s.reserve(n_rows)
 
@@ -173,6 +183,8 @@ class KvCache:
         self.n_past += n_new
         for s in self.slots:
             s.commit(self.n_past)
+        for t in self.tables:  # windowed pools' pages that left the window go back
+            t.slide(self.n_past)
 
     def truncate(self, n_past: int) -> None:
         if not 0 <= n_past <= self.n_past:
@@ -188,18 +200,28 @@ class KvCache:
         for s in self.slots:
             s.truncate(n_past)
         self.n_past = n_past
-        if self.table is not None:
-            self.table.truncate(n_past)
+        for t in self.tables:
+            t.truncate(n_past)
 
-    def adopt(self, pages: list[int], n_past: int) -> None:
-        """An empty paged cache starts from `pages` (another sequence's, shared: a prefix's
-        rows), holding their first n_past rows."""
-        assert self.table is not None and self.n_past == 0, "only an empty paged cache adopts"
-        self.table.adopt(pages)
+    def adopt(
+        self, pages: list[list[int]], n_past: int, state: CacheSnapshot | None = None
+    ) -> None:
+        """An empty paged cache starts from `pages`, per pool (another sequence's, shared:
+        a prefix's rows; paged.GONE where a windowed pool needs none), holding their first
+        n_past rows, and its recurrent layers from `state` (saved at n_past)."""
+        assert self.tables and self.n_past == 0, "only an empty paged cache adopts"
+        for t, held in zip(self.tables, pages):
+            t.adopt(held)
         for s in self.slots:
             s.commit(n_past)
         self.n_past = n_past
-        self.table.truncate(n_past)
+        for t in self.tables:
+            t.truncate(n_past)
+            t.slide(n_past)
+        if state is not None:
+            assert state.n_past == n_past, "a state saved at another length"
+            for layer, conv, delta in state.states:
+                self.slots[layer].restore(n_past, conv, delta)
 
     def snapshot(self) -> CacheSnapshot:
         """The committed recurrent state of every recurrent layer, at the current length."""

@@ -35,7 +35,7 @@ import numpy as np
 from ..backends.host.linear import sequences
 from ..cache import KvCache, SeqBatch
 from ..cache.kv_cache import CacheSnapshot
-from ..cache.paged import PagePool
+from ..cache.paged import PagePools
 from ..decoder import Decoder, step_positions
 from ..errors import FrinkError
 from .group import Group, PeerLost
@@ -145,7 +145,7 @@ class LeadDecoder(Decoder):
             weakref.finalize(cache, self._freed.append, cid)
         return cid
 
-    def new_cache(self, n_ctx: int, rewind: int = 0, pool: PagePool | None = None) -> KvCache:
+    def new_cache(self, n_ctx: int, rewind: int = 0, pool: PagePools | None = None) -> KvCache:
         """A cache whose steps the other stages follow (a pipeline is never paged: the
         serve engine's paging.refusal names it)."""
         assert pool is None, "a pipeline's caches are not paged"

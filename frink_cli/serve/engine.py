@@ -7,8 +7,9 @@ leave, waiting ones are admitted, and a new job's prompt is fed in chunks of at 
 `prefill_chunk` rows per step beside the decode rows of the running ones, so their
 streams keep flowing while it prefills.
 
-Paged (serve/paging.py: host-body models whose layers are all full attention): the slots'
-caches are page tables over one pool; a job starts from the longest prefix of its ids that
+Paged (serve/paging.py: host-body models but for MLA's latent rows): the slots' caches
+are page tables over one pool per layer kind (recurrent layers' state kept per sequence,
+indexed where prompts and answers end); a job starts from the longest prefix of its ids that
 any job computed (shared pages), looked up just before its first rows are fed, once no
 other job is still feeding a prompt sharing a page of its ids (whose pages are then in); jobs
 are admitted by free pages, the slots capping how many run; when a step finds the pool
@@ -113,7 +114,7 @@ class Engine:
         self.rewind = self.spec.draft_max if self.spec is not None else 0
         self.paging_refusal = refusal(decoder, n_ctx) if paged else "--kv-slots asks for it"
         self.pages = (
-            EnginePages(decoder, kv_pool or n_parallel * n_ctx)
+            EnginePages(decoder, kv_pool or n_parallel * n_ctx, n_ctx, prefill_chunk, self.rewind)
             if self.paging_refusal is None
             else None
         )
@@ -170,10 +171,10 @@ class Engine:
     @property
     def cells_used(self) -> int:
         """KV cache cells holding a position, over every slot (a finished job's cells stay
-        for the next prompt that shares its prefix; paged: the pool's pages in use, the
-        indexed ones too). Read from any thread: a snapshot."""
+        for the next prompt that shares its prefix; paged: the busiest pool's pages in use,
+        the indexed ones too). Read from any thread: a snapshot."""
         if self.pages is not None:
-            return self.pages.pool.used * PAGE
+            return self.pages.rows_used
         return sum(s.cache.n_past for s in self.slots)
 
     # --- the engine's thread --------------------------------------------------------------
@@ -325,6 +326,12 @@ class Engine:
         with self._lock:
             self._lock.notify()
 
+    def _save_prompt_end(self, r: Running) -> None:
+        if self.pages is None:
+            self._save(r.slot)
+        else:
+            self.pages.publish(r.slot.cache, r.slot.tokens, r.lora, partial=True)
+
     def _save(self, slot: Slot) -> None:
         slot.snapshots.append(slot.cache.snapshot())
         del slot.snapshots[:-_SNAPSHOTS]
@@ -371,7 +378,8 @@ class Engine:
         for (r, ids), rows, drafted in zip(feeds, logits, drafting):
             r.slot.tokens.extend(ids)
             if self.pages is not None and r.slot.cache.n_past // PAGE > r.published:
-                self.pages.publish(r.slot.cache, r.slot.tokens, r.lora)  # as pages fill
+                # As pages fill (a prompt's with its window pages, an answer's without).
+                self.pages.publish(r.slot.cache, r.slot.tokens, r.lora, windows=r.next_id is None)
                 r.published = r.slot.cache.n_past // PAGE
             if drafted:
                 self._verify(r, ids[1:], rows)
@@ -381,8 +389,8 @@ class Engine:
                 del r.pending[: len(ids)]
                 if r.pending:
                     continue  # more prompt to feed: no token yet
-                if self.recurrent:
-                    self._save(r.slot)  # the end of a prompt: where a next turn resumes
+                if self.recurrent:  # the end of a prompt: where a next turn resumes
+                    self._save_prompt_end(r)
             r.next_id = None
             self._advance(r, row)
 
@@ -401,13 +409,17 @@ class Engine:
     def _shares_a_prompt_in_flight(self, r: Running, running: list[Running]) -> bool:
         """Whether another job still feeding its prompt shares a page or more of r's ids:
         r then waits for those pages (indexed as they fill) rather than compute them too."""
-        return any(
-            q is not r
-            and q.pending
-            and q.next_id is None
-            and not q.attach
-            and common_prefix(q.history, r.history) >= PAGE
-            for q in running
+        return (
+            self.pages is not None
+            and not self.pages.stateful
+            and any(
+                q is not r
+                and q.pending
+                and q.next_id is None
+                and not q.attach
+                and common_prefix(q.history, r.history) >= PAGE
+                for q in running
+            )
         )
 
     def _make_room(self, feeds: list[tuple[Running, list[int]]]) -> list[tuple[Running, list[int]]]:
@@ -487,7 +499,7 @@ class Engine:
                 return
 
     def _new_cache(self) -> KvCache:
-        pool = self.pages.pool if self.pages is not None else None
+        pool = self.pages.pools if self.pages is not None else None
         return self.decoder.new_cache(self.n_ctx, rewind=self.rewind, pool=pool)
 
     def _advance(self, r: Running, logits: np.ndarray, chosen: int | None = None) -> None:

@@ -6,12 +6,15 @@ registry of this app's own (two apps in one process never share counters).
 - frink_requests_finished_total{reason}: finished jobs by finish reason (stop, length);
 - frink_requests_running, frink_requests_waiting: jobs in a slot and in the queue;
 - frink_kv_cache_cells_used (every slot's cached positions, a finished job's kept for
-  prefix reuse; paged: the pool's rows in use) and frink_kv_cache_cells (slots x context,
-  or the pool's rows);
+  prefix reuse; paged: the busiest pool's rows in use) and frink_kv_cache_cells (slots x
+  context, or a pool's rows);
 - paged (serve/paging.py): frink_kv_pages, frink_kv_pages_used, frink_kv_pages_shared
-  (held by more than one sequence or index entry), frink_prefix_hits (jobs that started
-  from indexed pages), frink_prefix_hit_tokens (the prompt tokens they did not compute),
-  frink_preemptions (jobs whose pages were taken back);
+  (held by more than one sequence or index entry), summed over the pools (one per layer
+  kind: a windowed kind's pages that left every window and index are not used), and
+  frink_kv_pages_used_by_kind{kind="full_attention", "sliding_window_512"...} (each
+  pool's), frink_prefix_hits (jobs that started from indexed pages),
+  frink_prefix_hit_tokens (the prompt tokens they did not compute), frink_preemptions
+  (jobs whose pages were taken back);
 - frink_time_to_first_token_seconds: a job's submit -> its first sampled token;
 - frink_time_per_output_token_seconds: a job's decode time per token after its first,
   (end - first token) / (tokens - 1), for jobs of at least two tokens.
@@ -35,6 +38,7 @@ from .answer import Outcome
 from .engine import Engine, Finish
 
 if TYPE_CHECKING:
+    from ..cache.paged import PagePool
     from .app import ServerState
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -83,11 +87,11 @@ class Metrics:
         ]
         pages = engine.pages
         if pages is not None:
-            pool = pages.pool
+            pools = pages.pools
             gauges += [
-                ("frink_kv_pages", "KV pages in the pool", lambda: pool.n_pages),
-                ("frink_kv_pages_used", "KV pages held", lambda: pool.used),
-                ("frink_kv_pages_shared", "KV pages held more than once", lambda: pool.shared),
+                ("frink_kv_pages", "KV pages in the pools", lambda: pools.total),
+                ("frink_kv_pages_used", "KV pages held", lambda: pools.used),
+                ("frink_kv_pages_shared", "KV pages held more than once", lambda: pools.shared),
                 ("frink_prefix_hits", "Jobs started from indexed pages", lambda: pages.hits),
                 (
                     "frink_prefix_hit_tokens",
@@ -98,6 +102,12 @@ class Metrics:
             ]
         for name, doc, read in gauges:
             Gauge(name, doc, registry=r).set_function(read)
+        if pages is not None:
+            by_kind = Gauge(
+                "frink_kv_pages_used_by_kind", "KV pages held, per layer kind", ["kind"], registry=r
+            )
+            for pool in pages.pools:
+                by_kind.labels(pool.kind.replace(" ", "_")).set_function(_used(pool))
         engine.observer = self
 
     def finished(self, finish: Finish) -> None:
@@ -114,6 +124,10 @@ class Metrics:
     def exposition(self) -> bytes:
         """The metrics in Prometheus's text format."""
         return generate_latest(self.registry)
+
+
+def _used(pool: PagePool) -> Callable[[], float]:
+    return lambda: pool.used
 
 
 def _cells(engine: Engine) -> Callable[[], float]:

@@ -141,7 +141,7 @@ def _uvicorn_server(config: Any, engine: Engine) -> Any:
 def _kv_line(engine: Engine) -> str:
     """The start-up line on how the engine holds its sequences' KV rows."""
     if engine.pages is not None:
-        return f"paged KV cache: a pool of {engine.pages.capacity} tokens shared by prefix"
+        return engine.pages.describe()
     return f"KV cache per slot, not paged: {engine.paging_refusal}"
 
 

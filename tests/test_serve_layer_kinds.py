@@ -1,0 +1,71 @@
+"""`frink serve` pages every layer kind (serve/paging.py), driven by the official `openai`
+client on tiny models with no tokenizer (token ids in and out).
+
+What must hold: a sliding-window model (gemma3: window 6, pages of 16) and a hybrid (LFM2:
+short-conv layers keeping a state per sequence beside paged attention layers) start on
+the paged engine and say what pages at start; greedy requests sent together answer as
+each does alone on that server (the windowed one then resuming from its own indexed
+prefixes) and as the slot engine (`--kv-slots`) answers them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from model_checks import _path
+from serve_process import Server, clean_stop
+
+openai = pytest.importorskip("openai")
+
+KEY = "sekret-key"
+N_NEW = 12
+START = {
+    "gemma3": ("full attention: 1 layer; sliding window 6: 6 layers, pages past it given back",),
+    "lfm2": ("full attention: 2 layers", "recurrent layers keep a state per sequence"),
+}
+
+
+def _answers(server: Server, prompts: list[list[int]], together: bool) -> list[list[int]]:
+    """Each prompt's greedy tokens, one request after another or all at once."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+    out: dict[int, list[int]] = {}
+
+    def one(i: int) -> None:
+        r = client.completions.create(
+            model="model",
+            prompt=prompts[i],
+            max_tokens=N_NEW,
+            temperature=0,
+            extra_body={"return_tokens": True},
+        )
+        out[i] = r.choices[0].model_extra["tokens"]
+
+    if not together:
+        for i in range(len(prompts)):
+            one(i)
+        return [out[i] for i in range(len(prompts))]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    return [out[i] for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("name", ["gemma3", "lfm2"])
+def test_windowed_and_hybrid_models_page_and_answer_alone(name: str, tiny_model: Callable) -> None:
+    path = _path(tiny_model, name, "gguf")
+    rng = np.random.default_rng(9)
+    prompts = [rng.integers(0, 512, n).tolist() for n in (5, 19, 40, 8)]
+    args = ("-np", "4", "-c", "96", "--prefill-chunk", "16", "--api-key", KEY)
+    with clean_stop(Server(path, *args, "--backend", "numpy")) as paged:
+        alone = _answers(paged, prompts, together=False)
+        together = _answers(paged, prompts, together=True)
+        log = paged.log()
+    assert all(part in log for part in START[name]), log
+    with clean_stop(Server(path, *args, "--backend", "numpy", "--kv-slots")) as slots:
+        by_slots = _answers(slots, prompts, together=False)
+    assert together == alone == by_slots
