@@ -80,7 +80,8 @@ def main() -> None:
             dec.step(rng.integers(5, dec.cfg.n_vocab, 1), cache)
         wall = time.perf_counter() - t0
     print(f"{kernels.kernel_path()}, {args.threads} threads: machine read {machine:.1f} GB/s")
-    print(f"decode {args.steps / wall:.1f} tok/s; per token {sum(timed.bytes.values()) / args.steps / 1e6:.0f} MB in dots")
+    per_token = sum(timed.bytes.values()) / args.steps / 1e6
+    print(f"decode {args.steps / wall:.1f} tok/s; per token {per_token:.0f} MB in dots")
     print("| type | MB per token | ms per token | GB/s | of the machine's |")
     print("| --- | --: | --: | --: | --: |")
     for qt in sorted(timed.bytes, key=lambda q: -timed.bytes[q]):
