@@ -103,9 +103,31 @@ def test_greedy_output_is_plain_greedy(tiny_model, mtp_gguf: Path) -> None:
         assert stats.drafted_tokens > 0
 
 
+def test_an_hf_dir_drafts_as_its_gguf_conversion(tiny_model, mtp_gguf: Path) -> None:
+    """The HF dir's mtp.* weights (Qwen3.5's naming, sharded beside the trunk) load into the
+    same MTP head as the converter's NextN blocks: the same drafts from the same history,
+    the head's logits within 2e-3 of the GGUF's."""
+    tokens = [int(t) for t in tiny_model("qwen35").ref["tokens"][:24]]
+    params = SpecParams(draft_max=4, p_min=0.0)
+    drafts, logits = [], []
+    for path in (mtp_gguf.parent / "hf", mtp_gguf):
+        model = frink_cli.load(path)
+        dec = model.decoder
+        head = MtpHead(model.checkpoint, dec)
+        hidden = dec.host.final_norm(dec.hidden(np.asarray(tokens), dec.new_cache(64)))
+        drafter = MtpDrafter(head, 64, params)
+        drafter.observe(0, hidden)
+        drafts.append([drafter.draft(tokens[:end], 4) for end in (5, 12, 24)])
+        cache = head.new_cache(64, 4)
+        logits.append(head.forward(hidden[:12], tokens[1:13], np.arange(12), cache)[1])
+    assert drafts[0] == drafts[1]
+    np.testing.assert_allclose(logits[0], logits[1], atol=2e-3)
+
+
 @pytest.mark.parametrize("spelling", [("--spec", "mtp"), ("--spec-type", "draft-mtp")])
-def test_a_file_without_mtp_heads_is_refused(tiny_model, spelling) -> None:
-    path = tiny_model("qwen35").gguf
+@pytest.mark.parametrize("kind", ["gguf", "hf_dir"])
+def test_a_file_without_mtp_heads_is_refused(tiny_model, spelling, kind: str) -> None:
+    path = getattr(tiny_model("qwen35"), kind)
     r = frink("run", path, "-p", "hi", "-n", "2", *spelling)
     assert r.returncode != 0 and len(r.lines()) == 1, r.describe()
     assert f"--spec mtp: {path} has no MTP heads (nextn_predict_layers = 0)" in r.stderr
