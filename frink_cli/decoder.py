@@ -238,7 +238,7 @@ class Decoder:
         if len(steps) == 1:
             ids, cache = steps[0]
             return self.step(ids, cache)
-        return np.concatenate(self.step_batch_rows(steps, [False] * len(steps)))
+        return np.concatenate(self.step_batch_rows(steps, [1] * len(steps))[0])
 
     def step_batch_rows(
         self,

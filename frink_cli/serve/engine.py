@@ -61,8 +61,9 @@ from ..channels import FINAL, ChannelSplit, is_harmony
 from ..decoder import Decoder
 from ..errors import FrinkError, Unavailable
 from ..sampling import Sampler, token_logprob
-from ..speculative import Drafter, SpecParams, verify
+from ..speculative import Drafter, SpecParams
 from ..tokenizer import Tokenizer
+from . import drafting
 from .jobs import Finish, Job, Observer, QueueFull, Running, Slot
 from .paging import EnginePages, refusal
 from .stops import StopText
@@ -246,7 +247,7 @@ class Engine:
             slot = max(free, key=lambda s: (_shared(s, job.prompt, lora), -s.last_used))
             reuse = job.cache_prompt and slot.lora == lora and self.pages is None
             cached = self._reuse(slot, job.prompt if reuse else [])
-            drafter = self._job_drafter(slot)
+            drafter = drafting.job_drafter(slot, self.drafter, self.spec, self.n_ctx)
             slot.lora = lora
             slot.job = Running(
                 job=job,
@@ -263,17 +264,6 @@ class Engine:
                 lora=lora,
                 attach=self.pages is not None and job.cache_prompt,
             )
-
-    def _job_drafter(self, slot: Slot) -> Drafter | None:
-        """A drafter for a job placed in `slot`: a fresh one, or for an MTP head (which
-        reads the hidden states of the rows before the draft) the slot's own."""
-        if self.drafter is None:
-            return None
-        if self.spec is None or not self.spec.mtp:
-            return self.drafter(self.n_ctx)
-        if slot.drafter is None:
-            slot.drafter = self.drafter(self.n_ctx)
-        return slot.drafter
 
     def _resume(self, r: Running, free: list[Slot]) -> bool:
         """A preempted job back into a free slot, if the pool has its pages (or nothing
@@ -351,7 +341,7 @@ class Engine:
         budget = self.prefill_chunk
         for r in running:
             if r.next_id is not None:
-                feeds.append((r, [*r.replay, r.next_id, *self._draft(r)]))
+                feeds.append((r, [*r.replay, r.next_id, *drafting.draft(r, self.spec, self.n_ctx)]))
         for r in sorted(running, key=lambda r: r.job.submitted):
             if r.attach and budget > 0 and not self._shares_a_prompt_in_flight(r, running):
                 self._attach(r)
@@ -369,9 +359,9 @@ class Engine:
             return
         # The rows whose logits a job reads: its next token's and its draft's.
         tails = [len(ids) - len(r.replay) if r.next_id is not None else 1 for r, ids in feeds]
-        drafting = [r.next_id is not None and t > 1 for (r, _), t in zip(feeds, tails)]
+        verifying = [r.next_id is not None and t > 1 for (r, _), t in zip(feeds, tails)]
         starts = [r.slot.cache.n_past for r, _ in feeds]
-        for (r, _), d in zip(feeds, drafting):
+        for (r, _), d in zip(feeds, verifying):
             if d and self.recurrent:
                 r.snap = r.slot.cache.snapshot()
         adapters = self.decoder.lora
@@ -390,7 +380,7 @@ class Engine:
                 self._fail(r, f"generation failed: {type(e).__name__}: {e}", kind)
             return
         self.steps += 1
-        for (r, ids), rows, drafted, h, start in zip(feeds, logits, drafting, hidden, starts):
+        for (r, ids), rows, drafted, h, start in zip(feeds, logits, verifying, hidden, starts):
             r.slot.tokens.extend(ids)
             if h is not None and r.slot.drafter is not None:
                 r.slot.drafter.observe(start, h)
@@ -468,55 +458,15 @@ class Engine:
         r.replay, r.snap = [], None
         self._preempted.append(r)
 
-    def _draft(self, r: Running) -> list[int]:
-        """The tokens to verify after r's next one: none without a drafter, or where the
-        answer or the context has no room for them."""
-        if r.drafter is None or self.spec is None:
-            return []
-        room = min(
-            self.spec.draft_max - len(r.replay),  # (ids fed again share the step's rows)
-            r.job.max_tokens - r.generated - 1,
-            self.n_ctx - self._fed(r) - 2,
-        )
-        least = max(self.spec.draft_min, 1)
-        draft = r.drafter.draft(r.history, room) if room >= least else []
-        return draft if len(draft) >= least else []
-
-    def _fed(self, r: Running) -> int:
-        """The positions r's ids fill: its cache's, and the ids it feeds again."""
-        return r.slot.cache.n_past + len(r.replay)
-
-    def _verify(self, r: Running, fed: list[int], rows: np.ndarray) -> None:
-        """fed: r's next token and its draft; rows: the logits after each. The tokens the
-        target emits (the kept drafts, then its own), the cache taken back to them."""
-        draft = fed[1:]
-        history = list(r.history)
-        tokens: list[int] = []
-        for i, row in enumerate(rows):
-            proposed = draft[i] if i < len(draft) else None
-            if proposed is None:
-                tok = r.sampler.sample(row, history)
-            else:
-                tok = verify(r.sampler, row, history, proposed)
-            tokens.append(tok)
-            history.append(tok)
-            if tok != proposed:
-                break
-        kept = len(tokens) - 1
-        self.drafted += len(draft)
+    def _verify(self, r: Running, ids: list[int], rows: np.ndarray) -> None:
+        """ids: r's next token and its draft; rows: the logits after each. The tokens the
+        target emits sent on (drafting.verify_rows), the counters kept."""
+        tokens, kept = drafting.verify_rows(r, ids, rows)
+        self.drafted += len(ids) - 1
         self.accepted += kept
-        r.drafted += len(draft)
+        r.drafted += len(ids) - 1
         r.accepted += kept
-        keep = r.slot.cache.n_past - len(draft) + kept
-        if r.snap is not None and kept < len(draft):  # recurrent: back to the state
-            r.slot.cache.restore(r.snap)  # before the step; the kept ids fed again
-            r.replay = r.slot.tokens[r.snap.n_past : keep]
-            keep = r.snap.n_past
-        else:
-            r.slot.cache.truncate(keep)
-        r.snap = None
-        del r.slot.tokens[keep:]
-        r.published = min(r.published, keep // PAGE)
+        r.published = min(r.published, r.slot.cache.n_past // PAGE)
         for tok, row in zip(tokens, rows):
             r.next_id = None
             self._advance(r, row, tok)
@@ -562,7 +512,7 @@ class Engine:
             job.emit("text", piece)
         if stopped or (constraint is not None and constraint.finished):
             self._finish(r, "stop")
-        elif r.generated >= job.max_tokens or self._fed(r) >= self.n_ctx:
+        elif r.generated >= job.max_tokens or drafting.fed(r) >= self.n_ctx:
             # (the context must hold the token fed next, so a full one ends here)
             self._finish(r, "length")
         else:
