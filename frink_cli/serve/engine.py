@@ -131,6 +131,7 @@ class Engine:
         self.recurrent = self.slots[0].cache.has_recurrent_state
         self.drafter = drafter
         self.drafted = self.accepted = 0  # speculative decoding's tokens, all jobs together
+        self.replayed = 0  # ids fed again after a recurrent state was restored
         self._waiting: deque[Job] = deque()
         self._lock = threading.Condition()
         self._stopping = False
@@ -385,6 +386,7 @@ class Engine:
             if h is not None and r.slot.drafter is not None:
                 r.slot.drafter.observe(start, h)
             replayed, r.replay = len(r.replay), []
+            self.replayed += replayed
             if self.pages is not None and r.slot.cache.n_past // PAGE > r.published:
                 self.pages.publish(r.slot.cache, r.slot.tokens, r.lora)  # as pages fill
                 r.published = r.slot.cache.n_past // PAGE
