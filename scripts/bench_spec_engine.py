@@ -17,6 +17,7 @@ import argparse
 import queue
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -28,10 +29,13 @@ from frink_cli.speculative import ModelDrafter, SpecParams
 
 def _answers(engine: Engine, prompts: list[list[int]], n: int) -> list[tuple[int, ...]]:
     done: queue.Queue = queue.Queue()
+
+    def emitter(i: int) -> Callable[[str, object], None]:
+        return lambda kind, x: done.put((i, kind, x))
+
     for i, p in enumerate(prompts):
-        emit = (lambda i: lambda kind, x: done.put((i, kind, x)))(i)
         params = SamplingParams(temperature=0.0)
-        engine.submit(Job(p, params, n, (), emit, ignore_eos=True))
+        engine.submit(Job(p, params, n, (), emitter(i), ignore_eos=True))
     out: dict[int, tuple[int, ...]] = {}
     while len(out) < len(prompts):
         i, kind, x = done.get(timeout=600)
