@@ -463,7 +463,11 @@ class Engine:
     def _verify(self, r: Running, ids: list[int], rows: np.ndarray) -> None:
         """ids: r's next token and its draft; rows: the logits after each. The tokens the
         target emits sent on (drafting.verify_rows), the counters kept."""
-        tokens, kept = drafting.verify_rows(r, ids, rows)
+        try:
+            tokens, kept = drafting.verify_rows(r, ids, rows)
+        except FrinkError as e:  # a cache that cannot go back (refused before it moved)
+            self._fail(r, f"speculative decoding: {e}")
+            return
         self.drafted += len(ids) - 1
         self.accepted += kept
         r.drafted += len(ids) - 1
