@@ -117,7 +117,7 @@ class Engine:
         self.max_queue = max_queue
         self.spec = spec if drafter is not None else None
         # (a recurrent model's restore takes back the replayed rows and the draft's: at
-        # most draft_max + 1 rows, as _draft's room keeps them)
+        # most draft_max + 1 rows, as drafting.draft's room keeps them)
         self.rewind = self.spec.draft_max + 1 if self.spec is not None else 0
         self.paging_refusal = refusal(decoder, n_ctx) if paged else "--kv-slots asks for it"
         self.pages = (
