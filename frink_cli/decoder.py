@@ -239,35 +239,36 @@ class Decoder:
         if len(steps) == 1:
             ids, cache = steps[0]
             return self.step(ids, cache)
-        return np.concatenate(self.step_batch_rows(steps, [False] * len(steps)))
+        return np.concatenate(self.step_batch_rows(steps, [1] * len(steps))[0])
 
     def step_batch_rows(
         self,
         steps: list[tuple[np.ndarray, KvCache]],
-        every_row: Sequence[bool],
+        tails: Sequence[int],
         lora: Sequence[Mapping[LoraAdapter, float]] | None = None,
-    ) -> list[np.ndarray]:
-        """step_batch, with each sequence's logits [rows, V]: for every row it fed where
-        every_row says so (speculative decoding verifies a draft), else for its last.
-        lora: each sequence's scale per adapter (else every adapter's own scale)."""
+        hidden: Sequence[bool] | None = None,
+    ) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
+        """step_batch, with each sequence's logits [tails[i], V] for the last tails[i] rows
+        it fed (speculative decoding verifies a draft: 1 + its length), and where `hidden`
+        says so its hidden states after the final norm for every row it fed (an MTP head's
+        input; else None). lora: each sequence's scale per adapter (else every adapter's
+        own scale)."""
+        hidden = hidden if hidden is not None else [False] * len(steps)
         if lora is None:
-            return self._step_batch_rows(steps, every_row)
+            return self._step_batch_rows(steps, tails, hidden)
         with adapter_scales(lora):
-            return self._step_batch_rows(steps, every_row)
+            return self._step_batch_rows(steps, tails, hidden)
 
     def _step_batch_rows(
-        self, steps: list[tuple[np.ndarray, KvCache]], every_row: Sequence[bool]
-    ) -> list[np.ndarray]:
-        if len(steps) == 1:
+        self, steps: list[tuple[np.ndarray, KvCache]], tails: Sequence[int], hidden: Sequence[bool]
+    ) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
+        if len(steps) == 1 and tails[0] in (1, len(steps[0][0])) and not hidden[0]:
             ids, cache = steps[0]
-            return [self.step(ids, cache, all_logits=every_row[0])]
+            return [self.step(ids, cache, all_logits=tails[0] > 1)], [None]
         batch = SeqBatch([c for _, c in steps], [len(ids) for ids, _ in steps])
         ids = np.concatenate([np.asarray(i, dtype=np.int64) for i, _ in steps])
-        # The head's rows: each sequence's last, or all of them.
-        picks = [
-            list(range(a, b)) if every else [b - 1]
-            for a, b, every in zip(batch.starts, batch.stops, every_row)
-        ]
+        # The head's rows: each sequence's last tails[i].
+        picks = [list(range(b - t, b)) for b, t in zip(batch.stops, tails)]
         # A batch of decode rows (one per sequence) is timed as a whole, per batch size
         # (eight rows are GEMMs that may want BLAS's threads where one row did not); a
         # batch with prompt rows is timed layer by layer, as a prefill is.
@@ -278,12 +279,19 @@ class Decoder:
                 choice = self.batch_threads[len(steps)] = ThreadChoice(start_wide=True)
         n = choice.choose() if choice is not None else None
         t0 = time.perf_counter()
+        several = any(t > 1 for t in tails)
+        # (hidden states asked: the host runs the head, from the rows it hands out)
+        head = None if any(hidden) else "all" if several else "last"
         # The host's linears multiply each sequence's rows as they would alone (graph.
         # linear.product), so a sequence's logits do not depend on its batch.
         with step_threads(n, few_rows(batch.counts)):
             with sequences(batch.counts):
-                x, is_logits = self._forward(ids, batch, "all" if any(every_row) else "last")
-            if is_logits and not any(every_row):  # the backend's head took the last rows
+                x, is_logits = self._forward(ids, batch, head)
+            normed: list[np.ndarray | None] = [
+                self.host.final_norm(x[a:b, : self.cfg.n_embd]) if h else None
+                for a, b, h in zip(batch.starts, batch.stops, hidden)
+            ]
+            if is_logits and not several:  # the backend's head took the last rows
                 picks = [[i] for i in range(len(steps))]
             elif not is_logits:  # only the picked rows need the head: its input is cut
                 with sequences([len(p) for p in picks]):
@@ -293,7 +301,7 @@ class Decoder:
             out = [x[p] for p in picks]
         if choice is not None and n is not None:
             choice.record(n, time.perf_counter() - t0)
-        return out
+        return out, normed
 
     def _step(self, ids: np.ndarray, cache: KvCache, all_logits: bool) -> np.ndarray:
         x, is_logits = self._forward(ids, cache, "all" if all_logits else "last")

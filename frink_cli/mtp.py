@@ -113,6 +113,7 @@ class MtpDrafter:
 
     def observe(self, start: int, hidden: np.ndarray) -> None:
         self.hidden[start : start + len(hidden)] = hidden
+        del self.fed[start:]  # the rows from start on read other states now
 
     def draft(self, history: Sequence[int], n: int) -> list[int]:
         end = len(history) - 1  # history[end] is not fed yet: the target has h up to end - 1

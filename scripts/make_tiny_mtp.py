@@ -25,9 +25,10 @@ from tiny_specs import NORM_STD, SPECS, WEIGHT_STD  # noqa: E402
 
 def with_mtp(spec_name: str, hf_dir: Path, out_dir: Path, n_mtp: int = 1) -> Path:
     """A GGUF of the tiny model `spec_name` (its HF dir) with n_mtp multi-token-prediction
-    blocks, as a released Qwen3.5 checkpoint carries them: written beside a copy of the
-    model (model-mtp.safetensors: transformers loads only model.safetensors, llama.cpp's
-    converter every model*.safetensors) as mtp.fc over [embedding; hidden], its two pre-fc
+    blocks, as a released Qwen3.5 checkpoint carries them: a copy of the model sharded as
+    released ones are (model.safetensors.index.json over the trunk's shard and the MTP
+    shard; transformers leaves the mtp.* weights unread, llama.cpp's converter reads every
+    model*.safetensors), out_dir/hf: mtp.fc over [embedding; hidden], its two pre-fc
     norms, full-attention decoder layers shaped as the trunk's attention layers and the
     head norm, drawn as _randomize draws the trunk's; config mtp_num_hidden_layers says how
     many. The converter appends them as NextN blocks (nextn_predict_layers)."""
@@ -60,7 +61,12 @@ def with_mtp(spec_name: str, hf_dir: Path, out_dir: Path, n_mtp: int = 1) -> Pat
         ).astype(np.float32)
         for name, shape in shapes.items()
     }
-    save_file(mtp, str(hf / "model-mtp.safetensors"), metadata={"format": "pt"})
+    shards = {"model-00001-of-00002.safetensors": trunk, "model-00002-of-00002.safetensors": mtp}
+    (hf / "model.safetensors").rename(hf / "model-00001-of-00002.safetensors")
+    save_file(mtp, str(hf / "model-00002-of-00002.safetensors"), metadata={"format": "pt"})
+    weight_map = {name: shard for shard, ts in shards.items() for name in ts}
+    index = {"metadata": {}, "weight_map": weight_map}
+    (hf / "model.safetensors.index.json").write_text(json.dumps(index))
     (hf / "config.json").write_text(json.dumps(dict(hf_cfg, mtp_num_hidden_layers=n_mtp)))
     args = tuple(a for a in spec.convert_args if a != "--no-mtp")
     gguf = out_dir / "model.gguf"

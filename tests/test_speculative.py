@@ -304,11 +304,12 @@ class Corrupting:
         return [(t + 1) % self.n_vocab if j % 3 == 2 else t for j, t in enumerate(out)]
 
 
-@pytest.mark.parametrize("name", ["granite", "gpt_oss", "gemma4"])
+@pytest.mark.parametrize("name", ["granite", "gpt_oss", "gemma4", "qwen35"])
 def test_serve_engine_speculates_per_job_and_answers_as_plain(tiny_model, name: str) -> None:
     """8 concurrent greedy jobs on an engine that drafts for each (the model drafting for
     itself, every third draft corrupted): llama.cpp's greedy run comes out of the first,
-    every job's answer is what a plain engine gives it, and drafts were kept and rejected."""
+    every job's answer is what a plain engine gives it, and drafts were kept and rejected
+    (qwen35: recurrent layers, their state restored and the kept ids fed again)."""
     from test_engine import _engine, _others, _run, _stop
 
     model, prompt, want = _reference(tiny_model, name)
@@ -333,20 +334,6 @@ def test_serve_engine_speculates_per_job_and_answers_as_plain(tiny_model, name: 
     assert got[0] == want
     assert got == want_all
     assert 0 < spec.accepted < spec.drafted, (spec.accepted, spec.drafted)
-
-
-def test_serve_engine_decodes_a_recurrent_model_plainly(tiny_model) -> None:
-    from test_engine import _engine, _run, _stop
-
-    model, prompt, want = _reference(tiny_model, "qwen35")
-    params = SpecParams(p_min=0.0)
-    e, t = _engine(model, n_ctx=64, drafter=lambda n: NgramDrafter(params), spec=params)
-    try:
-        assert e.drafter is None
-        assert _run(e, [prompt], len(want))[0][0] == want
-    finally:
-        _stop(e, t)
-    assert e.drafted == 0
 
 
 @pytest.mark.real

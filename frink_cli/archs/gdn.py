@@ -22,17 +22,35 @@ from .hf import HF_CORE_TENSORS, HF_QK_NORM_TENSORS, MetadataWriter, hf_type
 from .hf_plan import HfModelType, Transform
 from .transforms import NEG_EXP, ONE_CENTERED_NORMS, SQUEEZE, add_one
 
-HF_MTP_IGNORED = ("mtp.", "model.mtp.")
+# The MTP module's own tensors, as the converter names them (layer-indexed NextN names).
+_MTP_NAMES = {
+    "fc": "eh_proj",
+    "pre_fc_norm_embedding": "enorm",
+    "pre_fc_norm_hidden": "hnorm",
+    "norm": "shared_head.norm",
+}
+
+
+def mtp_as_layers(name: str, n_layer: int) -> str:
+    """Qwen3.5 / Qwen3-Next's multi-token-prediction weights (`mtp.*`, or `model.mtp.*`) as
+    the converter's _QwenMtpMixin.filter_tensors renames them: mtp.layers.k.* as the layer
+    n_layer + k, mtp.fc and its norms as layer n_layer's NextN tensors. The trunk runs
+    without them; `--spec mtp` drafts with them (mtp.py), as from the converted GGUF."""
+    if name.startswith("model.mtp."):
+        name = name[len("model.") :]
+    if not name.startswith("mtp."):
+        return name
+    parts = name.split(".", 3)
+    if len(parts) == 4 and parts[1] == "layers" and parts[2].isdecimal():
+        return f"model.layers.{n_layer + int(parts[2])}.{parts[3]}"
+    if len(parts) == 3 and parts[1] in _MTP_NAMES:
+        return f"model.layers.{n_layer}.{_MTP_NAMES[parts[1]]}.{parts[2]}"
+    return name
 
 
 def hf_text_type(model_type: str) -> HfModelType:
-    """A text-only checkpoint's model_type: the multi-token-prediction head is not read
-    (frink, like llama.cpp's main pass, runs the trunk only)."""
-    return hf_type(
-        model_type,
-        ignore=HF_MTP_IGNORED,
-        ignored_note="multi-token-prediction (MTP) head weights ignored",
-    )
+    """A text-only checkpoint's model_type, its MTP blocks read after the trunk."""
+    return hf_type(model_type, rename=mtp_as_layers)
 
 
 @dataclass(frozen=True)
@@ -70,6 +88,10 @@ class GdnHybridConfig(DecoderConfig):
         return super().mixer(ops, cfg, shape, w, h, at)
 
 
+# The converter adds 1 to every weight named *norm.weight but the delta net's gated norm.
+_NEXTN_NORMS = tuple(f"blk.{{bid}}.nextn.{n}" for n in ("enorm", "hnorm", "shared_head_norm"))
+
+
 class GdnHybrid(Arch):
     ext_class = GdnHybridConfig
     rope_type = "neox"
@@ -85,6 +107,11 @@ class GdnHybrid(Arch):
             ("model.layers.{bid}.linear_attn.conv1d", "blk.{bid}.ssm_conv1d"),
             ("model.layers.{bid}.linear_attn.norm", "blk.{bid}.ssm_norm"),
             ("model.layers.{bid}.linear_attn.out_proj", "blk.{bid}.ssm_out"),
+            # An MTP block's own (mtp_as_layers has renamed them).
+            ("model.layers.{bid}.eh_proj", "blk.{bid}.nextn.eh_proj"),
+            ("model.layers.{bid}.enorm", "blk.{bid}.nextn.enorm"),
+            ("model.layers.{bid}.hnorm", "blk.{bid}.nextn.hnorm"),
+            ("model.layers.{bid}.shared_head.norm", "blk.{bid}.nextn.shared_head_norm"),
         )
     )
     hf_tensors_whole = (
@@ -94,7 +121,7 @@ class GdnHybrid(Arch):
 
     def hf_transforms(self) -> dict[str, tuple[Transform, ...]]:
         # Norms +1 except the delta net's gated norm (ssm_norm), which scales by w.
-        return add_one(ONE_CENTERED_NORMS) | {
+        return add_one(ONE_CENTERED_NORMS + _NEXTN_NORMS) | {
             "blk.{bid}.ssm_a": (NEG_EXP,),
             "blk.{bid}.ssm_conv1d.weight": (SQUEEZE,),
         }
@@ -119,6 +146,10 @@ class GdnHybrid(Arch):
         else:  # transformers' default: every interval-th layer attends
             recurrent = [(i + 1) % interval != 0 for i in range(n)]
         w.set("attention.recurrent_layers", recurrent)
+        nextn = int(hp.get("_blocks_past_trunk", 0))
+        if nextn:  # MTP blocks, counted in block_count as the converter counts them
+            w.set("block_count", n + nextn)
+            w.set("nextn_predict_layers", nextn)
         w.set("full_attention_interval", interval)
         inner = int(hp["linear_value_head_dim"]) * int(hp["linear_num_value_heads"])
         w.set("ssm.inner_size", inner)

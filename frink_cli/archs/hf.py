@@ -239,4 +239,5 @@ def multimodal(text: HfModelType, ignore: tuple[str, ...], what: str) -> HfModel
         ignore=ignore,
         ignored_note=f"{what} ignored (text only)",
         aliases=text.aliases,
+        rename=text.rename,
     )

@@ -63,6 +63,8 @@ class HfModelType:
     sub-config holding the language model of a multimodal checkpoint. strip: substrings
     removed from tensor names (`language_model.`); ignore: name prefixes not read (vision
     tower, MTP head), reported once as `ignored_note`. aliases: transformers' attribute_map.
+    rename(name, num_hidden_layers): a stripped name as the converter's filter_tensors
+    renames it before its tensor map (e.g. MTP blocks as the layers after the trunk).
     """
 
     defaults: Mapping[str, Any] = field(default_factory=dict)
@@ -71,6 +73,7 @@ class HfModelType:
     ignore: tuple[str, ...] = ()
     ignored_note: str = "ignored"
     aliases: Mapping[str, str] = field(default_factory=dict)
+    rename: Callable[[str, int], str] | None = None
 
 
 def hparams(cfg: dict[str, Any], mt: HfModelType) -> dict[str, Any]:
@@ -286,7 +289,7 @@ def plan_hf_dir(hf_dir: Path, cfg: dict[str, Any], arch: Arch, model_type: str) 
             f"{hf_dir / 'config.json'}: num_hidden_layers {hp['num_hidden_layers']} does not fit "
             f"the directory's {len(stored)} tensors"
         )
-    kept, n_ignored = _kept(stored, mt)
+    kept, n_ignored = _kept(stored, mt, int(hp["num_hidden_layers"]))
     plans = _planned(arch, kept, hp)
     if n_ignored:
         notes.append(f"{mt.ignored_note} ({n_ignored} tensors)")
@@ -310,6 +313,8 @@ def plan_hf_dir(hf_dir: Path, cfg: dict[str, Any], arch: Arch, model_type: str) 
         for gg, data in arch.hf_generated(hp).items()
     }
     plans = {**extra, **plans}
+    # Blocks planned after the trunk: multi-token-prediction blocks a rename put there.
+    hp["_blocks_past_trunk"] = _blocks_past(plans, int(hp["num_hidden_layers"]))
 
     meta: dict[str, Any] = {"general.architecture": arch.name, **arch.hf_gguf_metadata(hp, notes)}
     return Checkpoint(
@@ -322,9 +327,18 @@ def plan_hf_dir(hf_dir: Path, cfg: dict[str, Any], arch: Arch, model_type: str) 
     )
 
 
-def _kept(stored: dict[str, StoredTensor], mt: HfModelType) -> tuple[Kept, int]:
-    """The stored tensors the language model uses, by stripped name, and how many the
-    model_type ignores (vision tower, MTP head)."""
+_BLOCK = re.compile(r"blk\.(\d+)\.")
+
+
+def _blocks_past(names: Iterator[str] | dict[str, Plan], n_layer: int) -> int:
+    """How many blocks the GGUF names hold after the first n_layer."""
+    found = {int(m.group(1)) for name in names if (m := _BLOCK.match(name))}
+    return max((i + 1 - n_layer for i in found if i >= n_layer), default=0)
+
+
+def _kept(stored: dict[str, StoredTensor], mt: HfModelType, n_layer: int) -> tuple[Kept, int]:
+    """The stored tensors the language model uses, by stripped (and renamed) name, and how
+    many the model_type ignores (vision tower, MTP head)."""
     n_ignored = 0
     kept: Kept = {}
     for hf_name, st in stored.items():
@@ -334,6 +348,8 @@ def _kept(stored: dict[str, StoredTensor], mt: HfModelType) -> tuple[Kept, int]:
         name = hf_name
         for s in mt.strip:
             name = name.replace(s, "")
+        if mt.rename is not None:
+            name = mt.rename(name, n_layer)
         # Buffers some exporters save; the converter skips them too.
         if name.endswith((".rotary_emb.inv_freq", ".attention.masked_bias", ".attention.bias")):
             continue

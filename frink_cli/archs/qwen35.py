@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import FrinkError
 from ..formats import Checkpoint
 from .base import get
-from .gdn import HF_MTP_IGNORED, GdnHybrid, hf_text_type
+from .gdn import GdnHybrid, hf_text_type
 from .hf import MetadataWriter, multimodal
 from .hf_plan import HfModelType, Transform
 from .transforms import NEG_EXP, SQUEEZE
@@ -57,8 +57,8 @@ V_TILED_COLS = _tiled(1, "linear_value_head_dim")  # out_proj's columns
 V_TILED_QKV_ROWS = _tiled(0, "linear_value_head_dim", skip_qk=True)
 
 _TEXT = hf_text_type("qwen3_5_text")
-_VISION_IGNORED = ("model.visual.", "visual.") + HF_MTP_IGNORED
-_VISION_NOTE = "vision tower and multi-token-prediction (MTP) weights"
+_VISION_IGNORED = ("model.visual.", "visual.")
+_VISION_NOTE = "vision tower"
 
 
 class Qwen35(GdnHybrid):

@@ -34,12 +34,17 @@ a function comes as "text", its markers spelled, for the tool-call parser.
 An Observer (the server's metrics) hears of every finished job, on the engine's thread,
 once per job: nothing is measured per token.
 
-With a `drafter` (speculative.py: `frink serve --spec ngram` or `-md`), each decoding job
-without a constraint feeds its next token and a draft in its step, and keeps the drafts the
-target agrees with (speculative.verify): greedy answers are the plain ones token for token,
-sampled ones keep their distribution. Models with recurrent layers decode plainly: their
-state cannot be taken back to a kept draft within a step. So does `--spec mtp`: its head
-reads the target's hidden states, which the batched step does not hand out.
+With a `drafter` (speculative.py: `frink serve --spec ngram`, `-md` or `--spec mtp`), each
+decoding job without a constraint feeds its next token and a draft in its step, and keeps
+the drafts the target agrees with (speculative.verify): greedy answers are the plain ones
+token for token, sampled ones keep their distribution. Attention rows of rejected drafts
+are truncated. Recurrent layers, as `frink run` does it: the job's state is saved before
+its verify step; after a rejection it is restored and the ids kept since (the fed token
+and the kept drafts) are fed again at the head of the job's next step, which drafts only
+what room that leaves within draft_max (so a verify step never holds more than
+draft_max + 1 rows, and no extra forward is run). An MTP head (`--spec mtp`) reads the
+target's hidden states: the step hands them out for the rows of every slot whose drafter
+reads them, and that drafter, kept on the slot, observes them.
 """
 
 from __future__ import annotations
@@ -57,8 +62,9 @@ from ..channels import FINAL, ChannelSplit, is_harmony
 from ..decoder import Decoder
 from ..errors import FrinkError, Unavailable
 from ..sampling import Sampler, token_logprob
-from ..speculative import Drafter, SpecParams, verify
+from ..speculative import Drafter, SpecParams
 from ..tokenizer import Tokenizer
+from . import drafting
 from .jobs import Finish, Job, Observer, QueueFull, Running, Slot
 from .paging import EnginePages, refusal
 from .stops import StopText
@@ -111,7 +117,9 @@ class Engine:
         self.prefill_chunk = prefill_chunk
         self.max_queue = max_queue
         self.spec = spec if drafter is not None else None
-        self.rewind = self.spec.draft_max if self.spec is not None else 0
+        # (a recurrent model's restore takes back the replayed rows and the draft's: at
+        # most draft_max + 1 rows, as drafting.draft's room keeps them)
+        self.rewind = self.spec.draft_max + 1 if self.spec is not None else 0
         self.paging_refusal = refusal(decoder, n_ctx) if paged else "--kv-slots asks for it"
         self.pages = (
             EnginePages(decoder, kv_pool or n_parallel * n_ctx, n_ctx, prefill_chunk, self.rewind)
@@ -122,10 +130,9 @@ class Engine:
         self.preemptions = 0
         self.slots = [Slot(self._new_cache()) for _ in range(n_parallel)]
         self.recurrent = self.slots[0].cache.has_recurrent_state
-        # (Every MTP head frink reads sits on a model with recurrent layers anyway.)
-        mtp = spec is not None and spec.mtp
-        self.drafter = drafter if not self.recurrent and not mtp else None
+        self.drafter = drafter
         self.drafted = self.accepted = 0  # speculative decoding's tokens, all jobs together
+        self.replayed = 0  # ids fed again after a recurrent state was restored
         self._waiting: deque[Job] = deque()
         self._lock = threading.Condition()
         self._stopping = False
@@ -242,6 +249,7 @@ class Engine:
             slot = max(free, key=lambda s: (_shared(s, job.prompt, lora), -s.last_used))
             reuse = job.cache_prompt and slot.lora == lora and self.pages is None
             cached = self._reuse(slot, job.prompt if reuse else [])
+            drafter = drafting.job_drafter(slot, self.drafter, self.spec, self.n_ctx)
             slot.lora = lora
             slot.job = Running(
                 job=job,
@@ -254,9 +262,7 @@ class Engine:
                 split=ChannelSplit(self.tok, calls=job.tool_calls)
                 if job.channels and self.tok is not None and is_harmony(self.tok)
                 else None,
-                drafter=self.drafter(self.n_ctx)
-                if self.drafter is not None and job.constraint is None
-                else None,
+                drafter=drafter if job.constraint is None else None,
                 lora=lora,
                 attach=self.pages is not None and job.cache_prompt,
             )
@@ -343,7 +349,7 @@ class Engine:
         budget = self.prefill_chunk
         for r in running:
             if r.next_id is not None:
-                feeds.append((r, [r.next_id, *self._draft(r)]))
+                feeds.append((r, [*r.replay, r.next_id, *drafting.draft(r, self.spec, self.n_ctx)]))
         for r in sorted(running, key=lambda r: r.job.submitted):
             if r.attach and budget > 0 and not self._shares_a_prompt_in_flight(r, running):
                 self._attach(r)
@@ -359,14 +365,21 @@ class Engine:
             feeds = self._make_room(feeds)
         if not feeds:
             return
-        drafting = [r.next_id is not None and len(ids) > 1 for r, ids in feeds]
+        # The rows whose logits a job reads: its next token's and its draft's.
+        tails = [len(ids) - len(r.replay) if r.next_id is not None else 1 for r, ids in feeds]
+        verifying = [r.next_id is not None and t > 1 for (r, _), t in zip(feeds, tails)]
+        starts = [r.slot.cache.n_past for r, _ in feeds]
+        for (r, _), d in zip(feeds, verifying):
+            if d and self.recurrent:
+                r.snap = r.slot.cache.snapshot()
         adapters = self.decoder.lora
         lora = [dict(zip(adapters, r.slot.lora)) for r, _ in feeds] if adapters else None
         try:
-            logits = self.decoder.step_batch_rows(
+            logits, hidden = self.decoder.step_batch_rows(
                 [(np.asarray(ids, dtype=np.int64), r.slot.cache) for r, ids in feeds],
-                drafting,
+                tails,
                 lora,
+                [r.slot.drafter is not None for r, _ in feeds],
             )
         except Exception as e:  # noqa: BLE001 - one bad step must not take the server down
             # A model that cannot run any more (a lost pipeline rank) answers as a stop.
@@ -375,14 +388,18 @@ class Engine:
                 self._fail(r, f"generation failed: {type(e).__name__}: {e}", kind)
             return
         self.steps += 1
-        for (r, ids), rows, drafted in zip(feeds, logits, drafting):
+        for (r, ids), rows, drafted, h, start in zip(feeds, logits, verifying, hidden, starts):
             r.slot.tokens.extend(ids)
+            if h is not None and r.slot.drafter is not None:
+                r.slot.drafter.observe(start, h)
+            replayed, r.replay = len(r.replay), []
+            self.replayed += replayed
             if self.pages is not None and r.slot.cache.n_past // PAGE > r.published:
                 # As pages fill (a prompt's with its window pages, an answer's without).
                 self.pages.publish(r.slot.cache, r.slot.tokens, r.lora, windows=r.next_id is None)
                 r.published = r.slot.cache.n_past // PAGE
             if drafted:
-                self._verify(r, ids[1:], rows)
+                self._verify(r, ids[replayed:], rows)
                 continue
             row = rows[-1]
             if r.next_id is None:
@@ -452,46 +469,22 @@ class Engine:
         r.slot.tokens.clear()
         r.slot.job = None
         r.pending, r.next_id, r.attach = list(r.history), None, True
+        r.replay, r.snap = [], None
         self._preempted.append(r)
 
-    def _draft(self, r: Running) -> list[int]:
-        """The tokens to verify after r's next one: none without a drafter, or where the
-        answer or the context has no room for them."""
-        if r.drafter is None or self.spec is None:
-            return []
-        room = min(
-            self.spec.draft_max,
-            r.job.max_tokens - r.generated - 1,
-            self.n_ctx - r.slot.cache.n_past - 2,
-        )
-        least = max(self.spec.draft_min, 1)
-        draft = r.drafter.draft(r.history, room) if room >= least else []
-        return draft if len(draft) >= least else []
-
-    def _verify(self, r: Running, draft: list[int], rows: np.ndarray) -> None:
-        """rows: the logits after r's next token and after each drafted one. The tokens the
-        target emits (the kept drafts, then its own), the cache taken back to them."""
-        history = list(r.history)
-        tokens: list[int] = []
-        for i, row in enumerate(rows):
-            proposed = draft[i] if i < len(draft) else None
-            if proposed is None:
-                tok = r.sampler.sample(row, history)
-            else:
-                tok = verify(r.sampler, row, history, proposed)
-            tokens.append(tok)
-            history.append(tok)
-            if tok != proposed:
-                break
-        kept = len(tokens) - 1
-        self.drafted += len(draft)
+    def _verify(self, r: Running, ids: list[int], rows: np.ndarray) -> None:
+        """ids: r's next token and its draft; rows: the logits after each. The tokens the
+        target emits sent on (drafting.verify_rows), the counters kept."""
+        try:
+            tokens, kept = drafting.verify_rows(r, ids, rows)
+        except FrinkError as e:  # a cache that cannot go back (refused before it moved)
+            self._fail(r, f"speculative decoding: {e}")
+            return
+        self.drafted += len(ids) - 1
         self.accepted += kept
-        r.drafted += len(draft)
+        r.drafted += len(ids) - 1
         r.accepted += kept
-        keep = r.slot.cache.n_past - len(draft) + kept
-        r.slot.cache.truncate(keep)
-        del r.slot.tokens[keep:]
-        r.published = min(r.published, keep // PAGE)
+        r.published = min(r.published, r.slot.cache.n_past // PAGE)
         for tok, row in zip(tokens, rows):
             r.next_id = None
             self._advance(r, row, tok)
@@ -537,7 +530,7 @@ class Engine:
             job.emit("text", piece)
         if stopped or (constraint is not None and constraint.finished):
             self._finish(r, "stop")
-        elif r.generated >= job.max_tokens or r.slot.cache.n_past >= self.n_ctx:
+        elif r.generated >= job.max_tokens or drafting.fed(r) >= self.n_ctx:
             # (the context must hold the token fed next, so a full one ends here)
             self._finish(r, "length")
         else:
@@ -592,6 +585,7 @@ class Engine:
         r.slot.cache = self._new_cache()
         r.slot.tokens.clear()
         r.slot.snapshots.clear()
+        r.slot.drafter = None  # (it observed the rows of the cache let go)
         if not r.job.cancelled.is_set():
             r.job.emit(kind, message)
         r.slot.job = None

@@ -88,6 +88,9 @@ class Slot:
     last_used: float = 0.0
     job: Running | None = None
     lora: tuple[float, ...] = ()  # the LoRA scales the cached rows were computed with
+    # A drafter that reads the target's hidden states (an MTP head): the slot's own, which
+    # observes every row the slot's cache takes, so a resumed prefix's states are in it.
+    drafter: Drafter | None = None
 
 
 @dataclass
@@ -106,6 +109,10 @@ class Running:
     drafter: Drafter | None = None  # speculative decoding's, for this job alone
     drafted: int = 0
     accepted: int = 0
+    # Recurrent layers: the state before a verify step (taken back to it when a draft is
+    # rejected), and the ids fed since that the next step feeds again (kept, not in it).
+    snap: CacheSnapshot | None = None
+    replay: list[int] = field(default_factory=list)
     lora: tuple[float, ...] = ()  # its LoRA scales, fixed at admission
     # Paged: its cache starts from the prefix index before its first rows are fed.
     attach: bool = False

@@ -83,8 +83,6 @@ def serve(
         paged=not kv_slots,
     )
 
-    if spec is not None and engine.drafter is None:
-        announce("speculative decoding is off: recurrent layers cannot take back a draft")
     model_id, names = model_names(model, alias)
     sock = bind(host, port)
     state = ServerState(
