@@ -77,6 +77,13 @@ KV_AVX2 static inline float kv_lanes(__m256 acc) {
     return lanes_sum(lane);
 }
 
+/* s[0..3] = kv_lanes of a0..a3, four at once: horizontal adds pair lanes (0+1, 2+3, ...),
+ * pair the pairs, then the halves are added: lanes_sum's tree for each, so the same bits. */
+KV_AVX2 static inline void kv_lanes4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float *s) {
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    _mm_storeu_ps(s, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+}
+
 /* s[i] = q . K row (base + i) of k, i in [0, n), K of cache type `type`, hk values a row. */
 #define KV_SCORES(name, TYPE)                                                                  \
     KV_AVX2 static void name(const float *q, Py_ssize_t hk, const rows_of *k, Py_ssize_t base, \
@@ -93,8 +100,7 @@ KV_AVX2 static inline float kv_lanes(__m256 acc) {
                 a2 = _mm256_add_ps(a2, _mm256_mul_ps(x, kv_load8(TYPE, r2, c)));               \
                 a3 = _mm256_add_ps(a3, _mm256_mul_ps(x, kv_load8(TYPE, r3, c)));               \
             }                                                                                  \
-            s[i] = kv_lanes(a0), s[i + 1] = kv_lanes(a1);                                      \
-            s[i + 2] = kv_lanes(a2), s[i + 3] = kv_lanes(a3);                                  \
+            kv_lanes4(a0, a1, a2, a3, s + i);                                                  \
         }                                                                                      \
         for (; i < n; i++) {                                                                   \
             const char *r = stored_at(k, base + i);                                            \
