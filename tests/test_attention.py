@@ -227,12 +227,14 @@ def test_stored_rows_attend_as_the_rows_they_decode_to(path: str, kind: str) -> 
 def test_every_attention_variant_gives_the_same_bits(path: str, kind: str) -> None:
     """The compiled attention's AVX2 loops (rowwise_kv_avx2.h) and its portable ones
     (FRINK_NATIVE_ISA=base) give each row the same bits, over every cache type, odd key
-    counts (the 4-key blocks' remainder) and a V wider than 64 (two column passes)."""
+    counts (the 4-key blocks' remainder), a V wider than 64 (two column passes) and more
+    keys than the AVX2 loops widen at once for a group of query heads sharing a KV head
+    (attend_group, which a prompt's rows take: 64)."""
     if path != "native":
         pytest.skip("the compiled attention's variants")
     C = rowwise._C
     rng = np.random.default_rng(14)
-    Hkv, g, T, hk, hv = 2, 2, 37, 64, 96
+    Hkv, g, T, hk, hv = 2, 3, 150, 64, 96
     K = rng.standard_normal((Hkv, T, hk)).astype(np.float32)
     V = rng.standard_normal((Hkv, T, hv)).astype(np.float32)
     q = (rng.standard_normal((T, Hkv * g, hk)) * 0.125).astype(np.float32)

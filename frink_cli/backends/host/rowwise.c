@@ -367,23 +367,13 @@ typedef struct {
     Py_ssize_t center;   /* the bias table's column for key position == query position */
 } attend_args;
 
-/* One query row's head against keys [j0, j0 + n) of its KV head kvh, key i at distance
- * d0 - i from the query (query position minus key position): softmax(q k^T) v into out, the
- * scores in s [n]. Each key's score is dot_lanes, the denominator a sum of 8 lanes in key
- * order, each output element a sum in key order normalized last: the same bits whatever rows
- * or chunk the query came in. The bias column of key i is center - d0 + i, clipped to the
- * table (its edge columns stand for every farther distance). */
+/* A query head's scores s [n] (key i at distance d0 - i) into softmax weights, unnormalized:
+ * softcap, ALiBi slopes and the bias table applied, exp(s - max) in place; returns their
+ * total (the sink's term included), a sum of 8 lanes in key order. The bias column of key i is
+ * center - d0 + i, clipped to the table (its edge columns stand for every farther distance). */
 VECTORIZED
-static void attend_head(const attend_args *A, const float *q, Py_ssize_t kvh, Py_ssize_t j0,
-                        Py_ssize_t n, Py_ssize_t d0, Py_ssize_t h, float *s, float *out) {
-    const Py_ssize_t hk = A->q.n, hv = A->out.n, base = kvh * A->k.b + j0;
-    const int avx2 = kv_avx2_takes(hk, hv);
-#if KV_HAS_AVX2
-    if (avx2)
-        KV_SCORES_AVX2[A->kt](q, hk, &A->k, base, n, s);
-    else
-#endif
-        for (Py_ssize_t i = 0; i < n; i++) s[i] = dot_key(A->kt, q, stored_at(&A->k, base + i), hk);
+static float attend_weights(const attend_args *A, Py_ssize_t n, Py_ssize_t d0, Py_ssize_t h,
+                            float *s) {
     if (A->softcap != 0.0f)
         for (Py_ssize_t i = 0; i < n; i++) s[i] = A->softcap * tanhf(s[i] / A->softcap);
     if (A->slopes)
@@ -406,6 +396,26 @@ static void attend_head(const attend_args *A, const float *q, Py_ssize_t kvh, Py
     float total = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
     for (; i < n; i++) total += s[i];
     if (A->sinks) total += exp_f32(A->sinks[h] - m);
+    return total;
+}
+
+/* One query row's head against keys [j0, j0 + n) of its KV head kvh, key i at distance
+ * d0 - i from the query (query position minus key position): softmax(q k^T) v into out, the
+ * scores in s [n]. Each key's score is dot_lanes, the denominator a sum of 8 lanes in key
+ * order, each output element a sum in key order normalized last: the same bits whatever rows
+ * or chunk the query came in. */
+VECTORIZED
+static void attend_head(const attend_args *A, const float *q, Py_ssize_t kvh, Py_ssize_t j0,
+                        Py_ssize_t n, Py_ssize_t d0, Py_ssize_t h, float *s, float *out) {
+    const Py_ssize_t hk = A->q.n, hv = A->out.n, base = kvh * A->k.b + j0;
+    const int avx2 = kv_avx2_takes(hk, hv);
+#if KV_HAS_AVX2
+    if (avx2)
+        KV_SCORES_AVX2[A->kt](q, hk, &A->k, base, n, s);
+    else
+#endif
+        for (Py_ssize_t i = 0; i < n; i++) s[i] = dot_key(A->kt, q, stored_at(&A->k, base + i), hk);
+    const float total = attend_weights(A, n, d0, h, s);
 #if KV_HAS_AVX2
     if (avx2)
         KV_VALUES_AVX2[A->vt](s, &A->v, base, n, hv, out);
@@ -417,6 +427,42 @@ static void attend_head(const attend_args *A, const float *q, Py_ssize_t kvh, Py
     }
     for (Py_ssize_t d = 0; d < hv; d++) out[d] /= total;
 }
+
+/* Keys attend_group widens at a time. */
+#define GROUP_WIDEN 64
+#ifdef _OPENMP
+#define THREAD_NUM omp_get_thread_num()
+#else
+#define THREAD_NUM 0
+#endif
+
+#if KV_HAS_AVX2
+/* attend_head for the g query heads h0 .. h0 + g - 1 of one query row (q, out: their rows,
+ * ldq and ldo floats apart), which share KV head kvh: each key and value row is widened to f32 once for the
+ * g heads, GROUP_WIDEN rows at a time (into kb, vb), where attend_head widens it once per
+ * head. Every head's steps are attend_head's AVX2 ones, so its bits too. s: g * n floats. */
+static void attend_group(const attend_args *A, const float *q, Py_ssize_t ldq, float *out,
+                         Py_ssize_t ldo,
+                         Py_ssize_t kvh, Py_ssize_t j0, Py_ssize_t n, Py_ssize_t d0, Py_ssize_t h0,
+                         Py_ssize_t g, float *s, float *kb, float *vb) {
+    const Py_ssize_t hk = A->q.n, hv = A->out.n, base = kvh * A->k.b + j0;
+    for (Py_ssize_t i0 = 0; i0 < n; i0 += GROUP_WIDEN) {
+        const Py_ssize_t m = n - i0 < GROUP_WIDEN ? n - i0 : GROUP_WIDEN;
+        kv_widen(A->kt, &A->k, base + i0, m, hk, kb);
+        const rows_of rows = {.base = (char *)kb, .a = 1, .b = m, .sb = hk * (Py_ssize_t)sizeof(float), .n = hk};
+        for (Py_ssize_t u = 0; u < g; u++) KV_SCORES_AVX2[KV_F32](q + u * ldq, hk, &rows, 0, m, s + u * n + i0);
+    }
+    float total[g];
+    for (Py_ssize_t u = 0; u < g; u++) total[u] = attend_weights(A, n, d0, h0 + u, s + u * n);
+    for (Py_ssize_t i0 = 0; i0 < n; i0 += GROUP_WIDEN) {
+        const Py_ssize_t m = n - i0 < GROUP_WIDEN ? n - i0 : GROUP_WIDEN;
+        kv_widen(A->vt, &A->v, base + i0, m, hv, vb);
+        for (Py_ssize_t u = 0; u < g; u++) kv_values_more(s + u * n + i0, vb, m, hv, out + u * ldo, i0 == 0);
+    }
+    for (Py_ssize_t u = 0; u < g; u++)
+        for (Py_ssize_t d = 0; d < hv; d++) out[u * ldo + d] /= total[u];
+}
+#endif
 
 /* An optional float32 [n] argument (None: NULL), held in view. */
 static int optional_vector(PyObject *o, Py_ssize_t n, const char *what, Py_buffer *view,
@@ -540,22 +586,38 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
     if (most < 0) goto done;
     const Py_ssize_t T = A.q.a, H = A.q.b, g = H / A.k.a, items = T * H;
     const int nt = threads_for(items * most * (A.q.n + A.v.n), threads);
-    scratch = PyMem_RawMalloc((size_t)nt * (size_t)(most > 0 ? most : 1) * sizeof(float));
+    /* Heads sharing a KV head go together where that leaves each thread work (attend_group:
+     * the same bits as a head at a time, which decode's few rows keep for its threads). */
+    const int grouped = KV_HAS_AVX2 && kv_avx2_takes(A.q.n, A.out.n) && g > 1 &&
+                        T * A.k.a >= 4 * (Py_ssize_t)nt;
+    const Py_ssize_t per = grouped ? g * most + GROUP_WIDEN * (A.q.n + A.out.n) : most;
+    scratch = PyMem_RawMalloc((size_t)nt * (size_t)(per > 0 ? per : 1) * sizeof(float));
     if (!scratch) {
         PyErr_NoMemory();
         goto done;
     }
     Py_BEGIN_ALLOW_THREADS
+#if KV_HAS_AVX2
+    if (grouped) {
 #pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1)
-    for (Py_ssize_t it = 0; it < items; it++) {
-#ifdef _OPENMP
-        float *s = scratch + (size_t)omp_get_thread_num() * (size_t)most;
-#else
-        float *s = scratch;
+        for (Py_ssize_t it = 0; it < T * A.k.a; it++) {
+            float *s = scratch + (size_t)THREAD_NUM * (size_t)per;
+            const Py_ssize_t t = it / A.k.a, kvh = it % A.k.a, h0 = kvh * g;
+            attend_group(&A, row_at(&A.q, t * H + h0), A.q.sb / (Py_ssize_t)sizeof(float),
+                         row_at(&A.out, t * H + h0), A.out.sb / (Py_ssize_t)sizeof(float), kvh,
+                         lo[t] - first, hi[t] - lo[t], p[t] - lo[t], h0, g, s, s + g * most,
+                         s + g * most + GROUP_WIDEN * A.q.n);
+        }
+    } else
 #endif
-        const Py_ssize_t t = it / H, h = it % H;
-        attend_head(&A, row_at(&A.q, it), h / g, lo[t] - first, hi[t] - lo[t], p[t] - lo[t], h, s,
-                    row_at(&A.out, it));
+    {
+#pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1)
+        for (Py_ssize_t it = 0; it < items; it++) {
+            float *s = scratch + (size_t)THREAD_NUM * (size_t)per;
+            const Py_ssize_t t = it / H, h = it % H;
+            attend_head(&A, row_at(&A.q, it), h / g, lo[t] - first, hi[t] - lo[t], p[t] - lo[t],
+                        h, s, row_at(&A.out, it));
+        }
     }
     Py_END_ALLOW_THREADS
     ret = Py_NewRef(Py_None);

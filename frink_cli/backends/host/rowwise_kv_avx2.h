@@ -141,6 +141,35 @@ KV_VALUES(kv_values_bf16, KV_BF16)
 KV_VALUES(kv_values_q8_0, KV_Q8_0)
 KV_VALUES(kv_values_q4_0, KV_Q4_0)
 
+/* Rows [base, base + n) of r (cache type `type`, w values a row, w a multiple of 8) as f32
+ * into out, w apart: kv_load8's values, so the loops below read what the typed loops read. */
+KV_AVX2 static void kv_widen(int type, const rows_of *r, Py_ssize_t base, Py_ssize_t n,
+                             Py_ssize_t w, float *out) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *row = stored_at(r, base + i);
+        for (Py_ssize_t c = 0; c < w; c += 8) _mm256_storeu_ps(out + i * w + c, kv_load8(type, row, c));
+    }
+}
+
+/* KV_VALUES's steps over f32 rows (hv apart) for keys [0, n), continuing the sums in out
+ * (first: from zero): each element's adds in key order, as one call over all keys makes. */
+KV_AVX2 static void kv_values_more(const float *e, const float *rows, Py_ssize_t n, Py_ssize_t hv,
+                                   float *out, int first) {
+    for (Py_ssize_t d0 = 0; d0 < hv; d0 += 64) {
+        const int w = (int)((hv - d0 < 64 ? hv - d0 : 64) / 8);
+        __m256 o[8];
+        for (int u = 0; u < 8; u++)
+            o[u] = first || u >= w ? _mm256_setzero_ps() : _mm256_loadu_ps(out + d0 + 8 * u);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const __m256 x = _mm256_set1_ps(e[i]);
+            for (int u = 0; u < 8; u++)
+                if (u < w)
+                    o[u] = _mm256_add_ps(o[u], _mm256_mul_ps(x, _mm256_loadu_ps(rows + i * hv + d0 + 8 * u)));
+        }
+        for (int u = 0; u < w; u++) _mm256_storeu_ps(out + d0 + 8 * u, o[u]);
+    }
+}
+
 typedef void (*kv_scores_fn)(const float *, Py_ssize_t, const rows_of *, Py_ssize_t, Py_ssize_t,
                              float *);
 typedef void (*kv_values_fn)(const float *, const rows_of *, Py_ssize_t, Py_ssize_t, Py_ssize_t,
