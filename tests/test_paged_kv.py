@@ -91,6 +91,19 @@ def test_quantized_paged_rows_are_the_unpaged_bits(kinds: tuple[str, str], smoll
     _paged_is_flat(frink_cli.load(path, cache_type_k=kinds[0], cache_type_v=kinds[1]))
 
 
+@pytest.mark.parametrize(
+    ("name", "kind"), [("deepseek_v2_lite", "f32"), ("deepseek_v3", "f32"), ("deepseek_v3", "f16")]
+)
+def test_latent_paged_rows_are_the_unpaged_bits(name: str, kind: str, tiny_model: Callable) -> None:
+    """MLA layers' [latent | k_pe] rows in the full-attention pool's pages (one buffer: the
+    values are the keys) give the logits the unpaged latent cache gives, bit for bit."""
+    path = _path(tiny_model, name, "gguf")
+    m = frink_cli.load(path, backend="numpy", cache_type_k=kind, cache_type_v=kind)
+    (pool,) = m.decoder.new_pool(4, 64)
+    assert pool.latent == len(pool.k) == m.decoder.cfg.n_layer
+    _paged_is_flat(m)
+
+
 def test_pool_reclaims_indexed_pages_then_refuses(tiny_model: Callable) -> None:
     """A full pool takes back the least recently used indexed page held by nothing else;
     with every page in a table, a step is refused by name before any layer writes."""

@@ -1,11 +1,12 @@
 """`frink serve` pages every layer kind (serve/paging.py), driven by the official `openai`
 client on tiny models with no tokenizer (token ids in and out).
 
-What must hold: a sliding-window model (gemma3: window 6, pages of 16) and a hybrid (LFM2:
-short-conv layers keeping a state per sequence beside paged attention layers) start on
-the paged engine and say what pages at start; greedy requests sent together answer as
-each does alone on that server (the windowed one then resuming from its own indexed
-prefixes) and as the slot engine (`--kv-slots`) answers them.
+What must hold: a sliding-window model (gemma3: window 6, pages of 16), a hybrid (LFM2:
+short-conv layers keeping a state per sequence beside paged attention layers) and an MLA
+model (DeepSeek-V3: latent rows, one buffer for keys and values) start on the paged
+engine and say what pages at start; greedy requests sent together answer as each does
+alone on that server (resuming from their own indexed prefixes) and as the slot engine
+(`--kv-slots`) answers them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ N_NEW = 12
 START = {
     "gemma3": ("full attention: 1 layer; sliding window 6: 6 layers, pages past it given back",),
     "lfm2": ("full attention: 2 layers", "recurrent layers keep a state per sequence"),
+    "deepseek_v3": ("full attention: 3 layers, 3 of latent (MLA) rows), shared by prefix",),
 }
 
 
@@ -55,8 +57,8 @@ def _answers(server: Server, prompts: list[list[int]], together: bool) -> list[l
     return [out[i] for i in range(len(prompts))]
 
 
-@pytest.mark.parametrize("name", ["gemma3", "lfm2"])
-def test_windowed_and_hybrid_models_page_and_answer_alone(name: str, tiny_model: Callable) -> None:
+@pytest.mark.parametrize("name", ["gemma3", "lfm2", "deepseek_v3"])
+def test_every_layer_kind_pages_and_answers_alone(name: str, tiny_model: Callable) -> None:
     path = _path(tiny_model, name, "gguf")
     rng = np.random.default_rng(9)
     prompts = [rng.integers(0, 512, n).tolist() for n in (5, 19, 40, 8)]

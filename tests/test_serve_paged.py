@@ -7,8 +7,9 @@ report them) and answer as each does alone on the slot engine, while llama.cpp's
 prompt, served beside them, gets llama.cpp's first token; a pool too small for the load
 preempts jobs and still completes every one with its solo answer (a sliding-window model
 too); a sliding-window pool ends a long answer holding only its prompt's and its last
-window's pages; a prompt larger than the pool is refused by name; an MLA model (latent
-rows) keeps the slot engine and says why.
+window's pages; a prompt larger than the pool is refused by name; an MLA model (tiny
+DeepSeek-V2-Lite: latent rows) preempts and answers alone too, and its jobs sharing a
+system prompt start from its indexed pages.
 """
 
 from __future__ import annotations
@@ -68,11 +69,12 @@ def test_shared_system_prompt_is_held_once(tiny_model: Callable) -> None:
     assert gauges["frink_kv_pages"] == _pages(9 * 2048)
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma3"])
+@pytest.mark.parametrize("name", ["llama", "gemma3", "deepseek_v2_lite"])
 def test_small_pool_preempts_and_answers_every_job(name: str, tiny_model: Callable) -> None:
     """A pool of 12 pages for 4 jobs that want 4-5 pages each at their ends: jobs are
     preempted, recomputed, and every one answers as it does alone (gemma3: its
-    sliding-window layers' pool too, whose jobs hold a page or two each)."""
+    sliding-window layers' pool too, whose jobs hold a page or two each; deepseek: its
+    latent rows' pages)."""
     m = _model(tiny_model, name)
     prompts = [p.tolist() for p in _others(m.n_vocab, [30, 41, 22, 35], seed=7)]
     e, t = _engine(m, n_parallel=4, n_ctx=128, prefill_chunk=16, kv_pool=12 * PAGE)
@@ -123,8 +125,19 @@ def test_prompt_larger_than_the_pool_is_refused_by_name(tiny_model: Callable) ->
         _stop(e, t)
 
 
-def test_latent_rows_keep_the_slot_engine(tiny_model: Callable) -> None:
-    e, t = _engine(_model(tiny_model, "deepseek_v2_lite"), n_parallel=2, n_ctx=128)
-    _stop(e, t)
-    assert e.pages is None and e.paging_refusal is not None
-    assert "keeps latent rows (MLA)" in e.paging_refusal
+def test_latent_rows_share_a_system_prompt(tiny_model: Callable) -> None:
+    """Three MLA jobs after a first one with the same 40-token system prompt start from its
+    indexed pages (/metrics' prefix hits) and answer as each does alone."""
+    m = _model(tiny_model, "deepseek_v2_lite")
+    system = _others(m.n_vocab, [40], seed=10)[0].tolist()
+    prompts = [system + s.tolist() for s in _others(m.n_vocab, [3, 11, 6, 20], seed=11)]
+    e, t = _engine(m, n_parallel=2, n_ctx=128, prefill_chunk=16)
+    metrics = Metrics(e)
+    try:
+        got = _run(e, prompts[:1], 8) + _run(e, prompts[1:], 8)
+    finally:
+        _stop(e, t)
+    assert [tokens for tokens, _ in got] == _alone(m, prompts, 8)
+    gauges = _gauges(metrics)
+    assert gauges["frink_prefix_hits"] >= 3
+    assert gauges["frink_prefix_hit_tokens"] >= 3 * (40 // PAGE * PAGE)

@@ -19,8 +19,13 @@ PagedKv is the layer slot over its pool: it speaks KvSlot as AttentionKv does an
 attention `Paged` rows (the layer's page buffer and the table from its first held page),
 which the one attention op reads through the table. Recurrent layers keep their
 per-sequence state (recurrent.py) beside the pages; `unpaged_reason` names what cannot be
-paged (an MLA layer's latent rows, read by its own attention path), and such a model keeps
-the slot engine.
+paged (a model with no rows to page), and such a model keeps the slot engine.
+
+An MLA layer's [latent | k_pe] rows (cache/latent.py: one KV head whose values are its
+keys) page as full attention's do, in the full-attention pool: a pool is a lifetime (when
+its pages are given back), not a row width (each layer has buffers of its own widths), and
+a latent layer keeps every row. Its V buffer is its K buffer (one array, written once), so
+attention reads the same `Paged` rows as keys and values.
 """
 
 from __future__ import annotations
@@ -78,7 +83,7 @@ def _own_rows(cfg: ModelConfig, layer: int) -> bool:
     shape = cfg.layer_shape(layer)
     if cfg.is_recurrent(layer) and shape.mixer != "attention+mamba2":
         return False
-    return cfg.kv_source(layer) is None and bool(shape.n_head_kv) and shape.mixer != "mla"
+    return cfg.kv_source(layer) is None and bool(shape.n_head_kv)
 
 
 def layer_span(cfg: ModelConfig, layer: int, n_ctx: int) -> Span | None:
@@ -104,9 +109,6 @@ def pool_layers(cfg: ModelConfig, n_ctx: int, layers: range) -> dict[Span | None
 def unpaged_reason(cfg: ModelConfig, n_ctx: int) -> str | None:
     """Why this model's cache cannot be paged (its first layer whose rows the pages cannot
     hold), or None."""
-    for layer in range(cfg.n_layer):
-        if cfg.layer_shape(layer).mixer == "mla" and not cfg.is_recurrent(layer):
-            return f"layer {layer} keeps latent rows (MLA), which attention reads unpaged"
     if not pool_layers(cfg, n_ctx, range(cfg.n_layer)):
         return "no layer keeps K/V rows to page (each sequence's recurrent state is its slot's)"
     return None
@@ -140,6 +142,9 @@ class PagePool:
             # Zeros: the OS maps a page's memory when it is first written (and freed pages
             # are taken again first), so a pool costs what its busiest moment held.
             self.k[layer] = np.zeros((*rows, stored_width(kt, shape.head_dim_k)), stored_dtype(kt))
+            if shape.mixer == "mla":  # the values are the keys' rows: one buffer, K's type
+                self.v[layer] = self.k[layer]
+                continue
             self.v[layer] = np.zeros((*rows, stored_width(vt, shape.head_dim_v)), stored_dtype(vt))
         self.refs = np.zeros(n_pages, np.int32)
         self._free = list(range(n_pages - 1, -1, -1))  # pop() hands out page 0 first
@@ -149,6 +154,11 @@ class PagePool:
     def kind(self) -> str:
         """What its layers see, in words ("full attention", "sliding window 512", ...)."""
         return "full attention" if self.span is None else str(self.span)
+
+    @property
+    def latent(self) -> int:
+        """How many of its layers keep one buffer, their values their keys (MLA's)."""
+        return sum(self.v[layer] is k for layer, k in self.k.items())
 
     @property
     def used(self) -> int:
@@ -186,7 +196,8 @@ class PagePool:
     def copy(self, src: int, dst: int, rows: int) -> None:
         """Rows [0, rows) of page src into page dst, in every layer."""
         a, b = src * self.page, dst * self.page
-        for buf in (*self.k.values(), *self.v.values()):
+        bufs = {id(buf): buf for buf in (*self.k.values(), *self.v.values())}  # each once
+        for buf in bufs.values():
             buf[:, b : b + rows] = buf[:, a : a + rows]
 
 
@@ -303,7 +314,9 @@ class PagedKv(StagedRows):
     pool (the table's pages are reserved by the cache before any layer writes). KvSlot, as
     AttentionKv: staged rows [n_past, end), committed at commit, forgotten at rollback; a
     windowed pool's slot holds the rows from its table's first held page (`first`), and
-    refuses to go back to where its window's rows are gone, as WindowKv does."""
+    refuses to go back to where its window's rows are gone, as WindowKv does. A latent
+    layer's (its pool's V buffer its K buffer) writes and hands its K rows as both, as
+    LatentKv does."""
 
     base = 0  # the position logical row 0 holds (SharedKv reads rows from it)
 
@@ -312,6 +325,7 @@ class PagedKv(StagedRows):
         self.types = table.pool.types
         self.widths = widths
         self._k, self._v = table.pool.k[layer], table.pool.v[layer]
+        self.latent = self._v is self._k  # V = K: one buffer
         self.n_past = self.end = 0
         self.version = 0
 
@@ -332,15 +346,16 @@ class PagedKv(StagedRows):
             )
         stop = start + k.shape[0]
         self.table.reserve(start, stop)  # (done already when the cache admitted the step)
-        ek = encode(self.types.k, k.transpose(1, 0, 2))
-        ev = encode(self.types.v, v.transpose(1, 0, 2))
+        writes = [(self._k, encode(self.types.k, k.transpose(1, 0, 2)))]
+        if not self.latent:  # (a latent layer's v is its k: written once)
+            writes.append((self._v, encode(self.types.v, v.transpose(1, 0, 2))))
         page, pages, r = self.table.pool.page, self.table.pages, start
         while r < stop:  # a slice per page the rows fall in
             off = r % page
             n = min(page - off, stop - r)
             at = pages[r // page] * page + off
-            self._k[:, at : at + n] = ek[:, r - start : r - start + n]
-            self._v[:, at : at + n] = ev[:, r - start : r - start + n]
+            for buf, rows in writes:
+                buf[:, at : at + n] = rows[:, r - start : r - start + n]
             r += n
         self.end = stop
         self.version += 1
@@ -355,10 +370,10 @@ class PagedKv(StagedRows):
         t, page = self.table, self.table.pool.page
         assert a % page == 0 and a >= self.first, "paged rows are read from a held page's first"
         table = t.array[a // page :]
-        return (
-            Paged(self._k, self.types.k, self.widths[0], table, page, b - a),
-            Paged(self._v, self.types.v, self.widths[1], table, page, b - a),
-        )
+        k = Paged(self._k, self.types.k, self.widths[0], table, page, b - a)
+        if self.latent:
+            return k, k
+        return k, Paged(self._v, self.types.v, self.widths[1], table, page, b - a)
 
     def truncation_refusal(self, n_past: int) -> str | None:
         span = self.table.pool.span
@@ -373,7 +388,8 @@ class PagedKv(StagedRows):
     def nbytes(self) -> int:
         """Bytes of the pages the sequence holds in this layer."""
         rows = self.table.held * self.table.pool.page
-        return rows * (self._k.nbytes + self._v.nbytes) // self._k.shape[1]
+        held = self._k.nbytes + (0 if self.latent else self._v.nbytes)
+        return rows * held // self._k.shape[1]
 
     def reserve(self, end: int) -> None:
         pass  # the cache reserved the table's pages for every layer at once

@@ -7,7 +7,7 @@ leave, waiting ones are admitted, and a new job's prompt is fed in chunks of at 
 `prefill_chunk` rows per step beside the decode rows of the running ones, so their
 streams keep flowing while it prefills.
 
-Paged (serve/paging.py: host-body models but for MLA's latent rows): the slots' caches
+Paged (serve/paging.py: host-body models, MLA's latent rows too): the slots' caches
 are page tables over one pool per layer kind (recurrent layers' state kept per sequence,
 indexed where prompts and answers end); a job starts from the longest prefix of its ids that
 any job computed (shared pages), looked up just before its first rows are fed, once no

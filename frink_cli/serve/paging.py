@@ -17,9 +17,9 @@ so its states are indexed where prompts and answers end (references: a step neve
 a state in place), and a job resumes only from such a point (a conversation's next turn),
 never from a page in the middle (a system prompt shared by different questions).
 
-Paged: host-body models, except those `unpaged_reason` names (MLA's latent rows). Others
-keep the slot engine's per-slot caches, and `refusal` says why (the server prints it at
-start).
+Paged: host-body models (MLA's latent rows too, in the full-attention pool), except those
+`unpaged_reason` names (no rows to page). Others keep the slot engine's per-slot caches,
+and `refusal` says why (the server prints it at start).
 """
 
 from __future__ import annotations
@@ -113,6 +113,7 @@ class EnginePages:
         """What pages and what does not, for the start-up line."""
         kinds = "; ".join(
             f"{pool.kind}: {len(pool.k)} layer{'s' * (len(pool.k) != 1)}"
+            + (f", {pool.latent} of latent (MLA) rows" if pool.latent else "")
             + ("" if pool.span is None else ", pages past it given back")
             for pool in self.pools
         )
