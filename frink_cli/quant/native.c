@@ -200,11 +200,13 @@ typedef float vf512 __attribute__((vector_size(64)));
 #define S8F(b, i) ((vf512)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32((__m128i)(b))))
 #define I8_DOT(a, b) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (a), (b))
 #define KD_DPBUSD 1
+#define I8_MASKS 1 /* AVX-512BW/VL: mask registers, variable word shifts */
 #if __GNUC__ >= 11 && defined(__linux__) /* AMX intrinsics; Linux's grant of tile state */
 #define AMX_TILES 1
 #endif
 #include "native_isa.h"
 #undef KD_DPBUSD
+#undef I8_MASKS
 #ifdef AMX_TILES
 #define AMX_TILES_BUILT 1
 #undef AMX_TILES

@@ -22,10 +22,18 @@
 #error "define I8_DOT(a_u8, b_s8) for this ISA"
 #endif
 
-static INLINE __m256i ISA(nibbles32)(const uint8_t *p) { /* 16 bytes -> lo nibbles then hi */
+/* 16 bytes -> their low nibbles, then their high ones. (AVX-512: the 16 bytes broadcast to
+ * both halves, the upper half's words shifted by 4: one shift for both.) */
+static INLINE __m256i ISA(nibbles32)(const uint8_t *p) {
+#ifdef I8_MASKS
+    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    const __m256i by = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
+    return _mm256_and_si256(_mm256_srlv_epi16(both, by), _mm256_set1_epi8(15));
+#else
     const __m128i q = _mm_loadu_si128((const __m128i *)p);
     const __m256i both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
     return _mm256_and_si256(both, _mm256_set1_epi8(15));
+#endif
 }
 
 static INLINE __m256i ISA(levels32)(const uint8_t *p, const int8_t *table) {
@@ -35,7 +43,12 @@ static INLINE __m256i ISA(levels32)(const uint8_t *p, const int8_t *table) {
                             _mm_shuffle_epi8(t, _mm256_castsi256_si128(n)));
 }
 
-static INLINE __m256i ISA(bits32)(const uint8_t *qh, int value) { /* bit l of qh -> value */
+/* codes | value in byte l where bit l of the 32-bit word at qh is set (codes < value). With
+ * AVX-512 the word is a mask register and the add a masked one. */
+static INLINE __m256i ISA(with_bits32)(__m256i codes, const uint8_t *qh, int value) {
+#ifdef I8_MASKS
+    return _mm256_mask_add_epi8(codes, (__mmask32)rd32(qh), codes, _mm256_set1_epi8((char)value));
+#else
     /* byte l holds byte l / 8 of qh, is kept where its bit l % 8 is set */
     const __m256i spread = _mm256_shuffle_epi8(
         _mm256_set1_epi32((int)rd32(qh)),
@@ -43,7 +56,8 @@ static INLINE __m256i ISA(bits32)(const uint8_t *qh, int value) { /* bit l of qh
                          3, 3, 3, 3, 3, 3, 3, 3));
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
     const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-    return _mm256_and_si256(set, _mm256_set1_epi8((char)value));
+    return _mm256_or_si256(codes, _mm256_and_si256(set, _mm256_set1_epi8((char)value)));
+#endif
 }
 
 static INLINE __m256i ISA(shift_and)(__m256i v, int shift, int mask) {
@@ -135,12 +149,12 @@ static INLINE void ISA(i8_q4_1)(const uint8_t *p, int j, const block_head *h, IS
 }
 static INLINE void ISA(i8_q5_0)(const uint8_t *p, int j, const block_head *h, ISA(icodes) *c) {
     (void)j;
-    c->codes = _mm256_or_si256(ISA(nibbles32)(p + 6), ISA(bits32)(p + 2, 16));
+    c->codes = ISA(with_bits32)(ISA(nibbles32)(p + 6), p + 2, 16);
     c->is_signed = 0, SAME(h->d[0], -16.0f * h->d[0]);
 }
 static INLINE void ISA(i8_q5_1)(const uint8_t *p, int j, const block_head *h, ISA(icodes) *c) {
     (void)j;
-    c->codes = _mm256_or_si256(ISA(nibbles32)(p + 8), ISA(bits32)(p + 4, 16));
+    c->codes = ISA(with_bits32)(ISA(nibbles32)(p + 8), p + 4, 16);
     c->is_signed = 0, SAME(h->d[0], h->m[0]);
 }
 static INLINE void ISA(i8_q8_0)(const uint8_t *p, int j, const block_head *h, ISA(icodes) *c) {
