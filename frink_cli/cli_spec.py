@@ -48,6 +48,12 @@ def spec_flags(
     draft_p_min: float = typer.Option(
         0.75, "--draft-p-min", help="the draft model stops where its best token is less likely"
     ),
+    draft_vocab: int = typer.Option(
+        32768,
+        "--draft-vocab",
+        help="the draft model proposes only the first N token ids and the generation's own "
+        "tokens (its head reads those rows only; 0: every token)",
+    ),
 ) -> SpecFlags | None:
     """The flags as SpecFlags, or None for plain decoding (no --spec, no -md); FrinkError
     (one line, naming the flag) for a value or a combination that cannot run."""
@@ -61,7 +67,11 @@ def spec_flags(
     if spec in ("ngram", "mtp") and draft_model:
         raise FrinkError(f"--spec {spec} drafts without a model: drop -md/--draft-model")
     params = SpecParams(
-        draft_max=draft_max, draft_min=draft_min, p_min=draft_p_min, mtp=spec == "mtp"
+        draft_max=draft_max,
+        draft_min=draft_min,
+        p_min=draft_p_min,
+        draft_vocab=draft_vocab,
+        mtp=spec == "mtp",
     )
     return SpecFlags(params, draft_model or None)
 

@@ -55,6 +55,7 @@ class Decoder:
         # prefill layers, per (kind of layer, batch size): a repeated prompt size (bench,
         # a server's fixed chunks) keeps what its earlier steps learned.
         self.decode_threads = ThreadChoice()
+        self.hidden_threads = ThreadChoice()  # one-row steps without the head (hidden())
         self.prefill_threads: dict[tuple, ThreadChoice] = {}
         self.batch_threads: dict[int, ThreadChoice] = {}  # multi-sequence decode, per size
         # The LoRA adapters the weights carry (model/lora.py), in load order: a server's
@@ -102,10 +103,16 @@ class Decoder:
 
     def hidden(self, ids: np.ndarray, cache: KvCache) -> np.ndarray:
         """Run new tokens `ids` at the cache's next positions; the last layer's output."""
-        n = self.decode_threads.choose() if len(ids) == 1 else None
+        # A one-row step without its head is timed on its own thread choice (units alike).
+        choice = self.hidden_threads if len(ids) == 1 else None
+        n = choice.choose() if choice is not None else None
+        t0 = time.perf_counter()
         with step_threads(n, few_rows([len(ids)])):
             # The residual stream (without the skip stream that rides beside it).
-            return self._forward(ids, cache, None)[0][:, : self.cfg.n_embd]
+            out = self._forward(ids, cache, None)[0][:, : self.cfg.n_embd]
+        if choice is not None and n is not None:
+            choice.record(n, time.perf_counter() - t0)
+        return out
 
     def hidden_batch(self, seqs: list[np.ndarray]) -> list[np.ndarray]:
         """Several sequences, each from a fresh cache, in one forward -> each one's last

@@ -10,7 +10,8 @@ Drafters (`Drafter`):
   answer repeats the prompt (code edits, quoting, extraction).
 - `ModelDrafter` (llama.cpp's `-md`): a smaller model with the target's vocabulary, greedy,
   its own cache kept in step with the history; it stops drafting when its best token's
-  probability falls below `p_min` (llama.cpp's `--draft-p-min`).
+  probability falls below `p_min` (llama.cpp's `--draft-p-min`). Its head scores the
+  first `draft_vocab` ids and the generation's own tokens only (draft_vocab.py).
 - `MtpDrafter` (mtp.py; `--spec mtp`): the file's multi-token-prediction head, fed the
   target's hidden states.
 
@@ -39,7 +40,8 @@ from typing import Protocol
 import numpy as np
 
 from .cache.kv_cache import CacheSnapshot, KvCache
-from .decoder import Decoder
+from .decoder import PREFILL_ROWS, Decoder
+from .draft_vocab import DraftVocab
 from .errors import FrinkError
 from .generate import GenerationStats, check_prompt, finite_logits
 from .sampling import Sampler
@@ -57,6 +59,7 @@ class SpecParams:
     draft_max: int = 16
     draft_min: int = 0
     p_min: float = 0.75
+    draft_vocab: int = 32768  # a draft model's head: the first ids scored (0: all of them)
     ngram_min: int = 3
     ngram_max: int = 64
     mtp: bool = False  # draft with the file's MTP head (--spec mtp), not by prompt lookup
@@ -67,6 +70,10 @@ class SpecParams:
         if not 0 <= self.draft_min <= self.draft_max:
             raise FrinkError(
                 f"--draft-min must be 0..--draft-max ({self.draft_max}), got {self.draft_min}"
+            )
+        if self.draft_vocab < 0:
+            raise FrinkError(
+                f"--draft-vocab must be 0 (every token) or more, got {self.draft_vocab}"
             )
         if not 0.0 <= self.p_min <= 1.0:
             raise FrinkError(f"--draft-p-min must be in [0, 1], got {self.p_min}")
@@ -112,6 +119,8 @@ class ModelDrafter(BlindDrafter):
         self.cache: KvCache | None = None
         self.fed: list[int] = []  # the tokens the cache holds, in order
         self._snap: CacheSnapshot | None = None  # recurrent drafts: at the history's end
+        self.vocab = DraftVocab.for_decoder(decoder, params.draft_vocab)
+        self._seen = 0  # tokens of the history the vocabulary has seen
 
     def prepare(self, prompt: Sequence[int]) -> None:
         self._catch_up(prompt)
@@ -119,16 +128,17 @@ class ModelDrafter(BlindDrafter):
     def draft(self, history: Sequence[int], n: int) -> list[int]:
         if n <= 0:
             return []
-        logits = self._catch_up(history)
+        ids, logits = self._catch_up(history)
         drafted: list[int] = []
         while True:
-            tok = int(np.argmax(logits))
+            best = int(np.argmax(logits))
             if self.params.p_min > 0 and top_probability(logits) < self.params.p_min:
                 break
+            tok = best if ids is None else int(ids[best])
             drafted.append(tok)
             if len(drafted) == n:
                 break
-            logits = self.decoder.step(np.asarray([tok]), self._cache())[-1]
+            ids, logits = self._feed([tok], self._cache())
             self.fed.append(tok)
         return drafted
 
@@ -137,8 +147,23 @@ class ModelDrafter(BlindDrafter):
             self.cache = self.decoder.new_cache(self.n_ctx, rewind=self.params.draft_max)
         return self.cache
 
-    def _catch_up(self, history: Sequence[int]) -> np.ndarray:
-        """Feed what the cache lacks of `history` (at least its last token); its logits."""
+    def _feed(self, ids: Sequence[int], cache: KvCache) -> tuple[np.ndarray | None, np.ndarray]:
+        """Feed ids at the cache's end: (None, the last row's logits over every token), or
+        with a draft vocabulary (its ids, the logits over them)."""
+        if self.vocab is None:
+            return None, self.decoder.prefill(np.asarray(ids), cache)[-1]
+        if len(ids) > PREFILL_ROWS:  # a long prompt in bounded steps; its head once
+            self.decoder.prefill(np.asarray(ids[:-1]), cache)
+            ids = ids[-1:]
+        vocab, logits = self.vocab.logits(self.decoder.hidden(np.asarray(ids), cache)[-1:])
+        return vocab, logits[-1]
+
+    def _catch_up(self, history: Sequence[int]) -> tuple[np.ndarray | None, np.ndarray]:
+        """Feed what the cache lacks of `history` (at least its last token); _feed's
+        (ids, logits) after it."""
+        if self.vocab is not None:
+            self.vocab.see(history[self._seen :])
+            self._seen = len(history)
         cache = self._cache()
         keep = 0
         for a, b in zip(self.fed, history):
@@ -155,10 +180,24 @@ class ModelDrafter(BlindDrafter):
             else:
                 self.cache = cache = self.decoder.new_cache(self.n_ctx, self.params.draft_max)
                 keep = 0
-        logits = self.decoder.prefill(np.asarray(history[keep:]), cache)[-1]
+        out = self._feed(history[keep:], cache)
         self.fed = list(history)
         self._snap = cache.snapshot() if cache.has_recurrent_state else None
-        return logits
+        return out
+
+
+# The host kernels multiply a step's rows by the weights in tiles of up to 8 rows, a tile
+# of 2-4 rows costing what 4 do (quant/native_kdots.h's kd_tile_rows): a verify step of
+# 17 rows pays a whole pass over the weights for its last row, one of 16 does not.
+VERIFY_ROWS_STEP = 4
+
+
+def tiled_room(room: int) -> int:
+    """The drafts to ask for where `room` fit: the most whose verify step (the drafts and
+    the token before them) is a whole number of VERIFY_ROWS_STEP rows, or room itself
+    where it is too short for one."""
+    rows = (room + 1) // VERIFY_ROWS_STEP * VERIFY_ROWS_STEP
+    return rows - 1 if rows else room
 
 
 def top_probability(logits: np.ndarray) -> float:
@@ -283,10 +322,12 @@ def speculative_tokens(
                     _target_step(decoder, history[snap.n_past : -1], cache, drafter, "none")
                 else:
                     cache.truncate(len(history) - 1)
-            room = min(
-                params.draft_max,
-                max_tokens - stats.generated_tokens - 1,
-                n_ctx - cache.n_past - 1,
+            room = tiled_room(
+                min(
+                    params.draft_max,
+                    max_tokens - stats.generated_tokens - 1,
+                    n_ctx - cache.n_past - 1,
+                )
             )
             least = max(params.draft_min, 1)
             draft = drafter.draft(history, room) if room >= least else []

@@ -16,18 +16,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 from frink_subprocess import frink
+from gguf import GGMLQuantizationType
+from gguf.quants import quantize
 from script_loader import load_script
 from test_cli import one_json_object
 
 import frink_cli
+from frink_cli.draft_vocab import DraftVocab
 from frink_cli.generate import GenerationStats
+from frink_cli.model.linear import Linear
 from frink_cli.prompt_lookup import NgramDrafter
+from frink_cli.quant.blocks import QuantMatrix, QuantRows
 from frink_cli.sampling import Sampler, SamplingParams
 from frink_cli.speculative import (
     BlindDrafter,
     ModelDrafter,
     SpecParams,
     speculative_tokens,
+    tiled_room,
     verify,
 )
 
@@ -134,6 +140,81 @@ def test_the_model_drafting_for_itself_is_always_right(tiny_model, name: str) ->
     assert stats.drafted_tokens > 0 and stats.accepted_tokens == stats.drafted_tokens
 
 
+class RecordingDrafter(ModelDrafter):
+    """A ModelDrafter that keeps what it was shown and what it drafted, round by round."""
+
+    rounds: list[tuple[list[int], list[int]]]
+
+    def draft(self, history: Sequence[int], n: int) -> list[int]:
+        out = super().draft(history, n)
+        self.rounds.append((list(history), out))
+        return out
+
+
+@pytest.mark.parametrize("name", ["granite", "gpt_oss", "qwen35"])
+def test_a_draft_vocabulary_drafts_only_its_tokens_and_keeps_llama_cpp_greedy_run(
+    tiny_model, name: str
+) -> None:
+    """Drafting for itself over the first 64 of 512 ids and the generation's own tokens:
+    every draft is one of those, the output is still llama.cpp's greedy run, and drafts
+    are made (the restricted head ran: the drafter holds a vocabulary)."""
+    model, prompt, want = _reference(tiny_model, name)
+    params = SpecParams(draft_max=4, p_min=0.0, draft_vocab=64)
+    drafter = RecordingDrafter(model.decoder, len(prompt) + len(want) + 8, params)
+    drafter.rounds = []
+    assert drafter.vocab is not None
+    out, stats = _run(model, prompt, want, drafter, params)
+    assert out == want
+    assert stats.drafted_tokens > 0
+    for history, drafted in drafter.rounds:
+        shown = set(history)
+        assert all(t < 64 or t in shown for t in drafted), (history, drafted)
+    seen = drafter.rounds[-1][0]  # every token the drafter was shown
+    assert sorted(drafter.vocab.extra) == sorted({t for t in seen if t >= 64})
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_a_draft_vocabulary_scores_its_ids_as_the_whole_head_does(
+    tiny_model, quantized: bool
+) -> None:
+    """The cut head's logits are the whole head's at the held ids, bit for bit: f32, and a
+    head in the file's blocks (the tiny model's quantized to Q8_0 here)."""
+    model = frink_cli.load(tiny_model("granite").gguf)
+    dec = model.decoder
+    if quantized:
+        head = dec.host.w.output
+        w = np.asarray(head.w, dtype=np.float32)
+        data = quantize(w, GGMLQuantizationType.Q8_0)
+        qm = QuantMatrix(data, GGMLQuantizationType.Q8_0, w.shape[0], w.shape[1])
+        dec.host.w.output = Linear(QuantRows((qm,)), head.b)
+    vocab = DraftVocab.for_decoder(dec, 100)
+    assert vocab is not None
+    vocab.see([300, 5, 101, 300, 511])
+    hidden = np.random.default_rng(0).standard_normal((3, model.config.n_embd)).astype(np.float32)
+    ids, got = vocab.logits(hidden)
+    assert ids.tolist() == [*range(100), 300, 101, 511]
+    np.testing.assert_array_equal(got, dec.logits(hidden)[:, ids])
+    assert DraftVocab.for_decoder(dec, 0) is None
+    assert DraftVocab.for_decoder(dec, model.n_vocab) is None
+
+
+def test_drafts_are_asked_for_whole_tiles_of_verify_rows() -> None:
+    """The verify step's rows (drafts + 1) come in fours where room allows: 16 drafts
+    would pay a weight pass for a 17th row."""
+    assert [tiled_room(n) for n in (1, 2, 3, 4, 6, 7, 8, 15, 16, 20)] == [
+        1,
+        2,
+        3,
+        3,
+        3,
+        7,
+        7,
+        15,
+        15,
+        19,
+    ]
+
+
 @pytest.mark.parametrize("name", ["granite", "qwen35"])
 def test_ngram_drafting_gives_llama_cpp_greedy_run(tiny_model, name: str) -> None:
     model, prompt, want = _reference(tiny_model, name)
@@ -223,6 +304,7 @@ def test_a_real_draft_with_other_tokens_is_refused(smollm2_path, gemma3_path) ->
         (("--spec", "ngram", "--draft-max", "0"), "--draft-max must be 1..256"),
         (("--spec", "ngram", "--draft-min", "20"), "--draft-min must be 0..--draft-max"),
         (("--spec", "ngram", "--draft-p-min", "2"), "--draft-p-min must be in [0, 1]"),
+        (("--spec", "ngram", "--draft-vocab", "-1"), "--draft-vocab must be 0"),
     ],
 )
 def test_bad_speculation_flags_get_one_line(tiny_model, args, message: str) -> None:

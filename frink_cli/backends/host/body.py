@@ -121,5 +121,10 @@ class HostBody:
         return self.cfg.ext.final_norm(HOST_OPS, self.cfg, w.output_norm, x, w.output_norm_b)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
+        return self.logits_over(x, self.w.output)
+
+    def logits_over(self, x: np.ndarray, output: Any) -> np.ndarray:
+        """The head with `output` as its matrix (some of the head's rows: a draft model's
+        vocabulary, draft_vocab.py): logits [T, output's rows]."""
         w = self.w
-        return self.cfg.ext.head(HOST_OPS, self.cfg, w.output_norm, w.output, x, w.output_norm_b)
+        return self.cfg.ext.head(HOST_OPS, self.cfg, w.output_norm, output, x, w.output_norm_b)
