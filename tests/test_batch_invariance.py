@@ -23,13 +23,13 @@ default) with exactly the tokens and log probabilities it gives each alone.
 
 from __future__ import annotations
 
-import threading
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from concurrency import all_at_once
 from frink_subprocess import child_env
 from isa_variants import ISAS, child_json, unrunnable_reason
 from model_checks import _path, q8_0_requant
@@ -220,20 +220,8 @@ def test_serve_concurrent_greedy_is_alone(
     try:
         fresh = [answer(p, cache_prompt=False) for p in PROMPTS]
         resumed = [answer(p) for p in PROMPTS]
-        together: dict[int, list[tuple[str, float]]] = {}
-
-        def one(i: int) -> None:
-            together[i] = answer(PROMPTS[i])
-
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(300)
-        for name, got in (
-            ("resumed", resumed),
-            ("concurrent", [together.get(i) for i in range(8)]),
-        ):
+        together = all_at_once(lambda i: answer(PROMPTS[i]), len(PROMPTS))
+        for name, got in (("resumed", resumed), ("concurrent", together)):
             differ = [(PROMPTS[i], fresh[i], got[i]) for i in range(8) if got[i] != fresh[i]]
             assert not differ, f"{name} answers differ from the fresh ones alone: {differ}"
     finally:

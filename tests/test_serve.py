@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
+from concurrency import all_at_once
 from model_checks import _path
 from serve_process import Server
 
@@ -372,17 +373,8 @@ def test_full_queue_answers_503(server: Server) -> None:
 def test_concurrent_greedy_requests_get_their_alone_tokens(server: Server) -> None:
     c = _client(server)
     alone = [_tokens(c, p, 24) for p in PROMPTS]
-    together: dict[int, list[int]] = {}
-
-    def one(i: int) -> None:
-        together[i] = _tokens(_client(server), PROMPTS[i], 24)
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert [together[i] for i in range(8)] == alone
+    together = all_at_once(lambda i: _tokens(_client(server), PROMPTS[i], 24), 8)
+    assert together == alone
 
 
 def _vanishing_client(server: Server, after_chunks: int) -> None:
@@ -497,23 +489,14 @@ def test_hybrid_model_concurrent_greedy(backend: str, tiny_model: Callable) -> N
     )
     try:
         alone = [_hybrid_completion(s, p, len(want)) for p in prompts]
-        together: dict[int, list[int]] = {}
-
-        def one(i: int) -> None:
-            together[i] = _hybrid_completion(s, prompts[i], len(want))
-
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(300)
+        together = all_at_once(lambda i: _hybrid_completion(s, prompts[i], len(want)), 8)
     finally:
         # Ctrl-C and SIGTERM both stop it cleanly (exit 0, no traceback).
         code, log = s.stop(signal.SIGINT if backend == "metal" else signal.SIGTERM), s.log()
         s.close()
     assert code == 0 and "server stopped" in log and "Traceback" not in log, log
     assert alone[0] == want
-    assert [together[i] for i in range(8)] == alone
+    assert together == alone
 
 
 def test_bad_server_settings_are_one_line(tiny_model: Callable) -> None:

@@ -11,11 +11,11 @@ alone on that server (resuming from their own indexed prefixes) and as the slot 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import numpy as np
 import pytest
+from concurrency import all_at_once
 from model_checks import _path
 from serve_process import Server, clean_stop
 
@@ -49,11 +49,7 @@ def _answers(server: Server, prompts: list[list[int]], together: bool) -> list[l
         for i in range(len(prompts)):
             one(i)
         return [out[i] for i in range(len(prompts))]
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
+    all_at_once(one, len(prompts))
     return [out[i] for i in range(len(prompts))]
 
 
