@@ -251,3 +251,59 @@ def test_every_attention_variant_gives_the_same_bits(path: str, kind: str) -> No
     finally:
         C.attend_isa(before)
     np.testing.assert_array_equal(got["avx2"], got["portable"])
+
+
+@pytest.mark.parametrize("layout", ["causal", "windows"])
+@pytest.mark.parametrize("g", [1, 2, 7])
+@pytest.mark.parametrize("kind", ["f32", "f16", "q8_0"])
+def test_rows_sharing_widened_keys_give_each_rows_bits(
+    path: str, g: int, kind: str, layout: str
+) -> None:
+    """Compiled: a prompt's rows share each widened key and value row among rows and heads
+    (attend_rows: blocks of 24 / g rows, two heads a key's loads), and a block whose rows'
+    keys lie far apart (rows of other sequences in one cache) goes a row at a time; every
+    row is the same bits as asked alone, on the AVX2 loops and on the portable ones, for a
+    group of 1, 2 or 7 heads (one left over from the pairs), against float64's softmax."""
+    if path != "native":
+        pytest.skip("the compiled attention's blocks")
+    C = rowwise._C
+    rng = np.random.default_rng(15)
+    Hkv, T, S, hk, hv = 2, 40, 300, 64, 32
+    K = rng.standard_normal((Hkv, S, hk)).astype(np.float32)
+    V = rng.standard_normal((Hkv, S, hv)).astype(np.float32)
+    q = (rng.standard_normal((T, Hkv * g, hk)) * 0.125).astype(np.float32)
+    Kc, Vc = (x if kind == "f32" else Coded(encode(kind, x), kind, x.shape[2]) for x in (K, V))
+    if layout == "causal":  # every row's keys from 0: blocks of neighbours
+        pos = np.arange(S - T, S)
+        lo = np.zeros(T, np.int64)
+    else:  # windows of 26 keys: 20 neighbours, then 20 rows 8 positions apart
+        pos = np.concatenate([np.arange(100, 120), 130 + 8 * np.arange(20)])
+        lo = pos - 25
+    hi = pos + 1
+    lo[3] = hi[3] - 3  # fewer keys than a 4-key step
+    keys = (lo.astype(np.int64), hi.astype(np.int64))
+    extra = (None, None, None, None)
+    got = {}
+    before = C.attend_isa()
+    try:
+        for isa in ("portable", "avx2"):
+            try:
+                C.attend_isa(isa)
+            except ValueError:
+                pytest.skip(f"this CPU does not run the {isa} attention")
+            got[isa] = rowwise.attend(q, Kc, Vc, 0, pos, keys, extra)
+            for t in range(T):
+                one = (keys[0][t : t + 1], keys[1][t : t + 1])
+                alone = rowwise.attend(q[t : t + 1], Kc, Vc, 0, pos[t : t + 1], one, extra)
+                np.testing.assert_array_equal(got[isa][t : t + 1], alone)
+    finally:
+        C.attend_isa(before)
+    np.testing.assert_array_equal(got["avx2"], got["portable"])
+    Kd, Vd = as_f32(Kc).astype(np.float64), as_f32(Vc).astype(np.float64)
+    for t in (0, 3, 25, T - 1):
+        for h in range(Hkv * g):
+            s = Kd[h // g, lo[t] : hi[t]] @ q[t, h]
+            w = np.exp(s - s.max())
+            want = w @ Vd[h // g, lo[t] : hi[t]] / w.sum()
+            got_h = got["avx2"][t, h * hv : (h + 1) * hv]
+            np.testing.assert_allclose(got_h, want, rtol=5e-5, atol=5e-6)

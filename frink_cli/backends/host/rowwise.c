@@ -386,8 +386,14 @@ static float attend_weights(const attend_args *A, Py_ssize_t n, Py_ssize_t d0, P
             s[i] += row[c < 0 ? 0 : c > last ? last : c];
         }
     }
-    float m = A->sinks ? A->sinks[h] : -INFINITY;
-    for (Py_ssize_t i = 0; i < n; i++) m = s[i] > m ? s[i] : m;
+    /* The largest score in 8 lanes (so it vectorizes): the same maximum, whatever order. */
+    float m = A->sinks ? A->sinks[h] : -INFINITY, top[8];
+    for (int l = 0; l < 8; l++) top[l] = m;
+    Py_ssize_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        for (int l = 0; l < 8; l++) top[l] = s[k + l] > top[l] ? s[k + l] : top[l];
+    for (; k < n; k++) m = s[k] > m ? s[k] : m;
+    for (int l = 0; l < 8; l++) m = top[l] > m ? top[l] : m;
     for (Py_ssize_t i = 0; i < n; i++) s[i] = exp_f32(s[i] - m);
     float lane[8] = {0};
     Py_ssize_t i = 0;
@@ -428,8 +434,11 @@ static void attend_head(const attend_args *A, const float *q, Py_ssize_t kvh, Py
     for (Py_ssize_t d = 0; d < hv; d++) out[d] /= total;
 }
 
-/* Keys attend_group widens at a time. */
+/* Keys attend_rows widens at a time, and the query vectors (rows x heads) it aims to share
+ * each widened key among (ROWS_SHARE / g rows, at most ROWS_MOST). */
 #define GROUP_WIDEN 64
+#define ROWS_SHARE 24
+#define ROWS_MOST 8
 #ifdef _OPENMP
 #define THREAD_NUM omp_get_thread_num()
 #else
@@ -437,30 +446,65 @@ static void attend_head(const attend_args *A, const float *q, Py_ssize_t kvh, Py
 #endif
 
 #if KV_HAS_AVX2
-/* attend_head for the g query heads h0 .. h0 + g - 1 of one query row (q, out: their rows,
- * ldq and ldo floats apart), which share KV head kvh: each key and value row is widened to f32 once for the
- * g heads, GROUP_WIDEN rows at a time (into kb, vb), where attend_head widens it once per
- * head. Every head's steps are attend_head's AVX2 ones, so its bits too. s: g * n floats. */
-static void attend_group(const attend_args *A, const float *q, Py_ssize_t ldq, float *out,
-                         Py_ssize_t ldo,
-                         Py_ssize_t kvh, Py_ssize_t j0, Py_ssize_t n, Py_ssize_t d0, Py_ssize_t h0,
-                         Py_ssize_t g, float *s, float *kb, float *vb) {
-    const Py_ssize_t hk = A->q.n, hv = A->out.n, base = kvh * A->k.b + j0;
-    for (Py_ssize_t i0 = 0; i0 < n; i0 += GROUP_WIDEN) {
-        const Py_ssize_t m = n - i0 < GROUP_WIDEN ? n - i0 : GROUP_WIDEN;
-        kv_widen(A->kt, &A->k, base + i0, m, hk, kb);
-        const rows_of rows = {.base = (char *)kb, .a = 1, .b = m, .sb = hk * (Py_ssize_t)sizeof(float), .n = hk};
-        for (Py_ssize_t u = 0; u < g; u++) KV_SCORES_AVX2[KV_F32](q + u * ldq, hk, &rows, 0, m, s + u * n + i0);
+/* attend_head for query rows t0 .. t0 + R - 1 and their g heads h0 .. h0 + g - 1, which share
+ * KV head kvh: each key and value row of the rows' keys is widened to f32 once for all R * g
+ * of them, GROUP_WIDEN rows at a time (into kb, vb), where attend_head widens it once per
+ * row and head; two heads of a row share each key's loads (kv_scores_rows). Row t's keys
+ * are [lo[t], hi[t]) of the cache's rows from `first` on, its position p[t]; their union
+ * must fit `span` (scores: s, R * g * span floats). Every score, weight and output element
+ * takes attend_head's AVX2 steps in its order, so its bits. */
+static void attend_rows(const attend_args *A, Py_ssize_t t0, Py_ssize_t R, Py_ssize_t kvh,
+                        const int64_t *lo, const int64_t *hi, const int64_t *p, Py_ssize_t first,
+                        Py_ssize_t span, float *s, float *kb, float *vb) {
+    const Py_ssize_t H = A->q.b, g = H / A->k.a, h0 = kvh * g, hk = A->q.n, hv = A->out.n;
+    const Py_ssize_t base = kvh * A->k.b;
+    Py_ssize_t ulo = lo[t0], uhi = hi[t0];
+    for (Py_ssize_t u = 1; u < R; u++) {
+        ulo = lo[t0 + u] < ulo ? lo[t0 + u] : ulo;
+        uhi = hi[t0 + u] > uhi ? hi[t0 + u] : uhi;
     }
-    float total[g];
-    for (Py_ssize_t u = 0; u < g; u++) total[u] = attend_weights(A, n, d0, h0 + u, s + u * n);
-    for (Py_ssize_t i0 = 0; i0 < n; i0 += GROUP_WIDEN) {
-        const Py_ssize_t m = n - i0 < GROUP_WIDEN ? n - i0 : GROUP_WIDEN;
-        kv_widen(A->vt, &A->v, base + i0, m, hv, vb);
-        for (Py_ssize_t u = 0; u < g; u++) kv_values_more(s + u * n + i0, vb, m, hv, out + u * ldo, i0 == 0);
+    /* the scores of row u, head v: key ulo + i at i */
+#define ROW_SCORES(u, v) (s + ((u) * g + (v)) * span)
+    for (Py_ssize_t i0 = ulo; i0 < uhi; i0 += GROUP_WIDEN) {
+        const Py_ssize_t m = uhi - i0 < GROUP_WIDEN ? uhi - i0 : GROUP_WIDEN;
+        kv_widen(A->kt, &A->k, base + i0 - first, m, hk, kb);
+        for (Py_ssize_t u = 0; u < R; u++) {
+            const Py_ssize_t a = lo[t0 + u] > i0 ? lo[t0 + u] : i0;
+            const Py_ssize_t b = hi[t0 + u] < i0 + m ? hi[t0 + u] : i0 + m;
+            if (a >= b) continue;
+            const float *q = row_at(&A->q, (t0 + u) * H + h0);
+            const Py_ssize_t ldq = A->q.sb / (Py_ssize_t)sizeof(float);
+            for (Py_ssize_t v = 0; v < g; v += 2)
+                kv_scores_rows(q + v * ldq, v + 1 < g ? q + (v + 1) * ldq : NULL,
+                               kb + (a - i0) * hk, hk, b - a, ROW_SCORES(u, v) + (a - ulo),
+                               v + 1 < g ? ROW_SCORES(u, v + 1) + (a - ulo) : NULL);
+        }
     }
-    for (Py_ssize_t u = 0; u < g; u++)
-        for (Py_ssize_t d = 0; d < hv; d++) out[u * ldo + d] /= total[u];
+    float total[R * g];
+    for (Py_ssize_t u = 0; u < R; u++)
+        for (Py_ssize_t v = 0; v < g; v++)
+            total[u * g + v] = attend_weights(A, hi[t0 + u] - lo[t0 + u], p[t0 + u] - lo[t0 + u],
+                                              h0 + v, ROW_SCORES(u, v) + (lo[t0 + u] - ulo));
+    const Py_ssize_t ldo = A->out.sb / (Py_ssize_t)sizeof(float);
+    for (Py_ssize_t i0 = ulo; i0 < uhi; i0 += GROUP_WIDEN) {
+        const Py_ssize_t m = uhi - i0 < GROUP_WIDEN ? uhi - i0 : GROUP_WIDEN;
+        kv_widen(A->vt, &A->v, base + i0 - first, m, hv, vb);
+        for (Py_ssize_t u = 0; u < R; u++) {
+            const Py_ssize_t a = lo[t0 + u] > i0 ? lo[t0 + u] : i0;
+            const Py_ssize_t b = hi[t0 + u] < i0 + m ? hi[t0 + u] : i0 + m;
+            if (a >= b) continue;
+            float *out = row_at(&A->out, (t0 + u) * H + h0);
+            for (Py_ssize_t v = 0; v < g; v++)
+                kv_values_more(ROW_SCORES(u, v) + (a - ulo), vb + (a - i0) * hv, b - a, hv, out + v * ldo,
+                               a == lo[t0 + u]);
+        }
+    }
+#undef ROW_SCORES
+    for (Py_ssize_t u = 0; u < R; u++) {
+        float *out = row_at(&A->out, (t0 + u) * H + h0);
+        for (Py_ssize_t v = 0; v < g; v++)
+            for (Py_ssize_t d = 0; d < hv; d++) out[v * ldo + d] /= total[u * g + v];
+    }
 }
 #endif
 
@@ -586,11 +630,15 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
     if (most < 0) goto done;
     const Py_ssize_t T = A.q.a, H = A.q.b, g = H / A.k.a, items = T * H;
     const int nt = threads_for(items * most * (A.q.n + A.v.n), threads);
-    /* Heads sharing a KV head go together where that leaves each thread work (attend_group:
-     * the same bits as a head at a time, which decode's few rows keep for its threads). */
-    const int grouped = KV_HAS_AVX2 && kv_avx2_takes(A.q.n, A.out.n) && g > 1 &&
-                        T * A.k.a >= 4 * (Py_ssize_t)nt;
-    const Py_ssize_t per = grouped ? g * most + GROUP_WIDEN * (A.q.n + A.out.n) : most;
+    /* Rows and heads sharing a KV head go together where that leaves each thread work
+     * (attend_rows: the same bits as a head at a time, which decode's few rows keep for its
+     * threads): R rows a block, or one where the rows' keys lie apart (other sequences). */
+    Py_ssize_t R = (ROWS_SHARE + g - 1) / g;
+    R = R > ROWS_MOST ? ROWS_MOST : R;
+    const Py_ssize_t blocks = (T + R - 1) / R, span = most + R;
+    const int grouped = KV_HAS_AVX2 && kv_avx2_takes(A.q.n, A.out.n) &&
+                        blocks * A.k.a >= 4 * (Py_ssize_t)nt;
+    const Py_ssize_t per = grouped ? R * g * span + GROUP_WIDEN * (A.q.n + A.out.n) : most;
     scratch = PyMem_RawMalloc((size_t)nt * (size_t)(per > 0 ? per : 1) * sizeof(float));
     if (!scratch) {
         PyErr_NoMemory();
@@ -600,13 +648,21 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
 #if KV_HAS_AVX2
     if (grouped) {
 #pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1)
-        for (Py_ssize_t it = 0; it < T * A.k.a; it++) {
+        for (Py_ssize_t it = 0; it < blocks * A.k.a; it++) {
             float *s = scratch + (size_t)THREAD_NUM * (size_t)per;
-            const Py_ssize_t t = it / A.k.a, kvh = it % A.k.a, h0 = kvh * g;
-            attend_group(&A, row_at(&A.q, t * H + h0), A.q.sb / (Py_ssize_t)sizeof(float),
-                         row_at(&A.out, t * H + h0), A.out.sb / (Py_ssize_t)sizeof(float), kvh,
-                         lo[t] - first, hi[t] - lo[t], p[t] - lo[t], h0, g, s, s + g * most,
-                         s + g * most + GROUP_WIDEN * A.q.n);
+            float *kb = s + R * g * span, *vb = kb + GROUP_WIDEN * A.q.n;
+            const Py_ssize_t t0 = it / A.k.a * R, kvh = it % A.k.a;
+            const Py_ssize_t n = T - t0 < R ? T - t0 : R;
+            Py_ssize_t ulo = lo[t0], uhi = hi[t0];
+            for (Py_ssize_t u = 1; u < n; u++) {
+                ulo = lo[t0 + u] < ulo ? lo[t0 + u] : ulo;
+                uhi = hi[t0 + u] > uhi ? hi[t0 + u] : uhi;
+            }
+            if (uhi - ulo <= span)
+                attend_rows(&A, t0, n, kvh, lo, hi, p, first, span, s, kb, vb);
+            else
+                for (Py_ssize_t u = 0; u < n; u++)
+                    attend_rows(&A, t0 + u, 1, kvh, lo, hi, p, first, span, s, kb, vb);
         }
     } else
 #endif

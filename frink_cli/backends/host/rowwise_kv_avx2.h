@@ -84,6 +84,71 @@ KV_AVX2 static inline void kv_lanes4(__m256 a0, __m256 a1, __m256 a2, __m256 a3,
     _mm_storeu_ps(s, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
 }
 
+/* The kv_lanes of a0..a7 into s[0..7]: two kv_lanes4 trees, their halves paired across the
+ * two registers so one add finishes all eight. */
+KV_AVX2 static inline void kv_lanes8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4,
+                                     __m256 a5, __m256 a6, __m256 a7, float *s) {
+    const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+    _mm256_storeu_ps(s, _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20),
+                                      _mm256_permute2f128_ps(h0, h1, 0x31)));
+}
+
+/* sa[i] = qa . row i and, where qb is not NULL, sb[i] = qb . row i, over n f32 rows hk apart
+ * (hk a multiple of 8): KV_SCORES's steps for each score, so its bits, with 8 sums in flight
+ * (4 keys for two heads, or 8 keys for one) where KV_SCORES keeps 4: a sum's 8 dependent
+ * adds no longer set the pace. */
+KV_AVX2 static void kv_scores_rows(const float *qa, const float *qb, const float *rows,
+                                   Py_ssize_t hk, Py_ssize_t n, float *sa, float *sb) {
+    Py_ssize_t i = 0;
+    if (qb)
+        for (; i + 4 <= n; i += 4) {
+            const float *r = rows + i * hk;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0,
+                   b3 = a0;
+            for (Py_ssize_t c = 0; c < hk; c += 8) {
+                const __m256 x = _mm256_loadu_ps(qa + c), y = _mm256_loadu_ps(qb + c);
+                const __m256 k0 = _mm256_loadu_ps(r + c), k1 = _mm256_loadu_ps(r + hk + c),
+                             k2 = _mm256_loadu_ps(r + 2 * hk + c), k3 = _mm256_loadu_ps(r + 3 * hk + c);
+                a0 = _mm256_add_ps(a0, _mm256_mul_ps(x, k0));
+                b0 = _mm256_add_ps(b0, _mm256_mul_ps(y, k0));
+                a1 = _mm256_add_ps(a1, _mm256_mul_ps(x, k1));
+                b1 = _mm256_add_ps(b1, _mm256_mul_ps(y, k1));
+                a2 = _mm256_add_ps(a2, _mm256_mul_ps(x, k2));
+                b2 = _mm256_add_ps(b2, _mm256_mul_ps(y, k2));
+                a3 = _mm256_add_ps(a3, _mm256_mul_ps(x, k3));
+                b3 = _mm256_add_ps(b3, _mm256_mul_ps(y, k3));
+            }
+            float t[8];
+            kv_lanes8(a0, a1, a2, a3, b0, b1, b2, b3, t);
+            memcpy(sa + i, t, 4 * sizeof(float));
+            memcpy(sb + i, t + 4, 4 * sizeof(float));
+        }
+    else
+        for (; i + 8 <= n; i += 8) {
+            const float *r = rows + i * hk;
+            __m256 a[8];
+            for (int u = 0; u < 8; u++) a[u] = _mm256_setzero_ps();
+            for (Py_ssize_t c = 0; c < hk; c += 8) {
+                const __m256 x = _mm256_loadu_ps(qa + c);
+                for (int u = 0; u < 8; u++)
+                    a[u] = _mm256_add_ps(a[u], _mm256_mul_ps(x, _mm256_loadu_ps(r + u * hk + c)));
+            }
+            kv_lanes8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], sa + i);
+        }
+    for (; i < n; i++) {
+        const float *r = rows + i * hk;
+        __m256 a = _mm256_setzero_ps(), b = a;
+        for (Py_ssize_t c = 0; c < hk; c += 8) {
+            const __m256 k = _mm256_loadu_ps(r + c);
+            a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_loadu_ps(qa + c), k));
+            if (qb) b = _mm256_add_ps(b, _mm256_mul_ps(_mm256_loadu_ps(qb + c), k));
+        }
+        sa[i] = kv_lanes(a);
+        if (qb) sb[i] = kv_lanes(b);
+    }
+}
+
 /* s[i] = q . K row (base + i) of k, i in [0, n), K of cache type `type`, hk values a row. */
 #define KV_SCORES(name, TYPE)                                                                  \
     KV_AVX2 static void name(const float *q, Py_ssize_t hk, const rows_of *k, Py_ssize_t base, \
@@ -151,22 +216,31 @@ KV_AVX2 static void kv_widen(int type, const rows_of *r, Py_ssize_t base, Py_ssi
     }
 }
 
+/* kv_values_more's columns [d0, d0 + 8 w) (w <= 8), the sums held in registers across the
+ * keys; inlined with w a constant where it is 8, so the loop over registers unrolls. */
+KV_AVX2 static inline __attribute__((always_inline)) void
+kv_values_cols(const float *e, const float *rows, Py_ssize_t n, Py_ssize_t hv, float *out,
+               int first, int w) {
+    __m256 o[8];
+    for (int u = 0; u < 8; u++)
+        o[u] = first || u >= w ? _mm256_setzero_ps() : _mm256_loadu_ps(out + 8 * u);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const __m256 x = _mm256_set1_ps(e[i]);
+        for (int u = 0; u < 8; u++)
+            if (u < w) o[u] = _mm256_add_ps(o[u], _mm256_mul_ps(x, _mm256_loadu_ps(rows + i * hv + 8 * u)));
+    }
+    for (int u = 0; u < w; u++) _mm256_storeu_ps(out + 8 * u, o[u]);
+}
+
 /* KV_VALUES's steps over f32 rows (hv apart) for keys [0, n), continuing the sums in out
  * (first: from zero): each element's adds in key order, as one call over all keys makes. */
 KV_AVX2 static void kv_values_more(const float *e, const float *rows, Py_ssize_t n, Py_ssize_t hv,
                                    float *out, int first) {
     for (Py_ssize_t d0 = 0; d0 < hv; d0 += 64) {
-        const int w = (int)((hv - d0 < 64 ? hv - d0 : 64) / 8);
-        __m256 o[8];
-        for (int u = 0; u < 8; u++)
-            o[u] = first || u >= w ? _mm256_setzero_ps() : _mm256_loadu_ps(out + d0 + 8 * u);
-        for (Py_ssize_t i = 0; i < n; i++) {
-            const __m256 x = _mm256_set1_ps(e[i]);
-            for (int u = 0; u < 8; u++)
-                if (u < w)
-                    o[u] = _mm256_add_ps(o[u], _mm256_mul_ps(x, _mm256_loadu_ps(rows + i * hv + d0 + 8 * u)));
-        }
-        for (int u = 0; u < w; u++) _mm256_storeu_ps(out + d0 + 8 * u, o[u]);
+        if (hv - d0 >= 64)
+            kv_values_cols(e, rows + d0, n, hv, out + d0, first, 8);
+        else
+            kv_values_cols(e, rows + d0, n, hv, out + d0, first, (int)((hv - d0) / 8));
     }
 }
 
