@@ -630,14 +630,16 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
     if (most < 0) goto done;
     const Py_ssize_t T = A.q.a, H = A.q.b, g = H / A.k.a, items = T * H;
     const int nt = threads_for(items * most * (A.q.n + A.v.n), threads);
-    /* Rows and heads sharing a KV head go together where that leaves each thread work
-     * (attend_rows: the same bits as a head at a time, which decode's few rows keep for its
-     * threads): R rows a block, or one where the rows' keys lie apart (other sequences). */
+    /* Rows and heads sharing a KV head go together (attend_rows: the same bits as a head at
+     * a time) where that shares the work evenly among the threads: a whole number of blocks
+     * each, or enough to even out (a decode row's 3 KV heads on 2 threads would leave one
+     * idle half the time: its 9 heads go a head at a time). R rows a block, or one at a
+     * time where the rows' keys lie apart (other sequences). */
     Py_ssize_t R = (ROWS_SHARE + g - 1) / g;
     R = R > ROWS_MOST ? ROWS_MOST : R;
-    const Py_ssize_t blocks = (T + R - 1) / R, span = most + R;
+    const Py_ssize_t blocks = (T + R - 1) / R, span = most + R, work = blocks * A.k.a;
     const int grouped = KV_HAS_AVX2 && kv_avx2_takes(A.q.n, A.out.n) &&
-                        blocks * A.k.a >= 4 * (Py_ssize_t)nt;
+                        (work >= 4 * (Py_ssize_t)nt || work % nt == 0);
     const Py_ssize_t per = grouped ? R * g * span + GROUP_WIDEN * (A.q.n + A.out.n) : most;
     scratch = PyMem_RawMalloc((size_t)nt * (size_t)(per > 0 ? per : 1) * sizeof(float));
     if (!scratch) {
@@ -648,7 +650,7 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
 #if KV_HAS_AVX2
     if (grouped) {
 #pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1)
-        for (Py_ssize_t it = 0; it < blocks * A.k.a; it++) {
+        for (Py_ssize_t it = 0; it < work; it++) {
             float *s = scratch + (size_t)THREAD_NUM * (size_t)per;
             float *kb = s + R * g * span, *vb = kb + GROUP_WIDEN * A.q.n;
             const Py_ssize_t t0 = it / A.k.a * R, kvh = it % A.k.a;
