@@ -420,7 +420,10 @@ static void attend_head(const attend_args *A, const float *q, Py_ssize_t kvh, Py
         KV_SCORES_AVX2[A->kt](q, hk, &A->k, base, n, s);
     else
 #endif
-        for (Py_ssize_t i = 0; i < n; i++) s[i] = dot_key(A->kt, q, stored_at(&A->k, base + i), hk);
+    {
+        const kv_rows keys = kv_rows_from(&A->k, base);
+        for (Py_ssize_t i = 0; i < n; i++) s[i] = dot_key(A->kt, q, kv_row(&keys, i), hk);
+    }
     const float total = attend_weights(A, n, d0, h, s);
 #if KV_HAS_AVX2
     if (avx2)
@@ -429,7 +432,8 @@ static void attend_head(const attend_args *A, const float *q, Py_ssize_t kvh, Py
 #endif
     {
         for (Py_ssize_t d = 0; d < hv; d++) out[d] = 0.0f;
-        for (Py_ssize_t j = 0; j < n; j++) add_value(A->vt, out, s[j], stored_at(&A->v, base + j), hv);
+        const kv_rows values = kv_rows_from(&A->v, base);
+        for (Py_ssize_t j = 0; j < n; j++) add_value(A->vt, out, s[j], kv_row(&values, j), hv);
     }
     for (Py_ssize_t d = 0; d < hv; d++) out[d] /= total;
 }

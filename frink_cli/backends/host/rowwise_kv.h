@@ -164,6 +164,25 @@ static inline const char *stored_at(const rows_of *r, Py_ssize_t i) {
     return r->base + (i / r->b) * r->sa + j * r->sb;
 }
 
+/* A head's rows from row `base` of r on (stored_at's rows base + i, all in base's head):
+ * the head's address found once, where stored_at divides for every row. */
+typedef struct {
+    const rows_of *r;
+    const char *head;
+    Py_ssize_t j;
+} kv_rows;
+
+static inline kv_rows kv_rows_from(const rows_of *r, Py_ssize_t base) {
+    return (kv_rows){r, r->base + (base / r->b) * r->sa, base % r->b};
+}
+
+/* stored_at(r, base + i) of kv_rows_from(r, base). */
+static inline const char *kv_row(const kv_rows *c, Py_ssize_t i) {
+    Py_ssize_t j = c->j + i;
+    if (c->r->table) j = (Py_ssize_t)c->r->table[j / c->r->page] * c->r->page + j % c->r->page;
+    return c->head + j * c->r->sb;
+}
+
 /* Whether a stored row of `stored` elements is not one of `width` values of cache type
  * `type` (q8_0 / q4_0 rows are whole blocks). */
 static int kv_widths_differ(int type, Py_ssize_t width, Py_ssize_t stored) {

@@ -153,10 +153,11 @@ KV_AVX2 static void kv_scores_rows(const float *qa, const float *qb, const float
 #define KV_SCORES(name, TYPE)                                                                  \
     KV_AVX2 static void name(const float *q, Py_ssize_t hk, const rows_of *k, Py_ssize_t base, \
                              Py_ssize_t n, float *s) {                                         \
+        const kv_rows rows = kv_rows_from(k, base);                                            \
         Py_ssize_t i = 0;                                                                      \
         for (; i + 4 <= n; i += 4) {                                                           \
-            const char *r0 = stored_at(k, base + i), *r1 = stored_at(k, base + i + 1),         \
-                       *r2 = stored_at(k, base + i + 2), *r3 = stored_at(k, base + i + 3);     \
+            const char *r0 = kv_row(&rows, i), *r1 = kv_row(&rows, i + 1),                     \
+                       *r2 = kv_row(&rows, i + 2), *r3 = kv_row(&rows, i + 3);                 \
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                        \
             for (Py_ssize_t c = 0; c < hk; c += 8) {                                           \
                 const __m256 x = _mm256_loadu_ps(q + c);                                       \
@@ -168,7 +169,7 @@ KV_AVX2 static void kv_scores_rows(const float *qa, const float *qb, const float
             kv_lanes4(a0, a1, a2, a3, s + i);                                                  \
         }                                                                                      \
         for (; i < n; i++) {                                                                   \
-            const char *r = stored_at(k, base + i);                                            \
+            const char *r = kv_row(&rows, i);                                                  \
             __m256 a = _mm256_setzero_ps();                                                    \
             for (Py_ssize_t c = 0; c < hk; c += 8)                                             \
                 a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_loadu_ps(q + c), kv_load8(TYPE, r, c))); \
@@ -180,12 +181,13 @@ KV_AVX2 static void kv_scores_rows(const float *qa, const float *qb, const float
 #define KV_VALUES(name, TYPE)                                                                  \
     KV_AVX2 static void name(const float *e, const rows_of *v, Py_ssize_t base, Py_ssize_t n,  \
                              Py_ssize_t hv, float *out) {                                      \
+        const kv_rows rows = kv_rows_from(v, base);                                            \
         for (Py_ssize_t d0 = 0; d0 < hv; d0 += 64) {                                           \
             const int w = (int)((hv - d0 < 64 ? hv - d0 : 64) / 8);                            \
             __m256 o[8];                                                                       \
             for (int u = 0; u < 8; u++) o[u] = _mm256_setzero_ps();                            \
             for (Py_ssize_t i = 0; i < n; i++) {                                               \
-                const char *r = stored_at(v, base + i);                                        \
+                const char *r = kv_row(&rows, i);                                              \
                 const __m256 x = _mm256_set1_ps(e[i]);                                         \
                 for (int u = 0; u < 8; u++)                                                    \
                     if (u < w)                                                                 \
@@ -210,8 +212,9 @@ KV_VALUES(kv_values_q4_0, KV_Q4_0)
  * into out, w apart: kv_load8's values, so the loops below read what the typed loops read. */
 KV_AVX2 static void kv_widen(int type, const rows_of *r, Py_ssize_t base, Py_ssize_t n,
                              Py_ssize_t w, float *out) {
+    const kv_rows rows = kv_rows_from(r, base);
     for (Py_ssize_t i = 0; i < n; i++) {
-        const char *row = stored_at(r, base + i);
+        const char *row = kv_row(&rows, i);
         for (Py_ssize_t c = 0; c < w; c += 8) _mm256_storeu_ps(out + i * w + c, kv_load8(type, row, c));
     }
 }
