@@ -39,6 +39,7 @@ from .quant.kernels import check_isa
 from .sampling import Sampler, SamplingParams
 from .speculative import (
     Drafter,
+    LookupFirst,
     ModelDrafter,
     SpecParams,
     check_same_vocab,
@@ -287,7 +288,8 @@ class Model:
             return MtpDrafter(self._mtp, n_ctx, spec)
         if draft is None:
             return NgramDrafter(spec)
-        return ModelDrafter(draft.decoder, n_ctx, spec)
+        model = ModelDrafter(draft.decoder, n_ctx, spec)
+        return LookupFirst(NgramDrafter(spec), model) if spec.lookup else model
 
     def _generate_ids(
         self,

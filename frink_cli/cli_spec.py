@@ -1,6 +1,7 @@
 """Speculative decoding's flags, as llama.cpp spells them (`-md/--draft-model`,
-`--draft-max`, `--draft-min`, `--draft-p-min`; `--spec ngram` for prompt lookup, `--spec mtp`
-(`--spec-type draft-mtp`) for a file's MTP head), one flag
+`--draft-max`, `--draft-min`, `--draft-p-min`; `--spec ngram` for prompt lookup (with `-md`:
+lookup first, the draft model where it finds nothing), `--spec mtp` (`--spec-type
+draft-mtp`) for a file's MTP head), one flag
 group (cli_groups) that `frink run`, `frink bench` and `frink serve` take as
 `speculation: SpecFlags | None`."""
 
@@ -32,8 +33,9 @@ def spec_flags(
         None,
         "--spec",
         "--spec-type",
-        help="speculative decoding: ngram (prompt lookup, no second model), draft (-md) or "
-        "mtp (the file's multi-token-prediction head; llama.cpp: draft-mtp)",
+        help="speculative decoding: ngram (prompt lookup, no second model; with -md: "
+        "lookup first, the draft model where it finds nothing), draft (-md) or mtp (the "
+        "file's multi-token-prediction head; llama.cpp: draft-mtp)",
     ),
     draft_model: str | None = typer.Option(
         None,
@@ -64,14 +66,15 @@ def spec_flags(
         raise FrinkError(f"--spec: unknown type {spec!r} (one of: {', '.join(SPEC_TYPES)})")
     if spec == "draft" and not draft_model:
         raise FrinkError("--spec draft needs -md/--draft-model FILE")
-    if spec in ("ngram", "mtp") and draft_model:
-        raise FrinkError(f"--spec {spec} drafts without a model: drop -md/--draft-model")
+    if spec == "mtp" and draft_model:
+        raise FrinkError("--spec mtp drafts with the file's own head: drop -md/--draft-model")
     params = SpecParams(
         draft_max=draft_max,
         draft_min=draft_min,
         p_min=draft_p_min,
         draft_vocab=draft_vocab,
         mtp=spec == "mtp",
+        lookup=spec == "ngram" and bool(draft_model),
     )
     return SpecFlags(params, draft_model or None)
 

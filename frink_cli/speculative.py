@@ -14,6 +14,8 @@ Drafters (`Drafter`):
   first `draft_vocab` ids and the generation's own tokens only (draft_vocab.py).
 - `MtpDrafter` (mtp.py; `--spec mtp`): the file's multi-token-prediction head, fed the
   target's hidden states.
+- `LookupFirst` (`--spec ngram` with `-md`): prompt lookup's draft where it finds one (no
+  draft-model step), the draft model's where it does not.
 
 Verification (`speculative_tokens`): the target runs the drafted tokens in one step with
 logits for every row. Greedy: a drafted token is kept while it is the target's own pick,
@@ -63,6 +65,7 @@ class SpecParams:
     ngram_min: int = 3
     ngram_max: int = 64
     mtp: bool = False  # draft with the file's MTP head (--spec mtp), not by prompt lookup
+    lookup: bool = False  # with a draft model: prompt lookup first (--spec ngram -md)
 
     def __post_init__(self) -> None:
         if not 1 <= self.draft_max <= 256:
@@ -184,6 +187,23 @@ class ModelDrafter(BlindDrafter):
         self.fed = list(history)
         self._snap = cache.snapshot() if cache.has_recurrent_state else None
         return out
+
+
+class LookupFirst(BlindDrafter):
+    """Prompt lookup's draft where it finds a match, else the draft model's: where the
+    answer repeats the prompt (a code edit, a quote) its drafts cost no draft-model step,
+    and elsewhere the model drafts as it would alone (its cache catches up on the tokens
+    lookup drafted when it is next asked)."""
+
+    def __init__(self, lookup: Drafter, model: Drafter) -> None:
+        self.lookup, self.model = lookup, model
+
+    def prepare(self, prompt: Sequence[int]) -> None:
+        self.lookup.prepare(prompt)
+        self.model.prepare(prompt)
+
+    def draft(self, history: Sequence[int], n: int) -> list[int]:
+        return self.lookup.draft(history, n) or self.model.draft(history, n)
 
 
 # The host kernels multiply a step's rows by the weights in tiles of up to 8 rows, a tile

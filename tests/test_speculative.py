@@ -30,6 +30,7 @@ from frink_cli.quant.blocks import QuantMatrix, QuantRows
 from frink_cli.sampling import Sampler, SamplingParams
 from frink_cli.speculative import (
     BlindDrafter,
+    LookupFirst,
     ModelDrafter,
     SpecParams,
     speculative_tokens,
@@ -222,6 +223,45 @@ def test_ngram_drafting_gives_llama_cpp_greedy_run(tiny_model, name: str) -> Non
     out, stats = _run(model, prompt, want, NgramDrafter(params), params)
     assert out == want
     assert stats.drafted_tokens > 0
+
+
+class Counting(ModelDrafter):
+    """A ModelDrafter that counts the rounds it was asked to draft."""
+
+    asked = 0
+
+    def draft(self, history: Sequence[int], n: int) -> list[int]:
+        self.asked += 1
+        return super().draft(history, n)
+
+
+@pytest.mark.parametrize("name", ["granite", "gpt_oss", "lfm2", "mamba"])
+def test_lookup_first_leaves_the_model_the_rounds_lookup_cannot_draft(
+    tiny_model, name: str
+) -> None:
+    """--spec ngram -md: a lookup that drafts every other round (llama.cpp's continuation,
+    every third token wrong) and the model drafting for itself otherwise. The output is
+    llama.cpp's greedy run; the model is asked only in the rounds lookup left, and its
+    cache catches up on the tokens lookup drafted (sliding windows, recurrent states)."""
+    model, prompt, want = _reference(tiny_model, name)
+    params = SpecParams(draft_max=4, p_min=0.0)
+    scripted = ScriptedDrafter(prompt, want, model.n_vocab)
+    rounds = {"lookup": 0, "none": 0}
+
+    class EveryOther(BlindDrafter):
+        def prepare(self, prompt: Sequence[int]) -> None:
+            pass
+
+        def draft(self, history: Sequence[int], n: int) -> list[int]:
+            turn = "lookup" if (rounds["lookup"] + rounds["none"]) % 2 == 0 else "none"
+            rounds[turn] += 1
+            return scripted.draft(history, n) if turn == "lookup" else []
+
+    counted = Counting(model.decoder, len(prompt) + len(want) + 8, params)
+    out, stats = _run(model, prompt, want, LookupFirst(EveryOther(), counted), params)
+    assert out == want
+    assert rounds["lookup"] > 1 and counted.asked == rounds["none"] > 1, (rounds, counted.asked)
+    assert 0 < stats.accepted_tokens < stats.drafted_tokens, stats
 
 
 def test_ngram_drafter_continues_the_latest_match() -> None:
@@ -464,3 +504,16 @@ def _counter(text: str, name: str) -> float:
             if sample.name == name:
                 return sample.value
     raise AssertionError(f"{name} not in /metrics")
+
+
+@pytest.mark.real
+def test_spec_ngram_with_a_draft_model_runs_both(smollm2_path) -> None:
+    """`--spec ngram -md FILE` is accepted (lookup first, then the model) and gives plain
+    greedy's tokens; `--spec mtp -md FILE` is refused in one line."""
+    args = ("run", smollm2_path, "-p", PROMPTS[1], "-n", "16", "--temp", "0", "--json")
+    both = one_json_object(frink(*args, "--spec", "ngram", "-md", smollm2_path))
+    assert both["token_ids"] == one_json_object(frink(*args))["token_ids"]
+    assert both["speculation"]["drafted_tokens"] > 0, both
+    r = frink("run", smollm2_path, "-p", "hi", "-n", "2", "--spec", "mtp", "-md", smollm2_path)
+    assert r.returncode != 0 and len(r.lines()) == 1, r.describe()
+    assert "--spec mtp drafts with the file's own head" in r.stderr, r.describe()
