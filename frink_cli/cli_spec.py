@@ -1,6 +1,6 @@
 """Speculative decoding's flags, as llama.cpp spells them (`-md/--draft-model`,
 `--draft-max`, `--draft-min`, `--draft-p-min`; `--spec ngram` for prompt lookup (with `-md`:
-lookup first, the draft model where it finds nothing), `--spec mtp` (`--spec-type
+lookup's draft where the draft model agrees on its first token), `--spec mtp` (`--spec-type
 draft-mtp`) for a file's MTP head), one flag
 group (cli_groups) that `frink run`, `frink bench` and `frink serve` take as
 `speculation: SpecFlags | None`."""
@@ -34,8 +34,8 @@ def spec_flags(
         "--spec",
         "--spec-type",
         help="speculative decoding: ngram (prompt lookup, no second model; with -md: "
-        "lookup first, the draft model where it finds nothing), draft (-md) or mtp (the "
-        "file's multi-token-prediction head; llama.cpp: draft-mtp)",
+        "lookup's draft where the draft model agrees on its first token), draft (-md) or "
+        "mtp (the file's multi-token-prediction head; llama.cpp: draft-mtp)",
     ),
     draft_model: str | None = typer.Option(
         None,

@@ -14,8 +14,9 @@ Drafters (`Drafter`):
   first `draft_vocab` ids and the generation's own tokens only (draft_vocab.py).
 - `MtpDrafter` (mtp.py; `--spec mtp`): the file's multi-token-prediction head, fed the
   target's hidden states.
-- `LookupFirst` (`--spec ngram` with `-md`): prompt lookup's draft where it finds one (no
-  draft-model step), the draft model's where it does not.
+- `LookupFirst` (`--spec ngram` with `-md`): prompt lookup's draft where the draft model's
+  next pick agrees with its first token (the rest costs no draft-model step), else the
+  draft model's.
 
 Verification (`speculative_tokens`): the target runs the drafted tokens in one step with
 logits for every row. Greedy: a drafted token is kept while it is the target's own pick,
@@ -131,7 +132,21 @@ class ModelDrafter(BlindDrafter):
     def draft(self, history: Sequence[int], n: int) -> list[int]:
         if n <= 0:
             return []
+        return self._draft_from(*self._catch_up(history), n)
+
+    def vet(self, history: Sequence[int], proposal: Sequence[int], n: int) -> list[int]:
+        """`proposal` (another drafter's, cut to n) where this model's own greedy pick after
+        `history` is its first token, else this model's draft, from the same step."""
+        if n <= 0:
+            return []
         ids, logits = self._catch_up(history)
+        best = int(np.argmax(logits))
+        if proposal and (best if ids is None else int(ids[best])) == proposal[0]:
+            return list(proposal[:n])
+        return self._draft_from(ids, logits, n)
+
+    def _draft_from(self, ids: np.ndarray | None, logits: np.ndarray, n: int) -> list[int]:
+        """Greedy drafts from the next token's (ids, logits), up to n, stopping under p_min."""
         drafted: list[int] = []
         while True:
             best = int(np.argmax(logits))
@@ -190,12 +205,14 @@ class ModelDrafter(BlindDrafter):
 
 
 class LookupFirst(BlindDrafter):
-    """Prompt lookup's draft where it finds a match, else the draft model's: where the
-    answer repeats the prompt (a code edit, a quote) its drafts cost no draft-model step,
-    and elsewhere the model drafts as it would alone (its cache catches up on the tokens
-    lookup drafted when it is next asked)."""
+    """Prompt lookup's draft where the draft model's own next pick is its first token, else
+    the draft model's: where the answer repeats the prompt (a code edit, a quote) the rest
+    of a lookup draft costs no draft-model step, and where the answer departs from what
+    lookup copies (the edit itself) the model's one step catches it before a whole verify
+    step is spent on a wrong draft. The model's cache catches up on the tokens lookup
+    drafted when it is next asked."""
 
-    def __init__(self, lookup: Drafter, model: Drafter) -> None:
+    def __init__(self, lookup: Drafter, model: ModelDrafter) -> None:
         self.lookup, self.model = lookup, model
 
     def prepare(self, prompt: Sequence[int]) -> None:
@@ -203,7 +220,7 @@ class LookupFirst(BlindDrafter):
         self.model.prepare(prompt)
 
     def draft(self, history: Sequence[int], n: int) -> list[int]:
-        return self.lookup.draft(history, n) or self.model.draft(history, n)
+        return self.model.vet(history, self.lookup.draft(history, n), n)
 
 
 # The host kernels multiply a step's rows by the weights in tiles of up to 8 rows, a tile

@@ -225,42 +225,52 @@ def test_ngram_drafting_gives_llama_cpp_greedy_run(tiny_model, name: str) -> Non
     assert stats.drafted_tokens > 0
 
 
-class Counting(ModelDrafter):
-    """A ModelDrafter that counts the rounds it was asked to draft."""
-
-    asked = 0
-
-    def draft(self, history: Sequence[int], n: int) -> list[int]:
-        self.asked += 1
-        return super().draft(history, n)
-
-
 @pytest.mark.parametrize("name", ["granite", "gpt_oss", "lfm2", "mamba"])
-def test_lookup_first_leaves_the_model_the_rounds_lookup_cannot_draft(
+def test_lookup_first_takes_lookups_draft_where_the_model_agrees_on_its_first_token(
     tiny_model, name: str
 ) -> None:
-    """--spec ngram -md: a lookup that drafts every other round (llama.cpp's continuation,
-    every third token wrong) and the model drafting for itself otherwise. The output is
-    llama.cpp's greedy run; the model is asked only in the rounds lookup left, and its
-    cache catches up on the tokens lookup drafted (sliding windows, recurrent states)."""
+    """--spec ngram -md: a lookup drafting llama.cpp's continuation with every third token
+    wrong (and, now and then, its first; every other round: nothing), the model drafting
+    for itself. A lookup draft is
+    taken whole where the model's own next pick is its first token, else the model drafts
+    from that same step; the output is llama.cpp's greedy run, and the model's cache
+    catches up on the tokens lookup drafted (sliding windows, recurrent states)."""
     model, prompt, want = _reference(tiny_model, name)
     params = SpecParams(draft_max=4, p_min=0.0)
     scripted = ScriptedDrafter(prompt, want, model.n_vocab)
-    rounds = {"lookup": 0, "none": 0}
+    rounds: list[tuple[int, list[int], list[int]]] = []  # (at, lookup's draft, the draft)
 
     class EveryOther(BlindDrafter):
         def prepare(self, prompt: Sequence[int]) -> None:
             pass
 
         def draft(self, history: Sequence[int], n: int) -> list[int]:
-            turn = "lookup" if (rounds["lookup"] + rounds["none"]) % 2 == 0 else "none"
-            rounds[turn] += 1
-            return scripted.draft(history, n) if turn == "lookup" else []
+            if len(rounds) % 2:
+                return []
+            out = scripted.draft(history, n)
+            if out and len(rounds) % 3 == 1:  # its first token wrong too, now and then
+                out[0] = (out[0] + 1) % model.n_vocab
+            return out
 
-    counted = Counting(model.decoder, len(prompt) + len(want) + 8, params)
-    out, stats = _run(model, prompt, want, LookupFirst(EveryOther(), counted), params)
+    class Recorded(LookupFirst):
+        def draft(self, history: Sequence[int], n: int) -> list[int]:
+            proposal = self.lookup.draft(history, n)
+            out = self.model.vet(history, proposal, n)
+            rounds.append((len(history) - len(prompt), proposal, out))
+            return out
+
+    model_drafter = ModelDrafter(model.decoder, len(prompt) + len(want) + 8, params)
+    out, stats = _run(model, prompt, want, Recorded(EveryOther(), model_drafter), params)
     assert out == want
-    assert rounds["lookup"] > 1 and counted.asked == rounds["none"] > 1, (rounds, counted.asked)
+    taken = vetoed = 0
+    for at, proposal, drafted in rounds:
+        if proposal and proposal[0] == want[at]:
+            assert drafted == proposal, (at, proposal, drafted)
+            taken += 1
+        else:  # the model's own drafts: llama.cpp's continuation
+            assert drafted == want[at : at + len(drafted)] and drafted, (at, proposal, drafted)
+            vetoed += bool(proposal)
+    assert taken > 1 and vetoed > 0, rounds
     assert 0 < stats.accepted_tokens < stats.drafted_tokens, stats
 
 
