@@ -8,6 +8,8 @@ also gives a row the same bits alone, in a prompt, or in a prompt cut anywhere, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -223,22 +225,22 @@ def test_stored_rows_attend_as_the_rows_they_decode_to(path: str, kind: str) -> 
         np.testing.assert_array_equal(got, windowed[t0:t1])
 
 
-@pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0", "q4_0"])
-def test_every_attention_variant_gives_the_same_bits(path: str, kind: str) -> None:
-    """The compiled attention's AVX2 loops (rowwise_kv_avx2.h) and its portable ones
-    (FRINK_NATIVE_ISA=base) give each row the same bits, over every cache type, odd key
-    counts (the 4-key blocks' remainder), a V wider than 64 (two column passes) and more
-    keys than the AVX2 loops widen at once for a group of query heads sharing a KV head
-    (attend_group, which a prompt's rows take: 64)."""
-    if path != "native":
-        pytest.skip("the compiled attention's variants")
-    C = rowwise._C
-    rng = np.random.default_rng(14)
-    Hkv, g, T, hk, hv = 2, 3, 150, 64, 96
-    K = rng.standard_normal((Hkv, T, hk)).astype(np.float32)
-    V = rng.standard_normal((Hkv, T, hv)).astype(np.float32)
+def _coded_case(
+    rng: np.random.Generator, Hkv: int, g: int, T: int, S: int, hk: int, hv: int, kind: str
+) -> tuple[np.ndarray, np.ndarray | Coded, np.ndarray | Coded]:
+    """Scaled queries [T, Hkv * g, hk] and keys / values [Hkv, S, hk / hv], K and V as cache
+    type `kind` stores them (f32: the arrays themselves)."""
+    K = rng.standard_normal((Hkv, S, hk)).astype(np.float32)
+    V = rng.standard_normal((Hkv, S, hv)).astype(np.float32)
     q = (rng.standard_normal((T, Hkv * g, hk)) * 0.125).astype(np.float32)
     Kc, Vc = (x if kind == "f32" else Coded(encode(kind, x), kind, x.shape[2]) for x in (K, V))
+    return q, Kc, Vc
+
+
+def _each_variant(run: Callable[[], np.ndarray]) -> dict[str, np.ndarray]:
+    """run() on the compiled attention's portable loops and on its AVX2 ones (skipped where
+    the CPU lacks them), the variant in use restored after: {variant: its result}."""
+    C = rowwise._C
     got = {}
     before = C.attend_isa()
     try:
@@ -247,9 +249,24 @@ def test_every_attention_variant_gives_the_same_bits(path: str, kind: str) -> No
                 C.attend_isa(isa)
             except ValueError:
                 pytest.skip(f"this CPU does not run the {isa} attention")
-            got[isa] = A.attend(q, Kc, Vc, 0, np.arange(T), None, None)
+            got[isa] = run()
     finally:
         C.attend_isa(before)
+    return got
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0", "q4_0"])
+def test_every_attention_variant_gives_the_same_bits(path: str, kind: str) -> None:
+    """The compiled attention's AVX2 loops (rowwise_kv_avx2.h) and its portable ones
+    (FRINK_NATIVE_ISA=base) give each row the same bits, over every cache type, odd key
+    counts (the 4-key blocks' remainder), a V wider than 64 (two column passes) and more
+    keys than the AVX2 loops widen at once for the rows and query heads sharing a KV head
+    (attend_rows, which a prompt's rows take: 64)."""
+    if path != "native":
+        pytest.skip("the compiled attention's variants")
+    T = 150
+    q, Kc, Vc = _coded_case(np.random.default_rng(14), 2, 3, T, T, 64, 96, kind)
+    got = _each_variant(lambda: A.attend(q, Kc, Vc, 0, np.arange(T), None, None))
     np.testing.assert_array_equal(got["avx2"], got["portable"])
 
 
@@ -266,13 +283,8 @@ def test_rows_sharing_widened_keys_give_each_rows_bits(
     group of 1, 2 or 7 heads (one left over from the pairs), against float64's softmax."""
     if path != "native":
         pytest.skip("the compiled attention's blocks")
-    C = rowwise._C
-    rng = np.random.default_rng(15)
-    Hkv, T, S, hk, hv = 2, 40, 300, 64, 32
-    K = rng.standard_normal((Hkv, S, hk)).astype(np.float32)
-    V = rng.standard_normal((Hkv, S, hv)).astype(np.float32)
-    q = (rng.standard_normal((T, Hkv * g, hk)) * 0.125).astype(np.float32)
-    Kc, Vc = (x if kind == "f32" else Coded(encode(kind, x), kind, x.shape[2]) for x in (K, V))
+    Hkv, T, S, hv = 2, 40, 300, 32
+    q, Kc, Vc = _coded_case(np.random.default_rng(15), Hkv, g, T, S, 64, hv, kind)
     if layout == "causal":  # every row's keys from 0: blocks of neighbours
         pos = np.arange(S - T, S)
         lo = np.zeros(T, np.int64)
@@ -283,21 +295,17 @@ def test_rows_sharing_widened_keys_give_each_rows_bits(
     lo[3] = hi[3] - 3  # fewer keys than a 4-key step
     keys = (lo.astype(np.int64), hi.astype(np.int64))
     extra = (None, None, None, None)
-    got = {}
-    before = C.attend_isa()
-    try:
-        for isa in ("portable", "avx2"):
-            try:
-                C.attend_isa(isa)
-            except ValueError:
-                pytest.skip(f"this CPU does not run the {isa} attention")
-            got[isa] = rowwise.attend(q, Kc, Vc, 0, pos, keys, extra)
-            for t in range(T):
-                one = (keys[0][t : t + 1], keys[1][t : t + 1])
-                alone = rowwise.attend(q[t : t + 1], Kc, Vc, 0, pos[t : t + 1], one, extra)
-                np.testing.assert_array_equal(got[isa][t : t + 1], alone)
-    finally:
-        C.attend_isa(before)
+
+    def rows_and_each_alone() -> np.ndarray:
+        rows = rowwise.attend(q, Kc, Vc, 0, pos, keys, extra)
+        assert rows is not None
+        for t in range(T):
+            one = (keys[0][t : t + 1], keys[1][t : t + 1])
+            alone = rowwise.attend(q[t : t + 1], Kc, Vc, 0, pos[t : t + 1], one, extra)
+            np.testing.assert_array_equal(rows[t : t + 1], alone)
+        return rows
+
+    got = _each_variant(rows_and_each_alone)
     np.testing.assert_array_equal(got["avx2"], got["portable"])
     Kd, Vd = as_f32(Kc).astype(np.float64), as_f32(Vc).astype(np.float64)
     for t in (0, 3, 25, T - 1):

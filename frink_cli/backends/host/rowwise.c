@@ -450,6 +450,24 @@ static void attend_head(const attend_args *A, const float *q, Py_ssize_t kvh, Py
 #endif
 
 #if KV_HAS_AVX2
+/* The union [*ulo, *uhi) of rows t0 .. t0 + R - 1's keys [lo[t], hi[t]). */
+static void rows_union(const int64_t *lo, const int64_t *hi, Py_ssize_t t0, Py_ssize_t R,
+                       Py_ssize_t *ulo, Py_ssize_t *uhi) {
+    *ulo = lo[t0], *uhi = hi[t0];
+    for (Py_ssize_t u = 1; u < R; u++) {
+        *ulo = lo[t0 + u] < *ulo ? lo[t0 + u] : *ulo;
+        *uhi = hi[t0 + u] > *uhi ? hi[t0 + u] : *uhi;
+    }
+}
+
+/* Row t's keys among [i0, i0 + m): [*a, *b), and whether there are any. */
+static inline int row_keys_in(const int64_t *lo, const int64_t *hi, Py_ssize_t t, Py_ssize_t i0,
+                              Py_ssize_t m, Py_ssize_t *a, Py_ssize_t *b) {
+    *a = lo[t] > i0 ? lo[t] : i0;
+    *b = hi[t] < i0 + m ? hi[t] : i0 + m;
+    return *a < *b;
+}
+
 /* attend_head for query rows t0 .. t0 + R - 1 and their g heads h0 .. h0 + g - 1, which share
  * KV head kvh: each key and value row of the rows' keys is widened to f32 once for all R * g
  * of them, GROUP_WIDEN rows at a time (into kb, vb), where attend_head widens it once per
@@ -462,20 +480,15 @@ static void attend_rows(const attend_args *A, Py_ssize_t t0, Py_ssize_t R, Py_ss
                         Py_ssize_t span, float *s, float *kb, float *vb) {
     const Py_ssize_t H = A->q.b, g = H / A->k.a, h0 = kvh * g, hk = A->q.n, hv = A->out.n;
     const Py_ssize_t base = kvh * A->k.b;
-    Py_ssize_t ulo = lo[t0], uhi = hi[t0];
-    for (Py_ssize_t u = 1; u < R; u++) {
-        ulo = lo[t0 + u] < ulo ? lo[t0 + u] : ulo;
-        uhi = hi[t0 + u] > uhi ? hi[t0 + u] : uhi;
-    }
+    Py_ssize_t ulo, uhi, a, b;
+    rows_union(lo, hi, t0, R, &ulo, &uhi);
     /* the scores of row u, head v: key ulo + i at i */
 #define ROW_SCORES(u, v) (s + ((u) * g + (v)) * span)
     for (Py_ssize_t i0 = ulo; i0 < uhi; i0 += GROUP_WIDEN) {
         const Py_ssize_t m = uhi - i0 < GROUP_WIDEN ? uhi - i0 : GROUP_WIDEN;
         kv_widen(A->kt, &A->k, base + i0 - first, m, hk, kb);
         for (Py_ssize_t u = 0; u < R; u++) {
-            const Py_ssize_t a = lo[t0 + u] > i0 ? lo[t0 + u] : i0;
-            const Py_ssize_t b = hi[t0 + u] < i0 + m ? hi[t0 + u] : i0 + m;
-            if (a >= b) continue;
+            if (!row_keys_in(lo, hi, t0 + u, i0, m, &a, &b)) continue;
             const float *q = row_at(&A->q, (t0 + u) * H + h0);
             const Py_ssize_t ldq = A->q.sb / (Py_ssize_t)sizeof(float);
             for (Py_ssize_t v = 0; v < g; v += 2)
@@ -494,9 +507,7 @@ static void attend_rows(const attend_args *A, Py_ssize_t t0, Py_ssize_t R, Py_ss
         const Py_ssize_t m = uhi - i0 < GROUP_WIDEN ? uhi - i0 : GROUP_WIDEN;
         kv_widen(A->vt, &A->v, base + i0 - first, m, hv, vb);
         for (Py_ssize_t u = 0; u < R; u++) {
-            const Py_ssize_t a = lo[t0 + u] > i0 ? lo[t0 + u] : i0;
-            const Py_ssize_t b = hi[t0 + u] < i0 + m ? hi[t0 + u] : i0 + m;
-            if (a >= b) continue;
+            if (!row_keys_in(lo, hi, t0 + u, i0, m, &a, &b)) continue;
             float *out = row_at(&A->out, (t0 + u) * H + h0);
             for (Py_ssize_t v = 0; v < g; v++)
                 kv_values_more(ROW_SCORES(u, v) + (a - ulo), vb + (a - i0) * hv, b - a, hv, out + v * ldo,
@@ -659,11 +670,8 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
             float *kb = s + R * g * span, *vb = kb + GROUP_WIDEN * A.q.n;
             const Py_ssize_t t0 = it / A.k.a * R, kvh = it % A.k.a;
             const Py_ssize_t n = T - t0 < R ? T - t0 : R;
-            Py_ssize_t ulo = lo[t0], uhi = hi[t0];
-            for (Py_ssize_t u = 1; u < n; u++) {
-                ulo = lo[t0 + u] < ulo ? lo[t0 + u] : ulo;
-                uhi = hi[t0 + u] > uhi ? hi[t0 + u] : uhi;
-            }
+            Py_ssize_t ulo, uhi;
+            rows_union(lo, hi, t0, n, &ulo, &uhi);
             if (uhi - ulo <= span)
                 attend_rows(&A, t0, n, kvh, lo, hi, p, first, span, s, kb, vb);
             else
