@@ -279,8 +279,7 @@ class Model:
         self.speculation = None if params is None else (params, draft)
 
     def drafter(self, n_ctx: int) -> Drafter | None:
-        """A fresh drafter for one generation of at most n_ctx tokens (Model.speculate's),
-        or None when this model decodes plainly."""
+        """Model.speculate's drafter, fresh for a generation of n_ctx tokens (None: plain)."""
         if self.speculation is None:
             return None
         spec, draft = self.speculation
