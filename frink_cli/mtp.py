@@ -29,12 +29,13 @@ import numpy as np
 from .backends.host.ops import HOST_OPS
 from .cache.kv_cache import KvCache
 from .decoder import Decoder
+from .draft_gate import ConfidenceGate
 from .errors import FrinkError
 from .formats import Checkpoint
 from .model.config import ModelConfig
 from .model.reader import TensorReader
 from .model.weights import load_layer
-from .speculative import SpecParams, top_probability
+from .speculative import SpecParams
 
 
 def nextn_layers(ckpt: Checkpoint, cfg: ModelConfig) -> int:
@@ -97,13 +98,14 @@ class MtpHead:
 class MtpDrafter:
     """Drafts with an MtpHead: its KV row k holds (h_k, history[k + 1]), the target's
     hidden state at k and the token after it; a draft feeds the rows the history gained
-    since the last one, then chains guesses from the block's own h (greedy, stopping below
-    p_min as the draft model does), and takes the chained rows back afterwards."""
+    since the last one, then chains guesses from the block's own h (greedy, stopping where
+    its confidence gate does, as the draft model's), and takes the chained rows back
+    afterwards."""
 
     reads_hidden = True
 
     def __init__(self, head: MtpHead, n_ctx: int, params: SpecParams) -> None:
-        self.head, self.p_min = head, params.p_min
+        self.head, self.gate = head, ConfidenceGate(params.p_min)
         self.cache = head.new_cache(n_ctx, params.draft_max)
         self.hidden = np.zeros((n_ctx, head.cfg.n_embd), np.float32)  # the target's, by position
         self.fed: list[int] = []  # history[1:] as the cache's rows hold it
@@ -119,6 +121,7 @@ class MtpDrafter:
         end = len(history) - 1  # history[end] is not fed yet: the target has h up to end - 1
         if n <= 0 or end < 1:
             return []
+        self.gate.judge(history)
         keep = 0
         for a, b in zip(self.fed, history[1:]):
             if a != b:
@@ -130,9 +133,10 @@ class MtpDrafter:
         h, logits = self.head.forward(self.hidden[keep:end], history[keep + 1 :], pos, self.cache)
         self.fed = list(history[1:])
         drafted: list[int] = []
+        self.gate.begin(len(history))
         while True:
             tok = int(np.argmax(logits))
-            if self.p_min > 0 and top_probability(logits) < self.p_min:
+            if not self.gate.admit(tok, logits):
                 break
             drafted.append(tok)
             if len(drafted) == n:

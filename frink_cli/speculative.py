@@ -44,6 +44,7 @@ import numpy as np
 
 from .cache.kv_cache import CacheSnapshot, KvCache
 from .decoder import PREFILL_ROWS, Decoder
+from .draft_gate import ConfidenceGate
 from .draft_vocab import DraftVocab
 from .errors import FrinkError
 from .generate import GenerationStats, check_prompt, finite_logits
@@ -125,6 +126,7 @@ class ModelDrafter(BlindDrafter):
         self._snap: CacheSnapshot | None = None  # recurrent drafts: at the history's end
         self.vocab = DraftVocab.for_decoder(decoder, params.draft_vocab)
         self._seen = 0  # tokens of the history the vocabulary has seen
+        self.gate = ConfidenceGate(params.p_min)
 
     def prepare(self, prompt: Sequence[int]) -> None:
         self._catch_up(prompt)
@@ -132,6 +134,7 @@ class ModelDrafter(BlindDrafter):
     def draft(self, history: Sequence[int], n: int) -> list[int]:
         if n <= 0:
             return []
+        self.gate.judge(history)
         return self._draft_from(*self._catch_up(history), n)
 
     def vet(self, history: Sequence[int], proposal: Sequence[int], n: int) -> list[int]:
@@ -139,6 +142,7 @@ class ModelDrafter(BlindDrafter):
         `history` is its first token, else this model's draft, from the same step."""
         if n <= 0:
             return []
+        self.gate.judge(history)
         ids, logits = self._catch_up(history)
         best = int(np.argmax(logits))
         if proposal and (best if ids is None else int(ids[best])) == proposal[0]:
@@ -146,13 +150,15 @@ class ModelDrafter(BlindDrafter):
         return self._draft_from(ids, logits, n)
 
     def _draft_from(self, ids: np.ndarray | None, logits: np.ndarray, n: int) -> list[int]:
-        """Greedy drafts from the next token's (ids, logits), up to n, stopping under p_min."""
+        """Greedy drafts from the next token's (ids, logits), up to n, stopping where the
+        gate does (a pick under p_min, or half of it while trusted)."""
         drafted: list[int] = []
+        self.gate.begin(len(self.fed))
         while True:
             best = int(np.argmax(logits))
-            if self.params.p_min > 0 and top_probability(logits) < self.params.p_min:
-                break
             tok = best if ids is None else int(ids[best])
+            if not self.gate.admit(tok, logits):
+                break
             drafted.append(tok)
             if len(drafted) == n:
                 break
@@ -235,12 +241,6 @@ def tiled_room(room: int) -> int:
     where it is too short for one."""
     rows = (room + 1) // VERIFY_ROWS_STEP * VERIFY_ROWS_STEP
     return rows - 1 if rows else room
-
-
-def top_probability(logits: np.ndarray) -> float:
-    z = logits.astype(np.float64)
-    e = np.exp(z - z.max())
-    return float(e.max() / e.sum())
 
 
 def check_same_vocab(target: Tokenizer, draft: Tokenizer, draft_name: str) -> None:

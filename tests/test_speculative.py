@@ -22,6 +22,7 @@ from script_loader import load_script
 from test_cli import one_json_object
 
 import frink_cli
+from frink_cli.draft_gate import ConfidenceGate
 from frink_cli.draft_vocab import DraftVocab
 from frink_cli.generate import GenerationStats
 from frink_cli.model.linear import Linear
@@ -139,6 +140,58 @@ def test_the_model_drafting_for_itself_is_always_right(tiny_model, name: str) ->
     out, stats = _run(model, prompt, want, drafter, params)
     assert out == want
     assert stats.drafted_tokens > 0 and stats.accepted_tokens == stats.drafted_tokens
+
+
+@pytest.mark.parametrize("name", ["granite", "lfm2"])
+def test_the_gate_trusts_a_drafter_whose_doubtful_picks_the_target_makes(
+    tiny_model, name: str
+) -> None:
+    """Drafting for itself, the model's doubtful picks (under a p_min above its top
+    probabilities) are all the target's: every verdict agrees, so the judged positions are
+    the picks' own, and the bar halves."""
+    model, prompt, want = _reference(tiny_model, name)
+    params = SpecParams(draft_max=4, p_min=0.999)
+    drafter = ModelDrafter(model.decoder, len(prompt) + len(want) + 8, params)
+    out, _ = _run(model, prompt, want, drafter, params)
+    assert out == want
+    assert len(drafter.gate.verdicts) >= 2 and all(drafter.gate.verdicts)
+    assert drafter.gate.bar == pytest.approx(0.999 / 2)
+
+
+def _picked(p: float) -> np.ndarray:
+    """Logits whose best token has probability p (p > 0.1): the rest spread over ten."""
+    return np.log(np.asarray([p] + [(1.0 - p) / 10] * 10))
+
+
+def test_the_gate_judges_doubtful_picks_by_the_tokens_that_followed() -> None:
+    gate = ConfidenceGate(0.75)
+    gate.begin(2)
+    assert gate.admit(7, _picked(0.9)) and not gate.admit(8, _picked(0.6))
+    gate.judge([0, 0, 7, 8, 1])  # the target kept 7, then made 8 itself
+    gate.begin(5)
+    assert not gate.admit(4, _picked(0.6))
+    gate.judge([0, 0, 7, 8, 1, 3, 1])  # the target made 3, not 4
+    gate.begin(7)
+    assert gate.admit(5, _picked(0.9)) and not gate.admit(6, _picked(0.7))
+    gate.judge([0, 0, 7, 8, 1, 3, 1, 9, 6])  # 5 rejected: 6 followed another token
+    assert list(gate.verdicts) == [True, False]
+    assert gate.bar == 0.75
+
+
+def test_the_gate_halves_the_bar_while_doubtful_picks_agree() -> None:
+    gate = ConfidenceGate(0.75)
+    history = [0]
+    for _ in range(2):  # two stops at doubtful picks the target then made
+        gate.begin(len(history))
+        assert not gate.admit(3, _picked(0.6))
+        history.append(3)
+        gate.judge(history)
+    assert gate.bar == 0.375
+    gate.begin(len(history))
+    assert gate.admit(3, _picked(0.6)) and not gate.admit(3, _picked(0.35))
+    gate.judge(history + [3, 2])  # the target kept the first, made 2 for the second
+    assert list(gate.verdicts) == [True, True, True, False]
+    assert gate.bar == 0.75  # (3 + 1) / (4 + 2) < 0.75
 
 
 class RecordingDrafter(ModelDrafter):

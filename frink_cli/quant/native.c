@@ -98,6 +98,12 @@ static int x_tile_unit(int wqt) {
     }
 }
 
+/* The code offset the 8-bit dots fold into x (Q4_0's 8, Q5_0's 16: w = d (code - zero)),
+ * else 0: tile_x stores, per 4 columns of a run, -zero times the sum of their q, and each
+ * run's integer sum starts from it, so that sum is exact sum (code - zero) q and the run
+ * needs no k term (native_int8.h tile_unit_i8). */
+static int x_zero(int wqt) { return wqt == QT_Q4_0 ? 8 : wqt == QT_Q5_0 ? 16 : 0; }
+
 typedef void (*deq_rows_fn)(int, const uint8_t *, size_t, const int64_t *, size_t, size_t,
                             float *, int);
 typedef void (*dot_rows_fn)(int, const uint8_t *, size_t, size_t, size_t, const float *, int,
@@ -198,7 +204,7 @@ typedef float vf512 __attribute__((vector_size(64)));
 #define HALVES(p) ((vf512)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p))))
 #define U8F(b, i) ((vf512)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32((__m128i)(b))))
 #define S8F(b, i) ((vf512)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32((__m128i)(b))))
-#define I8_DOT(a, b) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (a), (b))
+#define I8_DOT_ACC(acc, a, b) _mm256_dpbusd_epi32((acc), (a), (b))
 #define KD_DPBUSD 1
 #define I8_MASKS 1 /* AVX-512BW/VL: mask registers, variable word shifts */
 #if __GNUC__ >= 11 && defined(__linux__) /* AMX intrinsics; Linux's grant of tile state */
@@ -225,7 +231,8 @@ typedef float vf256 __attribute__((vector_size(32)));
 #define HALF_OF(b, i) ((i) ? _mm_unpackhi_epi64((__m128i)(b), (__m128i)(b)) : (__m128i)(b))
 #define U8F(b, i) ((vf256)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(HALF_OF(b, i))))
 #define S8F(b, i) ((vf256)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(HALF_OF(b, i))))
-#define I8_DOT(a, b) _mm256_madd_epi16(_mm256_maddubs_epi16((a), (b)), _mm256_set1_epi16(1))
+#define I8_DOT_ACC(acc, a, b)                                                                  \
+    _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((a), (b)), _mm256_set1_epi16(1)))
 #include "native_isa.h"
 #pragma GCC pop_options
 #endif
@@ -360,10 +367,11 @@ static int check_matrix(int qt, Py_ssize_t rows, Py_ssize_t cols, size_t *rb) {
 /* -- the drivers ------------------------------------------------------------------------ */
 
 /* Bytes the tiles of T rounded rows of x take (tile_x; 0 where x is read row by row): q, and
- * per 32 columns at most 3 floats (a K-quant block's dx and 16 sums, a run's dx and sum). */
+ * per 32 columns at most 3 floats (a K-quant block's dx and 16 sums, a run's dx and sum) or,
+ * where the codes' offset is folded (x_zero), a run's dx and 8 int32 sums. */
 static size_t tiles_bytes(int wqt, size_t T, size_t cols) {
     if (!x_tile_unit(wqt)) return 0;
-    return (T + ROW_TILE) * (cols + cols / 32 * 3 * sizeof(float));
+    return (T + ROW_TILE) * (cols + cols / 32 * (x_zero(wqt) ? 9 : 3) * sizeof(float));
 }
 
 /* Each row of x rounded for W's type wqt, then laid out as its dots read it (tile_x: the

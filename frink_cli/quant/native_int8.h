@@ -18,9 +18,11 @@
  * through |code| and q signed by code's sign, as llama.cpp does).
  */
 
-#ifndef I8_DOT
-#error "define I8_DOT(a_u8, b_s8) for this ISA"
+#ifndef I8_DOT_ACC
+#error "define I8_DOT_ACC(acc_s32, a_u8, b_s8) for this ISA"
 #endif
+/* Each 4 adjacent byte products of a (unsigned) and b (signed) summed into an int32 lane. */
+#define I8_DOT(a, b) I8_DOT_ACC(_mm256_setzero_si256(), (a), (b))
 
 /* 16 bytes -> their low nibbles, then their high ones. (AVX-512: the 16 bytes broadcast to
  * both halves, the upper half's words shifted by 4: one shift for both.) */
@@ -225,18 +227,24 @@ static INLINE void ISA(unit_i8)(const ISA(icodes) *c, const q8_row *x, int u, __
     }
 }
 
-/* unit_i8 for the N rows of a tile (tile_x's layout: xq, xd, xs the run's first row), for
- * a run with one scale (not split): each row's steps exactly as unit_i8's. */
+/* A run of a tile for the N rows of x (tile_x's layout: xq, xd, xs the run's first row),
+ * for a type with one scale per run: a row's steps are the same alone (N = 1) or in a tile.
+ * Where the codes' offset is folded (x_zero; xs then holds each row's 8 int32 lane sums of
+ * -zero q), a row's integer sums start from its lane sums, so they are exactly
+ * sum (code - zero) q, and the run has no k term; else the k term goes to off. */
 static INLINE void ISA(tile_unit_i8)(const ISA(icodes) *c, const int8_t *xq, const float *xd,
-                                     const float *xs, int N, __m256 *acc, float *off) {
+                                     const float *xs, int N, int folded, __m256 *acc, float *off) {
     float dd[ROW_TILE];
     ISA(tile_scales)(c->sc[0], xd, N, dd);
 #pragma GCC unroll 8
     for (int t = 0; t < N; t++) {
-        const __m256 s = _mm256_cvtepi32_ps(ISA(unit_products)(c, xq + 32 * t));
-        acc[t] = _mm256_fmadd_ps(s, _mm256_set1_ps(dd[t]), acc[t]);
+        const __m256i is =
+            folded ? I8_DOT_ACC(_mm256_loadu_si256((const __m256i *)(xs + 8 * t)), c->codes,
+                                _mm256_loadu_si256((const __m256i *)(xq + 32 * t)))
+                   : ISA(unit_products)(c, xq + 32 * t);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(dd[t]), acc[t]);
     }
-    if (!c->has_k) return;
+    if (folded || !c->has_k) return;
     /* off[t] += k xs[t], a multiply then an add per lane: the scalar steps' bits */
     if (N == 8)
         _mm256_storeu_ps(off, _mm256_add_ps(_mm256_loadu_ps(off), _mm256_mul_ps(_mm256_set1_ps(c->k[0]), _mm256_loadu_ps(xs))));
@@ -304,7 +312,7 @@ static INLINE float ISA(finish_i8)(__m256 acc, float off) {
             ISA(icodes) cd;                                                                    \
             ISA(UNIT)(p, j, &h, &cd);                                                          \
             ISA(tile_unit_i8)(&cd, xq + (size_t)u * N * 32, xd + (size_t)u * N,                \
-                              xs + (size_t)u * N, N, acc, off);                                \
+                              xs + (size_t)u * N * (folded ? 8 : 1), N, folded, acc, off);     \
         })                                                                                     \
         for (int t = 0; t < N; t++) yt[t] = ISA(finish_i8)(acc[t], off[t]);                    \
     }
@@ -316,6 +324,7 @@ static INLINE float ISA(finish_i8)(__m256 acc, float off) {
         const int n = T - t0 < ROW_TILE ? T - t0 : ROW_TILE;                                   \
         const int8_t *xq = x[t0].q;                                                            \
         const float *xd = x[t0].d, *xs = x[t0].dsum32;                                         \
+        const int folded = x_zero(qt) != 0;                                                    \
         for (size_t r = r0; r < r1; r++) {                                                     \
             const uint8_t *row = w + r * rb;                                                   \
             float yt[ROW_TILE];                                                                \
@@ -349,6 +358,7 @@ static void ISA(dot_rows_i8)(int qt, const uint8_t *w, size_t rb, size_t r0, siz
     EACH_I8_TYPE(I8_BODY)
 }
 
+#undef I8_DOT
 #undef I8_BODY
 #undef I8_TILE_BODY
 #undef I8_TILE_ROW

@@ -162,7 +162,7 @@ static void ISA(dot_rows)(int qt, const uint8_t *w, size_t rb, size_t r0, size_t
     EACH_TYPE(DOT_BODY)
 }
 
-#ifdef I8_DOT
+#ifdef I8_DOT_ACC
 #include "native_kdots.h"
 #include "native_int8.h"
 #endif
@@ -195,6 +195,6 @@ static void ISA(dot_rows)(int qt, const uint8_t *w, size_t rb, size_t r0, size_t
 #undef HALVES
 #undef U8F
 #undef S8F
-#ifdef I8_DOT
-#undef I8_DOT
+#ifdef I8_DOT_ACC
+#undef I8_DOT_ACC
 #endif

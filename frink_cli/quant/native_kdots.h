@@ -107,12 +107,13 @@ static INLINE void ISA(tile_scales)(float f, const float *xd, int N, float *dd) 
  * unit's rows sit at constant offsets: unit i of the tile's row t has its q at
  * q + (i NT + t) UNIT (a K-quant block's in kd_order's order), its dx at d + i NT + t and its
  * SW sums of q times dx at s + (i NT + t) SW (Q4_K, Q5_K: 8 per 32 columns; Q6_K: 16 per
- * 16; a run: 1), where q, d, s are the tile's (t0 cols, t0 units, t0 units SW into their
- * regions). Each row's q8_row then points at its row in its tile (the dots read the tile's
- * first). */
+ * 16; a run: 1; a run of Q4_0, Q5_0: 8 int32 lane sums instead, native.c's x_zero), where
+ * q, d, s are the tile's (t0 cols, t0 units, t0 units SW into their regions). Each row's
+ * q8_row then points at its row in its tile (the dots read the tile's first). */
 static void ISA(tile_x)(int qt, q8_row *x, int T, int cols, void *buf) {
     const int K = qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_Q6_K, q6 = qt == QT_Q6_K;
-    const int UNIT = K ? 256 : 32, SW = q6 ? 16 : K ? 8 : 1, units = cols / UNIT;
+    const int zero = x_zero(qt);
+    const int UNIT = K ? 256 : 32, SW = q6 ? 16 : K || zero ? 8 : 1, units = cols / UNIT;
     float *dbase = buf, *sbase = dbase + (size_t)(T + KD_TILE) * units;
     int8_t *qbase = (int8_t *)(sbase + (size_t)(T + KD_TILE) * units * SW);
     for (int t0 = 0; t0 < T; t0 += KD_TILE) {
@@ -131,7 +132,11 @@ static void ISA(tile_x)(int qt, q8_row *x, int T, int cols, void *buf) {
                 } else
                     memcpy(q + 32 * at, src->q + 32 * i, 32);
                 d[at] = src->d[UNIT / 32 * i];
-                memcpy(s + SW * at, q6 ? src->dsum + 16 * i : src->dsum32 + SW * i, SW * sizeof(float));
+                if (zero) { /* per 4 columns -zero times their q's sum (x_zero) */
+                    const __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)(src->q + 32 * i)));
+                    _mm256_storeu_si256((__m256i *)(s + SW * at), _mm256_madd_epi16(pairs, _mm256_set1_epi16((short)-zero)));
+                } else
+                    memcpy(s + SW * at, q6 ? src->dsum + 16 * i : src->dsum32 + SW * i, SW * sizeof(float));
             }
         }
         for (int t = 0; t < n; t++) x[t0 + t] = (q8_row){q + UNIT * t, d + t, s + SW * t, s + SW * t};
