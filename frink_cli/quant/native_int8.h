@@ -329,6 +329,7 @@ static INLINE float ISA(finish_i8)(__m256 acc, float off) {
             const uint8_t *row = w + r * rb;                                                   \
             float yt[ROW_TILE];                                                                \
             if (n == 1) I8_TILE_ROW(HEAD, UNIT, ELEMS, NBYTES, 1)                              \
+            else if (n == 2) I8_TILE_ROW(HEAD, UNIT, ELEMS, NBYTES, 2)                         \
             else if (n <= 4) I8_TILE_ROW(HEAD, UNIT, ELEMS, NBYTES, 4)                         \
             else I8_TILE_ROW(HEAD, UNIT, ELEMS, NBYTES, ROW_TILE)                              \
             for (int t = 0; t < n; t++) y[(size_t)(t0 + t) * ys + r] = yt[t];                  \

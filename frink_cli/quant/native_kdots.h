@@ -90,8 +90,9 @@ static INLINE void ISA(kd_order)(int q6, const __m256i v[8], __m256i out[8]) {
 }
 
 /* Rows a tile of n rows of x is laid out as (the last one padded by repeating its last row;
- * the sums of padded rows are dropped): 1, 4 or KD_TILE. */
-static INLINE int ISA(kd_tile_rows)(int n) { return n == 1 ? 1 : n <= 4 ? 4 : KD_TILE; }
+ * the sums of padded rows are dropped): 1, 2, 4 or KD_TILE. (Two rows are a decode step of
+ * two sequences, or a draft model catching up on a kept draft and the target's token.) */
+static INLINE int ISA(kd_tile_rows)(int n) { return n <= 2 ? n : n <= 4 ? 4 : KD_TILE; }
 
 /* dd[t] = f * xd[t] for the N rows of a tile (one vector multiply where N is 4 or 8: the same
  * products as N scalar ones). */
@@ -317,6 +318,7 @@ static INLINE void ISA(kd_tile_block)(const ISA(kd_block) *k, const int8_t *xq, 
             const uint8_t *row = w + r * rb;                                                   \
             float yt[KD_TILE];                                                                 \
             if (n == 1) KD_TILE_ROW(UNPACK, NBYTES, G, SW, DP, 1)                              \
+            else if (n == 2) KD_TILE_ROW(UNPACK, NBYTES, G, SW, DP, 2)                         \
             else if (n <= 4) KD_TILE_ROW(UNPACK, NBYTES, G, SW, DP, 4)                         \
             else KD_TILE_ROW(UNPACK, NBYTES, G, SW, DP, KD_TILE)                               \
             for (int t = 0; t < n; t++) y[(size_t)(t0 + t) * ys + r] = yt[t];                  \
