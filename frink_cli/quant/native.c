@@ -98,8 +98,8 @@ static int x_tile_unit(int wqt) {
     }
 }
 
-/* The code offset the 8-bit dots fold into x (Q4_0's 8, Q5_0's 16: w = d (code - zero)),
- * else 0: tile_x stores, per 4 columns of a run, -zero times the sum of their q, and each
+/* The code offset the 8-bit dots may fold into x (Q4_0's 8, Q5_0's 16: w = d (code -
+ * zero)), else 0; an ISA folds it where native_kdots.h's i8_zero says so: tile_x stores, per 4 columns of a run, -zero times the sum of their q, and each
  * run's integer sum starts from it, so that sum is exact sum (code - zero) q and the run
  * needs no k term (native_int8.h tile_unit_i8). */
 static int x_zero(int wqt) { return wqt == QT_Q4_0 ? 8 : wqt == QT_Q5_0 ? 16 : 0; }
@@ -368,7 +368,7 @@ static int check_matrix(int qt, Py_ssize_t rows, Py_ssize_t cols, size_t *rb) {
 
 /* Bytes the tiles of T rounded rows of x take (tile_x; 0 where x is read row by row): q, and
  * per 32 columns at most 3 floats (a K-quant block's dx and 16 sums, a run's dx and sum) or,
- * where the codes' offset is folded (x_zero), a run's dx and 8 int32 sums. */
+ * where the codes' offset may be folded (x_zero), a run's dx and 8 int32 sums. */
 static size_t tiles_bytes(int wqt, size_t T, size_t cols) {
     if (!x_tile_unit(wqt)) return 0;
     return (T + ROW_TILE) * (cols + cols / 32 * (x_zero(wqt) ? 9 : 3) * sizeof(float));

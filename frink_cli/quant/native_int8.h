@@ -229,7 +229,7 @@ static INLINE void ISA(unit_i8)(const ISA(icodes) *c, const q8_row *x, int u, __
 
 /* A run of a tile for the N rows of x (tile_x's layout: xq, xd, xs the run's first row),
  * for a type with one scale per run: a row's steps are the same alone (N = 1) or in a tile.
- * Where the codes' offset is folded (x_zero; xs then holds each row's 8 int32 lane sums of
+ * Where the codes' offset is folded (i8_zero; xs then holds each row's 8 int32 lane sums of
  * -zero q), a row's integer sums start from its lane sums, so they are exactly
  * sum (code - zero) q, and the run has no k term; else the k term goes to off. */
 static INLINE void ISA(tile_unit_i8)(const ISA(icodes) *c, const int8_t *xq, const float *xd,
@@ -324,7 +324,7 @@ static INLINE float ISA(finish_i8)(__m256 acc, float off) {
         const int n = T - t0 < ROW_TILE ? T - t0 : ROW_TILE;                                   \
         const int8_t *xq = x[t0].q;                                                            \
         const float *xd = x[t0].d, *xs = x[t0].dsum32;                                         \
-        const int folded = x_zero(qt) != 0;                                                    \
+        const int folded = ISA(i8_zero)(qt) != 0;                                              \
         for (size_t r = r0; r < r1; r++) {                                                     \
             const uint8_t *row = w + r * rb;                                                   \
             float yt[ROW_TILE];                                                                \

@@ -53,6 +53,18 @@ static INLINE void ISA(kd_scales_k)(const uint8_t *s, uint8_t out[16]) {
     memcpy(out, o, 16);
 }
 
+/* The codes' offset this ISA folds into x's lane sums (native.c x_zero): with VNNI the
+ * dot instruction starts from them for free; AVX2 would pay an add per run and row of x,
+ * more than the k term it saves in a tile (measured: 1.05x the time for 8 rows). */
+static INLINE int ISA(i8_zero)(int qt) {
+#ifdef KD_DPBUSD
+    return x_zero(qt);
+#else
+    (void)qt;
+    return 0;
+#endif
+}
+
 /* Whether kd_rows takes type qt. */
 static INLINE int ISA(kd_serves)(int qt) { return qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_Q6_K; }
 
@@ -108,12 +120,12 @@ static INLINE void ISA(tile_scales)(float f, const float *xd, int N, float *dd) 
  * unit's rows sit at constant offsets: unit i of the tile's row t has its q at
  * q + (i NT + t) UNIT (a K-quant block's in kd_order's order), its dx at d + i NT + t and its
  * SW sums of q times dx at s + (i NT + t) SW (Q4_K, Q5_K: 8 per 32 columns; Q6_K: 16 per
- * 16; a run: 1; a run of Q4_0, Q5_0: 8 int32 lane sums instead, native.c's x_zero), where
+ * 16; a run: 1; a run of Q4_0, Q5_0: 8 int32 lane sums instead where i8_zero folds them), where
  * q, d, s are the tile's (t0 cols, t0 units, t0 units SW into their regions). Each row's
  * q8_row then points at its row in its tile (the dots read the tile's first). */
 static void ISA(tile_x)(int qt, q8_row *x, int T, int cols, void *buf) {
     const int K = qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_Q6_K, q6 = qt == QT_Q6_K;
-    const int zero = x_zero(qt);
+    const int zero = ISA(i8_zero)(qt);
     const int UNIT = K ? 256 : 32, SW = q6 ? 16 : K || zero ? 8 : 1, units = cols / UNIT;
     float *dbase = buf, *sbase = dbase + (size_t)(T + KD_TILE) * units;
     int8_t *qbase = (int8_t *)(sbase + (size_t)(T + KD_TILE) * units * SW);
@@ -133,7 +145,7 @@ static void ISA(tile_x)(int qt, q8_row *x, int T, int cols, void *buf) {
                 } else
                     memcpy(q + 32 * at, src->q + 32 * i, 32);
                 d[at] = src->d[UNIT / 32 * i];
-                if (zero) { /* per 4 columns -zero times their q's sum (x_zero) */
+                if (zero) { /* per 4 columns -zero times their q's sum (i8_zero) */
                     const __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)(src->q + 32 * i)));
                     _mm256_storeu_si256((__m256i *)(s + SW * at), _mm256_madd_epi16(pairs, _mm256_set1_epi16((short)-zero)));
                 } else
