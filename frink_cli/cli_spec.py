@@ -48,7 +48,10 @@ def spec_flags(
         0, "--draft-min", help="fewer drafted tokens than this are not verified"
     ),
     draft_p_min: float = typer.Option(
-        0.75, "--draft-p-min", help="the draft model stops where its best token is less likely"
+        0.75,
+        "--draft-p-min",
+        help="the draft model stops where its best token is less likely (halved while the "
+        "target keeps making its doubtful picks)",
     ),
     draft_vocab: int = typer.Option(
         32768,

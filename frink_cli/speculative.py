@@ -10,7 +10,8 @@ Drafters (`Drafter`):
   answer repeats the prompt (code edits, quoting, extraction).
 - `ModelDrafter` (llama.cpp's `-md`): a smaller model with the target's vocabulary, greedy,
   its own cache kept in step with the history; it stops drafting when its best token's
-  probability falls below `p_min` (llama.cpp's `--draft-p-min`). Its head scores the
+  probability falls below `p_min` (llama.cpp's `--draft-p-min`), halved while the target
+  keeps making its doubtful picks (draft_gate.py). Its head scores the
   first `draft_vocab` ids and the generation's own tokens only (draft_vocab.py).
 - `MtpDrafter` (mtp.py; `--spec mtp`): the file's multi-token-prediction head, fed the
   target's hidden states.
