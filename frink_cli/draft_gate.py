@@ -60,8 +60,9 @@ class ConfidenceGate:
         return probability >= self.bar
 
     def judge(self, history: Sequence[int]) -> None:
-        """Verdicts on the last round's doubtful picks: a pick is judged where the target's
-        tokens up to it were the drafted ones (agreed if the target's next one is it too)."""
+        """Verdicts on the last round's doubtful picks: a pick is judged where the history's
+        tokens before it are the round's earlier picks (agreed: the history's token there is
+        the pick itself)."""
         at = self._start
         for token, probability in self._picks:
             if at >= len(history):
