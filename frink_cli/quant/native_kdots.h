@@ -160,7 +160,7 @@ static void ISA(tile_x)(int qt, q8_row *x, int T, int cols, void *buf) {
  * scales as vpmaddwd takes them, the float factor of the integer sum (d, times dx per row
  * later) and the mins' float scales against x's sums (per 32 columns: 8; Q6_K per 16: 16). */
 typedef struct {
-    __m256i codes[8], sc[4]; /* sc: Q6_K's 4 groups; Q4_K's 2, then as (sc, 0) (kd_isum) */
+    __m256i codes[8], sc[4]; /* sc: Q6_K's 4 groups; Q4_K's 2, then its 8 paired (kd_isum) */
     __m256 mins[2];
     float d;
 } ISA(kd_block);
@@ -188,8 +188,7 @@ static INLINE void ISA(kd_unpack_q4_k)(const uint8_t *p, ISA(kd_block) *k) {
     k->sc[0] = _mm256_shuffle_epi8(sc, pick_even);
     k->sc[1] = _mm256_shuffle_epi8(sc, _mm256_add_epi8(pick_even, _mm256_set1_epi8(2)));
 #ifdef KD_DPBUSD
-    k->sc[2] = _mm256_and_si256(k->sc[0], _mm256_set1_epi32(0xffff));
-    k->sc[3] = _mm256_and_si256(k->sc[1], _mm256_set1_epi32(0xffff));
+    k->sc[2] = sc; /* int32 lane c: (sc of run 2c, sc of run 2c + 1) (kd_isum) */
 #endif
     const __m256i low = _mm256_set1_epi8(15);
     __m256i in[4], t[4];
@@ -250,23 +249,29 @@ static INLINE void ISA(kd_unpack_q6_k)(const uint8_t *p, ISA(kd_block) *k) {
 /* Row t's int32 sums of block b: each group's byte products added as int16, then times the
  * group's scales into int32 (every step exact, so the order is free). With VNNI (KD_DPBUSD)
  * and Q4_K (DP), a group's products are summed into int32 lanes by vpdpbusd instead: 16
- * products of at most 15 x 127 per lane stay under 2^15, so vpmaddwd by (sc, 0) pairs
- * multiplies each lane by its scale exactly (Q5_K's and Q6_K's codes are too large for it).
+ * products of at most 15 x 127 per lane stay under 2^15, so the two groups' lanes (an even
+ * run's and the next odd run's) pack into int16 pairs, and one vpmaddwd by the pairs'
+ * scales gives each lane both runs' scaled sums exactly: one multiply for the block and row
+ * where one per group was two (Zen 4 issues vpdpbusd, vpmaddwd and FMA on the same two
+ * pipes). Q5_K's and Q6_K's codes are too large for it.
  * (A 512-bit form, vpdpbusd then vpmulld per group, measured slower on Zen 4:
  * docs/performance.md.) */
 static INLINE __m256i ISA(kd_isum)(const ISA(kd_block) *k, const int8_t *xq, int G, int DP) {
     __m256i is = _mm256_setzero_si256();
 #ifdef KD_DPBUSD
     if (DP) {
+        __m256i run[2];
         for (int g = 0; g < 2; g++) {
             __m256i s32[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
             for (int v = 4 * g; v < 4 * g + 4; v++) { /* a lone row: two chains (latency) */
                 const int c = DP == 2 ? v % 2 : 0;
                 s32[c] = _mm256_dpbusd_epi32(s32[c], k->codes[v], _mm256_loadu_si256((const __m256i *)(xq + 32 * v)));
             }
-            is = _mm256_add_epi32(is, _mm256_madd_epi16(_mm256_add_epi32(s32[0], s32[1]), k->sc[2 + g]));
+            run[g] = _mm256_add_epi32(s32[0], s32[1]);
         }
-        return is;
+        /* lane c's even-run and odd-run sums as an int16 pair, times their two scales */
+        const __m256i pairs = _mm256_blend_epi16(run[0], _mm256_slli_epi32(run[1], 16), 0xAA);
+        return _mm256_madd_epi16(pairs, k->sc[2]);
     }
 #else
     (void)DP;
