@@ -132,12 +132,21 @@ def test_rejected_drafts_leave_llama_cpp_greedy_run(tiny_model, gguf_direct, nam
     assert 0 < stats.accepted_tokens < stats.drafted_tokens, (stats.accepted_tokens, stats)
 
 
-@pytest.mark.parametrize("name", INVARIANT)
-def test_the_model_drafting_for_itself_is_always_right(tiny_model, name: str) -> None:
+def _self_drafted(
+    tiny_model, name: str, p_min: float
+) -> tuple[ModelDrafter, list[int], list[int], GenerationStats]:
+    """The fixture drafting for itself (4 tokens a round): (drafter, output, llama.cpp's
+    greedy run, stats)."""
     model, prompt, want = _reference(tiny_model, name)
-    params = SpecParams(draft_max=4, p_min=0.0)
+    params = SpecParams(draft_max=4, p_min=p_min)
     drafter = ModelDrafter(model.decoder, len(prompt) + len(want) + 8, params)
     out, stats = _run(model, prompt, want, drafter, params)
+    return drafter, out, want, stats
+
+
+@pytest.mark.parametrize("name", INVARIANT)
+def test_the_model_drafting_for_itself_is_always_right(tiny_model, name: str) -> None:
+    _, out, want, stats = _self_drafted(tiny_model, name, 0.0)
     assert out == want
     assert stats.drafted_tokens > 0 and stats.accepted_tokens == stats.drafted_tokens
 
@@ -149,10 +158,7 @@ def test_the_gate_trusts_a_drafter_whose_doubtful_picks_the_target_makes(
     """Drafting for itself, the model's doubtful picks (under a p_min above its top
     probabilities) are all the target's: every verdict agrees, so the judged positions are
     the picks' own, and the bar halves."""
-    model, prompt, want = _reference(tiny_model, name)
-    params = SpecParams(draft_max=4, p_min=0.999)
-    drafter = ModelDrafter(model.decoder, len(prompt) + len(want) + 8, params)
-    out, _ = _run(model, prompt, want, drafter, params)
+    drafter, out, want, _ = _self_drafted(tiny_model, name, 0.999)
     assert out == want
     assert len(drafter.gate.verdicts) >= 2 and all(drafter.gate.verdicts)
     assert drafter.gate.bar == pytest.approx(0.999 / 2)
