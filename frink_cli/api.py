@@ -22,6 +22,7 @@ from .cache.kv_types import CacheTypes, requested_cache_types
 from .chat import chat_ids, prompt_ids
 from .constraint import Constraint, Grammar, compile_constraint
 from .decoder import Decoder
+from .draft_budget import DraftBudget
 from .embedding import EmbedPlan, default_plan, embed_ids, read_plan
 from .errors import FrinkError
 from .formats import Checkpoint
@@ -285,10 +286,11 @@ class Model:
         spec, draft = self.speculation
         if self._mtp is not None:
             return MtpDrafter(self._mtp, n_ctx, spec)
+        lookup = NgramDrafter(spec, DraftBudget(backend=self.decoder.backend is not None))
         if draft is None:
-            return NgramDrafter(spec)
+            return lookup
         model = ModelDrafter(draft.decoder, n_ctx, spec)
-        return LookupFirst(NgramDrafter(spec), model) if spec.lookup else model
+        return LookupFirst(lookup, model) if spec.lookup else model
 
     def _generate_ids(
         self,

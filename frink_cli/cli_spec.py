@@ -33,8 +33,9 @@ def spec_flags(
         None,
         "--spec",
         "--spec-type",
-        help="speculative decoding: ngram (prompt lookup, no second model; with -md: "
-        "lookup's draft where the draft model agrees on its first token), draft (-md) or "
+        help="speculative decoding: ngram (prompt lookup, no second model, drafts as long as "
+        "the earlier ones were kept; with -md: lookup's draft where the draft model agrees on "
+        "its first token), draft (-md) or "
         "mtp (the file's multi-token-prediction head; llama.cpp: draft-mtp)",
     ),
     draft_model: str | None = typer.Option(

@@ -14,6 +14,9 @@ the verify step's rows, so it drafts only where a draft is likely to be kept.
   against what the answer wrote instead, and each replaced run (`q` -> `quantity`) is
   applied to later drafts. A code edit renames the same names throughout, so its later
   drafts carry the renames instead of being rejected at each of them.
+- The length: what the verify step's rows cost against how often this generation's drafts
+  have been kept (draft_budget.py): short or none on free text, up to the room where the
+  answer copies.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .draft_budget import DraftBudget
 from .speculative import SpecParams
 
 # How far (tokens) an edit may reach: a longer departure is not learned from.
@@ -35,8 +39,10 @@ class NgramDrafter:
 
     reads_hidden = False
 
-    def __init__(self, params: SpecParams) -> None:
+    def __init__(self, params: SpecParams, budget: DraftBudget | None = None) -> None:
+        """budget: what sets each draft's length (a host target's, by default)."""
         self.n_min, self.n_max = params.ngram_min, params.ngram_max
+        self.budget = budget if budget is not None else DraftBudget()
         self.edits: dict[tuple[int, ...], tuple[int, ...]] = {}  # a run -> its replacement
         # The last draft: (len(history) then, each drafted token's source index, tokens).
         self._last: tuple[int, list[int], list[int]] | None = None
@@ -54,6 +60,9 @@ class NgramDrafter:
         self._learn(h)
         start = self._match(h) if n > 0 else None
         if start is None:
+            return []
+        n = self.budget.length(n)
+        if n == 0:
             return []
         out: list[int] = []
         src: list[int] = []
@@ -97,13 +106,15 @@ class NgramDrafter:
         return (h[j],), (h[j],)
 
     def _learn(self, h: list[int]) -> None:
-        """Note where the last draft was rejected; learn the edit once the answer is back
-        on the text it copied."""
+        """Note how much of the last draft was kept (the budget's outcome) and where it was
+        rejected; learn the edit once the answer is back on the text it copied."""
         if self._last is not None:
             at, src, drafted = self._last
             kept = 0
             while kept < len(drafted) and at + kept < len(h) and h[at + kept] == drafted[kept]:
                 kept += 1
+            if kept == len(drafted) or at + kept < len(h):
+                self.budget.record(len(drafted), kept)
             if kept < len(drafted) and at + kept < len(h):
                 self._departed = (src[kept], at + kept)
             self._last = None

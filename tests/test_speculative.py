@@ -22,6 +22,7 @@ from script_loader import load_script
 from test_cli import one_json_object
 
 import frink_cli
+from frink_cli.draft_budget import PROBE_AFTER, DraftBudget, verify_cost
 from frink_cli.draft_gate import ConfidenceGate
 from frink_cli.draft_vocab import DraftVocab
 from frink_cli.generate import GenerationStats
@@ -333,20 +334,36 @@ def test_lookup_first_takes_lookups_draft_where_the_model_agrees_on_its_first_to
     assert 0 < stats.accepted_tokens < stats.drafted_tokens, stats
 
 
+class WholeRoom(DraftBudget):
+    """A budget that drafts all the room asked for: what prompt lookup copies, apart from
+    how much of it the budget takes."""
+
+    def length(self, room: int) -> int:
+        return room
+
+
+def _lookup(params: SpecParams | None = None) -> NgramDrafter:
+    return NgramDrafter(params or SpecParams(), WholeRoom())
+
+
 def test_ngram_drafter_continues_the_latest_match() -> None:
-    d = NgramDrafter(SpecParams(ngram_min=2, ngram_max=3))
+    d = _lookup(SpecParams(ngram_min=2, ngram_max=3))
     history = [1, 2, 3, 9, 9, 1, 2, 3, 4, 5, 7, 2, 3]
     assert d.draft(history, 3) == [4, 5, 7]  # "2 3" last seen before 4 5 7
     assert d.draft([5, 6, 7], 4) == []
     assert d.draft(history, 0) == []
 
 
-def _lookup_run(prompt: list[int], answer: list[int]) -> list[tuple[list[int], int]]:
+def _lookup_run(
+    prompt: list[int], answer: list[int], d: NgramDrafter | None = None, room: int = 8
+) -> list[tuple[list[int], int]]:
     """Greedy speculation as speculative_tokens runs it, with the answer known: each
-    round's draft from NgramDrafter and how many of its tokens the answer keeps."""
-    d, history, rounds = NgramDrafter(SpecParams()), [*prompt, answer[0]], []
+    round's draft from NgramDrafter (one drafting all the room by default) and how many of
+    its tokens the answer keeps."""
+    d = d if d is not None else _lookup()
+    history, rounds = [*prompt, answer[0]], []
     while len(history) < len(prompt) + len(answer):
-        draft = d.draft(history, 8)
+        draft = d.draft(history, room)
         done = len(history) - len(prompt)
         kept = 0
         while (
@@ -359,11 +376,55 @@ def _lookup_run(prompt: list[int], answer: list[int]) -> list[tuple[list[int], i
 
 
 def test_prompt_lookup_drafts_on_three_matched_tokens_only() -> None:
-    d = NgramDrafter(SpecParams())
+    d = _lookup()
     assert d.draft([1, 2, 7, 8, 9, 1, 2], 4) == []  # two tokens matched: no draft
     assert d.draft([1, 2, 3, 7, 8, 9, 1, 2, 3], 4) == [7, 8, 9, 1]
     # Of two occurrences of "2 3 4", the one matching further back ("1 2 3 4") wins.
     assert d.draft([1, 2, 3, 4, 5, 6, 0, 2, 3, 4, 8, 9, 1, 2, 3, 4], 2) == [5, 6]
+
+
+def test_a_host_verify_step_costs_by_its_tiles() -> None:
+    """Rows cost what the kernels' tiles of 1, 2, 4 and 8 rows cost: a draft that spills
+    into another tile pays for all of it; a backend's rows cost little more than one."""
+    host = [verify_cost(rows, backend=False) for rows in range(1, 17)]
+    assert host == sorted(host) and host[0] == 1.0
+    assert verify_cost(3, False) == verify_cost(4, False)
+    assert verify_cost(5, False) == verify_cost(8, False) > verify_cost(4, False)
+    assert verify_cost(16, False) == 2 * verify_cost(8, False)
+    assert verify_cost(16, True) < verify_cost(4, False)
+
+
+def test_prompt_lookup_shrinks_its_drafts_on_text_it_does_not_repeat() -> None:
+    """A prompt whose words recur (matches every round) and an answer that never follows
+    them: the first draft is one tile of verify rows (7 tokens), each draft cut at its
+    first token makes the next shorter, then lookup stops drafting; after PROBE_AFTER
+    refusals it tries again with one token."""
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11] * 4
+    answer = [100 + i for i in range(40)]  # the target never copies
+    d = NgramDrafter(SpecParams(ngram_min=1))
+    lengths = []
+    history = [*prompt, 1]  # "1" recurs: a match, whose continuation is never kept
+    for i in range(24):
+        lengths.append(len(d.draft(history, 15)))
+        history = [*history, answer[i], 1]  # the target's own token, then a match again
+    first_stop = lengths.index(0)
+    assert lengths[0] == 7 and lengths[:first_stop] == sorted(lengths[:first_stop], reverse=True)
+    assert lengths[first_stop : first_stop + PROBE_AFTER] == [0] * PROBE_AFTER
+    assert 0 < lengths[first_stop + PROBE_AFTER] <= 3, lengths
+
+
+def test_prompt_lookup_drafts_whole_tiles_while_the_answer_copies() -> None:
+    """An answer that repeats its prompt: every draft is kept, so each is a whole tile of
+    8 verify rows on the host (a tile of 16 costs two of 8 and would gain one round), and
+    the room itself where a backend verifies."""
+    source = list(range(1, 60))
+    rounds = _lookup_run([*source, 99], source, NgramDrafter(SpecParams()), room=15)
+    host = [r for r in rounds if r[0]][:-1]  # (the first rounds match nothing yet)
+    assert len(host) > 4 and all(len(draft) == 7 == kept for draft, kept in host), host
+    backend = NgramDrafter(SpecParams(), DraftBudget(backend=True))
+    rounds = _lookup_run([*source, 99], source, backend, room=15)
+    gpu = [r for r in rounds if r[0]][:-1]
+    assert len(gpu) > 2 and all(len(draft) == 15 == kept for draft, kept in gpu), gpu
 
 
 def test_prompt_lookup_carries_a_rename_into_later_drafts() -> None:
