@@ -40,7 +40,6 @@ from .quant.kernels import check_isa
 from .sampling import Sampler, SamplingParams
 from .speculative import (
     Drafter,
-    LookupFirst,
     ModelDrafter,
     SpecParams,
     check_same_vocab,
@@ -286,11 +285,11 @@ class Model:
         spec, draft = self.speculation
         if self._mtp is not None:
             return MtpDrafter(self._mtp, n_ctx, spec)
-        lookup = NgramDrafter(spec, DraftBudget(backend=self.decoder.backend is not None))
         if draft is None:
-            return lookup
-        model = ModelDrafter(draft.decoder, n_ctx, spec)
-        return LookupFirst(lookup, model) if spec.lookup else model
+            return NgramDrafter(spec, DraftBudget(backend=self.decoder.backend is not None))
+        # --spec ngram -md: lookup's proposals verified by the draft model's own steps
+        staged = NgramDrafter(spec, DraftBudget(backend=draft.decoder.backend is not None))
+        return ModelDrafter(draft.decoder, n_ctx, spec, staged if spec.lookup else None)
 
     def _generate_ids(
         self,

@@ -1,6 +1,6 @@
 """Speculative decoding's flags, as llama.cpp spells them (`-md/--draft-model`,
 `--draft-max`, `--draft-min`, `--draft-p-min`; `--spec ngram` for prompt lookup (with `-md`:
-lookup's draft where the draft model agrees on its first token), `--spec mtp` (`--spec-type
+lookup's proposals verified by the draft model's own steps), `--spec mtp` (`--spec-type
 draft-mtp`) for a file's MTP head), one flag
 group (cli_groups) that `frink run`, `frink bench` and `frink serve` take as
 `speculation: SpecFlags | None`."""
@@ -34,8 +34,8 @@ def spec_flags(
         "--spec",
         "--spec-type",
         help="speculative decoding: ngram (prompt lookup, no second model, drafts as long as "
-        "the earlier ones were kept; with -md: lookup's draft where the draft model agrees on "
-        "its first token), draft (-md) or "
+        "the earlier ones were kept; with -md: the draft model's steps verify lookup's "
+        "proposals, so its own drafts cost fewer steps), draft (-md) or "
         "mtp (the file's multi-token-prediction head; llama.cpp: draft-mtp)",
     ),
     draft_model: str | None = typer.Option(

@@ -12,12 +12,13 @@ Drafters (`Drafter`):
   its own cache kept in step with the history; it stops drafting when its best token's
   probability falls below `p_min` (llama.cpp's `--draft-p-min`), halved while the target
   keeps making its doubtful picks (draft_gate.py). Its head scores the
-  first `draft_vocab` ids and the generation's own tokens only (draft_vocab.py).
+  first `draft_vocab` ids and the generation's own tokens only (draft_vocab.py). With
+  `--spec ngram` it decodes speculatively itself (staged speculation): prompt lookup
+  proposes how its draft goes on, one step of the draft model verifies the proposal, and
+  the proposed tokens it picks itself cost no step of their own; the drafts are its own
+  greedy picks all the same.
 - `MtpDrafter` (mtp.py; `--spec mtp`): the file's multi-token-prediction head, fed the
   target's hidden states.
-- `LookupFirst` (`--spec ngram` with `-md`): prompt lookup's draft where the draft model's
-  next pick agrees with its first token (the rest costs no draft-model step), else the
-  draft model's.
 
 Verification (`speculative_tokens`): the target runs the drafted tokens in one step with
 logits for every row. Greedy: a drafted token is kept while it is the target's own pick,
@@ -68,7 +69,7 @@ class SpecParams:
     ngram_min: int = 3
     ngram_max: int = 64
     mtp: bool = False  # draft with the file's MTP head (--spec mtp), not by prompt lookup
-    lookup: bool = False  # with a draft model: prompt lookup first (--spec ngram -md)
+    lookup: bool = False  # with a draft model: its steps take lookup's proposals (ngram -md)
 
     def __post_init__(self) -> None:
         if not 1 <= self.draft_max <= 256:
@@ -116,45 +117,45 @@ class BlindDrafter:
 
 
 class ModelDrafter(BlindDrafter):
-    """Greedy drafts from a smaller model, its cache kept in step with the history."""
+    """Greedy drafts from a smaller model, its cache kept in step with the history; with a
+    `lookup` drafter (prompt lookup), its steps verify lookup's proposals (staged)."""
 
-    def __init__(self, decoder: Decoder, n_ctx: int, params: SpecParams) -> None:
+    def __init__(
+        self, decoder: Decoder, n_ctx: int, params: SpecParams, lookup: Drafter | None = None
+    ) -> None:
         self.decoder = decoder
         self.n_ctx = n_ctx
         self.params = params
+        self.lookup = lookup
         self.cache: KvCache | None = None
         self.fed: list[int] = []  # the tokens the cache holds, in order
         self._snap: CacheSnapshot | None = None  # recurrent drafts: at the history's end
         self.vocab = DraftVocab.for_decoder(decoder, params.draft_vocab)
         self._seen = 0  # tokens of the history the vocabulary has seen
+        self._history: list[int] = []  # the history this round drafts after
         self.gate = ConfidenceGate(params.p_min)
 
     def prepare(self, prompt: Sequence[int]) -> None:
+        if self.lookup is not None:
+            self.lookup.prepare(prompt)
         self._catch_up(prompt)
 
     def draft(self, history: Sequence[int], n: int) -> list[int]:
         if n <= 0:
             return []
         self.gate.judge(history)
+        self._history = list(history)
         return self._draft_from(*self._catch_up(history), n)
-
-    def vet(self, history: Sequence[int], proposal: Sequence[int], n: int) -> list[int]:
-        """`proposal` (another drafter's, cut to n) where this model's own greedy pick after
-        `history` is its first token, else this model's draft, from the same step."""
-        if n <= 0:
-            return []
-        self.gate.judge(history)
-        ids, logits = self._catch_up(history)
-        best = int(np.argmax(logits))
-        if proposal and (best if ids is None else int(ids[best])) == proposal[0]:
-            return list(proposal[:n])
-        return self._draft_from(ids, logits, n)
 
     def _draft_from(self, ids: np.ndarray | None, logits: np.ndarray, n: int) -> list[int]:
         """Greedy drafts from the next token's (ids, logits), up to n, stopping where the
-        gate does (a pick under p_min, or half of it while trusted)."""
+        gate does (a pick under p_min, or half of it while trusted). Each pick is fed with
+        lookup's proposal of what follows it, if any, in one step: the proposed tokens this
+        model picks itself (its logits at each row) are drafted without a step of their
+        own, and the rows after the last one it picks are taken back."""
         drafted: list[int] = []
         self.gate.begin(len(self.fed))
+        cache = self._cache()
         while True:
             best = int(np.argmax(logits))
             tok = best if ids is None else int(ids[best])
@@ -163,8 +164,33 @@ class ModelDrafter(BlindDrafter):
             drafted.append(tok)
             if len(drafted) == n:
                 break
-            ids, logits = self._feed([tok], self._cache())
+            proposal: list[int] = []
+            if self.lookup is not None and not cache.has_recurrent_state:
+                proposal = self.lookup.draft([*self._history, *drafted], n - len(drafted))
+            if not proposal:
+                ids, logits = self._feed([tok], cache)
+                self.fed.append(tok)
+                continue
+            start = cache.n_past  # the row of tok
+            ids, rows = self._feed_rows([tok, *proposal], cache)
             self.fed.append(tok)
+            done = False
+            for row, proposed in zip(rows, proposal):
+                best = int(np.argmax(row))
+                if (best if ids is None else int(ids[best])) != proposed:
+                    break
+                if not self.gate.admit(proposed, row):
+                    done = True
+                    break
+                drafted.append(proposed)
+                self.fed.append(proposed)
+                if len(drafted) == n:
+                    done = True
+                    break
+            logits = rows[len(self.fed) - start - 1]  # the pick after the last one fed
+            cache.truncate(len(self.fed))
+            if done:
+                break
         return drafted
 
     def _cache(self) -> KvCache:
@@ -182,6 +208,14 @@ class ModelDrafter(BlindDrafter):
             ids = ids[-1:]
         vocab, logits = self.vocab.logits(self.decoder.hidden(np.asarray(ids), cache)[-1:])
         return vocab, logits[-1]
+
+    def _feed_rows(
+        self, ids: Sequence[int], cache: KvCache
+    ) -> tuple[np.ndarray | None, np.ndarray]:
+        """Feed ids at the cache's end: _feed's (ids, logits) with the logits of every row."""
+        if self.vocab is None:
+            return None, self.decoder.step(np.asarray(ids), cache, all_logits=True)
+        return self.vocab.logits(self.decoder.hidden(np.asarray(ids), cache))
 
     def _catch_up(self, history: Sequence[int]) -> tuple[np.ndarray | None, np.ndarray]:
         """Feed what the cache lacks of `history` (at least its last token); _feed's
@@ -209,25 +243,6 @@ class ModelDrafter(BlindDrafter):
         self.fed = list(history)
         self._snap = cache.snapshot() if cache.has_recurrent_state else None
         return out
-
-
-class LookupFirst(BlindDrafter):
-    """Prompt lookup's draft where the draft model's own next pick is its first token, else
-    the draft model's: where the answer repeats the prompt (a code edit, a quote) the rest
-    of a lookup draft costs no draft-model step, and where the answer departs from what
-    lookup copies (the edit itself) the model's one step catches it before a whole verify
-    step is spent on a wrong draft. The model's cache catches up on the tokens lookup
-    drafted when it is next asked."""
-
-    def __init__(self, lookup: Drafter, model: ModelDrafter) -> None:
-        self.lookup, self.model = lookup, model
-
-    def prepare(self, prompt: Sequence[int]) -> None:
-        self.lookup.prepare(prompt)
-        self.model.prepare(prompt)
-
-    def draft(self, history: Sequence[int], n: int) -> list[int]:
-        return self.model.vet(history, self.lookup.draft(history, n), n)
 
 
 # The host kernels multiply a step's rows by the weights in tiles of up to 8 rows, a tile

@@ -32,7 +32,6 @@ from frink_cli.quant.blocks import QuantMatrix, QuantRows
 from frink_cli.sampling import Sampler, SamplingParams
 from frink_cli.speculative import (
     BlindDrafter,
-    LookupFirst,
     ModelDrafter,
     SpecParams,
     speculative_tokens,
@@ -285,53 +284,65 @@ def test_ngram_drafting_gives_llama_cpp_greedy_run(tiny_model, name: str) -> Non
     assert stats.drafted_tokens > 0
 
 
-@pytest.mark.parametrize("name", ["granite", "gpt_oss", "lfm2", "mamba"])
-def test_lookup_first_takes_lookups_draft_where_the_model_agrees_on_its_first_token(
-    tiny_model, name: str
-) -> None:
-    """--spec ngram -md: a lookup drafting llama.cpp's continuation with every third token
-    wrong (and, now and then, its first; every other round: nothing), the model drafting
-    for itself. A lookup draft is
-    taken whole where the model's own next pick is its first token, else the model drafts
-    from that same step; the output is llama.cpp's greedy run, and the model's cache
-    catches up on the tokens lookup drafted (sliding windows, recurrent states)."""
-    model, prompt, want = _reference(tiny_model, name)
-    params = SpecParams(draft_max=4, p_min=0.0)
-    scripted = ScriptedDrafter(prompt, want, model.n_vocab)
-    rounds: list[tuple[int, list[int], list[int]]] = []  # (at, lookup's draft, the draft)
+class RecordedDrafter(ModelDrafter):
+    """A ModelDrafter keeping each round's draft."""
 
-    class EveryOther(BlindDrafter):
+    rounds: list[list[int]]
+
+    def draft(self, history: Sequence[int], n: int) -> list[int]:
+        self.rounds.append(super().draft(history, n))
+        return self.rounds[-1]
+
+
+def _counted_drafter(
+    path: Path, n_ctx: int, params: SpecParams, lookup: BlindDrafter | None
+) -> tuple[RecordedDrafter, list[int]]:
+    """A draft model loaded from path (its own decoder) recording its rounds' drafts, and
+    the rows of each of its steps as it makes them."""
+    dec = frink_cli.load(path).decoder
+    steps: list[int] = []
+    step, prefill = dec.step, dec.prefill
+    dec.step = lambda ids, cache, **kw: steps.append(len(ids)) or step(ids, cache, **kw)
+    dec.prefill = lambda ids, cache: steps.append(len(ids)) or prefill(ids, cache)
+    drafter = RecordedDrafter(dec, n_ctx, params, lookup)
+    drafter.rounds = []
+    return drafter, steps
+
+
+@pytest.mark.parametrize("name", ["granite", "gpt_oss", "gemma4", "lfm2"])
+def test_staged_drafts_are_the_draft_models_own_picks(tiny_model, name: str) -> None:
+    """--spec ngram -md: the draft model's steps verify lookup's proposals (here llama.cpp's
+    continuation with every third token wrong). Drafting for itself, the model drafts the
+    same tokens round for round as without lookup, in fewer steps of its own (its caches
+    taken back past each wrong proposal: full attention, sliding windows; a recurrent
+    draft takes no proposals), and the output is llama.cpp's greedy run."""
+    fx = tiny_model(name)
+    model, prompt, want = _reference(tiny_model, name)
+    params = SpecParams(draft_max=6, p_min=0.0)
+
+    class Lookup(BlindDrafter):
         def prepare(self, prompt: Sequence[int]) -> None:
             pass
 
         def draft(self, history: Sequence[int], n: int) -> list[int]:
-            if len(rounds) % 2:
-                return []
-            out = scripted.draft(history, n)
-            if out and len(rounds) % 3 == 1:  # its first token wrong too, now and then
-                out[0] = (out[0] + 1) % model.n_vocab
-            return out
+            at = len(history) - len(prompt)
+            out = want[at : at + n]
+            return [(t + 1) % model.n_vocab if (at + j) % 3 == 2 else t for j, t in enumerate(out)]
 
-    class Recorded(LookupFirst):
-        def draft(self, history: Sequence[int], n: int) -> list[int]:
-            proposal = self.lookup.draft(history, n)
-            out = self.model.vet(history, proposal, n)
-            rounds.append((len(history) - len(prompt), proposal, out))
-            return out
-
-    model_drafter = ModelDrafter(model.decoder, len(prompt) + len(want) + 8, params)
-    out, stats = _run(model, prompt, want, Recorded(EveryOther(), model_drafter), params)
-    assert out == want
-    taken = vetoed = 0
-    for at, proposal, drafted in rounds:
-        if proposal and proposal[0] == want[at]:
-            assert drafted == proposal, (at, proposal, drafted)
-            taken += 1
-        else:  # the model's own drafts: llama.cpp's continuation
-            assert drafted == want[at : at + len(drafted)] and drafted, (at, proposal, drafted)
-            vetoed += bool(proposal)
-    assert taken > 1 and vetoed > 0, rounds
-    assert 0 < stats.accepted_tokens < stats.drafted_tokens, stats
+    runs = []
+    for lookup in (None, Lookup()):
+        drafter, steps = _counted_drafter(fx.gguf, len(prompt) + len(want) + 8, params, lookup)
+        out, stats = _run(model, prompt, want, drafter, params)
+        assert out == want
+        assert stats.accepted_tokens == stats.drafted_tokens > 0
+        runs.append((drafter.rounds, steps, drafter.cache))
+    (plain, plain_steps, _), (staged, staged_steps, cache) = runs
+    assert staged == plain
+    assert cache is not None
+    if cache.has_recurrent_state:
+        assert staged_steps == plain_steps
+    else:
+        assert len(staged_steps) < len(plain_steps) and max(staged_steps) > 2, staged_steps
 
 
 class WholeRoom(DraftBudget):
@@ -638,8 +649,9 @@ def _counter(text: str, name: str) -> float:
 
 @pytest.mark.real
 def test_spec_ngram_with_a_draft_model_runs_both(smollm2_path) -> None:
-    """`--spec ngram -md FILE` is accepted (lookup first, then the model) and gives plain
-    greedy's tokens; `--spec mtp -md FILE` is refused in one line."""
+    """`--spec ngram -md FILE` is accepted (the draft model's steps verifying lookup's
+    proposals) and gives plain greedy's tokens; `--spec mtp -md FILE` is refused in one
+    line."""
     args = ("run", smollm2_path, "-p", PROMPTS[1], "-n", "16", "--temp", "0", "--json")
     both = one_json_object(frink(*args, "--spec", "ngram", "-md", smollm2_path))
     assert both["token_ids"] == one_json_object(frink(*args))["token_ids"]
