@@ -285,11 +285,10 @@ class Model:
         spec, draft = self.speculation
         if self._mtp is not None:
             return MtpDrafter(self._mtp, n_ctx, spec)
+        lookup = NgramDrafter(spec, DraftBudget((draft or self).decoder.backend is not None))
         if draft is None:
-            return NgramDrafter(spec, DraftBudget(backend=self.decoder.backend is not None))
-        # --spec ngram -md: lookup's proposals verified by the draft model's own steps
-        staged = NgramDrafter(spec, DraftBudget(backend=draft.decoder.backend is not None))
-        return ModelDrafter(draft.decoder, n_ctx, spec, staged if spec.lookup else None)
+            return lookup
+        return ModelDrafter(draft.decoder, n_ctx, spec, lookup if spec.lookup else None)
 
     def _generate_ids(
         self,
