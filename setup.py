@@ -52,6 +52,7 @@ setup(
                 "frink_cli/quant/native_blocks.h",
                 "frink_cli/quant/native_int8.h",
                 "frink_cli/quant/native_kdots.h",
+                "frink_cli/quant/native_panels.h",
                 "frink_cli/quant/native_amx.h",
             ],
             optional=True,

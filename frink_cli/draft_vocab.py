@@ -23,7 +23,8 @@ import numpy as np
 
 from .decoder import Decoder
 from .model.linear import Linear
-from .quant.blocks import QuantMatrix, QuantRows
+from .quant import kernels
+from .quant.blocks import PANEL_ROWS, QuantMatrix, QuantRows
 
 
 class DraftVocab:
@@ -63,10 +64,10 @@ class DraftVocab:
         n = len(ids)
         if isinstance(w, QuantRows):
             m = w.parts[0]
-            if view:
+            if view and (not m.panels or n % PANEL_ROWS == 0):
                 part = m.row_slice(0, n)
             else:
-                part = QuantMatrix(np.ascontiguousarray(m.data[ids]), m.qtype, n, m.cols)
+                part = kernels.in_panels(QuantMatrix(kernels.file_rows(m, ids), m.qtype, n, m.cols))
             cut: np.ndarray | QuantRows = QuantRows((part,))
         else:
             cut = w[:n] if view else np.ascontiguousarray(w[ids])

@@ -170,7 +170,9 @@ class TensorReader:
     def linear(self, parts: Parts, in_dim: int, bias: bool = True) -> Linear:
         """Rows of several tensors stacked into one matrix; biases zero-filled if partial."""
         w: np.ndarray | QuantRows | None = self.in_blocks(parts, in_dim)
-        if w is None and self.meta:
+        if isinstance(w, QuantRows):
+            w = QuantRows(tuple(kernels.in_panels(p) for p in w.parts))
+        elif w is None and self.meta:
             for name, rows in parts:
                 self.check(name + ".weight", (rows, in_dim))
             w = placeholder((sum(rows for _, rows in parts), in_dim))

@@ -60,11 +60,20 @@ def row_bytes(qtype: GGMLQuantizationType, cols: int) -> int:
     return cols // g.elems * g.nbytes
 
 
+# Rows of W in one panel (`QuantMatrix.panels`; the compiled kernels' PANEL_ROWS).
+PANEL_ROWS = 16
+
+
 @dataclass(frozen=True)
 class QuantMatrix:
     """W [rows, cols] as its raw blocks: data is uint8 [rows, row_bytes], read-only (a view
     of the file's map is the intended source), and nothing else is kept: no f32 copy, no
     unpacked scales.
+
+    panels: the same bytes with each PANEL_ROWS rows' blocks interleaved row by row (the
+    compiled kernels' panel layout, native_panels.h; `kernels.in_panels` makes it, and only
+    the kernels read it): rows then stay whole only in runs of PANEL_ROWS, so `data[i]` is
+    not row i, and `kernels.file_order` gives the file's order back.
 
     A 3-D expert stack [n_expert, rows, cols] is one QuantMatrix of n_expert * rows rows;
     `row_slice` gives one expert's matrix without copying.
@@ -74,6 +83,7 @@ class QuantMatrix:
     qtype: GGMLQuantizationType
     rows: int
     cols: int
+    panels: bool = False
 
     def __post_init__(self) -> None:
         if self.qtype not in KERNEL_TYPES:
@@ -84,6 +94,8 @@ class QuantMatrix:
             raise ValueError(
                 f"{self.qtype.name} data must be uint8 {list(want)}: got {d.dtype} {list(d.shape)}"
             )
+        if self.panels and self.rows % PANEL_ROWS:
+            raise ValueError(f"a matrix in panels holds whole panels of {PANEL_ROWS} rows")
         if not d.flags.c_contiguous:
             # The kernels read a row's blocks as one run of bytes.
             raise ValueError("QuantMatrix data must be C-contiguous")
@@ -105,10 +117,13 @@ class QuantMatrix:
         return int(self.data.nbytes)
 
     def row_slice(self, start: int, stop: int) -> QuantMatrix:
-        """Rows [start, stop) as a QuantMatrix over the same bytes."""
+        """Rows [start, stop) as a QuantMatrix over the same bytes (in panels: whole
+        panels only)."""
         if not 0 <= start <= stop <= self.rows:
             raise ValueError(f"rows [{start}, {stop}) of a {self.rows}-row matrix")
-        return QuantMatrix(self.data[start:stop], self.qtype, stop - start, self.cols)
+        if self.panels and (start % PANEL_ROWS or stop % PANEL_ROWS):
+            raise ValueError(f"rows [{start}, {stop}) cut panels of {PANEL_ROWS} rows")
+        return QuantMatrix(self.data[start:stop], self.qtype, stop - start, self.cols, self.panels)
 
 
 def first_rows(parts: Sequence[Any]) -> list[int]:

@@ -62,7 +62,7 @@ from gguf.quants import dequantize as _gguf_dequantize
 
 from ..errors import FrinkError
 from .blas import blas_threads
-from .blocks import QuantMatrix
+from .blocks import PANEL_ROWS, QuantMatrix
 
 # Up to this many rows of x go through dots, more through tiles + BLAS (a tile + BLAS
 # pays for its dequantization only when enough rows share it).
@@ -140,6 +140,77 @@ _exact: ContextVar[bool] = ContextVar(
 )
 
 
+if _NATIVE is not None and _NATIVE.PANEL_ROWS != PANEL_ROWS:
+    raise ImportError(f"frink's compiled kernels take panels of {_NATIVE.PANEL_ROWS} rows")
+
+
+def _qt(w: QuantMatrix) -> int:
+    """w's type as the compiled kernels number it (its panel type where w is in panels)."""
+    return int(w.qtype) | (_NATIVE.PANELS if w.panels and _NATIVE is not None else 0)
+
+
+def in_panels(w: QuantMatrix) -> QuantMatrix:
+    """w with its rows in panels (`QuantMatrix.panels`) where the kernels running now have
+    panel dots for its type and round x to 8 bits, w's rows come in whole panels, and AMX
+    tiles do not take its prompts; else w itself. The panels are a new buffer of w's size
+    (the caller drops w's). Why: a row of W per vector lane lets one byte dot multiply 16
+    rows by 4 columns of x, and a row of x cost one broadcast: ~2x faster for 8 rows of x,
+    and for one (docs/performance.md)."""
+    if (
+        _NATIVE is None
+        or w.panels
+        or w.rows % PANEL_ROWS
+        or activations() != "8-bit"
+        or not _NATIVE.panels_for(int(w.qtype))
+        or on_tiles(w)
+    ):
+        return w
+    data = _aligned(w.data.shape)
+    _NATIVE.panel(int(w.qtype), w.data, data, w.rows, w.cols, True)
+    return QuantMatrix(data, w.qtype, w.rows, w.cols, panels=True)
+
+
+# The panels' first byte sits on a cache line: the panel dots read 64 bytes at a time (a
+# read across two lines made a Q4_K step ~1.5x slower; NumPy's large arrays start 16 bytes
+# past a page).
+PANEL_ALIGN = 64
+
+
+def _aligned(shape: tuple[int, ...]) -> np.ndarray:
+    """An uninitialized uint8 array of shape whose first byte is PANEL_ALIGN-aligned."""
+    n = int(np.prod(shape))
+    raw = np.empty(n + PANEL_ALIGN, np.uint8)
+    at = -raw.ctypes.data % PANEL_ALIGN
+    return raw[at : at + n].reshape(shape)
+
+
+def file_order(w: QuantMatrix) -> QuantMatrix:
+    """w with its rows in the file's order: w itself, or a copy out of its panels."""
+    if not w.panels:
+        return w
+    assert _NATIVE is not None  # (panels are only made with the compiled kernels)
+    data = np.empty(w.data.shape, np.uint8)
+    _NATIVE.panel(int(w.qtype), w.data, data, w.rows, w.cols, False)
+    return QuantMatrix(data, w.qtype, w.rows, w.cols)
+
+
+def file_rows(w: QuantMatrix, index: np.ndarray) -> np.ndarray:
+    """Rows W[index] as the file stores them (uint8 [len(index), row bytes]): the rows of w's
+    data, or out of the panels that hold them."""
+    idx = np.asarray(index, dtype=np.int64).reshape(-1)
+    if not w.panels:
+        return np.ascontiguousarray(w.data[idx])
+    assert _NATIVE is not None
+    out = np.empty((idx.size, w.data.shape[1]), np.uint8)
+    panel = np.empty((PANEL_ROWS, w.data.shape[1]), np.uint8)
+    for p in np.unique(idx // PANEL_ROWS):
+        r0 = int(p) * PANEL_ROWS
+        _NATIVE.panel(int(w.qtype), w.data[r0 : r0 + PANEL_ROWS], panel, PANEL_ROWS, w.cols, False)
+        mine = idx // PANEL_ROWS == p
+        out[mine] = panel[idx[mine] - r0]
+    return out
+
+
 def check_isa() -> None:
     """A FrinkError (one line: the variable, its value, the variants this CPU runs) when
     FRINK_NATIVE_ISA forces a variant this CPU cannot run; loading a model asks first."""
@@ -171,7 +242,7 @@ def prompt_tiles() -> bool:
 
 def on_tiles(w: QuantMatrix) -> bool:
     """Whether `matmul` multiplies by w on AMX tiles now (`prompt_tiles`, and w's type)."""
-    return _NATIVE is not None and prompt_tiles() and bool(_NATIVE.tiles_for(int(w.qtype)))
+    return _NATIVE is not None and prompt_tiles() and bool(_NATIVE.tiles_for(_qt(w)))
 
 
 @contextmanager
@@ -235,9 +306,7 @@ def dots(x: np.ndarray, w: QuantMatrix, out: np.ndarray | None = None) -> np.nda
     if _NATIVE is None:
         return _numpy_matmul(x, w, None, y)
     if w.rows and x.shape[0]:
-        _NATIVE.dots(
-            int(w.qtype), w.data, w.rows, w.cols, x, x.shape[0], y, _threads.get(), _exact.get()
-        )
+        _NATIVE.dots(_qt(w), w.data, w.rows, w.cols, x, x.shape[0], y, _threads.get(), _exact.get())
     return y
 
 
@@ -285,7 +354,7 @@ def matmul(
         return y
     if _rounds_x(w) and on_tiles(w):
         # AMX int8 tiles: the dots' own products (x's codes times W's codes).
-        _NATIVE.tiles(int(w.qtype), w.data, w.rows, w.cols, x, x.shape[0], y, _threads.get())
+        _NATIVE.tiles(_qt(w), w.data, w.rows, w.cols, x, x.shape[0], y, _threads.get())
         return y
     step = dot_block_rows(w.cols if _rounds_x(w) else 4 * w.cols)
     for t0 in range(0, x.shape[0], step):
@@ -435,7 +504,7 @@ def dequantize_rows(
         y[...] = _gguf_dequantize(w.data[row_start:stop], w.qtype).reshape(y.shape)
     elif stop > row_start:
         index = np.arange(row_start, stop, dtype=np.int64)
-        _NATIVE.dequantize(int(w.qtype), w.data, w.rows, w.cols, index, y, _threads.get())
+        _NATIVE.dequantize(_qt(w), w.data, w.rows, w.cols, index, y, _threads.get())
     return y
 
 
@@ -448,5 +517,5 @@ def take_rows(w: QuantMatrix, index: np.ndarray, out: np.ndarray | None = None) 
     if _NATIVE is None:
         y[...] = _gguf_dequantize(w.data[idx], w.qtype).reshape(y.shape)
     elif idx.size:
-        _NATIVE.dequantize(int(w.qtype), w.data, w.rows, w.cols, idx, y, _threads.get())
+        _NATIVE.dequantize(_qt(w), w.data, w.rows, w.cols, idx, y, _threads.get())
     return y

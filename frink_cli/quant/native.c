@@ -72,10 +72,59 @@ static const qtype_geometry GEOMETRY[] = {
     {QT_IQ4_NL, 32, 18}, {QT_IQ4_XS, 256, 136}, {QT_BF16, 1, 2},   {QT_MXFP4, 32, 17},
 };
 
+/* W's rows in panels of PANEL_ROWS (native_panels.h): the type's number with PANELS set.
+ * Which types have a panel layout is panel_perm's to say. */
+#define PANELS 0x100
+#define PANEL_ROWS 16
+/* int32 sums of x per row and block of 256 that the panel dots take (panel_sums) */
+#define PANEL_SUMS 4
+
+/* The file type of panel type qt, or -1 where qt is a file type. */
+static int panel_base(int qt) { return qt & PANELS ? qt & ~PANELS : -1; }
+
 static const qtype_geometry *geometry(int qt) {
+    if (qt & PANELS) qt &= ~PANELS; /* the same blocks, in another order */
     for (size_t i = 0; i < sizeof GEOMETRY / sizeof GEOMETRY[0]; i++)
         if (GEOMETRY[i].qt == qt) return &GEOMETRY[i];
     return NULL;
+}
+
+/* The panel layout of file type qt as a permutation of a panel-block's bytes (PANEL_ROWS
+ * rows' block b, row after row as the file holds them: perm[i] is the byte that byte i of
+ * the panel-block is), into perm; its length (PANEL_ROWS * the block's bytes), or 0 where
+ * qt has no panel layout. native_panels.h reads this layout; repanel writes and undoes
+ * it, so it is written here once. It moves runs of 2 or 4 bytes from even offsets (perm[i
+ * + 1] = perm[i] + 1 for even i), which repanel relies on. */
+static int panel_perm(int qt, uint16_t *perm) {
+    if (qt != QT_Q4_K) return 0;
+    for (int r = 0; r < PANEL_ROWS; r++) {
+        const int row = 144 * r;
+        for (int k = 0; k < 2; k++) perm[2 * r + k] = (uint16_t)(row + k);            /* d */
+        for (int k = 0; k < 2; k++) perm[32 + 2 * r + k] = (uint16_t)(row + 2 + k);   /* dmin */
+        for (int i = 0; i < 3; i++) /* the scales' dword i */
+            for (int k = 0; k < 4; k++) perm[64 + 64 * i + 4 * r + k] = (uint16_t)(row + 4 + 4 * i + k);
+        for (int c = 0; c < 4; c++) /* codes: chunk c, quad g */
+            for (int g = 0; g < 8; g++)
+                for (int k = 0; k < 4; k++)
+                    perm[256 + (c * 8 + g) * 64 + 4 * r + k] = (uint16_t)(row + 16 + 32 * c + 4 * g + k);
+    }
+    return PANEL_ROWS * 144;
+}
+#define PANEL_MAX_BYTES (PANEL_ROWS * 144)
+
+/* Rows [16 i, 16 i + 16) of a panel matrix back in the file's order (rb bytes a row) into
+ * out (16 rb bytes), or the file's rows into panels (to_panels). */
+static void repanel(const uint16_t *perm, int pbytes, const uint8_t *src, size_t rb, uint8_t *out,
+                    int to_panels) {
+    const size_t nb = rb / (size_t)(pbytes / PANEL_ROWS), bb = (size_t)pbytes / PANEL_ROWS;
+    /* a layout moves runs of at least 2 bytes from even offsets: 2 bytes a step */
+    for (size_t b = 0; b < nb; b++)
+        for (int i = 0; i < pbytes; i += 2) {
+            const size_t file = (size_t)(perm[i] / bb) * rb + b * bb + perm[i] % bb;
+            const size_t panel = b * (size_t)pbytes + (size_t)i;
+            if (to_panels) memcpy(out + panel, src + file, 2);
+            else memcpy(out + file, src + panel, 2);
+        }
 }
 
 /* A row of x rounded to 8 bits per 32 columns (native_int8.h says how and why). */
@@ -141,6 +190,9 @@ typedef struct {
     quantize_row_fn quantize_row; /* NULL with dot_rows_i8 */
     tile_x_fn tile_x;             /* rounded rows of x into the 8-bit dots' tiles (tile_x) */
     const amx_kernels *amx;       /* NULL: no tile products, prompts go to BLAS */
+    int (*panel_serves)(int qt);  /* NULL: no panel dots (a panel matrix is read in file order) */
+    void (*panel_rows)(int qt, const uint8_t *w, size_t rb, size_t p0, size_t p1, const int8_t *q,
+                       const float *dx, const int32_t *bsp, int T, int cols, float *y, size_t ys);
 } isa_kernels;
 
 /* f32 -> f16 -> f32, rounding to nearest even (F16C's and ggml's FP32_TO_FP16): the
@@ -262,18 +314,22 @@ typedef int8_t vsb4 __attribute__((vector_size(4)));
 #define S8F(b, i) WIDEN4(b, i, vsb4)
 #include "native_isa.h"
 
-static const isa_kernels BASE = {"base", deq_rows_base, dot_rows_base, NULL, NULL, NULL, NULL};
+static const isa_kernels BASE = {"base", deq_rows_base, dot_rows_base, NULL, NULL, NULL, NULL,
+                                 NULL, NULL};
 #ifdef FRINK_MULTI_ISA
 static const isa_kernels AVX2 = {"avx2", deq_rows_avx2, dot_rows_avx2, dot_rows_i8_avx2,
-                                 quantize_row_avx2, tile_x_avx2, NULL};
+                                 quantize_row_avx2, tile_x_avx2, NULL,
+                                 panel_serves_avx2, panel_rows_avx2};
 static const isa_kernels AVX512 = {"avx512", deq_rows_avx512, dot_rows_avx512, dot_rows_i8_avx512,
-                                   quantize_row_avx512, tile_x_avx512, NULL};
+                                   quantize_row_avx512, tile_x_avx512, NULL,
+                                   panel_serves_avx512, panel_rows_avx512};
 #ifdef AMX_TILES_BUILT
 static const amx_kernels AMX = {amx_serves_avx512, amx_begin_avx512, amx_end_avx512,
                                 amx_panel_avx512, amx_panel_rows_avx512};
 static const isa_kernels AVX512_AMX = {"avx512+amx", deq_rows_avx512, dot_rows_avx512,
                                        dot_rows_i8_avx512, quantize_row_avx512,
-                                       tile_x_avx512, &AMX};
+                                       tile_x_avx512, &AMX, panel_serves_avx512,
+                                       panel_rows_avx512};
 
 /* Whether this process may run AMX tile instructions: the CPU has them and Linux grants
  * the tile state (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA: a process asks once, before
@@ -356,7 +412,9 @@ static int check_matrix(int qt, Py_ssize_t rows, Py_ssize_t cols, size_t *rb) {
         PyErr_Format(PyExc_ValueError, "no native kernel for type %d", qt);
         return -1;
     }
-    if (rows < 0 || cols <= 0 || cols % g->elems || cols > (1 << 30)) {
+    uint16_t perm[PANEL_MAX_BYTES];
+    if (rows < 0 || cols <= 0 || cols % g->elems || cols > (1 << 30) ||
+        (qt & PANELS && (rows % PANEL_ROWS || !panel_perm(panel_base(qt), perm)))) {
         PyErr_Format(PyExc_ValueError, "bad shape [%zd, %zd] for type %d", rows, cols, qt);
         return -1;
     }
@@ -407,6 +465,25 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
             PyErr_Format(PyExc_IndexError, "row %lld of a %zd-row matrix", (long long)idx[i], rows);
             goto done;
         }
+    if (qt & PANELS) { /* each row's panel read back in file order, the row dequantized */
+        uint8_t *tmp = malloc(PANEL_ROWS * rb);
+        if (!tmp) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        uint16_t perm[PANEL_MAX_BYTES];
+        const int pbytes = panel_perm(panel_base(qt), perm);
+        const int64_t at = 0;
+        for (size_t i = 0; i < n; i++) {
+            const size_t P = (size_t)idx[i] / PANEL_ROWS;
+            repanel(perm, pbytes, (const uint8_t *)w.buf + P * PANEL_ROWS * rb, rb, tmp, 0);
+            K->deq_rows(panel_base(qt), tmp + (size_t)idx[i] % PANEL_ROWS * rb, rb, &at, 0, 1,
+                        (float *)out.buf + i * (size_t)cols, (int)cols);
+        }
+        free(tmp);
+        ret = Py_NewRef(Py_None);
+        goto done;
+    }
     Py_BEGIN_ALLOW_THREADS;
     const long chunks = (long)((n + ROW_CHUNK - 1) / ROW_CHUNK);
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && chunks > 1)
@@ -424,6 +501,57 @@ done:
     return ret;
 }
 
+/* Per row of x and block of 256, the sums of q the panel dots take (PANEL_SUMS int32s: the
+ * int16 pairs of its runs' sums (Q0, Q2), (Q1, Q3), (Q4, Q6), (Q5, Q7)), and the block's dx. */
+static void panel_sums(const int8_t *q, const float *d, int cols, int32_t *bsp, float *dx) {
+    for (int b = 0; b < cols / 256; b++) {
+        int32_t Q[8];
+        for (int j = 0; j < 8; j++) {
+            Q[j] = 0;
+            for (int i = 0; i < 32; i++) Q[j] += q[256 * b + 32 * j + i];
+        }
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 2; k++)
+                bsp[PANEL_SUMS * b + 2 * h + k] = (int32_t)((uint32_t)(uint16_t)Q[4 * h + k] |
+                                                            (uint32_t)(uint16_t)Q[4 * h + k + 2] << 16);
+        dx[b] = d[8 * b];
+    }
+}
+
+/* dots for W in panels on an ISA with panel dots (x rounded to 8 bits): x rounded per
+ * row (its type's scheme), its sums per block (panel_sums), then each panel times every
+ * row of x (native_panels.h). 0, or -1 with an exception set. */
+static int panel_dots(int qt, const uint8_t *w, size_t rb, Py_ssize_t rows, Py_ssize_t cols,
+                      const float *x, Py_ssize_t T, float *y, int nthreads) {
+    const size_t nb = (size_t)cols / 32, nbk = (size_t)cols / 256;
+    const size_t bytes =
+        (size_t)T * (cols + 4 * nb * sizeof(float) + nbk * (1 + PANEL_SUMS) * sizeof(int32_t));
+    void *scratch = malloc(bytes);
+    if (!scratch) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    float *d = scratch, *sum = d + (size_t)T * nb, *dx = sum + (size_t)T * 3 * nb;
+    int32_t *bsp = (int32_t *)(dx + (size_t)T * nbk);
+    int8_t *q = (int8_t *)(bsp + (size_t)T * nbk * PANEL_SUMS);
+    const int base = panel_base(qt), scheme = x_scheme(base);
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t t = 0; t < T; t++) {
+        int8_t *qt_ = q + (size_t)t * cols;
+        float *dt = d + (size_t)t * nb, *st = sum + (size_t)t * 3 * nb;
+        K->quantize_row(x + (size_t)t * cols, (int)cols, scheme, qt_, dt, st, st + 2 * nb);
+        panel_sums(qt_, dt, (int)cols, bsp + (size_t)t * nbk * PANEL_SUMS, dx + (size_t)t * nbk);
+    }
+    const long panels = (long)(rows / PANEL_ROWS);
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && panels > 1)
+    for (long P = 0; P < panels; P++)
+        K->panel_rows(base, w, rb, (size_t)P, (size_t)P + 1, q, dx, bsp, (int)T, (int)cols, y,
+                      (size_t)rows);
+    Py_END_ALLOW_THREADS;
+    free(scratch);
+    return 0;
+}
+
 static PyObject *py_dots(PyObject *self, PyObject *args) {
     (void)self;
     int qt, nthreads, exact;
@@ -439,42 +567,69 @@ static PyObject *py_dots(PyObject *self, PyObject *args) {
         T < 0 || check_len(&x, (size_t)T * (size_t)cols * sizeof(float), "x") ||
         check_len(&y, (size_t)T * (size_t)rows * sizeof(float), "y"))
         goto done;
-    if (!exact && K->dot_rows_i8 && geometry(qt)->elems >= 32 && T > 0) {
+    /* W in panels: the panel dots where this ISA has them; else each panel read back in
+     * the file's order into a thread's buffer and multiplied as the file's rows are */
+    const int base = panel_base(qt), wqt = base >= 0 ? base : qt;
+    const int i8 = !exact && K->dot_rows_i8 && geometry(qt)->elems >= 32;
+    if (base >= 0 && i8 && T > 0 && K->panel_serves && K->panel_serves(base)) {
+        if (!panel_dots(qt, (const uint8_t *)w.buf, rb, rows, cols, (const float *)x.buf, T,
+                        (float *)y.buf, nthreads))
+            ret = Py_NewRef(Py_None);
+        goto done;
+    }
+    uint16_t perm[PANEL_MAX_BYTES];
+    const int pbytes = base >= 0 ? panel_perm(base, perm) : 0;
+    q8_row *xr = NULL;
+    if (i8 && T > 0) {
         /* 8-bit activations: x rounded once, then every row of W dotted with it. */
         const size_t nb = (size_t)cols / 32;
         const size_t rounded = (size_t)T * (cols + 4 * nb * sizeof(float) + sizeof(q8_row));
-        scratch = malloc(rounded + tiles_bytes(qt, (size_t)T, (size_t)cols));
+        scratch = malloc(rounded + tiles_bytes(wqt, (size_t)T, (size_t)cols));
         if (!scratch) {
             PyErr_NoMemory();
             goto done;
         }
-        q8_row *xr = scratch;
+        xr = scratch;
         float *d = (float *)(xr + T), *sum = d + (size_t)T * nb;
         int8_t *q = (int8_t *)(sum + (size_t)T * 3 * nb);
         Py_BEGIN_ALLOW_THREADS;
-        quantize_x((const float *)x.buf, T, (int)cols, qt, q, d, sum, xr, (char *)scratch + rounded);
-        const long chunks = (long)((rows + ROW_CHUNK - 1) / ROW_CHUNK);
-#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && chunks > 1)
+        quantize_x((const float *)x.buf, T, (int)cols, wqt, q, d, sum, xr, (char *)scratch + rounded);
+        Py_END_ALLOW_THREADS;
+    }
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    const long chunks = (long)((rows + ROW_CHUNK - 1) / ROW_CHUNK);
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1 && chunks > 1)
+    {
+        uint8_t *mine = pbytes ? malloc(PANEL_ROWS * rb) : NULL;
+        if (pbytes && !mine) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
         for (long c = 0; c < chunks; c++) {
             size_t r0 = (size_t)c * ROW_CHUNK;
             size_t r1 = r0 + ROW_CHUNK < (size_t)rows ? r0 + ROW_CHUNK : (size_t)rows;
-            K->dot_rows_i8(qt, (const uint8_t *)w.buf, rb, r0, r1, xr, (int)T, (int)cols,
-                           (float *)y.buf, (size_t)rows);
+            const uint8_t *wc = (const uint8_t *)w.buf;
+            float *yc = (float *)y.buf;
+            if (pbytes) { /* ROW_CHUNK == PANEL_ROWS: chunk c is panel c */
+                if (!mine) continue;
+                repanel(perm, pbytes, wc + r0 * rb, rb, mine, 0);
+                wc = mine, yc += r0, r1 -= r0, r0 = 0;
+            }
+            if (xr)
+                K->dot_rows_i8(wqt, wc, rb, r0, r1, xr, (int)T, (int)cols, yc, (size_t)rows);
+            else
+                K->dot_rows(wqt, wc, rb, r0, r1, (const float *)x.buf, (int)T, (int)cols, yc,
+                            (size_t)rows);
         }
-        Py_END_ALLOW_THREADS;
-        ret = Py_NewRef(Py_None);
-        goto done;
-    }
-    Py_BEGIN_ALLOW_THREADS;
-    const long chunks = (long)((rows + ROW_CHUNK - 1) / ROW_CHUNK);
-#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && chunks > 1)
-    for (long c = 0; c < chunks; c++) {
-        size_t r0 = (size_t)c * ROW_CHUNK;
-        size_t r1 = r0 + ROW_CHUNK < (size_t)rows ? r0 + ROW_CHUNK : (size_t)rows;
-        K->dot_rows(qt, (const uint8_t *)w.buf, rb, r0, r1, (const float *)x.buf, (int)T,
-                    (int)cols, (float *)y.buf, (size_t)rows);
+        free(mine);
     }
     Py_END_ALLOW_THREADS;
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
     ret = Py_NewRef(Py_None);
 done:
     free(scratch);
@@ -482,6 +637,49 @@ done:
     PyBuffer_Release(&x);
     PyBuffer_Release(&y);
     return ret;
+}
+
+/* panel(qtype, src, dst, rows, cols, to_panels): dst = W (rows x cols of file type qtype)
+ * with its rows in panels of 16 (to_panels), or back in the file's order. */
+static PyObject *py_panel(PyObject *self, PyObject *args) {
+    (void)self;
+    int qt, to_panels;
+    Py_ssize_t rows, cols;
+    Py_buffer src, dst;
+    if (!PyArg_ParseTuple(args, "iy*w*nnp", &qt, &src, &dst, &rows, &cols, &to_panels))
+        return NULL;
+    PyObject *ret = NULL;
+    size_t rb;
+    uint16_t perm[PANEL_MAX_BYTES];
+    const int pbytes = panel_perm(qt, perm);
+    if (!pbytes) {
+        PyErr_Format(PyExc_ValueError, "no panel layout for type %d", qt);
+        goto done;
+    }
+    if (check_matrix(qt | PANELS, rows, cols, &rb) || check_len(&src, rb * (size_t)rows, "src") ||
+        check_len(&dst, rb * (size_t)rows, "dst"))
+        goto done;
+    if (src.buf == dst.buf) {
+        PyErr_SetString(PyExc_ValueError, "panel: src and dst must not be one buffer");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t r = 0; r < rows; r += PANEL_ROWS)
+        repanel(perm, pbytes, (const uint8_t *)src.buf + (size_t)r * rb, rb,
+                (uint8_t *)dst.buf + (size_t)r * rb, to_panels);
+    Py_END_ALLOW_THREADS;
+    ret = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return ret;
+}
+
+static PyObject *py_panels_for(PyObject *self, PyObject *args) {
+    (void)self;
+    int qt;
+    if (!PyArg_ParseTuple(args, "i", &qt)) return NULL;
+    return PyBool_FromLong(K->panel_serves && K->panel_serves(qt));
 }
 
 /* Row t of x, rounded (its cols codes, its nf floats: quantize_row's scales and sums), put
@@ -638,6 +836,11 @@ static PyMethodDef METHODS[] = {
     {"tiles", py_tiles, METH_VARARGS,
      "tiles(qtype, w, rows, cols, x f32, T, y f32, threads): y[T, rows] = x @ W.T by AMX "
      "int8 tiles, x rounded to 8 bits as dots round it"},
+    {"panel", py_panel, METH_VARARGS,
+     "panel(qtype, src, dst, rows, cols, to_panels): dst = W's rows in panels of 16, or "
+     "back in the file's order"},
+    {"panels_for", py_panels_for, METH_VARARGS,
+     "panels_for(qtype): whether the picked ISA has panel dots for the type"},
     {"tiles_for", py_tiles_for, METH_VARARGS,
      "tiles_for(qtype): whether the picked ISA has tile products for the type"},
     {"has_tiles", py_has_tiles, METH_NOARGS, "whether the picked ISA has AMX tile products"},
@@ -654,5 +857,11 @@ static struct PyModuleDef MODULE = {
 
 PyMODINIT_FUNC PyInit__native(void) {
     if (pick_isa()) return NULL;
-    return PyModule_Create(&MODULE);
+    PyObject *m = PyModule_Create(&MODULE);
+    if (m && (PyModule_AddIntConstant(m, "PANELS", PANELS) ||
+              PyModule_AddIntConstant(m, "PANEL_ROWS", PANEL_ROWS))) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

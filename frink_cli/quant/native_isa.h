@@ -165,6 +165,7 @@ static void ISA(dot_rows)(int qt, const uint8_t *w, size_t rb, size_t r0, size_t
 #ifdef I8_DOT_ACC
 #include "native_kdots.h"
 #include "native_int8.h"
+#include "native_panels.h"
 #endif
 
 #ifdef AMX_TILES

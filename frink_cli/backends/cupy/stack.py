@@ -26,6 +26,7 @@ import numpy as np
 from ...model.config import LayerShape, ModelConfig
 from ...model.weights import LayerWeights, Linear, map_layer
 from ...quant.blocks import QuantRows
+from ...quant.kernels import file_order
 from .cuda_ops import CudaOps, CudaStep, KvRows
 from .gemm import DeviceQuant, DeviceQuantPart
 
@@ -43,7 +44,7 @@ def _device_linear(ops: Any, lin: Linear, dtype: Any) -> DeviceLinear:
     if isinstance(lin.w, QuantRows):
         # Held as the host holds it: the file's blocks, byte for byte (F16 and BF16 too).
         parts = tuple(
-            DeviceQuantPart(ops.to_device(p.data, np.uint8), p.qtype, p.rows, p.cols)
+            DeviceQuantPart(ops.to_device(file_order(p).data, np.uint8), p.qtype, p.rows, p.cols)
             for p in lin.w.parts
         )
         return DeviceLinear(DeviceQuant(parts, np.dtype(dtype)), b)

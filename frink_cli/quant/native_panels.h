@@ -1,0 +1,239 @@
+/* 8-bit dots over W's rows in panels of 16 (Q4_K): included by native_isa.h in the x86
+ * regions (AVX2, AVX-512) after native_kdots.h.
+ *
+ * The layout (native.c panel_perm, which both ways of reading it share): a panel is 16
+ * consecutive rows of W, and block b of a panel (the 16 rows' block b, 16 x 144 bytes, the
+ * same bytes as the file's) is laid out lane by lane, a lane being a row:
+ *     0: the 16 rows' d (f16)          32: their dmin (f16)
+ *    64: the 12 bytes of 6-bit scales and mins as 3 dwords, dword i of the 16 rows together
+ *   256: the codes, chunk c (64 columns) then quad g (4 bytes: columns 64c + 4g .. + 3 in
+ *        the low nibbles, 64c + 32 + 4g .. + 3 in the high), the 16 rows' 4 bytes together.
+ * A panel occupies the bytes of its 16 rows of the file (row_bytes each), so the matrix
+ * keeps its size and its rows' offsets at every 16.
+ *
+ * Why: with a row of W in each 32-bit lane, one byte dot instruction multiplies 4 columns
+ * of 16 (AVX2: 8) rows of W by the same 4 columns of a row of x (broadcast), and the sums
+ * stay per row of W: no sums across lanes, the scales multiply 16 rows at once, and a row
+ * of x costs one broadcast per 4 columns. Measured on Zen 4 (docs/performance.md): 1.5
+ * ns per block and row of x for 8 rows of x (the file-order tile: 2.9), 2.2 for one
+ * (7.5). llama.cpp's CPU backend repacks Q4_K the same way (its 8x8 interleave).
+ *
+ * Per block, row of W and row of x: the integer sum d-part S = sum_j sc_j S_j and mins'
+ * part M = sum_j m_j Q_j (Q_j: the sum of x's q over run j, exact integers), then
+ * acc += S (d dx) and acc -= M (dmin dx) in f32, blocks in order: llama.cpp's Q4_K dot.
+ * Every (row of W, row of x) pair is one lane's own chain of the same steps, so a row's
+ * product is the same bits alone or in any tile, batch or chunk, on any thread count.
+ */
+
+#define PANEL_TILE 8
+/* Bytes ahead of the block it reads that a panel walk asks the cache for. */
+#ifndef PANEL_PREFETCH
+#define PANEL_PREFETCH 8192
+#endif
+
+/* -O3's extra loop transformations (the build's default) made the 8-row kernel 1.5x
+ * slower on Zen 4 (its accumulators spilled): these loops are written to be compiled as
+ * they stand. */
+#pragma GCC push_options
+#pragma GCC optimize("O2")
+
+/* The 6-bit scales (lo = 0) or mins (lo = 1) of runs 0-3 (hi = 0) or 4-7 (hi = 1) of each
+ * lane's row, a byte each (byte j: run 4 hi + j), from the three scale dwords a0, a1, a2
+ * (ggml's get_scale_min_k4, 4 runs at a time). */
+#define PANEL_SCALES(V, AND, OR, SRL, SLL, SET1)                                               \
+    static INLINE V ISA(panel_scales)(V a0, V a1, V a2, int mins, int hi) {                    \
+        const V six = SET1(0x3f3f3f3f), four = SET1(0x0f0f0f0f), two = SET1(0x03030303);       \
+        const V lo6 = mins ? a1 : a0;                                                          \
+        if (!hi) return AND(lo6, six);                                                         \
+        const V top = SLL(AND(SRL(lo6, 6), two), 4);                                           \
+        return OR(AND(mins ? SRL(a2, 4) : a2, four), top);                                     \
+    }
+
+#ifdef KD_DPBUSD /* AVX-512: 16 rows of W in a zmm's lanes */
+
+PANEL_SCALES(__m512i, _mm512_and_si512, _mm512_or_si512, _mm512_srli_epi32, _mm512_slli_epi32,
+             _mm512_set1_epi32)
+
+static INLINE __m512i ISA(panel_bcast)(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* The panel's blocks times the N rows of x (q rows xs apart, dx per row nb apart, bsp: per
+ * row and block the 4 int16 pairs of run sums (Q0, Q2), (Q1, Q3), (Q4, Q6), (Q5, Q7)),
+ * into y (rows ys apart). */
+#define PANEL_ROWS_N(N)                                                                         \
+    static void ISA(panel_q4k_##N)(const uint8_t *pan, int nb, const int8_t *xq, size_t xs,    \
+                                   const float *dx, const int32_t *bsp, float *y, size_t ys) { \
+        __m512 acc[N];                                                                          \
+        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();      \
+        const __m512i low = _mm512_set1_epi8(15), byte = _mm512_set1_epi32(0xff);               \
+        const __m512i pair = _mm512_set1_epi32(0x00ff00ff);                                     \
+        for (int b = 0; b < nb; b++) {                                                          \
+            const uint8_t *p = pan + (size_t)b * 2304;                                          \
+            for (int l = 0; l < 2304; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2);     \
+            const __m512i a0 = _mm512_loadu_si512(p + 64), a1 = _mm512_loadu_si512(p + 128);    \
+            const __m512i a2 = _mm512_loadu_si512(p + 192);                                     \
+            __m512i is[N], ms[N];                                                               \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) is[t] = ms[t] = _mm512_setzero_si512(); \
+            for (int c = 0; c < 4; c++) {                                                       \
+                __m512i aL[N], aH[N];                                                           \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) aL[t] = aH[t] = _mm512_setzero_si512(); \
+                _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++) {                           \
+                    const __m512i w = _mm512_loadu_si512(p + 256 + (c * 8 + g) * 64);           \
+                    const __m512i lo = _mm512_and_si512(w, low);                                \
+                    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);          \
+                    _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                       \
+                        const int8_t *x = xq + t * xs + b * 256 + 64 * c + 4 * g;               \
+                        aL[t] = _mm512_dpbusd_epi32(aL[t], lo, ISA(panel_bcast)(x));            \
+                        aH[t] = _mm512_dpbusd_epi32(aH[t], hi, ISA(panel_bcast)(x + 32));       \
+                    }                                                                           \
+                }                                                                               \
+                /* runs 2c (low nibbles) and 2c + 1 (high): bytes 2(c % 2), + 1 of a dword */   \
+                const __m512i sc = ISA(panel_scales)(a0, a1, a2, 0, c >= 2);                    \
+                const __m512i sL = _mm512_and_si512(_mm512_srli_epi32(sc, 16 * (c % 2)), byte); \
+                const __m512i sH = _mm512_and_si512(_mm512_srli_epi32(sc, 16 * (c % 2) + 8), byte); \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                             \
+                    is[t] = _mm512_add_epi32(is[t], _mm512_add_epi32(_mm512_mullo_epi32(aL[t], sL), \
+                                                                     _mm512_mullo_epi32(aH[t], sH))); \
+            }                                                                                   \
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {                               \
+                const __m512i m = ISA(panel_scales)(a0, a1, a2, 1, h);                          \
+                const __m512i m02 = _mm512_and_si512(m, pair);                                  \
+                const __m512i m13 = _mm512_and_si512(_mm512_srli_epi32(m, 8), pair);            \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                           \
+                    const int32_t *s = bsp + ((size_t)t * nb + b) * PANEL_SUMS + 2 * h;                \
+                    ms[t] = _mm512_add_epi32(ms[t], _mm512_madd_epi16(m02, _mm512_set1_epi32(s[0]))); \
+                    ms[t] = _mm512_add_epi32(ms[t], _mm512_madd_epi16(m13, _mm512_set1_epi32(s[1]))); \
+                }                                                                               \
+            }                                                                                   \
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));          \
+            const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));  \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                               \
+                const __m512 x = _mm512_set1_ps(dx[(size_t)t * nb + b]);                        \
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[t]), _mm512_mul_ps(d, x), acc[t]); \
+                acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms[t]), _mm512_mul_ps(dm, x), acc[t]); \
+            }                                                                                   \
+        }                                                                                       \
+        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm512_storeu_ps(y + t * ys, acc[t]); \
+    }
+
+
+#else /* AVX2: the panel's two halves of 8 rows, a ymm's lanes each */
+
+PANEL_SCALES(__m256i, _mm256_and_si256, _mm256_or_si256, _mm256_srli_epi32, _mm256_slli_epi32,
+             _mm256_set1_epi32)
+
+static INLINE __m256i ISA(panel_bcast)(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* As the AVX-512 form, half h of the panel (rows 8h .. 8h + 7) at a time. Without VNNI a
+ * run's byte products are vpmaddubsw pairs added as int16 (8 quads of 2 x 15 x 127 stay
+ * under 2^15), then times the run's scale (an int16 pair (sc, sc)) by vpmaddwd. */
+#define PANEL_ROWS_N(N)                                                                         \
+    static void ISA(panel_q4k_##N)(const uint8_t *pan, int nb, const int8_t *xq, size_t xs,    \
+                                   const float *dx, const int32_t *bsp, float *y, size_t ys) { \
+        const __m256i low = _mm256_set1_epi8(15), byte = _mm256_set1_epi32(0xff);               \
+        const __m256i pair = _mm256_set1_epi32(0x00ff00ff);                                     \
+        for (int h = 0; h < 2; h++) {                                                           \
+            __m256 acc[N];                                                                      \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();  \
+            for (int b = 0; b < nb; b++) {                                                      \
+                const uint8_t *p = pan + (size_t)b * 2304;                                      \
+                if (!h) for (int l = 0; l < 2304; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
+                const __m256i a0 = _mm256_loadu_si256((const __m256i *)(p + 64 + 32 * h));      \
+                const __m256i a1 = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));     \
+                const __m256i a2 = _mm256_loadu_si256((const __m256i *)(p + 192 + 32 * h));     \
+                __m256i is[N], ms[N];                                                           \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) is[t] = ms[t] = _mm256_setzero_si256(); \
+                for (int c = 0; c < 4; c++) {                                                   \
+                    const __m256i sc = ISA(panel_scales)(a0, a1, a2, 0, c >= 2);                \
+                    _Pragma("GCC unroll 2") for (int f = 0; f < 2; f++) { /* run 2c + f */     \
+                        __m256i s = _mm256_and_si256(_mm256_srli_epi32(sc, 16 * (c % 2) + 8 * f), byte); \
+                        s = _mm256_or_si256(s, _mm256_slli_epi32(s, 16));                       \
+                        __m256i a[N];                                                           \
+                        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) a[t] = _mm256_setzero_si256(); \
+                        _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++) {                   \
+                            const __m256i w = _mm256_loadu_si256((const __m256i *)(p + 256 + (c * 8 + g) * 64 + 32 * h)); \
+                            const __m256i v = f ? _mm256_and_si256(_mm256_srli_epi16(w, 4), low) : _mm256_and_si256(w, low); \
+                            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {               \
+                                a[t] = _mm256_add_epi16(a[t], _mm256_maddubs_epi16(v, ISA(panel_bcast)(xq + t * xs + b * 256 + 64 * c + 32 * f + 4 * g))); \
+                                /* each row's sum kept a chain in a register: reassociated,  \
+                                 * GCC stored every product to the stack first */            \
+                                __asm__("" : "+x"(a[t]));                                       \
+                            }                                                                   \
+                        }                                                                       \
+                        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                     \
+                            is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(a[t], s));        \
+                    }                                                                           \
+                }                                                                               \
+                _Pragma("GCC unroll 2") for (int hh = 0; hh < 2; hh++) {                        \
+                    const __m256i m = ISA(panel_scales)(a0, a1, a2, 1, hh);                     \
+                    const __m256i m02 = _mm256_and_si256(m, pair);                              \
+                    const __m256i m13 = _mm256_and_si256(_mm256_srli_epi32(m, 8), pair);        \
+                    _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                       \
+                        const int32_t *s = bsp + ((size_t)t * nb + b) * PANEL_SUMS + 2 * hh;            \
+                        ms[t] = _mm256_add_epi32(ms[t], _mm256_madd_epi16(m02, _mm256_set1_epi32(s[0]))); \
+                        ms[t] = _mm256_add_epi32(ms[t], _mm256_madd_epi16(m13, _mm256_set1_epi32(s[1]))); \
+                    }                                                                           \
+                }                                                                               \
+                const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * h)));      \
+                const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * h))); \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                           \
+                    const __m256 x = _mm256_set1_ps(dx[(size_t)t * nb + b]);                    \
+                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), _mm256_mul_ps(d, x), acc[t]); \
+                    acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms[t]), _mm256_mul_ps(dm, x), acc[t]); \
+                }                                                                               \
+            }                                                                                   \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm256_storeu_ps(y + t * ys + 8 * h, acc[t]); \
+        }                                                                                       \
+    }
+
+
+#endif
+
+PANEL_ROWS_N(1)
+PANEL_ROWS_N(2)
+PANEL_ROWS_N(4)
+PANEL_ROWS_N(8)
+
+/* Whether panel_rows takes W's type qt (its panels' type, native.c panel_base). */
+static int ISA(panel_serves)(int qt) { return qt == QT_Q4_K; }
+
+/* y[t, r] = x[t] . W[r] for the rows of panels [p0, p1) of W (type qt, in panels; rb: a
+ * row's bytes, so a panel is 16 rb), every t < T: x's rounded rows q (cols apart), dx per
+ * row and block (nb apart), bsp per row and block (native.c panel_sums); the rows of x in
+ * tiles of 8, then 4, 2, 1 for the rest, each panel read once per tile. */
+static void ISA(panel_rows)(int qt, const uint8_t *w, size_t rb, size_t p0, size_t p1,
+                            const int8_t *q, const float *dx, const int32_t *bsp, int T, int cols,
+                            float *y, size_t ys) {
+    const int nb = cols / 256;
+    for (size_t P = p0; P < p1; P++) {
+        const uint8_t *pan = w + P * 16 * rb;
+        for (int t0 = 0, n; t0 < T; t0 += n) {
+            n = T - t0 >= PANEL_TILE ? PANEL_TILE : T - t0 >= 4 ? 4 : T - t0 >= 2 ? 2 : 1;
+            const int8_t *xq = q + (size_t)t0 * cols;
+            const float *d = dx + (size_t)t0 * nb;
+            const int32_t *s = bsp + (size_t)t0 * nb * PANEL_SUMS;
+            float *yy = y + (size_t)t0 * ys + 16 * P;
+#define PANEL_CALL(TYPE)                                                                       \
+    if (n == 1) ISA(panel_##TYPE##_1)(pan, nb, xq, cols, d, s, yy, ys);                        \
+    else if (n == 2) ISA(panel_##TYPE##_2)(pan, nb, xq, cols, d, s, yy, ys);                   \
+    else if (n == 4) ISA(panel_##TYPE##_4)(pan, nb, xq, cols, d, s, yy, ys);                   \
+    else ISA(panel_##TYPE##_8)(pan, nb, xq, cols, d, s, yy, ys);
+            PANEL_CALL(q4k)
+#undef PANEL_CALL
+        }
+    }
+}
+
+#pragma GCC pop_options
+
+#undef PANEL_ROWS_N
+#undef PANEL_SCALES
+#undef PANEL_TILE
+#undef PANEL_PREFETCH

@@ -1,0 +1,166 @@
+"""Weights in panels (`kernels.in_panels`: 16 rows of W interleaved a lane per row, the
+compiled kernels' native_panels.h) against gguf-py and against the same weights in the
+file's order.
+
+Why: a model's Q4_K matrices are repacked at load where the kernels have panel dots, so
+every decode and prompt product of such a model goes through them. They must give
+dequantize(q8(x)) @ dequantize(W).T as the file-order dots do (test_quant_kernels' bar),
+keep a row's bits whatever rows share its step, and every other reader of the matrix
+(exact activations, dequantization, row lookups, the portable kernels, a backend's upload)
+must see the file's weights exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+from quant_weights import assert_close, random_weights, reference
+from test_quant_kernels import _use_isa, q8_rounded
+
+from frink_cli.quant import kernels
+from frink_cli.quant.blocks import PANEL_ROWS, QuantMatrix
+
+PANEL_ISAS = ("avx512", "avx2")
+SHAPES = ((16, 256), (48, 512), (128, 1536))
+
+
+@pytest.fixture(params=PANEL_ISAS)
+def isa(request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from (str(request.param) for _ in _use_isa(str(request.param)))
+
+
+def _panelled(qtype: T, rows: int, cols: int, seed: int) -> tuple[QuantMatrix, QuantMatrix]:
+    """(W in the file's order, the same W in panels)."""
+    w = random_weights(qtype, rows, cols, seed=seed)
+    with kernels.exact_activations(False):
+        p = kernels.in_panels(w)
+    assert p.panels, f"{kernels.kernel_path()}: no panels for {qtype.name}"
+    return w, p
+
+
+def test_panels_hold_the_files_bytes(isa: str) -> None:
+    """A permutation of the bytes: the file's order comes back whole, row by row and by
+    index; whole panels slice, a cut through one does not."""
+    for rows, cols in SHAPES:
+        w, p = _panelled(T.Q4_K, rows, cols, seed=rows + cols)
+        assert p.data.nbytes == w.data.nbytes and not np.array_equal(p.data, w.data)
+        assert p.data.ctypes.data % kernels.PANEL_ALIGN == 0
+        np.testing.assert_array_equal(kernels.file_order(p).data, w.data)
+        idx = np.array([rows - 1, 0, 5, 5, rows // 2])
+        np.testing.assert_array_equal(kernels.file_rows(p, idx), w.data[idx])
+        np.testing.assert_array_equal(
+            kernels.file_order(p.row_slice(0, PANEL_ROWS)).data, w.data[:PANEL_ROWS]
+        )
+        with pytest.raises(ValueError, match="cut panels"):
+            p.row_slice(0, PANEL_ROWS - 1)
+
+
+def test_panel_8bit_products_equal_rounded_x_at_dequantized(isa: str) -> None:
+    """dequantize(q8(x)) @ dequantize(W).T (x rounded as llama.cpp rounds it for Q4_K),
+    for decode rows and a prompt's (matmul: the same dots over blocks of rows, bit for
+    bit), and the rounding really happened."""
+    rng = np.random.default_rng(3)
+    with kernels.exact_activations(False):
+        for rows, cols in SHAPES:
+            w, p = _panelled(T.Q4_K, rows, cols, seed=rows * cols)
+            ref_w = reference(w).astype(np.float64)
+            for t in (1, 2, 3, 5, 8, 16, 21, 40):
+                x = rng.standard_normal((t, cols)).astype(np.float32)
+                if t > 1:
+                    x[-1, :256] = 0  # an all-zero block: dx 0
+                got = kernels.dots(x, p)
+                assert_close(got, (q8_rounded(x, T.Q4_K) @ ref_w.T).astype(np.float32))
+                np.testing.assert_array_equal(kernels.matmul(x, p), got)
+                np.testing.assert_array_equal(kernels.linear(x, p), got)
+                exact = x[:1].astype(np.float64) @ ref_w.T
+                rel = np.linalg.norm(got[:1] - exact) / np.linalg.norm(exact)
+                assert 1e-4 < rel < 2e-2, rel
+
+
+def test_a_panel_rows_product_is_its_own_alone_or_in_any_batch(isa: str) -> None:
+    """Every (row of W, row of x) pair is one vector lane's own chain of the same steps: a
+    row gets the same bits alone, in batches of every length 1 .. 17 (tiles of 8, 4, 2, 1)
+    and in any slice, on one thread or two."""
+    rng = np.random.default_rng(5)
+    w, p = _panelled(T.Q4_K, 48, 512, seed=9)
+    x = rng.standard_normal((17, 512)).astype(np.float32)
+    with kernels.exact_activations(False):
+        alone = np.concatenate([kernels.dots(x[i : i + 1], p) for i in range(len(x))])
+        for t in range(2, len(x) + 1):
+            np.testing.assert_array_equal(kernels.dots(x[:t], p), alone[:t])
+        for t0, t1 in ((3, 5), (2, 9), (5, 8), (1, 14), (6, 17)):
+            with kernels.threads(1):
+                np.testing.assert_array_equal(kernels.dots(x[t0:t1], p), alone[t0:t1])
+
+
+def test_panel_sums_hold_at_their_largest(isa: str) -> None:
+    """Every code 15, every scale and min 63, x all one sign (every q at +-127): the
+    integer sums at their largest still equal the reference."""
+    w = random_weights(T.Q4_K, 32, 512, seed=5)
+    blocks = np.asarray(w.data).reshape(-1, GGML_QUANT_SIZES[T.Q4_K][1]).copy()
+    blocks[:, 4:144] = 0xFF
+    w = QuantMatrix(blocks.reshape(w.rows, -1), T.Q4_K, w.rows, w.cols)
+    x = np.ones((3, 512), np.float32) * np.array([[1.0], [-2.0], [0.5]], np.float32)
+    with kernels.exact_activations(False):
+        p = kernels.in_panels(w)
+        assert p.panels
+        ref = q8_rounded(x, T.Q4_K) @ reference(w).astype(np.float64).T
+        assert_close(kernels.dots(x, p), ref.astype(np.float32))
+
+
+@pytest.mark.parametrize("reader", ["exact", "base", "dequantize", "take_rows"])
+def test_every_other_reader_sees_the_files_weights(isa: str, reader: str) -> None:
+    """Exact activations, the portable kernels (an ISA switched after load), dequantization
+    and row lookups read a panel matrix's rows back in the file's order: the file-order
+    matrix's bits exactly."""
+    rng = np.random.default_rng(7)
+    w, p = _panelled(T.Q4_K, 48, 512, seed=11)
+    x = rng.standard_normal((5, 512)).astype(np.float32)
+    if reader == "exact":
+        with kernels.exact_activations():
+            np.testing.assert_array_equal(kernels.dots(x, p), kernels.dots(x, w))
+    elif reader == "base":
+        for _ in _use_isa("base"):
+            np.testing.assert_array_equal(kernels.dots(x, p), kernels.dots(x, w))
+    elif reader == "dequantize":
+        np.testing.assert_array_equal(kernels.dequantize_rows(p, 3, 40), reference(w)[3:40])
+    else:
+        idx = np.array([47, 0, 16, 16, 31])
+        np.testing.assert_array_equal(kernels.take_rows(p, idx), reference(w)[idx])
+
+
+def test_only_what_panels_serve_is_repacked(isa: str) -> None:
+    """A type without a panel layout, a row count that is no whole number of panels, and
+    exact activations keep the file's order."""
+    with kernels.exact_activations(False):
+        for qtype, rows in ((T.Q6_K, 32), (T.Q8_0, 32), (T.Q4_K, 40)):
+            w = random_weights(qtype, rows, 256, seed=rows)
+            assert kernels.in_panels(w) is w
+    with kernels.exact_activations():
+        w = random_weights(T.Q4_K, 32, 256, seed=1)
+        assert kernels.in_panels(w) is w
+
+
+def test_a_q4_k_model_loads_its_matrices_in_panels(gemma3_path) -> None:
+    """Gemma 3 270M Q4_K_M (test_real_models checks its products against llama.cpp's):
+    its Q4_K matrices load in panels where the kernels have them, so those checks run the
+    panel dots."""
+    import frink_cli
+
+    with kernels.exact_activations(False):
+        if kernels._NATIVE is None or not kernels._NATIVE.panels_for(int(T.Q4_K)):
+            pytest.skip(f"no panel dots here: {kernels.kernel_path()}")
+        model = frink_cli.load(gemma3_path)
+    parts = [
+        p
+        for layer in model.decoder.host.w.layers
+        for lin in (layer.qkv, layer.wo, layer.gate_up, layer.down)
+        for p in lin.w.parts
+    ]
+    q4k = [p for p in parts if p.qtype == T.Q4_K]
+    assert q4k and all(p.panels for p in q4k)
+    assert all(not p.panels for p in parts if p.qtype != T.Q4_K)
