@@ -117,14 +117,18 @@ static int panel_perm(int qt, uint16_t *perm) {
 static void repanel(const uint16_t *perm, int pbytes, const uint8_t *src, size_t rb, uint8_t *out,
                     int to_panels) {
     const size_t nb = rb / (size_t)(pbytes / PANEL_ROWS), bb = (size_t)pbytes / PANEL_ROWS;
-    /* a layout moves runs of at least 2 bytes from even offsets: 2 bytes a step */
-    for (size_t b = 0; b < nb; b++)
-        for (int i = 0; i < pbytes; i += 2) {
-            const size_t file = (size_t)(perm[i] / bb) * rb + b * bb + perm[i] % bb;
-            const size_t panel = b * (size_t)pbytes + (size_t)i;
-            if (to_panels) memcpy(out + panel, src + file, 2);
-            else memcpy(out + file, src + panel, 2);
-        }
+    /* a layout moves runs of at least 2 bytes from even offsets: 2 bytes a step, each
+     * pair's offset in the 16 rows' bytes worked out once */
+    size_t at[PANEL_MAX_BYTES / 2];
+    for (int i = 0; i < pbytes; i += 2) at[i / 2] = (size_t)(perm[i] / bb) * rb + perm[i] % bb;
+    for (size_t b = 0; b < nb; b++) {
+        const uint8_t *from = to_panels ? src + b * bb : src + b * (size_t)pbytes;
+        uint8_t *to = to_panels ? out + b * (size_t)pbytes : out + b * bb;
+        if (to_panels)
+            for (int i = 0; i < pbytes; i += 2) memcpy(to + i, from + at[i / 2], 2);
+        else
+            for (int i = 0; i < pbytes; i += 2) memcpy(to + at[i / 2], from + i, 2);
+    }
 }
 
 /* A row of x rounded to 8 bits per 32 columns (native_int8.h says how and why). */
