@@ -131,7 +131,7 @@ static INLINE __m256i ISA(panel_bcast)(const int8_t *p) {
     return _mm256_set1_epi32(v);
 }
 
-/* As the AVX-512 form, half h of the panel (rows 8h .. 8h + 7) at a time. Without VNNI a
+/* As the AVX-512 form, a block's halves h (rows 8h .. 8h + 7) one after the other. Without VNNI a
  * run's byte products are vpmaddubsw pairs added as int16 (8 quads of 2 x 15 x 127 stay
  * under 2^15), then times the run's scale (an int16 pair (sc, sc)) by vpmaddwd. */
 #define PANEL_ROWS_N(N)                                                                         \
@@ -139,12 +139,13 @@ static INLINE __m256i ISA(panel_bcast)(const int8_t *p) {
                                    const float *dx, const int32_t *bsp, float *y, size_t ys) { \
         const __m256i low = _mm256_set1_epi8(15), byte = _mm256_set1_epi32(0xff);               \
         const __m256i pair = _mm256_set1_epi32(0x00ff00ff);                                     \
-        for (int h = 0; h < 2; h++) {                                                           \
-            __m256 acc[N];                                                                      \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();  \
-            for (int b = 0; b < nb; b++) {                                                      \
-                const uint8_t *p = pan + (size_t)b * 2304;                                      \
-                if (!h) for (int l = 0; l < 2304; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
+        __m256 acc[2][N];                                                                       \
+        for (int h = 0; h < 2; h++)                                                             \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[h][t] = _mm256_setzero_ps(); \
+        for (int b = 0; b < nb; b++) {                                                          \
+            const uint8_t *p = pan + (size_t)b * 2304;                                          \
+            for (int l = 0; l < 2304; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
+            for (int h = 0; h < 2; h++) { /* each line of the block read in one pass */         \
                 const __m256i a0 = _mm256_loadu_si256((const __m256i *)(p + 64 + 32 * h));      \
                 const __m256i a1 = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));     \
                 const __m256i a2 = _mm256_loadu_si256((const __m256i *)(p + 192 + 32 * h));     \
@@ -185,14 +186,14 @@ static INLINE __m256i ISA(panel_bcast)(const int8_t *p) {
                 const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * h))); \
                 _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                           \
                     const __m256 x = _mm256_set1_ps(dx[(size_t)t * nb + b]);                    \
-                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), _mm256_mul_ps(d, x), acc[t]); \
-                    acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms[t]), _mm256_mul_ps(dm, x), acc[t]); \
+                    acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), _mm256_mul_ps(d, x), acc[h][t]); \
+                    acc[h][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms[t]), _mm256_mul_ps(dm, x), acc[h][t]); \
                 }                                                                               \
             }                                                                                   \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm256_storeu_ps(y + t * ys + 8 * h, acc[t]); \
         }                                                                                       \
+        for (int h = 0; h < 2; h++)                                                             \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm256_storeu_ps(y + t * ys + 8 * h, acc[h][t]); \
     }
-
 
 #endif
 
