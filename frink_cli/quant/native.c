@@ -478,9 +478,12 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
         uint16_t perm[PANEL_MAX_BYTES];
         const int pbytes = panel_perm(panel_base(qt), perm);
         const int64_t at = 0;
+        size_t have = (size_t)-1; /* the panel in tmp: rows in order read each panel once */
         for (size_t i = 0; i < n; i++) {
             const size_t P = (size_t)idx[i] / PANEL_ROWS;
-            repanel(perm, pbytes, (const uint8_t *)w.buf + P * PANEL_ROWS * rb, rb, tmp, 0);
+            if (P != have)
+                repanel(perm, pbytes, (const uint8_t *)w.buf + P * PANEL_ROWS * rb, rb, tmp, 0);
+            have = P;
             K->deq_rows(panel_base(qt), tmp + (size_t)idx[i] % PANEL_ROWS * rb, rb, &at, 0, 1,
                         (float *)out.buf + i * (size_t)cols, (int)cols);
         }
