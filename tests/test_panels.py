@@ -2,7 +2,8 @@
 compiled kernels' native_panels.h) against gguf-py and against the same weights in the
 file's order.
 
-Why: a model's Q4_K matrices are repacked at load where the kernels have panel dots, so
+Why: a model's Q4_K (and, with VNNI, Q5_0) matrices are repacked at load where the kernels
+have panel dots, so
 every decode and prompt product of such a model goes through them. They must give
 dequantize(q8(x)) @ dequantize(W).T as the file-order dots do (test_quant_kernels' bar),
 keep a row's bits whatever rows share its step, and every other reader of the matrix
@@ -25,7 +26,10 @@ from frink_cli.quant import kernels
 from frink_cli.quant.blocks import PANEL_ROWS, QuantMatrix
 
 PANEL_ISAS = ("avx512", "avx2")
-SHAPES = ((16, 256), (48, 512), (128, 1536))
+# The types with a panel layout; the shapes: one panel of one unit, several panels, and a
+# real model's width (Q5_0's unit is two runs: 64 columns).
+PANEL_TYPES = (T.Q4_K, T.Q5_0)
+SHAPES = {T.Q4_K: ((16, 256), (48, 512), (128, 1536)), T.Q5_0: ((16, 64), (48, 512), (128, 896))}
 
 
 @pytest.fixture(params=PANEL_ISAS)
@@ -33,8 +37,15 @@ def isa(request: pytest.FixtureRequest) -> Iterator[str]:
     yield from (str(request.param) for _ in _use_isa(str(request.param)))
 
 
+def _serves(qtype: T, cols: int) -> None:
+    """Skip where the kernels running now have no panel dots for qtype (AVX2: Q4_K only)."""
+    if kernels._NATIVE is None or not kernels._NATIVE.panels_for(int(qtype), cols):
+        pytest.skip(f"{kernels.kernel_path()}: no panel dots for {qtype.name}")
+
+
 def _panelled(qtype: T, rows: int, cols: int, seed: int) -> tuple[QuantMatrix, QuantMatrix]:
     """(W in the file's order, the same W in panels)."""
+    _serves(qtype, cols)
     w = random_weights(qtype, rows, cols, seed=seed)
     with kernels.exact_activations(False):
         p = kernels.in_panels(w)
@@ -42,11 +53,12 @@ def _panelled(qtype: T, rows: int, cols: int, seed: int) -> tuple[QuantMatrix, Q
     return w, p
 
 
-def test_panels_hold_the_files_bytes(isa: str) -> None:
+@pytest.mark.parametrize("qtype", PANEL_TYPES, ids=lambda t: t.name)
+def test_panels_hold_the_files_bytes(qtype: T, isa: str) -> None:
     """A permutation of the bytes: the file's order comes back whole, row by row and by
     index; whole panels slice, a cut through one does not."""
-    for rows, cols in SHAPES:
-        w, p = _panelled(T.Q4_K, rows, cols, seed=rows + cols)
+    for rows, cols in SHAPES[qtype]:
+        w, p = _panelled(qtype, rows, cols, seed=rows + cols)
         assert p.data.nbytes == w.data.nbytes and not np.array_equal(p.data, w.data)
         assert p.data.ctypes.data % kernels.PANEL_ALIGN == 0
         np.testing.assert_array_equal(kernels.file_order(p).data, w.data)
@@ -59,21 +71,22 @@ def test_panels_hold_the_files_bytes(isa: str) -> None:
             p.row_slice(0, PANEL_ROWS - 1)
 
 
-def test_panel_8bit_products_equal_rounded_x_at_dequantized(isa: str) -> None:
-    """dequantize(q8(x)) @ dequantize(W).T (x rounded as llama.cpp rounds it for Q4_K),
-    for decode rows and a prompt's (matmul: the same dots over blocks of rows, bit for
-    bit), and the rounding really happened."""
+@pytest.mark.parametrize("qtype", PANEL_TYPES, ids=lambda t: t.name)
+def test_panel_8bit_products_equal_rounded_x_at_dequantized(qtype: T, isa: str) -> None:
+    """dequantize(q8(x)) @ dequantize(W).T (x rounded as llama.cpp rounds it for W's
+    type), for decode rows and a prompt's (matmul: the same dots over blocks of rows, bit
+    for bit), and the rounding really happened."""
     rng = np.random.default_rng(3)
     with kernels.exact_activations(False):
-        for rows, cols in SHAPES:
-            w, p = _panelled(T.Q4_K, rows, cols, seed=rows * cols)
+        for rows, cols in SHAPES[qtype]:
+            w, p = _panelled(qtype, rows, cols, seed=rows * cols)
             ref_w = reference(w).astype(np.float64)
             for t in (1, 2, 3, 5, 8, 16, 21, 40):
                 x = rng.standard_normal((t, cols)).astype(np.float32)
                 if t > 1:
-                    x[-1, :256] = 0  # an all-zero block: dx 0
+                    x[-1, : min(256, cols)] = 0  # an all-zero block: dx 0
                 got = kernels.dots(x, p)
-                assert_close(got, (q8_rounded(x, T.Q4_K) @ ref_w.T).astype(np.float32))
+                assert_close(got, (q8_rounded(x, qtype) @ ref_w.T).astype(np.float32))
                 np.testing.assert_array_equal(kernels.matmul(x, p), got)
                 np.testing.assert_array_equal(kernels.linear(x, p), got)
                 exact = x[:1].astype(np.float64) @ ref_w.T
@@ -81,12 +94,13 @@ def test_panel_8bit_products_equal_rounded_x_at_dequantized(isa: str) -> None:
                 assert 1e-4 < rel < 2e-2, rel
 
 
-def test_a_panel_rows_product_is_its_own_alone_or_in_any_batch(isa: str) -> None:
+@pytest.mark.parametrize("qtype", PANEL_TYPES, ids=lambda t: t.name)
+def test_a_panel_rows_product_is_its_own_alone_or_in_any_batch(qtype: T, isa: str) -> None:
     """Every (row of W, row of x) pair is one vector lane's own chain of the same steps: a
     row gets the same bits alone, in batches of every length 1 .. 17 (tiles of 8, 4, 2, 1)
     and in any slice, on one thread or two."""
     rng = np.random.default_rng(5)
-    w, p = _panelled(T.Q4_K, 48, 512, seed=9)
+    w, p = _panelled(qtype, 48, 512, seed=9)
     x = rng.standard_normal((17, 512)).astype(np.float32)
     with kernels.exact_activations(False):
         alone = np.concatenate([kernels.dots(x[i : i + 1], p) for i in range(len(x))])
@@ -97,28 +111,36 @@ def test_a_panel_rows_product_is_its_own_alone_or_in_any_batch(isa: str) -> None
                 np.testing.assert_array_equal(kernels.dots(x[t0:t1], p), alone[t0:t1])
 
 
-def test_panel_sums_hold_at_their_largest(isa: str) -> None:
-    """Every code 15, every scale and min 63, x all one sign (every q at +-127): the
-    integer sums at their largest still equal the reference."""
-    w = random_weights(T.Q4_K, 32, 512, seed=5)
-    blocks = np.asarray(w.data).reshape(-1, GGML_QUANT_SIZES[T.Q4_K][1]).copy()
-    blocks[:, 4:144] = 0xFF
-    w = QuantMatrix(blocks.reshape(w.rows, -1), T.Q4_K, w.rows, w.cols)
+# Per type: the code bytes that make every code its largest (Q4_K 15 with every 6-bit scale
+# and min 63; Q5_0 31: every nibble and every fifth bit set).
+_EXTREMES = {T.Q4_K: range(4, 144), T.Q5_0: range(2, 22)}
+
+
+@pytest.mark.parametrize("qtype", PANEL_TYPES, ids=lambda t: t.name)
+def test_panel_sums_hold_at_their_largest(qtype: T, isa: str) -> None:
+    """Every code and scale at its largest, x all one sign (every q at +-127): the integer
+    sums at their largest still equal the reference."""
+    _serves(qtype, 512)
+    w = random_weights(qtype, 32, 512, seed=5)
+    blocks = np.asarray(w.data).reshape(-1, GGML_QUANT_SIZES[qtype][1]).copy()
+    blocks[:, list(_EXTREMES[qtype])] = 0xFF
+    w = QuantMatrix(blocks.reshape(w.rows, -1), qtype, w.rows, w.cols)
     x = np.ones((3, 512), np.float32) * np.array([[1.0], [-2.0], [0.5]], np.float32)
     with kernels.exact_activations(False):
         p = kernels.in_panels(w)
         assert p.panels
-        ref = q8_rounded(x, T.Q4_K) @ reference(w).astype(np.float64).T
+        ref = q8_rounded(x, qtype) @ reference(w).astype(np.float64).T
         assert_close(kernels.dots(x, p), ref.astype(np.float32))
 
 
+@pytest.mark.parametrize("qtype", PANEL_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("reader", ["exact", "base", "dequantize", "take_rows"])
-def test_every_other_reader_sees_the_files_weights(isa: str, reader: str) -> None:
+def test_every_other_reader_sees_the_files_weights(qtype: T, isa: str, reader: str) -> None:
     """Exact activations, the portable kernels (an ISA switched after load), dequantization
     and row lookups read a panel matrix's rows back in the file's order: the file-order
     matrix's bits exactly."""
     rng = np.random.default_rng(7)
-    w, p = _panelled(T.Q4_K, 48, 512, seed=11)
+    w, p = _panelled(qtype, 48, 512, seed=11)
     x = rng.standard_normal((5, 512)).astype(np.float32)
     if reader == "exact":
         with kernels.exact_activations():
@@ -134,25 +156,32 @@ def test_every_other_reader_sees_the_files_weights(isa: str, reader: str) -> Non
 
 
 def test_only_what_panels_serve_is_repacked(isa: str) -> None:
-    """A type without a panel layout, a row count that is no whole number of panels, and
-    exact activations keep the file's order."""
+    """A type without a panel layout, a row count that is no whole number of panels, a row
+    that is no whole number of units (Q5_0: 64 columns) and exact activations keep the
+    file's order."""
     with kernels.exact_activations(False):
-        for qtype, rows in ((T.Q6_K, 32), (T.Q8_0, 32), (T.Q4_K, 40)):
-            w = random_weights(qtype, rows, 256, seed=rows)
+        for qtype, rows, cols in (
+            (T.Q6_K, 32, 256),
+            (T.Q8_0, 32, 256),
+            (T.Q4_K, 40, 256),
+            (T.Q5_0, 32, 352),
+        ):
+            w = random_weights(qtype, rows, cols, seed=rows)
             assert kernels.in_panels(w) is w
     with kernels.exact_activations():
         w = random_weights(T.Q4_K, 32, 256, seed=1)
         assert kernels.in_panels(w) is w
 
 
-def test_a_q4_k_model_loads_its_matrices_in_panels(gemma3_path) -> None:
+def test_a_q4_k_m_model_loads_its_matrices_in_panels(gemma3_path) -> None:
     """Gemma 3 270M Q4_K_M (test_real_models checks its products against llama.cpp's):
-    its Q4_K matrices load in panels where the kernels have them, so those checks run the
-    panel dots."""
+    each matrix of a type the kernels have panel dots for loads in panels, the rest in the
+    file's order, so those checks run the panel dots."""
     import frink_cli
 
+    native = kernels._NATIVE
     with kernels.exact_activations(False):
-        if kernels._NATIVE is None or not kernels._NATIVE.panels_for(int(T.Q4_K)):
+        if native is None or not native.panels_for(int(T.Q4_K), 256):
             pytest.skip(f"no panel dots here: {kernels.kernel_path()}")
         model = frink_cli.load(gemma3_path)
     parts = [
@@ -161,6 +190,7 @@ def test_a_q4_k_model_loads_its_matrices_in_panels(gemma3_path) -> None:
         for lin in (layer.qkv, layer.wo, layer.gate_up, layer.down)
         for p in lin.w.parts
     ]
-    q4k = [p for p in parts if p.qtype == T.Q4_K]
-    assert q4k and all(p.panels for p in q4k)
-    assert all(not p.panels for p in parts if p.qtype != T.Q4_K)
+    assert any(p.qtype == T.Q4_K and p.panels for p in parts)
+    for p in parts:
+        serves = p.rows % PANEL_ROWS == 0 and native.panels_for(int(p.qtype), p.cols)
+        assert p.panels == bool(serves), (p.qtype, p.rows)

@@ -96,6 +96,18 @@ static const qtype_geometry *geometry(int qt) {
  * it, so it is written here once. It moves runs of 2 or 4 bytes from even offsets (perm[i
  * + 1] = perm[i] + 1 for even i), which repanel relies on. */
 static int panel_perm(int qt, uint16_t *perm) {
+    if (qt == QT_Q5_0) { /* a unit of two runs (64 columns, 44 bytes a row): cache-line sized */
+        for (int r = 0; r < PANEL_ROWS; r++)
+            for (int u = 0; u < 2; u++) {
+                const int row = 44 * r + 22 * u;
+                for (int k = 0; k < 2; k++) perm[32 * u + 2 * r + k] = (uint16_t)(row + k);        /* d */
+                for (int k = 0; k < 4; k++) perm[64 + 64 * u + 4 * r + k] = (uint16_t)(row + 2 + k); /* qh */
+                for (int g = 0; g < 4; g++) /* qs quad g: columns 4g .. (low nibbles), 16 + 4g .. */
+                    for (int k = 0; k < 4; k++)
+                        perm[192 + (4 * u + g) * 64 + 4 * r + k] = (uint16_t)(row + 6 + 4 * g + k);
+            }
+        return PANEL_ROWS * 44;
+    }
     if (qt != QT_Q4_K) return 0;
     for (int r = 0; r < PANEL_ROWS; r++) {
         const int row = 144 * r;
@@ -111,6 +123,13 @@ static int panel_perm(int qt, uint16_t *perm) {
     return PANEL_ROWS * 144;
 }
 #define PANEL_MAX_BYTES (PANEL_ROWS * 144)
+
+/* Whether a row of cols columns of type qt is a whole number of panel units. */
+static int panel_unit_fits(int qt, size_t cols, uint16_t *perm) {
+    const qtype_geometry *g = geometry(qt);
+    const int pbytes = g ? panel_perm(qt, perm) : 0;
+    return pbytes && cols / (size_t)g->elems * (size_t)g->nbytes % (size_t)(pbytes / PANEL_ROWS) == 0;
+}
 
 /* Rows [16 i, 16 i + 16) of a panel matrix back in the file's order (rb bytes a row) into
  * out (16 rb bytes), or the file's rows into panels (to_panels). */
@@ -418,7 +437,7 @@ static int check_matrix(int qt, Py_ssize_t rows, Py_ssize_t cols, size_t *rb) {
     }
     uint16_t perm[PANEL_MAX_BYTES];
     if (rows < 0 || cols <= 0 || cols % g->elems || cols > (1 << 30) ||
-        (qt & PANELS && (rows % PANEL_ROWS || !panel_perm(panel_base(qt), perm)))) {
+        (qt & PANELS && (rows % PANEL_ROWS || !panel_unit_fits(panel_base(qt), (size_t)cols, perm)))) {
         PyErr_Format(PyExc_ValueError, "bad shape [%zd, %zd] for type %d", rows, cols, qt);
         return -1;
     }
@@ -508,9 +527,18 @@ done:
     return ret;
 }
 
-/* Per row of x and block of 256, the sums of q the panel dots take (PANEL_SUMS int32s: the
- * int16 pairs of its runs' sums (Q0, Q2), (Q1, Q3), (Q4, Q6), (Q5, Q7)), and the block's dx. */
-static void panel_sums(const int8_t *q, const float *d, int cols, int32_t *bsp, float *dx) {
+/* Per row of x, the sums of q the panel dots take and each unit's dx: Q4_K, per block of
+ * 256, PANEL_SUMS int32s (the int16 pairs of its runs' sums (Q0, Q2), (Q1, Q3), (Q4, Q6),
+ * (Q5, Q7)); Q5_0, per run of 32, -16 times its sum (the codes' offset, native_panels.h). */
+static void panel_sums(int qt, const int8_t *q, const float *d, int cols, int32_t *bsp, float *dx) {
+    if (qt == QT_Q5_0) {
+        for (int r = 0; r < cols / 32; r++) {
+            int32_t Q = 0;
+            for (int i = 0; i < 32; i++) Q += q[32 * r + i];
+            bsp[r] = -16 * Q, dx[r] = d[r];
+        }
+        return;
+    }
     for (int b = 0; b < cols / 256; b++) {
         int32_t Q[8];
         for (int j = 0; j < 8; j++) {
@@ -530,9 +558,9 @@ static void panel_sums(const int8_t *q, const float *d, int cols, int32_t *bsp, 
  * row of x (native_panels.h). 0, or -1 with an exception set. */
 static int panel_dots(int qt, const uint8_t *w, size_t rb, Py_ssize_t rows, Py_ssize_t cols,
                       const float *x, Py_ssize_t T, float *y, int nthreads) {
-    const size_t nb = (size_t)cols / 32, nbk = (size_t)cols / 256;
-    const size_t bytes =
-        (size_t)T * (cols + 4 * nb * sizeof(float) + nbk * (1 + PANEL_SUMS) * sizeof(int32_t));
+    /* per row: q, quantize_row's floats, then a dx and a sum per 32 columns at most */
+    const size_t nb = (size_t)cols / 32, nbk = nb;
+    const size_t bytes = (size_t)T * (cols + 4 * nb * sizeof(float) + nbk * 2 * sizeof(int32_t));
     void *scratch = malloc(bytes);
     if (!scratch) {
         PyErr_NoMemory();
@@ -540,14 +568,14 @@ static int panel_dots(int qt, const uint8_t *w, size_t rb, Py_ssize_t rows, Py_s
     }
     float *d = scratch, *sum = d + (size_t)T * nb, *dx = sum + (size_t)T * 3 * nb;
     int32_t *bsp = (int32_t *)(dx + (size_t)T * nbk);
-    int8_t *q = (int8_t *)(bsp + (size_t)T * nbk * PANEL_SUMS);
+    int8_t *q = (int8_t *)(bsp + (size_t)T * nbk);
     const int base = panel_base(qt), scheme = x_scheme(base);
     Py_BEGIN_ALLOW_THREADS;
     for (Py_ssize_t t = 0; t < T; t++) {
         int8_t *qt_ = q + (size_t)t * cols;
         float *dt = d + (size_t)t * nb, *st = sum + (size_t)t * 3 * nb;
         K->quantize_row(x + (size_t)t * cols, (int)cols, scheme, qt_, dt, st, st + 2 * nb);
-        panel_sums(qt_, dt, (int)cols, bsp + (size_t)t * nbk * PANEL_SUMS, dx + (size_t)t * nbk);
+        panel_sums(base, qt_, dt, (int)cols, bsp + (size_t)t * nbk, dx + (size_t)t * nbk);
     }
     const long panels = (long)(rows / PANEL_ROWS);
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && panels > 1)
@@ -685,8 +713,12 @@ done:
 static PyObject *py_panels_for(PyObject *self, PyObject *args) {
     (void)self;
     int qt;
-    if (!PyArg_ParseTuple(args, "i", &qt)) return NULL;
-    return PyBool_FromLong(K->panel_serves && K->panel_serves(qt));
+    Py_ssize_t cols;
+    if (!PyArg_ParseTuple(args, "in", &qt, &cols)) return NULL;
+    uint16_t perm[PANEL_MAX_BYTES];
+    const qtype_geometry *g = geometry(qt);
+    return PyBool_FromLong(K->panel_serves && K->panel_serves(qt) && g && cols > 0 &&
+                           cols % g->elems == 0 && panel_unit_fits(qt, (size_t)cols, perm));
 }
 
 /* Row t of x, rounded (its cols codes, its nf floats: quantize_row's scales and sums), put
@@ -847,7 +879,8 @@ static PyMethodDef METHODS[] = {
      "panel(qtype, src, dst, rows, cols, to_panels): dst = W's rows in panels of 16, or "
      "back in the file's order"},
     {"panels_for", py_panels_for, METH_VARARGS,
-     "panels_for(qtype): whether the picked ISA has panel dots for the type"},
+     "panels_for(qtype, cols): whether the picked ISA has panel dots for the type, and rows "
+     "of cols columns are whole panel units"},
     {"tiles_for", py_tiles_for, METH_VARARGS,
      "tiles_for(qtype): whether the picked ISA has tile products for the type"},
     {"has_tiles", py_has_tiles, METH_NOARGS, "whether the picked ISA has AMX tile products"},

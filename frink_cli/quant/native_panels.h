@@ -65,7 +65,7 @@ static INLINE __m512i ISA(panel_bcast)(const int8_t *p) {
  * into y (rows ys apart). */
 #define PANEL_ROWS_N(N)                                                                         \
     static void ISA(panel_q4k_##N)(const uint8_t *pan, int nb, const int8_t *xq, size_t xs,    \
-                                   const float *dx, const int32_t *bsp, float *y, size_t ys) { \
+                                   const float *dx, const int32_t *bsp, size_t xu, float *y, size_t ys) { \
         __m512 acc[N];                                                                          \
         _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();      \
         const __m512i low = _mm512_set1_epi8(15), byte = _mm512_set1_epi32(0xff);               \
@@ -103,7 +103,7 @@ static INLINE __m512i ISA(panel_bcast)(const int8_t *p) {
                 const __m512i m02 = _mm512_and_si512(m, pair);                                  \
                 const __m512i m13 = _mm512_and_si512(_mm512_srli_epi32(m, 8), pair);            \
                 _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                           \
-                    const int32_t *s = bsp + ((size_t)t * nb + b) * PANEL_SUMS + 2 * h;                \
+                    const int32_t *s = bsp + (size_t)t * xu + (size_t)b * PANEL_SUMS + 2 * h;                \
                     ms[t] = _mm512_add_epi32(ms[t], _mm512_madd_epi16(m02, _mm512_set1_epi32(s[0]))); \
                     ms[t] = _mm512_add_epi32(ms[t], _mm512_madd_epi16(m13, _mm512_set1_epi32(s[1]))); \
                 }                                                                               \
@@ -111,7 +111,7 @@ static INLINE __m512i ISA(panel_bcast)(const int8_t *p) {
             const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));          \
             const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));  \
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                               \
-                const __m512 x = _mm512_set1_ps(dx[(size_t)t * nb + b]);                        \
+                const __m512 x = _mm512_set1_ps(dx[(size_t)t * xu + b]);                        \
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[t]), _mm512_mul_ps(d, x), acc[t]); \
                 acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms[t]), _mm512_mul_ps(dm, x), acc[t]); \
             }                                                                                   \
@@ -119,6 +119,74 @@ static INLINE __m512i ISA(panel_bcast)(const int8_t *p) {
         _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm512_storeu_ps(y + t * ys, acc[t]); \
     }
 
+
+
+/* Q5_0 (native.c panel_perm: units of two runs of 32 columns, 704 bytes, a cache-line
+ * multiple: per run the 16 rows' d, then their qh words, then 4 quads of qs): w = d (code -
+ * 16), code = nibble | bit l of qh << 4. Each run's sum starts from -16 times x's sum over
+ * it (bsp: a broadcast), so vpdpbusd on the 5-bit codes leaves sum (code - 16) q exactly;
+ * then acc += S (d dx) per run, as llama.cpp's Q5_0 dot. A quad's fifth bits: qh's byte
+ * spread to the quad's 4 bytes (vpshufb), tested against each byte's bit (a mask), 16
+ * added where set. */
+static INLINE __m512i ISA(panel_bytes)(int j) { /* per 32-bit lane: byte j of it, 4 times */
+    int8_t b[64];
+    for (int i = 0; i < 64; i++) b[i] = (int8_t)(i % 16 / 4 * 4 + j);
+    return _mm512_loadu_si512(b);
+}
+static INLINE __m512i ISA(panel_bits)(int hi) { /* byte k of a lane: bit 4 hi + k */
+    int8_t b[64];
+    for (int i = 0; i < 64; i++) b[i] = (int8_t)(1 << (4 * hi + i % 4));
+    return _mm512_loadu_si512(b);
+}
+#define PANEL_Q50_N(N)                                                                          \
+    static void ISA(panel_q50_##N)(const uint8_t *pan, int nb, const int8_t *xq, size_t xs,    \
+                                   const float *dx, const int32_t *bsp, size_t xu, float *y,   \
+                                   size_t ys) {                                                \
+        __m512 acc[N];                                                                          \
+        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();      \
+        const __m512i low = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);               \
+        const __m512i pick[4] = {ISA(panel_bytes)(0), ISA(panel_bytes)(1), ISA(panel_bytes)(2), \
+                                 ISA(panel_bytes)(3)};                                          \
+        const __m512i bit[2] = {ISA(panel_bits)(0), ISA(panel_bits)(1)};                        \
+        for (int b = 0; b < nb; b++) {                                                          \
+            const uint8_t *p = pan + (size_t)b * 704;                                           \
+            for (int l = 0; l < 704; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
+            _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                               \
+                const size_t r = 2 * (size_t)b + u; /* the run */                              \
+                const __m512i qh = _mm512_loadu_si512(p + 64 + 64 * u);                         \
+                __m512i aL[N], aH[N];                                                           \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                           \
+                    aL[t] = _mm512_set1_epi32(bsp[t * xu + r]);                                 \
+                    aH[t] = _mm512_setzero_si512();                                             \
+                }                                                                               \
+                _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {                           \
+                    const __m512i qs = _mm512_loadu_si512(p + 192 + (4 * u + g) * 64);          \
+                    const __mmask64 ml = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, pick[g / 2]), bit[g % 2]); \
+                    const __mmask64 mh = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, pick[2 + g / 2]), bit[g % 2]); \
+                    __m512i lo = _mm512_and_si512(qs, low);                                     \
+                    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), low);               \
+                    lo = _mm512_mask_add_epi8(lo, ml, lo, sixteen);                             \
+                    hi = _mm512_mask_add_epi8(hi, mh, hi, sixteen);                             \
+                    _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                       \
+                        const int8_t *x = xq + t * xs + 32 * r + 4 * g;                         \
+                        aL[t] = _mm512_dpbusd_epi32(aL[t], lo, ISA(panel_bcast)(x));            \
+                        aH[t] = _mm512_dpbusd_epi32(aH[t], hi, ISA(panel_bcast)(x + 16));       \
+                    }                                                                           \
+                }                                                                               \
+                const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32 * u))); \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                           \
+                    const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(dx[t * xu + r]));         \
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(aL[t], aH[t])), dd, acc[t]); \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm512_storeu_ps(y + t * ys, acc[t]); \
+    }
+PANEL_Q50_N(1)
+PANEL_Q50_N(2)
+PANEL_Q50_N(4)
+PANEL_Q50_N(8)
+#undef PANEL_Q50_N
 
 #else /* AVX2: the panel's two halves of 8 rows, a ymm's lanes each */
 
@@ -136,7 +204,7 @@ static INLINE __m256i ISA(panel_bcast)(const int8_t *p) {
  * under 2^15), then times the run's scale (an int16 pair (sc, sc)) by vpmaddwd. */
 #define PANEL_ROWS_N(N)                                                                         \
     static void ISA(panel_q4k_##N)(const uint8_t *pan, int nb, const int8_t *xq, size_t xs,    \
-                                   const float *dx, const int32_t *bsp, float *y, size_t ys) { \
+                                   const float *dx, const int32_t *bsp, size_t xu, float *y, size_t ys) { \
         const __m256i low = _mm256_set1_epi8(15), byte = _mm256_set1_epi32(0xff);               \
         const __m256i pair = _mm256_set1_epi32(0x00ff00ff);                                     \
         __m256 acc[2][N];                                                                       \
@@ -177,7 +245,7 @@ static INLINE __m256i ISA(panel_bcast)(const int8_t *p) {
                     const __m256i m02 = _mm256_and_si256(m, pair);                              \
                     const __m256i m13 = _mm256_and_si256(_mm256_srli_epi32(m, 8), pair);        \
                     _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                       \
-                        const int32_t *s = bsp + ((size_t)t * nb + b) * PANEL_SUMS + 2 * hh;            \
+                        const int32_t *s = bsp + (size_t)t * xu + (size_t)b * PANEL_SUMS + 2 * hh;            \
                         ms[t] = _mm256_add_epi32(ms[t], _mm256_madd_epi16(m02, _mm256_set1_epi32(s[0]))); \
                         ms[t] = _mm256_add_epi32(ms[t], _mm256_madd_epi16(m13, _mm256_set1_epi32(s[1]))); \
                     }                                                                           \
@@ -185,7 +253,7 @@ static INLINE __m256i ISA(panel_bcast)(const int8_t *p) {
                 const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * h)));      \
                 const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * h))); \
                 _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                           \
-                    const __m256 x = _mm256_set1_ps(dx[(size_t)t * nb + b]);                    \
+                    const __m256 x = _mm256_set1_ps(dx[(size_t)t * xu + b]);                    \
                     acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), _mm256_mul_ps(d, x), acc[h][t]); \
                     acc[h][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms[t]), _mm256_mul_ps(dm, x), acc[h][t]); \
                 }                                                                               \
@@ -203,7 +271,12 @@ PANEL_ROWS_N(4)
 PANEL_ROWS_N(8)
 
 /* Whether panel_rows takes W's type qt (its panels' type, native.c panel_base). */
-static int ISA(panel_serves)(int qt) { return qt == QT_Q4_K; }
+static int ISA(panel_serves)(int qt) {
+#ifdef KD_DPBUSD
+    if (qt == QT_Q5_0) return 1;
+#endif
+    return qt == QT_Q4_K;
+}
 
 /* y[t, r] = x[t] . W[r] for the rows of panels [p0, p1) of W (type qt, in panels; rb: a
  * row's bytes, so a panel is 16 rb), every t < T: x's rounded rows q (cols apart), dx per
@@ -212,21 +285,24 @@ static int ISA(panel_serves)(int qt) { return qt == QT_Q4_K; }
 static void ISA(panel_rows)(int qt, const uint8_t *w, size_t rb, size_t p0, size_t p1,
                             const int8_t *q, const float *dx, const int32_t *bsp, int T, int cols,
                             float *y, size_t ys) {
-    const int nb = cols / 256;
+    const size_t xu = (size_t)cols / 32; /* a row's dx and sums: at most one per 32 columns */
     for (size_t P = p0; P < p1; P++) {
         const uint8_t *pan = w + P * 16 * rb;
         for (int t0 = 0, n; t0 < T; t0 += n) {
             n = T - t0 >= PANEL_TILE ? PANEL_TILE : T - t0 >= 4 ? 4 : T - t0 >= 2 ? 2 : 1;
             const int8_t *xq = q + (size_t)t0 * cols;
-            const float *d = dx + (size_t)t0 * nb;
-            const int32_t *s = bsp + (size_t)t0 * nb * PANEL_SUMS;
+            const float *d = dx + (size_t)t0 * xu;
+            const int32_t *s = bsp + (size_t)t0 * xu;
             float *yy = y + (size_t)t0 * ys + 16 * P;
-#define PANEL_CALL(TYPE)                                                                       \
-    if (n == 1) ISA(panel_##TYPE##_1)(pan, nb, xq, cols, d, s, yy, ys);                        \
-    else if (n == 2) ISA(panel_##TYPE##_2)(pan, nb, xq, cols, d, s, yy, ys);                   \
-    else if (n == 4) ISA(panel_##TYPE##_4)(pan, nb, xq, cols, d, s, yy, ys);                   \
-    else ISA(panel_##TYPE##_8)(pan, nb, xq, cols, d, s, yy, ys);
-            PANEL_CALL(q4k)
+#define PANEL_CALL(TYPE, NB)                                                                   \
+    if (n == 1) ISA(panel_##TYPE##_1)(pan, NB, xq, cols, d, s, xu, yy, ys);                    \
+    else if (n == 2) ISA(panel_##TYPE##_2)(pan, NB, xq, cols, d, s, xu, yy, ys);               \
+    else if (n == 4) ISA(panel_##TYPE##_4)(pan, NB, xq, cols, d, s, xu, yy, ys);               \
+    else ISA(panel_##TYPE##_8)(pan, NB, xq, cols, d, s, xu, yy, ys);
+#ifdef KD_DPBUSD
+            if (qt == QT_Q5_0) { PANEL_CALL(q50, cols / 64) } else
+#endif
+            { PANEL_CALL(q4k, cols / 256) }
 #undef PANEL_CALL
         }
     }
