@@ -2,8 +2,8 @@
 compiled kernels' native_panels.h) against gguf-py and against the same weights in the
 file's order.
 
-Why: a model's Q4_K (and, with VNNI, Q5_0) matrices are repacked at load where the kernels
-have panel dots, so
+Why: a model's Q4_K (and, with VNNI, Q5_0 and Q8_0) matrices are repacked at load where
+the kernels have panel dots, so
 every decode and prompt product of such a model goes through them. They must give
 dequantize(q8(x)) @ dequantize(W).T as the file-order dots do (test_quant_kernels' bar),
 keep a row's bits whatever rows share its step, and every other reader of the matrix
@@ -28,8 +28,12 @@ from frink_cli.quant.blocks import PANEL_ROWS, QuantMatrix
 PANEL_ISAS = ("avx512", "avx2")
 # The types with a panel layout; the shapes: one panel of one unit, several panels, and a
 # real model's width (Q5_0's unit is two runs: 64 columns).
-PANEL_TYPES = (T.Q4_K, T.Q5_0)
-SHAPES = {T.Q4_K: ((16, 256), (48, 512), (128, 1536)), T.Q5_0: ((16, 64), (48, 512), (128, 896))}
+PANEL_TYPES = (T.Q4_K, T.Q5_0, T.Q8_0)
+SHAPES = {
+    T.Q4_K: ((16, 256), (48, 512), (128, 1536)),
+    T.Q5_0: ((16, 64), (48, 512), (128, 896)),
+    T.Q8_0: ((16, 64), (48, 512), (128, 896)),
+}
 
 
 @pytest.fixture(params=PANEL_ISAS)
@@ -111,9 +115,13 @@ def test_a_panel_rows_product_is_its_own_alone_or_in_any_batch(qtype: T, isa: st
                 np.testing.assert_array_equal(kernels.dots(x[t0:t1], p), alone[t0:t1])
 
 
-# Per type: the code bytes that make every code its largest (Q4_K 15 with every 6-bit scale
-# and min 63; Q5_0 31: every nibble and every fifth bit set).
-_EXTREMES = {T.Q4_K: range(4, 144), T.Q5_0: range(2, 22)}
+# Per type: the bytes, and their value, that make every code its largest (Q4_K 15 with
+# every 6-bit scale and min 63; Q5_0 31: every nibble and fifth bit set; Q8_0 127).
+_EXTREMES = {
+    T.Q4_K: (range(4, 144), 0xFF),
+    T.Q5_0: (range(2, 22), 0xFF),
+    T.Q8_0: (range(2, 34), 0x7F),
+}
 
 
 @pytest.mark.parametrize("qtype", PANEL_TYPES, ids=lambda t: t.name)
@@ -123,7 +131,8 @@ def test_panel_sums_hold_at_their_largest(qtype: T, isa: str) -> None:
     _serves(qtype, 512)
     w = random_weights(qtype, 32, 512, seed=5)
     blocks = np.asarray(w.data).reshape(-1, GGML_QUANT_SIZES[qtype][1]).copy()
-    blocks[:, list(_EXTREMES[qtype])] = 0xFF
+    at, value = _EXTREMES[qtype]
+    blocks[:, list(at)] = value
     w = QuantMatrix(blocks.reshape(w.rows, -1), qtype, w.rows, w.cols)
     x = np.ones((3, 512), np.float32) * np.array([[1.0], [-2.0], [0.5]], np.float32)
     with kernels.exact_activations(False):
@@ -162,7 +171,7 @@ def test_only_what_panels_serve_is_repacked(isa: str) -> None:
     with kernels.exact_activations(False):
         for qtype, rows, cols in (
             (T.Q6_K, 32, 256),
-            (T.Q8_0, 32, 256),
+            (T.Q4_1, 32, 256),
             (T.Q4_K, 40, 256),
             (T.Q5_0, 32, 352),
         ):

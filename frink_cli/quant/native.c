@@ -96,6 +96,17 @@ static const qtype_geometry *geometry(int qt) {
  * it, so it is written here once. It moves runs of 2 or 4 bytes from even offsets (perm[i
  * + 1] = perm[i] + 1 for even i), which repanel relies on. */
 static int panel_perm(int qt, uint16_t *perm) {
+    if (qt == QT_Q8_0) { /* a unit of two runs (64 columns, 68 bytes a row): 1088 bytes */
+        for (int r = 0; r < PANEL_ROWS; r++)
+            for (int u = 0; u < 2; u++) {
+                const int row = 68 * r + 34 * u;
+                for (int k = 0; k < 2; k++) perm[32 * u + 2 * r + k] = (uint16_t)(row + k); /* d */
+                for (int g = 0; g < 8; g++) /* qs quad g: columns 4g .. 4g + 3 */
+                    for (int k = 0; k < 4; k++)
+                        perm[64 + (8 * u + g) * 64 + 4 * r + k] = (uint16_t)(row + 2 + 4 * g + k);
+            }
+        return PANEL_ROWS * 68;
+    }
     if (qt == QT_Q5_0) { /* a unit of two runs (64 columns, 44 bytes a row): cache-line sized */
         for (int r = 0; r < PANEL_ROWS; r++)
             for (int u = 0; u < 2; u++) {
@@ -529,13 +540,15 @@ done:
 
 /* Per row of x, the sums of q the panel dots take and each unit's dx: Q4_K, per block of
  * 256, PANEL_SUMS int32s (the int16 pairs of its runs' sums (Q0, Q2), (Q1, Q3), (Q4, Q6),
- * (Q5, Q7)); Q5_0, per run of 32, -16 times its sum (the codes' offset, native_panels.h). */
+ * (Q5, Q7)); Q5_0 and Q8_0, per run of 32, minus the codes' offset times its sum
+ * (native_panels.h). */
 static void panel_sums(int qt, const int8_t *q, const float *d, int cols, int32_t *bsp, float *dx) {
-    if (qt == QT_Q5_0) {
+    if (qt == QT_Q5_0 || qt == QT_Q8_0) { /* the codes' offset: Q5_0's 16, Q8_0's 128 */
+        const int32_t zero = qt == QT_Q5_0 ? 16 : 128;
         for (int r = 0; r < cols / 32; r++) {
             int32_t Q = 0;
             for (int i = 0; i < 32; i++) Q += q[32 * r + i];
-            bsp[r] = -16 * Q, dx[r] = d[r];
+            bsp[r] = -zero * Q, dx[r] = d[r];
         }
         return;
     }

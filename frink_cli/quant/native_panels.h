@@ -188,6 +188,52 @@ PANEL_Q50_N(4)
 PANEL_Q50_N(8)
 #undef PANEL_Q50_N
 
+
+/* Q8_0 (native.c panel_perm: units of two runs, 1088 bytes: the 16 rows' d per run, then 8
+ * quads of qs per run): vpdpbusd takes its first operand unsigned, so the int8 codes are
+ * taken plus 128 (a xor of the sign bit) and each run's sum starts from -128 times x's sum
+ * over it (bsp), leaving sum code q exactly; then acc += S (d dx) per run. */
+#define PANEL_Q80_N(N)                                                                          \
+    static void ISA(panel_q80_##N)(const uint8_t *pan, int nb, const int8_t *xq, size_t xs,    \
+                                   const float *dx, const int32_t *bsp, size_t xu, float *y,   \
+                                   size_t ys) {                                                \
+        __m512 acc[N];                                                                          \
+        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();      \
+        const __m512i sign = _mm512_set1_epi8((char)0x80);                                      \
+        for (int b = 0; b < nb; b++) {                                                          \
+            const uint8_t *p = pan + (size_t)b * 1088;                                          \
+            for (int l = 0; l < 1088; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
+            _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                               \
+                const size_t r = 2 * (size_t)b + u; /* the run */                              \
+                __m512i aL[N], aH[N];                                                           \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                           \
+                    aL[t] = _mm512_set1_epi32(bsp[t * xu + r]);                                 \
+                    aH[t] = _mm512_setzero_si512();                                             \
+                }                                                                               \
+                _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {                           \
+                    const __m512i lo = _mm512_xor_si512(_mm512_loadu_si512(p + 64 + (8 * u + g) * 64), sign); \
+                    const __m512i hi = _mm512_xor_si512(_mm512_loadu_si512(p + 64 + (8 * u + 4 + g) * 64), sign); \
+                    _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                       \
+                        const int8_t *x = xq + t * xs + 32 * r + 4 * g;                         \
+                        aL[t] = _mm512_dpbusd_epi32(aL[t], lo, ISA(panel_bcast)(x));            \
+                        aH[t] = _mm512_dpbusd_epi32(aH[t], hi, ISA(panel_bcast)(x + 16));       \
+                    }                                                                           \
+                }                                                                               \
+                const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32 * u))); \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                           \
+                    const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(dx[t * xu + r]));         \
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(aL[t], aH[t])), dd, acc[t]); \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm512_storeu_ps(y + t * ys, acc[t]); \
+    }
+PANEL_Q80_N(1)
+PANEL_Q80_N(2)
+PANEL_Q80_N(4)
+PANEL_Q80_N(8)
+#undef PANEL_Q80_N
+
 #else /* AVX2: the panel's two halves of 8 rows, a ymm's lanes each */
 
 PANEL_SCALES(__m256i, _mm256_and_si256, _mm256_or_si256, _mm256_srli_epi32, _mm256_slli_epi32,
@@ -273,7 +319,7 @@ PANEL_ROWS_N(8)
 /* Whether panel_rows takes W's type qt (its panels' type, native.c panel_base). */
 static int ISA(panel_serves)(int qt) {
 #ifdef KD_DPBUSD
-    if (qt == QT_Q5_0) return 1;
+    if (qt == QT_Q5_0 || qt == QT_Q8_0) return 1;
 #endif
     return qt == QT_Q4_K;
 }
@@ -301,6 +347,7 @@ static void ISA(panel_rows)(int qt, const uint8_t *w, size_t rb, size_t p0, size
     else ISA(panel_##TYPE##_8)(pan, NB, xq, cols, d, s, xu, yy, ys);
 #ifdef KD_DPBUSD
             if (qt == QT_Q5_0) { PANEL_CALL(q50, cols / 64) } else
+            if (qt == QT_Q8_0) { PANEL_CALL(q80, cols / 64) } else
 #endif
             { PANEL_CALL(q4k, cols / 256) }
 #undef PANEL_CALL
