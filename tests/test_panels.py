@@ -2,7 +2,7 @@
 compiled kernels' native_panels.h) against gguf-py and against the same weights in the
 file's order.
 
-Why: a model's Q4_K (and, with VNNI, Q5_0 and Q8_0) matrices are repacked at load where
+Why: a model's Q4_K and Q5_0 (and, with VNNI, Q8_0) matrices are repacked at load where
 the kernels have panel dots, so
 every decode and prompt product of such a model goes through them. They must give
 dequantize(q8(x)) @ dequantize(W).T as the file-order dots do (test_quant_kernels' bar),
@@ -42,7 +42,7 @@ def isa(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def _serves(qtype: T, cols: int) -> None:
-    """Skip where the kernels running now have no panel dots for qtype (AVX2: Q4_K only)."""
+    """Skip where the kernels running now have no panel dots for qtype (AVX2: Q4_K and Q5_0)."""
     if kernels._NATIVE is None or not kernels._NATIVE.panels_for(int(qtype), cols):
         pytest.skip(f"{kernels.kernel_path()}: no panel dots for {qtype.name}")
 

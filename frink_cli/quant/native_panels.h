@@ -1,5 +1,5 @@
-/* 8-bit dots over W's rows in panels of 16 (Q4_K): included by native_isa.h in the x86
- * regions (AVX2, AVX-512) after native_kdots.h.
+/* 8-bit dots over W's rows in panels of 16 (Q4_K, Q5_0; Q8_0 with VNNI): included by
+ * native_isa.h in the x86 regions (AVX2, AVX-512) after native_kdots.h.
  *
  * The layout (native.c panel_perm, which both ways of reading it share): a panel is 16
  * consecutive rows of W, and block b of a panel (the 16 rows' block b, 16 x 144 bytes, the
@@ -48,6 +48,13 @@
         const V top = SLL(AND(SRL(lo6, 6), two), 4);                                           \
         return OR(AND(mins ? SRL(a2, 4) : a2, four), top);                                     \
     }
+
+/* Q5_0's per-lane byte patterns (64 bytes; a vector takes its width of them), a lane a
+ * row: bits 0, byte k of a lane = byte j of that lane (a vpshufb index, within 16 bytes);
+ * bits 1, byte k of a lane = 1 << (4 j + k), the bit of a qh byte that column k reads. */
+static INLINE void ISA(panel_pattern)(int8_t *b, int j, int bits) {
+    for (int i = 0; i < 64; i++) b[i] = (int8_t)(bits ? 1 << (4 * j + i % 4) : i % 16 / 4 * 4 + j);
+}
 
 #ifdef KD_DPBUSD /* AVX-512: 16 rows of W in a zmm's lanes */
 
@@ -128,14 +135,14 @@ static INLINE __m512i ISA(panel_bcast)(const int8_t *p) {
  * then acc += S (d dx) per run, as llama.cpp's Q5_0 dot. A quad's fifth bits: qh's byte
  * spread to the quad's 4 bytes (vpshufb), tested against each byte's bit (a mask), 16
  * added where set. */
-static INLINE __m512i ISA(panel_bytes)(int j) { /* per 32-bit lane: byte j of it, 4 times */
+static INLINE __m512i ISA(panel_bytes)(int j) {
     int8_t b[64];
-    for (int i = 0; i < 64; i++) b[i] = (int8_t)(i % 16 / 4 * 4 + j);
+    ISA(panel_pattern)(b, j, 0);
     return _mm512_loadu_si512(b);
 }
-static INLINE __m512i ISA(panel_bits)(int hi) { /* byte k of a lane: bit 4 hi + k */
+static INLINE __m512i ISA(panel_bits)(int hi) {
     int8_t b[64];
-    for (int i = 0; i < 64; i++) b[i] = (int8_t)(1 << (4 * hi + i % 4));
+    ISA(panel_pattern)(b, hi, 1);
     return _mm512_loadu_si512(b);
 }
 #define PANEL_Q50_N(N)                                                                          \
@@ -309,6 +316,81 @@ static INLINE __m256i ISA(panel_bcast)(const int8_t *p) {
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm256_storeu_ps(y + t * ys + 8 * h, acc[h][t]); \
     }
 
+
+static INLINE __m256i ISA(panel_bytes)(int j) {
+    int8_t b[64];
+    ISA(panel_pattern)(b, j, 0);
+    return _mm256_loadu_si256((const __m256i *)b);
+}
+static INLINE __m256i ISA(panel_bits)(int hi) {
+    int8_t b[64];
+    ISA(panel_pattern)(b, hi, 1);
+    return _mm256_loadu_si256((const __m256i *)b);
+}
+
+/* Q5_0 as the AVX-512 form (the same unit, the same integer sums, the same f32 steps, so
+ * the same bits), a unit's halves of 8 rows one after the other. Without VNNI a quad's
+ * byte products are vpmaddubsw pairs (2 x 31 x 127 at most), two quads' low and high
+ * nibbles added as int16 (4 x 7874, under 2^15) and widened by vpmaddwd with ones; the
+ * fifth bits: qh's byte spread to the quad's 4 bytes (vpshufb), each byte kept where its
+ * own bit is set (vpcmpeqb), 16 or-ed in. */
+#define PANEL_Q50_N(N)                                                                          \
+    static void ISA(panel_q50_##N)(const uint8_t *pan, int nb, const int8_t *xq, size_t xs,    \
+                                   const float *dx, const int32_t *bsp, size_t xu, float *y,   \
+                                   size_t ys) {                                                \
+        const __m256i low = _mm256_set1_epi8(15), sixteen = _mm256_set1_epi8(16);               \
+        const __m256i ones = _mm256_set1_epi16(1);                                              \
+        const __m256i pick[4] = {ISA(panel_bytes)(0), ISA(panel_bytes)(1), ISA(panel_bytes)(2), \
+                                 ISA(panel_bytes)(3)};                                          \
+        const __m256i bit[2] = {ISA(panel_bits)(0), ISA(panel_bits)(1)};                        \
+        __m256 acc[2][N];                                                                       \
+        for (int h = 0; h < 2; h++)                                                             \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[h][t] = _mm256_setzero_ps(); \
+        for (int b = 0; b < nb; b++) {                                                          \
+            const uint8_t *p = pan + (size_t)b * 704;                                           \
+            for (int l = 0; l < 704; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
+            for (int h = 0; h < 2; h++) /* rows 8 h .. 8 h + 7: bytes 32 h of each line */      \
+                _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                           \
+                    const size_t r = 2 * (size_t)b + u; /* the run */                          \
+                    const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 64 + 64 * u + 32 * h)); \
+                    __m256i s[N];                                                               \
+                    _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) s[t] = _mm256_set1_epi32(bsp[t * xu + r]); \
+                    _Pragma("GCC unroll 2") for (int g = 0; g < 4; g += 2) {                    \
+                        __m256i c[4]; /* quads g, g + 1: low nibbles, high */                   \
+                        _Pragma("GCC unroll 2") for (int k = 0; k < 2; k++) {                   \
+                            const __m256i qs = _mm256_loadu_si256((const __m256i *)(p + 192 + (4 * u + g + k) * 64 + 32 * h)); \
+                            const __m256i b0 = bit[(g + k) % 2];                                \
+                            const __m256i ml = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, pick[(g + k) / 2]), b0), b0); \
+                            const __m256i mh = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, pick[2 + (g + k) / 2]), b0), b0); \
+                            c[2 * k] = _mm256_or_si256(_mm256_and_si256(qs, low), _mm256_and_si256(ml, sixteen)); \
+                            c[2 * k + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 4), low), \
+                                                           _mm256_and_si256(mh, sixteen));      \
+                        }                                                                       \
+                        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                   \
+                            const int8_t *x = xq + t * xs + 32 * r + 4 * g;                     \
+                            __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(c[0], ISA(panel_bcast)(x)), \
+                                                         _mm256_maddubs_epi16(c[1], ISA(panel_bcast)(x + 16))); \
+                            a = _mm256_add_epi16(a, _mm256_add_epi16(_mm256_maddubs_epi16(c[2], ISA(panel_bcast)(x + 4)), \
+                                                                     _mm256_maddubs_epi16(c[3], ISA(panel_bcast)(x + 20)))); \
+                            s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(a, ones));          \
+                        }                                                                       \
+                    }                                                                           \
+                    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 * u + 16 * h))); \
+                    _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                       \
+                        const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(dx[t * xu + r]));     \
+                        acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), dd, acc[h][t]);   \
+                    }                                                                           \
+                }                                                                               \
+        }                                                                                       \
+        for (int h = 0; h < 2; h++)                                                             \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm256_storeu_ps(y + t * ys + 8 * h, acc[h][t]); \
+    }
+PANEL_Q50_N(1)
+PANEL_Q50_N(2)
+PANEL_Q50_N(4)
+PANEL_Q50_N(8)
+#undef PANEL_Q50_N
+
 #endif
 
 PANEL_ROWS_N(1)
@@ -319,9 +401,9 @@ PANEL_ROWS_N(8)
 /* Whether panel_rows takes W's type qt (its panels' type, native.c panel_base). */
 static int ISA(panel_serves)(int qt) {
 #ifdef KD_DPBUSD
-    if (qt == QT_Q5_0 || qt == QT_Q8_0) return 1;
+    if (qt == QT_Q8_0) return 1;
 #endif
-    return qt == QT_Q4_K;
+    return qt == QT_Q4_K || qt == QT_Q5_0;
 }
 
 /* y[t, r] = x[t] . W[r] for the rows of panels [p0, p1) of W (type qt, in panels; rb: a
@@ -345,8 +427,8 @@ static void ISA(panel_rows)(int qt, const uint8_t *w, size_t rb, size_t p0, size
     else if (n == 2) ISA(panel_##TYPE##_2)(pan, NB, xq, cols, d, s, xu, yy, ys);               \
     else if (n == 4) ISA(panel_##TYPE##_4)(pan, NB, xq, cols, d, s, xu, yy, ys);               \
     else ISA(panel_##TYPE##_8)(pan, NB, xq, cols, d, s, xu, yy, ys);
-#ifdef KD_DPBUSD
             if (qt == QT_Q5_0) { PANEL_CALL(q50, cols / 64) } else
+#ifdef KD_DPBUSD
             if (qt == QT_Q8_0) { PANEL_CALL(q80, cols / 64) } else
 #endif
             { PANEL_CALL(q4k, cols / 256) }
