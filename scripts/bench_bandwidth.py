@@ -84,11 +84,12 @@ def main() -> None:
     print(f"decode {args.steps / wall:.1f} tok/s; per token {per_token:.0f} MB in dots")
     print("| type | MB per token | ms per token | GB/s | of the machine's |")
     print("| --- | --: | --: | --: | --: |")
+    in_panels = int(timed.native.PANELS)  # type: ignore[attr-defined]  # W in panels: type | flag
     for qt in sorted(timed.bytes, key=lambda q: -timed.bytes[q]):
         mb = timed.bytes[qt] / args.steps / 1e6
         ms = timed.seconds[qt] / args.steps * 1e3
         gbs = timed.bytes[qt] / timed.seconds[qt] / 1e9
-        name = GGMLQuantizationType(qt).name
+        name = GGMLQuantizationType(qt & ~in_panels).name + (" in panels" if qt & in_panels else "")
         print(f"| {name} | {mb:.0f} | {ms:.2f} | {gbs:.1f} | {gbs / machine:.0%} |")
 
 
