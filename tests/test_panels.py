@@ -2,10 +2,10 @@
 compiled kernels' native_panels.h) against gguf-py and against the same weights in the
 file's order.
 
-Why: a model's Q4_K and Q5_0 (and, with VNNI, Q8_0) matrices are repacked at load where
-the kernels have panel dots, so
-every decode and prompt product of such a model goes through them. They must give
-dequantize(q8(x)) @ dequantize(W).T as the file-order dots do (test_quant_kernels' bar),
+Why: a model's Q4_K and Q5_0 (and, with VNNI, Q8_0; on AVX2, Q4_1) matrices are
+repacked at load where the kernels have panel dots, so every decode and prompt product of
+such a model goes through them. They must give dequantize(q8(x)) @ dequantize(W).T as
+the file-order dots do (test_quant_kernels' bar),
 keep a row's bits whatever rows share its step, and every other reader of the matrix
 (exact activations, dequantization, row lookups, the portable kernels, a backend's upload)
 must see the file's weights exactly.
@@ -20,7 +20,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from quant_weights import assert_close, random_weights, reference
-from test_quant_kernels import _use_isa, q8_rounded
+from test_quant_kernels import _use_isa, min_term_error, q8_rounded
 
 from frink_cli.quant import kernels
 from frink_cli.quant.blocks import PANEL_ROWS, QuantMatrix
@@ -28,9 +28,10 @@ from frink_cli.quant.blocks import PANEL_ROWS, QuantMatrix
 PANEL_ISAS = ("avx512", "avx2")
 # The types with a panel layout; the shapes: one panel of one unit, several panels, and a
 # real model's width (Q5_0's unit is two runs: 64 columns).
-PANEL_TYPES = (T.Q4_K, T.Q5_0, T.Q8_0)
+PANEL_TYPES = (T.Q4_K, T.Q4_1, T.Q5_0, T.Q8_0)
 SHAPES = {
     T.Q4_K: ((16, 256), (48, 512), (128, 1536)),
+    T.Q4_1: ((16, 64), (48, 512), (128, 576)),
     T.Q5_0: ((16, 64), (48, 512), (128, 896)),
     T.Q8_0: ((16, 64), (48, 512), (128, 896)),
 }
@@ -42,7 +43,7 @@ def isa(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def _serves(qtype: T, cols: int) -> None:
-    """Skip where the kernels running now have no panel dots for qtype (AVX2: Q4_K and Q5_0)."""
+    """Skip where the kernels running now have no panel dots for qtype (AVX2: Q4_K, Q4_1, Q5_0)."""
     if kernels._NATIVE is None or not kernels._NATIVE.panels_for(int(qtype), cols):
         pytest.skip(f"{kernels.kernel_path()}: no panel dots for {qtype.name}")
 
@@ -75,6 +76,15 @@ def test_panels_hold_the_files_bytes(qtype: T, isa: str) -> None:
             p.row_slice(0, PANEL_ROWS - 1)
 
 
+def _rounded_product(x: np.ndarray, w: QuantMatrix, ref_w: np.ndarray) -> np.ndarray:
+    """dequantize(q8(x)) @ dequantize(W).T, plus what Q8_1's half-rounded sums add to a
+    Q4_1 product (test_quant_kernels.min_term_error), as f32."""
+    ref = q8_rounded(x, w.qtype) @ ref_w.T
+    if w.qtype == T.Q4_1:
+        ref += min_term_error(x, w)
+    return ref.astype(np.float32)
+
+
 @pytest.mark.parametrize("qtype", PANEL_TYPES, ids=lambda t: t.name)
 def test_panel_8bit_products_equal_rounded_x_at_dequantized(qtype: T, isa: str) -> None:
     """dequantize(q8(x)) @ dequantize(W).T (x rounded as llama.cpp rounds it for W's
@@ -90,7 +100,7 @@ def test_panel_8bit_products_equal_rounded_x_at_dequantized(qtype: T, isa: str) 
                 if t > 1:
                     x[-1, : min(256, cols)] = 0  # an all-zero block: dx 0
                 got = kernels.dots(x, p)
-                assert_close(got, (q8_rounded(x, qtype) @ ref_w.T).astype(np.float32))
+                assert_close(got, _rounded_product(x, w, ref_w))
                 np.testing.assert_array_equal(kernels.matmul(x, p), got)
                 np.testing.assert_array_equal(kernels.linear(x, p), got)
                 exact = x[:1].astype(np.float64) @ ref_w.T
@@ -116,9 +126,10 @@ def test_a_panel_rows_product_is_its_own_alone_or_in_any_batch(qtype: T, isa: st
 
 
 # Per type: the bytes, and their value, that make every code its largest (Q4_K 15 with
-# every 6-bit scale and min 63; Q5_0 31: every nibble and fifth bit set; Q8_0 127).
+# every 6-bit scale and min 63; Q4_1 15; Q5_0 31: every nibble and fifth bit set; Q8_0 127).
 _EXTREMES = {
     T.Q4_K: (range(4, 144), 0xFF),
+    T.Q4_1: (range(4, 20), 0xFF),
     T.Q5_0: (range(2, 22), 0xFF),
     T.Q8_0: (range(2, 34), 0x7F),
 }
@@ -138,8 +149,7 @@ def test_panel_sums_hold_at_their_largest(qtype: T, isa: str) -> None:
     with kernels.exact_activations(False):
         p = kernels.in_panels(w)
         assert p.panels
-        ref = q8_rounded(x, qtype) @ reference(w).astype(np.float64).T
-        assert_close(kernels.dots(x, p), ref.astype(np.float32))
+        assert_close(kernels.dots(x, p), _rounded_product(x, w, reference(w).astype(np.float64)))
 
 
 @pytest.mark.parametrize("qtype", PANEL_TYPES, ids=lambda t: t.name)
@@ -171,7 +181,7 @@ def test_only_what_panels_serve_is_repacked(isa: str) -> None:
     with kernels.exact_activations(False):
         for qtype, rows, cols in (
             (T.Q6_K, 32, 256),
-            (T.Q4_1, 32, 256),
+            (T.Q5_1, 32, 256),
             (T.Q4_K, 40, 256),
             (T.Q5_0, 32, 352),
         ):

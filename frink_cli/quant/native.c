@@ -107,6 +107,18 @@ static int panel_perm(int qt, uint16_t *perm) {
             }
         return PANEL_ROWS * 68;
     }
+    if (qt == QT_Q4_1) { /* a unit of two runs (64 columns, 40 bytes a row): 640 bytes */
+        for (int r = 0; r < PANEL_ROWS; r++)
+            for (int u = 0; u < 2; u++) {
+                const int row = 40 * r + 20 * u;
+                for (int k = 0; k < 2; k++) perm[32 * u + 2 * r + k] = (uint16_t)(row + k);          /* d */
+                for (int k = 0; k < 2; k++) perm[64 + 32 * u + 2 * r + k] = (uint16_t)(row + 2 + k); /* m */
+                for (int g = 0; g < 4; g++) /* qs quad g: columns 4g .. (low nibbles), 16 + 4g .. */
+                    for (int k = 0; k < 4; k++)
+                        perm[128 + (4 * u + g) * 64 + 4 * r + k] = (uint16_t)(row + 4 + 4 * g + k);
+            }
+        return PANEL_ROWS * 40;
+    }
     if (qt == QT_Q5_0) { /* a unit of two runs (64 columns, 44 bytes a row): cache-line sized */
         for (int r = 0; r < PANEL_ROWS; r++)
             for (int u = 0; u < 2; u++) {
@@ -540,9 +552,15 @@ done:
 
 /* Per row of x, the sums of q the panel dots take and each unit's dx: Q4_K, per block of
  * 256, PANEL_SUMS int32s (the int16 pairs of its runs' sums (Q0, Q2), (Q1, Q3), (Q4, Q6),
- * (Q5, Q7)); Q5_0 and Q8_0, per run of 32, minus the codes' offset times its sum
+ * (Q5, Q7)); Q4_1, per run, the bits of its k term's x part (s32, the f32 half(d sum q));
+ * Q5_0 and Q8_0, per run of 32, minus the codes' offset times its sum
  * (native_panels.h). */
-static void panel_sums(int qt, const int8_t *q, const float *d, int cols, int32_t *bsp, float *dx) {
+static void panel_sums(int qt, const int8_t *q, const float *d, const float *s32, int cols,
+                       int32_t *bsp, float *dx) {
+    if (qt == QT_Q4_1) { /* its k term's x part: quantize_row's half(d sum q), as f32 bits */
+        for (int r = 0; r < cols / 32; r++) memcpy(&bsp[r], &s32[r], 4), dx[r] = d[r];
+        return;
+    }
     if (qt == QT_Q5_0 || qt == QT_Q8_0) { /* the codes' offset: Q5_0's 16, Q8_0's 128 */
         const int32_t zero = qt == QT_Q5_0 ? 16 : 128;
         for (int r = 0; r < cols / 32; r++) {
@@ -588,7 +606,7 @@ static int panel_dots(int qt, const uint8_t *w, size_t rb, Py_ssize_t rows, Py_s
         int8_t *qt_ = q + (size_t)t * cols;
         float *dt = d + (size_t)t * nb, *st = sum + (size_t)t * 3 * nb;
         K->quantize_row(x + (size_t)t * cols, (int)cols, scheme, qt_, dt, st, st + 2 * nb);
-        panel_sums(base, qt_, dt, (int)cols, bsp + (size_t)t * nbk, dx + (size_t)t * nbk);
+        panel_sums(base, qt_, dt, st + 2 * nb, (int)cols, bsp + (size_t)t * nbk, dx + (size_t)t * nbk);
     }
     const long panels = (long)(rows / PANEL_ROWS);
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && panels > 1)

@@ -1,5 +1,5 @@
-/* 8-bit dots over W's rows in panels of 16 (Q4_K, Q5_0; Q8_0 with VNNI): included by
- * native_isa.h in the x86 regions (AVX2, AVX-512) after native_kdots.h.
+/* 8-bit dots over W's rows in panels of 16 (Q4_K, Q5_0; Q8_0 with VNNI, Q4_1 on AVX2):
+ * included by native_isa.h in the x86 regions (AVX2, AVX-512) after native_kdots.h.
  *
  * The layout (native.c panel_perm, which both ways of reading it share): a panel is 16
  * consecutive rows of W, and block b of a panel (the 16 rows' block b, 16 x 144 bytes, the
@@ -391,6 +391,60 @@ PANEL_Q50_N(4)
 PANEL_Q50_N(8)
 #undef PANEL_Q50_N
 
+
+/* Q4_1 (native.c panel_perm: units of two runs, 640 bytes: the 16 rows' d per run, their
+ * m per run, then 4 quads of qs per run): w = d code + m. Per run, row of W and row of x
+ * the exact S = sum code q (a run's 8 quads of vpmaddubsw pairs, 2 x 15 x 127 each, stay
+ * under 2^15 as int16), then acc += S (d dx) and acc += m s, s the run's k term of x
+ * (quantize_row's half(dx sum q), in bsp as f32 bits): llama.cpp's Q4_1 dot, AVX2 only
+ * for now (an AVX-512 machine keeps Q4_1 in the file's order). */
+#define PANEL_Q41_N(N)                                                                          \
+    static void ISA(panel_q41_##N)(const uint8_t *pan, int nb, const int8_t *xq, size_t xs,    \
+                                   const float *dx, const int32_t *bsp, size_t xu, float *y,   \
+                                   size_t ys) {                                                \
+        const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);                  \
+        __m256 acc[2][N];                                                                       \
+        for (int h = 0; h < 2; h++)                                                             \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[h][t] = _mm256_setzero_ps(); \
+        for (int b = 0; b < nb; b++) {                                                          \
+            const uint8_t *p = pan + (size_t)b * 640;                                           \
+            for (int l = 0; l < 640; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
+            for (int h = 0; h < 2; h++) /* rows 8 h .. 8 h + 7: bytes 32 h of each line */      \
+                _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                           \
+                    const size_t r = 2 * (size_t)b + u; /* the run */                          \
+                    __m256i s[N];                                                               \
+                    _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) s[t] = _mm256_setzero_si256(); \
+                    _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {                       \
+                        const __m256i qs = _mm256_loadu_si256((const __m256i *)(p + 128 + (4 * u + g) * 64 + 32 * h)); \
+                        const __m256i lo = _mm256_and_si256(qs, low);                           \
+                        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qs, 4), low);     \
+                        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                   \
+                            const int8_t *x = xq + t * xs + 32 * r + 4 * g;                     \
+                            s[t] = _mm256_add_epi16(s[t], _mm256_add_epi16(                     \
+                                _mm256_maddubs_epi16(lo, ISA(panel_bcast)(x)),                  \
+                                _mm256_maddubs_epi16(hi, ISA(panel_bcast)(x + 16))));           \
+                        }                                                                       \
+                    }                                                                           \
+                    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 * u + 16 * h))); \
+                    const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 64 + 32 * u + 16 * h))); \
+                    _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                       \
+                        float k;                                                                \
+                        memcpy(&k, &bsp[t * xu + r], 4);                                        \
+                        const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(dx[t * xu + r]));     \
+                        const __m256 S = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[t], ones));     \
+                        acc[h][t] = _mm256_fmadd_ps(m, _mm256_set1_ps(k), _mm256_fmadd_ps(S, dd, acc[h][t])); \
+                    }                                                                           \
+                }                                                                               \
+        }                                                                                       \
+        for (int h = 0; h < 2; h++)                                                             \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm256_storeu_ps(y + t * ys + 8 * h, acc[h][t]); \
+    }
+PANEL_Q41_N(1)
+PANEL_Q41_N(2)
+PANEL_Q41_N(4)
+PANEL_Q41_N(8)
+#undef PANEL_Q41_N
+
 #endif
 
 PANEL_ROWS_N(1)
@@ -402,6 +456,9 @@ PANEL_ROWS_N(8)
 static int ISA(panel_serves)(int qt) {
 #ifdef KD_DPBUSD
     if (qt == QT_Q8_0) return 1;
+#endif
+#ifndef KD_DPBUSD
+    if (qt == QT_Q4_1) return 1;
 #endif
     return qt == QT_Q4_K || qt == QT_Q5_0;
 }
@@ -430,6 +487,8 @@ static void ISA(panel_rows)(int qt, const uint8_t *w, size_t rb, size_t p0, size
             if (qt == QT_Q5_0) { PANEL_CALL(q50, cols / 64) } else
 #ifdef KD_DPBUSD
             if (qt == QT_Q8_0) { PANEL_CALL(q80, cols / 64) } else
+#else
+            if (qt == QT_Q4_1) { PANEL_CALL(q41, cols / 64) } else
 #endif
             { PANEL_CALL(q4k, cols / 256) }
 #undef PANEL_CALL
