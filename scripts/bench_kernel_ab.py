@@ -1,0 +1,80 @@
+"""Two builds of the compiled kernels in one process, their dots alternated: the only fair
+old-against-new kernel comparison on a shared VM whose speed moves between minutes.
+
+    python scripts/bench_kernel_ab.py A/_native.so B/_native.so Q4_K 32768 1536 [--threads 1]
+
+Build each variant (`python setup.py build_ext --inplace` in a worktree) and pass its
+frink_cli/quant/_native*.so (copied to a path of its own: one path loads once). W is a
+random matrix of the type, in panels where the running kernels repack it; each row count
+of x is timed best-of-N for A, then B, alternately, and whether the two builds give the
+same bits is printed beside the times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.machinery
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from quant_weights import random_weights  # noqa: E402
+
+from frink_cli.quant import kernels  # noqa: E402
+
+
+def load_build(path: Path) -> ModuleType:
+    """The compiled module at path, loaded as a module of its own."""
+    loader = importlib.machinery.ExtensionFileLoader("_native", str(path))
+    spec = importlib.util.spec_from_file_location("_native", str(path), loader=loader)
+    if spec is None:
+        raise SystemExit(f"{path}: not a loadable module")
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("a", type=Path)
+    ap.add_argument("b", type=Path)
+    ap.add_argument("qtype")
+    ap.add_argument("rows", type=int)
+    ap.add_argument("cols", type=int)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=9)
+    args = ap.parse_args()
+    if args.a.resolve() == args.b.resolve():
+        raise SystemExit("A and B must be two files (one path loads once)")
+    builds = {"A": load_build(args.a), "B": load_build(args.b)}
+    qtype = GGMLQuantizationType[args.qtype]
+    w = random_weights(qtype, args.rows, args.cols, seed=1)
+    with kernels.exact_activations(False):
+        w = kernels.in_panels(w)
+    qt = int(qtype) | (builds["A"].PANELS if w.panels else 0)
+    print(f"{qtype.name} {args.rows} x {args.cols}, panels {w.panels}, {args.threads} threads")
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 4, 8, 16):
+        x = rng.standard_normal((n, args.cols)).astype(np.float32)
+        best = {k: float("inf") for k in builds}
+        out = {k: np.empty((n, args.rows), np.float32) for k in builds}
+        for _ in range(args.rounds):
+            for k, m in builds.items():
+                t0 = time.perf_counter()
+                m.dots(qt, w.data, w.rows, w.cols, x, n, out[k], args.threads, False)
+                best[k] = min(best[k], time.perf_counter() - t0)
+        same = np.array_equal(out["A"], out["B"])
+        print(
+            f"{n:2d} rows: A {best['A'] * 1e3:8.3f} ms  B {best['B'] * 1e3:8.3f} ms  "
+            f"B/A {best['B'] / best['A']:.2f}  same bits: {same}"
+        )
+
+
+if __name__ == "__main__":
+    main()
