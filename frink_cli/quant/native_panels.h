@@ -395,17 +395,18 @@ PANEL_Q50_N(8)
 /* Q4_1 (native.c panel_perm: units of two runs, 640 bytes: the 16 rows' d per run, their
  * m per run, then 4 quads of qs per run): w = d code + m. Per run, row of W and row of x
  * the exact S = sum code q (a run's 8 quads of vpmaddubsw pairs, 2 x 15 x 127 each, stay
- * under 2^15 as int16), then acc += S (d dx) and acc += m s, s the run's k term of x
- * (quantize_row's half(dx sum q), in bsp as f32 bits): llama.cpp's Q4_1 dot, AVX2 only
+ * under 2^15 as int16), then acc += S (d dx), and apart from it off += m s (a multiply,
+ * then an add), s the run's k term of x (quantize_row's half(dx sum q), in bsp as f32
+ * bits); y = acc + off: llama.cpp's Q4_1 dot (its min terms summed apart), AVX2 only
  * for now (an AVX-512 machine keeps Q4_1 in the file's order). */
 #define PANEL_Q41_N(N)                                                                          \
     static void ISA(panel_q41_##N)(const uint8_t *pan, int nb, const int8_t *xq, size_t xs,    \
                                    const float *dx, const int32_t *bsp, size_t xu, float *y,   \
                                    size_t ys) {                                                \
         const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);                  \
-        __m256 acc[2][N];                                                                       \
+        __m256 acc[2][N], off[2][N]; /* the d terms; the m terms, apart as llama.cpp keeps them */ \
         for (int h = 0; h < 2; h++)                                                             \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[h][t] = _mm256_setzero_ps(); \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[h][t] = off[h][t] = _mm256_setzero_ps(); \
         for (int b = 0; b < nb; b++) {                                                          \
             const uint8_t *p = pan + (size_t)b * 640;                                           \
             for (int l = 0; l < 640; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
@@ -432,12 +433,14 @@ PANEL_Q50_N(8)
                         memcpy(&k, &bsp[t * xu + r], 4);                                        \
                         const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(dx[t * xu + r]));     \
                         const __m256 S = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[t], ones));     \
-                        acc[h][t] = _mm256_fmadd_ps(m, _mm256_set1_ps(k), _mm256_fmadd_ps(S, dd, acc[h][t])); \
+                        acc[h][t] = _mm256_fmadd_ps(S, dd, acc[h][t]);                          \
+                        off[h][t] = _mm256_add_ps(off[h][t], _mm256_mul_ps(m, _mm256_set1_ps(k))); \
                     }                                                                           \
                 }                                                                               \
         }                                                                                       \
         for (int h = 0; h < 2; h++)                                                             \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm256_storeu_ps(y + t * ys + 8 * h, acc[h][t]); \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                 \
+                _mm256_storeu_ps(y + t * ys + 8 * h, _mm256_add_ps(acc[h][t], off[h][t]));       \
     }
 PANEL_Q41_N(1)
 PANEL_Q41_N(2)
