@@ -5,9 +5,10 @@ old-against-new kernel comparison on a shared VM whose speed moves between minut
 
 Build each variant (`python setup.py build_ext --inplace` in a worktree) and pass its
 frink_cli/quant/_native*.so (copied to a path of its own: one path loads once). W is a
-random matrix of the type, in panels where the running kernels repack it; each row count
-of x is timed best-of-N for A, then B, alternately, and whether the two builds give the
-same bits is printed beside the times.
+random matrix of the type, in panels for each build that has panel dots for it (else in
+the file's order, as that build would load it); each row count of x is timed best-of-N
+for A, then B, alternately, and whether the two builds give the same bits is printed
+beside the times. FRINK_NATIVE_ISA=avx2 times both builds' AVX2 variants.
 """
 
 from __future__ import annotations
@@ -54,11 +55,17 @@ def main() -> None:
         raise SystemExit("A and B must be two files (one path loads once)")
     builds = {"A": load_build(args.a), "B": load_build(args.b)}
     qtype = GGMLQuantizationType[args.qtype]
-    w = random_weights(qtype, args.rows, args.cols, seed=1)
+    file_w = random_weights(qtype, args.rows, args.cols, seed=1)
     with kernels.exact_activations(False):
-        w = kernels.in_panels(w)
-    qt = int(qtype) | (builds["A"].PANELS if w.panels else 0)
-    print(f"{qtype.name} {args.rows} x {args.cols}, panels {w.panels}, {args.threads} threads")
+        panel_w = kernels.in_panels(file_w)
+    # Each build reads W as it would load it: in panels where it has panel dots for the type.
+    ws = {
+        k: panel_w if panel_w.panels and m.panels_for(int(qtype), args.cols) else file_w
+        for k, m in builds.items()
+    }
+    qts = {k: int(qtype) | (m.PANELS if ws[k].panels else 0) for k, m in builds.items()}
+    layout = ", ".join(f"{k} {'panels' if w.panels else 'file order'}" for k, w in ws.items())
+    print(f"{qtype.name} {args.rows} x {args.cols}, {layout}, {args.threads} threads")
     rng = np.random.default_rng(0)
     for n in (1, 2, 4, 8, 16):
         x = rng.standard_normal((n, args.cols)).astype(np.float32)
@@ -67,7 +74,8 @@ def main() -> None:
         for _ in range(args.rounds):
             for k, m in builds.items():
                 t0 = time.perf_counter()
-                m.dots(qt, w.data, w.rows, w.cols, x, n, out[k], args.threads, False)
+                w = ws[k]
+                m.dots(qts[k], w.data, w.rows, w.cols, x, n, out[k], args.threads, False)
                 best[k] = min(best[k], time.perf_counter() - t0)
         same = np.array_equal(out["A"], out["B"])
         print(

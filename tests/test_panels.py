@@ -2,7 +2,7 @@
 compiled kernels' native_panels.h) against gguf-py and against the same weights in the
 file's order.
 
-Why: a model's Q4_K and Q5_0 (and, with VNNI, Q8_0; on AVX2, Q4_1) matrices are
+Why: a model's Q4_K, Q5_0 and Q4_1 (and, with VNNI, Q8_0) matrices are
 repacked at load where the kernels have panel dots, so every decode and prompt product of
 such a model goes through them. They must give dequantize(q8(x)) @ dequantize(W).T as
 the file-order dots do (test_quant_kernels' bar),
@@ -123,6 +123,27 @@ def test_a_panel_rows_product_is_its_own_alone_or_in_any_batch(qtype: T, isa: st
         for t0, t1 in ((3, 5), (2, 9), (5, 8), (1, 14), (6, 17)):
             with kernels.threads(1):
                 np.testing.assert_array_equal(kernels.dots(x[t0:t1], p), alone[t0:t1])
+
+
+@pytest.mark.parametrize("qtype", PANEL_TYPES, ids=lambda t: t.name)
+def test_a_panel_product_is_the_same_bits_on_every_isa(qtype: T) -> None:
+    """Each ISA's kernel takes the same integer sums and the same f32 steps per lane, so a
+    machine's answers do not depend on which variant it picked: the products of every
+    variant this CPU runs with panel dots for the type are the same bits."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((11, 512)).astype(np.float32)
+    w = random_weights(qtype, 48, 512, seed=13)
+    got = {}
+    for name in PANEL_ISAS:
+        for _ in _use_isa(name):
+            if kernels._NATIVE is not None and kernels._NATIVE.panels_for(int(qtype), 512):
+                with kernels.exact_activations(False):
+                    got[name] = kernels.dots(x, kernels.in_panels(w))
+    if len(got) < 2:
+        pytest.skip(f"{qtype.name}: panel dots on {len(got)} of the ISAs this CPU runs")
+    first, *rest = got.values()
+    for other in rest:
+        np.testing.assert_array_equal(other, first)
 
 
 # Per type: the bytes, and their value, that make every code its largest (Q4_K 15 with

@@ -1,4 +1,4 @@
-/* 8-bit dots over W's rows in panels of 16 (Q4_K, Q5_0; Q8_0 with VNNI, Q4_1 on AVX2):
+/* 8-bit dots over W's rows in panels of 16 (Q4_K, Q5_0, Q4_1; Q8_0 with VNNI):
  * included by native_isa.h in the x86 regions (AVX2, AVX-512) after native_kdots.h.
  *
  * The layout (native.c panel_perm, which both ways of reading it share): a panel is 16
@@ -26,6 +26,8 @@
  */
 
 #define PANEL_TILE 8
+/* A kernel macro instantiated for the tile sizes panel_rows takes: KERNEL(N, args). */
+#define PANEL_TILES(KERNEL, ...) KERNEL(1, __VA_ARGS__) KERNEL(2, __VA_ARGS__) KERNEL(4, __VA_ARGS__) KERNEL(8, __VA_ARGS__)
 /* Bytes ahead of the block it reads that a panel walk asks the cache for. */
 #ifndef PANEL_PREFETCH
 #define PANEL_PREFETCH 8192
@@ -49,12 +51,13 @@
         return OR(AND(mins ? SRL(a2, 4) : a2, four), top);                                     \
     }
 
-/* Q5_0's per-lane byte patterns (64 bytes; a vector takes its width of them), a lane a
- * row: bits 0, byte k of a lane = byte j of that lane (a vpshufb index, within 16 bytes);
- * bits 1, byte k of a lane = 1 << (4 j + k), the bit of a qh byte that column k reads. */
-static INLINE void ISA(panel_pattern)(int8_t *b, int j, int bits) {
-    for (int i = 0; i < 64; i++) b[i] = (int8_t)(bits ? 1 << (4 * j + i % 4) : i % 16 / 4 * 4 + j);
+/* Q5_0's lane patterns over 16 bytes (4 lanes, a lane a row; a vector repeats them): pick
+ * j, byte k of a lane = byte j of that lane (a vpshufb index); bit hi, byte k of a lane =
+ * 1 << (4 hi + k), the bit of a qh byte that column k reads. Constants, no per-call work. */
+static INLINE __m128i ISA(panel_pick)(int j) {
+    return _mm_add_epi8(_mm_setr_epi32(0, 0x04040404, 0x08080808, 0x0c0c0c0c), _mm_set1_epi8((char)j));
 }
+static INLINE __m128i ISA(panel_bit)(int hi) { return _mm_set1_epi32((int)(0x08040201u << 4 * hi)); }
 
 #ifdef KD_DPBUSD /* AVX-512: 16 rows of W in a zmm's lanes */
 
@@ -70,7 +73,7 @@ static INLINE __m512i ISA(panel_bcast)(const int8_t *p) {
 /* The panel's blocks times the N rows of x (q rows xs apart, dx per row nb apart, bsp: per
  * row and block the 4 int16 pairs of run sums (Q0, Q2), (Q1, Q3), (Q4, Q6), (Q5, Q7)),
  * into y (rows ys apart). */
-#define PANEL_ROWS_N(N)                                                                         \
+#define PANEL_ROWS_N(N, ...)                                                                       \
     static void ISA(panel_q4k_##N)(const uint8_t *pan, int nb, const int8_t *xq, size_t xs,    \
                                    const float *dx, const int32_t *bsp, size_t xu, float *y, size_t ys) { \
         __m512 acc[N];                                                                          \
@@ -128,52 +131,79 @@ static INLINE __m512i ISA(panel_bcast)(const int8_t *p) {
 
 
 
-/* Q5_0 (native.c panel_perm: units of two runs of 32 columns, 704 bytes, a cache-line
- * multiple: per run the 16 rows' d, then their qh words, then 4 quads of qs): w = d (code -
- * 16), code = nibble | bit l of qh << 4. Each run's sum starts from -16 times x's sum over
- * it (bsp: a broadcast), so vpdpbusd on the 5-bit codes leaves sum (code - 16) q exactly;
- * then acc += S (d dx) per run, as llama.cpp's Q5_0 dot. A quad's fifth bits: qh's byte
- * spread to the quad's 4 bytes (vpshufb), tested against each byte's bit (a mask), 16
- * added where set. */
-static INLINE __m512i ISA(panel_bytes)(int j) {
-    int8_t b[64];
-    ISA(panel_pattern)(b, j, 0);
-    return _mm512_loadu_si512(b);
+/* The legacy types (native.c panel_perm): units of two runs of 32 columns, a run's 16 d
+ * at 32 u of its unit. Per run, row of W and row of x an exact integer S = sum code q by
+ * vpdpbusd on the unsigned codes, then acc += S (d dx), as llama.cpp's dots take a block:
+ *   Q5_0 (704-byte units: d, the 16 rows' qh words per run, 4 quads of qs per run): code =
+ *     nibble | qh's bit << 4; S starts from -16 times x's sum over the run (bsp, a
+ *     broadcast), leaving sum (code - 16) q. A quad's fifth bits: qh's byte spread to the
+ *     quad's 4 bytes (vpshufb), tested against each byte's own bit (a mask), 16 added.
+ *   Q8_0 (1088-byte units: d, 8 quads of qs per run): the int8 codes plus 128 (a xor of
+ *     the sign bit), S started from -128 times x's sum.
+ *   Q4_1 (640-byte units: d, the rows' m per run at 64 + 32 u, 4 quads of qs per run): w =
+ *     d code + m; S starts from 0, and apart from acc, off += m s (a multiply, then an
+ *     add; s: the run's k term of x, quantize_row's half(dx sum q), in bsp as f32 bits);
+ *     y = acc + off, llama.cpp's Q4_1 dot (its min terms summed apart).
+ * The AVX2 form (below) takes the same integer sums and f32 steps: the same bits. */
+typedef struct {
+    __m512i low, sixteen, sign, pick[4], bit[2];
+} ISA(panel_consts);
+
+static INLINE ISA(panel_consts) ISA(panel_consts_make)(void) {
+    ISA(panel_consts) k;
+    k.low = _mm512_set1_epi8(15), k.sixteen = _mm512_set1_epi8(16);
+    k.sign = _mm512_set1_epi8((char)0x80);
+    for (int j = 0; j < 4; j++) k.pick[j] = _mm512_broadcast_i32x4(ISA(panel_pick)(j));
+    for (int j = 0; j < 2; j++) k.bit[j] = _mm512_broadcast_i32x4(ISA(panel_bit)(j));
+    return k;
 }
-static INLINE __m512i ISA(panel_bits)(int hi) {
-    int8_t b[64];
-    ISA(panel_pattern)(b, hi, 1);
-    return _mm512_loadu_si512(b);
+
+/* Quad g of run u of unit p as unsigned bytes: columns 4g .. 4g + 3 (lo), 16 + 4g .. (hi). */
+static INLINE void ISA(codes_q50)(const uint8_t *p, int u, int g, const ISA(panel_consts) *k,
+                                  __m512i *lo, __m512i *hi) {
+    const __m512i qh = _mm512_loadu_si512(p + 64 + 64 * u);
+    const __m512i qs = _mm512_loadu_si512(p + 192 + (4 * u + g) * 64);
+    const __mmask64 ml = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, k->pick[g / 2]), k->bit[g % 2]);
+    const __mmask64 mh = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, k->pick[2 + g / 2]), k->bit[g % 2]);
+    *lo = _mm512_and_si512(qs, k->low);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), k->low);
+    *lo = _mm512_mask_add_epi8(*lo, ml, *lo, k->sixteen);
+    *hi = _mm512_mask_add_epi8(*hi, mh, *hi, k->sixteen);
 }
-#define PANEL_Q50_N(N)                                                                          \
-    static void ISA(panel_q50_##N)(const uint8_t *pan, int nb, const int8_t *xq, size_t xs,    \
-                                   const float *dx, const int32_t *bsp, size_t xu, float *y,   \
-                                   size_t ys) {                                                \
-        __m512 acc[N];                                                                          \
-        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();      \
-        const __m512i low = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);               \
-        const __m512i pick[4] = {ISA(panel_bytes)(0), ISA(panel_bytes)(1), ISA(panel_bytes)(2), \
-                                 ISA(panel_bytes)(3)};                                          \
-        const __m512i bit[2] = {ISA(panel_bits)(0), ISA(panel_bits)(1)};                        \
+static INLINE void ISA(codes_q80)(const uint8_t *p, int u, int g, const ISA(panel_consts) *k,
+                                  __m512i *lo, __m512i *hi) {
+    *lo = _mm512_xor_si512(_mm512_loadu_si512(p + 64 + (8 * u + g) * 64), k->sign);
+    *hi = _mm512_xor_si512(_mm512_loadu_si512(p + 64 + (8 * u + 4 + g) * 64), k->sign);
+}
+static INLINE void ISA(codes_q41)(const uint8_t *p, int u, int g, const ISA(panel_consts) *k,
+                                  __m512i *lo, __m512i *hi) {
+    const __m512i qs = _mm512_loadu_si512(p + 128 + (4 * u + g) * 64);
+    *lo = _mm512_and_si512(qs, k->low);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), k->low);
+}
+
+/* The legacy types' kernel: TYPE's codes (codes_TYPE), UNIT bytes a unit, MINS: Q4_1's m
+ * terms (bsp holds s) rather than a code offset (bsp holds its start). */
+#define PANEL_RUNS(N, TYPE, UNIT, MINS)                                                         \
+    static void ISA(panel_##TYPE##_##N)(const uint8_t *pan, int nb, const int8_t *xq, size_t xs, \
+                                        const float *dx, const int32_t *bsp, size_t xu, float *y, \
+                                        size_t ys) {                                           \
+        const ISA(panel_consts) k = ISA(panel_consts_make)();                                   \
+        __m512 acc[N], off[N];                                                                  \
+        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[t] = off[t] = _mm512_setzero_ps(); \
         for (int b = 0; b < nb; b++) {                                                          \
-            const uint8_t *p = pan + (size_t)b * 704;                                           \
-            for (int l = 0; l < 704; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
+            const uint8_t *p = pan + (size_t)b * UNIT;                                          \
+            for (int l = 0; l < UNIT; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
             _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                               \
                 const size_t r = 2 * (size_t)b + u; /* the run */                              \
-                const __m512i qh = _mm512_loadu_si512(p + 64 + 64 * u);                         \
                 __m512i aL[N], aH[N];                                                           \
                 _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                           \
-                    aL[t] = _mm512_set1_epi32(bsp[t * xu + r]);                                 \
+                    aL[t] = MINS ? _mm512_setzero_si512() : _mm512_set1_epi32(bsp[t * xu + r]); \
                     aH[t] = _mm512_setzero_si512();                                             \
                 }                                                                               \
                 _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {                           \
-                    const __m512i qs = _mm512_loadu_si512(p + 192 + (4 * u + g) * 64);          \
-                    const __mmask64 ml = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, pick[g / 2]), bit[g % 2]); \
-                    const __mmask64 mh = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, pick[2 + g / 2]), bit[g % 2]); \
-                    __m512i lo = _mm512_and_si512(qs, low);                                     \
-                    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), low);               \
-                    lo = _mm512_mask_add_epi8(lo, ml, lo, sixteen);                             \
-                    hi = _mm512_mask_add_epi8(hi, mh, hi, sixteen);                             \
+                    __m512i lo, hi;                                                             \
+                    ISA(codes_##TYPE)(p, u, g, &k, &lo, &hi);                                   \
                     _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                       \
                         const int8_t *x = xq + t * xs + 32 * r + 4 * g;                         \
                         aL[t] = _mm512_dpbusd_epi32(aL[t], lo, ISA(panel_bcast)(x));            \
@@ -184,62 +214,22 @@ static INLINE __m512i ISA(panel_bits)(int hi) {
                 _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                           \
                     const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(dx[t * xu + r]));         \
                     acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(aL[t], aH[t])), dd, acc[t]); \
-                }                                                                               \
-            }                                                                                   \
-        }                                                                                       \
-        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm512_storeu_ps(y + t * ys, acc[t]); \
-    }
-PANEL_Q50_N(1)
-PANEL_Q50_N(2)
-PANEL_Q50_N(4)
-PANEL_Q50_N(8)
-#undef PANEL_Q50_N
-
-
-/* Q8_0 (native.c panel_perm: units of two runs, 1088 bytes: the 16 rows' d per run, then 8
- * quads of qs per run): vpdpbusd takes its first operand unsigned, so the int8 codes are
- * taken plus 128 (a xor of the sign bit) and each run's sum starts from -128 times x's sum
- * over it (bsp), leaving sum code q exactly; then acc += S (d dx) per run. */
-#define PANEL_Q80_N(N)                                                                          \
-    static void ISA(panel_q80_##N)(const uint8_t *pan, int nb, const int8_t *xq, size_t xs,    \
-                                   const float *dx, const int32_t *bsp, size_t xu, float *y,   \
-                                   size_t ys) {                                                \
-        __m512 acc[N];                                                                          \
-        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();      \
-        const __m512i sign = _mm512_set1_epi8((char)0x80);                                      \
-        for (int b = 0; b < nb; b++) {                                                          \
-            const uint8_t *p = pan + (size_t)b * 1088;                                          \
-            for (int l = 0; l < 1088; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
-            _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                               \
-                const size_t r = 2 * (size_t)b + u; /* the run */                              \
-                __m512i aL[N], aH[N];                                                           \
-                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                           \
-                    aL[t] = _mm512_set1_epi32(bsp[t * xu + r]);                                 \
-                    aH[t] = _mm512_setzero_si512();                                             \
-                }                                                                               \
-                _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {                           \
-                    const __m512i lo = _mm512_xor_si512(_mm512_loadu_si512(p + 64 + (8 * u + g) * 64), sign); \
-                    const __m512i hi = _mm512_xor_si512(_mm512_loadu_si512(p + 64 + (8 * u + 4 + g) * 64), sign); \
-                    _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                       \
-                        const int8_t *x = xq + t * xs + 32 * r + 4 * g;                         \
-                        aL[t] = _mm512_dpbusd_epi32(aL[t], lo, ISA(panel_bcast)(x));            \
-                        aH[t] = _mm512_dpbusd_epi32(aH[t], hi, ISA(panel_bcast)(x + 16));       \
+                    if (MINS) {                                                                 \
+                        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 64 + 32 * u))); \
+                        float s;                                                                \
+                        memcpy(&s, &bsp[t * xu + r], 4);                                        \
+                        off[t] = _mm512_add_ps(off[t], _mm512_mul_ps(m, _mm512_set1_ps(s)));    \
                     }                                                                           \
                 }                                                                               \
-                const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32 * u))); \
-                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                           \
-                    const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(dx[t * xu + r]));         \
-                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(aL[t], aH[t])), dd, acc[t]); \
-                }                                                                               \
             }                                                                                   \
         }                                                                                       \
-        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm512_storeu_ps(y + t * ys, acc[t]); \
+        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                     \
+            _mm512_storeu_ps(y + t * ys, MINS ? _mm512_add_ps(acc[t], off[t]) : acc[t]);        \
     }
-PANEL_Q80_N(1)
-PANEL_Q80_N(2)
-PANEL_Q80_N(4)
-PANEL_Q80_N(8)
-#undef PANEL_Q80_N
+PANEL_TILES(PANEL_RUNS, q50, 704, 0)
+PANEL_TILES(PANEL_RUNS, q80, 1088, 0)
+PANEL_TILES(PANEL_RUNS, q41, 640, 1)
+#undef PANEL_RUNS
 
 #else /* AVX2: the panel's two halves of 8 rows, a ymm's lanes each */
 
@@ -255,7 +245,7 @@ static INLINE __m256i ISA(panel_bcast)(const int8_t *p) {
 /* As the AVX-512 form, a block's halves h (rows 8h .. 8h + 7) one after the other. Without VNNI a
  * run's byte products are vpmaddubsw pairs added as int16 (8 quads of 2 x 15 x 127 stay
  * under 2^15), then times the run's scale (an int16 pair (sc, sc)) by vpmaddwd. */
-#define PANEL_ROWS_N(N)                                                                         \
+#define PANEL_ROWS_N(N, ...)                                                                       \
     static void ISA(panel_q4k_##N)(const uint8_t *pan, int nb, const int8_t *xq, size_t xs,    \
                                    const float *dx, const int32_t *bsp, size_t xu, float *y, size_t ys) { \
         const __m256i low = _mm256_set1_epi8(15), byte = _mm256_set1_epi32(0xff);               \
@@ -317,153 +307,110 @@ static INLINE __m256i ISA(panel_bcast)(const int8_t *p) {
     }
 
 
-static INLINE __m256i ISA(panel_bytes)(int j) {
-    int8_t b[64];
-    ISA(panel_pattern)(b, j, 0);
-    return _mm256_loadu_si256((const __m256i *)b);
-}
-static INLINE __m256i ISA(panel_bits)(int hi) {
-    int8_t b[64];
-    ISA(panel_pattern)(b, hi, 1);
-    return _mm256_loadu_si256((const __m256i *)b);
+/* The legacy types as the AVX-512 form (the same units, the same integer sums, the same
+ * f32 steps, so the same bits), a unit's halves of 8 rows one after the other (bytes 32 h
+ * of each line, 16 h of the d and m lines). Without VNNI a quad's byte products are
+ * vpmaddubsw pairs added as int16 over GROUP quads (Q5_0: 2 quads of 2 x 31 x 127, 4 x
+ * 7874 under 2^15; Q4_1: all 4 quads of 2 x 15 x 127), widened by vpmaddwd with ones. Q5_0's
+ * fifth bits: qh's byte spread to the quad's 4 bytes (vpshufb), each byte kept where its
+ * own bit is set (vpcmpeqb), 16 or-ed in. No Q8_0 (its signed codes have no vpmaddubsw
+ * form that pays). */
+typedef struct {
+    __m256i low, sixteen, ones, pick[4], bit[2];
+} ISA(panel_consts);
+
+static INLINE ISA(panel_consts) ISA(panel_consts_make)(void) {
+    ISA(panel_consts) k;
+    k.low = _mm256_set1_epi8(15), k.sixteen = _mm256_set1_epi8(16), k.ones = _mm256_set1_epi16(1);
+    for (int j = 0; j < 4; j++) k.pick[j] = _mm256_broadcastsi128_si256(ISA(panel_pick)(j));
+    for (int j = 0; j < 2; j++) k.bit[j] = _mm256_broadcastsi128_si256(ISA(panel_bit)(j));
+    return k;
 }
 
-/* Q5_0 as the AVX-512 form (the same unit, the same integer sums, the same f32 steps, so
- * the same bits), a unit's halves of 8 rows one after the other. Without VNNI a quad's
- * byte products are vpmaddubsw pairs (2 x 31 x 127 at most), two quads' low and high
- * nibbles added as int16 (4 x 7874, under 2^15) and widened by vpmaddwd with ones; the
- * fifth bits: qh's byte spread to the quad's 4 bytes (vpshufb), each byte kept where its
- * own bit is set (vpcmpeqb), 16 or-ed in. */
-#define PANEL_Q50_N(N)                                                                          \
-    static void ISA(panel_q50_##N)(const uint8_t *pan, int nb, const int8_t *xq, size_t xs,    \
-                                   const float *dx, const int32_t *bsp, size_t xu, float *y,   \
-                                   size_t ys) {                                                \
-        const __m256i low = _mm256_set1_epi8(15), sixteen = _mm256_set1_epi8(16);               \
-        const __m256i ones = _mm256_set1_epi16(1);                                              \
-        const __m256i pick[4] = {ISA(panel_bytes)(0), ISA(panel_bytes)(1), ISA(panel_bytes)(2), \
-                                 ISA(panel_bytes)(3)};                                          \
-        const __m256i bit[2] = {ISA(panel_bits)(0), ISA(panel_bits)(1)};                        \
-        __m256 acc[2][N];                                                                       \
+/* Quad g of run u of unit p's half at p (p + 32 h) as unsigned bytes: columns 4g .. 4g + 3
+ * (lo), 16 + 4g .. (hi). */
+static INLINE void ISA(codes_q50)(const uint8_t *p, int u, int g, const ISA(panel_consts) *k,
+                                  __m256i *lo, __m256i *hi) {
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 64 + 64 * u));
+    const __m256i qs = _mm256_loadu_si256((const __m256i *)(p + 192 + (4 * u + g) * 64));
+    const __m256i b0 = k->bit[g % 2];
+    const __m256i ml = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, k->pick[g / 2]), b0), b0);
+    const __m256i mh = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, k->pick[2 + g / 2]), b0), b0);
+    *lo = _mm256_or_si256(_mm256_and_si256(qs, k->low), _mm256_and_si256(ml, k->sixteen));
+    *hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 4), k->low), _mm256_and_si256(mh, k->sixteen));
+}
+static INLINE void ISA(codes_q41)(const uint8_t *p, int u, int g, const ISA(panel_consts) *k,
+                                  __m256i *lo, __m256i *hi) {
+    const __m256i qs = _mm256_loadu_si256((const __m256i *)(p + 128 + (4 * u + g) * 64));
+    *lo = _mm256_and_si256(qs, k->low);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(qs, 4), k->low);
+}
+
+/* The legacy types' kernel: TYPE's codes (codes_TYPE), UNIT bytes a unit, MINS as the
+ * AVX-512 form's, GROUP quads summed as int16 before widening. */
+#define PANEL_RUNS(N, TYPE, UNIT, MINS, GROUP)                                                  \
+    static void ISA(panel_##TYPE##_##N)(const uint8_t *pan, int nb, const int8_t *xq, size_t xs, \
+                                        const float *dx, const int32_t *bsp, size_t xu, float *y, \
+                                        size_t ys) {                                           \
+        const ISA(panel_consts) k = ISA(panel_consts_make)();                                   \
+        __m256 acc[2][N], off[2][N];                                                            \
         for (int h = 0; h < 2; h++)                                                             \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[h][t] = _mm256_setzero_ps(); \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[h][t] = off[h][t] = _mm256_setzero_ps(); \
         for (int b = 0; b < nb; b++) {                                                          \
-            const uint8_t *p = pan + (size_t)b * 704;                                           \
-            for (int l = 0; l < 704; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
-            for (int h = 0; h < 2; h++) /* rows 8 h .. 8 h + 7: bytes 32 h of each line */      \
+            const uint8_t *p = pan + (size_t)b * UNIT;                                          \
+            for (int l = 0; l < UNIT; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
+            for (int h = 0; h < 2; h++) /* rows 8 h .. 8 h + 7 */                               \
                 _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                           \
                     const size_t r = 2 * (size_t)b + u; /* the run */                          \
-                    const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 64 + 64 * u + 32 * h)); \
                     __m256i s[N];                                                               \
-                    _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) s[t] = _mm256_set1_epi32(bsp[t * xu + r]); \
-                    _Pragma("GCC unroll 2") for (int g = 0; g < 4; g += 2) {                    \
-                        __m256i c[4]; /* quads g, g + 1: low nibbles, high */                   \
-                        _Pragma("GCC unroll 2") for (int k = 0; k < 2; k++) {                   \
-                            const __m256i qs = _mm256_loadu_si256((const __m256i *)(p + 192 + (4 * u + g + k) * 64 + 32 * h)); \
-                            const __m256i b0 = bit[(g + k) % 2];                                \
-                            const __m256i ml = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, pick[(g + k) / 2]), b0), b0); \
-                            const __m256i mh = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, pick[2 + (g + k) / 2]), b0), b0); \
-                            c[2 * k] = _mm256_or_si256(_mm256_and_si256(qs, low), _mm256_and_si256(ml, sixteen)); \
-                            c[2 * k + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 4), low), \
-                                                           _mm256_and_si256(mh, sixteen));      \
-                        }                                                                       \
+                    _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                         \
+                        s[t] = MINS ? _mm256_setzero_si256() : _mm256_set1_epi32(bsp[t * xu + r]); \
+                    _Pragma("GCC unroll 4") for (int g0 = 0; g0 < 4; g0 += GROUP) {             \
+                        __m256i lo[GROUP], hi[GROUP];                                           \
+                        _Pragma("GCC unroll 4") for (int g = 0; g < GROUP; g++)                 \
+                            ISA(codes_##TYPE)(p + 32 * h, u, g0 + g, &k, &lo[g], &hi[g]);       \
                         _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                   \
-                            const int8_t *x = xq + t * xs + 32 * r + 4 * g;                     \
-                            __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(c[0], ISA(panel_bcast)(x)), \
-                                                         _mm256_maddubs_epi16(c[1], ISA(panel_bcast)(x + 16))); \
-                            a = _mm256_add_epi16(a, _mm256_add_epi16(_mm256_maddubs_epi16(c[2], ISA(panel_bcast)(x + 4)), \
-                                                                     _mm256_maddubs_epi16(c[3], ISA(panel_bcast)(x + 20)))); \
-                            s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(a, ones));          \
+                            const int8_t *x = xq + t * xs + 32 * r + 4 * g0;                    \
+                            __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(lo[0], ISA(panel_bcast)(x)), \
+                                                         _mm256_maddubs_epi16(hi[0], ISA(panel_bcast)(x + 16))); \
+                            _Pragma("GCC unroll 4") for (int g = 1; g < GROUP; g++)             \
+                                a = _mm256_add_epi16(a, _mm256_add_epi16(                       \
+                                    _mm256_maddubs_epi16(lo[g], ISA(panel_bcast)(x + 4 * g)),   \
+                                    _mm256_maddubs_epi16(hi[g], ISA(panel_bcast)(x + 16 + 4 * g)))); \
+                            s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(a, k.ones));        \
                         }                                                                       \
                     }                                                                           \
                     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 * u + 16 * h))); \
                     _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                       \
                         const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(dx[t * xu + r]));     \
                         acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), dd, acc[h][t]);   \
-                    }                                                                           \
-                }                                                                               \
-        }                                                                                       \
-        for (int h = 0; h < 2; h++)                                                             \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm256_storeu_ps(y + t * ys + 8 * h, acc[h][t]); \
-    }
-PANEL_Q50_N(1)
-PANEL_Q50_N(2)
-PANEL_Q50_N(4)
-PANEL_Q50_N(8)
-#undef PANEL_Q50_N
-
-
-/* Q4_1 (native.c panel_perm: units of two runs, 640 bytes: the 16 rows' d per run, their
- * m per run, then 4 quads of qs per run): w = d code + m. Per run, row of W and row of x
- * the exact S = sum code q (a run's 8 quads of vpmaddubsw pairs, 2 x 15 x 127 each, stay
- * under 2^15 as int16), then acc += S (d dx), and apart from it off += m s (a multiply,
- * then an add), s the run's k term of x (quantize_row's half(dx sum q), in bsp as f32
- * bits); y = acc + off: llama.cpp's Q4_1 dot (its min terms summed apart), AVX2 only
- * for now (an AVX-512 machine keeps Q4_1 in the file's order). */
-#define PANEL_Q41_N(N)                                                                          \
-    static void ISA(panel_q41_##N)(const uint8_t *pan, int nb, const int8_t *xq, size_t xs,    \
-                                   const float *dx, const int32_t *bsp, size_t xu, float *y,   \
-                                   size_t ys) {                                                \
-        const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);                  \
-        __m256 acc[2][N], off[2][N]; /* the d terms; the m terms, apart as llama.cpp keeps them */ \
-        for (int h = 0; h < 2; h++)                                                             \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[h][t] = off[h][t] = _mm256_setzero_ps(); \
-        for (int b = 0; b < nb; b++) {                                                          \
-            const uint8_t *p = pan + (size_t)b * 640;                                           \
-            for (int l = 0; l < 640; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
-            for (int h = 0; h < 2; h++) /* rows 8 h .. 8 h + 7: bytes 32 h of each line */      \
-                _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                           \
-                    const size_t r = 2 * (size_t)b + u; /* the run */                          \
-                    __m256i s[N];                                                               \
-                    _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) s[t] = _mm256_setzero_si256(); \
-                    _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {                       \
-                        const __m256i qs = _mm256_loadu_si256((const __m256i *)(p + 128 + (4 * u + g) * 64 + 32 * h)); \
-                        const __m256i lo = _mm256_and_si256(qs, low);                           \
-                        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qs, 4), low);     \
-                        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                   \
-                            const int8_t *x = xq + t * xs + 32 * r + 4 * g;                     \
-                            s[t] = _mm256_add_epi16(s[t], _mm256_add_epi16(                     \
-                                _mm256_maddubs_epi16(lo, ISA(panel_bcast)(x)),                  \
-                                _mm256_maddubs_epi16(hi, ISA(panel_bcast)(x + 16))));           \
+                        if (MINS) {                                                             \
+                            const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 64 + 32 * u + 16 * h))); \
+                            float sx;                                                           \
+                            memcpy(&sx, &bsp[t * xu + r], 4);                                   \
+                            off[h][t] = _mm256_add_ps(off[h][t], _mm256_mul_ps(m, _mm256_set1_ps(sx))); \
                         }                                                                       \
-                    }                                                                           \
-                    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 * u + 16 * h))); \
-                    const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 64 + 32 * u + 16 * h))); \
-                    _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                       \
-                        float k;                                                                \
-                        memcpy(&k, &bsp[t * xu + r], 4);                                        \
-                        const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(dx[t * xu + r]));     \
-                        const __m256 S = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[t], ones));     \
-                        acc[h][t] = _mm256_fmadd_ps(S, dd, acc[h][t]);                          \
-                        off[h][t] = _mm256_add_ps(off[h][t], _mm256_mul_ps(m, _mm256_set1_ps(k))); \
                     }                                                                           \
                 }                                                                               \
         }                                                                                       \
         for (int h = 0; h < 2; h++)                                                             \
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                 \
-                _mm256_storeu_ps(y + t * ys + 8 * h, _mm256_add_ps(acc[h][t], off[h][t]));       \
+                _mm256_storeu_ps(y + t * ys + 8 * h, MINS ? _mm256_add_ps(acc[h][t], off[h][t]) : acc[h][t]); \
     }
-PANEL_Q41_N(1)
-PANEL_Q41_N(2)
-PANEL_Q41_N(4)
-PANEL_Q41_N(8)
-#undef PANEL_Q41_N
+PANEL_TILES(PANEL_RUNS, q50, 704, 0, 2)
+PANEL_TILES(PANEL_RUNS, q41, 640, 1, 4)
+#undef PANEL_RUNS
 
 #endif
 
-PANEL_ROWS_N(1)
-PANEL_ROWS_N(2)
-PANEL_ROWS_N(4)
-PANEL_ROWS_N(8)
+PANEL_TILES(PANEL_ROWS_N, )
 
 /* Whether panel_rows takes W's type qt (its panels' type, native.c panel_base). */
 static int ISA(panel_serves)(int qt) {
 #ifdef KD_DPBUSD
     if (qt == QT_Q8_0) return 1;
 #endif
-#ifndef KD_DPBUSD
-    if (qt == QT_Q4_1) return 1;
-#endif
-    return qt == QT_Q4_K || qt == QT_Q5_0;
+    return qt == QT_Q4_K || qt == QT_Q5_0 || qt == QT_Q4_1;
 }
 
 /* y[t, r] = x[t] . W[r] for the rows of panels [p0, p1) of W (type qt, in panels; rb: a
@@ -488,10 +435,9 @@ static void ISA(panel_rows)(int qt, const uint8_t *w, size_t rb, size_t p0, size
     else if (n == 4) ISA(panel_##TYPE##_4)(pan, NB, xq, cols, d, s, xu, yy, ys);               \
     else ISA(panel_##TYPE##_8)(pan, NB, xq, cols, d, s, xu, yy, ys);
             if (qt == QT_Q5_0) { PANEL_CALL(q50, cols / 64) } else
+            if (qt == QT_Q4_1) { PANEL_CALL(q41, cols / 64) } else
 #ifdef KD_DPBUSD
             if (qt == QT_Q8_0) { PANEL_CALL(q80, cols / 64) } else
-#else
-            if (qt == QT_Q4_1) { PANEL_CALL(q41, cols / 64) } else
 #endif
             { PANEL_CALL(q4k, cols / 256) }
 #undef PANEL_CALL
@@ -504,4 +450,5 @@ static void ISA(panel_rows)(int qt, const uint8_t *w, size_t rb, size_t p0, size
 #undef PANEL_ROWS_N
 #undef PANEL_SCALES
 #undef PANEL_TILE
+#undef PANEL_TILES
 #undef PANEL_PREFETCH
