@@ -63,6 +63,7 @@ setup(
             depends=[
                 "frink_cli/backends/host/rowwise_kv.h",
                 "frink_cli/backends/host/rowwise_kv_avx2.h",
+                "frink_cli/backends/host/rowwise_kv_avx512.h",
                 "frink_cli/backends/host/rowwise_delta.h",
             ],
             optional=True,

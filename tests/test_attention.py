@@ -238,16 +238,19 @@ def _coded_case(
 
 
 def _each_variant(run: Callable[[], np.ndarray]) -> dict[str, np.ndarray]:
-    """run() on the compiled attention's portable loops and on its AVX2 ones (skipped where
-    the CPU lacks them), the variant in use restored after: {variant: its result}."""
+    """run() on the compiled attention's portable loops, its AVX2 ones (skipped where the
+    CPU lacks them) and its AVX-512 prompt tiles where the CPU has them, the variant in use
+    restored after: {variant: its result}."""
     C = rowwise._C
     got = {}
     before = C.attend_isa()
     try:
-        for isa in ("portable", "avx2"):
+        for isa in ("portable", "avx2", "avx512"):
             try:
                 C.attend_isa(isa)
             except ValueError:
+                if isa == "avx512":
+                    break
                 pytest.skip(f"this CPU does not run the {isa} attention")
             got[isa] = run()
     finally:
@@ -255,19 +258,26 @@ def _each_variant(run: Callable[[], np.ndarray]) -> dict[str, np.ndarray]:
     return got
 
 
+def _all_equal(got: dict[str, np.ndarray]) -> None:
+    """Every variant's result the same bits as the portable loops'."""
+    for isa, result in got.items():
+        np.testing.assert_array_equal(result, got["portable"], err_msg=isa)
+
+
 @pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0", "q4_0"])
 def test_every_attention_variant_gives_the_same_bits(path: str, kind: str) -> None:
-    """The compiled attention's AVX2 loops (rowwise_kv_avx2.h) and its portable ones
-    (FRINK_NATIVE_ISA=base) give each row the same bits, over every cache type, odd key
+    """The compiled attention's AVX2 loops (rowwise_kv_avx2.h), its AVX-512 prompt tiles
+    (rowwise_kv_avx512.h) and its portable loops (FRINK_NATIVE_ISA=base) give each row the
+    same bits, over every cache type, odd key
     counts (the 4-key blocks' remainder), a V wider than 64 (two column passes) and more
-    keys than the AVX2 loops widen at once for the rows and query heads sharing a KV head
+    keys than the vector loops widen at once for the rows and query heads sharing a KV head
     (attend_rows, which a prompt's rows take: 64)."""
     if path != "native":
         pytest.skip("the compiled attention's variants")
     T = 150
     q, Kc, Vc = _coded_case(np.random.default_rng(14), 2, 3, T, T, 64, 96, kind)
     got = _each_variant(lambda: A.attend(q, Kc, Vc, 0, np.arange(T), None, None))
-    np.testing.assert_array_equal(got["avx2"], got["portable"])
+    _all_equal(got)
 
 
 @pytest.mark.parametrize("layout", ["causal", "windows"])
@@ -279,8 +289,10 @@ def test_rows_sharing_widened_keys_give_each_rows_bits(
     """Compiled: a prompt's rows share each widened key and value row among rows and heads
     (attend_rows: blocks of 24 / g rows, two heads a key's loads), and a block whose rows'
     keys lie far apart (rows of other sequences in one cache) goes a row at a time; every
-    row is the same bits as asked alone, on the AVX2 loops and on the portable ones, for a
-    group of 1, 2 or 7 heads (one left over from the pairs), against float64's softmax."""
+    row is the same bits as asked alone, on the AVX2 loops, the AVX-512 tiles (rows' own
+    first and last keys alone, the keys they share in pairs of vectors) and the portable
+    ones, for a group of 1, 2 or 7 heads (one left over from the pairs), against float64's
+    softmax."""
     if path != "native":
         pytest.skip("the compiled attention's blocks")
     Hkv, T, S, hv = 2, 40, 300, 32
@@ -306,7 +318,7 @@ def test_rows_sharing_widened_keys_give_each_rows_bits(
         return rows
 
     got = _each_variant(rows_and_each_alone)
-    np.testing.assert_array_equal(got["avx2"], got["portable"])
+    _all_equal(got)
     Kd, Vd = as_f32(Kc).astype(np.float64), as_f32(Vc).astype(np.float64)
     for t in (0, 3, 25, T - 1):
         for h in range(Hkv * g):

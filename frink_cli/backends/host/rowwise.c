@@ -356,6 +356,9 @@ fail_h:
 
 #include "rowwise_kv.h"
 #include "rowwise_kv_avx2.h"
+#if KV_HAS_AVX2
+#include "rowwise_kv_avx512.h"
+#endif
 
 typedef struct {
     rows_of q, k, v, out; /* k, v: a cache type's stored rows (k.n, v.n: stored widths) */
@@ -468,6 +471,40 @@ static inline int row_keys_in(const int64_t *lo, const int64_t *hi, Py_ssize_t t
     return *a < *b;
 }
 
+/* The weighted values of keys [i0, i0 + m) (widened in vb) for rows t0 .. t0 + R - 1's
+ * vectors (k = u g + v: weights vs[k] from key ulo, output vo[k]) where every row has keys
+ * there: each vector's keys before the rows' common ones alone (kv_values_more), the
+ * common ones in pairs (kv512_values), the rest alone, so each output element's adds stay
+ * in key order. 0 (nothing done) where the rows share no key in the chunk. */
+static int attend_values512(const attend_args *A, Py_ssize_t t0, Py_ssize_t R, const int64_t *lo,
+                            const int64_t *hi, Py_ssize_t i0, Py_ssize_t m, Py_ssize_t ulo,
+                            float *const *vs, float *const *vo, const float *vb) {
+    const Py_ssize_t g = A->q.b / A->k.a, hv = A->out.n, nv = R * g;
+    Py_ssize_t ca = i0, cb = i0 + m, a, b;
+    for (Py_ssize_t u = 0; u < R; u++) {
+        if (!row_keys_in(lo, hi, t0 + u, i0, m, &a, &b)) return 0;
+        ca = a > ca ? a : ca, cb = b < cb ? b : cb;
+    }
+    if (ca >= cb) return 0;
+    for (Py_ssize_t k = 0; k < nv; k++) {
+        const Py_ssize_t t = t0 + k / g;
+        row_keys_in(lo, hi, t, i0, m, &a, &b);
+        if (a < ca)
+            kv_values_more(vs[k] + (a - ulo), vb + (a - i0) * hv, ca - a, hv, vo[k], a == lo[t]);
+        else if (ca == lo[t])
+            memset(vo[k], 0, (size_t)hv * sizeof(float)); /* what kv_values_more's first starts from */
+    }
+    float *e[nv + 1];
+    for (Py_ssize_t k = 0; k <= nv; k++) e[k] = vs[k] + (ca - ulo);
+    kv512_values(e, vo, nv / 2, vb + (ca - i0) * hv, cb - ca, hv);
+    if (nv % 2) kv_values_more(e[nv - 1], vb + (ca - i0) * hv, cb - ca, hv, vo[nv - 1], 0);
+    for (Py_ssize_t k = 0; k < nv; k++) {
+        row_keys_in(lo, hi, t0 + k / g, i0, m, &a, &b);
+        if (b > cb) kv_values_more(vs[k] + (cb - ulo), vb + (cb - i0) * hv, b - cb, hv, vo[k], 0);
+    }
+    return 1;
+}
+
 /* attend_head for query rows t0 .. t0 + R - 1 and their g heads h0 .. h0 + g - 1, which share
  * KV head kvh: each key and value row of the rows' keys is widened to f32 once for all R * g
  * of them, GROUP_WIDEN rows at a time (into kb, vb), where attend_head widens it once per
@@ -477,20 +514,36 @@ static inline int row_keys_in(const int64_t *lo, const int64_t *hi, Py_ssize_t t
  * takes attend_head's AVX2 steps in its order, so its bits. */
 static void attend_rows(const attend_args *A, Py_ssize_t t0, Py_ssize_t R, Py_ssize_t kvh,
                         const int64_t *lo, const int64_t *hi, const int64_t *p, Py_ssize_t first,
-                        Py_ssize_t span, float *s, float *kb, float *vb) {
+                        Py_ssize_t span, float *s, float *kb, float *vb, float *qp) {
     const Py_ssize_t H = A->q.b, g = H / A->k.a, h0 = kvh * g, hk = A->q.n, hv = A->out.n;
     const Py_ssize_t base = kvh * A->k.b;
     Py_ssize_t ulo, uhi, a, b;
     rows_union(lo, hi, t0, R, &ulo, &uhi);
     /* the scores of row u, head v: key ulo + i at i */
 #define ROW_SCORES(u, v) (s + ((u) * g + (v)) * span)
+    const Py_ssize_t ldq = A->q.sb / (Py_ssize_t)sizeof(float), ldo = A->out.sb / (Py_ssize_t)sizeof(float);
+    const Py_ssize_t nv = R * g, pairs = (nv + 1) / 2;
+    float *vs[nv + 1], *vo[nv + 1]; /* vector k = u g + v: its scores (key ulo at 0), output */
+    const float *vq[nv];
+    for (Py_ssize_t k = 0; k < nv; k++) {
+        vs[k] = s + k * span;
+        vq[k] = row_at(&A->q, (t0 + k / g) * H + h0) + k % g * ldq;
+        vo[k] = row_at(&A->out, (t0 + k / g) * H + h0) + k % g * ldo;
+    }
+    vs[nv] = vs[nv - 1], vo[nv] = vo[nv - 1]; /* an odd one out's pair: itself */
+    if (kv_use_avx512) kv512_pair_queries(vq, nv, hk, qp);
     for (Py_ssize_t i0 = ulo; i0 < uhi; i0 += GROUP_WIDEN) {
         const Py_ssize_t m = uhi - i0 < GROUP_WIDEN ? uhi - i0 : GROUP_WIDEN;
         kv_widen(A->kt, &A->k, base + i0 - first, m, hk, kb);
+        if (kv_use_avx512) { /* every vector over all m keys: a score outside a row's keys is never read */
+            float *at[nv + 1];
+            for (Py_ssize_t k = 0; k <= nv; k++) at[k] = vs[k] + (i0 - ulo);
+            kv512_scores(qp, pairs, kb, hk, m, at);
+            continue;
+        }
         for (Py_ssize_t u = 0; u < R; u++) {
             if (!row_keys_in(lo, hi, t0 + u, i0, m, &a, &b)) continue;
             const float *q = row_at(&A->q, (t0 + u) * H + h0);
-            const Py_ssize_t ldq = A->q.sb / (Py_ssize_t)sizeof(float);
             for (Py_ssize_t v = 0; v < g; v += 2)
                 kv_scores_rows(q + v * ldq, v + 1 < g ? q + (v + 1) * ldq : NULL,
                                kb + (a - i0) * hk, hk, b - a, ROW_SCORES(u, v) + (a - ulo),
@@ -502,10 +555,10 @@ static void attend_rows(const attend_args *A, Py_ssize_t t0, Py_ssize_t R, Py_ss
         for (Py_ssize_t v = 0; v < g; v++)
             total[u * g + v] = attend_weights(A, hi[t0 + u] - lo[t0 + u], p[t0 + u] - lo[t0 + u],
                                               h0 + v, ROW_SCORES(u, v) + (lo[t0 + u] - ulo));
-    const Py_ssize_t ldo = A->out.sb / (Py_ssize_t)sizeof(float);
     for (Py_ssize_t i0 = ulo; i0 < uhi; i0 += GROUP_WIDEN) {
         const Py_ssize_t m = uhi - i0 < GROUP_WIDEN ? uhi - i0 : GROUP_WIDEN;
         kv_widen(A->vt, &A->v, base + i0 - first, m, hv, vb);
+        if (kv_use_avx512 && attend_values512(A, t0, R, lo, hi, i0, m, ulo, vs, vo, vb)) continue;
         for (Py_ssize_t u = 0; u < R; u++) {
             if (!row_keys_in(lo, hi, t0 + u, i0, m, &a, &b)) continue;
             float *out = row_at(&A->out, (t0 + u) * H + h0);
@@ -655,7 +708,8 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
     const Py_ssize_t blocks = (T + R - 1) / R, span = most + R, work = blocks * A.k.a;
     const int grouped = KV_HAS_AVX2 && kv_avx2_takes(A.q.n, A.out.n) &&
                         (work >= 4 * (Py_ssize_t)nt || work % nt == 0);
-    const Py_ssize_t per = grouped ? R * g * span + GROUP_WIDEN * (A.q.n + A.out.n) : most;
+    /* a thread's scores, widened keys and values, and paired queries (rowwise_kv_avx512.h) */
+    const Py_ssize_t per = grouped ? R * g * span + GROUP_WIDEN * (A.q.n + A.out.n) + (R * g + 1) * A.q.n : most;
     scratch = PyMem_RawMalloc((size_t)nt * (size_t)(per > 0 ? per : 1) * sizeof(float));
     if (!scratch) {
         PyErr_NoMemory();
@@ -667,16 +721,16 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
 #pragma omp parallel for num_threads(nt) schedule(static, 1) if (nt > 1)
         for (Py_ssize_t it = 0; it < work; it++) {
             float *s = scratch + (size_t)THREAD_NUM * (size_t)per;
-            float *kb = s + R * g * span, *vb = kb + GROUP_WIDEN * A.q.n;
+            float *kb = s + R * g * span, *vb = kb + GROUP_WIDEN * A.q.n, *qp = vb + GROUP_WIDEN * A.out.n;
             const Py_ssize_t t0 = it / A.k.a * R, kvh = it % A.k.a;
             const Py_ssize_t n = T - t0 < R ? T - t0 : R;
             Py_ssize_t ulo, uhi;
             rows_union(lo, hi, t0, n, &ulo, &uhi);
             if (uhi - ulo <= span)
-                attend_rows(&A, t0, n, kvh, lo, hi, p, first, span, s, kb, vb);
+                attend_rows(&A, t0, n, kvh, lo, hi, p, first, span, s, kb, vb, qp);
             else
                 for (Py_ssize_t u = 0; u < n; u++)
-                    attend_rows(&A, t0 + u, 1, kvh, lo, hi, p, first, span, s, kb, vb);
+                    attend_rows(&A, t0 + u, 1, kvh, lo, hi, p, first, span, s, kb, vb, qp);
         }
     } else
 #endif
@@ -752,7 +806,7 @@ static PyMethodDef METHODS[] = {
      "[T,H,dv], delta, threads): the gated delta rule (delta false: decayed linear "
      "attention) token by token, in one fixed order"},
     {"attend_isa", py_attend_isa, METH_VARARGS,
-     "attend_isa(name=None) -> the attention loops' variant (avx2, or portable under "
+     "attend_isa(name=None) -> the attention loops' variant (avx512, avx2, or portable under "
      "FRINK_NATIVE_ISA=base) before `name` (for tests) is made the one used"},
     {NULL, NULL, 0, NULL},
 };

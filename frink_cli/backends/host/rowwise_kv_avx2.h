@@ -27,17 +27,23 @@
 #define KV_HAS_AVX2 1
 
 /* 1 where FRINK_NATIVE_ISA does not ask for the portable code ("base") and the CPU has
- * AVX2 and F16C: set once when the module loads. */
-static int kv_use_avx2 = 0;
+ * AVX2 and F16C; kv_use_avx512, where it also does not ask for "avx2" and the CPU has
+ * AVX-512 F and DQ (a prompt's tiles, rowwise_kv_avx512.h): set once when the module loads. */
+static int kv_use_avx2 = 0, kv_use_avx512 = 0;
 
 static int kv_cpu_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
 }
 
+static int kv_cpu_avx512(void) {
+    return kv_cpu_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+}
+
 static void kv_pick_isa(void) {
     const char *want = getenv("FRINK_NATIVE_ISA");
     kv_use_avx2 = !(want && !strcmp(want, "base")) && kv_cpu_avx2();
+    kv_use_avx512 = kv_use_avx2 && !(want && !strcmp(want, "avx2")) && kv_cpu_avx512();
 }
 
 /* A block's f16 scale, broadcast (F16C's exact widening). */
@@ -264,6 +270,7 @@ static inline int kv_avx2_takes(Py_ssize_t hk, Py_ssize_t hv) {
 #else
 #define KV_HAS_AVX2 0
 static int kv_cpu_avx2(void) { return 0; }
+static int kv_cpu_avx512(void) { return 0; }
 static void kv_pick_isa(void) {}
 static inline int kv_avx2_takes(Py_ssize_t hk, Py_ssize_t hv) {
     (void)hk, (void)hv;
@@ -274,22 +281,18 @@ static inline int kv_avx2_takes(Py_ssize_t hk, Py_ssize_t hv) {
 /* The attention loops' variant, for `frink info`. */
 static const char *kv_isa(void) {
 #if KV_HAS_AVX2
+    if (kv_use_avx512) return "avx512";
     if (kv_use_avx2) return "avx2";
 #endif
     return "portable";
 }
 
-/* Use variant `name` ("avx2" or "portable"); -1 where this build or CPU cannot. */
+/* Use variant `name` ("avx512", "avx2" or "portable"); -1 where this build or CPU cannot. */
 static int kv_set_isa(const char *name) {
-    if (!strcmp(name, "portable")) {
+    const int level = !strcmp(name, "portable") ? 0 : !strcmp(name, "avx2") ? 1 : !strcmp(name, "avx512") ? 2 : -1;
+    if (level < 0 || (level == 1 && !kv_cpu_avx2()) || (level == 2 && !kv_cpu_avx512())) return -1;
 #if KV_HAS_AVX2
-        kv_use_avx2 = 0;
-#endif
-        return 0;
-    }
-    if (strcmp(name, "avx2") || !kv_cpu_avx2()) return -1;
-#if KV_HAS_AVX2
-    kv_use_avx2 = 1;
+    kv_use_avx2 = level >= 1, kv_use_avx512 = level == 2;
 #endif
     return 0;
 }
