@@ -41,8 +41,8 @@ _C, _WHY = _load()
 
 
 def path() -> str:
-    """Which row-wise ops run: "native C (attention avx2|portable)" (the attention loops'
-    variant: portable under FRINK_NATIVE_ISA=base) or "numpy (why)"."""
+    """Which row-wise ops run: "native C (attention avx512|avx2|portable)" (the attention
+    loops' variant: avx2 under FRINK_NATIVE_ISA=avx2, portable under =base) or "numpy (why)"."""
     return _WHY
 
 
