@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from .archs import config_from_checkpoint, open_checkpoint
 from .errors import printable
@@ -23,6 +24,8 @@ from .formats import Checkpoint
 from .graph.trace import OpCall, model_traces
 from .model.config import ModelConfig
 from .model.mem_budget import Budget, budget_plan, kept_in_blocks
+from .quant import kernels
+from .quant.blocks import PANEL_ROWS
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
@@ -71,15 +74,17 @@ def host_keeps_blocks(fmt: str, gguf_type: str) -> bool:
 
 
 def host_formats(fmt: str, types: Any) -> dict[str, str]:
-    """Per tensor type, how the host body holds it."""
-    return {
-        t: "the file's blocks"
-        if host_keeps_blocks(fmt, t)
-        else "f32"
-        if t == "F32"
-        else "f32 (at load)"
-        for t in sorted(types)
-    }
+    """Per tensor type, how the host body holds it (the file's blocks, repacked in panels
+    of 16 rows where the kernels running now have panel dots for the type)."""
+
+    def held(t: str) -> str:
+        if not host_keeps_blocks(fmt, t):
+            return "f32" if t == "F32" else "f32 (at load)"
+        if t in GGMLQuantizationType.__members__ and kernels.repacks(int(GGMLQuantizationType[t])):
+            return f"the file's blocks, in panels of {PANEL_ROWS} rows"
+        return "the file's blocks"
+
+    return {t: held(t) for t in sorted(types)}
 
 
 def positions(cfg: Any) -> str:

@@ -234,3 +234,9 @@ def test_a_q4_k_m_model_loads_its_matrices_in_panels(gemma3_path) -> None:
     for p in parts:
         serves = p.rows % PANEL_ROWS == 0 and native.panels_for(int(p.qtype), p.cols)
         assert p.panels == bool(serves), (p.qtype, p.rows)
+    # `frink info` says which types the host holds in panels: those of the parts that are.
+    from frink_cli.report import host_formats
+
+    held = host_formats("gguf", {p.qtype.name for p in parts})
+    for p in parts:
+        assert ("in panels" in held[p.qtype.name]) == p.panels, (p.qtype, held)

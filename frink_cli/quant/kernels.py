@@ -171,6 +171,17 @@ def in_panels(w: QuantMatrix) -> QuantMatrix:
     return QuantMatrix(data, w.qtype, w.rows, w.cols, panels=True)
 
 
+def repacks(qtype: int) -> bool:
+    """Whether `in_panels` repacks matrices of GGML type qtype with the kernels running now
+    (matrices of whole panels and units; for `frink info`)."""
+    return (
+        _NATIVE is not None
+        and activations() == "8-bit"
+        and bool(_NATIVE.panels_for(qtype, 256))
+        and not (prompt_tiles() and _NATIVE.tiles_for(qtype))
+    )
+
+
 # The panels' first byte sits on a cache line: the panel dots read 64 bytes at a time (a
 # read across two lines made a Q4_K step ~1.5x slower; NumPy's large arrays start 16 bytes
 # past a page).
