@@ -327,3 +327,37 @@ def test_rows_sharing_widened_keys_give_each_rows_bits(
             want = w @ Vd[h // g, lo[t] : hi[t]] / w.sum()
             got_h = got["avx2"][t, h * hv : (h + 1) * hv]
             np.testing.assert_allclose(got_h, want, rtol=5e-5, atol=5e-6)
+
+
+def test_the_forced_isa_picks_the_attentions_variant() -> None:
+    """FRINK_NATIVE_ISA (read at import, so in a child process) picks the attention's loops
+    as it picks the kernels': base the portable ones, avx2 the AVX2 loops, avx512 (and
+    avx512+amx) the AVX-512 tiles where the CPU has AVX-512 F and DQ; `frink info` prints
+    rowwise.path(), which names the variant."""
+    import os
+
+    from isa_variants import child_json, runnable_isas
+
+    if not rowwise.compiled():
+        pytest.skip(f"no compiled row-wise ops: {rowwise.path()}")
+    C = rowwise._C
+    assert C is not None
+    before = C.attend_isa()
+    try:
+        C.attend_isa("avx512")
+        wide = "avx512"
+    except ValueError:
+        wide = "avx2"
+    finally:
+        C.attend_isa(before)
+    want = {"base": "portable", "avx2": "avx2", "avx512": wide, "avx512+amx": wide}
+    code = (
+        "import json; from frink_cli.backends.host import rowwise; "
+        "print(json.dumps({'path': rowwise.path()}))"
+    )
+    isas = runnable_isas()
+    if not isas:
+        pytest.skip("no compiled kernels")
+    for isa in isas:
+        got = child_json(code, [], {**os.environ, "FRINK_NATIVE_ISA": isa}, 120)
+        assert got["path"] == f"native C (attention {want[isa]})", isa
