@@ -508,7 +508,9 @@ static int attend_values512(const attend_args *A, Py_ssize_t t0, Py_ssize_t R, c
 /* attend_head for query rows t0 .. t0 + R - 1 and their g heads h0 .. h0 + g - 1, which share
  * KV head kvh: each key and value row of the rows' keys is widened to f32 once for all R * g
  * of them, GROUP_WIDEN rows at a time (into kb, vb), where attend_head widens it once per
- * row and head; two heads of a row share each key's loads (kv_scores_rows). Row t's keys
+ * row and head; two heads of a row share each key's loads (kv_scores_rows; with AVX-512,
+ * every vector of the block in rowwise_kv_avx512.h's tiles, qp holding the paired queries,
+ * (R g + 1) hk floats). Row t's keys
  * are [lo[t], hi[t]) of the cache's rows from `first` on, its position p[t]; their union
  * must fit `span` (scores: s, R * g * span floats). Every score, weight and output element
  * takes attend_head's AVX2 steps in its order, so its bits. */
