@@ -2,6 +2,7 @@
 old-against-new kernel comparison on a shared VM whose speed moves between minutes.
 
     python scripts/bench_kernel_ab.py A/_native.so B/_native.so Q4_K 32768 1536 [--threads 1]
+        [--counts 1,2,4,8,16,256]
 
 Build each variant (`python setup.py build_ext --inplace` in a worktree) and pass its
 frink_cli/quant/_native*.so (copied to a path of its own: one path loads once). W is a
@@ -50,6 +51,7 @@ def main() -> None:
     ap.add_argument("cols", type=int)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--counts", default="1,2,4,8,16", help="rows of x to time, comma-separated")
     args = ap.parse_args()
     if args.a.resolve() == args.b.resolve():
         raise SystemExit("A and B must be two files (one path loads once)")
@@ -67,7 +69,7 @@ def main() -> None:
     layout = ", ".join(f"{k} {'panels' if w.panels else 'file order'}" for k, w in ws.items())
     print(f"{qtype.name} {args.rows} x {args.cols}, {layout}, {args.threads} threads")
     rng = np.random.default_rng(0)
-    for n in (1, 2, 4, 8, 16):
+    for n in (int(c) for c in args.counts.split(",")):
         x = rng.standard_normal((n, args.cols)).astype(np.float32)
         best = {k: float("inf") for k in builds}
         out = {k: np.empty((n, args.rows), np.float32) for k in builds}
@@ -79,8 +81,9 @@ def main() -> None:
                 best[k] = min(best[k], time.perf_counter() - t0)
         same = np.array_equal(out["A"], out["B"])
         print(
-            f"{n:2d} rows: A {best['A'] * 1e3:8.3f} ms  B {best['B'] * 1e3:8.3f} ms  "
-            f"B/A {best['B'] / best['A']:.2f}  same bits: {same}"
+            f"{n:3d} rows: A {best['A'] * 1e3:8.3f} ms  B {best['B'] * 1e3:8.3f} ms  "
+            f"B/A {best['B'] / best['A']:.2f}  same bits: {same}  "
+            f"(B: {n * args.rows * args.cols / best['B'] / 1e9:.0f} G products/s)"
         )
 
 
