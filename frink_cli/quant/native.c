@@ -78,6 +78,12 @@ static const qtype_geometry GEOMETRY[] = {
 #define PANEL_ROWS 16
 /* int32 sums of x per row and block of 256 that the panel dots take (panel_sums) */
 #define PANEL_SUMS 4
+/* The rows of x a panel kernel takes at once, of `left` rows still to go: tiles of 8, then
+ * 4, 2, 1 for the rest (native_panels.h panel_rows; panel_tile_x lays them out). */
+#define PANEL_TILE 8
+static inline int panel_tile(Py_ssize_t left) {
+    return left >= PANEL_TILE ? PANEL_TILE : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+}
 
 /* The file type of panel type qt, or -1 where qt is a file type. */
 static int panel_base(int qt) { return qt & PANELS ? qt & ~PANELS : -1; }
@@ -584,6 +590,20 @@ static void panel_sums(int qt, const int8_t *q, const float *d, const float *s32
     }
 }
 
+/* x's T rounded rows q (cols apart) as the panel kernels read them, into qi: each tile of n
+ * rows (panel_tile) at qi + t0 cols, its rows' 4-column quads interleaved (quad c of row t
+ * at 4 (c n + t)), so a kernel reaches the tile's rows from one pointer (PANEL_X). */
+static void panel_tile_x(const int8_t *q, Py_ssize_t T, Py_ssize_t cols, int8_t *qi) {
+    for (Py_ssize_t t0 = 0, n; t0 < T; t0 += n) {
+        n = panel_tile(T - t0);
+        int8_t *tile = qi + (size_t)t0 * cols;
+        for (Py_ssize_t t = 0; t < n; t++) {
+            const int8_t *row = q + (size_t)(t0 + t) * cols;
+            for (Py_ssize_t c = 0; c < cols / 4; c++) memcpy(tile + 4 * (c * n + t), row + 4 * c, 4);
+        }
+    }
+}
+
 /* dots for W in panels on an ISA with panel dots (x rounded to 8 bits): x rounded per
  * row (its type's scheme), its sums per block (panel_sums), then each panel times every
  * row of x (native_panels.h). 0, or -1 with an exception set. */
@@ -591,7 +611,7 @@ static int panel_dots(int qt, const uint8_t *w, size_t rb, Py_ssize_t rows, Py_s
                       const float *x, Py_ssize_t T, float *y, int nthreads) {
     /* per row: q, quantize_row's floats, then a dx and a sum per 32 columns at most */
     const size_t nb = (size_t)cols / 32, nbk = nb;
-    const size_t bytes = (size_t)T * (cols + 4 * nb * sizeof(float) + nbk * 2 * sizeof(int32_t));
+    const size_t bytes = (size_t)T * (2 * cols + 4 * nb * sizeof(float) + nbk * 2 * sizeof(int32_t));
     void *scratch = malloc(bytes);
     if (!scratch) {
         PyErr_NoMemory();
@@ -599,7 +619,7 @@ static int panel_dots(int qt, const uint8_t *w, size_t rb, Py_ssize_t rows, Py_s
     }
     float *d = scratch, *sum = d + (size_t)T * nb, *dx = sum + (size_t)T * 3 * nb;
     int32_t *bsp = (int32_t *)(dx + (size_t)T * nbk);
-    int8_t *q = (int8_t *)(bsp + (size_t)T * nbk);
+    int8_t *q = (int8_t *)(bsp + (size_t)T * nbk), *qi = q + (size_t)T * cols;
     const int base = panel_base(qt), scheme = x_scheme(base);
     Py_BEGIN_ALLOW_THREADS;
     for (Py_ssize_t t = 0; t < T; t++) {
@@ -608,10 +628,12 @@ static int panel_dots(int qt, const uint8_t *w, size_t rb, Py_ssize_t rows, Py_s
         K->quantize_row(x + (size_t)t * cols, (int)cols, scheme, qt_, dt, st, st + 2 * nb);
         panel_sums(base, qt_, dt, st + 2 * nb, (int)cols, bsp + (size_t)t * nbk, dx + (size_t)t * nbk);
     }
+    if (T > 1) panel_tile_x(q, T, cols, qi); /* (one row's tile is the row itself) */
+    else qi = q;
     const long panels = (long)(rows / PANEL_ROWS);
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && panels > 1)
     for (long P = 0; P < panels; P++)
-        K->panel_rows(base, w, rb, (size_t)P, (size_t)P + 1, q, dx, bsp, (int)T, (int)cols, y,
+        K->panel_rows(base, w, rb, (size_t)P, (size_t)P + 1, qi, dx, bsp, (int)T, (int)cols, y,
                       (size_t)rows);
     Py_END_ALLOW_THREADS;
     free(scratch);

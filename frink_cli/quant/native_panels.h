@@ -25,7 +25,10 @@
  * product is the same bits alone or in any tile, batch or chunk, on any thread count.
  */
 
-#define PANEL_TILE 8
+/* The broadcast quad of x's row t of a tile of N at column col (a multiple of 4): x's
+ * codes come in tiles of N rows interleaved by 4 columns (native.c panel_tile_x), so a
+ * tile's rows are one pointer and constant offsets rather than N pointers, which spilled. */
+#define PANEL_X(xq, N, t, col) ((xq) + (size_t)(col) * (N) + 4 * (t))
 /* A kernel macro instantiated for the tile sizes panel_rows takes: KERNEL(N, args). */
 #define PANEL_TILES(KERNEL, ...) KERNEL(1, __VA_ARGS__) KERNEL(2, __VA_ARGS__) KERNEL(4, __VA_ARGS__) KERNEL(8, __VA_ARGS__)
 /* Bytes ahead of the block it reads that a panel walk asks the cache for. */
@@ -70,12 +73,12 @@ static INLINE __m512i ISA(panel_bcast)(const int8_t *p) {
     return _mm512_set1_epi32(v);
 }
 
-/* The panel's blocks times the N rows of x (q rows xs apart, dx per row nb apart, bsp: per
+/* The panel's blocks times the N rows of x (a tile: PANEL_X; dx per row nb apart, bsp: per
  * row and block the 4 int16 pairs of run sums (Q0, Q2), (Q1, Q3), (Q4, Q6), (Q5, Q7)),
  * into y (rows ys apart). */
 #define PANEL_ROWS_N(N, ...)                                                                       \
-    static void ISA(panel_q4k_##N)(const uint8_t *pan, int nb, const int8_t *xq, size_t xs,    \
-                                   const float *dx, const int32_t *bsp, size_t xu, float *y, size_t ys) { \
+    static void ISA(panel_q4k_##N)(const uint8_t *pan, int nb, const int8_t *xq, const float *dx, \
+                                   const int32_t *bsp, size_t xu, float *y, size_t ys) {       \
         __m512 acc[N];                                                                          \
         _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();      \
         const __m512i low = _mm512_set1_epi8(15), byte = _mm512_set1_epi32(0xff);               \
@@ -88,6 +91,7 @@ static INLINE __m512i ISA(panel_bcast)(const int8_t *p) {
             __m512i is[N], ms[N];                                                               \
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) is[t] = ms[t] = _mm512_setzero_si512(); \
             for (int c = 0; c < 4; c++) {                                                       \
+                const int8_t *xc = PANEL_X(xq, N, 0, b * 256 + 64 * c); /* chunk c's quads */  \
                 __m512i aL[N], aH[N];                                                           \
                 _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) aL[t] = aH[t] = _mm512_setzero_si512(); \
                 _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++) {                           \
@@ -95,9 +99,8 @@ static INLINE __m512i ISA(panel_bcast)(const int8_t *p) {
                     const __m512i lo = _mm512_and_si512(w, low);                                \
                     const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);          \
                     _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                       \
-                        const int8_t *x = xq + t * xs + b * 256 + 64 * c + 4 * g;               \
-                        aL[t] = _mm512_dpbusd_epi32(aL[t], lo, ISA(panel_bcast)(x));            \
-                        aH[t] = _mm512_dpbusd_epi32(aH[t], hi, ISA(panel_bcast)(x + 32));       \
+                        aL[t] = _mm512_dpbusd_epi32(aL[t], lo, ISA(panel_bcast)(PANEL_X(xc, N, t, 4 * g))); \
+                        aH[t] = _mm512_dpbusd_epi32(aH[t], hi, ISA(panel_bcast)(PANEL_X(xc, N, t, 32 + 4 * g))); \
                     }                                                                           \
                 }                                                                               \
                 /* runs 2c (low nibbles) and 2c + 1 (high): bytes 2(c % 2), + 1 of a dword */   \
@@ -185,7 +188,7 @@ static INLINE void ISA(codes_q41)(const uint8_t *p, int u, int g, const ISA(pane
 /* The legacy types' kernel: TYPE's codes (codes_TYPE), UNIT bytes a unit, MINS: Q4_1's m
  * terms (bsp holds s) rather than a code offset (bsp holds its start). */
 #define PANEL_RUNS(N, TYPE, UNIT, MINS)                                                         \
-    static void ISA(panel_##TYPE##_##N)(const uint8_t *pan, int nb, const int8_t *xq, size_t xs, \
+    static void ISA(panel_##TYPE##_##N)(const uint8_t *pan, int nb, const int8_t *xq,         \
                                         const float *dx, const int32_t *bsp, size_t xu, float *y, \
                                         size_t ys) {                                           \
         const ISA(panel_consts) k = ISA(panel_consts_make)();                                   \
@@ -196,6 +199,7 @@ static INLINE void ISA(codes_q41)(const uint8_t *p, int u, int g, const ISA(pane
             for (int l = 0; l < UNIT; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
             _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                               \
                 const size_t r = 2 * (size_t)b + u; /* the run */                              \
+                const int8_t *xr = PANEL_X(xq, N, 0, 32 * r); /* its quads */                  \
                 __m512i aL[N], aH[N];                                                           \
                 _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                           \
                     aL[t] = MINS ? _mm512_setzero_si512() : _mm512_set1_epi32(bsp[t * xu + r]); \
@@ -205,9 +209,8 @@ static INLINE void ISA(codes_q41)(const uint8_t *p, int u, int g, const ISA(pane
                     __m512i lo, hi;                                                             \
                     ISA(codes_##TYPE)(p, u, g, &k, &lo, &hi);                                   \
                     _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                       \
-                        const int8_t *x = xq + t * xs + 32 * r + 4 * g;                         \
-                        aL[t] = _mm512_dpbusd_epi32(aL[t], lo, ISA(panel_bcast)(x));            \
-                        aH[t] = _mm512_dpbusd_epi32(aH[t], hi, ISA(panel_bcast)(x + 16));       \
+                        aL[t] = _mm512_dpbusd_epi32(aL[t], lo, ISA(panel_bcast)(PANEL_X(xr, N, t, 4 * g))); \
+                        aH[t] = _mm512_dpbusd_epi32(aH[t], hi, ISA(panel_bcast)(PANEL_X(xr, N, t, 16 + 4 * g))); \
                     }                                                                           \
                 }                                                                               \
                 const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32 * u))); \
@@ -246,8 +249,8 @@ static INLINE __m256i ISA(panel_bcast)(const int8_t *p) {
  * run's byte products are vpmaddubsw pairs added as int16 (8 quads of 2 x 15 x 127 stay
  * under 2^15), then times the run's scale (an int16 pair (sc, sc)) by vpmaddwd. */
 #define PANEL_ROWS_N(N, ...)                                                                       \
-    static void ISA(panel_q4k_##N)(const uint8_t *pan, int nb, const int8_t *xq, size_t xs,    \
-                                   const float *dx, const int32_t *bsp, size_t xu, float *y, size_t ys) { \
+    static void ISA(panel_q4k_##N)(const uint8_t *pan, int nb, const int8_t *xq, const float *dx, \
+                                   const int32_t *bsp, size_t xu, float *y, size_t ys) {       \
         const __m256i low = _mm256_set1_epi8(15), byte = _mm256_set1_epi32(0xff);               \
         const __m256i pair = _mm256_set1_epi32(0x00ff00ff);                                     \
         __m256 acc[2][N];                                                                       \
@@ -263,6 +266,7 @@ static INLINE __m256i ISA(panel_bcast)(const int8_t *p) {
                 __m256i is[N], ms[N];                                                           \
                 _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) is[t] = ms[t] = _mm256_setzero_si256(); \
                 for (int c = 0; c < 4; c++) {                                                   \
+                    const int8_t *xc = PANEL_X(xq, N, 0, b * 256 + 64 * c); /* chunk c's quads */ \
                     const __m256i sc = ISA(panel_scales)(a0, a1, a2, 0, c >= 2);                \
                     _Pragma("GCC unroll 2") for (int f = 0; f < 2; f++) { /* run 2c + f */     \
                         __m256i s = _mm256_and_si256(_mm256_srli_epi32(sc, 16 * (c % 2) + 8 * f), byte); \
@@ -273,7 +277,7 @@ static INLINE __m256i ISA(panel_bcast)(const int8_t *p) {
                             const __m256i w = _mm256_loadu_si256((const __m256i *)(p + 256 + (c * 8 + g) * 64 + 32 * h)); \
                             const __m256i v = f ? _mm256_and_si256(_mm256_srli_epi16(w, 4), low) : _mm256_and_si256(w, low); \
                             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {               \
-                                a[t] = _mm256_add_epi16(a[t], _mm256_maddubs_epi16(v, ISA(panel_bcast)(xq + t * xs + b * 256 + 64 * c + 32 * f + 4 * g))); \
+                                a[t] = _mm256_add_epi16(a[t], _mm256_maddubs_epi16(v, ISA(panel_bcast)(PANEL_X(xc, N, t, 32 * f + 4 * g)))); \
                                 /* each row's sum kept a chain in a register: reassociated,  \
                                  * GCC stored every product to the stack first */            \
                                 __asm__("" : "+x"(a[t]));                                       \
@@ -349,7 +353,7 @@ static INLINE void ISA(codes_q41)(const uint8_t *p, int u, int g, const ISA(pane
 /* The legacy types' kernel: TYPE's codes (codes_TYPE), UNIT bytes a unit, MINS as the
  * AVX-512 form's, GROUP quads summed as int16 before widening. */
 #define PANEL_RUNS(N, TYPE, UNIT, MINS, GROUP)                                                  \
-    static void ISA(panel_##TYPE##_##N)(const uint8_t *pan, int nb, const int8_t *xq, size_t xs, \
+    static void ISA(panel_##TYPE##_##N)(const uint8_t *pan, int nb, const int8_t *xq,         \
                                         const float *dx, const int32_t *bsp, size_t xu, float *y, \
                                         size_t ys) {                                           \
         const ISA(panel_consts) k = ISA(panel_consts_make)();                                   \
@@ -366,6 +370,7 @@ static INLINE void ISA(codes_q41)(const uint8_t *p, int u, int g, const ISA(pane
                     const int8_t *xh = xq;                                                      \
                     __asm__("" : "+r"(xh));                                                     \
                     const size_t r = 2 * (size_t)b + u; /* the run */                          \
+                    const int8_t *xr = PANEL_X(xh, N, 0, 32 * r); /* its quads */              \
                     __m256i s[N];                                                               \
                     _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                         \
                         s[t] = MINS ? _mm256_setzero_si256() : _mm256_set1_epi32(bsp[t * xu + r]); \
@@ -374,13 +379,14 @@ static INLINE void ISA(codes_q41)(const uint8_t *p, int u, int g, const ISA(pane
                         _Pragma("GCC unroll 4") for (int g = 0; g < GROUP; g++)                 \
                             ISA(codes_##TYPE)(p + 32 * h, u, g0 + g, &k, &lo[g], &hi[g]);       \
                         _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                   \
-                            const int8_t *x = xh + t * xs + 32 * r + 4 * g0;                    \
-                            __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(lo[0], ISA(panel_bcast)(x)), \
-                                                         _mm256_maddubs_epi16(hi[0], ISA(panel_bcast)(x + 16))); \
+                            const int col = 4 * g0;                                             \
+                            __m256i a = _mm256_add_epi16(                                       \
+                                _mm256_maddubs_epi16(lo[0], ISA(panel_bcast)(PANEL_X(xr, N, t, col))), \
+                                _mm256_maddubs_epi16(hi[0], ISA(panel_bcast)(PANEL_X(xr, N, t, col + 16)))); \
                             _Pragma("GCC unroll 4") for (int g = 1; g < GROUP; g++)             \
                                 a = _mm256_add_epi16(a, _mm256_add_epi16(                       \
-                                    _mm256_maddubs_epi16(lo[g], ISA(panel_bcast)(x + 4 * g)),   \
-                                    _mm256_maddubs_epi16(hi[g], ISA(panel_bcast)(x + 16 + 4 * g)))); \
+                                    _mm256_maddubs_epi16(lo[g], ISA(panel_bcast)(PANEL_X(xr, N, t, col + 4 * g))), \
+                                    _mm256_maddubs_epi16(hi[g], ISA(panel_bcast)(PANEL_X(xr, N, t, col + 16 + 4 * g))))); \
                             s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(a, k.ones));        \
                         }                                                                       \
                     }                                                                           \
@@ -418,9 +424,10 @@ static int ISA(panel_serves)(int qt) {
 }
 
 /* y[t, r] = x[t] . W[r] for the rows of panels [p0, p1) of W (type qt, in panels; rb: a
- * row's bytes, so a panel is 16 rb), every t < T: x's rounded rows q (cols apart), dx per
- * row and block (nb apart), bsp per row and block (native.c panel_sums); the rows of x in
- * tiles of 8, then 4, 2, 1 for the rest, each panel read once per tile. */
+ * row's bytes, so a panel is 16 rb), every t < T: x's rounded rows q in tiles (panel_tile:
+ * 8 rows, then 4, 2, 1 for the rest; tile t0's n rows from q + t0 cols, interleaved as
+ * PANEL_X reads them), dx per row and block (nb apart), bsp per row and block (native.c
+ * panel_sums); each panel read once per tile. */
 static void ISA(panel_rows)(int qt, const uint8_t *w, size_t rb, size_t p0, size_t p1,
                             const int8_t *q, const float *dx, const int32_t *bsp, int T, int cols,
                             float *y, size_t ys) {
@@ -428,16 +435,16 @@ static void ISA(panel_rows)(int qt, const uint8_t *w, size_t rb, size_t p0, size
     for (size_t P = p0; P < p1; P++) {
         const uint8_t *pan = w + P * 16 * rb;
         for (int t0 = 0, n; t0 < T; t0 += n) {
-            n = T - t0 >= PANEL_TILE ? PANEL_TILE : T - t0 >= 4 ? 4 : T - t0 >= 2 ? 2 : 1;
+            n = panel_tile(T - t0);
             const int8_t *xq = q + (size_t)t0 * cols;
             const float *d = dx + (size_t)t0 * xu;
             const int32_t *s = bsp + (size_t)t0 * xu;
             float *yy = y + (size_t)t0 * ys + 16 * P;
 #define PANEL_CALL(TYPE, NB)                                                                   \
-    if (n == 1) ISA(panel_##TYPE##_1)(pan, NB, xq, cols, d, s, xu, yy, ys);                    \
-    else if (n == 2) ISA(panel_##TYPE##_2)(pan, NB, xq, cols, d, s, xu, yy, ys);               \
-    else if (n == 4) ISA(panel_##TYPE##_4)(pan, NB, xq, cols, d, s, xu, yy, ys);               \
-    else ISA(panel_##TYPE##_8)(pan, NB, xq, cols, d, s, xu, yy, ys);
+    if (n == 1) ISA(panel_##TYPE##_1)(pan, NB, xq, d, s, xu, yy, ys);                          \
+    else if (n == 2) ISA(panel_##TYPE##_2)(pan, NB, xq, d, s, xu, yy, ys);                     \
+    else if (n == 4) ISA(panel_##TYPE##_4)(pan, NB, xq, d, s, xu, yy, ys);                     \
+    else ISA(panel_##TYPE##_8)(pan, NB, xq, d, s, xu, yy, ys);
             if (qt == QT_Q5_0) { PANEL_CALL(q50, cols / 64) } else
             if (qt == QT_Q4_1) { PANEL_CALL(q41, cols / 64) } else
 #ifdef KD_DPBUSD
@@ -453,6 +460,6 @@ static void ISA(panel_rows)(int qt, const uint8_t *w, size_t rb, size_t p0, size
 
 #undef PANEL_ROWS_N
 #undef PANEL_SCALES
-#undef PANEL_TILE
+#undef PANEL_X
 #undef PANEL_TILES
 #undef PANEL_PREFETCH
