@@ -1,4 +1,4 @@
-/* 8-bit dots over W's rows in panels of 16 (Q4_K, Q5_0, Q4_1; Q8_0 with VNNI):
+/* 8-bit dots over W's rows in panels of 16 (Q4_K, Q4_0, Q5_0, Q4_1; Q8_0 with VNNI):
  * included by native_isa.h in the x86 regions (AVX2, AVX-512) after native_kdots.h.
  *
  * The layout (native.c panel_perm, which both ways of reading it share): a panel is 16
@@ -137,6 +137,8 @@ static INLINE __m512i ISA(panel_bcast)(const int8_t *p) {
 /* The legacy types (native.c panel_perm): units of two runs of 32 columns, a run's 16 d
  * at 32 u of its unit. Per run, row of W and row of x an exact integer S = sum code q by
  * vpdpbusd on the unsigned codes, then acc += S (d dx), as llama.cpp's dots take a block:
+ *   Q4_0 (576-byte units: d, 4 quads of qs per run): code = nibble; S starts from -8
+ *     times x's sum over the run (bsp, a broadcast), leaving sum (code - 8) q.
  *   Q5_0 (704-byte units: d, the 16 rows' qh words per run, 4 quads of qs per run): code =
  *     nibble | qh's bit << 4; S starts from -16 times x's sum over the run (bsp, a
  *     broadcast), leaving sum (code - 16) q. A quad's fifth bits: qh's byte spread to the
@@ -178,11 +180,20 @@ static INLINE void ISA(codes_q80)(const uint8_t *p, int u, int g, const ISA(pane
     *lo = _mm512_xor_si512(_mm512_loadu_si512(p + 64 + (8 * u + g) * 64), k->sign);
     *hi = _mm512_xor_si512(_mm512_loadu_si512(p + 64 + (8 * u + 4 + g) * 64), k->sign);
 }
+/* The nibbles of a quad's 64 bytes at qs: low ones (lo), high ones (hi). */
+static INLINE void ISA(codes_nibbles)(const uint8_t *qs, const ISA(panel_consts) *k, __m512i *lo,
+                                      __m512i *hi) {
+    const __m512i v = _mm512_loadu_si512(qs);
+    *lo = _mm512_and_si512(v, k->low);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), k->low);
+}
 static INLINE void ISA(codes_q41)(const uint8_t *p, int u, int g, const ISA(panel_consts) *k,
                                   __m512i *lo, __m512i *hi) {
-    const __m512i qs = _mm512_loadu_si512(p + 128 + (4 * u + g) * 64);
-    *lo = _mm512_and_si512(qs, k->low);
-    *hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), k->low);
+    ISA(codes_nibbles)(p + 128 + (4 * u + g) * 64, k, lo, hi);
+}
+static INLINE void ISA(codes_q40)(const uint8_t *p, int u, int g, const ISA(panel_consts) *k,
+                                  __m512i *lo, __m512i *hi) {
+    ISA(codes_nibbles)(p + 64 + (4 * u + g) * 64, k, lo, hi);
 }
 
 /* The legacy types' kernel: TYPE's codes (codes_TYPE), UNIT bytes a unit, MINS: Q4_1's m
@@ -229,6 +240,7 @@ static INLINE void ISA(codes_q41)(const uint8_t *p, int u, int g, const ISA(pane
         _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                     \
             _mm512_storeu_ps(y + t * ys, MINS ? _mm512_add_ps(acc[t], off[t]) : acc[t]);        \
     }
+PANEL_TILES(PANEL_RUNS, q40, 576, 0)
 PANEL_TILES(PANEL_RUNS, q50, 704, 0)
 PANEL_TILES(PANEL_RUNS, q80, 1088, 0)
 PANEL_TILES(PANEL_RUNS, q41, 640, 1)
@@ -315,7 +327,7 @@ static INLINE __m256i ISA(panel_bcast)(const int8_t *p) {
  * f32 steps, so the same bits), a unit's halves of 8 rows one after the other (bytes 32 h
  * of each line, 16 h of the d and m lines). Without VNNI a quad's byte products are
  * vpmaddubsw pairs added as int16 over GROUP quads (Q5_0: 2 quads of 2 x 31 x 127, 4 x
- * 7874 under 2^15; Q4_1: all 4 quads of 2 x 15 x 127), widened by vpmaddwd with ones. Q5_0's
+ * 7874 under 2^15; Q4_0, Q4_1: all 4 quads of 2 x 15 x 127), widened by vpmaddwd with ones. Q5_0's
  * fifth bits: qh's byte spread to the quad's 4 bytes (vpshufb), each byte kept where its
  * own bit is set (vpcmpeqb), 16 or-ed in. No Q8_0 (its signed codes have no vpmaddubsw
  * form that pays). */
@@ -343,11 +355,20 @@ static INLINE void ISA(codes_q50)(const uint8_t *p, int u, int g, const ISA(pane
     *lo = _mm256_or_si256(_mm256_and_si256(qs, k->low), _mm256_and_si256(ml, k->sixteen));
     *hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 4), k->low), _mm256_and_si256(mh, k->sixteen));
 }
+/* The nibbles of a quad's 32 bytes at qs: low ones (lo), high ones (hi). */
+static INLINE void ISA(codes_nibbles)(const uint8_t *qs, const ISA(panel_consts) *k, __m256i *lo,
+                                      __m256i *hi) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)qs);
+    *lo = _mm256_and_si256(v, k->low);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), k->low);
+}
 static INLINE void ISA(codes_q41)(const uint8_t *p, int u, int g, const ISA(panel_consts) *k,
                                   __m256i *lo, __m256i *hi) {
-    const __m256i qs = _mm256_loadu_si256((const __m256i *)(p + 128 + (4 * u + g) * 64));
-    *lo = _mm256_and_si256(qs, k->low);
-    *hi = _mm256_and_si256(_mm256_srli_epi16(qs, 4), k->low);
+    ISA(codes_nibbles)(p + 128 + (4 * u + g) * 64, k, lo, hi);
+}
+static INLINE void ISA(codes_q40)(const uint8_t *p, int u, int g, const ISA(panel_consts) *k,
+                                  __m256i *lo, __m256i *hi) {
+    ISA(codes_nibbles)(p + 64 + (4 * u + g) * 64, k, lo, hi);
 }
 
 /* The legacy types' kernel: TYPE's codes (codes_TYPE), UNIT bytes a unit, MINS as the
@@ -407,6 +428,7 @@ static INLINE void ISA(codes_q41)(const uint8_t *p, int u, int g, const ISA(pane
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                 \
                 _mm256_storeu_ps(y + t * ys + 8 * h, MINS ? _mm256_add_ps(acc[h][t], off[h][t]) : acc[h][t]); \
     }
+PANEL_TILES(PANEL_RUNS, q40, 576, 0, 4)
 PANEL_TILES(PANEL_RUNS, q50, 704, 0, 2)
 PANEL_TILES(PANEL_RUNS, q41, 640, 1, 4)
 #undef PANEL_RUNS
@@ -420,7 +442,7 @@ static int ISA(panel_serves)(int qt) {
 #ifdef KD_DPBUSD
     if (qt == QT_Q8_0) return 1;
 #endif
-    return qt == QT_Q4_K || qt == QT_Q5_0 || qt == QT_Q4_1;
+    return qt == QT_Q4_K || qt == QT_Q4_0 || qt == QT_Q5_0 || qt == QT_Q4_1;
 }
 
 /* y[t, r] = x[t] . W[r] for the rows of panels [p0, p1) of W (type qt, in panels; rb: a
@@ -445,6 +467,7 @@ static void ISA(panel_rows)(int qt, const uint8_t *w, size_t rb, size_t p0, size
     else if (n == 2) ISA(panel_##TYPE##_2)(pan, NB, xq, d, s, xu, yy, ys);                     \
     else if (n == 4) ISA(panel_##TYPE##_4)(pan, NB, xq, d, s, xu, yy, ys);                     \
     else ISA(panel_##TYPE##_8)(pan, NB, xq, d, s, xu, yy, ys);
+            if (qt == QT_Q4_0) { PANEL_CALL(q40, cols / 64) } else
             if (qt == QT_Q5_0) { PANEL_CALL(q50, cols / 64) } else
             if (qt == QT_Q4_1) { PANEL_CALL(q41, cols / 64) } else
 #ifdef KD_DPBUSD
