@@ -2,7 +2,7 @@
 compiled kernels' native_panels.h) against gguf-py and against the same weights in the
 file's order.
 
-Why: a model's Q4_K, Q4_0, Q5_0 and Q4_1 (and, with VNNI, Q8_0) matrices are
+Why: a model's Q4_K, Q4_0, Q5_0 and Q4_1 (and, with VNNI, Q8_0 and IQ4_NL) matrices are
 repacked at load where the kernels have panel dots, so every decode and prompt product of
 such a model goes through them. They must give dequantize(q8(x)) @ dequantize(W).T as
 the file-order dots do (test_quant_kernels' bar),
@@ -28,13 +28,14 @@ from frink_cli.quant.blocks import PANEL_ROWS, QuantMatrix
 PANEL_ISAS = ("avx512", "avx2")
 # The types with a panel layout; the shapes: one panel of one unit, several panels, and a
 # real model's width (Q5_0's unit is two runs: 64 columns).
-PANEL_TYPES = (T.Q4_K, T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0)
+PANEL_TYPES = (T.Q4_K, T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.IQ4_NL)
 SHAPES = {
     T.Q4_K: ((16, 256), (48, 512), (128, 1536)),
     T.Q4_0: ((16, 64), (48, 512), (128, 896)),
     T.Q4_1: ((16, 64), (48, 512), (128, 576)),
     T.Q5_0: ((16, 64), (48, 512), (128, 896)),
     T.Q8_0: ((16, 64), (48, 512), (128, 896)),
+    T.IQ4_NL: ((16, 64), (48, 512), (128, 896)),
 }
 
 
@@ -150,13 +151,14 @@ def test_a_panel_product_is_the_same_bits_on_every_isa(qtype: T) -> None:
 
 # Per type: the bytes, and their value, that make every code its largest (Q4_K 15 with
 # every 6-bit scale and min 63; Q4_0, Q4_1 15; Q5_0 31: every nibble and fifth bit set; Q8_0
-# 127).
+# 127; IQ4_NL's level -127, nibble 0).
 _EXTREMES = {
     T.Q4_K: (range(4, 144), 0xFF),
     T.Q4_0: (range(2, 18), 0xFF),
     T.Q4_1: (range(4, 20), 0xFF),
     T.Q5_0: (range(2, 22), 0xFF),
     T.Q8_0: (range(2, 34), 0x7F),
+    T.IQ4_NL: (range(2, 18), 0x00),
 }
 
 

@@ -125,7 +125,7 @@ static int panel_perm(int qt, uint16_t *perm) {
             }
         return PANEL_ROWS * 40;
     }
-    if (qt == QT_Q4_0) { /* a unit of two runs (64 columns, 36 bytes a row): 576 bytes */
+    if (qt == QT_Q4_0 || qt == QT_IQ4_NL) { /* a unit of two runs (64 columns, 36 bytes a row) */
         for (int r = 0; r < PANEL_ROWS; r++)
             for (int u = 0; u < 2; u++) {
                 const int row = 36 * r + 18 * u;
@@ -570,7 +570,7 @@ done:
 /* Per row of x, the sums of q the panel dots take and each unit's dx: Q4_K, per block of
  * 256, PANEL_SUMS int32s (the int16 pairs of its runs' sums (Q0, Q2), (Q1, Q3), (Q4, Q6),
  * (Q5, Q7)); Q4_1, per run, the bits of its k term's x part (s32, the f32 half(d sum q));
- * Q4_0, Q5_0 and Q8_0, per run of 32, minus the codes' offset times its sum
+ * Q4_0, Q5_0, Q8_0 and IQ4_NL, per run of 32, minus the codes' offset times its sum
  * (native_panels.h). */
 static void panel_sums(int qt, const int8_t *q, const float *d, const float *s32, int cols,
                        int32_t *bsp, float *dx) {
@@ -578,7 +578,8 @@ static void panel_sums(int qt, const int8_t *q, const float *d, const float *s32
         for (int r = 0; r < cols / 32; r++) memcpy(&bsp[r], &s32[r], 4), dx[r] = d[r];
         return;
     }
-    if (qt == QT_Q4_0 || qt == QT_Q5_0 || qt == QT_Q8_0) { /* the codes' offset: 8, 16, 128 */
+    if (qt == QT_Q4_0 || qt == QT_Q5_0 || qt == QT_Q8_0 || qt == QT_IQ4_NL) {
+        /* the codes' offset: Q4_0's 8, Q5_0's 16, Q8_0's and IQ4_NL's 128 */
         const int32_t zero = qt == QT_Q4_0 ? 8 : qt == QT_Q5_0 ? 16 : 128;
         for (int r = 0; r < cols / 32; r++) {
             int32_t Q = 0;

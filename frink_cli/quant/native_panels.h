@@ -1,4 +1,4 @@
-/* 8-bit dots over W's rows in panels of 16 (Q4_K, Q4_0, Q5_0, Q4_1; Q8_0 with VNNI):
+/* 8-bit dots over W's rows in panels of 16 (Q4_K, Q4_0, Q5_0, Q4_1; Q8_0, IQ4_NL with VNNI):
  * included by native_isa.h in the x86 regions (AVX2, AVX-512) after native_kdots.h.
  *
  * The layout (native.c panel_perm, which both ways of reading it share): a panel is 16
@@ -145,19 +145,22 @@ static INLINE __m512i ISA(panel_bcast)(const int8_t *p) {
  *     quad's 4 bytes (vpshufb), tested against each byte's own bit (a mask), 16 added.
  *   Q8_0 (1088-byte units: d, 8 quads of qs per run): the int8 codes plus 128 (a xor of
  *     the sign bit), S started from -128 times x's sum.
+ *   IQ4_NL (576-byte units, Q4_0's layout): code = the nibble's level plus 128 (a vpshufb
+ *     of the levels table, biased), S started from -128 times x's sum.
  *   Q4_1 (640-byte units: d, the rows' m per run at 64 + 32 u, 4 quads of qs per run): w =
  *     d code + m; S starts from 0, and apart from acc, off += m s (a multiply, then an
  *     add; s: the run's k term of x, quantize_row's half(dx sum q), in bsp as f32 bits);
  *     y = acc + off, llama.cpp's Q4_1 dot (its min terms summed apart).
  * The AVX2 form (below) takes the same integer sums and f32 steps: the same bits. */
 typedef struct {
-    __m512i low, sixteen, sign, pick[4], bit[2];
+    __m512i low, sixteen, sign, iq4, pick[4], bit[2];
 } ISA(panel_consts);
 
 static INLINE ISA(panel_consts) ISA(panel_consts_make)(void) {
     ISA(panel_consts) k;
     k.low = _mm512_set1_epi8(15), k.sixteen = _mm512_set1_epi8(16);
     k.sign = _mm512_set1_epi8((char)0x80);
+    k.iq4 = _mm512_broadcast_i32x4(_mm_xor_si128(_mm_loadu_si128((const __m128i *)IQ4_LEVEL), _mm_set1_epi8((char)0x80)));
     for (int j = 0; j < 4; j++) k.pick[j] = _mm512_broadcast_i32x4(ISA(panel_pick)(j));
     for (int j = 0; j < 2; j++) k.bit[j] = _mm512_broadcast_i32x4(ISA(panel_bit)(j));
     return k;
@@ -194,6 +197,12 @@ static INLINE void ISA(codes_q41)(const uint8_t *p, int u, int g, const ISA(pane
 static INLINE void ISA(codes_q40)(const uint8_t *p, int u, int g, const ISA(panel_consts) *k,
                                   __m512i *lo, __m512i *hi) {
     ISA(codes_nibbles)(p + 64 + (4 * u + g) * 64, k, lo, hi);
+}
+static INLINE void ISA(codes_iq4nl)(const uint8_t *p, int u, int g, const ISA(panel_consts) *k,
+                                    __m512i *lo, __m512i *hi) {
+    ISA(codes_nibbles)(p + 64 + (4 * u + g) * 64, k, lo, hi);
+    *lo = _mm512_shuffle_epi8(k->iq4, *lo);
+    *hi = _mm512_shuffle_epi8(k->iq4, *hi);
 }
 
 /* The legacy types' kernel: TYPE's codes (codes_TYPE), UNIT bytes a unit, MINS: Q4_1's m
@@ -241,6 +250,7 @@ static INLINE void ISA(codes_q40)(const uint8_t *p, int u, int g, const ISA(pane
             _mm512_storeu_ps(y + t * ys, MINS ? _mm512_add_ps(acc[t], off[t]) : acc[t]);        \
     }
 PANEL_TILES(PANEL_RUNS, q40, 576, 0)
+PANEL_TILES(PANEL_RUNS, iq4nl, 576, 0)
 PANEL_TILES(PANEL_RUNS, q50, 704, 0)
 PANEL_TILES(PANEL_RUNS, q80, 1088, 0)
 PANEL_TILES(PANEL_RUNS, q41, 640, 1)
@@ -329,8 +339,8 @@ static INLINE __m256i ISA(panel_bcast)(const int8_t *p) {
  * vpmaddubsw pairs added as int16 over GROUP quads (Q5_0: 2 quads of 2 x 31 x 127, 4 x
  * 7874 under 2^15; Q4_0, Q4_1: all 4 quads of 2 x 15 x 127), widened by vpmaddwd with ones. Q5_0's
  * fifth bits: qh's byte spread to the quad's 4 bytes (vpshufb), each byte kept where its
- * own bit is set (vpcmpeqb), 16 or-ed in. No Q8_0 (its signed codes have no vpmaddubsw
- * form that pays). */
+ * own bit is set (vpcmpeqb), 16 or-ed in. No Q8_0 or IQ4_NL (their signed codes have no
+ * vpmaddubsw form that pays). */
 typedef struct {
     __m256i low, sixteen, ones, pick[4], bit[2];
 } ISA(panel_consts);
@@ -440,7 +450,7 @@ PANEL_TILES(PANEL_ROWS_N, )
 /* Whether panel_rows takes W's type qt (its panels' type, native.c panel_base). */
 static int ISA(panel_serves)(int qt) {
 #ifdef KD_DPBUSD
-    if (qt == QT_Q8_0) return 1;
+    if (qt == QT_Q8_0 || qt == QT_IQ4_NL) return 1;
 #endif
     return qt == QT_Q4_K || qt == QT_Q4_0 || qt == QT_Q5_0 || qt == QT_Q4_1;
 }
@@ -472,6 +482,7 @@ static void ISA(panel_rows)(int qt, const uint8_t *w, size_t rb, size_t p0, size
             if (qt == QT_Q4_1) { PANEL_CALL(q41, cols / 64) } else
 #ifdef KD_DPBUSD
             if (qt == QT_Q8_0) { PANEL_CALL(q80, cols / 64) } else
+            if (qt == QT_IQ4_NL) { PANEL_CALL(iq4nl, cols / 64) } else
 #endif
             { PANEL_CALL(q4k, cols / 256) }
 #undef PANEL_CALL
