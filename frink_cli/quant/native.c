@@ -192,7 +192,7 @@ static void repanel(const uint16_t *perm, int pbytes, const uint8_t *src, size_t
 
 /* A row of x rounded to 8 bits per 32 columns (native_int8.h says how and why). */
 typedef struct {
-    const int8_t *q;      /* [cols]; for Q4_K, Q5_K, Q6_K in native_kdots.h's order */
+    const int8_t *q;      /* [cols]; for Q2_K .. Q6_K in native_kdots.h's order */
     const float *d;       /* [cols / 32]: each block's scale dx */
     const float *dsum;    /* [cols / 16]: dx * the sum of q over each 16 columns */
     const float *dsum32;  /* [cols / 32]: dx * the sum of q over each 32 */
@@ -203,7 +203,7 @@ typedef struct {
  * with one scale per run: i8_tile_rows), or row by row (0: Q2_K, Q3_K). */
 static int x_tile_unit(int wqt) {
     switch (wqt) {
-    case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: return 256;
+    case QT_Q2_K: case QT_Q3_K: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: return 256;
     case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1: case QT_Q8_0: case QT_IQ4_NL:
     case QT_IQ4_XS: case QT_MXFP4: return 32;
     default: return 0;

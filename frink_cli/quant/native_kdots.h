@@ -1,4 +1,4 @@
-/* The K-quants' 8-bit-activation dots a whole block at a time (Q4_K, Q5_K, Q6_K):
+/* The K-quants' 8-bit-activation dots a whole block at a time (Q2_K .. Q6_K):
  * included by native_isa.h after native_int8.h in the x86 regions (AVX2, AVX-512), which
  * hand these types to it.
  *
@@ -8,6 +8,10 @@
  *
  *     Q4_K, Q5_K:  sum_l w_l x_l = d dx sum_j sc_j S_j  -  dmin sum_j m_j (dx Q_j)
  *     Q6_K:        sum_l w_l x_l = d dx sum_k sc_k S_k  -  32 d sum_k sc_k (dx Q_k)
+ *     Q3_K:        sum_l w_l x_l = d dx sum_k sc_k S_k  -  4 d sum_k sc_k (dx Q_k)
+ *     Q2_K:        sum_l w_l x_l = d dx sum_k sc_k S_k  -  dmin sum_k m_k (dx Q_k)
+ * (Q3_K's and Q2_K's scales, per 16 columns as Q6_K's, take Q6_K's order and groups; their
+ * codes, 0..7 and 0..3, add as int16 with room to spare.)
  *
  * with S the code * q products of run j (32 columns) or half-run k (16), Q the sums of q
  * (native.c's dsum32 / dsum, already times dx). The byte products (vpmaddubsw) of a group
@@ -66,7 +70,12 @@ static INLINE int ISA(i8_zero)(int qt) {
 }
 
 /* Whether kd_rows takes type qt. */
-static INLINE int ISA(kd_serves)(int qt) { return qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_Q6_K; }
+static INLINE int ISA(kd_serves)(int qt) {
+    return qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_Q6_K || qt == QT_Q3_K || qt == QT_Q2_K;
+}
+
+/* Whether type qt has a scale per 16 columns (kd_order's Q6_K order, 16 sums of x a block). */
+static INLINE int ISA(kd_by16_type)(int qt) { return qt == QT_Q6_K || qt == QT_Q3_K || qt == QT_Q2_K; }
 
 /* The order of a block's 256 bytes (codes of W, or x's rounded q) that the sums below read:
  * eight vectors of 32, grouped so that each int16 lane of a vpmaddubsw product holds
@@ -124,7 +133,7 @@ static INLINE void ISA(tile_scales)(float f, const float *xd, int N, float *dd) 
  * q, d, s are the tile's (t0 cols, t0 units, t0 units SW into their regions). Each row's
  * q8_row then points at its row in its tile (the dots read the tile's first). */
 static void ISA(tile_x)(int qt, q8_row *x, int T, int cols, void *buf) {
-    const int K = qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_Q6_K, q6 = qt == QT_Q6_K;
+    const int K = ISA(kd_serves)(qt), q6 = ISA(kd_by16_type)(qt);
     const int zero = ISA(i8_zero)(qt);
     const int UNIT = K ? 256 : 32, SW = q6 ? 16 : K || zero ? 8 : 1, units = cols / UNIT;
     float *dbase = buf, *sbase = dbase + (size_t)(T + KD_TILE) * units;
@@ -219,15 +228,29 @@ static INLINE void ISA(kd_unpack_q5_k)(const uint8_t *p, ISA(kd_block) *k) {
     }
 }
 
-static INLINE void ISA(kd_unpack_q6_k)(const uint8_t *p, ISA(kd_block) *k) {
-    const __m128i s8 = _mm_loadu_si128((const __m128i *)(p + 192));
+/* The types with a scale per 16 columns (Q6_K, Q3_K, Q2_K): their runs' codes (runs[j]:
+ * run j's 32 in column order) into kd_order's order, the 16 int8 scales s8 (half-run i's
+ * at byte i) as each group's int16 pairs, and the mins' float scales: half-run i's term
+ * min_i (dx Q_i) to subtract, min_i = m * s8[i] (ms NULL: Q6_K, Q3_K, whose offset is a
+ * multiple m of the scale) or m * ms[i] (Q2_K's own 4-bit mins). */
+static INLINE void ISA(kd_by16)(__m256i runs[8], __m128i s8, float d, float m, const __m128i *ms,
+                                ISA(kd_block) *k) {
     const __m256i lo8 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(s8));
     const __m256i hi8 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(s8, 8)));
-    const float d = HALF(p + 208);
-    const __m256 d32 = _mm256_set1_ps(32.0f * d);
+    const __m128i mi = ms ? *ms : s8;
+    const __m256 dm = _mm256_set1_ps(m);
     k->d = d;
-    k->mins[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), d32);
-    k->mins[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), d32);
+    k->mins[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(mi)), dm);
+    k->mins[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(mi, 8))), dm);
+    ISA(kd_order)(1, runs, k->codes);
+    /* group p: half-runs 4p, 4p + 2 in the lower 128 bits, 4p + 1, 4p + 3 in the upper */
+    for (int g = 0; g < 4; g++) {
+        const int w = 4 * (g % 2);
+        k->sc[g] = ISA(kd_words4)(g < 2 ? lo8 : hi8, w, w + 2, w + 1, w + 3);
+    }
+}
+
+static INLINE void ISA(kd_unpack_q6_k)(const uint8_t *p, ISA(kd_block) *k) {
     const __m256i low = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3);
     __m256i runs[8];
     for (int j = 0; j < 8; j++) {
@@ -238,12 +261,46 @@ static INLINE void ISA(kd_unpack_q6_k)(const uint8_t *p, ISA(kd_block) *k) {
         const __m256i h2 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * r), three);
         runs[j] = _mm256_or_si256(l4, _mm256_slli_epi16(h2, 4));
     }
-    ISA(kd_order)(1, runs, k->codes);
-    /* group p: half-runs 4p, 4p + 2 in the lower 128 bits, 4p + 1, 4p + 3 in the upper */
-    for (int g = 0; g < 4; g++) {
-        const int w = 4 * (g % 2);
-        k->sc[g] = ISA(kd_words4)(g < 2 ? lo8 : hi8, w, w + 2, w + 1, w + 3);
+    const float d = HALF(p + 208);
+    ISA(kd_by16)(runs, _mm_loadu_si128((const __m128i *)(p + 192)), d, 32.0f * d, NULL, k);
+}
+
+/* Q3_K (native_blocks.h's layout): code = low bits | high bit << 2 (0..7), w = d s (code -
+ * 4) with s the half-run's six-bit scale less 32. */
+static INLINE void ISA(kd_unpack_q3_k)(const uint8_t *p, ISA(kd_block) *k) {
+    const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    const __m256i hm = _mm256_loadu_si256((const __m256i *)p);
+    __m256i runs[8];
+    for (int j = 0; j < 8; j++) {
+        const int h = j / 4, s = j % 4;
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * h));
+        const __m256i l2 = _mm256_and_si256(_mm256_srli_epi16(q, 2 * s), three);
+        const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + s), one);
+        runs[j] = _mm256_or_si256(l2, _mm256_slli_epi16(hb, 2));
     }
+    /* scale i: low four bits from byte i % 8's nibble i / 8, high two from byte 8 + i % 4's
+     * bits 2 (i / 4) (each 32-bit lane g of a broadcast of bytes 8..11 shifted by 2 g) */
+    const __m128i sc = _mm_loadl_epi64((const __m128i *)(p + 96)), nib = _mm_set1_epi8(15);
+    const __m128i lo4 = _mm_unpacklo_epi64(_mm_and_si128(sc, nib), _mm_and_si128(_mm_srli_epi16(sc, 4), nib));
+    const __m128i hi2 = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)rd32(p + 104)), _mm_setr_epi32(0, 2, 4, 6)),
+                                      _mm_set1_epi8(3));
+    const __m128i s8 = _mm_sub_epi8(_mm_or_si128(lo4, _mm_slli_epi16(hi2, 4)), _mm_set1_epi8(32));
+    const float d = HALF(p + 108);
+    ISA(kd_by16)(runs, s8, d, 4.0f * d, NULL, k);
+}
+
+/* Q2_K (native_blocks.h's layout): code 0..3, w = d sc code - dmin m per half-run, sc and m
+ * its scale byte's low and high nibbles. */
+static INLINE void ISA(kd_unpack_q2_k)(const uint8_t *p, ISA(kd_block) *k) {
+    const __m256i three = _mm256_set1_epi8(3);
+    __m256i runs[8];
+    for (int j = 0; j < 8; j++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * (j / 4)));
+        runs[j] = _mm256_and_si256(_mm256_srli_epi16(q, 2 * (j % 4)), three);
+    }
+    const __m128i sc = _mm_loadu_si128((const __m128i *)p), low = _mm_set1_epi8(15);
+    const __m128i m = _mm_and_si128(_mm_srli_epi16(sc, 4), low);
+    ISA(kd_by16)(runs, _mm_and_si128(sc, low), HALF(p + 80), HALF(p + 82), &m, k);
 }
 
 /* Row t's int32 sums of block b: each group's byte products added as int16, then times the
@@ -323,7 +380,7 @@ static INLINE void ISA(kd_tile_block)(const ISA(kd_block) *k, const int8_t *xq, 
     }
 
 /* y[t, r] = x[t] . W[r] for r in [r0, r1), every t < T (y's rows ys apart), for one of the
- * three types (UNPACK its block reader, G its vectors per group, SW its sums of q per block,
+ * types (UNPACK its block reader, G its vectors per group, SW its sums of q per block,
  * DP whether kd_isum may use vpdpbusd): x in tile_x's tiles, each tile's block unpacked
  * once. */
 #define KD_ROWS(UNPACK, NBYTES, G, SW, DP)                                                     \
@@ -348,6 +405,8 @@ static void ISA(kd_rows)(int qt, const uint8_t *w, size_t rb, size_t r0, size_t 
     if (qt == QT_Q4_K) KD_ROWS(kd_unpack_q4_k, 144, 4, 8, 1)
     else if (qt == QT_Q5_K) KD_ROWS(kd_unpack_q5_k, 176, 4, 8, 0)
     else if (qt == QT_Q6_K) KD_ROWS(kd_unpack_q6_k, 210, 2, 16, 0)
+    else if (qt == QT_Q3_K) KD_ROWS(kd_unpack_q3_k, 110, 2, 16, 0)
+    else if (qt == QT_Q2_K) KD_ROWS(kd_unpack_q2_k, 84, 2, 16, 0)
 }
 
 #undef KD_ROWS
