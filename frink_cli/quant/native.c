@@ -200,7 +200,7 @@ typedef struct {
 
 /* How the 8-bit dots for W's type wqt read x (native_kdots.h's tile_x): by tiles of rows
  * whose unit is a block of 256 (the K-quants that kd_rows takes), a run of 32 (the types
- * with one scale per run: i8_tile_rows), or row by row (0: Q2_K, Q3_K). */
+ * with one scale per run: i8_tile_rows), or row by row (0: the types with neither). */
 static int x_tile_unit(int wqt) {
     switch (wqt) {
     case QT_Q2_K: case QT_Q3_K: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: return 256;

@@ -212,21 +212,6 @@ static INLINE __m256i ISA(unit_products)(const ISA(icodes) *c, const int8_t *q) 
     return I8_DOT(c->codes, xq);
 }
 
-/* One row of x: the run's terms added into acc (lanes) and off (the k terms). x->dsum holds
- * dx * Q per 16 columns and per 32 (dsum32), so a k term is one multiply-add. */
-static INLINE void ISA(unit_i8)(const ISA(icodes) *c, const q8_row *x, int u, __m256 *acc, float *off) {
-    const float dx = x->d[u];
-    const __m256 s = _mm256_cvtepi32_ps(ISA(unit_products)(c, x->q + 32 * u));
-    if (c->split) {
-        const __m256 scale = _mm256_set_m128(_mm_set1_ps(c->sc[1] * dx), _mm_set1_ps(c->sc[0] * dx));
-        *acc = _mm256_fmadd_ps(s, scale, *acc);
-        *off += c->k[0] * x->dsum[2 * u] + c->k[1] * x->dsum[2 * u + 1];
-    } else {
-        *acc = _mm256_fmadd_ps(s, _mm256_set1_ps(c->sc[0] * dx), *acc);
-        if (c->has_k) *off += c->k[0] * x->dsum32[u];
-    }
-}
-
 /* A run of a tile for the N rows of x (tile_x's layout: xq, xd, xs the run's first row),
  * for a type with one scale per run: a row's steps are the same alone (N = 1) or in a tile.
  * Where the codes' offset is folded (i8_zero; xs then holds each row's 8 int32 lane sums of
@@ -262,47 +247,8 @@ static INLINE float ISA(finish_i8)(__m256 acc, float off) {
     return a[0] + off;
 }
 
-/* y[t, r] = x[t] . W[r] (x given as q8 rows) for r in [r0, r1): one row of x alone, or four
- * at a time sharing each run's codes (a short group repeats its last row, whose sums are
- * dropped); a row's sums are made in the same order either way. */
-#define I8_BODY(HEAD, UNIT, ELEMS, NBYTES)                                                     \
-    for (size_t r = r0; r < r1; r++) {                                                         \
-        const uint8_t *row = w + r * rb;                                                       \
-        if (T == 1) {                                                                          \
-            __m256 acc = _mm256_setzero_ps();                                                  \
-            float off = 0.0f;                                                                  \
-            EACH_RUN(HEAD, ELEMS, NBYTES, {                                                    \
-                ISA(icodes) cd;                                                                \
-                ISA(UNIT)(p, j, &h, &cd);                                                      \
-                ISA(unit_i8)(&cd, x, u, &acc, &off);                                           \
-            })                                                                                 \
-            y[r] = ISA(finish_i8)(acc, off);                                                   \
-            continue;                                                                          \
-        }                                                                                      \
-        for (int t0 = 0; t0 < T; t0 += 4) {                                                    \
-            const q8_row *x0 = x + t0, *x1 = x + (t0 + 1 < T ? t0 + 1 : T - 1);                \
-            const q8_row *x2 = x + (t0 + 2 < T ? t0 + 2 : T - 1);                              \
-            const q8_row *x3 = x + (t0 + 3 < T ? t0 + 3 : T - 1);                              \
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                        \
-            float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;                                  \
-            EACH_RUN(HEAD, ELEMS, NBYTES, {                                                    \
-                ISA(icodes) cd;                                                                \
-                ISA(UNIT)(p, j, &h, &cd);                                                      \
-                ISA(unit_i8)(&cd, x0, u, &a0, &o0);                                            \
-                ISA(unit_i8)(&cd, x1, u, &a1, &o1);                                            \
-                ISA(unit_i8)(&cd, x2, u, &a2, &o2);                                            \
-                ISA(unit_i8)(&cd, x3, u, &a3, &o3);                                            \
-            })                                                                                 \
-            const int n = T - t0 < 4 ? T - t0 : 4;                                             \
-            if (n > 3) y[(size_t)(t0 + 3) * ys + r] = ISA(finish_i8)(a3, o3);                  \
-            if (n > 2) y[(size_t)(t0 + 2) * ys + r] = ISA(finish_i8)(a2, o2);                  \
-            if (n > 1) y[(size_t)(t0 + 1) * ys + r] = ISA(finish_i8)(a1, o1);                  \
-            y[(size_t)t0 * ys + r] = ISA(finish_i8)(a0, o0);                                   \
-        }                                                                                      \
-    }
-
 /* Row `row` of W times the N rows of a tile of x (tile_x's layout from xq, xd, xs), into
- * yt[t]: the steps of I8_BODY's, each run's codes unpacked once for the tile. */
+ * yt[t]: each run's codes unpacked once for the tile, each row's steps its own. */
 #define I8_TILE_ROW(HEAD, UNIT, ELEMS, NBYTES, N)                                              \
     {                                                                                          \
         __m256 acc[N];                                                                         \
@@ -318,7 +264,7 @@ static INLINE float ISA(finish_i8)(__m256 acc, float off) {
     }
 
 /* y[t, r] = x[t] . W[r] for the types with a scale per run (x in tile_x's tiles of runs):
- * tiles outer, rows of W inner, a row's sums in I8_BODY's order alone or in a tile. */
+ * tiles outer, rows of W inner, a row's sums in one order alone or in a tile. */
 #define I8_TILE_BODY(HEAD, UNIT, ELEMS, NBYTES)                                                \
     for (int t0 = 0; t0 < T; t0 += ROW_TILE) {                                                 \
         const int n = T - t0 < ROW_TILE ? T - t0 : ROW_TILE;                                   \
@@ -352,14 +298,9 @@ static void ISA(dot_rows_i8)(int qt, const uint8_t *w, size_t rb, size_t r0, siz
         ISA(kd_rows)(qt, w, rb, r0, r1, x, T, cols, y, ys); /* a block at a time */
         return;
     }
-    if (x_tile_unit(qt) == 32) { /* in tile_x's runs */
-        EACH_I8_TYPE(I8_TILE_BODY)
-        return;
-    }
-    EACH_I8_TYPE(I8_BODY)
+    EACH_I8_TYPE(I8_TILE_BODY) /* the rest: in tile_x's runs (x_tile_unit 32) */
 }
 
 #undef I8_DOT
-#undef I8_BODY
 #undef I8_TILE_BODY
 #undef I8_TILE_ROW
