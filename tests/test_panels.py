@@ -28,9 +28,10 @@ from frink_cli.quant.blocks import PANEL_ROWS, QuantMatrix
 PANEL_ISAS = ("avx512", "avx2")
 # The types with a panel layout; the shapes: one panel of one unit, several panels, and a
 # real model's width (Q5_0's unit is two runs: 64 columns).
-PANEL_TYPES = (T.Q4_K, T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.IQ4_NL)
+PANEL_TYPES = (T.Q4_K, T.Q6_K, T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.IQ4_NL)
 SHAPES = {
     T.Q4_K: ((16, 256), (48, 512), (128, 1536)),
+    T.Q6_K: ((16, 256), (48, 768), (128, 1536)),
     T.Q4_0: ((16, 64), (48, 512), (128, 896)),
     T.Q4_1: ((16, 64), (48, 512), (128, 576)),
     T.Q5_0: ((16, 64), (48, 512), (128, 896)),
@@ -152,13 +153,16 @@ def test_a_panel_product_is_the_same_bits_on_every_isa(qtype: T) -> None:
 # Per type: the bytes, and their value, that make every code its largest (Q4_K 15 with
 # every 6-bit scale and min 63; Q4_0, Q4_1 15; Q5_0 31: every nibble and fifth bit set; Q8_0
 # 127; IQ4_NL's level -127, nibble 0).
+# The bytes that set each type's codes and scales at their largest magnitude: (bytes, value)
+# pairs (Q6_K: every code 63, every scale -128).
 _EXTREMES = {
-    T.Q4_K: (range(4, 144), 0xFF),
-    T.Q4_0: (range(2, 18), 0xFF),
-    T.Q4_1: (range(4, 20), 0xFF),
-    T.Q5_0: (range(2, 22), 0xFF),
-    T.Q8_0: (range(2, 34), 0x7F),
-    T.IQ4_NL: (range(2, 18), 0x00),
+    T.Q4_K: ((range(4, 144), 0xFF),),
+    T.Q6_K: ((range(0, 192), 0xFF), (range(192, 208), 0x80)),
+    T.Q4_0: ((range(2, 18), 0xFF),),
+    T.Q4_1: ((range(4, 20), 0xFF),),
+    T.Q5_0: ((range(2, 22), 0xFF),),
+    T.Q8_0: ((range(2, 34), 0x7F),),
+    T.IQ4_NL: ((range(2, 18), 0x00),),
 }
 
 
@@ -169,8 +173,8 @@ def test_panel_sums_hold_at_their_largest(qtype: T, isa: str) -> None:
     _serves(qtype, 512)
     w = random_weights(qtype, 32, 512, seed=5)
     blocks = np.asarray(w.data).reshape(-1, GGML_QUANT_SIZES[qtype][1]).copy()
-    at, value = _EXTREMES[qtype]
-    blocks[:, list(at)] = value
+    for at, value in _EXTREMES[qtype]:
+        blocks[:, list(at)] = value
     w = QuantMatrix(blocks.reshape(w.rows, -1), qtype, w.rows, w.cols)
     x = np.ones((3, 512), np.float32) * np.array([[1.0], [-2.0], [0.5]], np.float32)
     with kernels.exact_activations(False):
@@ -207,7 +211,7 @@ def test_only_what_panels_serve_is_repacked(isa: str) -> None:
     file's order."""
     with kernels.exact_activations(False):
         for qtype, rows, cols in (
-            (T.Q6_K, 32, 256),
+            (T.Q5_K, 32, 256),
             (T.Q5_1, 32, 256),
             (T.Q4_K, 40, 256),
             (T.Q5_0, 32, 352),

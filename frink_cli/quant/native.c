@@ -148,6 +148,19 @@ static int panel_perm(int qt, uint16_t *perm) {
             }
         return PANEL_ROWS * 44;
     }
+    if (qt == QT_Q6_K) { /* a block (256 columns, 210 bytes a row): 3360 bytes */
+        for (int r = 0; r < PANEL_ROWS; r++) {
+            const int row = 210 * r;
+            for (int q = 0; q < 32; q++) /* ql quad q: ql bytes 4q .. 4q + 3 */
+                for (int k = 0; k < 4; k++) perm[64 * q + 4 * r + k] = (uint16_t)(row + 4 * q + k);
+            for (int q = 0; q < 16; q++) /* qh quad q */
+                for (int k = 0; k < 4; k++) perm[2048 + 64 * q + 4 * r + k] = (uint16_t)(row + 128 + 4 * q + k);
+            for (int i = 0; i < 4; i++) /* the scales' dword i: scales 4i .. 4i + 3 */
+                for (int k = 0; k < 4; k++) perm[3072 + 64 * i + 4 * r + k] = (uint16_t)(row + 192 + 4 * i + k);
+            for (int k = 0; k < 2; k++) perm[3328 + 2 * r + k] = (uint16_t)(row + 208 + k); /* d */
+        }
+        return PANEL_ROWS * 210;
+    }
     if (qt != QT_Q4_K) return 0;
     for (int r = 0; r < PANEL_ROWS; r++) {
         const int row = 144 * r;
@@ -162,7 +175,7 @@ static int panel_perm(int qt, uint16_t *perm) {
     }
     return PANEL_ROWS * 144;
 }
-#define PANEL_MAX_BYTES (PANEL_ROWS * 144)
+#define PANEL_MAX_BYTES (PANEL_ROWS * 210)
 
 /* Whether a row of cols columns of type qt is a whole number of panel units. */
 static int panel_unit_fits(int qt, size_t cols, uint16_t *perm) {
@@ -569,7 +582,8 @@ done:
 
 /* Per row of x, the sums of q the panel dots take and each unit's dx: Q4_K, per block of
  * 256, PANEL_SUMS int32s (the int16 pairs of its runs' sums (Q0, Q2), (Q1, Q3), (Q4, Q6),
- * (Q5, Q7)); Q4_1, per run, the bits of its k term's x part (s32, the f32 half(d sum q));
+ * (Q5, Q7)); Q6_K, per block, 2 PANEL_SUMS int32s (its 16 half-runs' sums as the same pairs,
+ * (Q0, Q2), (Q1, Q3), (Q4, Q6), ... (Q13, Q15)); Q4_1, per run, the bits of its k term's x part (s32, the f32 half(d sum q));
  * Q4_0, Q5_0, Q8_0 and IQ4_NL, per run of 32, minus the codes' offset times its sum
  * (native_panels.h). */
 static void panel_sums(int qt, const int8_t *q, const float *d, const float *s32, int cols,
@@ -585,6 +599,21 @@ static void panel_sums(int qt, const int8_t *q, const float *d, const float *s32
             int32_t Q = 0;
             for (int i = 0; i < 32; i++) Q += q[32 * r + i];
             bsp[r] = -zero * Q, dx[r] = d[r];
+        }
+        return;
+    }
+    if (qt == QT_Q6_K) { /* per block, its 16 half-runs' sums as Q4_K's pairs, 8 int32s */
+        for (int b = 0; b < cols / 256; b++) {
+            int32_t Q[16];
+            for (int j = 0; j < 16; j++) {
+                Q[j] = 0;
+                for (int i = 0; i < 16; i++) Q[j] += q[256 * b + 16 * j + i];
+            }
+            for (int i = 0; i < 4; i++)
+                for (int k = 0; k < 2; k++)
+                    bsp[2 * PANEL_SUMS * b + 2 * i + k] = (int32_t)((uint32_t)(uint16_t)Q[4 * i + k] |
+                                                                    (uint32_t)(uint16_t)Q[4 * i + k + 2] << 16);
+            dx[b] = d[8 * b];
         }
         return;
     }

@@ -256,6 +256,76 @@ PANEL_TILES(PANEL_RUNS, q80, 1088, 0)
 PANEL_TILES(PANEL_RUNS, q41, 640, 1)
 #undef PANEL_RUNS
 
+/* Q6_K (native.c's 3360-byte panel-blocks: ql quad q's 16 rows at 64 q, qh quad q's at
+ * 2048 + 64 q, the scales' dword i at 3072 + 64 i, d at 3328). Column 128 n + 32 m + 4 g + k
+ * (n < 2, m < 4, g < 8, k < 4) has code (ql quad 16 n + 8 (m % 2) + g's low nibble for m < 2,
+ * high for m >= 2) + 16 (qh quad 8 n + g's bits 2m, 2m + 1): ggml's order, the code 0..63;
+ * half-run j (columns 16 j ..) has the row's signed scale byte j. Per block, row of W and
+ * row of x: I = sum_j sc_j S_j - 32 sum_j sc_j Q_j (S_j: codes times q over half-run j; Q_j:
+ * x's sums, bsp's pairs), exact in int32; acc += I (d dx): llama.cpp's Q6_K dot, its
+ * offset of 32 taken in the integers. The AVX2 form takes the same integers and f32 steps. */
+static INLINE __m512i ISA(codes_q6k)(const uint8_t *p, int n, int m, int g, __m512i low, __m512i top) {
+    const __m512i ql = _mm512_loadu_si512(p + 64 * (16 * n + 8 * (m % 2) + g));
+    const __m512i qh = _mm512_loadu_si512(p + 2048 + 64 * (8 * n + g));
+    const __m512i l4 = _mm512_and_si512(m < 2 ? ql : _mm512_srli_epi16(ql, 4), low);
+    const __m512i h = m == 0 ? _mm512_slli_epi16(qh, 4) : m == 1 ? _mm512_slli_epi16(qh, 2) : m == 2 ? qh : _mm512_srli_epi16(qh, 2);
+    return _mm512_or_si512(l4, _mm512_and_si512(h, top));
+}
+
+#define PANEL_Q6K_N(N, ...)                                                                        \
+    static void ISA(panel_q6k_##N)(const uint8_t *pan, int nb, const int8_t *xq, const float *dx, \
+                                   const int32_t *bsp, size_t xu, float *y, size_t ys) {       \
+        const __m512i low = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);                \
+        __m512 acc[N];                                                                          \
+        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();      \
+        for (int b = 0; b < nb; b++) {                                                          \
+            const uint8_t *p = pan + (size_t)b * 3360;                                          \
+            for (int l = 0; l < 3360; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2);     \
+            __m512i is[N]; /* from -32 sum_j sc_j Q_j: the scales as int16 pairs by x's pairs */ \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) is[t] = _mm512_setzero_si512(); \
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {                               \
+                const __m512i sd = _mm512_loadu_si512(p + 3072 + 64 * i);                       \
+                const __m512i e02 = _mm512_srai_epi16(_mm512_slli_epi16(sd, 8), 8);             \
+                const __m512i e13 = _mm512_srai_epi16(sd, 8);                                   \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                           \
+                    const int32_t *s = bsp + (size_t)t * xu + (size_t)b * 2 * PANEL_SUMS + 2 * i; \
+                    is[t] = _mm512_add_epi32(is[t], _mm512_madd_epi16(e02, _mm512_set1_epi32(s[0]))); \
+                    is[t] = _mm512_add_epi32(is[t], _mm512_madd_epi16(e13, _mm512_set1_epi32(s[1]))); \
+                }                                                                               \
+            }                                                                                   \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                 \
+                is[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(is[t], 5));  \
+            for (int n = 0; n < 2; n++)                                                         \
+                _Pragma("GCC unroll 4") for (int m = 0; m < 4; m++)                             \
+                    _Pragma("GCC unroll 2") for (int f = 0; f < 2; f++) { /* half-run j */     \
+                        const int j = 8 * n + 2 * m + f;                                        \
+                        /* each half-run's codes made in it: hoisted, GCC kept them on the stack */ \
+                        const uint8_t *pj = p;                                                  \
+                        __asm__("" : "+r"(pj));                                                 \
+                        const __m512i sd = _mm512_loadu_si512(pj + 3072 + 64 * (j / 4));       \
+                        const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(sd, 24 - 8 * (j % 4)), 24); \
+                        const int8_t *xc = PANEL_X(xq, N, 0, b * 256 + 128 * n + 32 * m);     \
+                        __m512i a[N];                                                           \
+                        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) a[t] = _mm512_setzero_si512(); \
+                        _Pragma("GCC unroll 4") for (int g = 4 * f; g < 4 * f + 4; g++) {       \
+                            const __m512i c = ISA(codes_q6k)(pj, n, m, g, low, top);            \
+                            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                 \
+                                a[t] = _mm512_dpbusd_epi32(a[t], c, ISA(panel_bcast)(PANEL_X(xc, N, t, 4 * g))); \
+                        }                                                                       \
+                        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                     \
+                            is[t] = _mm512_add_epi32(is[t], _mm512_mullo_epi32(a[t], sc));      \
+                    }                                                                           \
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 3328))); \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                               \
+                const __m512 x = _mm512_set1_ps(dx[(size_t)t * xu + b]);                        \
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[t]), _mm512_mul_ps(d, x), acc[t]); \
+            }                                                                                   \
+        }                                                                                       \
+        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm512_storeu_ps(y + t * ys, acc[t]); \
+    }
+PANEL_TILES(PANEL_Q6K_N, )
+#undef PANEL_Q6K_N
+
 #else /* AVX2: the panel's two halves of 8 rows, a ymm's lanes each */
 
 PANEL_SCALES(__m256i, _mm256_and_si256, _mm256_or_si256, _mm256_srli_epi32, _mm256_slli_epi32,
@@ -443,6 +513,87 @@ PANEL_TILES(PANEL_RUNS, q50, 704, 0, 2)
 PANEL_TILES(PANEL_RUNS, q41, 640, 1, 4)
 #undef PANEL_RUNS
 
+/* Q6_K as the AVX-512 form (its layout, codes and integers; the same f32 steps, so the same
+ * bits), a block's halves h (rows 8 h .. 8 h + 7: bytes 32 h of each line, 16 h of d's)
+ * one after the other. A half-run's 4 quads are vpmaddubsw pairs added as int16 two
+ * quads at a time (2 x 2 x 63 x 127 under 2^15), times the scale (an int16 pair (sc, sc))
+ * by vpmaddwd. */
+static INLINE __m256i ISA(codes_q6k)(const uint8_t *p, int n, int m, int g, __m256i low, __m256i top) {
+    const __m256i ql = _mm256_loadu_si256((const __m256i *)(p + 64 * (16 * n + 8 * (m % 2) + g)));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 2048 + 64 * (8 * n + g)));
+    const __m256i l4 = _mm256_and_si256(m < 2 ? ql : _mm256_srli_epi16(ql, 4), low);
+    const __m256i h = m == 0 ? _mm256_slli_epi16(qh, 4) : m == 1 ? _mm256_slli_epi16(qh, 2) : m == 2 ? qh : _mm256_srli_epi16(qh, 2);
+    return _mm256_or_si256(l4, _mm256_and_si256(h, top));
+}
+
+#define PANEL_Q6K_N(N, ...)                                                                        \
+    static void ISA(panel_q6k_##N)(const uint8_t *pan, int nb, const int8_t *xq, const float *dx, \
+                                   const int32_t *bsp, size_t xu, float *y, size_t ys) {       \
+        const __m256i low = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);                \
+        /* (sc, sc) from a dword's sign-extended int16 pairs: word 0 or word 1 of each */      \
+        const __m256i pick0 = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, \
+                                               0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13); \
+        const __m256i pick1 = _mm256_add_epi8(pick0, _mm256_set1_epi8(2));                      \
+        __m256 acc[2][N];                                                                       \
+        for (int h = 0; h < 2; h++)                                                             \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[h][t] = _mm256_setzero_ps(); \
+        for (int b = 0; b < nb; b++) {                                                          \
+            const uint8_t *p = pan + (size_t)b * 3360;                                          \
+            for (int l = 0; l < 3360; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2);     \
+            for (int h = 0; h < 2; h++) {                                                       \
+                const uint8_t *ph = p + 32 * h;                                                 \
+                /* x's broadcasts made again for each half (as PANEL_RUNS's) */                \
+                const int8_t *xh = xq;                                                          \
+                __asm__("" : "+r"(xh));                                                         \
+                __m256i is[N];                                                                  \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) is[t] = _mm256_setzero_si256(); \
+                _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {                           \
+                    const __m256i sd = _mm256_loadu_si256((const __m256i *)(ph + 3072 + 64 * i)); \
+                    const __m256i e02 = _mm256_srai_epi16(_mm256_slli_epi16(sd, 8), 8);         \
+                    const __m256i e13 = _mm256_srai_epi16(sd, 8);                               \
+                    _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                       \
+                        const int32_t *s = bsp + (size_t)t * xu + (size_t)b * 2 * PANEL_SUMS + 2 * i; \
+                        is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(e02, _mm256_set1_epi32(s[0]))); \
+                        is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(e13, _mm256_set1_epi32(s[1]))); \
+                    }                                                                           \
+                }                                                                               \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                             \
+                    is[t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(is[t], 5)); \
+                for (int n = 0; n < 2; n++)                                                     \
+                    _Pragma("GCC unroll 4") for (int m = 0; m < 4; m++)                         \
+                        _Pragma("GCC unroll 2") for (int f = 0; f < 2; f++) { /* half-run j */ \
+                            const int j = 8 * n + 2 * m + f;                                    \
+                            const uint8_t *pj = ph; /* (as the AVX-512 form's) */              \
+                            __asm__("" : "+r"(pj));                                             \
+                            const __m256i sd = _mm256_loadu_si256((const __m256i *)(pj + 3072 + 64 * (j / 4))); \
+                            const __m256i e = j % 2 ? _mm256_srai_epi16(sd, 8)                  \
+                                                    : _mm256_srai_epi16(_mm256_slli_epi16(sd, 8), 8); \
+                            const __m256i sc = _mm256_shuffle_epi8(e, j % 4 >= 2 ? pick1 : pick0); \
+                            const int8_t *xc = PANEL_X(xh, N, 0, b * 256 + 128 * n + 32 * m);   \
+                            _Pragma("GCC unroll 2") for (int g = 4 * f; g < 4 * f + 4; g += 2) { \
+                                const __m256i c0 = ISA(codes_q6k)(pj, n, m, g, low, top);       \
+                                const __m256i c1 = ISA(codes_q6k)(pj, n, m, g + 1, low, top);   \
+                                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {           \
+                                    const __m256i s16 = _mm256_add_epi16(                       \
+                                        _mm256_maddubs_epi16(c0, ISA(panel_bcast)(PANEL_X(xc, N, t, 4 * g))), \
+                                        _mm256_maddubs_epi16(c1, ISA(panel_bcast)(PANEL_X(xc, N, t, 4 * g + 4)))); \
+                                    is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(s16, sc)); \
+                                }                                                               \
+                            }                                                                   \
+                        }                                                                       \
+                const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 3328 + 16 * h))); \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                           \
+                    const __m256 x = _mm256_set1_ps(dx[(size_t)t * xu + b]);                    \
+                    acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), _mm256_mul_ps(d, x), acc[h][t]); \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+        for (int h = 0; h < 2; h++)                                                             \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm256_storeu_ps(y + t * ys + 8 * h, acc[h][t]); \
+    }
+PANEL_TILES(PANEL_Q6K_N, )
+#undef PANEL_Q6K_N
+
 #endif
 
 PANEL_TILES(PANEL_ROWS_N, )
@@ -452,7 +603,7 @@ static int ISA(panel_serves)(int qt) {
 #ifdef KD_DPBUSD
     if (qt == QT_Q8_0 || qt == QT_IQ4_NL) return 1;
 #endif
-    return qt == QT_Q4_K || qt == QT_Q4_0 || qt == QT_Q5_0 || qt == QT_Q4_1;
+    return qt == QT_Q4_K || qt == QT_Q6_K || qt == QT_Q4_0 || qt == QT_Q5_0 || qt == QT_Q4_1;
 }
 
 /* y[t, r] = x[t] . W[r] for the rows of panels [p0, p1) of W (type qt, in panels; rb: a
@@ -484,6 +635,7 @@ static void ISA(panel_rows)(int qt, const uint8_t *w, size_t rb, size_t p0, size
             if (qt == QT_Q8_0) { PANEL_CALL(q80, cols / 64) } else
             if (qt == QT_IQ4_NL) { PANEL_CALL(iq4nl, cols / 64) } else
 #endif
+            if (qt == QT_Q6_K) { PANEL_CALL(q6k, cols / 256) } else
             { PANEL_CALL(q4k, cols / 256) }
 #undef PANEL_CALL
         }
