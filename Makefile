@@ -32,7 +32,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # The host kernels are C compiled at install (setup.py): a change to them reinstalls.
-NATIVE := setup.py $(wildcard frink_cli/quant/native*) frink_cli/backends/host/rowwise.c
+NATIVE := setup.py $(wildcard frink_cli/quant/native*) $(wildcard frink_cli/backends/host/rowwise*.[ch])
 
 $(VENV)/.stamp-run: pyproject.toml $(NATIVE) | $(PY)
 	$(PY) -m pip install -q -e .

@@ -65,6 +65,7 @@ setup(
                 "frink_cli/backends/host/rowwise_kv_avx2.h",
                 "frink_cli/backends/host/rowwise_kv_avx512.h",
                 "frink_cli/backends/host/rowwise_delta.h",
+                "frink_cli/backends/host/rowwise_loops.h",
             ],
             optional=True,
         ),

@@ -184,6 +184,72 @@ def test_wrong_arrays_raise_not_read_astray() -> None:
         C.rms_norm(x[:, ::2], None, 1e-6, np.zeros((4, 4), np.float32), 1)
 
 
+ROW_VARIANTS = ("portable", "avx2", "avx512")
+
+
+def _row_ops(x: np.ndarray, h: np.ndarray, pos: np.ndarray) -> list[np.ndarray]:
+    """Every row loop's output on the same inputs: norms with and without a weight, rope
+    in both layouts, both activations, exp."""
+    w = np.linspace(-2, 2, x.shape[-1], dtype=np.float32)
+    out = [rowwise.rms_norm(x, w, 1e-6, None), rowwise.rms_norm(x, None, 1e-5, None)]
+    for layout in ("neox", "norm"):
+        y = x.copy()
+        Rope(x.shape[-1], 10000.0, 1.0, layout).rotate_(y, pos)
+        out.append(y)
+    out += [rowwise.glu(h, act) for act in ("silu", "gelu_tanh")]
+    out.append(rowwise.exp(h))
+    assert all(o is not None for o in out)
+    return [np.asarray(o) for o in out]
+
+
+@needs_c
+def test_every_variant_runs_its_own_row_loops_with_the_same_bits() -> None:
+    """attend_isa's switch (a test's, as FRINK_NATIVE_ISA's is a user's) moves the norms,
+    rope, activations and exp to that variant's copy, and every copy gives the portable
+    one's bits."""
+    C = rowwise._C
+    x = (rng.standard_normal((7, 3, 72)) * 3).astype(np.float32)
+    h = (rng.standard_normal((9, 2 * 131)) * 6).astype(np.float32)
+    pos = np.arange(7, dtype=np.int64) * 37
+    before = C.attend_isa()
+    got = {}
+    try:
+        for isa in ROW_VARIANTS:
+            try:
+                C.attend_isa(isa)
+            except ValueError:
+                continue
+            assert C.row_loops() == isa
+            got[isa] = _row_ops(x, h, pos)
+    finally:
+        C.attend_isa(before)
+    from isa_variants import unrunnable_reason
+
+    assert "avx2" in got or unrunnable_reason("avx2") is not None, got.keys()
+    for isa, outs in got.items():
+        for a, b in zip(outs, got["portable"], strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=isa)
+
+
+@needs_c
+@pytest.mark.parametrize("forced", ["avx2", "base"])
+def test_a_forced_variant_runs_its_row_loops_from_the_start(forced: str) -> None:
+    """FRINK_NATIVE_ISA, read when the module loads, picks the row loops too: the forced
+    variant is what runs on a machine that has only it."""
+    import subprocess
+    import sys
+
+    from isa_variants import unrunnable_reason
+
+    if (why := unrunnable_reason(forced)) is not None:
+        pytest.skip(why)
+    code = "from frink_cli.backends.host import rowwise as r; print(r._C.row_loops())"
+    env = {**os.environ, "FRINK_NATIVE_ISA": forced}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == {"avx2": "avx2", "base": "portable"}[forced]
+
+
 def test_the_numpy_path_agrees(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the C is not built, norms, rope and glu run NumPy: the same functions."""
     monkeypatch.setattr(rowwise, "_C", None)

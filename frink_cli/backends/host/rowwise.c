@@ -39,14 +39,6 @@
 #include <omp.h>
 #endif
 
-/* Each hot loop built for AVX-512, AVX2 and the baseline, the best picked at load by the
- * dynamic linker (GCC's function multiversioning; needs ifunc, so Linux on x86-64). */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define VECTORIZED __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define VECTORIZED
-#endif
-
 /* 8 float lanes and their comparison masks as GCC vector types: lane-wise arithmetic, so
  * each lane's bits are the scalar steps' on every ISA (a clone splits them as it must). */
 typedef float lanes8 __attribute__((vector_size(32)));
@@ -167,24 +159,90 @@ static int threads_for(Py_ssize_t elems, int threads) {
     return elems < PARALLEL_ELEMS || threads < 1 ? 1 : threads;
 }
 
+/* -- the row loops, one copy per instruction set (rowwise_loops.h) ---------------------------- */
+
+/* Where the attention loops' variant changes (rowwise_kv_avx2.h's kv_set_isa): the row
+ * loops follow it (loops_pick, below). */
+static void loops_pick(void);
+
+#include "rowwise_kv.h"
+#include "rowwise_kv_avx2.h"
+#if KV_HAS_AVX2
+#include "rowwise_kv_avx512.h"
+#endif
+
+typedef struct {
+    rows_of q, k, v, out; /* k, v: a cache type's stored rows (k.n, v.n: stored widths) */
+    int kt, vt;           /* K's and V's cache types (rowwise_kv.h's KV_*) */
+    float softcap;       /* 0: none */
+    const float *slopes; /* [H] or NULL */
+    const float *sinks;  /* [H] or NULL */
+    const float *bias;   /* [H, 2 * center + 1] or NULL: a score bias by key - query position */
+    Py_ssize_t center;   /* the bias table's column for key position == query position */
+} attend_args;
+
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
+
+/* The row loops of one instruction set. */
+typedef struct {
+    void (*rms_norm_row)(const float *x, const float *w, float eps, Py_ssize_t n, float *out);
+    void (*rope_row)(float *x, const float *cos, const float *sin, Py_ssize_t half, int neox);
+    void (*glu_row)(const float *gate, const float *up, Py_ssize_t n, int act, float *out);
+    float (*attend_weights)(const attend_args *A, Py_ssize_t n, Py_ssize_t d0, Py_ssize_t h,
+                            float *s);
+    void (*attend_head)(const attend_args *A, const float *q, Py_ssize_t kvh, Py_ssize_t j0,
+                        Py_ssize_t n, Py_ssize_t d0, Py_ssize_t h, float *s, float *out);
+    void (*exp_rows)(const float *x, Py_ssize_t n, float *out);
+    void (*delta_head)(const float *restrict q, const float *restrict k, const float *restrict v,
+                       const float *restrict a, const float *restrict beta, Py_ssize_t qs,
+                       Py_ssize_t ks, Py_ssize_t vs, Py_ssize_t gs, Py_ssize_t T, Py_ssize_t dk,
+                       Py_ssize_t dv, float *restrict S, float *restrict o, Py_ssize_t os,
+                       float *restrict kS, int delta);
+} row_loops;
+
+#if KV_HAS_AVX2 && defined(__GNUC__) && !defined(__clang__)
+#define ROW_LOOPS_X86 1
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+#define RW(name) name##_avx512
+#include "rowwise_loops.h"
+#undef RW
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#define RW(name) name##_avx2
+#include "rowwise_loops.h"
+#undef RW
+#pragma GCC pop_options
+#else
+#define ROW_LOOPS_X86 0
+#endif
+#define RW(name) name##_base
+#include "rowwise_loops.h"
+#undef RW
+
+/* The copies in use: the attention loops' variant's (kv_isa). */
+static const row_loops *LOOPS = &LOOPS_base;
+
+static void loops_pick(void) {
+#if ROW_LOOPS_X86
+    const char *isa = kv_isa();
+    LOOPS = !strcmp(isa, "avx512") ? &LOOPS_avx512 : !strcmp(isa, "avx2") ? &LOOPS_avx2 : &LOOPS_base;
+#endif
+}
+
+/* row_loops(): which copy of the row loops runs now, read from the table in use. */
+static PyObject *py_row_loops(PyObject *self, PyObject *args) {
+    (void)self, (void)args;
+#if ROW_LOOPS_X86
+    if (LOOPS == &LOOPS_avx512) return PyUnicode_FromString("avx512");
+    if (LOOPS == &LOOPS_avx2) return PyUnicode_FromString("avx2");
+#endif
+    return PyUnicode_FromString("portable");
+}
+
 /* -- RMSNorm ------------------------------------------------------------------------------- */
 
-VECTORIZED
-static void rms_norm_row(const float *x, const float *w, float eps, Py_ssize_t n, float *out) {
-    double lane[8] = {0};
-    Py_ssize_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) lane[l] += (double)(x[i + l] * x[i + l]);
-    double sum = ((lane[0] + lane[4]) + (lane[2] + lane[6])) +
-                 ((lane[1] + lane[5]) + (lane[3] + lane[7]));
-    for (; i < n; i++) sum += (double)(x[i] * x[i]);
-    const float mean = (float)(sum / (double)n);
-    const float scale = 1.0f / sqrtf(mean + eps);
-    if (w)
-        for (Py_ssize_t j = 0; j < n; j++) out[j] = x[j] * scale * w[j];
-    else
-        for (Py_ssize_t j = 0; j < n; j++) out[j] = x[j] * scale;
-}
 
 static PyObject *py_rms_norm(PyObject *self, PyObject *args) {
     (void)self;
@@ -209,7 +267,7 @@ static PyObject *py_rms_norm(PyObject *self, PyObject *args) {
         const int nt = threads_for(rows * n, threads);
         Py_BEGIN_ALLOW_THREADS
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-        for (Py_ssize_t i = 0; i < rows; i++) rms_norm_row(row_at(&x, i), wp, eps, n, row_at(&out, i));
+        for (Py_ssize_t i = 0; i < rows; i++) LOOPS->rms_norm_row(row_at(&x, i), wp, eps, n, row_at(&out, i));
         Py_END_ALLOW_THREADS
     }
     release(&w);
@@ -227,24 +285,6 @@ fail_x:
 
 /* -- rope ---------------------------------------------------------------------------------- */
 
-/* Pairs (x[i], x[i + half]) (neox) or (x[2i], x[2i + 1]) rotated by cos[i], sin[i]. */
-VECTORIZED
-static void rope_row(float *x, const float *cos, const float *sin, Py_ssize_t half, int neox) {
-    if (neox) {
-        float *a = x, *b = x + half;
-        for (Py_ssize_t i = 0; i < half; i++) {
-            const float u = a[i], v = b[i];
-            a[i] = u * cos[i] - v * sin[i];
-            b[i] = v * cos[i] + u * sin[i];
-        }
-    } else {
-        for (Py_ssize_t i = 0; i < half; i++) {
-            const float u = x[2 * i], v = x[2 * i + 1];
-            x[2 * i] = u * cos[i] - v * sin[i];
-            x[2 * i + 1] = v * cos[i] + u * sin[i];
-        }
-    }
-}
 
 static PyObject *py_rope(PyObject *self, PyObject *args) {
     (void)self;
@@ -283,7 +323,7 @@ static PyObject *py_rope(PyObject *self, PyObject *args) {
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
         for (Py_ssize_t i = 0; i < rows; i++) {
             const Py_ssize_t t = i / per_t;
-            rope_row(row_at(&x, i), row_at(&c, p[t]), row_at(&s, p[t]), half, neox);
+            LOOPS->rope_row(row_at(&x, i), row_at(&c, p[t]), row_at(&s, p[t]), half, neox);
         }
         Py_END_ALLOW_THREADS
     }
@@ -305,23 +345,6 @@ fail_x:
 
 /* -- gated activations --------------------------------------------------------------------- */
 
-enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
-
-VECTORIZED
-static void glu_row(const float *gate, const float *up, Py_ssize_t n, int act, float *out) {
-    if (act == ACT_SILU) {
-        for (Py_ssize_t i = 0; i < n; i++) {
-            const float g = gate[i];
-            out[i] = g / (1.0f + exp_f32(-g)) * up[i];
-        }
-    } else {
-        for (Py_ssize_t i = 0; i < n; i++) {
-            const float g = gate[i];
-            const float u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-            out[i] = g / (1.0f + exp_f32(-2.0f * u)) * up[i];
-        }
-    }
-}
 
 static PyObject *py_glu(PyObject *self, PyObject *args) {
     (void)self;
@@ -346,7 +369,7 @@ static PyObject *py_glu(PyObject *self, PyObject *args) {
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
         for (Py_ssize_t i = 0; i < rows; i++) {
             const float *g = row_at(&h, i);
-            glu_row(g, g + n, n, act, row_at(&out, i));
+            LOOPS->glu_row(g, g + n, n, act, row_at(&out, i));
         }
         Py_END_ALLOW_THREADS
     }
@@ -362,101 +385,8 @@ fail_h:
 
 /* -- attention ----------------------------------------------------------------------------- */
 
-#include "rowwise_kv.h"
-#include "rowwise_kv_avx2.h"
-#if KV_HAS_AVX2
-#include "rowwise_kv_avx512.h"
-#endif
 
-typedef struct {
-    rows_of q, k, v, out; /* k, v: a cache type's stored rows (k.n, v.n: stored widths) */
-    int kt, vt;           /* K's and V's cache types (rowwise_kv.h's KV_*) */
-    float softcap;       /* 0: none */
-    const float *slopes; /* [H] or NULL */
-    const float *sinks;  /* [H] or NULL */
-    const float *bias;   /* [H, 2 * center + 1] or NULL: a score bias by key - query position */
-    Py_ssize_t center;   /* the bias table's column for key position == query position */
-} attend_args;
 
-/* A query head's scores s [n] (key i at distance d0 - i) into softmax weights, unnormalized:
- * softcap, ALiBi slopes and the bias table applied, exp(s - max) in place; returns their
- * total (the sink's term included), a sum of 8 lanes in key order. The bias column of key i is
- * center - d0 + i, clipped to the table (its edge columns stand for every farther distance). */
-VECTORIZED
-static float attend_weights(const attend_args *A, Py_ssize_t n, Py_ssize_t d0, Py_ssize_t h,
-                            float *s) {
-    if (A->softcap != 0.0f)
-        for (Py_ssize_t i = 0; i < n; i++) s[i] = A->softcap * tanhf(s[i] / A->softcap);
-    if (A->slopes)
-        for (Py_ssize_t i = 0; i < n; i++) s[i] -= A->slopes[h] * (float)(d0 - i);
-    if (A->bias) {
-        const Py_ssize_t last = 2 * A->center;
-        const float *row = A->bias + h * (last + 1);
-        for (Py_ssize_t i = 0; i < n; i++) {
-            const Py_ssize_t c = A->center - d0 + i;
-            s[i] += row[c < 0 ? 0 : c > last ? last : c];
-        }
-    }
-    /* The largest score in 8 lanes: the same maximum, whatever order. The lanes are a
-     * vector type, not an array GCC may vectorize: it left the array's loops scalar (8
-     * vmaxss, 8 vaddss per 8 scores), a third of a prompt's weights time. */
-    float m = A->sinks ? A->sinks[h] : -INFINITY;
-    lanes8 top = m + (lanes8){0};
-    Py_ssize_t k = 0;
-    for (; k + 8 <= n; k += 8) {
-        lanes8 v;
-        LOAD_LANES8(v, s + k);
-        const mask8 more = v > top; /* s > top ? s : top, lane by lane */
-        top = (lanes8)(((mask8)v & more) | ((mask8)top & ~more));
-    }
-    for (; k < n; k++) m = s[k] > m ? s[k] : m;
-    for (int l = 0; l < 8; l++) m = top[l] > m ? top[l] : m;
-    for (Py_ssize_t i = 0; i < n; i++) s[i] = exp_f32(s[i] - m);
-    lanes8 lane = {0}; /* lane l: the weights of keys l, l + 8, ... summed in key order */
-    Py_ssize_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        lanes8 v;
-        LOAD_LANES8(v, s + i);
-        lane += v;
-    }
-    float total = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-    for (; i < n; i++) total += s[i];
-    if (A->sinks) total += exp_f32(A->sinks[h] - m);
-    return total;
-}
-
-/* One query row's head against keys [j0, j0 + n) of its KV head kvh, key i at distance
- * d0 - i from the query (query position minus key position): softmax(q k^T) v into out, the
- * scores in s [n]. Each key's score is dot_lanes, the denominator a sum of 8 lanes in key
- * order, each output element a sum in key order normalized last: the same bits whatever rows
- * or chunk the query came in. */
-VECTORIZED
-static void attend_head(const attend_args *A, const float *q, Py_ssize_t kvh, Py_ssize_t j0,
-                        Py_ssize_t n, Py_ssize_t d0, Py_ssize_t h, float *s, float *out) {
-    const Py_ssize_t hk = A->q.n, hv = A->out.n, base = kvh * A->k.b + j0;
-    const int avx2 = kv_avx2_takes(hk, hv);
-#if KV_HAS_AVX2
-    if (avx2)
-        KV_SCORES_AVX2[A->kt](q, hk, &A->k, base, n, s);
-    else
-#endif
-    {
-        const kv_rows keys = kv_rows_from(&A->k, base);
-        for (Py_ssize_t i = 0; i < n; i++) s[i] = dot_key(A->kt, q, kv_row(&keys, i), hk);
-    }
-    const float total = attend_weights(A, n, d0, h, s);
-#if KV_HAS_AVX2
-    if (avx2)
-        KV_VALUES_AVX2[A->vt](s, &A->v, base, n, hv, out);
-    else
-#endif
-    {
-        for (Py_ssize_t d = 0; d < hv; d++) out[d] = 0.0f;
-        const kv_rows values = kv_rows_from(&A->v, base);
-        for (Py_ssize_t j = 0; j < n; j++) add_value(A->vt, out, s[j], kv_row(&values, j), hv);
-    }
-    for (Py_ssize_t d = 0; d < hv; d++) out[d] /= total;
-}
 
 /* Keys attend_rows widens at a time, and the query vectors (rows x heads) it aims to share
  * each widened key among (ROWS_SHARE / g rows, at most ROWS_MOST). */
@@ -572,7 +502,7 @@ static void attend_rows(const attend_args *A, Py_ssize_t t0, Py_ssize_t R, Py_ss
     float total[R * g];
     for (Py_ssize_t u = 0; u < R; u++)
         for (Py_ssize_t v = 0; v < g; v++)
-            total[u * g + v] = attend_weights(A, hi[t0 + u] - lo[t0 + u], p[t0 + u] - lo[t0 + u],
+            total[u * g + v] = LOOPS->attend_weights(A, hi[t0 + u] - lo[t0 + u], p[t0 + u] - lo[t0 + u],
                                               h0 + v, ROW_SCORES(u, v) + (lo[t0 + u] - ulo));
     for (Py_ssize_t i0 = ulo; i0 < uhi; i0 += GROUP_WIDEN) {
         const Py_ssize_t m = uhi - i0 < GROUP_WIDEN ? uhi - i0 : GROUP_WIDEN;
@@ -758,7 +688,7 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
         for (Py_ssize_t it = 0; it < items; it++) {
             float *s = scratch + (size_t)THREAD_NUM * (size_t)per;
             const Py_ssize_t t = it / H, h = it % H;
-            attend_head(&A, row_at(&A.q, it), h / g, lo[t] - first, hi[t] - lo[t], p[t] - lo[t],
+            LOOPS->attend_head(&A, row_at(&A.q, it), h / g, lo[t] - first, hi[t] - lo[t], p[t] - lo[t],
                         h, s, row_at(&A.out, it));
         }
     }
@@ -778,10 +708,6 @@ done:
 
 /* -- exp, for tests ------------------------------------------------------------------------ */
 
-VECTORIZED
-static void exp_rows(const float *x, Py_ssize_t n, float *out) {
-    for (Py_ssize_t i = 0; i < n; i++) out[i] = exp_f32(x[i]);
-}
 
 static PyObject *py_exp(PyObject *self, PyObject *args) {
     (void)self;
@@ -798,7 +724,7 @@ static PyObject *py_exp(PyObject *self, PyObject *args) {
         release(&x);
         return NULL;
     }
-    for (Py_ssize_t i = 0; i < x.a * x.b; i++) exp_rows(row_at(&x, i), x.n, row_at(&out, i));
+    for (Py_ssize_t i = 0; i < x.a * x.b; i++) LOOPS->exp_rows(row_at(&x, i), x.n, row_at(&out, i));
     release(&out);
     release(&x);
     Py_RETURN_NONE;
@@ -824,6 +750,8 @@ static PyMethodDef METHODS[] = {
      "delta_rule(q [T,H,dk], k, v [T,H,dv], decay [T,H], beta, state [H,dk,dv] (updated), o "
      "[T,H,dv], delta, threads): the gated delta rule (delta false: decayed linear "
      "attention) token by token, in one fixed order"},
+    {"row_loops", py_row_loops, METH_NOARGS,
+     "row_loops() -> the row loops' copy in use (avx512, avx2 or portable): attend_isa's"},
     {"attend_isa", py_attend_isa, METH_VARARGS,
      "attend_isa(name=None) -> the attention loops' variant (avx512, avx2, or portable under "
      "FRINK_NATIVE_ISA=base) before `name` (for tests) is made the one used"},
@@ -836,5 +764,6 @@ static struct PyModuleDef MODULE = {
 
 PyMODINIT_FUNC PyInit__rowwise(void) {
     kv_pick_isa();
+    loops_pick();
     return PyModule_Create(&MODULE);
 }

@@ -21,44 +21,6 @@
  * weight products.
  */
 
-/* One head: T tokens of q, k (dk each), v (dv each), decay a and beta (one each) at strides
- * (floats between tokens) qs, ks, vs, gs; o's rows os apart; S [dk, dv] updated in place;
- * kS one dv-wide scratch row. */
-VECTORIZED
-static void delta_head(const float *restrict q, const float *restrict k,
-                       const float *restrict v, const float *restrict a,
-                       const float *restrict beta, Py_ssize_t qs, Py_ssize_t ks, Py_ssize_t vs,
-                       Py_ssize_t gs, Py_ssize_t T, Py_ssize_t dk, Py_ssize_t dv,
-                       float *restrict S, float *restrict o, Py_ssize_t os,
-                       float *restrict kS, int delta) {
-    for (Py_ssize_t t = 0; t < T; t++) {
-        const float *qt = q + t * qs, *kt = k + t * ks, *vt = v + t * vs;
-        const float decay = a[t * gs], b = beta[t * gs];
-        float *restrict ot = o + t * os;
-        for (Py_ssize_t j = 0; j < dv; j++) kS[j] = 0.0f;
-        for (Py_ssize_t i = 0; i < dk; i++) {
-            float *restrict Si = S + i * dv;
-            const float ki = kt[i];
-            if (delta)
-                for (Py_ssize_t j = 0; j < dv; j++) {
-                    Si[j] = Si[j] * decay;
-                    kS[j] = kS[j] + ki * Si[j];
-                }
-            else
-                for (Py_ssize_t j = 0; j < dv; j++) Si[j] = Si[j] * decay;
-        }
-        for (Py_ssize_t j = 0; j < dv; j++) kS[j] = (vt[j] - kS[j]) * b; /* now the update */
-        for (Py_ssize_t j = 0; j < dv; j++) ot[j] = 0.0f;
-        for (Py_ssize_t i = 0; i < dk; i++) {
-            float *restrict Si = S + i * dv;
-            const float ki = kt[i], qi = qt[i];
-            for (Py_ssize_t j = 0; j < dv; j++) {
-                Si[j] = Si[j] + ki * kS[j];
-                ot[j] = ot[j] + qi * Si[j];
-            }
-        }
-    }
-}
 
 /* A C-contiguous float32 array of `ndim` dims (writable when asked), its shape checked
  * against want (-1: any). */
@@ -122,7 +84,7 @@ static PyObject *py_delta_rule(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
         for (Py_ssize_t h = 0; h < H; h++)
-            delta_head(q + h * dk, k + h * dk, v + h * dv, g + h, beta + h, H * dk, H * dk,
+            LOOPS->delta_head(q + h * dk, k + h * dk, v + h * dv, g + h, beta + h, H * dk, H * dk,
                        H * dv, H, T, dk, dv, S + h * dk * dv, o + h * dv, H * dv,
                        scratch + h * dv, delta);
         Py_END_ALLOW_THREADS

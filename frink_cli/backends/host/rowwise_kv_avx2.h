@@ -306,6 +306,7 @@ static PyObject *py_attend_isa(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "attention variant %s: not runnable here", name);
         return NULL;
     }
+    loops_pick(); /* the row loops (rowwise.c) follow */
     return PyUnicode_FromString(before);
 }
 
