@@ -2,7 +2,7 @@
 compiled kernels' native_panels.h) against gguf-py and against the same weights in the
 file's order.
 
-Why: a model's Q4_K, Q4_0, Q5_0 and Q4_1 (and, with VNNI, Q8_0 and IQ4_NL) matrices are
+Why: a model's Q4_K, Q5_K, Q6_K, Q4_0, Q5_0 and Q4_1 (and, with VNNI, Q8_0 and IQ4_NL) matrices are
 repacked at load where the kernels have panel dots, so every decode and prompt product of
 such a model goes through them. They must give dequantize(q8(x)) @ dequantize(W).T as
 the file-order dots do (test_quant_kernels' bar),
@@ -28,9 +28,10 @@ from frink_cli.quant.blocks import PANEL_ROWS, QuantMatrix
 PANEL_ISAS = ("avx512", "avx2")
 # The types with a panel layout; the shapes: one panel of one unit, several panels, and a
 # real model's width (Q5_0's unit is two runs: 64 columns).
-PANEL_TYPES = (T.Q4_K, T.Q6_K, T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.IQ4_NL)
+PANEL_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.IQ4_NL)
 SHAPES = {
     T.Q4_K: ((16, 256), (48, 512), (128, 1536)),
+    T.Q5_K: ((16, 256), (48, 768), (128, 1536)),
     T.Q6_K: ((16, 256), (48, 768), (128, 1536)),
     T.Q4_0: ((16, 64), (48, 512), (128, 896)),
     T.Q4_1: ((16, 64), (48, 512), (128, 576)),
@@ -46,8 +47,8 @@ def isa(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def _serves(qtype: T, cols: int) -> None:
-    """Skip where the kernels running now have no panel dots for qtype (AVX2: Q4_K, Q4_0,
-    Q4_1, Q5_0)."""
+    """Skip where the kernels running now have no panel dots for qtype (AVX2: Q4_K, Q5_K,
+    Q6_K, Q4_0, Q4_1, Q5_0)."""
     if kernels._NATIVE is None or not kernels._NATIVE.panels_for(int(qtype), cols):
         pytest.skip(f"{kernels.kernel_path()}: no panel dots for {qtype.name}")
 
@@ -109,7 +110,9 @@ def test_panel_8bit_products_equal_rounded_x_at_dequantized(qtype: T, isa: str) 
                 np.testing.assert_array_equal(kernels.linear(x, p), got)
                 exact = x[:1].astype(np.float64) @ ref_w.T
                 rel = np.linalg.norm(got[:1] - exact) / np.linalg.norm(exact)
-                assert 1e-4 < rel < 2e-2, rel
+                # (small: a 16 x 256 Q5_K's one row reaches 2.2%, the rounded reference's
+                # own error, its mins' offsets cancelling much of the product)
+                assert 1e-4 < rel < 3e-2, rel
 
 
 @pytest.mark.parametrize("qtype", PANEL_TYPES, ids=lambda t: t.name)
@@ -157,6 +160,7 @@ def test_a_panel_product_is_the_same_bits_on_every_isa(qtype: T) -> None:
 # pairs (Q6_K: every code 63, every scale -128).
 _EXTREMES = {
     T.Q4_K: ((range(4, 144), 0xFF),),
+    T.Q5_K: ((range(4, 176), 0xFF),),
     T.Q6_K: ((range(0, 192), 0xFF), (range(192, 208), 0x80)),
     T.Q4_0: ((range(2, 18), 0xFF),),
     T.Q4_1: ((range(4, 20), 0xFF),),
@@ -211,7 +215,7 @@ def test_only_what_panels_serve_is_repacked(isa: str) -> None:
     file's order."""
     with kernels.exact_activations(False):
         for qtype, rows, cols in (
-            (T.Q5_K, 32, 256),
+            (T.Q3_K, 32, 256),
             (T.Q5_1, 32, 256),
             (T.Q4_K, 40, 256),
             (T.Q5_0, 32, 352),

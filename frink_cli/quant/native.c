@@ -161,9 +161,11 @@ static int panel_perm(int qt, uint16_t *perm) {
         }
         return PANEL_ROWS * 210;
     }
-    if (qt != QT_Q4_K) return 0;
+    if (qt != QT_Q4_K && qt != QT_Q5_K) return 0;
+    /* Q5_K: Q4_K's lines, its codes from row byte 48 (after qh), then qh's quads */
+    const int q5 = qt == QT_Q5_K, rbytes = q5 ? 176 : 144, codes = q5 ? 48 : 16;
     for (int r = 0; r < PANEL_ROWS; r++) {
-        const int row = 144 * r;
+        const int row = rbytes * r;
         for (int k = 0; k < 2; k++) perm[2 * r + k] = (uint16_t)(row + k);            /* d */
         for (int k = 0; k < 2; k++) perm[32 + 2 * r + k] = (uint16_t)(row + 2 + k);   /* dmin */
         for (int i = 0; i < 3; i++) /* the scales' dword i */
@@ -171,9 +173,11 @@ static int panel_perm(int qt, uint16_t *perm) {
         for (int c = 0; c < 4; c++) /* codes: chunk c, quad g */
             for (int g = 0; g < 8; g++)
                 for (int k = 0; k < 4; k++)
-                    perm[256 + (c * 8 + g) * 64 + 4 * r + k] = (uint16_t)(row + 16 + 32 * c + 4 * g + k);
+                    perm[256 + (c * 8 + g) * 64 + 4 * r + k] = (uint16_t)(row + codes + 32 * c + 4 * g + k);
+        for (int g = 0; q5 && g < 8; g++) /* qh quad g: its bits 2c, 2c + 1 are chunk c's fifth */
+            for (int k = 0; k < 4; k++) perm[2304 + 64 * g + 4 * r + k] = (uint16_t)(row + 16 + 4 * g + k);
     }
-    return PANEL_ROWS * 144;
+    return PANEL_ROWS * rbytes;
 }
 #define PANEL_MAX_BYTES (PANEL_ROWS * 210)
 

@@ -1,4 +1,5 @@
-/* 8-bit dots over W's rows in panels of 16 (Q4_K, Q4_0, Q5_0, Q4_1; Q8_0, IQ4_NL with VNNI):
+/* 8-bit dots over W's rows in panels of 16 (Q4_K, Q5_K, Q6_K, Q4_0, Q5_0, Q4_1; Q8_0, IQ4_NL
+ * with VNNI):
  * included by native_isa.h in the x86 regions (AVX2, AVX-512) after native_kdots.h.
  *
  * The layout (native.c panel_perm, which both ways of reading it share): a panel is 16
@@ -8,6 +9,11 @@
  *    64: the 12 bytes of 6-bit scales and mins as 3 dwords, dword i of the 16 rows together
  *   256: the codes, chunk c (64 columns) then quad g (4 bytes: columns 64c + 4g .. + 3 in
  *        the low nibbles, 64c + 32 + 4g .. + 3 in the high), the 16 rows' 4 bytes together.
+ * Q5_K (16 x 176 bytes) takes the same lines, and after them, at 2304, qh's quads (qh
+ * bytes 4g .. 4g + 3 of the 16 rows together): a code's fifth bit is bit 2c (low nibbles)
+ * or 2c + 1 (high) of its column's qh byte, and the code (0..31) is the nibble + 16 times
+ * it; the rest is Q4_K's (AVX2 widens the int16 sums every 4 quads, not 8). Q6_K has its
+ * own layout (its kernel's comment, below).
  * A panel occupies the bytes of its 16 rows of the file (row_bytes each), so the matrix
  * keeps its size and its rows' offsets at every 16.
  *
@@ -76,16 +82,17 @@ static INLINE __m512i ISA(panel_bcast)(const int8_t *p) {
 /* The panel's blocks times the N rows of x (a tile: PANEL_X; dx per row nb apart, bsp: per
  * row and block the 4 int16 pairs of run sums (Q0, Q2), (Q1, Q3), (Q4, Q6), (Q5, Q7)),
  * into y (rows ys apart). */
-#define PANEL_ROWS_N(N, ...)                                                                       \
-    static void ISA(panel_q4k_##N)(const uint8_t *pan, int nb, const int8_t *xq, const float *dx, \
-                                   const int32_t *bsp, size_t xu, float *y, size_t ys) {       \
+#define PANEL_ROWS_N(N, TYPE, UNIT, Q5)                                                            \
+    static void ISA(panel_##TYPE##_##N)(const uint8_t *pan, int nb, const int8_t *xq,         \
+                                        const float *dx, const int32_t *bsp, size_t xu, float *y, \
+                                        size_t ys) {                                           \
         __m512 acc[N];                                                                          \
         _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();      \
         const __m512i low = _mm512_set1_epi8(15), byte = _mm512_set1_epi32(0xff);               \
-        const __m512i pair = _mm512_set1_epi32(0x00ff00ff);                                     \
+        const __m512i pair = _mm512_set1_epi32(0x00ff00ff), sixteen = _mm512_set1_epi8(16);     \
         for (int b = 0; b < nb; b++) {                                                          \
-            const uint8_t *p = pan + (size_t)b * 2304;                                          \
-            for (int l = 0; l < 2304; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2);     \
+            const uint8_t *p = pan + (size_t)b * UNIT;                                          \
+            for (int l = 0; l < UNIT; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2);     \
             const __m512i a0 = _mm512_loadu_si512(p + 64), a1 = _mm512_loadu_si512(p + 128);    \
             const __m512i a2 = _mm512_loadu_si512(p + 192);                                     \
             __m512i is[N], ms[N];                                                               \
@@ -96,8 +103,13 @@ static INLINE __m512i ISA(panel_bcast)(const int8_t *p) {
                 _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) aL[t] = aH[t] = _mm512_setzero_si512(); \
                 _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++) {                           \
                     const __m512i w = _mm512_loadu_si512(p + 256 + (c * 8 + g) * 64);           \
-                    const __m512i lo = _mm512_and_si512(w, low);                                \
-                    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);          \
+                    __m512i lo = _mm512_and_si512(w, low);                                      \
+                    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);                \
+                    if (Q5) { /* qh quad g's bits 2c (lo), 2c + 1 (hi), as 16 */                \
+                        const __m512i h = _mm512_srl_epi16(_mm512_loadu_si512(p + 2304 + 64 * g), _mm_cvtsi32_si128(2 * c)); \
+                        lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h, 4), sixteen)); \
+                        hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16(h, 3), sixteen)); \
+                    }                                                                           \
                     _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                       \
                         aL[t] = _mm512_dpbusd_epi32(aL[t], lo, ISA(panel_bcast)(PANEL_X(xc, N, t, 4 * g))); \
                         aH[t] = _mm512_dpbusd_epi32(aH[t], hi, ISA(panel_bcast)(PANEL_X(xc, N, t, 32 + 4 * g))); \
@@ -340,17 +352,18 @@ static INLINE __m256i ISA(panel_bcast)(const int8_t *p) {
 /* As the AVX-512 form, a block's halves h (rows 8h .. 8h + 7) one after the other. Without VNNI a
  * run's byte products are vpmaddubsw pairs added as int16 (8 quads of 2 x 15 x 127 stay
  * under 2^15), then times the run's scale (an int16 pair (sc, sc)) by vpmaddwd. */
-#define PANEL_ROWS_N(N, ...)                                                                       \
-    static void ISA(panel_q4k_##N)(const uint8_t *pan, int nb, const int8_t *xq, const float *dx, \
-                                   const int32_t *bsp, size_t xu, float *y, size_t ys) {       \
+#define PANEL_ROWS_N(N, TYPE, UNIT, Q5)                                                            \
+    static void ISA(panel_##TYPE##_##N)(const uint8_t *pan, int nb, const int8_t *xq,         \
+                                        const float *dx, const int32_t *bsp, size_t xu, float *y, \
+                                        size_t ys) {                                           \
         const __m256i low = _mm256_set1_epi8(15), byte = _mm256_set1_epi32(0xff);               \
-        const __m256i pair = _mm256_set1_epi32(0x00ff00ff);                                     \
+        const __m256i pair = _mm256_set1_epi32(0x00ff00ff), sixteen = _mm256_set1_epi8(16);     \
         __m256 acc[2][N];                                                                       \
         for (int h = 0; h < 2; h++)                                                             \
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[h][t] = _mm256_setzero_ps(); \
         for (int b = 0; b < nb; b++) {                                                          \
-            const uint8_t *p = pan + (size_t)b * 2304;                                          \
-            for (int l = 0; l < 2304; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
+            const uint8_t *p = pan + (size_t)b * UNIT;                                          \
+            for (int l = 0; l < UNIT; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
             for (int h = 0; h < 2; h++) { /* each line of the block read in one pass */         \
                 const __m256i a0 = _mm256_loadu_si256((const __m256i *)(p + 64 + 32 * h));      \
                 const __m256i a1 = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));     \
@@ -367,13 +380,23 @@ static INLINE __m256i ISA(panel_bcast)(const int8_t *p) {
                         _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) a[t] = _mm256_setzero_si256(); \
                         _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++) {                   \
                             const __m256i w = _mm256_loadu_si256((const __m256i *)(p + 256 + (c * 8 + g) * 64 + 32 * h)); \
-                            const __m256i v = f ? _mm256_and_si256(_mm256_srli_epi16(w, 4), low) : _mm256_and_si256(w, low); \
+                            __m256i v = f ? _mm256_and_si256(_mm256_srli_epi16(w, 4), low) : _mm256_and_si256(w, low); \
+                            if (Q5) { /* qh quad g's bit 2c + f, as 16 */                       \
+                                const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 2304 + 64 * g + 32 * h)); \
+                                const __m256i hb = _mm256_slli_epi16(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c + f)), 4); \
+                                v = _mm256_or_si256(v, _mm256_and_si256(hb, sixteen));          \
+                            }                                                                   \
                             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {               \
                                 a[t] = _mm256_add_epi16(a[t], _mm256_maddubs_epi16(v, ISA(panel_bcast)(PANEL_X(xc, N, t, 32 * f + 4 * g)))); \
                                 /* each row's sum kept a chain in a register: reassociated,  \
                                  * GCC stored every product to the stack first */            \
                                 __asm__("" : "+x"(a[t]));                                       \
                             }                                                                   \
+                            if (Q5 && g == 3) /* 4 quads of 2 x 31 x 127: widened (int16) */   \
+                                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {           \
+                                    is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(a[t], s)); \
+                                    a[t] = _mm256_setzero_si256();                              \
+                                }                                                               \
                         }                                                                       \
                         _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                     \
                             is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(a[t], s));        \
@@ -596,14 +619,16 @@ PANEL_TILES(PANEL_Q6K_N, )
 
 #endif
 
-PANEL_TILES(PANEL_ROWS_N, )
+PANEL_TILES(PANEL_ROWS_N, q4k, 2304, 0)
+PANEL_TILES(PANEL_ROWS_N, q5k, 2816, 1)
 
 /* Whether panel_rows takes W's type qt (its panels' type, native.c panel_base). */
 static int ISA(panel_serves)(int qt) {
 #ifdef KD_DPBUSD
     if (qt == QT_Q8_0 || qt == QT_IQ4_NL) return 1;
 #endif
-    return qt == QT_Q4_K || qt == QT_Q6_K || qt == QT_Q4_0 || qt == QT_Q5_0 || qt == QT_Q4_1;
+    return qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_Q6_K || qt == QT_Q4_0 || qt == QT_Q5_0 ||
+           qt == QT_Q4_1;
 }
 
 /* y[t, r] = x[t] . W[r] for the rows of panels [p0, p1) of W (type qt, in panels; rb: a
@@ -636,6 +661,7 @@ static void ISA(panel_rows)(int qt, const uint8_t *w, size_t rb, size_t p0, size
             if (qt == QT_IQ4_NL) { PANEL_CALL(iq4nl, cols / 64) } else
 #endif
             if (qt == QT_Q6_K) { PANEL_CALL(q6k, cols / 256) } else
+            if (qt == QT_Q5_K) { PANEL_CALL(q5k, cols / 256) } else
             { PANEL_CALL(q4k, cols / 256) }
 #undef PANEL_CALL
         }
