@@ -1,4 +1,4 @@
-/* 8-bit dots over W's rows in panels of 16 (Q4_K, Q5_K, Q6_K, Q4_0, Q5_0, Q4_1; Q8_0, IQ4_NL
+/* 8-bit dots over W's rows in panels of 16 (Q4_K, Q5_K, Q6_K, Q4_0, Q5_0, Q4_1, IQ4_NL; Q8_0
  * with VNNI):
  * included by native_isa.h in the x86 regions (AVX2, AVX-512) after native_kdots.h.
  *
@@ -432,8 +432,8 @@ static INLINE __m256i ISA(panel_bcast)(const int8_t *p) {
  * vpmaddubsw pairs added as int16 over GROUP quads (Q5_0: 2 quads of 2 x 31 x 127, 4 x
  * 7874 under 2^15; Q4_0, Q4_1: all 4 quads of 2 x 15 x 127), widened by vpmaddwd with ones. Q5_0's
  * fifth bits: qh's byte spread to the quad's 4 bytes (vpshufb), each byte kept where its
- * own bit is set (vpcmpeqb), 16 or-ed in. No Q8_0 or IQ4_NL (their signed codes have no
- * vpmaddubsw form that pays). */
+ * own bit is set (vpcmpeqb), 16 or-ed in. No Q8_0 (its signed codes have no
+ * vpmaddubsw form that pays); IQ4_NL's levels take their own kernel (below). */
 typedef struct {
     __m256i low, sixteen, ones, pick[4], bit[2];
 } ISA(panel_consts);
@@ -536,6 +536,58 @@ PANEL_TILES(PANEL_RUNS, q50, 704, 0, 2)
 PANEL_TILES(PANEL_RUNS, q41, 640, 1, 4)
 #undef PANEL_RUNS
 
+/* IQ4_NL without VNNI (Q4_0's units): its levels are signed (-127 .. 113), and no bias
+ * keeps vpmaddubsw's pair sums under 2^15, so a quad's product is vpmaddubsw of the
+ * levels' magnitudes by x given each level's sign (vpsignb; no level is 0), each widened
+ * alone (a pair sum reaches 2 x 127 x 127). S is sum level q from zero: the AVX-512 form's
+ * integer (which starts from -128 sum q over level + 128), so the same bits. */
+#define PANEL_RUNS_SIGNED(N, TYPE, UNIT)                                                        \
+    static void ISA(panel_##TYPE##_##N)(const uint8_t *pan, int nb, const int8_t *xq,         \
+                                        const float *dx, const int32_t *bsp, size_t xu, float *y, \
+                                        size_t ys) {                                           \
+        (void)bsp;                                                                              \
+        const ISA(panel_consts) k = ISA(panel_consts_make)();                                   \
+        const __m256i lv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_LEVEL)); \
+        const __m256i av = _mm256_abs_epi8(lv);                                                 \
+        __m256 acc[2][N];                                                                       \
+        for (int h = 0; h < 2; h++)                                                             \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[h][t] = _mm256_setzero_ps(); \
+        for (int b = 0; b < nb; b++) {                                                          \
+            const uint8_t *p = pan + (size_t)b * UNIT;                                          \
+            for (int l = 0; l < UNIT; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
+            for (int h = 0; h < 2; h++)                                                         \
+                _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                           \
+                    const int8_t *xh = xq; /* (as PANEL_RUNS's) */                              \
+                    __asm__("" : "+r"(xh));                                                     \
+                    const size_t r = 2 * (size_t)b + u;                                         \
+                    const int8_t *xr = PANEL_X(xh, N, 0, 32 * r);                              \
+                    __m256i s[N];                                                               \
+                    _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) s[t] = _mm256_setzero_si256(); \
+                    _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {                       \
+                        __m256i lo, hi;                                                         \
+                        ISA(codes_nibbles)(p + 32 * h + 64 + (4 * u + g) * 64, &k, &lo, &hi);   \
+                        const __m256i sl = _mm256_shuffle_epi8(lv, lo), al = _mm256_shuffle_epi8(av, lo); \
+                        const __m256i sh = _mm256_shuffle_epi8(lv, hi), ah = _mm256_shuffle_epi8(av, hi); \
+                        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                   \
+                            const __m256i pl = _mm256_maddubs_epi16(al, _mm256_sign_epi8(ISA(panel_bcast)(PANEL_X(xr, N, t, 4 * g)), sl)); \
+                            const __m256i ph = _mm256_maddubs_epi16(ah, _mm256_sign_epi8(ISA(panel_bcast)(PANEL_X(xr, N, t, 16 + 4 * g)), sh)); \
+                            s[t] = _mm256_add_epi32(s[t], _mm256_add_epi32(_mm256_madd_epi16(pl, k.ones), \
+                                                                           _mm256_madd_epi16(ph, k.ones))); \
+                        }                                                                       \
+                    }                                                                           \
+                    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 * u + 16 * h))); \
+                    _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                       \
+                        const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(dx[t * xu + r]));     \
+                        acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), dd, acc[h][t]);   \
+                    }                                                                           \
+                }                                                                               \
+        }                                                                                       \
+        for (int h = 0; h < 2; h++)                                                             \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm256_storeu_ps(y + t * ys + 8 * h, acc[h][t]); \
+    }
+PANEL_TILES(PANEL_RUNS_SIGNED, iq4nl, 576)
+#undef PANEL_RUNS_SIGNED
+
 /* Q6_K as the AVX-512 form (its layout, codes and integers; the same f32 steps, so the same
  * bits), a block's halves h (rows 8 h .. 8 h + 7: bytes 32 h of each line, 16 h of d's)
  * one after the other. A half-run's 4 quads are vpmaddubsw pairs added as int16 two
@@ -625,10 +677,10 @@ PANEL_TILES(PANEL_ROWS_N, q5k, 2816, 1)
 /* Whether panel_rows takes W's type qt (its panels' type, native.c panel_base). */
 static int ISA(panel_serves)(int qt) {
 #ifdef KD_DPBUSD
-    if (qt == QT_Q8_0 || qt == QT_IQ4_NL) return 1;
+    if (qt == QT_Q8_0) return 1;
 #endif
     return qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_Q6_K || qt == QT_Q4_0 || qt == QT_Q5_0 ||
-           qt == QT_Q4_1;
+           qt == QT_Q4_1 || qt == QT_IQ4_NL;
 }
 
 /* y[t, r] = x[t] . W[r] for the rows of panels [p0, p1) of W (type qt, in panels; rb: a
@@ -656,9 +708,9 @@ static void ISA(panel_rows)(int qt, const uint8_t *w, size_t rb, size_t p0, size
             if (qt == QT_Q4_0) { PANEL_CALL(q40, cols / 64) } else
             if (qt == QT_Q5_0) { PANEL_CALL(q50, cols / 64) } else
             if (qt == QT_Q4_1) { PANEL_CALL(q41, cols / 64) } else
+            if (qt == QT_IQ4_NL) { PANEL_CALL(iq4nl, cols / 64) } else
 #ifdef KD_DPBUSD
             if (qt == QT_Q8_0) { PANEL_CALL(q80, cols / 64) } else
-            if (qt == QT_IQ4_NL) { PANEL_CALL(iq4nl, cols / 64) } else
 #endif
             if (qt == QT_Q6_K) { PANEL_CALL(q6k, cols / 256) } else
             if (qt == QT_Q5_K) { PANEL_CALL(q5k, cols / 256) } else
