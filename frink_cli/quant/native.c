@@ -161,6 +161,17 @@ static int panel_perm(int qt, uint16_t *perm) {
         }
         return PANEL_ROWS * 210;
     }
+    if (qt == QT_IQ4_XS) { /* a block (256 columns, 136 bytes a row): 2176 bytes */
+        for (int r = 0; r < PANEL_ROWS; r++) {
+            const int row = 136 * r;
+            for (int k = 0; k < 2; k++) perm[2 * r + k] = (uint16_t)(row + k);           /* d */
+            for (int k = 0; k < 2; k++) perm[32 + 2 * r + k] = (uint16_t)(row + 2 + k);  /* scales_h */
+            for (int k = 0; k < 4; k++) perm[64 + 4 * r + k] = (uint16_t)(row + 4 + k);  /* scales_l */
+            for (int q = 0; q < 32; q++) /* qs quad q: qs bytes 4q .. 4q + 3 */
+                for (int k = 0; k < 4; k++) perm[128 + 64 * q + 4 * r + k] = (uint16_t)(row + 8 + 4 * q + k);
+        }
+        return PANEL_ROWS * 136;
+    }
     if (qt != QT_Q4_K && qt != QT_Q5_K) return 0;
     /* Q5_K: Q4_K's lines, its codes from row byte 48 (after qh), then qh's quads */
     const int q5 = qt == QT_Q5_K, rbytes = q5 ? 176 : 144, codes = q5 ? 48 : 16;
@@ -586,7 +597,7 @@ done:
 
 /* Per row of x, the sums of q the panel dots take and each unit's dx: Q4_K, per block of
  * 256, PANEL_SUMS int32s (the int16 pairs of its runs' sums (Q0, Q2), (Q1, Q3), (Q4, Q6),
- * (Q5, Q7)); Q6_K, per block, 2 PANEL_SUMS int32s (its 16 half-runs' sums as the same pairs,
+ * (Q5, Q7)); IQ4_XS, per run, -128 times its sum, and dx per block; Q6_K, per block, 2 PANEL_SUMS int32s (its 16 half-runs' sums as the same pairs,
  * (Q0, Q2), (Q1, Q3), (Q4, Q6), ... (Q13, Q15)); Q4_1, per run, the bits of its k term's x part (s32, the f32 half(d sum q));
  * Q4_0, Q5_0, Q8_0 and IQ4_NL, per run of 32, minus the codes' offset times its sum
  * (native_panels.h). */
@@ -594,6 +605,15 @@ static void panel_sums(int qt, const int8_t *q, const float *d, const float *s32
                        int32_t *bsp, float *dx) {
     if (qt == QT_Q4_1) { /* its k term's x part: quantize_row's half(d sum q), as f32 bits */
         for (int r = 0; r < cols / 32; r++) memcpy(&bsp[r], &s32[r], 4), dx[r] = d[r];
+        return;
+    }
+    if (qt == QT_IQ4_XS) { /* per run of 32, -128 times its sum (AVX-512's biased levels); dx per block */
+        for (int r = 0; r < cols / 32; r++) {
+            int32_t Q = 0;
+            for (int i = 0; i < 32; i++) Q += q[32 * r + i];
+            bsp[r] = -128 * Q;
+        }
+        for (int b = 0; b < cols / 256; b++) dx[b] = d[8 * b];
         return;
     }
     if (qt == QT_Q4_0 || qt == QT_Q5_0 || qt == QT_Q8_0 || qt == QT_IQ4_NL) {

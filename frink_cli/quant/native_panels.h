@@ -1,5 +1,5 @@
-/* 8-bit dots over W's rows in panels of 16 (Q4_K, Q5_K, Q6_K, Q4_0, Q5_0, Q4_1, IQ4_NL; Q8_0
- * with VNNI):
+/* 8-bit dots over W's rows in panels of 16 (Q4_K, Q5_K, Q6_K, Q4_0, Q5_0, Q4_1, IQ4_NL,
+ * IQ4_XS; Q8_0 with VNNI):
  * included by native_isa.h in the x86 regions (AVX2, AVX-512) after native_kdots.h.
  *
  * The layout (native.c panel_perm, which both ways of reading it share): a panel is 16
@@ -338,6 +338,63 @@ static INLINE __m512i ISA(codes_q6k)(const uint8_t *p, int n, int m, int g, __m5
 PANEL_TILES(PANEL_Q6K_N, )
 #undef PANEL_Q6K_N
 
+/* IQ4_XS (native.c's 2176-byte panel-blocks: the 16 rows' d at 0, scales_h at 32, scales_l
+ * at 64, qs quad q at 128 + 64 q): run j's (32 columns) codes are qs quads 4j .. 4j + 3,
+ * low nibbles columns 32 j + 4 g .., high 32 j + 16 + 4 g ..; its scale s_j = (scales_l's
+ * nibble j | scales_h's bits 2j, 2j + 1 << 4) - 32. Per block, row of W and row of x:
+ * I = sum_j s_j S_j, S_j = sum level q over run j, exact; acc += I (d dx). With VNNI a
+ * code is its level plus 128 (IQ4_NL's table) and S_j starts from -128 times x's sum over
+ * the run (bsp), then times s_j (vpmulld). The AVX2 form takes the same integers. */
+static INLINE __m512i ISA(iq4xs_scale)(__m512i sl, __m512i sh, int j) {
+    const __m512i lo4 = _mm512_and_si512(_mm512_srli_epi32(sl, 4 * j), _mm512_set1_epi32(15));
+    const __m512i hi2 = _mm512_and_si512(_mm512_srli_epi32(sh, 2 * j), _mm512_set1_epi32(3));
+    return _mm512_sub_epi32(_mm512_or_si512(lo4, _mm512_slli_epi32(hi2, 4)), _mm512_set1_epi32(32));
+}
+
+#define PANEL_IQ4XS_N(N, ...)                                                                      \
+    static void ISA(panel_iq4xs_##N)(const uint8_t *pan, int nb, const int8_t *xq,            \
+                                     const float *dx, const int32_t *bsp, size_t xu, float *y, \
+                                     size_t ys) {                                              \
+        const ISA(panel_consts) k = ISA(panel_consts_make)();                                   \
+        __m512 acc[N];                                                                          \
+        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();      \
+        for (int b = 0; b < nb; b++) {                                                          \
+            const uint8_t *p = pan + (size_t)b * 2176;                                          \
+            for (int l = 0; l < 2176; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2);     \
+            const __m512i sl = _mm512_loadu_si512(p + 64);                                      \
+            const __m512i sh = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 32))); \
+            __m512i is[N];                                                                      \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) is[t] = _mm512_setzero_si512(); \
+            for (int j = 0; j < 8; j++) {                                                       \
+                const size_t r = 8 * (size_t)b + j; /* the run */                              \
+                const int8_t *xr = PANEL_X(xq, N, 0, 32 * r);                                  \
+                __m512i a[N];                                                                   \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) a[t] = _mm512_set1_epi32(bsp[t * xu + r]); \
+                _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {                           \
+                    __m512i lo, hi;                                                             \
+                    ISA(codes_nibbles)(p + 128 + (4 * j + g) * 64, &k, &lo, &hi);               \
+                    lo = _mm512_shuffle_epi8(k.iq4, lo);                                        \
+                    hi = _mm512_shuffle_epi8(k.iq4, hi);                                        \
+                    _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                       \
+                        a[t] = _mm512_dpbusd_epi32(a[t], lo, ISA(panel_bcast)(PANEL_X(xr, N, t, 4 * g))); \
+                        a[t] = _mm512_dpbusd_epi32(a[t], hi, ISA(panel_bcast)(PANEL_X(xr, N, t, 16 + 4 * g))); \
+                    }                                                                           \
+                }                                                                               \
+                const __m512i sc = ISA(iq4xs_scale)(sl, sh, j);                                 \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                             \
+                    is[t] = _mm512_add_epi32(is[t], _mm512_mullo_epi32(a[t], sc));              \
+            }                                                                                   \
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));          \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                               \
+                const __m512 x = _mm512_set1_ps(dx[(size_t)t * xu + b]);                        \
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[t]), _mm512_mul_ps(d, x), acc[t]); \
+            }                                                                                   \
+        }                                                                                       \
+        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm512_storeu_ps(y + t * ys, acc[t]); \
+    }
+PANEL_TILES(PANEL_IQ4XS_N, )
+#undef PANEL_IQ4XS_N
+
 #else /* AVX2: the panel's two halves of 8 rows, a ymm's lanes each */
 
 PANEL_SCALES(__m256i, _mm256_and_si256, _mm256_or_si256, _mm256_srli_epi32, _mm256_slli_epi32,
@@ -669,6 +726,67 @@ static INLINE __m256i ISA(codes_q6k)(const uint8_t *p, int n, int m, int g, __m2
 PANEL_TILES(PANEL_Q6K_N, )
 #undef PANEL_Q6K_N
 
+/* IQ4_XS as the AVX-512 form (its layout, integers and f32 steps: the same bits), a
+ * block's halves one after the other: a quad's product is IQ4_NL's (the levels'
+ * magnitudes by x given each level's sign), widened by vpmaddwd with the run's scale as
+ * an int16 pair (sc, sc): 2 x 127 x 127 x 32 a lane, exact. */
+static INLINE __m256i ISA(iq4xs_scale)(__m256i sl, __m256i sh, int j) {
+    const __m256i lo4 = _mm256_and_si256(_mm256_srli_epi32(sl, 4 * j), _mm256_set1_epi32(15));
+    const __m256i hi2 = _mm256_and_si256(_mm256_srli_epi32(sh, 2 * j), _mm256_set1_epi32(3));
+    const __m256i s = _mm256_sub_epi32(_mm256_or_si256(lo4, _mm256_slli_epi32(hi2, 4)), _mm256_set1_epi32(32));
+    return _mm256_or_si256(_mm256_and_si256(s, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(s, 16));
+}
+
+#define PANEL_IQ4XS_N(N, ...)                                                                      \
+    static void ISA(panel_iq4xs_##N)(const uint8_t *pan, int nb, const int8_t *xq,            \
+                                     const float *dx, const int32_t *bsp, size_t xu, float *y, \
+                                     size_t ys) {                                              \
+        (void)bsp;                                                                              \
+        const ISA(panel_consts) k = ISA(panel_consts_make)();                                   \
+        const __m256i lv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_LEVEL)); \
+        const __m256i av = _mm256_abs_epi8(lv);                                                 \
+        __m256 acc[2][N];                                                                       \
+        for (int h = 0; h < 2; h++)                                                             \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[h][t] = _mm256_setzero_ps(); \
+        for (int b = 0; b < nb; b++) {                                                          \
+            const uint8_t *p = pan + (size_t)b * 2176;                                          \
+            for (int l = 0; l < 2176; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
+            for (int h = 0; h < 2; h++) {                                                       \
+                const __m256i sl = _mm256_loadu_si256((const __m256i *)(p + 64 + 32 * h));      \
+                const __m256i sh = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * h))); \
+                const int8_t *xh = xq; /* (as PANEL_RUNS's) */                                  \
+                __asm__("" : "+r"(xh));                                                         \
+                __m256i is[N];                                                                  \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) is[t] = _mm256_setzero_si256(); \
+                for (int j = 0; j < 8; j++) {                                                   \
+                    const int8_t *xr = PANEL_X(xh, N, 0, 256 * (size_t)b + 32 * j);            \
+                    const __m256i sc = ISA(iq4xs_scale)(sl, sh, j);                             \
+                    _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {                       \
+                        __m256i lo, hi;                                                         \
+                        ISA(codes_nibbles)(p + 32 * h + 128 + (4 * j + g) * 64, &k, &lo, &hi);  \
+                        const __m256i sl8 = _mm256_shuffle_epi8(lv, lo), al = _mm256_shuffle_epi8(av, lo); \
+                        const __m256i sh8 = _mm256_shuffle_epi8(lv, hi), ah = _mm256_shuffle_epi8(av, hi); \
+                        _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                   \
+                            const __m256i pl = _mm256_maddubs_epi16(al, _mm256_sign_epi8(ISA(panel_bcast)(PANEL_X(xr, N, t, 4 * g)), sl8)); \
+                            const __m256i ph = _mm256_maddubs_epi16(ah, _mm256_sign_epi8(ISA(panel_bcast)(PANEL_X(xr, N, t, 16 + 4 * g)), sh8)); \
+                            is[t] = _mm256_add_epi32(is[t], _mm256_add_epi32(_mm256_madd_epi16(pl, sc), \
+                                                                             _mm256_madd_epi16(ph, sc))); \
+                        }                                                                       \
+                    }                                                                           \
+                }                                                                               \
+                const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * h))); \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                           \
+                    const __m256 x = _mm256_set1_ps(dx[(size_t)t * xu + b]);                    \
+                    acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), _mm256_mul_ps(d, x), acc[h][t]); \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+        for (int h = 0; h < 2; h++)                                                             \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm256_storeu_ps(y + t * ys + 8 * h, acc[h][t]); \
+    }
+PANEL_TILES(PANEL_IQ4XS_N, )
+#undef PANEL_IQ4XS_N
+
 #endif
 
 PANEL_TILES(PANEL_ROWS_N, q4k, 2304, 0)
@@ -680,7 +798,7 @@ static int ISA(panel_serves)(int qt) {
     if (qt == QT_Q8_0) return 1;
 #endif
     return qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_Q6_K || qt == QT_Q4_0 || qt == QT_Q5_0 ||
-           qt == QT_Q4_1 || qt == QT_IQ4_NL;
+           qt == QT_Q4_1 || qt == QT_IQ4_NL || qt == QT_IQ4_XS;
 }
 
 /* y[t, r] = x[t] . W[r] for the rows of panels [p0, p1) of W (type qt, in panels; rb: a
@@ -709,6 +827,7 @@ static void ISA(panel_rows)(int qt, const uint8_t *w, size_t rb, size_t p0, size
             if (qt == QT_Q5_0) { PANEL_CALL(q50, cols / 64) } else
             if (qt == QT_Q4_1) { PANEL_CALL(q41, cols / 64) } else
             if (qt == QT_IQ4_NL) { PANEL_CALL(iq4nl, cols / 64) } else
+            if (qt == QT_IQ4_XS) { PANEL_CALL(iq4xs, cols / 256) } else
 #ifdef KD_DPBUSD
             if (qt == QT_Q8_0) { PANEL_CALL(q80, cols / 64) } else
 #endif
