@@ -1,5 +1,5 @@
-/* 8-bit dots over W's rows in panels of 16 (Q4_K, Q5_K, Q6_K, Q4_0, Q5_0, Q4_1, IQ4_NL,
- * IQ4_XS; Q8_0 with VNNI):
+/* 8-bit dots over W's rows in panels of 16 (Q4_K, Q5_K, Q6_K, Q3_K, Q4_0, Q5_0, Q4_1,
+ * IQ4_NL, IQ4_XS; Q8_0 with VNNI):
  * included by native_isa.h in the x86 regions (AVX2, AVX-512) after native_kdots.h.
  *
  * The layout (native.c panel_perm, which both ways of reading it share): a panel is 16
@@ -283,22 +283,54 @@ static INLINE __m512i ISA(codes_q6k)(const uint8_t *p, int n, int m, int g, __m5
     const __m512i h = m == 0 ? _mm512_slli_epi16(qh, 4) : m == 1 ? _mm512_slli_epi16(qh, 2) : m == 2 ? qh : _mm512_srli_epi16(qh, 2);
     return _mm512_or_si512(l4, _mm512_and_si512(h, top));
 }
+/* Q6_K's signed scales: line i (scales 4i .. 4i + 3 of each row, a dword a row) as stored. */
+static INLINE void ISA(scales_q6k)(const uint8_t *p, __m512i line[4]) {
+    for (int i = 0; i < 4; i++) line[i] = _mm512_loadu_si512(p + 3072 + 64 * i);
+}
 
-#define PANEL_Q6K_N(N, ...)                                                                        \
-    static void ISA(panel_q6k_##N)(const uint8_t *pan, int nb, const int8_t *xq, const float *dx, \
-                                   const int32_t *bsp, size_t xu, float *y, size_t ys) {       \
+/* Q3_K (native.c's 1760-byte panel-blocks: hmask quad g's 16 rows at 64 g, qs quad q's at
+ * 512 + 64 q, the 12 scale bytes' dwords at 1536 + 64 i, d at 1728). Column 128 n + 32 m +
+ * 4 g + k has code (qs quad 8 n + g >> 2m & 3) + 4 (hmask quad g's bit 4n + m), 0..7, and
+ * weight d s (code - 4); half-run j's scale s = six bits (ggml's packing) - 32. */
+static INLINE __m512i ISA(codes_q3k)(const uint8_t *p, int n, int m, int g, __m512i low, __m512i top) {
+    (void)low, (void)top;
+    const __m512i q = _mm512_loadu_si512(p + 512 + 64 * (8 * n + g));
+    const __m512i hm = _mm512_loadu_si512(p + 64 * g);
+    const __m512i l2 = _mm512_and_si512(_mm512_srli_epi16(q, 2 * m), _mm512_set1_epi8(3));
+    const __m512i h = _mm512_and_si512(_mm512_srli_epi16(hm, 4 * n + m), _mm512_set1_epi8(1));
+    return _mm512_or_si512(l2, _mm512_slli_epi16(h, 2));
+}
+/* Q3_K's scales as Q6_K's lines: scale 4i + k in byte k of each row's dword, less 32. */
+static INLINE void ISA(scales_q3k)(const uint8_t *p, __m512i line[4]) {
+    const __m512i d0 = _mm512_loadu_si512(p + 1536), d1 = _mm512_loadu_si512(p + 1600);
+    const __m512i d2 = _mm512_loadu_si512(p + 1664), nib = _mm512_set1_epi8(15);
+    for (int i = 0; i < 4; i++) {
+        const __m512i lo = i < 2 ? (i ? d1 : d0) : _mm512_srli_epi32(i == 3 ? d1 : d0, 4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(d2, 2 * i), _mm512_set1_epi8(3));
+        line[i] = _mm512_sub_epi8(_mm512_or_si512(_mm512_and_si512(lo, nib), _mm512_slli_epi32(hi, 4)),
+                                  _mm512_set1_epi8(32));
+    }
+}
+
+/* The types with a signed scale per 16 columns (half-runs) and a code offset 2^SHIFT
+ * (Q6_K: 32; Q3_K: 4), UNIT bytes a panel-block, its d at DOFF: codes_TYPE, scales_TYPE. */
+#define PANEL_BY16_N(N, TYPE, UNIT, SHIFT, DOFF)                                                   \
+    static void ISA(panel_##TYPE##_##N)(const uint8_t *pan, int nb, const int8_t *xq,         \
+                                        const float *dx, const int32_t *bsp, size_t xu, float *y, \
+                                        size_t ys) {                                           \
         const __m512i low = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);                \
         __m512 acc[N];                                                                          \
         _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();      \
         for (int b = 0; b < nb; b++) {                                                          \
-            const uint8_t *p = pan + (size_t)b * 3360;                                          \
-            for (int l = 0; l < 3360; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2);     \
-            __m512i is[N]; /* from -32 sum_j sc_j Q_j: the scales as int16 pairs by x's pairs */ \
+            const uint8_t *p = pan + (size_t)b * UNIT;                                          \
+            for (int l = 0; l < UNIT; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2);     \
+            __m512i line[4];                                                                    \
+            ISA(scales_##TYPE)(p, line);                                                        \
+            __m512i is[N]; /* from -2^SHIFT sum_j sc_j Q_j: the scales as int16 pairs by x's */ \
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) is[t] = _mm512_setzero_si512(); \
             _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {                               \
-                const __m512i sd = _mm512_loadu_si512(p + 3072 + 64 * i);                       \
-                const __m512i e02 = _mm512_srai_epi16(_mm512_slli_epi16(sd, 8), 8);             \
-                const __m512i e13 = _mm512_srai_epi16(sd, 8);                                   \
+                const __m512i e02 = _mm512_srai_epi16(_mm512_slli_epi16(line[i], 8), 8);        \
+                const __m512i e13 = _mm512_srai_epi16(line[i], 8);                              \
                 _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                           \
                     const int32_t *s = bsp + (size_t)t * xu + (size_t)b * 2 * PANEL_SUMS + 2 * i; \
                     is[t] = _mm512_add_epi32(is[t], _mm512_madd_epi16(e02, _mm512_set1_epi32(s[0]))); \
@@ -306,7 +338,7 @@ static INLINE __m512i ISA(codes_q6k)(const uint8_t *p, int n, int m, int g, __m5
                 }                                                                               \
             }                                                                                   \
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                 \
-                is[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(is[t], 5));  \
+                is[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(is[t], SHIFT)); \
             for (int n = 0; n < 2; n++)                                                         \
                 _Pragma("GCC unroll 4") for (int m = 0; m < 4; m++)                             \
                     _Pragma("GCC unroll 2") for (int f = 0; f < 2; f++) { /* half-run j */     \
@@ -314,20 +346,19 @@ static INLINE __m512i ISA(codes_q6k)(const uint8_t *p, int n, int m, int g, __m5
                         /* each half-run's codes made in it: hoisted, GCC kept them on the stack */ \
                         const uint8_t *pj = p;                                                  \
                         __asm__("" : "+r"(pj));                                                 \
-                        const __m512i sd = _mm512_loadu_si512(pj + 3072 + 64 * (j / 4));       \
-                        const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(sd, 24 - 8 * (j % 4)), 24); \
+                        const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(line[j / 4], 24 - 8 * (j % 4)), 24); \
                         const int8_t *xc = PANEL_X(xq, N, 0, b * 256 + 128 * n + 32 * m);     \
                         __m512i a[N];                                                           \
                         _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) a[t] = _mm512_setzero_si512(); \
                         _Pragma("GCC unroll 4") for (int g = 4 * f; g < 4 * f + 4; g++) {       \
-                            const __m512i c = ISA(codes_q6k)(pj, n, m, g, low, top);            \
+                            const __m512i c = ISA(codes_##TYPE)(pj, n, m, g, low, top);         \
                             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                 \
                                 a[t] = _mm512_dpbusd_epi32(a[t], c, ISA(panel_bcast)(PANEL_X(xc, N, t, 4 * g))); \
                         }                                                                       \
                         _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                     \
                             is[t] = _mm512_add_epi32(is[t], _mm512_mullo_epi32(a[t], sc));      \
                     }                                                                           \
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 3328))); \
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + DOFF))); \
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                               \
                 const __m512 x = _mm512_set1_ps(dx[(size_t)t * xu + b]);                        \
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[t]), _mm512_mul_ps(d, x), acc[t]); \
@@ -335,8 +366,9 @@ static INLINE __m512i ISA(codes_q6k)(const uint8_t *p, int n, int m, int g, __m5
         }                                                                                       \
         _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm512_storeu_ps(y + t * ys, acc[t]); \
     }
-PANEL_TILES(PANEL_Q6K_N, )
-#undef PANEL_Q6K_N
+PANEL_TILES(PANEL_BY16_N, q6k, 3360, 5, 3328)
+PANEL_TILES(PANEL_BY16_N, q3k, 1760, 2, 1728)
+#undef PANEL_BY16_N
 
 /* IQ4_XS (native.c's 2176-byte panel-blocks: the 16 rows' d at 0, scales_h at 32, scales_l
  * at 64, qs quad q at 128 + 64 q): run j's (32 columns) codes are qs quads 4j .. 4j + 3,
@@ -657,10 +689,38 @@ static INLINE __m256i ISA(codes_q6k)(const uint8_t *p, int n, int m, int g, __m2
     const __m256i h = m == 0 ? _mm256_slli_epi16(qh, 4) : m == 1 ? _mm256_slli_epi16(qh, 2) : m == 2 ? qh : _mm256_srli_epi16(qh, 2);
     return _mm256_or_si256(l4, _mm256_and_si256(h, top));
 }
+static INLINE void ISA(scales_q6k)(const uint8_t *p, __m256i line[4]) {
+    for (int i = 0; i < 4; i++) line[i] = _mm256_loadu_si256((const __m256i *)(p + 3072 + 64 * i));
+}
+static INLINE __m256i ISA(codes_q3k)(const uint8_t *p, int n, int m, int g, __m256i low, __m256i top) {
+    (void)low, (void)top;
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(p + 512 + 64 * (8 * n + g)));
+    const __m256i hm = _mm256_loadu_si256((const __m256i *)(p + 64 * g));
+    const __m256i l2 = _mm256_and_si256(_mm256_srli_epi16(q, 2 * m), _mm256_set1_epi8(3));
+    const __m256i h = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * n + m), _mm256_set1_epi8(1));
+    return _mm256_or_si256(l2, _mm256_slli_epi16(h, 2));
+}
+static INLINE void ISA(scales_q3k)(const uint8_t *p, __m256i line[4]) {
+    const __m256i d0 = _mm256_loadu_si256((const __m256i *)(p + 1536));
+    const __m256i d1 = _mm256_loadu_si256((const __m256i *)(p + 1600));
+    const __m256i d2 = _mm256_loadu_si256((const __m256i *)(p + 1664)), nib = _mm256_set1_epi8(15);
+    for (int i = 0; i < 4; i++) {
+        const __m256i lo = i < 2 ? (i ? d1 : d0) : _mm256_srli_epi32(i == 3 ? d1 : d0, 4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(d2, 2 * i), _mm256_set1_epi8(3));
+        line[i] = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(lo, nib), _mm256_slli_epi32(hi, 4)),
+                                  _mm256_set1_epi8(32));
+    }
+}
 
-#define PANEL_Q6K_N(N, ...)                                                                        \
-    static void ISA(panel_q6k_##N)(const uint8_t *pan, int nb, const int8_t *xq, const float *dx, \
-                                   const int32_t *bsp, size_t xu, float *y, size_t ys) {       \
+/* The by-16 types as the AVX-512 form (their layouts, codes and integers; the same f32
+ * steps, so the same bits), a block's halves h (rows 8 h .. 8 h + 7: bytes 32 h of each
+ * line, 16 h of d's) one after the other. A half-run's 4 quads are vpmaddubsw pairs added
+ * as int16 GROUP quads at a time (Q6_K 2: 2 x 2 x 63 x 127 under 2^15; Q3_K all 4 of 2 x
+ * 7 x 127), times the scale (an int16 pair (sc, sc)) by vpmaddwd. */
+#define PANEL_BY16_N(N, TYPE, UNIT, SHIFT, DOFF, GROUP)                                            \
+    static void ISA(panel_##TYPE##_##N)(const uint8_t *pan, int nb, const int8_t *xq,         \
+                                        const float *dx, const int32_t *bsp, size_t xu, float *y, \
+                                        size_t ys) {                                           \
         const __m256i low = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);                \
         /* (sc, sc) from a dword's sign-extended int16 pairs: word 0 or word 1 of each */      \
         const __m256i pick0 = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, \
@@ -670,19 +730,20 @@ static INLINE __m256i ISA(codes_q6k)(const uint8_t *p, int n, int m, int g, __m2
         for (int h = 0; h < 2; h++)                                                             \
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[h][t] = _mm256_setzero_ps(); \
         for (int b = 0; b < nb; b++) {                                                          \
-            const uint8_t *p = pan + (size_t)b * 3360;                                          \
-            for (int l = 0; l < 3360; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2);     \
+            const uint8_t *p = pan + (size_t)b * UNIT;                                          \
+            for (int l = 0; l < UNIT; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2);     \
             for (int h = 0; h < 2; h++) {                                                       \
                 const uint8_t *ph = p + 32 * h;                                                 \
                 /* x's broadcasts made again for each half (as PANEL_RUNS's) */                \
                 const int8_t *xh = xq;                                                          \
                 __asm__("" : "+r"(xh));                                                         \
+                __m256i line[4];                                                                \
+                ISA(scales_##TYPE)(ph, line);                                                   \
                 __m256i is[N];                                                                  \
                 _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) is[t] = _mm256_setzero_si256(); \
                 _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {                           \
-                    const __m256i sd = _mm256_loadu_si256((const __m256i *)(ph + 3072 + 64 * i)); \
-                    const __m256i e02 = _mm256_srai_epi16(_mm256_slli_epi16(sd, 8), 8);         \
-                    const __m256i e13 = _mm256_srai_epi16(sd, 8);                               \
+                    const __m256i e02 = _mm256_srai_epi16(_mm256_slli_epi16(line[i], 8), 8);    \
+                    const __m256i e13 = _mm256_srai_epi16(line[i], 8);                          \
                     _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                       \
                         const int32_t *s = bsp + (size_t)t * xu + (size_t)b * 2 * PANEL_SUMS + 2 * i; \
                         is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(e02, _mm256_set1_epi32(s[0]))); \
@@ -690,30 +751,30 @@ static INLINE __m256i ISA(codes_q6k)(const uint8_t *p, int n, int m, int g, __m2
                     }                                                                           \
                 }                                                                               \
                 _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                             \
-                    is[t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(is[t], 5)); \
+                    is[t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(is[t], SHIFT)); \
                 for (int n = 0; n < 2; n++)                                                     \
                     _Pragma("GCC unroll 4") for (int m = 0; m < 4; m++)                         \
                         _Pragma("GCC unroll 2") for (int f = 0; f < 2; f++) { /* half-run j */ \
                             const int j = 8 * n + 2 * m + f;                                    \
                             const uint8_t *pj = ph; /* (as the AVX-512 form's) */              \
                             __asm__("" : "+r"(pj));                                             \
-                            const __m256i sd = _mm256_loadu_si256((const __m256i *)(pj + 3072 + 64 * (j / 4))); \
-                            const __m256i e = j % 2 ? _mm256_srai_epi16(sd, 8)                  \
-                                                    : _mm256_srai_epi16(_mm256_slli_epi16(sd, 8), 8); \
+                            const __m256i e = j % 2 ? _mm256_srai_epi16(line[j / 4], 8)         \
+                                                    : _mm256_srai_epi16(_mm256_slli_epi16(line[j / 4], 8), 8); \
                             const __m256i sc = _mm256_shuffle_epi8(e, j % 4 >= 2 ? pick1 : pick0); \
                             const int8_t *xc = PANEL_X(xh, N, 0, b * 256 + 128 * n + 32 * m);   \
-                            _Pragma("GCC unroll 2") for (int g = 4 * f; g < 4 * f + 4; g += 2) { \
-                                const __m256i c0 = ISA(codes_q6k)(pj, n, m, g, low, top);       \
-                                const __m256i c1 = ISA(codes_q6k)(pj, n, m, g + 1, low, top);   \
+                            _Pragma("GCC unroll 2") for (int g0 = 4 * f; g0 < 4 * f + 4; g0 += GROUP) { \
+                                __m256i c[GROUP];                                               \
+                                _Pragma("GCC unroll 4") for (int g = 0; g < GROUP; g++)         \
+                                    c[g] = ISA(codes_##TYPE)(pj, n, m, g0 + g, low, top);       \
                                 _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {           \
-                                    const __m256i s16 = _mm256_add_epi16(                       \
-                                        _mm256_maddubs_epi16(c0, ISA(panel_bcast)(PANEL_X(xc, N, t, 4 * g))), \
-                                        _mm256_maddubs_epi16(c1, ISA(panel_bcast)(PANEL_X(xc, N, t, 4 * g + 4)))); \
+                                    __m256i s16 = _mm256_maddubs_epi16(c[0], ISA(panel_bcast)(PANEL_X(xc, N, t, 4 * g0))); \
+                                    _Pragma("GCC unroll 4") for (int g = 1; g < GROUP; g++)     \
+                                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(c[g], ISA(panel_bcast)(PANEL_X(xc, N, t, 4 * (g0 + g))))); \
                                     is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(s16, sc)); \
                                 }                                                               \
                             }                                                                   \
                         }                                                                       \
-                const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 3328 + 16 * h))); \
+                const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + DOFF + 16 * h))); \
                 _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                           \
                     const __m256 x = _mm256_set1_ps(dx[(size_t)t * xu + b]);                    \
                     acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), _mm256_mul_ps(d, x), acc[h][t]); \
@@ -723,8 +784,9 @@ static INLINE __m256i ISA(codes_q6k)(const uint8_t *p, int n, int m, int g, __m2
         for (int h = 0; h < 2; h++)                                                             \
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm256_storeu_ps(y + t * ys + 8 * h, acc[h][t]); \
     }
-PANEL_TILES(PANEL_Q6K_N, )
-#undef PANEL_Q6K_N
+PANEL_TILES(PANEL_BY16_N, q6k, 3360, 5, 3328, 2)
+PANEL_TILES(PANEL_BY16_N, q3k, 1760, 2, 1728, 4)
+#undef PANEL_BY16_N
 
 /* IQ4_XS as the AVX-512 form (its layout, integers and f32 steps: the same bits), a
  * block's halves one after the other: a quad's product is IQ4_NL's (the levels'
@@ -797,7 +859,8 @@ static int ISA(panel_serves)(int qt) {
 #ifdef KD_DPBUSD
     if (qt == QT_Q8_0) return 1;
 #endif
-    return qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_Q6_K || qt == QT_Q4_0 || qt == QT_Q5_0 ||
+    return qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_Q6_K || qt == QT_Q3_K || qt == QT_Q4_0 ||
+           qt == QT_Q5_0 ||
            qt == QT_Q4_1 || qt == QT_IQ4_NL || qt == QT_IQ4_XS;
 }
 
@@ -832,6 +895,7 @@ static void ISA(panel_rows)(int qt, const uint8_t *w, size_t rb, size_t p0, size
             if (qt == QT_Q8_0) { PANEL_CALL(q80, cols / 64) } else
 #endif
             if (qt == QT_Q6_K) { PANEL_CALL(q6k, cols / 256) } else
+            if (qt == QT_Q3_K) { PANEL_CALL(q3k, cols / 256) } else
             if (qt == QT_Q5_K) { PANEL_CALL(q5k, cols / 256) } else
             { PANEL_CALL(q4k, cols / 256) }
 #undef PANEL_CALL
