@@ -2,8 +2,8 @@
 compiled kernels' native_panels.h) against gguf-py and against the same weights in the
 file's order.
 
-Why: a model's Q4_K, Q5_K, Q6_K, Q3_K, Q4_0, Q5_0, Q4_1, IQ4_NL and IQ4_XS (and, with VNNI,
-Q8_0) matrices are repacked at load where the kernels have panel dots, so every decode and
+Why: a model's Q2_K .. Q6_K, Q4_0, Q5_0, Q4_1, IQ4_NL and IQ4_XS (and, with VNNI, Q8_0)
+matrices are repacked at load where the kernels have panel dots, so every decode and
 prompt product of such a model goes through them. They must give dequantize(q8(x)) @
 dequantize(W).T as the file-order dots do (test_quant_kernels' bar), keep a row's bits
 whatever rows share its step, and every other reader of the matrix
@@ -28,12 +28,25 @@ from frink_cli.quant.blocks import PANEL_ROWS, QuantMatrix
 PANEL_ISAS = ("avx512", "avx2")
 # The types with a panel layout; the shapes: one panel of one unit, several panels, and a
 # real model's width (Q5_0's unit is two runs: 64 columns).
-PANEL_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q3_K, T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.IQ4_NL, T.IQ4_XS)
+PANEL_TYPES = (
+    T.Q4_K,
+    T.Q5_K,
+    T.Q6_K,
+    T.Q3_K,
+    T.Q2_K,
+    T.Q4_0,
+    T.Q4_1,
+    T.Q5_0,
+    T.Q8_0,
+    T.IQ4_NL,
+    T.IQ4_XS,
+)
 SHAPES = {
     T.Q4_K: ((16, 256), (48, 512), (128, 1536)),
     T.Q5_K: ((16, 256), (48, 768), (128, 1536)),
     T.Q6_K: ((16, 256), (48, 768), (128, 1536)),
     T.Q3_K: ((16, 256), (48, 768), (128, 1536)),
+    T.Q2_K: ((16, 256), (48, 768), (128, 1536)),
     T.Q4_0: ((16, 64), (48, 512), (128, 896)),
     T.Q4_1: ((16, 64), (48, 512), (128, 576)),
     T.Q5_0: ((16, 64), (48, 512), (128, 896)),
@@ -157,14 +170,15 @@ def test_a_panel_product_is_the_same_bits_on_every_isa(qtype: T) -> None:
 
 # Per type, the bytes that set every code and scale at its largest magnitude, as (bytes,
 # value) pairs: Q4_K 15 with every 6-bit scale and min 63; Q5_K 31 likewise; Q6_K 63, every
-# scale -128; Q3_K 7 (its hmask bits set), every scale -32; Q4_0, Q4_1 15; Q5_0 31 (every
-# nibble and fifth bit set); Q8_0 127; IQ4_NL's level -127 (nibble 0); IQ4_XS's too, every
-# scale -32.
+# scale -128; Q3_K 7 (its hmask bits set), every scale -32; Q2_K 3, every scale and min 15;
+# Q4_0, Q4_1 15; Q5_0 31 (every nibble and fifth bit set); Q8_0 127; IQ4_NL's level -127
+# (nibble 0); IQ4_XS's too, every scale -32.
 _EXTREMES = {
     T.Q4_K: ((range(4, 144), 0xFF),),
     T.Q5_K: ((range(4, 176), 0xFF),),
     T.Q6_K: ((range(0, 192), 0xFF), (range(192, 208), 0x80)),
     T.Q3_K: ((range(0, 96), 0xFF), (range(96, 108), 0x00)),
+    T.Q2_K: ((range(0, 80), 0xFF),),
     T.Q4_0: ((range(2, 18), 0xFF),),
     T.Q4_1: ((range(4, 20), 0xFF),),
     T.Q5_0: ((range(2, 22), 0xFF),),
@@ -219,7 +233,6 @@ def test_only_what_panels_serve_is_repacked(isa: str) -> None:
     file's order."""
     with kernels.exact_activations(False):
         for qtype, rows, cols in (
-            (T.Q2_K, 32, 256),
             (T.Q5_1, 32, 256),
             (T.Q4_K, 40, 256),
             (T.Q5_0, 32, 352),

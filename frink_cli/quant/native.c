@@ -161,6 +161,18 @@ static int panel_perm(int qt, uint16_t *perm) {
         }
         return PANEL_ROWS * 210;
     }
+    if (qt == QT_Q2_K) { /* a block (256 columns, 84 bytes a row): 1344 bytes */
+        for (int r = 0; r < PANEL_ROWS; r++) {
+            const int row = 84 * r;
+            for (int q = 0; q < 16; q++) /* qs quad q */
+                for (int k = 0; k < 4; k++) perm[64 * q + 4 * r + k] = (uint16_t)(row + 16 + 4 * q + k);
+            for (int i = 0; i < 4; i++) /* the scale bytes' dword i */
+                for (int k = 0; k < 4; k++) perm[1024 + 64 * i + 4 * r + k] = (uint16_t)(row + 4 * i + k);
+            for (int k = 0; k < 2; k++) perm[1280 + 2 * r + k] = (uint16_t)(row + 80 + k); /* d */
+            for (int k = 0; k < 2; k++) perm[1312 + 2 * r + k] = (uint16_t)(row + 82 + k); /* dmin */
+        }
+        return PANEL_ROWS * 84;
+    }
     if (qt == QT_Q3_K) { /* a block (256 columns, 110 bytes a row): 1760 bytes */
         for (int r = 0; r < PANEL_ROWS; r++) {
             const int row = 110 * r;
@@ -610,7 +622,7 @@ done:
 
 /* Per row of x, the sums of q the panel dots take and each unit's dx: Q4_K, per block of
  * 256, PANEL_SUMS int32s (the int16 pairs of its runs' sums (Q0, Q2), (Q1, Q3), (Q4, Q6),
- * (Q5, Q7)); IQ4_XS, per run, -128 times its sum, and dx per block; Q6_K and Q3_K, per block, 2 PANEL_SUMS int32s (its 16 half-runs' sums as the same pairs,
+ * (Q5, Q7)); IQ4_XS, per run, -128 times its sum, and dx per block; Q6_K, Q3_K and Q2_K, per block, 2 PANEL_SUMS int32s (its 16 half-runs' sums as the same pairs,
  * (Q0, Q2), (Q1, Q3), (Q4, Q6), ... (Q13, Q15)); Q4_1, per run, the bits of its k term's x part (s32, the f32 half(d sum q));
  * Q4_0, Q5_0, Q8_0 and IQ4_NL, per run of 32, minus the codes' offset times its sum
  * (native_panels.h). */
@@ -639,7 +651,7 @@ static void panel_sums(int qt, const int8_t *q, const float *d, const float *s32
         }
         return;
     }
-    if (qt == QT_Q6_K || qt == QT_Q3_K) { /* per block, its 16 half-runs' sums as Q4_K's pairs, 8 int32s */
+    if (qt == QT_Q6_K || qt == QT_Q3_K || qt == QT_Q2_K) { /* per block, its 16 half-runs' sums paired, 8 int32s */
         for (int b = 0; b < cols / 256; b++) {
             int32_t Q[16];
             for (int j = 0; j < 16; j++) {

@@ -1,5 +1,5 @@
-/* 8-bit dots over W's rows in panels of 16 (Q4_K, Q5_K, Q6_K, Q3_K, Q4_0, Q5_0, Q4_1,
- * IQ4_NL, IQ4_XS; Q8_0 with VNNI):
+/* 8-bit dots over W's rows in panels of 16 (Q2_K .. Q6_K, Q4_0, Q5_0, Q4_1, IQ4_NL,
+ * IQ4_XS; Q8_0 with VNNI):
  * included by native_isa.h in the x86 regions (AVX2, AVX-512) after native_kdots.h.
  *
  * The layout (native.c panel_perm, which both ways of reading it share): a panel is 16
@@ -283,8 +283,10 @@ static INLINE __m512i ISA(codes_q6k)(const uint8_t *p, int n, int m, int g, __m5
     const __m512i h = m == 0 ? _mm512_slli_epi16(qh, 4) : m == 1 ? _mm512_slli_epi16(qh, 2) : m == 2 ? qh : _mm512_srli_epi16(qh, 2);
     return _mm512_or_si512(l4, _mm512_and_si512(h, top));
 }
-/* Q6_K's signed scales: line i (scales 4i .. 4i + 3 of each row, a dword a row) as stored. */
-static INLINE void ISA(scales_q6k)(const uint8_t *p, __m512i line[4]) {
+/* Q6_K's signed scales: line i (scales 4i .. 4i + 3 of each row, a dword a row) as stored
+ * (no mins: mine untouched). */
+static INLINE void ISA(scales_q6k)(const uint8_t *p, __m512i line[4], __m512i mine[4]) {
+    (void)mine;
     for (int i = 0; i < 4; i++) line[i] = _mm512_loadu_si512(p + 3072 + 64 * i);
 }
 
@@ -301,7 +303,8 @@ static INLINE __m512i ISA(codes_q3k)(const uint8_t *p, int n, int m, int g, __m5
     return _mm512_or_si512(l2, _mm512_slli_epi16(h, 2));
 }
 /* Q3_K's scales as Q6_K's lines: scale 4i + k in byte k of each row's dword, less 32. */
-static INLINE void ISA(scales_q3k)(const uint8_t *p, __m512i line[4]) {
+static INLINE void ISA(scales_q3k)(const uint8_t *p, __m512i line[4], __m512i mine[4]) {
+    (void)mine;
     const __m512i d0 = _mm512_loadu_si512(p + 1536), d1 = _mm512_loadu_si512(p + 1600);
     const __m512i d2 = _mm512_loadu_si512(p + 1664), nib = _mm512_set1_epi8(15);
     for (int i = 0; i < 4; i++) {
@@ -312,9 +315,28 @@ static INLINE void ISA(scales_q3k)(const uint8_t *p, __m512i line[4]) {
     }
 }
 
-/* The types with a signed scale per 16 columns (half-runs) and a code offset 2^SHIFT
- * (Q6_K: 32; Q3_K: 4), UNIT bytes a panel-block, its d at DOFF: codes_TYPE, scales_TYPE. */
-#define PANEL_BY16_N(N, TYPE, UNIT, SHIFT, DOFF)                                                   \
+/* Q2_K (native.c's 1344-byte panel-blocks: qs quad q's 16 rows at 64 q, the 16 scale
+ * bytes' dwords at 1024 + 64 i, d at 1280, dmin at 1312). Column 128 n + 32 m + 4 g + k has
+ * code qs quad 8 n + g >> 2m & 3 and weight d sc code - dmin mn, half-run j's sc and mn its
+ * scale byte's low and high nibbles (llama.cpp's Q2_K dot: mins apart). */
+static INLINE __m512i ISA(codes_q2k)(const uint8_t *p, int n, int m, int g, __m512i low, __m512i top) {
+    (void)low, (void)top;
+    const __m512i q = _mm512_loadu_si512(p + 64 * (8 * n + g));
+    return _mm512_and_si512(_mm512_srli_epi16(q, 2 * m), _mm512_set1_epi8(3));
+}
+static INLINE void ISA(scales_q2k)(const uint8_t *p, __m512i line[4], __m512i mine[4]) {
+    const __m512i nib = _mm512_set1_epi8(15);
+    for (int i = 0; i < 4; i++) {
+        const __m512i sd = _mm512_loadu_si512(p + 1024 + 64 * i);
+        line[i] = _mm512_and_si512(sd, nib), mine[i] = _mm512_and_si512(_mm512_srli_epi32(sd, 4), nib);
+    }
+}
+
+/* The types with a scale per 16 columns (half-runs): a code offset 2^SHIFT (Q6_K: 32;
+ * Q3_K: 4) taken in the integers, or (MOFF, Q2_K) mins apart: M = sum_j mn_j Q_j and acc -=
+ * M (dmin dx), dmin at MOFF, as Q4_K's. UNIT bytes a panel-block, its d at DOFF; codes_TYPE,
+ * scales_TYPE. */
+#define PANEL_BY16_N(N, TYPE, UNIT, SHIFT, DOFF, MOFF)                                             \
     static void ISA(panel_##TYPE##_##N)(const uint8_t *pan, int nb, const int8_t *xq,         \
                                         const float *dx, const int32_t *bsp, size_t xu, float *y, \
                                         size_t ys) {                                           \
@@ -324,21 +346,28 @@ static INLINE void ISA(scales_q3k)(const uint8_t *p, __m512i line[4]) {
         for (int b = 0; b < nb; b++) {                                                          \
             const uint8_t *p = pan + (size_t)b * UNIT;                                          \
             for (int l = 0; l < UNIT; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2);     \
-            __m512i line[4];                                                                    \
-            ISA(scales_##TYPE)(p, line);                                                        \
-            __m512i is[N]; /* from -2^SHIFT sum_j sc_j Q_j: the scales as int16 pairs by x's */ \
+            __m512i line[4], mine[4];                                                           \
+            ISA(scales_##TYPE)(p, line, mine);                                                  \
+            /* from -2^SHIFT sum_j sc_j Q_j (MOFF: M, to be subtracted apart): the scales (or \
+             * mins) as int16 pairs by x's pairs */                                             \
+            __m512i is[N];                                                                      \
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) is[t] = _mm512_setzero_si512(); \
             _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {                               \
-                const __m512i e02 = _mm512_srai_epi16(_mm512_slli_epi16(line[i], 8), 8);        \
-                const __m512i e13 = _mm512_srai_epi16(line[i], 8);                              \
+                const __m512i v = MOFF ? mine[i] : line[i];                                     \
+                const __m512i e02 = _mm512_srai_epi16(_mm512_slli_epi16(v, 8), 8);              \
+                const __m512i e13 = _mm512_srai_epi16(v, 8);                                    \
                 _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                           \
                     const int32_t *s = bsp + (size_t)t * xu + (size_t)b * 2 * PANEL_SUMS + 2 * i; \
                     is[t] = _mm512_add_epi32(is[t], _mm512_madd_epi16(e02, _mm512_set1_epi32(s[0]))); \
                     is[t] = _mm512_add_epi32(is[t], _mm512_madd_epi16(e13, _mm512_set1_epi32(s[1]))); \
                 }                                                                               \
             }                                                                                   \
-            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                                 \
-                is[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(is[t], SHIFT)); \
+            __m512i ms[N];                                                                      \
+            _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                               \
+                ms[t] = is[t];                                                                  \
+                is[t] = MOFF ? _mm512_setzero_si512()                                           \
+                             : _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(is[t], SHIFT)); \
+            }                                                                                   \
             for (int n = 0; n < 2; n++)                                                         \
                 _Pragma("GCC unroll 4") for (int m = 0; m < 4; m++)                             \
                     _Pragma("GCC unroll 2") for (int f = 0; f < 2; f++) { /* half-run j */     \
@@ -362,12 +391,17 @@ static INLINE void ISA(scales_q3k)(const uint8_t *p, __m512i line[4]) {
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                               \
                 const __m512 x = _mm512_set1_ps(dx[(size_t)t * xu + b]);                        \
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[t]), _mm512_mul_ps(d, x), acc[t]); \
+                if (MOFF) {                                                                     \
+                    const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + MOFF))); \
+                    acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms[t]), _mm512_mul_ps(dm, x), acc[t]); \
+                }                                                                               \
             }                                                                                   \
         }                                                                                       \
         _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm512_storeu_ps(y + t * ys, acc[t]); \
     }
-PANEL_TILES(PANEL_BY16_N, q6k, 3360, 5, 3328)
-PANEL_TILES(PANEL_BY16_N, q3k, 1760, 2, 1728)
+PANEL_TILES(PANEL_BY16_N, q6k, 3360, 5, 3328, 0)
+PANEL_TILES(PANEL_BY16_N, q3k, 1760, 2, 1728, 0)
+PANEL_TILES(PANEL_BY16_N, q2k, 1344, 0, 1280, 1312)
 #undef PANEL_BY16_N
 
 /* IQ4_XS (native.c's 2176-byte panel-blocks: the 16 rows' d at 0, scales_h at 32, scales_l
@@ -689,7 +723,8 @@ static INLINE __m256i ISA(codes_q6k)(const uint8_t *p, int n, int m, int g, __m2
     const __m256i h = m == 0 ? _mm256_slli_epi16(qh, 4) : m == 1 ? _mm256_slli_epi16(qh, 2) : m == 2 ? qh : _mm256_srli_epi16(qh, 2);
     return _mm256_or_si256(l4, _mm256_and_si256(h, top));
 }
-static INLINE void ISA(scales_q6k)(const uint8_t *p, __m256i line[4]) {
+static INLINE void ISA(scales_q6k)(const uint8_t *p, __m256i line[4], __m256i mine[4]) {
+    (void)mine;
     for (int i = 0; i < 4; i++) line[i] = _mm256_loadu_si256((const __m256i *)(p + 3072 + 64 * i));
 }
 static INLINE __m256i ISA(codes_q3k)(const uint8_t *p, int n, int m, int g, __m256i low, __m256i top) {
@@ -700,7 +735,8 @@ static INLINE __m256i ISA(codes_q3k)(const uint8_t *p, int n, int m, int g, __m2
     const __m256i h = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * n + m), _mm256_set1_epi8(1));
     return _mm256_or_si256(l2, _mm256_slli_epi16(h, 2));
 }
-static INLINE void ISA(scales_q3k)(const uint8_t *p, __m256i line[4]) {
+static INLINE void ISA(scales_q3k)(const uint8_t *p, __m256i line[4], __m256i mine[4]) {
+    (void)mine;
     const __m256i d0 = _mm256_loadu_si256((const __m256i *)(p + 1536));
     const __m256i d1 = _mm256_loadu_si256((const __m256i *)(p + 1600));
     const __m256i d2 = _mm256_loadu_si256((const __m256i *)(p + 1664)), nib = _mm256_set1_epi8(15);
@@ -712,12 +748,25 @@ static INLINE void ISA(scales_q3k)(const uint8_t *p, __m256i line[4]) {
     }
 }
 
+static INLINE __m256i ISA(codes_q2k)(const uint8_t *p, int n, int m, int g, __m256i low, __m256i top) {
+    (void)low, (void)top;
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(p + 64 * (8 * n + g)));
+    return _mm256_and_si256(_mm256_srli_epi16(q, 2 * m), _mm256_set1_epi8(3));
+}
+static INLINE void ISA(scales_q2k)(const uint8_t *p, __m256i line[4], __m256i mine[4]) {
+    const __m256i nib = _mm256_set1_epi8(15);
+    for (int i = 0; i < 4; i++) {
+        const __m256i sd = _mm256_loadu_si256((const __m256i *)(p + 1024 + 64 * i));
+        line[i] = _mm256_and_si256(sd, nib), mine[i] = _mm256_and_si256(_mm256_srli_epi32(sd, 4), nib);
+    }
+}
+
 /* The by-16 types as the AVX-512 form (their layouts, codes and integers; the same f32
  * steps, so the same bits), a block's halves h (rows 8 h .. 8 h + 7: bytes 32 h of each
  * line, 16 h of d's) one after the other. A half-run's 4 quads are vpmaddubsw pairs added
- * as int16 GROUP quads at a time (Q6_K 2: 2 x 2 x 63 x 127 under 2^15; Q3_K all 4 of 2 x
- * 7 x 127), times the scale (an int16 pair (sc, sc)) by vpmaddwd. */
-#define PANEL_BY16_N(N, TYPE, UNIT, SHIFT, DOFF, GROUP)                                            \
+ * as int16 GROUP quads at a time (Q6_K 2: 2 x 2 x 63 x 127 under 2^15; Q3_K, Q2_K all 4
+ * of 2 x 7 x 127 or less), times the scale (an int16 pair (sc, sc)) by vpmaddwd. */
+#define PANEL_BY16_N(N, TYPE, UNIT, SHIFT, DOFF, GROUP, MOFF)                                      \
     static void ISA(panel_##TYPE##_##N)(const uint8_t *pan, int nb, const int8_t *xq,         \
                                         const float *dx, const int32_t *bsp, size_t xu, float *y, \
                                         size_t ys) {                                           \
@@ -737,21 +786,26 @@ static INLINE void ISA(scales_q3k)(const uint8_t *p, __m256i line[4]) {
                 /* x's broadcasts made again for each half (as PANEL_RUNS's) */                \
                 const int8_t *xh = xq;                                                          \
                 __asm__("" : "+r"(xh));                                                         \
-                __m256i line[4];                                                                \
-                ISA(scales_##TYPE)(ph, line);                                                   \
+                __m256i line[4], mine[4];                                                       \
+                ISA(scales_##TYPE)(ph, line, mine);                                             \
                 __m256i is[N];                                                                  \
                 _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) is[t] = _mm256_setzero_si256(); \
                 _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {                           \
-                    const __m256i e02 = _mm256_srai_epi16(_mm256_slli_epi16(line[i], 8), 8);    \
-                    const __m256i e13 = _mm256_srai_epi16(line[i], 8);                          \
+                    const __m256i v = MOFF ? mine[i] : line[i];                                 \
+                    const __m256i e02 = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8);          \
+                    const __m256i e13 = _mm256_srai_epi16(v, 8);                                \
                     _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                       \
                         const int32_t *s = bsp + (size_t)t * xu + (size_t)b * 2 * PANEL_SUMS + 2 * i; \
                         is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(e02, _mm256_set1_epi32(s[0]))); \
                         is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(e13, _mm256_set1_epi32(s[1]))); \
                     }                                                                           \
                 }                                                                               \
-                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                             \
-                    is[t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(is[t], SHIFT)); \
+                __m256i ms[N];                                                                  \
+                _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                           \
+                    ms[t] = is[t];                                                              \
+                    is[t] = MOFF ? _mm256_setzero_si256()                                       \
+                                 : _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(is[t], SHIFT)); \
+                }                                                                               \
                 for (int n = 0; n < 2; n++)                                                     \
                     _Pragma("GCC unroll 4") for (int m = 0; m < 4; m++)                         \
                         _Pragma("GCC unroll 2") for (int f = 0; f < 2; f++) { /* half-run j */ \
@@ -778,14 +832,19 @@ static INLINE void ISA(scales_q3k)(const uint8_t *p, __m256i line[4]) {
                 _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                           \
                     const __m256 x = _mm256_set1_ps(dx[(size_t)t * xu + b]);                    \
                     acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), _mm256_mul_ps(d, x), acc[h][t]); \
+                    if (MOFF) {                                                                 \
+                        const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + MOFF + 16 * h))); \
+                        acc[h][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms[t]), _mm256_mul_ps(dm, x), acc[h][t]); \
+                    }                                                                           \
                 }                                                                               \
             }                                                                                   \
         }                                                                                       \
         for (int h = 0; h < 2; h++)                                                             \
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm256_storeu_ps(y + t * ys + 8 * h, acc[h][t]); \
     }
-PANEL_TILES(PANEL_BY16_N, q6k, 3360, 5, 3328, 2)
-PANEL_TILES(PANEL_BY16_N, q3k, 1760, 2, 1728, 4)
+PANEL_TILES(PANEL_BY16_N, q6k, 3360, 5, 3328, 2, 0)
+PANEL_TILES(PANEL_BY16_N, q3k, 1760, 2, 1728, 4, 0)
+PANEL_TILES(PANEL_BY16_N, q2k, 1344, 0, 1280, 4, 1312)
 #undef PANEL_BY16_N
 
 /* IQ4_XS as the AVX-512 form (its layout, integers and f32 steps: the same bits), a
@@ -859,7 +918,8 @@ static int ISA(panel_serves)(int qt) {
 #ifdef KD_DPBUSD
     if (qt == QT_Q8_0) return 1;
 #endif
-    return qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_Q6_K || qt == QT_Q3_K || qt == QT_Q4_0 ||
+    return qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_Q6_K || qt == QT_Q3_K || qt == QT_Q2_K ||
+           qt == QT_Q4_0 ||
            qt == QT_Q5_0 ||
            qt == QT_Q4_1 || qt == QT_IQ4_NL || qt == QT_IQ4_XS;
 }
@@ -896,6 +956,7 @@ static void ISA(panel_rows)(int qt, const uint8_t *w, size_t rb, size_t p0, size
 #endif
             if (qt == QT_Q6_K) { PANEL_CALL(q6k, cols / 256) } else
             if (qt == QT_Q3_K) { PANEL_CALL(q3k, cols / 256) } else
+            if (qt == QT_Q2_K) { PANEL_CALL(q2k, cols / 256) } else
             if (qt == QT_Q5_K) { PANEL_CALL(q5k, cols / 256) } else
             { PANEL_CALL(q4k, cols / 256) }
 #undef PANEL_CALL
