@@ -99,16 +99,17 @@ static INLINE __m512i ISA(panel_bcast)(const int8_t *p) {
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) is[t] = ms[t] = _mm512_setzero_si512(); \
             for (int c = 0; c < 4; c++) {                                                       \
                 const int8_t *xc = PANEL_X(xq, N, 0, b * 256 + 64 * c); /* chunk c's quads */  \
+                const __m512i bl = _mm512_set1_epi8((char)(1 << 2 * c)), bh = _mm512_set1_epi8((char)(2 << 2 * c)); \
                 __m512i aL[N], aH[N];                                                           \
                 _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) aL[t] = aH[t] = _mm512_setzero_si512(); \
                 _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++) {                           \
                     const __m512i w = _mm512_loadu_si512(p + 256 + (c * 8 + g) * 64);           \
                     __m512i lo = _mm512_and_si512(w, low);                                      \
                     __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);                \
-                    if (Q5) { /* qh quad g's bits 2c (lo), 2c + 1 (hi), as 16 */                \
-                        const __m512i h = _mm512_srl_epi16(_mm512_loadu_si512(p + 2304 + 64 * g), _mm_cvtsi32_si128(2 * c)); \
-                        lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h, 4), sixteen)); \
-                        hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16(h, 3), sixteen)); \
+                    if (Q5) { /* 16 or-ed in where qh quad g's bit 2c (lo), 2c + 1 (hi) is set */ \
+                        const __m512i qh = _mm512_loadu_si512(p + 2304 + 64 * g);               \
+                        lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, bl), lo, sixteen); \
+                        hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(qh, bh), hi, sixteen); \
                     }                                                                           \
                     _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                       \
                         aL[t] = _mm512_dpbusd_epi32(aL[t], lo, ISA(panel_bcast)(PANEL_X(xc, N, t, 4 * g))); \
