@@ -280,9 +280,10 @@ PANEL_TILES(PANEL_RUNS, q41, 640, 1)
 static INLINE __m512i ISA(codes_q6k)(const uint8_t *p, int n, int m, int g, __m512i low, __m512i top) {
     const __m512i ql = _mm512_loadu_si512(p + 64 * (16 * n + 8 * (m % 2) + g));
     const __m512i qh = _mm512_loadu_si512(p + 2048 + 64 * (8 * n + g));
-    const __m512i l4 = _mm512_and_si512(m < 2 ? ql : _mm512_srli_epi16(ql, 4), low);
+    const __m512i l4 = m < 2 ? ql : _mm512_srli_epi16(ql, 4);
     const __m512i h = m == 0 ? _mm512_slli_epi16(qh, 4) : m == 1 ? _mm512_slli_epi16(qh, 2) : m == 2 ? qh : _mm512_srli_epi16(qh, 2);
-    return _mm512_or_si512(l4, _mm512_and_si512(h, top));
+    /* low ? l4 : h bit by bit (vpternlogd 0xCA), then the code's six bits */
+    return _mm512_and_si512(_mm512_ternarylogic_epi32(low, l4, h, 0xCA), _mm512_or_si512(low, top));
 }
 /* Q6_K's signed scales: line i (scales 4i .. 4i + 3 of each row, a dword a row) as stored
  * (no mins: mine untouched). */
