@@ -2,8 +2,8 @@
 compiled kernels' native_panels.h) against gguf-py and against the same weights in the
 file's order.
 
-Why: a model's Q2_K .. Q6_K, Q4_0, Q5_0, Q4_1, IQ4_NL and IQ4_XS (and, with VNNI, Q8_0)
-matrices are repacked at load where the kernels have panel dots, so every decode and
+Why: a model's Q2_K, Q3_K, Q4_K, Q4_0, Q5_0, Q4_1, IQ4_NL and IQ4_XS (and, with VNNI, Q5_K,
+Q6_K and Q8_0) matrices are repacked at load where the kernels have panel dots, so every decode and
 prompt product of such a model goes through them. They must give dequantize(q8(x)) @
 dequantize(W).T as the file-order dots do (test_quant_kernels' bar), keep a row's bits
 whatever rows share its step, and every other reader of the matrix
@@ -62,8 +62,8 @@ def isa(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def _serves(qtype: T, cols: int) -> None:
-    """Skip where the kernels running now have no panel dots for qtype (AVX2: all but
-    Q8_0)."""
+    """Skip where the kernels running now have no panel dots for qtype (AVX2: not Q5_K,
+    Q6_K, Q8_0)."""
     if kernels._NATIVE is None or not kernels._NATIVE.panels_for(int(qtype), cols):
         pytest.skip(f"{kernels.kernel_path()}: no panel dots for {qtype.name}")
 

@@ -1,5 +1,5 @@
-/* 8-bit dots over W's rows in panels of 16 (Q2_K .. Q6_K, Q4_0, Q5_0, Q4_1, IQ4_NL,
- * IQ4_XS; Q8_0 with VNNI):
+/* 8-bit dots over W's rows in panels of 16 (Q2_K, Q3_K, Q4_K, Q4_0, Q5_0, Q4_1, IQ4_NL,
+ * IQ4_XS; Q5_K, Q6_K and Q8_0 with VNNI):
  * included by native_isa.h in the x86 regions (AVX2, AVX-512) after native_kdots.h.
  *
  * The layout (native.c panel_perm, which both ways of reading it share): a panel is 16
@@ -915,14 +915,15 @@ PANEL_TILES(PANEL_IQ4XS_N, )
 PANEL_TILES(PANEL_ROWS_N, q4k, 2304, 0)
 PANEL_TILES(PANEL_ROWS_N, q5k, 2816, 1)
 
-/* Whether panel_rows takes W's type qt (its panels' type, native.c panel_base). */
+/* Whether panel_rows takes W's type qt (its panels' type, native.c panel_base). Without
+ * VNNI, Q5_K and Q6_K stay in the file's order: their AVX2 panel kernels gain 0-10% on a
+ * prompt's rows but read a decode row's weights from DRAM 1.3x and 1.5x slower than the
+ * block-at-a-time dots (one row, 2 threads, a 65536 x 1536 matrix: docs/performance.md). */
 static int ISA(panel_serves)(int qt) {
 #ifdef KD_DPBUSD
-    if (qt == QT_Q8_0) return 1;
+    if (qt == QT_Q8_0 || qt == QT_Q5_K || qt == QT_Q6_K) return 1;
 #endif
-    return qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_Q6_K || qt == QT_Q3_K || qt == QT_Q2_K ||
-           qt == QT_Q4_0 ||
-           qt == QT_Q5_0 ||
+    return qt == QT_Q4_K || qt == QT_Q3_K || qt == QT_Q2_K || qt == QT_Q4_0 || qt == QT_Q5_0 ||
            qt == QT_Q4_1 || qt == QT_IQ4_NL || qt == QT_IQ4_XS;
 }
 
