@@ -11,7 +11,7 @@ import sys
 from frink_cli.quant import kernels
 
 # Every variant native.c carries, best first.
-ISAS = ("avx512+amx", "avx512", "avx2", "base")
+ISAS = ("avx512+amx", "avx512", "avxvnni", "avx2", "base")
 
 
 def runnable_isas() -> list[str]:

@@ -331,7 +331,7 @@ def test_rows_sharing_widened_keys_give_each_rows_bits(
 
 def test_the_forced_isa_picks_the_attentions_variant() -> None:
     """FRINK_NATIVE_ISA (read at import, so in a child process) picks the attention's loops
-    as it picks the kernels': base the portable ones, avx2 the AVX2 loops, avx512 (and
+    as it picks the kernels': base the portable ones, avx2 and avxvnni the AVX2 loops, avx512 (and
     avx512+amx) the AVX-512 tiles where the CPU has AVX-512 F and DQ; `frink info` prints
     rowwise.path(), which names the variant."""
     import os
@@ -350,7 +350,7 @@ def test_the_forced_isa_picks_the_attentions_variant() -> None:
         wide = "avx2"
     finally:
         C.attend_isa(before)
-    want = {"base": "portable", "avx2": "avx2", "avx512": wide, "avx512+amx": wide}
+    want = {"base": "portable", "avx2": "avx2", "avxvnni": "avx2", "avx512": wide, "avx512+amx": wide}
     code = (
         "import json; from frink_cli.backends.host import rowwise; "
         "print(json.dumps({'path': rowwise.path()}))"

@@ -39,7 +39,7 @@ import frink_cli
 # The AMX variant multiplies a prompt's rows on int8 tiles, in another f32 order than the
 # decode rows' dots: its rows keep their bits beside other sequences, not across a prompt's
 # cut (docs/performance.md); the checks that cut a prompt leave it out.
-CUTS_KEEP_BITS = ("avx512", "avx2", "base")
+CUTS_KEEP_BITS = ("avx512", "avxvnni", "avx2", "base")
 
 _CHILD = r"""
 import json, sys

@@ -25,7 +25,7 @@ from test_quant_kernels import _use_isa, min_term_error, q8_rounded
 from frink_cli.quant import kernels
 from frink_cli.quant.blocks import PANEL_ROWS, QuantMatrix
 
-PANEL_ISAS = ("avx512", "avx2")
+PANEL_ISAS = ("avx512", "avxvnni", "avx2")
 # The types with a panel layout; the shapes: one panel of one unit, several panels, and a
 # real model's width (Q5_0's unit is two runs: 64 columns).
 PANEL_TYPES = (

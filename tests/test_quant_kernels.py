@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
+from isa_variants import ISAS
 from quant_weights import (
     assert_close,
     random_weights,
@@ -32,7 +33,6 @@ from quant_weights import (
 from frink_cli.quant import kernels
 from frink_cli.quant.blocks import KERNEL_TYPES, QuantMatrix
 
-ISAS = ("avx512+amx", "avx512", "avx2", "base")
 
 
 def _use_isa(name: str) -> Iterator[None]:
@@ -417,7 +417,7 @@ def test_kernel_path_names_what_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     if kernels.compiled():
         assert kernels.kernel_path().startswith("native C (")
         assert path_with(FRINK_NATIVE_ISA="base") == "native C (base, f32 activations)"
-        for isa in ("avx2", "avx512", "avx512+amx"):
+        for isa in ISAS[:-1]:  # every variant with 8-bit activations (all but base)
             got = path_with(FRINK_NATIVE_ISA=isa, FRINK_EXACT_ACTIVATIONS="")
             assert got == f"native C ({isa}, 8-bit activations)" or "not runnable" in got
             got = path_with(FRINK_NATIVE_ISA=isa, FRINK_EXACT_ACTIVATIONS="1")

@@ -6,9 +6,9 @@
  * every process (more than SmolLM2's weights) and compiled for a minute on first use.
  *
  * One source, several instruction sets: native_isa.h is included once per ISA inside a
- * `#pragma GCC target` region (x86-64: AVX-512, AVX2 + FMA, and the baseline), and the
- * best one the CPU supports is picked when the module loads (FRINK_NATIVE_ISA=base|avx2|
- * avx512|avx512+amx picks one, for tests). Where the CPU has AMX int8 tiles and Linux
+ * `#pragma GCC target` region (x86-64: AVX-512, AVX2 + FMA with and without AVX-VNNI, and
+ * the baseline), and the best one the CPU supports is picked when the module loads
+ * (FRINK_NATIVE_ISA=base|avx2|avxvnni|avx512|avx512+amx picks one, for tests). Where the CPU has AMX int8 tiles and Linux
  * grants them, "avx512+amx" is the AVX-512 kernels plus tile products for a prompt's rows
  * (native_amx.h); FRINK_NATIVE_ISA=avx512 leaves the tiles out. Elsewhere (arm64, other
  * compilers) the baseline alone is built, which the compiler vectorizes for its own target.
@@ -374,12 +374,14 @@ typedef float vf512 __attribute__((vector_size(64)));
 #define S8F(b, i) ((vf512)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32((__m128i)(b))))
 #define I8_DOT_ACC(acc, a, b) _mm256_dpbusd_epi32((acc), (a), (b))
 #define KD_DPBUSD 1
+#define PANEL_ZMM 1 /* native_panels.h's 16 rows of W in a zmm's lanes */
 #define I8_MASKS 1 /* AVX-512BW/VL: mask registers, variable word shifts */
 #if __GNUC__ >= 11 && defined(__linux__) /* AMX intrinsics; Linux's grant of tile state */
 #define AMX_TILES 1
 #endif
 #include "native_isa.h"
 #undef KD_DPBUSD
+#undef PANEL_ZMM
 #undef I8_MASKS
 #ifdef AMX_TILES
 #define AMX_TILES_BUILT 1
@@ -403,6 +405,29 @@ typedef float vf256 __attribute__((vector_size(32)));
     _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((a), (b)), _mm256_set1_epi16(1)))
 #include "native_isa.h"
 #pragma GCC pop_options
+
+/* AVX2 plus AVX-VNNI (Intel's client cores since Alder Lake, AMD's since Zen 5): the AVX2
+ * kernels with each 4 byte products summed into an int32 lane by one vpdpbusd on a ymm, as
+ * the AVX-512 region's 256-bit loops do (KD_DPBUSD), where AVX2 takes vpmaddubsw, an int16
+ * add and vpmaddwd. The same integers, so the same bits as every other variant. */
+#if __GNUC__ >= 11
+#define AVXVNNI_BUILT 1
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avxvnni")
+#define ISA(name) name##_avxvnni
+#define VL 8
+#define vf vf256
+#define VFMA(a, b, c) ((vf256)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
+#define HALF(p) _cvtsh_ss(rd16(p))
+#define HALVES(p) ((vf256)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p))))
+#define U8F(b, i) ((vf256)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(HALF_OF(b, i))))
+#define S8F(b, i) ((vf256)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(HALF_OF(b, i))))
+#define I8_DOT_ACC(acc, a, b) _mm256_dpbusd_avx_epi32((acc), (a), (b))
+#define KD_DPBUSD 1
+#include "native_isa.h"
+#undef KD_DPBUSD
+#pragma GCC pop_options
+#endif
 #endif
 
 #define ISA(name) name##_base
@@ -436,6 +461,11 @@ static const isa_kernels BASE = {"base", deq_rows_base, dot_rows_base, NULL, NUL
 static const isa_kernels AVX2 = {"avx2", deq_rows_avx2, dot_rows_avx2, dot_rows_i8_avx2,
                                  quantize_row_avx2, tile_x_avx2, NULL,
                                  panel_serves_avx2, panel_rows_avx2};
+#ifdef AVXVNNI_BUILT
+static const isa_kernels AVXVNNI = {"avxvnni", deq_rows_avxvnni, dot_rows_avxvnni,
+                                    dot_rows_i8_avxvnni, quantize_row_avxvnni, tile_x_avxvnni,
+                                    NULL, panel_serves_avxvnni, panel_rows_avxvnni};
+#endif
 static const isa_kernels AVX512 = {"avx512", deq_rows_avx512, dot_rows_avx512, dot_rows_i8_avx512,
                                    quantize_row_avx512, tile_x_avx512, NULL,
                                    panel_serves_avx512, panel_rows_avx512};
@@ -473,14 +503,20 @@ static const isa_kernels *find_isa(const char *name) {
                  __builtin_cpu_supports("f16c");
     int has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                __builtin_cpu_supports("f16c");
+#ifdef AVXVNNI_BUILT
+    const isa_kernels *vnni = has2 && __builtin_cpu_supports("avxvnni") ? &AVXVNNI : NULL;
+#else
+    const isa_kernels *vnni = NULL;
+#endif
 #ifdef AMX_TILES_BUILT
     const isa_kernels *best512 = has512 && amx_runs() ? &AVX512_AMX : &AVX512;
     if (!strcmp(name ? name : "", "avx512+amx")) return best512 == &AVX512_AMX ? best512 : NULL;
 #else
     const isa_kernels *best512 = &AVX512;
 #endif
-    if (!name) return has512 ? best512 : has2 ? &AVX2 : &BASE;
+    if (!name) return has512 ? best512 : vnni ? vnni : has2 ? &AVX2 : &BASE;
     if (!strcmp(name, "avx512")) return has512 ? &AVX512 : NULL;
+    if (!strcmp(name, "avxvnni")) return vnni;
     if (!strcmp(name, "avx2")) return has2 ? &AVX2 : NULL;
 #else
     if (!name) return &BASE;
@@ -490,7 +526,7 @@ static const isa_kernels *find_isa(const char *name) {
 
 /* The variants this CPU runs, best first, comma-separated into buf. */
 static const char *runnable_isas(char *buf, size_t n) {
-    static const char *const names[] = {"avx512+amx", "avx512", "avx2", "base"};
+    static const char *const names[] = {"avx512+amx", "avx512", "avxvnni", "avx2", "base"};
     buf[0] = 0;
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (find_isa(names[i]))

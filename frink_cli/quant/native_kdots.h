@@ -322,7 +322,7 @@ static INLINE __m256i ISA(kd_isum)(const ISA(kd_block) *k, const int8_t *xq, int
             __m256i s32[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
             for (int v = 4 * g; v < 4 * g + 4; v++) { /* a lone row: two chains (latency) */
                 const int c = DP == 2 ? v % 2 : 0;
-                s32[c] = _mm256_dpbusd_epi32(s32[c], k->codes[v], _mm256_loadu_si256((const __m256i *)(xq + 32 * v)));
+                s32[c] = I8_DOT_ACC(s32[c], k->codes[v], _mm256_loadu_si256((const __m256i *)(xq + 32 * v)));
             }
             run[g] = _mm256_add_epi32(s32[0], s32[1]);
         }

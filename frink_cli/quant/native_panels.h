@@ -68,7 +68,7 @@ static INLINE __m128i ISA(panel_pick)(int j) {
 }
 static INLINE __m128i ISA(panel_bit)(int hi) { return _mm_set1_epi32((int)(0x08040201u << 4 * hi)); }
 
-#ifdef KD_DPBUSD /* AVX-512: 16 rows of W in a zmm's lanes */
+#ifdef PANEL_ZMM /* AVX-512: 16 rows of W in a zmm's lanes */
 
 PANEL_SCALES(__m512i, _mm512_and_si512, _mm512_or_si512, _mm512_srli_epi32, _mm512_slli_epi32,
              _mm512_set1_epi32)
@@ -465,6 +465,32 @@ PANEL_TILES(PANEL_IQ4XS_N, )
 
 #else /* AVX2: the panel's two halves of 8 rows, a ymm's lanes each */
 
+/* A run's byte products and their widening by the run's scale (sc: an int16 pair (sc, sc)
+ * in each int32 lane), the one place the two ymm forms differ:
+ *  - AVX2 (PANEL_INT16 1): PANEL_DOT16 adds a quad's vpmaddubsw pairs to int16 sums, which
+ *    PANEL_WIDEN multiplies by (sc, sc) into int32 (vpmaddwd) before they can overflow;
+ *  - AVX-VNNI (KD_DPBUSD): PANEL_DOT16 sums a quad's products into int32 lanes (vpdpbusd),
+ *    and PANEL_WIDEN multiplies a whole run's sum by sc once (vpmulld).
+ * PANEL_DOT_SCALED / PANEL_RUN_SCALED: the same for products too large to add as int16
+ * (the signed levels): AVX2 widens each quad by the scale, AVX-VNNI a run's sum. Both forms
+ * give every lane the same exact integers, so the same bits. */
+#ifdef KD_DPBUSD
+#define PANEL_INT16 0
+#define PANEL_DOT16(a, u, x) _mm256_dpbusd_avx_epi32((a), (u), (x))
+#define PANEL_WIDEN(s, a, sc) _mm256_add_epi32((s), _mm256_mullo_epi32((a), _mm256_srai_epi32((sc), 16)))
+#define PANEL_WIDEN1(s, a) _mm256_add_epi32((s), (a))
+#define PANEL_DOT_SCALED(a, u, x, sc) _mm256_dpbusd_avx_epi32((a), (u), (x))
+#define PANEL_RUN_SCALED(s, a, sc) PANEL_WIDEN(s, a, sc)
+#else
+#define PANEL_INT16 1
+#define PANEL_DOT16(a, u, x) _mm256_add_epi16((a), _mm256_maddubs_epi16((u), (x)))
+#define PANEL_WIDEN(s, a, sc) _mm256_add_epi32((s), _mm256_madd_epi16((a), (sc)))
+#define PANEL_WIDEN1(s, a) _mm256_add_epi32((s), _mm256_madd_epi16((a), _mm256_set1_epi16(1)))
+#define PANEL_DOT_SCALED(a, u, x, sc)                                                          \
+    _mm256_add_epi32((a), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (x)), (sc)))
+#define PANEL_RUN_SCALED(s, a, sc) _mm256_add_epi32((s), (a))
+#endif
+
 PANEL_SCALES(__m256i, _mm256_and_si256, _mm256_or_si256, _mm256_srli_epi32, _mm256_slli_epi32,
              _mm256_set1_epi32)
 
@@ -512,19 +538,19 @@ static INLINE __m256i ISA(panel_bcast)(const int8_t *p) {
                                 v = _mm256_or_si256(v, _mm256_and_si256(hb, sixteen));          \
                             }                                                                   \
                             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {               \
-                                a[t] = _mm256_add_epi16(a[t], _mm256_maddubs_epi16(v, ISA(panel_bcast)(PANEL_X(xc, N, t, 32 * f + 4 * g)))); \
+                                a[t] = PANEL_DOT16(a[t], v, ISA(panel_bcast)(PANEL_X(xc, N, t, 32 * f + 4 * g))); \
                                 /* each row's sum kept a chain in a register: reassociated,  \
                                  * GCC stored every product to the stack first */            \
                                 __asm__("" : "+x"(a[t]));                                       \
                             }                                                                   \
-                            if (Q5 && g == 3) /* 4 quads of 2 x 31 x 127: widened (int16) */   \
+                            if (PANEL_INT16 && Q5 && g == 3) /* 4 quads of 2 x 31 x 127: widened */ \
                                 _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {           \
-                                    is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(a[t], s)); \
+                                    is[t] = PANEL_WIDEN(is[t], a[t], s);                        \
                                     a[t] = _mm256_setzero_si256();                              \
                                 }                                                               \
                         }                                                                       \
                         _Pragma("GCC unroll 8") for (int t = 0; t < N; t++)                     \
-                            is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(a[t], s));        \
+                            is[t] = PANEL_WIDEN(is[t], a[t], s);                                \
                     }                                                                           \
                 }                                                                               \
                 _Pragma("GCC unroll 2") for (int hh = 0; hh < 2; hh++) {                        \
@@ -560,12 +586,12 @@ static INLINE __m256i ISA(panel_bcast)(const int8_t *p) {
  * own bit is set (vpcmpeqb), 16 or-ed in. No Q8_0 (its signed codes have no
  * vpmaddubsw form that pays); IQ4_NL's levels take their own kernel (below). */
 typedef struct {
-    __m256i low, sixteen, ones, pick[4], bit[2];
+    __m256i low, sixteen, pick[4], bit[2];
 } ISA(panel_consts);
 
 static INLINE ISA(panel_consts) ISA(panel_consts_make)(void) {
     ISA(panel_consts) k;
-    k.low = _mm256_set1_epi8(15), k.sixteen = _mm256_set1_epi8(16), k.ones = _mm256_set1_epi16(1);
+    k.low = _mm256_set1_epi8(15), k.sixteen = _mm256_set1_epi8(16);
     for (int j = 0; j < 4; j++) k.pick[j] = _mm256_broadcastsi128_si256(ISA(panel_pick)(j));
     for (int j = 0; j < 2; j++) k.bit[j] = _mm256_broadcastsi128_si256(ISA(panel_bit)(j));
     return k;
@@ -629,14 +655,12 @@ static INLINE void ISA(codes_q40)(const uint8_t *p, int u, int g, const ISA(pane
                             ISA(codes_##TYPE)(p + 32 * h, u, g0 + g, &k, &lo[g], &hi[g]);       \
                         _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                   \
                             const int col = 4 * g0;                                             \
-                            __m256i a = _mm256_add_epi16(                                       \
-                                _mm256_maddubs_epi16(lo[0], ISA(panel_bcast)(PANEL_X(xr, N, t, col))), \
-                                _mm256_maddubs_epi16(hi[0], ISA(panel_bcast)(PANEL_X(xr, N, t, col + 16)))); \
-                            _Pragma("GCC unroll 4") for (int g = 1; g < GROUP; g++)             \
-                                a = _mm256_add_epi16(a, _mm256_add_epi16(                       \
-                                    _mm256_maddubs_epi16(lo[g], ISA(panel_bcast)(PANEL_X(xr, N, t, col + 4 * g))), \
-                                    _mm256_maddubs_epi16(hi[g], ISA(panel_bcast)(PANEL_X(xr, N, t, col + 16 + 4 * g))))); \
-                            s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(a, k.ones));        \
+                            __m256i a = _mm256_setzero_si256();                                 \
+                            _Pragma("GCC unroll 4") for (int g = 0; g < GROUP; g++) {           \
+                                a = PANEL_DOT16(a, lo[g], ISA(panel_bcast)(PANEL_X(xr, N, t, col + 4 * g))); \
+                                a = PANEL_DOT16(a, hi[g], ISA(panel_bcast)(PANEL_X(xr, N, t, col + 16 + 4 * g))); \
+                            }                                                                   \
+                            s[t] = PANEL_WIDEN1(s[t], a);                                       \
                         }                                                                       \
                     }                                                                           \
                     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 * u + 16 * h))); \
@@ -694,10 +718,8 @@ PANEL_TILES(PANEL_RUNS, q41, 640, 1, 4)
                         const __m256i sl = _mm256_shuffle_epi8(lv, lo), al = _mm256_shuffle_epi8(av, lo); \
                         const __m256i sh = _mm256_shuffle_epi8(lv, hi), ah = _mm256_shuffle_epi8(av, hi); \
                         _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                   \
-                            const __m256i pl = _mm256_maddubs_epi16(al, _mm256_sign_epi8(ISA(panel_bcast)(PANEL_X(xr, N, t, 4 * g)), sl)); \
-                            const __m256i ph = _mm256_maddubs_epi16(ah, _mm256_sign_epi8(ISA(panel_bcast)(PANEL_X(xr, N, t, 16 + 4 * g)), sh)); \
-                            s[t] = _mm256_add_epi32(s[t], _mm256_add_epi32(_mm256_madd_epi16(pl, k.ones), \
-                                                                           _mm256_madd_epi16(ph, k.ones))); \
+                            s[t] = I8_DOT_ACC(s[t], al, _mm256_sign_epi8(ISA(panel_bcast)(PANEL_X(xr, N, t, 4 * g)), sl)); \
+                            s[t] = I8_DOT_ACC(s[t], ah, _mm256_sign_epi8(ISA(panel_bcast)(PANEL_X(xr, N, t, 16 + 4 * g)), sh)); \
                         }                                                                       \
                     }                                                                           \
                     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 * u + 16 * h))); \
@@ -823,10 +845,10 @@ static INLINE void ISA(scales_q2k)(const uint8_t *p, __m256i line[4], __m256i mi
                                 _Pragma("GCC unroll 4") for (int g = 0; g < GROUP; g++)         \
                                     c[g] = ISA(codes_##TYPE)(pj, n, m, g0 + g, low, top);       \
                                 _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {           \
-                                    __m256i s16 = _mm256_maddubs_epi16(c[0], ISA(panel_bcast)(PANEL_X(xc, N, t, 4 * g0))); \
-                                    _Pragma("GCC unroll 4") for (int g = 1; g < GROUP; g++)     \
-                                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(c[g], ISA(panel_bcast)(PANEL_X(xc, N, t, 4 * (g0 + g))))); \
-                                    is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(s16, sc)); \
+                                    __m256i s16 = _mm256_setzero_si256();                       \
+                                    _Pragma("GCC unroll 4") for (int g = 0; g < GROUP; g++)     \
+                                        s16 = PANEL_DOT16(s16, c[g], ISA(panel_bcast)(PANEL_X(xc, N, t, 4 * (g0 + g)))); \
+                                    is[t] = PANEL_WIDEN(is[t], s16, sc);                        \
                                 }                                                               \
                             }                                                                   \
                         }                                                                       \
@@ -844,7 +866,7 @@ static INLINE void ISA(scales_q2k)(const uint8_t *p, __m256i line[4], __m256i mi
         for (int h = 0; h < 2; h++)                                                             \
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm256_storeu_ps(y + t * ys + 8 * h, acc[h][t]); \
     }
-PANEL_TILES(PANEL_BY16_N, q6k, 3360, 5, 3328, 2, 0)
+PANEL_TILES(PANEL_BY16_N, q6k, 3360, 5, 3328, 4 - 2 * PANEL_INT16, 0)
 PANEL_TILES(PANEL_BY16_N, q3k, 1760, 2, 1728, 4, 0)
 PANEL_TILES(PANEL_BY16_N, q2k, 1344, 0, 1280, 4, 1312)
 #undef PANEL_BY16_N
@@ -884,18 +906,19 @@ static INLINE __m256i ISA(iq4xs_scale)(__m256i sl, __m256i sh, int j) {
                 for (int j = 0; j < 8; j++) {                                                   \
                     const int8_t *xr = PANEL_X(xh, N, 0, 256 * (size_t)b + 32 * j);            \
                     const __m256i sc = ISA(iq4xs_scale)(sl, sh, j);                             \
+                    __m256i a[N];                                                               \
+                    _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) a[t] = _mm256_setzero_si256(); \
                     _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {                       \
                         __m256i lo, hi;                                                         \
                         ISA(codes_nibbles)(p + 32 * h + 128 + (4 * j + g) * 64, &k, &lo, &hi);  \
                         const __m256i sl8 = _mm256_shuffle_epi8(lv, lo), al = _mm256_shuffle_epi8(av, lo); \
                         const __m256i sh8 = _mm256_shuffle_epi8(lv, hi), ah = _mm256_shuffle_epi8(av, hi); \
                         _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                   \
-                            const __m256i pl = _mm256_maddubs_epi16(al, _mm256_sign_epi8(ISA(panel_bcast)(PANEL_X(xr, N, t, 4 * g)), sl8)); \
-                            const __m256i ph = _mm256_maddubs_epi16(ah, _mm256_sign_epi8(ISA(panel_bcast)(PANEL_X(xr, N, t, 16 + 4 * g)), sh8)); \
-                            is[t] = _mm256_add_epi32(is[t], _mm256_add_epi32(_mm256_madd_epi16(pl, sc), \
-                                                                             _mm256_madd_epi16(ph, sc))); \
+                            a[t] = PANEL_DOT_SCALED(a[t], al, _mm256_sign_epi8(ISA(panel_bcast)(PANEL_X(xr, N, t, 4 * g)), sl8), sc); \
+                            a[t] = PANEL_DOT_SCALED(a[t], ah, _mm256_sign_epi8(ISA(panel_bcast)(PANEL_X(xr, N, t, 16 + 4 * g)), sh8), sc); \
                         }                                                                       \
                     }                                                                           \
+                    _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) is[t] = PANEL_RUN_SCALED(is[t], a[t], sc); \
                 }                                                                               \
                 const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * h))); \
                 _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                           \
@@ -914,13 +937,19 @@ PANEL_TILES(PANEL_IQ4XS_N, )
 
 PANEL_TILES(PANEL_ROWS_N, q4k, 2304, 0)
 PANEL_TILES(PANEL_ROWS_N, q5k, 2816, 1)
+#undef PANEL_INT16
+#undef PANEL_DOT16
+#undef PANEL_WIDEN
+#undef PANEL_WIDEN1
+#undef PANEL_DOT_SCALED
+#undef PANEL_RUN_SCALED
 
 /* Whether panel_rows takes W's type qt (its panels' type, native.c panel_base). Without
  * VNNI, Q5_K and Q6_K stay in the file's order: their AVX2 panel kernels gain 0-10% on a
  * prompt's rows but read a decode row's weights from DRAM 1.3x and 1.5x slower than the
  * block-at-a-time dots (one row, 2 threads, a 65536 x 1536 matrix: docs/performance.md). */
 static int ISA(panel_serves)(int qt) {
-#ifdef KD_DPBUSD
+#ifdef PANEL_ZMM
     if (qt == QT_Q8_0 || qt == QT_Q5_K || qt == QT_Q6_K) return 1;
 #endif
     return qt == QT_Q4_K || qt == QT_Q3_K || qt == QT_Q2_K || qt == QT_Q4_0 || qt == QT_Q5_0 ||
@@ -954,7 +983,7 @@ static void ISA(panel_rows)(int qt, const uint8_t *w, size_t rb, size_t p0, size
             if (qt == QT_Q4_1) { PANEL_CALL(q41, cols / 64) } else
             if (qt == QT_IQ4_NL) { PANEL_CALL(iq4nl, cols / 64) } else
             if (qt == QT_IQ4_XS) { PANEL_CALL(iq4xs, cols / 256) } else
-#ifdef KD_DPBUSD
+#ifdef PANEL_ZMM
             if (qt == QT_Q8_0) { PANEL_CALL(q80, cols / 64) } else
 #endif
             if (qt == QT_Q6_K) { PANEL_CALL(q6k, cols / 256) } else

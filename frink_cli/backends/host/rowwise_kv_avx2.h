@@ -27,7 +27,8 @@
 #define KV_HAS_AVX2 1
 
 /* 1 where FRINK_NATIVE_ISA does not ask for the portable code ("base") and the CPU has
- * AVX2 and F16C; kv_use_avx512, where it also does not ask for "avx2" and the CPU has
+ * AVX2 and F16C; kv_use_avx512, where it also does not ask for "avx2" or "avxvnni" (the
+ * AVX2 kernels with byte dots of their own: their attention is AVX2's) and the CPU has
  * AVX-512 F and DQ (a prompt's tiles, rowwise_kv_avx512.h): set once when the module loads. */
 static int kv_use_avx2 = 0, kv_use_avx512 = 0;
 
@@ -43,7 +44,8 @@ static int kv_cpu_avx512(void) {
 static void kv_pick_isa(void) {
     const char *want = getenv("FRINK_NATIVE_ISA");
     kv_use_avx2 = !(want && !strcmp(want, "base")) && kv_cpu_avx2();
-    kv_use_avx512 = kv_use_avx2 && !(want && !strcmp(want, "avx2")) && kv_cpu_avx512();
+    kv_use_avx512 = kv_use_avx2 && !(want && (!strcmp(want, "avx2") || !strcmp(want, "avxvnni"))) &&
+                    kv_cpu_avx512();
 }
 
 /* A block's f16 scale, broadcast (F16C's exact widening). */
