@@ -34,7 +34,6 @@ from frink_cli.quant import kernels
 from frink_cli.quant.blocks import KERNEL_TYPES, QuantMatrix
 
 
-
 def _use_isa(name: str) -> Iterator[None]:
     native = kernels._NATIVE
     if native is None:

@@ -19,12 +19,13 @@ once per token; f32 weights are 4 bytes each where a Q4_0 weight is 0.56, and re
 straight from the blocks the bytes a token costs shrink with them.
 
 The kernels are C (native.c, compiled when frink is installed; the best of AVX-512,
-AVX2 with AVX-VNNI, AVX2 and the baseline picked at load; FRINK_NATIVE_ISA forces one, and one this CPU cannot run
-is refused by `check_isa`, never replaced by NumPy). Where the CPU has AMX int8 tiles and
-Linux grants them (ISA "avx512+amx"; FRINK_NATIVE_ISA=avx512 leaves them out), `matmul` with 8-bit
-activations multiplies x's 8-bit codes by W's codes on the tiles (native_amx.h): the
-8-bit dots' products, summed in another order (~1e-7 relative), ~3-4x BLAS's f32 rate on
-a prompt's rows; `prompt_tiles()` says whether it does.
+AVX2 with AVX-VNNI, AVX2 and the baseline picked at load; FRINK_NATIVE_ISA forces one,
+and one this CPU cannot run is refused by `check_isa`, never replaced by NumPy). Where the
+CPU has AMX int8 tiles and Linux grants them (ISA "avx512+amx"; FRINK_NATIVE_ISA=avx512
+leaves them out), `matmul` with 8-bit activations multiplies x's 8-bit codes by W's
+codes on the tiles (native_amx.h): the 8-bit dots' products, summed in another order
+(~1e-7 relative), ~3-4x BLAS's f32 rate on a prompt's rows; `prompt_tiles()` says whether
+it does.
 
 `dots` makes each row's sums in one order whatever rows are beside it, so a row's
 product is the same bit for bit alone or in any batch (a server's answers rely on it);
