@@ -1,6 +1,7 @@
-/* 8-bit dots over W's rows in panels of 16 (Q2_K, Q3_K, Q4_K, Q4_0, Q5_0, Q4_1, IQ4_NL,
- * IQ4_XS; Q5_K, Q6_K and Q8_0 with VNNI):
- * included by native_isa.h in the x86 regions (AVX2, AVX-512) after native_kdots.h.
+/* 8-bit dots over W's rows in panels of 16 (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q4_0, Q5_0,
+ * Q4_1, IQ4_NL, IQ4_XS; Q8_0 on AVX-512):
+ * included by native_isa.h in the x86 regions (AVX-512, AVX2 with and without AVX-VNNI)
+ * after native_kdots.h.
  *
  * The layout (native.c panel_perm, which both ways of reading it share): a panel is 16
  * consecutive rows of W, and block b of a panel (the 16 rows' block b, 16 x 144 bytes, the
@@ -41,6 +42,15 @@
 #ifndef PANEL_PREFETCH
 #define PANEL_PREFETCH 8192
 #endif
+
+/* Step q of Q of a panel-block at p (UNIT bytes) asks for its share of the lines
+ * PANEL_PREFETCH bytes ahead: a block's prefetches spread over its steps. All of them at
+ * the block's start (the burst this replaced) left a decode row's panel kernels reading
+ * from DRAM 1.1-1.3x slower on Zen 5 (docs/performance.md, session 20). */
+#define PANEL_PREFETCH_PART(p, UNIT, q, Q)                                                     \
+    for (int l_ = (q) * (((UNIT) + 63) / 64) / (Q); l_ < ((q) + 1) * (((UNIT) + 63) / 64) / (Q); \
+         l_++)                                                                                 \
+    __builtin_prefetch((p) + PANEL_PREFETCH + 64 * l_, 0, 2)
 
 /* -O3's extra loop transformations (the build's default) made the 8-row kernel 1.5x
  * slower on Zen 4 (its accumulators spilled): these loops are written to be compiled as
@@ -92,12 +102,12 @@ static INLINE __m512i ISA(panel_bcast)(const int8_t *p) {
         const __m512i pair = _mm512_set1_epi32(0x00ff00ff), sixteen = _mm512_set1_epi8(16);     \
         for (int b = 0; b < nb; b++) {                                                          \
             const uint8_t *p = pan + (size_t)b * UNIT;                                          \
-            for (int l = 0; l < UNIT; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2);     \
             const __m512i a0 = _mm512_loadu_si512(p + 64), a1 = _mm512_loadu_si512(p + 128);    \
             const __m512i a2 = _mm512_loadu_si512(p + 192);                                     \
             __m512i is[N], ms[N];                                                               \
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) is[t] = ms[t] = _mm512_setzero_si512(); \
             for (int c = 0; c < 4; c++) {                                                       \
+                PANEL_PREFETCH_PART(p, UNIT, c, 4);                                                \
                 const int8_t *xc = PANEL_X(xq, N, 0, b * 256 + 64 * c); /* chunk c's quads */  \
                 const __m512i bl = _mm512_set1_epi8((char)(1 << 2 * c)), bh = _mm512_set1_epi8((char)(2 << 2 * c)); \
                 __m512i aL[N], aH[N];                                                           \
@@ -229,7 +239,6 @@ static INLINE void ISA(codes_iq4nl)(const uint8_t *p, int u, int g, const ISA(pa
         _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[t] = off[t] = _mm512_setzero_ps(); \
         for (int b = 0; b < nb; b++) {                                                          \
             const uint8_t *p = pan + (size_t)b * UNIT;                                          \
-            for (int l = 0; l < UNIT; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
             _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                               \
                 const size_t r = 2 * (size_t)b + u; /* the run */                              \
                 const int8_t *xr = PANEL_X(xq, N, 0, 32 * r); /* its quads */                  \
@@ -239,6 +248,7 @@ static INLINE void ISA(codes_iq4nl)(const uint8_t *p, int u, int g, const ISA(pa
                     aH[t] = _mm512_setzero_si512();                                             \
                 }                                                                               \
                 _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {                           \
+                    PANEL_PREFETCH_PART(p, UNIT, 4 * u + g, 8);                                    \
                     __m512i lo, hi;                                                             \
                     ISA(codes_##TYPE)(p, u, g, &k, &lo, &hi);                                   \
                     _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                       \
@@ -347,7 +357,6 @@ static INLINE void ISA(scales_q2k)(const uint8_t *p, __m512i line[4], __m512i mi
         _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();      \
         for (int b = 0; b < nb; b++) {                                                          \
             const uint8_t *p = pan + (size_t)b * UNIT;                                          \
-            for (int l = 0; l < UNIT; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2);     \
             __m512i line[4], mine[4];                                                           \
             ISA(scales_##TYPE)(p, line, mine);                                                  \
             /* from -2^SHIFT sum_j sc_j Q_j (MOFF: M, to be subtracted apart): the scales (or \
@@ -374,6 +383,7 @@ static INLINE void ISA(scales_q2k)(const uint8_t *p, __m512i line[4], __m512i mi
                 _Pragma("GCC unroll 4") for (int m = 0; m < 4; m++)                             \
                     _Pragma("GCC unroll 2") for (int f = 0; f < 2; f++) { /* half-run j */     \
                         const int j = 8 * n + 2 * m + f;                                        \
+                        PANEL_PREFETCH_PART(p, UNIT, j, 16);                                       \
                         /* each half-run's codes made in it: hoisted, GCC kept them on the stack */ \
                         const uint8_t *pj = p;                                                  \
                         __asm__("" : "+r"(pj));                                                 \
@@ -428,12 +438,12 @@ static INLINE __m512i ISA(iq4xs_scale)(__m512i sl, __m512i sh, int j) {
         _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();      \
         for (int b = 0; b < nb; b++) {                                                          \
             const uint8_t *p = pan + (size_t)b * 2176;                                          \
-            for (int l = 0; l < 2176; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2);     \
             const __m512i sl = _mm512_loadu_si512(p + 64);                                      \
             const __m512i sh = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 32))); \
             __m512i is[N];                                                                      \
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) is[t] = _mm512_setzero_si512(); \
             for (int j = 0; j < 8; j++) {                                                       \
+                PANEL_PREFETCH_PART(p, 2176, j, 8);                                                \
                 const size_t r = 8 * (size_t)b + j; /* the run */                              \
                 const int8_t *xr = PANEL_X(xq, N, 0, 32 * r);                                  \
                 __m512i a[N];                                                                   \
@@ -514,7 +524,6 @@ static INLINE __m256i ISA(panel_bcast)(const int8_t *p) {
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[h][t] = _mm256_setzero_ps(); \
         for (int b = 0; b < nb; b++) {                                                          \
             const uint8_t *p = pan + (size_t)b * UNIT;                                          \
-            for (int l = 0; l < UNIT; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
             for (int h = 0; h < 2; h++) { /* each line of the block read in one pass */         \
                 const __m256i a0 = _mm256_loadu_si256((const __m256i *)(p + 64 + 32 * h));      \
                 const __m256i a1 = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));     \
@@ -525,6 +534,7 @@ static INLINE __m256i ISA(panel_bcast)(const int8_t *p) {
                     const int8_t *xc = PANEL_X(xq, N, 0, b * 256 + 64 * c); /* chunk c's quads */ \
                     const __m256i sc = ISA(panel_scales)(a0, a1, a2, 0, c >= 2);                \
                     _Pragma("GCC unroll 2") for (int f = 0; f < 2; f++) { /* run 2c + f */     \
+                        PANEL_PREFETCH_PART(p, UNIT, 8 * h + 2 * c + f, 16);                \
                         __m256i s = _mm256_and_si256(_mm256_srli_epi32(sc, 16 * (c % 2) + 8 * f), byte); \
                         s = _mm256_or_si256(s, _mm256_slli_epi32(s, 16));                       \
                         __m256i a[N];                                                           \
@@ -637,9 +647,9 @@ static INLINE void ISA(codes_q40)(const uint8_t *p, int u, int g, const ISA(pane
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[h][t] = off[h][t] = _mm256_setzero_ps(); \
         for (int b = 0; b < nb; b++) {                                                          \
             const uint8_t *p = pan + (size_t)b * UNIT;                                          \
-            for (int l = 0; l < UNIT; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
             for (int h = 0; h < 2; h++) /* rows 8 h .. 8 h + 7 */                               \
                 _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                           \
+                    PANEL_PREFETCH_PART(p, UNIT, 2 * h + u, 4);                                    \
                     /* x's broadcasts made again for each half: hoisted out of h, GCC kept \
                      * all 64 on the stack, 1.15x slower (Zen 5) */                            \
                     const int8_t *xh = xq;                                                      \
@@ -703,9 +713,9 @@ PANEL_TILES(PANEL_RUNS, q41, 640, 1, 4)
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[h][t] = _mm256_setzero_ps(); \
         for (int b = 0; b < nb; b++) {                                                          \
             const uint8_t *p = pan + (size_t)b * UNIT;                                          \
-            for (int l = 0; l < UNIT; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
             for (int h = 0; h < 2; h++)                                                         \
                 _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                           \
+                    PANEL_PREFETCH_PART(p, UNIT, 2 * h + u, 4);                                    \
                     const int8_t *xh = xq; /* (as PANEL_RUNS's) */                              \
                     __asm__("" : "+r"(xh));                                                     \
                     const size_t r = 2 * (size_t)b + u;                                         \
@@ -804,7 +814,6 @@ static INLINE void ISA(scales_q2k)(const uint8_t *p, __m256i line[4], __m256i mi
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[h][t] = _mm256_setzero_ps(); \
         for (int b = 0; b < nb; b++) {                                                          \
             const uint8_t *p = pan + (size_t)b * UNIT;                                          \
-            for (int l = 0; l < UNIT; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2);     \
             for (int h = 0; h < 2; h++) {                                                       \
                 const uint8_t *ph = p + 32 * h;                                                 \
                 /* x's broadcasts made again for each half (as PANEL_RUNS's) */                \
@@ -834,6 +843,7 @@ static INLINE void ISA(scales_q2k)(const uint8_t *p, __m256i line[4], __m256i mi
                     _Pragma("GCC unroll 4") for (int m = 0; m < 4; m++)                         \
                         _Pragma("GCC unroll 2") for (int f = 0; f < 2; f++) { /* half-run j */ \
                             const int j = 8 * n + 2 * m + f;                                    \
+                            PANEL_PREFETCH_PART(p, UNIT, 16 * h + j, 32);                      \
                             const uint8_t *pj = ph; /* (as the AVX-512 form's) */              \
                             __asm__("" : "+r"(pj));                                             \
                             const __m256i e = j % 2 ? _mm256_srai_epi16(line[j / 4], 8)         \
@@ -895,7 +905,6 @@ static INLINE __m256i ISA(iq4xs_scale)(__m256i sl, __m256i sh, int j) {
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[h][t] = _mm256_setzero_ps(); \
         for (int b = 0; b < nb; b++) {                                                          \
             const uint8_t *p = pan + (size_t)b * 2176;                                          \
-            for (int l = 0; l < 2176; l += 64) __builtin_prefetch(p + PANEL_PREFETCH + l, 0, 2); \
             for (int h = 0; h < 2; h++) {                                                       \
                 const __m256i sl = _mm256_loadu_si256((const __m256i *)(p + 64 + 32 * h));      \
                 const __m256i sh = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * h))); \
@@ -904,6 +913,7 @@ static INLINE __m256i ISA(iq4xs_scale)(__m256i sl, __m256i sh, int j) {
                 __m256i is[N];                                                                  \
                 _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) is[t] = _mm256_setzero_si256(); \
                 for (int j = 0; j < 8; j++) {                                                   \
+                    PANEL_PREFETCH_PART(p, 2176, 8 * h + j, 16);                                   \
                     const int8_t *xr = PANEL_X(xh, N, 0, 256 * (size_t)b + 32 * j);            \
                     const __m256i sc = ISA(iq4xs_scale)(sl, sh, j);                             \
                     __m256i a[N];                                                               \
@@ -944,16 +954,17 @@ PANEL_TILES(PANEL_ROWS_N, q5k, 2816, 1)
 #undef PANEL_DOT_SCALED
 #undef PANEL_RUN_SCALED
 
-/* Whether panel_rows takes W's type qt (its panels' type, native.c panel_base). Without
- * VNNI, Q5_K and Q6_K stay in the file's order: their AVX2 panel kernels gain 0-10% on a
- * prompt's rows but read a decode row's weights from DRAM 1.3x and 1.5x slower than the
- * block-at-a-time dots (one row, 2 threads, a 65536 x 1536 matrix: docs/performance.md). */
+/* Whether panel_rows takes W's type qt (its panels' type, native.c panel_base): every
+ * panel type, Q8_0 only on AVX-512 (its signed codes' ymm kernel, tried, read a decode row
+ * from DRAM 1.11x slower than the file order). Q5_K and Q6_K came into the ymm variants
+ * with PANEL_PREFETCH_PART: with the burst it replaced, their panels read a decode row
+ * 1.1-1.5x slower than the file order (docs/performance.md, sessions 19-20). */
 static int ISA(panel_serves)(int qt) {
 #ifdef PANEL_ZMM
-    if (qt == QT_Q8_0 || qt == QT_Q5_K || qt == QT_Q6_K) return 1;
+    if (qt == QT_Q8_0) return 1;
 #endif
-    return qt == QT_Q4_K || qt == QT_Q3_K || qt == QT_Q2_K || qt == QT_Q4_0 || qt == QT_Q5_0 ||
-           qt == QT_Q4_1 || qt == QT_IQ4_NL || qt == QT_IQ4_XS;
+    return qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_Q6_K || qt == QT_Q3_K || qt == QT_Q2_K ||
+           qt == QT_Q4_0 || qt == QT_Q5_0 || qt == QT_Q4_1 || qt == QT_IQ4_NL || qt == QT_IQ4_XS;
 }
 
 /* y[t, r] = x[t] . W[r] for the rows of panels [p0, p1) of W (type qt, in panels; rb: a
