@@ -62,8 +62,8 @@ def isa(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def _serves(qtype: T, cols: int) -> None:
-    """Skip where the kernels running now have no panel dots for qtype (the ymm variants:
-    not Q8_0)."""
+    """Skip where the kernels running now have no panel dots for qtype (the portable
+    variant, or a width that is no whole number of units)."""
     if kernels._NATIVE is None or not kernels._NATIVE.panels_for(int(qtype), cols):
         pytest.skip(f"{kernels.kernel_path()}: no panel dots for {qtype.name}")
 

@@ -152,8 +152,8 @@ def _qt(w: QuantMatrix) -> int:
 
 def in_panels(w: QuantMatrix) -> QuantMatrix:
     """w with its rows in panels (`QuantMatrix.panels`) where the kernels running now have
-    panel dots for its type (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q4_0, Q5_0, Q4_1, IQ4_NL, IQ4_XS;
-    Q8_0 on AVX-512: whole units) and round x to 8 bits, w's rows come in whole panels, and
+    panel dots for its type (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q4_0, Q5_0, Q4_1, Q8_0, IQ4_NL,
+    IQ4_XS: whole units) and round x to 8 bits, w's rows come in whole panels, and
     AMX tiles do not take its prompts; else w itself. The panels are a new buffer of w's size
     (the caller drops w's). Why: a row of W per vector lane lets one byte dot multiply 16
     rows by 4 columns of x, and a row of x cost one broadcast: ~2x faster for 8 rows of x,

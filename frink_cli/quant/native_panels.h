@@ -1,5 +1,5 @@
 /* 8-bit dots over W's rows in panels of 16 (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q4_0, Q5_0,
- * Q4_1, IQ4_NL, IQ4_XS; Q8_0 on AVX-512):
+ * Q4_1, Q8_0, IQ4_NL, IQ4_XS):
  * included by native_isa.h in the x86 regions (AVX-512, AVX2 with and without AVX-VNNI)
  * after native_kdots.h.
  *
@@ -593,10 +593,10 @@ static INLINE __m256i ISA(panel_bcast)(const int8_t *p) {
  * vpmaddubsw pairs added as int16 over GROUP quads (Q5_0: 2 quads of 2 x 31 x 127, 4 x
  * 7874 under 2^15; Q4_0, Q4_1: all 4 quads of 2 x 15 x 127), widened by vpmaddwd with ones. Q5_0's
  * fifth bits: qh's byte spread to the quad's 4 bytes (vpshufb), each byte kept where its
- * own bit is set (vpcmpeqb), 16 or-ed in. No Q8_0 (its signed codes have no
- * vpmaddubsw form that pays); IQ4_NL's levels take their own kernel (below). */
+ * own bit is set (vpcmpeqb), 16 or-ed in. Q8_0's and IQ4_NL's signed codes take their own
+ * kernel (below); lv, av: IQ4_NL's levels and their magnitudes. */
 typedef struct {
-    __m256i low, sixteen, pick[4], bit[2];
+    __m256i low, sixteen, pick[4], bit[2], lv, av;
 } ISA(panel_consts);
 
 static INLINE ISA(panel_consts) ISA(panel_consts_make)(void) {
@@ -604,6 +604,8 @@ static INLINE ISA(panel_consts) ISA(panel_consts_make)(void) {
     k.low = _mm256_set1_epi8(15), k.sixteen = _mm256_set1_epi8(16);
     for (int j = 0; j < 4; j++) k.pick[j] = _mm256_broadcastsi128_si256(ISA(panel_pick)(j));
     for (int j = 0; j < 2; j++) k.bit[j] = _mm256_broadcastsi128_si256(ISA(panel_bit)(j));
+    k.lv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_LEVEL));
+    k.av = _mm256_abs_epi8(k.lv);
     return k;
 }
 
@@ -695,19 +697,33 @@ PANEL_TILES(PANEL_RUNS, q50, 704, 0, 2)
 PANEL_TILES(PANEL_RUNS, q41, 640, 1, 4)
 #undef PANEL_RUNS
 
-/* IQ4_NL without VNNI (Q4_0's units): its levels are signed (-127 .. 113), and no bias
- * keeps vpmaddubsw's pair sums under 2^15, so a quad's product is vpmaddubsw of the
- * levels' magnitudes by x given each level's sign (vpsignb; no level is 0), each widened
- * alone (a pair sum reaches 2 x 127 x 127). S is sum level q from zero: the AVX-512 form's
- * integer (which starts from -128 sum q over level + 128), so the same bits. */
+/* The signed codes (IQ4_NL's levels, -127 .. 113, in Q4_0's units; Q8_0's, -128 .. 127, in
+ * its 1088-byte units): no bias keeps vpmaddubsw's pair sums under 2^15, so a quad's
+ * product is the codes' magnitudes (al, ah) by x given each code's sign (sl, sh; vpsignb,
+ * which zeroes x where a code is 0), each widened alone (a pair sum reaches 2 x 128 x 127;
+ * x is never -128). S is sum code q from zero: the AVX-512 form's integer (which starts
+ * from -128 sum q over code + 128), so the same bits. Quad g of run u of the half at p
+ * (p + 32 h): columns 4g .. 4g + 3 (l), 16 + 4g .. (h). */
+static INLINE void ISA(signed_iq4nl)(const uint8_t *p, int u, int g, const ISA(panel_consts) *k,
+                                     __m256i *al, __m256i *sl, __m256i *ah, __m256i *sh) {
+    __m256i lo, hi;
+    ISA(codes_nibbles)(p + 64 + (4 * u + g) * 64, k, &lo, &hi);
+    *sl = _mm256_shuffle_epi8(k->lv, lo), *al = _mm256_shuffle_epi8(k->av, lo);
+    *sh = _mm256_shuffle_epi8(k->lv, hi), *ah = _mm256_shuffle_epi8(k->av, hi);
+}
+static INLINE void ISA(signed_q80)(const uint8_t *p, int u, int g, const ISA(panel_consts) *k,
+                                   __m256i *al, __m256i *sl, __m256i *ah, __m256i *sh) {
+    (void)k;
+    *sl = _mm256_loadu_si256((const __m256i *)(p + 64 + (8 * u + g) * 64)), *al = _mm256_abs_epi8(*sl);
+    *sh = _mm256_loadu_si256((const __m256i *)(p + 64 + (8 * u + 4 + g) * 64)), *ah = _mm256_abs_epi8(*sh);
+}
+
 #define PANEL_RUNS_SIGNED(N, TYPE, UNIT)                                                        \
     static void ISA(panel_##TYPE##_##N)(const uint8_t *pan, int nb, const int8_t *xq,         \
                                         const float *dx, const int32_t *bsp, size_t xu, float *y, \
                                         size_t ys) {                                           \
         (void)bsp;                                                                              \
         const ISA(panel_consts) k = ISA(panel_consts_make)();                                   \
-        const __m256i lv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_LEVEL)); \
-        const __m256i av = _mm256_abs_epi8(lv);                                                 \
         __m256 acc[2][N];                                                                       \
         for (int h = 0; h < 2; h++)                                                             \
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) acc[h][t] = _mm256_setzero_ps(); \
@@ -723,10 +739,8 @@ PANEL_TILES(PANEL_RUNS, q41, 640, 1, 4)
                     __m256i s[N];                                                               \
                     _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) s[t] = _mm256_setzero_si256(); \
                     _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {                       \
-                        __m256i lo, hi;                                                         \
-                        ISA(codes_nibbles)(p + 32 * h + 64 + (4 * u + g) * 64, &k, &lo, &hi);   \
-                        const __m256i sl = _mm256_shuffle_epi8(lv, lo), al = _mm256_shuffle_epi8(av, lo); \
-                        const __m256i sh = _mm256_shuffle_epi8(lv, hi), ah = _mm256_shuffle_epi8(av, hi); \
+                        __m256i al, sl, ah, sh;                                                 \
+                        ISA(signed_##TYPE)(p + 32 * h, u, g, &k, &al, &sl, &ah, &sh);           \
                         _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) {                   \
                             s[t] = I8_DOT_ACC(s[t], al, _mm256_sign_epi8(ISA(panel_bcast)(PANEL_X(xr, N, t, 4 * g)), sl)); \
                             s[t] = I8_DOT_ACC(s[t], ah, _mm256_sign_epi8(ISA(panel_bcast)(PANEL_X(xr, N, t, 16 + 4 * g)), sh)); \
@@ -743,6 +757,7 @@ PANEL_TILES(PANEL_RUNS, q41, 640, 1, 4)
             _Pragma("GCC unroll 8") for (int t = 0; t < N; t++) _mm256_storeu_ps(y + t * ys + 8 * h, acc[h][t]); \
     }
 PANEL_TILES(PANEL_RUNS_SIGNED, iq4nl, 576)
+PANEL_TILES(PANEL_RUNS_SIGNED, q80, 1088)
 #undef PANEL_RUNS_SIGNED
 
 /* Q6_K as the AVX-512 form (its layout, codes and integers; the same f32 steps, so the same
@@ -955,15 +970,11 @@ PANEL_TILES(PANEL_ROWS_N, q5k, 2816, 1)
 #undef PANEL_RUN_SCALED
 
 /* Whether panel_rows takes W's type qt (its panels' type, native.c panel_base): every
- * panel type, Q8_0 only on AVX-512 (its signed codes' ymm kernel, tried, read a decode row
- * from DRAM 1.11x slower than the file order). Q5_K and Q6_K came into the ymm variants
- * with PANEL_PREFETCH_PART: with the burst it replaced, their panels read a decode row
- * 1.1-1.5x slower than the file order (docs/performance.md, sessions 19-20). */
+ * panel type on every x86 variant. Q5_K, Q6_K and Q8_0 came into the ymm variants with
+ * PANEL_PREFETCH_PART: with the burst it replaced, their panels read a decode row 1.1-1.5x
+ * slower than the file order (docs/performance.md, sessions 19-20). */
 static int ISA(panel_serves)(int qt) {
-#ifdef PANEL_ZMM
-    if (qt == QT_Q8_0) return 1;
-#endif
-    return qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_Q6_K || qt == QT_Q3_K || qt == QT_Q2_K ||
+    return qt == QT_Q8_0 || qt == QT_Q4_K || qt == QT_Q5_K || qt == QT_Q6_K || qt == QT_Q3_K || qt == QT_Q2_K ||
            qt == QT_Q4_0 || qt == QT_Q5_0 || qt == QT_Q4_1 || qt == QT_IQ4_NL || qt == QT_IQ4_XS;
 }
 
@@ -994,9 +1005,7 @@ static void ISA(panel_rows)(int qt, const uint8_t *w, size_t rb, size_t p0, size
             if (qt == QT_Q4_1) { PANEL_CALL(q41, cols / 64) } else
             if (qt == QT_IQ4_NL) { PANEL_CALL(iq4nl, cols / 64) } else
             if (qt == QT_IQ4_XS) { PANEL_CALL(iq4xs, cols / 256) } else
-#ifdef PANEL_ZMM
             if (qt == QT_Q8_0) { PANEL_CALL(q80, cols / 64) } else
-#endif
             if (qt == QT_Q6_K) { PANEL_CALL(q6k, cols / 256) } else
             if (qt == QT_Q3_K) { PANEL_CALL(q3k, cols / 256) } else
             if (qt == QT_Q2_K) { PANEL_CALL(q2k, cols / 256) } else
