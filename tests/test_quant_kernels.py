@@ -185,6 +185,27 @@ def _check_8bit_products(qtype: T, isa: str) -> None:
             assert 1e-4 < rel < 2e-2, rel  # the rounding did happen, and is small
 
 
+@pytest.mark.parametrize(
+    "qtype", [t for t in KERNEL_TYPES if t not in (T.F16, T.BF16)], ids=lambda t: t.name
+)
+def test_the_vnni_variants_give_the_same_bits(qtype: T) -> None:
+    """avxvnni is AVX2's loops with AVX-512's byte dot (vpdpbusd, on a ymm) and AVX-512's
+    integers (the codes' offsets folded into x's sums, each run's sum times its scale): a
+    CPU with either gives the same 8-bit products, in the file's order and in panels.
+    (avx2 takes the offsets' k terms in f32, so its last bits may differ from theirs.)"""
+    rng = np.random.default_rng(int(qtype) + 17)
+    for rows, cols in shapes_for(qtype):
+        w = random_weights(qtype, rows, cols, seed=rows + cols)
+        x = rng.standard_normal((11, cols)).astype(np.float32)
+        got = {}
+        for name in ("avx512", "avxvnni"):
+            for _ in _use_isa(name):
+                with kernels.exact_activations(False):
+                    got[name] = [kernels.dots(x, w), kernels.dots(x, kernels.in_panels(w))]
+        np.testing.assert_array_equal(got["avxvnni"][0], got["avx512"][0])
+        np.testing.assert_array_equal(got["avxvnni"][1], got["avx512"][1])
+
+
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
 def test_a_rows_product_does_not_depend_on_the_rows_beside_it(
     qtype: T, isa: str, activations: str

@@ -409,7 +409,9 @@ typedef float vf256 __attribute__((vector_size(32)));
 /* AVX2 plus AVX-VNNI (Intel's client cores since Alder Lake, AMD's since Zen 5): the AVX2
  * kernels with each 4 byte products summed into an int32 lane by one vpdpbusd on a ymm, as
  * the AVX-512 region's 256-bit loops do (KD_DPBUSD), where AVX2 takes vpmaddubsw, an int16
- * add and vpmaddwd. The same integers, so the same bits as every other variant. */
+ * add and vpmaddwd, and the codes' offsets folded into x's sums as AVX-512 folds them: the
+ * same integers and f32 steps as the AVX-512 variant, so its bits (AVX2 takes those
+ * offsets' k terms in f32: its last bits may differ). */
 #if __GNUC__ >= 11
 #define AVXVNNI_BUILT 1
 #pragma GCC push_options
