@@ -49,6 +49,7 @@ setup(
             sources=["frink_cli/quant/native.c"],
             depends=[
                 "frink_cli/quant/native_isa.h",
+                "frink_cli/quant/native_ymm.h",
                 "frink_cli/quant/native_blocks.h",
                 "frink_cli/quant/native_int8.h",
                 "frink_cli/quant/native_kdots.h",

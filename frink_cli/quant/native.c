@@ -392,17 +392,10 @@ typedef float vf512 __attribute__((vector_size(64)));
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #define ISA(name) name##_avx2
-#define VL 8
 typedef float vf256 __attribute__((vector_size(32)));
-#define vf vf256
-#define VFMA(a, b, c) ((vf256)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
-#define HALF(p) _cvtsh_ss(rd16(p))
-#define HALVES(p) ((vf256)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p))))
-#define HALF_OF(b, i) ((i) ? _mm_unpackhi_epi64((__m128i)(b), (__m128i)(b)) : (__m128i)(b))
-#define U8F(b, i) ((vf256)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(HALF_OF(b, i))))
-#define S8F(b, i) ((vf256)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(HALF_OF(b, i))))
 #define I8_DOT_ACC(acc, a, b)                                                                  \
     _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((a), (b)), _mm256_set1_epi16(1)))
+#include "native_ymm.h"
 #include "native_isa.h"
 #pragma GCC pop_options
 
@@ -417,15 +410,9 @@ typedef float vf256 __attribute__((vector_size(32)));
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avxvnni")
 #define ISA(name) name##_avxvnni
-#define VL 8
-#define vf vf256
-#define VFMA(a, b, c) ((vf256)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
-#define HALF(p) _cvtsh_ss(rd16(p))
-#define HALVES(p) ((vf256)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p))))
-#define U8F(b, i) ((vf256)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(HALF_OF(b, i))))
-#define S8F(b, i) ((vf256)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(HALF_OF(b, i))))
 #define I8_DOT_ACC(acc, a, b) _mm256_dpbusd_avx_epi32((acc), (a), (b))
 #define KD_DPBUSD 1
+#include "native_ymm.h"
 #include "native_isa.h"
 #undef KD_DPBUSD
 #pragma GCC pop_options

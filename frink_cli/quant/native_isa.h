@@ -196,6 +196,9 @@ static void ISA(dot_rows)(int qt, const uint8_t *w, size_t rb, size_t r0, size_t
 #undef HALVES
 #undef U8F
 #undef S8F
+#ifdef HALF_OF
+#undef HALF_OF
+#endif
 #ifdef I8_DOT_ACC
 #undef I8_DOT_ACC
 #endif
