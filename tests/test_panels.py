@@ -271,3 +271,27 @@ def test_a_q4_k_m_model_loads_its_matrices_in_panels(gemma3_path) -> None:
     held = host_formats("gguf", {p.qtype.name for p in parts})
     for p in parts:
         assert ("in panels" in held[p.qtype.name]) == p.panels, (p.qtype, held)
+
+
+@pytest.mark.parametrize("qtype", PANEL_TYPES, ids=lambda t: t.name)
+def test_stacked_parts_repack_as_their_concatenation_on_any_thread_count(
+    qtype: T, isa: str
+) -> None:
+    """A fused matrix's parts (a Q/K/V, a gate/up) repacked each straight into its rows of
+    the result (kernels.stacked_in_panels, the load's path) are the bytes in_panels gives
+    their concatenation, on one thread and on several, and read back as the file's bytes;
+    a part that is no whole number of panels leaves the concatenation to the caller."""
+    cols = SHAPES[qtype][1][1]
+    _serves(qtype, cols)
+    parts = [random_weights(qtype, rows, cols, seed=rows) for rows in (48, 16, 32)]
+    joined = QuantMatrix(np.concatenate([p.data for p in parts]), qtype, 96, cols)
+    with kernels.exact_activations(False):
+        want = kernels.in_panels(joined)
+        for n in (1, 2, 3):
+            with kernels.threads(n):
+                got = kernels.stacked_in_panels(parts)
+            assert got is not None and got.panels and got.rows == 96
+            np.testing.assert_array_equal(got.data, want.data)
+            np.testing.assert_array_equal(kernels.file_order(got).data, joined.data)
+        ragged = [random_weights(qtype, 40, cols, seed=1), random_weights(qtype, 24, cols, seed=2)]
+        assert kernels.stacked_in_panels(ragged) is None

@@ -63,6 +63,7 @@ _DEFAULT_ALIGNMENT = 32
 # llama.cpp reads no nested arrays at all; gguf-py writes them. One level of nesting is
 # accepted, more is a crafted file (and recursion without end).
 _MAX_ARRAY_DEPTH = 2
+_U64 = struct.Struct("<Q")
 
 _INTS = frozenset(
     {
@@ -216,6 +217,30 @@ class _Cursor:
                 f"{self.path}: {what} is not valid UTF-8 (byte {e.start} of {n})"
             ) from None
 
+    def strings(self, count: int, what: str) -> list[str]:
+        """`count` strings in a row (an array's): string() for each, in one loop that names
+        the element only when one is refused (a vocabulary's 150k strings read ~2.5x faster
+        than one call each)."""
+        buf, pos, size, unpack = self.buf, self.pos, self.size, _U64.unpack_from
+        out: list[str] = []
+        append = out.append
+        for _ in range(count):
+            if pos + 8 > size:
+                break
+            (n,) = unpack(buf, pos)
+            end = pos + 8 + n
+            if end > size:
+                break
+            try:
+                append(buf[pos + 8 : end].decode("utf-8"))
+            except UnicodeDecodeError:
+                break
+            pos = end
+        self.pos = pos
+        while len(out) < count:  # the string that stopped the loop, refused by string()
+            out.append(self.string(f"{what}[{len(out)}]"))
+        return out
+
     def value_type(self, what: str) -> GGUFValueType:
         raw = self.scalar("<I", what)
         try:
@@ -240,7 +265,7 @@ class _Cursor:
             self.elem_type = etype
             if etype == GGUFValueType.STRING:
                 self.need(count * 8, what)  # each string has at least its length
-                return [self.string(f"{what}[{i}]") for i in range(count)]
+                return self.strings(count, what)
             if etype == GGUFValueType.ARRAY:
                 self.need(count * 12, what)
                 out = [self.value(GGUFValueType.ARRAY, what, depth + 1) for _ in range(count)]

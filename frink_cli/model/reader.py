@@ -121,8 +121,10 @@ class TensorReader:
             return False  # (fill names the missing one)
         return all(self.ckpt.tensors.info(t).dtype in _KERNEL_TYPE_NAMES for t in tensors)
 
-    def in_blocks(self, parts: Parts, in_dim: int) -> QuantRows | None:
-        """The tensors' rows stacked as the file's own blocks (None: f32 at load)."""
+    def in_blocks(self, parts: Parts, in_dim: int, panels: bool = False) -> QuantRows | None:
+        """The tensors' rows stacked as the file's own blocks (None: f32 at load); with
+        `panels`, each run of one type in panels where the kernels take them
+        (kernels.in_panels), repacked straight from the file's bytes."""
         if not self._kernel_typed(parts):
             return None
         runs = []
@@ -130,7 +132,7 @@ class TensorReader:
             self.check(name + ".weight", (rows, in_dim))
             qtype, _, data = self.ckpt.tensors.blocks(name + ".weight")  # type: ignore[attr-defined]
             runs.append((qtype, rows, data))
-        return QuantRows.joined(runs, in_dim)
+        return QuantRows.joined(runs, in_dim, kernels.stacked_in_panels if panels else None)
 
     def table(self, name: str, rows: int, cols: int) -> np.ndarray | QuantRows:
         """A lookup table [rows, cols] (an embedding): the file's blocks, else f32."""
@@ -169,7 +171,7 @@ class TensorReader:
 
     def linear(self, parts: Parts, in_dim: int, bias: bool = True) -> Linear:
         """Rows of several tensors stacked into one matrix; biases zero-filled if partial."""
-        w: np.ndarray | QuantRows | None = self.in_blocks(parts, in_dim)
+        w: np.ndarray | QuantRows | None = self.in_blocks(parts, in_dim, panels=True)
         if isinstance(w, QuantRows):
             w = QuantRows(tuple(kernels.in_panels(p) for p in w.parts))
         elif w is None and self.meta:

@@ -10,7 +10,7 @@ it is the one frink's reader already uses to find the bytes.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,15 +158,24 @@ class QuantRows:
 
     @classmethod
     def joined(
-        cls, runs: list[tuple[GGMLQuantizationType, int, np.ndarray]], cols: int
+        cls,
+        runs: list[tuple[GGMLQuantizationType, int, np.ndarray]],
+        cols: int,
+        stack: Callable[[list[QuantMatrix]], QuantMatrix | None] | None = None,
     ) -> QuantRows:
-        """From (type, rows, bytes) runs in row order, neighbours of one type merged."""
+        """From (type, rows, bytes) runs in row order, neighbours of one type merged: by
+        `stack` where given and it takes them (their rows as one new matrix, e.g. in panels),
+        else concatenated."""
         parts = []
         for qtype, group in itertools.groupby(runs, key=lambda r: r[0]):
-            g = list(group)
-            rows = sum(n for _, n, _ in g)
-            data = g[0][2] if len(g) == 1 else np.concatenate([d.reshape(-1) for _, _, d in g])
-            parts.append(QuantMatrix.from_buffer(data, qtype, rows, cols))
+            g = [QuantMatrix.from_buffer(d, qtype, n, cols) for _, n, d in group]
+            merged = stack(g) if stack is not None else None
+            if merged is None and len(g) == 1:
+                merged = g[0]
+            elif merged is None:
+                data = np.concatenate([m.data.reshape(-1) for m in g])
+                merged = QuantMatrix.from_buffer(data, qtype, sum(m.rows for m in g), cols)
+            parts.append(merged)
         return cls(tuple(parts))
 
 

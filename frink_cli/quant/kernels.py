@@ -63,7 +63,7 @@ from gguf.quants import dequantize as _gguf_dequantize
 
 from ..errors import FrinkError
 from .blas import blas_threads
-from .blocks import PANEL_ROWS, QuantMatrix
+from .blocks import PANEL_ROWS, QuantMatrix, first_rows
 
 # Up to this many rows of x go through dots, more through tiles + BLAS (a tile + BLAS
 # pays for its dequantization only when enough rows share it).
@@ -158,18 +158,33 @@ def in_panels(w: QuantMatrix) -> QuantMatrix:
     (the caller drops w's). Why: a row of W per vector lane lets one byte dot multiply 16
     rows by 4 columns of x, and a row of x cost one broadcast: ~2x faster for 8 rows of x,
     and for one (docs/performance.md)."""
+    if w.panels:
+        return w
+    return stacked_in_panels([w]) or w
+
+
+def stacked_in_panels(parts: list[QuantMatrix]) -> QuantMatrix | None:
+    """Matrices of one type and width, their rows stacked in order, as one matrix in panels
+    (in_panels of their concatenation), each repacked straight into its rows of the result:
+    a fused Q/K/V or gate/up is copied once at load, not concatenated first. None where
+    in_panels would keep the rows in the file's order, or a part's rows are not whole
+    panels."""
+    w = parts[0]
     if (
         _NATIVE is None
-        or w.panels
-        or w.rows % PANEL_ROWS
+        or any(p.panels or p.qtype != w.qtype or p.cols != w.cols for p in parts)
+        or any(p.rows % PANEL_ROWS for p in parts)
         or activations() != "8-bit"
         or not _NATIVE.panels_for(int(w.qtype), w.cols)
         or on_tiles(w)
     ):
-        return w
-    data = _aligned(w.data.shape)
-    _NATIVE.panel(int(w.qtype), w.data, data, w.rows, w.cols, True)
-    return QuantMatrix(data, w.qtype, w.rows, w.cols, panels=True)
+        return None
+    rows = sum(p.rows for p in parts)
+    data = _aligned((rows, w.data.shape[1]))
+    for p, r0 in zip(parts, first_rows(parts), strict=True):
+        dst = data[r0 : r0 + p.rows]
+        _NATIVE.panel(int(w.qtype), p.data, dst, p.rows, p.cols, True, _threads.get())
+    return QuantMatrix(data, w.qtype, rows, w.cols, panels=True)
 
 
 def repacks(qtype: int) -> bool:

@@ -224,22 +224,50 @@ static int panel_unit_fits(int qt, size_t cols, uint16_t *perm) {
     return pbytes && cols / (size_t)g->elems * (size_t)g->nbytes % (size_t)(pbytes / PANEL_ROWS) == 0;
 }
 
-/* Rows [16 i, 16 i + 16) of a panel matrix back in the file's order (rb bytes a row) into
- * out (16 rb bytes), or the file's rows into panels (to_panels). */
-static void repanel(const uint16_t *perm, int pbytes, const uint8_t *src, size_t rb, uint8_t *out,
+/* A panel layout's byte moves for rows rb bytes apart, worked out once a matrix: its runs
+ * of 4 bytes (n4) and of 2 (n2), each a byte of the panel-block (to) and the offset of its
+ * bytes in the 16 rows' block b (at, rows rb apart). A layout's runs start at even bytes
+ * (panel_perm); a 4-byte run starts at a multiple of 4, and copying it whole halves the
+ * steps (the load's repacking, ~1.6x faster on Zen 5 with the threads). */
+typedef struct {
+    int pbytes, n4, n2;
+    size_t bb; /* a row's bytes of a panel-block */
+    uint16_t to4[PANEL_MAX_BYTES / 4], to2[PANEL_MAX_BYTES / 2];
+    size_t at4[PANEL_MAX_BYTES / 4], at2[PANEL_MAX_BYTES / 2];
+} panel_moves;
+
+/* The moves of file type qt's layout for rows of rb bytes into m; its pbytes (0: no layout). */
+static int panel_moves_make(int qt, size_t rb, panel_moves *m) {
+    uint16_t perm[PANEL_MAX_BYTES];
+    const int pbytes = panel_perm(qt, perm);
+    m->pbytes = pbytes, m->n4 = m->n2 = 0, m->bb = (size_t)pbytes / PANEL_ROWS;
+    for (int i = 0; i < pbytes;) {
+        const size_t row = perm[i] / m->bb, at = row * rb + perm[i] % m->bb;
+        if (i % 4 == 0 && i + 4 <= pbytes && perm[i + 2] == perm[i] + 2 &&
+            (perm[i] + 2u) / m->bb == row) {
+            m->to4[m->n4] = (uint16_t)i, m->at4[m->n4++] = at, i += 4;
+        } else {
+            m->to2[m->n2] = (uint16_t)i, m->at2[m->n2++] = at, i += 2;
+        }
+    }
+    return pbytes;
+}
+
+/* Rows [16 i, 16 i + 16) of a panel matrix back in the file's order (rb bytes a row, the
+ * rb m was made for) into out (16 rb bytes), or the file's rows into panels (to_panels). */
+static void repanel(const panel_moves *m, const uint8_t *src, size_t rb, uint8_t *out,
                     int to_panels) {
-    const size_t nb = rb / (size_t)(pbytes / PANEL_ROWS), bb = (size_t)pbytes / PANEL_ROWS;
-    /* a layout moves runs of at least 2 bytes from even offsets: 2 bytes a step, each
-     * pair's offset in the 16 rows' bytes worked out once */
-    size_t at[PANEL_MAX_BYTES / 2];
-    for (int i = 0; i < pbytes; i += 2) at[i / 2] = (size_t)(perm[i] / bb) * rb + perm[i] % bb;
+    const size_t pb = (size_t)m->pbytes, bb = m->bb, nb = rb / bb;
     for (size_t b = 0; b < nb; b++) {
-        const uint8_t *from = to_panels ? src + b * bb : src + b * (size_t)pbytes;
-        uint8_t *to = to_panels ? out + b * (size_t)pbytes : out + b * bb;
-        if (to_panels)
-            for (int i = 0; i < pbytes; i += 2) memcpy(to + i, from + at[i / 2], 2);
-        else
-            for (int i = 0; i < pbytes; i += 2) memcpy(to + at[i / 2], from + i, 2);
+        const uint8_t *from = to_panels ? src + b * bb : src + b * pb;
+        uint8_t *to = to_panels ? out + b * pb : out + b * bb;
+        if (to_panels) {
+            for (int k = 0; k < m->n4; k++) memcpy(to + m->to4[k], from + m->at4[k], 4);
+            for (int k = 0; k < m->n2; k++) memcpy(to + m->to2[k], from + m->at2[k], 2);
+        } else {
+            for (int k = 0; k < m->n4; k++) memcpy(to + m->at4[k], from + m->to4[k], 4);
+            for (int k = 0; k < m->n2; k++) memcpy(to + m->at2[k], from + m->to2[k], 2);
+        }
     }
 }
 
@@ -612,19 +640,25 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
             PyErr_NoMemory();
             goto done;
         }
-        uint16_t perm[PANEL_MAX_BYTES];
-        const int pbytes = panel_perm(panel_base(qt), perm);
+        panel_moves *moves = malloc(sizeof *moves);
+        if (!moves) {
+            free(tmp);
+            PyErr_NoMemory();
+            goto done;
+        }
+        panel_moves_make(panel_base(qt), rb, moves);
         const int64_t at = 0;
         size_t have = (size_t)-1; /* the panel in tmp: rows in order read each panel once */
         for (size_t i = 0; i < n; i++) {
             const size_t P = (size_t)idx[i] / PANEL_ROWS;
             if (P != have)
-                repanel(perm, pbytes, (const uint8_t *)w.buf + P * PANEL_ROWS * rb, rb, tmp, 0);
+                repanel(moves, (const uint8_t *)w.buf + P * PANEL_ROWS * rb, rb, tmp, 0);
             have = P;
             K->deq_rows(panel_base(qt), tmp + (size_t)idx[i] % PANEL_ROWS * rb, rb, &at, 0, 1,
                         (float *)out.buf + i * (size_t)cols, (int)cols);
         }
         free(tmp);
+        free(moves);
         ret = Py_NewRef(Py_None);
         goto done;
     }
@@ -766,6 +800,7 @@ static PyObject *py_dots(PyObject *self, PyObject *args) {
     PyObject *ret = NULL;
     size_t rb;
     void *scratch = NULL;
+    panel_moves *moves = NULL;
     if (check_matrix(qt, rows, cols, &rb) || check_len(&w, rb * (size_t)rows, "w") ||
         T < 0 || check_len(&x, (size_t)T * (size_t)cols * sizeof(float), "x") ||
         check_len(&y, (size_t)T * (size_t)rows * sizeof(float), "y"))
@@ -780,8 +815,11 @@ static PyObject *py_dots(PyObject *self, PyObject *args) {
             ret = Py_NewRef(Py_None);
         goto done;
     }
-    uint16_t perm[PANEL_MAX_BYTES];
-    const int pbytes = base >= 0 ? panel_perm(base, perm) : 0;
+    if (base >= 0 && !(moves = malloc(sizeof *moves))) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int pbytes = moves ? panel_moves_make(base, rb, moves) : 0;
     q8_row *xr = NULL;
     if (i8 && T > 0) {
         /* 8-bit activations: x rounded once, then every row of W dotted with it. */
@@ -817,7 +855,7 @@ static PyObject *py_dots(PyObject *self, PyObject *args) {
             float *yc = (float *)y.buf;
             if (pbytes) { /* ROW_CHUNK == PANEL_ROWS: chunk c is panel c */
                 if (!mine) continue;
-                repanel(perm, pbytes, wc + r0 * rb, rb, mine, 0);
+                repanel(moves, wc + r0 * rb, rb, mine, 0);
                 wc = mine, yc += r0, r1 -= r0, r0 = 0;
             }
             if (xr)
@@ -836,6 +874,7 @@ static PyObject *py_dots(PyObject *self, PyObject *args) {
     ret = Py_NewRef(Py_None);
 done:
     free(scratch);
+    free(moves);
     PyBuffer_Release(&w);
     PyBuffer_Release(&x);
     PyBuffer_Release(&y);
@@ -846,16 +885,16 @@ done:
  * with its rows in panels of 16 (to_panels), or back in the file's order. */
 static PyObject *py_panel(PyObject *self, PyObject *args) {
     (void)self;
-    int qt, to_panels;
+    int qt, to_panels, nthreads = 1;
     Py_ssize_t rows, cols;
     Py_buffer src, dst;
-    if (!PyArg_ParseTuple(args, "iy*w*nnp", &qt, &src, &dst, &rows, &cols, &to_panels))
+    if (!PyArg_ParseTuple(args, "iy*w*nnp|i", &qt, &src, &dst, &rows, &cols, &to_panels, &nthreads))
         return NULL;
     PyObject *ret = NULL;
     size_t rb;
     uint16_t perm[PANEL_MAX_BYTES];
-    const int pbytes = panel_perm(qt, perm);
-    if (!pbytes) {
+    panel_moves *moves = NULL;
+    if (!panel_perm(qt, perm)) {
         PyErr_Format(PyExc_ValueError, "no panel layout for type %d", qt);
         goto done;
     }
@@ -866,13 +905,21 @@ static PyObject *py_panel(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "panel: src and dst must not be one buffer");
         goto done;
     }
+    if (!(moves = malloc(sizeof *moves))) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    panel_moves_make(qt, rb, moves);
     Py_BEGIN_ALLOW_THREADS;
-    for (Py_ssize_t r = 0; r < rows; r += PANEL_ROWS)
-        repanel(perm, pbytes, (const uint8_t *)src.buf + (size_t)r * rb, rb,
-                (uint8_t *)dst.buf + (size_t)r * rb, to_panels);
+    const long panels = (long)(rows / PANEL_ROWS);
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && panels > 1)
+    for (long P = 0; P < panels; P++)
+        repanel(moves, (const uint8_t *)src.buf + (size_t)P * PANEL_ROWS * rb, rb,
+                (uint8_t *)dst.buf + (size_t)P * PANEL_ROWS * rb, to_panels);
     Py_END_ALLOW_THREADS;
     ret = Py_NewRef(Py_None);
 done:
+    free(moves);
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
     return ret;
@@ -1044,8 +1091,8 @@ static PyMethodDef METHODS[] = {
      "tiles(qtype, w, rows, cols, x f32, T, y f32, threads): y[T, rows] = x @ W.T by AMX "
      "int8 tiles, x rounded to 8 bits as dots round it"},
     {"panel", py_panel, METH_VARARGS,
-     "panel(qtype, src, dst, rows, cols, to_panels): dst = W's rows in panels of 16, or "
-     "back in the file's order"},
+     "panel(qtype, src, dst, rows, cols, to_panels, nthreads=1): dst = W's rows in panels "
+     "of 16, or back in the file's order"},
     {"panels_for", py_panels_for, METH_VARARGS,
      "panels_for(qtype, cols): whether the picked ISA has panel dots for the type, and rows "
      "of cols columns are whole panel units"},
