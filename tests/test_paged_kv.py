@@ -10,6 +10,7 @@ it runs out, and refuses by name when nothing can be given back.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -205,3 +206,27 @@ def test_windowed_pages_match_references(
     got = np.concatenate(rows)
     for key in refs:
         _compare(got, tm.ref[key], REF_TOL, f"{name} paged vs {key}")
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads Linux's /proc")
+def test_a_pool_takes_memory_as_its_rows_are_written(tiny_model: Callable) -> None:
+    """A server's pool maps its memory as rows are written: a sequence's first token costs
+    a few small pages, not the pool (each KV head's rows for every page lie apart, so in
+    2 MB pages one token touched a huge page per head and layer: a server's first request
+    paid for zeroing nearly the whole pool)."""
+    m = _llama(tiny_model)
+    dec = m.decoder
+    dec.step(np.asarray([1, 2]), dec.new_cache(8))  # the step's own first allocations
+    pools = dec.new_pool(4096, 8192)  # 65536 rows
+    held = sum(b.nbytes for p in pools for bufs in (p.k, p.v) for b in bufs.values())
+    assert held >= 16 << 20, held
+    cache = dec.new_cache(8192, pool=pools)
+    before = _resident_bytes()
+    dec.step(np.asarray([1]), cache)
+    grown = _resident_bytes() - before
+    assert grown < held // 8, (grown, held)

@@ -30,6 +30,7 @@ attention reads the same `Paged` rows as keys and values.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -114,6 +115,24 @@ def unpaged_reason(cfg: ModelConfig, n_ctx: int) -> str | None:
     return None
 
 
+def lazy_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Zeros whose memory the OS maps a small page at a time as rows are first written
+    (and freed pages are taken again first), so a pool costs what its busiest moment held.
+    Not in huge pages: a pool's buffer holds each KV head's rows for every page apart, so
+    with 2 MB pages (NumPy asks for them for large arrays) a sequence's first token would
+    map a huge page per head and layer, nearly the whole pool of a small model, and the
+    server's first request would wait for the OS to zero it (docs/performance.md)."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape)) * dtype.itemsize
+    if n == 0:
+        return np.zeros(shape, dtype)
+    buf = mmap.mmap(-1, n)  # anonymous: zero-filled, mapped as written
+    advice = getattr(mmap, "MADV_NOHUGEPAGE", None)
+    if advice is not None:
+        buf.madvise(advice)
+    return np.frombuffer(buf, dtype).reshape(shape)
+
+
 class PagePool:
     """n_pages pages of `page` rows in the K and V buffer of each of `layers` (attention
     layers with rows of their own, all seeing `span`: None for every row), stored as
@@ -139,13 +158,13 @@ class PagePool:
             shape = cfg.layer_shape(layer)
             rows = (shape.n_head_kv, n_pages * page)
             kt, vt = types.k, types.v
-            # Zeros: the OS maps a page's memory when it is first written (and freed pages
-            # are taken again first), so a pool costs what its busiest moment held.
-            self.k[layer] = np.zeros((*rows, stored_width(kt, shape.head_dim_k)), stored_dtype(kt))
+            k_shape = (*rows, stored_width(kt, shape.head_dim_k))
+            self.k[layer] = lazy_zeros(k_shape, stored_dtype(kt))
             if shape.mixer == "mla":  # the values are the keys' rows: one buffer, K's type
                 self.v[layer] = self.k[layer]
                 continue
-            self.v[layer] = np.zeros((*rows, stored_width(vt, shape.head_dim_v)), stored_dtype(vt))
+            v_shape = (*rows, stored_width(vt, shape.head_dim_v))
+            self.v[layer] = lazy_zeros(v_shape, stored_dtype(vt))
         self.refs = np.zeros(n_pages, np.int32)
         self._free = list(range(n_pages - 1, -1, -1))  # pop() hands out page 0 first
         self.reclaimer: Reclaimer | None = None
