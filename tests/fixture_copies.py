@@ -59,11 +59,16 @@ def copy_gguf(
         writer.add_tensor(t.name, data, raw_dtype=raw)
     for name, data in (extra or {}).items():
         writer.add_tensor(name, data)
+    write_out(writer)
+    return dst
+
+
+def write_out(writer: Any) -> None:
+    """A gguf-py GGUFWriter's header, metadata and tensors written to its file, then closed."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return dst
 
 
 def copy_hf_dir(src: Path, dst: Path, **changes: Any) -> Path:

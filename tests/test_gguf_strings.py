@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixture_copies import write_out
 from gguf import GGUFReader, GGUFWriter
 
 from frink_cli.errors import FrinkError
@@ -27,10 +28,7 @@ def _write(path: Path, strings: list[str]) -> Path:
     writer = GGUFWriter(path, "llama")
     writer.add_array(KEY, strings)
     writer.add_tensor("w", np.zeros(4, np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_out(writer)
     return path
 
 

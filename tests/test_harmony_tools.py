@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixture_copies import write_out
 from model_checks import _path
 from serve_process import Server
 from tool_defs import SCHEMAS, TOOLS
@@ -98,10 +99,7 @@ def harmony_gguf(tiny_model, tmp_path_factory, gpt_oss_template) -> Path:
     w.add_chat_template(gpt_oss_template)
     for t in src.tensors:
         w.add_tensor(t.name, np.array(t.data))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_out(w)
     return dst
 
 

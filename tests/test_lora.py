@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import fixture_cache_root
+from fixture_copies import write_out
 from llama_quantize import llama_quantize
 from script_loader import load_script
 from serve_process import Server
@@ -351,10 +352,7 @@ def test_real_smollm2_adapter_matches_llama_cpp(smollm2_f32: Path, tmp_path: Pat
             for part, shape in (("lora_a", (8, cols)), ("lora_b", (rows, 8))):
                 data = (rng.standard_normal(shape) * 0.05).astype(np.float32)
                 w.add_tensor(f"blk.{layer}.{t}.weight.{part}", data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_out(w)
     ids = np.asarray(m.tokenize("The capital of France is"))
     want = _make_tiny.llama_cpp_logits(smollm2_f32, ids, lora=(adapter, 0.5))
     got = frink_cli.load(smollm2_f32, lora=[(adapter, 0.5)]).logits(ids)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixture_copies import write_out
 
 from frink_cli.archs import open_checkpoint
 from frink_cli.errors import FrinkError
@@ -357,10 +358,7 @@ def write_vocab_gguf(path: Path, source: dict, overrides: dict) -> Path:
             w.add_uint32(k, v)
         else:
             w.add_string(k, str(v))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_out(w)
     return path
 
 
