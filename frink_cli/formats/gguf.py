@@ -219,8 +219,8 @@ class _Cursor:
 
     def strings(self, count: int, what: str) -> list[str]:
         """`count` strings in a row (an array's): string() for each, in one loop that names
-        the element only when one is refused (a vocabulary's 150k strings read ~2.5x faster
-        than one call each)."""
+        the element only when one is refused (a vocabulary's strings are most of opening a
+        model)."""
         buf, pos, size, unpack = self.buf, self.pos, self.size, _U64.unpack_from
         out: list[str] = []
         append = out.append

@@ -228,7 +228,7 @@ static int panel_unit_fits(int qt, size_t cols, uint16_t *perm) {
  * of 4 bytes (n4) and of 2 (n2), each a byte of the panel-block (to) and the offset of its
  * bytes in the 16 rows' block b (at, rows rb apart). A layout's runs start at even bytes
  * (panel_perm); a 4-byte run starts at a multiple of 4, and copying it whole halves the
- * steps (the load's repacking, ~1.6x faster on Zen 5 with the threads). */
+ * steps (the load's repacking: docs/performance.md). */
 typedef struct {
     int pbytes, n4, n2;
     size_t bb; /* a row's bytes of a panel-block */
