@@ -67,3 +67,37 @@ def test_every_layer_kind_pages_and_answers_alone(name: str, tiny_model: Callabl
     with clean_stop(Server(path, *args, "--backend", "numpy", "--kv-slots")) as slots:
         by_slots = _answers(slots, prompts, together=False)
     assert together == alone == by_slots
+
+
+def _completion(server: Server, prompt: list[int]) -> tuple[list[int], int]:
+    """A greedy answer's tokens and the prompt tokens the server reports it reused."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+    r = client.completions.create(
+        model="model",
+        prompt=prompt,
+        max_tokens=N_NEW,
+        temperature=0,
+        extra_body={"return_tokens": True},
+    )
+    assert r.usage is not None and r.usage.prompt_tokens_details is not None
+    return r.choices[0].model_extra["tokens"], r.usage.prompt_tokens_details.cached_tokens
+
+
+def test_a_hybrid_resumes_a_shared_prefix_where_prompts_part(tiny_model: Callable) -> None:
+    """LFM2 (short-conv layers keeping a state per sequence beside paged attention): a
+    prompt that parts from an indexed one inside it (a system prompt with another question
+    after it) saves its state where they part, so the next prompt sharing that prefix
+    resumes there; every answer is the one the slot engine gives each prompt alone."""
+    path = _path(tiny_model, "lfm2", "gguf")
+    rng = np.random.default_rng(4)
+    system = rng.integers(0, 512, 37).tolist()
+    prompts = [system + [q, *rng.integers(0, 512, 6).tolist()] for q in (11, 12, 13, 14)]
+    args = ("-np", "2", "-c", "128", "--prefill-chunk", "16", "--api-key", KEY)
+    with clean_stop(Server(path, *args, "--backend", "numpy")) as paged:
+        got = [_completion(paged, p) for p in prompts]
+    with clean_stop(Server(path, *args, "--backend", "numpy", "--kv-slots")) as slots:
+        alone = [_completion(slots, p)[0] for p in prompts]
+    assert [tokens for tokens, _ in got] == alone
+    # The first has nothing to share; the second shares the system prompt's pages but no
+    # state within them (it saves one where it parts); the rest resume there.
+    assert [cached for _, cached in got] == [0, 0, len(system), len(system)]

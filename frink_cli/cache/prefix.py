@@ -103,6 +103,20 @@ class PrefixIndex:
         pages = [[e.pages[j] for e in path] for j in range(len(self.pools))]
         return Prefix(pages, rows, path[-1].state if self.stateful and path else None)
 
+    def matched(self, tokens: Sequence[int], salt: Hashable = ()) -> int:
+        """How many leading `tokens` match indexed rows, whether or not a recurrent state was
+        saved at their end (nothing marked used): where a stateful model's prompt parts
+        from an indexed one (a system prompt's end, with another question after it)."""
+        page, parent, rows = self.page, cast(Hashable, ("root", salt)), 0
+        while True:
+            key = (parent, tuple(tokens[rows : rows + page]))
+            e = self._entries.get(key)
+            if e is None or len(key[1]) < page:
+                break
+            rows, parent = rows + page, e.id
+        rest = tokens[rows:]
+        return rows + max((_common(k[1], rest) for k in self._kids.get(parent, ())), default=0)
+
     def _points(
         self, found: list[_Entry], kids: list[tuple[_Entry, int]], limit: int
     ) -> list[tuple[int, list[_Entry]]]:

@@ -332,7 +332,9 @@ class Engine:
         with self._lock:
             self._lock.notify()
 
-    def _save_prompt_end(self, r: Running) -> None:
+    def _save_point(self, r: Running) -> None:
+        """r's state indexed (paged) or saved in its slot at its cache's end: a point a later
+        prompt sharing its ids resumes from."""
         if self.pages is None:
             self._save(r.slot)
         else:
@@ -357,6 +359,9 @@ class Engine:
                 # A whole chunk or none (the oldest prompt always gets one): a prompt is cut
                 # where it would be alone, so its rows, and its answer, are the same.
                 take = r.pending[: self.prefill_chunk]
+                at = r.slot.cache.n_past
+                if at < r.parting < at + len(take):  # a chunk ends where it parts
+                    take = take[: r.parting - at]
                 if len(take) > budget and budget < self.prefill_chunk:
                     continue
                 budget -= len(take)
@@ -404,10 +409,13 @@ class Engine:
             row = rows[-1]
             if r.next_id is None:
                 del r.pending[: len(ids)]
+                if r.parting and r.slot.cache.n_past == r.parting:
+                    self._save_point(r)  # where the next prompt sharing it resumes
+                    r.parting = 0
                 if r.pending:
                     continue  # more prompt to feed: no token yet
                 if self.recurrent:  # the end of a prompt: where a next turn resumes
-                    self._save_prompt_end(r)
+                    self._save_point(r)
             r.next_id = None
             self._advance(r, row)
 
@@ -420,6 +428,7 @@ class Engine:
         r.slot.tokens = r.history[:cached]
         r.pending = r.history[cached:]
         r.published = cached // PAGE
+        r.parting = self.pages.parting(r.history, r.lora, cached)
         if not r.preempted:
             r.cached = cached
 

@@ -117,4 +117,5 @@ class Running:
     # Paged: its cache starts from the prefix index before its first rows are fed.
     attach: bool = False
     published: int = 0  # full pages of its rows indexed so far
+    parting: int = 0  # a stateful model's: where its prompt parts from an indexed one (0: none)
     preempted: int = 0  # times its pages were taken back (it is recomputed)

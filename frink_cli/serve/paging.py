@@ -14,8 +14,10 @@ the engine preempts its newest job and recomputes it later.
 A model with recurrent layers pages its attention layers and keeps each sequence's
 recurrent state in its cache, as the slot engine does. A prefix needs the state at its end,
 so its states are indexed where prompts and answers end (references: a step never writes
-a state in place), and a job resumes only from such a point (a conversation's next turn),
-never from a page in the middle (a system prompt shared by different questions).
+a state in place), and a job resumes only from such a point (a conversation's next turn).
+A job whose prompt parts from an indexed one further on than it resumes (a system prompt
+shared with an earlier job, another question after it) cuts its prompt's chunks there and
+saves its state at that row too: the jobs after it sharing the prefix resume there.
 
 Paged: host-body models (MLA's latent rows too, in the full-attention pool), except those
 `unpaged_reason` names (no rows to page). Others keep the slot engine's per-slot caches,
@@ -68,6 +70,16 @@ class EnginePages:
         self.hits += 1
         self.hit_tokens += keep
         return keep
+
+    def parting(self, ids: Sequence[int], salt: Hashable, resumed: int) -> int:
+        """A stateful model's job resumed at `resumed`: the row where its ids part from the
+        longest indexed prefix, if that is further on (and before its last id), else 0.
+        The job saves its state there as it feeds its prompt, so the next prompt sharing
+        that prefix (a system prompt, another question after it) resumes there, not at 0."""
+        if not self.stateful:
+            return 0
+        at = self.index.matched(ids, salt)
+        return at if resumed < at < len(ids) else 0
 
     def publish(
         self,
@@ -122,5 +134,6 @@ class EnginePages:
             return line + ", shared by prefix"
         return line + (
             "; recurrent layers keep a state per sequence, saved where prompts and answers "
-            "end: a prefix is shared from those points"
+            "end and where a prompt parts from an indexed one: a prefix is shared from those "
+            "points"
         )
