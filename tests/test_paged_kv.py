@@ -230,3 +230,28 @@ def test_a_pool_takes_memory_as_its_rows_are_written(tiny_model: Callable) -> No
     dec.step(np.asarray([1]), cache)
     grown = _resident_bytes() - before
     assert grown < held // 8, (grown, held)
+
+
+def test_a_hybrids_index_keeps_at_most_its_states(tiny_model: Callable) -> None:
+    """LFM2's prefix index (recurrent states beside paged attention) keeps at most
+    max_states states, the least recently used let go first: a prefix whose state went no
+    longer resumes, though its pages stay indexed; one looked up since and a newer one
+    still do."""
+    dec = frink_cli.load(_path(tiny_model, "lfm2", "gguf"), backend="numpy").decoder
+    pools = dec.new_pool(16, 64)
+    index = PrefixIndex(pools, stateful=True, max_states=2)
+    rng = np.random.default_rng(6)
+    prompts = [rng.integers(0, dec.cfg.n_vocab, 20).tolist() for _ in range(3)]
+
+    def publish(ids: list[int]) -> None:
+        c = dec.new_cache(64, pool=pools)
+        dec.step(np.asarray(ids), c)
+        index.publish(ids, [t.pages for t in c.tables], c.n_past, partial=True, state=c.snapshot())
+        c.truncate(0)
+
+    publish(prompts[0])
+    publish(prompts[1])
+    assert index.lookup(prompts[0] + [1]).rows == 20  # used: now the most recent
+    publish(prompts[2])  # a third state: prompts[1]'s goes
+    assert [index.lookup(p + [1]).rows for p in prompts] == [20, 0, 20]
+    assert index.matched(prompts[1] + [1]) == 20

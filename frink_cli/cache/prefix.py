@@ -59,11 +59,17 @@ def _common(a: Sequence[int], b: Sequence[int]) -> int:
 class PrefixIndex:
     """Token prefixes' pages over `pools` (which ask it for pages when they run out)."""
 
-    def __init__(self, pools: PagePools, stateful: bool = False) -> None:
+    def __init__(self, pools: PagePools, stateful: bool = False, max_states: int = 64) -> None:
         """stateful: the model keeps recurrent states, so a prefix ends only where one
-        was saved (publish's `state`)."""
+        was saved (publish's `state`); at most `max_states` are kept, the least recently
+        used let go first (its entry stays, no longer a point to resume from): a state is
+        as large as the model's recurrent layers make it, and the pages' bound does not
+        hold it (any client could otherwise fill the memory with distinct prompts)."""
         self.pools = list(pools)
         self.stateful = stateful
+        self.max_states = max_states
+        # The entries holding a state, least recently used first.
+        self._stated: OrderedDict[tuple[Hashable, tuple[int, ...]], None] = OrderedDict()
         for pool in self.pools:
             pool.reclaimer = self
         self.page = self.pools[0].page
@@ -100,6 +106,8 @@ class PrefixIndex:
             rows, path = 0, []
         for e in path:
             self._entries.move_to_end(e.key)
+        if self.stateful and path and path[-1].state is not None:
+            self._stated.move_to_end(path[-1].key)
         pages = [[e.pages[j] for e in path] for j in range(len(self.pools))]
         return Prefix(pages, rows, path[-1].state if self.stateful and path else None)
 
@@ -184,6 +192,11 @@ class PrefixIndex:
             parent = e.id
         if state is not None and e is not None and ends[-1] == n_rows == state.n_past:
             e.state = state
+            self._stated[e.key] = None
+            self._stated.move_to_end(e.key)
+            while len(self._stated) > self.max_states:
+                key, _ = self._stated.popitem(last=False)
+                self._entries[key].state = None
 
     def reclaimable(self, pool: PagePool) -> int:
         j = self.pools.index(pool)
@@ -215,6 +228,7 @@ class PrefixIndex:
 
     def _drop(self, e: _Entry) -> None:
         del self._entries[e.key]
+        self._stated.pop(e.key, None)
         self._kids.pop(e.id, None)
         siblings = self._kids[e.key[0]]
         siblings.remove(e.key)

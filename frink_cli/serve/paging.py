@@ -47,14 +47,17 @@ def refusal(decoder: Decoder, n_ctx: int) -> str | None:
 class EnginePages:
     """Pools of ceil(n_tokens / PAGE) pages each and their index; counts prefix hits."""
 
-    def __init__(self, decoder: Decoder, n_tokens: int, n_ctx: int, chunk: int, rewind: int):
+    def __init__(
+        self, decoder: Decoder, n_tokens: int, n_ctx: int, chunk: int, rewind: int, states: int
+    ):
         """n_ctx: the sequences' context (what a window is shorter than); chunk: the most
         prompt rows a step feeds a sequence, rewind: the tokens beyond one it may step back
-        (what a windowed table holds at most, with its window)."""
+        (what a windowed table holds at most, with its window); states: the recurrent
+        states the index keeps at most (a stateful model's)."""
         self.pools = decoder.new_pool(-(-n_tokens // PAGE), n_ctx)
         # A recurrent state summarises its whole prefix: saved where prompts and answers end.
         self.stateful = keeps_recurrent_state(decoder.cfg)
-        self.index = PrefixIndex(self.pools, self.stateful)
+        self.index = PrefixIndex(self.pools, self.stateful, states)
         self._in_flight = -(-(chunk + rewind + 1) // PAGE) + 1
         self.hits = 0  # jobs that started from indexed pages
         self.hit_tokens = 0  # prompt tokens they did not compute
