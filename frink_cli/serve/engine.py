@@ -73,10 +73,6 @@ __all__ = ["Engine", "Finish", "Job", "Observer", "QueueFull", "common_prefix"]
 
 # Saved recurrent states per slot (end of prompt, end of answer, for the last few jobs).
 _SNAPSHOTS = 4
-# Paged: the recurrent states the prefix index keeps, per slot (llama-server keeps 8
-# context checkpoints a slot): a job saves two or three (its prompt's end, where it parts
-# from an indexed prompt, its answer's end).
-STATES_PER_SLOT = 8
 
 
 def _shared(slot: Slot, prompt: Sequence[int], lora: tuple[float, ...]) -> int:
@@ -126,14 +122,7 @@ class Engine:
         self.rewind = self.spec.draft_max + 1 if self.spec is not None else 0
         self.paging_refusal = refusal(decoder, n_ctx) if paged else "--kv-slots asks for it"
         self.pages = (
-            EnginePages(
-                decoder,
-                kv_pool or n_parallel * n_ctx,
-                n_ctx,
-                prefill_chunk,
-                self.rewind,
-                STATES_PER_SLOT * n_parallel,
-            )
+            EnginePages(decoder, n_parallel, kv_pool, n_ctx, prefill_chunk, self.rewind)
             if self.paging_refusal is None
             else None
         )

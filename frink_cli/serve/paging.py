@@ -44,20 +44,28 @@ def refusal(decoder: Decoder, n_ctx: int) -> str | None:
     return unpaged_reason(decoder.cfg, n_ctx)
 
 
+# The recurrent states the prefix index keeps a slot (llama-server keeps 8 context
+# checkpoints a slot): a job saves two or three (its prompt's end, where it parts from an
+# indexed prompt, its answer's end).
+STATES_PER_SLOT = 8
+
+
 class EnginePages:
     """Pools of ceil(n_tokens / PAGE) pages each and their index; counts prefix hits."""
 
     def __init__(
-        self, decoder: Decoder, n_tokens: int, n_ctx: int, chunk: int, rewind: int, states: int
+        self, decoder: Decoder, n_slots: int, n_tokens: int, n_ctx: int, chunk: int, rewind: int
     ):
-        """n_ctx: the sequences' context (what a window is shorter than); chunk: the most
-        prompt rows a step feeds a sequence, rewind: the tokens beyond one it may step back
-        (what a windowed table holds at most, with its window); states: the recurrent
-        states the index keeps at most (a stateful model's)."""
+        """n_slots: the engine's (a stateful model's index keeps STATES_PER_SLOT recurrent
+        states for each); n_tokens: the pools' rows (0: n_slots whole contexts); n_ctx:
+        the sequences' context (what a window is shorter than); chunk: the most prompt rows
+        a step feeds a sequence, rewind: the tokens beyond one it may step back (what a
+        windowed table holds at most, with its window)."""
+        n_tokens = n_tokens or n_slots * n_ctx
         self.pools = decoder.new_pool(-(-n_tokens // PAGE), n_ctx)
         # A recurrent state summarises its whole prefix: saved where prompts and answers end.
         self.stateful = keeps_recurrent_state(decoder.cfg)
-        self.index = PrefixIndex(self.pools, self.stateful, states)
+        self.index = PrefixIndex(self.pools, self.stateful, STATES_PER_SLOT * n_slots)
         self._in_flight = -(-(chunk + rewind + 1) // PAGE) + 1
         self.hits = 0  # jobs that started from indexed pages
         self.hit_tokens = 0  # prompt tokens they did not compute
