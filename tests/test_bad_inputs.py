@@ -391,3 +391,10 @@ def test_a_forced_kernel_variant_this_cpu_lacks_is_one_line(
         assert_error(frink(*args), f"FRINK_NATIVE_ISA={lacking}", *runs)
     monkeypatch.setenv("FRINK_NATIVE_ISA", runs[-1])
     assert f"native C ({runs[-1]}" in frink("info", smollm2_path).stdout
+
+
+def test_a_kv_pool_beyond_memory_is_one_line(smollm2_path: Path) -> None:
+    """`frink serve --kv-pool` asking for more than the machine can map is refused in one
+    line naming the option, before the server listens (never a traceback)."""
+    result = frink("serve", smollm2_path, "--port", "0", "--kv-pool", str(10**15))
+    assert_error(result, "--kv-pool", "cannot be allocated")

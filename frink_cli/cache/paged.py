@@ -126,7 +126,10 @@ def lazy_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     n = int(np.prod(shape)) * dtype.itemsize
     if n == 0:
         return np.zeros(shape, dtype)
-    buf = mmap.mmap(-1, n)  # anonymous: zero-filled, mapped as written
+    try:
+        buf = mmap.mmap(-1, n)  # anonymous: zero-filled, mapped as written
+    except OSError as e:  # a MemoryError, as NumPy's allocation would raise
+        raise MemoryError(f"cannot map {n} bytes: {e.strerror}") from None
     advice = getattr(mmap, "MADV_NOHUGEPAGE", None)
     if advice is not None:
         buf.madvise(advice)

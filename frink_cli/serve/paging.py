@@ -33,6 +33,7 @@ from ..cache.kv_cache import keeps_recurrent_state
 from ..cache.paged import PAGE, unpaged_reason
 from ..cache.prefix import PrefixIndex
 from ..decoder import Decoder
+from ..errors import FrinkError
 
 
 def refusal(decoder: Decoder, n_ctx: int) -> str | None:
@@ -62,7 +63,12 @@ class EnginePages:
         a step feeds a sequence, rewind: the tokens beyond one it may step back (what a
         windowed table holds at most, with its window)."""
         n_tokens = n_tokens or n_slots * n_ctx
-        self.pools = decoder.new_pool(-(-n_tokens // PAGE), n_ctx)
+        try:
+            self.pools = decoder.new_pool(-(-n_tokens // PAGE), n_ctx)
+        except MemoryError as e:
+            raise FrinkError(
+                f"--kv-pool: a KV pool of {n_tokens} tokens cannot be allocated ({e})"
+            ) from None
         # A recurrent state summarises its whole prefix: saved where prompts and answers end.
         self.stateful = keeps_recurrent_state(decoder.cfg)
         self.index = PrefixIndex(self.pools, self.stateful, STATES_PER_SLOT * n_slots)
