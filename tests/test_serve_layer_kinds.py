@@ -30,20 +30,26 @@ START = {
 }
 
 
+def _completion(server: Server, prompt: list[int]) -> tuple[list[int], int]:
+    """A greedy answer's tokens and the prompt tokens the server reports it reused."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+    r = client.completions.create(
+        model="model",
+        prompt=prompt,
+        max_tokens=N_NEW,
+        temperature=0,
+        extra_body={"return_tokens": True},
+    )
+    assert r.usage is not None and r.usage.prompt_tokens_details is not None
+    return r.choices[0].model_extra["tokens"], r.usage.prompt_tokens_details.cached_tokens
+
+
 def _answers(server: Server, prompts: list[list[int]], together: bool) -> list[list[int]]:
     """Each prompt's greedy tokens, one request after another or all at once."""
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
     out: dict[int, list[int]] = {}
 
     def one(i: int) -> None:
-        r = client.completions.create(
-            model="model",
-            prompt=prompts[i],
-            max_tokens=N_NEW,
-            temperature=0,
-            extra_body={"return_tokens": True},
-        )
-        out[i] = r.choices[0].model_extra["tokens"]
+        out[i] = _completion(server, prompts[i])[0]
 
     if not together:
         for i in range(len(prompts)):
@@ -67,20 +73,6 @@ def test_every_layer_kind_pages_and_answers_alone(name: str, tiny_model: Callabl
     with clean_stop(Server(path, *args, "--backend", "numpy", "--kv-slots")) as slots:
         by_slots = _answers(slots, prompts, together=False)
     assert together == alone == by_slots
-
-
-def _completion(server: Server, prompt: list[int]) -> tuple[list[int], int]:
-    """A greedy answer's tokens and the prompt tokens the server reports it reused."""
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
-    r = client.completions.create(
-        model="model",
-        prompt=prompt,
-        max_tokens=N_NEW,
-        temperature=0,
-        extra_body={"return_tokens": True},
-    )
-    assert r.usage is not None and r.usage.prompt_tokens_details is not None
-    return r.choices[0].model_extra["tokens"], r.usage.prompt_tokens_details.cached_tokens
 
 
 def test_a_hybrid_resumes_a_shared_prefix_where_prompts_part(tiny_model: Callable) -> None:
